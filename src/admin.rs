@@ -1,0 +1,124 @@
+//! The admin socket (its own Unix socket, mode 0600, the broker's user only:
+//! containers in a pod share TCP loopback, so loopback is no boundary).
+//!
+//! `GET /metrics`, `GET /readyz`, `GET /status`, `POST /freeze` (`on` or
+//! `off` in the body), `POST /keys/rotate`.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+
+use crate::api::{json_response, Body};
+use crate::server::Instance;
+
+fn text(status: StatusCode, body: String, ctype: &'static str) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ctype));
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// Readiness: store answers, keys loaded, policy loaded.
+pub fn readiness(inst: &Instance) -> serde_json::Value {
+    let b = &inst.broker;
+    let store = b.store.is_healthy();
+    let keys = !b.minter.ring().active.kid.is_empty();
+    let policy = !b.policy.load().hash.is_empty();
+    serde_json::json!({
+        "ready": store && keys && policy,
+        "store": store,
+        "keys": keys,
+        "policy": policy,
+    })
+}
+
+/// Status for `credbroker status`.
+pub fn status(inst: &Instance) -> serde_json::Value {
+    let b = &inst.broker;
+    let p = b.policy.load();
+    serde_json::json!({
+        "agent": b.config.agent,
+        "issuer": b.config.issuer,
+        "frozen": b.is_frozen(),
+        "policy_hash": p.hash,
+        "policy_tools": p.tools.len(),
+        "active_kid": b.minter.ring().active.kid,
+        "published_keys": b.minter.ring().published.len(),
+        "replay_cache_entries": b.proofs.replay_cache().len(),
+        "subject_cache_entries": b.subjects.cache_len(),
+        "ready": readiness(inst)["ready"],
+        "public_addr": inst.public_addr.get().map(|a| a.to_string()),
+    })
+}
+
+/// Handles one admin request.
+pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Response<Body> {
+    let b = &inst.broker;
+    match (req.method().clone(), req.uri().path()) {
+        (Method::GET, "/metrics") => {
+            b.metrics
+                .replay_cache_entries
+                .set(b.proofs.replay_cache().len() as i64);
+            text(StatusCode::OK, b.metrics.render(), "text/plain; version=0.0.4")
+        }
+        (Method::GET, "/readyz") => {
+            let r = readiness(&inst);
+            let code = if r["ready"] == true {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            json_response(code, &r)
+        }
+        (Method::GET, "/status") => json_response(StatusCode::OK, &status(&inst)),
+        (Method::POST, "/freeze") => {
+            let body = match Limited::new(req.into_body(), 64).collect().await {
+                Ok(c) => c.to_bytes(),
+                Err(_) => return json_response(StatusCode::BAD_REQUEST, &serde_json::json!({"error": "body"})),
+            };
+            let on = match body.as_ref() {
+                b"on" => true,
+                b"off" => false,
+                _ => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        &serde_json::json!({"error": "body must be on or off"}),
+                    )
+                }
+            };
+            match b.set_frozen(on) {
+                Ok(()) => {
+                    tracing::warn!(frozen = on, "emergency freeze changed by the admin socket");
+                    let mut e = crate::events::Event::new(
+                        b.clock.now(),
+                        if on { "admin.frozen" } else { "admin.unfrozen" },
+                        &b.config.agent,
+                    );
+                    e.outcome = Some(if on { "frozen" } else { "unfrozen" });
+                    let _ = b.audit.record(&e);
+                    json_response(StatusCode::OK, &serde_json::json!({"frozen": b.is_frozen()}))
+                }
+                Err(e) => json_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &serde_json::json!({"error": e.to_string(), "frozen": b.is_frozen()}),
+                ),
+            }
+        }
+        (Method::POST, "/keys/rotate") => match b.rotate_keys(&inst.sealer) {
+            Ok(kid) => {
+                let mut e = crate::events::Event::new(b.clock.now(), "keys.rotated", &b.config.agent);
+                e.outcome = Some("rotated");
+                let _ = b.audit.record(&e);
+                json_response(StatusCode::OK, &serde_json::json!({"active_kid": kid}))
+            }
+            Err(e) => json_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &serde_json::json!({"error": e.to_string()}),
+            ),
+        },
+        _ => json_response(StatusCode::NOT_FOUND, &serde_json::json!({"error": "not_found"})),
+    }
+}

@@ -1,0 +1,347 @@
+//! The orchestrator's socket: HTTP/1.1 over a Unix socket.
+//!
+//! `POST /v1/derive` (JSON) and `POST /token` (RFC 8693 form) feed the same
+//! pipeline. Requests carrying `Origin` are refused (no browser may reach
+//! the socket); bodies are capped before parsing; every error is mapped to
+//! its HTTP answer in [`error_response`], and nowhere else.
+
+pub mod peer;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use serde::Deserialize;
+
+use crate::dpop::DpopError;
+use crate::exchange::{Broker, DeriveError, DeriveRequest, Endpoint, Issued};
+use crate::secret::SecretString;
+
+/// Request bodies larger than this are refused with 413.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// The RFC 8693 grant type.
+pub const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+/// RFC 8693 token type for access tokens.
+pub const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
+/// RFC 8693 token type for JWTs.
+pub const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
+
+/// The response body type of every handler.
+pub type Body = Full<Bytes>;
+
+/// A JSON response with `Cache-Control: no-store`.
+pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let mut r = Response::new(Full::new(Bytes::from(bytes)));
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
+    r
+}
+
+fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
+    json_response(
+        status,
+        &serde_json::json!({ "error": error, "error_description": description }),
+    )
+}
+
+/// Maps every derive error to its HTTP answer, in one place.
+pub fn error_response(err: &DeriveError) -> Response<Body> {
+    match err {
+        DeriveError::BadRequest(d) => oauth_error(StatusCode::BAD_REQUEST, "invalid_request", d),
+        DeriveError::Subject(e) => {
+            oauth_error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string())
+        }
+        DeriveError::Proof(DpopError::UseNonce, nonce) => {
+            let mut r = oauth_error(
+                StatusCode::BAD_REQUEST,
+                "use_dpop_nonce",
+                "a DPoP nonce is required; retry with the nonce in the DPoP-Nonce header",
+            );
+            if let Some(n) = nonce.as_deref().and_then(|n| HeaderValue::from_str(n).ok()) {
+                r.headers_mut().insert("dpop-nonce", n);
+            }
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("DPoP error=\"use_dpop_nonce\", algs=\"ES256\""),
+            );
+            r
+        }
+        DeriveError::Proof(DpopError::ReplayCacheFull, _) => oauth_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            "the DPoP replay cache is full; retry shortly",
+        ),
+        DeriveError::Proof(e, _) => {
+            oauth_error(StatusCode::BAD_REQUEST, "invalid_dpop_proof", &e.to_string())
+        }
+        DeriveError::Target(e) => oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_target",
+            &format!("the resource {e}"),
+        ),
+        DeriveError::Denied(reason) => {
+            let description = match reason {
+                crate::policy::DenyReason::Frozen => {
+                    "credbroker is frozen by its operators: every derive is denied until the freeze is lifted"
+                }
+                crate::policy::DenyReason::ToolNotAllowed => "the policy has no such tool for this agent",
+                crate::policy::DenyReason::StepNotAllowed => "the policy does not allow this tool in this step",
+                crate::policy::DenyReason::ScopeNotAllowed => "the requested scope exceeds what the policy allows this tool",
+                crate::policy::DenyReason::ResourceMismatch => "the resource is not the one the policy gives this tool",
+            };
+            json_response(
+                StatusCode::FORBIDDEN,
+                &serde_json::json!({
+                    "error": "access_denied",
+                    "reason": reason.as_str(),
+                    "error_description": description,
+                }),
+            )
+        }
+        DeriveError::RateLimited { retry_after } => {
+            let mut r = oauth_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                "too many requests; retry after the delay in Retry-After",
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
+            r
+        }
+        DeriveError::Unavailable(what) => oauth_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            what,
+        ),
+        DeriveError::Internal(detail) => {
+            let mut id = [0u8; 8];
+            let _ = aws_lc_rs::rand::fill(&mut id);
+            let id = hex::encode(id);
+            tracing::error!(correlation_id = %id, error = %detail, "internal error in derive");
+            oauth_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                &format!("internal error (correlation id {id})"),
+            )
+        }
+    }
+}
+
+fn issued_response(i: &Issued) -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        &serde_json::json!({
+            "access_token": i.access_token.expose(),
+            "issued_token_type": ACCESS_TOKEN_TYPE,
+            "token_type": "DPoP",
+            "expires_in": i.expires_in,
+            "scope": i.scope,
+        }),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeriveJson {
+    subject_token: String,
+    step: String,
+    tool: String,
+    resource: String,
+    #[serde(default)]
+    scope: Option<String>,
+}
+
+/// Exactly one `DPoP` header, or `None` (the pipeline refuses a missing one).
+fn dpop_header(headers: &HeaderMap) -> Result<Option<SecretString>, DeriveError> {
+    let mut it = headers.get_all("dpop").iter();
+    match (it.next(), it.next()) {
+        (None, _) => Ok(None),
+        (Some(v), None) => v
+            .to_str()
+            .map(|s| Some(SecretString::new(s.to_owned())))
+            .map_err(|_| DeriveError::Proof(DpopError::Missing, None)),
+        (Some(_), Some(_)) => Err(DeriveError::Proof(DpopError::Missing, None)),
+    }
+}
+
+fn bad(msg: &str) -> DeriveError {
+    DeriveError::BadRequest(msg.to_owned())
+}
+
+/// Parses a derive body (JSON) into a request.
+pub fn parse_json(
+    body: &[u8],
+    dpop: Option<SecretString>,
+    peer_uid: u32,
+) -> Result<DeriveRequest, DeriveError> {
+    // serde's messages may quote values; answer with a fixed text.
+    let j: DeriveJson = serde_json::from_slice(body).map_err(|_| {
+        bad("the body must be a JSON object with string fields subject_token, step, tool, resource and optional scope, and nothing else")
+    })?;
+    Ok(DeriveRequest {
+        subject_token: SecretString::new(j.subject_token),
+        step: j.step,
+        tool: j.tool,
+        resource: j.resource,
+        scope: j.scope,
+        dpop,
+        endpoint: Endpoint::Derive,
+        peer_uid,
+    })
+}
+
+/// Parses an RFC 8693 form body into a request.
+pub fn parse_form(
+    body: &[u8],
+    dpop: Option<SecretString>,
+    peer_uid: u32,
+) -> Result<DeriveRequest, DeriveError> {
+    let mut grant_type = None;
+    let mut subject_token = None;
+    let mut subject_token_type = None;
+    let mut requested_token_type = None;
+    let mut resources = Vec::new();
+    let mut scope = None;
+    let mut step = None;
+    let mut tool = None;
+    for (k, v) in form_urlencoded::parse(body) {
+        let slot = match k.as_ref() {
+            "resource" => {
+                resources.push(v.into_owned());
+                continue;
+            }
+            "grant_type" => &mut grant_type,
+            "subject_token" => &mut subject_token,
+            "subject_token_type" => &mut subject_token_type,
+            "requested_token_type" => &mut requested_token_type,
+            "scope" => &mut scope,
+            "step" => &mut step,
+            "tool" => &mut tool,
+            // RFC 8693 parameters we do not support are refused, not ignored.
+            "actor_token" | "actor_token_type" | "audience" => {
+                return Err(bad("actor_token and audience are not supported; name the resource"))
+            }
+            _ => continue,
+        };
+        if slot.is_some() {
+            return Err(bad("a parameter is repeated"));
+        }
+        *slot = Some(v.into_owned());
+    }
+    if grant_type.as_deref() != Some(TOKEN_EXCHANGE) {
+        return Err(bad("grant_type must be urn:ietf:params:oauth:grant-type:token-exchange"));
+    }
+    let subject_token = subject_token.ok_or_else(|| bad("subject_token is missing"))?;
+    match subject_token_type.as_deref() {
+        Some(ACCESS_TOKEN_TYPE | JWT_TOKEN_TYPE) => {}
+        Some(_) => return Err(bad("subject_token_type is not supported (use ...:access_token or ...:jwt)")),
+        None => return Err(bad("subject_token_type is missing")),
+    }
+    match requested_token_type.as_deref() {
+        None | Some(ACCESS_TOKEN_TYPE) => {}
+        Some(_) => return Err(bad("requested_token_type is not supported (only ...:access_token)")),
+    }
+    let resource = match resources.len() {
+        1 => resources.remove(0),
+        0 => return Err(DeriveError::BadRequest("resource is missing".into())),
+        _ => return Err(DeriveError::Target(crate::policy::ResourceError::Multiple)),
+    };
+    Ok(DeriveRequest {
+        subject_token: SecretString::new(subject_token),
+        step: step.ok_or_else(|| bad("step is missing"))?,
+        tool: tool.ok_or_else(|| bad("tool is missing"))?,
+        resource,
+        scope,
+        dpop,
+        endpoint: Endpoint::Token,
+        peer_uid,
+    })
+}
+
+async fn read_body(
+    body: hyper::body::Incoming,
+    headers: &HeaderMap,
+) -> Result<Bytes, Response<Body>> {
+    let too_large = || {
+        oauth_error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request", "the body is larger than 64 KiB")
+    };
+    if let Some(len) = headers.get(header::CONTENT_LENGTH) {
+        match len.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
+            Some(n) if n > MAX_BODY as u64 => return Err(too_large()),
+            Some(_) => {}
+            None => return Err(oauth_error(StatusCode::BAD_REQUEST, "invalid_request", "bad Content-Length")),
+        }
+    }
+    match Limited::new(body, MAX_BODY).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
+        Err(_) => Err(oauth_error(StatusCode::BAD_REQUEST, "invalid_request", "the body could not be read")),
+    }
+}
+
+fn content_type_is(headers: &HeaderMap, want: &str) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case(want))
+}
+
+/// Handles one request on the orchestrator socket.
+pub async fn handle(
+    broker: Arc<Broker>,
+    peer_uid: u32,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Body> {
+    if req.headers().contains_key(header::ORIGIN) {
+        return oauth_error(
+            StatusCode::FORBIDDEN,
+            "access_denied",
+            "requests with an Origin header are refused: browsers may not reach this socket",
+        );
+    }
+    let endpoint = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/v1/derive") => Endpoint::Derive,
+        (&Method::POST, "/token") => Endpoint::Token,
+        (_, "/v1/derive" | "/token") => {
+            let mut r = oauth_error(StatusCode::METHOD_NOT_ALLOWED, "invalid_request", "use POST");
+            r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("POST"));
+            return r;
+        }
+        _ => return oauth_error(StatusCode::NOT_FOUND, "not_found", "unknown path; use POST /v1/derive or POST /token"),
+    };
+    let (parts, body) = req.into_parts();
+    let want = match endpoint {
+        Endpoint::Derive => "application/json",
+        Endpoint::Token => "application/x-www-form-urlencoded",
+    };
+    if !content_type_is(&parts.headers, want) {
+        return oauth_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "invalid_request",
+            &format!("Content-Type must be {want}"),
+        );
+    }
+    let body = match read_body(body, &parts.headers).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let parsed = dpop_header(&parts.headers).and_then(|dpop| match endpoint {
+        Endpoint::Derive => parse_json(&body, dpop, peer_uid),
+        Endpoint::Token => parse_form(&body, dpop, peer_uid),
+    });
+    let result = match parsed {
+        Ok(r) => broker.derive(r).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(issued) => issued_response(&issued),
+        Err(e) => error_response(&e),
+    }
+}

@@ -1,0 +1,494 @@
+//! The command line: `credbroker quickstart | serve | subject-token | derive
+//! | status | freeze | keys`. `main.rs` only calls [`main`].
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+use http_body_util::Full;
+
+use crate::config::{read_secret_file, write_secret_file, Config};
+use crate::jose::Es256Key;
+
+/// credbroker: a credential broker sidecar for AI agents.
+#[derive(Debug, Parser)]
+#[command(name = "credbroker", version, about, long_about = None)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_parser = ["text", "json"], default_value = "text")]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create (or reuse) a quick-start directory and serve from it.
+    Quickstart {
+        /// The directory.
+        #[arg(long, default_value = "./credbroker-quickstart")]
+        dir: PathBuf,
+        /// Public listener address.
+        #[arg(long, default_value = "127.0.0.1:8440")]
+        listen: String,
+    },
+    /// Serve with a configuration file.
+    Serve {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Print a subject token from the quick start's dev issuer (development only).
+    SubjectToken {
+        /// The quick-start directory.
+        #[arg(long, default_value = "./credbroker-quickstart")]
+        dir: PathBuf,
+        /// The person's name (`sub`).
+        #[arg(long)]
+        sub: String,
+        /// Lifetime, e.g. 1h, 15m.
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+    },
+    /// Ask a running broker for a token, with a DPoP proof.
+    Derive {
+        /// The broker's socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The broker's public issuer URL (base of the proof's htu).
+        #[arg(long, default_value = "http://127.0.0.1:8440")]
+        issuer: String,
+        /// The person's subject token.
+        #[arg(long)]
+        subject_token: String,
+        /// Step.
+        #[arg(long)]
+        step: String,
+        /// Tool.
+        #[arg(long)]
+        tool: String,
+        /// Resource.
+        #[arg(long)]
+        resource: String,
+        /// Scope (space-separated).
+        #[arg(long)]
+        scope: Option<String>,
+        /// The tool's DPoP key (PKCS#8 PEM, 0600). Without it a new key is
+        /// made and saved to a new file whose path is printed.
+        #[arg(long)]
+        dpop_key: Option<PathBuf>,
+    },
+    /// Show a running instance's status (through the admin socket).
+    Status {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Emergency freeze: deny every derive until lifted.
+    Freeze {
+        /// on or off.
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Signing keys.
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
+    },
+    /// Make a DPoP proof with a key (for scripts and tests).
+    Proof {
+        /// The key (PKCS#8 PEM).
+        #[arg(long)]
+        key: PathBuf,
+        /// HTTP method.
+        #[arg(long, default_value = "GET")]
+        method: String,
+        /// Request URL.
+        #[arg(long)]
+        url: String,
+        /// The access token, for `ath`.
+        #[arg(long)]
+        access_token: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysAction {
+    /// Add a new signing key and make it active; the old one stays in the JWKS
+    /// until its tokens have expired.
+    Rotate {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+/// Runs the command line.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+type Res = Result<ExitCode, Box<dyn std::error::Error>>;
+
+async fn run(cmd: Command) -> Res {
+    match cmd {
+        Command::Quickstart { dir, listen } => quickstart(&dir, &listen).await,
+        Command::Serve { config } => serve(&config).await,
+        Command::SubjectToken { dir, sub, ttl } => {
+            let ttl = crate::config::parse_duration(&ttl).ok_or("--ttl must be a duration such as 1h")?;
+            let token = dev_subject_token(&dir, &sub, ttl.as_secs() as i64)?;
+            eprintln!("(development only: a subject token from the quick start's dev issuer)");
+            println!("{token}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Derive {
+            socket,
+            issuer,
+            subject_token,
+            step,
+            tool,
+            resource,
+            scope,
+            dpop_key,
+        } => {
+            let key = match dpop_key {
+                Some(p) => load_pem_key(&p)?,
+                None => {
+                    let (key, pkcs8) = Es256Key::generate()?;
+                    let path = new_key_path()?;
+                    write_secret_file(&path, pem_pkcs8(pkcs8.expose()).as_bytes())?;
+                    eprintln!("new DPoP key saved to {} (pass it to the tool with the token)", path.display());
+                    key
+                }
+            };
+            let client = crate::client::Client::new(socket, &issuer);
+            let answer = client
+                .derive(
+                    &crate::client::DeriveParams {
+                        subject_token: &subject_token,
+                        step: &step,
+                        tool: &tool,
+                        resource: &resource,
+                        scope: scope.as_deref(),
+                    },
+                    &key,
+                )
+                .await?;
+            match answer {
+                crate::client::Answer::Issued(t) => {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "access_token": t.access_token.expose(),
+                            "token_type": t.token_type,
+                            "issued_token_type": t.issued_token_type,
+                            "expires_in": t.expires_in,
+                            "scope": t.scope,
+                        })
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                crate::client::Answer::Refused(r) => {
+                    println!("{}", serde_json::to_string(&r)?);
+                    Ok(ExitCode::from(2))
+                }
+            }
+        }
+        Command::Status { config } => {
+            let cfg = Config::load(&config)?;
+            match admin_call(&cfg.admin_socket, "GET", "/status", "").await {
+                Ok((_, body)) => {
+                    println!("{body}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(_) => {
+                    println!("{}", serde_json::json!({"running": false}));
+                    Ok(ExitCode::from(3))
+                }
+            }
+        }
+        Command::Freeze { state, config } => {
+            let cfg = Config::load(&config)?;
+            match admin_call(&cfg.admin_socket, "POST", "/freeze", &state).await {
+                Ok((code, body)) => {
+                    println!("{body}");
+                    Ok(if code == 200 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+                }
+                Err(_) => {
+                    // No instance runs: set the flag in the store directly.
+                    let store = crate::store::SledStore::open(&cfg.store)?;
+                    crate::store::Store::put(
+                        &store,
+                        crate::store::Tree::State,
+                        b"frozen",
+                        if state == "on" { b"1" } else { b"0" },
+                    )?;
+                    println!("{}", serde_json::json!({"frozen": state == "on", "running": false}));
+                    Ok(ExitCode::SUCCESS)
+                }
+            }
+        }
+        Command::Keys {
+            action: KeysAction::Rotate { config },
+        } => {
+            let cfg = Config::load(&config)?;
+            match admin_call(&cfg.admin_socket, "POST", "/keys/rotate", "").await {
+                Ok((code, body)) => {
+                    println!("{body}");
+                    Ok(if code == 200 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+                }
+                Err(_) => {
+                    let master = read_secret_file(&cfg.master_key_file)?;
+                    let sealer = crate::seal::Sealer::new(&master, &[])?;
+                    let store = crate::store::SledStore::open(&cfg.store)?;
+                    let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+                    let ring = crate::mint::rotate(&store, &sealer, now)?;
+                    println!("{}", serde_json::json!({"active_kid": ring.active.kid, "running": false}));
+                    Ok(ExitCode::SUCCESS)
+                }
+            }
+        }
+        Command::Proof {
+            key,
+            method,
+            url,
+            access_token,
+        } => {
+            let key = load_pem_key(&key)?;
+            let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+            println!(
+                "{}",
+                crate::dpop::make_proof(&key, &method, &url, now, access_token.as_deref(), None)?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn admin_call(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> Result<(u16, String), crate::client::ClientError> {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "credbroker-admin")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .map_err(|_| crate::client::ClientError::Unexpected(0))?;
+    let a = crate::client::send(socket, req).await?;
+    Ok((a.status.as_u16(), String::from_utf8_lossy(&a.body).into_owned()))
+}
+
+async fn serve(config: &Path) -> Res {
+    let cfg = Config::load(config)?;
+    let (inst, listeners) = start(&cfg).await?;
+    crate::server::run(inst, listeners, crate::server::shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn start(
+    cfg: &Config,
+) -> Result<(crate::server::Instance, crate::server::Listeners), crate::server::StartError> {
+    let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
+    let inst = crate::server::build(cfg.clone(), clock).await?;
+    let listeners = crate::server::bind(cfg).await?;
+    if let Some(addr) = listeners.public.as_ref().and_then(|l| l.local_addr().ok()) {
+        tracing::info!(%addr, "public listener bound");
+        inst.public_addr.set(addr).ok();
+    }
+    Ok((inst, listeners))
+}
+
+/// PKCS#8 DER as PEM.
+pub fn pem_pkcs8(der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut s = String::from("-----BEGIN PRIVATE KEY-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        s.push_str(std::str::from_utf8(chunk).unwrap_or_default());
+        s.push('\n');
+    }
+    s.push_str("-----END PRIVATE KEY-----\n");
+    s
+}
+
+/// Loads an ES256 key from a PKCS#8 PEM file of mode 0600.
+pub fn load_pem_key(path: &Path) -> Result<Es256Key, Box<dyn std::error::Error>> {
+    use rustls_pki_types::pem::PemObject;
+    let pem = read_secret_file(path)?;
+    let der = rustls_pki_types::PrivatePkcs8KeyDer::from_pem_slice(pem.expose())
+        .map_err(|_| format!("{}: not a PKCS#8 PEM private key", path.display()))?;
+    Ok(Es256Key::from_pkcs8(der.secret_pkcs8_der())?)
+}
+
+fn new_key_path() -> std::io::Result<PathBuf> {
+    let mut r = [0u8; 6];
+    aws_lc_rs::rand::fill(&mut r).map_err(|_| std::io::Error::other("random"))?;
+    let dir = std::env::current_dir()?;
+    Ok(dir.join(format!("dpop-key-{}.pem", hex::encode(r))))
+}
+
+const QS_CONFIG: &str = "credbroker.toml";
+
+/// Writes the quick-start files into `dir` unless they exist. Returns the
+/// config path.
+pub fn quickstart_files(dir: &Path, listen: &str) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))?;
+    let config = dir.join(QS_CONFIG);
+    if config.exists() {
+        return Ok(config);
+    }
+    let issuer = format!("http://{listen}");
+    std::fs::create_dir_all(dir.join("keys"))?;
+    std::fs::set_permissions(dir.join("keys"), std::fs::Permissions::from_mode(0o700))?;
+    let mut master = vec![0u8; 32];
+    aws_lc_rs::rand::fill(&mut master).map_err(|_| "random")?;
+    write_secret_file(&dir.join("keys/master.key"), &master)?;
+    zeroize::Zeroize::zeroize(&mut master);
+    let (dev, pkcs8) = Es256Key::generate()?;
+    write_secret_file(&dir.join("keys/dev-issuer.pem"), pem_pkcs8(pkcs8.expose()).as_bytes())?;
+    std::fs::write(
+        dir.join("dev-issuer-jwks.json"),
+        serde_json::to_vec_pretty(&serde_json::json!({"keys": [dev.public_jwk]}))?,
+    )?;
+    std::fs::write(dir.join("policy.toml"), QUICKSTART_POLICY)?;
+    std::fs::write(
+        &config,
+        format!(
+            r#"# credbroker quick start: generated by `credbroker quickstart`.
+# Development only: plain HTTP on loopback, and a dev subject-token issuer
+# whose key sits in keys/dev-issuer.pem.
+agent = "repo-helper"
+issuer = "{issuer}"
+policy = "policy.toml"
+store = "data"
+
+[socket]
+path = "credbroker.sock"
+
+[admin]
+socket = "admin.sock"
+
+[public]
+listen = "{listen}"
+
+[keys]
+master_key_file = "keys/master.key"
+
+# The dev issuer is the broker's own issuer, paired with local accounts:
+# local account `alice` is the same person as subject tokens with sub alice.
+[[trusted_issuers]]
+issuer = "{issuer}"
+jwks_file = "dev-issuer-jwks.json"
+algs = ["ES256"]
+sign_in = {{ kind = "local" }}
+"#
+        ),
+    )?;
+    Ok(config)
+}
+
+/// The quick start's policy.
+pub const QUICKSTART_POLICY: &str = r#"# Quick-start policy for the agent "repo-helper".
+# Deny by default: only what is written here can be derived.
+agent = "repo-helper"
+
+# The example resource server (`cargo run --example resource_server`).
+[resources."http://127.0.0.1:9090/notes"]
+source = "self"
+ttl = "300s"
+
+# Reading notes: allowed while the agent answers a question or summarises.
+[tools."notes.read"]
+resource = "http://127.0.0.1:9090/notes"
+scopes = ["notes.read"]
+steps = ["answer_question", "summarize"]
+
+# Deleting notes is sensitive: only in the step the orchestrator enters after
+# the person confirmed, never while the model is free-running.
+[tools."notes.delete"]
+resource = "http://127.0.0.1:9090/notes"
+scopes = ["notes.delete"]
+steps = ["cleanup_confirmed"]
+ttl = "60s"
+"#;
+
+/// Mints a dev subject token from a quick-start directory.
+pub fn dev_subject_token(dir: &Path, sub: &str, ttl: i64) -> Result<String, Box<dyn std::error::Error>> {
+    let cfg = Config::load(&dir.join(QS_CONFIG))?;
+    let key = load_pem_key(&dir.join("keys/dev-issuer.pem"))?;
+    let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+    let mut jti = [0u8; 12];
+    aws_lc_rs::rand::fill(&mut jti).map_err(|_| "random")?;
+    let mut header = serde_json::Map::new();
+    header.insert("typ".into(), "at+jwt".into());
+    header.insert("kid".into(), key.kid.clone().into());
+    let claims = serde_json::json!({
+        "iss": cfg.issuer, "sub": sub, "aud": cfg.agent, "iat": now, "exp": now + ttl,
+        "jti": crate::jose::b64e(&jti), "client_id": "quickstart-orchestrator", "scope": "agent",
+    });
+    Ok(key.sign_jws(header, &claims)?)
+}
+
+async fn quickstart(dir: &Path, listen: &str) -> Res {
+    let config = quickstart_files(dir, listen)?;
+    let cfg = Config::load(&config)?;
+    let (inst, listeners) = start(&cfg).await?;
+    let d = dir.display();
+    let sock = cfg.socket.path.display();
+    eprintln!(
+        r#"
+credbroker quick start (development only: plain HTTP on loopback, dev issuer)
+  config   {config}
+  socket   {sock}
+  issuer   {issuer}   (metadata: {issuer}/.well-known/oauth-authorization-server)
+
+Next steps, in another terminal:
+  TOKEN=$(credbroker subject-token --dir {d} --sub alice)
+  credbroker derive --socket {sock} --issuer {issuer} --subject-token "$TOKEN" \
+      --step summarize --tool notes.read --resource http://127.0.0.1:9090/notes
+  # a sensitive tool outside its step is denied:
+  credbroker derive --socket {sock} --issuer {issuer} --subject-token "$TOKEN" \
+      --step summarize --tool notes.delete --resource http://127.0.0.1:9090/notes
+"#,
+        config = config.display(),
+        issuer = cfg.issuer,
+    );
+    crate::server::run(inst, listeners, crate::server::shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}

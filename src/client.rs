@@ -1,0 +1,233 @@
+//! A small client for the orchestrator socket (and the admin socket).
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), credbroker::client::ClientError> {
+//! use credbroker::client::{Client, DeriveParams};
+//! let key = credbroker::jose::Es256Key::generate().map_err(|e| credbroker::client::ClientError::Proof(e.to_string()))?.0;
+//! let client = Client::new("/run/credbroker/credbroker.sock", "https://broker.example");
+//! let answer = client.derive(&DeriveParams {
+//!     subject_token: "eyJ...", step: "summarize_inbox", tool: "mail.read",
+//!     resource: "https://mail.internal.example", scope: None,
+//! }, &key).await?;
+//! # Ok(()) }
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+
+use crate::jose::Es256Key;
+use crate::secret::SecretString;
+
+/// Client errors (transport, not refusals: a refusal is an [`Answer`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Could not connect or talk to the socket.
+    #[error("socket {path}: {detail}")]
+    Transport {
+        /// Socket path.
+        path: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The answer was not JSON of the expected shape.
+    #[error("unexpected answer (HTTP {0})")]
+    Unexpected(u16),
+    /// A proof could not be made.
+    #[error("DPoP proof: {0}")]
+    Proof(String),
+}
+
+/// What to ask for.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct DeriveParams<'a> {
+    /// The person's subject token.
+    pub subject_token: &'a str,
+    /// The step.
+    pub step: &'a str,
+    /// The tool.
+    pub tool: &'a str,
+    /// The resource.
+    pub resource: &'a str,
+    /// Scope, space-separated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<&'a str>,
+}
+
+/// A token issued by the broker.
+#[derive(Debug, Deserialize)]
+pub struct Token {
+    /// The token (a secret).
+    #[serde(deserialize_with = "secret_string")]
+    pub access_token: SecretString,
+    /// `DPoP`.
+    pub token_type: String,
+    /// RFC 8693 issued token type.
+    pub issued_token_type: String,
+    /// Seconds.
+    pub expires_in: i64,
+    /// Scopes.
+    pub scope: String,
+}
+
+fn secret_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SecretString, D::Error> {
+    String::deserialize(d).map(SecretString::new)
+}
+
+/// A refusal, typed.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Refusal {
+    /// HTTP status.
+    #[serde(skip)]
+    pub status: u16,
+    /// OAuth error code.
+    pub error: String,
+    /// Policy reason, when denied.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Human text.
+    #[serde(default)]
+    pub error_description: Option<String>,
+    /// `DPoP-Nonce` to retry with, for `use_dpop_nonce`.
+    #[serde(skip)]
+    pub dpop_nonce: Option<String>,
+    /// `Retry-After`, for 429.
+    #[serde(skip)]
+    pub retry_after: Option<u64>,
+}
+
+/// The answer to a derive.
+#[derive(Debug)]
+pub enum Answer {
+    /// Issued.
+    Issued(Token),
+    /// Refused.
+    Refused(Refusal),
+}
+
+/// A client for one broker socket.
+#[derive(Debug, Clone)]
+pub struct Client {
+    socket: PathBuf,
+    issuer: String,
+}
+
+/// A raw HTTP answer.
+#[derive(Debug)]
+pub struct RawAnswer {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: http::HeaderMap,
+    /// Body.
+    pub body: Bytes,
+}
+
+/// Sends one HTTP/1.1 request over a Unix socket.
+pub async fn send(socket: &Path, req: Request<Full<Bytes>>) -> Result<RawAnswer, ClientError> {
+    let err = |d: String| ClientError::Transport {
+        path: socket.display().to_string(),
+        detail: d,
+    };
+    let stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    let driver = tokio::spawn(conn);
+    let resp = sender.send_request(req).await.map_err(|e| err(e.to_string()))?;
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| err(e.to_string()))?
+        .to_bytes();
+    driver.abort();
+    Ok(RawAnswer {
+        status,
+        headers,
+        body,
+    })
+}
+
+impl Client {
+    /// A client for `socket`; `issuer` is the broker's public issuer URL (the
+    /// base of the proof's `htu`).
+    pub fn new(socket: impl Into<PathBuf>, issuer: &str) -> Client {
+        Client {
+            socket: socket.into(),
+            issuer: issuer.trim_end_matches('/').to_owned(),
+        }
+    }
+
+    /// Derives a token, making a fresh DPoP proof with `key`. Retries once
+    /// with the server's nonce if it asks for one.
+    pub async fn derive(&self, p: &DeriveParams<'_>, key: &Es256Key) -> Result<Answer, ClientError> {
+        let mut nonce: Option<String> = None;
+        for _ in 0..2 {
+            let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+            let proof = crate::dpop::make_proof(
+                key,
+                "POST",
+                &format!("{}/v1/derive", self.issuer),
+                now,
+                None,
+                nonce.as_deref(),
+            )
+            .map_err(|e| ClientError::Proof(e.to_string()))?;
+            let answer = self.derive_with_proof(p, &proof).await?;
+            match answer {
+                Answer::Refused(Refusal {
+                    ref error,
+                    dpop_nonce: Some(ref n),
+                    ..
+                }) if error == "use_dpop_nonce" && nonce.is_none() => nonce = Some(n.clone()),
+                a => return Ok(a),
+            }
+        }
+        Err(ClientError::Unexpected(400))
+    }
+
+    /// Derives with a proof made by the caller.
+    pub async fn derive_with_proof(&self, p: &DeriveParams<'_>, proof: &str) -> Result<Answer, ClientError> {
+        let body = serde_json::to_vec(p).map_err(|_| ClientError::Unexpected(0))?;
+        let req = Request::post("/v1/derive")
+            .header("host", "credbroker")
+            .header("content-type", "application/json")
+            .header("dpop", proof)
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|_| ClientError::Proof("proof is not a valid header value".into()))?;
+        let raw = send(&self.socket, req).await?;
+        parse_answer(raw)
+    }
+}
+
+/// Turns a raw derive answer into an [`Answer`].
+pub fn parse_answer(raw: RawAnswer) -> Result<Answer, ClientError> {
+    if raw.status == StatusCode::OK {
+        return serde_json::from_slice(&raw.body)
+            .map(Answer::Issued)
+            .map_err(|_| ClientError::Unexpected(200));
+    }
+    let mut r: Refusal = serde_json::from_slice(&raw.body)
+        .map_err(|_| ClientError::Unexpected(raw.status.as_u16()))?;
+    r.status = raw.status.as_u16();
+    r.dpop_nonce = raw
+        .headers
+        .get("dpop-nonce")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    r.retry_after = raw
+        .headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    Ok(Answer::Refused(r))
+}

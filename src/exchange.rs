@@ -1,0 +1,465 @@
+//! The derive pipeline, the only place that decides:
+//! request -> subject -> policy -> proof -> source -> audit.
+//! (The peer check happens in `api` before a request is even parsed.)
+//!
+//! Every failure fails closed: nothing is issued, and there is no fallback to
+//! the subject token or a broader token.
+
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+
+use crate::clock::SharedClock;
+use crate::config::Config;
+use crate::dpop::{self, DpopError};
+use crate::events::{Audit, Event};
+use crate::metrics::Metrics;
+use crate::mint::{self, Minter};
+use crate::policy::{self, DenyReason, Policy, ResourceError};
+use crate::secret::SecretString;
+use crate::store::{Store, Tree};
+use crate::subject::{self, SubjectError};
+
+/// The endpoint a request came in on (it is part of `htu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/derive` (JSON).
+    Derive,
+    /// `POST /token` (RFC 8693 form).
+    Token,
+}
+
+impl Endpoint {
+    /// The request path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Derive => "/v1/derive",
+            Endpoint::Token => "/token",
+        }
+    }
+}
+
+/// One derive request, after parsing.
+#[derive(Debug)]
+pub struct DeriveRequest {
+    /// The subject token.
+    pub subject_token: SecretString,
+    /// The step the orchestrator's code is in.
+    pub step: String,
+    /// The tool the token is for.
+    pub tool: String,
+    /// The resource (raw; canonicalised here).
+    pub resource: String,
+    /// Requested scope (space-separated), if any.
+    pub scope: Option<String>,
+    /// The DPoP proof.
+    pub dpop: Option<SecretString>,
+    /// Where it came in.
+    pub endpoint: Endpoint,
+    /// The peer uid.
+    pub peer_uid: u32,
+}
+
+/// A successful derive.
+#[derive(Debug)]
+pub struct Issued {
+    /// The token.
+    pub access_token: SecretString,
+    /// Seconds until it expires.
+    pub expires_in: i64,
+    /// Granted scopes, space-separated.
+    pub scope: String,
+}
+
+/// Every way a derive can fail. `api::error_response` maps each to HTTP.
+#[derive(Debug, thiserror::Error)]
+pub enum DeriveError {
+    /// Malformed request.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Bad subject token.
+    #[error(transparent)]
+    Subject(#[from] SubjectError),
+    /// Bad DPoP proof (or a nonce is needed).
+    #[error("{0}")]
+    Proof(DpopError, Option<String>),
+    /// The resource is not acceptable.
+    #[error("resource {0}")]
+    Target(#[from] ResourceError),
+    /// The policy denies it.
+    #[error("denied: {}", .0.as_str())]
+    Denied(DenyReason),
+    /// A rate limit.
+    #[error("rate limited")]
+    RateLimited {
+        /// Seconds to wait.
+        retry_after: u64,
+    },
+    /// Something we depend on is unavailable (replay cache full, keys).
+    #[error("temporarily unavailable: {0}")]
+    Unavailable(&'static str),
+    /// An internal failure (audit sink, signing).
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl DeriveError {
+    /// A short, bounded label for metrics and events.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DeriveError::BadRequest(_) => "invalid_request",
+            DeriveError::Subject(_) => "invalid_subject_token",
+            DeriveError::Proof(DpopError::UseNonce, _) => "use_dpop_nonce",
+            DeriveError::Proof(DpopError::ReplayCacheFull, _) => "replay_cache_full",
+            DeriveError::Proof(..) => "invalid_dpop_proof",
+            DeriveError::Target(_) => "invalid_target",
+            DeriveError::Denied(r) => r.as_str(),
+            DeriveError::RateLimited { .. } => "rate_limited",
+            DeriveError::Unavailable(_) => "temporarily_unavailable",
+            DeriveError::Internal(_) => "internal_error",
+        }
+    }
+}
+
+/// Rate limiters per peer and per (person, tool).
+#[derive(Debug)]
+pub struct Limits {
+    per_peer: DefaultKeyedRateLimiter<u32>,
+    per_person_tool: DefaultKeyedRateLimiter<(String, String, String)>,
+}
+
+fn quota(per_second: u32, burst: u32) -> Quota {
+    let rate = NonZeroU32::new(per_second).unwrap_or(NonZeroU32::MIN);
+    Quota::per_second(rate).allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN))
+}
+
+impl Limits {
+    /// Limiters from config.
+    pub fn new(cfg: &crate::config::LimitsConfig) -> Limits {
+        Limits {
+            per_peer: RateLimiter::keyed(quota(cfg.per_peer_per_second, cfg.burst)),
+            per_person_tool: RateLimiter::keyed(quota(cfg.per_person_tool_per_second, cfg.burst)),
+        }
+    }
+
+    fn retry_after(nu: &governor::NotUntil<governor::clock::QuantaInstant>) -> u64 {
+        let wait = nu.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
+        wait.as_secs() + 1
+    }
+
+    /// Forgets idle keys so memory stays bounded; call periodically.
+    pub fn housekeeping(&self) {
+        self.per_peer.retain_recent();
+        self.per_person_tool.retain_recent();
+        self.per_peer.shrink_to_fit();
+        self.per_person_tool.shrink_to_fit();
+    }
+
+    /// Keys held (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.per_peer.len() + self.per_person_tool.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The broker: everything a derive needs, shared by all connections.
+#[derive(Debug)]
+pub struct Broker {
+    /// The configuration.
+    pub config: Config,
+    /// The current policy (an atomic snapshot per derive).
+    pub policy: ArcSwap<Policy>,
+    /// The emergency freeze set at run time (admin), persisted in the store.
+    frozen: AtomicBool,
+    /// Subject-token validation.
+    pub subjects: subject::Validator,
+    /// DPoP proof validation.
+    pub proofs: dpop::Validator,
+    /// Minting.
+    pub minter: Arc<Minter>,
+    /// Audit sink.
+    pub audit: Audit,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Rate limits.
+    pub limits: Limits,
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// The clock.
+    pub clock: SharedClock,
+    /// `issuer + "/v1/derive"` and `issuer + "/token"`, normalised for `htu`.
+    htu: [String; 2],
+}
+
+const FROZEN_KEY: &[u8] = b"frozen";
+
+impl Broker {
+    /// Assembles a broker from its parts.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config: Config,
+        policy: Policy,
+        subjects: subject::Validator,
+        proofs: dpop::Validator,
+        minter: Arc<Minter>,
+        audit: Audit,
+        metrics: Metrics,
+        store: Arc<dyn Store>,
+        clock: SharedClock,
+    ) -> Broker {
+        let htu = [Endpoint::Derive, Endpoint::Token].map(|e| {
+            dpop::normalize_htu(&format!("{}{}", config.issuer, e.path())).unwrap_or_default()
+        });
+        let frozen = matches!(store.get(Tree::State, FROZEN_KEY), Ok(Some(v)) if v == b"1");
+        metrics.policy_info.set_only(&policy.hash);
+        metrics.policy_loaded_time.set(clock.now() as f64);
+        metrics.frozen.set(i64::from(frozen || policy.frozen));
+        metrics
+            .replay_cache_capacity
+            .set(proofs.replay_cache().capacity() as i64);
+        Broker {
+            limits: Limits::new(&config.limits),
+            config,
+            policy: ArcSwap::from_pointee(policy),
+            frozen: AtomicBool::new(frozen),
+            subjects,
+            proofs,
+            minter,
+            audit,
+            metrics,
+            store,
+            clock,
+            htu,
+        }
+    }
+
+    /// The `htu` a proof must carry for `endpoint`.
+    pub fn htu(&self, endpoint: Endpoint) -> &str {
+        &self.htu[endpoint as usize]
+    }
+
+    /// Whether derives are frozen (admin flag or the policy's `frozen`).
+    pub fn is_frozen(&self) -> bool {
+        self.frozen.load(Ordering::SeqCst) || self.policy.load().frozen
+    }
+
+    /// Sets or lifts the emergency freeze; persisted before it takes effect
+    /// when lifting, and after it takes effect when setting (so a failing
+    /// store can never keep a freeze from applying).
+    pub fn set_frozen(&self, on: bool) -> Result<(), crate::store::StoreError> {
+        if on {
+            self.frozen.store(true, Ordering::SeqCst);
+            self.metrics.frozen.set(1);
+            self.store.put(Tree::State, FROZEN_KEY, b"1")
+        } else {
+            self.store.put(Tree::State, FROZEN_KEY, b"0")?;
+            self.frozen.store(false, Ordering::SeqCst);
+            self.metrics.frozen.set(i64::from(self.policy.load().frozen));
+            Ok(())
+        }
+    }
+
+    /// Rotates the signing key.
+    pub fn rotate_keys(&self, sealer: &crate::seal::Sealer) -> Result<String, mint::MintError> {
+        let ring = mint::rotate(self.store.as_ref(), sealer, self.clock.now())?;
+        let kid = ring.active.kid.clone();
+        self.minter.set_ring(ring);
+        Ok(kid)
+    }
+
+    /// Runs one derive and records its outcome (event, metrics).
+    pub async fn derive(&self, req: DeriveRequest) -> Result<Issued, DeriveError> {
+        let started = Instant::now();
+        let now = self.clock.now();
+        let policy = self.policy.load_full();
+        let mut ctx = Ctx::default();
+        let result = self.run(&req, now, &policy, &mut ctx).await;
+        let (outcome, reason) = match &result {
+            Ok(_) => ("issued", "none"),
+            Err(e) => ("denied", e.reason()),
+        };
+        // Metric labels: the tool only if the policy names it.
+        let tool_label = if policy.tools.contains_key(&req.tool) {
+            req.tool.as_str()
+        } else {
+            "other"
+        };
+        self.metrics
+            .derives
+            .with_label_values(&[outcome, reason, tool_label])
+            .inc();
+        self.metrics
+            .latency
+            .with_label_values(&[outcome])
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .replay_cache_entries
+            .set(self.proofs.replay_cache().len() as i64);
+        match result {
+            Ok((issued, jti)) => {
+                let mut e = self.event(now, &req, &policy, &ctx, "derive.issued", "issued", None);
+                e.scope = Some(&issued.scope);
+                e.jti_sha256 = Some(crate::jose::sha256_hex(jti.as_bytes()));
+                // Audit before release: no event, no token.
+                self.audit
+                    .record(&e)
+                    .map_err(|err| DeriveError::Internal(err.to_string()))?;
+                Ok(issued)
+            }
+            Err(err) => {
+                let e = self.event(now, &req, &policy, &ctx, "derive.denied", "denied", Some(err.reason()));
+                if let Err(audit_err) = self.audit.record(&e) {
+                    tracing::error!(error = %audit_err, "audit write failed for a refusal");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn event<'a>(
+        &'a self,
+        now: i64,
+        req: &'a DeriveRequest,
+        policy: &'a Policy,
+        ctx: &'a Ctx,
+        kind: &'a str,
+        outcome: &'a str,
+        reason: Option<&'a str>,
+    ) -> Event<'a> {
+        let mut e = Event::new(now, kind, &self.config.agent);
+        e.person_iss = ctx.person.as_ref().map(|p| p.iss.as_str());
+        e.person_sub = ctx.person.as_ref().map(|p| p.sub.as_str());
+        e.step = Some(&req.step);
+        e.tool = Some(&req.tool);
+        e.resource = Some(&req.resource);
+        e.scope = req.scope.as_deref();
+        e.outcome = Some(outcome);
+        e.reason = reason;
+        e.policy_hash = Some(&policy.hash);
+        e.peer_uid = Some(req.peer_uid);
+        e
+    }
+
+    async fn run(
+        &self,
+        req: &DeriveRequest,
+        now: i64,
+        policy: &Policy,
+        ctx: &mut Ctx,
+    ) -> Result<(Issued, String), DeriveError> {
+        if let Err(nu) = self.limits.per_peer.check_key(&req.peer_uid) {
+            self.metrics.rate_limited.with_label_values(&["peer"]).inc();
+            return Err(DeriveError::RateLimited {
+                retry_after: Limits::retry_after(&nu),
+            });
+        }
+        // The freeze comes first, so that every refusal says so.
+        if self.is_frozen() {
+            return Err(DeriveError::Denied(DenyReason::Frozen));
+        }
+        // Request.
+        let scope = match &req.scope {
+            None => None,
+            Some(s) => Some(policy::parse_scope(s).map_err(|_| {
+                DeriveError::BadRequest("scope must be space-separated scope tokens".into())
+            })?),
+        };
+        let resource = policy::canonical_resource(&req.resource)?;
+
+        // Subject.
+        let (subject, cached) = self
+            .subjects
+            .validate(req.subject_token.expose(), now)
+            .await?;
+        if cached {
+            self.metrics.subject_cache_hits.inc();
+        } else {
+            self.metrics.subject_cache_misses.inc();
+        }
+        ctx.person = Some(subject.person.clone());
+        let key = (subject.person.iss.clone(), subject.person.sub.clone(), req.tool.clone());
+        if let Err(nu) = self.limits.per_person_tool.check_key(&key) {
+            self.metrics.rate_limited.with_label_values(&["person_tool"]).inc();
+            return Err(DeriveError::RateLimited {
+                retry_after: Limits::retry_after(&nu),
+            });
+        }
+
+        // Policy.
+        let grant = match policy.decide(&policy::Request {
+            step: &req.step,
+            tool: &req.tool,
+            resource: &resource,
+            scope: scope.as_deref(),
+        }) {
+            policy::Decision::Allow(g) => g,
+            policy::Decision::Deny(r) => return Err(DeriveError::Denied(r)),
+        };
+
+        // Proof.
+        let proof = req
+            .dpop
+            .as_ref()
+            .ok_or(DeriveError::Proof(DpopError::Missing, None))?;
+        let valid = self
+            .proofs
+            .validate(
+                proof.expose(),
+                &dpop::Expect {
+                    method: "POST",
+                    htu: self.htu(req.endpoint),
+                    access_token: None,
+                    jkt: None,
+                    now,
+                },
+            )
+            .map_err(|e| {
+                let nonce = match e {
+                    DpopError::UseNonce => self.proofs.fresh_nonce(now),
+                    _ => None,
+                };
+                DeriveError::Proof(e, nonce)
+            })?;
+
+        // Source: self. Lifetime = min(policy ttl, 300 s, subject's life).
+        let exp = (now + grant.ttl.as_secs() as i64).min(subject.exp);
+        if exp <= now {
+            return Err(DeriveError::Subject(SubjectError::Expired));
+        }
+        let minted = self
+            .minter
+            .mint(&mint::Claims {
+                sub: &subject.person.sub,
+                subject_iss: &subject.person.iss,
+                aud: &grant.resource.id,
+                scopes: &grant.scopes,
+                tool: &req.tool,
+                jkt: &valid.jkt,
+                iat: now,
+                exp,
+            })
+            .map_err(|e| DeriveError::Internal(e.to_string()))?;
+        Ok((
+            Issued {
+                access_token: minted.token,
+                expires_in: exp - now,
+                scope: grant.scopes.join(" "),
+            },
+            minted.jti,
+        ))
+    }
+}
+
+#[derive(Debug, Default)]
+struct Ctx {
+    person: Option<subject::Person>,
+}

@@ -1,0 +1,44 @@
+//! credbroker: a credential broker that runs as a sidecar next to an AI
+//! agent. The agent's orchestrator asks it, over a local Unix socket, for a
+//! token for one tool call; it answers with the narrowest token its
+//! deny-by-default policy allows: one audience, at most five minutes, bound to
+//! the tool's DPoP key.
+//!
+//! Modules, in the order a request flows through them:
+//!
+//! - [`server`]: start-up, listeners, graceful shutdown.
+//! - [`api`]: the orchestrator socket: peer checks, parsing, error mapping.
+//! - [`exchange`]: the derive pipeline, the only place that decides.
+//! - [`subject`]: subject tokens from trusted issuers; who the person is.
+//! - [`policy`]: the policy file and its decisions.
+//! - [`dpop`]: DPoP proofs, replay cache, nonces.
+//! - [`mint`]: signing keys, minted tokens, JWKS, rotation.
+//! - [`events`], [`metrics`]: audit events and Prometheus metrics.
+//! - [`store`], [`seal`]: storage and encryption at rest.
+//! - [`public`], [`admin`]: the public listener and the admin socket.
+//! - [`verify`]: the resource-server side, for embedding.
+//! - [`client`]: a client for the socket.
+//! - [`jose`], [`secret`], [`clock`], [`config`], [`cli`]: building blocks.
+
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod api;
+pub mod cli;
+pub mod client;
+pub mod clock;
+pub mod config;
+pub mod dpop;
+pub mod events;
+pub mod exchange;
+pub mod jose;
+pub mod metrics;
+pub mod mint;
+pub mod policy;
+pub mod public;
+pub mod seal;
+pub mod secret;
+pub mod server;
+pub mod store;
+pub mod subject;
+pub mod verify;

@@ -1,0 +1,142 @@
+//! Prometheus metrics. Label values come only from names in the loaded
+//! policy (tools) and fixed sets (outcomes, reasons); anything else is
+//! `other`, so the number of series stays bounded whatever clients send.
+
+use prometheus::{
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
+/// The broker's metrics.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Derives by outcome, reason and tool.
+    pub derives: IntCounterVec,
+    /// Derive latency in seconds, by outcome.
+    pub latency: HistogramVec,
+    /// Live entries in the DPoP replay cache.
+    pub replay_cache_entries: IntGauge,
+    /// Capacity of the replay cache.
+    pub replay_cache_capacity: IntGauge,
+    /// Subject-token cache hits.
+    pub subject_cache_hits: IntCounter,
+    /// Subject-token cache misses.
+    pub subject_cache_misses: IntCounter,
+    /// Policy loaded (value 1, label `hash`).
+    pub policy_info: IntGaugeVecWrapper,
+    /// Unix time the policy was loaded.
+    pub policy_loaded_time: Gauge,
+    /// Failed policy reloads.
+    pub policy_reload_failures: IntCounter,
+    /// 1 while the emergency freeze is on.
+    pub frozen: IntGauge,
+    /// Requests refused by rate limits, by limit.
+    pub rate_limited: IntCounterVec,
+}
+
+/// A gauge vector whose only label is replaced on each set (policy hash).
+#[derive(Debug, Clone)]
+pub struct IntGaugeVecWrapper(prometheus::IntGaugeVec);
+
+impl IntGaugeVecWrapper {
+    /// Sets the single current label value.
+    pub fn set_only(&self, value: &str) {
+        self.0.reset();
+        self.0.with_label_values(&[value]).set(1);
+    }
+}
+
+fn must<T>(r: Result<T, prometheus::Error>) -> T {
+    // Metric definitions are static; a failure here is a programming error
+    // caught by the unit test below.
+    r.unwrap_or_else(|e| panic!("metric definition: {e}"))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Metrics {
+        let registry = Registry::new_custom(Some("credbroker".into()), None)
+            .unwrap_or_else(|_| Registry::new());
+        let derives = must(IntCounterVec::new(
+            Opts::new("derives_total", "Derive requests by outcome, reason and tool"),
+            &["outcome", "reason", "tool"],
+        ));
+        let latency = must(HistogramVec::new(
+            HistogramOpts::new("derive_duration_seconds", "Derive latency").buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0,
+            ]),
+            &["outcome"],
+        ));
+        let replay_cache_entries = must(IntGauge::new("dpop_replay_cache_entries", "Live DPoP jti entries"));
+        let replay_cache_capacity = must(IntGauge::new("dpop_replay_cache_capacity", "DPoP jti cache capacity"));
+        let subject_cache_hits = must(IntCounter::new("subject_cache_hits_total", "Subject tokens served from cache"));
+        let subject_cache_misses = must(IntCounter::new("subject_cache_misses_total", "Subject tokens verified"));
+        let policy_info = IntGaugeVecWrapper(must(prometheus::IntGaugeVec::new(
+            Opts::new("policy_info", "The loaded policy (label: its SHA-256)"),
+            &["hash"],
+        )));
+        let policy_loaded_time = must(Gauge::new("policy_loaded_timestamp_seconds", "When the policy was loaded"));
+        let policy_reload_failures = must(IntCounter::new("policy_reload_failures_total", "Policy reloads that failed and kept the last good policy"));
+        let frozen = must(IntGauge::new("frozen", "1 while the emergency freeze denies every derive"));
+        let rate_limited = must(IntCounterVec::new(
+            Opts::new("rate_limited_total", "Requests refused by a rate limit"),
+            &["limit"],
+        ));
+        for c in [
+            Box::new(derives.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(latency.clone()),
+            Box::new(replay_cache_entries.clone()),
+            Box::new(replay_cache_capacity.clone()),
+            Box::new(subject_cache_hits.clone()),
+            Box::new(subject_cache_misses.clone()),
+            Box::new(policy_info.0.clone()),
+            Box::new(policy_loaded_time.clone()),
+            Box::new(policy_reload_failures.clone()),
+            Box::new(frozen.clone()),
+            Box::new(rate_limited.clone()),
+        ] {
+            must(registry.register(c));
+        }
+        Metrics {
+            registry,
+            derives,
+            latency,
+            replay_cache_entries,
+            replay_cache_capacity,
+            subject_cache_hits,
+            subject_cache_misses,
+            policy_info,
+            policy_loaded_time,
+            policy_reload_failures,
+            frozen,
+            rate_limited,
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn registers_and_renders() {
+        let m = super::Metrics::new();
+        m.derives.with_label_values(&["issued", "none", "mail.read"]).inc();
+        m.policy_info.set_only("abc");
+        let text = m.render();
+        assert!(text.contains("credbroker_derives_total{outcome=\"issued\",reason=\"none\",tool=\"mail.read\"} 1"));
+        assert!(text.contains("credbroker_policy_info{hash=\"abc\"} 1"));
+    }
+}

@@ -1,0 +1,117 @@
+//! Canonical resource URIs (RFC 8707 section 2, RFC 3986 section 6).
+//!
+//! A resource must be an absolute `https` URI (or `http` on loopback, for
+//! development), without userinfo, query or fragment. Anything that could
+//! make two different strings point at the same place after decoding (dot
+//! segments, encoded dots or slashes, backslashes) is refused outright rather
+//! than normalised, so a request can never reach a resource by a path trick.
+
+/// Why a resource URI is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceError {
+    /// Not an absolute URI.
+    #[error("not an absolute URI")]
+    NotAbsolute,
+    /// Has a fragment.
+    #[error("has a fragment")]
+    Fragment,
+    /// Has a query.
+    #[error("has a query")]
+    Query,
+    /// Has userinfo.
+    #[error("has userinfo")]
+    UserInfo,
+    /// Not https (or http on loopback).
+    #[error("must be https (http only on loopback)")]
+    Scheme,
+    /// Dot segments, encoded dots or slashes, backslashes, spaces, controls.
+    #[error("contains dot segments, encoded separators or forbidden characters")]
+    Ambiguous,
+    /// More than one resource in one request.
+    #[error("must be given once (one token, one audience)")]
+    Multiple,
+    /// Longer than 2048 bytes.
+    #[error("too long")]
+    TooLong,
+}
+
+/// Returns the canonical form used for comparison, or why the URI is refused.
+pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
+    if raw.len() > 2048 {
+        return Err(ResourceError::TooLong);
+    }
+    if raw.contains('#') {
+        return Err(ResourceError::Fragment);
+    }
+    if raw.contains('?') {
+        return Err(ResourceError::Query);
+    }
+    if raw
+        .chars()
+        .any(|c| c.is_control() || c.is_whitespace() || c == '\\' || !c.is_ascii())
+    {
+        return Err(ResourceError::Ambiguous);
+    }
+    let lower = raw.to_ascii_lowercase();
+    if lower.contains("%2e") || lower.contains("%2f") || lower.contains("%5c") || lower.contains("%00") {
+        return Err(ResourceError::Ambiguous);
+    }
+    let url = url::Url::parse(raw).map_err(|_| ResourceError::NotAbsolute)?;
+    if url.cannot_be_a_base() || url.host().is_none() {
+        return Err(ResourceError::NotAbsolute);
+    }
+    // The raw path (after the authority) must have no dot segments.
+    let after_scheme = raw.split_once("://").map(|x| x.1).unwrap_or("");
+    let path = after_scheme.find('/').map_or("", |i| &after_scheme[i..]);
+    if path.split('/').any(|seg| seg == "." || seg == "..") {
+        return Err(ResourceError::Ambiguous);
+    }
+    if !url.username().is_empty() || url.password().is_some() || after_scheme.contains('@') {
+        return Err(ResourceError::UserInfo);
+    }
+    if !crate::config::secure_or_loopback(&url) {
+        return Err(ResourceError::Scheme);
+    }
+    // url has lower-cased scheme and host, dropped the default port and
+    // upper-cased percent-escapes; an empty path becomes "/".
+    Ok(url.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalises_case_port_and_empty_path() {
+        let a = canonical_resource("HTTPS://Mail.Internal.Example:443").unwrap();
+        let b = canonical_resource("https://mail.internal.example/").unwrap();
+        assert_eq!(a, b);
+        assert_ne!(
+            canonical_resource("https://api.example/v1").unwrap(),
+            canonical_resource("https://api.example/v1/").unwrap()
+        );
+    }
+
+    #[test]
+    fn refuses_tricks() {
+        for bad in [
+            "https://api.example/v1/../admin",
+            "https://api.example/v1/./x",
+            "https://api.example/%2e%2e/admin",
+            "https://api.example/a%2Fb",
+            "https://api.example/#frag",
+            "https://api.example/?q=1",
+            "https://user@api.example/",
+            "http://api.example/",
+            "/relative",
+            "api.example",
+            "https://api.example/ x",
+            "https://api.example/\0",
+            "https://аpi.example/",
+        ] {
+            assert!(canonical_resource(bad).is_err(), "{bad}");
+        }
+        assert!(canonical_resource("https://api.example/v1").is_ok());
+        assert!(canonical_resource("http://127.0.0.1:9000/api").is_ok());
+    }
+}

@@ -1,0 +1,146 @@
+//! The public TCP listener: what resource servers (and, later, browsers)
+//! reach. RFC 8414 metadata and the JWKS. TLS through rustls when a
+//! certificate is configured; plain HTTP only on loopback (the config
+//! refuses anything else).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::api::{json_response, Body};
+use crate::exchange::Broker;
+use crate::server::StartError;
+
+const MAX_PUBLIC_CONNECTIONS: usize = 1024;
+
+/// Builds a rustls acceptor from PEM files.
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, StartError> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<_, _>>())
+        .map_err(|e| StartError::Io(format!("TLS certificate {}: {e}", cert.display())))?;
+    let key_bytes = crate::config::read_secret_file(key).map_err(|source| StartError::Secret {
+        what: "public.tls_key",
+        source,
+    })?;
+    let key = PrivateKeyDer::from_pem_slice(key_bytes.expose())
+        .map_err(|_| StartError::Io(format!("TLS key {}: not a PEM private key", key.display())))?;
+    let cfg = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| StartError::Io(format!("TLS configuration: {e}")))?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
+}
+
+/// RFC 8414 metadata for this instance.
+pub fn metadata(broker: &Broker) -> serde_json::Value {
+    let iss = &broker.config.issuer;
+    serde_json::json!({
+        "issuer": iss,
+        "jwks_uri": format!("{iss}/.well-known/jwks.json"),
+        // Reached over the local socket only; it is also the htu base of
+        // DPoP proofs sent to the socket.
+        "token_endpoint": format!("{iss}/token"),
+        "grant_types_supported": [crate::api::TOKEN_EXCHANGE],
+        "token_endpoint_auth_methods_supported": ["none"],
+        "dpop_signing_alg_values_supported":
+            broker.config.dpop.algs.iter().map(|a| a.as_str()).collect::<Vec<_>>(),
+        "response_types_supported": [],
+        "credbroker_derive_endpoint": format!("{iss}/v1/derive"),
+        "credbroker_access_token_signing_alg_values_supported": ["ES256"],
+    })
+}
+
+fn with_cache(mut r: Response<Body>, cache: &'static str) -> Response<Body> {
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
+    r
+}
+
+/// Handles one public request.
+pub async fn handle<B>(broker: Arc<Broker>, req: Request<B>) -> Response<Body> {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/.well-known/oauth-authorization-server") => with_cache(
+            json_response(StatusCode::OK, &metadata(&broker)),
+            "public, max-age=300",
+        ),
+        (&Method::GET, "/.well-known/jwks.json") => with_cache(
+            json_response(StatusCode::OK, &broker.minter.ring().jwks(broker.clock.now())),
+            // Short, so that rotated keys are seen quickly.
+            "public, max-age=60",
+        ),
+        (&Method::GET, "/healthz") => {
+            let mut r = Response::new(Full::new(Bytes::from_static(b"ok\n")));
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            r
+        }
+        _ => json_response(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({"error": "not_found"}),
+        ),
+    }
+}
+
+/// Serves the public listener until shutdown.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    broker: Arc<Broker>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(MAX_PUBLIC_CONNECTIONS));
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(10))
+        .max_buf_size(16 * 1024)
+        .max_headers(64);
+    loop {
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r { Ok(s) => s, Err(_) => continue },
+            _ = shutdown.changed() => break,
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
+        let b = broker.clone();
+        let svc = service_fn(move |req| {
+            let b = b.clone();
+            async move { Ok::<_, std::convert::Infallible>(handle(b, req).await) }
+        });
+        match &tls {
+            None => {
+                let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), svc));
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                    drop(permit);
+                });
+            }
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                let builder = builder.clone();
+                tokio::spawn(async move {
+                    let Ok(Ok(tls)) =
+                        tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await
+                    else {
+                        return;
+                    };
+                    let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
+                    drop(permit);
+                });
+            }
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
+}

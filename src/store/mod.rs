@@ -1,0 +1,64 @@
+//! Storage: a small key-value [`Store`] trait with named trees, so that the
+//! embedded sled backend and a later PostgreSQL backend (a table of
+//! `(tree, key, value)` with compare-and-swap by `UPDATE ... WHERE value =`)
+//! serve the same callers. Callers above this layer never touch sled.
+//!
+//! Every write returns only once it is durable (the sled backend flushes),
+//! so an acknowledged write survives a crash.
+
+mod sled_store;
+
+pub use sled_store::SledStore;
+
+/// The trees (tables) of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tree {
+    /// Signing keys (sealed PKCS#8) and their metadata.
+    SigningKeys,
+    /// Small broker state: the freeze flag and similar.
+    State,
+}
+
+impl Tree {
+    /// The tree's name in the backend.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tree::SigningKeys => "signing_keys",
+            Tree::State => "state",
+        }
+    }
+}
+
+/// Storage errors. They never carry record values.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The backend failed (I/O, corruption, full disk).
+    #[error("store backend error: {0}")]
+    Backend(String),
+    /// The store is held by another process.
+    #[error("the store at {0} is in use by another process (is an instance running? use the admin socket)")]
+    Locked(String),
+}
+
+/// A durable key-value store with named trees.
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Reads one value.
+    fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Writes one value durably.
+    fn put(&self, tree: Tree, key: &[u8], value: &[u8]) -> Result<(), StoreError>;
+    /// Deletes one value durably.
+    fn delete(&self, tree: Tree, key: &[u8]) -> Result<(), StoreError>;
+    /// All entries whose key starts with `prefix`, in key order.
+    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    /// Replaces `key`'s value with `new` only if it currently equals
+    /// `expected` (`None` = absent). Returns whether it swapped.
+    fn compare_and_swap(
+        &self,
+        tree: Tree,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<bool, StoreError>;
+    /// Whether the store answers (readiness).
+    fn is_healthy(&self) -> bool;
+}

@@ -1,0 +1,362 @@
+//! Subject tokens: who the derive is for.
+//!
+//! A subject token is a JWT from a trusted issuer, checked in order: size ->
+//! parts -> base64url -> header (`typ` among the issuer's access-token types,
+//! never `dpop+jwt`; `alg` in the issuer's allow-list and bound to the key;
+//! no `crit`) -> key (pinned JWKS or JWKS URI only; `jku`/`x5u`/`x5c`/`jwk`
+//! headers are ignored) -> signature -> typed claims -> `iss`, `aud`, `exp`,
+//! `nbf`. ID tokens (`nonce`, `at_hash`, `c_hash`), sender-constrained tokens
+//! (`cnf`) and credbroker's own tokens are refused.
+//!
+//! The person is the pair (`iss`, `sub`). A verified token may be cached by
+//! its SHA-256 for at most 60 s and never past its `exp`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+use serde::Deserialize;
+
+use crate::config::{IssuerConfig, JwksSource};
+use crate::jose::{self, Alg, Audience, JwkSet, JoseError};
+
+/// Subject tokens larger than this are refused before parsing.
+pub const MAX_SUBJECT_LEN: usize = 16 * 1024;
+/// Clock skew allowed on `exp` and `nbf`.
+pub const SKEW: i64 = 30;
+/// The longest a verified subject token stays cached.
+pub const CACHE_TTL: i64 = 60;
+const CACHE_MAX: usize = 50_000;
+const JWKS_REFETCH_MIN: Duration = Duration::from_secs(60);
+const JWKS_MAX_BYTES: usize = 256 * 1024;
+
+/// The person a request is for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Person {
+    /// The issuer.
+    pub iss: String,
+    /// The subject at that issuer.
+    pub sub: String,
+}
+
+/// A verified subject token.
+#[derive(Debug, Clone)]
+pub struct Subject {
+    /// Who.
+    pub person: Person,
+    /// The token's `exp`.
+    pub exp: i64,
+}
+
+/// Why a subject token was refused. Carries no token bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubjectError {
+    /// JWS-level problem.
+    #[error("subject token: {0}")]
+    Jose(#[from] JoseError),
+    /// `iss` is not a trusted issuer.
+    #[error("subject token issuer is not trusted")]
+    UntrustedIssuer,
+    /// `typ` is not an access-token type of that issuer.
+    #[error("subject token typ is not an access token type of its issuer")]
+    Typ,
+    /// `alg` not allowed for the issuer.
+    #[error("subject token alg is not allowed for its issuer")]
+    Alg,
+    /// No key for the `kid`.
+    #[error("no key of the issuer matches the subject token")]
+    UnknownKey,
+    /// Claims missing or of the wrong type.
+    #[error("subject token claims are missing or malformed")]
+    Claims,
+    /// `aud` does not name this agent.
+    #[error("subject token audience is not this agent")]
+    Audience,
+    /// Expired or not yet valid.
+    #[error("subject token is expired or not yet valid")]
+    Expired,
+    /// An ID token, a DPoP-bound token, or one of ours.
+    #[error("this is not an access token for this agent ({0})")]
+    WrongKind(&'static str),
+    /// The issuer's keys could not be fetched.
+    #[error("the issuer's keys are unavailable")]
+    KeysUnavailable,
+}
+
+#[derive(Debug, Deserialize)]
+struct PeekIss {
+    iss: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SubjectClaims {
+    iss: String,
+    sub: String,
+    aud: Audience,
+    #[serde(deserialize_with = "jose::numeric_date")]
+    exp: i64,
+    #[serde(default, deserialize_with = "jose::opt_numeric_date")]
+    nbf: Option<i64>,
+    #[serde(default)]
+    nonce: Option<serde_json::Value>,
+    #[serde(default)]
+    at_hash: Option<serde_json::Value>,
+    #[serde(default)]
+    c_hash: Option<serde_json::Value>,
+    #[serde(default)]
+    cnf: Option<serde_json::Value>,
+    #[serde(flatten)]
+    rest: HashMap<String, serde_json::Value>,
+}
+
+struct Issuer {
+    cfg: IssuerConfig,
+    keys: ArcSwap<JwkSet>,
+    last_fetch: tokio::sync::Mutex<Option<Instant>>,
+}
+
+/// Validates subject tokens against the trusted issuers.
+pub struct Validator {
+    issuers: HashMap<String, Issuer>,
+    cache: DashMap<[u8; 32], (Subject, i64)>,
+    http: reqwest::Client,
+    own_kid: Box<dyn Fn(&str) -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for Validator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("subject::Validator")
+            .field("issuers", &self.issuers.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds the HTTP client used for JWKS (rustls, bounded timeouts).
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(3))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap_or_default()
+}
+
+async fn fetch_jwks(http: &reqwest::Client, uri: &str) -> Result<JwkSet, SubjectError> {
+    let resp = http
+        .get(uri)
+        .send()
+        .await
+        .map_err(|_| SubjectError::KeysUnavailable)?;
+    if !resp.status().is_success() {
+        return Err(SubjectError::KeysUnavailable);
+    }
+    let body = resp.bytes().await.map_err(|_| SubjectError::KeysUnavailable)?;
+    if body.len() > JWKS_MAX_BYTES {
+        return Err(SubjectError::KeysUnavailable);
+    }
+    JwkSet::from_json(&body).map_err(|_| SubjectError::KeysUnavailable)
+}
+
+/// Errors building the validator (at start-up).
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// A pinned JWKS file could not be read or parsed.
+    #[error("trusted issuer {issuer}: JWKS file {path}: {reason}")]
+    JwksFile {
+        /// Issuer.
+        issuer: String,
+        /// File.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn normalize_typ(t: &str) -> String {
+    let t = t.to_ascii_lowercase();
+    t.strip_prefix("application/").map(str::to_owned).unwrap_or(t)
+}
+
+impl Validator {
+    /// Builds the validator; pinned JWKS files are read now, JWKS URIs on
+    /// first use. `own_kid` tells credbroker's own signing keys.
+    pub async fn new(
+        issuers: &[IssuerConfig],
+        own_kid: Box<dyn Fn(&str) -> bool + Send + Sync>,
+    ) -> Result<Validator, SetupError> {
+        let http = http_client();
+        let mut map = HashMap::new();
+        for cfg in issuers {
+            let keys = match &cfg.jwks {
+                JwksSource::File(p) => {
+                    let bytes = std::fs::read(p).map_err(|e| SetupError::JwksFile {
+                        issuer: cfg.issuer.clone(),
+                        path: p.display().to_string(),
+                        reason: e.to_string(),
+                    })?;
+                    JwkSet::from_json(&bytes).map_err(|e| SetupError::JwksFile {
+                        issuer: cfg.issuer.clone(),
+                        path: p.display().to_string(),
+                        reason: e.to_string(),
+                    })?
+                }
+                JwksSource::Uri(u) => fetch_jwks(&http, u).await.unwrap_or_else(|_| {
+                    tracing::warn!(issuer = %cfg.issuer, "JWKS not reachable at start-up; will retry on first use");
+                    JwkSet::default()
+                }),
+            };
+            map.insert(
+                cfg.issuer.clone(),
+                Issuer {
+                    cfg: cfg.clone(),
+                    keys: ArcSwap::from_pointee(keys),
+                    last_fetch: tokio::sync::Mutex::new(None),
+                },
+            );
+        }
+        Ok(Validator {
+            issuers: map,
+            cache: DashMap::new(),
+            http,
+            own_kid,
+        })
+    }
+
+    /// Drops every cached subject (trust configuration changed).
+    pub fn flush_cache(&self) {
+        self.cache.clear();
+    }
+
+    /// Number of cached subjects.
+    pub fn cache_len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// The issuer config for `iss`.
+    pub fn issuer(&self, iss: &str) -> Option<&IssuerConfig> {
+        self.issuers.get(iss).map(|i| &i.cfg)
+    }
+
+    /// Validates a subject token at `now`. The bool says whether it came from
+    /// the cache.
+    pub async fn validate(&self, token: &str, now: i64) -> Result<(Subject, bool), SubjectError> {
+        if token.len() > MAX_SUBJECT_LEN {
+            return Err(SubjectError::Jose(JoseError::TooLarge(MAX_SUBJECT_LEN)));
+        }
+        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, token.as_bytes());
+        let mut key = [0u8; 32];
+        key.copy_from_slice(digest.as_ref());
+        if let Some(hit) = self.cache.get(&key) {
+            let (subject, until) = hit.value();
+            if now < *until && now < subject.exp + SKEW {
+                return Ok((subject.clone(), true));
+            }
+        }
+        let subject = self.validate_uncached(token, now).await?;
+        let until = (now + CACHE_TTL).min(subject.exp);
+        if until > now {
+            if self.cache.len() >= CACHE_MAX {
+                self.cache.retain(|_, (_, u)| *u > now);
+                if self.cache.len() >= CACHE_MAX {
+                    self.cache.clear();
+                }
+            }
+            self.cache.insert(key, (subject.clone(), until));
+        }
+        Ok((subject, false))
+    }
+
+    async fn validate_uncached(&self, token: &str, now: i64) -> Result<Subject, SubjectError> {
+        let jws = jose::parse(token, MAX_SUBJECT_LEN)?;
+        // Which issuer: read `iss` (unverified) only to pick the keys.
+        let peek: PeekIss = serde_json::from_slice(&jws.payload).map_err(|_| SubjectError::Claims)?;
+        let iss = match peek.iss {
+            Some(serde_json::Value::String(s)) => s,
+            _ => return Err(SubjectError::Claims),
+        };
+        let issuer = self.issuers.get(&iss).ok_or(SubjectError::UntrustedIssuer)?;
+        let typ = jws.header.typ.as_deref().map(normalize_typ);
+        if typ.as_deref() == Some("dpop+jwt") {
+            return Err(SubjectError::WrongKind("a DPoP proof"));
+        }
+        match &typ {
+            Some(t) if issuer.cfg.token_types.iter().any(|a| normalize_typ(a) == *t) => {}
+            _ => return Err(SubjectError::Typ),
+        }
+        let alg = Alg::parse(&jws.header.alg).map_err(|_| SubjectError::Alg)?;
+        if !issuer.cfg.algs.contains(&alg) {
+            return Err(SubjectError::Alg);
+        }
+        if let Some(kid) = &jws.header.kid {
+            if (self.own_kid)(kid) {
+                return Err(SubjectError::WrongKind("a token minted by credbroker"));
+            }
+        }
+        let kid = jws.header.kid.as_deref();
+        let keys = issuer.keys.load_full();
+        let jwk = match keys.select(kid, alg) {
+            Some(k) => k.clone(),
+            None => {
+                let fresh = self.refetch(issuer).await.ok_or(SubjectError::UnknownKey)?;
+                fresh.select(kid, alg).cloned().ok_or(SubjectError::UnknownKey)?
+            }
+        };
+        jwk.verify(alg, &jws).map_err(|e| match e {
+            JoseError::Alg => SubjectError::Alg,
+            e => SubjectError::Jose(e),
+        })?;
+        let claims: SubjectClaims =
+            serde_json::from_slice(&jws.payload).map_err(|_| SubjectError::Claims)?;
+        if claims.iss != issuer.cfg.issuer || claims.sub.is_empty() {
+            return Err(SubjectError::Claims);
+        }
+        if !claims.aud.contains(&issuer.cfg.audience) {
+            return Err(SubjectError::Audience);
+        }
+        if claims.exp + SKEW <= now || claims.nbf.is_some_and(|n| n - SKEW > now) {
+            return Err(SubjectError::Expired);
+        }
+        if claims.nonce.is_some() || claims.at_hash.is_some() || claims.c_hash.is_some() {
+            return Err(SubjectError::WrongKind("an ID token"));
+        }
+        if claims.cnf.is_some() {
+            return Err(SubjectError::WrongKind("a sender-constrained token"));
+        }
+        for c in &issuer.cfg.required_claims {
+            if !claims.rest.contains_key(c) {
+                return Err(SubjectError::Claims);
+            }
+        }
+        Ok(Subject {
+            person: Person {
+                iss: claims.iss,
+                sub: claims.sub,
+            },
+            exp: claims.exp,
+        })
+    }
+
+    /// Refetches a JWKS URI, at most once a minute per issuer.
+    async fn refetch(&self, issuer: &Issuer) -> Option<Arc<JwkSet>> {
+        let JwksSource::Uri(uri) = &issuer.cfg.jwks else {
+            return None;
+        };
+        let mut last = issuer.last_fetch.lock().await;
+        if last.is_some_and(|t| t.elapsed() < JWKS_REFETCH_MIN) {
+            return Some(issuer.keys.load_full());
+        }
+        *last = Some(Instant::now());
+        match fetch_jwks(&self.http, uri).await {
+            Ok(set) => {
+                issuer.keys.store(Arc::new(set));
+                Some(issuer.keys.load_full())
+            }
+            Err(_) => {
+                tracing::warn!(issuer = %issuer.cfg.issuer, "JWKS refetch failed");
+                None
+            }
+        }
+    }
+}

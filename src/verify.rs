@@ -1,0 +1,268 @@
+//! The resource-server side: verifying a credbroker token and its DPoP proof
+//! on an incoming request (RFC 9449 section 7, RFC 9068).
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! use credbroker::verify::{Verifier, Presented};
+//! let v = Verifier::from_issuer("https://broker.example", "https://api.example/").await?;
+//! let who = v.verify(&Presented {
+//!     method: "GET",
+//!     url: "https://api.example/items?page=2",
+//!     authorization: Some("DPoP eyJ..."),
+//!     dpop: &["eyJ..."],
+//! })?;
+//! println!("{} via tool {}", who.sub, who.tool);
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use serde::Deserialize;
+
+use crate::clock::{SharedClock, SystemClock};
+use crate::dpop::{self, DpopError};
+use crate::jose::{self, Alg, JoseError, JwkSet};
+
+/// Token size cap.
+pub const MAX_TOKEN_LEN: usize = 8 * 1024;
+
+/// Why a request was refused. Each maps to a 401 with a
+/// `WWW-Authenticate: DPoP` challenge ([`VerifyError::challenge`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    /// No `Authorization` header.
+    #[error("no access token")]
+    NoToken,
+    /// `Authorization: Bearer` (or another scheme) with a DPoP-bound token.
+    #[error("a DPoP-bound token must be presented with the DPoP scheme")]
+    WrongScheme,
+    /// JWS problems.
+    #[error("token: {0}")]
+    Token(#[from] JoseError),
+    /// Not `at+jwt`, not ES256, unknown key.
+    #[error("token header is not acceptable")]
+    Header,
+    /// Claims missing or of the wrong type.
+    #[error("token claims are missing or malformed")]
+    Claims,
+    /// Wrong issuer.
+    #[error("token issuer is not the expected one")]
+    Issuer,
+    /// Wrong audience.
+    #[error("token audience is not this resource")]
+    Audience,
+    /// Expired or issued in the future.
+    #[error("token is expired or not yet valid")]
+    Expired,
+    /// The proof failed.
+    #[error("DPoP proof: {0}")]
+    Proof(#[from] DpopError),
+    /// The JWKS or metadata could not be fetched.
+    #[error("issuer keys unavailable")]
+    Keys,
+}
+
+impl VerifyError {
+    /// The `WWW-Authenticate` value for a 401.
+    pub fn challenge(&self) -> String {
+        let code = match self {
+            VerifyError::NoToken => return "DPoP algs=\"ES256\"".into(),
+            VerifyError::Proof(_) => "invalid_dpop_proof",
+            _ => "invalid_token",
+        };
+        format!("DPoP error=\"{code}\", algs=\"ES256\"")
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Cnf {
+    jkt: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Act {
+    sub: String,
+    #[serde(default)]
+    tool: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenClaims {
+    iss: String,
+    sub: String,
+    #[serde(default)]
+    subject_iss: Option<String>,
+    aud: String,
+    #[serde(default)]
+    scope: String,
+    act: Act,
+    cnf: Cnf,
+    #[serde(deserialize_with = "jose::numeric_date")]
+    iat: i64,
+    #[serde(deserialize_with = "jose::numeric_date")]
+    exp: i64,
+    jti: String,
+}
+
+/// What a verified request carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// The person's `sub`.
+    pub sub: String,
+    /// The person's issuer.
+    pub subject_iss: Option<String>,
+    /// Scopes.
+    pub scopes: Vec<String>,
+    /// The agent (`act.sub`).
+    pub agent: String,
+    /// The tool (`act.tool`).
+    pub tool: String,
+    /// The bound key.
+    pub jkt: String,
+    /// Expiry.
+    pub exp: i64,
+    /// `jti`.
+    pub jti: String,
+}
+
+/// An incoming request as the verifier sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Presented<'a> {
+    /// Method.
+    pub method: &'a str,
+    /// The full URL the request was sent to (scheme, host, path; the query
+    /// is ignored).
+    pub url: &'a str,
+    /// The `Authorization` header.
+    pub authorization: Option<&'a str>,
+    /// Every `DPoP` header value (exactly one is required).
+    pub dpop: &'a [&'a str],
+}
+
+/// Verifies credbroker tokens for one resource.
+#[derive(Debug)]
+pub struct Verifier {
+    issuer: String,
+    audience: String,
+    keys: ArcSwap<JwkSet>,
+    proofs: dpop::Validator,
+    clock: SharedClock,
+}
+
+/// Clock skew tolerated on `exp`/`iat`.
+const SKEW: i64 = 5;
+
+impl Verifier {
+    /// A verifier with a known JWKS document.
+    pub fn from_jwks(issuer: &str, audience: &str, jwks: &[u8]) -> Result<Verifier, VerifyError> {
+        Ok(Verifier {
+            issuer: issuer.trim_end_matches('/').to_owned(),
+            audience: audience.to_owned(),
+            keys: ArcSwap::from_pointee(JwkSet::from_json(jwks).map_err(|_| VerifyError::Keys)?),
+            proofs: dpop::Validator::new(vec![Alg::ES256], 100_000, None),
+            clock: Arc::new(SystemClock),
+        })
+    }
+
+    /// A verifier that reads the issuer's RFC 8414 metadata and JWKS.
+    pub async fn from_issuer(issuer: &str, audience: &str) -> Result<Verifier, VerifyError> {
+        let http = crate::subject::http_client();
+        let issuer = issuer.trim_end_matches('/');
+        let meta: serde_json::Value = http
+            .get(format!("{issuer}/.well-known/oauth-authorization-server"))
+            .send()
+            .await
+            .map_err(|_| VerifyError::Keys)?
+            .json()
+            .await
+            .map_err(|_| VerifyError::Keys)?;
+        if meta.get("issuer").and_then(|v| v.as_str()) != Some(issuer) {
+            return Err(VerifyError::Issuer);
+        }
+        let jwks_uri = meta
+            .get("jwks_uri")
+            .and_then(|v| v.as_str())
+            .ok_or(VerifyError::Keys)?;
+        let jwks = http
+            .get(jwks_uri)
+            .send()
+            .await
+            .map_err(|_| VerifyError::Keys)?
+            .bytes()
+            .await
+            .map_err(|_| VerifyError::Keys)?;
+        Verifier::from_jwks(issuer, audience, &jwks)
+    }
+
+    /// Replaces the clock (tests).
+    pub fn with_clock(mut self, clock: SharedClock) -> Verifier {
+        self.clock = clock;
+        self
+    }
+
+    /// Replaces the keys (after refetching a rotated JWKS).
+    pub fn set_jwks(&self, jwks: &[u8]) -> Result<(), VerifyError> {
+        self.keys
+            .store(Arc::new(JwkSet::from_json(jwks).map_err(|_| VerifyError::Keys)?));
+        Ok(())
+    }
+
+    /// Verifies a request: the token (signature, `typ`, `iss`, `aud`, `exp`)
+    /// then the proof (`ath`, `cnf.jkt`, `htm`, `htu`, `iat`, replay).
+    pub fn verify(&self, req: &Presented<'_>) -> Result<Verified, VerifyError> {
+        let auth = req.authorization.ok_or(VerifyError::NoToken)?;
+        let (scheme, token) = auth.split_once(' ').ok_or(VerifyError::WrongScheme)?;
+        if !scheme.eq_ignore_ascii_case("DPoP") {
+            return Err(VerifyError::WrongScheme);
+        }
+        let token = token.trim();
+        let now = self.clock.now();
+        let jws = jose::parse(token, MAX_TOKEN_LEN)?;
+        if jws.header.typ.as_deref().map(str::to_ascii_lowercase).as_deref() != Some("at+jwt") {
+            return Err(VerifyError::Header);
+        }
+        if Alg::parse(&jws.header.alg) != Ok(Alg::ES256) {
+            return Err(VerifyError::Header);
+        }
+        let keys = self.keys.load();
+        let key = keys
+            .select(jws.header.kid.as_deref(), Alg::ES256)
+            .ok_or(VerifyError::Header)?;
+        key.verify(Alg::ES256, &jws)?;
+        let c: TokenClaims = serde_json::from_slice(&jws.payload).map_err(|_| VerifyError::Claims)?;
+        if c.iss != self.issuer {
+            return Err(VerifyError::Issuer);
+        }
+        if c.aud != self.audience {
+            return Err(VerifyError::Audience);
+        }
+        if c.exp <= now - SKEW || c.iat > now + SKEW {
+            return Err(VerifyError::Expired);
+        }
+        let [proof] = req.dpop else {
+            return Err(VerifyError::Proof(DpopError::Missing));
+        };
+        let htu = dpop::normalize_htu(req.url).ok_or(VerifyError::Proof(DpopError::Htu))?;
+        let valid = self.proofs.validate(
+            proof,
+            &dpop::Expect {
+                method: req.method,
+                htu: &htu,
+                access_token: Some(token),
+                jkt: Some(&c.cnf.jkt),
+                now,
+            },
+        )?;
+        Ok(Verified {
+            sub: c.sub,
+            subject_iss: c.subject_iss,
+            scopes: c.scope.split(' ').filter(|s| !s.is_empty()).map(str::to_owned).collect(),
+            agent: c.act.sub,
+            tool: c.act.tool.unwrap_or_default(),
+            jkt: valid.jkt,
+            exp: c.exp,
+            jti: c.jti,
+        })
+    }
+}
