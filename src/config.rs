@@ -614,11 +614,12 @@ impl Config {
     }
 }
 
-/// Reads a secret file, refusing one that others can read (mode must be
-/// 0600 or stricter) or that is a symlink.
+/// Reads a secret file, refusing one that group or others can read (mode
+/// must be 0600 or stricter) or that is not a regular file. Symlinks are
+/// followed and the target is checked: Kubernetes mounts secrets as links.
 pub fn read_secret_file(path: &Path) -> Result<crate::secret::SecretBytes, std::io::Error> {
     use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::symlink_metadata(path)?;
+    let meta = std::fs::metadata(path)?;
     if !meta.file_type().is_file() {
         return Err(std::io::Error::other(format!(
             "{} is not a regular file",
