@@ -208,6 +208,9 @@ impl TestBroker {
 
     /// SIGTERM and wait.
     pub fn stop(&mut self) {
+        if self.child.try_wait().unwrap().is_some() {
+            return;
+        }
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
