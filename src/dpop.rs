@@ -302,7 +302,8 @@ impl Validator {
         if normalize_htu(&claims.htu).as_deref() != Some(expect.htu) {
             return Err(DpopError::Htu);
         }
-        if (claims.iat - expect.now).abs() > IAT_WINDOW {
+        // abs_diff: `iat - now` could overflow (and wrap to pass in release).
+        if claims.iat.abs_diff(expect.now) > IAT_WINDOW.unsigned_abs() {
             return Err(DpopError::Iat);
         }
         if let Some(token) = expect.access_token {
