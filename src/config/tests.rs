@@ -574,6 +574,7 @@ fn durations_parse_strictly() {
     ] {
         assert_eq!(parse_duration(bad), None, "{bad}");
     }
+    assert_eq!(parse_duration("59m"), Some(Duration::from_secs(59 * 60)));
 }
 
 #[test]

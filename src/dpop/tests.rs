@@ -476,6 +476,7 @@ fn d11_iat_within_ten_seconds_is_accepted() {
             .unwrap_err(),
         DpopError::Iat
     );
+    v.validate(&later, &expect(NOW + 10 + IAT_WINDOW)).unwrap();
 }
 
 // ---------------------------------------------------------------- D12
@@ -741,8 +742,8 @@ fn expired_entries_behind_a_longer_lived_one_are_reclaimed() {
     c.insert(k1, NOW + 121, NOW).unwrap();
     c.insert(k2, NOW + 61, NOW).unwrap();
     assert_eq!(c.insert(k3, NOW + 61, NOW), Err(DpopError::ReplayCacheFull));
-    c.insert(k3, NOW + 123, NOW + 62).unwrap();
     assert_eq!(c.insert(k1, NOW + 123, NOW + 62), Err(DpopError::Replay));
+    c.insert(k3, NOW + 123, NOW + 62).unwrap();
 }
 
 #[test]

@@ -576,6 +576,7 @@ fn scope_strings_are_split_strictly() {
     }
     assert!(valid_scope_token("!#[]~"));
     assert!(!valid_scope_token(&"a".repeat(257)));
+    assert!(valid_scope_token(&"a".repeat(256)));
 }
 
 #[test]
@@ -698,5 +699,11 @@ fn percent_escapes_compare_case_insensitively() {
             "https://api.example/n%7Fotes"
         ),
         Decision::Deny(DenyReason::ResourceMismatch)
+    );
+    assert_allowed(
+        &p,
+        "summarize",
+        "notes.read",
+        "https://api.example/n%7Eotes",
     );
 }
