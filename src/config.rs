@@ -81,9 +81,14 @@ pub fn redact_values(msg: &str) -> String {
         .any(|p| msg.starts_with(p));
     let mut out = String::with_capacity(msg.len());
     let mut in_quote = None;
-    for c in msg.chars() {
+    let mut chars = msg.chars();
+    while let Some(c) = chars.next() {
         let quote = c == '"' || (c == '`' && !names_a_key);
         match in_quote {
+            // serde shows strings with Debug escapes: `\"` does not close.
+            Some('"') if c == '\\' => {
+                chars.next();
+            }
             None if quote => {
                 out.push(c);
                 out.push('…');

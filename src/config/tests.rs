@@ -230,6 +230,12 @@ fn values_are_never_echoed_in_messages() {
             "path = \"credbroker.sock\"",
             &format!("max_connections = {q}"),
         ),
+        // A quote inside the value must not end the redaction early.
+        insert_after(
+            BASE,
+            "path = \"credbroker.sock\"",
+            &format!("max_connections = \"a\\\"{CANARY}\\\\\""),
+        ),
         replace(BASE, "agent = \"repo-helper\"", &format!("agent = [{q}]")),
         replace(
             BASE,
@@ -754,5 +760,7 @@ fn line_col_counts_lines_and_characters() {
 fn redact_values_strips_quoted_text_and_snippets() {
     let r =
         redact_values("invalid type: string \"CANARY\", expected usize\n  |\n3 | x = \"CANARY\"");
+    assert_eq!(r, "invalid type: string \"…\", expected usize");
+    let r = redact_values(r#"invalid type: string "a\"CANARY\\", expected usize"#);
     assert_eq!(r, "invalid type: string \"…\", expected usize");
 }
