@@ -215,14 +215,19 @@ pub fn valid_scope_token(s: &str) -> bool {
         && s.bytes().all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
 }
 
+/// A requested `scope` that is not a space-separated list of scope tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("scope must be scope tokens separated by single spaces")]
+pub struct InvalidScope;
+
 /// Splits a requested `scope` string. `Err` if it is not a valid
 /// space-separated list of scope tokens.
-pub fn parse_scope(s: &str) -> Result<Vec<String>, ()> {
+pub fn parse_scope(s: &str) -> Result<Vec<String>, InvalidScope> {
     let v: Vec<String> = s.split(' ').map(str::to_owned).collect();
     if v.iter().all(|t| valid_scope_token(t)) {
         Ok(v)
     } else {
-        Err(())
+        Err(InvalidScope)
     }
 }
 
