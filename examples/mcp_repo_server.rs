@@ -1,0 +1,602 @@
+//! An MCP server that lists the person's repositories, getting its token for
+//! each call from the credbroker sidecar and relaying the broker's connect
+//! link as a URL elicitation in the protocol version the client negotiated.
+//!
+//! ```text
+//! cargo run --example mcp_repo_server -- \
+//!     --listen 127.0.0.1:0 \
+//!     --broker-socket /run/credbroker/credbroker.sock --broker-issuer https://broker.example \
+//!     --trusted-issuer https://idp.example --jwks-uri https://idp.example/jwks --audience repo-helper \
+//!     --step list_repos --tool github.repos --resource https://api.github.com/ \
+//!     --api-url https://api.github.com/user/repos --service github
+//! ```
+//!
+//! It prints one JSON line `{"url": "http://127.0.0.1:PORT/mcp", ...}` once it
+//! listens, then serves MCP over streamable HTTP at `/mcp` (loopback only).
+//!
+//! Who the person is: the MCP client sends the person's access token as
+//! `Authorization: Bearer` on every HTTP request (MCP authorization). The
+//! server verifies it with `credbroker::subject` (issuer, keys, `alg`,
+//! `typ` `at+jwt`, audience = the agent, lifetime; ID tokens and
+//! sender-constrained tokens refused) and takes (`iss`, `sub`) from it, never
+//! from tool arguments. The same token is the subject token of the derive:
+//! the sidecar checks it again. It never goes anywhere else: the third-party
+//! API gets only the token the broker derived, and that token never goes back
+//! to the MCP client (only the API's answer does).
+//!
+//! Refusals with a link:
+//! - protocol 2025-11-25: JSON-RPC error `-32042` with the link in
+//!   `data.elicitations[]`; the client opens it and retries by hand;
+//! - protocol 2026-07-28: `input_required` with one URL `elicitation/create`
+//!   and a `requestState` sealed under this server's key
+//!   (`credbroker::client::mcp::StateKey`), bound to this server, the person,
+//!   the OAuth client and the exact call, for ten minutes. On the retry the
+//!   state is opened first (any failure: `-32602`, nothing else done), then
+//!   the server asks the broker again: `accept` only means the person agreed
+//!   to open the page, so another `input_required` comes back until the
+//!   broker issues a token; `decline`/`cancel` ends the call with a tool error.
+//! - a client that did not declare URL elicitation gets a tool error whose
+//!   text carries the link.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Parser;
+use credbroker::client::mcp::{self, Binding, RequestState, StateKey};
+use credbroker::client::{Answer, Client, DeriveParams, Refusal, Token};
+use credbroker::config::{IssuerConfig, JwksSource, SignIn};
+use credbroker::jose::{self, Alg, Es256Key};
+use credbroker::secret::{SecretBytes, SecretString};
+use credbroker::subject::{Person, Validator};
+use http::{Request, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::service::TowerToHyperService;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, ErrorData, Implementation,
+    InputRequiredResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    Tool,
+};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::ServerHandler;
+
+/// The one tool.
+const TOOL: &str = "list_repositories";
+/// Answers from the third-party API larger than this are refused.
+const MAX_API_BODY: usize = 1024 * 1024;
+/// Access tokens larger than this are refused before verification.
+const MAX_BEARER: usize = 16 * 1024;
+
+#[derive(Debug, Parser)]
+#[command(about = "Example MCP server on the credbroker sidecar")]
+struct Args {
+    /// Address to listen on (loopback).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// The broker's orchestrator socket.
+    #[arg(long)]
+    broker_socket: PathBuf,
+    /// The broker's public issuer URL (base of the DPoP `htu`).
+    #[arg(long)]
+    broker_issuer: String,
+    /// The issuer of the people's access tokens (`iss`).
+    #[arg(long)]
+    trusted_issuer: String,
+    /// Its JWKS URI.
+    #[arg(long, conflicts_with = "jwks_file")]
+    jwks_uri: Option<String>,
+    /// Or a pinned JWKS file.
+    #[arg(long)]
+    jwks_file: Option<PathBuf>,
+    /// Accepted `alg`s of the access tokens.
+    #[arg(long, value_delimiter = ',', default_value = "ES256,RS256")]
+    algs: Vec<String>,
+    /// The audience the access tokens must carry: the agent's name.
+    #[arg(long)]
+    audience: String,
+    /// The step declared to the broker.
+    #[arg(long)]
+    step: String,
+    /// The tool name declared to the broker.
+    #[arg(long)]
+    tool: String,
+    /// The resource to derive a token for.
+    #[arg(long)]
+    resource: String,
+    /// Scope to ask for (space-separated); the policy's when absent.
+    #[arg(long)]
+    scope: Option<String>,
+    /// The API that lists the person's repositories (GET); defaults to the resource.
+    #[arg(long)]
+    api_url: Option<String>,
+    /// The service's short name, used in the input request's key (`connect_<service>`).
+    #[arg(long, default_value = "service")]
+    service: String,
+    /// A file (0600) with at least 32 secret bytes for `requestState`; a random
+    /// process-local key when absent.
+    #[arg(long)]
+    state_key_file: Option<PathBuf>,
+}
+
+/// The verified caller of one HTTP request, put into the request's
+/// extensions by the HTTP front and read by the tool.
+#[derive(Clone)]
+struct Caller {
+    person: Person,
+    /// `client_id` (or `azp`) of the access token, when present.
+    client: Option<String>,
+    /// The access token itself: the subject token of the derive, nothing else.
+    token: Arc<SecretString>,
+}
+
+struct Inner {
+    broker: Client,
+    dpop_key: Es256Key,
+    state_key: StateKey,
+    http: reqwest::Client,
+    /// This server's identity (its MCP URL): the `aud` of its states.
+    me: String,
+    step: String,
+    tool: String,
+    resource: String,
+    scope: Option<String>,
+    api_url: String,
+    input_key: String,
+}
+
+#[derive(Clone)]
+struct RepoServer(Arc<Inner>);
+
+fn now() -> i64 {
+    credbroker::clock::Clock::now(&credbroker::clock::SystemClock)
+}
+
+fn tool_def() -> Tool {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "limit": {"type": "integer", "minimum": 1, "maximum": 100,
+                      "description": "Return at most this many repositories."}
+        },
+        "additionalProperties": false
+    });
+    let schema = match schema {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    Tool::new(
+        TOOL,
+        "Lists the repositories of the signed-in person at the connected service.",
+        Arc::new(schema),
+    )
+}
+
+fn text_error(msg: impl Into<String>) -> CallToolResponse {
+    CallToolResult::error(vec![ContentBlock::text(msg.into())]).into()
+}
+
+fn rejected_state() -> ErrorData {
+    let e = mcp::state_rejected_error();
+    ErrorData::new(
+        ErrorCode(mcp::INVALID_PARAMS as i32),
+        "Invalid or expired requestState",
+        e.get("data").cloned(),
+    )
+}
+
+impl RepoServer {
+    async fn list(&self, request: CallToolRequestParams, ctx: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
+        let me = &self.0;
+        // Identity: only from the access token the HTTP front verified.
+        let caller = ctx
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Caller>())
+            .cloned()
+            .ok_or_else(|| ErrorData::internal_error("no verified caller", None))?;
+        let modern = ctx
+            .protocol_version()
+            .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+        let url_capable = ctx
+            .client_capabilities()
+            .and_then(|c| c.elicitation)
+            .is_some_and(|e| e.url.is_some());
+
+        let args = request.arguments.clone().map(serde_json::Value::Object);
+        let call = mcp::call_hash("tools/call", &request.name, args.as_ref());
+        let binding = Binding {
+            aud: &me.me,
+            iss: &caller.person.iss,
+            sub: &caller.person.sub,
+            client: caller.client.as_deref(),
+            call: &call,
+        };
+
+        // A retry: the state must be ours, for this person and this call,
+        // and fresh, before anything else happens.
+        let mut declined = false;
+        match (&request.request_state, &request.input_responses) {
+            (Some(state), responses) => {
+                if !modern {
+                    return Err(rejected_state());
+                }
+                if let Err(e) = me.state_key.open(state, &binding, now()) {
+                    tracing::warn!(reason = %e, "requestState refused");
+                    return Err(rejected_state());
+                }
+                let action = responses
+                    .as_ref()
+                    .and_then(|r| r.get(&me.input_key))
+                    .and_then(|r| r.get("action"))
+                    .and_then(|a| a.as_str());
+                declined = matches!(action, Some("decline" | "cancel"));
+            }
+            (None, Some(_)) => return Err(rejected_state()),
+            (None, None) => {}
+        }
+
+        // The only argument is `limit`: anything else (a user name, an
+        // account) is refused, so that nobody mistakes an argument for the
+        // identity, which comes from the token alone.
+        if let Some(unknown) = request.arguments.as_ref().and_then(|a| a.keys().find(|k| *k != "limit")) {
+            return Err(ErrorData::invalid_params(format!("unknown argument {unknown}"), None));
+        }
+        let limit = match args.as_ref().and_then(|a| a.get("limit")) {
+            None => None,
+            Some(v) => match v.as_u64() {
+                Some(n @ 1..=100) => Some(n as usize),
+                _ => return Err(ErrorData::invalid_params("limit must be an integer from 1 to 100", None)),
+            },
+        };
+
+        let answer = me
+            .broker
+            .derive(
+                &DeriveParams {
+                    subject_token: caller.token.expose(),
+                    step: &me.step,
+                    tool: &me.tool,
+                    resource: &me.resource,
+                    scope: me.scope.as_deref(),
+                },
+                &me.dpop_key,
+            )
+            .await;
+        match answer {
+            Ok(Answer::Issued(token)) => Ok(self.call_api(&token, limit).await),
+            Ok(Answer::Refused(refusal)) => self.relay(&refusal, &binding, modern, url_capable, declined),
+            Err(e) => {
+                tracing::warn!(error = %e, "broker unreachable");
+                Ok(text_error("The credential broker is unavailable; try again later."))
+            }
+        }
+    }
+
+    /// Turns a refusal into what the negotiated protocol expects.
+    fn relay(
+        &self,
+        refusal: &Refusal,
+        binding: &Binding<'_>,
+        modern: bool,
+        url_capable: bool,
+        declined: bool,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let Some(link) = refusal.link() else {
+            // A policy denial or a bad request: nothing the person can fix
+            // from here. Only the codes, never anything token-derived.
+            return Ok(text_error(format!(
+                "The credential broker refused: {} ({}).",
+                refusal.error,
+                refusal.reason.as_deref().unwrap_or("no reason given")
+            )));
+        };
+        if declined {
+            return Ok(text_error(format!(
+                "Not connected: the request to open the link was declined. {}",
+                mcp::message_with_link(&link)
+            )));
+        }
+        if !url_capable {
+            // Form-only clients: the link as plain text.
+            return Ok(text_error(mcp::message_with_link(&link)));
+        }
+        if modern {
+            let state = RequestState::new(binding, link.id, now());
+            let sealed = self.0.state_key.seal(&state);
+            let value = mcp::input_required_result(&link, &self.0.input_key, &sealed);
+            let result: InputRequiredResult = serde_json::from_value(value)
+                .map_err(|_| ErrorData::internal_error("could not build input_required", None))?;
+            Ok(result.into())
+        } else {
+            let e = mcp::url_elicitation_error(&link);
+            let message = e["message"].as_str().unwrap_or(link.message).to_owned();
+            Err(ErrorData::new(
+                ErrorCode(mcp::URL_ELICITATION_REQUIRED as i32),
+                message,
+                e.get("data").cloned(),
+            ))
+        }
+    }
+
+    /// Calls the API with the derived token (DPoP-bound tokens with a fresh
+    /// proof from this server's key; provider tokens as bearer) and returns
+    /// the API's answer, never the token.
+    async fn call_api(&self, token: &Token, limit: Option<usize>) -> CallToolResponse {
+        let me = &self.0;
+        let at = token.access_token.expose();
+        let mut req = me.http.get(&me.api_url);
+        if token.token_type.eq_ignore_ascii_case("dpop") {
+            let htu = me.api_url.split(['?', '#']).next().unwrap_or(&me.api_url);
+            let proof = match credbroker::dpop::make_proof(&me.dpop_key, "GET", htu, now(), Some(at), None) {
+                Ok(p) => p,
+                Err(_) => return text_error("Could not make a DPoP proof."),
+            };
+            req = req.header("authorization", format!("DPoP {at}")).header("dpop", proof);
+        } else {
+            req = req.header("authorization", format!("Bearer {at}"));
+        }
+        let resp = match req.header("accept", "application/json").send().await {
+            Ok(r) => r,
+            Err(_) => return text_error("The repository API is unreachable."),
+        };
+        let status = resp.status();
+        if !status.is_success() {
+            return text_error(format!("The repository API answered HTTP {}.", status.as_u16()));
+        }
+        if resp.content_length().is_some_and(|n| n > MAX_API_BODY as u64) {
+            return text_error("The repository API answered too much.");
+        }
+        let body = match resp.bytes().await {
+            Ok(b) if b.len() <= MAX_API_BODY => b,
+            _ => return text_error("The repository API answered too much."),
+        };
+        let parsed: serde_json::Value = match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(_) => return text_error("The repository API did not answer JSON."),
+        };
+        // Accept a bare list or {"repositories": [...]}.
+        let mut repos = match parsed {
+            serde_json::Value::Array(a) => a,
+            serde_json::Value::Object(mut o) => match o.remove("repositories") {
+                Some(serde_json::Value::Array(a)) => a,
+                _ => return text_error("The repository API answered an unexpected shape."),
+            },
+            _ => return text_error("The repository API answered an unexpected shape."),
+        };
+        if let Some(n) = limit {
+            repos.truncate(n);
+        }
+        let out = serde_json::json!({ "repositories": repos });
+        let mut result = CallToolResult::success(vec![ContentBlock::text(out.to_string())]);
+        result.structured_content = Some(out);
+        result.into()
+    }
+}
+
+impl ServerHandler for RepoServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_protocol_version(ProtocolVersion::V_2026_07_28)
+            .with_server_info(Implementation::new("credbroker-mcp-repo-server", env!("CARGO_PKG_VERSION")))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(vec![tool_def()]))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        (name == TOOL).then(tool_def)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if request.name != TOOL {
+            return Err(ErrorData::invalid_params(format!("unknown tool {}", request.name), None));
+        }
+        self.list(request, ctx).await
+    }
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn plain(status: StatusCode, headers: &[(&str, String)], body: serde_json::Value) -> Response<Body> {
+    let mut r = Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("cache-control", "no-store");
+    for (k, v) in headers {
+        r = r.header(*k, v.as_str());
+    }
+    r.body(Full::new(Bytes::from(body.to_string())).boxed())
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed()))
+}
+
+/// The HTTP front: protected-resource metadata (RFC 9728), and a verified
+/// bearer token on every MCP request.
+struct Front {
+    validator: Validator,
+    mcp: TowerToHyperService<StreamableHttpService<RepoServer, LocalSessionManager>>,
+    me: String,
+    metadata_url: String,
+    trusted_issuer: String,
+}
+
+impl Front {
+    async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+        if req.uri().path().starts_with("/.well-known/oauth-protected-resource") {
+            return Ok(plain(
+                StatusCode::OK,
+                &[],
+                serde_json::json!({
+                    "resource": self.me,
+                    "authorization_servers": [self.trusted_issuer],
+                    "bearer_methods_supported": ["header"],
+                }),
+            ));
+        }
+        if req.uri().path() != "/mcp" {
+            return Ok(plain(StatusCode::NOT_FOUND, &[], serde_json::json!({"error": "not_found"})));
+        }
+        let challenge = |error: &str| {
+            plain(
+                StatusCode::UNAUTHORIZED,
+                &[(
+                    "www-authenticate",
+                    format!(r#"Bearer error="{error}", resource_metadata="{}""#, self.metadata_url),
+                )],
+                serde_json::json!({"error": error}),
+            )
+        };
+        let token = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim().to_owned());
+        let Some(token) = token.filter(|t| !t.is_empty() && t.len() <= MAX_BEARER) else {
+            return Ok(challenge("invalid_request"));
+        };
+        let subject = match self.validator.validate(&token, now()).await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::info!(reason = %e, "access token refused");
+                return Ok(challenge("invalid_token"));
+            }
+        };
+        // The token verified: its claims can be read for the OAuth client.
+        let client = token
+            .split('.')
+            .nth(1)
+            .and_then(|p| jose::b64d(p, "payload").ok())
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|c| {
+                c.get("client_id")
+                    .or_else(|| c.get("azp"))
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned)
+            });
+        req.extensions_mut().insert(Caller {
+            person: subject.person,
+            client,
+            token: Arc::new(SecretString::new(token)),
+        });
+        hyper::service::Service::call(&self.mcp, req).await
+    }
+}
+
+fn read_state_key(path: &std::path::Path) -> Result<StateKey, Box<dyn std::error::Error>> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path)?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!("{}: must not be readable by group or others (chmod 600)", path.display()).into());
+    }
+    let bytes = SecretBytes::new(std::fs::read(path)?);
+    Ok(StateKey::new(&bytes)?)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+
+    let jwks = match (&args.jwks_uri, &args.jwks_file) {
+        (Some(u), None) => JwksSource::Uri(u.clone()),
+        (None, Some(f)) => JwksSource::File(f.clone()),
+        _ => return Err("give exactly one of --jwks-uri and --jwks-file".into()),
+    };
+    let algs = args
+        .algs
+        .iter()
+        .map(|a| Alg::parse(a).map_err(|_| format!("unknown alg {a}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let issuer_cfg = IssuerConfig {
+        issuer: args.trusted_issuer.clone(),
+        audience: args.audience.clone(),
+        jwks,
+        algs,
+        token_types: vec!["at+jwt".into()],
+        required_claims: vec![],
+        // Not used here: the pages of the broker sign people in.
+        sign_in: SignIn::Local,
+    };
+    let validator = Validator::new(std::slice::from_ref(&issuer_cfg), Box::new(|_| false)).await?;
+
+    let state_key = match &args.state_key_file {
+        Some(p) => read_state_key(p)?,
+        None => StateKey::generate()?,
+    };
+    let (dpop_key, _pkcs8) = Es256Key::generate()?;
+
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let addr = listener.local_addr()?;
+    let me = format!("http://{addr}/mcp");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .connect_timeout(Duration::from_secs(3))
+        // A redirect would carry the token to an address nobody chose.
+        .redirect(reqwest::redirect::Policy::none())
+        .build()?;
+    let inner = Arc::new(Inner {
+        broker: Client::new(&args.broker_socket, &args.broker_issuer),
+        dpop_key,
+        state_key,
+        http,
+        me: me.clone(),
+        step: args.step,
+        tool: args.tool,
+        api_url: args.api_url.unwrap_or_else(|| args.resource.clone()),
+        resource: args.resource,
+        scope: args.scope,
+        input_key: format!("connect_{}", args.service),
+    });
+    let server = RepoServer(inner);
+    let mcp = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default()
+            .with_sse_keep_alive(None)
+            // Plain JSON answers where no notification precedes them (always
+            // stateless in 2026-07-28; legacy sessions keep SSE).
+            .with_json_response(true),
+    );
+    let front = Arc::new(Front {
+        validator,
+        mcp: TowerToHyperService::new(mcp),
+        metadata_url: format!("http://{addr}/.well-known/oauth-protected-resource/mcp"),
+        me: me.clone(),
+        trusted_issuer: args.trusted_issuer,
+    });
+    println!("{}", serde_json::json!({ "url": me, "protocol_versions": ["2025-11-25", "2026-07-28"] }));
+
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let front = front.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| front.clone().handle(req));
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended");
+            }
+        });
+    }
+}
