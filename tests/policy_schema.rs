@@ -16,7 +16,8 @@ fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
-const INSTALL: &str = "run scripts/install-test-deps (it installs python3 >= 3.11 and the PyPI package jsonschema)";
+const INSTALL: &str =
+    "run scripts/install-test-deps (it installs python3 >= 3.11 and the PyPI package jsonschema)";
 
 /// The schema's verdict on each file: valid, and the errors if not.
 fn schema_verdicts(files: &[PathBuf]) -> BTreeMap<PathBuf, (bool, Vec<String>)> {
@@ -34,9 +35,18 @@ fn schema_verdicts(files: &[PathBuf]) -> BTreeMap<PathBuf, (bool, Vec<String>)> 
     }
     let mut v = BTreeMap::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let r: serde_json::Value = serde_json::from_str(line).expect("validator output is JSON lines");
-        let errors = r["errors"].as_array().unwrap().iter().map(|e| e.as_str().unwrap().to_string()).collect();
-        v.insert(PathBuf::from(r["file"].as_str().unwrap()), (r["valid"].as_bool().unwrap(), errors));
+        let r: serde_json::Value =
+            serde_json::from_str(line).expect("validator output is JSON lines");
+        let errors = r["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap().to_string())
+            .collect();
+        v.insert(
+            PathBuf::from(r["file"].as_str().unwrap()),
+            (r["valid"].as_bool().unwrap(), errors),
+        );
     }
     assert_eq!(v.len(), files.len(), "one verdict per file");
     v
@@ -68,7 +78,11 @@ fn loader_agrees(path: &Path, expect: Loader) -> Result<(), String> {
             let _ = e;
             Ok(())
         }
-        (Err(e), Loader::ValidWithConnectedServices) if needs_connected_services(&e.to_string()) => Ok(()),
+        (Err(e), Loader::ValidWithConnectedServices)
+            if needs_connected_services(&e.to_string()) =>
+        {
+            Ok(())
+        }
         (Ok(_), Loader::Invalid) => Err("the loader accepts it".into()),
         (Err(e), _) => Err(format!("the loader refuses it: {e}")),
     }
@@ -142,7 +156,10 @@ fn every_fixture_is_in_the_table() {
     on_disk.sort();
     let mut listed: Vec<String> = FIXTURES.iter().map(|f| f.0.to_string()).collect();
     listed.sort();
-    assert_eq!(on_disk, listed, "each fixture needs a row in FIXTURES (and each row a file)");
+    assert_eq!(
+        on_disk, listed,
+        "each fixture needs a row in FIXTURES (and each row a file)"
+    );
 }
 
 #[test]
@@ -156,7 +173,9 @@ fn loader_and_schema_agree_on_the_fixtures() {
     for ((name, loader, schema, why), path) in FIXTURES.iter().zip(&files) {
         let (valid, errors) = &verdicts[path];
         if valid != schema {
-            wrong.push(format!("{name}: schema says valid={valid}, expected {schema}; {errors:?}"));
+            wrong.push(format!(
+                "{name}: schema says valid={valid}, expected {schema}; {errors:?}"
+            ));
         }
         if let Err(e) = loader_agrees(path, *loader) {
             wrong.push(format!("{name}: expected {loader:?}, but {e}"));
@@ -165,9 +184,15 @@ fn loader_and_schema_agree_on_the_fixtures() {
         if loader_valid != *schema {
             // Differences are allowed only where the loader is the stricter
             // one, and only with a reason.
-            assert!(*schema && !loader_valid && !why.is_empty(), "{name}: an unexplained difference");
+            assert!(
+                *schema && !loader_valid && !why.is_empty(),
+                "{name}: an unexplained difference"
+            );
         } else {
-            assert!(why.is_empty(), "{name}: a reason for a difference that is not there");
+            assert!(
+                why.is_empty(),
+                "{name}: a reason for a difference that is not there"
+            );
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
@@ -186,7 +211,10 @@ fn examples_and_quickstart_policy_are_valid() {
             files.push(p);
         }
     }
-    assert!(files.len() >= 4, "the three examples and the quick start: {files:?}");
+    assert!(
+        files.len() >= 4,
+        "the three examples and the quick start: {files:?}"
+    );
     let verdicts = schema_verdicts(&files);
     for f in &files {
         let (valid, errors) = &verdicts[f];
@@ -224,23 +252,57 @@ fn toml_str(s: &str) -> String {
 fn loader_and_schema_agree_on_generated_values() {
     let long = |c: &str, n: usize| c.repeat(n);
     let names: Vec<String> = [
-        "a", "mail.send", "github.read_repo", "*", "é", "mail.s\u{0435}nd", "a\u{200b}b", "", " a", "a ",
-        "a\tb", "a\u{0}b", "a\u{7f}b", "a\u{85}b", "a\u{a0}b", "a\u{2028}b", "a\u{3000}b", "a\u{1680}b", "a\u{9f}b",
+        "a",
+        "mail.send",
+        "github.read_repo",
+        "*",
+        "é",
+        "mail.s\u{0435}nd",
+        "a\u{200b}b",
+        "",
+        " a",
+        "a ",
+        "a\tb",
+        "a\u{0}b",
+        "a\u{7f}b",
+        "a\u{85}b",
+        "a\u{a0}b",
+        "a\u{2028}b",
+        "a\u{3000}b",
+        "a\u{1680}b",
+        "a\u{9f}b",
     ]
     .iter()
     .map(|s| s.to_string())
-    .chain([long("x", 256), long("x", 257), long("é", 256), long("é", 257)])
+    .chain([
+        long("x", 256),
+        long("x", 257),
+        long("é", 256),
+        long("é", 257),
+    ])
     .collect();
     let scopes: Vec<String> = [
-        "repo", "mail.send", "read:org", "!", "~", "a\"b", "a\\b", "a b", "é", "", "a\u{0}", "a\u{7f}",
+        "repo",
+        "mail.send",
+        "read:org",
+        "!",
+        "~",
+        "a\"b",
+        "a\\b",
+        "a b",
+        "é",
+        "",
+        "a\u{0}",
+        "a\u{7f}",
     ]
     .iter()
     .map(|s| s.to_string())
     .chain([long("s", 256), long("s", 257)])
     .collect();
     let ttls = [
-        "1s", "9s", "10s", "99s", "100s", "299s", "300s", "1m", "5m", "301s", "400s", "999s", "0s", "00s", "060s",
-        "6m", "0m", "1h", "500ms", "60", "s", "", " 60s", "60s ", "+60s", "1e2s", "30000s",
+        "1s", "9s", "10s", "99s", "100s", "299s", "300s", "1m", "5m", "301s", "400s", "999s", "0s",
+        "00s", "060s", "6m", "0m", "1h", "500ms", "60", "s", "", " 60s", "60s ", "+60s", "1e2s",
+        "30000s",
     ];
     let uris: Vec<String> = [
         "https://api.example/",
@@ -302,7 +364,10 @@ fn loader_and_schema_agree_on_generated_values() {
             format!("step {n:?}"),
             format!("agent = \"a\"\n{RES}[tools.t]\nresource = \"https://api.example/\"\nsteps = [{}]\n", toml_str(n)),
         );
-        add(format!("declared step {n:?}"), format!("agent = \"a\"\nsteps = [{}]\n", toml_str(n)));
+        add(
+            format!("declared step {n:?}"),
+            format!("agent = \"a\"\nsteps = [{}]\n", toml_str(n)),
+        );
     }
     for s in &scopes {
         add(
@@ -323,10 +388,17 @@ fn loader_and_schema_agree_on_generated_values() {
             format!("agent = \"a\"\n{RES}[tools.t]\nresource = \"https://api.example/\"\nsteps = [\"s\"]\nttl = {}\n", toml_str(t)),
         );
     }
-    for u in uris.iter().map(String::as_str).chain(schema_cannot_judge.iter().copied()) {
+    for u in uris
+        .iter()
+        .map(String::as_str)
+        .chain(schema_cannot_judge.iter().copied())
+    {
         add(
             format!("resource {u:?}"),
-            format!("agent = \"a\"\n[resources.{}]\nsource = \"self\"\n", toml_str(u)),
+            format!(
+                "agent = \"a\"\n[resources.{}]\nsource = \"self\"\n",
+                toml_str(u)
+            ),
         );
     }
     let files: Vec<PathBuf> = cases.iter().map(|c| c.0.clone()).collect();
@@ -336,9 +408,14 @@ fn loader_and_schema_agree_on_generated_values() {
     for (path, what) in &cases {
         let loader = Policy::load(path);
         let (schema, errors) = &verdicts[path];
-        let cannot_judge = schema_cannot_judge.iter().any(|u| what == &format!("resource {u:?}"));
+        let cannot_judge = schema_cannot_judge
+            .iter()
+            .any(|u| what == &format!("resource {u:?}"));
         if cannot_judge {
-            assert!(*schema && loader.is_err(), "{what}: expected schema-valid, loader-invalid");
+            assert!(
+                *schema && loader.is_err(),
+                "{what}: expected schema-valid, loader-invalid"
+            );
             continue;
         }
         if loader.is_ok() {
@@ -349,12 +426,21 @@ fn loader_and_schema_agree_on_generated_values() {
         if loader.is_ok() != *schema {
             disagreements.push(format!(
                 "{what}: loader {}, schema {}",
-                loader.map(|_| "valid".to_string()).unwrap_or_else(|e| format!("invalid ({e})")),
-                if *schema { "valid".to_string() } else { format!("invalid {errors:?}") }
+                loader
+                    .map(|_| "valid".to_string())
+                    .unwrap_or_else(|e| format!("invalid ({e})")),
+                if *schema {
+                    "valid".to_string()
+                } else {
+                    format!("invalid {errors:?}")
+                }
             ));
         }
     }
     assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
     // The matrix exercises both sides.
-    assert!(valid >= 30 && invalid >= 60, "valid {valid}, invalid {invalid}");
+    assert!(
+        valid >= 30 && invalid >= 60,
+        "valid {valid}, invalid {invalid}"
+    );
 }

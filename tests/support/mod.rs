@@ -95,7 +95,10 @@ impl TestBroker {
     /// Restarts the process on the same directory.
     pub fn restart(&mut self) {
         self.stop();
-        let logf = std::fs::OpenOptions::new().append(true).open(&self.log).unwrap();
+        let logf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .unwrap();
         self.child = Command::new(bin())
             .args(["serve", "--config"])
             .arg(&self.config)
@@ -138,7 +141,11 @@ impl TestBroker {
     }
 
     /// Signs arbitrary claims/header with the dev issuer key.
-    pub fn sign_as_dev_issuer(&self, header: serde_json::Value, claims: &serde_json::Value) -> String {
+    pub fn sign_as_dev_issuer(
+        &self,
+        header: serde_json::Value,
+        claims: &serde_json::Value,
+    ) -> String {
         let key = credbroker::cli::load_pem_key(&self.path("keys/dev-issuer.pem")).unwrap();
         let mut h = header.as_object().cloned().unwrap_or_default();
         h.entry("kid").or_insert_with(|| key.kid.clone().into());
@@ -160,16 +167,43 @@ impl TestBroker {
     }
 
     /// Derives with a fresh proof.
-    pub async fn derive(&self, key: &Es256Key, subject: &str, step: &str, tool: &str, resource: &str, scope: Option<&str>) -> Answer {
+    pub async fn derive(
+        &self,
+        key: &Es256Key,
+        subject: &str,
+        step: &str,
+        tool: &str,
+        resource: &str,
+        scope: Option<&str>,
+    ) -> Answer {
         self.client()
-            .derive(&DeriveParams { subject_token: subject, step, tool, resource, scope }, key)
+            .derive(
+                &DeriveParams {
+                    subject_token: subject,
+                    step,
+                    tool,
+                    resource,
+                    scope,
+                },
+                key,
+            )
             .await
             .expect("transport")
     }
 
     /// The known-good request: alice, summarize, notes.read.
     pub async fn derive_ok(&self, key: &Es256Key) -> credbroker::client::Token {
-        match self.derive(key, &self.subject_token("alice"), "summarize", "notes.read", RESOURCE, None).await {
+        match self
+            .derive(
+                key,
+                &self.subject_token("alice"),
+                "summarize",
+                "notes.read",
+                RESOURCE,
+                None,
+            )
+            .await
+        {
             Answer::Issued(t) => t,
             Answer::Refused(r) => panic!("positive control refused: {r:?}"),
         }
@@ -206,9 +240,48 @@ impl TestBroker {
             .collect()
     }
 
+    /// Sends SIGHUP: the broker reloads its policy file.
+    pub fn sighup(&self) {
+        let ok = Command::new("kill")
+            .arg("-HUP")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "kill -HUP failed");
+    }
+
+    /// The hash of the policy the running broker decides with.
+    pub fn policy_hash(&self) -> String {
+        let (_, body) = self.admin_get("/status").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["policy_hash"].as_str().unwrap().to_string()
+    }
+
+    /// Replaces the policy file atomically (a temp file renamed over it), as
+    /// a deployment should.
+    pub fn replace_policy(&self, text: &[u8]) {
+        let tmp = self.path("policy.toml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.path("policy.toml")).unwrap();
+    }
+
+    /// The value of a metric without labels (or with exactly `labels`).
+    pub fn metric(&self, name_and_labels: &str) -> Option<f64> {
+        self.metrics()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(name_and_labels)
+                    .and_then(|v| v.strip_prefix(' '))
+            })
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// SIGTERM and wait.
     pub fn stop(&mut self) {
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
             if self.child.try_wait().unwrap().is_some() {
@@ -225,6 +298,15 @@ impl Drop for TestBroker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Polls `f` every 20 ms until it is true; panics naming `what` after `timeout`.
+pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -256,7 +338,12 @@ pub fn raw_unix(path: &Path, bytes: &[u8], timeout: Duration) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn admin_request(path: &Path, method: &str, uri: &str, body: &str) -> std::io::Result<(u16, String)> {
+fn admin_request(
+    path: &Path,
+    method: &str,
+    uri: &str,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     let mut s = StdUnixStream::connect(path)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
@@ -271,7 +358,10 @@ fn admin_request(path: &Path, method: &str, uri: &str, body: &str) -> std::io::R
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other("no status"))?;
-    let body = out.split_once("\r\n\r\n").map(|x| x.1.to_string()).unwrap_or_default();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -287,5 +377,8 @@ pub fn http_derive(body: &str, proof: Option<&str>, extra_headers: &str) -> Vec<
 
 /// The status code of a raw HTTP answer.
 pub fn status_of(raw: &str) -> u16 {
-    raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    raw.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }
