@@ -1,6 +1,9 @@
 //! `credbroker policy check | test | explain | diff`, run as a security team
 //! would run them: the real binary on good and broken files, with exact
 //! error positions, exit codes and texts.
+// Test helpers panic loudly, like the tests they serve (clippy.toml allows
+// unwrap/expect in #[test] functions only).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,6 +2,9 @@
 //! broken, truncated, half-written, missing, oversized and foreign-agent
 //! versions; and the P cases of SECURITY-CASES.md against a policy that came
 //! in by reload.
+// Test helpers panic loudly, like the tests they serve (clippy.toml allows
+// unwrap/expect in #[test] functions only).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 mod support;
 
 use std::collections::BTreeSet;
@@ -681,8 +684,8 @@ async fn reload_refuses_a_policy_for_another_agent_and_a_frozen_file_freezes() {
     let reloaded = b
         .audit_lines()
         .into_iter()
-        .filter(|e| e["event"] == "policy.reloaded")
-        .last()
+        .rev()
+        .find(|e| e["event"] == "policy.reloaded")
         .unwrap();
     assert_eq!(reloaded["policy_hash"], fh.as_str());
     // Positive control: unfreezing by reload works again.

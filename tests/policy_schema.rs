@@ -5,6 +5,9 @@
 //! policy, and a generated matrix of names, scopes, lifetimes and URIs.
 //!
 //! Needs `python3` (>= 3.11) with `jsonschema`: `scripts/install-test-deps`.
+// Test helpers panic loudly, like the tests they serve (clippy.toml allows
+// unwrap/expect in #[test] functions only).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -428,6 +428,37 @@ mod tests {
     }
 
     #[test]
+    fn a_step_the_tool_lists_but_the_policy_does_not_declare() {
+        let text = "agent = \"a\"\nsteps = [\"triage\"]\n[resources.\"https://api.example/\"]\nsource = \"self\"\n[tools.t]\nresource = \"https://api.example/\"\nsteps = [\"triage\", \"traige\"]\n";
+        let p = Policy::parse(Path::new("p.toml"), text.as_bytes()).unwrap();
+        let q = Query {
+            step: "traige",
+            tool: "t",
+            resource: "https://api.example/",
+            scope: None,
+        };
+        let e = explain(Path::new("p.toml"), text, &p, &q);
+        assert_eq!(e.outcome, Outcome::Deny(DenyReason::StepNotAllowed));
+        assert_eq!(
+            e.rule.as_deref(),
+            Some("[tools.\"t\"] at p.toml:5:2, steps = [...] at p.toml:2:1")
+        );
+        assert_eq!(
+            e.why,
+            "tool t lists step traige, but the policy's declared `steps` does not, so no request can use it there"
+        );
+        // Positive control: the declared step is allowed.
+        let q = Query {
+            step: "triage",
+            ..q
+        };
+        assert!(matches!(
+            explain(Path::new("p.toml"), text, &p, &q).outcome,
+            Outcome::Allow(_)
+        ));
+    }
+
+    #[test]
     fn shown_makes_invisible_characters_visible() {
         assert_eq!(shown("mail.send"), "mail.send");
         assert_eq!(shown("mail.send "), "\"mail.send \"");
