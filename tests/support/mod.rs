@@ -95,10 +95,7 @@ impl TestBroker {
     /// Restarts the process on the same directory.
     pub fn restart(&mut self) {
         self.stop();
-        let logf = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&self.log)
-            .unwrap();
+        let logf = std::fs::OpenOptions::new().append(true).open(&self.log).unwrap();
         self.child = Command::new(bin())
             .args(["serve", "--config"])
             .arg(&self.config)
@@ -141,11 +138,7 @@ impl TestBroker {
     }
 
     /// Signs arbitrary claims/header with the dev issuer key.
-    pub fn sign_as_dev_issuer(
-        &self,
-        header: serde_json::Value,
-        claims: &serde_json::Value,
-    ) -> String {
+    pub fn sign_as_dev_issuer(&self, header: serde_json::Value, claims: &serde_json::Value) -> String {
         let key = credbroker::cli::load_pem_key(&self.path("keys/dev-issuer.pem")).unwrap();
         let mut h = header.as_object().cloned().unwrap_or_default();
         h.entry("kid").or_insert_with(|| key.kid.clone().into());
@@ -167,43 +160,16 @@ impl TestBroker {
     }
 
     /// Derives with a fresh proof.
-    pub async fn derive(
-        &self,
-        key: &Es256Key,
-        subject: &str,
-        step: &str,
-        tool: &str,
-        resource: &str,
-        scope: Option<&str>,
-    ) -> Answer {
+    pub async fn derive(&self, key: &Es256Key, subject: &str, step: &str, tool: &str, resource: &str, scope: Option<&str>) -> Answer {
         self.client()
-            .derive(
-                &DeriveParams {
-                    subject_token: subject,
-                    step,
-                    tool,
-                    resource,
-                    scope,
-                },
-                key,
-            )
+            .derive(&DeriveParams { subject_token: subject, step, tool, resource, scope }, key)
             .await
             .expect("transport")
     }
 
     /// The known-good request: alice, summarize, notes.read.
     pub async fn derive_ok(&self, key: &Es256Key) -> credbroker::client::Token {
-        match self
-            .derive(
-                key,
-                &self.subject_token("alice"),
-                "summarize",
-                "notes.read",
-                RESOURCE,
-                None,
-            )
-            .await
-        {
+        match self.derive(key, &self.subject_token("alice"), "summarize", "notes.read", RESOURCE, None).await {
             Answer::Issued(t) => t,
             Answer::Refused(r) => panic!("positive control refused: {r:?}"),
         }
@@ -242,11 +208,7 @@ impl TestBroker {
 
     /// Sends SIGHUP: the broker reloads its policy file.
     pub fn sighup(&self) {
-        let ok = Command::new("kill")
-            .arg("-HUP")
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
+        let ok = Command::new("kill").arg("-HUP").arg(self.child.id().to_string()).status().unwrap();
         assert!(ok.success(), "kill -HUP failed");
     }
 
@@ -269,19 +231,13 @@ impl TestBroker {
     pub fn metric(&self, name_and_labels: &str) -> Option<f64> {
         self.metrics()
             .lines()
-            .find_map(|l| {
-                l.strip_prefix(name_and_labels)
-                    .and_then(|v| v.strip_prefix(' '))
-            })
+            .find_map(|l| l.strip_prefix(name_and_labels).and_then(|v| v.strip_prefix(' ')))
             .and_then(|v| v.trim().parse().ok())
     }
 
     /// SIGTERM and wait.
     pub fn stop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
             if self.child.try_wait().unwrap().is_some() {
@@ -338,12 +294,7 @@ pub fn raw_unix(path: &Path, bytes: &[u8], timeout: Duration) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn admin_request(
-    path: &Path,
-    method: &str,
-    uri: &str,
-    body: &str,
-) -> std::io::Result<(u16, String)> {
+fn admin_request(path: &Path, method: &str, uri: &str, body: &str) -> std::io::Result<(u16, String)> {
     let mut s = StdUnixStream::connect(path)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
@@ -358,10 +309,7 @@ fn admin_request(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other("no status"))?;
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|x| x.1.to_string())
-        .unwrap_or_default();
+    let body = out.split_once("\r\n\r\n").map(|x| x.1.to_string()).unwrap_or_default();
     Ok((status, body))
 }
 
@@ -377,8 +325,5 @@ pub fn http_derive(body: &str, proof: Option<&str>, extra_headers: &str) -> Vec<
 
 /// The status code of a raw HTTP answer.
 pub fn status_of(raw: &str) -> u16 {
-    raw.split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
+    raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
 }
