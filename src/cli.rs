@@ -102,6 +102,11 @@ enum Command {
         #[command(subcommand)]
         action: KeysAction,
     },
+    /// Policy files: check, test, explain, diff (see policy/README.md).
+    Policy {
+        #[command(subcommand)]
+        command: crate::policy::cli::PolicyCommand,
+    },
     /// Make a DPoP proof with a key (for scripts and tests).
     Proof {
         /// The key (PKCS#8 PEM).
@@ -289,6 +294,7 @@ async fn run(cmd: Command) -> Res {
                 }
             }
         }
+        Command::Policy { command } => Ok(crate::policy::cli::run(command)),
         Command::Proof {
             key,
             method,

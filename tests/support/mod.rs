@@ -1,7 +1,7 @@
 //! Shared helpers for integration tests: start the real `credbroker` binary
 //! in a temp directory (quick-start files, port 0), talk to its sockets, mint
 //! subject tokens from its dev issuer, and make DPoP proofs.
-#![allow(dead_code, missing_docs)]
+#![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream as StdUnixStream;
@@ -206,6 +206,35 @@ impl TestBroker {
             .collect()
     }
 
+    /// Sends SIGHUP: the broker reloads its policy file.
+    pub fn sighup(&self) {
+        let ok = Command::new("kill").arg("-HUP").arg(self.child.id().to_string()).status().unwrap();
+        assert!(ok.success(), "kill -HUP failed");
+    }
+
+    /// The hash of the policy the running broker decides with.
+    pub fn policy_hash(&self) -> String {
+        let (_, body) = self.admin_get("/status").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["policy_hash"].as_str().unwrap().to_string()
+    }
+
+    /// Replaces the policy file atomically (a temp file renamed over it), as
+    /// a deployment should.
+    pub fn replace_policy(&self, text: &[u8]) {
+        let tmp = self.path("policy.toml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.path("policy.toml")).unwrap();
+    }
+
+    /// The value of a metric without labels (or with exactly `labels`).
+    pub fn metric(&self, name_and_labels: &str) -> Option<f64> {
+        self.metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix(name_and_labels).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// SIGTERM and wait.
     pub fn stop(&mut self) {
         if self.child.try_wait().unwrap().is_some() {
@@ -228,6 +257,15 @@ impl Drop for TestBroker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Polls `f` every 20 ms until it is true; panics naming `what` after `timeout`.
+pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
