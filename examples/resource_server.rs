@@ -89,7 +89,7 @@ impl App {
         if path != self.path && !path.starts_with(&format!("{}/", self.path)) {
             return json(
                 StatusCode::NOT_FOUND,
-                serde_json::json!({"error": "not_found"}),
+                &serde_json::json!({"error": "not_found"}),
             );
         }
         // The URL the client addressed, for the proof's `htu` (the verifier
@@ -121,7 +121,7 @@ impl App {
             Ok(_) if req.method() != Method::GET => {
                 let mut r = json(
                     StatusCode::METHOD_NOT_ALLOWED,
-                    serde_json::json!({"error": "method_not_allowed"}),
+                    &serde_json::json!({"error": "method_not_allowed"}),
                 );
                 r.headers_mut()
                     .insert(header::ALLOW, header::HeaderValue::from_static("GET"));
@@ -129,16 +129,30 @@ impl App {
             }
             Ok(who) => json(
                 StatusCode::OK,
-                serde_json::json!({
-                    "sub": who.sub,
-                    "agent": who.agent,
-                    "tool": who.tool,
-                    "scopes": who.scopes,
-                }),
+                &Caller {
+                    sub: &who.sub,
+                    agent: &who.agent,
+                    tool: &who.tool,
+                    scopes: &who.scopes,
+                },
             ),
             Err(e) => refuse(&e),
         }
     }
+}
+
+/// Who called: the answer to `GET /notes`.
+#[derive(serde::Serialize)]
+struct Caller<'a> {
+    /// The person (as named by `who.subject_iss`: a real server keys its
+    /// data on the pair).
+    sub: &'a str,
+    /// The agent acting for them.
+    agent: &'a str,
+    /// The tool the agent called this server through.
+    tool: &'a str,
+    /// What the token allows.
+    scopes: &'a [String],
 }
 
 /// 401 with the RFC 9449 challenge; 503 when the issuer's keys could not be
@@ -148,7 +162,7 @@ fn refuse(e: &VerifyError) -> Response<Full<Bytes>> {
     if *e == VerifyError::Keys {
         return json(
             StatusCode::SERVICE_UNAVAILABLE,
-            serde_json::json!({"error": "temporarily_unavailable"}),
+            &serde_json::json!({"error": "temporarily_unavailable"}),
         );
     }
     // The body repeats the challenge's error code; a request without any
@@ -160,15 +174,18 @@ fn refuse(e: &VerifyError) -> Response<Full<Bytes>> {
         }
         _ => serde_json::json!({"error": "invalid_token", "error_description": e.to_string()}),
     };
-    let mut r = json(StatusCode::UNAUTHORIZED, body);
+    let mut r = json(StatusCode::UNAUTHORIZED, &body);
     if let Ok(v) = header::HeaderValue::from_str(&e.challenge()) {
         r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
     }
     r
 }
 
-fn json(status: StatusCode, body: serde_json::Value) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+fn json(status: StatusCode, body: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    // Serialising these plain structs and JSON values cannot fail.
+    let mut r = Response::new(Full::new(Bytes::from(
+        serde_json::to_vec(body).unwrap_or_default(),
+    )));
     *r.status_mut() = status;
     let h = r.headers_mut();
     h.insert(

@@ -472,6 +472,19 @@ async fn resource_server_accepts_jose_proofs_and_refuses_bearer_and_missing_proo
         (status, challenge.as_str()),
         (401, r#"DPoP error="invalid_dpop_proof", algs="ES256""#)
     );
+    // two_proofs_for_one_request: the server may not pick one.
+    let (p1, p2) = (proof(RESOURCE).await, proof(RESOURCE).await);
+    let resp = reqwest::Client::new()
+        .get(&notes)
+        .header("authorization", format!("DPoP {at}"))
+        .header("dpop", &p1)
+        .header("dpop", &p2)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    let (status, _, _) = call(&notes, Some(format!("DPoP {at}")), Some(&p1)).await;
+    assert_eq!(status, 200, "either proof alone is fine");
     // stolen_token_used_with_attackers_key: a valid proof from another key.
     let attacker = jose_key().await;
     let p = jose_proof(&attacker, "GET", RESOURCE, Some(at)).await;
