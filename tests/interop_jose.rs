@@ -558,6 +558,20 @@ async fn resource_server_picks_up_a_rotated_key_unless_its_jwks_is_pinned() {
     // ...while tokens from the key it pins still work, on both.
     assert_eq!(present(&pinned, &old, &tool).await.0, 200);
     assert_eq!(present(&discovering, &old, &tool).await.0, 200);
+
+    // jwks_refetch_flood: a second unknown kid within a minute of the last
+    // refetch does not make the server fetch again (a token naming made-up
+    // kids would otherwise turn every request into one to the broker)...
+    let (status, body) = b.admin_post("/keys/rotate", "").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let newest = new_token(&b, &tool).await;
+    let (status, challenge, _) = present(&discovering, &newest, &tool).await;
+    assert_eq!(
+        (status, challenge.as_str()),
+        (401, r#"DPoP error="invalid_token", algs="ES256""#)
+    );
+    // ...while the keys it has keep working.
+    assert_eq!(present(&discovering, &new, &tool).await.0, 200);
 }
 
 /// A fresh token for `tool`'s key, derived with a jose proof.
