@@ -1,6 +1,8 @@
 //! Shared helpers for integration tests: start the real `credbroker` binary
 //! in a temp directory (quick-start files, port 0), talk to its sockets, mint
 //! subject tokens from its dev issuer, and make DPoP proofs.
+// clippy's allow-unwrap-in-tests covers only #[test] functions, not the
+// helpers they call; here too a failure should panic loudly.
 #![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
@@ -25,6 +27,12 @@ pub struct Opts {
     pub edit_config: Option<fn(String) -> String>,
     /// `RUST_LOG` for the child.
     pub log: Option<String>,
+    /// The public listener's address, which also makes the issuer URL
+    /// (`http://ADDR`). Default `127.0.0.1:0`: any free port, but then the
+    /// issuer URL names port 0 and does not match where metadata is served;
+    /// tests that discover keys through the issuer's metadata pass
+    /// `free_loopback_addr()` here.
+    pub public_listen: Option<String>,
 }
 
 /// A running broker.
@@ -53,7 +61,7 @@ impl TestBroker {
     /// Writes the quick-start files into a temp dir and serves them.
     pub fn start_with(opts: Opts) -> TestBroker {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = credbroker::cli::quickstart_files(dir.path(), "127.0.0.1:0").expect("files");
+        let config = credbroker::cli::quickstart_files(dir.path(), opts.public_listen.as_deref().unwrap_or("127.0.0.1:0")).expect("files");
         if let Some(p) = &opts.policy {
             std::fs::write(dir.path().join("policy.toml"), p).unwrap();
         }
@@ -274,6 +282,14 @@ pub fn now() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64
+}
+
+/// A loopback address with a port that was free a moment ago (the listener
+/// is closed before returning, so another process could take it: a small race
+/// that only tests needing a real issuer URL accept).
+pub fn free_loopback_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").to_string()
 }
 
 pub fn key() -> Es256Key {
