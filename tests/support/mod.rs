@@ -334,6 +334,9 @@ impl TestBroker {
 
     /// SIGTERM and wait.
     pub fn stop(&mut self) {
+        if self.child.try_wait().unwrap().is_some() {
+            return;
+        }
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
@@ -629,4 +632,57 @@ pub fn ec_thumbprint(jwk: &serde_json::Value) -> String {
         jwk["y"].as_str().unwrap()
     );
     credbroker::jose::b64e(&sha2::Sha256::digest(canonical.as_bytes()))
+}
+
+/// Another local user (`nobody`) that tests can act as, when this process
+/// runs as root and can switch to it; `None` otherwise.
+#[derive(Debug, Clone)]
+pub struct OtherUser {
+    pub uid: u32,
+    pub gid: u32,
+    /// The name of its primary group (for `socket.group`).
+    pub group: String,
+}
+
+pub fn other_user() -> Option<OtherUser> {
+    if credbroker::api::peer::current_uid() != 0 {
+        return None;
+    }
+    let u = nix::unistd::User::from_name("nobody").ok()??;
+    let g = nix::unistd::Group::from_gid(u.gid).ok()??;
+    Some(OtherUser {
+        uid: u.uid.as_raw(),
+        gid: u.gid.as_raw(),
+        group: g.name,
+    })
+}
+
+impl OtherUser {
+    /// Runs `credbroker derive` as this user against `b`'s socket for alice's
+    /// known-good request, with a DPoP key in a directory this user owns.
+    /// Returns the exit code and stdout + stderr.
+    pub fn derive(&self, b: &TestBroker, subject: &str) -> (i32, String) {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key_path = dir.path().join("dpop.pem");
+        let (_, pkcs8) = Es256Key::generate().unwrap();
+        credbroker::config::write_secret_file(&key_path, credbroker::cli::pem_pkcs8(pkcs8.expose()).as_bytes()).unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(self.uid), Some(self.gid)).unwrap();
+        std::os::unix::fs::chown(&key_path, Some(self.uid), Some(self.gid)).unwrap();
+        let out = Command::new(bin())
+            .uid(self.uid)
+            .gid(self.gid)
+            .current_dir(dir.path())
+            .env("RUST_LOG", "off")
+            .arg("derive")
+            .arg("--socket")
+            .arg(&b.socket)
+            .args(["--issuer", &b.issuer, "--subject-token", subject, "--step", "summarize"])
+            .args(["--tool", "notes.read", "--resource", RESOURCE, "--dpop-key"])
+            .arg(&key_path)
+            .output()
+            .expect("run credbroker derive as another user");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.code().unwrap_or(-1), text)
+    }
 }
