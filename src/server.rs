@@ -184,6 +184,9 @@ async fn serve_unix<H, F>(
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(max_conn));
+    // Refused peers are answered for a moment each; cap how many at once so
+    // a flood from a refused uid cannot pile up tasks and descriptors.
+    let refusals = Arc::new(Semaphore::new(64));
     let builder = http1(header_timeout);
     let mut shutdown = shutdown;
     loop {
@@ -204,9 +207,13 @@ async fn serve_unix<H, F>(
         };
         if !allowed.contains(&uid) {
             tracing::warn!(peer_uid = uid, "connection refused: peer uid not in the allow-list");
-            // Nothing from this peer is parsed; it gets a fixed answer and the
-            // connection is closed.
+            // Nothing from this peer is parsed; it gets a fixed answer (if a
+            // refusal slot is free, else none) and the connection is closed.
+            let Ok(refusal) = refusals.clone().try_acquire_owned() else {
+                continue;
+            };
             tokio::spawn(async move {
+                let _refusal = refusal;
                 use tokio::io::{AsyncReadExt, AsyncWriteExt};
                 let mut s = stream;
                 let body = br#"{"error":"access_denied","error_description":"peer uid is not allowed on this socket"}"#;
