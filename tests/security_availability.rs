@@ -448,3 +448,62 @@ async fn rate_limit_per_peer_leaves_other_peers_served() {
     std::thread::sleep(Duration::from_secs(retry));
     b.post_derive(&bodies[0], Some(&b.proof(&k))).assert_issued("after Retry-After");
 }
+
+#[tokio::test]
+async fn slow_body_after_complete_headers_dropped_at_the_timeout() {
+    // Headers arrive at once, the body never does (R.U.D.Y.): the header
+    // timeout has ended, so only a deadline on the body frees the slot.
+    let b = TestBroker::start_with(Opts { edit_config: Some(small_connection_cap), ..Opts::default() });
+    let k = key();
+    let head = "POST /v1/derive HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"subj";
+    let mut held = Vec::new();
+    for _ in 0..32 {
+        let mut s = StdUnixStream::connect(&b.socket).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+        held.push(s);
+    }
+    let t = Instant::now();
+    for mut s in held {
+        let mut out = Vec::new();
+        let closed = match s.read_to_end(&mut out) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(closed, "a connection with a stalled body was kept open for {:?}", t.elapsed());
+        let answer = HttpAnswer::parse(&String::from_utf8_lossy(&out));
+        assert_eq!(answer.status, 408, "{}", answer.raw);
+    }
+    assert!(t.elapsed() < Duration::from_secs(4), "closed after {:?}", t.elapsed());
+    // Positive control: the slots are free again.
+    b.derive_ok(&k).await;
+}
+
+fn refuse_our_uid(text: String) -> String {
+    let me = credbroker::api::peer::current_uid();
+    let other = if me == 65534 { 65533 } else { 65534 };
+    text.replacen("[socket]\n", &format!("[socket]\nallowed_uids = [{other}]\n"), 1)
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn flood_from_a_refused_uid_stays_bounded() {
+    // We are the refused peer here. Refusals are answered without parsing,
+    // but each costs a task and a descriptor for a moment: they are capped.
+    let mut b = TestBroker::start_with(Opts { edit_config: Some(refuse_our_uid), ..Opts::default() });
+    let baseline = open_fds(b.pid());
+    let held: Vec<StdUnixStream> = (0..600).map(|_| StdUnixStream::connect(&b.socket).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let during = open_fds(b.pid());
+    assert!(during < baseline + 200, "600 refused connections held {} descriptors (baseline {baseline})", during - baseline);
+    drop(held);
+    std::thread::sleep(Duration::from_millis(1600));
+    // Positive control: a refused peer still gets its answer afterwards.
+    let r = b.http(&http_derive("{}", None, ""));
+    r.assert_refused(403, "access_denied", "after the flood");
+    assert!(r.body.contains("peer uid"));
+    assert!(b.is_running());
+}
