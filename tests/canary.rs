@@ -8,6 +8,10 @@
 //! and every token and proof exchanged are checked too. Names that are
 //! legitimately recorded (the person's `sub`, step, tool, resource) carry no
 //! canary.
+// Test code panics loudly on a broken fixture: clippy.toml allows unwrap and
+// expect in #[test] functions, and these helpers are test code too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use credbroker::dpop::make_proof;
@@ -52,18 +56,35 @@ impl Watch {
         let text = String::from_utf8_lossy(haystack);
         if let Some(i) = text.find(MARK) {
             let from = i.saturating_sub(80);
-            panic!("{name} contains a canary: ...{}...", &text[from..(i + 80).min(text.len())]);
+            panic!(
+                "{name} contains a canary: ...{}...",
+                &text[from..(i + 80).min(text.len())]
+            );
         }
         for s in &self.secrets {
-            assert!(!text.contains(s.as_str()), "{name} contains a secret ({} bytes)", s.len());
-            if let Some(sig) = s.rsplit('.').next().filter(|sig| sig.len() >= 40 && s.contains('.')) {
+            assert!(
+                !text.contains(s.as_str()),
+                "{name} contains a secret ({} bytes)",
+                s.len()
+            );
+            if let Some(sig) = s
+                .rsplit('.')
+                .next()
+                .filter(|sig| sig.len() >= 40 && s.contains('.'))
+            {
                 assert!(!text.contains(sig), "{name} contains a token's signature");
             }
         }
         for needle in [hex::encode(MASTER), b64e(MASTER)] {
-            assert!(!text.contains(&needle), "{name} contains the master key, encoded");
+            assert!(
+                !text.contains(&needle),
+                "{name} contains the master key, encoded"
+            );
         }
-        assert!(!haystack.windows(MASTER.len()).any(|w| w == MASTER), "{name} contains the master key");
+        assert!(
+            !haystack.windows(MASTER.len()).any(|w| w == MASTER),
+            "{name} contains the master key"
+        );
     }
 }
 
@@ -71,7 +92,9 @@ impl Watch {
 fn pem_secrets(pem: &str) -> Vec<String> {
     use base64::Engine;
     let lines: Vec<&str> = pem.lines().filter(|l| !l.starts_with("-----")).collect();
-    let der = base64::engine::general_purpose::STANDARD.decode(lines.concat()).unwrap();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(lines.concat())
+        .unwrap();
     let mut out: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
     out.push(hex::encode(&der));
     out.push(b64e(&der));
@@ -122,7 +145,10 @@ async fn no_secret_in_logs_events_metrics_error_bodies_or_store() {
         w.secret(&token);
         issued.push(token);
         // The same proof again: a replay refusal that knows the jti.
-        w.refused(b.post_derive(&b.good_body(&subject), Some(&proof)), "replayed proof");
+        w.refused(
+            b.post_derive(&b.good_body(&subject), Some(&proof)),
+            "replayed proof",
+        );
     }
     // The /token endpoint, once good.
     let canary_subject = {
@@ -138,7 +164,10 @@ async fn no_secret_in_logs_events_metrics_error_bodies_or_store() {
         vec![
             ("grant_type", credbroker::api::TOKEN_EXCHANGE.to_string()),
             ("subject_token", st.to_string()),
-            ("subject_token_type", credbroker::api::ACCESS_TOKEN_TYPE.to_string()),
+            (
+                "subject_token_type",
+                credbroker::api::ACCESS_TOKEN_TYPE.to_string(),
+            ),
             ("resource", RESOURCE.to_string()),
             ("step", "summarize".to_string()),
             ("tool", "notes.read".to_string()),
@@ -180,7 +209,7 @@ async fn no_secret_in_logs_events_metrics_error_bodies_or_store() {
         let mut c = b.subject_claims("alice");
         c["canary"] = json!(CLAIM);
         let t = b.subject_with(&c);
-        format!("{}.{}", t.rsplitn(2, '.').nth(1).unwrap(), b64e(&[7u8; 64]))
+        format!("{}.{}", t.rsplit_once('.').unwrap().0, b64e(&[7u8; 64]))
     };
     let untrusted = {
         let mut c = b.subject_claims("alice");
@@ -195,7 +224,10 @@ async fn no_secret_in_logs_events_metrics_error_bodies_or_store() {
         ("subject token with a bad signature", bad_sig),
         ("subject token of an untrusted issuer", untrusted),
         ("an issued token as subject token", issued[0].clone()),
-        ("a proof as subject token", w.secrets[w.secrets.len() - 2].clone()),
+        (
+            "a proof as subject token",
+            w.secrets[w.secrets.len() - 2].clone(),
+        ),
     ] {
         w.secret(&st);
         let p = fresh(&b, &mut w);
@@ -217,14 +249,23 @@ async fn no_secret_in_logs_events_metrics_error_bodies_or_store() {
     bad_proofs.push(("proof with a canary htm", proof_with(&k, json!({}), &pc)));
     let mut pc = b.proof_claims();
     pc["jti"] = json!(format!("{JTI}-{}", "x".repeat(300)));
-    bad_proofs.push(("proof with an oversized canary jti", proof_with(&k, json!({}), &pc)));
-    bad_proofs.push(("proof with a canary typ", proof_with(&k, json!({"typ": format!("{MARK}+jwt")}), &b.proof_claims())));
+    bad_proofs.push((
+        "proof with an oversized canary jti",
+        proof_with(&k, json!({}), &pc),
+    ));
+    bad_proofs.push((
+        "proof with a canary typ",
+        proof_with(&k, json!({"typ": format!("{MARK}+jwt")}), &b.proof_claims()),
+    ));
     bad_proofs.push(("canary as the proof", format!("{MARK}.{MARK}.{MARK}")));
     bad_proofs.push(("a subject token as proof", canary_subject.clone()));
     bad_proofs.push(("an issued token as proof", issued[1].clone()));
     for (what, proof) in bad_proofs {
         w.secret(&proof);
-        w.refused(b.post_derive(&b.good_body(&b.subject_token("alice")), Some(&proof)), what);
+        w.refused(
+            b.post_derive(&b.good_body(&b.subject_token("alice")), Some(&proof)),
+            what,
+        );
     }
     // Malformed requests quoting canaries.
     let p = fresh(&b, &mut w);
@@ -249,7 +290,10 @@ async fn no_secret_in_logs_events_metrics_error_bodies_or_store() {
     let mut f = base_form(&canary_subject);
     f.retain(|(k, _)| *k != "subject_token_type");
     f.push(("subject_token_type", format!("urn:{MARK}")));
-    w.refused(send_form(&f, &p), "/token with an unknown subject_token_type");
+    w.refused(
+        send_form(&f, &p),
+        "/token with an unknown subject_token_type",
+    );
     let p = make_proof(&k, "POST", &token_htu, now(), None, None).unwrap();
     w.secret(&p);
     let mut f = base_form(&canary_subject);
@@ -261,12 +305,29 @@ async fn no_secret_in_logs_events_metrics_error_bodies_or_store() {
     assert!(metrics.contains("derives_total"), "{metrics}");
     let audit = std::fs::read(b.path("data/audit.jsonl")).unwrap();
     let events = b.audit_lines();
-    assert_eq!(events.iter().filter(|e| e["event"] == "derive.issued").count(), 4);
-    assert!(events.iter().filter(|e| e["event"] == "derive.denied").count() >= 20);
-    assert!(events.iter().all(|e| e.get("jti_sha256").is_none() || e["jti_sha256"].as_str().unwrap().len() == 64));
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["event"] == "derive.issued")
+            .count(),
+        4
+    );
+    assert!(
+        events
+            .iter()
+            .filter(|e| e["event"] == "derive.denied")
+            .count()
+            >= 20
+    );
+    assert!(events
+        .iter()
+        .all(|e| e.get("jti_sha256").is_none() || e["jti_sha256"].as_str().unwrap().len() == 64));
     b.stop();
     let log = b.log_text();
-    assert!(log.contains("credbroker is serving") && log.contains("shutting down"), "{log}");
+    assert!(
+        log.contains("credbroker is serving") && log.contains("shutting down"),
+        "{log}"
+    );
 
     // The level really was debug (sled's debug lines come through).
     assert!(log.contains("DEBUG"), "no debug line in the log");
@@ -280,7 +341,10 @@ async fn no_secret_in_logs_events_metrics_error_bodies_or_store() {
     files_under(&b.path("data"), &mut files);
     assert!(files.len() > 1, "the store has files");
     for f in files {
-        w.assert_clean(&format!("store file {}", f.display()), &std::fs::read(&f).unwrap());
+        w.assert_clean(
+            &format!("store file {}", f.display()),
+            &std::fs::read(&f).unwrap(),
+        );
     }
 }
 
@@ -289,16 +353,50 @@ async fn config_errors_never_echo_a_misplaced_secret() {
     let (dir, config) = prepare(&Opts::default());
     let good = std::fs::read_to_string(&config).unwrap();
     for (what, text) in [
-        ("a secret under an unknown key", good.replacen("[keys]\n", &format!("[keys]\nmaster_key = \"{CLAIM}\"\n"), 1)),
-        ("a secret as a value of the wrong type", good.replacen("agent = \"repo-helper\"", &format!("agent = [\"{CLAIM}\"]"), 1)),
-        ("a secret in an unterminated string", good.replacen("agent = \"repo-helper\"", &format!("agent = \"repo-helper\"\nclient_secret = \"{CLAIM}"), 1)),
-        ("a secret as the issuer", good.replacen("issuer = \"http://127.0.0.1:0\"", &format!("issuer = \"{CLAIM}\""), 1)),
+        (
+            "a secret under an unknown key",
+            good.replacen(
+                "[keys]\n",
+                &format!("[keys]\nmaster_key = \"{CLAIM}\"\n"),
+                1,
+            ),
+        ),
+        (
+            "a secret as a value of the wrong type",
+            good.replacen(
+                "agent = \"repo-helper\"",
+                &format!("agent = [\"{CLAIM}\"]"),
+                1,
+            ),
+        ),
+        (
+            "a secret in an unterminated string",
+            good.replacen(
+                "agent = \"repo-helper\"",
+                &format!("agent = \"repo-helper\"\nclient_secret = \"{CLAIM}"),
+                1,
+            ),
+        ),
+        (
+            "a secret as the issuer",
+            good.replacen(
+                "issuer = \"http://127.0.0.1:0\"",
+                &format!("issuer = \"{CLAIM}\""),
+                1,
+            ),
+        ),
     ] {
         std::fs::write(&config, &text).unwrap();
         let (status, stderr) = serve_expect_exit(&config, std::time::Duration::from_secs(20));
         assert!(!status.success(), "{what}: started");
-        assert!(stderr.contains("credbroker.toml:"), "{what}: the error names the place: {stderr}");
-        assert!(!stderr.contains(MARK), "{what}: the value was echoed: {stderr}");
+        assert!(
+            stderr.contains("credbroker.toml:"),
+            "{what}: the error names the place: {stderr}"
+        );
+        assert!(
+            !stderr.contains(MARK),
+            "{what}: the value was echoed: {stderr}"
+        );
         let err = credbroker::config::Config::parse(&config, &text).unwrap_err();
         assert!(!format!("{err} {err:?}").contains(MARK), "{what}: {err:?}");
     }
@@ -311,28 +409,44 @@ async fn config_errors_never_echo_a_misplaced_secret() {
 #[tokio::test]
 async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
     let assert_redacted = |what: &str, rendered: String| {
-        assert!(!rendered.contains(MARK), "{what} shows a secret: {rendered}");
+        assert!(
+            !rendered.contains(MARK),
+            "{what} shows a secret: {rendered}"
+        );
     };
     // Requests, parsed the way the socket parses them.
     let subject = format!("{CLAIM}.{CLAIM}.{CLAIM}");
     let body = json!({"subject_token": subject, "step": "s", "tool": "t", "resource": RESOURCE});
-    let req = credbroker::api::parse_json(body.to_string().as_bytes(), Some(SecretString::new(JTI.into())), 0).unwrap();
+    let req = credbroker::api::parse_json(
+        body.to_string().as_bytes(),
+        Some(SecretString::new(JTI.into())),
+        0,
+    )
+    .unwrap();
     let rendered = format!("{req:?}");
     assert_redacted("DeriveRequest (JSON)", rendered.clone());
-    assert!(rendered.contains("[REDACTED]") && rendered.contains("resource"), "{rendered}");
+    assert!(
+        rendered.contains("[REDACTED]") && rendered.contains("resource"),
+        "{rendered}"
+    );
     let form = form(&[
-        ("grant_type", credbroker::api::TOKEN_EXCHANGE), ("subject_token", &subject),
-        ("subject_token_type", credbroker::api::ACCESS_TOKEN_TYPE), ("resource", RESOURCE),
-        ("step", "s"), ("tool", "t"),
+        ("grant_type", credbroker::api::TOKEN_EXCHANGE),
+        ("subject_token", &subject),
+        ("subject_token_type", credbroker::api::ACCESS_TOKEN_TYPE),
+        ("resource", RESOURCE),
+        ("step", "s"),
+        ("tool", "t"),
     ]);
-    let req = credbroker::api::parse_form(form.as_bytes(), Some(SecretString::new(JTI.into())), 0).unwrap();
+    let req = credbroker::api::parse_form(form.as_bytes(), Some(SecretString::new(JTI.into())), 0)
+        .unwrap();
     assert_redacted("DeriveRequest (form)", format!("{req:?}"));
     // Errors of the request parsers, quoting nothing they were given.
     let mut bad = body.clone();
     bad[FIELD] = json!(FIELD);
     let e = credbroker::api::parse_json(bad.to_string().as_bytes(), None, 0).unwrap_err();
     assert_redacted("DeriveError (unknown member)", format!("{e} {e:?}"));
-    let e = credbroker::api::parse_form(format!("grant_type={FIELD}").as_bytes(), None, 0).unwrap_err();
+    let e =
+        credbroker::api::parse_form(format!("grant_type={FIELD}").as_bytes(), None, 0).unwrap_err();
     assert_redacted("DeriveError (grant_type)", format!("{e} {e:?}"));
     let e = credbroker::api::error_response(&e);
     assert_redacted("error response", format!("{e:?}"));
@@ -344,24 +458,43 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
     }))
     .unwrap();
     assert_redacted("client::Token", format!("{token:?}"));
-    let issued = credbroker::exchange::Issued { access_token: SecretString::new(CLAIM.into()), expires_in: 1, scope: "s".into() };
+    let issued = credbroker::exchange::Issued {
+        access_token: SecretString::new(CLAIM.into()),
+        expires_in: 1,
+        scope: "s".into(),
+    };
     assert_redacted("exchange::Issued", format!("{issued:?}"));
-    let minted = credbroker::mint::Minted { token: SecretString::new(CLAIM.into()), jti: "j".into() };
+    let minted = credbroker::mint::Minted {
+        token: SecretString::new(CLAIM.into()),
+        jti: "j".into(),
+    };
     assert_redacted("mint::Minted", format!("{minted:?}"));
-    assert_eq!(format!("{:?}", SecretString::new(CLAIM.into())), "[REDACTED]");
-    assert_eq!(format!("{:?}", SecretBytes::new(MASTER.to_vec())), "[REDACTED]");
+    assert_eq!(
+        format!("{:?}", SecretString::new(CLAIM.into())),
+        "[REDACTED]"
+    );
+    assert_eq!(
+        format!("{:?}", SecretBytes::new(MASTER.to_vec())),
+        "[REDACTED]"
+    );
 
     // Keys.
     let (es, pkcs8) = credbroker::jose::Es256Key::generate().unwrap();
     let rendered = format!("{es:?}");
     for enc in [hex::encode(pkcs8.expose()), b64e(pkcs8.expose())] {
-        assert!(!rendered.contains(&enc[enc.len() - 40..]), "Es256Key shows its private key: {rendered}");
+        assert!(
+            !rendered.contains(&enc[enc.len() - 40..]),
+            "Es256Key shows its private key: {rendered}"
+        );
     }
     assert!(rendered.contains(&es.kid));
     let sealer = credbroker::seal::Sealer::new(&SecretBytes::new(MASTER.to_vec()), &[]).unwrap();
     let rendered = format!("{sealer:?}");
     assert_redacted("Sealer", rendered.clone());
-    assert!(!rendered.contains(&hex::encode(MASTER)) && !rendered.contains(&b64e(MASTER)), "{rendered}");
+    assert!(
+        !rendered.contains(&hex::encode(MASTER)) && !rendered.contains(&b64e(MASTER)),
+        "{rendered}"
+    );
     let nonces = credbroker::dpop::Nonces::new(&SecretBytes::new(MASTER.to_vec()));
     assert_redacted("Nonces", format!("{nonces:?}"));
 
@@ -371,12 +504,21 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
     let k = key();
     let v = credbroker::dpop::Validator::new(vec![credbroker::jose::Alg::ES256], 64, None);
     let mut pc = json!({"jti": JTI, "htm": "POST", "htu": HTU, "iat": now()});
-    let expect = credbroker::dpop::Expect { method: "POST", htu: "http://b.example/v1/derive", access_token: None, jkt: None, now: now() };
-    let e = v.validate(&proof_with(&k, json!({}), &pc), &expect).unwrap_err();
+    let expect = credbroker::dpop::Expect {
+        method: "POST",
+        htu: "http://b.example/v1/derive",
+        access_token: None,
+        jkt: None,
+        now: now(),
+    };
+    let e = v
+        .validate(&proof_with(&k, json!({}), &pc), &expect)
+        .unwrap_err();
     assert_redacted("DpopError (htu)", format!("{e} {e:?}"));
     pc["htu"] = json!("http://b.example/v1/derive");
     let p = proof_with(&k, json!({}), &pc);
-    v.validate(&p, &expect).expect("positive control: the proof is valid");
+    v.validate(&p, &expect)
+        .expect("positive control: the proof is valid");
     let e = v.validate(&p, &expect).unwrap_err();
     assert_redacted("DpopError (replay)", format!("{e} {e:?}"));
     let d = credbroker::exchange::DeriveError::Proof(e, None);
@@ -389,23 +531,39 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
     .unwrap();
     let auth = format!("DPoP {subject}");
     let e = rs
-        .verify(&credbroker::verify::Presented { method: "GET", url: RESOURCE, authorization: Some(&auth), dpop: &[JTI] })
+        .verify(&credbroker::verify::Presented {
+            method: "GET",
+            url: RESOURCE,
+            authorization: Some(&auth),
+            dpop: &[JTI],
+        })
         .unwrap_err();
     assert_redacted("VerifyError", format!("{e} {e:?} {}", e.challenge()));
     let auth = format!("Bearer {CLAIM}");
     let e = rs
-        .verify(&credbroker::verify::Presented { method: "GET", url: RESOURCE, authorization: Some(&auth), dpop: &[] })
+        .verify(&credbroker::verify::Presented {
+            method: "GET",
+            url: RESOURCE,
+            authorization: Some(&auth),
+            dpop: &[],
+        })
         .unwrap_err();
     assert_redacted("VerifyError (Bearer)", format!("{e} {e:?}"));
 
     // Subject-token errors, from the validator the binary uses.
     let (dir, config) = prepare(&Opts::default());
     let cfg = credbroker::config::Config::load(&config).unwrap();
-    let subjects = credbroker::subject::Validator::new(&cfg.trusted_issuers, Box::new(|_| false)).await.unwrap();
+    let subjects = credbroker::subject::Validator::new(&cfg.trusted_issuers, Box::new(|_| false))
+        .await
+        .unwrap();
     let dev = credbroker::cli::load_pem_key(&dir.path().join("keys/dev-issuer.pem")).unwrap();
     let claims = json!({"iss": cfg.issuer, "sub": "alice", "aud": CLAIM, "exp": now() + 60, "canary": CLAIM});
     let h = json!({"alg": "ES256", "typ": "at+jwt", "kid": dev.kid});
-    for st in [subject.clone(), BOGUS.to_string(), jws_with(&h, &claims, |i| dev.sign_raw(i).unwrap())] {
+    for st in [
+        subject.clone(),
+        BOGUS.to_string(),
+        jws_with(&h, &claims, |i| dev.sign_raw(i).unwrap()),
+    ] {
         let e = subjects.validate(&st, now()).await.unwrap_err();
         assert_redacted("SubjectError", format!("{e} {e:?}"));
         let d = credbroker::exchange::DeriveError::Subject(e);
@@ -413,5 +571,8 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
     }
     // Positive control: the validator accepts a good token from that issuer.
     let good = credbroker::cli::dev_subject_token(dir.path(), "alice", 60).unwrap();
-    assert_eq!(subjects.validate(&good, now()).await.unwrap().0.person.sub, "alice");
+    assert_eq!(
+        subjects.validate(&good, now()).await.unwrap().0.person.sub,
+        "alice"
+    );
 }

@@ -2,6 +2,10 @@
 //! against the running binary. Subject tokens are signed by the quick
 //! start's dev issuer key, by a second (RSA) issuer configured for these
 //! tests, or forged. Each negative is followed by the positive control.
+// Test code panics loudly on a broken fixture: clippy.toml allows unwrap and
+// expect in #[test] functions, and these helpers are test code too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use credbroker::jose::{b64d, b64e, Es256Key};
@@ -59,11 +63,18 @@ async fn subject_token_signed_hs256_with_issuer_public_key() {
         ("the JWKS file", dev_jwks.clone()),
         ("the JWK JSON", dev_jwk.to_string().into_bytes()),
         ("the EC point", point),
-        ("the x coordinate", b64d(dev_jwk["x"].as_str().unwrap(), "x").unwrap()),
+        (
+            "the x coordinate",
+            b64d(dev_jwk["x"].as_str().unwrap(), "x").unwrap(),
+        ),
     ] {
         let h = json!({"alg": "HS256", "typ": "at+jwt", "kid": dev_kid});
         let forged = jws_with(&h, &claims, |input| hs256(&secret, input));
-        refused(&b, &forged, &format!("HS256 keyed with {what} of the dev issuer"));
+        refused(
+            &b,
+            &forged,
+            &format!("HS256 keyed with {what} of the dev issuer"),
+        );
     }
     // The classic RS256 -> HS256 confusion with the RSA issuer's public key.
     let der = rsa.public_der();
@@ -73,8 +84,14 @@ async fn subject_token_signed_hs256_with_issuer_public_key() {
     );
     for (what, secret) in [("DER", der.clone()), ("PEM", pem.into_bytes())] {
         let h = json!({"alg": "HS256", "typ": "at+jwt", "kid": "rsa-1"});
-        let forged = jws_with(&h, &rsa_idp_claims("mallory"), |input| hs256(&secret, input));
-        refused(&b, &forged, &format!("HS256 keyed with the RSA public key {what}"));
+        let forged = jws_with(&h, &rsa_idp_claims("mallory"), |input| {
+            hs256(&secret, input)
+        });
+        refused(
+            &b,
+            &forged,
+            &format!("HS256 keyed with the RSA public key {what}"),
+        );
     }
     // Positive controls: both issuers' real algorithms.
     let h = json!({"alg": "RS256", "typ": "at+jwt", "kid": "rsa-1"});
@@ -96,14 +113,24 @@ async fn subject_token_alg_none_with_signature() {
     for alg in ["none", "None", "NONE", "nOnE"] {
         let h = json!({"alg": alg, "typ": "at+jwt", "kid": dev.kid});
         let signed = jws_with(&h, &claims, |i| dev.sign_raw(i).unwrap());
-        refused(&b, &signed, &format!("alg {alg} with a valid ES256 signature"));
+        refused(
+            &b,
+            &signed,
+            &format!("alg {alg} with a valid ES256 signature"),
+        );
         let unsigned = jws_with(&h, &claims, |_| Vec::new());
         refused(&b, &unsigned, &format!("alg {alg} without a signature"));
     }
     // Duplicate alg members: a lenient parser could read either one.
     for header in [
-        format!(r#"{{"alg":"none","alg":"ES256","typ":"at+jwt","kid":"{}"}}"#, dev.kid),
-        format!(r#"{{"alg":"ES256","alg":"none","typ":"at+jwt","kid":"{}"}}"#, dev.kid),
+        format!(
+            r#"{{"alg":"none","alg":"ES256","typ":"at+jwt","kid":"{}"}}"#,
+            dev.kid
+        ),
+        format!(
+            r#"{{"alg":"ES256","alg":"none","typ":"at+jwt","kid":"{}"}}"#,
+            dev.kid
+        ),
     ] {
         let t = jws_raw(header.as_bytes(), claims.to_string().as_bytes(), &dev);
         refused(&b, &t, "duplicate alg in the header");
@@ -121,21 +148,45 @@ async fn subject_token_ec_alg_with_rsa_key() {
     // ES256 naming the RSA key, signed by the issuer's own EC key: a key is
     // bound to its type, so the kid cannot lend the EC alg to the RSA key.
     let h = json!({"alg": "ES256", "typ": "at+jwt", "kid": "rsa-1"});
-    refused(&b, &jws_with(&h, &claims, |i| ec.sign_raw(i).unwrap()), "ES256 with the RSA key's kid");
+    refused(
+        &b,
+        &jws_with(&h, &claims, |i| ec.sign_raw(i).unwrap()),
+        "ES256 with the RSA key's kid",
+    );
     // And the other way round.
     let h = json!({"alg": "RS256", "typ": "at+jwt", "kid": "ec-1"});
-    refused(&b, &jws_with(&h, &claims, |i| rsa.sign_rs256(i)), "RS256 with the EC key's kid");
+    refused(
+        &b,
+        &jws_with(&h, &claims, |i| rsa.sign_rs256(i)),
+        "RS256 with the EC key's kid",
+    );
     // PS256 is a valid RSA algorithm, but not in this issuer's allow-list.
     let h = json!({"alg": "PS256", "typ": "at+jwt", "kid": "rsa-1"});
-    refused(&b, &jws_with(&h, &claims, |i| rsa.sign_ps256(i)), "PS256 not in the issuer's algs");
+    refused(
+        &b,
+        &jws_with(&h, &claims, |i| rsa.sign_ps256(i)),
+        "PS256 not in the issuer's algs",
+    );
     // RS256 for the dev issuer, whose allow-list is ES256 only.
     let h = json!({"alg": "RS256", "typ": "at+jwt", "kid": "rsa-1"});
-    refused(&b, &jws_with(&h, &b.subject_claims("mallory"), |i| rsa.sign_rs256(i)), "RS256 claiming the dev issuer");
+    refused(
+        &b,
+        &jws_with(&h, &b.subject_claims("mallory"), |i| rsa.sign_rs256(i)),
+        "RS256 claiming the dev issuer",
+    );
     // Positive controls: each key with its own algorithm.
     let h = json!({"alg": "RS256", "typ": "at+jwt", "kid": "rsa-1"});
-    with_subject(&b, &jws_with(&h, &rsa_idp_claims("carol"), |i| rsa.sign_rs256(i))).assert_issued("RS256 + rsa-1");
+    with_subject(
+        &b,
+        &jws_with(&h, &rsa_idp_claims("carol"), |i| rsa.sign_rs256(i)),
+    )
+    .assert_issued("RS256 + rsa-1");
     let h = json!({"alg": "ES256", "typ": "at+jwt", "kid": "ec-1"});
-    with_subject(&b, &jws_with(&h, &rsa_idp_claims("carol"), |i| ec.sign_raw(i).unwrap())).assert_issued("ES256 + ec-1");
+    with_subject(
+        &b,
+        &jws_with(&h, &rsa_idp_claims("carol"), |i| ec.sign_raw(i).unwrap()),
+    )
+    .assert_issued("ES256 + ec-1");
     b.derive_ok(&key()).await;
 }
 
@@ -201,12 +252,25 @@ async fn subject_token_huge_deeply_nested_or_with_iat_1e400() {
     let r = with_subject(&b, &b.subject_with(&claims));
     r.assert_refused(400, "invalid_request", "20 KB subject token");
     // The same size cap on the RFC 8693 form.
-    let p = credbroker::dpop::make_proof(&key(), "POST", &format!("{}/token", b.issuer), now(), None, None).unwrap();
+    let p = credbroker::dpop::make_proof(
+        &key(),
+        "POST",
+        &format!("{}/token", b.issuer),
+        now(),
+        None,
+        None,
+    )
+    .unwrap();
     let big = b.subject_with(&claims);
     b.post_token(
-        &[("grant_type", credbroker::api::TOKEN_EXCHANGE), ("subject_token", &big),
-          ("subject_token_type", credbroker::api::ACCESS_TOKEN_TYPE), ("resource", RESOURCE),
-          ("step", "summarize"), ("tool", "notes.read")],
+        &[
+            ("grant_type", credbroker::api::TOKEN_EXCHANGE),
+            ("subject_token", &big),
+            ("subject_token_type", credbroker::api::ACCESS_TOKEN_TYPE),
+            ("resource", RESOURCE),
+            ("step", "summarize"),
+            ("tool", "notes.read"),
+        ],
         Some(&p),
     )
     .assert_refused(400, "invalid_request", "20 KB subject token on /token");
@@ -220,18 +284,46 @@ async fn subject_token_huge_deeply_nested_or_with_iat_1e400() {
     let deep = format!("{}{}", "[".repeat(50_000), "]".repeat(50_000));
     let payload = format!(r#"{{"iss":"{}","sub":{deep}}}"#, b.issuer);
     let r = with_subject(&b, &jws_raw(header.as_bytes(), payload.as_bytes(), &dev));
-    assert!(matches!(r.status, 400 | 413), "50k-level nesting in a token: {}", r.raw);
+    assert!(
+        matches!(r.status, 400 | 413),
+        "50k-level nesting in a token: {}",
+        r.raw
+    );
     // 5k levels fit under the 16 KB token cap: the JSON parser must refuse
     // them without recursing that deep.
     let deep5k = format!("{}{}", "[".repeat(5_000), "]".repeat(5_000));
-    let payload = format!(r#"{{"iss":"{}","sub":"alice","aud":"repo-helper","exp":{},"x":{deep5k}}}"#, b.issuer, now() + 600);
-    refused(&b, &jws_raw(header.as_bytes(), payload.as_bytes(), &dev), "5k-level nesting in a signed token");
-    let deep_header = format!(r#"{{"alg":"ES256","typ":"at+jwt","x":{}{}}}"#, "[".repeat(5_000), "]".repeat(5_000));
-    refused(&b, &jws_raw(deep_header.as_bytes(), b"{}", &dev), "5k-level nesting in a token header");
+    let payload = format!(
+        r#"{{"iss":"{}","sub":"alice","aud":"repo-helper","exp":{},"x":{deep5k}}}"#,
+        b.issuer,
+        now() + 600
+    );
+    refused(
+        &b,
+        &jws_raw(header.as_bytes(), payload.as_bytes(), &dev),
+        "5k-level nesting in a signed token",
+    );
+    let deep_header = format!(
+        r#"{{"alg":"ES256","typ":"at+jwt","x":{}{}}}"#,
+        "[".repeat(5_000),
+        "]".repeat(5_000)
+    );
+    refused(
+        &b,
+        &jws_raw(deep_header.as_bytes(), b"{}", &dev),
+        "5k-level nesting in a token header",
+    );
     // ... and in a DPoP proof header, under the proof cap.
-    let deep_proof_header = format!(r#"{{"typ":"dpop+jwt","alg":"ES256","x":{}{}}}"#, "[".repeat(1_200), "]".repeat(1_200));
+    let deep_proof_header = format!(
+        r#"{{"typ":"dpop+jwt","alg":"ES256","x":{}{}}}"#,
+        "[".repeat(1_200),
+        "]".repeat(1_200)
+    );
     let k = key();
-    let deep_proof = jws_raw(deep_proof_header.as_bytes(), b.proof_claims().to_string().as_bytes(), &k);
+    let deep_proof = jws_raw(
+        deep_proof_header.as_bytes(),
+        b.proof_claims().to_string().as_bytes(),
+        &k,
+    );
     b.post_derive(&b.good_body(&b.subject_token("alice")), Some(&deep_proof))
         .assert_refused(400, "invalid_dpop_proof", "deep nesting in a proof header");
 
@@ -241,16 +333,32 @@ async fn subject_token_huge_deeply_nested_or_with_iat_1e400() {
         ("exp=1e400", r#""exp":1e400"#.to_string()),
         ("exp=1e300", r#""exp":1e300"#.to_string()),
         ("exp=-1e400", r#""exp":-1e400"#.to_string()),
-        ("exp=18446744073709551616", r#""exp":18446744073709551616"#.to_string()),
+        (
+            "exp=18446744073709551616",
+            r#""exp":18446744073709551616"#.to_string(),
+        ),
         ("nbf=1e400", format!(r#""nbf":1e400,"exp":{}"#, now() + 600)),
     ] {
-        let payload = format!(r#"{{"iss":"{}","sub":"alice","aud":"repo-helper",{tail}}}"#, b.issuer);
-        refused(&b, &jws_raw(header.as_bytes(), payload.as_bytes(), &dev), what);
+        let payload = format!(
+            r#"{{"iss":"{}","sub":"alice","aud":"repo-helper",{tail}}}"#,
+            b.issuer
+        );
+        refused(
+            &b,
+            &jws_raw(header.as_bytes(), payload.as_bytes(), &dev),
+            what,
+        );
     }
-    let proof_claims = format!(r#"{{"jti":"{}","htm":"POST","htu":"{}","iat":1e400}}"#, b64e(&random_bytes(12)), b.htu());
+    let proof_claims = format!(
+        r#"{{"jti":"{}","htm":"POST","htu":"{}","iat":1e400}}"#,
+        b64e(&random_bytes(12)),
+        b.htu()
+    );
     let k = key();
     let p = jws_raw(
-        json!({"typ": "dpop+jwt", "alg": "ES256", "jwk": proof_jwk(&k)}).to_string().as_bytes(),
+        json!({"typ": "dpop+jwt", "alg": "ES256", "jwk": proof_jwk(&k)})
+            .to_string()
+            .as_bytes(),
         proof_claims.as_bytes(),
         &k,
     );
@@ -268,7 +376,10 @@ async fn subject_token_with_crit_header() {
     let dev = credbroker::cli::load_pem_key(&b.path("keys/dev-issuer.pem")).unwrap();
     let claims = b.subject_claims("alice");
     for (what, extra) in [
-        ("unknown crit entry", json!({"crit": ["urn:example:unknown"], "urn:example:unknown": true})),
+        (
+            "unknown crit entry",
+            json!({"crit": ["urn:example:unknown"], "urn:example:unknown": true}),
+        ),
         ("crit b64", json!({"crit": ["b64"], "b64": false})),
         ("crit b64 true", json!({"crit": ["b64"], "b64": true})),
         ("empty crit", json!({"crit": []})),
@@ -278,7 +389,11 @@ async fn subject_token_with_crit_header() {
     ] {
         let mut h = json!({"alg": "ES256", "typ": "at+jwt", "kid": dev.kid});
         patch(&mut h, &extra);
-        refused(&b, &jws_with(&h, &claims, |i| dev.sign_raw(i).unwrap()), what);
+        refused(
+            &b,
+            &jws_with(&h, &claims, |i| dev.sign_raw(i).unwrap()),
+            what,
+        );
         // The same headers on a DPoP proof.
         let k = key();
         let p = proof_with(&k, extra.clone(), &b.proof_claims());
@@ -293,7 +408,11 @@ async fn subject_token_with_crit_header() {
         "payload": parts[1], "protected": parts[0], "signature": parts[2],
         "header": {"crit": ["urn:example:unknown"]},
     });
-    refused(&b, &json_serialised.to_string(), "JSON serialisation with an unprotected crit");
+    refused(
+        &b,
+        &json_serialised.to_string(),
+        "JSON serialisation with an unprotected crit",
+    );
     with_subject(&b, &compact).assert_issued("the same token, compact, without crit");
     b.derive_ok(&key()).await;
 }
@@ -304,7 +423,10 @@ async fn subject_token_claims_of_the_wrong_type() {
     let cases: Vec<(&str, serde_json::Value)> = vec![
         ("aud as an object", json!({"aud": {"repo-helper": true}})),
         ("aud as a number", json!({"aud": 7})),
-        ("aud array with a number", json!({"aud": ["repo-helper", 7]})),
+        (
+            "aud array with a number",
+            json!({"aud": ["repo-helper", 7]}),
+        ),
         ("aud of another agent", json!({"aud": "other-agent"})),
         ("aud missing", json!({"aud": null})),
         ("exp as a string", json!({"exp": (now() + 600).to_string()})),
@@ -319,7 +441,10 @@ async fn subject_token_claims_of_the_wrong_type() {
         ("cnf as a string", json!({"cnf": "jkt"})),
         ("cnf as an object", json!({"cnf": {"jkt": "abc"}})),
         ("an ID token (nonce)", json!({"nonce": "n-0S6_WzA2Mj"})),
-        ("an ID token (at_hash)", json!({"at_hash": "77QmUPtjPfzWtF2AnpK9RQ"})),
+        (
+            "an ID token (at_hash)",
+            json!({"at_hash": "77QmUPtjPfzWtF2AnpK9RQ"}),
+        ),
     ];
     for (what, change) in cases {
         let mut c = b.subject_claims("alice");
@@ -330,13 +455,19 @@ async fn subject_token_claims_of_the_wrong_type() {
     // act names this instance's agent and the tool, and nothing else.
     let mut c = b.subject_claims("alice");
     c["act"] = json!({"sub": "mallory-agent", "act": {"sub": "repo-helper"}});
-    let token = with_subject(&b, &b.subject_with(&c)).assert_issued("subject token with a nested act");
+    let token =
+        with_subject(&b, &b.subject_with(&c)).assert_issued("subject token with a nested act");
     let minted = claims_of(&token);
-    assert_eq!(minted["act"], json!({"sub": "repo-helper", "tool": "notes.read"}), "{minted}");
+    assert_eq!(
+        minted["act"],
+        json!({"sub": "repo-helper", "tool": "notes.read"}),
+        "{minted}"
+    );
     assert_eq!(minted["sub"], "alice");
     let mut c = b.subject_claims("alice");
     c["act"] = json!("mallory-agent");
-    let token = with_subject(&b, &b.subject_with(&c)).assert_issued("subject token with a string act");
+    let token =
+        with_subject(&b, &b.subject_with(&c)).assert_issued("subject token with a string act");
     assert_eq!(claims_of(&token)["act"]["sub"], "repo-helper");
     b.derive_ok(&key()).await;
 }

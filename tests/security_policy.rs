@@ -1,6 +1,10 @@
 //! SECURITY-CASES group P: the policy denies by default, compares names
 //! byte for byte, has no wildcards, and never widens a request. Against the
 //! running binary; each negative is followed by the positive control.
+// Test code panics loudly on a broken fixture: clippy.toml allows unwrap and
+// expect in #[test] functions, and these helpers are test code too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::time::Duration;
@@ -38,30 +42,92 @@ steps = ["summarize"]
 #[tokio::test]
 async fn invalid_policy_refuses_to_start_with_its_position() {
     let broken: Vec<(&str, Vec<u8>, &str)> = vec![
-        ("ttl over the 300 s cap", GOOD_POLICY.replace("\"300s\"", "\"10m\"").into_bytes(), "policy.toml:5:7"),
-        ("unknown key", format!("{GOOD_POLICY}wildcard = true\n").into_bytes(), "policy.toml:11:1"),
+        (
+            "ttl over the 300 s cap",
+            GOOD_POLICY.replace("\"300s\"", "\"10m\"").into_bytes(),
+            "policy.toml:5:7",
+        ),
+        (
+            "unknown key",
+            format!("{GOOD_POLICY}wildcard = true\n").into_bytes(),
+            "policy.toml:11:1",
+        ),
         // toml reports a missing `]` where the next token starts.
-        ("unclosed array", GOOD_POLICY.replace("[\"notes.read\"]", "[\"notes.read\"").into_bytes(), "policy.toml:10:1"),
-        ("undeclared resource", GOOD_POLICY.replace("resource = \"http://127.0.0.1:9090/notes\"", "resource = \"http://127.0.0.1:9090/other\"").into_bytes(), "policy.toml:8:12"),
-        ("unknown source", GOOD_POLICY.replace("source = \"self\"", "source = \"anything\"").into_bytes(), "policy.toml:4:10"),
-        ("source exchange (not yet)", GOOD_POLICY.replace("source = \"self\"", "source = \"exchange\"").into_bytes(), "policy.toml:4:10"),
-        ("a tool with no step", GOOD_POLICY.replace("[\"summarize\"]", "[]").into_bytes(), "policy.toml:10:9"),
-        ("resource with a dot segment", GOOD_POLICY.replace("9090/notes\"]", "9090/x/../notes\"]").into_bytes(), "policy.toml:3:2"),
-        ("not UTF-8", {
-            let mut v = b"agent = \"repo-helper\"\n# caf".to_vec();
-            v.extend_from_slice(&[0xe9, b'\n']);
-            v
-        }, "policy.toml:2:6"),
+        (
+            "unclosed array",
+            GOOD_POLICY
+                .replace("[\"notes.read\"]", "[\"notes.read\"")
+                .into_bytes(),
+            "policy.toml:10:1",
+        ),
+        (
+            "undeclared resource",
+            GOOD_POLICY
+                .replace(
+                    "resource = \"http://127.0.0.1:9090/notes\"",
+                    "resource = \"http://127.0.0.1:9090/other\"",
+                )
+                .into_bytes(),
+            "policy.toml:8:12",
+        ),
+        (
+            "unknown source",
+            GOOD_POLICY
+                .replace("source = \"self\"", "source = \"anything\"")
+                .into_bytes(),
+            "policy.toml:4:10",
+        ),
+        (
+            "source exchange (not yet)",
+            GOOD_POLICY
+                .replace("source = \"self\"", "source = \"exchange\"")
+                .into_bytes(),
+            "policy.toml:4:10",
+        ),
+        (
+            "a tool with no step",
+            GOOD_POLICY.replace("[\"summarize\"]", "[]").into_bytes(),
+            "policy.toml:10:9",
+        ),
+        (
+            "resource with a dot segment",
+            GOOD_POLICY
+                .replace("9090/notes\"]", "9090/x/../notes\"]")
+                .into_bytes(),
+            "policy.toml:3:2",
+        ),
+        (
+            "not UTF-8",
+            {
+                let mut v = b"agent = \"repo-helper\"\n# caf".to_vec();
+                v.extend_from_slice(&[0xe9, b'\n']);
+                v
+            },
+            "policy.toml:2:6",
+        ),
         ("empty file", b"".to_vec(), "the policy is empty"),
-        ("only comments", b"# nothing here\n\n".to_vec(), "policy.toml:1:1"),
-        ("policy for another agent", GOOD_POLICY.replace("agent = \"repo-helper\"", "agent = \"other-agent\"").into_bytes(), "written for agent"),
+        (
+            "only comments",
+            b"# nothing here\n\n".to_vec(),
+            "policy.toml:1:1",
+        ),
+        (
+            "policy for another agent",
+            GOOD_POLICY
+                .replace("agent = \"repo-helper\"", "agent = \"other-agent\"")
+                .into_bytes(),
+            "written for agent",
+        ),
     ];
     for (what, text, expect) in broken {
         let (dir, config) = prepare(&Opts::default());
         std::fs::write(dir.path().join("policy.toml"), &text).unwrap();
         let (status, stderr) = serve_expect_exit(&config, Duration::from_secs(20));
         assert!(!status.success(), "{what}: started");
-        assert!(stderr.contains(expect), "{what}: expected {expect:?} in:\n{stderr}");
+        assert!(
+            stderr.contains(expect),
+            "{what}: expected {expect:?} in:\n{stderr}"
+        );
         // Never served: nothing listens on the socket.
         assert!(
             std::os::unix::net::UnixStream::connect(dir.path().join("credbroker.sock")).is_err(),
@@ -72,10 +138,16 @@ async fn invalid_policy_refuses_to_start_with_its_position() {
     let (dir, config) = prepare(&Opts::default());
     std::fs::remove_file(dir.path().join("policy.toml")).unwrap();
     let (status, stderr) = serve_expect_exit(&config, Duration::from_secs(20));
-    assert!(!status.success() && stderr.contains("cannot read policy"), "missing policy: {stderr}");
+    assert!(
+        !status.success() && stderr.contains("cannot read policy"),
+        "missing policy: {stderr}"
+    );
 
     // Positive control: the same file, correct, serves.
-    let b = TestBroker::start_with(Opts { policy: Some(GOOD_POLICY.into()), ..Opts::default() });
+    let b = TestBroker::start_with(Opts {
+        policy: Some(GOOD_POLICY.into()),
+        ..Opts::default()
+    });
     b.derive_ok(&key()).await;
 }
 
@@ -83,13 +155,19 @@ async fn invalid_policy_refuses_to_start_with_its_position() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs issue 4: policy hot reload (SIGHUP, policy.reload_failed / policy.reloaded events)"]
 async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
-    let b = TestBroker::start_with(Opts { policy: Some(GOOD_POLICY.into()), ..Opts::default() });
+    let b = TestBroker::start_with(Opts {
+        policy: Some(GOOD_POLICY.into()),
+        ..Opts::default()
+    });
     let k = key();
     b.derive_ok(&k).await;
     let good_hash = b.audit_lines().last().unwrap()["policy_hash"].clone();
     let path = b.path("policy.toml");
     let hup = |b: &TestBroker| {
-        let ok = std::process::Command::new("kill").args(["-HUP", &b.pid().to_string()]).status().unwrap();
+        let ok = std::process::Command::new("kill")
+            .args(["-HUP", &b.pid().to_string()])
+            .status()
+            .unwrap();
         assert!(ok.success());
         std::thread::sleep(Duration::from_millis(300));
     };
@@ -105,7 +183,11 @@ async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 for tool in ["notes.read", "notes.delete"] {
                     let p = credbroker::client::DeriveParams {
-                        subject_token: &subject, step: "summarize", tool, resource: RESOURCE, scope: None,
+                        subject_token: &subject,
+                        step: "summarize",
+                        tool,
+                        resource: RESOURCE,
+                        scope: None,
                     };
                     answers.push((tool, client.derive(&p, &k).await.unwrap()));
                 }
@@ -135,20 +217,41 @@ async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
     for (tool, a) in &answers {
         match (tool, a) {
             (&"notes.read", credbroker::client::Answer::Issued(_)) => {}
-            (&"notes.delete", credbroker::client::Answer::Refused(r)) if r.reason.as_deref() == Some("tool_not_allowed") => {}
+            (&"notes.delete", credbroker::client::Answer::Refused(r))
+                if r.reason.as_deref() == Some("tool_not_allowed") => {}
             other => panic!("an answer did not come from the last good policy: {other:?}"),
         }
     }
-    let failed = b.audit_lines().iter().filter(|e| e["event"] == "policy.reload_failed").count();
-    assert_eq!(failed, 5, "one policy.reload_failed event per broken reload");
+    let failed = b
+        .audit_lines()
+        .iter()
+        .filter(|e| e["event"] == "policy.reload_failed")
+        .count();
+    assert_eq!(
+        failed, 5,
+        "one policy.reload_failed event per broken reload"
+    );
     assert!(b.metrics().contains("policy_reload_failures_total 5"));
-    assert!(b.audit_lines().iter().filter(|e| e["event"] == "derive.issued").all(|e| e["policy_hash"] == good_hash));
+    assert!(b
+        .audit_lines()
+        .iter()
+        .filter(|e| e["event"] == "derive.issued")
+        .all(|e| e["policy_hash"] == good_hash));
     // Positive control: a good new version is taken, atomically, with its hash.
-    std::fs::write(&path, GOOD_POLICY.replace("[\"summarize\"]", "[\"summarize\", \"answer_question\"]")).unwrap();
+    std::fs::write(
+        &path,
+        GOOD_POLICY.replace("[\"summarize\"]", "[\"summarize\", \"answer_question\"]"),
+    )
+    .unwrap();
     hup(&b);
-    let reloaded = b.audit_lines().into_iter().filter(|e| e["event"] == "policy.reloaded").last().expect("policy.reloaded");
+    let reloaded = b
+        .audit_lines()
+        .into_iter()
+        .rfind(|e| e["event"] == "policy.reloaded")
+        .expect("policy.reloaded");
     assert_ne!(reloaded["policy_hash"], good_hash);
-    ask(&b, "answer_question", "notes.read", RESOURCE, None).assert_issued("allowed by the new policy");
+    ask(&b, "answer_question", "notes.read", RESOURCE, None)
+        .assert_issued("allowed by the new policy");
 }
 
 #[tokio::test]
@@ -170,14 +273,34 @@ async fn tool_and_step_names_compared_byte_for_byte() {
         "notes.read\u{0301}",
         "",
     ] {
-        denied(&ask(&b, "summarize", tool, RESOURCE, None), "tool_not_allowed", &format!("tool {tool:?}"));
+        denied(
+            &ask(&b, "summarize", tool, RESOURCE, None),
+            "tool_not_allowed",
+            &format!("tool {tool:?}"),
+        );
     }
-    for step in ["Summarize", "summarize ", "summarize\u{0}", "s\u{0443}mmarize", ""] {
-        denied(&ask(&b, step, "notes.read", RESOURCE, None), "step_not_allowed", &format!("step {step:?}"));
+    for step in [
+        "Summarize",
+        "summarize ",
+        "summarize\u{0}",
+        "s\u{0443}mmarize",
+        "",
+    ] {
+        denied(
+            &ask(&b, step, "notes.read", RESOURCE, None),
+            "step_not_allowed",
+            &format!("step {step:?}"),
+        );
     }
     // Labels on /metrics come only from names in the policy.
     let m = b.metrics();
-    for leaked in ["n\u{043e}tes", "github.read", "Notes.Read", "\u{200b}", "Summarize"] {
+    for leaked in [
+        "n\u{043e}tes",
+        "github.read",
+        "Notes.Read",
+        "\u{200b}",
+        "Summarize",
+    ] {
         assert!(!m.contains(leaked), "{leaked:?} became a metric label");
     }
     ask(&b, "summarize", "notes.read", RESOURCE, None).assert_issued("exact names");
@@ -187,11 +310,38 @@ async fn tool_and_step_names_compared_byte_for_byte() {
 #[tokio::test]
 async fn wildcards_globs_and_dot_segments_never_match() {
     let b = TestBroker::start();
-    for tool in ["*", "notes.*", "*.read", "notes.rea?", "notes.[r]ead", "notes%2eread", "notes.read/..", "../notes.read", "%2e%2e/notes.read", ".*"] {
-        denied(&ask(&b, "summarize", tool, RESOURCE, None), "tool_not_allowed", &format!("tool {tool:?}"));
+    for tool in [
+        "*",
+        "notes.*",
+        "*.read",
+        "notes.rea?",
+        "notes.[r]ead",
+        "notes%2eread",
+        "notes.read/..",
+        "../notes.read",
+        "%2e%2e/notes.read",
+        ".*",
+    ] {
+        denied(
+            &ask(&b, "summarize", tool, RESOURCE, None),
+            "tool_not_allowed",
+            &format!("tool {tool:?}"),
+        );
     }
-    for step in ["*", "summ*", "summari?e", "../summarize", "summarize/..", "%2e%2e", ".*"] {
-        denied(&ask(&b, step, "notes.read", RESOURCE, None), "step_not_allowed", &format!("step {step:?}"));
+    for step in [
+        "*",
+        "summ*",
+        "summari?e",
+        "../summarize",
+        "summarize/..",
+        "%2e%2e",
+        ".*",
+    ] {
+        denied(
+            &ask(&b, step, "notes.read", RESOURCE, None),
+            "step_not_allowed",
+            &format!("step {step:?}"),
+        );
     }
     // Resources that could reach the policy's resource by a path trick are
     // refused before any comparison; a glob is just another URI.
@@ -205,12 +355,25 @@ async fn wildcards_globs_and_dot_segments_never_match() {
         "http://127.0.0.1:9090/notes%2f",
         "http://127.0.0.1:9090\\notes",
     ] {
-        ask(&b, "summarize", "notes.read", resource, None)
-            .assert_refused(400, "invalid_target", &format!("resource {resource:?}"));
+        ask(&b, "summarize", "notes.read", resource, None).assert_refused(
+            400,
+            "invalid_target",
+            &format!("resource {resource:?}"),
+        );
     }
-    for resource in ["http://127.0.0.1:9090/*", "http://127.0.0.1:9090/note?", "http://127.0.0.1:9090/notes/", "http://127.0.0.1:9090/notes/sub", "http://127.0.0.1:9091/notes"] {
+    for resource in [
+        "http://127.0.0.1:9090/*",
+        "http://127.0.0.1:9090/note?",
+        "http://127.0.0.1:9090/notes/",
+        "http://127.0.0.1:9090/notes/sub",
+        "http://127.0.0.1:9091/notes",
+    ] {
         let r = ask(&b, "summarize", "notes.read", resource, None);
-        assert!(r.status == 403 || r.status == 400, "resource {resource:?}: {}", r.raw);
+        assert!(
+            r.status == 403 || r.status == 400,
+            "resource {resource:?}: {}",
+            r.raw
+        );
         assert!(r.json().get("access_token").is_none());
     }
     ask(&b, "summarize", "notes.read", RESOURCE, None).assert_issued("exact names");
@@ -229,10 +392,25 @@ resource = "http://127.0.0.1:9090/notes"
 scopes = ["notes.read"]
 steps = ["*"]
 "#;
-    let b = TestBroker::start_with(Opts { policy: Some(policy.into()), ..Opts::default() });
-    denied(&ask(&b, "summarize", "notes.read", RESOURCE, None), "tool_not_allowed", "any tool under a * tool");
-    denied(&ask(&b, "summarize", "*", RESOURCE, None), "step_not_allowed", "any step under a * step");
-    denied(&ask(&b, "*", "notes.read", RESOURCE, None), "tool_not_allowed", "* step, another tool");
+    let b = TestBroker::start_with(Opts {
+        policy: Some(policy.into()),
+        ..Opts::default()
+    });
+    denied(
+        &ask(&b, "summarize", "notes.read", RESOURCE, None),
+        "tool_not_allowed",
+        "any tool under a * tool",
+    );
+    denied(
+        &ask(&b, "summarize", "*", RESOURCE, None),
+        "step_not_allowed",
+        "any step under a * step",
+    );
+    denied(
+        &ask(&b, "*", "notes.read", RESOURCE, None),
+        "tool_not_allowed",
+        "* step, another tool",
+    );
     // Positive control: the literal names match byte for byte.
     let t = ask(&b, "*", "*", RESOURCE, None).assert_issued("literal * tool in literal * step");
     assert_eq!(claims_of(&t)["act"]["tool"], "*");
@@ -251,10 +429,17 @@ async fn tool_asked_for_in_a_step_its_policy_does_not_list() {
         denied(&r, "step_not_allowed", &format!("{tool} in {step}"));
     }
     let events = b.audit_lines();
-    assert!(events.iter().all(|e| e["outcome"] == "denied" && e["reason"] == "step_not_allowed"), "{events:?}");
+    assert!(
+        events
+            .iter()
+            .all(|e| e["outcome"] == "denied" && e["reason"] == "step_not_allowed"),
+        "{events:?}"
+    );
     // Positive controls: the same tools in their listed steps.
-    ask(&b, "cleanup_confirmed", "notes.delete", RESOURCE, None).assert_issued("notes.delete in cleanup_confirmed");
-    ask(&b, "answer_question", "notes.read", RESOURCE, None).assert_issued("notes.read in answer_question");
+    ask(&b, "cleanup_confirmed", "notes.delete", RESOURCE, None)
+        .assert_issued("notes.delete in cleanup_confirmed");
+    ask(&b, "answer_question", "notes.read", RESOURCE, None)
+        .assert_issued("notes.read in answer_question");
     b.derive_ok(&key()).await;
 }
 
@@ -270,20 +455,45 @@ resource = "http://127.0.0.1:9090/repo"
 scopes = ["repo:read", "issues:read"]
 steps = ["triage"]
 "#;
-    let b = TestBroker::start_with(Opts { policy: Some(policy.into()), ..Opts::default() });
+    let b = TestBroker::start_with(Opts {
+        policy: Some(policy.into()),
+        ..Opts::default()
+    });
     let repo = "http://127.0.0.1:9090/repo";
-    for scope in ["repo:read repo:write", "repo:write", "repo:read issues:read admin", "repo:*", "REPO:READ"] {
+    for scope in [
+        "repo:read repo:write",
+        "repo:write",
+        "repo:read issues:read admin",
+        "repo:*",
+        "REPO:READ",
+    ] {
         let r = ask(&b, "triage", "github.read", repo, Some(scope));
         denied(&r, "scope_not_allowed", &format!("scope {scope:?}"));
     }
-    for scope in ["repo:read  issues:read", " repo:read", "repo:read\n", "", "repo:\"read"] {
-        ask(&b, "triage", "github.read", repo, Some(scope))
-            .assert_refused(400, "invalid_request", &format!("malformed scope {scope:?}"));
+    for scope in [
+        "repo:read  issues:read",
+        " repo:read",
+        "repo:read\n",
+        "",
+        "repo:\"read",
+    ] {
+        ask(&b, "triage", "github.read", repo, Some(scope)).assert_refused(
+            400,
+            "invalid_request",
+            &format!("malformed scope {scope:?}"),
+        );
     }
     // Positive controls: exactly what is allowed, a subset, or nothing said.
     let t = ask(&b, "triage", "github.read", repo, Some("repo:read")).assert_issued("repo:read");
     assert_eq!(claims_of(&t)["scope"], "repo:read");
-    let t = ask(&b, "triage", "github.read", repo, Some("repo:read issues:read")).assert_issued("both");
+    let t = ask(
+        &b,
+        "triage",
+        "github.read",
+        repo,
+        Some("repo:read issues:read"),
+    )
+    .assert_issued("both");
     assert_eq!(claims_of(&t)["scope"], "issues:read repo:read");
     let t = ask(&b, "triage", "github.read", repo, None).assert_issued("the tool's scopes");
     assert_eq!(claims_of(&t)["scope"], "issues:read repo:read");

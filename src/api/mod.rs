@@ -335,8 +335,13 @@ pub async fn handle(
         Ok(Ok(b)) => b,
         Ok(Err(r)) => return r,
         Err(_) => {
-            let mut r = oauth_error(StatusCode::REQUEST_TIMEOUT, "invalid_request", "the body did not arrive in time");
-            r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            let mut r = oauth_error(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request",
+                "the body did not arrive in time",
+            );
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return r;
         }
     };

@@ -1,7 +1,9 @@
 //! Shared helpers for integration tests: start the real `credbroker` binary
 //! in a temp directory (quick-start files, port 0), talk to its sockets, mint
 //! subject tokens from its dev issuer, and make DPoP proofs.
-#![allow(dead_code, missing_docs)]
+// Test helpers panic loudly on a broken fixture (clippy.toml allows the same
+// inside #[test] functions).
+#![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream as StdUnixStream;
