@@ -118,6 +118,11 @@ async fn slowloris_connections_dropped_at_the_header_timeout() {
             "connection of kind {kind} (sent {sent} bytes) closed after {after:?}, not at the 1 s header timeout"
         );
     }
+    let (first, last) = (
+        closed_at.iter().map(|c| c.1).min().unwrap(),
+        closed_at.iter().map(|c| c.1).max().unwrap(),
+    );
+    eprintln!("a derive took {served_in:?} behind 1000 slow connections, closed after {first:?}..{last:?}");
     let trickled = closed_at
         .iter()
         .filter(|(kind, _, _)| *kind == 2)
