@@ -213,8 +213,8 @@ async fn serve_unix<H, F>(
                 continue;
             };
             tokio::spawn(async move {
-                let _refusal = refusal;
                 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let _refusal = refusal;
                 let mut s = stream;
                 let body = br#"{"error":"access_denied","error_description":"peer uid is not allowed on this socket"}"#;
                 let head = format!(
