@@ -153,7 +153,6 @@ async fn invalid_policy_refuses_to_start_with_its_position() {
 
 // Multi-threaded: the load task runs while this one blocks on signals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs issue 4: policy hot reload (SIGHUP, policy.reload_failed / policy.reloaded events)"]
 async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
     let b = TestBroker::start_with(Opts {
         policy: Some(GOOD_POLICY.into()),
@@ -163,13 +162,24 @@ async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
     b.derive_ok(&k).await;
     let good_hash = b.audit_lines().last().unwrap()["policy_hash"].clone();
     let path = b.path("policy.toml");
-    let hup = |b: &TestBroker| {
+    let count = |b: &TestBroker, event: &str| {
+        b.audit_lines().iter().filter(|e| e["event"] == event).count()
+    };
+    // Signals that arrive while a reload is settling coalesce, and the file
+    // watcher may judge a rewrite before the signal does, so each rewrite
+    // waits until the broker has judged it (a new `event`).
+    let hup = |b: &TestBroker, event: &str| {
+        let before = count(b, event);
         let ok = std::process::Command::new("kill")
             .args(["-HUP", &b.pid().to_string()])
             .status()
             .unwrap();
         assert!(ok.success());
-        std::thread::sleep(Duration::from_millis(300));
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while count(b, event) == before {
+            assert!(std::time::Instant::now() < deadline, "no {event} event after a rewrite");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     };
     // Load: derives run continuously while the file is rewritten.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -207,10 +217,10 @@ async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
         allow_all,
     ] {
         std::fs::write(&path, bad).unwrap();
-        hup(&b);
+        hup(&b, "policy.reload_failed");
     }
     std::fs::remove_file(&path).unwrap();
-    hup(&b);
+    hup(&b, "policy.reload_failed");
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let answers = load.await.unwrap();
     assert!(!answers.is_empty());
@@ -227,11 +237,11 @@ async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
         .iter()
         .filter(|e| e["event"] == "policy.reload_failed")
         .count();
-    assert_eq!(
-        failed, 5,
-        "one policy.reload_failed event per broken reload"
-    );
-    assert!(b.metrics().contains("policy_reload_failures_total 5"));
+    // Each broken version was judged at least once (by the signal, the file
+    // watcher, or both), and none was ever taken.
+    assert!(failed >= 5, "one policy.reload_failed event per broken reload at least: {failed}");
+    assert!(b.metrics().contains(&format!("policy_reload_failures_total {failed}")));
+    assert_eq!(count(&b, "policy.reloaded"), 0, "no broken version was loaded");
     assert!(b
         .audit_lines()
         .iter()
@@ -243,7 +253,7 @@ async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
         GOOD_POLICY.replace("[\"summarize\"]", "[\"summarize\", \"answer_question\"]"),
     )
     .unwrap();
-    hup(&b);
+    hup(&b, "policy.reloaded");
     let reloaded = b
         .audit_lines()
         .into_iter()
