@@ -210,8 +210,31 @@ async fn cross_site_post_is_refused_before_anything_is_read() {
     let r = c.post(s.url("/signin")).header("origin", "https://evil.example").form(&form).send().await.unwrap();
     assert_eq!(r.status(), 403);
     assert_eq!(c.get(s.url("/account")).send().await.unwrap().status(), 303, "not signed in");
-    // Positive control: our own origin.
-    let r = c.post(s.url("/signin")).header("origin", s.base.as_str()).form(&form).send().await.unwrap();
+    let r = c.post(s.url("/signin")).header("sec-fetch-site", "cross-site").form(&form).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    let r = c.post(s.url("/signin")).header("sec-fetch-site", "same-site").header("origin", "null").form(&form).send().await.unwrap();
+    assert_eq!(r.status(), 403, "a sibling site");
+    assert_eq!(c.get(s.url("/account")).send().await.unwrap().status(), 303, "not signed in");
+    // Positive control: our own origin; and what Chromium sends for our own
+    // forms under no-referrer (Origin: null, Sec-Fetch-Site: same-origin).
+    let r = c
+        .post(s.url("/signin"))
+        .header("origin", "null")
+        .header("sec-fetch-site", "same-origin")
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let c2 = s.client();
+    let csrf2 = csrf_of(&c2.get(s.url("/signin")).send().await.unwrap().text().await.unwrap());
+    let r = c2
+        .post(s.url("/signin"))
+        .header("origin", s.base.as_str())
+        .form(&[("csrf", csrf2.as_str()), ("username", "alice"), ("password", PW), ("return_to", "/account")])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 303);
 }
 

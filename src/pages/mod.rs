@@ -206,6 +206,12 @@ impl Pages {
                 http::secure(r.headers_mut(), None);
                 r
             }
+            (&Method::GET, "/favicon.ico") => {
+                let mut r = Response::new(http_body_util::Full::new(Bytes::new()));
+                *r.status_mut() = StatusCode::NO_CONTENT;
+                http::secure(r.headers_mut(), None);
+                r
+            }
             (&Method::GET, "/signin") => signin::page(self, ctx, h, &query).await,
             (&Method::POST, "/signin") => signin::local(self, ctx, h, form).await,
             (&Method::GET, "/signin/oidc") => signin::oidc_start(self, ctx, h, &query).await,
@@ -296,11 +302,16 @@ impl Pages {
     }
 
     fn same_origin(&self, h: &HeaderMap) -> bool {
-        // Browsers send Origin on every cross-site POST (and most same-site
-        // ones); when it is there it must be ours. The CSRF token is the
-        // main defence; this refuses cross-site posts before any work.
+        // The CSRF token is the main defence; this refuses cross-site posts
+        // before any work. Browsers that send `Sec-Fetch-Site` say exactly
+        // where a request comes from. `Origin` is the fallback, but under
+        // `Referrer-Policy: no-referrer` Chromium sends `Origin: null` even
+        // for our own forms, so `null` is left to the CSRF token.
+        if let Some(site) = h.get("sec-fetch-site") {
+            return site.as_bytes() == b"same-origin";
+        }
         match h.get(header::ORIGIN).map(|v| v.to_str()) {
-            None => true,
+            None | Some(Ok("null")) => true,
             Some(Ok(o)) => o == self.origin,
             Some(Err(_)) => false,
         }

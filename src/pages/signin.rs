@@ -57,6 +57,7 @@ fn render_page(
     return_to: &str,
     reauth: bool,
     error: Option<&str>,
+    typed_name: Option<&str>,
 ) -> Response<Body> {
     let person = s.record.person();
     // Signing in again: offer only the way this person signed in.
@@ -100,6 +101,7 @@ fn render_page(
         return_to: return_to.to_string(),
         reauth,
         local,
+        typed_name: typed_name.filter(|n| fixed_name.is_none() && users::valid_name(n)).map(str::to_owned),
         fixed_name,
         oidc,
         error: error.map(str::to_owned),
@@ -120,7 +122,7 @@ pub async fn page(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Response<Body
     if s.record.person().is_some() && !reauth {
         return redirect(&return_to);
     }
-    render_page(p, &s, StatusCode::OK, &return_to, reauth, None)
+    render_page(p, &s, StatusCode::OK, &return_to, reauth, None, None)
 }
 
 /// Replaces the browser's session with a fresh signed-in one.
@@ -190,7 +192,7 @@ pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Respon
             _ => "wrong_password",
         });
         p.audit(&e);
-        return render_page(p, &s, StatusCode::FORBIDDEN, &return_to, reauth, Some(SIGNIN_FAILED));
+        return render_page(p, &s, StatusCode::FORBIDDEN, &return_to, reauth, Some(SIGNIN_FAILED), Some(&name));
     }
     let mut e = p.event(&ctx, "signin.succeeded");
     e.person_iss = Some(&issuer);

@@ -71,6 +71,8 @@ pub struct SignIn {
     pub local: bool,
     /// On re-authentication, the local name (not editable).
     pub fixed_name: Option<String>,
+    /// After a failed attempt, the name typed (kept in the field).
+    pub typed_name: Option<String>,
     /// OIDC IdPs offered.
     pub oidc: Vec<OidcChoice>,
     /// A failure to show.
