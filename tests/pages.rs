@@ -2,6 +2,7 @@
 //! this process (fake connected-services side, movable clock).
 //!
 //! Security cases: C1, C3, C4, C5, C7, C8, C10, C11 (SECURITY-CASES.md).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 #[path = "support/pages.rs"]
 mod pages_support;
@@ -31,7 +32,10 @@ fn assert_secure_headers(r: &reqwest::Response, what: &str) {
     let csp = h["content-security-policy"].to_str().unwrap();
     assert!(csp.contains("frame-ancestors 'none'"), "{what}: {csp}");
     assert!(csp.contains("default-src 'none'"), "{what}: {csp}");
-    assert!(!csp.contains("script-src"), "{what}: no script allowed at all: {csp}");
+    assert!(
+        !csp.contains("script-src"),
+        "{what}: no script allowed at all: {csp}"
+    );
     assert!(!csp.contains("unsafe-inline"), "{what}: {csp}");
 }
 
@@ -49,13 +53,29 @@ async fn every_page_carries_the_security_headers() {
     let s = PagesServer::start().await;
     s.add_user("alice", PW);
     let alice = s.person("alice");
-    let (code, _) = s.fake.issue(&alice, "github", LinkKind::Connect, &["repo"], now());
+    let (code, _) = s
+        .fake
+        .issue(&alice, "github", LinkKind::Connect, &["repo"], now());
     let anon = s.client();
-    for path in ["/signin", "/account", "/", "/connect/nope", &format!("/connect/{code}"), "/done/declined", "/no/such/page", "/callback/github?state=x"] {
+    for path in [
+        "/signin",
+        "/account",
+        "/",
+        "/connect/nope",
+        &format!("/connect/{code}"),
+        "/done/declined",
+        "/no/such/page",
+        "/callback/github?state=x",
+    ] {
         let r = anon.get(s.url(path)).send().await.unwrap();
         assert_secure_headers(&r, path);
     }
-    let r = anon.post(s.url("/signin")).form(&[("a", "b")]).send().await.unwrap();
+    let r = anon
+        .post(s.url("/signin"))
+        .form(&[("a", "b")])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     assert_secure_headers(&r, "POST /signin without a session");
 
@@ -67,13 +87,30 @@ async fn every_page_carries_the_security_headers() {
         assert_secure_headers(&r, path);
     }
     // The connect page may post onward to exactly its provider's origin.
-    let r = c.get(s.url(&format!("/connect/{code}"))).send().await.unwrap();
-    let csp = r.headers()["content-security-policy"].to_str().unwrap().to_string();
-    assert!(csp.contains(&format!("form-action 'self' {};", s.fake.provider_base)), "{csp}");
+    let r = c
+        .get(s.url(&format!("/connect/{code}")))
+        .send()
+        .await
+        .unwrap();
+    let csp = r.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        csp.contains(&format!("form-action 'self' {};", s.fake.provider_base)),
+        "{csp}"
+    );
     // Metadata and JWKS stay JSON.
-    let r = anon.get(s.url("/.well-known/jwks.json")).send().await.unwrap();
+    let r = anon
+        .get(s.url("/.well-known/jwks.json"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("application/json"));
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/json"));
 }
 
 #[tokio::test]
@@ -118,7 +155,10 @@ async fn session_cookie_over_https_is_host_prefixed_secure_httponly_lax() {
     for a in ["Path=/", "HttpOnly", "SameSite=Lax", "Secure"] {
         assert!(attrs.contains(&a), "{a} missing: {cookies:?}");
     }
-    assert!(!cookies[0].contains("Domain"), "__Host- cookies have no Domain");
+    assert!(
+        !cookies[0].contains("Domain"),
+        "__Host- cookies have no Domain"
+    );
     // The session works over TLS: sign in, see the account page.
     let r = sign_in(&s, &c, "/account", "alice", PW).await;
     assert_eq!(r.status(), 303);
@@ -134,17 +174,49 @@ async fn csrf_missing_or_from_another_session_is_refused() {
     s.add_user("alice", PW);
     s.add_user("bob", PW);
     let alice = s.person("alice");
-    s.fake.add_account(&alice, "github", "1001", "octo-alice", &[(AGENT, &["repo"])]);
-    let (code, id) = s.fake.issue(&alice, "github", LinkKind::Connect, &["repo"], now());
+    s.fake.add_account(
+        &alice,
+        "github",
+        "1001",
+        "octo-alice",
+        &[(AGENT, &["repo"])],
+    );
+    let (code, id) = s
+        .fake
+        .issue(&alice, "github", LinkKind::Connect, &["repo"], now());
 
     // The sign-in form: no token, someone else's token.
     let c = s.client();
-    let html = c.get(s.url("/signin")).send().await.unwrap().text().await.unwrap();
+    let html = c
+        .get(s.url("/signin"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let mine = csrf_of(&html);
     let other = s.client();
-    let theirs = csrf_of(&other.get(s.url("/signin")).send().await.unwrap().text().await.unwrap());
-    for (what, token) in [("no token", None), ("another session's token", Some(theirs.as_str())), ("empty", Some(""))] {
-        let mut f = vec![("username", "alice"), ("password", PW), ("return_to", "/account")];
+    let theirs = csrf_of(
+        &other
+            .get(s.url("/signin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    );
+    for (what, token) in [
+        ("no token", None),
+        ("another session's token", Some(theirs.as_str())),
+        ("empty", Some("")),
+    ] {
+        let mut f = vec![
+            ("username", "alice"),
+            ("password", PW),
+            ("return_to", "/account"),
+        ];
         if let Some(t) = token {
             f.push(("csrf", t));
         }
@@ -152,18 +224,39 @@ async fn csrf_missing_or_from_another_session_is_refused() {
         assert_eq!(r.status(), 400, "{what}");
         assert!(r.text().await.unwrap().contains("This form has expired"));
     }
-    assert_eq!(c.get(s.url("/account")).send().await.unwrap().status(), 303, "not signed in");
+    assert_eq!(
+        c.get(s.url("/account")).send().await.unwrap().status(),
+        303,
+        "not signed in"
+    );
 
     // Signed in: connect-link actions and account actions need the token.
     let r = c
         .post(s.url("/signin"))
-        .form(&[("csrf", mine.as_str()), ("username", "alice"), ("password", PW), ("return_to", "/account")])
+        .form(&[
+            ("csrf", mine.as_str()),
+            ("username", "alice"),
+            ("password", PW),
+            ("return_to", "/account"),
+        ])
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 303, "positive control: the right token signs in");
+    assert_eq!(
+        r.status(),
+        303,
+        "positive control: the right token signs in"
+    );
     let bob = signed_in(&s, "bob").await;
-    let bobs = csrf_of(&bob.get(s.url("/account")).send().await.unwrap().text().await.unwrap());
+    let bobs = csrf_of(
+        &bob.get(s.url("/account"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    );
     let r = c
         .post(s.url(&format!("/connect/{code}")))
         .form(&[("action", "decline"), ("csrf", bobs.as_str())])
@@ -181,17 +274,42 @@ async fn csrf_missing_or_from_another_session_is_refused() {
             .unwrap();
         assert_eq!(r.status(), 400, "{path} without a token");
     }
-    let r = c.post(s.url("/signout")).form(&[("csrf", bobs.as_str())]).send().await.unwrap();
+    let r = c
+        .post(s.url("/signout"))
+        .form(&[("csrf", bobs.as_str())])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400, "sign-out with another session's token");
-    assert_eq!(s.fake.accounts_of(&alice)[0].allowances.len(), 1, "nothing changed");
-    assert_eq!(c.get(s.url("/account")).send().await.unwrap().status(), 200, "still signed in");
+    assert_eq!(
+        s.fake.accounts_of(&alice)[0].allowances.len(),
+        1,
+        "nothing changed"
+    );
+    assert_eq!(
+        c.get(s.url("/account")).send().await.unwrap().status(),
+        200,
+        "still signed in"
+    );
 
     // Positive control: the page's own token works.
-    let page = c.get(s.url("/account")).send().await.unwrap().text().await.unwrap();
+    let page = c
+        .get(s.url("/account"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let token = csrf_of(&page);
     let r = c
         .post(s.url("/account/revoke"))
-        .form(&[("csrf", token.as_str()), ("service", "github"), ("account", "1001"), ("agent", AGENT)])
+        .form(&[
+            ("csrf", token.as_str()),
+            ("service", "github"),
+            ("account", "1001"),
+            ("agent", AGENT),
+        ])
         .send()
         .await
         .unwrap();
@@ -204,17 +322,56 @@ async fn cross_site_post_is_refused_before_anything_is_read() {
     let s = PagesServer::start().await;
     s.add_user("alice", PW);
     let c = s.client();
-    let html = c.get(s.url("/signin")).send().await.unwrap().text().await.unwrap();
+    let html = c
+        .get(s.url("/signin"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let csrf = csrf_of(&html);
-    let form = [("csrf", csrf.as_str()), ("username", "alice"), ("password", PW), ("return_to", "/account")];
-    let r = c.post(s.url("/signin")).header("origin", "https://evil.example").form(&form).send().await.unwrap();
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("username", "alice"),
+        ("password", PW),
+        ("return_to", "/account"),
+    ];
+    let r = c
+        .post(s.url("/signin"))
+        .header("origin", "https://evil.example")
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 403);
-    assert_eq!(c.get(s.url("/account")).send().await.unwrap().status(), 303, "not signed in");
-    let r = c.post(s.url("/signin")).header("sec-fetch-site", "cross-site").form(&form).send().await.unwrap();
+    assert_eq!(
+        c.get(s.url("/account")).send().await.unwrap().status(),
+        303,
+        "not signed in"
+    );
+    let r = c
+        .post(s.url("/signin"))
+        .header("sec-fetch-site", "cross-site")
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 403);
-    let r = c.post(s.url("/signin")).header("sec-fetch-site", "same-site").header("origin", "null").form(&form).send().await.unwrap();
+    let r = c
+        .post(s.url("/signin"))
+        .header("sec-fetch-site", "same-site")
+        .header("origin", "null")
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 403, "a sibling site");
-    assert_eq!(c.get(s.url("/account")).send().await.unwrap().status(), 303, "not signed in");
+    assert_eq!(
+        c.get(s.url("/account")).send().await.unwrap().status(),
+        303,
+        "not signed in"
+    );
     // Positive control: our own origin; and what Chromium sends for our own
     // forms under no-referrer (Origin: null, Sec-Fetch-Site: same-origin).
     let r = c
@@ -227,11 +384,24 @@ async fn cross_site_post_is_refused_before_anything_is_read() {
         .unwrap();
     assert_eq!(r.status(), 303);
     let c2 = s.client();
-    let csrf2 = csrf_of(&c2.get(s.url("/signin")).send().await.unwrap().text().await.unwrap());
+    let csrf2 = csrf_of(
+        &c2.get(s.url("/signin"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    );
     let r = c2
         .post(s.url("/signin"))
         .header("origin", s.base.as_str())
-        .form(&[("csrf", csrf2.as_str()), ("username", "alice"), ("password", PW), ("return_to", "/account")])
+        .form(&[
+            ("csrf", csrf2.as_str()),
+            ("username", "alice"),
+            ("password", PW),
+            ("return_to", "/account"),
+        ])
         .send()
         .await
         .unwrap();
@@ -251,7 +421,9 @@ async fn unknown_expired_declined_replaced_and_used_codes_get_the_same_404() {
 
     async fn get(pages: &credbroker::pages::Pages, path: &str, ip: IpAddr) -> (u16, bytes::Bytes) {
         use http_body_util::BodyExt;
-        let req = http::Request::get(path).body(http_body_util::Full::new(bytes::Bytes::new())).unwrap();
+        let req = http::Request::get(path)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
         let r = pages.handle(req, ip).await;
         let status = r.status().as_u16();
         (status, r.into_body().collect().await.unwrap().to_bytes())
@@ -261,17 +433,26 @@ async fn unknown_expired_declined_replaced_and_used_codes_get_the_same_404() {
     // The reference 404 page, from a random code.
     let mut b = [0u8; 32];
     aws_lc_rs::rand::fill(&mut b).unwrap();
-    let (st, reference) = get(&pages, &format!("/connect/{}", credbroker::jose::b64e(&b)), ip).await;
+    let (st, reference) = get(
+        &pages,
+        &format!("/connect/{}", credbroker::jose::b64e(&b)),
+        ip,
+    )
+    .await;
     assert_eq!(st, 404);
 
     // Near-valid codes of every kind.
-    let (expired, _) = s.fake.issue(&alice, "gitlab", LinkKind::Connect, &[], t0 - 3600);
+    let (expired, _) = s
+        .fake
+        .issue(&alice, "gitlab", LinkKind::Connect, &[], t0 - 3600);
     let (declined, declined_id) = s.fake.issue(&alice, "github", LinkKind::Connect, &[], t0);
     use credbroker::pages::links::LinkRecords;
     s.fake.decline(&declined_id, t0).unwrap();
     let (replaced, _) = s.fake.issue(&alice, "github", LinkKind::Connect, &[], t0);
     let (open, open_id) = s.fake.issue(&alice, "github", LinkKind::Allow, &[], t0);
-    let (used, used_id) = s.fake.issue(&s.person("carol"), "github", LinkKind::Connect, &[], t0);
+    let (used, used_id) = s
+        .fake
+        .issue(&s.person("carol"), "github", LinkKind::Connect, &[], t0);
     s.fake.close(&used_id, t0).unwrap();
     let mut one_off = open.clone().into_bytes();
     one_off[42] = if one_off[42] == b'A' { b'B' } else { b'A' };
@@ -296,7 +477,10 @@ async fn unknown_expired_declined_replaced_and_used_codes_get_the_same_404() {
 
     // 10^5 random codes (distinct client addresses, so the per-address limit
     // is not what answers): every body identical to the reference.
-    let n: u32 = std::env::var("C5_CODES").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+    let n: u32 = std::env::var("C5_CODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
     let started = Instant::now();
     let mut random_ns = Vec::with_capacity(n as usize);
     for i in 0..n {
@@ -332,7 +516,10 @@ async fn unknown_expired_declined_replaced_and_used_codes_get_the_same_404() {
     );
     // Comparable time: well within one order of magnitude on a shared
     // machine (the fake's lookup is in memory; the real one reads the store).
-    assert!(mn < mr * 10 && mr < mn * 10, "random {mr} ns vs near-valid {mn} ns");
+    assert!(
+        mn < mr * 10 && mr < mn * 10,
+        "random {mr} ns vs near-valid {mn} ns"
+    );
 }
 
 #[tokio::test]
@@ -349,7 +536,11 @@ async fn code_lookups_are_rate_limited_per_client_address() {
     let pages = s.inst.pages.clone();
     let a: IpAddr = "192.0.2.10".parse().unwrap();
     let b: IpAddr = "192.0.2.11".parse().unwrap();
-    let req = || http::Request::get(format!("/connect/{}", "A".repeat(43))).body(http_body_util::Full::new(bytes::Bytes::new())).unwrap();
+    let req = || {
+        http::Request::get(format!("/connect/{}", "A".repeat(43)))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
     for _ in 0..5 {
         assert_eq!(pages.handle(req(), a).await.status(), 404);
     }
@@ -365,16 +556,35 @@ async fn five_checks_in_order_with_local_accounts() {
     let s = PagesServer::start().await;
     s.add_user("alice", PW);
     let alice = s.person("alice");
-    let (code, id) = s.fake.issue(&alice, "github", LinkKind::Connect, &["repo", "read:user"], now());
+    let (code, id) = s.fake.issue(
+        &alice,
+        "github",
+        LinkKind::Connect,
+        &["repo", "read:user"],
+        now(),
+    );
     let link = format!("/connect/{code}");
     let c = s.client();
 
     // 1 passed, 2 fails: sign in and come back.
     let r = c.get(s.url(&link)).send().await.unwrap();
     assert_eq!(r.status(), 303);
-    assert_eq!(location(&r), format!("/signin?return_to=%2Fconnect%2F{code}"));
-    let html = c.get(s.url(&location(&r))).send().await.unwrap().text().await.unwrap();
-    assert!(!html.contains("GitHub") && !html.contains(AGENT), "nothing about the link before sign-in");
+    assert_eq!(
+        location(&r),
+        format!("/signin?return_to=%2Fconnect%2F{code}")
+    );
+    let html = c
+        .get(s.url(&location(&r)))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !html.contains("GitHub") && !html.contains(AGENT),
+        "nothing about the link before sign-in"
+    );
     let r = sign_in(&s, &c, &link, "alice", PW).await;
     assert_eq!(r.status(), 303);
     assert_eq!(location(&r), link, "back to the link");
@@ -384,17 +594,37 @@ async fn five_checks_in_order_with_local_accounts() {
     let r = c.get(s.url(&link)).send().await.unwrap();
     assert_eq!(r.status(), 200);
     let html = r.text().await.unwrap();
-    for needle in ["repo-helper", "GitHub", "<code>repo</code>", "<code>read:user</code>", "alice", "Connect GitHub and allow repo-helper", "Decline"] {
+    for needle in [
+        "repo-helper",
+        "GitHub",
+        "<code>repo</code>",
+        "<code>read:user</code>",
+        "alice",
+        "Connect GitHub and allow repo-helper",
+        "Decline",
+    ] {
         assert!(html.contains(needle), "{needle} missing");
     }
     assert!(!html.contains("<script"), "no script");
 
     // Decline closes the link; the page says to go back to the agent.
     let csrf = csrf_of(&html);
-    let r = c.post(s.url(&link)).form(&[("csrf", csrf.as_str()), ("action", "decline")]).send().await.unwrap();
+    let r = c
+        .post(s.url(&link))
+        .form(&[("csrf", csrf.as_str()), ("action", "decline")])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 303);
     assert_eq!(location(&r), "/done/declined");
-    let done = c.get(s.url("/done/declined")).send().await.unwrap().text().await.unwrap();
+    let done = c
+        .get(s.url("/done/declined"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(done.contains("Go back to your agent"));
     assert_eq!(s.fake.link_state(&id), LinkState::Declined);
     let e = s.events("connect.declined");
@@ -412,7 +642,9 @@ async fn forwarded_link_opened_by_other_person() {
     s.add_user("alice", PW);
     s.add_user("bob", PW);
     let alice = s.person("alice");
-    let (code, id) = s.fake.issue(&alice, "github", LinkKind::Connect, &["repo"], now());
+    let (code, id) = s
+        .fake
+        .issue(&alice, "github", LinkKind::Connect, &["repo"], now());
     let link = format!("/connect/{code}");
     let bob = signed_in(&s, "bob").await;
 
@@ -421,17 +653,39 @@ async fn forwarded_link_opened_by_other_person() {
     let html = r.text().await.unwrap();
     assert!(html.contains("This link was made for another account"));
     assert!(html.contains("bob"), "says who is signed in");
-    for leak in ["alice", "GitHub", "github", "repo-helper wants", "<code>repo</code>", "Connect GitHub"] {
+    for leak in [
+        "alice",
+        "GitHub",
+        "github",
+        "repo-helper wants",
+        "<code>repo</code>",
+        "Connect GitHub",
+    ] {
         assert!(!html.contains(leak), "leaks {leak}");
     }
     // Bob tries to act anyway (with his own valid token).
-    let token = csrf_of(&bob.get(s.url("/account")).send().await.unwrap().text().await.unwrap());
+    let token = csrf_of(
+        &bob.get(s.url("/account"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    );
     for action in ["connect", "decline"] {
-        let r = bob.post(s.url(&link)).form(&[("csrf", token.as_str()), ("action", action)]).send().await.unwrap();
+        let r = bob
+            .post(s.url(&link))
+            .form(&[("csrf", token.as_str()), ("action", action)])
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 403, "{action}");
     }
     assert_eq!(s.fake.link_state(&id), LinkState::Open, "nothing changed");
-    assert!(s.fake.accounts_of(&alice).is_empty() && s.fake.accounts_of(&s.person("bob")).is_empty());
+    assert!(
+        s.fake.accounts_of(&alice).is_empty() && s.fake.accounts_of(&s.person("bob")).is_empty()
+    );
     let ev = s.events("connect.opened_by_other_person");
     assert_eq!(ev.len(), 3);
     assert_eq!(ev[0]["person_sub"], "alice");
@@ -445,7 +699,11 @@ async fn forwarded_link_opened_by_other_person() {
     assert_eq!(location(&r), link);
     let r = alice_c.get(s.url(&link)).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.text().await.unwrap().contains("Connect GitHub and allow repo-helper"));
+    assert!(r
+        .text()
+        .await
+        .unwrap()
+        .contains("Connect GitHub and allow repo-helper"));
 }
 
 /// Issue 6 (c): Alice's link opened in Mallory's browser.
@@ -454,7 +712,9 @@ async fn link_opened_in_another_browser_cannot_get_past_sign_in() {
     let s = PagesServer::start().await;
     s.add_user("alice", PW);
     let alice = s.person("alice");
-    let (code, id) = s.fake.issue(&alice, "github", LinkKind::Connect, &["repo"], now());
+    let (code, id) = s
+        .fake
+        .issue(&alice, "github", LinkKind::Connect, &["repo"], now());
     let link = format!("/connect/{code}");
     let mallory = s.client();
     let r = mallory.get(s.url(&link)).send().await.unwrap();
@@ -484,7 +744,9 @@ async fn sign_in_older_than_15_minutes_must_sign_in_again() {
     let alice = s.person("alice");
     let t0 = now();
     s.clock.set(t0);
-    let (code, _) = s.fake.issue(&alice, "github", LinkKind::Connect, &["repo"], t0);
+    let (code, _) = s
+        .fake
+        .issue(&alice, "github", LinkKind::Connect, &["repo"], t0);
     let link = format!("/connect/{code}");
     let c = s.client();
     sign_in(&s, &c, &link, "alice", PW).await;
@@ -493,26 +755,59 @@ async fn sign_in_older_than_15_minutes_must_sign_in_again() {
     s.clock.set(t0 + 10 * 60);
     assert_eq!(c.get(s.url("/account")).send().await.unwrap().status(), 200);
     s.clock.set(t0 + 15 * 60);
-    assert_eq!(c.get(s.url(&link)).send().await.unwrap().status(), 200, "15 minutes: still fresh");
+    assert_eq!(
+        c.get(s.url(&link)).send().await.unwrap().status(),
+        200,
+        "15 minutes: still fresh"
+    );
     s.clock.set(t0 + 16 * 60);
     let r = c.get(s.url(&link)).send().await.unwrap();
     assert_eq!(r.status(), 303);
     let to = location(&r);
-    assert_eq!(to, format!("/signin?return_to=%2Fconnect%2F{code}&reauth=1"));
+    assert_eq!(
+        to,
+        format!("/signin?return_to=%2Fconnect%2F{code}&reauth=1")
+    );
     // Acting is refused as well (the same checks run on POST).
-    let token = csrf_of(&c.get(s.url("/account")).send().await.unwrap().text().await.unwrap());
-    let r = c.post(s.url(&link)).form(&[("csrf", token.as_str()), ("action", "connect")]).send().await.unwrap();
+    let token = csrf_of(
+        &c.get(s.url("/account"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    );
+    let r = c
+        .post(s.url(&link))
+        .form(&[("csrf", token.as_str()), ("action", "connect")])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 303);
     assert!(location(&r).ends_with("reauth=1"));
     assert_eq!(s.fake.exchanges(), 0);
     // The re-authentication page asks for her password, her name fixed.
-    let html = c.get(s.url(&to)).send().await.unwrap().text().await.unwrap();
+    let html = c
+        .get(s.url(&to))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(html.contains("Sign in again"));
     assert!(html.contains("value=\"alice\" readonly"));
     let csrf = csrf_of(&html);
     let r = c
         .post(s.url("/signin"))
-        .form(&[("csrf", csrf.as_str()), ("return_to", link.as_str()), ("reauth", "1"), ("username", "alice"), ("password", PW)])
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("return_to", link.as_str()),
+            ("reauth", "1"),
+            ("username", "alice"),
+            ("password", PW),
+        ])
         .send()
         .await
         .unwrap();
@@ -526,14 +821,22 @@ async fn sign_in_older_than_15_minutes_must_sign_in_again() {
 async fn return_to_only_from_the_allow_list() {
     let s = PagesServer::start().await;
     s.add_user("alice", PW);
-    for evil in ["https://evil.example/", "//evil.example/x", "/\\evil.example", "/connect/../account/x", "javascript:alert(1)"] {
+    for evil in [
+        "https://evil.example/",
+        "//evil.example/x",
+        "/\\evil.example",
+        "/connect/../account/x",
+        "javascript:alert(1)",
+    ] {
         let c = s.client();
         let r = sign_in(&s, &c, evil, "alice", PW).await;
         assert_eq!(r.status(), 303);
         assert_eq!(location(&r), "/account", "{evil}");
     }
     // Positive control: an allow-listed connect path is kept.
-    let (code, _) = s.fake.issue(&s.person("alice"), "github", LinkKind::Connect, &[], now());
+    let (code, _) = s
+        .fake
+        .issue(&s.person("alice"), "github", LinkKind::Connect, &[], now());
     let r = sign_in(&s, &s.client(), &format!("/connect/{code}"), "alice", PW).await;
     assert_eq!(location(&r), format!("/connect/{code}"));
 }
@@ -549,7 +852,12 @@ async fn sign_in_issues_a_fresh_session_id() {
     let csrf = csrf_of(&r.text().await.unwrap());
     let r = c
         .post(s.url("/signin"))
-        .form(&[("csrf", csrf.as_str()), ("return_to", "/account"), ("username", "alice"), ("password", PW)])
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("return_to", "/account"),
+            ("username", "alice"),
+            ("password", PW),
+        ])
         .send()
         .await
         .unwrap();
@@ -557,16 +865,37 @@ async fn sign_in_issues_a_fresh_session_id() {
     assert_ne!(before, after);
     // An attacker holding the pre-sign-in id (planted or observed) has no
     // session.
-    let planted = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-    let r = planted.get(s.url("/account")).header("cookie", &before).send().await.unwrap();
+    let planted = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = planted
+        .get(s.url("/account"))
+        .header("cookie", &before)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 303, "old id is dead");
     // Positive control: the new id is signed in.
-    let r = planted.get(s.url("/account")).header("cookie", &after).send().await.unwrap();
+    let r = planted
+        .get(s.url("/account"))
+        .header("cookie", &after)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     // Only hashes are in the store.
     let id = after.split_once('=').unwrap().1;
-    for (k, v) in credbroker::store::Store::scan_prefix(s.inst.broker.store.as_ref(), credbroker::store::Tree::Sessions, b"").unwrap() {
-        assert!(!String::from_utf8_lossy(&k).contains(id) && !String::from_utf8_lossy(&v).contains(id));
+    for (k, v) in credbroker::store::Store::scan_prefix(
+        s.inst.broker.store.as_ref(),
+        credbroker::store::Tree::Sessions,
+        b"",
+    )
+    .unwrap()
+    {
+        assert!(
+            !String::from_utf8_lossy(&k).contains(id) && !String::from_utf8_lossy(&v).contains(id)
+        );
     }
 }
 
@@ -581,7 +910,11 @@ async fn sessions_expire_when_idle_or_old_and_sign_out_ends_them() {
     s.clock.set(t0 + 29 * 60);
     assert_eq!(c.get(s.url("/account")).send().await.unwrap().status(), 200);
     s.clock.set(t0 + 29 * 60 + 30 * 60);
-    assert_eq!(c.get(s.url("/account")).send().await.unwrap().status(), 303, "idle expiry");
+    assert_eq!(
+        c.get(s.url("/account")).send().await.unwrap().status(),
+        303,
+        "idle expiry"
+    );
     // Used every 20 minutes: alive until 12 hours, then gone.
     let t1 = t0 + 3600;
     s.clock.set(t1);
@@ -590,17 +923,31 @@ async fn sessions_expire_when_idle_or_old_and_sign_out_ends_them() {
     while t + 20 * 60 < t1 + 12 * 3600 {
         t += 20 * 60;
         s.clock.set(t);
-        assert_eq!(c.get(s.url("/account")).send().await.unwrap().status(), 200, "at +{}", t - t1);
+        assert_eq!(
+            c.get(s.url("/account")).send().await.unwrap().status(),
+            200,
+            "at +{}",
+            t - t1
+        );
     }
     s.clock.set(t1 + 12 * 3600);
-    assert_eq!(c.get(s.url("/account")).send().await.unwrap().status(), 303, "absolute expiry");
+    assert_eq!(
+        c.get(s.url("/account")).send().await.unwrap().status(),
+        303,
+        "absolute expiry"
+    );
     // Sign-out: the cookie is cleared and the session is gone server-side.
     let c = signed_in(&s, "alice").await;
     let page = c.get(s.url("/account")).send().await.unwrap();
     let cookie = set_cookies(&page);
     assert!(cookie.is_empty(), "no cookie churn on page views");
     let html = page.text().await.unwrap();
-    let r = c.post(s.url("/signout")).form(&[("csrf", csrf_of(&html).as_str())]).send().await.unwrap();
+    let r = c
+        .post(s.url("/signout"))
+        .form(&[("csrf", csrf_of(&html).as_str())])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert!(set_cookies(&r)[0].contains("Max-Age=0"));
     assert_eq!(c.get(s.url("/account")).send().await.unwrap().status(), 303);
@@ -627,8 +974,22 @@ async fn repeated_failures_lock_the_account_and_sign_in_is_rate_limited() {
     // Locked: the right password reads the same as a wrong one.
     let r = sign_in(&s, &c, "/account", "alice", PW).await;
     assert_eq!(r.status(), 403);
-    let reasons: Vec<String> = s.events("signin.failed").iter().map(|e| e["reason"].as_str().unwrap().to_string()).collect();
-    assert_eq!(reasons, ["wrong_password", "wrong_password", "wrong_password", "wrong_password", "now_locked", "locked"]);
+    let reasons: Vec<String> = s
+        .events("signin.failed")
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "wrong_password",
+            "wrong_password",
+            "wrong_password",
+            "wrong_password",
+            "now_locked",
+            "locked"
+        ]
+    );
     // The per-address limit: 8 attempts in a burst, then 429.
     sign_in(&s, &c, "/account", "alice", PW).await;
     sign_in(&s, &c, "/account", "alice", PW).await;
@@ -640,10 +1001,28 @@ async fn repeated_failures_lock_the_account_and_sign_in_is_rate_limited() {
     let pages = s.inst.pages.clone();
     let ip: IpAddr = "192.0.2.50".parse().unwrap();
     use http_body_util::BodyExt;
-    let r = pages.handle(http::Request::get("/signin").body(http_body_util::Full::new(bytes::Bytes::new())).unwrap(), ip).await;
-    let cookie = r.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
-    let html = String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
-    let body = format!("csrf={}&return_to=%2Faccount&username=alice&password={}", csrf_of(&html), urlenc(PW));
+    let r = pages
+        .handle(
+            http::Request::get("/signin")
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap(),
+            ip,
+        )
+        .await;
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let html =
+        String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    let body = format!(
+        "csrf={}&return_to=%2Faccount&username=alice&password={}",
+        csrf_of(&html),
+        urlenc(PW)
+    );
     let req = http::Request::post("/signin")
         .header("cookie", cookie)
         .header("content-type", "application/x-www-form-urlencoded")
@@ -662,16 +1041,30 @@ async fn provider_flow_refuses_bad_state_and_mix_up_then_connects() {
     s.add_user("alice", PW);
     s.add_user("bob", PW);
     let alice = s.person("alice");
-    let (code, id) = s.fake.issue(&alice, "github", LinkKind::Connect, &["repo"], now());
+    let (code, id) = s
+        .fake
+        .issue(&alice, "github", LinkKind::Connect, &["repo"], now());
     let link = format!("/connect/{code}");
     let c = s.client();
     sign_in(&s, &c, &link, "alice", PW).await;
 
     // Starts a provider flow; returns (state, redirect_uri).
     async fn start(s: &PagesServer, c: &reqwest::Client, link: &str) -> (String, String) {
-        let html = c.get(s.url(link)).send().await.unwrap().text().await.unwrap();
+        let html = c
+            .get(s.url(link))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         let csrf = csrf_of(&html);
-        let r = c.post(s.url(link)).form(&[("csrf", csrf.as_str()), ("action", "connect")]).send().await.unwrap();
+        let r = c
+            .post(s.url(link))
+            .form(&[("csrf", csrf.as_str()), ("action", "connect")])
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 303);
         let to = url::Url::parse(&location(&r)).unwrap();
         assert!(to.as_str().starts_with(&s.fake.provider_base), "{to}");
@@ -681,41 +1074,87 @@ async fn provider_flow_refuses_bad_state_and_mix_up_then_connects() {
         (q["state"].clone(), q["redirect_uri"].clone())
     }
     let cb = |service: &str, params: &[(&str, &str)]| {
-        let q = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(params).finish();
+        let q = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(params)
+            .finish();
         s.url(&format!("/callback/{service}?{q}"))
     };
     let iss = format!("{}/github", s.fake.provider_base);
 
     let (state, redirect_uri) = start(&s, &c, &link).await;
-    assert_eq!(redirect_uri, s.url("/callback/github"), "one redirect URI per provider");
+    assert_eq!(
+        redirect_uri,
+        s.url("/callback/github"),
+        "one redirect URI per provider"
+    );
     let pcode = s.fake.approve(&state).unwrap();
     // Missing state; unknown state.
-    for params in [vec![("code", pcode.as_str()), ("iss", iss.as_str())], vec![("code", pcode.as_str()), ("state", "A".repeat(43).leak()), ("iss", iss.as_str())]] {
+    for params in [
+        vec![("code", pcode.as_str()), ("iss", iss.as_str())],
+        vec![
+            ("code", pcode.as_str()),
+            ("state", "A".repeat(43).leak()),
+            ("iss", iss.as_str()),
+        ],
+    ] {
         let r = c.get(cb("github", &params)).send().await.unwrap();
         assert_eq!(r.status(), 400);
     }
     // Foreign state: Bob's browser presents Alice's state (a stolen
     // callback URL). The state is spent; nothing is connected.
     let bob = signed_in(&s, "bob").await;
-    let r = bob.get(cb("github", &[("code", &pcode), ("state", &state), ("iss", &iss)])).send().await.unwrap();
+    let r = bob
+        .get(cb(
+            "github",
+            &[("code", &pcode), ("state", &state), ("iss", &iss)],
+        ))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
-    let r = c.get(cb("github", &[("code", &pcode), ("state", &state), ("iss", &iss)])).send().await.unwrap();
+    let r = c
+        .get(cb(
+            "github",
+            &[("code", &pcode), ("state", &state), ("iss", &iss)],
+        ))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400, "reused state");
     assert_eq!(s.fake.exchanges(), 0, "no exchange for a bad state");
 
     // Mix-up: a GitHub flow answered on GitLab's redirect URI.
     let (state, _) = start(&s, &c, &link).await;
     let pcode = s.fake.approve(&state).unwrap();
-    let r = c.get(cb("gitlab", &[("code", &pcode), ("state", &state)])).send().await.unwrap();
+    let r = c
+        .get(cb("gitlab", &[("code", &pcode), ("state", &state)]))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     // RFC 9207: wrong iss; and missing iss from a provider that always sends it.
     let (state, _) = start(&s, &c, &link).await;
     let pcode = s.fake.approve(&state).unwrap();
-    let r = c.get(cb("github", &[("code", &pcode), ("state", &state), ("iss", "https://evil.example")])).send().await.unwrap();
+    let r = c
+        .get(cb(
+            "github",
+            &[
+                ("code", &pcode),
+                ("state", &state),
+                ("iss", "https://evil.example"),
+            ],
+        ))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     let (state, _) = start(&s, &c, &link).await;
     let pcode = s.fake.approve(&state).unwrap();
-    let r = c.get(cb("github", &[("code", &pcode), ("state", &state)])).send().await.unwrap();
+    let r = c
+        .get(cb("github", &[("code", &pcode), ("state", &state)]))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     assert_eq!(s.fake.exchanges(), 0);
 
@@ -724,15 +1163,32 @@ async fn provider_flow_refuses_bad_state_and_mix_up_then_connects() {
     let (state_a, _) = start(&s, &c, &link).await;
     let (state_b, _) = start(&s, &c, &link).await;
     let code_a = s.fake.approve(&state_a).unwrap();
-    let r = c.get(cb("github", &[("code", &code_a), ("state", &state_b), ("iss", &iss)])).send().await.unwrap();
+    let r = c
+        .get(cb(
+            "github",
+            &[("code", &code_a), ("state", &state_b), ("iss", &iss)],
+        ))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 502);
     assert_eq!(s.fake.exchanges(), 1);
-    assert!(s.fake.accounts_of(&alice).is_empty(), "nothing connected so far");
+    assert!(
+        s.fake.accounts_of(&alice).is_empty(),
+        "nothing connected so far"
+    );
     assert_eq!(s.fake.link_state(&id), LinkState::Open);
 
     // The person says no at the provider: nothing connected, link open.
     let (state, _) = start(&s, &c, &link).await;
-    let r = c.get(cb("github", &[("error", "access_denied"), ("state", &state), ("iss", &iss)])).send().await.unwrap();
+    let r = c
+        .get(cb(
+            "github",
+            &[("error", "access_denied"), ("state", &state), ("iss", &iss)],
+        ))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(s.fake.link_state(&id), LinkState::Open);
 
@@ -740,16 +1196,34 @@ async fn provider_flow_refuses_bad_state_and_mix_up_then_connects() {
     s.fake.set_next_account("583231", "octo-alice");
     let (state, _) = start(&s, &c, &link).await;
     let pcode = s.fake.approve(&state).unwrap();
-    let r = c.get(cb("github", &[("code", &pcode), ("state", &state), ("iss", &iss)])).send().await.unwrap();
+    let r = c
+        .get(cb(
+            "github",
+            &[("code", &pcode), ("state", &state), ("iss", &iss)],
+        ))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 303);
-    assert_eq!(location(&r), "/done/connected", "the code leaves the address bar");
+    assert_eq!(
+        location(&r),
+        "/done/connected",
+        "the code leaves the address bar"
+    );
     let accts = s.fake.accounts_of(&alice);
     assert_eq!(accts.len(), 1);
     assert_eq!(accts[0].display_name, "octo-alice");
     assert_eq!(accts[0].allowances[0].agent, AGENT);
     assert_eq!(accts[0].allowances[0].scopes, ["repo"]);
     assert_eq!(s.fake.link_state(&id), LinkState::Closed);
-    let done = c.get(s.url("/done/connected")).send().await.unwrap().text().await.unwrap();
+    let done = c
+        .get(s.url("/done/connected"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(done.contains("Go back to your agent"));
     let ev = s.events("connect.completed");
     assert_eq!(ev.len(), 1);
@@ -757,11 +1231,25 @@ async fn provider_flow_refuses_bad_state_and_mix_up_then_connects() {
     // C4: the used code is now the 404 page.
     assert_eq!(c.get(s.url(&link)).send().await.unwrap().status(), 404);
     // The account page lists it by its name at the provider.
-    let html = c.get(s.url("/account")).send().await.unwrap().text().await.unwrap();
+    let html = c
+        .get(s.url("/account"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(html.contains("GitHub: octo-alice"), "{html}");
     // Nothing secret in events.
     let audit = std::fs::read_to_string(s.dir.path().join("data/audit.jsonl")).unwrap();
-    for canary in ["gho_canary_access", "ghr_canary_refresh", pcode.as_str(), code.as_str(), state.as_str(), PW] {
+    for canary in [
+        "gho_canary_access",
+        "ghr_canary_refresh",
+        pcode.as_str(),
+        code.as_str(),
+        state.as_str(),
+        PW,
+    ] {
         assert!(!audit.contains(canary), "audit leaks a secret");
     }
 }
@@ -772,31 +1260,77 @@ async fn allow_link_offers_only_the_persons_own_accounts() {
     s.add_user("alice", PW);
     let alice = s.person("alice");
     let bob = s.person("bob");
-    s.fake.add_account(&alice, "github", "1001", "octo-alice", &[]);
-    s.fake.add_account(&alice, "github", "1002", "alice-work", &[]);
+    s.fake
+        .add_account(&alice, "github", "1001", "octo-alice", &[]);
+    s.fake
+        .add_account(&alice, "github", "1002", "alice-work", &[]);
     s.fake.add_account(&bob, "github", "2001", "octo-bob", &[]);
-    let (code, id) = s.fake.issue(&alice, "github", LinkKind::Allow, &["repo"], now());
+    let (code, id) = s
+        .fake
+        .issue(&alice, "github", LinkKind::Allow, &["repo"], now());
     let link = format!("/connect/{code}");
     let c = s.client();
     sign_in(&s, &c, &link, "alice", PW).await;
-    let html = c.get(s.url(&link)).send().await.unwrap().text().await.unwrap();
+    let html = c
+        .get(s.url(&link))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(html.contains("octo-alice") && html.contains("alice-work"));
     assert!(!html.contains("octo-bob"));
     let csrf = csrf_of(&html);
     // Bob's account id in the form: refused, nothing allowed.
-    let r = c.post(s.url(&link)).form(&[("csrf", csrf.as_str()), ("action", "allow"), ("account", "2001")]).send().await.unwrap();
+    let r = c
+        .post(s.url(&link))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("action", "allow"),
+            ("account", "2001"),
+        ])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     assert!(s.fake.accounts_of(&bob)[0].allowances.is_empty());
     // An action the kind does not offer.
-    let r = c.post(s.url(&link)).form(&[("csrf", csrf.as_str()), ("action", "reconnect")]).send().await.unwrap();
+    let r = c
+        .post(s.url(&link))
+        .form(&[("csrf", csrf.as_str()), ("action", "reconnect")])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     assert_eq!(s.fake.link_state(&id), LinkState::Open);
     // Positive control.
-    let r = c.post(s.url(&link)).form(&[("csrf", csrf.as_str()), ("action", "allow"), ("account", "1002")]).send().await.unwrap();
+    let r = c
+        .post(s.url(&link))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("action", "allow"),
+            ("account", "1002"),
+        ])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(location(&r), "/done/allowed");
     let a = s.fake.accounts_of(&alice);
-    assert!(a.iter().find(|x| x.account_id == "1002").unwrap().allowances[0].agent == AGENT);
-    assert!(a.iter().find(|x| x.account_id == "1001").unwrap().allowances.is_empty());
+    assert!(
+        a.iter()
+            .find(|x| x.account_id == "1002")
+            .unwrap()
+            .allowances[0]
+            .agent
+            == AGENT
+    );
+    assert!(a
+        .iter()
+        .find(|x| x.account_id == "1001")
+        .unwrap()
+        .allowances
+        .is_empty());
     assert_eq!(s.fake.link_state(&id), LinkState::Closed);
 }
 
@@ -805,37 +1339,120 @@ async fn account_page_lists_accounts_and_disconnects_and_revokes() {
     let s = PagesServer::start().await;
     s.add_user("alice", PW);
     let alice = s.person("alice");
-    s.fake.add_account(&alice, "github", "1001", "octo-alice", &[(AGENT, &["repo", "read:user"]), ("triage-bot", &["issues"])]);
-    s.fake.add_account(&alice, "gitlab", "77", "alice@gitlab", &[(AGENT, &[])]);
-    s.fake.add_account(&s.person("bob"), "github", "2001", "octo-bob", &[(AGENT, &["repo"])]);
+    s.fake.add_account(
+        &alice,
+        "github",
+        "1001",
+        "octo-alice",
+        &[(AGENT, &["repo", "read:user"]), ("triage-bot", &["issues"])],
+    );
+    s.fake
+        .add_account(&alice, "gitlab", "77", "alice@gitlab", &[(AGENT, &[])]);
+    s.fake.add_account(
+        &s.person("bob"),
+        "github",
+        "2001",
+        "octo-bob",
+        &[(AGENT, &["repo"])],
+    );
     let c = signed_in(&s, "alice").await;
-    let html = c.get(s.url("/account")).send().await.unwrap().text().await.unwrap();
-    for needle in ["GitHub: octo-alice", "GitLab: alice@gitlab", "repo-helper", "triage-bot", "<code>read:user</code>"] {
+    let html = c
+        .get(s.url("/account"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "GitHub: octo-alice",
+        "GitLab: alice@gitlab",
+        "repo-helper",
+        "triage-bot",
+        "<code>read:user</code>",
+    ] {
         assert!(html.contains(needle), "{needle}");
     }
     assert!(!html.contains("octo-bob"), "only her own accounts");
     let csrf = csrf_of(&html);
     // Someone else's account: refused.
-    let r = c.post(s.url("/account/disconnect")).form(&[("csrf", csrf.as_str()), ("service", "github"), ("account", "2001")]).send().await.unwrap();
+    let r = c
+        .post(s.url("/account/disconnect"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("service", "github"),
+            ("account", "2001"),
+        ])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
     assert_eq!(s.fake.accounts_of(&s.person("bob")).len(), 1);
     // Revoke one agent.
-    let r = c.post(s.url("/account/revoke")).form(&[("csrf", csrf.as_str()), ("service", "github"), ("account", "1001"), ("agent", "triage-bot")]).send().await.unwrap();
+    let r = c
+        .post(s.url("/account/revoke"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("service", "github"),
+            ("account", "1001"),
+            ("agent", "triage-bot"),
+        ])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(location(&r), "/account");
-    let gh = s.fake.accounts_of(&alice).into_iter().find(|a| a.service == "github").unwrap();
+    let gh = s
+        .fake
+        .accounts_of(&alice)
+        .into_iter()
+        .find(|a| a.service == "github")
+        .unwrap();
     assert_eq!(gh.allowances.len(), 1);
     assert_eq!(gh.allowances[0].agent, AGENT);
     assert_eq!(s.events("allowance.revoked")[0]["agent"], "triage-bot");
     // Disconnect: revoked at the provider.
-    let r = c.post(s.url("/account/disconnect")).form(&[("csrf", csrf.as_str()), ("service", "github"), ("account", "1001")]).send().await.unwrap();
+    let r = c
+        .post(s.url("/account/disconnect"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("service", "github"),
+            ("account", "1001"),
+        ])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(location(&r), "/account");
     assert_eq!(s.fake.revoked_at_provider(), ["1001"]);
     // A provider that cannot revoke: the page says to remove it there too.
-    let r = c.post(s.url("/account/disconnect")).form(&[("csrf", csrf.as_str()), ("service", "gitlab"), ("account", "77")]).send().await.unwrap();
+    let r = c
+        .post(s.url("/account/disconnect"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("service", "gitlab"),
+            ("account", "77"),
+        ])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.text().await.unwrap().contains("also remove the access in your GitLab settings"));
-    let reasons: Vec<_> = s.events("account.disconnected").iter().map(|e| e["reason"].as_str().unwrap().to_string()).collect();
+    assert!(r
+        .text()
+        .await
+        .unwrap()
+        .contains("also remove the access in your GitLab settings"));
+    let reasons: Vec<_> = s
+        .events("account.disconnected")
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(reasons, ["revoked_at_provider", "deleted_not_revoked"]);
-    let html = c.get(s.url("/account")).send().await.unwrap().text().await.unwrap();
+    let html = c
+        .get(s.url("/account"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(html.contains("You have no connected accounts"));
 }

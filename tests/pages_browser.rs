@@ -6,6 +6,7 @@
 //! `cargo test --test pages_browser -- --ignored`. Screenshots go to
 //! `$CREDBROKER_SCREENSHOTS` when set (the ones in docs/screenshots were
 //! made so), else to a temp dir.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 #[path = "support/pages.rs"]
 mod pages_support;
@@ -24,7 +25,10 @@ fn peers() -> PathBuf {
 }
 
 fn require_browser() {
-    assert!(Path::new("/usr/bin/chromium").exists(), "install chromium: apt-get install -y chromium");
+    assert!(
+        Path::new("/usr/bin/chromium").exists(),
+        "install chromium: apt-get install -y chromium"
+    );
     assert!(
         peers().join("node_modules/playwright-core").exists(),
         "install playwright-core: (cd tests/peers && npm install)"
@@ -32,7 +36,8 @@ fn require_browser() {
 }
 
 fn screenshot_dir(tmp: &Path) -> PathBuf {
-    std::env::var_os("CREDBROKER_SCREENSHOTS").map_or_else(|| tmp.join("screenshots"), PathBuf::from)
+    std::env::var_os("CREDBROKER_SCREENSHOTS")
+        .map_or_else(|| tmp.join("screenshots"), PathBuf::from)
 }
 
 /// Runs the steps in a fresh chromium profile; panics with the transcript
@@ -71,7 +76,11 @@ async fn browse(steps: serde_json::Value, shots: &Path) -> String {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Kills the child it holds on drop (the quick start we started).
@@ -180,9 +189,27 @@ async fn connect_pages_in_chromium() {
     let alice = s.person("alice");
     let t0 = now();
     s.clock.set(t0);
-    let (code, id) = s.fake.issue(&alice, "github", LinkKind::Connect, &["repo", "read:user"], t0);
-    s.fake.add_account(&alice, "gitlab", "77", "alice.gitlab", &[("triage-bot", &["read_api"])]);
-    let (allow_code, _) = s.fake.issue(&alice, "gitlab", LinkKind::Allow, &["read_api", "read_repository"], t0);
+    let (code, id) = s.fake.issue(
+        &alice,
+        "github",
+        LinkKind::Connect,
+        &["repo", "read:user"],
+        t0,
+    );
+    s.fake.add_account(
+        &alice,
+        "gitlab",
+        "77",
+        "alice.gitlab",
+        &[("triage-bot", &["read_api"])],
+    );
+    let (allow_code, _) = s.fake.issue(
+        &alice,
+        "gitlab",
+        LinkKind::Allow,
+        &["read_api", "read_repository"],
+        t0,
+    );
     s.fake.set_next_account("583231", "octo-alice");
     let link = s.url(&format!("/connect/{code}"));
     let allow_link = s.url(&format!("/connect/{allow_code}"));
@@ -242,11 +269,21 @@ async fn connect_pages_in_chromium() {
     ]);
     browse(json!(steps), &shots).await;
     assert_eq!(s.fake.link_state(&id), LinkState::Closed);
-    assert_eq!(s.fake.accounts_of(&alice).iter().find(|a| a.service == "github").unwrap().display_name, "octo-alice");
+    assert_eq!(
+        s.fake
+            .accounts_of(&alice)
+            .iter()
+            .find(|a| a.service == "github")
+            .unwrap()
+            .display_name,
+        "octo-alice"
+    );
 
     // A reconnect link; sixteen minutes after her sign-in she is asked to
     // sign in again first (the test moves the clock mid-run).
-    let (code2, _) = s.fake.issue(&alice, "github", LinkKind::Reconnect, &["repo"], t0);
+    let (code2, _) = s
+        .fake
+        .issue(&alice, "github", LinkKind::Reconnect, &["repo"], t0);
     let link2 = s.url(&format!("/connect/{code2}"));
     let ready = s.dir.path().join("ready");
     let go = s.dir.path().join("go");

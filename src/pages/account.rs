@@ -85,7 +85,12 @@ fn own_account<'f>(
         return Err(p.bad_csrf());
     }
     let (Some(service), Some(account)) = (form.get("service"), form.get("account")) else {
-        return Err(p.message(StatusCode::BAD_REQUEST, p.who(&s), "Request not understood", &["Nothing was changed."]));
+        return Err(p.message(
+            StatusCode::BAD_REQUEST,
+            p.who(&s),
+            "Request not understood",
+            &["Nothing was changed."],
+        ));
     };
     let owned = match p.services.vault.accounts(&person) {
         Ok(list) => list
@@ -94,7 +99,12 @@ fn own_account<'f>(
         Err(e) => return Err(p.internal("vault", &e)),
     };
     if !owned {
-        return Err(p.message(StatusCode::NOT_FOUND, p.who(&s), "No such account", &["Nothing was changed."]));
+        return Err(p.message(
+            StatusCode::NOT_FOUND,
+            p.who(&s),
+            "No such account",
+            &["Nothing was changed."],
+        ));
     }
     Ok((s, person, service, account))
 }
@@ -156,9 +166,18 @@ pub async fn revoke(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response
         Err(r) => return r,
     };
     let Some(agent) = form.get("agent") else {
-        return p.message(StatusCode::BAD_REQUEST, p.who(&s), "Request not understood", &["Nothing was changed."]);
+        return p.message(
+            StatusCode::BAD_REQUEST,
+            p.who(&s),
+            "Request not understood",
+            &["Nothing was changed."],
+        );
     };
-    if let Err(e) = p.services.vault.revoke_allowance(&person, service, account, agent) {
+    if let Err(e) = p
+        .services
+        .vault
+        .revoke_allowance(&person, service, account, agent)
+    {
         tracing::warn!(error = %e, "pages: revoke failed");
         return p.message(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -35,7 +35,13 @@ struct Passed {
 }
 
 /// Checks 1 to 4 (and the CSRF token when `csrf` is given).
-fn checks(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, csrf: Option<Option<&str>>) -> Result<Passed, Response<Body>> {
+fn checks(
+    p: &Pages,
+    ctx: Ctx,
+    h: &HeaderMap,
+    code: &str,
+    csrf: Option<Option<&str>>,
+) -> Result<Passed, Response<Body>> {
     if !p.limiters.lookup(ctx.client) {
         return Err(p.too_many());
     }
@@ -182,7 +188,12 @@ pub async fn act(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, form: Form) -> 
         ("connect", LinkKind::Connect | LinkKind::Allow) | ("reconnect", LinkKind::Reconnect) => {
             start_provider_flow(p, ctx, &link, &session)
         }
-        _ => p.message(StatusCode::BAD_REQUEST, p.who(&session), "Request not understood", &["Nothing was changed."]),
+        _ => p.message(
+            StatusCode::BAD_REQUEST,
+            p.who(&session),
+            "Request not understood",
+            &["Nothing was changed."],
+        ),
     }
 }
 
@@ -195,13 +206,21 @@ fn allow(p: &Pages, ctx: Ctx, link: &Link, account: &str) -> Response<Body> {
         Err(e) => return unavailable(p, &e),
     };
     if !owned {
-        return p.message(StatusCode::BAD_REQUEST, None, "Request not understood", &["Nothing was changed."]);
+        return p.message(
+            StatusCode::BAD_REQUEST,
+            None,
+            "Request not understood",
+            &["Nothing was changed."],
+        );
     }
-    if let Err(e) = p
-        .services
-        .vault
-        .allow(&link.person, &link.service, account, &link.agent, &link.scopes, ctx.now)
-    {
+    if let Err(e) = p.services.vault.allow(
+        &link.person,
+        &link.service,
+        account,
+        &link.agent,
+        &link.scopes,
+        ctx.now,
+    ) {
         return unavailable(p, &e);
     }
     completed(p, ctx, link, "/done/allowed")
@@ -246,7 +265,13 @@ fn start_provider_flow(p: &Pages, ctx: Ctx, link: &Link, session: &Session) -> R
         verifier: verifier.expose().clone(),
         redirect_uri: redirect_uri.clone(),
     };
-    let state = match flows::start(p.broker.store.as_ref(), &p.sealer, &session.key_hex(), flow, ctx.now) {
+    let state = match flows::start(
+        p.broker.store.as_ref(),
+        &p.sealer,
+        &session.key_hex(),
+        flow,
+        ctx.now,
+    ) {
         Ok(s) => s,
         Err(e) => return p.internal("flow", &e),
     };
@@ -276,14 +301,21 @@ fn flow_failed(p: &Pages, who: Option<views::Who>) -> Response<Body> {
 /// answer. State first (single use, bound to this session), then the
 /// service (mix-up), `iss` (RFC 9207), the person and the link, and only
 /// then the code exchange.
-pub async fn provider_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, service_seg: &str, mut q: Form) -> Response<Body> {
+pub async fn provider_callback(
+    p: &Pages,
+    ctx: Ctx,
+    h: &HeaderMap,
+    service_seg: &str,
+    mut q: Form,
+) -> Response<Body> {
     if !p.limiters.lookup(ctx.client) {
         return p.too_many();
     }
-    let service: String = match url::form_urlencoded::parse(format!("s={service_seg}").as_bytes()).next() {
-        Some((_, v)) => v.into_owned(),
-        None => return p.not_found(),
-    };
+    let service: String =
+        match url::form_urlencoded::parse(format!("s={service_seg}").as_bytes()).next() {
+            Some((_, v)) => v.into_owned(),
+            None => return p.not_found(),
+        };
     let store = p.broker.store.as_ref();
     let Some(state) = q.get("state").map(str::to_owned) else {
         return flow_failed(p, None);
@@ -328,7 +360,14 @@ pub async fn provider_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, service_seg: 
     };
     // The link: still open, same kind, same person.
     let link = match p.services.links.get(link_id, ctx.now) {
-        Ok(Some(l)) if l.kind == *kind && l.person == person && l.service == service && l.expires > ctx.now => l,
+        Ok(Some(l))
+            if l.kind == *kind
+                && l.person == person
+                && l.service == service
+                && l.expires > ctx.now =>
+        {
+            l
+        }
         Ok(_) => return p.not_found(),
         Err(e) => return unavailable(p, &e),
     };
@@ -347,7 +386,12 @@ pub async fn provider_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, service_seg: 
     let grant = match p
         .services
         .providers
-        .exchange_code(&service, code, SecretString::new(verifier.clone()), redirect_uri)
+        .exchange_code(
+            &service,
+            code,
+            SecretString::new(verifier.clone()),
+            redirect_uri,
+        )
         .await
     {
         Ok(g) => g,
@@ -361,15 +405,22 @@ pub async fn provider_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, service_seg: 
             );
         }
     };
-    let account = match p.services.vault.store_account(&person, &service, grant, ctx.now) {
+    let account = match p
+        .services
+        .vault
+        .store_account(&person, &service, grant, ctx.now)
+    {
         Ok(a) => a,
         Err(e) => return unavailable(p, &e),
     };
-    if let Err(e) = p
-        .services
-        .vault
-        .allow(&person, &service, &account, &link.agent, &link.scopes, ctx.now)
-    {
+    if let Err(e) = p.services.vault.allow(
+        &person,
+        &service,
+        &account,
+        &link.agent,
+        &link.scopes,
+        ctx.now,
+    ) {
         return unavailable(p, &e);
     }
     // The redirect takes the code out of the address bar and history.
@@ -389,7 +440,10 @@ pub async fn provider_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, service_seg: 
 /// it never sends the browser anywhere the agent chose.
 pub fn done(p: &Pages, ctx: Ctx, h: &HeaderMap, what: &str) -> Response<Body> {
     let (title, text) = match what {
-        "connected" => ("Connected", "Your account is connected and the agent may use it."),
+        "connected" => (
+            "Connected",
+            "Your account is connected and the agent may use it.",
+        ),
         "reconnected" => ("Reconnected", "Your account works again."),
         "allowed" => ("Allowed", "The agent may now use your account."),
         "declined" => ("Declined", "Nothing was connected or allowed."),
@@ -401,11 +455,13 @@ pub fn done(p: &Pages, ctx: Ctx, h: &HeaderMap, what: &str) -> Response<Body> {
         title: title.into(),
         paragraphs: vec![
             text.into(),
-            "Go back to your agent: it continues when it tries again. You can close this page.".into(),
+            "Go back to your agent: it continues when it tries again. You can close this page."
+                .into(),
         ],
         reference: None,
         // Offer the account page, where access can be revoked.
-        next: (what != "declined").then(|| ("/account".into(), "See your connected accounts".into())),
+        next: (what != "declined")
+            .then(|| ("/account".into(), "See your connected accounts".into())),
     });
     html(StatusCode::OK, body)
 }

@@ -188,7 +188,9 @@ pub fn sweep(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<usize, Stor
     let mut n = 0;
     for (k, v) in store.scan_prefix(Tree::PageFlows, b"state/")? {
         let dead = match sealer.open(&k, &v) {
-            Ok(p) => serde_json::from_slice::<Stored>(p.expose()).map_or(true, |s| s.expires <= now),
+            Ok(p) => {
+                serde_json::from_slice::<Stored>(p.expose()).map_or(true, |s| s.expires <= now)
+            }
             Err(_) => true,
         };
         if dead {
@@ -245,7 +247,9 @@ mod tests {
         assert!(take(&st, &sealer, state.expose(), 101).unwrap().is_none());
         // Expired: gone.
         let s2 = start(&st, &sealer, "sess", flow(), 100).unwrap();
-        assert!(take(&st, &sealer, s2.expose(), 100 + FLOW_TTL).unwrap().is_none());
+        assert!(take(&st, &sealer, s2.expose(), 100 + FLOW_TTL)
+            .unwrap()
+            .is_none());
         // Unknown and malformed: none.
         assert!(take(&st, &sealer, &"A".repeat(43), 101).unwrap().is_none());
         assert!(take(&st, &sealer, "x", 101).unwrap().is_none());

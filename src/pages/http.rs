@@ -25,18 +25,31 @@ pub fn secure(h: &mut HeaderMap, form_action_extra: Option<&str>) {
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
-    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert("cross-origin-opener-policy", HeaderValue::from_static("same-origin"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        "cross-origin-opener-policy",
+        HeaderValue::from_static("same-origin"),
+    );
     let csp = match form_action_extra {
-        Some(origin) if is_plain_origin(origin) => {
-            CSP.replace("form-action 'self'", &format!("form-action 'self' {origin}"))
-        }
+        Some(origin) if is_plain_origin(origin) => CSP.replace(
+            "form-action 'self'",
+            &format!("form-action 'self' {origin}"),
+        ),
         _ => CSP.to_string(),
     };
     match HeaderValue::from_str(&csp) {
         Ok(v) => h.insert(header::CONTENT_SECURITY_POLICY, v),
-        Err(_) => h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP)),
+        Err(_) => h.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CSP),
+        ),
     };
 }
 
@@ -103,11 +116,10 @@ where
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if !ctype
-        .split(';')
-        .next()
-        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
-    {
+    if !ctype.split(';').next().is_some_and(|t| {
+        t.trim()
+            .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+    }) {
         return Err(RequestError::Malformed);
     }
     if let Some(len) = headers
@@ -209,14 +221,15 @@ pub fn safe_return_to(s: &str) -> Option<String> {
 /// base64url (32 bytes).
 pub fn is_code_shaped(s: &str) -> bool {
     s.len() == 43
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// The `Origin` of a URL, for comparing with a request's `Origin` header.
 pub fn origin_of(url: &str) -> Option<String> {
-    url::Url::parse(url).ok().map(|u| u.origin().ascii_serialization())
+    url::Url::parse(url)
+        .ok()
+        .map(|u| u.origin().ascii_serialization())
 }
 
 #[cfg(test)]
@@ -250,7 +263,10 @@ mod tests {
     #[test]
     fn repeated_fields_refused() {
         assert!(Form::parse(b"a=1&b=2").is_ok());
-        assert_eq!(Form::parse(b"a=1&a=2").unwrap_err(), RequestError::Malformed);
+        assert_eq!(
+            Form::parse(b"a=1&a=2").unwrap_err(),
+            RequestError::Malformed
+        );
     }
 
     #[test]

@@ -22,6 +22,10 @@
 //! `POST /account/disconnect`, `POST /account/revoke`,
 //! `GET /assets/credbroker.css`.
 
+// Handlers return early with the page to show (`Result<_, Response>`); a
+// response is moved once per request, so its size does not matter here.
+#![allow(clippy::result_large_err)]
+
 pub mod account;
 pub mod connect;
 pub mod flows;
@@ -38,8 +42,8 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use ::http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use bytes::Bytes;
 
 use crate::api::Body;
 use crate::config::SignIn as SignInConfig;
@@ -183,10 +187,20 @@ impl Pages {
             match http::read_form(&parts.headers, body).await {
                 Ok(f) => f,
                 Err(http::RequestError::TooLarge) => {
-                    return self.message(StatusCode::PAYLOAD_TOO_LARGE, None, "Request too large", &[])
+                    return self.message(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        None,
+                        "Request too large",
+                        &[],
+                    )
                 }
                 Err(http::RequestError::Malformed) => {
-                    return self.message(StatusCode::BAD_REQUEST, None, "Request not understood", &[])
+                    return self.message(
+                        StatusCode::BAD_REQUEST,
+                        None,
+                        "Request not understood",
+                        &[],
+                    )
                 }
             }
         } else {
@@ -194,15 +208,21 @@ impl Pages {
         };
         let query = match http::Form::query(&parts.uri) {
             Ok(q) => q,
-            Err(_) => return self.message(StatusCode::BAD_REQUEST, None, "Request not understood", &[]),
+            Err(_) => {
+                return self.message(StatusCode::BAD_REQUEST, None, "Request not understood", &[])
+            }
         };
         let h = &parts.headers;
         match (&parts.method, path.as_str()) {
             (&Method::GET, "/") => http::redirect("/account"),
             (&Method::GET, "/assets/credbroker.css") => {
-                let mut r = Response::new(http_body_util::Full::new(Bytes::from_static(views::CSS.as_bytes())));
-                r.headers_mut()
-                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/css; charset=utf-8"));
+                let mut r = Response::new(http_body_util::Full::new(Bytes::from_static(
+                    views::CSS.as_bytes(),
+                )));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/css; charset=utf-8"),
+                );
                 http::secure(r.headers_mut(), None);
                 r
             }
@@ -218,12 +238,16 @@ impl Pages {
             (&Method::GET, "/signin/callback") => signin::oidc_callback(self, ctx, h, query).await,
             (&Method::POST, "/signout") => signin::signout(self, ctx, h, &form).await,
             (&Method::GET, "/account") => account::page(self, ctx, h).await,
-            (&Method::POST, "/account/disconnect") => account::disconnect(self, ctx, h, &form).await,
+            (&Method::POST, "/account/disconnect") => {
+                account::disconnect(self, ctx, h, &form).await
+            }
             (&Method::POST, "/account/revoke") => account::revoke(self, ctx, h, &form).await,
             (&Method::GET, p) if p.starts_with("/callback/") => {
                 connect::provider_callback(self, ctx, h, &p["/callback/".len()..], query).await
             }
-            (&Method::GET, p) if p.starts_with("/done/") => connect::done(self, ctx, h, &p["/done/".len()..]),
+            (&Method::GET, p) if p.starts_with("/done/") => {
+                connect::done(self, ctx, h, &p["/done/".len()..])
+            }
             (&Method::GET, p) if p.starts_with("/connect/") => {
                 connect::open(self, ctx, h, &p["/connect/".len()..]).await
             }
@@ -318,7 +342,11 @@ impl Pages {
     }
 
     /// The live session of this request, if any.
-    pub fn session(&self, h: &HeaderMap, now: i64) -> Result<Option<session::Session>, crate::store::StoreError> {
+    pub fn session(
+        &self,
+        h: &HeaderMap,
+        now: i64,
+    ) -> Result<Option<session::Session>, crate::store::StoreError> {
         let ids = http::cookies(h, self.cookie_name);
         self.sessions.load(self.broker.store.as_ref(), &ids, now)
     }
@@ -335,14 +363,20 @@ impl Pages {
 
     /// Adds `Set-Cookie` for a session.
     pub fn set_cookie(&self, r: &mut Response<Body>, s: &session::Session) {
-        if let Ok(v) = HeaderValue::from_str(&session::set_cookie(self.cookie_name, self.secure_cookie, s.id())) {
+        if let Ok(v) = HeaderValue::from_str(&session::set_cookie(
+            self.cookie_name,
+            self.secure_cookie,
+            s.id(),
+        )) {
             r.headers_mut().append(header::SET_COOKIE, v);
         }
     }
 
     /// Adds a `Set-Cookie` that removes the session cookie.
     pub fn clear_cookie(&self, r: &mut Response<Body>) {
-        if let Ok(v) = HeaderValue::from_str(&session::clear_cookie(self.cookie_name, self.secure_cookie)) {
+        if let Ok(v) =
+            HeaderValue::from_str(&session::clear_cookie(self.cookie_name, self.secure_cookie))
+        {
             r.headers_mut().append(header::SET_COOKIE, v);
         }
     }

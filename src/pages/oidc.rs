@@ -109,7 +109,8 @@ impl std::fmt::Debug for Oidc {
 }
 
 fn acceptable_url(s: &str) -> bool {
-    url::Url::parse(s).is_ok_and(|u| crate::config::secure_or_loopback(&u) && u.fragment().is_none())
+    url::Url::parse(s)
+        .is_ok_and(|u| crate::config::secure_or_loopback(&u) && u.fragment().is_none())
 }
 
 impl Oidc {
@@ -171,12 +172,20 @@ impl Oidc {
                 return Ok(m.clone());
             }
         }
-        let url = format!("{}/.well-known/openid-configuration", rp.issuer.trim_end_matches('/'));
-        let body = self.get_bounded(&url).await.ok_or(OidcError::Discovery("unreachable"))?;
-        let m: Metadata =
-            serde_json::from_slice(&body).map_err(|_| OidcError::Discovery("not a discovery document"))?;
+        let url = format!(
+            "{}/.well-known/openid-configuration",
+            rp.issuer.trim_end_matches('/')
+        );
+        let body = self
+            .get_bounded(&url)
+            .await
+            .ok_or(OidcError::Discovery("unreachable"))?;
+        let m: Metadata = serde_json::from_slice(&body)
+            .map_err(|_| OidcError::Discovery("not a discovery document"))?;
         if m.issuer != rp.issuer {
-            return Err(OidcError::Discovery("issuer differs from the configured one"));
+            return Err(OidcError::Discovery(
+                "issuer differs from the configured one",
+            ));
         }
         if !acceptable_url(&m.authorization_endpoint)
             || !acceptable_url(&m.token_endpoint)
@@ -232,7 +241,11 @@ impl Oidc {
     }
 
     /// Checks the callback's `iss` parameter (RFC 9207).
-    pub async fn check_callback_iss(&self, issuer: &str, iss: Option<&str>) -> Result<(), OidcError> {
+    pub async fn check_callback_iss(
+        &self,
+        issuer: &str,
+        iss: Option<&str>,
+    ) -> Result<(), OidcError> {
         let rp = self.rp(issuer)?;
         let m = self.metadata(rp).await?;
         match iss {
@@ -276,7 +289,8 @@ impl Oidc {
             // client_secret_basic: both parts form-encoded first (RFC 6749
             // section 2.3.1).
             Some(s) => {
-                let enc = |v: &str| form_urlencoded::byte_serialize(v.as_bytes()).collect::<String>();
+                let enc =
+                    |v: &str| form_urlencoded::byte_serialize(v.as_bytes()).collect::<String>();
                 req = req.basic_auth(enc(&rp.client_id), Some(enc(s.expose())));
             }
             None => form.push(("client_id", rp.client_id.as_str())),
@@ -294,7 +308,10 @@ impl Oidc {
         if !resp.status().is_success() {
             return Err(OidcError::Token("refused"));
         }
-        let bytes = resp.bytes().await.map_err(|_| OidcError::Token("unreadable"))?;
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|_| OidcError::Token("unreadable"))?;
         if bytes.len() > MAX_RESPONSE {
             return Err(OidcError::Token("too large"));
         }
@@ -313,14 +330,17 @@ impl Oidc {
             reauth,
             now,
         };
-        let jws = jose::parse(id_token.expose(), MAX_ID_TOKEN).map_err(|_| OidcError::IdToken("malformed"))?;
+        let jws = jose::parse(id_token.expose(), MAX_ID_TOKEN)
+            .map_err(|_| OidcError::IdToken("malformed"))?;
         let alg = header_alg(&jws, &rp.algs)?;
         let kid = jws.header.kid.clone();
         let keys = rp.keys.load_full();
         let keys = if keys.select(kid.as_deref(), alg).is_some() || rp.pinned {
             keys
         } else {
-            self.refetch(rp, m.jwks_uri.as_deref()).await.unwrap_or(keys)
+            self.refetch(rp, m.jwks_uri.as_deref())
+                .await
+                .unwrap_or(keys)
         };
         validate_id_token(id_token.expose(), &keys, &check)
     }
@@ -394,7 +414,11 @@ fn header_alg(jws: &jose::Jws<'_>, algs: &[Alg]) -> Result<Alg, OidcError> {
 }
 
 /// Validates an ID token against `keys` (pure: no I/O, time injected).
-pub fn validate_id_token(token: &str, keys: &JwkSet, e: &Expected<'_>) -> Result<Identity, OidcError> {
+pub fn validate_id_token(
+    token: &str,
+    keys: &JwkSet,
+    e: &Expected<'_>,
+) -> Result<Identity, OidcError> {
     let jws = jose::parse(token, MAX_ID_TOKEN).map_err(|_| OidcError::IdToken("malformed"))?;
     let alg = header_alg(&jws, e.algs)?;
     let key = keys
@@ -464,7 +488,8 @@ mod tests {
 
     fn setup() -> (jose::Es256Key, JwkSet) {
         let (k, _) = jose::Es256Key::generate().unwrap();
-        let set = JwkSet::from_json(json!({"keys": [k.public_jwk]}).to_string().as_bytes()).unwrap();
+        let set =
+            JwkSet::from_json(json!({"keys": [k.public_jwk]}).to_string().as_bytes()).unwrap();
         (k, set)
     }
 
@@ -507,37 +532,208 @@ mod tests {
         assert_eq!(id.auth_time, Some(NOW - 60));
 
         let cases: Vec<(&str, String, bool)> = vec![
-            ("wrong nonce", sign(&k, json!({}), &with(|m| { m.insert("nonce".into(), "n1".into()); })), false),
-            ("no nonce", sign(&k, json!({}), &with(|m| { m.remove("nonce"); })), false),
-            ("wrong iss", sign(&k, json!({}), &with(|m| { m.insert("iss".into(), "https://evil.example".into()); })), false),
-            ("wrong aud", sign(&k, json!({}), &with(|m| { m.insert("aud".into(), "other-client".into()); })), false),
-            ("aud as object", sign(&k, json!({}), &with(|m| { m.insert("aud".into(), json!({"a": 1})); })), false),
-            ("several aud, no azp", sign(&k, json!({}), &with(|m| { m.insert("aud".into(), json!(["credbroker", "x"])); })), false),
-            ("azp of another client", sign(&k, json!({}), &with(|m| { m.insert("azp".into(), "x".into()); })), false),
-            ("expired", sign(&k, json!({}), &with(|m| { m.insert("exp".into(), (NOW - 31).into()); })), false),
-            ("exp as string", sign(&k, json!({}), &with(|m| { m.insert("exp".into(), "9999999999".into()); })), false),
-            ("iat in the future", sign(&k, json!({}), &with(|m| { m.insert("iat".into(), (NOW + 120).into()); })), false),
-            ("empty sub", sign(&k, json!({}), &with(|m| { m.insert("sub".into(), "".into()); })), false),
-            ("sub as number", sign(&k, json!({}), &with(|m| { m.insert("sub".into(), 5.into()); })), false),
-            ("auth_time missing with max_age", sign(&k, json!({}), &with(|m| { m.remove("auth_time"); })), true),
-            ("auth_time 16 min old with max_age", sign(&k, json!({}), &with(|m| { m.insert("auth_time".into(), (NOW - 16 * 60).into()); })), true),
-            ("typ at+jwt", sign(&k, json!({"typ": "at+jwt"}), &good()), false),
-            ("typ dpop+jwt", sign(&k, json!({"typ": "dpop+jwt"}), &good()), false),
-            ("signed by another key", sign(&other, json!({"kid": k.kid.clone()}), &good()), false),
+            (
+                "wrong nonce",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.insert("nonce".into(), "n1".into());
+                    }),
+                ),
+                false,
+            ),
+            (
+                "no nonce",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.remove("nonce");
+                    }),
+                ),
+                false,
+            ),
+            (
+                "wrong iss",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.insert("iss".into(), "https://evil.example".into());
+                    }),
+                ),
+                false,
+            ),
+            (
+                "wrong aud",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.insert("aud".into(), "other-client".into());
+                    }),
+                ),
+                false,
+            ),
+            (
+                "aud as object",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.insert("aud".into(), json!({"a": 1}));
+                    }),
+                ),
+                false,
+            ),
+            (
+                "several aud, no azp",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.insert("aud".into(), json!(["credbroker", "x"]));
+                    }),
+                ),
+                false,
+            ),
+            (
+                "azp of another client",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.insert("azp".into(), "x".into());
+                    }),
+                ),
+                false,
+            ),
+            (
+                "expired",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.insert("exp".into(), (NOW - 31).into());
+                    }),
+                ),
+                false,
+            ),
+            (
+                "exp as string",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.insert("exp".into(), "9999999999".into());
+                    }),
+                ),
+                false,
+            ),
+            (
+                "iat in the future",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.insert("iat".into(), (NOW + 120).into());
+                    }),
+                ),
+                false,
+            ),
+            (
+                "empty sub",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.insert("sub".into(), "".into());
+                    }),
+                ),
+                false,
+            ),
+            (
+                "sub as number",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.insert("sub".into(), 5.into());
+                    }),
+                ),
+                false,
+            ),
+            (
+                "auth_time missing with max_age",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.remove("auth_time");
+                    }),
+                ),
+                true,
+            ),
+            (
+                "auth_time 16 min old with max_age",
+                sign(
+                    &k,
+                    json!({}),
+                    &with(|m| {
+                        m.insert("auth_time".into(), (NOW - 16 * 60).into());
+                    }),
+                ),
+                true,
+            ),
+            (
+                "typ at+jwt",
+                sign(&k, json!({"typ": "at+jwt"}), &good()),
+                false,
+            ),
+            (
+                "typ dpop+jwt",
+                sign(&k, json!({"typ": "dpop+jwt"}), &good()),
+                false,
+            ),
+            (
+                "signed by another key",
+                sign(&other, json!({"kid": k.kid.clone()}), &good()),
+                false,
+            ),
         ];
         for (name, token, reauth) in cases {
-            assert!(validate_id_token(&token, &keys, &expect(reauth)).is_err(), "{name} accepted");
+            assert!(
+                validate_id_token(&token, &keys, &expect(reauth)).is_err(),
+                "{name} accepted"
+            );
         }
         // alg none and HS256 with the public key as secret.
         let b = |v: serde_json::Value| jose::b64e(v.to_string().as_bytes());
         let none = format!("{}.{}.", b(json!({"alg": "none"})), b(good()));
         assert!(validate_id_token(&none, &keys, &expect(false)).is_err());
-        let hs = format!("{}.{}.{}", b(json!({"alg": "HS256", "kid": k.kid})), b(good()), jose::b64e(b"sig"));
+        let hs = format!(
+            "{}.{}.{}",
+            b(json!({"alg": "HS256", "kid": k.kid})),
+            b(good()),
+            jose::b64e(b"sig")
+        );
         assert!(validate_id_token(&hs, &keys, &expect(false)).is_err());
         // Without max_age, a missing auth_time is accepted (the session then
         // counts as not recently signed in).
-        let no_at = sign(&k, json!({}), &with(|m| { m.remove("auth_time"); }));
-        assert_eq!(validate_id_token(&no_at, &keys, &expect(false)).unwrap().auth_time, None);
+        let no_at = sign(
+            &k,
+            json!({}),
+            &with(|m| {
+                m.remove("auth_time");
+            }),
+        );
+        assert_eq!(
+            validate_id_token(&no_at, &keys, &expect(false))
+                .unwrap()
+                .auth_time,
+            None
+        );
         // Positive control after the refusals.
         assert!(validate_id_token(&ok, &keys, &expect(true)).is_ok());
     }

@@ -122,11 +122,7 @@ impl Session {
     pub fn check_csrf(&self, token: Option<&str>) -> bool {
         let Some(token) = token else { return false };
         let expected = self.csrf();
-        expected
-            .expose()
-            .as_bytes()
-            .ct_eq(token.as_bytes())
-            .into()
+        expected.expose().as_bytes().ct_eq(token.as_bytes()).into()
     }
 }
 
@@ -182,7 +178,12 @@ impl Sessions {
     }
 
     /// The live session whose id is one of `ids` (the cookie values).
-    pub fn load(&self, store: &dyn Store, ids: &[String], now: i64) -> Result<Option<Session>, StoreError> {
+    pub fn load(
+        &self,
+        store: &dyn Store,
+        ids: &[String],
+        now: i64,
+    ) -> Result<Option<Session>, StoreError> {
         for id in ids {
             // A cookie of the wrong shape is not looked up.
             if !super::http::is_code_shaped(id) {
@@ -308,7 +309,10 @@ mod tests {
         let id = s.id().expose().as_bytes();
         assert!(!all[0].0.windows(id.len()).any(|w| w == id));
         assert!(!all[0].1.windows(id.len()).any(|w| w == id));
-        assert_eq!(format!("{s:?}").matches(s.id().expose().as_str()).count(), 0);
+        assert_eq!(
+            format!("{s:?}").matches(s.id().expose().as_str()).count(),
+            0
+        );
     }
 
     #[test]
@@ -322,14 +326,26 @@ mod tests {
         let mut t = 1000;
         while t + 20 * 60 < 1000 + l.absolute {
             t += 20 * 60;
-            assert!(sessions.load(&st, &ids, t).unwrap().is_some(), "alive at {t}");
+            assert!(
+                sessions.load(&st, &ids, t).unwrap().is_some(),
+                "alive at {t}"
+            );
         }
-        assert!(sessions.load(&st, &ids, 1000 + l.absolute).unwrap().is_none());
+        assert!(sessions
+            .load(&st, &ids, 1000 + l.absolute)
+            .unwrap()
+            .is_none());
         // Idle: a fresh session not used for 30 minutes ends.
         let s = sessions.create(&st, signed_in(5000)).unwrap();
         let ids = vec![s.id().expose().clone()];
-        assert!(sessions.load(&st, &ids, 5000 + l.idle - 1).unwrap().is_some());
-        assert!(sessions.load(&st, &ids, 5000 + l.idle - 1 + l.idle).unwrap().is_none());
+        assert!(sessions
+            .load(&st, &ids, 5000 + l.idle - 1)
+            .unwrap()
+            .is_some());
+        assert!(sessions
+            .load(&st, &ids, 5000 + l.idle - 1 + l.idle)
+            .unwrap()
+            .is_none());
     }
 
     #[test]

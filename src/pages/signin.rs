@@ -61,26 +61,30 @@ fn render_page(
 ) -> Response<Body> {
     let person = s.record.person();
     // Signing in again: offer only the way this person signed in.
-    let (local, fixed_name, oidc_issuers): (bool, Option<String>, Vec<String>) = match (&person, reauth) {
-        (Some(pp), true) if Some(&pp.iss) == p.local_issuer.as_ref() => (true, Some(pp.sub.clone()), vec![]),
-        (Some(pp), true) if p.oidc.has(&pp.iss) => (false, None, vec![pp.iss.clone()]),
-        _ => (
-            p.local_issuer.is_some(),
-            None,
-            p.broker
-                .config
-                .trusted_issuers
-                .iter()
-                .filter(|i| p.oidc.has(&i.issuer))
-                .map(|i| i.issuer.clone())
-                .collect(),
-        ),
-    };
+    let (local, fixed_name, oidc_issuers): (bool, Option<String>, Vec<String>) =
+        match (&person, reauth) {
+            (Some(pp), true) if Some(&pp.iss) == p.local_issuer.as_ref() => {
+                (true, Some(pp.sub.clone()), vec![])
+            }
+            (Some(pp), true) if p.oidc.has(&pp.iss) => (false, None, vec![pp.iss.clone()]),
+            _ => (
+                p.local_issuer.is_some(),
+                None,
+                p.broker
+                    .config
+                    .trusted_issuers
+                    .iter()
+                    .filter(|i| p.oidc.has(&i.issuer))
+                    .map(|i| i.issuer.clone())
+                    .collect(),
+            ),
+        };
     let oidc = oidc_issuers
         .into_iter()
         .map(|iss| {
             let mut q = form_urlencoded::Serializer::new(String::new());
-            q.append_pair("issuer", &iss).append_pair("return_to", return_to);
+            q.append_pair("issuer", &iss)
+                .append_pair("return_to", return_to);
             if reauth {
                 q.append_pair("reauth", "1");
             }
@@ -101,7 +105,9 @@ fn render_page(
         return_to: return_to.to_string(),
         reauth,
         local,
-        typed_name: typed_name.filter(|n| fixed_name.is_none() && users::valid_name(n)).map(str::to_owned),
+        typed_name: typed_name
+            .filter(|n| fixed_name.is_none() && users::valid_name(n))
+            .map(str::to_owned),
         fixed_name,
         oidc,
         error: error.map(str::to_owned),
@@ -173,7 +179,9 @@ pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Respon
         let store = p.broker.store.clone();
         let n = name.clone();
         let now = ctx.now;
-        match tokio::task::spawn_blocking(move || users::verify(store.as_ref(), &n, &password, now)).await {
+        match tokio::task::spawn_blocking(move || users::verify(store.as_ref(), &n, &password, now))
+            .await
+        {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => return p.internal("users", &e),
             Err(e) => return p.internal("users", &e),
@@ -192,7 +200,15 @@ pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Respon
             _ => "wrong_password",
         });
         p.audit(&e);
-        return render_page(p, &s, StatusCode::FORBIDDEN, &return_to, reauth, Some(SIGNIN_FAILED), Some(&name));
+        return render_page(
+            p,
+            &s,
+            StatusCode::FORBIDDEN,
+            &return_to,
+            reauth,
+            Some(SIGNIN_FAILED),
+            Some(&name),
+        );
     }
     let mut e = p.event(&ctx, "signin.succeeded");
     e.person_iss = Some(&issuer);
@@ -242,13 +258,26 @@ pub async fn oidc_start(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Respons
         return_to,
         reauth,
     };
-    let state = match flows::start(p.broker.store.as_ref(), &p.sealer, &s.key_hex(), flow, ctx.now) {
+    let state = match flows::start(
+        p.broker.store.as_ref(),
+        &p.sealer,
+        &s.key_hex(),
+        flow,
+        ctx.now,
+    ) {
         Ok(st) => st,
         Err(e) => return p.internal("flow", &e),
     };
     let url = match p
         .oidc
-        .authorization_url(&issuer, &redirect_uri(p), &state, &nonce, &challenge, reauth)
+        .authorization_url(
+            &issuer,
+            &redirect_uri(p),
+            &state,
+            &nonce,
+            &challenge,
+            reauth,
+        )
         .await
     {
         Ok(u) => u,
@@ -323,7 +352,11 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
     if q.get("error").is_some() {
         return fail("idp_error");
     }
-    if p.oidc.check_callback_iss(issuer, q.get("iss")).await.is_err() {
+    if p.oidc
+        .check_callback_iss(issuer, q.get("iss"))
+        .await
+        .is_err()
+    {
         return fail("callback_iss");
     }
     let Some(code) = q.take("code").map(SecretString::new) else {

@@ -226,8 +226,14 @@ mod tests {
         let stored = String::from_utf8(stored).unwrap();
         assert!(stored.contains("$argon2id$"), "{stored}");
         assert!(!stored.contains("correct horse"));
-        assert!(matches!(add(&st, "alice", &pw, false, 0), Err(UserError::Exists(_))));
-        assert!(matches!(add(&st, "a b", &pw, false, 0), Err(UserError::BadName)));
+        assert!(matches!(
+            add(&st, "alice", &pw, false, 0),
+            Err(UserError::Exists(_))
+        ));
+        assert!(matches!(
+            add(&st, "a b", &pw, false, 0),
+            Err(UserError::BadName)
+        ));
         assert!(matches!(
             add(&st, "bob", &SecretString::new("short".into()), false, 0),
             Err(UserError::BadPassword)
@@ -238,10 +244,16 @@ mod tests {
         for _ in 0..LOCK_AFTER - 1 {
             assert_eq!(verify(&st, "alice", &wrong, 10).unwrap(), Verdict::Wrong);
         }
-        assert_eq!(verify(&st, "alice", &wrong, 10).unwrap(), Verdict::NowLocked);
+        assert_eq!(
+            verify(&st, "alice", &wrong, 10).unwrap(),
+            Verdict::NowLocked
+        );
         // Locked: even the right password is refused until the lock ends.
         assert_eq!(verify(&st, "alice", &pw, 11).unwrap(), Verdict::Locked);
-        assert_eq!(verify(&st, "alice", &pw, 10 + LOCK_FOR).unwrap(), Verdict::Ok);
+        assert_eq!(
+            verify(&st, "alice", &pw, 10 + LOCK_FOR).unwrap(),
+            Verdict::Ok
+        );
         // Replacing the password clears a lock.
         for _ in 0..LOCK_AFTER {
             verify(&st, "alice", &wrong, 20_000).unwrap();

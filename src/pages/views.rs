@@ -165,6 +165,7 @@ pub struct Account {
 /// Renders a template; a template that fails to render (it cannot, short of
 /// a formatting bug) becomes a fixed text rather than a panic.
 pub fn render(t: &impl Template) -> String {
-    t.render()
-        .unwrap_or_else(|_| "<!doctype html><title>Error</title><p>The page could not be shown.</p>".into())
+    t.render().unwrap_or_else(|_| {
+        "<!doctype html><title>Error</title><p>The page could not be shown.</p>".into()
+    })
 }

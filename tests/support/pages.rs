@@ -7,7 +7,7 @@
 //! `upstream` modules until they are wired to `pages::links`.
 //!
 //! Include it with `#[path = "support/pages.rs"] mod pages_support;`.
-#![allow(dead_code, missing_docs)]
+#![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use credbroker::clock::ManualClock;
 use credbroker::pages::links::{
-    AccountStatus, AccountView, AllowanceView, AuthorizationRequest, BackendError, BoxFuture,
-    Disconnected, Link, LinkKind, LinkRecords, AccountVault, ProviderFlow, ProviderGrant,
+    AccountStatus, AccountVault, AccountView, AllowanceView, AuthorizationRequest, BackendError,
+    BoxFuture, Disconnected, Link, LinkKind, LinkRecords, ProviderFlow, ProviderGrant,
     ProviderInfo, Services,
 };
 use credbroker::pages::{Options, PageLimits};
@@ -97,10 +97,21 @@ impl Fake {
 
     /// Issues (or returns the open) link for (person, agent, service); a new
     /// kind replaces the open link. Returns (code, id).
-    pub fn issue(&self, person: &Person, service: &str, kind: LinkKind, scopes: &[&str], now: i64) -> (String, String) {
+    pub fn issue(
+        &self,
+        person: &Person,
+        service: &str,
+        kind: LinkKind,
+        scopes: &[&str],
+        now: i64,
+    ) -> (String, String) {
         let mut st = self.st.lock().unwrap();
         for (_, (_, l, s)) in st.links.iter_mut() {
-            if *s == LinkState::Open && l.person == *person && l.service == service && l.agent == AGENT {
+            if *s == LinkState::Open
+                && l.person == *person
+                && l.service == service
+                && l.agent == AGENT
+            {
                 *s = LinkState::Replaced;
             }
         }
@@ -115,7 +126,8 @@ impl Fake {
             scopes: scopes.iter().map(|s| s.to_string()).collect(),
             expires: now + 1800,
         };
-        st.links.insert(id.clone(), (sha(&code), link, LinkState::Open));
+        st.links
+            .insert(id.clone(), (sha(&code), link, LinkState::Open));
         (code, id)
     }
 
@@ -128,7 +140,14 @@ impl Fake {
     }
 
     /// Adds a connected account directly (for allow links and the account page).
-    pub fn add_account(&self, person: &Person, service: &str, id: &str, name: &str, allowed: &[(&str, &[&str])]) {
+    pub fn add_account(
+        &self,
+        person: &Person,
+        service: &str,
+        id: &str,
+        name: &str,
+        allowed: &[(&str, &[&str])],
+    ) {
         self.st.lock().unwrap().accounts.push((
             person.clone(),
             AccountView {
@@ -212,7 +231,13 @@ impl AccountVault for Fake {
     fn accounts(&self, person: &Person) -> Result<Vec<AccountView>, BackendError> {
         Ok(self.accounts_of(person))
     }
-    fn store_account(&self, person: &Person, service: &str, grant: ProviderGrant, _now: i64) -> Result<String, BackendError> {
+    fn store_account(
+        &self,
+        person: &Person,
+        service: &str,
+        grant: ProviderGrant,
+        _now: i64,
+    ) -> Result<String, BackendError> {
         let mut st = self.st.lock().unwrap();
         let id = grant.account_id.clone();
         st.accounts
@@ -229,7 +254,15 @@ impl AccountVault for Fake {
         ));
         Ok(id)
     }
-    fn allow(&self, person: &Person, service: &str, account_id: &str, agent: &str, scopes: &[String], _now: i64) -> Result<(), BackendError> {
+    fn allow(
+        &self,
+        person: &Person,
+        service: &str,
+        account_id: &str,
+        agent: &str,
+        scopes: &[String],
+        _now: i64,
+    ) -> Result<(), BackendError> {
         let mut st = self.st.lock().unwrap();
         let (_, a) = st
             .accounts
@@ -243,7 +276,13 @@ impl AccountVault for Fake {
         });
         Ok(())
     }
-    fn revoke_allowance(&self, person: &Person, service: &str, account_id: &str, agent: &str) -> Result<(), BackendError> {
+    fn revoke_allowance(
+        &self,
+        person: &Person,
+        service: &str,
+        account_id: &str,
+        agent: &str,
+    ) -> Result<(), BackendError> {
         let mut st = self.st.lock().unwrap();
         let (_, a) = st
             .accounts
@@ -253,17 +292,27 @@ impl AccountVault for Fake {
         a.allowances.retain(|al| al.agent != agent);
         Ok(())
     }
-    fn disconnect<'a>(&'a self, person: &'a Person, service: &'a str, account_id: &'a str) -> BoxFuture<'a, Result<Disconnected, BackendError>> {
+    fn disconnect<'a>(
+        &'a self,
+        person: &'a Person,
+        service: &'a str,
+        account_id: &'a str,
+    ) -> BoxFuture<'a, Result<Disconnected, BackendError>> {
         Box::pin(async move {
             let mut st = self.st.lock().unwrap();
             let before = st.accounts.len();
-            st.accounts
-                .retain(|(p, a)| !(p == person && a.service == service && a.account_id == account_id));
+            st.accounts.retain(|(p, a)| {
+                !(p == person && a.service == service && a.account_id == account_id)
+            });
             if st.accounts.len() == before {
                 return Err(BackendError::NotFound);
             }
             st.revoked_at_provider.push(account_id.to_string());
-            Ok(if service == "github" { Disconnected::Revoked } else { Disconnected::DeletedOnly })
+            Ok(if service == "github" {
+                Disconnected::Revoked
+            } else {
+                Disconnected::DeletedOnly
+            })
         })
     }
 }
@@ -277,7 +326,11 @@ impl ProviderFlow for Fake {
         };
         Some(ProviderInfo {
             display_name: name.into(),
-            authorization_endpoint: url::Url::parse(&format!("{}/{service}/authorize", self.provider_base)).unwrap(),
+            authorization_endpoint: url::Url::parse(&format!(
+                "{}/{service}/authorize",
+                self.provider_base
+            ))
+            .unwrap(),
             issuer: Some(format!("{}/{service}", self.provider_base)),
             sends_iss,
         })
@@ -288,7 +341,8 @@ impl ProviderFlow for Fake {
             req.state.expose().clone(),
             (req.code_challenge.to_string(), req.redirect_uri.to_string()),
         );
-        let mut u = url::Url::parse(&format!("{}/{}/authorize", self.provider_base, req.service)).unwrap();
+        let mut u =
+            url::Url::parse(&format!("{}/{}/authorize", self.provider_base, req.service)).unwrap();
         u.query_pairs_mut()
             .append_pair("response_type", "code")
             .append_pair("client_id", "credbroker-test")
@@ -299,7 +353,13 @@ impl ProviderFlow for Fake {
             .append_pair("scope", &req.scopes.join(" "));
         Ok(u)
     }
-    fn exchange_code<'a>(&'a self, _service: &'a str, code: SecretString, verifier: SecretString, redirect_uri: &'a str) -> BoxFuture<'a, Result<ProviderGrant, BackendError>> {
+    fn exchange_code<'a>(
+        &'a self,
+        _service: &'a str,
+        code: SecretString,
+        verifier: SecretString,
+        redirect_uri: &'a str,
+    ) -> BoxFuture<'a, Result<ProviderGrant, BackendError>> {
         Box::pin(async move {
             let mut st = self.st.lock().unwrap();
             st.exchanges += 1;
@@ -308,9 +368,14 @@ impl ProviderFlow for Fake {
                 .remove(code.expose())
                 .ok_or_else(|| BackendError::Refused("invalid_grant".into()))?;
             if sha(verifier.expose()) != challenge || ru != redirect_uri {
-                return Err(BackendError::Refused("invalid_grant (PKCE or redirect_uri)".into()));
+                return Err(BackendError::Refused(
+                    "invalid_grant (PKCE or redirect_uri)".into(),
+                ));
             }
-            let (id, name) = st.next_account.clone().unwrap_or(("1001".into(), "octo-alice".into()));
+            let (id, name) = st
+                .next_account
+                .clone()
+                .unwrap_or(("1001".into(), "octo-alice".into()));
             Ok(ProviderGrant {
                 account_id: id,
                 display_name: name,
@@ -329,16 +394,26 @@ pub async fn serve_fake_provider(listener: tokio::net::TcpListener, fake: Arc<Fa
     use hyper::service::service_fn;
     use hyper_util::rt::TokioIo;
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         let fake = fake.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                 let fake = fake.clone();
                 async move {
-                    let q: HashMap<String, String> = url::form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
-                        .into_owned()
-                        .collect();
-                    let service = req.uri().path().trim_start_matches('/').split('/').next().unwrap_or("").to_string();
+                    let q: HashMap<String, String> =
+                        url::form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+                            .into_owned()
+                            .collect();
+                    let service = req
+                        .uri()
+                        .path()
+                        .trim_start_matches('/')
+                        .split('/')
+                        .next()
+                        .unwrap_or("")
+                        .to_string();
                     let resp = match (q.get("state"), q.get("redirect_uri")) {
                         (Some(state), Some(ru)) => match fake.approve(state) {
                             Some(code) => {
@@ -346,16 +421,27 @@ pub async fn serve_fake_provider(listener: tokio::net::TcpListener, fake: Arc<Fa
                                 u.query_pairs_mut()
                                     .append_pair("code", &code)
                                     .append_pair("state", state)
-                                    .append_pair("iss", &format!("{}/{service}", fake.provider_base));
+                                    .append_pair(
+                                        "iss",
+                                        &format!("{}/{service}", fake.provider_base),
+                                    );
                                 hyper::Response::builder()
                                     .status(302)
                                     .header("location", u.as_str())
                                     .body(http_body_util::Full::new(bytes::Bytes::new()))
                                     .unwrap()
                             }
-                            None => hyper::Response::builder().status(400).body(http_body_util::Full::new(bytes::Bytes::from("unknown state"))).unwrap(),
+                            None => hyper::Response::builder()
+                                .status(400)
+                                .body(http_body_util::Full::new(bytes::Bytes::from(
+                                    "unknown state",
+                                )))
+                                .unwrap(),
                         },
-                        _ => hyper::Response::builder().status(400).body(http_body_util::Full::new(bytes::Bytes::from("bad request"))).unwrap(),
+                        _ => hyper::Response::builder()
+                            .status(400)
+                            .body(http_body_util::Full::new(bytes::Bytes::from("bad request")))
+                            .unwrap(),
                     };
                     Ok::<_, std::convert::Infallible>(resp)
                 }
@@ -440,18 +526,68 @@ impl PagesServer {
                     .success();
                 assert!(ok, "openssl {args:?}");
             };
-            let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
-            run(&[&["req", "-x509"][..], &ec, &["-days", "1", "-subj", "/CN=credbroker test CA", "-keyout", "ca-key.pem", "-out", "ca.pem"]].concat());
-            run(&[&["req"][..], &ec, &["-subj", "/CN=127.0.0.1", "-keyout", "tls-key.pem", "-out", "leaf.csr"]].concat());
+            let ec = [
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+            ];
+            run(&[
+                &["req", "-x509"][..],
+                &ec,
+                &[
+                    "-days",
+                    "1",
+                    "-subj",
+                    "/CN=credbroker test CA",
+                    "-keyout",
+                    "ca-key.pem",
+                    "-out",
+                    "ca.pem",
+                ],
+            ]
+            .concat());
+            run(&[
+                &["req"][..],
+                &ec,
+                &[
+                    "-subj",
+                    "/CN=127.0.0.1",
+                    "-keyout",
+                    "tls-key.pem",
+                    "-out",
+                    "leaf.csr",
+                ],
+            ]
+            .concat());
             std::fs::write(p("leaf.ext"), "subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\nextendedKeyUsage=serverAuth\n").unwrap();
-            run(&["x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial", "-days", "1", "-extfile", "leaf.ext", "-out", "tls-cert.pem"]);
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                "leaf.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca-key.pem",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                "leaf.ext",
+                "-out",
+                "tls-cert.pem",
+            ]);
             let _ = (&cert, &key);
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
             text = text.replace(&format!("http://{listen}"), &format!("https://{listen}"));
             text = text.replace(
                 &format!("listen = \"{listen}\""),
-                &format!("listen = \"{listen}\"\ntls_cert = \"tls-cert.pem\"\ntls_key = \"tls-key.pem\""),
+                &format!(
+                    "listen = \"{listen}\"\ntls_cert = \"tls-cert.pem\"\ntls_key = \"tls-key.pem\""
+                ),
             );
             ca_pem = Some(p("ca.pem"));
         }
@@ -461,7 +597,9 @@ impl PagesServer {
         std::fs::write(&config, text).unwrap();
         let cfg = credbroker::config::Config::load(&config).unwrap();
         let clock = ManualClock::new(now());
-        let mut inst = credbroker::server::build(cfg.clone(), clock.clone()).await.unwrap();
+        let mut inst = credbroker::server::build(cfg.clone(), clock.clone())
+            .await
+            .unwrap();
         let fake = Fake::new(&provider_base);
         inst.pages = Arc::new(credbroker::pages::Pages::new(
             inst.broker.clone(),
@@ -547,7 +685,10 @@ impl PagesServer {
     }
 
     pub fn events(&self, name: &str) -> Vec<serde_json::Value> {
-        self.audit_lines().into_iter().filter(|e| e["event"] == name).collect()
+        self.audit_lines()
+            .into_iter()
+            .filter(|e| e["event"] == name)
+            .collect()
     }
 
     pub async fn stop(mut self) {
@@ -583,7 +724,13 @@ pub fn location(r: &reqwest::Response) -> String {
 
 /// Signs in with a local account through the form; returns the final
 /// response after following the redirect once.
-pub async fn sign_in(s: &PagesServer, c: &reqwest::Client, return_to: &str, name: &str, password: &str) -> reqwest::Response {
+pub async fn sign_in(
+    s: &PagesServer,
+    c: &reqwest::Client,
+    return_to: &str,
+    name: &str,
+    password: &str,
+) -> reqwest::Response {
     let page = c
         .get(s.url(&format!("/signin?return_to={}", urlenc(return_to))))
         .send()
@@ -593,7 +740,12 @@ pub async fn sign_in(s: &PagesServer, c: &reqwest::Client, return_to: &str, name
     let html = page.text().await.unwrap();
     let csrf = csrf_of(&html);
     c.post(s.url("/signin"))
-        .form(&[("csrf", csrf.as_str()), ("return_to", return_to), ("username", name), ("password", password)])
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("return_to", return_to),
+            ("username", name),
+            ("password", password),
+        ])
         .send()
         .await
         .unwrap()
