@@ -1355,6 +1355,9 @@ async fn account_page_lists_accounts_and_disconnects_and_revokes() {
         "octo-bob",
         &[(AGENT, &["repo"])],
     );
+    // A name at the provider is not ours to trust: it is escaped.
+    s.fake
+        .add_account(&alice, "github", "1003", "<script>alert(1)</script>", &[]);
     let c = signed_in(&s, "alice").await;
     let html = c
         .get(s.url("/account"))
@@ -1374,6 +1377,8 @@ async fn account_page_lists_accounts_and_disconnects_and_revokes() {
         assert!(html.contains(needle), "{needle}");
     }
     assert!(!html.contains("octo-bob"), "only her own accounts");
+    assert!(!html.contains("<script"), "escaped");
+    assert!(html.contains("&#60;script&#62;alert(1)&#60;/script&#62;"));
     let csrf = csrf_of(&html);
     // Someone else's account: refused.
     let r = c
@@ -1423,6 +1428,11 @@ async fn account_page_lists_accounts_and_disconnects_and_revokes() {
         .unwrap();
     assert_eq!(location(&r), "/account");
     assert_eq!(s.fake.revoked_at_provider(), ["1001"]);
+    assert!(s
+        .fake
+        .accounts_of(&alice)
+        .iter()
+        .all(|a| a.account_id != "1001"));
     // A provider that cannot revoke: the page says to remove it there too.
     let r = c
         .post(s.url("/account/disconnect"))
@@ -1446,6 +1456,22 @@ async fn account_page_lists_accounts_and_disconnects_and_revokes() {
         .map(|e| e["reason"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(reasons, ["revoked_at_provider", "deleted_not_revoked"]);
+    assert!(s
+        .fake
+        .accounts_of(&alice)
+        .iter()
+        .all(|a| a.account_id != "77"));
+    let r = c
+        .post(s.url("/account/disconnect"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("service", "github"),
+            ("account", "1003"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(location(&r), "/account");
     let html = c
         .get(s.url("/account"))
         .send()
