@@ -316,3 +316,111 @@ async fn connect_pages_in_chromium() {
     browse(json!(steps), &shots).await;
     mover.await.unwrap();
 }
+
+/// Sign-in at a real OIDC IdP (panva's oidc-provider, tests/peers/pages_idp.mjs)
+/// in chromium: the link sends the person to sign in, the IdP signs her in
+/// (code + PKCE, RFC 9207 `iss`), and since its ID token carries no
+/// `auth_time` the link sends her back with `max_age=900&prompt=login`
+/// before the page is offered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and tests/peers/node_modules (npm install)"]
+async fn oidc_sign_in_at_oidc_provider_in_chromium() {
+    require_browser();
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let secret = "pages-client-secret-canary";
+    let cfg = tmp.path().join("idp.json");
+    std::fs::write(
+        &cfg,
+        json!({"clients": [{
+            "client_id": "credbroker-pages",
+            "client_secret": secret,
+            "redirect_uris": [format!("{base}/signin/callback")],
+            "grant_types": ["authorization_code"],
+            "response_types": ["code"],
+            "token_endpoint_auth_method": "client_secret_basic",
+        }]})
+        .to_string(),
+    )
+    .unwrap();
+    let mut idp = tokio::process::Command::new("node")
+        .arg(peers().join("pages_idp.mjs"))
+        .arg(&cfg)
+        .current_dir(peers())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(idp.stdout.take().unwrap()));
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let issuer = serde_json::from_str::<serde_json::Value>(&first).unwrap()["issuer"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let iss = issuer.clone();
+    let s = PagesServer::start_with(Setup {
+        listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
+        edit_config: Some(std::sync::Arc::new(move |mut text: String| {
+            text.push_str(&format!(
+                "\n[[trusted_issuers]]\nissuer = \"{iss}\"\njwks_uri = \"{iss}/jwks\"\nalgs = [\"RS256\", \"ES256\"]\nsign_in = {{ kind = \"oidc\", client_id = \"credbroker-pages\", client_secret_file = \"idp-secret\" }}\n"
+            ));
+            text
+        })),
+        ..Setup::default()
+    })
+    .await;
+    credbroker::config::write_secret_file(&s.dir.path().join("idp-secret"), secret.as_bytes())
+        .unwrap();
+    let person = credbroker::subject::Person {
+        iss: issuer.clone(),
+        sub: "alice".into(),
+    };
+    let (code, _) = s
+        .fake
+        .issue(&person, "github", LinkKind::Connect, &["repo"], now());
+    let link = s.url(&format!("/connect/{code}"));
+    let shots = screenshot_dir(s.dir.path());
+    let idp_login = json!([
+        {"fill": "input[name=login]", "value": "alice"},
+        {"fill": "input[name=password]", "value": "any"},
+        {"click": "button[type=submit]"},
+        {"click_if": "input[name=prompt][value=consent] ~ button[type=submit]"},
+    ]);
+    let mut steps = vec![
+        json!({"goto": link}),
+        json!({"expect_url": s.url("/signin?return_to=")}),
+        json!({"expect_text": "Sign in at 127.0.0.1"}),
+        json!({"click": "a.button[href^='/signin/oidc']"}),
+        json!({"expect_url": format!("{issuer}/interaction/")}),
+    ];
+    steps.extend(idp_login.as_array().unwrap().clone());
+    steps.extend([
+        // No auth_time in the ID token: sign in again, with max_age.
+        json!({"expect_url": s.url("/signin?return_to=")}),
+        json!({"expect_text": "Sign in again"}),
+        json!({"click": "a.button[href^='/signin/oidc']"}),
+        json!({"expect_url": format!("{issuer}/interaction/")}),
+    ]);
+    steps.extend(idp_login.as_array().unwrap().clone());
+    steps.extend([
+        json!({"expect_url": link}),
+        json!({"expect_text": "Connect GitHub for repo-helper"}),
+        json!({"expect_text": "alice"}),
+        json!({"screenshot": "oidc-connect"}),
+    ]);
+    browse(json!(steps), &shots).await;
+    let signins = s.events("signin.succeeded");
+    assert_eq!(signins.len(), 2);
+    assert!(signins
+        .iter()
+        .all(|e| e["person_iss"] == issuer.as_str() && e["person_sub"] == "alice"));
+    drop(idp.stdin.take());
+    let _ = idp.wait().await;
+}

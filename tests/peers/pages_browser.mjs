@@ -15,6 +15,7 @@
 //   {"focus": css}                     focus an element
 //   {"press": "Enter"}                 keyboard (waits for a navigation when asked: "nav": true)
 //   {"click": css}                     click and wait for the navigation
+//   {"click_if": css}                  the same, when such an element is there
 //   {"expect_focus": css}              the focused element matches css
 //   {"viewport": [w, h]}               resize
 //   {"screenshot": "name"}             full-page PNG into screenshotDir
@@ -84,6 +85,12 @@ async function run(step) {
   }
   if ('click' in step) {
     const [r] = await Promise.all([page.waitForNavigation({ waitUntil: 'load' }), page.click(step.click)]);
+    lastStatus = r ? r.status() : null;
+    return { url: page.url(), status: lastStatus };
+  }
+  if ('click_if' in step) {
+    if (await page.$(step.click_if) === null) return { skipped: true };
+    const [r] = await Promise.all([page.waitForNavigation({ waitUntil: 'load' }), page.click(step.click_if)]);
     lastStatus = r ? r.status() : null;
     return { url: page.url(), status: lastStatus };
   }

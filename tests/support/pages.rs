@@ -461,6 +461,9 @@ pub struct Setup {
     pub tls: bool,
     /// Edit the config text (after the quick-start files are written).
     pub edit_config: Option<Arc<dyn Fn(String) -> String + Send + Sync>>,
+    /// Listen here instead of an ephemeral port (when a peer must know the
+    /// pages' URL before they start).
+    pub listen: Option<SocketAddr>,
 }
 
 impl Default for Setup {
@@ -476,6 +479,7 @@ impl Default for Setup {
             },
             tls: false,
             edit_config: None,
+            listen: None,
         }
     }
 }
@@ -500,7 +504,13 @@ impl PagesServer {
     }
 
     pub async fn start_with(setup: Setup) -> PagesServer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind(
+            setup
+                .listen
+                .unwrap_or_else(|| "127.0.0.1:0".parse().unwrap()),
+        )
+        .await
+        .unwrap();
         let addr = listener.local_addr().unwrap();
         let provider_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let provider_base = format!("http://{}", provider_listener.local_addr().unwrap());
