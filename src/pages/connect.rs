@@ -45,7 +45,8 @@ fn checks(
     if !p.limiters.lookup(ctx.client) {
         return Err(p.too_many());
     }
-    // 1. Known code, still open.
+    // 1. Known code, still open. A string of the wrong shape cannot be a
+    // code; answering it without a look-up tells nothing the format does not.
     if !is_code_shaped(code) {
         return Err(p.not_found());
     }
