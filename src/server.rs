@@ -83,6 +83,8 @@ pub struct Instance {
     pub sealer: Arc<Sealer>,
     /// The public listener's bound address, once bound.
     pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
+    /// The browser pages on the public listener.
+    pub pages: Arc<crate::pages::Pages>,
 }
 
 /// Builds an instance from a validated config: opens the store, loads or
@@ -136,10 +138,18 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
         store,
         clock,
     ));
+    // No connected-services modules yet: no link resolves and no account
+    // is listed (`pages::links`).
+    let pages = Arc::new(crate::pages::Pages::new(
+        broker.clone(),
+        sealer.clone(),
+        crate::pages::Options::default(),
+    ));
     Ok(Instance {
         broker,
         sealer,
         public_addr: Arc::default(),
+        pages,
     })
 }
 
@@ -301,18 +311,28 @@ pub async fn run(
                 Some((cert, key)) => Some(crate::public::tls_acceptor(cert, key)?),
                 None => None,
             };
-            Some(tokio::spawn(crate::public::serve(l, tls, broker.clone(), rx.clone())))
+            Some(tokio::spawn(crate::public::serve(
+                l,
+                tls,
+                broker.clone(),
+                instance.pages.clone(),
+                rx.clone(),
+            )))
         }
         None => None,
     };
     let house = {
         let b = broker.clone();
+        let pages = instance.pages.clone();
         let mut rx = rx.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(30));
             loop {
                 tokio::select! {
-                    _ = tick.tick() => b.limits.housekeeping(),
+                    _ = tick.tick() => {
+                        b.limits.housekeeping();
+                        pages.housekeeping();
+                    }
                     _ = rx.changed() => break,
                 }
             }

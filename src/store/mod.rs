@@ -17,6 +17,14 @@ pub enum Tree {
     SigningKeys,
     /// Small broker state: the freeze flag and similar.
     State,
+    /// Browser sessions of the pages, keyed by SHA-256 of the session id
+    /// (the id itself is never stored).
+    Sessions,
+    /// Local accounts (argon2id hashes, failure counters), keyed by name.
+    LocalUsers,
+    /// Single-use `state` records of sign-in and provider flows, keyed by
+    /// SHA-256 of the `state`, sealed.
+    PageFlows,
 }
 
 impl Tree {
@@ -25,6 +33,9 @@ impl Tree {
         match self {
             Tree::SigningKeys => "signing_keys",
             Tree::State => "state",
+            Tree::Sessions => "sessions",
+            Tree::LocalUsers => "local_users",
+            Tree::PageFlows => "page_flows",
         }
     }
 }
