@@ -1,5 +1,8 @@
 //! Subject tokens from a real IdP (panva's oidc-provider): RFC 9068 JWT
 //! access tokens whose audience is the agent, keys fetched from its JWKS URI.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use credbroker::client::Answer;

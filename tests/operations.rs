@@ -1,5 +1,8 @@
 //! Operator-facing behaviour: audit events, metrics, the admin socket (freeze,
 //! key rotation, readiness), and the CLI that talks to it.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::process::Command;

@@ -56,6 +56,12 @@ pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
     if lower.contains("%2e") || lower.contains("%2f") || lower.contains("%5c") || lower.contains("%00") {
         return Err(ResourceError::Ambiguous);
     }
+    // `scheme://authority` spelled out: the URL parser would also accept
+    // `https:host` or `https:///host` and make them the same resource.
+    match raw.split_once("://") {
+        Some((_, rest)) if !rest.is_empty() && !rest.starts_with('/') => {}
+        _ => return Err(ResourceError::NotAbsolute),
+    }
     let url = url::Url::parse(raw).map_err(|_| ResourceError::NotAbsolute)?;
     if url.cannot_be_a_base() || url.host().is_none() {
         return Err(ResourceError::NotAbsolute);
@@ -129,6 +135,9 @@ mod tests {
             "https://аpi.example/",
             "https://api.example/a%zz",
             "https://api.example/a%4",
+            "https:api.example/",
+            "https:///api.example/",
+            "https://",
         ] {
             assert!(canonical_resource(bad).is_err(), "{bad}");
         }

@@ -17,6 +17,14 @@ pub enum Tree {
     SigningKeys,
     /// Small broker state: the freeze flag and similar.
     State,
+    /// Browser sessions of the pages, keyed by SHA-256 of the session id
+    /// (the id itself is never stored).
+    Sessions,
+    /// Local accounts (argon2id hashes, failure counters), keyed by name.
+    LocalUsers,
+    /// Single-use `state` records of sign-in and provider flows, keyed by
+    /// SHA-256 of the `state`, sealed.
+    PageFlows,
 }
 
 impl Tree {
@@ -25,6 +33,9 @@ impl Tree {
         match self {
             Tree::SigningKeys => "signing_keys",
             Tree::State => "state",
+            Tree::Sessions => "sessions",
+            Tree::LocalUsers => "local_users",
+            Tree::PageFlows => "page_flows",
         }
     }
 }
@@ -40,6 +51,9 @@ pub enum StoreError {
     Locked(String),
 }
 
+/// A key and its value, as returned by scans.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
 /// A durable key-value store with named trees.
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// Reads one value.
@@ -49,7 +63,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Deletes one value durably.
     fn delete(&self, tree: Tree, key: &[u8]) -> Result<(), StoreError>;
     /// All entries whose key starts with `prefix`, in key order.
-    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, StoreError>;
     /// Replaces `key`'s value with `new` only if it currently equals
     /// `expected` (`None` = absent). Returns whether it swapped.
     fn compare_and_swap(
