@@ -57,9 +57,9 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, ErrorData, Implementation,
-    InputRequiredResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
-    Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, ErrorData,
+    Implementation, InputRequiredResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -191,7 +191,11 @@ fn rejected_state() -> ErrorData {
 }
 
 impl RepoServer {
-    async fn list(&self, request: CallToolRequestParams, ctx: RequestContext<RoleServer>) -> Result<CallToolResponse, ErrorData> {
+    async fn list(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
         let me = &self.0;
         // Identity: only from the access token the HTTP front verified.
         let caller = ctx
@@ -244,14 +248,26 @@ impl RepoServer {
         // The only argument is `limit`: anything else (a user name, an
         // account) is refused, so that nobody mistakes an argument for the
         // identity, which comes from the token alone.
-        if let Some(unknown) = request.arguments.as_ref().and_then(|a| a.keys().find(|k| *k != "limit")) {
-            return Err(ErrorData::invalid_params(format!("unknown argument {unknown}"), None));
+        if let Some(unknown) = request
+            .arguments
+            .as_ref()
+            .and_then(|a| a.keys().find(|k| *k != "limit"))
+        {
+            return Err(ErrorData::invalid_params(
+                format!("unknown argument {unknown}"),
+                None,
+            ));
         }
         let limit = match args.as_ref().and_then(|a| a.get("limit")) {
             None => None,
             Some(v) => match v.as_u64() {
                 Some(n @ 1..=100) => Some(n as usize),
-                _ => return Err(ErrorData::invalid_params("limit must be an integer from 1 to 100", None)),
+                _ => {
+                    return Err(ErrorData::invalid_params(
+                        "limit must be an integer from 1 to 100",
+                        None,
+                    ))
+                }
             },
         };
 
@@ -270,10 +286,14 @@ impl RepoServer {
             .await;
         match answer {
             Ok(Answer::Issued(token)) => Ok(self.call_api(&token, limit).await),
-            Ok(Answer::Refused(refusal)) => self.relay(&refusal, &binding, modern, url_capable, declined),
+            Ok(Answer::Refused(refusal)) => {
+                self.relay(&refusal, &binding, modern, url_capable, declined)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "broker unreachable");
-                Ok(text_error("The credential broker is unavailable; try again later."))
+                Ok(text_error(
+                    "The credential broker is unavailable; try again later.",
+                ))
             }
         }
     }
@@ -333,11 +353,15 @@ impl RepoServer {
         let mut req = me.http.get(&me.api_url);
         if token.token_type.eq_ignore_ascii_case("dpop") {
             let htu = me.api_url.split(['?', '#']).next().unwrap_or(&me.api_url);
-            let proof = match credbroker::dpop::make_proof(&me.dpop_key, "GET", htu, now(), Some(at), None) {
-                Ok(p) => p,
-                Err(_) => return text_error("Could not make a DPoP proof."),
-            };
-            req = req.header("authorization", format!("DPoP {at}")).header("dpop", proof);
+            let proof =
+                match credbroker::dpop::make_proof(&me.dpop_key, "GET", htu, now(), Some(at), None)
+                {
+                    Ok(p) => p,
+                    Err(_) => return text_error("Could not make a DPoP proof."),
+                };
+            req = req
+                .header("authorization", format!("DPoP {at}"))
+                .header("dpop", proof);
         } else {
             req = req.header("authorization", format!("Bearer {at}"));
         }
@@ -347,9 +371,15 @@ impl RepoServer {
         };
         let status = resp.status();
         if !status.is_success() {
-            return text_error(format!("The repository API answered HTTP {}.", status.as_u16()));
+            return text_error(format!(
+                "The repository API answered HTTP {}.",
+                status.as_u16()
+            ));
         }
-        if resp.content_length().is_some_and(|n| n > MAX_API_BODY as u64) {
+        if resp
+            .content_length()
+            .is_some_and(|n| n > MAX_API_BODY as u64)
+        {
             return text_error("The repository API answered too much.");
         }
         let body = match resp.bytes().await {
@@ -383,7 +413,10 @@ impl ServerHandler for RepoServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_protocol_version(ProtocolVersion::V_2026_07_28)
-            .with_server_info(Implementation::new("credbroker-mcp-repo-server", env!("CARGO_PKG_VERSION")))
+            .with_server_info(Implementation::new(
+                "credbroker-mcp-repo-server",
+                env!("CARGO_PKG_VERSION"),
+            ))
     }
 
     async fn list_tools(
@@ -404,7 +437,10 @@ impl ServerHandler for RepoServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         if request.name != TOOL {
-            return Err(ErrorData::invalid_params(format!("unknown tool {}", request.name), None));
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool {}", request.name),
+                None,
+            ));
         }
         self.list(request, ctx).await
     }
@@ -412,7 +448,11 @@ impl ServerHandler for RepoServer {
 
 type Body = BoxBody<Bytes, Infallible>;
 
-fn plain(status: StatusCode, headers: &[(&str, String)], body: serde_json::Value) -> Response<Body> {
+fn plain(
+    status: StatusCode,
+    headers: &[(&str, String)],
+    body: serde_json::Value,
+) -> Response<Body> {
     let mut r = Response::builder()
         .status(status)
         .header("content-type", "application/json")
@@ -435,8 +475,15 @@ struct Front {
 }
 
 impl Front {
-    async fn handle(self: Arc<Self>, mut req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
-        if req.uri().path().starts_with("/.well-known/oauth-protected-resource") {
+    async fn handle(
+        self: Arc<Self>,
+        mut req: Request<Incoming>,
+    ) -> Result<Response<Body>, Infallible> {
+        if req
+            .uri()
+            .path()
+            .starts_with("/.well-known/oauth-protected-resource")
+        {
             return Ok(plain(
                 StatusCode::OK,
                 &[],
@@ -448,14 +495,21 @@ impl Front {
             ));
         }
         if req.uri().path() != "/mcp" {
-            return Ok(plain(StatusCode::NOT_FOUND, &[], serde_json::json!({"error": "not_found"})));
+            return Ok(plain(
+                StatusCode::NOT_FOUND,
+                &[],
+                serde_json::json!({"error": "not_found"}),
+            ));
         }
         let challenge = |error: &str| {
             plain(
                 StatusCode::UNAUTHORIZED,
                 &[(
                     "www-authenticate",
-                    format!(r#"Bearer error="{error}", resource_metadata="{}""#, self.metadata_url),
+                    format!(
+                        r#"Bearer error="{error}", resource_metadata="{}""#,
+                        self.metadata_url
+                    ),
                 )],
                 serde_json::json!({"error": error}),
             )
@@ -502,7 +556,11 @@ fn read_state_key(path: &std::path::Path) -> Result<StateKey, Box<dyn std::error
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(path)?;
     if meta.permissions().mode() & 0o077 != 0 {
-        return Err(format!("{}: must not be readable by group or others (chmod 600)", path.display()).into());
+        return Err(format!(
+            "{}: must not be readable by group or others (chmod 600)",
+            path.display()
+        )
+        .into());
     }
     let bytes = SecretBytes::new(std::fs::read(path)?);
     Ok(StateKey::new(&bytes)?)
@@ -583,7 +641,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         me: me.clone(),
         trusted_issuer: args.trusted_issuer,
     });
-    println!("{}", serde_json::json!({ "url": me, "protocol_versions": ["2025-11-25", "2026-07-28"] }));
+    println!(
+        "{}",
+        serde_json::json!({ "url": me, "protocol_versions": ["2025-11-25", "2026-07-28"] })
+    );
 
     loop {
         let (stream, _) = listener.accept().await?;

@@ -11,9 +11,11 @@
 //!   sealed `requestState` (2026-07-28), the retries work, and tampered or
 //!   replayed states are refused. The end-to-end flows with the real vault,
 //!   pages and a browser are in tests/mcp_e2e.rs.
-mod support;
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
+
 #[path = "support/mcp.rs"]
 mod mcp;
+mod support;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -25,7 +27,9 @@ use support::*;
 const AGENT: &str = "repo-helper";
 
 async fn py(dir: PathBuf, token: String, spec: Value) -> Value {
-    tokio::task::spawn_blocking(move || python_client(&dir, &token, spec)).await.unwrap()
+    tokio::task::spawn_blocking(move || python_client(&dir, &token, spec))
+        .await
+        .unwrap()
 }
 
 fn policy(api: &str) -> String {
@@ -56,8 +60,17 @@ async fn verified_api() -> (RepoApi, Slot) {
         "/repos",
         Arc::new(move |req, url| {
             let v = v.get().ok_or("not ready")?;
-            let h = |n| req.headers().get(n).and_then(|x: &http::HeaderValue| x.to_str().ok());
-            let dpop: Vec<&str> = req.headers().get_all("dpop").iter().filter_map(|x| x.to_str().ok()).collect();
+            let h = |n| {
+                req.headers()
+                    .get(n)
+                    .and_then(|x: &http::HeaderValue| x.to_str().ok())
+            };
+            let dpop: Vec<&str> = req
+                .headers()
+                .get_all("dpop")
+                .iter()
+                .filter_map(|x| x.to_str().ok())
+                .collect();
             let ok = v
                 .verify(&credbroker::verify::Presented {
                     method: req.method().as_str(),
@@ -117,7 +130,10 @@ fn repo_names(call: &Value) -> Vec<String> {
 async fn self_source_lists_the_persons_repositories_in_both_protocol_versions() {
     // The API's URL is the resource, so it must exist before the policy.
     let (api, slot) = verified_api().await;
-    let b = TestBroker::start_with(Opts { policy: Some(policy(&api.url)), ..Opts::default() });
+    let b = TestBroker::start_with(Opts {
+        policy: Some(policy(&api.url)),
+        ..Opts::default()
+    });
     bind_api(&b, &api, &slot).await;
     let server = self_server(&b, &api);
     let dir = b.dir.path().to_owned();
@@ -125,25 +141,48 @@ async fn self_source_lists_the_persons_repositories_in_both_protocol_versions() 
     let bob = b.subject_token("bob");
 
     for (mode, version) in [("legacy", "2025-11-25"), ("auto", "2026-07-28")] {
-        let out = py(dir.clone(), alice.clone(), json!({"url": server.url, "mode": mode, "scenario": "call"})).await;
+        let out = py(
+            dir.clone(),
+            alice.clone(),
+            json!({"url": server.url, "mode": mode, "scenario": "call"}),
+        )
+        .await;
         assert_eq!(out["protocol_version"], version, "{out}");
         assert_eq!(out["tools"], json!(["list_repositories"]));
         let call = &out["calls"][0];
-        assert_eq!(call["result"]["isError"], false, "{out}\n{}", server.log_text());
+        assert_eq!(
+            call["result"]["isError"],
+            false,
+            "{out}\n{}",
+            server.log_text()
+        );
         assert_eq!(repo_names(call), ["alice/notes", "alice/site"], "{mode}");
 
         // The person is whoever the token says: Bob gets Bob's.
-        let out = py(dir.clone(), bob.clone(), json!({"url": server.url, "mode": mode, "scenario": "call",
-            "arguments": {"limit": 1}}))
+        let out = py(
+            dir.clone(),
+            bob.clone(),
+            json!({"url": server.url, "mode": mode, "scenario": "call",
+            "arguments": {"limit": 1}}),
+        )
         .await;
-        assert_eq!(repo_names(&out["calls"][0]), ["bob/notes"], "{mode}: limit applies");
+        assert_eq!(
+            repo_names(&out["calls"][0]),
+            ["bob/notes"],
+            "{mode}: limit applies"
+        );
     }
 
     // The API got credbroker tokens with proofs, never a person's access
     // token; and no token the API got ever reached the MCP client.
     let hits = api.hits();
     assert_eq!(hits.len(), 4);
-    let out = py(dir.clone(), alice.clone(), json!({"url": server.url, "mode": "auto", "scenario": "call"})).await;
+    let out = py(
+        dir.clone(),
+        alice.clone(),
+        json!({"url": server.url, "mode": "auto", "scenario": "call"}),
+    )
+    .await;
     let seen_by_client = all_strings(&out).join("\n");
     for h in api.hits() {
         let auth = h.authorization.unwrap();
@@ -151,9 +190,15 @@ async fn self_source_lists_the_persons_repositories_in_both_protocol_versions() 
         assert!(h.dpop.is_some(), "a proof with every token");
         assert_ne!(at, alice);
         assert_ne!(at, bob);
-        assert!(!seen_by_client.contains(at), "a derived token reached the MCP client");
+        assert!(
+            !seen_by_client.contains(at),
+            "a derived token reached the MCP client"
+        );
     }
-    assert!(!server.log_text().contains(&alice), "the access token is in the MCP server's log");
+    assert!(
+        !server.log_text().contains(&alice),
+        "the access token is in the MCP server's log"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -204,8 +249,11 @@ async fn access_token_is_verified_and_identity_never_comes_from_arguments() {
         let mut h = serde_json::Map::new();
         h.insert("typ".into(), "at+jwt".into());
         h.insert("kid".into(), k.kid.clone().into());
-        k.sign_jws(h, &json!({"iss": b.issuer, "sub": "alice", "aud": AGENT, "iat": now, "exp": now + 300}))
-            .unwrap()
+        k.sign_jws(
+            h,
+            &json!({"iss": b.issuer, "sub": "alice", "aud": AGENT, "iat": now, "exp": now + 300}),
+        )
+        .unwrap()
     };
     for auth in [
         None,
@@ -217,11 +265,21 @@ async fn access_token_is_verified_and_identity_never_comes_from_arguments() {
         let r = post(auth.clone()).await.unwrap();
         assert_eq!(r.status(), 401, "{auth:?}");
         let www = r.headers()["www-authenticate"].to_str().unwrap().to_owned();
-        assert!(www.starts_with("Bearer ") && www.contains("resource_metadata="), "{www}");
+        assert!(
+            www.starts_with("Bearer ") && www.contains("resource_metadata="),
+            "{www}"
+        );
     }
-    assert!(stub.hits().is_empty(), "nothing reached the broker without a verified token");
+    assert!(
+        stub.hits().is_empty(),
+        "nothing reached the broker without a verified token"
+    );
     let meta: Value = http
-        .get(server.url.replace("/mcp", "/.well-known/oauth-protected-resource/mcp"))
+        .get(
+            server
+                .url
+                .replace("/mcp", "/.well-known/oauth-protected-resource/mcp"),
+        )
         .send()
         .await
         .unwrap()
@@ -233,31 +291,58 @@ async fn access_token_is_verified_and_identity_never_comes_from_arguments() {
 
     // Positive control: the person's own token gets in, and the derive asks
     // for that person with that very token as the subject token.
-    stub.set("alice", StubAnswer { token: Some("gho_alice_provider_token".into()), ..Default::default() });
+    stub.set(
+        "alice",
+        StubAnswer {
+            token: Some("gho_alice_provider_token".into()),
+            ..Default::default()
+        },
+    );
     let alice = b.subject_token("alice");
     let r = post(Some(format!("Bearer {alice}"))).await.unwrap();
     assert_eq!(r.status(), 200);
     let dir = b.dir.path().to_owned();
-    let out = py(dir.clone(), alice.clone(), json!({"url": server.url, "mode": "auto", "scenario": "call"})).await;
+    let out = py(
+        dir.clone(),
+        alice.clone(),
+        json!({"url": server.url, "mode": "auto", "scenario": "call"}),
+    )
+    .await;
     assert_eq!(out["calls"][0]["result"]["isError"], false, "{out}");
     let hit = stub.hits().pop().unwrap();
     assert_eq!(hit.body["subject_token"], alice.as_str());
     assert_eq!(hit.body["step"], "list_repos");
     assert_eq!(hit.body["tool"], "repos.list");
-    assert!(hit.dpop.is_some(), "the derive carries the MCP server's own proof");
+    assert!(
+        hit.dpop.is_some(),
+        "the derive carries the MCP server's own proof"
+    );
     // The provider token went to the API as a bearer token and nowhere else.
-    assert_eq!(api.hits().pop().unwrap().authorization.as_deref(), Some("Bearer gho_alice_provider_token"));
-    assert!(!all_strings(&out).iter().any(|s| s.contains("gho_alice_provider_token")));
+    assert_eq!(
+        api.hits().pop().unwrap().authorization.as_deref(),
+        Some("Bearer gho_alice_provider_token")
+    );
+    assert!(!all_strings(&out)
+        .iter()
+        .any(|s| s.contains("gho_alice_provider_token")));
 
     // Naming someone else in the arguments is refused, in both versions;
     // then the same call without it works (positive control).
     for mode in ["legacy", "auto"] {
-        let out = py(dir.clone(), alice.clone(), json!({"url": server.url, "mode": mode, "scenario": "call",
-            "arguments": {"user": "bob"}}))
+        let out = py(
+            dir.clone(),
+            alice.clone(),
+            json!({"url": server.url, "mode": mode, "scenario": "call",
+            "arguments": {"user": "bob"}}),
+        )
         .await;
         assert_eq!(out["calls"][0]["error"]["code"], -32602, "{mode}: {out}");
-        let out = py(dir.clone(), alice.clone(), json!({"url": server.url, "mode": mode, "scenario": "call",
-            "arguments": {"limit": 5}}))
+        let out = py(
+            dir.clone(),
+            alice.clone(),
+            json!({"url": server.url, "mode": mode, "scenario": "call",
+            "arguments": {"limit": 5}}),
+        )
         .await;
         assert_eq!(out["calls"][0]["result"]["isError"], false, "{mode}: {out}");
     }
@@ -279,7 +364,11 @@ async fn stub_setup() -> StubSetup {
     let api = RepoApi::start(
         "/user/repos",
         Arc::new(|req, _| {
-            match req.headers().get("authorization").and_then(|v| v.to_str().ok()) {
+            match req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+            {
                 Some("Bearer gho_alice") => Ok("alice".into()),
                 Some("Bearer gho_bob") => Ok("bob".into()),
                 _ => Err("bad token".into()),
@@ -305,7 +394,13 @@ async fn stub_setup() -> StubSetup {
         b.dir.path(),
     );
     let link_uri = format!("{}/connect/c0de-for-alice", b.public);
-    StubSetup { b, stub, api, server, link_uri }
+    StubSetup {
+        b,
+        stub,
+        api,
+        server,
+        link_uri,
+    }
 }
 
 impl StubSetup {
@@ -328,7 +423,12 @@ impl StubSetup {
 
 /// An opener that "completes the page": touches the marker (the URL comes last).
 fn completes(marker: &std::path::Path) -> Value {
-    json!(["sh", "-c", "touch \"$0\"; echo '{\"touched\": true}'", marker])
+    json!([
+        "sh",
+        "-c",
+        "touch \"$0\"; echo '{\"touched\": true}'",
+        marker
+    ])
 }
 
 /// An opener that opens nothing that connects (someone else's browser).
@@ -341,8 +441,12 @@ async fn link_is_relayed_as_url_elicitation_required_in_2025_11_25() {
     let s = stub_setup().await;
     let marker = s.alice_needs_to_connect();
     let alice = s.b.subject_token("alice");
-    let out = py(s.b.dir.path().to_owned(), alice, json!({"url": s.server.url, "mode": "legacy", "scenario": "flow",
-        "open": completes(&marker), "answers": ["accept"]}))
+    let out = py(
+        s.b.dir.path().to_owned(),
+        alice,
+        json!({"url": s.server.url, "mode": "legacy", "scenario": "flow",
+        "open": completes(&marker), "answers": ["accept"]}),
+    )
     .await;
     assert_eq!(out["protocol_version"], "2025-11-25");
     let first = &out["calls"][0]["error"];
@@ -351,11 +455,18 @@ async fn link_is_relayed_as_url_elicitation_required_in_2025_11_25() {
     assert_eq!(el["mode"], "url");
     assert_eq!(el["elicitationId"], "lnk_alice");
     assert_eq!(el["url"], s.link_uri.as_str());
-    assert!(el["message"].as_str().unwrap().contains(&s.link_uri), "the link as plain text too");
+    assert!(
+        el["message"].as_str().unwrap().contains(&s.link_uri),
+        "the link as plain text too"
+    );
     assert!(first["message"].as_str().unwrap().starts_with(LINK_MSG));
     assert_eq!(out["links"][0]["open"]["lines"][0]["touched"], true);
     // The manual retry returns the repositories.
-    assert_eq!(repo_names(&out["calls"][1]), ["alice/notes", "alice/site"], "{out}");
+    assert_eq!(
+        repo_names(&out["calls"][1]),
+        ["alice/notes", "alice/site"],
+        "{out}"
+    );
     assert_eq!(out["calls"].as_array().unwrap().len(), 2);
 }
 
@@ -365,8 +476,12 @@ async fn link_is_relayed_as_input_required_in_2026_07_28() {
     let marker = s.alice_needs_to_connect();
     let alice = s.b.subject_token("alice");
     let wire = s.b.path("wire.jsonl");
-    let out = py(s.b.dir.path().to_owned(), alice, json!({"url": s.server.url, "mode": "auto", "scenario": "flow",
-        "open": completes(&marker), "answers": ["accept"], "wire_log": wire}))
+    let out = py(
+        s.b.dir.path().to_owned(),
+        alice,
+        json!({"url": s.server.url, "mode": "auto", "scenario": "flow",
+        "open": completes(&marker), "answers": ["accept"], "wire_log": wire}),
+    )
     .await;
     assert_eq!(out["protocol_version"], "2026-07-28");
     // On the wire: the result, then a retry with a new id, the answer under
@@ -387,22 +502,38 @@ async fn link_is_relayed_as_input_required_in_2026_07_28() {
     assert_eq!(req["params"]["url"], s.link_uri.as_str());
     // rmcp 3.11 writes `"elicitationId": ""` into 2026-07-28 URL requests,
     // a field that version removed; the Python client ignores it.
-    assert!(req["params"].get("elicitationId").is_none_or(|v| v == ""), "{result}");
+    assert!(
+        req["params"].get("elicitationId").is_none_or(|v| v == ""),
+        "{result}"
+    );
     let state = result["requestState"].as_str().unwrap();
-    let calls: Vec<&Value> = lines.iter().filter(|l| l["request"]["method"] == "tools/call").collect();
+    let calls: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["request"]["method"] == "tools/call")
+        .collect();
     assert_eq!(calls.len(), 2, "{lines:?}");
     assert_ne!(calls[0]["request"]["id"], calls[1]["request"]["id"]);
     assert_eq!(calls[1]["request"]["params"]["requestState"], state);
-    assert_eq!(calls[1]["request"]["params"]["inputResponses"], json!({"connect_repos": {"action": "accept"}}));
+    assert_eq!(
+        calls[1]["request"]["params"]["inputResponses"],
+        json!({"connect_repos": {"action": "accept"}})
+    );
     eprintln!("2026-07-28 input_required on the wire: {result}");
     let links = out["links"].as_array().unwrap();
     assert_eq!(links.len(), 1, "{out}");
     assert_eq!(links[0]["via"], "elicitation_callback");
     assert_eq!(links[0]["params"]["mode"], "url");
     assert_eq!(links[0]["params"]["url"], s.link_uri.as_str());
-    assert!(links[0]["params"]["message"].as_str().unwrap().contains(&s.link_uri));
+    assert!(links[0]["params"]["message"]
+        .as_str()
+        .unwrap()
+        .contains(&s.link_uri));
     // The client's automatic retry returned the repositories.
-    assert_eq!(repo_names(&out["calls"][0]), ["alice/notes", "alice/site"], "{out}");
+    assert_eq!(
+        repo_names(&out["calls"][0]),
+        ["alice/notes", "alice/site"],
+        "{out}"
+    );
     // Two derives: the first refused, the retry issued; the state was sealed
     // and opened in between.
     assert_eq!(s.stub.hits().len(), 2);
@@ -416,19 +547,30 @@ async fn unfinished_or_declined_link_asks_again_and_connects_nothing() {
     let alice = s.b.subject_token("alice");
     // 2026-07-28: accepted but the page was not completed -> asked again;
     // then declined -> a tool error naming the link, and no repositories.
-    let out = py(dir.clone(), alice.clone(), json!({"url": s.server.url, "mode": "auto", "scenario": "flow",
-        "open": does_not_complete(), "answers": ["accept", "decline"]}))
+    let out = py(
+        dir.clone(),
+        alice.clone(),
+        json!({"url": s.server.url, "mode": "auto", "scenario": "flow",
+        "open": does_not_complete(), "answers": ["accept", "decline"]}),
+    )
     .await;
     let links = out["links"].as_array().unwrap();
     assert_eq!(links.len(), 2, "the retry got the elicitation again: {out}");
     assert_eq!(links[0]["params"]["url"], links[1]["params"]["url"]);
     let res = &out["calls"][0]["result"];
     assert_eq!(res["isError"], true, "{out}");
-    assert!(res["content"][0]["text"].as_str().unwrap().contains("declined"));
+    assert!(res["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("declined"));
     assert!(s.api.hits().is_empty(), "nothing reached the API");
     // 2025-11-25: the same, by hand.
-    let out = py(dir.clone(), alice.clone(), json!({"url": s.server.url, "mode": "legacy", "scenario": "flow",
-        "open": does_not_complete(), "answers": ["accept", "decline"]}))
+    let out = py(
+        dir.clone(),
+        alice.clone(),
+        json!({"url": s.server.url, "mode": "legacy", "scenario": "flow",
+        "open": does_not_complete(), "answers": ["accept", "decline"]}),
+    )
     .await;
     let calls = out["calls"].as_array().unwrap();
     assert_eq!(calls.len(), 2, "{out}");
@@ -436,26 +578,55 @@ async fn unfinished_or_declined_link_asks_again_and_connects_nothing() {
     assert!(s.api.hits().is_empty());
     assert!(!marker.exists());
     // Positive control: completing the page makes the next round succeed.
-    let out = py(dir, alice, json!({"url": s.server.url, "mode": "auto", "scenario": "flow",
-        "open": completes(&marker), "answers": ["accept"]}))
+    let out = py(
+        dir,
+        alice,
+        json!({"url": s.server.url, "mode": "auto", "scenario": "flow",
+        "open": completes(&marker), "answers": ["accept"]}),
+    )
     .await;
-    assert_eq!(repo_names(&out["calls"][0]), ["alice/notes", "alice/site"], "{out}");
+    assert_eq!(
+        repo_names(&out["calls"][0]),
+        ["alice/notes", "alice/site"],
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn tampered_or_replayed_request_state_is_refused() {
     let s = stub_setup().await;
     let marker = s.alice_needs_to_connect();
-    s.stub.set("bob", StubAnswer { token: Some("gho_bob".into()), ..Default::default() });
+    s.stub.set(
+        "bob",
+        StubAnswer {
+            token: Some("gho_bob".into()),
+            ..Default::default()
+        },
+    );
     let alice = s.b.subject_token("alice");
     let bob = s.b.subject_token("bob");
-    let out = py(s.b.dir.path().to_owned(), alice, json!({"url": s.server.url, "mode": "auto", "scenario": "tamper",
-        "other_token": bob}))
+    let out = py(
+        s.b.dir.path().to_owned(),
+        alice,
+        json!({"url": s.server.url, "mode": "auto", "scenario": "tamper",
+        "other_token": bob}),
+    )
     .await;
     let calls = out["calls"].as_array().unwrap();
     assert_eq!(calls[0]["result"]["resultType"], "input_required", "{out}");
-    let by_name = |n: &str| calls.iter().find(|c| c["attempt"] == n).unwrap_or_else(|| panic!("{n}: {out}"));
-    for n in ["other_person", "tampered_body", "tampered_tag", "no_tag", "other_arguments"] {
+    let by_name = |n: &str| {
+        calls
+            .iter()
+            .find(|c| c["attempt"] == n)
+            .unwrap_or_else(|| panic!("{n}: {out}"))
+    };
+    for n in [
+        "other_person",
+        "tampered_body",
+        "tampered_tag",
+        "no_tag",
+        "other_arguments",
+    ] {
         let e = &by_name(n)["error"];
         assert_eq!(e["code"], -32602, "{n}: {out}");
         assert_eq!(e["message"], "Invalid or expired requestState", "{n}");
@@ -464,10 +635,17 @@ async fn tampered_or_replayed_request_state_is_refused() {
     // Refused states never reached the broker (1 derive: the first call;
     // 1 more: the genuine retry below).
     let derives = s.stub.hits().len();
-    assert_eq!(derives, 2, "only the first call and the genuine retry derive");
+    assert_eq!(
+        derives, 2,
+        "only the first call and the genuine retry derive"
+    );
     // Positive control: the genuine state is accepted and the server asks
     // again (Alice has not connected yet).
-    assert_eq!(by_name("genuine")["result"]["resultType"], "input_required", "{out}");
+    assert_eq!(
+        by_name("genuine")["result"]["resultType"],
+        "input_required",
+        "{out}"
+    );
     assert!(!marker.exists());
     assert!(s.server.log_text().contains("requestState refused"));
 }
@@ -479,12 +657,19 @@ async fn form_only_client_gets_the_link_as_text() {
     let alice = s.b.subject_token("alice");
     for mode in ["legacy", "auto"] {
         // No elicitation_callback: the Python client declares no URL mode.
-        let out = py(s.b.dir.path().to_owned(), alice.clone(), json!({"url": s.server.url, "mode": mode,
-            "scenario": "call", "elicitation": false}))
+        let out = py(
+            s.b.dir.path().to_owned(),
+            alice.clone(),
+            json!({"url": s.server.url, "mode": mode,
+            "scenario": "call", "elicitation": false}),
+        )
         .await;
         let res = &out["calls"][0]["result"];
         assert_eq!(res["isError"], true, "{mode}: {out}");
         let text = res["content"][0]["text"].as_str().unwrap();
-        assert!(text.starts_with(LINK_MSG) && text.ends_with(&s.link_uri), "{mode}: {text}");
+        assert!(
+            text.starts_with(LINK_MSG) && text.ends_with(&s.link_uri),
+            "{mode}: {text}"
+        );
     }
 }

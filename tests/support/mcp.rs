@@ -4,7 +4,7 @@
 //! was sent, and a scripted stand-in for the broker's socket.
 //!
 //! Included with `#[path = "support/mcp.rs"] mod mcp;` next to `mod support;`.
-#![allow(dead_code, missing_docs)]
+#![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -43,11 +43,17 @@ pub fn python() -> PathBuf {
     let py = root().join(".venv/bin/python");
     let ok = py.exists()
         && Command::new(&py)
-            .args(["-c", "import mcp, importlib.metadata as m; assert m.version('mcp').startswith('2.3.')"])
+            .args([
+                "-c",
+                "import mcp, importlib.metadata as m; assert m.version('mcp').startswith('2.3.')",
+            ])
             .status()
             .map(|s| s.success())
             .unwrap_or(false);
-    assert!(ok, "the Python MCP SDK (mcp 2.3.x) is not installed in .venv: run scripts/install-test-deps");
+    assert!(
+        ok,
+        "the Python MCP SDK (mcp 2.3.x) is not installed in .venv: run scripts/install-test-deps"
+    );
     py
 }
 
@@ -106,11 +112,20 @@ impl McpServer {
             .spawn()
             .expect("start the example MCP server");
         let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
         let hello: Value = serde_json::from_str(&line).unwrap_or_else(|_| {
-            panic!("MCP server said {line:?}; log:\n{}", std::fs::read_to_string(&log).unwrap_or_default())
+            panic!(
+                "MCP server said {line:?}; log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
         });
-        McpServer { child, url: hello["url"].as_str().unwrap().to_owned(), log }
+        McpServer {
+            child,
+            url: hello["url"].as_str().unwrap().to_owned(),
+            log,
+        }
     }
 
     pub fn log_text(&self) -> String {
@@ -129,11 +144,18 @@ impl Drop for McpServer {
 /// returns its JSON line.
 pub fn python_client(dir: &Path, token: &str, mut spec: Value) -> Value {
     let py = python();
-    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let token_file = dir.join(format!("token-{n}"));
     std::fs::write(&token_file, token).unwrap();
     spec["token_file"] = json!(token_file);
-    if let Some(other) = spec.get("other_token").and_then(|t| t.as_str()).map(str::to_owned) {
+    if let Some(other) = spec
+        .get("other_token")
+        .and_then(|t| t.as_str())
+        .map(str::to_owned)
+    {
         let f = dir.join(format!("other-token-{n}"));
         std::fs::write(&f, other).unwrap();
         spec["other_token_file"] = json!(f);
@@ -149,9 +171,13 @@ pub fn python_client(dir: &Path, token: &str, mut spec: Value) -> Value {
         .expect("run the Python MCP client");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "Python MCP client failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "Python MCP client failed:\n{stdout}\n{stderr}"
+    );
     let last = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(last).unwrap_or_else(|_| panic!("Python client printed {stdout}\n{stderr}"))
+    serde_json::from_str(last)
+        .unwrap_or_else(|_| panic!("Python client printed {stdout}\n{stderr}"))
 }
 
 /// One request the repository API received.
@@ -182,13 +208,20 @@ impl RepoApi {
         let (h, b) = (hits.clone(), base.clone());
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let (hits, check, base) = (h.clone(), check.clone(), b.clone());
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                         let (hits, check, base) = (hits.clone(), check.clone(), base.clone());
                         async move {
-                            let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+                            let header = |n: &str| {
+                                req.headers()
+                                    .get(n)
+                                    .and_then(|v| v.to_str().ok())
+                                    .map(str::to_owned)
+                            };
                             hits.lock().unwrap().push(ApiHit {
                                 authorization: header("authorization"),
                                 dpop: header("dpop"),
@@ -196,10 +229,13 @@ impl RepoApi {
                             });
                             let full = format!("{base}{}", req.uri().path());
                             let (status, body) = match check(&req, &full) {
-                                Ok(who) => (200, json!({"repositories": [
-                                    {"full_name": format!("{who}/notes"), "private": true},
-                                    {"full_name": format!("{who}/site"), "private": false},
-                                ]})),
+                                Ok(who) => (
+                                    200,
+                                    json!({"repositories": [
+                                        {"full_name": format!("{who}/notes"), "private": true},
+                                        {"full_name": format!("{who}/site"), "private": false},
+                                    ]}),
+                                ),
                                 Err(why) => (401, json!({"error": why})),
                             };
                             Ok::<_, Infallible>(
@@ -211,7 +247,9 @@ impl RepoApi {
                             )
                         }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
                 });
             }
         });
@@ -269,13 +307,19 @@ impl StubBroker {
         let (a, h) = (answers.clone(), hits.clone());
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
                 let (answers, hits) = (a.clone(), h.clone());
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                         let (answers, hits) = (answers.clone(), hits.clone());
                         async move {
-                            let dpop = req.headers().get("dpop").and_then(|v| v.to_str().ok()).map(str::to_owned);
+                            let dpop = req
+                                .headers()
+                                .get("dpop")
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_owned);
                             let body = req.into_body().collect().await.unwrap().to_bytes();
                             let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                             let sub = body["subject_token"]
@@ -288,20 +332,30 @@ impl StubBroker {
                             hits.lock().unwrap().push(StubHit { body, dpop });
                             let answer = answers.lock().unwrap().get(&sub).cloned();
                             let a = answer.unwrap_or_default();
-                            let connected = a.link.is_none() || a.connected_when.as_ref().is_some_and(|f| f.exists());
+                            let connected = a.link.is_none()
+                                || a.connected_when.as_ref().is_some_and(|f| f.exists());
                             let (status, body) = match (&a.link, &a.token) {
-                                (_, Some(t)) if connected => (200, json!({
-                                    "access_token": t, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
-                                    "token_type": "Bearer", "expires_in": 3600, "scope": "repo",
-                                    "sender_constrained": false,
-                                })),
-                                (Some((uri, id, message)), _) => (400, json!({
-                                    "error": "invalid_grant", "reason": "connect_required",
-                                    "error_description": "connect the service first",
-                                    "connect_uri": uri, "connect_id": id, "connect_expires_in": 1800,
-                                    "connect_message": message,
-                                })),
-                                _ => (403, json!({"error": "access_denied", "reason": "tool_not_allowed"})),
+                                (_, Some(t)) if connected => (
+                                    200,
+                                    json!({
+                                        "access_token": t, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+                                        "token_type": "Bearer", "expires_in": 3600, "scope": "repo",
+                                        "sender_constrained": false,
+                                    }),
+                                ),
+                                (Some((uri, id, message)), _) => (
+                                    400,
+                                    json!({
+                                        "error": "invalid_grant", "reason": "connect_required",
+                                        "error_description": "connect the service first",
+                                        "connect_uri": uri, "connect_id": id, "connect_expires_in": 1800,
+                                        "connect_message": message,
+                                    }),
+                                ),
+                                _ => (
+                                    403,
+                                    json!({"error": "access_denied", "reason": "tool_not_allowed"}),
+                                ),
                             };
                             Ok::<_, Infallible>(
                                 Response::builder()
@@ -313,11 +367,18 @@ impl StubBroker {
                             )
                         }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
                 });
             }
         });
-        StubBroker { socket, answers, hits, task }
+        StubBroker {
+            socket,
+            answers,
+            hits,
+            task,
+        }
     }
 
     pub fn set(&self, sub: &str, a: StubAnswer) {
