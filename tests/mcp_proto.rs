@@ -273,3 +273,28 @@ async fn refusal_schema_accepts_real_refusals_and_rejects_malformed_ones() {
         assert_eq!(valid, want, "{name}: {errors}");
     }
 }
+
+#[test]
+fn readme_python_lines_build_the_same_messages() {
+    let out = Command::new(mcp::python())
+        .arg(repo("tests/mcp/check_proto.py"))
+        .arg("readme")
+        .arg(repo("README.md"))
+        .arg(repo("proto/mcp/refusal-connect-required.json"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["2025-11-25"]["error"],
+        load("2025-11-25-url-elicitation-required.json")["error"]
+    );
+    // The Python SDK seals its own state; everything else is the example.
+    let mut want = load("2026-07-28-input-required.json")["result"].clone();
+    want["requestState"] = load("refusal-connect-required.json")["connect_id"].clone();
+    assert_eq!(v["2026-07-28"]["result"], want);
+}
