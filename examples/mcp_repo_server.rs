@@ -14,6 +14,13 @@
 //! It prints one JSON line `{"url": "http://127.0.0.1:PORT/mcp", ...}` once it
 //! listens, then serves MCP over streamable HTTP at `/mcp` (loopback only).
 //!
+//! Transport: streamable HTTP, because the person's access token then comes
+//! with every request (MCP authorization), so one server serves many people
+//! and each call is for whoever its token names. Over stdio there is no
+//! per-request credential: the token would have to come from the process's
+//! environment at start, and that process would serve that one person only.
+//! This example does not offer stdio.
+//!
 //! Who the person is: the MCP client sends the person's access token as
 //! `Authorization: Bearer` on every HTTP request (MCP authorization). The
 //! server verifies it with `credbroker::subject` (issuer, keys, `alg`,
