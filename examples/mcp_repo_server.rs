@@ -125,6 +125,9 @@ struct Args {
     /// The service's short name, used in the input request's key (`connect_<service>`).
     #[arg(long, default_value = "service")]
     service: String,
+    /// Lifetime of a `requestState` in seconds (at most 600).
+    #[arg(long, default_value_t = mcp::STATE_TTL)]
+    state_ttl: i64,
     /// A file (0600) with at least 32 secret bytes for `requestState`; a random
     /// process-local key when absent.
     #[arg(long)]
@@ -155,6 +158,7 @@ struct Inner {
     scope: Option<String>,
     api_url: String,
     input_key: String,
+    state_ttl: i64,
 }
 
 #[derive(Clone)]
@@ -334,7 +338,7 @@ impl RepoServer {
             return Ok(text_error(mcp::message_with_link(&link)));
         }
         if modern {
-            let state = RequestState::new(binding, link.id, now());
+            let state = RequestState::with_ttl(binding, link.id, now(), self.0.state_ttl);
             let sealed = self.0.state_key.seal(&state);
             let value = mcp::input_required_result(&link, &self.0.input_key, &sealed);
             let result: InputRequiredResult = serde_json::from_value(value)
@@ -630,6 +634,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         resource: args.resource,
         scope: args.scope,
         input_key: format!("connect_{}", args.service),
+        state_ttl: args.state_ttl,
     });
     let server = RepoServer(inner);
     let mcp = StreamableHttpService::new(

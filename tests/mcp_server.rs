@@ -112,6 +112,7 @@ fn self_server(b: &TestBroker, api: &RepoApi) -> McpServer {
             api_url: &api.url,
             service: "repos",
             scope: None,
+            state_ttl: None,
         },
         b.dir.path(),
     )
@@ -220,6 +221,7 @@ async fn access_token_is_verified_and_identity_never_comes_from_arguments() {
             api_url: &api.url,
             service: "repos",
             scope: None,
+            state_ttl: None,
         },
         b.dir.path(),
     );
@@ -359,6 +361,10 @@ struct StubSetup {
 const LINK_MSG: &str = "Connect your Repos account so that repo-helper can list your repositories.";
 
 async fn stub_setup() -> StubSetup {
+    stub_setup_with(None).await
+}
+
+async fn stub_setup_with(state_ttl: Option<i64>) -> StubSetup {
     let b = TestBroker::start();
     let stub = StubBroker::start(b.dir.path()).await;
     let api = RepoApi::start(
@@ -390,6 +396,7 @@ async fn stub_setup() -> StubSetup {
             api_url: &api.url,
             service: "repos",
             scope: Some("repo"),
+            state_ttl,
         },
         b.dir.path(),
     );
@@ -672,4 +679,46 @@ async fn form_only_client_gets_the_link_as_text() {
             "{mode}: {text}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expired_request_state_is_refused() {
+    let s = stub_setup_with(Some(3)).await;
+    s.alice_needs_to_connect();
+    let alice = s.b.subject_token("alice");
+    let dir = s.b.dir.path().to_owned();
+    // The genuine state, retried after its lifetime: refused, no derive.
+    let out = py(
+        dir.clone(),
+        alice.clone(),
+        json!({"url": s.server.url, "mode": "auto",
+        "scenario": "tamper", "only_genuine": true, "sleep": 4.5}),
+    )
+    .await;
+    let calls = out["calls"].as_array().unwrap();
+    assert_eq!(calls[0]["result"]["resultType"], "input_required", "{out}");
+    assert_eq!(calls[1]["attempt"], "genuine");
+    assert_eq!(calls[1]["error"]["code"], -32602, "{out}");
+    assert_eq!(
+        calls[1]["error"]["message"],
+        "Invalid or expired requestState"
+    );
+    assert_eq!(
+        s.stub.hits().len(),
+        1,
+        "an expired state never reaches the broker"
+    );
+    assert!(s.server.log_text().contains("requestState has expired"));
+    // Positive control: retried at once, the same kind of state is accepted.
+    let out = py(
+        dir,
+        alice,
+        json!({"url": s.server.url, "mode": "auto",
+        "scenario": "tamper", "only_genuine": true}),
+    )
+    .await;
+    assert_eq!(
+        out["calls"][1]["result"]["resultType"], "input_required",
+        "{out}"
+    );
 }

@@ -163,6 +163,12 @@ pub struct RequestState {
 impl RequestState {
     /// A state for `binding` and the link `link_id`, valid [`STATE_TTL`].
     pub fn new(binding: &Binding<'_>, link_id: &str, now: i64) -> RequestState {
+        RequestState::with_ttl(binding, link_id, now, STATE_TTL)
+    }
+
+    /// The same with a shorter lifetime (`ttl` is kept within 1 s and
+    /// [`STATE_TTL`]).
+    pub fn with_ttl(binding: &Binding<'_>, link_id: &str, now: i64, ttl: i64) -> RequestState {
         RequestState {
             v: STATE_VERSION,
             aud: binding.aud.to_owned(),
@@ -172,7 +178,7 @@ impl RequestState {
             call: binding.call.to_owned(),
             link: link_id.to_owned(),
             iat: now,
-            exp: now + STATE_TTL,
+            exp: now + ttl.clamp(1, STATE_TTL),
         }
     }
 
@@ -550,6 +556,15 @@ mod tests {
         );
         let future = RequestState::new(&b, "lnk_123", 1000 + STATE_FUTURE_SKEW + 1);
         assert_eq!(k.open(&k.seal(&future), &b, 1000), Err(StateError::Expired));
+
+        // A shorter lifetime is honoured; a longer one is cut to STATE_TTL.
+        let short = RequestState::with_ttl(&b, "lnk_123", 1000, 5);
+        assert_eq!(k.open(&k.seal(&short), &b, 1005), Err(StateError::Expired));
+        assert!(k.open(&k.seal(&short), &b, 1004).is_ok());
+        assert_eq!(
+            RequestState::with_ttl(&b, "l", 1000, 86_400).exp,
+            1000 + STATE_TTL
+        );
 
         // Positive control.
         assert_eq!(k.open(&sealed, &b, now).unwrap(), st);

@@ -151,7 +151,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                 responses = {key: {"action": "accept"}}
                 body, _, tag = state.partition(".")
                 flipped = body[:-1] + ("A" if body[-1] != "A" else "B")
-                attempts = {
+                attempts = {"genuine": state} if spec.get("only_genuine") else {
                     "tampered_body": f"{flipped}.{tag}",
                     "tampered_tag": f"{body}.{tag[:-1] + ('A' if tag[-1] != 'A' else 'B')}",
                     "no_tag": body,
@@ -165,6 +165,9 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                     except MCPError as e:
                         out["calls"].append({"attempt": name, "error": dump_error(e)})
 
+                if spec.get("sleep"):
+                    # Let the state expire first.
+                    await anyio.sleep(float(spec["sleep"]))
                 if spec.get("other_token_file"):
                     # Another person replays this person's state with their own token.
                     other = open(spec["other_token_file"], encoding="utf-8").read().strip()

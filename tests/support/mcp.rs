@@ -79,6 +79,8 @@ pub struct McpServerOpts<'a> {
     pub api_url: &'a str,
     pub service: &'a str,
     pub scope: Option<&'a str>,
+    /// `--state-ttl` (seconds), when not the default.
+    pub state_ttl: Option<i64>,
 }
 
 pub enum Jwks<'a> {
@@ -104,6 +106,9 @@ impl McpServer {
         };
         if let Some(s) = o.scope {
             cmd.args(["--scope", s]);
+        }
+        if let Some(t) = o.state_ttl {
+            cmd.args(["--state-ttl", &t.to_string()]);
         }
         let mut child = cmd
             .env("RUST_LOG", "info")
