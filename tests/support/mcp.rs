@@ -194,6 +194,26 @@ pub struct ApiHit {
 }
 
 type Check = dyn Fn(&Request<Incoming>, &str) -> Result<String, String> + Send + Sync;
+type AsyncCheck = dyn Fn(
+        http::HeaderMap,
+        String,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>
+    + Send
+    + Sync;
+
+enum Checker {
+    Sync(Arc<Check>),
+    Async(Arc<AsyncCheck>),
+}
+
+impl Clone for Checker {
+    fn clone(&self) -> Self {
+        match self {
+            Checker::Sync(c) => Checker::Sync(c.clone()),
+            Checker::Async(c) => Checker::Async(c.clone()),
+        }
+    }
+}
 
 /// A repository API on a loopback port. `check` decides who the caller is
 /// from the request (and its full URL), or refuses it; the answer lists that
@@ -206,6 +226,16 @@ pub struct RepoApi {
 
 impl RepoApi {
     pub async fn start(path: &str, check: Arc<Check>) -> RepoApi {
+        RepoApi::serve(path, Checker::Sync(check)).await
+    }
+
+    /// The same with a check that may ask someone else (e.g. the provider's
+    /// userinfo endpoint), given the headers and the full URL.
+    pub async fn start_async(path: &str, check: Arc<AsyncCheck>) -> RepoApi {
+        RepoApi::serve(path, Checker::Async(check)).await
+    }
+
+    async fn serve(path: &str, check: Checker) -> RepoApi {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let url = format!("{base}{path}");
@@ -233,7 +263,11 @@ impl RepoApi {
                                 path: req.uri().path().to_owned(),
                             });
                             let full = format!("{base}{}", req.uri().path());
-                            let (status, body) = match check(&req, &full) {
+                            let verdict = match &check {
+                                Checker::Sync(c) => c(&req, &full),
+                                Checker::Async(c) => c(req.headers().clone(), full.clone()).await,
+                            };
+                            let (status, body) = match verdict {
                                 Ok(who) => (
                                     200,
                                     json!({"repositories": [
