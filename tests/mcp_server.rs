@@ -520,6 +520,12 @@ async fn link_is_relayed_as_input_required_in_2026_07_28() {
         .collect();
     assert_eq!(calls.len(), 2, "{lines:?}");
     assert_ne!(calls[0]["request"]["id"], calls[1]["request"]["id"]);
+    // The final answer says `complete`, as 2026-07-28 requires of servers.
+    let done = lines
+        .iter()
+        .find(|l| l["response"]["result"]["structuredContent"].is_object())
+        .unwrap_or_else(|| panic!("no final result on the wire: {lines:?}"));
+    assert_eq!(done["response"]["result"]["resultType"], "complete");
     assert_eq!(calls[1]["request"]["params"]["requestState"], state);
     assert_eq!(
         calls[1]["request"]["params"]["inputResponses"],
