@@ -430,6 +430,9 @@ impl Broker {
                 DeriveError::Proof(e, nonce)
             })?;
 
+        if let policy::Source::Service { service, .. } = &grant.resource.source {
+            return self.derive_service(req, &subject, &grant, service, now, ctx).await;
+        }
         // Source: self. Lifetime = min(policy ttl, 300 s, subject's life).
         let exp = (now + grant.ttl.as_secs() as i64).min(subject.exp);
         if exp <= now {
@@ -462,4 +465,22 @@ impl Broker {
 #[derive(Debug, Default)]
 struct Ctx {
     person: Option<subject::Person>,
+}
+
+impl Broker {
+    /// The `service` source (DESIGN section 4, step 6): the person's
+    /// connected account. Kept apart from the `self` hot path.
+    async fn derive_service(
+        &self,
+        _req: &DeriveRequest,
+        _subject: &subject::Subject,
+        _grant: &policy::Grant,
+        _service: &str,
+        _now: i64,
+        _ctx: &mut Ctx,
+    ) -> Result<(Issued, String), DeriveError> {
+        // Fail closed until the vault is wired in: never mint a credbroker
+        // token for a third-party resource.
+        Err(DeriveError::Unavailable("connected services are not available in this build"))
+    }
 }
