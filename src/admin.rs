@@ -2,7 +2,8 @@
 //! containers in a pod share TCP loopback, so loopback is no boundary).
 //!
 //! `GET /metrics`, `GET /readyz`, `GET /status`, `POST /freeze` (`on` or
-//! `off` in the body), `POST /keys/rotate`.
+//! `off` in the body), `POST /keys/rotate`, `POST /vault/rotate` (optional
+//! body: the most records to re-wrap in this call).
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -119,6 +120,43 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
                 &serde_json::json!({"error": e.to_string()}),
             ),
         },
+        (Method::POST, "/vault/rotate") => {
+            let body = match Limited::new(req.into_body(), 64).collect().await {
+                Ok(c) => c.to_bytes(),
+                Err(_) => return json_response(StatusCode::BAD_REQUEST, &serde_json::json!({"error": "body"})),
+            };
+            let limit = match std::str::from_utf8(&body).map(str::trim) {
+                Ok("") => None,
+                Ok(n) => match n.parse::<usize>() {
+                    Ok(n) => Some(n),
+                    Err(_) => {
+                        return json_response(
+                            StatusCode::BAD_REQUEST,
+                            &serde_json::json!({"error": "the body must be empty or a number of records"}),
+                        )
+                    }
+                },
+                Err(_) => return json_response(StatusCode::BAD_REQUEST, &serde_json::json!({"error": "body"})),
+            };
+            let vault = inst.vault.clone();
+            // Re-wrapping does store I/O; keep it off the async workers.
+            match tokio::task::spawn_blocking(move || vault.rotate(limit)).await {
+                Ok(Ok(report)) => {
+                    let mut e = crate::events::Event::new(b.clock.now(), "vault.rotated", &b.config.agent);
+                    e.outcome = Some(if report.done { "done" } else { "in_progress" });
+                    let _ = b.audit.record(&e);
+                    json_response(StatusCode::OK, &serde_json::json!(report))
+                }
+                Ok(Err(e)) => json_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &serde_json::json!({"error": e.to_string()}),
+                ),
+                Err(_) => json_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &serde_json::json!({"error": "the rotation task failed"}),
+                ),
+            }
+        }
         _ => json_response(StatusCode::NOT_FOUND, &serde_json::json!({"error": "not_found"})),
     }
 }

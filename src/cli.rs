@@ -126,6 +126,17 @@ enum KeysAction {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Re-encrypt the vault under a new key. Resumable: an interrupted run
+    /// (or one stopped by --limit) continues where it stopped, and old keys
+    /// keep decrypting until it reports `done`.
+    RotateVault {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Re-wrap at most this many records in this run.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
 }
 
 fn init_logging(format: &str) {
@@ -277,6 +288,39 @@ async fn run(cmd: Command) -> Res {
                     println!("{}", serde_json::json!({"active_kid": ring.active.kid, "running": false}));
                     Ok(ExitCode::SUCCESS)
                 }
+            }
+        }
+        Command::Keys {
+            action: KeysAction::RotateVault { config, limit },
+        } => {
+            let cfg = Config::load(&config)?;
+            let body = limit.map(|l| l.to_string()).unwrap_or_default();
+            let report = match admin_call(&cfg.admin_socket, "POST", "/vault/rotate", &body).await {
+                Ok((code, body)) => {
+                    println!("{body}");
+                    if code != 200 {
+                        return Ok(ExitCode::from(1));
+                    }
+                    serde_json::from_str::<serde_json::Value>(&body)?
+                }
+                Err(_) => {
+                    // No instance runs: open the store directly.
+                    let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::SledStore::open(&cfg.store)?);
+                    let vault = crate::vault::Vault::open(store, &cfg.vault_key_dir)?;
+                    let report = serde_json::to_value(vault.rotate(limit)?)?;
+                    println!("{report}");
+                    report
+                }
+            };
+            if report["done"] == true {
+                eprintln!(
+                    "vault rotation done; the key files of retired_keys in {} may now be removed",
+                    cfg.vault_key_dir.display()
+                );
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!("vault rotation not finished; run the command again to resume (old keys still decrypt)");
+                Ok(ExitCode::from(4))
             }
         }
         Command::Proof {

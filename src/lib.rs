@@ -41,4 +41,6 @@ pub mod secret;
 pub mod server;
 pub mod store;
 pub mod subject;
+pub mod upstream;
+pub mod vault;
 pub mod verify;

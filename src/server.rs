@@ -44,6 +44,9 @@ pub enum StartError {
     /// Sealing key.
     #[error("master key: {0}")]
     Seal(#[from] crate::seal::SealError),
+    /// The vault (keys, records).
+    #[error("vault: {0}")]
+    Vault(#[from] crate::vault::VaultError),
     /// Subject-token issuers.
     #[error(transparent)]
     Subject(#[from] crate::subject::SetupError),
@@ -81,6 +84,8 @@ pub struct Instance {
     pub broker: Arc<Broker>,
     /// The sealer for keys at rest.
     pub sealer: Arc<Sealer>,
+    /// Connected accounts and allowances.
+    pub vault: Arc<crate::vault::Vault>,
     /// The public listener's bound address, once bound.
     pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
 }
@@ -104,6 +109,7 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
     let sealer = Arc::new(Sealer::new(&master, &[])?);
     let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::SledStore::open(&config.store)?);
     let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
+    let vault = Arc::new(crate::vault::Vault::open(store.clone(), &config.vault_key_dir)?);
     let minter = Arc::new(crate::mint::Minter::new(
         config.issuer.clone(),
         config.agent.clone(),
@@ -139,6 +145,7 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
     Ok(Instance {
         broker,
         sealer,
+        vault,
         public_addr: Arc::default(),
     })
 }
