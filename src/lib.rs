@@ -28,6 +28,7 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod connect;
 pub mod dpop;
 pub mod events;
 pub mod exchange;

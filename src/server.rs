@@ -86,6 +86,8 @@ pub struct Instance {
     pub sealer: Arc<Sealer>,
     /// Connected accounts and allowances.
     pub vault: Arc<crate::vault::Vault>,
+    /// Connect-link records.
+    pub links: Arc<crate::connect::Links>,
     /// The public listener's bound address, once bound.
     pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
 }
@@ -110,6 +112,11 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
     let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::SledStore::open(&config.store)?);
     let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
     let vault = Arc::new(crate::vault::Vault::open(store.clone(), &config.vault_key_dir)?);
+    let links = Arc::new(crate::connect::Links::new(
+        store.clone(),
+        &crate::connect::Links::derive_key(&master),
+        &config.issuer,
+    ));
     let minter = Arc::new(crate::mint::Minter::new(
         config.issuer.clone(),
         config.agent.clone(),
@@ -146,6 +153,7 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
         broker,
         sealer,
         vault,
+        links,
         public_addr: Arc::default(),
     })
 }
@@ -291,12 +299,21 @@ pub async fn run(
     };
     let house = {
         let b = broker.clone();
+        let links = instance.links.clone();
         let mut rx = rx.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(30));
             loop {
                 tokio::select! {
-                    _ = tick.tick() => b.limits.housekeeping(),
+                    _ = tick.tick() => {
+                        b.limits.housekeeping();
+                        let (links, now) = (links.clone(), b.clock.now());
+                        // Sweeping expired connect links is store I/O.
+                        match tokio::task::spawn_blocking(move || links.sweep(now)).await {
+                            Ok(Err(e)) => tracing::warn!(error = %e, "sweeping expired connect links failed"),
+                            Ok(Ok(_)) | Err(_) => {}
+                        }
+                    }
                     _ = rx.changed() => break,
                 }
             }
