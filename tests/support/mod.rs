@@ -3,6 +3,8 @@
 //! subject tokens from its dev issuer, and make DPoP proofs.
 #![allow(dead_code, missing_docs)]
 
+pub mod oidc;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
