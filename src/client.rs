@@ -68,8 +68,13 @@ pub struct Token {
     pub token_type: String,
     /// RFC 8693 issued token type.
     pub issued_token_type: String,
-    /// Seconds.
+    /// Seconds (0 when a provider token's provider gave no lifetime).
+    #[serde(default)]
     pub expires_in: i64,
+    /// `false` for a provider's bearer token, which is not bound to the
+    /// tool's DPoP key; absent (`None`) for DPoP-bound tokens.
+    #[serde(default)]
+    pub sender_constrained: Option<bool>,
     /// Scopes.
     pub scope: String,
 }
@@ -95,9 +100,22 @@ pub struct Refusal {
     /// `DPoP-Nonce` to retry with, for `use_dpop_nonce`.
     #[serde(skip)]
     pub dpop_nonce: Option<String>,
-    /// `Retry-After`, for 429.
+    /// `Retry-After`, for 429 and 503.
     #[serde(skip)]
     pub retry_after: Option<u64>,
+    /// For `connect_required`, `allow_required`, `reconnect_required`: the
+    /// link the person opens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_uri: Option<String>,
+    /// The link's id (MCP elicitation id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_id: Option<String>,
+    /// Seconds the link stays open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_expires_in: Option<i64>,
+    /// A sentence for the person.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_message: Option<String>,
 }
 
 /// The answer to a derive.

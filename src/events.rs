@@ -55,6 +55,10 @@ pub struct Event<'a> {
     /// Peer uid on the socket.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_uid: Option<u32>,
+    /// For provider tokens: whether the token was narrowed to the tool's
+    /// scopes on refresh (`false`: the provider's broader token went out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub narrowed: Option<bool>,
 }
 
 impl<'a> Event<'a> {
@@ -75,6 +79,7 @@ impl<'a> Event<'a> {
             policy_hash: None,
             jti_sha256: None,
             peer_uid: None,
+            narrowed: None,
         }
     }
 }

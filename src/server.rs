@@ -47,6 +47,12 @@ pub enum StartError {
     /// The vault (keys, records).
     #[error("vault: {0}")]
     Vault(#[from] crate::vault::VaultError),
+    /// A provider (client secret file).
+    #[error(transparent)]
+    Upstream(#[from] crate::upstream::UpstreamError),
+    /// The policy names a service the config does not define.
+    #[error("the policy's service resources name {0:?}, which has no [providers.{0}] table in the config")]
+    UnknownService(String),
     /// Subject-token issuers.
     #[error(transparent)]
     Subject(#[from] crate::subject::SetupError),
@@ -88,6 +94,8 @@ pub struct Instance {
     pub vault: Arc<crate::vault::Vault>,
     /// Connect-link records.
     pub links: Arc<crate::connect::Links>,
+    /// Third-party providers.
+    pub providers: Arc<crate::upstream::Providers>,
     /// The public listener's bound address, once bound.
     pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
 }
@@ -101,6 +109,10 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
             policy: policy.agent,
             config: config.agent,
         });
+    }
+    let providers = Arc::new(crate::upstream::Providers::from_config(&config)?);
+    if let Some(missing) = policy.services().into_iter().find(|s| providers.get(s).is_none()) {
+        return Err(StartError::UnknownService(missing.to_string()));
     }
     let master = crate::config::read_secret_file(&config.master_key_file).map_err(|source| {
         StartError::Secret {
@@ -138,6 +150,11 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
     let proofs = crate::dpop::Validator::new(config.dpop.algs.clone(), config.dpop.replay_capacity, nonces);
     let audit = crate::events::Audit::open(&config.audit_log)
         .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?;
+    let connected = Arc::new(crate::exchange::Connected {
+        vault: vault.clone(),
+        links: links.clone(),
+        providers: providers.clone(),
+    });
     let broker = Arc::new(Broker::new(
         config,
         policy,
@@ -148,12 +165,14 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
         crate::metrics::Metrics::new(),
         store,
         clock,
-    ));
+    )
+    .with_connected(connected));
     Ok(Instance {
         broker,
         sealer,
         vault,
         links,
+        providers,
         public_addr: Arc::default(),
     })
 }
@@ -307,6 +326,9 @@ pub async fn run(
                 tokio::select! {
                     _ = tick.tick() => {
                         b.limits.housekeeping();
+                        if let Some(c) = b.connected() {
+                            c.vault.housekeeping();
+                        }
                         let (links, now) = (links.clone(), b.clock.now());
                         // Sweeping expired connect links is store I/O.
                         match tokio::task::spawn_blocking(move || links.sweep(now)).await {

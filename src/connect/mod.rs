@@ -14,6 +14,8 @@
 //! The browser routes that serve a link (sign-in, the five checks, the
 //! provider callback) call [`Links::resolve`] and [`Links::close`].
 
+mod flow;
+
 use std::sync::Arc;
 
 use aws_lc_rs::hmac;
@@ -23,6 +25,8 @@ use serde::{Deserialize, Serialize};
 use crate::secret::{SecretBytes, SecretString};
 use crate::store::{tuple_key, Store, StoreError, Tree};
 use crate::subject::Person;
+
+pub use flow::{complete_allow, complete_connect, scopes_to_request, CompleteError};
 
 /// How long a link stays open.
 pub const LINK_TTL: i64 = 30 * 60;

@@ -14,6 +14,7 @@
 //! (`iss`, `sub`, service, agent).
 
 pub mod keys;
+mod refresh;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::Zeroize;
 
 pub use keys::{KeyState, VaultKeys, DEFAULT_SEAL_CAP};
+pub use refresh::{ServiceToken, TokenOutcome, TokenRequest, REFRESH_MARGIN};
 
 use crate::seal::{SealError, Sealer};
 use crate::secret::SecretString;
@@ -264,6 +266,7 @@ pub struct RotationReport {
 pub struct Vault {
     store: Arc<dyn Store>,
     keys: VaultKeys,
+    refresh: refresh::Locks,
 }
 
 impl Vault {
@@ -279,6 +282,7 @@ impl Vault {
         Ok(Vault {
             store,
             keys,
+            refresh: refresh::Locks::default(),
         })
     }
 

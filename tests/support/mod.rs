@@ -4,6 +4,7 @@
 #![allow(dead_code, missing_docs)]
 
 pub mod oidc;
+pub mod services;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream as StdUnixStream;
@@ -41,6 +42,8 @@ pub struct TestBroker {
     /// Where the public listener is bound.
     pub public: String,
     pub log: PathBuf,
+    /// `RUST_LOG` of the child, kept across restarts.
+    pub log_level: String,
 }
 
 pub fn bin() -> PathBuf {
@@ -74,7 +77,7 @@ impl TestBroker {
         let child = Command::new(bin())
             .args(["serve", "--config"])
             .arg(&config)
-            .env("RUST_LOG", log_level.unwrap_or("info"))
+            .env("RUST_LOG", log_level.unwrap_or("info").to_string())
             .stdout(Stdio::null())
             .stderr(logf)
             .spawn()
@@ -89,6 +92,7 @@ impl TestBroker {
             child,
             config,
             log,
+            log_level: log_level.unwrap_or("info").to_string(),
         };
         b.wait_ready();
         b
@@ -101,7 +105,7 @@ impl TestBroker {
         self.child = Command::new(bin())
             .args(["serve", "--config"])
             .arg(&self.config)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", &self.log_level)
             .stdout(Stdio::null())
             .stderr(logf)
             .spawn()
@@ -210,6 +214,9 @@ impl TestBroker {
 
     /// SIGTERM and wait.
     pub fn stop(&mut self) {
+        if self.child.try_wait().unwrap().is_some() {
+            return;
+        }
         let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
