@@ -55,6 +55,9 @@ pub struct Event<'a> {
     /// Peer uid on the socket.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_uid: Option<u32>,
+    /// The connected service, for account events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<&'a str>,
     /// For provider tokens: whether the token was narrowed to the tool's
     /// scopes on refresh (`false`: the provider's broader token went out).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -79,6 +82,7 @@ impl<'a> Event<'a> {
             policy_hash: None,
             jti_sha256: None,
             peer_uid: None,
+            service: None,
             narrowed: None,
         }
     }

@@ -82,3 +82,82 @@ pub fn complete_allow(vault: &Vault, links: &Links, link: &Link, now: i64) -> Re
     links.close(link)?;
     Ok(())
 }
+
+/// What a disconnect did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DisconnectReport {
+    /// Whether an account was deleted.
+    pub deleted: bool,
+    /// `revoked`, `not_supported` (the provider has no RFC 7009 endpoint),
+    /// `failed` (the provider refused or could not be reached), or
+    /// `unreadable` (the stored tokens do not open, so nothing to revoke).
+    pub revocation: &'static str,
+    /// A sentence for the operator or the person.
+    pub message: String,
+}
+
+/// Disconnects the person's account at a service: revokes its tokens at
+/// the provider (RFC 7009) where it can, then deletes the account and its
+/// allowances. When revocation fails the account is kept (so it can be
+/// tried again) unless `force`.
+pub async fn disconnect_account(
+    vault: &Vault,
+    provider: Option<&Provider>,
+    person: &crate::subject::Person,
+    service: &str,
+    force: bool,
+) -> Result<DisconnectReport, CompleteError> {
+    if vault.account(person, service)?.is_none() {
+        return Ok(DisconnectReport {
+            deleted: false,
+            revocation: "not_supported",
+            message: "no such account".into(),
+        });
+    }
+    let (revocation, mut message) = match (vault.tokens_to_revoke(person, service), provider) {
+        (Err(VaultError::Unreadable { .. }), _) => (
+            "unreadable",
+            "the stored tokens do not open, so they could not be revoked; revoke the grant at the provider".to_string(),
+        ),
+        (Err(e), _) => return Err(e.into()),
+        (Ok(_), None) => (
+            "not_supported",
+            format!("service {service} is no longer configured, so its tokens could not be revoked; revoke the grant at the provider"),
+        ),
+        (Ok(tokens), Some(p)) => {
+            let mut outcome = ("revoked", format!("revoked at {}", p.display_name()));
+            for (token, hint) in &tokens {
+                match p.revoke(token.expose(), hint).await {
+                    Ok(crate::upstream::Revocation::Revoked) => {}
+                    Ok(crate::upstream::Revocation::NotSupported) => {
+                        outcome = (
+                            "not_supported",
+                            format!("{} has no revocation endpoint; revoke the grant in your {} settings", p.display_name(), p.display_name()),
+                        );
+                        break;
+                    }
+                    Err(e) => {
+                        outcome = ("failed", format!("revocation at {} failed: {e}", p.display_name()));
+                        break;
+                    }
+                }
+            }
+            outcome
+        }
+    };
+    if revocation == "failed" && !force {
+        message.push_str("; the account was kept (retry, or force the deletion)");
+        return Ok(DisconnectReport {
+            deleted: false,
+            revocation,
+            message,
+        });
+    }
+    let deleted = vault.delete_account(person, service)?;
+    message.push_str("; the account and its allowances were deleted");
+    Ok(DisconnectReport {
+        deleted,
+        revocation,
+        message,
+    })
+}
