@@ -231,3 +231,102 @@ async fn narrowed_on_refresh_where_the_provider_accepts_it() {
     assert_eq!(t.access_token.expose(), t2.access_token.expose());
     assert_eq!(env.peer.refreshes().await, 1);
 }
+
+fn files_under(p: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(p).unwrap().flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// L1 for connected services: provider access tokens, refresh tokens, the
+/// client secret and link codes, at debug level, through connect, refresh,
+/// failures, reconnect and disconnect: none in the log, the audit events,
+/// the metrics, the store's files or the error bodies.
+#[tokio::test]
+async fn canary_provider_tokens_refresh_tokens_client_secret_and_codes_never_leak() {
+    let mut env = ServiceEnv::start_with(support::services::ProviderOpts {
+        log: Some("debug".into()),
+        ..Default::default()
+    });
+    env.peer.set_access_ttl(30).await;
+    let k = key();
+    let mut bodies = Vec::new();
+    let mut codes = Vec::new();
+    let r = refused(env.derive(&k, "alice", "acme.issues").await);
+    codes.push(r.connect_uri.clone().unwrap());
+    bodies.push(serde_json::to_string(&r).unwrap());
+    env.play_pages(r.connect_uri.as_deref().unwrap(), "alice", "octo-alice").await;
+    env.peer.set_access_ttl(3600).await;
+    let t = issued(env.derive(&k, "alice", "acme.issues").await);
+    assert_eq!(env.peer.refreshes().await, 1);
+    env.peer.set_access_ttl(30).await;
+    let allow = refused(env.derive(&k, "alice", "acme.org").await);
+    codes.push(allow.connect_uri.clone().unwrap());
+    bodies.push(serde_json::to_string(&allow).unwrap());
+    // Bob connects with 30 s tokens, so his next derive must refresh.
+    env.peer.set_access_ttl(30).await;
+    let b = refused(env.derive(&k, "bob", "acme.issues").await);
+    codes.push(b.connect_uri.clone().unwrap());
+    env.play_pages(b.connect_uri.as_deref().unwrap(), "bob", "octo-bob").await;
+    env.peer.set_token_mode("500").await;
+    let down = refused(env.derive(&k, "bob", "acme.issues").await);
+    assert_eq!(down.status, 503);
+    bodies.push(serde_json::to_string(&down).unwrap());
+    env.peer.set_token_mode("ok").await;
+    env.peer.revoke_account("octo-bob").await;
+    let gone = refused(env.derive(&k, "bob", "acme.issues").await);
+    assert_eq!(gone.reason.as_deref(), Some("reconnect_required"));
+    codes.push(gone.connect_uri.clone().unwrap());
+    bodies.push(serde_json::to_string(&gone).unwrap());
+    // Disconnecting alice revokes her tokens at the provider.
+    let (status, d) = env
+        .broker
+        .admin_post(
+            "/accounts/disconnect",
+            &serde_json::json!({"person_iss": env.broker.issuer, "person_sub": "alice", "service": "acme"}).to_string(),
+        )
+        .unwrap();
+    assert_eq!(status, 200, "{d}");
+    assert!(d.contains("\"revoked\""), "{d}");
+    let list = env.broker.admin_get("/accounts").unwrap().1;
+    let metrics = env.broker.metrics();
+
+    let mut secrets: Vec<String> = env.peer.issued_tokens().await;
+    assert!(secrets.contains(t.access_token.expose()), "the canary list holds what was handed out");
+    assert!(secrets.len() >= 6, "{} tokens", secrets.len());
+    secrets.push(env.client_secret.clone());
+    let code_values: Vec<String> = codes.iter().map(|u| u.rsplit('/').next().unwrap().to_string()).collect();
+
+    env.broker.stop();
+    let log = std::fs::read(&env.broker.log).unwrap();
+    assert!(contains(&log, b"DEBUG"), "the log is at debug level");
+    let audit = std::fs::read(env.broker.path("data/audit.jsonl")).unwrap();
+    let mut db = Vec::new();
+    for f in files_under(&env.broker.path("data")) {
+        db.extend(std::fs::read(f).unwrap());
+    }
+    assert!(contains(&db, b"octo-alice"), "positive control: the scan reads the store's bytes");
+    for s in secrets.iter().chain(code_values.iter()) {
+        for (what, hay) in [("log", &log), ("audit", &audit), ("store", &db)] {
+            assert!(!contains(hay, s.as_bytes()), "a secret is in the {what}");
+        }
+        assert!(!metrics.contains(s.as_str()), "a secret is in the metrics");
+        assert!(!list.contains(s.as_str()), "a secret is in accounts list");
+    }
+    for s in &secrets {
+        for b in &bodies {
+            assert!(!b.contains(s.as_str()), "a provider secret is in an error body");
+        }
+    }
+}

@@ -1,5 +1,5 @@
 //! A real third-party OAuth provider for tests: panva's `oidc-provider`
-//! (tests/peers/oidc-provider.mjs) on a loopback port. Needs `npm install`
+//! (tests/peers/oauth-service.mjs) on a loopback port. Needs `npm install`
 //! in tests/peers once (CI does it).
 
 use std::collections::BTreeMap;
@@ -31,7 +31,7 @@ impl OidcPeer {
             "tests/peers/node_modules is missing: run `npm ci` (or `npm install`) in tests/peers"
         );
         let mut child = Command::new("node")
-            .arg(dir.join("oidc-provider.mjs"))
+            .arg(dir.join("oauth-service.mjs"))
             .args(["--client-id", CLIENT_ID, "--client-secret", client_secret, "--redirect-uri", redirect_uri])
             .current_dir(&dir)
             .stdout(Stdio::piped())
@@ -93,6 +93,13 @@ impl OidcPeer {
     /// Refresh tokens of `account` that still work.
     pub async fn live_refresh_tokens(&self, account: &str) -> u64 {
         self.control(&format!("/test/live?account={account}")).await["live_refresh_tokens"].as_u64().unwrap()
+    }
+
+    /// Whether `token` is a refresh token the provider would still accept.
+    pub async fn refresh_token_live(&self, token: &str) -> bool {
+        let url = format!("{}/test/refresh-token-live?token={}", self.issuer, token);
+        let v: serde_json::Value = self.http.get(url).send().await.unwrap().json().await.unwrap();
+        v["live"].as_bool().unwrap()
     }
 
     /// Plays the browser: opens `auth_url` signed in as `account`, lets the

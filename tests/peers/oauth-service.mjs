@@ -2,7 +2,7 @@
 // integration tests: panva's oidc-provider on a loopback port, playing the
 // part of a service such as GitHub. Never for production.
 //
-// Usage: node oidc-provider.mjs --client-id ID --client-secret SECRET --redirect-uri URI
+// Usage: node oauth-service.mjs --client-id ID --client-secret SECRET --redirect-uri URI
 // Prints one JSON line {"issuer": "...", "port": N} once it listens.
 //
 // What it offers:
@@ -137,6 +137,10 @@ async function control(req, res, url) {
     case '/test/live': {
       const account = q.get('account');
       return json(res, 200, { live_refresh_tokens: await liveRefreshTokens(account) });
+    }
+    case '/test/refresh-token-live': {
+      const t = await provider.RefreshToken.find(q.get('token'));
+      return json(res, 200, { live: Boolean(t && !t.consumed && !t.isExpired) });
     }
     case '/test/revoke-account': {
       const account = q.get('account');
