@@ -331,9 +331,8 @@ pub async fn run(
                         }
                         let (links, now) = (links.clone(), b.clock.now());
                         // Sweeping expired connect links is store I/O.
-                        match tokio::task::spawn_blocking(move || links.sweep(now)).await {
-                            Ok(Err(e)) => tracing::warn!(error = %e, "sweeping expired connect links failed"),
-                            Ok(Ok(_)) | Err(_) => {}
+                        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || links.sweep(now)).await {
+                            tracing::warn!(error = %e, "sweeping expired connect links failed");
                         }
                     }
                     _ = rx.changed() => break,

@@ -542,8 +542,7 @@ impl Vault {
             ..RotationReport::default()
         };
         for (k, _) in self.store.scan_prefix(Tree::Accounts, b"")? {
-            loop {
-                let Some((raw, mut rec)) = self.read(&k)? else { break };
+            while let Some((raw, mut rec)) = self.read(&k)? {
                 let under = base64::engine::general_purpose::URL_SAFE_NO_PAD
                     .decode(&rec.sealed)
                     .ok()

@@ -179,7 +179,7 @@ fn rotation_interrupted_half_way_resumes_and_old_keys_open_until_done() {
     assert_eq!(r.rewrapped, 2);
     assert_eq!(r.retired_keys, vec![old.clone()]);
     assert!(v.accounts(None).unwrap().iter().all(|a| a.key_id.as_deref() == Some(new.as_str())));
-    assert_eq!(v.keys().state(e.store.as_ref()).unwrap().unwrap().rotating, false);
+    assert!(!v.keys().state(e.store.as_ref()).unwrap().unwrap().rotating);
 
     // The retired key can now go: everything still opens.
     std::fs::remove_file(e.key_dir().join(format!("{old}.key"))).unwrap();
