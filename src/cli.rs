@@ -75,12 +75,14 @@ enum Command {
         /// Scope (space-separated).
         #[arg(long)]
         scope: Option<String>,
-        /// The tool's DPoP key (PKCS#8 PEM, 0600). Without it a new key is
-        /// made and saved to a new file whose path is printed.
+        /// The tool's DPoP key (PKCS#8 PEM, 0600); created there if it does
+        /// not exist. Without it a new key is made and saved to a new file
+        /// whose path is printed.
         #[arg(long)]
         dpop_key: Option<PathBuf>,
     },
-    /// Show a running instance's status (through the admin socket).
+    /// Show a running instance's status (through the admin socket). Exits 0
+    /// when ready, 1 when running but not ready, 3 when not running.
     Status {
         /// The config file.
         #[arg(long, short)]
@@ -105,6 +107,11 @@ enum Command {
     Accounts {
         #[command(subcommand)]
         action: AccountsAction,
+    },
+    /// Policy files: check, test, explain, diff (see policy/README.md).
+    Policy {
+        #[command(subcommand)]
+        command: crate::policy::cli::PolicyCommand,
     },
     /// Make a DPoP proof with a key (for scripts and tests).
     Proof {
@@ -337,7 +344,13 @@ async fn run(cmd: Command) -> Res {
             dpop_key,
         } => {
             let key = match dpop_key {
-                Some(p) => load_pem_key(&p)?,
+                Some(p) if p.exists() => load_pem_key(&p)?,
+                Some(p) => {
+                    let (key, pkcs8) = Es256Key::generate()?;
+                    write_secret_file(&p, pem_pkcs8(pkcs8.expose()).as_bytes())?;
+                    eprintln!("new DPoP key saved to {} (mode 0600)", p.display());
+                    key
+                }
                 None => {
                     let (key, pkcs8) = Es256Key::generate()?;
                     let path = new_key_path()?;
@@ -384,7 +397,9 @@ async fn run(cmd: Command) -> Res {
             match admin_call(&cfg.admin_socket, "GET", "/status", "").await {
                 Ok((_, body)) => {
                     println!("{body}");
-                    Ok(ExitCode::SUCCESS)
+                    let ready = serde_json::from_str::<serde_json::Value>(&body)
+                        .is_ok_and(|v| v["ready"] == true);
+                    Ok(if ready { ExitCode::SUCCESS } else { ExitCode::from(1) })
                 }
                 Err(_) => {
                     println!("{}", serde_json::json!({"running": false}));
@@ -467,6 +482,7 @@ async fn run(cmd: Command) -> Res {
             }
         }
         Command::Accounts { action } => accounts(action).await,
+        Command::Policy { command } => Ok(crate::policy::cli::run(command)),
         Command::Proof {
             key,
             method,

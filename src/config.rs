@@ -71,18 +71,33 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
 }
 
 /// Removes quoted values from a TOML/serde message, so that an error never
-/// echoes what was written in the file.
+/// echoes what was written in the file. serde quotes values in backticks
+/// too (``invalid type: integer `5` ``, ``unknown variant `x` ``); those are
+/// removed as well, except in messages that name a key (``missing field
+/// `agent` ``).
 pub fn redact_values(msg: &str) -> String {
+    let names_a_key = ["missing field", "duplicate field", "duplicate key", "unknown field"]
+        .iter()
+        .any(|p| msg.starts_with(p));
     let mut out = String::with_capacity(msg.len());
-    let mut in_quote = false;
-    for c in msg.chars() {
-        if c == '"' {
-            if !in_quote {
-                out.push_str("\"…\"");
+    let mut in_quote = None;
+    let mut chars = msg.chars();
+    while let Some(c) = chars.next() {
+        let quote = c == '"' || (c == '`' && !names_a_key);
+        match in_quote {
+            // serde shows strings with Debug escapes: `\"` does not close.
+            Some('"') if c == '\\' => {
+                chars.next();
             }
-            in_quote = !in_quote;
-        } else if !in_quote {
-            out.push(c);
+            None if quote => {
+                out.push(c);
+                out.push('…');
+                out.push(c);
+                in_quote = Some(c);
+            }
+            None => out.push(c),
+            Some(q) if q == c => in_quote = None,
+            Some(_) => {}
         }
     }
     // Keep only the first line: toml renders a snippet of the file after it.
@@ -134,17 +149,78 @@ fn toml_problem(file: &Path, text: &str, e: &toml::de::Error) -> Problem {
     }
 }
 
-/// Best-effort position of a dotted key path in the text (its last segment).
-fn locate_key(file: &Path, text: &str, path: &str) -> String {
-    let last = path.rsplit('.').next().unwrap_or(path);
-    for (i, line) in text.lines().enumerate() {
-        let t = line.trim_start();
-        let key = t.split(['=', ' ']).next().unwrap_or("").trim_matches('"');
-        if key == last && t.contains('=') {
-            return format!("{}:{}:{}", file.display(), i + 1, line.len() - t.len() + 1);
+/// A TOML key as written (`a."b.c"`) -> its dotted path (`a.b.c`), the form
+/// `serde_ignored` reports.
+fn dotted(key: &str) -> String {
+    let mut parts = Vec::new();
+    let mut cur = String::new();
+    let mut quote = None;
+    for c in key.chars() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => cur.push(c),
+            None if c == '"' || c == '\'' => quote = Some(c),
+            None if c == '.' => parts.push(std::mem::take(&mut cur).trim().to_string()),
+            None => cur.push(c),
         }
     }
-    file.display().to_string()
+    parts.push(cur.trim().to_string());
+    parts.join(".")
+}
+
+/// Best-effort position of a key path (`socket.path`,
+/// `trusted_issuers[1].issuer`, `trusted_issuers.1.issuer`) in the text:
+/// table headers and array-of-tables indexes are followed, so a key is not
+/// confused with one of the same name in another table. Falls back to the
+/// closest enclosing table or key, then to the file.
+fn locate_key(file: &Path, text: &str, path: &str) -> String {
+    let target = path.replace('[', ".").replace(']', "");
+    let mut table = String::new();
+    let mut arrays: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut best: Option<(usize, usize, usize)> = None;
+    let join = |a: &str, b: &str| if a.is_empty() { b.to_string() } else { format!("{a}.{b}") };
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        let col = line.len() - t.len() + 1;
+        let (found, rest) = if let Some(h) = t.strip_prefix("[[") {
+            let name = dotted(h.split("]]").next().unwrap_or(""));
+            let n = arrays.entry(name.clone()).or_insert(0);
+            table = format!("{name}.{n}");
+            *n += 1;
+            (table.clone(), "")
+        } else if let Some(h) = t.strip_prefix('[') {
+            table = dotted(h.split(']').next().unwrap_or(""));
+            (table.clone(), "")
+        } else if let Some((k, rest)) = t.split_once('=').filter(|_| !t.starts_with('#')) {
+            (join(&table, &dotted(k)), rest)
+        } else {
+            continue;
+        };
+        if found == target {
+            return format!("{}:{}:{col}", file.display(), i + 1);
+        }
+        let Some(sub) = target.strip_prefix(&format!("{found}.")) else {
+            continue;
+        };
+        // A key inside an inline table on this line: `sign_in = { kind = .. }`.
+        let inner = sub.split('.').next().unwrap_or(sub);
+        let in_line = rest.match_indices(inner).find(|(at, _)| {
+            let before = rest[..*at].trim_end();
+            let after = rest[at + inner.len()..].trim_start();
+            (before.ends_with('{') || before.ends_with(',')) && after.starts_with('=')
+        });
+        if let Some((at, _)) = in_line {
+            let c = line.len() - rest.len() + at + 1;
+            return format!("{}:{}:{c}", file.display(), i + 1);
+        }
+        if best.is_none_or(|(len, _, _)| found.len() > len) {
+            best = Some((found.len(), i + 1, col));
+        }
+    }
+    match best {
+        Some((_, l, c)) => format!("{}:{l}:{c}", file.display()),
+        None => file.display().to_string(),
+    }
 }
 
 /// Parses `"300s"`, `"5m"`, `"1h"`, `"250ms"`.
@@ -312,15 +388,16 @@ struct RawIssuer {
     sign_in: Option<RawSignIn>,
 }
 
+/// A plain struct rather than a tagged enum: serde buffers a tagged enum's
+/// content, so `serde_ignored` would never see a misspelt key inside it, and
+/// an unknown `kind` would be echoed in serde's message.
 #[derive(Debug, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-enum RawSignIn {
-    Oidc {
-        client_id: String,
-        #[serde(default)]
-        client_secret_file: Option<PathBuf>,
-    },
-    Local,
+struct RawSignIn {
+    kind: String,
+    #[serde(default)]
+    client_id: Option<String>,
+    #[serde(default)]
+    client_secret_file: Option<PathBuf>,
 }
 
 // ---------------------------------------------------------- validated stage
@@ -541,9 +618,12 @@ fn is_loopback_url(u: &url::Url) -> bool {
     }
 }
 
-/// Whether `u` is https, or http on a loopback host.
+/// Whether `u` is https, or http on a loopback host, and carries no
+/// credentials (secrets are never inline; an issuer URL ends up in `iss`).
 pub fn secure_or_loopback(u: &url::Url) -> bool {
-    u.scheme() == "https" || (u.scheme() == "http" && is_loopback_url(u))
+    u.username().is_empty()
+        && u.password().is_none()
+        && (u.scheme() == "https" || (u.scheme() == "http" && is_loopback_url(u)))
 }
 
 impl Config {
@@ -692,15 +772,29 @@ impl Config {
                     bad(&key("sign_in"), "every trusted issuer must be paired with a sign-in source (kind = \"oidc\" or \"local\")");
                     SignIn::Local
                 }
-                Some(RawSignIn::Local) => {
-                    if ti.issuer.trim_end_matches('/') != issuer {
-                        bad(&key("sign_in"), "local sign-in pairs only with the broker's own issuer");
+                Some(s) => match (s.kind.as_str(), s.client_id, s.client_secret_file) {
+                    ("local", None, None) => {
+                        if ti.issuer.trim_end_matches('/') != issuer {
+                            bad(&key("sign_in"), "local sign-in pairs only with the broker's own issuer");
+                        }
+                        SignIn::Local
                     }
-                    SignIn::Local
-                }
-                Some(RawSignIn::Oidc { client_id, client_secret_file }) => SignIn::Oidc {
-                    client_id,
-                    client_secret_file: client_secret_file.map(|p| rel(&p)),
+                    ("local", _, _) => {
+                        bad(&key("sign_in"), "local sign-in takes no client_id or client_secret_file");
+                        SignIn::Local
+                    }
+                    ("oidc", Some(client_id), client_secret_file) => SignIn::Oidc {
+                        client_id,
+                        client_secret_file: client_secret_file.map(|p| rel(&p)),
+                    },
+                    ("oidc", None, _) => {
+                        bad(&key("sign_in.client_id"), "OIDC sign-in needs a client_id");
+                        SignIn::Local
+                    }
+                    _ => {
+                        bad(&key("sign_in.kind"), "must be \"oidc\" or \"local\"");
+                        SignIn::Local
+                    }
                 },
             };
             let token_types = ti.token_types.unwrap_or_else(|| vec!["at+jwt".into()]);
@@ -718,9 +812,9 @@ impl Config {
             });
         }
         let mut seen = std::collections::HashSet::new();
-        for ti in &issuers {
+        for (i, ti) in issuers.iter().enumerate() {
             if !seen.insert(ti.issuer.clone()) {
-                bad("trusted_issuers", "an issuer is listed twice");
+                bad(&format!("trusted_issuers[{i}].issuer"), "an issuer is listed twice");
             }
         }
 
@@ -932,11 +1026,12 @@ fn validate_provider(
     })
 }
 
-/// Reads a secret file, refusing one that others can read (mode must be
-/// 0600 or stricter) or that is a symlink.
+/// Reads a secret file, refusing one that group or others can read (mode
+/// must be 0600 or stricter) or that is not a regular file. Symlinks are
+/// followed and the target is checked: Kubernetes mounts secrets as links.
 pub fn read_secret_file(path: &Path) -> Result<crate::secret::SecretBytes, std::io::Error> {
     use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::symlink_metadata(path)?;
+    let meta = std::fs::metadata(path)?;
     if !meta.file_type().is_file() {
         return Err(std::io::Error::other(format!(
             "{} is not a regular file",

@@ -134,9 +134,11 @@ struct Shard {
 }
 
 impl ReplayCache {
-    /// A cache holding at most `capacity` live entries.
+    /// A cache holding `capacity` live entries, rounded up to a multiple of
+    /// the number of shards (at most 16). A shard that is full refuses.
     pub fn new(capacity: usize) -> ReplayCache {
-        let n = 16;
+        // Fewer shards for a tiny cache, so that its capacity is exact.
+        let n = capacity.clamp(1, 16);
         ReplayCache {
             shards: (0..n).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard: capacity.div_ceil(n).max(1),
@@ -161,7 +163,15 @@ impl ReplayCache {
             return Err(DpopError::Replay);
         }
         if s.seen.len() >= self.per_shard {
-            return Err(DpopError::ReplayCacheFull);
+            // Expiry times are not in insertion order (`iat` may be ahead of
+            // now), so expired entries can sit behind a live one at the
+            // front. Reclaim them before refusing; this costs a scan only
+            // when the shard is full.
+            s.seen.retain(|_, exp| *exp > now);
+            s.order.retain(|(_, exp)| *exp > now);
+            if s.seen.len() >= self.per_shard {
+                return Err(DpopError::ReplayCacheFull);
+            }
         }
         s.seen.insert(key, expires);
         s.order.push_back((key, expires));
@@ -292,7 +302,8 @@ impl Validator {
         if normalize_htu(&claims.htu).as_deref() != Some(expect.htu) {
             return Err(DpopError::Htu);
         }
-        if (claims.iat - expect.now).abs() > IAT_WINDOW {
+        // abs_diff: `iat - now` could overflow (and wrap to pass in release).
+        if claims.iat.abs_diff(expect.now) > IAT_WINDOW.unsigned_abs() {
             return Err(DpopError::Iat);
         }
         if let Some(token) = expect.access_token {

@@ -414,8 +414,9 @@ impl Broker {
                 retry_after: Limits::retry_after(&nu),
             });
         }
-        // The freeze comes first, so that every refusal says so.
-        if self.is_frozen() {
+        // The freeze comes first, so that every refusal says so. The file's
+        // flag is read from this derive's snapshot, like everything else.
+        if self.frozen.load(Ordering::SeqCst) || policy.frozen {
             return Err(DeriveError::Denied(DenyReason::Frozen));
         }
         // Request.

@@ -101,12 +101,18 @@ pub struct Header {
     /// `jwk` (DPoP proofs only).
     #[serde(default)]
     pub jwk: Option<Value>,
-    /// `crit`: presence alone is an error.
-    #[serde(default)]
-    crit: Option<Value>,
+    /// `crit`: presence alone is an error, whatever the value (even `null`,
+    /// which an `Option` would read as absent).
+    #[serde(default, deserialize_with = "present")]
+    crit: bool,
     /// `b64` (RFC 7797): refused; we only do the base64url payload.
-    #[serde(default)]
-    b64: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    b64: bool,
+}
+
+/// Records that a member is present, whatever its value.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
 }
 
 /// A parsed, not yet verified, compact JWS.
@@ -161,7 +167,7 @@ pub fn parse(token: &str, max_len: usize) -> Result<Jws<'_>, JoseError> {
     let signature = b64d(s, "signature")?;
     let header: Header =
         serde_json::from_slice(&header_bytes).map_err(|_| JoseError::Json("header"))?;
-    if header.crit.is_some() || header.b64.is_some() {
+    if header.crit || header.b64 {
         return Err(JoseError::Crit);
     }
     Ok(Jws {
@@ -304,7 +310,15 @@ impl Jwk {
                 let (ns, es) = (required(obj, "n")?, required(obj, "e")?);
                 let n = b64d(ns, "jwk")?;
                 let e = b64d(es, "jwk")?;
-                if n.len() < 256 || n.first() == Some(&0) || e.is_empty() || e.len() > 8 {
+                // Count bits, not bytes: a 256-byte modulus may have fewer
+                // than 2048 bits. Leading zeros would also change the
+                // thumbprint of the same key (RFC 7518 section 2, minimal
+                // octets).
+                let n_bits = match n.first() {
+                    Some(&top) if top != 0 => n.len() * 8 - top.leading_zeros() as usize,
+                    _ => 0,
+                };
+                if n_bits < 2048 || e.is_empty() || e.len() > 8 || e.first() == Some(&0) {
                     return Err(JoseError::Key("RSA key too small or malformed"));
                 }
                 let canonical = format!(r#"{{"e":"{es}","kty":"RSA","n":"{ns}"}}"#);
@@ -471,15 +485,23 @@ impl Es256Key {
     }
 }
 
+/// Bound on the magnitude of a NumericDate (about 31 million years), so that
+/// callers can add or subtract skews and windows without overflow.
+const MAX_NUMERIC_DATE: i64 = 1_000_000_000_000_000;
+
 /// A NumericDate claim: an integer or a finite number of seconds, floored.
-/// Strings, booleans and non-finite values are refused.
+/// Strings, booleans, non-finite values and values of 1e15 or more in
+/// magnitude are refused.
 pub fn numeric_date<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
     let v = serde_json::Number::deserialize(d)?;
     if let Some(i) = v.as_i64() {
-        return Ok(i);
+        if i.unsigned_abs() < MAX_NUMERIC_DATE.unsigned_abs() {
+            return Ok(i);
+        }
+        return Err(serde::de::Error::custom("NumericDate out of range"));
     }
     match v.as_f64() {
-        Some(f) if f.is_finite() && f.abs() < 1e15 => Ok(f.floor() as i64),
+        Some(f) if f.is_finite() && f.abs() < MAX_NUMERIC_DATE as f64 => Ok(f.floor() as i64),
         _ => Err(serde::de::Error::custom("NumericDate out of range")),
     }
 }

@@ -286,6 +286,8 @@ pub async fn run(
     let (tx, rx) = tokio::sync::watch::channel(false);
     let cfg = broker.config.clone();
     let allowed = Arc::new(cfg.socket.allowed_uids.clone());
+    // Before the sockets answer: installs the SIGHUP handler (see reload).
+    let reload = crate::policy::reload::spawn(broker.clone(), rx.clone());
 
     let b = broker.clone();
     let api = tokio::spawn(serve_unix(
@@ -357,6 +359,7 @@ pub async fn run(
         let _ = p.await;
     }
     let _ = house.await;
+    let _ = reload.await;
     let _ = std::fs::remove_file(&cfg.socket.path);
     let _ = std::fs::remove_file(&cfg.admin_socket);
     Ok(())

@@ -15,7 +15,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use serde::Deserialize;
@@ -26,6 +26,12 @@ use crate::jose::{self, Alg, JoseError, JwkSet};
 
 /// Token size cap.
 pub const MAX_TOKEN_LEN: usize = 8 * 1024;
+/// A verifier built from issuer metadata refetches the JWKS on an unknown
+/// `kid` at most this often (seconds), so that tokens with made-up `kid`s
+/// cannot turn it into a request flood against the issuer.
+pub const JWKS_REFRESH_INTERVAL: i64 = 60;
+/// JWKS and metadata documents larger than this are refused.
+pub const MAX_KEYS_DOCUMENT: usize = 64 * 1024;
 
 /// Why a request was refused. Each maps to a 401 with a
 /// `WWW-Authenticate: DPoP` challenge ([`VerifyError::challenge`]).
@@ -40,9 +46,13 @@ pub enum VerifyError {
     /// JWS problems.
     #[error("token: {0}")]
     Token(#[from] JoseError),
-    /// Not `at+jwt`, not ES256, unknown key.
+    /// Not `at+jwt`, not ES256.
     #[error("token header is not acceptable")]
     Header,
+    /// No key in the JWKS matches the token's `kid` (the issuer may have
+    /// rotated: see [`Verifier::verify_refreshing`]).
+    #[error("token signing key is unknown")]
+    UnknownKey,
     /// Claims missing or of the wrong type.
     #[error("token claims are missing or malformed")]
     Claims,
@@ -146,6 +156,10 @@ pub struct Verifier {
     issuer: String,
     audience: String,
     keys: ArcSwap<JwkSet>,
+    /// Where the keys came from, when they came from issuer metadata.
+    jwks_uri: Option<String>,
+    /// When the JWKS was last refetched because of an unknown `kid`.
+    last_refresh: Mutex<Option<i64>>,
     proofs: dpop::Validator,
     clock: SharedClock,
 }
@@ -160,23 +174,21 @@ impl Verifier {
             issuer: issuer.trim_end_matches('/').to_owned(),
             audience: audience.to_owned(),
             keys: ArcSwap::from_pointee(JwkSet::from_json(jwks).map_err(|_| VerifyError::Keys)?),
+            jwks_uri: None,
+            last_refresh: Mutex::new(None),
             proofs: dpop::Validator::new(vec![Alg::ES256], 100_000, None),
             clock: Arc::new(SystemClock),
         })
     }
 
-    /// A verifier that reads the issuer's RFC 8414 metadata and JWKS.
+    /// A verifier that reads the issuer's RFC 8414 metadata and JWKS. It
+    /// remembers the `jwks_uri`, so [`Verifier::verify_refreshing`] can pick
+    /// up rotated keys.
     pub async fn from_issuer(issuer: &str, audience: &str) -> Result<Verifier, VerifyError> {
-        let http = crate::subject::http_client();
         let issuer = issuer.trim_end_matches('/');
-        let meta: serde_json::Value = http
-            .get(format!("{issuer}/.well-known/oauth-authorization-server"))
-            .send()
-            .await
-            .map_err(|_| VerifyError::Keys)?
-            .json()
-            .await
-            .map_err(|_| VerifyError::Keys)?;
+        let meta = fetch(&format!("{issuer}/.well-known/oauth-authorization-server")).await?;
+        let meta: serde_json::Value =
+            serde_json::from_slice(&meta).map_err(|_| VerifyError::Keys)?;
         if meta.get("issuer").and_then(|v| v.as_str()) != Some(issuer) {
             return Err(VerifyError::Issuer);
         }
@@ -184,15 +196,43 @@ impl Verifier {
             .get("jwks_uri")
             .and_then(|v| v.as_str())
             .ok_or(VerifyError::Keys)?;
-        let jwks = http
-            .get(jwks_uri)
-            .send()
-            .await
-            .map_err(|_| VerifyError::Keys)?
-            .bytes()
-            .await
-            .map_err(|_| VerifyError::Keys)?;
-        Verifier::from_jwks(issuer, audience, &jwks)
+        let jwks = fetch(jwks_uri).await?;
+        let mut v = Verifier::from_jwks(issuer, audience, &jwks)?;
+        v.jwks_uri = Some(jwks_uri.to_owned());
+        Ok(v)
+    }
+
+    /// Refetches the JWKS from the issuer's `jwks_uri`, unless the verifier
+    /// has no `jwks_uri` (built with [`Verifier::from_jwks`]) or the last
+    /// refetch was less than [`JWKS_REFRESH_INTERVAL`] ago. Returns whether
+    /// new keys were loaded.
+    pub async fn refresh_keys(&self) -> Result<bool, VerifyError> {
+        let Some(uri) = &self.jwks_uri else {
+            return Ok(false);
+        };
+        let now = self.clock.now();
+        {
+            // Claim the slot before fetching: concurrent requests with unknown
+            // kids then share one fetch instead of each starting their own.
+            let mut last = self.last_refresh.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| now - t < JWKS_REFRESH_INTERVAL) {
+                return Ok(false);
+            }
+            *last = Some(now);
+        }
+        self.set_jwks(&fetch(uri).await?)?;
+        Ok(true)
+    }
+
+    /// [`Verifier::verify`], and when the token names a key the verifier does
+    /// not know, one [`Verifier::refresh_keys`] and a second try. The first
+    /// try stops before the proof is looked at, so the retry does not see
+    /// its own `jti` as a replay.
+    pub async fn verify_refreshing(&self, req: &Presented<'_>) -> Result<Verified, VerifyError> {
+        match self.verify(req) {
+            Err(VerifyError::UnknownKey) if self.refresh_keys().await? => self.verify(req),
+            other => other,
+        }
     }
 
     /// Replaces the clock (tests).
@@ -203,8 +243,9 @@ impl Verifier {
 
     /// Replaces the keys (after refetching a rotated JWKS).
     pub fn set_jwks(&self, jwks: &[u8]) -> Result<(), VerifyError> {
-        self.keys
-            .store(Arc::new(JwkSet::from_json(jwks).map_err(|_| VerifyError::Keys)?));
+        self.keys.store(Arc::new(
+            JwkSet::from_json(jwks).map_err(|_| VerifyError::Keys)?,
+        ));
         Ok(())
     }
 
@@ -219,7 +260,14 @@ impl Verifier {
         let token = token.trim();
         let now = self.clock.now();
         let jws = jose::parse(token, MAX_TOKEN_LEN)?;
-        if jws.header.typ.as_deref().map(str::to_ascii_lowercase).as_deref() != Some("at+jwt") {
+        if jws
+            .header
+            .typ
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+            != Some("at+jwt")
+        {
             return Err(VerifyError::Header);
         }
         if Alg::parse(&jws.header.alg) != Ok(Alg::ES256) {
@@ -228,9 +276,10 @@ impl Verifier {
         let keys = self.keys.load();
         let key = keys
             .select(jws.header.kid.as_deref(), Alg::ES256)
-            .ok_or(VerifyError::Header)?;
+            .ok_or(VerifyError::UnknownKey)?;
         key.verify(Alg::ES256, &jws)?;
-        let c: TokenClaims = serde_json::from_slice(&jws.payload).map_err(|_| VerifyError::Claims)?;
+        let c: TokenClaims =
+            serde_json::from_slice(&jws.payload).map_err(|_| VerifyError::Claims)?;
         if c.iss != self.issuer {
             return Err(VerifyError::Issuer);
         }
@@ -257,7 +306,12 @@ impl Verifier {
         Ok(Verified {
             sub: c.sub,
             subject_iss: c.subject_iss,
-            scopes: c.scope.split(' ').filter(|s| !s.is_empty()).map(str::to_owned).collect(),
+            scopes: c
+                .scope
+                .split(' ')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
             agent: c.act.sub,
             tool: c.act.tool.unwrap_or_default(),
             jkt: valid.jkt,
@@ -265,4 +319,25 @@ impl Verifier {
             jti: c.jti,
         })
     }
+}
+
+/// GET `uri`: a success status and a body of at most [`MAX_KEYS_DOCUMENT`].
+async fn fetch(uri: &str) -> Result<bytes::Bytes, VerifyError> {
+    let resp = crate::subject::http_client()
+        .get(uri)
+        .send()
+        .await
+        .map_err(|_| VerifyError::Keys)?;
+    if !resp.status().is_success()
+        || resp
+            .content_length()
+            .is_some_and(|n| n > MAX_KEYS_DOCUMENT as u64)
+    {
+        return Err(VerifyError::Keys);
+    }
+    let body = resp.bytes().await.map_err(|_| VerifyError::Keys)?;
+    if body.len() > MAX_KEYS_DOCUMENT {
+        return Err(VerifyError::Keys);
+    }
+    Ok(body)
 }

@@ -15,14 +15,23 @@ async fn connect_then_allow_then_provider_token() {
 
     // No account: connect_required, with a link.
     let r = refused(env.derive(&k, "alice", "acme.issues").await);
-    assert_eq!((r.status, r.error.as_str(), r.reason.as_deref()), (400, "invalid_grant", Some("connect_required")));
+    assert_eq!(
+        (r.status, r.error.as_str(), r.reason.as_deref()),
+        (400, "invalid_grant", Some("connect_required"))
+    );
     let uri = r.connect_uri.clone().unwrap();
-    assert!(uri.starts_with(&format!("{}/connect/", env.broker.issuer)), "{uri}");
+    assert!(
+        uri.starts_with(&format!("{}/connect/", env.broker.issuer)),
+        "{uri}"
+    );
     assert_eq!(uri.rsplit('/').next().unwrap().len(), 43);
     let expires = r.connect_expires_in.unwrap();
     assert!((1790..=1800).contains(&expires), "{expires}");
     let msg = r.connect_message.clone().unwrap();
-    assert!(msg.contains("\"repo-helper\"") && msg.contains("Acme"), "{msg}");
+    assert!(
+        msg.contains("\"repo-helper\"") && msg.contains("Acme"),
+        "{msg}"
+    );
     assert!(r.connect_id.as_deref().is_some_and(|id| !id.is_empty()));
     // Asking again: the same link.
     let again = refused(env.derive(&k, "alice", "acme.issues").await);
@@ -36,26 +45,51 @@ async fn connect_then_allow_then_provider_token() {
 
     let t = issued(env.derive(&k, "alice", "acme.issues").await);
     assert_eq!(t.token_type, "Bearer", "the provider's token_type");
-    assert_eq!(t.sender_constrained, Some(false), "the answer says the token is not bound");
+    assert_eq!(
+        t.sender_constrained,
+        Some(false),
+        "the answer says the token is not bound"
+    );
     assert_eq!(t.scope, "repo");
-    assert!(t.expires_in > 3000 && t.expires_in <= 3600, "{}", t.expires_in);
-    assert!(env.peer.issued_tokens().await.contains(t.access_token.expose()), "the provider issued it");
+    assert!(
+        t.expires_in > 3000 && t.expires_in <= 3600,
+        "{}",
+        t.expires_in
+    );
+    assert!(
+        env.peer
+            .issued_tokens()
+            .await
+            .contains(t.access_token.expose()),
+        "the provider issued it"
+    );
     let events = env.broker.audit_lines();
     let last = events.last().unwrap();
     assert_eq!(last["event"], "derive.issued");
-    assert_eq!(last["narrowed"], false, "the event records that the token was not narrowed");
-    assert!(!serde_json::to_string(&events).unwrap().contains(t.access_token.expose()));
+    assert_eq!(
+        last["narrowed"], false,
+        "the event records that the token was not narrowed"
+    );
+    assert!(!serde_json::to_string(&events)
+        .unwrap()
+        .contains(t.access_token.expose()));
 
     // The account was granted read:org (a default scope of the provider)
     // but the agent was allowed only `repo`: allow_required.
     let a = refused(env.derive(&k, "alice", "acme.org").await);
     assert_eq!(a.reason.as_deref(), Some("allow_required"));
     assert!(a.connect_message.unwrap().contains("read:org"));
-    env.play_pages(&a.connect_uri.unwrap(), "alice", "octo-alice").await;
+    env.play_pages(&a.connect_uri.unwrap(), "alice", "octo-alice")
+        .await;
     let t = issued(env.derive(&k, "alice", "acme.org").await);
     assert_eq!(t.scope, "read:org");
     // Bob still has no account; the self source still works.
-    assert_eq!(refused(env.derive(&k, "bob", "acme.issues").await).reason.as_deref(), Some("connect_required"));
+    assert_eq!(
+        refused(env.derive(&k, "bob", "acme.issues").await)
+            .reason
+            .as_deref(),
+        Some("connect_required")
+    );
     env.broker.derive_ok(&k).await;
 }
 
@@ -65,7 +99,8 @@ async fn connected(env: &mut ServiceEnv, ttl: i64) {
     env.peer.set_access_ttl(ttl).await;
     let k = key();
     let r = refused(env.derive(&k, "alice", "acme.issues").await);
-    env.play_pages(&r.connect_uri.unwrap(), "alice", "octo-alice").await;
+    env.play_pages(&r.connect_uri.unwrap(), "alice", "octo-alice")
+        .await;
     assert_eq!(env.peer.refreshes().await, 0);
 }
 
@@ -102,13 +137,24 @@ async fn expiring_token_is_refreshed_exactly_once_under_200_concurrent_derives()
     for t in tasks {
         let t = issued(t.await.unwrap());
         tokens.insert(t.access_token.expose().clone());
-        assert!(t.expires_in > 3000, "every answer carries the refreshed token");
+        assert!(
+            t.expires_in > 3000,
+            "every answer carries the refreshed token"
+        );
     }
-    assert_eq!(env.peer.refreshes().await, 1, "exactly one refresh for 200 concurrent derives");
+    assert_eq!(
+        env.peer.refreshes().await,
+        1,
+        "exactly one refresh for 200 concurrent derives"
+    );
     assert_eq!(tokens.len(), 1, "all 200 got the one refreshed token");
     // The rotated refresh token was saved: one more refresh works later.
     issued(env.derive(&key(), "alice", "acme.issues").await);
-    assert_eq!(env.peer.refreshes().await, 1, "a fresh token is not refreshed again");
+    assert_eq!(
+        env.peer.refreshes().await,
+        1,
+        "a fresh token is not refreshed again"
+    );
 }
 
 #[tokio::test]
@@ -122,14 +168,20 @@ async fn revoked_grant_becomes_reconnect_required_and_is_not_retried() {
 
     env.peer.revoke_account("octo-alice").await;
     let r = refused(env.derive(&k, "alice", "acme.issues").await);
-    assert_eq!((r.status, r.error.as_str(), r.reason.as_deref()), (400, "invalid_grant", Some("reconnect_required")));
+    assert_eq!(
+        (r.status, r.error.as_str(), r.reason.as_deref()),
+        (400, "invalid_grant", Some("reconnect_required"))
+    );
     assert!(r.connect_message.as_deref().unwrap().contains("renewed"));
     let before = env.peer.stats().await["token_requests"].as_u64().unwrap();
     // No retry loop: the account is marked, the provider is not asked again.
     let r2 = refused(env.derive(&k, "alice", "acme.issues").await);
     assert_eq!(r2.reason.as_deref(), Some("reconnect_required"));
     assert_eq!(r2.connect_uri, r.connect_uri, "the same reconnect link");
-    assert_eq!(env.peer.stats().await["token_requests"].as_u64().unwrap(), before);
+    assert_eq!(
+        env.peer.stats().await["token_requests"].as_u64().unwrap(),
+        before
+    );
     // acme.org now also needs the reconnect (the account comes first), so
     // the open allow link of (alice, repo-helper, acme) is replaced...
     let r3 = refused(env.derive(&k, "alice", "acme.org").await);
@@ -139,14 +191,21 @@ async fn revoked_grant_becomes_reconnect_required_and_is_not_retried() {
     env.broker.stop();
     {
         let parts = env.open_parts();
-        let old = allow.connect_uri.as_deref().unwrap().rsplit('/').next().unwrap();
+        let old = allow
+            .connect_uri
+            .as_deref()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap();
         assert!(parts.links.resolve(old, now()).unwrap().is_none());
     }
     env.broker.restart();
 
     // Positive control: reconnecting (same account) makes derives work again.
     env.peer.set_access_ttl(3600).await;
-    env.play_pages(r3.connect_uri.as_deref().unwrap(), "alice", "octo-alice").await;
+    env.play_pages(r3.connect_uri.as_deref().unwrap(), "alice", "octo-alice")
+        .await;
     let t = issued(env.derive(&k, "alice", "acme.issues").await);
     assert_eq!(t.token_type, "Bearer");
 }
@@ -157,15 +216,27 @@ async fn provider_down_slow_or_broken_gives_503_within_the_timeout_never_a_stale
     connected(&mut env, 30).await;
     let k = key();
     let stale = env.peer.issued_tokens().await;
-    let issued_events = |b: &TestBroker| b.audit_lines().iter().filter(|e| e["event"] == "derive.issued").count();
+    let issued_events = |b: &TestBroker| {
+        b.audit_lines()
+            .iter()
+            .filter(|e| e["event"] == "derive.issued")
+            .count()
+    };
     let issued_before = issued_events(&env.broker);
     for mode in ["hang", "500", "badjson"] {
         env.peer.set_token_mode(mode).await;
         let started = Instant::now();
         let r = refused(env.derive(&k, "alice", "acme.issues").await);
         let took = started.elapsed();
-        assert_eq!((r.status, r.error.as_str(), r.reason.as_deref()), (503, "temporarily_unavailable", Some("upstream_unavailable")), "{mode}");
-        assert!(took < Duration::from_millis(1500 + 1000), "{mode}: took {took:?}");
+        assert_eq!(
+            (r.status, r.error.as_str(), r.reason.as_deref()),
+            (503, "temporarily_unavailable", Some("upstream_unavailable")),
+            "{mode}"
+        );
+        assert!(
+            took < Duration::from_millis(1500 + 1000),
+            "{mode}: took {took:?}"
+        );
         assert!(r.retry_after.is_some());
     }
     // Ten derives at once against a hanging provider: one waits for the
@@ -193,14 +264,25 @@ async fn provider_down_slow_or_broken_gives_503_within_the_timeout_never_a_stale
     for t in tasks {
         assert_eq!(refused(t.await.unwrap()).status, 503);
     }
-    assert!(started.elapsed() < Duration::from_millis(2 * 1500 + 1000), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(2 * 1500 + 1000),
+        "took {:?}",
+        started.elapsed()
+    );
     // The stored token (30 s left, inside the 60 s margin) was never handed out.
-    assert_eq!(issued_events(&env.broker), issued_before, "nothing was issued while the provider failed");
+    assert_eq!(
+        issued_events(&env.broker),
+        issued_before,
+        "nothing was issued while the provider failed"
+    );
 
     // Positive control: the provider answers again, the token is refreshed.
     env.peer.set_token_mode("ok").await;
     let t = issued(env.derive(&k, "alice", "acme.issues").await);
-    assert!(!stale.contains(t.access_token.expose()), "a new token, not the stale one");
+    assert!(
+        !stale.contains(t.access_token.expose()),
+        "a new token, not the stale one"
+    );
 
     // Down: the provider process is gone (the token above has 30 s left).
     env.peer.kill();
@@ -266,7 +348,8 @@ async fn canary_provider_tokens_refresh_tokens_client_secret_and_codes_never_lea
     let r = refused(env.derive(&k, "alice", "acme.issues").await);
     codes.push(r.connect_uri.clone().unwrap());
     bodies.push(serde_json::to_string(&r).unwrap());
-    env.play_pages(r.connect_uri.as_deref().unwrap(), "alice", "octo-alice").await;
+    env.play_pages(r.connect_uri.as_deref().unwrap(), "alice", "octo-alice")
+        .await;
     env.peer.set_access_ttl(3600).await;
     let t = issued(env.derive(&k, "alice", "acme.issues").await);
     assert_eq!(env.peer.refreshes().await, 1);
@@ -278,7 +361,8 @@ async fn canary_provider_tokens_refresh_tokens_client_secret_and_codes_never_lea
     env.peer.set_access_ttl(30).await;
     let b = refused(env.derive(&k, "bob", "acme.issues").await);
     codes.push(b.connect_uri.clone().unwrap());
-    env.play_pages(b.connect_uri.as_deref().unwrap(), "bob", "octo-bob").await;
+    env.play_pages(b.connect_uri.as_deref().unwrap(), "bob", "octo-bob")
+        .await;
     env.peer.set_token_mode("500").await;
     let down = refused(env.derive(&k, "bob", "acme.issues").await);
     assert_eq!(down.status, 503);
@@ -303,10 +387,16 @@ async fn canary_provider_tokens_refresh_tokens_client_secret_and_codes_never_lea
     let metrics = env.broker.metrics();
 
     let mut secrets: Vec<String> = env.peer.issued_tokens().await;
-    assert!(secrets.contains(t.access_token.expose()), "the canary list holds what was handed out");
+    assert!(
+        secrets.contains(t.access_token.expose()),
+        "the canary list holds what was handed out"
+    );
     assert!(secrets.len() >= 6, "{} tokens", secrets.len());
     secrets.push(env.client_secret.clone());
-    let code_values: Vec<String> = codes.iter().map(|u| u.rsplit('/').next().unwrap().to_string()).collect();
+    let code_values: Vec<String> = codes
+        .iter()
+        .map(|u| u.rsplit('/').next().unwrap().to_string())
+        .collect();
 
     env.broker.stop();
     let log = std::fs::read(&env.broker.log).unwrap();
@@ -316,7 +406,10 @@ async fn canary_provider_tokens_refresh_tokens_client_secret_and_codes_never_lea
     for f in files_under(&env.broker.path("data")) {
         db.extend(std::fs::read(f).unwrap());
     }
-    assert!(contains(&db, b"octo-alice"), "positive control: the scan reads the store's bytes");
+    assert!(
+        contains(&db, b"octo-alice"),
+        "positive control: the scan reads the store's bytes"
+    );
     for s in secrets.iter().chain(code_values.iter()) {
         for (what, hay) in [("log", &log), ("audit", &audit), ("store", &db)] {
             assert!(!contains(hay, s.as_bytes()), "a secret is in the {what}");
@@ -326,7 +419,10 @@ async fn canary_provider_tokens_refresh_tokens_client_secret_and_codes_never_lea
     }
     for s in &secrets {
         for b in &bodies {
-            assert!(!b.contains(s.as_str()), "a provider secret is in an error body");
+            assert!(
+                !b.contains(s.as_str()),
+                "a provider secret is in an error body"
+            );
         }
     }
 }

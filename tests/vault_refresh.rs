@@ -28,7 +28,9 @@ struct FailingStore {
 impl FailingStore {
     fn check(&self) -> Result<(), StoreError> {
         if self.fail.load(Ordering::SeqCst) {
-            Err(StoreError::Backend("No space left on device (os error 28)".into()))
+            Err(StoreError::Backend(
+                "No space left on device (os error 28)".into(),
+            ))
         } else {
             Ok(())
         }
@@ -50,7 +52,13 @@ impl Store for FailingStore {
     fn scan_prefix(&self, t: Tree, p: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
         self.inner.scan_prefix(t, p)
     }
-    fn compare_and_swap(&self, t: Tree, k: &[u8], e: Option<&[u8]>, n: Option<&[u8]>) -> Result<bool, StoreError> {
+    fn compare_and_swap(
+        &self,
+        t: Tree,
+        k: &[u8],
+        e: Option<&[u8]>,
+        n: Option<&[u8]>,
+    ) -> Result<bool, StoreError> {
         self.check()?;
         self.inner.compare_and_swap(t, k, e, n)
     }
@@ -71,23 +79,34 @@ fn provider(peer: &OidcPeer, dir: &std::path::Path) -> Provider {
         redirect_uri: REDIRECT.into(),
         scopes: vec![],
         narrow_on_refresh: false,
-        account: AccountLookup::Userinfo { id_claim: "sub".into(), name_claim: "preferred_username".into() },
+        account: AccountLookup::Userinfo {
+            id_claim: "sub".into(),
+            name_claim: "preferred_username".into(),
+        },
         timeout: Duration::from_secs(3),
     })
     .unwrap()
 }
 
 fn alice() -> Person {
-    Person { iss: "https://idp.example".into(), sub: "alice".into() }
+    Person {
+        iss: "https://idp.example".into(),
+        sub: "alice".into(),
+    }
 }
 
 async fn connect(peer: &OidcPeer, p: &Provider, vault: &Vault) {
     let scopes = vec!["openid".to_string(), "repo".to_string()];
     let req = p.authorization_request(&scopes, &[]).await.unwrap();
     let back = peer.authorize(&req.url, "octo-alice").await;
-    let t = p.exchange_code(&back["code"], req.verifier.expose()).await.unwrap();
+    let t = p
+        .exchange_code(&back["code"], req.verifier.expose())
+        .await
+        .unwrap();
     let who = p.account_info(t.access_token.expose()).await.unwrap();
-    vault.connect_account(&alice(), "acme", &p.id(), &who, &t, &scopes, support::now()).unwrap();
+    vault
+        .connect_account(&alice(), "acme", &p.id(), &who, &t, &scopes, support::now())
+        .unwrap();
 }
 
 fn repo() -> Vec<String> {
@@ -100,7 +119,10 @@ async fn rotated_refresh_token_not_saved_becomes_reconnect_required_without_a_re
     let peer = OidcPeer::start("client-secret-canary-s2", REDIRECT);
     let p = provider(&peer, dir.path());
     let sled: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join("data")).unwrap());
-    let failing = Arc::new(FailingStore { inner: sled.clone(), fail: AtomicBool::new(false) });
+    let failing = Arc::new(FailingStore {
+        inner: sled.clone(),
+        fail: AtomicBool::new(false),
+    });
     let key_dir = dir.path().join("keys/vault");
     let vault = Vault::open(failing.clone(), &key_dir).unwrap();
     peer.set_access_ttl(30).await;
@@ -108,12 +130,19 @@ async fn rotated_refresh_token_not_saved_becomes_reconnect_required_without_a_re
     peer.set_access_ttl(3600).await;
     let person = alice();
     let scopes = repo();
-    let req = TokenRequest { person: &person, service: "acme", scopes: &scopes };
+    let req = TokenRequest {
+        person: &person,
+        service: "acme",
+        scopes: &scopes,
+    };
 
     // The provider rotates the refresh token, then the write fails (the
     // crash point): no access token is handed out.
     failing.fail.store(true, Ordering::SeqCst);
-    let err = vault.provider_token(&p, &req, &SystemClock).await.unwrap_err();
+    let err = vault
+        .provider_token(&p, &req, &SystemClock)
+        .await
+        .unwrap_err();
     assert!(matches!(err, VaultError::Store(_)), "{err:?}");
     assert_eq!(peer.refreshes().await, 1, "the provider did rotate");
     drop(vault);
@@ -123,16 +152,29 @@ async fn rotated_refresh_token_not_saved_becomes_reconnect_required_without_a_re
     let vault = Vault::open(sled.clone(), &key_dir).unwrap();
     let out = vault.provider_token(&p, &req, &SystemClock).await.unwrap();
     assert!(matches!(out, TokenOutcome::Reconnect), "{out:?}");
-    assert_eq!(vault.account(&person, "acme").unwrap().unwrap().status, AccountStatus::ReconnectRequired);
+    assert_eq!(
+        vault.account(&person, "acme").unwrap().unwrap().status,
+        AccountStatus::ReconnectRequired
+    );
     let requests = peer.stats().await["token_requests"].as_u64().unwrap();
     for _ in 0..3 {
-        assert!(matches!(vault.provider_token(&p, &req, &SystemClock).await.unwrap(), TokenOutcome::Reconnect));
+        assert!(matches!(
+            vault.provider_token(&p, &req, &SystemClock).await.unwrap(),
+            TokenOutcome::Reconnect
+        ));
     }
-    assert_eq!(peer.stats().await["token_requests"].as_u64().unwrap(), requests, "no retry loop against the provider");
+    assert_eq!(
+        peer.stats().await["token_requests"].as_u64().unwrap(),
+        requests,
+        "no retry loop against the provider"
+    );
 
     // Positive control: connecting again makes tokens flow.
     connect(&peer, &p, &vault).await;
-    assert!(matches!(vault.provider_token(&p, &req, &SystemClock).await.unwrap(), TokenOutcome::Token(_)));
+    assert!(matches!(
+        vault.provider_token(&p, &req, &SystemClock).await.unwrap(),
+        TokenOutcome::Token(_)
+    ));
 }
 
 #[tokio::test]
@@ -147,13 +189,19 @@ async fn rotated_refresh_token_is_saved_before_the_access_token_is_returned() {
     connect(&peer, &p, &vault).await;
     let person = alice();
     let scopes = repo();
-    let req = TokenRequest { person: &person, service: "acme", scopes: &scopes };
+    let req = TokenRequest {
+        person: &person,
+        service: "acme",
+        scopes: &scopes,
+    };
     // Each call refreshes (30 s tokens) and rotates; each must find the
     // refresh token saved by the previous one, or the provider would
     // answer invalid_grant (reuse) and revoke the grant.
     for i in 1..=3 {
         let out = vault.provider_token(&p, &req, &SystemClock).await.unwrap();
-        let TokenOutcome::Token(t) = out else { panic!("{out:?}") };
+        let TokenOutcome::Token(t) = out else {
+            panic!("{out:?}")
+        };
         assert!(t.refreshed);
         assert_eq!(peer.refreshes().await, i);
         // What a crash right after the return would leave: a new process
@@ -166,7 +214,10 @@ async fn rotated_refresh_token_is_saved_before_the_access_token_is_returned() {
             .find(|(_, hint)| *hint == "refresh_token")
             .unwrap()
             .0;
-        assert!(peer.refresh_token_live(refresh_token.expose()).await, "the stored refresh token is the live one");
+        assert!(
+            peer.refresh_token_live(refresh_token.expose()).await,
+            "the stored refresh token is the live one"
+        );
         assert_eq!(peer.live_refresh_tokens("octo-alice").await, 1);
     }
 }

@@ -1,4 +1,7 @@
 //! The README walkthrough, as an orchestrator and a tool would do it.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use credbroker::client::Answer;

@@ -34,8 +34,14 @@ fn github_preset_fills_endpoints_account_api_and_post_auth() {
     assert_eq!(e.revocation, None, "GitHub has no RFC 7009 endpoint");
     assert_eq!(p.client_auth, ClientAuth::Post);
     assert!(matches!(&p.account, AccountLookup::Api { name_field, .. } if name_field == "login"));
-    assert_eq!(p.redirect_uri, "http://127.0.0.1:8440/connect/callback/github");
-    assert_eq!(p.client_secret_file.as_deref(), Some(Path::new("/etc/cb/keys/gh")));
+    assert_eq!(
+        p.redirect_uri,
+        "http://127.0.0.1:8440/connect/callback/github"
+    );
+    assert_eq!(
+        p.client_secret_file.as_deref(),
+        Some(Path::new("/etc/cb/keys/gh"))
+    );
     assert_eq!(c.vault_key_dir, Path::new("/etc/cb/keys/vault"));
 }
 
@@ -48,8 +54,15 @@ fn generic_provider_by_discovery_or_explicit_endpoints() {
     assert_eq!(c.vault_key_dir, Path::new("/var/lib/cb/vk"));
 
     // Only a token endpoint: neither discovery nor explicit.
-    let err = parse("[providers.acme]\ntoken_endpoint = \"https://t.example/token\"\nclient_id = \"c\"\n").unwrap_err();
-    assert!(err.iter().any(|p| p.key.as_deref() == Some("providers.acme.token_endpoint")), "{err:?}");
+    let err = parse(
+        "[providers.acme]\ntoken_endpoint = \"https://t.example/token\"\nclient_id = \"c\"\n",
+    )
+    .unwrap_err();
+    assert!(
+        err.iter()
+            .any(|p| p.key.as_deref() == Some("providers.acme.token_endpoint")),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -60,11 +73,19 @@ fn provider_mistakes_are_all_reported_without_values() {
     .unwrap_err();
     let keys: Vec<_> = err.iter().filter_map(|p| p.key.clone()).collect();
     for want in ["name", "issuer", "client_secret_file", "timeout", "scopes"] {
-        assert!(keys.iter().any(|k| k == &format!("providers.bad name.{want}")), "{want} missing from {keys:?}");
+        assert!(
+            keys.iter()
+                .any(|k| k == &format!("providers.bad name.{want}")),
+            "{want} missing from {keys:?}"
+        );
     }
     // An unknown key is reported by its path, never with its value.
     let err = parse("[providers.good]\nissuer = \"https://id.example\"\nclient_id = \"c\"\nclient_secret = \"hunter2-secret\"\n").unwrap_err();
-    assert!(err.iter().any(|p| p.key.as_deref() == Some("providers.good.client_secret")), "{err:?}");
+    assert!(
+        err.iter()
+            .any(|p| p.key.as_deref() == Some("providers.good.client_secret")),
+        "{err:?}"
+    );
     assert!(!format!("{err:?}").contains("hunter2"));
     // Positive control: the same table written correctly loads.
     parse("[providers.good]\nissuer = \"https://id.example\"\nclient_id = \"c\"\nclient_secret_file = \"s\"\ntimeout = \"2s\"\nscopes = [\"a\"]\n").unwrap();

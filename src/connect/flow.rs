@@ -67,18 +67,39 @@ pub async fn complete_connect(
         }
     }
     let requested = scopes_to_request(provider, link);
-    vault.connect_account(&person, &link.service, &provider.id(), &who, &tokens, &requested, now)?;
+    vault.connect_account(
+        &person,
+        &link.service,
+        &provider.id(),
+        &who,
+        &tokens,
+        &requested,
+        now,
+    )?;
     vault.allow(&person, &link.agent, &link.service, &link.scopes, now)?;
     links.close(link)?;
-    vault.account(&person, &link.service)?.ok_or(CompleteError::Vault(VaultError::NoAccount))
+    vault
+        .account(&person, &link.service)?
+        .ok_or(CompleteError::Vault(VaultError::NoAccount))
 }
 
 /// Finishes an `allow` link: the person allowed the agent.
-pub fn complete_allow(vault: &Vault, links: &Links, link: &Link, now: i64) -> Result<(), CompleteError> {
+pub fn complete_allow(
+    vault: &Vault,
+    links: &Links,
+    link: &Link,
+    now: i64,
+) -> Result<(), CompleteError> {
     if link.kind != LinkKind::Allow {
         return Err(CompleteError::WrongKind);
     }
-    vault.allow(&link.person(), &link.agent, &link.service, &link.scopes, now)?;
+    vault.allow(
+        &link.person(),
+        &link.agent,
+        &link.service,
+        &link.scopes,
+        now,
+    )?;
     links.close(link)?;
     Ok(())
 }

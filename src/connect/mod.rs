@@ -26,7 +26,10 @@ use crate::secret::{SecretBytes, SecretString};
 use crate::store::{tuple_key, Store, StoreError, Tree};
 use crate::subject::Person;
 
-pub use flow::{complete_allow, complete_connect, disconnect_account, scopes_to_request, CompleteError, DisconnectReport};
+pub use flow::{
+    complete_allow, complete_connect, disconnect_account, scopes_to_request, CompleteError,
+    DisconnectReport,
+};
 
 /// How long a link stays open.
 pub const LINK_TTL: i64 = 30 * 60;
@@ -105,7 +108,12 @@ impl Link {
     }
 
     fn index_key(&self) -> Vec<u8> {
-        tuple_key(&[&self.person_iss, &self.person_sub, &self.agent, &self.service])
+        tuple_key(&[
+            &self.person_iss,
+            &self.person_sub,
+            &self.agent,
+            &self.service,
+        ])
     }
 }
 
@@ -145,7 +153,9 @@ pub struct Links {
 
 impl std::fmt::Debug for Links {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Links").field("base", &self.base).finish_non_exhaustive()
+        f.debug_struct("Links")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
     }
 }
 
@@ -154,7 +164,9 @@ fn b64() -> base64::engine::GeneralPurpose {
 }
 
 fn sha256(b: &[u8]) -> Vec<u8> {
-    aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, b).as_ref().to_vec()
+    aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, b)
+        .as_ref()
+        .to_vec()
 }
 
 impl Links {
@@ -172,7 +184,11 @@ impl Links {
     /// shares the master key makes and recognises the same codes).
     pub fn derive_key(master: &SecretBytes) -> SecretBytes {
         let k = hmac::Key::new(hmac::HMAC_SHA256, master.expose());
-        SecretBytes::new(hmac::sign(&k, b"credbroker connect-link key v1").as_ref().to_vec())
+        SecretBytes::new(
+            hmac::sign(&k, b"credbroker connect-link key v1")
+                .as_ref()
+                .to_vec(),
+        )
     }
 
     fn code_bytes(&self, id: &str) -> Vec<u8> {
@@ -192,7 +208,9 @@ impl Links {
     fn get_link(&self, hash: &[u8]) -> Result<Option<Link>, ConnectError> {
         match self.store.get(Tree::Links, hash)? {
             None => Ok(None),
-            Some(v) => serde_json::from_slice(&v).map(Some).map_err(|_| ConnectError::Corrupt),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|_| ConnectError::Corrupt),
         }
     }
 
@@ -245,10 +263,12 @@ impl Links {
             self.store.put(Tree::Links, &hash, &value)?;
             // The index switch is the moment of replacement: from here the
             // old code no longer resolves (resolve checks the index).
-            if self
-                .store
-                .compare_and_swap(Tree::LinkIndex, &ikey, current.as_deref(), Some(link.id.as_bytes()))?
-            {
+            if self.store.compare_and_swap(
+                Tree::LinkIndex,
+                &ikey,
+                current.as_deref(),
+                Some(link.id.as_bytes()),
+            )? {
                 if let Some(h) = old_hash {
                     self.store.delete(Tree::Links, &h)?;
                 }
@@ -274,7 +294,10 @@ impl Links {
         // The record must be the one its code names (a record moved to
         // another key in the store does not resolve).
         let expected = self.code_bytes(&link.id);
-        if !bool::from(subtle::ConstantTimeEq::ct_eq(expected.as_slice(), bytes.as_slice())) {
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(
+            expected.as_slice(),
+            bytes.as_slice(),
+        )) {
             return Ok(None);
         }
         if link.expires <= now {
@@ -288,9 +311,14 @@ impl Links {
 
     /// Closes a link (done, declined): its code stops resolving.
     pub fn close(&self, link: &Link) -> Result<(), ConnectError> {
+        self.store.compare_and_swap(
+            Tree::LinkIndex,
+            &link.index_key(),
+            Some(link.id.as_bytes()),
+            None,
+        )?;
         self.store
-            .compare_and_swap(Tree::LinkIndex, &link.index_key(), Some(link.id.as_bytes()), None)?;
-        self.store.delete(Tree::Links, &sha256(&self.code_bytes(&link.id)))?;
+            .delete(Tree::Links, &sha256(&self.code_bytes(&link.id)))?;
         Ok(())
     }
 
@@ -308,8 +336,12 @@ impl Links {
                 }
             };
             if link.expires <= now {
-                self.store
-                    .compare_and_swap(Tree::LinkIndex, &link.index_key(), Some(link.id.as_bytes()), None)?;
+                self.store.compare_and_swap(
+                    Tree::LinkIndex,
+                    &link.index_key(),
+                    Some(link.id.as_bytes()),
+                    None,
+                )?;
                 self.store.delete(Tree::Links, &k)?;
                 n += 1;
             }

@@ -7,8 +7,19 @@
 //! query or a fragment is refused before any comparison. Asking for more
 //! scope than the tool has is denied whole, never narrowed.
 //!
-//! The format is documented in `policy/README.md`.
+//! The format is documented in `policy/README.md`; its JSON Schema is
+//! `proto/policy.schema.json`.
+//!
+//! Submodules: [`lint`] (warnings of `policy check`), [`explain`], [`diff`],
+//! [`cases`] (`policy test`), [`cli`] (the `credbroker policy` commands) and
+//! [`reload`] (hot reload in the running broker).
 
+pub mod cases;
+pub mod cli;
+pub mod diff;
+pub mod explain;
+pub mod lint;
+pub mod reload;
 mod uri;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,7 +31,7 @@ use toml::Spanned;
 
 pub use uri::{canonical_resource, ResourceError};
 
-use crate::config::{line_col, parse_duration, parse_toml, Problem};
+use crate::config::{line_col, parse_toml, Problem};
 
 /// The longest token lifetime, whatever the policy says.
 pub const MAX_TTL: Duration = Duration::from_secs(300);
@@ -124,6 +135,10 @@ pub struct Policy {
     pub hash: String,
     /// The freeze flag written in the file.
     pub frozen: bool,
+    /// The orchestrator's steps, when the file declares them (`steps = [...]`).
+    /// When present, a request in any other step is denied, whatever the
+    /// tools list; when absent, steps are only what the tools name.
+    pub declared_steps: Option<BTreeSet<String>>,
     /// Resources by canonical identifier.
     pub resources: BTreeMap<String, Resource>,
     /// Tools by name.
@@ -163,6 +178,52 @@ pub struct Request<'a> {
     pub scope: Option<&'a [String]>,
 }
 
+/// What the broker would answer to a request, judged on the request's raw
+/// fields by the policy alone (no subject token, proof or admin freeze):
+/// what `policy test` and `policy explain` report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Allowed, with what would be issued.
+    Allow(Grant),
+    /// Denied by the policy.
+    Deny(DenyReason),
+    /// The resource is refused before the policy is asked (`invalid_target`).
+    InvalidTarget(ResourceError),
+    /// The scope is not a list of scope tokens (`invalid_request`).
+    InvalidScope,
+}
+
+impl Outcome {
+    /// `allow` or `deny`.
+    pub fn decision(&self) -> &'static str {
+        match self {
+            Outcome::Allow(_) => "allow",
+            _ => "deny",
+        }
+    }
+
+    /// The reason as the broker names it on the wire (`none` for an allow).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Outcome::Allow(_) => "none",
+            Outcome::Deny(r) => r.as_str(),
+            Outcome::InvalidTarget(_) => "invalid_target",
+            Outcome::InvalidScope => "invalid_request",
+        }
+    }
+}
+
+/// Every reason [`Outcome::reason`] can give for a denial.
+pub const DENY_REASONS: &[&str] = &[
+    "tool_not_allowed",
+    "step_not_allowed",
+    "scope_not_allowed",
+    "resource_mismatch",
+    "frozen",
+    "invalid_target",
+    "invalid_request",
+];
+
 /// Loading errors: every problem with its position.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
@@ -184,6 +245,8 @@ struct RawPolicy {
     agent: Spanned<String>,
     #[serde(default)]
     frozen: bool,
+    #[serde(default)]
+    steps: Option<Spanned<Vec<Spanned<String>>>>,
     #[serde(default)]
     resources: BTreeMap<String, RawResource>,
     #[serde(default)]
@@ -215,8 +278,10 @@ struct RawTool {
 
 /// The span of a table key such as `[tools."mail.read"]` (or a dotted key
 /// `tools."mail.read".x`) in the text; the start of the file if not found.
-/// Map keys carry no span through serde, so they are found in the text.
-fn key_span(text: &str, table: &str, key: &str) -> std::ops::Range<usize> {
+/// Map keys carry no span through serde, so they are found in the text: by
+/// the usual spellings first, then by parsing each table header, which also
+/// finds keys written with escapes or single quotes.
+pub(crate) fn key_span(text: &str, table: &str, key: &str) -> std::ops::Range<usize> {
     let quoted = format!("{table}.\"{key}\"");
     let bare = format!("{table}.{key}");
     let mut offset = 0;
@@ -224,7 +289,10 @@ fn key_span(text: &str, table: &str, key: &str) -> std::ops::Range<usize> {
         let t = line.trim_start();
         let indent = line.len() - t.len();
         for cand in [&quoted, &bare] {
-            if let Some(rest) = t.strip_prefix('[').and_then(|r| r.strip_prefix(cand.as_str())) {
+            if let Some(rest) = t
+                .strip_prefix('[')
+                .and_then(|r| r.strip_prefix(cand.as_str()))
+            {
                 if rest.starts_with(']') || rest.starts_with('.') {
                     let start = offset + indent + 1;
                     return start..start + cand.len();
@@ -233,12 +301,85 @@ fn key_span(text: &str, table: &str, key: &str) -> std::ops::Range<usize> {
         }
         offset += line.len();
     }
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let t = line.trim_start();
+        let indent = line.len() - t.len();
+        if t.starts_with('[') && !t.starts_with("[[") {
+            // A header line alone is a TOML document: `[a."b"]` -> {a: {b: {}}}.
+            if let Ok(doc) = toml::from_str::<toml::Table>(t) {
+                let found = doc
+                    .get(table)
+                    .and_then(toml::Value::as_table)
+                    .is_some_and(|tbl| tbl.contains_key(key));
+                if found {
+                    let start = offset + indent + 1;
+                    return start..start + 1;
+                }
+            }
+        }
+        offset += line.len();
+    }
     0..0
 }
 
-/// Whether `s` is a valid name: non-empty, printable, no whitespace.
+/// Whether `s` is a valid name: non-empty, at most 256 characters, no
+/// whitespace or control characters. (Counted in characters, as JSON Schema's
+/// `maxLength` counts, so the loader and the schema agree.)
 fn valid_name(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 256 && !s.chars().any(|c| c.is_control() || c.is_whitespace())
+    !s.is_empty()
+        && s.chars().count() <= 256
+        && !s.chars().any(|c| c.is_control() || c.is_whitespace())
+}
+
+/// Parses a policy lifetime: a whole number of seconds or minutes without a
+/// leading zero, from `"1s"` to `"300s"` (`"5m"`). Stricter than the config's
+/// durations on purpose: a sub-second ttl would mint tokens that are already
+/// expired, and one spelling per value keeps reviews and the schema simple.
+fn parse_policy_ttl(s: &str) -> Result<Duration, &'static str> {
+    const SHAPE: &str = "must be a whole number of seconds or minutes such as \"60s\" or \"5m\"";
+    const LONG: &str = "is longer than the 300s maximum";
+    let Some(i) = s.find(|c: char| !c.is_ascii_digit()) else {
+        return Err(SHAPE);
+    };
+    let (num, unit) = s.split_at(i);
+    if num.is_empty() || num.starts_with('0') || !matches!(unit, "s" | "m") {
+        return Err(SHAPE);
+    }
+    // More than four digits is over the maximum in either unit (and would
+    // not fit the arithmetic below without care).
+    if num.len() > 4 {
+        return Err(LONG);
+    }
+    let n: u64 = num.parse().map_err(|_| SHAPE)?;
+    let d = Duration::from_secs(if unit == "m" { n * 60 } else { n });
+    if d > MAX_TTL {
+        return Err(LONG);
+    }
+    Ok(d)
+}
+
+/// Where `[table."key"]` starts in `text`, as `file:line:column`.
+pub(crate) fn table_at(path: &Path, text: &str, table: &str, key: &str) -> String {
+    let span = key_span(text, table, key);
+    let (l, c) = line_col(text, span.start);
+    format!("{}:{l}:{c}", path.display())
+}
+
+/// Where the top-level key `key` (before any table header) starts in
+/// `text`, as `file:line:column`; the start of the file if not found.
+pub(crate) fn top_key_at(path: &Path, text: &str, key: &str) -> String {
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            break;
+        }
+        let name = t.split(['=', ' ', '\t']).next().unwrap_or("");
+        if name == key {
+            return format!("{}:{}:{}", path.display(), i + 1, line.len() - t.len() + 1);
+        }
+    }
+    format!("{}:1:1", path.display())
 }
 
 /// Whether `s` is a valid scope token (RFC 6749 section 3.3).
@@ -248,14 +389,19 @@ pub fn valid_scope_token(s: &str) -> bool {
         && s.bytes().all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
 }
 
+/// A requested `scope` that is not a space-separated list of scope tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("scope must be scope tokens separated by single spaces")]
+pub struct InvalidScope;
+
 /// Splits a requested `scope` string. `Err` if it is not a valid
 /// space-separated list of scope tokens.
-pub fn parse_scope(s: &str) -> Result<Vec<String>, ()> {
+pub fn parse_scope(s: &str) -> Result<Vec<String>, InvalidScope> {
     let v: Vec<String> = s.split(' ').map(str::to_owned).collect();
     if v.iter().all(|t| valid_scope_token(t)) {
         Ok(v)
     } else {
-        Err(())
+        Err(InvalidScope)
     }
 }
 
@@ -335,7 +481,7 @@ impl Policy {
         };
         if text.trim().is_empty() {
             return Err(PolicyError::Invalid(vec![Problem {
-                at: path.display().to_string(),
+                at: format!("{}:1:1", path.display()),
                 key: None,
                 message: "the policy is empty (an empty policy would deny everything; write `agent = ...` and the tools)".into(),
             }]));
@@ -356,23 +502,40 @@ impl Policy {
 
         let parse_ttl = |t: &Option<Spanned<String>>, key: String, bad: &mut dyn FnMut(std::ops::Range<usize>, String, &str)| -> Option<Duration> {
             let t = t.as_ref()?;
-            match parse_duration(t.get_ref()) {
-                Some(d) if !d.is_zero() && d <= MAX_TTL => Some(d),
-                Some(d) if d > MAX_TTL => {
-                    bad(t.span(), key, "is longer than the 300s maximum");
-                    None
-                }
-                _ => {
-                    bad(t.span(), key, "must be a duration such as \"300s\" or \"2m\"");
+            match parse_policy_ttl(t.get_ref()) {
+                Ok(d) => Some(d),
+                Err(message) => {
+                    bad(t.span(), key, message);
                     None
                 }
             }
         };
 
+        let declared_steps = match &raw.steps {
+            None => None,
+            Some(list) => {
+                if list.get_ref().is_empty() {
+                    bad(list.span(), "steps".into(), "declares no step, so every tool would be unreachable; list the orchestrator's steps or remove `steps`");
+                }
+                let mut set = BTreeSet::new();
+                for s in list.get_ref() {
+                    if !valid_name(s.get_ref()) {
+                        bad(s.span(), "steps".into(), "step names must not contain spaces or control characters");
+                    } else if !set.insert(s.get_ref().clone()) {
+                        bad(s.span(), "steps".into(), "step listed twice");
+                    }
+                }
+                Some(set)
+            }
+        };
+
         let mut resources = BTreeMap::new();
+        // Canonical ids of every resource key that parses, valid or not.
+        let mut declared = BTreeSet::new();
         for (id, r) in &raw.resources {
             let id = Spanned::new(key_span(text, "resources", id), id.clone());
-            let key = format!("resources.\"{}\"", id.get_ref());
+            // Debug quoting escapes control characters, so a key never prints raw.
+            let key = format!("resources.{:?}", id.get_ref());
             let canonical = match canonical_resource(id.get_ref()) {
                 Ok(c) => c,
                 Err(e) => {
@@ -380,6 +543,7 @@ impl Policy {
                     continue;
                 }
             };
+            declared.insert(canonical.clone());
             let source = match r.source.get_ref().as_str() {
                 "self" => {
                     let mut ok = true;
@@ -429,19 +593,23 @@ impl Policy {
         let mut tools = BTreeMap::new();
         for (name, t) in &raw.tools {
             let name = Spanned::new(key_span(text, "tools", name), name.clone());
-            let key = format!("tools.\"{}\"", name.get_ref());
+            let key = format!("tools.{:?}", name.get_ref());
             if !valid_name(name.get_ref()) {
                 bad(name.span(), key.clone(), "tool names must not contain spaces or control characters");
             }
+            // On a bad resource the other keys are still checked, so one
+            // run reports every problem of the tool.
             let resource = match canonical_resource(t.resource.get_ref()) {
-                Ok(c) if resources.contains_key(&c) => c,
+                Ok(c) if resources.contains_key(&c) => Some(c),
+                // Declared but invalid: its own error is already reported.
+                Ok(c) if declared.contains(&c) => None,
                 Ok(_) => {
                     bad(t.resource.span(), format!("{key}.resource"), "names a resource that is not declared under [resources]");
-                    continue;
+                    None
                 }
                 Err(e) => {
                     bad(t.resource.span(), format!("{key}.resource"), &format!("is not a usable resource URI: {e}"));
-                    continue;
+                    None
                 }
             };
             let mut scopes = BTreeSet::new();
@@ -464,6 +632,9 @@ impl Policy {
                 }
             }
             let ttl = parse_ttl(&t.ttl, format!("{key}.ttl"), &mut bad);
+            let Some(resource) = resource else {
+                continue;
+            };
             tools.insert(
                 name.get_ref().clone(),
                 Tool {
@@ -483,9 +654,59 @@ impl Policy {
             agent: raw.agent.into_inner(),
             hash: crate::jose::sha256_hex(bytes),
             frozen: raw.frozen,
+            declared_steps,
             resources,
             tools,
         })
+    }
+
+    /// Judges a request from its raw fields in the order the derive pipeline
+    /// does (`exchange::Broker::run`): freeze, scope syntax, resource, then
+    /// [`Policy::decide`]. Keep the two in step.
+    pub fn evaluate(&self, step: &str, tool: &str, resource: &str, scope: Option<&str>) -> Outcome {
+        if self.frozen {
+            return Outcome::Deny(DenyReason::Frozen);
+        }
+        let scope = match scope.map(parse_scope) {
+            None => None,
+            Some(Ok(v)) => Some(v),
+            Some(Err(_)) => return Outcome::InvalidScope,
+        };
+        let resource = match canonical_resource(resource) {
+            Ok(r) => r,
+            Err(e) => return Outcome::InvalidTarget(e),
+        };
+        match self.decide(&Request {
+            step,
+            tool,
+            resource: &resource,
+            scope: scope.as_deref(),
+        }) {
+            Decision::Allow(g) => Outcome::Allow(g),
+            Decision::Deny(r) => Outcome::Deny(r),
+        }
+    }
+
+    /// The steps in which `tool` can really be used: the ones it lists, less
+    /// any the policy's `steps` declaration does not have; none while frozen.
+    pub fn reachable_steps(&self, tool: &Tool) -> BTreeSet<String> {
+        if self.frozen {
+            return BTreeSet::new();
+        }
+        match &self.declared_steps {
+            None => tool.steps.clone(),
+            Some(d) => tool.steps.intersection(d).cloned().collect(),
+        }
+    }
+
+    /// The lifetime cap of tokens for `tool`: its own ttl, its resource's,
+    /// and [`MAX_TTL`], whichever is shortest.
+    pub fn tool_ttl(&self, tool: &Tool) -> Duration {
+        let resource = self
+            .resources
+            .get(&tool.resource)
+            .map_or(MAX_TTL, |r| r.ttl);
+        tool.ttl.map_or(resource, |t| t.min(resource)).min(MAX_TTL)
     }
 
     /// Decides one request. Deny unless every check passes.
@@ -497,6 +718,11 @@ impl Policy {
             return Decision::Deny(DenyReason::ToolNotAllowed);
         };
         if !tool.steps.contains(req.step) {
+            return Decision::Deny(DenyReason::StepNotAllowed);
+        }
+        // A declared step list is a closed world: a tool entry naming a step
+        // the orchestrator does not have grants nothing (`policy check` warns).
+        if self.declared_steps.as_ref().is_some_and(|d| !d.contains(req.step)) {
             return Decision::Deny(DenyReason::StepNotAllowed);
         }
         if tool.resource != req.resource {

@@ -56,6 +56,12 @@ pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
     if lower.contains("%2e") || lower.contains("%2f") || lower.contains("%5c") || lower.contains("%00") {
         return Err(ResourceError::Ambiguous);
     }
+    // `scheme://authority` spelled out: the URL parser would also accept
+    // `https:host` or `https:///host` and make them the same resource.
+    match raw.split_once("://") {
+        Some((_, rest)) if !rest.is_empty() && !rest.starts_with('/') => {}
+        _ => return Err(ResourceError::NotAbsolute),
+    }
     let url = url::Url::parse(raw).map_err(|_| ResourceError::NotAbsolute)?;
     if url.cannot_be_a_base() || url.host().is_none() {
         return Err(ResourceError::NotAbsolute);
@@ -72,9 +78,28 @@ pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
     if !crate::config::secure_or_loopback(&url) {
         return Err(ResourceError::Scheme);
     }
-    // url has lower-cased scheme and host, dropped the default port and
-    // upper-cased percent-escapes; an empty path becomes "/".
-    Ok(url.to_string())
+    // url has lower-cased scheme and host and dropped the default port; an
+    // empty path becomes "/". It leaves percent-escapes as written, so their
+    // hex digits are upper-cased here (RFC 3986 section 6.2.2.1), and a `%`
+    // that does not start an escape is refused rather than guessed at.
+    upper_case_escapes(url.as_str())
+}
+
+fn upper_case_escapes(s: &str) -> Result<String, ResourceError> {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c == '%' {
+            for _ in 0..2 {
+                match chars.next() {
+                    Some(h) if h.is_ascii_hexdigit() => out.push(h.to_ascii_uppercase()),
+                    _ => return Err(ResourceError::Ambiguous),
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -108,6 +133,11 @@ mod tests {
             "https://api.example/ x",
             "https://api.example/\0",
             "https://аpi.example/",
+            "https://api.example/a%zz",
+            "https://api.example/a%4",
+            "https:api.example/",
+            "https:///api.example/",
+            "https://",
         ] {
             assert!(canonical_resource(bad).is_err(), "{bad}");
         }

@@ -83,6 +83,9 @@ pub fn split_tuple_key(mut key: &[u8]) -> Option<Vec<String>> {
     Some(out)
 }
 
+/// A key and its value, as returned by scans.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
 /// A durable key-value store with named trees.
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// Reads one value.
@@ -92,7 +95,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Deletes one value durably.
     fn delete(&self, tree: Tree, key: &[u8]) -> Result<(), StoreError>;
     /// All entries whose key starts with `prefix`, in key order.
-    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError>;
+    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<Entry>, StoreError>;
     /// Replaces `key`'s value with `new` only if it currently equals
     /// `expected` (`None` = absent). Returns whether it swapped.
     fn compare_and_swap(

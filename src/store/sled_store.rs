@@ -69,7 +69,7 @@ impl Store for SledStore {
         self.flush()
     }
 
-    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<super::Entry>, StoreError> {
         self.tree(tree)?
             .scan_prefix(prefix)
             .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(backend))

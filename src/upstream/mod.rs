@@ -21,7 +21,9 @@ use base64::Engine;
 use serde::Deserialize;
 use zeroize::Zeroize;
 
-use crate::config::{secure_or_loopback, AccountLookup, ClientAuth, Config, Endpoints, ProviderConfig};
+use crate::config::{
+    secure_or_loopback, AccountLookup, ClientAuth, Config, Endpoints, ProviderConfig,
+};
 use crate::secret::SecretString;
 
 /// The most a provider answer may hold.
@@ -111,7 +113,10 @@ fn random_b64(n: usize) -> Result<SecretString, UpstreamError> {
 
 /// The S256 challenge of a PKCE verifier.
 pub fn pkce_challenge(verifier: &str) -> String {
-    b64().encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, verifier.as_bytes()))
+    b64().encode(aws_lc_rs::digest::digest(
+        &aws_lc_rs::digest::SHA256,
+        verifier.as_bytes(),
+    ))
 }
 
 fn sanitize_code(s: &str) -> String {
@@ -174,7 +179,9 @@ pub struct Provider {
 
 impl std::fmt::Debug for Provider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Provider").field("name", &self.cfg.name).finish_non_exhaustive()
+        f.debug_struct("Provider")
+            .field("name", &self.cfg.name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -188,11 +195,19 @@ impl Provider {
                     UpstreamError::Config(format!("providers.{}.client_secret_file: {e}", cfg.name))
                 })?;
                 let s = std::str::from_utf8(bytes.expose())
-                    .map_err(|_| UpstreamError::Config(format!("providers.{}.client_secret_file is not UTF-8", cfg.name)))?
+                    .map_err(|_| {
+                        UpstreamError::Config(format!(
+                            "providers.{}.client_secret_file is not UTF-8",
+                            cfg.name
+                        ))
+                    })?
                     .trim_end_matches(['\r', '\n'])
                     .to_string();
                 if s.is_empty() {
-                    return Err(UpstreamError::Config(format!("providers.{}.client_secret_file is empty", cfg.name)));
+                    return Err(UpstreamError::Config(format!(
+                        "providers.{}.client_secret_file is empty",
+                        cfg.name
+                    )));
                 }
                 Some(SecretString::new(s))
             }
@@ -260,7 +275,13 @@ impl Provider {
     async fn discover(&self, issuer: &str) -> Result<Endpoints, UpstreamError> {
         let mut last = UpstreamError::Unavailable("discovery found no metadata".into());
         for url in discovery_urls(issuer)? {
-            let resp = match self.http.get(&url).header("accept", "application/json").send().await {
+            let resp = match self
+                .http
+                .get(&url)
+                .header("accept", "application/json")
+                .send()
+                .await
+            {
                 Ok(r) => r,
                 Err(e) => {
                     last = unavailable(&e);
@@ -268,7 +289,10 @@ impl Provider {
                 }
             };
             if !resp.status().is_success() {
-                last = UpstreamError::Unavailable(format!("discovery answered HTTP {}", resp.status().as_u16()));
+                last = UpstreamError::Unavailable(format!(
+                    "discovery answered HTTP {}",
+                    resp.status().as_u16()
+                ));
                 continue;
             }
             let body = read_capped(resp).await?;
@@ -314,14 +338,25 @@ impl Provider {
         })
     }
 
-    fn form_with_auth(&self, mut form: Vec<(&'static str, String)>) -> (Vec<(&'static str, String)>, Option<String>) {
+    fn form_with_auth(
+        &self,
+        mut form: Vec<(&'static str, String)>,
+    ) -> (Vec<(&'static str, String)>, Option<String>) {
         let mut basic = None;
         match self.cfg.client_auth {
             ClientAuth::Basic => {
-                let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
-                let secret = self.secret.as_ref().map(|s| s.expose().as_str()).unwrap_or_default();
+                let enc =
+                    |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+                let secret = self
+                    .secret
+                    .as_ref()
+                    .map(|s| s.expose().as_str())
+                    .unwrap_or_default();
                 let raw = format!("{}:{}", enc(&self.cfg.client_id), enc(secret));
-                basic = Some(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(raw)));
+                basic = Some(format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(raw)
+                ));
             }
             ClientAuth::Post => {
                 form.push(("client_id", self.cfg.client_id.clone()));
@@ -334,9 +369,15 @@ impl Provider {
         (form, basic)
     }
 
-    async fn post_form(&self, url: &str, form: Vec<(&'static str, String)>) -> Result<(u16, Vec<u8>), UpstreamError> {
+    async fn post_form(
+        &self,
+        url: &str,
+        form: Vec<(&'static str, String)>,
+    ) -> Result<(u16, Vec<u8>), UpstreamError> {
         let (mut form, basic) = self.form_with_auth(form);
-        let mut body = form_urlencoded::Serializer::new(String::new()).extend_pairs(form.iter()).finish();
+        let mut body = form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(form.iter())
+            .finish();
         for (_, v) in form.iter_mut() {
             v.zeroize();
         }
@@ -355,7 +396,10 @@ impl Provider {
         Ok((status, read_capped(resp).await?))
     }
 
-    async fn token_request(&self, form: Vec<(&'static str, String)>) -> Result<TokenSet, UpstreamError> {
+    async fn token_request(
+        &self,
+        form: Vec<(&'static str, String)>,
+    ) -> Result<TokenSet, UpstreamError> {
         let ep = self.endpoints().await?;
         let (status, mut body) = self.post_form(&ep.token, form).await?;
         let parsed = parse_token_answer(status, &body);
@@ -370,12 +414,18 @@ impl Provider {
         match (iss, self.cfg.issuer.as_deref()) {
             (None, _) => Ok(()),
             (Some(got), Some(want)) if got == want => Ok(()),
-            _ => Err(UpstreamError::Rejected { error: "iss_mismatch".into() }),
+            _ => Err(UpstreamError::Rejected {
+                error: "iss_mismatch".into(),
+            }),
         }
     }
 
     /// Exchanges an authorization code (with its PKCE verifier) for tokens.
-    pub async fn exchange_code(&self, code: &str, verifier: &str) -> Result<TokenSet, UpstreamError> {
+    pub async fn exchange_code(
+        &self,
+        code: &str,
+        verifier: &str,
+    ) -> Result<TokenSet, UpstreamError> {
         self.token_request(vec![
             ("grant_type", "authorization_code".into()),
             ("code", code.into()),
@@ -387,8 +437,15 @@ impl Provider {
 
     /// Refreshes; `scope` narrows the new access token where the provider
     /// accepts it (`narrow_on_refresh`).
-    pub async fn refresh(&self, refresh_token: &str, scope: Option<&[String]>) -> Result<TokenSet, UpstreamError> {
-        let mut form = vec![("grant_type", "refresh_token".into()), ("refresh_token", refresh_token.into())];
+    pub async fn refresh(
+        &self,
+        refresh_token: &str,
+        scope: Option<&[String]>,
+    ) -> Result<TokenSet, UpstreamError> {
+        let mut form = vec![
+            ("grant_type", "refresh_token".into()),
+            ("refresh_token", refresh_token.into()),
+        ];
         if let Some(s) = scope {
             form.push(("scope", s.join(" ")));
         }
@@ -403,30 +460,45 @@ impl Provider {
             return Ok(Revocation::NotSupported);
         };
         let (status, body) = self
-            .post_form(url, vec![("token", token.into()), ("token_type_hint", hint.into())])
+            .post_form(
+                url,
+                vec![("token", token.into()), ("token_type_hint", hint.into())],
+            )
             .await?;
         match status {
             200..=299 => Ok(Revocation::Revoked),
             400..=499 => Err(match serde_json::from_slice::<RawError>(&body) {
-                Ok(e) => UpstreamError::Rejected { error: sanitize_code(&e.error) },
-                Err(_) => UpstreamError::Rejected { error: format!("http_{status}") },
+                Ok(e) => UpstreamError::Rejected {
+                    error: sanitize_code(&e.error),
+                },
+                Err(_) => UpstreamError::Rejected {
+                    error: format!("http_{status}"),
+                },
             }),
-            _ => Err(UpstreamError::Unavailable(format!("revocation answered HTTP {status}"))),
+            _ => Err(UpstreamError::Unavailable(format!(
+                "revocation answered HTTP {status}"
+            ))),
         }
     }
 
     /// The account's id and name at the provider, read with its access token.
     pub async fn account_info(&self, access_token: &str) -> Result<AccountInfo, UpstreamError> {
         let (url, id_field, name_field) = match &self.cfg.account {
-            AccountLookup::Userinfo { id_claim, name_claim } => {
+            AccountLookup::Userinfo {
+                id_claim,
+                name_claim,
+            } => {
                 let ep = self.endpoints().await?;
-                let u = ep
-                    .userinfo
-                    .clone()
-                    .ok_or_else(|| UpstreamError::Config("the provider has no userinfo endpoint".into()))?;
+                let u = ep.userinfo.clone().ok_or_else(|| {
+                    UpstreamError::Config("the provider has no userinfo endpoint".into())
+                })?;
                 (u, id_claim.clone(), name_claim.clone())
             }
-            AccountLookup::Api { url, id_field, name_field } => (url.clone(), id_field.clone(), name_field.clone()),
+            AccountLookup::Api {
+                url,
+                id_field,
+                name_field,
+            } => (url.clone(), id_field.clone(), name_field.clone()),
         };
         let resp = self
             .http
@@ -440,18 +512,28 @@ impl Provider {
         let body = read_capped(resp).await?;
         match status {
             200..=299 => {}
-            401 | 403 => return Err(UpstreamError::Rejected { error: "invalid_token".into() }),
-            s => return Err(UpstreamError::Unavailable(format!("the account look-up answered HTTP {s}"))),
+            401 | 403 => {
+                return Err(UpstreamError::Rejected {
+                    error: "invalid_token".into(),
+                })
+            }
+            s => {
+                return Err(UpstreamError::Unavailable(format!(
+                    "the account look-up answered HTTP {s}"
+                )))
+            }
         }
-        let v: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|_| UpstreamError::Unavailable("the account look-up answer is not JSON".into()))?;
+        let v: serde_json::Value = serde_json::from_slice(&body).map_err(|_| {
+            UpstreamError::Unavailable("the account look-up answer is not JSON".into())
+        })?;
         let field = |f: &str| match v.get(f) {
             Some(serde_json::Value::String(s)) if !s.is_empty() => Some(s.clone()),
             Some(serde_json::Value::Number(n)) => Some(n.to_string()),
             _ => None,
         };
-        let id = field(&id_field)
-            .ok_or_else(|| UpstreamError::Unavailable(format!("the account look-up answer has no {id_field}")))?;
+        let id = field(&id_field).ok_or_else(|| {
+            UpstreamError::Unavailable(format!("the account look-up answer has no {id_field}"))
+        })?;
         let name = field(&name_field).unwrap_or_else(|| id.clone());
         Ok(AccountInfo { id, name })
     }
@@ -474,43 +556,73 @@ async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, UpstreamErr
 fn parse_token_answer(status: u16, body: &[u8]) -> Result<TokenSet, UpstreamError> {
     let raw: Result<RawToken, _> = serde_json::from_slice(body);
     match (status, raw) {
-        (_, Ok(RawToken { error: Some(ref e), .. })) if (200..500).contains(&status) => {
-            Err(UpstreamError::Rejected { error: sanitize_code(e) })
-        }
+        (
+            _,
+            Ok(RawToken {
+                error: Some(ref e), ..
+            }),
+        ) if (200..500).contains(&status) => Err(UpstreamError::Rejected {
+            error: sanitize_code(e),
+        }),
         (200..=299, Ok(mut t)) => {
             let access = t
                 .access_token
                 .take()
                 .filter(|a| !a.is_empty())
-                .ok_or_else(|| UpstreamError::Unavailable("its answer has no access_token".into()))?;
+                .ok_or_else(|| {
+                    UpstreamError::Unavailable("its answer has no access_token".into())
+                })?;
             let token_type = t
                 .token_type
                 .take()
-                .filter(|s| !s.is_empty() && s.len() <= 32 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
-                .ok_or_else(|| UpstreamError::Unavailable("its answer has no usable token_type".into()))?;
+                .filter(|s| {
+                    !s.is_empty()
+                        && s.len() <= 32
+                        && s.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                })
+                .ok_or_else(|| {
+                    UpstreamError::Unavailable("its answer has no usable token_type".into())
+                })?;
             let expires_in = match &t.expires_in {
                 None | Some(serde_json::Value::Null) => None,
-                Some(serde_json::Value::Number(n)) => n.as_i64().filter(|n| *n >= 0).map(Some).ok_or_else(|| {
-                    UpstreamError::Unavailable("its expires_in is not a positive integer".into())
-                })?,
+                Some(serde_json::Value::Number(n)) => {
+                    n.as_i64().filter(|n| *n >= 0).map(Some).ok_or_else(|| {
+                        UpstreamError::Unavailable(
+                            "its expires_in is not a positive integer".into(),
+                        )
+                    })?
+                }
                 Some(serde_json::Value::String(s)) => Some(s.parse::<i64>().map_err(|_| {
                     UpstreamError::Unavailable("its expires_in is not a positive integer".into())
                 })?),
-                Some(_) => return Err(UpstreamError::Unavailable("its expires_in is not a number".into())),
+                Some(_) => {
+                    return Err(UpstreamError::Unavailable(
+                        "its expires_in is not a number".into(),
+                    ))
+                }
             };
             Ok(TokenSet {
                 access_token: SecretString::new(access),
                 token_type,
                 expires_in,
-                refresh_token: t.refresh_token.take().filter(|r| !r.is_empty()).map(SecretString::new),
-                scope: t
-                    .scope
+                refresh_token: t
+                    .refresh_token
                     .take()
-                    .map(|s| s.split([' ', ',']).filter(|x| !x.is_empty()).map(str::to_owned).collect()),
+                    .filter(|r| !r.is_empty())
+                    .map(SecretString::new),
+                scope: t.scope.take().map(|s| {
+                    s.split([' ', ','])
+                        .filter(|x| !x.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                }),
             })
         }
         (200..=299, Err(_)) => Err(UpstreamError::Unavailable("its answer is not JSON".into())),
-        (400..=499, _) => Err(UpstreamError::Rejected { error: format!("http_{status}") }),
+        (400..=499, _) => Err(UpstreamError::Rejected {
+            error: format!("http_{status}"),
+        }),
         (s, _) => Err(UpstreamError::Unavailable(format!("it answered HTTP {s}"))),
     }
 }
@@ -518,12 +630,16 @@ fn parse_token_answer(status: u16, body: &[u8]) -> Result<TokenSet, UpstreamErro
 /// RFC 8414 section 3.1: the well-known segment goes between the host and
 /// the issuer's path; OpenID Connect discovery appends it.
 fn discovery_urls(issuer: &str) -> Result<Vec<String>, UpstreamError> {
-    let u = url::Url::parse(issuer).map_err(|_| UpstreamError::Config("the issuer is not a URL".into()))?;
+    let u = url::Url::parse(issuer)
+        .map_err(|_| UpstreamError::Config("the issuer is not a URL".into()))?;
     let path = u.path().trim_end_matches('/');
     let origin = u.origin().ascii_serialization();
     Ok(vec![
         format!("{origin}/.well-known/oauth-authorization-server{path}"),
-        format!("{}/.well-known/openid-configuration", issuer.trim_end_matches('/')),
+        format!(
+            "{}/.well-known/openid-configuration",
+            issuer.trim_end_matches('/')
+        ),
     ])
 }
 
@@ -542,15 +658,24 @@ fn parse_metadata(issuer: &str, body: &[u8]) -> Result<Endpoints, UpstreamError>
         .map_err(|_| UpstreamError::Unavailable("the discovery document is malformed".into()))?;
     // RFC 8414 section 3.3: the issuer in the document must be identical.
     if m.issuer != issuer {
-        return Err(UpstreamError::Config("the discovery document names another issuer".into()));
+        return Err(UpstreamError::Config(
+            "the discovery document names another issuer".into(),
+        ));
     }
     let ok = |u: &str| url::Url::parse(u).is_ok_and(|u| secure_or_loopback(&u));
-    for u in [Some(&m.authorization_endpoint), Some(&m.token_endpoint), m.revocation_endpoint.as_ref(), m.userinfo_endpoint.as_ref()]
-        .into_iter()
-        .flatten()
+    for u in [
+        Some(&m.authorization_endpoint),
+        Some(&m.token_endpoint),
+        m.revocation_endpoint.as_ref(),
+        m.userinfo_endpoint.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
     {
         if !ok(u) {
-            return Err(UpstreamError::Config("the discovery document has an endpoint that is not https".into()));
+            return Err(UpstreamError::Config(
+                "the discovery document has an endpoint that is not https".into(),
+            ));
         }
     }
     Ok(Endpoints {

@@ -19,7 +19,12 @@ fn token_answers_are_classified() {
 
     // GitHub reports errors with HTTP 200.
     let gh = br#"{"error":"bad_verification_code","error_description":"The code passed is incorrect or expired."}"#;
-    assert_eq!(parse_token_answer(200, gh).unwrap_err(), UpstreamError::Rejected { error: "bad_verification_code".into() });
+    assert_eq!(
+        parse_token_answer(200, gh).unwrap_err(),
+        UpstreamError::Rejected {
+            error: "bad_verification_code".into()
+        }
+    );
     let ig = parse_token_answer(400, br#"{"error":"invalid_grant"}"#).unwrap_err();
     assert!(ig.is_invalid_grant());
     for (status, body) in [
@@ -28,7 +33,10 @@ fn token_answers_are_classified() {
         (200, b"not json"),
         (200, br#"{"token_type":"Bearer"}"#),
         (200, br#"{"access_token":"x"}"#),
-        (200, br#"{"access_token":"x","token_type":"Bearer","expires_in":-5}"#),
+        (
+            200,
+            br#"{"access_token":"x","token_type":"Bearer","expires_in":-5}"#,
+        ),
     ] {
         let e = parse_token_answer(status, body).unwrap_err();
         assert!(matches!(e, UpstreamError::Unavailable(_)), "{status} {e:?}");
@@ -36,14 +44,22 @@ fn token_answers_are_classified() {
     }
     // An error code is sanitised before it reaches a log.
     let weird = parse_token_answer(400, br#"{"error":"invalid_grant\n<script>"}"#).unwrap_err();
-    assert_eq!(weird, UpstreamError::Rejected { error: "invalid_grantscript".into() });
+    assert_eq!(
+        weird,
+        UpstreamError::Rejected {
+            error: "invalid_grantscript".into()
+        }
+    );
 }
 
 #[test]
 fn discovery_urls_follow_rfc8414_and_oidc() {
     assert_eq!(
         discovery_urls("https://id.example").unwrap(),
-        ["https://id.example/.well-known/oauth-authorization-server", "https://id.example/.well-known/openid-configuration"]
+        [
+            "https://id.example/.well-known/oauth-authorization-server",
+            "https://id.example/.well-known/openid-configuration"
+        ]
     );
     assert_eq!(
         discovery_urls("https://id.example/tenant/1").unwrap()[0],
@@ -54,14 +70,27 @@ fn discovery_urls_follow_rfc8414_and_oidc() {
 #[test]
 fn discovery_document_must_name_the_same_issuer_and_https_endpoints() {
     let doc = |iss: &str, token: &str| {
-        format!(r#"{{"issuer":"{iss}","authorization_endpoint":"https://id.example/auth","token_endpoint":"{token}"}}"#)
+        format!(
+            r#"{{"issuer":"{iss}","authorization_endpoint":"https://id.example/auth","token_endpoint":"{token}"}}"#
+        )
     };
     assert!(matches!(
-        parse_metadata("https://id.example", doc("https://evil.example", "https://id.example/token").as_bytes()),
+        parse_metadata(
+            "https://id.example",
+            doc("https://evil.example", "https://id.example/token").as_bytes()
+        ),
         Err(UpstreamError::Config(_))
     ));
-    assert!(parse_metadata("https://id.example", doc("https://id.example", "http://id.example/token").as_bytes()).is_err());
-    let e = parse_metadata("https://id.example", doc("https://id.example", "https://id.example/token").as_bytes()).unwrap();
+    assert!(parse_metadata(
+        "https://id.example",
+        doc("https://id.example", "http://id.example/token").as_bytes()
+    )
+    .is_err());
+    let e = parse_metadata(
+        "https://id.example",
+        doc("https://id.example", "https://id.example/token").as_bytes(),
+    )
+    .unwrap();
     assert_eq!(e.token, "https://id.example/token");
     assert_eq!(e.revocation, None);
 }

@@ -85,9 +85,13 @@ fn read_dir_keys(dir: &Path) -> Result<Vec<(String, SecretBytes)>, VaultError> {
         if path.extension().and_then(|x| x.to_str()) != Some("key") {
             continue;
         }
-        let key = crate::config::read_secret_file(&path).map_err(|e| io("vault key file", &path, e))?;
+        let key =
+            crate::config::read_secret_file(&path).map_err(|e| io("vault key file", &path, e))?;
         let sealer = Sealer::new(&key, &[]).map_err(|_| {
-            VaultError::Keys(format!("vault key file {} must hold exactly 32 bytes", path.display()))
+            VaultError::Keys(format!(
+                "vault key file {} must hold exactly 32 bytes",
+                path.display()
+            ))
         })?;
         let id = sealer.current_key_id();
         if path.file_stem().and_then(|s| s.to_str()) != Some(id.as_str()) {
@@ -105,17 +109,20 @@ fn read_dir_keys(dir: &Path) -> Result<Vec<(String, SecretBytes)>, VaultError> {
 /// Creates a new random key file in `dir` (0700), durably: the file and the
 /// directory entry are synced before the key seals anything.
 fn create_key(dir: &Path) -> Result<(String, SecretBytes), VaultError> {
-    std::fs::create_dir_all(dir).map_err(|e| io("cannot create the vault key directory", dir, e))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| io("cannot create the vault key directory", dir, e))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| io("cannot set the mode of", dir, e))?;
     let mut bytes = vec![0u8; 32];
-    aws_lc_rs::rand::fill(&mut bytes).map_err(|_| VaultError::Keys("no randomness for a vault key".into()))?;
+    aws_lc_rs::rand::fill(&mut bytes)
+        .map_err(|_| VaultError::Keys("no randomness for a vault key".into()))?;
     let key = SecretBytes::new(bytes);
     let id = Sealer::new(&key, &[])
         .map_err(|_| VaultError::Keys("vault key".into()))?
         .current_key_id();
     let path = dir.join(format!("{id}.key"));
-    crate::config::write_secret_file(&path, key.expose()).map_err(|e| io("cannot write the vault key", &path, e))?;
+    crate::config::write_secret_file(&path, key.expose())
+        .map_err(|e| io("cannot write the vault key", &path, e))?;
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| io("cannot sync the vault key directory", dir, e))?;
@@ -155,7 +162,12 @@ impl VaultKeys {
     /// Loads the keys of `dir`. With no key state in the store yet, the
     /// first key is created, but only while `vault_empty` (a vault with
     /// records and no keys is an error, never a fresh start).
-    pub fn load(store: &dyn Store, dir: &Path, vault_empty: bool, cap: u64) -> Result<VaultKeys, VaultError> {
+    pub fn load(
+        store: &dyn Store,
+        dir: &Path,
+        vault_empty: bool,
+        cap: u64,
+    ) -> Result<VaultKeys, VaultError> {
         let mut keys = read_dir_keys(dir)?;
         let state = match read_state(store)? {
             Some(s) => s,
@@ -180,7 +192,10 @@ impl VaultKeys {
                 if !keys.iter().any(|(i, _)| *i == id) {
                     keys.push((id.clone(), key));
                 }
-                let s = KeyState { current: id, rotating: false };
+                let s = KeyState {
+                    current: id,
+                    rotating: false,
+                };
                 write_state(store, &s)?;
                 s
             }
@@ -191,7 +206,10 @@ impl VaultKeys {
             dir: dir.to_owned(),
             sealer: ArcSwap::from_pointee(sealer),
             ids: Mutex::new(keys.into_iter().map(|(id, _)| id).collect()),
-            counter: Mutex::new(Counter { used, reserved: used }),
+            counter: Mutex::new(Counter {
+                used,
+                reserved: used,
+            }),
             cap,
         })
     }
@@ -244,17 +262,27 @@ impl VaultKeys {
         let (id, _) = create_key(&self.dir)?;
         let keys = read_dir_keys(&self.dir)?;
         let sealer = build_sealer(&keys, &id)?;
-        let s = KeyState { current: id.clone(), rotating: true };
+        let s = KeyState {
+            current: id.clone(),
+            rotating: true,
+        };
         write_state(store, &s)?;
         self.sealer.store(Arc::new(sealer));
-        *self.ids.lock().unwrap_or_else(|p| p.into_inner()) = keys.into_iter().map(|(i, _)| i).collect();
+        *self.ids.lock().unwrap_or_else(|p| p.into_inner()) =
+            keys.into_iter().map(|(i, _)| i).collect();
         *self.counter.lock().unwrap_or_else(|p| p.into_inner()) = Counter::default();
         Ok(s)
     }
 
     /// Marks the rotation finished.
     pub fn finish_rotation(&self, store: &dyn Store) -> Result<(), VaultError> {
-        write_state(store, &KeyState { current: self.current(), rotating: false })
+        write_state(
+            store,
+            &KeyState {
+                current: self.current(),
+                rotating: false,
+            },
+        )
     }
 
     /// The persisted state.

@@ -276,7 +276,11 @@ impl Vault {
     }
 
     /// Like [`Vault::open`] with a custom per-key encryption cap (tests).
-    pub fn open_with_cap(store: Arc<dyn Store>, key_dir: &Path, cap: u64) -> Result<Vault, VaultError> {
+    pub fn open_with_cap(
+        store: Arc<dyn Store>,
+        key_dir: &Path,
+        cap: u64,
+    ) -> Result<Vault, VaultError> {
         let empty = store.scan_prefix(Tree::Accounts, b"")?.is_empty();
         let keys = VaultKeys::load(store.as_ref(), key_dir, empty, cap)?;
         Ok(Vault {
@@ -298,7 +302,8 @@ impl Vault {
 
     fn seal(&self, key: &[u8], tokens: &Tokens) -> Result<String, VaultError> {
         self.keys.count_seal(self.store.as_ref())?;
-        let mut plain = serde_json::to_vec(tokens).map_err(|_| VaultError::Corrupt("encode".into()))?;
+        let mut plain =
+            serde_json::to_vec(tokens).map_err(|_| VaultError::Corrupt("encode".into()))?;
         let sealed = self.keys.sealer().seal(&aad(Tree::Accounts, key), &plain);
         plain.zeroize();
         let sealed = sealed.map_err(|_| VaultError::Keys("encryption failed".into()))?;
@@ -318,29 +323,40 @@ impl Vault {
             .sealer()
             .open(&aad(Tree::Accounts, key), &bytes)
             .map_err(|e| match e {
-                SealError::UnknownKey(id) => {
-                    unreadable(format!("it was sealed with key {id}, which is not in the key directory"))
-                }
-                _ => unreadable("it does not decrypt (tampered with, truncated, or copied from another record)".into()),
+                SealError::UnknownKey(id) => unreadable(format!(
+                    "it was sealed with key {id}, which is not in the key directory"
+                )),
+                _ => unreadable(
+                    "it does not decrypt (tampered with, truncated, or copied from another record)"
+                        .into(),
+                ),
             })?;
-        serde_json::from_slice(plain.expose()).map_err(|_| unreadable("the decrypted tokens are malformed".into()))
+        serde_json::from_slice(plain.expose())
+            .map_err(|_| unreadable("the decrypted tokens are malformed".into()))
     }
 
     fn read(&self, key: &[u8]) -> Result<Option<(Vec<u8>, AccountRecord)>, VaultError> {
         match self.store.get(Tree::Accounts, key)? {
             None => Ok(None),
             Some(raw) => {
-                let rec: AccountRecord =
-                    serde_json::from_slice(&raw).map_err(|_| VaultError::Corrupt("account record".into()))?;
+                let rec: AccountRecord = serde_json::from_slice(&raw)
+                    .map_err(|_| VaultError::Corrupt("account record".into()))?;
                 Ok(Some((raw, rec)))
             }
         }
     }
 
     /// Writes `rec` if the stored bytes are still `expected`.
-    fn swap(&self, key: &[u8], expected: Option<&[u8]>, rec: &AccountRecord) -> Result<bool, VaultError> {
+    fn swap(
+        &self,
+        key: &[u8],
+        expected: Option<&[u8]>,
+        rec: &AccountRecord,
+    ) -> Result<bool, VaultError> {
         let v = serde_json::to_vec(rec).map_err(|_| VaultError::Corrupt("encode".into()))?;
-        Ok(self.store.compare_and_swap(Tree::Accounts, key, expected, Some(&v))?)
+        Ok(self
+            .store
+            .compare_and_swap(Tree::Accounts, key, expected, Some(&v))?)
     }
 
     /// Stores (or replaces) the person's account at `service` with fresh
@@ -361,7 +377,10 @@ impl Vault {
         now: i64,
     ) -> Result<Option<String>, VaultError> {
         let key = account_key(person, service);
-        let mut granted = tokens.scope.clone().unwrap_or_else(|| requested_scopes.to_vec());
+        let mut granted = tokens
+            .scope
+            .clone()
+            .unwrap_or_else(|| requested_scopes.to_vec());
         granted.sort();
         granted.dedup();
         let mut t = Tokens::default();
@@ -391,7 +410,9 @@ impl Vault {
 
     /// The person's account at `service`, without tokens.
     pub fn account(&self, person: &Person, service: &str) -> Result<Option<Account>, VaultError> {
-        Ok(self.read(&account_key(person, service))?.map(|(_, r)| r.summary()))
+        Ok(self
+            .read(&account_key(person, service))?
+            .map(|(_, r)| r.summary()))
     }
 
     /// Every account, or one person's.
@@ -399,15 +420,20 @@ impl Vault {
         let prefix = person.map_or_else(Vec::new, |p| tuple_key(&[&p.iss, &p.sub]));
         let mut out = Vec::new();
         for (_, v) in self.store.scan_prefix(Tree::Accounts, &prefix)? {
-            let rec: AccountRecord =
-                serde_json::from_slice(&v).map_err(|_| VaultError::Corrupt("account record".into()))?;
+            let rec: AccountRecord = serde_json::from_slice(&v)
+                .map_err(|_| VaultError::Corrupt("account record".into()))?;
             out.push(rec.summary());
         }
         Ok(out)
     }
 
     /// Marks the account for reconnection (the provider refused a refresh).
-    pub fn mark_reconnect(&self, person: &Person, service: &str, now: i64) -> Result<(), VaultError> {
+    pub fn mark_reconnect(
+        &self,
+        person: &Person,
+        service: &str,
+        now: i64,
+    ) -> Result<(), VaultError> {
         let key = account_key(person, service);
         loop {
             let Some((raw, mut rec)) = self.read(&key)? else {
@@ -427,12 +453,22 @@ impl Vault {
 
     /// Gives (or widens) the person's allowance for `agent` to use `service`
     /// with `scopes`. Scopes already allowed stay allowed.
-    pub fn allow(&self, person: &Person, agent: &str, service: &str, scopes: &[String], now: i64) -> Result<Allowance, VaultError> {
+    pub fn allow(
+        &self,
+        person: &Person,
+        agent: &str,
+        service: &str,
+        scopes: &[String],
+        now: i64,
+    ) -> Result<Allowance, VaultError> {
         let key = allowance_key(person, service, agent);
         loop {
             let old = self.store.get(Tree::Allowances, &key)?;
             let prev: Option<Allowance> = match &old {
-                Some(v) => Some(serde_json::from_slice(v).map_err(|_| VaultError::Corrupt("allowance".into()))?),
+                Some(v) => Some(
+                    serde_json::from_slice(v)
+                        .map_err(|_| VaultError::Corrupt("allowance".into()))?,
+                ),
                 None => None,
             };
             let mut all: Vec<String> = prev.as_ref().map(|a| a.scopes.clone()).unwrap_or_default();
@@ -447,15 +483,26 @@ impl Vault {
                 updated: now,
             };
             let v = serde_json::to_vec(&a).map_err(|_| VaultError::Corrupt("encode".into()))?;
-            if self.store.compare_and_swap(Tree::Allowances, &key, old.as_deref(), Some(&v))? {
+            if self
+                .store
+                .compare_and_swap(Tree::Allowances, &key, old.as_deref(), Some(&v))?
+            {
                 return Ok(a);
             }
         }
     }
 
     /// The person's allowance for `agent` at `service`.
-    pub fn allowance(&self, person: &Person, agent: &str, service: &str) -> Result<Option<Allowance>, VaultError> {
-        match self.store.get(Tree::Allowances, &allowance_key(person, service, agent))? {
+    pub fn allowance(
+        &self,
+        person: &Person,
+        agent: &str,
+        service: &str,
+    ) -> Result<Option<Allowance>, VaultError> {
+        match self
+            .store
+            .get(Tree::Allowances, &allowance_key(person, service, agent))?
+        {
             None => Ok(None),
             Some(v) => serde_json::from_slice(&v)
                 .map(Some)
@@ -469,13 +516,16 @@ impl Vault {
         self.store
             .scan_prefix(Tree::Allowances, &prefix)?
             .into_iter()
-            .map(|(_, v)| serde_json::from_slice(&v).map_err(|_| VaultError::Corrupt("allowance".into())))
+            .map(|(_, v)| {
+                serde_json::from_slice(&v).map_err(|_| VaultError::Corrupt("allowance".into()))
+            })
             .collect()
     }
 
     /// Withdraws the allowance of `agent`.
     pub fn disallow(&self, person: &Person, agent: &str, service: &str) -> Result<(), VaultError> {
-        self.store.delete(Tree::Allowances, &allowance_key(person, service, agent))?;
+        self.store
+            .delete(Tree::Allowances, &allowance_key(person, service, agent))?;
         Ok(())
     }
 
@@ -483,7 +533,11 @@ impl Vault {
     /// (revoking it ends the grant at most providers) and access tokens.
     /// An unreadable record yields the error, so a caller can say it could
     /// not revoke.
-    pub fn tokens_to_revoke(&self, person: &Person, service: &str) -> Result<Vec<(SecretString, &'static str)>, VaultError> {
+    pub fn tokens_to_revoke(
+        &self,
+        person: &Person,
+        service: &str,
+    ) -> Result<Vec<(SecretString, &'static str)>, VaultError> {
         let key = account_key(person, service);
         let (_, rec) = self.read(&key)?.ok_or(VaultError::NoAccount)?;
         let t = self.open_tokens(&key, &rec)?;
@@ -557,7 +611,10 @@ impl Vault {
                 let tokens = match self.open_tokens(&k, &rec) {
                     Ok(t) => t,
                     Err(e) => {
-                        report.unreadable.push(format!("{}/{}/{}: {e}", rec.person_iss, rec.person_sub, rec.service));
+                        report.unreadable.push(format!(
+                            "{}/{}/{}: {e}",
+                            rec.person_iss, rec.person_sub, rec.service
+                        ));
                         break;
                     }
                 };
@@ -574,7 +631,12 @@ impl Vault {
         if report.remaining == 0 && report.unreadable.is_empty() {
             self.keys.finish_rotation(self.store.as_ref())?;
             report.done = true;
-            report.retired_keys = self.keys.loaded().into_iter().filter(|id| *id != current).collect();
+            report.retired_keys = self
+                .keys
+                .loaded()
+                .into_iter()
+                .filter(|id| *id != current)
+                .collect();
         }
         Ok(report)
     }

@@ -128,8 +128,13 @@ impl Vault {
         if rec.status == AccountStatus::ReconnectRequired {
             return Ok(TokenOutcome::Reconnect);
         }
-        let narrow = provider.config().narrow_on_refresh && scope_key(r.scopes) != scope_key(&rec.scopes);
-        let skey = if narrow { scope_key(r.scopes) } else { String::new() };
+        let narrow =
+            provider.config().narrow_on_refresh && scope_key(r.scopes) != scope_key(&rec.scopes);
+        let skey = if narrow {
+            scope_key(r.scopes)
+        } else {
+            String::new()
+        };
         {
             let tokens = self.open_tokens(&key, &rec)?;
             if let Some(e) = tokens.entry(&skey).filter(|e| fresh(e, now)) {
@@ -141,8 +146,11 @@ impl Vault {
         // Slow path: one refresh at a time for this account.
         let lock = self.refresh.get(&key);
         let waiting_since = Instant::now();
-        let Ok(mut guard) = tokio::time::timeout(provider.config().timeout, lock.lock()).await else {
-            return Ok(TokenOutcome::Unavailable("waited too long for another refresh of this account".into()));
+        let Ok(mut guard) = tokio::time::timeout(provider.config().timeout, lock.lock()).await
+        else {
+            return Ok(TokenOutcome::Unavailable(
+                "waited too long for another refresh of this account".into(),
+            ));
         };
         let now = clock.now();
         let Some((raw, rec)) = self.read(&key)? else {
@@ -153,7 +161,8 @@ impl Vault {
         }
         let mut tokens = self.open_tokens(&key, &rec)?;
         if let Some(e) = tokens.entry(&skey) {
-            let refreshed_meanwhile = rec.generation != seen_generation && e.expires_at.is_none_or(|t| t > now);
+            let refreshed_meanwhile =
+                rec.generation != seen_generation && e.expires_at.is_none_or(|t| t > now);
             if fresh(e, now) || refreshed_meanwhile {
                 return Ok(TokenOutcome::Token(token(e, narrow, false)));
             }
@@ -188,7 +197,9 @@ impl Vault {
         };
         let now = clock.now();
         if set.expires_in.is_some_and(|s| s <= 0) {
-            return Ok(TokenOutcome::Unavailable("the provider issued an already expired token".into()));
+            return Ok(TokenOutcome::Unavailable(
+                "the provider issued an already expired token".into(),
+            ));
         }
         // Save before release: the rotated refresh token is durable before
         // any access token leaves this function.
@@ -208,7 +219,9 @@ impl Vault {
                 return Ok(TokenOutcome::NoAccount);
             };
             if rec2.account_id != rec.account_id || rec2.status != AccountStatus::Active {
-                return Ok(TokenOutcome::Unavailable("the account changed during the refresh".into()));
+                return Ok(TokenOutcome::Unavailable(
+                    "the account changed during the refresh".into(),
+                ));
             }
             tokens = self.open_tokens(&key, &rec2)?;
             (raw, rec) = (raw2, rec2);
@@ -216,7 +229,9 @@ impl Vault {
         guard.last_failure = None;
         match tokens.entry(&skey) {
             Some(e) => Ok(TokenOutcome::Token(token(e, narrow, true))),
-            None => Ok(TokenOutcome::Unavailable("the refreshed token was not stored".into())),
+            None => Ok(TokenOutcome::Unavailable(
+                "the refreshed token was not stored".into(),
+            )),
         }
     }
 }

@@ -1,7 +1,9 @@
 //! Shared helpers for integration tests: start the real `credbroker` binary
 //! in a temp directory (quick-start files, port 0), talk to its sockets, mint
 //! subject tokens from its dev issuer, and make DPoP proofs.
-#![allow(dead_code, missing_docs)]
+// clippy's allow-unwrap-in-tests covers only #[test] functions, not the
+// helpers they call; here too a failure should panic loudly.
+#![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod oidc;
 pub mod services;
@@ -28,6 +30,12 @@ pub struct Opts {
     pub edit_config: Option<fn(String) -> String>,
     /// `RUST_LOG` for the child.
     pub log: Option<String>,
+    /// The public listener's address, which also makes the issuer URL
+    /// (`http://ADDR`). Default `127.0.0.1:0`: any free port, but then the
+    /// issuer URL names port 0 and does not match where metadata is served;
+    /// tests that discover keys through the issuer's metadata pass
+    /// `free_loopback_addr()` here.
+    pub public_listen: Option<String>,
 }
 
 /// A running broker.
@@ -58,7 +66,7 @@ impl TestBroker {
     /// Writes the quick-start files into a temp dir and serves them.
     pub fn start_with(opts: Opts) -> TestBroker {
         let dir = tempfile::tempdir().expect("tempdir");
-        let config = credbroker::cli::quickstart_files(dir.path(), "127.0.0.1:0").expect("files");
+        let config = credbroker::cli::quickstart_files(dir.path(), opts.public_listen.as_deref().unwrap_or("127.0.0.1:0")).expect("files");
         if let Some(p) = &opts.policy {
             std::fs::write(dir.path().join("policy.toml"), p).unwrap();
         }
@@ -212,6 +220,35 @@ impl TestBroker {
             .collect()
     }
 
+    /// Sends SIGHUP: the broker reloads its policy file.
+    pub fn sighup(&self) {
+        let ok = Command::new("kill").arg("-HUP").arg(self.child.id().to_string()).status().unwrap();
+        assert!(ok.success(), "kill -HUP failed");
+    }
+
+    /// The hash of the policy the running broker decides with.
+    pub fn policy_hash(&self) -> String {
+        let (_, body) = self.admin_get("/status").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["policy_hash"].as_str().unwrap().to_string()
+    }
+
+    /// Replaces the policy file atomically (a temp file renamed over it), as
+    /// a deployment should.
+    pub fn replace_policy(&self, text: &[u8]) {
+        let tmp = self.path("policy.toml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.path("policy.toml")).unwrap();
+    }
+
+    /// The value of a metric without labels (or with exactly `labels`).
+    pub fn metric(&self, name_and_labels: &str) -> Option<f64> {
+        self.metrics()
+            .lines()
+            .find_map(|l| l.strip_prefix(name_and_labels).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// SIGTERM and wait.
     pub fn stop(&mut self) {
         if self.child.try_wait().unwrap().is_some() {
@@ -237,11 +274,28 @@ impl Drop for TestBroker {
     }
 }
 
+/// Polls `f` every 20 ms until it is true; panics naming `what` after `timeout`.
+pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64
+}
+
+/// A loopback address with a port that was free a moment ago (the listener
+/// is closed before returning, so another process could take it: a small race
+/// that only tests needing a real issuer URL accept).
+pub fn free_loopback_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").to_string()
 }
 
 pub fn key() -> Es256Key {
@@ -297,4 +351,72 @@ pub fn http_derive(body: &str, proof: Option<&str>, extra_headers: &str) -> Vec<
 /// The status code of a raw HTTP answer.
 pub fn status_of(raw: &str) -> u16 {
     raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+}
+
+/// A Node.js peer from `tests/peers/` (oidc-provider, jose checks), talked to
+/// with one JSON line per command on stdin/stdout.
+pub struct NodePeer {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    /// The first line the peer printed (e.g. its issuer URL).
+    pub hello: serde_json::Value,
+}
+
+/// The directory of the Node.js peers; fails loudly when they are not
+/// installed (the tests must never pass silently without their peers).
+pub fn peers_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers");
+    assert!(
+        dir.join("node_modules/oidc-provider").is_dir() && dir.join("node_modules/jose").is_dir(),
+        "the Node.js test peers are not installed: run scripts/install-test-deps (or `npm ci` in tests/peers)"
+    );
+    dir
+}
+
+impl NodePeer {
+    /// Starts `node tests/peers/SCRIPT ARGS...` and reads its first line.
+    pub fn start(script: &str, args: &[&str]) -> NodePeer {
+        use std::io::BufRead;
+        let dir = peers_dir();
+        let mut child = Command::new("node")
+            .arg(dir.join(script))
+            .args(args)
+            .current_dir(&dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("node is not installed: run scripts/install-test-deps");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let hello = serde_json::from_str(&line).unwrap_or_else(|_| panic!("peer {script} said: {line}"));
+        NodePeer { child, stdin, stdout, hello }
+    }
+
+    /// Sends one command and reads one JSON answer.
+    pub fn call(&mut self, cmd: &serde_json::Value) -> serde_json::Value {
+        use std::io::BufRead;
+        writeln!(self.stdin, "{cmd}").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|_| panic!("peer answered: {line}"))
+    }
+}
+
+impl Drop for NodePeer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts oidc-provider with `config` (see tests/peers/oidc-provider.mjs).
+pub fn oidc_provider(config: &serde_json::Value) -> (NodePeer, tempfile::NamedTempFile) {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(f.path(), config.to_string()).unwrap();
+    let p = NodePeer::start("oidc-provider.mjs", &[f.path().to_str().unwrap()]);
+    (p, f)
 }

@@ -32,26 +32,46 @@ impl OidcPeer {
         );
         let mut child = Command::new("node")
             .arg(dir.join("oauth-service.mjs"))
-            .args(["--client-id", CLIENT_ID, "--client-secret", client_secret, "--redirect-uri", redirect_uri])
+            .args([
+                "--client-id",
+                CLIENT_ID,
+                "--client-secret",
+                client_secret,
+                "--redirect-uri",
+                redirect_uri,
+            ])
             .current_dir(&dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("node must be installed to run the provider peer");
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("provider peer did not start: {line:?}"));
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .unwrap_or_else(|_| panic!("provider peer did not start: {line:?}"));
         OidcPeer {
             child,
             issuer: v["issuer"].as_str().unwrap().to_string(),
             client_secret: client_secret.to_string(),
             redirect_uri: redirect_uri.to_string(),
-            http: reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap(),
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
         }
     }
 
     async fn control(&self, path: &str) -> serde_json::Value {
-        self.http.get(format!("{}{path}", self.issuer)).send().await.unwrap().json().await.unwrap()
+        self.http
+            .get(format!("{}{path}", self.issuer))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
     }
 
     /// Lifetime of access tokens issued from now on.
@@ -79,7 +99,12 @@ impl OidcPeer {
         let v = self.control("/test/issued").await;
         let mut out = Vec::new();
         for k in ["access_tokens", "refresh_tokens"] {
-            out.extend(v[k].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()));
+            out.extend(
+                v[k].as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.as_str().unwrap().to_string()),
+            );
         }
         out
     }
@@ -87,18 +112,29 @@ impl OidcPeer {
     /// Revokes every grant of `account` at the provider (as a person would
     /// on the provider's settings page).
     pub async fn revoke_account(&self, account: &str) {
-        self.control(&format!("/test/revoke-account?account={account}")).await;
+        self.control(&format!("/test/revoke-account?account={account}"))
+            .await;
     }
 
     /// Refresh tokens of `account` that still work.
     pub async fn live_refresh_tokens(&self, account: &str) -> u64 {
-        self.control(&format!("/test/live?account={account}")).await["live_refresh_tokens"].as_u64().unwrap()
+        self.control(&format!("/test/live?account={account}")).await["live_refresh_tokens"]
+            .as_u64()
+            .unwrap()
     }
 
     /// Whether `token` is a refresh token the provider would still accept.
     pub async fn refresh_token_live(&self, token: &str) -> bool {
         let url = format!("{}/test/refresh-token-live?token={}", self.issuer, token);
-        let v: serde_json::Value = self.http.get(url).send().await.unwrap().json().await.unwrap();
+        let v: serde_json::Value = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         v["live"].as_bool().unwrap()
     }
 
@@ -110,8 +146,18 @@ impl OidcPeer {
         url.query_pairs_mut().append_pair("login_hint", account);
         let mut jar: BTreeMap<String, String> = BTreeMap::new();
         for _ in 0..10 {
-            let cookie = jar.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ");
-            let resp = self.http.get(url.as_str()).header("cookie", cookie).send().await.unwrap();
+            let cookie = jar
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            let resp = self
+                .http
+                .get(url.as_str())
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap();
             for sc in resp.headers().get_all("set-cookie") {
                 let first = sc.to_str().unwrap().split(';').next().unwrap();
                 if let Some((k, v)) = first.split_once('=') {
@@ -131,7 +177,10 @@ impl OidcPeer {
                 .to_string();
             let next = url.join(&loc).unwrap();
             if next.as_str().starts_with(&self.redirect_uri) {
-                return next.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+                return next
+                    .query_pairs()
+                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                    .collect();
             }
             url = next;
         }

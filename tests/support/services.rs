@@ -115,7 +115,14 @@ timeout = "{timeout}"
     /// A derive for a service tool in step `triage`.
     pub async fn derive(&self, key: &Es256Key, sub: &str, tool: &str) -> Answer {
         self.broker
-            .derive(key, &self.broker.subject_token(sub), "triage", tool, SERVICE, None)
+            .derive(
+                key,
+                &self.broker.subject_token(sub),
+                "triage",
+                tool,
+                SERVICE,
+                None,
+            )
             .await
     }
 
@@ -149,18 +156,30 @@ timeout = "{timeout}"
             let parts = self.open_parts();
             let code = connect_uri.rsplit('/').next().unwrap();
             let now = super::now();
-            let link = parts.links.resolve(code, now).unwrap().expect("the link resolves");
+            let link = parts
+                .links
+                .resolve(code, now)
+                .unwrap()
+                .expect("the link resolves");
             assert_eq!(link.person_sub, sub, "check 3: same person as the link's");
             match link.kind {
                 credbroker::connect::LinkKind::Allow => {
-                    credbroker::connect::complete_allow(&parts.vault, &parts.links, &link, now).unwrap();
+                    credbroker::connect::complete_allow(&parts.vault, &parts.links, &link, now)
+                        .unwrap();
                 }
                 _ => {
                     let scopes = credbroker::connect::scopes_to_request(&parts.provider, &link);
-                    let req = parts.provider.authorization_request(&scopes, &[]).await.unwrap();
+                    let req = parts
+                        .provider
+                        .authorization_request(&scopes, &[])
+                        .await
+                        .unwrap();
                     let back = self.peer.authorize(&req.url, account).await;
                     assert_eq!(back["state"], *req.state.expose());
-                    parts.provider.check_callback_iss(back.get("iss").map(String::as_str)).unwrap();
+                    parts
+                        .provider
+                        .check_callback_iss(back.get("iss").map(String::as_str))
+                        .unwrap();
                     credbroker::connect::complete_connect(
                         &parts.vault,
                         &parts.links,
@@ -174,7 +193,10 @@ timeout = "{timeout}"
                     .unwrap();
                 }
             }
-            assert!(parts.links.resolve(code, now).unwrap().is_none(), "a finished link is closed");
+            assert!(
+                parts.links.resolve(code, now).unwrap().is_none(),
+                "a finished link is closed"
+            );
         }
         self.broker.restart();
     }

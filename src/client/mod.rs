@@ -21,6 +21,8 @@ use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 
 use crate::jose::Es256Key;
+
+pub mod mcp;
 use crate::secret::SecretString;
 
 /// Client errors (transport, not refusals: a refusal is an [`Answer`]).
@@ -103,19 +105,29 @@ pub struct Refusal {
     /// `Retry-After`, for 429 and 503.
     #[serde(skip)]
     pub retry_after: Option<u64>,
-    /// For `connect_required`, `allow_required`, `reconnect_required`: the
-    /// link the person opens.
+    /// The connect link a person must open (`invalid_grant` refusals).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_uri: Option<String>,
-    /// The link's id (MCP elicitation id).
+    /// The link's id (the MCP `elicitationId`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_id: Option<String>,
-    /// Seconds the link stays open.
+    /// Seconds until the link expires.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_expires_in: Option<i64>,
-    /// A sentence for the person.
+    /// A sentence for the person, naming the agent and the service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_message: Option<String>,
+}
+
+impl Refusal {
+    /// The connect link of a refusal that carries one.
+    pub fn link(&self) -> Option<mcp::Link<'_>> {
+        Some(mcp::Link {
+            id: self.connect_id.as_deref()?,
+            url: self.connect_uri.as_deref()?,
+            message: self.connect_message.as_deref().unwrap_or("Open this link to continue."),
+        })
+    }
 }
 
 /// The answer to a derive.

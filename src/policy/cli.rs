@@ -1,0 +1,327 @@
+//! `credbroker policy check | test | explain | diff`: the commands a
+//! security team runs on policy files, locally and in the CI of the
+//! repository that holds them. `src/cli.rs` only delegates here.
+//!
+//! Reports go to standard output. Exit codes:
+//! - `check`: 0 no error (warnings allowed), 1 errors, 2 warnings only and
+//!   `--deny-warnings`;
+//! - `test`: 0 every case as expected, 1 a case failed or a file is invalid;
+//! - `explain`, `diff`: 0 done, 1 a file is invalid.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Subcommand;
+
+use super::explain::{explain, Query};
+use super::lint::{lint, Warning};
+use super::{Policy, PolicyError};
+use crate::config::Problem;
+
+/// The `credbroker policy` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Check policy files: errors (file:line:column, with a hint) and
+    /// warnings about risky constructs.
+    Check {
+        /// The policy files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Exit with 2 when there are warnings (and no errors).
+        #[arg(long)]
+        deny_warnings: bool,
+        /// Also require the files to be written for this agent (the
+        /// broker's `agent`): a broker refuses a policy for another agent.
+        #[arg(long)]
+        agent: Option<String>,
+    },
+    /// Run a table of requests with expected decisions against a policy.
+    Test {
+        /// The policy file.
+        file: PathBuf,
+        /// The cases file (TOML, `[[case]]` tables).
+        #[arg(long)]
+        cases: PathBuf,
+    },
+    /// Explain which rule decides one request, and why.
+    Explain {
+        /// The policy file.
+        #[arg(long)]
+        policy: PathBuf,
+        /// Step.
+        #[arg(long)]
+        step: String,
+        /// Tool.
+        #[arg(long)]
+        tool: String,
+        /// Resource.
+        #[arg(long)]
+        resource: String,
+        /// Requested scope (space-separated).
+        #[arg(long)]
+        scope: Option<String>,
+    },
+    /// Access gained and lost between two versions of a policy (Markdown).
+    Diff {
+        /// The old version.
+        old: PathBuf,
+        /// The new version.
+        new: PathBuf,
+    },
+}
+
+/// Runs a `policy` subcommand; returns the exit code.
+pub fn run(cmd: PolicyCommand) -> ExitCode {
+    let mut out = String::new();
+    let code = match cmd {
+        PolicyCommand::Check {
+            files,
+            deny_warnings,
+            agent,
+        } => check(&files, deny_warnings, agent.as_deref(), &mut out),
+        PolicyCommand::Test { file, cases } => test(&file, &cases, &mut out),
+        PolicyCommand::Explain {
+            policy,
+            step,
+            tool,
+            resource,
+            scope,
+        } => match load(&policy, &mut out) {
+            Some((p, text)) => {
+                let q = Query {
+                    step: &step,
+                    tool: &tool,
+                    resource: &resource,
+                    scope: scope.as_deref(),
+                };
+                out.push_str(&explain(&policy, &text, &p, &q).render(&q));
+                0
+            }
+            None => 1,
+        },
+        PolicyCommand::Diff { old, new } => {
+            let o = load(&old, &mut out);
+            let n = load(&new, &mut out);
+            match (o, n) {
+                (Some((o, _)), Some((n, _))) => {
+                    let report = super::diff::diff(&o, &n);
+                    out.push_str(&super::diff::render(
+                        &old.display().to_string(),
+                        &new.display().to_string(),
+                        &o,
+                        &n,
+                        &report,
+                    ));
+                    0
+                }
+                _ => 1,
+            }
+        }
+    };
+    print!("{out}");
+    ExitCode::from(code)
+}
+
+/// Loads a policy, writing its errors (with hints) to `out` on failure.
+fn load(path: &Path, out: &mut String) -> Option<(Policy, String)> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) => {
+            out.push_str(&format!(
+                "{}: error: cannot read the policy: {e}\n",
+                path.display()
+            ));
+            return None;
+        }
+    };
+    match Policy::parse(path, &bytes) {
+        Ok(p) => Some((p, String::from_utf8_lossy(&bytes).into_owned())),
+        Err(e) => {
+            write_policy_error(&e, out);
+            None
+        }
+    }
+}
+
+fn write_policy_error(e: &PolicyError, out: &mut String) -> usize {
+    match e {
+        PolicyError::Read { path, source } => {
+            out.push_str(&format!(
+                "{}: error: cannot read the policy: {source}\n",
+                path.display()
+            ));
+            1
+        }
+        PolicyError::Invalid(problems) => {
+            for p in problems {
+                write_problem(p, out);
+            }
+            problems.len()
+        }
+    }
+}
+
+/// `file:line:column: error: key: message`, then `  hint: ...`.
+fn write_problem(p: &Problem, out: &mut String) {
+    match &p.key {
+        Some(k) => out.push_str(&format!("{}: error: {k}: {}\n", p.at, p.message)),
+        None => out.push_str(&format!("{}: error: {}\n", p.at, p.message)),
+    }
+    out.push_str(&format!("  hint: {}\n", hint(p)));
+}
+
+fn write_warning(w: &Warning, out: &mut String) {
+    out.push_str(&format!(
+        "{}: warning: {}: {}\n  hint: {}\n",
+        w.at, w.key, w.message, w.hint
+    ));
+}
+
+const TOP_KEYS: &[&str] = &["agent", "frozen", "steps", "resources", "tools"];
+const RESOURCE_KEYS: &[&str] = &["source", "ttl"];
+const TOOL_KEYS: &[&str] = &["resource", "scopes", "steps", "ttl"];
+
+/// A hint for a loader problem, chosen by the kind of key it is about, so
+/// that new loader messages get a sensible hint without editing this table.
+fn hint(p: &Problem) -> String {
+    let Some(key) = &p.key else {
+        if p.message.contains("missing field") {
+            return "add the required key; see policy/README.md for the keys of each table".into();
+        }
+        if p.message.contains("empty") {
+            return "start with agent = \"<the broker's agent>\", then declare [resources.\"...\"] and [tools.\"...\"]".into();
+        }
+        if p.message.contains("UTF-8") {
+            return "save the file as UTF-8".into();
+        }
+        return "the file is not valid TOML here, or a value has the wrong type; check quotes, brackets and commas".into();
+    };
+    if p.message == "unknown key" {
+        return unknown_key_hint(key);
+    }
+    let last = key.rsplit('.').next().unwrap_or(key);
+    match (key.starts_with("resources."), key.starts_with("tools."), last) {
+        (_, _, "agent") => "the agent's name, exactly as in the broker config's `agent`".into(),
+        (_, _, "ttl") => "a whole number of seconds or minutes from \"1s\" to \"300s\" (\"5m\"), e.g. ttl = \"60s\"".into(),
+        (true, _, "source") => "source = \"self\": tokens minted by credbroker for this resource".into(),
+        (_, true, "resource") => "use the URI of a resource declared as [resources.\"<uri>\"] (compared in canonical form)".into(),
+        (_, true, "scopes") => "scopes are RFC 6749 tokens: printable ASCII without spaces, quotes or backslashes, each listed once".into(),
+        (_, _, "steps") => "step names as the orchestrator's code declares them, each listed once, without spaces or control characters".into(),
+        (true, _, _) => "a resource is an absolute https URI without query, fragment, userinfo or dot segments (http only on loopback)".into(),
+        (_, true, _) => "tool names are matched byte for byte: no spaces, control characters or look-alike letters".into(),
+        _ => "see policy/README.md".into(),
+    }
+}
+
+fn unknown_key_hint(key: &str) -> String {
+    let parts = key.split('.').count();
+    let (known, place): (&[&str], &str) = if key.starts_with("resources.") && parts > 2 {
+        (RESOURCE_KEYS, "a resource")
+    } else if key.starts_with("tools.") && parts > 2 {
+        (TOOL_KEYS, "a tool")
+    } else {
+        (TOP_KEYS, "the top level")
+    };
+    let last = key.rsplit('.').next().unwrap_or(key);
+    let close = known.iter().find(|k| {
+        k.eq_ignore_ascii_case(last)
+            || (last.len() > 3 && (k.starts_with(last) || last.starts_with(*k)))
+    });
+    match close {
+        Some(k) => format!(
+            "did you mean `{k}`? the keys of {place} are: {}",
+            known.join(", ")
+        ),
+        None => format!("the keys of {place} are: {}", known.join(", ")),
+    }
+}
+
+fn check(files: &[PathBuf], deny_warnings: bool, agent: Option<&str>, out: &mut String) -> u8 {
+    let (mut errors, mut warnings) = (0usize, 0usize);
+    for path in files {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                out.push_str(&format!(
+                    "{}: error: cannot read the policy: {e}\n",
+                    path.display()
+                ));
+                errors += 1;
+                continue;
+            }
+        };
+        let policy = match Policy::parse(path, &bytes) {
+            Ok(p) => p,
+            Err(e) => {
+                errors += write_policy_error(&e, out);
+                continue;
+            }
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        if let Some(a) = agent {
+            if policy.agent != a {
+                write_problem(
+                    &Problem {
+                        at: super::top_key_at(path, &text, "agent"),
+                        key: Some("agent".into()),
+                        message: format!("the policy is for agent {:?}, not {a:?}", policy.agent),
+                    },
+                    out,
+                );
+                errors += 1;
+                continue;
+            }
+        }
+        let ws = lint(path, &text, &policy);
+        for w in &ws {
+            write_warning(w, out);
+        }
+        warnings += ws.len();
+        out.push_str(&format!(
+            "{}: ok: agent {}, {} tools, {} resources, sha256 {}{}\n",
+            path.display(),
+            policy.agent,
+            policy.tools.len(),
+            policy.resources.len(),
+            policy.hash.get(..12).unwrap_or(&policy.hash),
+            if ws.is_empty() {
+                String::new()
+            } else {
+                format!(", {} warning(s)", ws.len())
+            }
+        ));
+    }
+    out.push_str(&format!(
+        "checked {} file(s): {errors} error(s), {warnings} warning(s)\n",
+        files.len()
+    ));
+    if errors > 0 {
+        1
+    } else if warnings > 0 && deny_warnings {
+        2
+    } else {
+        0
+    }
+}
+
+fn test(file: &Path, cases: &Path, out: &mut String) -> u8 {
+    let policy = load(file, out);
+    let cases = match super::cases::load(cases) {
+        Ok(c) => Some(c),
+        Err(problems) => {
+            for p in &problems {
+                match &p.key {
+                    Some(k) => out.push_str(&format!("{}: error: {k}: {}\n", p.at, p.message)),
+                    None => out.push_str(&format!("{}: error: {}\n", p.at, p.message)),
+                }
+            }
+            None
+        }
+    };
+    let (Some((policy, _)), Some(cases)) = (policy, cases) else {
+        return 1;
+    };
+    let (table, failures) = super::cases::report(&policy, &cases);
+    out.push_str(&table);
+    u8::from(failures > 0)
+}

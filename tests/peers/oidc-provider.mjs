@@ -1,0 +1,176 @@
+// A real OAuth 2.0 / OpenID Connect provider for the tests: panva's
+// oidc-provider, configured from a JSON file, on a loopback port.
+//
+// Used as the organisation's IdP (it issues RFC 9068 JWT access tokens whose
+// audience is the agent: the subject tokens) and as a third-party service.
+// Its login and consent screens are the library's own dev interactions, which
+// a browser or the `login` command below can drive.
+//
+//   node oidc-provider.mjs CONFIG.json
+//
+// CONFIG: { "port": 0, "clients": [...oidc-provider client metadata...],
+//           "resources": { "<resource indicator>": { "audience": "...", "scope": "..." } },
+//           "access_token_ttl": 3600 }
+// Prints one JSON line {"issuer": ..., "jwks_uri": ...} when listening, then
+// reads JSON commands on stdin, one per line, answering one JSON line each:
+//   {"cmd":"login", "user":"alice", "client_id":..., "client_secret":..., "redirect_uri":...,
+//    "scope":"openid offline_access ...", "resource":"..."}
+//      -> {"code":..., "tokens": {...token endpoint response...}}
+//   {"cmd":"jwks"} -> the provider's public JWKS
+import { readFileSync } from 'node:fs';
+import { createInterface } from 'node:readline';
+import { createHash, randomBytes } from 'node:crypto';
+import { createServer } from 'node:http';
+import Provider from 'oidc-provider';
+import * as jose from 'jose';
+
+const cfg = JSON.parse(readFileSync(process.argv[2], 'utf8'));
+
+// Two signing keys, so that both ES256 and RS256 paths are exercised.
+const es = await jose.generateKeyPair('ES256', { extractable: true });
+const rs = await jose.generateKeyPair('RS256', { extractable: true, modulusLength: 2048 });
+const keys = [
+  { ...(await jose.exportJWK(rs.privateKey)), kid: 'rs256-1', alg: 'RS256', use: 'sig' },
+  { ...(await jose.exportJWK(es.privateKey)), kid: 'es256-1', alg: 'ES256', use: 'sig' },
+];
+const publicJwks = {
+  keys: await Promise.all([rs.publicKey, es.publicKey].map(async (k, i) => ({
+    ...(await jose.exportJWK(k)), kid: keys[i].kid, alg: keys[i].alg, use: 'sig',
+  }))),
+};
+
+const server = await new Promise((resolve) => {
+  const s = createServer();
+  s.listen(cfg.port ?? 0, '127.0.0.1', () => resolve(s));
+});
+const issuer = `http://127.0.0.1:${server.address().port}`;
+
+const provider = new Provider(issuer, {
+  clients: cfg.clients,
+  jwks: { keys },
+  findAccount: async (_ctx, id) => ({
+    accountId: id,
+    claims: async () => ({ sub: id, name: id, preferred_username: id, email: `${id}@example.test` }),
+  }),
+  claims: { openid: ['sub'], profile: ['name', 'preferred_username'], email: ['email'] },
+  scopes: ['openid', 'offline_access', ...new Set(Object.values(cfg.resources ?? {}).flatMap((r) => (r.scope ?? '').split(' ').filter(Boolean)))],
+  pkce: { required: () => true },
+  rotateRefreshToken: true,
+  ttl: {
+    AccessToken: cfg.access_token_ttl ?? 3600,
+    IdToken: 3600,
+    RefreshToken: 86400,
+    Grant: 86400,
+    Session: 86400,
+    Interaction: 600,
+  },
+  features: {
+    devInteractions: { enabled: true },
+    revocation: { enabled: true },
+    introspection: { enabled: false },
+    resourceIndicators: {
+      enabled: true,
+      defaultResource: (_ctx, _client, oneOf) => oneOf,
+      useGrantedResource: () => true,
+      getResourceServerInfo: (_ctx, resource) => {
+        const r = (cfg.resources ?? {})[resource];
+        if (!r) throw new Provider.errors.InvalidTarget();
+        return {
+          scope: r.scope ?? '',
+          audience: r.audience ?? resource,
+          accessTokenTTL: cfg.access_token_ttl ?? 3600,
+          accessTokenFormat: r.format ?? 'jwt',
+          jwt: { sign: { alg: r.alg ?? 'ES256' } },
+        };
+      },
+    },
+  },
+  cookies: { keys: [randomBytes(16).toString('hex')] },
+});
+provider.proxy = false;
+server.on('request', provider.callback());
+
+function cookieJar() {
+  const jar = new Map();
+  return {
+    take(res) {
+      for (const c of res.headers.getSetCookie()) {
+        const [pair] = c.split(';');
+        const i = pair.indexOf('=');
+        jar.set(pair.slice(0, i), pair.slice(i + 1));
+      }
+    },
+    header() {
+      return [...jar].map(([k, v]) => `${k}=${v}`).join('; ');
+    },
+  };
+}
+
+// Drives authorization code + PKCE through the dev login and consent forms.
+async function login({ user, client_id, client_secret, redirect_uri, scope, resource }) {
+  const verifier = randomBytes(32).toString('base64url');
+  const challenge = createHash('sha256').update(verifier).digest('base64url');
+  const state = randomBytes(8).toString('hex');
+  const jar = cookieJar();
+  const auth = new URL(`${issuer}/auth`);
+  for (const [k, v] of Object.entries({
+    client_id, response_type: 'code', redirect_uri, scope, state,
+    code_challenge: challenge, code_challenge_method: 'S256', prompt: 'consent',
+  })) auth.searchParams.set(k, v);
+  if (resource) auth.searchParams.set('resource', resource);
+  let url = auth.toString();
+  let code;
+  for (let i = 0; i < 12 && !code; i++) {
+    const res = await fetch(url, { redirect: 'manual', headers: { cookie: jar.header() } });
+    jar.take(res);
+    if (res.status >= 300 && res.status < 400) {
+      const next = new URL(res.headers.get('location'), url);
+      if (next.toString().startsWith(redirect_uri)) {
+        if (next.searchParams.get('state') !== state) throw new Error('state mismatch');
+        code = next.searchParams.get('code');
+        if (!code) throw new Error(`authorization failed: ${next.search}`);
+        break;
+      }
+      url = next.toString();
+      continue;
+    }
+    const html = await res.text();
+    const m = html.match(/action="([^"]+)"/);
+    if (!m) {
+      const text = html.replace(/<style[\s\S]*?<\/style>/g, ' ').replace(/<[^>]+>/g, ' ').replace(/\s+/g, ' ');
+      throw new Error(`unexpected page at ${url}: ${res.status}: ${text.slice(0, 400)}`);
+    }
+    const prompt = html.includes('name="login"') ? 'login' : 'consent';
+    const form = new URLSearchParams({ prompt });
+    if (prompt === 'login') { form.set('login', user); form.set('password', 'any'); }
+    const post = await fetch(new URL(m[1], url), {
+      method: 'POST', redirect: 'manual', body: form,
+      headers: { cookie: jar.header(), 'content-type': 'application/x-www-form-urlencoded' },
+    });
+    jar.take(post);
+    url = new URL(post.headers.get('location'), url).toString();
+  }
+  const body = new URLSearchParams({ grant_type: 'authorization_code', code, redirect_uri, code_verifier: verifier });
+  if (resource) body.set('resource', resource);
+  const headers = { 'content-type': 'application/x-www-form-urlencoded' };
+  if (client_secret) headers.authorization = `Basic ${Buffer.from(`${encodeURIComponent(client_id)}:${encodeURIComponent(client_secret)}`).toString('base64')}`;
+  else body.set('client_id', client_id);
+  const tok = await fetch(`${issuer}/token`, { method: 'POST', headers, body });
+  const tokens = await tok.json();
+  if (!tok.ok) throw new Error(`token endpoint: ${JSON.stringify(tokens)}`);
+  return { code, tokens };
+}
+
+console.log(JSON.stringify({ issuer, jwks_uri: `${issuer}/jwks` }));
+const rl = createInterface({ input: process.stdin });
+rl.on('line', async (line) => {
+  try {
+    const cmd = JSON.parse(line);
+    if (cmd.cmd === 'login') console.log(JSON.stringify(await login(cmd)));
+    else if (cmd.cmd === 'jwks') console.log(JSON.stringify(publicJwks));
+    else console.log(JSON.stringify({ error: 'unknown command' }));
+  } catch (e) {
+    console.log(JSON.stringify({ error: String(e.message ?? e) }));
+  }
+});
+rl.on('close', () => process.exit(0));
