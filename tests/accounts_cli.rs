@@ -1,5 +1,8 @@
 //! `credbroker accounts list|disconnect` and `credbroker keys rotate-vault`,
 //! through the admin socket and, with no instance running, on the store.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::os::unix::fs::PermissionsExt;

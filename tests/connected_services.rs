@@ -1,6 +1,9 @@
 //! The `service` source end to end: the real broker binary, a real OAuth
 //! provider (oidc-provider) as the third-party service, and the link
 //! finished the way the pages will finish it.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::time::{Duration, Instant};

@@ -2,6 +2,9 @@
 //! provider: authorization URL with PKCE and state, code exchange, account
 //! name, refresh with rotation, revocation, discovery, and failures that
 //! must stay bounded.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::time::{Duration, Instant};

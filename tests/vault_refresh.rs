@@ -1,6 +1,9 @@
 //! The vault's refresh against a real provider, in-process, with a store
 //! whose writes can fail: S2 (crash after the provider rotated the refresh
 //! token, before it was saved) and S3 (full disk while saving).
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -85,7 +85,7 @@ impl TestBroker {
         let child = Command::new(bin())
             .args(["serve", "--config"])
             .arg(&config)
-            .env("RUST_LOG", log_level.unwrap_or("info").to_string())
+            .env("RUST_LOG", log_level.unwrap_or("info"))
             .stdout(Stdio::null())
             .stderr(logf)
             .spawn()
