@@ -90,3 +90,11 @@ fn provider_mistakes_are_all_reported_without_values() {
     // Positive control: the same table written correctly loads.
     parse("[providers.good]\nissuer = \"https://id.example\"\nclient_id = \"c\"\nclient_secret_file = \"s\"\ntimeout = \"2s\"\nscopes = [\"a\"]\n").unwrap();
 }
+
+#[test]
+fn the_example_deployment_config_loads_with_its_providers() {
+    let text = include_str!("../../deploy/credbroker.example.toml");
+    let c = Config::parse(Path::new("/etc/credbroker/credbroker.toml"), text).unwrap();
+    assert_eq!(c.providers["github"].display_name, "GitHub");
+    assert_eq!(c.vault_key_dir, Path::new("/etc/credbroker/keys/vault"));
+}
