@@ -175,6 +175,22 @@ fn person_issuer(cfg: &Config, given: Option<String>) -> Result<String, Box<dyn 
     }
 }
 
+/// Records an audit event for a command run with no instance (the
+/// instance records its own through the admin socket).
+fn offline_event<'a>(cfg: &'a Config, fill: impl FnOnce(&mut crate::events::Event<'a>)) {
+    let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+    let mut e = crate::events::Event::new(now, "", &cfg.agent);
+    fill(&mut e);
+    match crate::events::Audit::open(&cfg.audit_log) {
+        Ok(a) => {
+            if let Err(err) = a.record(&e) {
+                eprintln!("warning: the audit event was not written: {err}");
+            }
+        }
+        Err(err) => eprintln!("warning: the audit log cannot be opened: {err}"),
+    }
+}
+
 /// Opens the store and the vault directly (no instance runs).
 fn open_vault(cfg: &Config) -> Result<crate::vault::Vault, Box<dyn std::error::Error>> {
     let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::SledStore::open(&cfg.store)?);
@@ -255,6 +271,14 @@ async fn accounts(action: AccountsAction) -> Res {
                         force,
                     )
                     .await?;
+                    offline_event(&cfg, |e| {
+                        e.event = "account.disconnected";
+                        e.person_iss = Some(&p.iss);
+                        e.person_sub = Some(&p.sub);
+                        e.service = Some(service);
+                        e.outcome = Some(if r.deleted { "deleted" } else { "kept" });
+                        e.reason = Some(r.revocation);
+                    });
                     let mut v = serde_json::to_value(r)?;
                     v["running"] = false.into();
                     v
@@ -465,7 +489,12 @@ async fn run(cmd: Command) -> Res {
                     // No instance runs: open the store directly.
                     let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::SledStore::open(&cfg.store)?);
                     let vault = crate::vault::Vault::open(store, &cfg.vault_key_dir)?;
-                    let report = serde_json::to_value(vault.rotate(limit)?)?;
+                    let report = vault.rotate(limit)?;
+                    offline_event(&cfg, |e| {
+                        e.event = "vault.rotated";
+                        e.outcome = Some(if report.done { "done" } else { "in_progress" });
+                    });
+                    let report = serde_json::to_value(report)?;
                     println!("{report}");
                     report
                 }

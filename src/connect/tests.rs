@@ -235,3 +235,27 @@ fn codes_are_never_stored_in_clear() {
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
+
+/// L2: the Debug forms of link-carrying types never show a code.
+#[test]
+fn debug_output_never_shows_a_link_code() {
+    let (_d, _s, links) = env();
+    let p = alice();
+    let l = links
+        .open_link(&req(&p, LinkKind::Connect, &[]), 1000)
+        .unwrap();
+    let code = l.code.expose().clone();
+    assert!(!format!("{l:?}").contains(&code));
+    let refusal =
+        crate::exchange::DeriveError::LinkRequired(Box::new(crate::exchange::LinkRefusal {
+            kind: LinkKind::Connect,
+            uri: SecretString::new(links.uri(&l.code)),
+            id: l.link.id.clone(),
+            expires_in: 1800,
+            message: "m".into(),
+        }));
+    let dbg = format!("{refusal:?} {refusal}");
+    assert!(!dbg.contains(&code), "{dbg}");
+    // Positive control: the id (public) is shown.
+    assert!(dbg.contains(&l.link.id));
+}
