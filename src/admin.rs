@@ -2,8 +2,9 @@
 //! containers in a pod share TCP loopback, so loopback is no boundary).
 //!
 //! `GET /metrics`, `GET /readyz`, `GET /status`, `POST /freeze` (`on` or
-//! `off` in the body), `POST /keys/rotate`, `POST /vault/rotate` (optional
-//! body: the most records to re-wrap in this call), `GET /accounts`
+//! `off` in the body), `POST /keys/rotate`, `POST /users` (a local account
+//! for the pages: `{"name", "password", "replace"}`), `POST /vault/rotate`
+//! (optional body: the most records to re-wrap in this call), `GET /accounts`
 //! (optional query `person_iss`, `person_sub`), `POST /accounts/disconnect`
 //! (JSON `person_iss`, `person_sub`, `service`, optional `force`).
 
@@ -258,6 +259,48 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
                 ),
             }
         }
+        (Method::POST, "/users") => add_user(&inst, req.into_body()).await,
         _ => json_response(StatusCode::NOT_FOUND, &serde_json::json!({"error": "not_found"})),
+    }
+}
+
+/// `POST /users`: adds a local account while the instance holds the store.
+async fn add_user(inst: &Instance, body: hyper::body::Incoming) -> Response<Body> {
+    #[derive(serde::Deserialize)]
+    struct AddUser {
+        name: String,
+        password: String,
+        #[serde(default)]
+        replace: bool,
+    }
+    let bad = |m: &str| json_response(StatusCode::BAD_REQUEST, &serde_json::json!({"error": m}));
+    let Ok(bytes) = Limited::new(body, 4096).collect().await.map(|c| c.to_bytes()) else {
+        return bad("body");
+    };
+    let Ok(req) = serde_json::from_slice::<AddUser>(&bytes) else {
+        return bad("expected {\"name\", \"password\", \"replace\"}");
+    };
+    let password = crate::secret::SecretString::new(req.password);
+    let store = inst.broker.store.clone();
+    let now = inst.broker.clock.now();
+    let (name, replace) = (req.name, req.replace);
+    let n = name.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        crate::pages::users::add(store.as_ref(), &n, &password, replace, now)
+    })
+    .await;
+    match result {
+        Ok(Ok(())) => {
+            let mut e = crate::events::Event::new(now, "users.added", &inst.broker.config.agent);
+            e.person_sub = Some(&name);
+            e.outcome = Some(if replace { "replaced" } else { "added" });
+            let _ = inst.broker.audit.record(&e);
+            json_response(StatusCode::OK, &serde_json::json!({"user": name, "running": true}))
+        }
+        Ok(Err(e @ crate::pages::users::UserError::Exists(_))) => {
+            json_response(StatusCode::CONFLICT, &serde_json::json!({"error": e.to_string()}))
+        }
+        Ok(Err(e)) => bad(&e.to_string()),
+        Err(_) => json_response(StatusCode::INTERNAL_SERVER_ERROR, &serde_json::json!({"error": "internal"})),
     }
 }

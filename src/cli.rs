@@ -113,6 +113,12 @@ enum Command {
         #[command(subcommand)]
         command: crate::policy::cli::PolicyCommand,
     },
+    /// Local accounts for the pages (sign-in paired with the broker's own
+    /// issuer, as in the quick start).
+    Users {
+        #[command(subcommand)]
+        action: UsersAction,
+    },
     /// Make a DPoP proof with a key (for scripts and tests).
     Proof {
         /// The key (PKCS#8 PEM).
@@ -311,6 +317,84 @@ enum KeysAction {
         #[arg(long)]
         limit: Option<usize>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum UsersAction {
+    /// Add a local account. Prompts for the password twice (not echoed).
+    /// Local account NAME is the person (broker issuer, NAME): in the quick
+    /// start, the same person as subject tokens with `sub` NAME.
+    Add {
+        /// The account name.
+        name: String,
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Read the password from the first line of standard input (for
+        /// scripts and tests) instead of prompting.
+        #[arg(long)]
+        password_stdin: bool,
+        /// Set a new password for an existing account (and clear its lockout).
+        #[arg(long)]
+        replace: bool,
+    },
+}
+
+fn read_new_password(from_stdin: bool) -> Result<crate::secret::SecretString, Box<dyn std::error::Error>> {
+    use crate::secret::SecretString;
+    if from_stdin {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+        let pw = SecretString::new(line.trim_end_matches(['\n', '\r']).to_string());
+        zeroize::Zeroize::zeroize(&mut line);
+        return Ok(pw);
+    }
+    let first = SecretString::new(rpassword::prompt_password("Password: ")?);
+    let second = SecretString::new(rpassword::prompt_password("Password again: ")?);
+    if first.expose() != second.expose() {
+        return Err("the passwords differ; nothing was changed".into());
+    }
+    Ok(first)
+}
+
+async fn users_add(name: &str, config: &Path, from_stdin: bool, replace: bool) -> Res {
+    let cfg = Config::load(config)?;
+    if !cfg
+        .trusted_issuers
+        .iter()
+        .any(|i| i.sign_in == crate::config::SignIn::Local)
+    {
+        eprintln!("note: no trusted issuer is paired with local sign-in in {}; this account cannot sign in until one is", config.display());
+    }
+    if !crate::pages::users::valid_name(name) {
+        return Err(crate::pages::users::UserError::BadName.into());
+    }
+    let password = read_new_password(from_stdin)?;
+    let len = password.expose().len();
+    if !(crate::pages::users::MIN_PASSWORD..=crate::pages::users::MAX_PASSWORD).contains(&len) {
+        return Err(crate::pages::users::UserError::BadPassword.into());
+    }
+    let body = crate::secret::SecretString::new(
+        serde_json::json!({"name": name, "password": password.expose(), "replace": replace}).to_string(),
+    );
+    match admin_call(&cfg.admin_socket, "POST", "/users", body.expose()).await {
+        Ok((200, out)) => {
+            println!("{out}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok((_, out)) => {
+            eprintln!("error: {out}");
+            Ok(ExitCode::from(1))
+        }
+        Err(_) => {
+            // No instance runs: write to the store directly.
+            let store = crate::store::SledStore::open(&cfg.store)?;
+            let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+            crate::pages::users::add(&store, name, &password, replace, now)?;
+            println!("{}", serde_json::json!({"user": name, "running": false}));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
 }
 
 fn init_logging(format: &str) {
@@ -512,6 +596,15 @@ async fn run(cmd: Command) -> Res {
         }
         Command::Accounts { action } => accounts(action).await,
         Command::Policy { command } => Ok(crate::policy::cli::run(command)),
+        Command::Users {
+            action:
+                UsersAction::Add {
+                    name,
+                    config,
+                    password_stdin,
+                    replace,
+                },
+        } => users_add(&name, &config, password_stdin, replace).await,
         Command::Proof {
             key,
             method,
@@ -718,6 +811,12 @@ Next steps, in another terminal:
   # a sensitive tool outside its step is denied:
   credbroker derive --socket {sock} --issuer {issuer} --subject-token "$TOKEN" \
       --step summarize --tool notes.delete --resource http://127.0.0.1:9090/notes
+
+Pages (connect links, your accounts): {issuer}/account
+  # a local account alice is the same person as subject tokens with sub alice:
+  credbroker users add alice --config {config}
+  (plain HTTP on loopback: the session cookie is the development cookie
+  "credbroker-dev" instead of "__Host-credbroker", which needs https)
 "#,
         config = config.display(),
         issuer = cfg.issuer,

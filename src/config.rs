@@ -532,7 +532,7 @@ pub struct SocketConfig {
     pub allowed_uids: Vec<u32>,
     /// Open connections at most.
     pub max_connections: usize,
-    /// Time allowed to send a request's headers.
+    /// Time allowed to send a request's headers, and then its body.
     pub header_timeout: Duration,
 }
 

@@ -55,9 +55,22 @@ pub struct Event<'a> {
     /// Peer uid on the socket.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_uid: Option<u32>,
-    /// The connected service, for account events.
+    /// The connected service (`github`), for connect and account events.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service: Option<&'a str>,
+    /// The connect link's id (`connect_id`), never its code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connect_id: Option<&'a str>,
+    /// Who was signed in on the pages, when that differs from `person_*`
+    /// (a link opened by another person).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opener_iss: Option<&'a str>,
+    /// The subject of the signed-in opener (see `opener_iss`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub opener_sub: Option<&'a str>,
+    /// The browser's address on the public listener.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_addr: Option<String>,
     /// For provider tokens: whether the token was narrowed to the tool's
     /// scopes on refresh (`false`: the provider's broader token went out).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -84,6 +97,10 @@ impl<'a> Event<'a> {
             peer_uid: None,
             service: None,
             narrowed: None,
+            connect_id: None,
+            opener_iss: None,
+            opener_sub: None,
+            client_addr: None,
         }
     }
 }

@@ -16,6 +16,8 @@
 //! - [`events`], [`metrics`]: audit events and Prometheus metrics.
 //! - [`store`], [`seal`]: storage and encryption at rest.
 //! - [`public`], [`admin`]: the public listener and the admin socket.
+//! - [`pages`]: the browser pages on the public listener: sign-in, connect
+//!   links (the five checks), the account page.
 //! - [`verify`]: the resource-server side, for embedding.
 //! - [`client`]: a client for the socket.
 //! - [`jose`], [`secret`], [`clock`], [`config`], [`cli`]: building blocks.
@@ -35,6 +37,7 @@ pub mod exchange;
 pub mod jose;
 pub mod metrics;
 pub mod mint;
+pub mod pages;
 pub mod policy;
 pub mod public;
 pub mod seal;

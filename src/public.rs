@@ -1,8 +1,10 @@
-//! The public TCP listener: what resource servers (and, later, browsers)
-//! reach. RFC 8414 metadata and the JWKS. TLS through rustls when a
-//! certificate is configured; plain HTTP only on loopback (the config
-//! refuses anything else).
+//! The public TCP listener: what resource servers and browsers reach. RFC
+//! 8414 metadata and the JWKS here; every other path goes to the pages
+//! (`pages::Pages::handle`). TLS through rustls when a certificate is
+//! configured; plain HTTP only on loopback (the config refuses anything
+//! else).
 
+use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +19,7 @@ use tokio::sync::Semaphore;
 
 use crate::api::{json_response, Body};
 use crate::exchange::Broker;
+use crate::pages::Pages;
 use crate::server::StartError;
 
 const MAX_PUBLIC_CONNECTIONS: usize = 1024;
@@ -66,8 +69,18 @@ fn with_cache(mut r: Response<Body>, cache: &'static str) -> Response<Body> {
     r
 }
 
-/// Handles one public request.
-pub async fn handle<B>(broker: Arc<Broker>, req: Request<B>) -> Response<Body> {
+/// Handles one public request from `client`.
+pub async fn handle<B>(
+    broker: Arc<Broker>,
+    pages: Arc<Pages>,
+    req: Request<B>,
+    client: IpAddr,
+) -> Response<Body>
+where
+    B: hyper::body::Body + Send,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/.well-known/oauth-authorization-server") => with_cache(
             json_response(StatusCode::OK, &metadata(&broker)),
@@ -84,10 +97,7 @@ pub async fn handle<B>(broker: Arc<Broker>, req: Request<B>) -> Response<Body> {
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
             r
         }
-        _ => json_response(
-            StatusCode::NOT_FOUND,
-            &serde_json::json!({"error": "not_found"}),
-        ),
+        _ => pages.handle(req, client).await,
     }
 }
 
@@ -96,6 +106,7 @@ pub async fn serve(
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     broker: Arc<Broker>,
+    pages: Arc<Pages>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -107,7 +118,7 @@ pub async fn serve(
         .max_buf_size(16 * 1024)
         .max_headers(64);
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             r = listener.accept() => match r { Ok(s) => s, Err(_) => continue },
             _ = shutdown.changed() => break,
         };
@@ -115,9 +126,12 @@ pub async fn serve(
             continue;
         };
         let b = broker.clone();
+        let pg = pages.clone();
+        let client = peer.ip();
         let svc = service_fn(move |req| {
             let b = b.clone();
-            async move { Ok::<_, std::convert::Infallible>(handle(b, req).await) }
+            let pg = pg.clone();
+            async move { Ok::<_, std::convert::Infallible>(handle(b, pg, req, client).await) }
         });
         match &tls {
             None => {

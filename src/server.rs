@@ -98,6 +98,8 @@ pub struct Instance {
     pub providers: Arc<crate::upstream::Providers>,
     /// The public listener's bound address, once bound.
     pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
+    /// The browser pages on the public listener.
+    pub pages: Arc<crate::pages::Pages>,
 }
 
 /// Builds an instance from a validated config: opens the store, loads or
@@ -167,6 +169,13 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
         clock,
     )
     .with_connected(connected));
+    // No connected-services modules yet: no link resolves and no account
+    // is listed (`pages::links`).
+    let pages = Arc::new(crate::pages::Pages::new(
+        broker.clone(),
+        sealer.clone(),
+        crate::pages::Options::default(),
+    ));
     Ok(Instance {
         broker,
         sealer,
@@ -174,6 +183,7 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
         links,
         providers,
         public_addr: Arc::default(),
+        pages,
     })
 }
 
@@ -218,6 +228,9 @@ async fn serve_unix<H, F>(
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(max_conn));
+    // Refused peers are answered for a moment each; cap how many at once so
+    // a flood from a refused uid cannot pile up tasks and descriptors.
+    let refusals = Arc::new(Semaphore::new(64));
     let builder = http1(header_timeout);
     let mut shutdown = shutdown;
     loop {
@@ -238,20 +251,38 @@ async fn serve_unix<H, F>(
         };
         if !allowed.contains(&uid) {
             tracing::warn!(peer_uid = uid, "connection refused: peer uid not in the allow-list");
-            // Nothing is read from this peer; it gets a fixed answer and the
-            // connection is closed.
+            // Nothing from this peer is parsed; it gets a fixed answer (if a
+            // refusal slot is free, else none) and the connection is closed.
+            let Ok(refusal) = refusals.clone().try_acquire_owned() else {
+                continue;
+            };
             tokio::spawn(async move {
-                use tokio::io::AsyncWriteExt;
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let _refusal = refusal;
                 let mut s = stream;
                 let body = br#"{"error":"access_denied","error_description":"peer uid is not allowed on this socket"}"#;
                 let head = format!(
                     "HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncache-control: no-store\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                     body.len()
                 );
+                // An HTTP client answered before it has sent its request
+                // drops the answer as unsolicited, and one still writing
+                // when the socket closes gets EPIPE: so wait (briefly) for
+                // the request to start, answer, then drain a little before
+                // closing. Whatever the peer sends is discarded unparsed.
+                let mut sink = [0u8; 4096];
+                let _ = tokio::time::timeout(Duration::from_millis(500), s.read(&mut sink)).await;
                 let _ = tokio::time::timeout(Duration::from_secs(1), async {
                     let _ = s.write_all(head.as_bytes()).await;
                     let _ = s.write_all(body).await;
                     let _ = s.shutdown().await;
+                    let mut left = 64 * 1024usize;
+                    while left > 0 {
+                        match s.read(&mut sink).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => left = left.saturating_sub(n),
+                        }
+                    }
                 })
                 .await;
             });
@@ -314,13 +345,20 @@ pub async fn run(
                 Some((cert, key)) => Some(crate::public::tls_acceptor(cert, key)?),
                 None => None,
             };
-            Some(tokio::spawn(crate::public::serve(l, tls, broker.clone(), rx.clone())))
+            Some(tokio::spawn(crate::public::serve(
+                l,
+                tls,
+                broker.clone(),
+                instance.pages.clone(),
+                rx.clone(),
+            )))
         }
         None => None,
     };
     let house = {
         let b = broker.clone();
         let links = instance.links.clone();
+        let pages = instance.pages.clone();
         let mut rx = rx.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(30));
@@ -336,6 +374,7 @@ pub async fn run(
                         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || links.sweep(now)).await {
                             tracing::warn!(error = %e, "sweeping expired connect links failed");
                         }
+                        pages.housekeeping();
                     }
                     _ = rx.changed() => break,
                 }

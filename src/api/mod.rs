@@ -373,9 +373,22 @@ pub async fn handle(
             &format!("Content-Type must be {want}"),
         );
     }
-    let body = match read_body(body, &parts.headers).await {
-        Ok(b) => b,
-        Err(r) => return r,
+    // The header timeout ends once the head is in; without a deadline of
+    // its own a stalled body would hold a connection slot forever.
+    let deadline = broker.config.socket.header_timeout;
+    let body = match tokio::time::timeout(deadline, read_body(body, &parts.headers)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(r)) => return r,
+        Err(_) => {
+            let mut r = oauth_error(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request",
+                "the body did not arrive in time",
+            );
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
     };
     let parsed = dpop_header(&parts.headers).and_then(|dpop| match endpoint {
         Endpoint::Derive => parse_json(&body, dpop, peer_uid),

@@ -25,6 +25,14 @@ pub enum Tree {
     Links,
     /// The open link per (person, agent, service): its link id.
     LinkIndex,
+    /// Browser sessions of the pages, keyed by SHA-256 of the session id
+    /// (the id itself is never stored).
+    Sessions,
+    /// Local accounts (argon2id hashes, failure counters), keyed by name.
+    LocalUsers,
+    /// Single-use `state` records of sign-in and provider flows, keyed by
+    /// SHA-256 of the `state`, sealed.
+    PageFlows,
 }
 
 impl Tree {
@@ -37,6 +45,9 @@ impl Tree {
             Tree::Allowances => "allowances",
             Tree::Links => "links",
             Tree::LinkIndex => "link_index",
+            Tree::Sessions => "sessions",
+            Tree::LocalUsers => "local_users",
+            Tree::PageFlows => "page_flows",
         }
     }
 }

@@ -58,6 +58,55 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_credbroker"))
 }
 
+/// Writes the quick-start files (with `opts` applied) into a new temp dir
+/// without starting anything; returns the dir and the config path.
+pub fn prepare(opts: &Opts) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = credbroker::cli::quickstart_files(
+        dir.path(),
+        opts.public_listen.as_deref().unwrap_or("127.0.0.1:0"),
+    )
+    .expect("files");
+    if let Some(p) = &opts.policy {
+        std::fs::write(dir.path().join("policy.toml"), p).unwrap();
+    }
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    if let Some(edit) = opts.edit_config {
+        text = edit(text);
+    }
+    text.push_str(&opts.extra_config);
+    std::fs::write(&config, text).unwrap();
+    (dir, config)
+}
+
+/// Runs `credbroker serve --config <config>` and expects it to exit on its
+/// own (a refused start); returns its exit status and its stderr. Panics if
+/// it is still running after `timeout`.
+pub fn serve_expect_exit(config: &Path, timeout: Duration) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(bin())
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn credbroker");
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            return (status, err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("credbroker kept running although its start should have been refused");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 impl TestBroker {
     pub fn start() -> TestBroker {
         TestBroker::start_with(Opts::default())
@@ -65,21 +114,13 @@ impl TestBroker {
 
     /// Writes the quick-start files into a temp dir and serves them.
     pub fn start_with(opts: Opts) -> TestBroker {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = credbroker::cli::quickstart_files(dir.path(), opts.public_listen.as_deref().unwrap_or("127.0.0.1:0")).expect("files");
-        if let Some(p) = &opts.policy {
-            std::fs::write(dir.path().join("policy.toml"), p).unwrap();
-        }
-        let mut text = std::fs::read_to_string(&config).unwrap();
-        if let Some(edit) = opts.edit_config {
-            text = edit(text);
-        }
-        text.push_str(&opts.extra_config);
-        std::fs::write(&config, text).unwrap();
+        let (dir, config) = prepare(&opts);
         TestBroker::spawn(dir, config, opts.log.as_deref())
     }
 
-    fn spawn(dir: tempfile::TempDir, config: PathBuf, log_level: Option<&str>) -> TestBroker {
+    /// Serves files already written by [`prepare`] (and possibly altered
+    /// since); panics if the broker does not become ready.
+    pub fn spawn(dir: tempfile::TempDir, config: PathBuf, log_level: Option<&str>) -> TestBroker {
         let log = dir.path().join("broker.log");
         let logf = std::fs::File::create(&log).unwrap();
         let child = Command::new(bin())
@@ -247,6 +288,95 @@ impl TestBroker {
             .lines()
             .find_map(|l| l.strip_prefix(name_and_labels).and_then(|v| v.strip_prefix(' ')))
             .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Whether the process is still running (no crash, no exit).
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// The broker's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident memory of the broker in KiB (from /proc).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// SIGKILL and reap: no clean shutdown, so the socket files stay behind.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends raw bytes on the orchestrator socket and parses the answer.
+    pub fn http(&self, bytes: &[u8]) -> HttpAnswer {
+        HttpAnswer::parse(&self.raw(bytes, Duration::from_secs(10)))
+    }
+
+    /// `POST /v1/derive` with a JSON body (any JSON, for malformed cases)
+    /// and an optional `DPoP` header.
+    pub fn post_derive(&self, body: &serde_json::Value, proof: Option<&str>) -> HttpAnswer {
+        self.http(&http_derive(&body.to_string(), proof, ""))
+    }
+
+    /// `POST /token` with a form body built from `pairs`.
+    pub fn post_token(&self, pairs: &[(&str, &str)], proof: Option<&str>) -> HttpAnswer {
+        let body = form(pairs);
+        let dpop = proof.map(|p| format!("dpop: {p}\r\n")).unwrap_or_default();
+        let req = format!(
+            "POST /token HTTP/1.1\r\nhost: x\r\ncontent-type: application/x-www-form-urlencoded\r\n{dpop}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        self.http(req.as_bytes())
+    }
+
+    /// The JSON body of the known-good derive request, with `subject`.
+    pub fn good_body(&self, subject: &str) -> serde_json::Value {
+        serde_json::json!({
+            "subject_token": subject, "step": "summarize", "tool": "notes.read", "resource": RESOURCE,
+        })
+    }
+
+    /// The claims of a valid proof for `/v1/derive` (to tamper with).
+    pub fn proof_claims(&self) -> serde_json::Value {
+        serde_json::json!({
+            "jti": credbroker::jose::b64e(&random_bytes(16)),
+            "htm": "POST", "htu": self.htu(), "iat": now(),
+        })
+    }
+
+    /// The claims of a valid dev-issuer subject token for `sub` (to tamper with).
+    pub fn subject_claims(&self, sub: &str) -> serde_json::Value {
+        let n = now();
+        serde_json::json!({
+            "iss": self.issuer, "sub": sub, "aud": "repo-helper", "iat": n, "exp": n + 3600,
+            "jti": credbroker::jose::b64e(&random_bytes(12)),
+        })
+    }
+
+    /// A subject token signed by the dev issuer with the usual header
+    /// (`typ` `at+jwt`, the dev key's `kid`) and `claims`.
+    pub fn subject_with(&self, claims: &serde_json::Value) -> String {
+        self.sign_as_dev_issuer(serde_json::json!({"typ": "at+jwt"}), claims)
+    }
+
+    /// The published JWKS (from the public listener).
+    pub async fn jwks(&self) -> Vec<u8> {
+        reqwest::get(format!("{}/.well-known/jwks.json", self.public))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap()
+            .to_vec()
     }
 
     /// SIGTERM and wait.
@@ -419,4 +549,272 @@ pub fn oidc_provider(config: &serde_json::Value) -> (NodePeer, tempfile::NamedTe
     std::fs::write(f.path(), config.to_string()).unwrap();
     let p = NodePeer::start("oidc-provider.mjs", &[f.path().to_str().unwrap()]);
     (p, f)
+}
+
+/// A parsed raw HTTP/1.1 answer.
+#[derive(Debug, Clone)]
+pub struct HttpAnswer {
+    /// Status code (0 if nothing came back).
+    pub status: u16,
+    /// Headers, names lower-cased.
+    pub headers: Vec<(String, String)>,
+    /// The body as text.
+    pub body: String,
+    /// Everything that came back.
+    pub raw: String,
+}
+
+impl HttpAnswer {
+    pub fn parse(raw: &str) -> HttpAnswer {
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw, ""));
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        HttpAnswer {
+            status,
+            headers,
+            body: body.to_string(),
+            raw: raw.to_string(),
+        }
+    }
+
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON (Null if it is not JSON).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The OAuth `error` code of the body.
+    pub fn error(&self) -> String {
+        self.json()["error"].as_str().unwrap_or_default().to_string()
+    }
+
+    /// Asserts a refusal with `status` and `error`; `what` names the case.
+    #[track_caller]
+    pub fn assert_refused(&self, status: u16, error: &str, what: &str) {
+        assert_eq!(
+            (self.status, self.error().as_str()),
+            (status, error),
+            "{what}: expected {status} {error}, got {}",
+            self.raw
+        );
+        assert!(self.json().get("access_token").is_none(), "{what}: a token came back");
+    }
+
+    /// Asserts a token was issued; returns it.
+    #[track_caller]
+    pub fn assert_issued(&self, what: &str) -> String {
+        assert_eq!(self.status, 200, "{what}: expected a token, got {}", self.raw);
+        self.json()["access_token"].as_str().expect("access_token").to_string()
+    }
+}
+
+/// `application/x-www-form-urlencoded` from pairs.
+pub fn form(pairs: &[(&str, &str)]) -> String {
+    let mut s = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        s.append_pair(k, v);
+    }
+    s.finish()
+}
+
+pub fn random_bytes(n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; n];
+    aws_lc_rs::rand::fill(&mut b).unwrap();
+    b
+}
+
+/// A compact JWS from any header and claims, signed by `sign` over the
+/// signing input: for forged `alg`s, keys and shapes.
+pub fn jws_with(header: &serde_json::Value, claims: &serde_json::Value, sign: impl FnOnce(&[u8]) -> Vec<u8>) -> String {
+    use credbroker::jose::b64e;
+    let input = format!("{}.{}", b64e(header.to_string().as_bytes()), b64e(claims.to_string().as_bytes()));
+    let sig = sign(input.as_bytes());
+    format!("{input}.{}", b64e(&sig))
+}
+
+/// A compact JWS whose header and payload are given as raw bytes (for JSON
+/// that serde_json cannot produce: duplicate keys, huge numbers, deep nesting).
+pub fn jws_raw(header: &[u8], payload: &[u8], key: &Es256Key) -> String {
+    use credbroker::jose::b64e;
+    let input = format!("{}.{}", b64e(header), b64e(payload));
+    let sig = key.sign_raw(input.as_bytes()).unwrap();
+    format!("{input}.{}", b64e(&sig))
+}
+
+/// The public JWK of `key` as a DPoP proof carries it.
+pub fn proof_jwk(key: &Es256Key) -> serde_json::Value {
+    let mut jwk = key.public_jwk.clone();
+    let o = jwk.as_object_mut().unwrap();
+    o.remove("kid");
+    o.remove("use");
+    o.remove("alg");
+    jwk
+}
+
+/// A DPoP proof signed (ES256) by `key` with the standard header
+/// (`typ` `dpop+jwt`, `jwk`) patched by `header_patch` (a `null` member
+/// removes it) and the given claims.
+pub fn proof_with(key: &Es256Key, header_patch: serde_json::Value, claims: &serde_json::Value) -> String {
+    let mut h = serde_json::json!({"typ": "dpop+jwt", "alg": "ES256", "jwk": proof_jwk(key)});
+    patch(&mut h, &header_patch);
+    jws_with(&h, claims, |input| key.sign_raw(input).unwrap())
+}
+
+/// Sets members of `target` from `patch`; a `null` in `patch` removes it.
+pub fn patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    if let (Some(t), Some(p)) = (target.as_object_mut(), patch.as_object()) {
+        for (k, v) in p {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                t.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// The decoded payload of a compact JWS.
+pub fn claims_of(token: &str) -> serde_json::Value {
+    let p = token.split('.').nth(1).expect("payload");
+    serde_json::from_slice(&credbroker::jose::b64d(p, "payload").unwrap()).unwrap()
+}
+
+/// The decoded header of a compact JWS.
+pub fn header_of(token: &str) -> serde_json::Value {
+    let h = token.split('.').next().expect("header");
+    serde_json::from_slice(&credbroker::jose::b64d(h, "header").unwrap()).unwrap()
+}
+
+/// An RSA-2048 key (aws-lc-rs) for issuers that sign with RS256/PS256 and
+/// for forged-key cases.
+pub struct RsaKey {
+    pair: aws_lc_rs::rsa::KeyPair,
+    pub kid: String,
+}
+
+impl RsaKey {
+    pub fn generate(kid: &str) -> RsaKey {
+        RsaKey {
+            pair: aws_lc_rs::rsa::KeyPair::generate(aws_lc_rs::rsa::KeySize::Rsa2048).unwrap(),
+            kid: kid.to_string(),
+        }
+    }
+
+    /// The public JWK (with `kid`, without `alg`).
+    pub fn public_jwk(&self) -> serde_json::Value {
+        use aws_lc_rs::signature::KeyPair;
+        let c = aws_lc_rs::rsa::PublicKeyComponents::<Vec<u8>>::from(self.pair.public_key());
+        serde_json::json!({
+            "kty": "RSA", "kid": self.kid, "use": "sig",
+            "n": credbroker::jose::b64e(&c.n), "e": credbroker::jose::b64e(&c.e),
+        })
+    }
+
+    /// The SubjectPublicKeyInfo DER of the public key.
+    pub fn public_der(&self) -> Vec<u8> {
+        use aws_lc_rs::encoding::AsDer;
+        use aws_lc_rs::signature::KeyPair;
+        self.pair.public_key().as_der().unwrap().as_ref().to_vec()
+    }
+
+    pub fn sign_rs256(&self, msg: &[u8]) -> Vec<u8> {
+        self.sign(&aws_lc_rs::signature::RSA_PKCS1_SHA256, msg)
+    }
+
+    pub fn sign_ps256(&self, msg: &[u8]) -> Vec<u8> {
+        self.sign(&aws_lc_rs::signature::RSA_PSS_SHA256, msg)
+    }
+
+    fn sign(&self, alg: &'static dyn aws_lc_rs::signature::RsaEncoding, msg: &[u8]) -> Vec<u8> {
+        let mut sig = vec![0u8; self.pair.public_modulus_len()];
+        self.pair
+            .sign(alg, &aws_lc_rs::rand::SystemRandom::new(), msg, &mut sig)
+            .unwrap();
+        sig
+    }
+}
+
+/// HMAC-SHA256 of `msg` under `key` (for `HS256` forgeries).
+pub fn hs256(key: &[u8], msg: &[u8]) -> Vec<u8> {
+    let k = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key);
+    aws_lc_rs::hmac::sign(&k, msg).as_ref().to_vec()
+}
+
+/// The RFC 7638 thumbprint of an EC P-256 JWK, computed here independently
+/// of the crate (sha2, canonical member order).
+pub fn ec_thumbprint(jwk: &serde_json::Value) -> String {
+    use sha2::Digest;
+    let canonical = format!(
+        r#"{{"crv":"{}","kty":"EC","x":"{}","y":"{}"}}"#,
+        jwk["crv"].as_str().unwrap(),
+        jwk["x"].as_str().unwrap(),
+        jwk["y"].as_str().unwrap()
+    );
+    credbroker::jose::b64e(&sha2::Sha256::digest(canonical.as_bytes()))
+}
+
+/// Another local user (`nobody`) that tests can act as, when this process
+/// runs as root and can switch to it; `None` otherwise.
+#[derive(Debug, Clone)]
+pub struct OtherUser {
+    pub uid: u32,
+    pub gid: u32,
+    /// The name of its primary group (for `socket.group`).
+    pub group: String,
+}
+
+pub fn other_user() -> Option<OtherUser> {
+    if credbroker::api::peer::current_uid() != 0 {
+        return None;
+    }
+    let u = nix::unistd::User::from_name("nobody").ok()??;
+    let g = nix::unistd::Group::from_gid(u.gid).ok()??;
+    Some(OtherUser {
+        uid: u.uid.as_raw(),
+        gid: u.gid.as_raw(),
+        group: g.name,
+    })
+}
+
+impl OtherUser {
+    /// Runs `credbroker derive` as this user against `b`'s socket for alice's
+    /// known-good request, with a DPoP key in a directory this user owns.
+    /// Returns the exit code and stdout + stderr.
+    pub fn derive(&self, b: &TestBroker, subject: &str) -> (i32, String) {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key_path = dir.path().join("dpop.pem");
+        let (_, pkcs8) = Es256Key::generate().unwrap();
+        credbroker::config::write_secret_file(&key_path, credbroker::cli::pem_pkcs8(pkcs8.expose()).as_bytes()).unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(self.uid), Some(self.gid)).unwrap();
+        std::os::unix::fs::chown(&key_path, Some(self.uid), Some(self.gid)).unwrap();
+        let out = Command::new(bin())
+            .uid(self.uid)
+            .gid(self.gid)
+            .current_dir(dir.path())
+            .env("RUST_LOG", "off")
+            .arg("derive")
+            .arg("--socket")
+            .arg(&b.socket)
+            .args(["--issuer", &b.issuer, "--subject-token", subject, "--step", "summarize"])
+            .args(["--tool", "notes.read", "--resource", RESOURCE, "--dpop-key"])
+            .arg(&key_path)
+            .output()
+            .expect("run credbroker derive as another user");
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.code().unwrap_or(-1), text)
+    }
 }

@@ -1,0 +1,197 @@
+//! `/account`: the signed-in person's connected accounts, each by its name
+//! at the provider, with the agents allowed to use it and their scopes;
+//! disconnect (revoked at the provider where it can be) and revoke one
+//! agent's allowance. Every POST carries the session's CSRF token.
+
+use http::{HeaderMap, Response, StatusCode};
+
+use super::http::{html, redirect, Form};
+use super::links::{AccountStatus, Disconnected};
+use super::session::Session;
+use super::signin::signin_path;
+use super::{views, Ctx, Pages};
+use crate::api::Body;
+use crate::subject::Person;
+
+fn signed_in(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Result<(Session, Person), Response<Body>> {
+    match p.session(h, ctx.now) {
+        Ok(Some(s)) => match s.record.person() {
+            Some(person) => Ok((s, person)),
+            None => Err(redirect(&signin_path("/account", false))),
+        },
+        Ok(None) => Err(redirect(&signin_path("/account", false))),
+        Err(e) => Err(p.internal("session", &e)),
+    }
+}
+
+/// `GET /account`.
+pub async fn page(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Response<Body> {
+    let (s, person) = match signed_in(p, ctx, h) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let accounts = match p.services.vault.accounts(&person) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %e, "pages: vault unavailable");
+            return p.message(
+                StatusCode::SERVICE_UNAVAILABLE,
+                p.who(&s),
+                "Temporarily unavailable",
+                &["Your accounts cannot be listed right now. Try again in a moment."],
+            );
+        }
+    };
+    let rows = accounts
+        .into_iter()
+        .map(|a| views::AccountRow {
+            provider: p
+                .services
+                .providers
+                .provider(&a.service)
+                .map_or_else(|| a.service.clone(), |i| i.display_name),
+            service: a.service,
+            account_id: a.account_id,
+            display_name: a.display_name,
+            needs_reconnect: a.status == AccountStatus::NeedsReconnect,
+            allowances: a
+                .allowances
+                .into_iter()
+                .map(|al| views::AllowanceRow {
+                    agent: al.agent,
+                    scopes: al.scopes,
+                })
+                .collect(),
+        })
+        .collect();
+    let page = views::Account {
+        who: p.who(&s),
+        accounts: rows,
+        csrf: s.csrf().expose().clone(),
+    };
+    html(StatusCode::OK, views::render(&page))
+}
+
+/// Checks session and CSRF for an account POST and that the account named
+/// in the form is one of the person's own.
+fn own_account<'f>(
+    p: &Pages,
+    ctx: Ctx,
+    h: &HeaderMap,
+    form: &'f Form,
+) -> Result<(Session, Person, &'f str, &'f str), Response<Body>> {
+    let (s, person) = signed_in(p, ctx, h)?;
+    if !s.check_csrf(form.get("csrf")) {
+        return Err(p.bad_csrf());
+    }
+    let (Some(service), Some(account)) = (form.get("service"), form.get("account")) else {
+        return Err(p.message(
+            StatusCode::BAD_REQUEST,
+            p.who(&s),
+            "Request not understood",
+            &["Nothing was changed."],
+        ));
+    };
+    let owned = match p.services.vault.accounts(&person) {
+        Ok(list) => list
+            .iter()
+            .any(|a| a.service == service && a.account_id == account),
+        Err(e) => return Err(p.internal("vault", &e)),
+    };
+    if !owned {
+        return Err(p.message(
+            StatusCode::NOT_FOUND,
+            p.who(&s),
+            "No such account",
+            &["Nothing was changed."],
+        ));
+    }
+    Ok((s, person, service, account))
+}
+
+/// `POST /account/disconnect` (`service`, `account`).
+pub async fn disconnect(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response<Body> {
+    let (s, person, service, account) = match own_account(p, ctx, h, form) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let outcome = match p.services.vault.disconnect(&person, service, account).await {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!(error = %e, "pages: disconnect failed");
+            return p.message(
+                StatusCode::SERVICE_UNAVAILABLE,
+                p.who(&s),
+                "Not disconnected",
+                &["The account could not be disconnected right now. Nothing was changed. Try again in a moment."],
+            );
+        }
+    };
+    let mut e = p.event(&ctx, "account.disconnected");
+    e.person_iss = Some(&person.iss);
+    e.person_sub = Some(&person.sub);
+    e.service = Some(service);
+    e.reason = Some(match outcome {
+        Disconnected::Revoked => "revoked_at_provider",
+        Disconnected::DeletedOnly => "deleted_not_revoked",
+    });
+    p.audit(&e);
+    match outcome {
+        Disconnected::Revoked => redirect("/account"),
+        Disconnected::DeletedOnly => {
+            let name = p
+                .services
+                .providers
+                .provider(service)
+                .map_or_else(|| service.to_string(), |i| i.display_name);
+            let page = views::Message {
+                who: p.who(&s),
+                title: "Disconnected here".into(),
+                paragraphs: vec![
+                    "credbroker deleted this account's tokens, and no agent can use it through credbroker any more.".into(),
+                    format!("{name} does not let credbroker revoke its access: to be sure, also remove the access in your {name} settings."),
+                ],
+                reference: None,
+                next: Some(("/account".into(), "Back to your accounts".into())),
+            };
+            html(StatusCode::OK, views::render(&page))
+        }
+    }
+}
+
+/// `POST /account/revoke` (`service`, `account`, `agent`).
+pub async fn revoke(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response<Body> {
+    let (s, person, service, account) = match own_account(p, ctx, h, form) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let Some(agent) = form.get("agent") else {
+        return p.message(
+            StatusCode::BAD_REQUEST,
+            p.who(&s),
+            "Request not understood",
+            &["Nothing was changed."],
+        );
+    };
+    if let Err(e) = p
+        .services
+        .vault
+        .revoke_allowance(&person, service, account, agent)
+    {
+        tracing::warn!(error = %e, "pages: revoke failed");
+        return p.message(
+            StatusCode::SERVICE_UNAVAILABLE,
+            p.who(&s),
+            "Not revoked",
+            &["Nothing was changed. Try again in a moment."],
+        );
+    }
+    let mut e = p.event(&ctx, "allowance.revoked");
+    e.person_iss = Some(&person.iss);
+    e.person_sub = Some(&person.sub);
+    e.service = Some(service);
+    // The event is about the agent whose allowance ends.
+    e.agent = agent;
+    p.audit(&e);
+    redirect("/account")
+}

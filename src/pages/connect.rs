@@ -1,0 +1,468 @@
+//! `/connect/{code}`: the five checks of DESIGN section 5, in order, then
+//! the page for the link's kind and its actions; and the provider callback.
+//!
+//! 1. Known code, still open? Otherwise the one 404 page (the same bytes for
+//!    unknown, expired, declined, used and replaced codes).
+//! 2. Signed in? Otherwise sign in and come back (`return_to`).
+//! 3. The link's person? Otherwise a 403 page that does not say whose link
+//!    it is; nothing changes, the link stays open for its person, and
+//!    `connect.opened_by_other_person` is recorded.
+//! 4. Signed in within the last 15 minutes (`auth_time`)? Otherwise sign in
+//!    again (`max_age=900`, `prompt=login` at an IdP).
+//! 5. Only then: connect, allow or reconnect, or decline.
+//!
+//! A POST runs the same checks again (the link may have changed since the
+//! page was shown) plus the CSRF token, before it acts. The provider
+//! callback re-checks the session, the person and the link before storing
+//! anything. The pages never redirect to an address the agent chose: the
+//! end is a page saying to go back to the agent.
+
+use http::{HeaderMap, Response, StatusCode};
+
+use super::http::{html, html_with, is_code_shaped, redirect, Form};
+use super::links::{AuthorizationRequest, Link, LinkKind};
+use super::oidc::MAX_AGE;
+use super::session::Session;
+use super::signin::signin_path;
+use super::{flows, views, Ctx, Pages};
+use crate::api::Body;
+use crate::secret::SecretString;
+
+/// The checks passed: the link and the signed-in session of its person.
+struct Passed {
+    link: Link,
+    session: Session,
+}
+
+/// Checks 1 to 4 (and the CSRF token when `csrf` is given).
+fn checks(
+    p: &Pages,
+    ctx: Ctx,
+    h: &HeaderMap,
+    code: &str,
+    csrf: Option<Option<&str>>,
+) -> Result<Passed, Response<Body>> {
+    if !p.limiters.lookup(ctx.client) {
+        return Err(p.too_many());
+    }
+    // 1. Known code, still open. A string of the wrong shape cannot be a
+    // code; answering it without a look-up tells nothing the format does not.
+    if !is_code_shaped(code) {
+        return Err(p.not_found());
+    }
+    let secret = SecretString::new(code.to_string());
+    let link = match p.services.links.resolve(&secret, ctx.now) {
+        Ok(Some(l)) if l.expires > ctx.now => l,
+        Ok(_) => return Err(p.not_found()),
+        Err(e) => return Err(unavailable(p, &e)),
+    };
+    let return_to = format!("/connect/{code}");
+    // 2. Signed in.
+    let session = match p.session(h, ctx.now) {
+        Ok(Some(s)) if s.record.person().is_some() => s,
+        Ok(_) => return Err(redirect(&signin_path(&return_to, false))),
+        Err(e) => return Err(p.internal("session", &e)),
+    };
+    if let Some(token) = csrf {
+        if !session.check_csrf(token) {
+            return Err(p.bad_csrf());
+        }
+    }
+    // 3. The link's person.
+    let Some(person) = session.record.person() else {
+        return Err(redirect(&signin_path(&return_to, false)));
+    };
+    if person != link.person {
+        let mut e = p.event(&ctx, "connect.opened_by_other_person");
+        e.person_iss = Some(&link.person.iss);
+        e.person_sub = Some(&link.person.sub);
+        e.opener_iss = Some(&person.iss);
+        e.opener_sub = Some(&person.sub);
+        e.service = Some(&link.service);
+        e.connect_id = Some(&link.id);
+        e.reason = Some(link.kind.as_str());
+        p.audit(&e);
+        let page = views::OtherPerson {
+            who: p.who(&session),
+            you: session.record.display.clone().unwrap_or(person.sub),
+        };
+        return Err(html(StatusCode::FORBIDDEN, views::render(&page)));
+    }
+    // 4. Signed in recently.
+    let fresh = session
+        .record
+        .auth_time
+        .is_some_and(|t| ctx.now - t <= MAX_AGE && t <= ctx.now + super::oidc::SKEW);
+    if !fresh {
+        return Err(redirect(&signin_path(&return_to, true)));
+    }
+    Ok(Passed { link, session })
+}
+
+fn unavailable(p: &Pages, e: &dyn std::fmt::Display) -> Response<Body> {
+    tracing::warn!(error = %e, "pages: connected services unavailable");
+    p.message(
+        StatusCode::SERVICE_UNAVAILABLE,
+        None,
+        "Temporarily unavailable",
+        &["Nothing was changed. Please try again in a moment."],
+    )
+}
+
+fn service_name(p: &Pages, service: &str) -> String {
+    p.services
+        .providers
+        .provider(service)
+        .map_or_else(|| service.to_string(), |i| i.display_name)
+}
+
+/// `GET /connect/{code}`.
+pub async fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Response<Body> {
+    let Passed { link, session } = match checks(p, ctx, h, code, None) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    // 5. The page for the link's kind.
+    let person = link.person.clone();
+    let accounts = if link.kind == LinkKind::Allow {
+        match p.services.vault.accounts(&person) {
+            Ok(list) => list
+                .into_iter()
+                .filter(|a| a.service == link.service)
+                .map(|a| views::Choice {
+                    id: a.account_id,
+                    display: a.display_name,
+                })
+                .collect(),
+            Err(e) => return unavailable(p, &e),
+        }
+    } else {
+        Vec::new()
+    };
+    let provider = p.services.providers.provider(&link.service);
+    let name = service_name(p, &link.service);
+    let heading = match link.kind {
+        LinkKind::Connect => format!("Connect {name} for {}", link.agent),
+        LinkKind::Allow => format!("Allow {} to use {name}", link.agent),
+        LinkKind::Reconnect => format!("Reconnect {name} for {}", link.agent),
+    };
+    let page = views::Connect {
+        who: p.who(&session),
+        heading,
+        kind: link.kind.as_str(),
+        agent: link.agent.clone(),
+        service_name: name,
+        you: session.record.display.clone().unwrap_or(person.sub),
+        scopes: link.scopes.clone(),
+        accounts,
+        code: code.to_string(),
+        csrf: session.csrf().expose().clone(),
+    };
+    // The connect button's answer redirects to the provider: let the CSP's
+    // form-action allow exactly that origin.
+    let origin = provider.map(|i| i.authorization_endpoint.origin().ascii_serialization());
+    html_with(StatusCode::OK, views::render(&page), origin.as_deref())
+}
+
+/// `POST /connect/{code}`: `action` = connect, allow, reconnect or decline.
+pub async fn act(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, form: Form) -> Response<Body> {
+    let Passed { link, session } = match checks(p, ctx, h, code, Some(form.get("csrf"))) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let action = form.get("action").unwrap_or("");
+    match (action, link.kind) {
+        ("decline", _) => {
+            if let Err(e) = p.services.links.decline(&link.id, ctx.now) {
+                return unavailable(p, &e);
+            }
+            let mut e = p.event(&ctx, "connect.declined");
+            e.person_iss = Some(&link.person.iss);
+            e.person_sub = Some(&link.person.sub);
+            e.service = Some(&link.service);
+            e.connect_id = Some(&link.id);
+            e.reason = Some(link.kind.as_str());
+            p.audit(&e);
+            redirect("/done/declined")
+        }
+        ("allow", LinkKind::Allow) => allow(p, ctx, &link, form.get("account").unwrap_or("")),
+        ("connect", LinkKind::Connect | LinkKind::Allow) | ("reconnect", LinkKind::Reconnect) => {
+            start_provider_flow(p, ctx, &link, &session)
+        }
+        _ => p.message(
+            StatusCode::BAD_REQUEST,
+            p.who(&session),
+            "Request not understood",
+            &["Nothing was changed."],
+        ),
+    }
+}
+
+fn allow(p: &Pages, ctx: Ctx, link: &Link, account: &str) -> Response<Body> {
+    // Only one of the person's own accounts at this service.
+    let owned = match p.services.vault.accounts(&link.person) {
+        Ok(list) => list
+            .into_iter()
+            .any(|a| a.service == link.service && a.account_id == account),
+        Err(e) => return unavailable(p, &e),
+    };
+    if !owned {
+        return p.message(
+            StatusCode::BAD_REQUEST,
+            None,
+            "Request not understood",
+            &["Nothing was changed."],
+        );
+    }
+    if let Err(e) = p.services.vault.allow(
+        &link.person,
+        &link.service,
+        account,
+        &link.agent,
+        &link.scopes,
+        ctx.now,
+    ) {
+        return unavailable(p, &e);
+    }
+    completed(p, ctx, link, "/done/allowed")
+}
+
+fn completed(p: &Pages, ctx: Ctx, link: &Link, done: &str) -> Response<Body> {
+    if let Err(e) = p.services.links.close(&link.id, ctx.now) {
+        // The allowance is recorded; a link left open only expires later.
+        tracing::warn!(error = %e, "pages: link not closed");
+    }
+    let mut e = p.event(&ctx, "connect.completed");
+    e.person_iss = Some(&link.person.iss);
+    e.person_sub = Some(&link.person.sub);
+    e.service = Some(&link.service);
+    e.connect_id = Some(&link.id);
+    e.reason = Some(link.kind.as_str());
+    let scope = link.scopes.join(" ");
+    e.scope = Some(&scope);
+    p.audit(&e);
+    redirect(done)
+}
+
+/// This provider's own redirect URI.
+pub fn provider_redirect_uri(p: &Pages, service: &str) -> String {
+    let seg: String = url::form_urlencoded::byte_serialize(service.as_bytes()).collect();
+    format!("{}/callback/{seg}", p.base())
+}
+
+fn start_provider_flow(p: &Pages, ctx: Ctx, link: &Link, session: &Session) -> Response<Body> {
+    if p.services.providers.provider(&link.service).is_none() {
+        return unavailable(p, &"provider not configured");
+    }
+    let (verifier, challenge) = match flows::pkce() {
+        Ok(x) => x,
+        Err(e) => return p.internal("random", &e),
+    };
+    let redirect_uri = provider_redirect_uri(p, &link.service);
+    let flow = flows::Flow::Provider {
+        link_id: link.id.clone(),
+        kind: link.kind,
+        service: link.service.clone(),
+        verifier: verifier.expose().clone(),
+        redirect_uri: redirect_uri.clone(),
+    };
+    let state = match flows::start(
+        p.broker.store.as_ref(),
+        &p.sealer,
+        &session.key_hex(),
+        flow,
+        ctx.now,
+    ) {
+        Ok(s) => s,
+        Err(e) => return p.internal("flow", &e),
+    };
+    let req = AuthorizationRequest {
+        service: &link.service,
+        redirect_uri: &redirect_uri,
+        state: &state,
+        code_challenge: &challenge,
+        scopes: &link.scopes,
+    };
+    match p.services.providers.authorization_url(&req) {
+        Ok(u) => redirect(u.as_str()),
+        Err(e) => unavailable(p, &e),
+    }
+}
+
+fn flow_failed(p: &Pages, who: Option<views::Who>) -> Response<Body> {
+    p.message(
+        StatusCode::BAD_REQUEST,
+        who,
+        "This connection attempt is not valid",
+        &["It was already used, took too long, came back from another service, or was started in another browser. Nothing was connected. Open the link from your agent again."],
+    )
+}
+
+/// `GET /callback/{service}?code=...&state=...[&iss=...]`: the provider's
+/// answer. State first (single use, bound to this session), then the
+/// service (mix-up), `iss` (RFC 9207), the person and the link, and only
+/// then the code exchange.
+pub async fn provider_callback(
+    p: &Pages,
+    ctx: Ctx,
+    h: &HeaderMap,
+    service_seg: &str,
+    mut q: Form,
+) -> Response<Body> {
+    if !p.limiters.lookup(ctx.client) {
+        return p.too_many();
+    }
+    let service: String =
+        match url::form_urlencoded::parse(format!("s={service_seg}").as_bytes()).next() {
+            Some((_, v)) => v.into_owned(),
+            None => return p.not_found(),
+        };
+    let store = p.broker.store.as_ref();
+    let Some(state) = q.get("state").map(str::to_owned) else {
+        return flow_failed(p, None);
+    };
+    let taken = match flows::take(store, &p.sealer, &state, ctx.now) {
+        Ok(Some(t)) => t,
+        Ok(None) => return flow_failed(p, None),
+        Err(e) => return p.internal("flow", &e),
+    };
+    let session = match p.session(h, ctx.now) {
+        Ok(Some(s)) if s.key_hex() == taken.session && s.record.person().is_some() => s,
+        Ok(_) => return flow_failed(p, None),
+        Err(e) => return p.internal("session", &e),
+    };
+    let who = p.who(&session);
+    let flows::Flow::Provider {
+        link_id,
+        kind,
+        service: flow_service,
+        verifier,
+        redirect_uri,
+    } = &taken.flow
+    else {
+        return flow_failed(p, who);
+    };
+    // Mix-up: an answer must come back on its own provider's redirect URI.
+    if *flow_service != service {
+        tracing::warn!(expected = %flow_service, got = %service, "pages: provider callback on the wrong redirect URI");
+        return flow_failed(p, who);
+    }
+    let Some(info) = p.services.providers.provider(&service) else {
+        return flow_failed(p, who);
+    };
+    match (q.get("iss"), &info.issuer) {
+        (Some(iss), Some(expected)) if iss == expected => {}
+        (Some(_), _) => return flow_failed(p, who),
+        (None, _) if info.sends_iss => return flow_failed(p, who),
+        (None, _) => {}
+    }
+    let Some(person) = session.record.person() else {
+        return flow_failed(p, who);
+    };
+    // The link: still open, same kind, same person.
+    let link = match p.services.links.get(link_id, ctx.now) {
+        Ok(Some(l))
+            if l.kind == *kind
+                && l.person == person
+                && l.service == service
+                && l.expires > ctx.now =>
+        {
+            l
+        }
+        Ok(_) => return p.not_found(),
+        Err(e) => return unavailable(p, &e),
+    };
+    if q.get("error").is_some() {
+        // The person said no at the provider: the link stays open.
+        return p.message(
+            StatusCode::OK,
+            who,
+            &format!("{} was not connected", info.display_name),
+            &["You can open the link again from your agent if you change your mind."],
+        );
+    }
+    let Some(code) = q.take("code").map(SecretString::new) else {
+        return flow_failed(p, who);
+    };
+    let grant = match p
+        .services
+        .providers
+        .exchange_code(
+            &service,
+            code,
+            SecretString::new(verifier.clone()),
+            redirect_uri,
+        )
+        .await
+    {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!(service = %service, error = %e, "pages: provider code exchange failed");
+            return p.message(
+                StatusCode::BAD_GATEWAY,
+                who,
+                &format!("{} did not complete the connection", info.display_name),
+                &["Nothing was connected. Open the link from your agent again."],
+            );
+        }
+    };
+    let account = match p
+        .services
+        .vault
+        .store_account(&person, &service, grant, ctx.now)
+    {
+        Ok(a) => a,
+        Err(e) => return unavailable(p, &e),
+    };
+    if let Err(e) = p.services.vault.allow(
+        &person,
+        &service,
+        &account,
+        &link.agent,
+        &link.scopes,
+        ctx.now,
+    ) {
+        return unavailable(p, &e);
+    }
+    // The redirect takes the code out of the address bar and history.
+    completed(
+        p,
+        ctx,
+        &link,
+        if link.kind == LinkKind::Reconnect {
+            "/done/reconnected"
+        } else {
+            "/done/connected"
+        },
+    )
+}
+
+/// `GET /done/{what}`: the end of a link. It says to go back to the agent;
+/// it never sends the browser anywhere the agent chose.
+pub fn done(p: &Pages, ctx: Ctx, h: &HeaderMap, what: &str) -> Response<Body> {
+    let (title, text) = match what {
+        "connected" => (
+            "Connected",
+            "Your account is connected and the agent may use it.",
+        ),
+        "reconnected" => ("Reconnected", "Your account works again."),
+        "allowed" => ("Allowed", "The agent may now use your account."),
+        "declined" => ("Declined", "Nothing was connected or allowed."),
+        _ => return p.not_found(),
+    };
+    let who = p.session(h, ctx.now).ok().flatten().and_then(|s| p.who(&s));
+    let body = views::render(&views::Message {
+        who,
+        title: title.into(),
+        paragraphs: vec![
+            text.into(),
+            "Go back to your agent: it continues when it tries again. You can close this page."
+                .into(),
+        ],
+        reference: None,
+        // Offer the account page, where access can be revoked.
+        next: (what != "declined")
+            .then(|| ("/account".into(), "See your connected accounts".into())),
+    });
+    html(StatusCode::OK, body)
+}

@@ -1,0 +1,425 @@
+//! The embedded pages: what a person sees when they open a connect link,
+//! sign in, or look at their connected accounts. Served on the public
+//! listener (`public` routes everything but metadata and JWKS here).
+//!
+//! The page behind a link finds out who opened it before it offers
+//! anything (DESIGN section 5): `connect` runs the five checks in order.
+//! Thin handlers here; the protocol pieces each have their own file:
+//!
+//! - [`http`]: security headers on every answer, forms, cookies, `return_to`.
+//! - [`session`]: server-side sessions, cookies, CSRF tokens.
+//! - [`users`]: local accounts (argon2id, lockout).
+//! - [`oidc`]: the OIDC relying party (discovery, code + PKCE, ID token).
+//! - [`flows`]: single-use `state` records of redirect flows.
+//! - [`limits`]: rate limits per client address.
+//! - [`links`]: what the pages need from link records, vault and providers.
+//! - [`signin`], [`connect`], [`account`]: the routes.
+//! - [`views`]: the HTML templates.
+//!
+//! Routes: `GET /signin`, `POST /signin`, `GET /signin/oidc`,
+//! `GET /signin/callback`, `POST /signout`, `GET|POST /connect/{code}`,
+//! `GET /callback/{service}`, `GET /done/{what}`, `GET /account`,
+//! `POST /account/disconnect`, `POST /account/revoke`,
+//! `GET /assets/credbroker.css`.
+
+// Handlers return early with the page to show (`Result<_, Response>`); a
+// response is moved once per request, so its size does not matter here.
+#![allow(clippy::result_large_err)]
+
+pub mod account;
+pub mod connect;
+pub mod flows;
+pub mod http;
+pub mod limits;
+pub mod links;
+pub mod oidc;
+pub mod session;
+pub mod signin;
+pub mod users;
+pub mod views;
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use ::http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use bytes::Bytes;
+
+use crate::api::Body;
+use crate::config::SignIn as SignInConfig;
+use crate::events::Event;
+use crate::exchange::Broker;
+use crate::seal::Sealer;
+
+pub use limits::PageLimits;
+pub use links::Services;
+pub use session::Lifetimes;
+
+/// How the pages are set up (defaults suit production).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Rate limits per client address.
+    pub limits: PageLimits,
+    /// Session lifetimes.
+    pub lifetimes: Lifetimes,
+    /// The connected-services side.
+    pub services: Services,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            limits: PageLimits::default(),
+            lifetimes: Lifetimes::default(),
+            services: Services::none(),
+        }
+    }
+}
+
+/// How many argon2id verifications may run at once (each takes 19 MiB).
+const HASHING_SLOTS: usize = 4;
+/// Sweep expired sessions and flows at most this often.
+const SWEEP_EVERY: i64 = 300;
+
+/// The pages of one instance.
+pub struct Pages {
+    broker: Arc<Broker>,
+    sealer: Arc<Sealer>,
+    services: Services,
+    sessions: session::Sessions,
+    limiters: limits::Limiters,
+    oidc: oidc::Oidc,
+    hashing: tokio::sync::Semaphore,
+    /// The pages' base URL: the instance's public issuer URL.
+    base: String,
+    /// Its origin, compared with `Origin` on every POST.
+    origin: String,
+    cookie_name: &'static str,
+    secure_cookie: bool,
+    /// The broker's own issuer when local accounts sign people in.
+    local_issuer: Option<String>,
+    not_found: Bytes,
+    last_sweep: AtomicI64,
+}
+
+impl std::fmt::Debug for Pages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pages")
+            .field("base", &self.base)
+            .field("cookie", &self.cookie_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every handler gets about the request.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx {
+    /// The client's address.
+    pub client: IpAddr,
+    /// Now (the broker's clock).
+    pub now: i64,
+}
+
+impl Pages {
+    /// The pages of `broker`'s instance.
+    pub fn new(broker: Arc<Broker>, sealer: Arc<Sealer>, options: Options) -> Pages {
+        let cfg = &broker.config;
+        let base = cfg.issuer.trim_end_matches('/').to_string();
+        let origin = http::origin_of(&base).unwrap_or_default();
+        // `__Host-` cookies need Secure, which browsers refuse over plain
+        // HTTP; the config allows plain HTTP only on loopback (quick start).
+        let secure_cookie = base.starts_with("https://");
+        let local_issuer = cfg
+            .trusted_issuers
+            .iter()
+            .find(|i| i.sign_in == SignInConfig::Local)
+            .map(|i| i.issuer.trim_end_matches('/').to_string());
+        let not_found = Bytes::from(views::render(&views::NotFound { who: None }));
+        Pages {
+            oidc: oidc::Oidc::new(&cfg.trusted_issuers),
+            sessions: session::Sessions::new(options.lifetimes),
+            limiters: limits::Limiters::new(&options.limits),
+            services: options.services,
+            hashing: tokio::sync::Semaphore::new(HASHING_SLOTS),
+            cookie_name: if secure_cookie {
+                session::COOKIE_SECURE
+            } else {
+                session::COOKIE_DEV
+            },
+            secure_cookie,
+            base,
+            origin,
+            local_issuer,
+            not_found,
+            last_sweep: AtomicI64::new(0),
+            broker,
+            sealer,
+        }
+    }
+
+    /// The cookie name in use (`__Host-credbroker`, or the dev fallback).
+    pub fn cookie_name(&self) -> &'static str {
+        self.cookie_name
+    }
+
+    /// Handles one request on the public listener.
+    pub async fn handle<B>(&self, req: Request<B>, client: IpAddr) -> Response<Body>
+    where
+        B: hyper::body::Body + Send,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let ctx = Ctx {
+            client,
+            now: self.broker.clock.now(),
+        };
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path().to_string();
+        if parts.method == Method::POST && !self.same_origin(&parts.headers) {
+            return self.message(
+                StatusCode::FORBIDDEN,
+                None,
+                "Request refused",
+                &["This form was sent from another site, so it was refused. Nothing was changed."],
+            );
+        }
+        let form = if parts.method == Method::POST {
+            match http::read_form(&parts.headers, body).await {
+                Ok(f) => f,
+                Err(http::RequestError::TooLarge) => {
+                    return self.message(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        None,
+                        "Request too large",
+                        &[],
+                    )
+                }
+                Err(http::RequestError::Malformed) => {
+                    return self.message(
+                        StatusCode::BAD_REQUEST,
+                        None,
+                        "Request not understood",
+                        &[],
+                    )
+                }
+            }
+        } else {
+            http::Form::default()
+        };
+        let query = match http::Form::query(&parts.uri) {
+            Ok(q) => q,
+            Err(_) => {
+                return self.message(StatusCode::BAD_REQUEST, None, "Request not understood", &[])
+            }
+        };
+        let h = &parts.headers;
+        match (&parts.method, path.as_str()) {
+            (&Method::GET, "/") => http::redirect("/account"),
+            (&Method::GET, "/assets/credbroker.css") => {
+                let mut r = Response::new(http_body_util::Full::new(Bytes::from_static(
+                    views::CSS.as_bytes(),
+                )));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/css; charset=utf-8"),
+                );
+                http::secure(r.headers_mut(), None);
+                r
+            }
+            (&Method::GET, "/favicon.ico") => {
+                let mut r = Response::new(http_body_util::Full::new(Bytes::new()));
+                *r.status_mut() = StatusCode::NO_CONTENT;
+                http::secure(r.headers_mut(), None);
+                r
+            }
+            (&Method::GET, "/signin") => signin::page(self, ctx, h, &query).await,
+            (&Method::POST, "/signin") => signin::local(self, ctx, h, form).await,
+            (&Method::GET, "/signin/oidc") => signin::oidc_start(self, ctx, h, &query).await,
+            (&Method::GET, "/signin/callback") => signin::oidc_callback(self, ctx, h, query).await,
+            (&Method::POST, "/signout") => signin::signout(self, ctx, h, &form).await,
+            (&Method::GET, "/account") => account::page(self, ctx, h).await,
+            (&Method::POST, "/account/disconnect") => {
+                account::disconnect(self, ctx, h, &form).await
+            }
+            (&Method::POST, "/account/revoke") => account::revoke(self, ctx, h, &form).await,
+            (&Method::GET, p) if p.starts_with("/callback/") => {
+                connect::provider_callback(self, ctx, h, &p["/callback/".len()..], query).await
+            }
+            (&Method::GET, p) if p.starts_with("/done/") => {
+                connect::done(self, ctx, h, &p["/done/".len()..])
+            }
+            (&Method::GET, p) if p.starts_with("/connect/") => {
+                connect::open(self, ctx, h, &p["/connect/".len()..]).await
+            }
+            (&Method::POST, p) if p.starts_with("/connect/") => {
+                connect::act(self, ctx, h, &p["/connect/".len()..], form).await
+            }
+            _ => self.not_found(),
+        }
+    }
+
+    /// The one 404 page (byte-identical whatever was asked).
+    pub fn not_found(&self) -> Response<Body> {
+        http::html(StatusCode::NOT_FOUND, self.not_found.clone())
+    }
+
+    /// A text page.
+    pub fn message(
+        &self,
+        status: StatusCode,
+        who: Option<views::Who>,
+        title: &str,
+        paragraphs: &[&str],
+    ) -> Response<Body> {
+        http::html(
+            status,
+            views::render(&views::Message {
+                who,
+                title: title.to_string(),
+                paragraphs: paragraphs.iter().map(|p| p.to_string()).collect(),
+                reference: None,
+                next: None,
+            }),
+        )
+    }
+
+    /// A 500 page with a correlation id that is also logged; the browser
+    /// never sees the cause.
+    pub fn internal(&self, what: &str, err: &dyn std::fmt::Display) -> Response<Body> {
+        let mut r = [0u8; 6];
+        let _ = aws_lc_rs::rand::fill(&mut r);
+        let reference = hex::encode(r);
+        tracing::error!(%reference, what, error = %err, "pages: internal error");
+        http::html(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            views::render(&views::Message {
+                who: None,
+                title: "Something went wrong".into(),
+                paragraphs: vec!["Nothing was changed. Please try again in a moment.".into()],
+                reference: Some(reference),
+                next: None,
+            }),
+        )
+    }
+
+    /// 429.
+    pub fn too_many(&self) -> Response<Body> {
+        let mut r = self.message(
+            StatusCode::TOO_MANY_REQUESTS,
+            None,
+            "Too many requests",
+            &["Too many requests came from your network. Wait a minute and try again."],
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+        r
+    }
+
+    /// The "form expired" page (CSRF token missing or wrong).
+    pub fn bad_csrf(&self) -> Response<Body> {
+        self.message(
+            StatusCode::BAD_REQUEST,
+            None,
+            "This form has expired",
+            &["Nothing was changed. Go back, reload the page and try again."],
+        )
+    }
+
+    fn same_origin(&self, h: &HeaderMap) -> bool {
+        // The CSRF token is the main defence; this refuses cross-site posts
+        // before any work. Browsers that send `Sec-Fetch-Site` say exactly
+        // where a request comes from. `Origin` is the fallback, but under
+        // `Referrer-Policy: no-referrer` Chromium sends `Origin: null` even
+        // for our own forms, so `null` is left to the CSRF token.
+        if let Some(site) = h.get("sec-fetch-site") {
+            return site.as_bytes() == b"same-origin";
+        }
+        match h.get(header::ORIGIN).map(|v| v.to_str()) {
+            None | Some(Ok("null")) => true,
+            Some(Ok(o)) => o == self.origin,
+            Some(Err(_)) => false,
+        }
+    }
+
+    /// The live session of this request, if any.
+    pub fn session(
+        &self,
+        h: &HeaderMap,
+        now: i64,
+    ) -> Result<Option<session::Session>, crate::store::StoreError> {
+        let ids = http::cookies(h, self.cookie_name);
+        self.sessions.load(self.broker.store.as_ref(), &ids, now)
+    }
+
+    /// The header line for a signed-in session.
+    pub fn who(&self, s: &session::Session) -> Option<views::Who> {
+        let r = &s.record;
+        Some(views::Who {
+            display: r.display.clone().or_else(|| r.sub.clone())?,
+            issuer: r.iss.clone()?,
+            csrf: s.csrf().expose().clone(),
+        })
+    }
+
+    /// Adds `Set-Cookie` for a session.
+    pub fn set_cookie(&self, r: &mut Response<Body>, s: &session::Session) {
+        if let Ok(v) = HeaderValue::from_str(&session::set_cookie(
+            self.cookie_name,
+            self.secure_cookie,
+            s.id(),
+        )) {
+            r.headers_mut().append(header::SET_COOKIE, v);
+        }
+    }
+
+    /// Adds a `Set-Cookie` that removes the session cookie.
+    pub fn clear_cookie(&self, r: &mut Response<Body>) {
+        if let Ok(v) =
+            HeaderValue::from_str(&session::clear_cookie(self.cookie_name, self.secure_cookie))
+        {
+            r.headers_mut().append(header::SET_COOKIE, v);
+        }
+    }
+
+    /// Records an audit event; a failure is logged (the page still answers:
+    /// no secret is released by a page).
+    pub fn audit(&self, e: &Event<'_>) {
+        if let Err(err) = self.broker.audit.record(e) {
+            tracing::error!(event = e.event, error = %err, "pages: audit event not written");
+        }
+    }
+
+    /// A new event at `now` for this instance's agent.
+    pub fn event<'a>(&'a self, ctx: &Ctx, name: &'a str) -> Event<'a> {
+        let mut e = Event::new(ctx.now, name, &self.broker.config.agent);
+        e.client_addr = Some(ctx.client.to_string());
+        e
+    }
+
+    /// The pages' base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The instance's broker.
+    pub fn broker(&self) -> &Broker {
+        &self.broker
+    }
+
+    /// Forgets idle rate-limit keys and sweeps expired sessions and flows.
+    pub fn housekeeping(&self) {
+        self.limiters.housekeeping();
+        let now = self.broker.clock.now();
+        if now - self.last_sweep.load(Ordering::Relaxed) < SWEEP_EVERY {
+            return;
+        }
+        self.last_sweep.store(now, Ordering::Relaxed);
+        let store = self.broker.store.as_ref();
+        if let Err(e) = self.sessions.sweep(store, now) {
+            tracing::warn!(error = %e, "pages: session sweep failed");
+        }
+        if let Err(e) = flows::sweep(store, &self.sealer, now) {
+            tracing::warn!(error = %e, "pages: flow sweep failed");
+        }
+    }
+}

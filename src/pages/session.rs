@@ -1,0 +1,374 @@
+//! Browser sessions: server-side records keyed by SHA-256 of the session id;
+//! the id lives only in the browser's cookie.
+//!
+//! - A session exists before sign-in (anonymous), to bind the sign-in form's
+//!   CSRF token and the OIDC `state` to this browser.
+//! - Signing in always creates a fresh session (new id) and deletes the old
+//!   one, so an id planted before sign-in is worthless after it.
+//! - Idle and absolute expiry; expired records are deleted when seen and
+//!   swept periodically.
+//! - The CSRF token is HMAC-SHA256(session id, label): bound to the session,
+//!   unguessable without the cookie, and never stored.
+//!
+//! The cookie is `__Host-credbroker` (Secure, HttpOnly, SameSite=Lax,
+//! Path=/, no Domain) when the pages are served over https. The quick start
+//! serves plain HTTP on loopback, where browsers refuse `Secure` cookies and
+//! therefore `__Host-` names; there, and only there, the cookie is
+//! `credbroker-dev` with the same attributes minus `Secure`.
+
+use serde::{Deserialize, Serialize};
+use subtle::ConstantTimeEq;
+
+use crate::secret::SecretString;
+use crate::store::{Store, StoreError, Tree};
+use crate::subject::Person;
+
+/// The cookie name over https.
+pub const COOKIE_SECURE: &str = "__Host-credbroker";
+/// The development fallback cookie name (plain HTTP on loopback only).
+pub const COOKIE_DEV: &str = "credbroker-dev";
+
+/// Lifetimes of sessions.
+#[derive(Debug, Clone, Copy)]
+pub struct Lifetimes {
+    /// A signed-in session not used for this long ends.
+    pub idle: i64,
+    /// A signed-in session ends this long after sign-in, used or not.
+    pub absolute: i64,
+    /// An anonymous session (before sign-in) ends after this long.
+    pub anonymous: i64,
+}
+
+impl Default for Lifetimes {
+    fn default() -> Self {
+        Lifetimes {
+            idle: 30 * 60,
+            absolute: 12 * 3600,
+            anonymous: 30 * 60,
+        }
+    }
+}
+
+/// How a person signed in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// Local account (argon2id password).
+    Local,
+    /// OIDC at the person's issuer.
+    Oidc,
+}
+
+/// The stored part of a session.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Record {
+    /// The signed-in person's issuer (`None`: anonymous).
+    pub iss: Option<String>,
+    /// The signed-in person's subject.
+    pub sub: Option<String>,
+    /// A name to show (local name, or the IdP's `preferred_username`,
+    /// `email` or `name`).
+    pub display: Option<String>,
+    /// How they signed in.
+    pub method: Option<Method>,
+    /// When they last proved who they are (`auth_time`).
+    pub auth_time: Option<i64>,
+    /// Created.
+    pub created: i64,
+    /// Last used.
+    pub last_seen: i64,
+}
+
+impl Record {
+    /// The signed-in person, if any.
+    pub fn person(&self) -> Option<Person> {
+        match (&self.iss, &self.sub) {
+            (Some(iss), Some(sub)) => Some(Person {
+                iss: iss.clone(),
+                sub: sub.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// A loaded session: its id (a secret, from the cookie) and record.
+#[derive(Debug)]
+pub struct Session {
+    id: SecretString,
+    /// The store key: SHA-256 of the id.
+    key: [u8; 32],
+    /// The record.
+    pub record: Record,
+}
+
+impl Session {
+    /// The store key, hex (binds flows to this session without the id).
+    pub fn key_hex(&self) -> String {
+        hex::encode(self.key)
+    }
+
+    /// The session id, for the `Set-Cookie` header only.
+    pub fn id(&self) -> &SecretString {
+        &self.id
+    }
+
+    /// The CSRF token of this session.
+    pub fn csrf(&self) -> SecretString {
+        csrf_for(&self.id)
+    }
+
+    /// Whether `token` is this session's CSRF token (constant time).
+    pub fn check_csrf(&self, token: Option<&str>) -> bool {
+        let Some(token) = token else { return false };
+        let expected = self.csrf();
+        expected.expose().as_bytes().ct_eq(token.as_bytes()).into()
+    }
+}
+
+fn csrf_for(id: &SecretString) -> SecretString {
+    let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, id.expose().as_bytes());
+    let tag = aws_lc_rs::hmac::sign(&key, b"credbroker pages csrf v1");
+    SecretString::new(crate::jose::b64e(tag.as_ref()))
+}
+
+fn key_of(id: &str) -> [u8; 32] {
+    let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, id.as_bytes());
+    let mut k = [0u8; 32];
+    k.copy_from_slice(d.as_ref());
+    k
+}
+
+/// A new random token: 32 bytes from the system CSPRNG, base64url.
+pub fn random_token() -> Result<SecretString, StoreError> {
+    let mut b = [0u8; 32];
+    aws_lc_rs::rand::fill(&mut b).map_err(|_| StoreError::Backend("random".into()))?;
+    let t = SecretString::new(crate::jose::b64e(&b));
+    zeroize::Zeroize::zeroize(&mut b);
+    Ok(t)
+}
+
+/// The session store.
+#[derive(Debug, Clone)]
+pub struct Sessions {
+    lifetimes: Lifetimes,
+}
+
+/// Only rewrite `last_seen` when it is older than this, so that reading a
+/// page is not a durable write every time.
+const TOUCH_AFTER: i64 = 60;
+
+impl Sessions {
+    /// Sessions with these lifetimes.
+    pub fn new(lifetimes: Lifetimes) -> Sessions {
+        Sessions { lifetimes }
+    }
+
+    /// The lifetimes.
+    pub fn lifetimes(&self) -> Lifetimes {
+        self.lifetimes
+    }
+
+    fn expired(&self, r: &Record, now: i64) -> bool {
+        if r.person().is_some() {
+            now - r.last_seen >= self.lifetimes.idle || now - r.created >= self.lifetimes.absolute
+        } else {
+            now - r.created >= self.lifetimes.anonymous
+        }
+    }
+
+    /// The live session whose id is one of `ids` (the cookie values).
+    pub fn load(
+        &self,
+        store: &dyn Store,
+        ids: &[String],
+        now: i64,
+    ) -> Result<Option<Session>, StoreError> {
+        for id in ids {
+            // A cookie of the wrong shape is not looked up.
+            if !super::http::is_code_shaped(id) {
+                continue;
+            }
+            let key = key_of(id);
+            let Some(bytes) = store.get(Tree::Sessions, &key)? else {
+                continue;
+            };
+            let Ok(mut record) = serde_json::from_slice::<Record>(&bytes) else {
+                store.delete(Tree::Sessions, &key)?;
+                continue;
+            };
+            if self.expired(&record, now) {
+                store.delete(Tree::Sessions, &key)?;
+                continue;
+            }
+            if now - record.last_seen >= TOUCH_AFTER {
+                record.last_seen = now;
+                if let Ok(v) = serde_json::to_vec(&record) {
+                    store.put(Tree::Sessions, &key, &v)?;
+                }
+            }
+            return Ok(Some(Session {
+                id: SecretString::new(id.clone()),
+                key,
+                record,
+            }));
+        }
+        Ok(None)
+    }
+
+    /// Creates a session with a fresh id.
+    pub fn create(&self, store: &dyn Store, record: Record) -> Result<Session, StoreError> {
+        let id = random_token()?;
+        let key = key_of(id.expose());
+        let v = serde_json::to_vec(&record).map_err(|e| StoreError::Backend(e.to_string()))?;
+        store.put(Tree::Sessions, &key, &v)?;
+        Ok(Session { id, key, record })
+    }
+
+    /// An anonymous session.
+    pub fn create_anonymous(&self, store: &dyn Store, now: i64) -> Result<Session, StoreError> {
+        self.create(
+            store,
+            Record {
+                iss: None,
+                sub: None,
+                display: None,
+                method: None,
+                auth_time: None,
+                created: now,
+                last_seen: now,
+            },
+        )
+    }
+
+    /// Ends a session.
+    pub fn delete(&self, store: &dyn Store, s: &Session) -> Result<(), StoreError> {
+        store.delete(Tree::Sessions, &s.key)
+    }
+
+    /// Deletes expired sessions; returns how many.
+    pub fn sweep(&self, store: &dyn Store, now: i64) -> Result<usize, StoreError> {
+        let mut n = 0;
+        for (k, v) in store.scan_prefix(Tree::Sessions, b"")? {
+            let dead = serde_json::from_slice::<Record>(&v).map_or(true, |r| self.expired(&r, now));
+            if dead {
+                store.delete(Tree::Sessions, &k)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// The `Set-Cookie` value for a session id.
+pub fn set_cookie(name: &str, secure: bool, id: &SecretString) -> String {
+    format!(
+        "{name}={}; Path=/; HttpOnly; SameSite=Lax{}",
+        id.expose(),
+        if secure { "; Secure" } else { "" }
+    )
+}
+
+/// The `Set-Cookie` value that removes the session cookie.
+pub fn clear_cookie(name: &str, secure: bool) -> String {
+    format!(
+        "{name}=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0{}",
+        if secure { "; Secure" } else { "" }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, crate::store::SledStore) {
+        let d = tempfile::tempdir().unwrap();
+        let s = crate::store::SledStore::open(d.path()).unwrap();
+        (d, s)
+    }
+
+    fn signed_in(now: i64) -> Record {
+        Record {
+            iss: Some("http://127.0.0.1:8440".into()),
+            sub: Some("alice".into()),
+            display: Some("alice".into()),
+            method: Some(Method::Local),
+            auth_time: Some(now),
+            created: now,
+            last_seen: now,
+        }
+    }
+
+    #[test]
+    fn only_the_hash_of_the_id_is_stored() {
+        let (_d, st) = store();
+        let sessions = Sessions::new(Lifetimes::default());
+        let s = sessions.create(&st, signed_in(1000)).unwrap();
+        let all = st.scan_prefix(Tree::Sessions, b"").unwrap();
+        assert_eq!(all.len(), 1);
+        let id = s.id().expose().as_bytes();
+        assert!(!all[0].0.windows(id.len()).any(|w| w == id));
+        assert!(!all[0].1.windows(id.len()).any(|w| w == id));
+        assert_eq!(
+            format!("{s:?}").matches(s.id().expose().as_str()).count(),
+            0
+        );
+    }
+
+    #[test]
+    fn idle_and_absolute_expiry() {
+        let (_d, st) = store();
+        let l = Lifetimes::default();
+        let sessions = Sessions::new(l);
+        let s = sessions.create(&st, signed_in(1000)).unwrap();
+        let ids = vec![s.id().expose().clone()];
+        // Used every 20 minutes: alive until the absolute limit.
+        let mut t = 1000;
+        while t + 20 * 60 < 1000 + l.absolute {
+            t += 20 * 60;
+            assert!(
+                sessions.load(&st, &ids, t).unwrap().is_some(),
+                "alive at {t}"
+            );
+        }
+        assert!(sessions
+            .load(&st, &ids, 1000 + l.absolute)
+            .unwrap()
+            .is_none());
+        // Idle: a fresh session not used for 30 minutes ends.
+        let s = sessions.create(&st, signed_in(5000)).unwrap();
+        let ids = vec![s.id().expose().clone()];
+        assert!(sessions
+            .load(&st, &ids, 5000 + l.idle - 1)
+            .unwrap()
+            .is_some());
+        assert!(sessions
+            .load(&st, &ids, 5000 + l.idle - 1 + l.idle)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn csrf_is_bound_to_the_session() {
+        let (_d, st) = store();
+        let sessions = Sessions::new(Lifetimes::default());
+        let a = sessions.create_anonymous(&st, 0).unwrap();
+        let b = sessions.create_anonymous(&st, 0).unwrap();
+        assert!(!a.check_csrf(Some(b.csrf().expose())));
+        assert!(!a.check_csrf(None));
+        assert!(!a.check_csrf(Some("")));
+        assert!(a.check_csrf(Some(a.csrf().expose())));
+    }
+
+    #[test]
+    fn cookie_attributes() {
+        let id = SecretString::new("x".repeat(43));
+        let c = set_cookie(COOKIE_SECURE, true, &id);
+        assert!(c.starts_with("__Host-credbroker="));
+        for a in ["Path=/", "HttpOnly", "SameSite=Lax", "Secure"] {
+            assert!(c.split("; ").any(|p| p == a), "{a} in {c}");
+        }
+        assert!(!c.contains("Domain"));
+        assert!(!set_cookie(COOKIE_DEV, false, &id).contains("Secure"));
+    }
+}

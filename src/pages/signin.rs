@@ -1,0 +1,432 @@
+//! Sign-in and sign-out routes: the sign-in page, local accounts, the OIDC
+//! redirect and callback.
+//!
+//! Every successful sign-in creates a fresh session (a new id) and deletes
+//! the one the browser had, then sends the browser to an allow-listed
+//! relative `return_to`. Failures all read the same to the browser.
+
+use http::{HeaderMap, Response, StatusCode};
+
+use super::http::{redirect, safe_return_to, Form};
+use super::session::{Method, Record, Session};
+use super::{flows, users, views, Ctx, Pages};
+use crate::api::Body;
+use crate::secret::SecretString;
+
+const SIGNIN_FAILED: &str = "The user name or password is not right. After several failed attempts an account is locked for 15 minutes.";
+
+/// The sign-in path that returns to `return_to`.
+pub fn signin_path(return_to: &str, reauth: bool) -> String {
+    let mut s = form_urlencoded::Serializer::new(String::new());
+    s.append_pair("return_to", return_to);
+    if reauth {
+        s.append_pair("reauth", "1");
+    }
+    format!("/signin?{}", s.finish())
+}
+
+fn return_to_of(q: &Form) -> String {
+    q.get("return_to")
+        .and_then(safe_return_to)
+        .unwrap_or_else(|| "/account".to_string())
+}
+
+/// The session of this browser, or a new anonymous one (then `true`).
+fn session_or_new(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Result<(Session, bool), Response<Body>> {
+    match p.session(h, ctx.now) {
+        Ok(Some(s)) => Ok((s, false)),
+        Ok(None) => {
+            // Creating a session is a durable write: limit it per address.
+            if !p.limiters.lookup(ctx.client) {
+                return Err(p.too_many());
+            }
+            p.sessions
+                .create_anonymous(p.broker.store.as_ref(), ctx.now)
+                .map(|s| (s, true))
+                .map_err(|e| p.internal("session", &e))
+        }
+        Err(e) => Err(p.internal("session", &e)),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn render_page(
+    p: &Pages,
+    s: &Session,
+    status: StatusCode,
+    return_to: &str,
+    reauth: bool,
+    error: Option<&str>,
+    typed_name: Option<&str>,
+) -> Response<Body> {
+    let person = s.record.person();
+    // Signing in again: offer only the way this person signed in.
+    let (local, fixed_name, oidc_issuers): (bool, Option<String>, Vec<String>) =
+        match (&person, reauth) {
+            (Some(pp), true) if Some(&pp.iss) == p.local_issuer.as_ref() => {
+                (true, Some(pp.sub.clone()), vec![])
+            }
+            (Some(pp), true) if p.oidc.has(&pp.iss) => (false, None, vec![pp.iss.clone()]),
+            _ => (
+                p.local_issuer.is_some(),
+                None,
+                p.broker
+                    .config
+                    .trusted_issuers
+                    .iter()
+                    .filter(|i| p.oidc.has(&i.issuer))
+                    .map(|i| i.issuer.clone())
+                    .collect(),
+            ),
+        };
+    let oidc = oidc_issuers
+        .into_iter()
+        .map(|iss| {
+            let mut q = form_urlencoded::Serializer::new(String::new());
+            q.append_pair("issuer", &iss)
+                .append_pair("return_to", return_to);
+            if reauth {
+                q.append_pair("reauth", "1");
+            }
+            let label = url::Url::parse(&iss)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_owned))
+                .unwrap_or_else(|| iss.clone());
+            views::OidcChoice {
+                label,
+                href: format!("/signin/oidc?{}", q.finish()),
+            }
+        })
+        .collect();
+    let page = views::SignIn {
+        who: if reauth { p.who(s) } else { None },
+        broker: p.base.clone(),
+        csrf: s.csrf().expose().clone(),
+        return_to: return_to.to_string(),
+        reauth,
+        local,
+        typed_name: typed_name
+            .filter(|n| fixed_name.is_none() && users::valid_name(n))
+            .map(str::to_owned),
+        fixed_name,
+        oidc,
+        error: error.map(str::to_owned),
+    };
+    let mut r = super::http::html(status, views::render(&page));
+    p.set_cookie(&mut r, s);
+    r
+}
+
+/// `GET /signin?return_to=...&reauth=1`.
+pub async fn page(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Response<Body> {
+    let return_to = return_to_of(q);
+    let reauth = q.get("reauth") == Some("1");
+    let (s, _) = match session_or_new(p, ctx, h) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if s.record.person().is_some() && !reauth {
+        return redirect(&return_to);
+    }
+    render_page(p, &s, StatusCode::OK, &return_to, reauth, None, None)
+}
+
+/// Replaces the browser's session with a fresh signed-in one.
+fn sign_in(p: &Pages, old: &Session, record: Record, return_to: &str) -> Response<Body> {
+    let store = p.broker.store.as_ref();
+    let fresh = match p.sessions.create(store, record) {
+        Ok(s) => s,
+        Err(e) => return p.internal("session", &e),
+    };
+    if let Err(e) = p.sessions.delete(store, old) {
+        // The old id stays valid until it expires; refuse rather than keep
+        // two live sessions for one sign-in.
+        let _ = p.sessions.delete(store, &fresh);
+        return p.internal("session", &e);
+    }
+    let mut r = redirect(return_to);
+    p.set_cookie(&mut r, &fresh);
+    r
+}
+
+/// `POST /signin`: local accounts.
+pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Response<Body> {
+    if !p.limiters.signin(ctx.client) {
+        let mut e = p.event(&ctx, "signin.failed");
+        e.reason = Some("rate_limited");
+        p.audit(&e);
+        return p.too_many();
+    }
+    let s = match p.session(h, ctx.now) {
+        Ok(Some(s)) => s,
+        Ok(None) => return p.bad_csrf(),
+        Err(e) => return p.internal("session", &e),
+    };
+    if !s.check_csrf(form.get("csrf")) {
+        return p.bad_csrf();
+    }
+    let Some(issuer) = p.local_issuer.clone() else {
+        return p.not_found();
+    };
+    let return_to = return_to_of(&form);
+    let reauth = form.get("reauth") == Some("1");
+    let name = form.get("username").unwrap_or("").trim().to_string();
+    let password = SecretString::new(form.take("password").unwrap_or_default());
+    let verdict = {
+        let Ok(_slot) = p.hashing.acquire().await else {
+            return p.internal("hashing", &"semaphore closed");
+        };
+        let store = p.broker.store.clone();
+        let n = name.clone();
+        let now = ctx.now;
+        match tokio::task::spawn_blocking(move || users::verify(store.as_ref(), &n, &password, now))
+            .await
+        {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => return p.internal("users", &e),
+            Err(e) => return p.internal("users", &e),
+        }
+    };
+    let known = !matches!(verdict, users::Verdict::Unknown);
+    if verdict != users::Verdict::Ok {
+        let mut e = p.event(&ctx, "signin.failed");
+        e.person_iss = Some(&issuer);
+        // An unknown name is not a person: it is not recorded.
+        e.person_sub = known.then_some(name.as_str());
+        e.reason = Some(match verdict {
+            users::Verdict::Locked => "locked",
+            users::Verdict::NowLocked => "now_locked",
+            users::Verdict::Unknown => "unknown_user",
+            _ => "wrong_password",
+        });
+        p.audit(&e);
+        return render_page(
+            p,
+            &s,
+            StatusCode::FORBIDDEN,
+            &return_to,
+            reauth,
+            Some(SIGNIN_FAILED),
+            Some(&name),
+        );
+    }
+    let mut e = p.event(&ctx, "signin.succeeded");
+    e.person_iss = Some(&issuer);
+    e.person_sub = Some(&name);
+    e.reason = Some("local");
+    p.audit(&e);
+    let record = Record {
+        iss: Some(issuer.clone()),
+        sub: Some(name.clone()),
+        display: Some(name.clone()),
+        method: Some(Method::Local),
+        auth_time: Some(ctx.now),
+        created: ctx.now,
+        last_seen: ctx.now,
+    };
+    sign_in(p, &s, record, &return_to)
+}
+
+fn redirect_uri(p: &Pages) -> String {
+    format!("{}/signin/callback", p.base)
+}
+
+/// `GET /signin/oidc?issuer=...&return_to=...&reauth=1`: starts the
+/// authorization code flow at the IdP.
+pub async fn oidc_start(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Response<Body> {
+    if !p.limiters.signin(ctx.client) {
+        return p.too_many();
+    }
+    let Some(issuer) = q.get("issuer").filter(|i| p.oidc.has(i)).map(str::to_owned) else {
+        return p.not_found();
+    };
+    let return_to = return_to_of(q);
+    let reauth = q.get("reauth") == Some("1");
+    let (s, new) = match session_or_new(p, ctx, h) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let (nonce, pkce) = match (super::session::random_token(), flows::pkce()) {
+        (Ok(n), Ok(pk)) => (n, pk),
+        _ => return p.internal("random", &"no randomness"),
+    };
+    let (verifier, challenge) = pkce;
+    let flow = flows::Flow::SignIn {
+        issuer: issuer.clone(),
+        nonce: nonce.expose().clone(),
+        verifier: verifier.expose().clone(),
+        return_to,
+        reauth,
+    };
+    let state = match flows::start(
+        p.broker.store.as_ref(),
+        &p.sealer,
+        &s.key_hex(),
+        flow,
+        ctx.now,
+    ) {
+        Ok(st) => st,
+        Err(e) => return p.internal("flow", &e),
+    };
+    let url = match p
+        .oidc
+        .authorization_url(
+            &issuer,
+            &redirect_uri(p),
+            &state,
+            &nonce,
+            &challenge,
+            reauth,
+        )
+        .await
+    {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::warn!(issuer = %issuer, error = %e, "pages: OIDC discovery failed");
+            return p.message(
+                StatusCode::SERVICE_UNAVAILABLE,
+                None,
+                "Sign-in is unavailable",
+                &["The sign-in service of your organisation cannot be reached right now. Try again in a moment."],
+            );
+        }
+    };
+    let mut r = redirect(url.as_str());
+    if new {
+        p.set_cookie(&mut r, &s);
+    }
+    r
+}
+
+fn expired_flow(p: &Pages) -> Response<Body> {
+    p.message(
+        StatusCode::BAD_REQUEST,
+        None,
+        "This sign-in has expired",
+        &["It was already used, took too long, or was started in another browser. Nothing was changed. Start again from the page you were on."],
+    )
+}
+
+/// `GET /signin/callback?code=...&state=...[&iss=...]`.
+pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> Response<Body> {
+    if !p.limiters.signin(ctx.client) {
+        return p.too_many();
+    }
+    let store = p.broker.store.as_ref();
+    let Some(state) = q.get("state").map(str::to_owned) else {
+        return expired_flow(p);
+    };
+    // Taking the state spends it, whatever happens next.
+    let taken = match flows::take(store, &p.sealer, &state, ctx.now) {
+        Ok(Some(t)) => t,
+        Ok(None) => return expired_flow(p),
+        Err(e) => return p.internal("flow", &e),
+    };
+    let s = match p.session(h, ctx.now) {
+        Ok(Some(s)) if s.key_hex() == taken.session => s,
+        Ok(_) => return expired_flow(p),
+        Err(e) => return p.internal("session", &e),
+    };
+    let flows::Flow::SignIn {
+        issuer,
+        nonce,
+        verifier,
+        return_to,
+        reauth,
+    } = &taken.flow
+    else {
+        return expired_flow(p);
+    };
+    let fail = |reason: &'static str| {
+        let mut e = p.event(&ctx, "signin.failed");
+        e.person_iss = Some(issuer);
+        e.reason = Some(reason);
+        p.audit(&e);
+        p.message(
+            StatusCode::BAD_REQUEST,
+            None,
+            "Sign-in failed",
+            &["Your organisation's sign-in service did not confirm who you are. Nothing was changed. Start again from the page you were on."],
+        )
+    };
+    if q.get("error").is_some() {
+        return fail("idp_error");
+    }
+    if p.oidc
+        .check_callback_iss(issuer, q.get("iss"))
+        .await
+        .is_err()
+    {
+        return fail("callback_iss");
+    }
+    let Some(code) = q.take("code").map(SecretString::new) else {
+        return fail("no_code");
+    };
+    let identity = match p
+        .oidc
+        .redeem(
+            issuer,
+            &code,
+            &SecretString::new(verifier.clone()),
+            &redirect_uri(p),
+            &SecretString::new(nonce.clone()),
+            *reauth,
+            ctx.now,
+        )
+        .await
+    {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::warn!(issuer = %issuer, error = %e, "pages: OIDC sign-in refused");
+            return fail(match e {
+                super::oidc::OidcError::IdToken(_) => "id_token",
+                _ => "token_request",
+            });
+        }
+    };
+    let mut e = p.event(&ctx, "signin.succeeded");
+    e.person_iss = Some(issuer);
+    e.person_sub = Some(&identity.sub);
+    e.reason = Some("oidc");
+    p.audit(&e);
+    let record = Record {
+        iss: Some(issuer.clone()),
+        sub: Some(identity.sub.clone()),
+        display: Some(identity.display.clone()),
+        method: Some(Method::Oidc),
+        auth_time: identity.auth_time,
+        created: ctx.now,
+        last_seen: ctx.now,
+    };
+    // The redirect also takes the code out of the address bar and history.
+    sign_in(p, &s, record, return_to)
+}
+
+/// `POST /signout`.
+pub async fn signout(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response<Body> {
+    let s = match p.session(h, ctx.now) {
+        Ok(Some(s)) => s,
+        Ok(None) => return redirect("/signin"),
+        Err(e) => return p.internal("session", &e),
+    };
+    if !s.check_csrf(form.get("csrf")) {
+        return p.bad_csrf();
+    }
+    if let Err(e) = p.sessions.delete(p.broker.store.as_ref(), &s) {
+        return p.internal("session", &e);
+    }
+    if let Some(person) = s.record.person() {
+        let mut e = p.event(&ctx, "signout");
+        e.person_iss = Some(&person.iss);
+        e.person_sub = Some(&person.sub);
+        p.audit(&e);
+    }
+    let mut r = p.message(
+        StatusCode::OK,
+        None,
+        "You are signed out",
+        &["You can close this page."],
+    );
+    p.clear_cookie(&mut r);
+    r
+}

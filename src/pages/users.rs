@@ -1,0 +1,267 @@
+//! Local accounts, for the quick start and small teams: argon2id password
+//! hashes in the store, with a lockout after repeated failures.
+//!
+//! A local account `NAME` is the person (broker issuer, `NAME`): in the
+//! quick start, local account `alice` is the same person as subject tokens
+//! with `sub` `alice` from the dev issuer.
+//!
+//! Verifying is slow on purpose (argon2id, 19 MiB, 2 passes); callers run it
+//! off the async threads and cap how many run at once. An unknown name costs
+//! the same as a wrong password (a dummy hash is verified), and every
+//! failure reads the same to the browser.
+
+use argon2::password_hash::phc::PasswordHash;
+use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+use argon2::Argon2;
+use serde::{Deserialize, Serialize};
+
+use crate::secret::SecretString;
+use crate::store::{Store, StoreError, Tree};
+
+/// Consecutive failures that lock an account.
+pub const LOCK_AFTER: u32 = 5;
+/// How long a locked account stays locked.
+pub const LOCK_FOR: i64 = 15 * 60;
+/// Shortest password accepted by `users add`.
+pub const MIN_PASSWORD: usize = 8;
+/// Longest password accepted (argon2 cost does not depend on it much, but
+/// form bodies are bounded anyway).
+pub const MAX_PASSWORD: usize = 1024;
+
+/// A stored local account.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct UserRecord {
+    /// The PHC string (`$argon2id$v=19$...`).
+    hash: String,
+    created: i64,
+    #[serde(default)]
+    failures: u32,
+    #[serde(default)]
+    locked_until: i64,
+}
+
+/// Errors managing accounts.
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    /// The name is not acceptable.
+    #[error("a user name is 1 to 64 characters: letters, digits, '.', '_', '-', '@'")]
+    BadName,
+    /// The password is too short or too long.
+    #[error("a password is {MIN_PASSWORD} to {MAX_PASSWORD} bytes")]
+    BadPassword,
+    /// The account exists (and replacing was not asked for).
+    #[error("user {0} already exists (use --replace to set a new password)")]
+    Exists(String),
+    /// Hashing failed.
+    #[error("password hashing failed")]
+    Hash,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The outcome of a sign-in attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Right name and password.
+    Ok,
+    /// Wrong password (or unknown name: the caller cannot tell, on purpose).
+    Wrong,
+    /// The account is locked after repeated failures.
+    Locked,
+    /// This failure locked the account.
+    NowLocked,
+    /// No such account.
+    Unknown,
+}
+
+/// Whether `name` is acceptable as a local account name (it becomes a
+/// `sub`).
+pub fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'@'))
+}
+
+fn hasher() -> Argon2<'static> {
+    // argon2id, v19, m = 19 MiB, t = 2, p = 1 (the crate's default, OWASP's
+    // first recommendation).
+    Argon2::default()
+}
+
+fn hash_password(password: &SecretString) -> Result<String, UserError> {
+    let mut salt = [0u8; 16];
+    aws_lc_rs::rand::fill(&mut salt).map_err(|_| UserError::Hash)?;
+    hasher()
+        .hash_password_with_salt(password.expose().as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|_| UserError::Hash)
+}
+
+/// A hash of a random password, verified when the name is unknown so that
+/// unknown names cost as much as wrong passwords.
+fn dummy_hash() -> &'static str {
+    static DUMMY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DUMMY.get_or_init(|| {
+        let mut pw = [0u8; 24];
+        let _ = aws_lc_rs::rand::fill(&mut pw);
+        hash_password(&SecretString::new(crate::jose::b64e(&pw))).unwrap_or_default()
+    })
+}
+
+fn verify_hash(hash: &str, password: &SecretString) -> bool {
+    match PasswordHash::new(hash) {
+        Ok(h) => hasher()
+            .verify_password(password.expose().as_bytes(), &h)
+            .is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// Adds a local account (or, with `replace`, sets a new password and clears
+/// its lockout).
+pub fn add(
+    store: &dyn Store,
+    name: &str,
+    password: &SecretString,
+    replace: bool,
+    now: i64,
+) -> Result<(), UserError> {
+    if !valid_name(name) {
+        return Err(UserError::BadName);
+    }
+    let len = password.expose().len();
+    if !(MIN_PASSWORD..=MAX_PASSWORD).contains(&len) {
+        return Err(UserError::BadPassword);
+    }
+    let record = UserRecord {
+        hash: hash_password(password)?,
+        created: now,
+        failures: 0,
+        locked_until: 0,
+    };
+    let value = serde_json::to_vec(&record).map_err(|_| UserError::Hash)?;
+    if replace {
+        store.put(Tree::LocalUsers, name.as_bytes(), &value)?;
+        return Ok(());
+    }
+    if store.compare_and_swap(Tree::LocalUsers, name.as_bytes(), None, Some(&value))? {
+        Ok(())
+    } else {
+        Err(UserError::Exists(name.to_string()))
+    }
+}
+
+/// Whether the account exists.
+pub fn exists(store: &dyn Store, name: &str) -> Result<bool, StoreError> {
+    Ok(valid_name(name) && store.get(Tree::LocalUsers, name.as_bytes())?.is_some())
+}
+
+/// Checks a name and password, counting failures and locking the account
+/// after [`LOCK_AFTER`] in a row. Slow (argon2id): run it off the async
+/// threads.
+pub fn verify(
+    store: &dyn Store,
+    name: &str,
+    password: &SecretString,
+    now: i64,
+) -> Result<Verdict, StoreError> {
+    let current = if valid_name(name) {
+        store.get(Tree::LocalUsers, name.as_bytes())?
+    } else {
+        None
+    };
+    let Some(bytes) = current else {
+        verify_hash(dummy_hash(), password);
+        return Ok(Verdict::Unknown);
+    };
+    let Ok(mut rec) = serde_json::from_slice::<UserRecord>(&bytes) else {
+        verify_hash(dummy_hash(), password);
+        return Ok(Verdict::Unknown);
+    };
+    if rec.locked_until > now {
+        // No verification while locked: a guess cannot succeed, and the
+        // answer reads the same as a wrong password.
+        return Ok(Verdict::Locked);
+    }
+    let ok = verify_hash(&rec.hash, password);
+    let verdict = if ok {
+        if rec.failures == 0 && rec.locked_until == 0 {
+            return Ok(Verdict::Ok);
+        }
+        rec.failures = 0;
+        rec.locked_until = 0;
+        Verdict::Ok
+    } else {
+        rec.failures += 1;
+        if rec.failures >= LOCK_AFTER {
+            rec.failures = 0;
+            rec.locked_until = now + LOCK_FOR;
+            Verdict::NowLocked
+        } else {
+            Verdict::Wrong
+        }
+    };
+    let new = serde_json::to_vec(&rec).map_err(|e| StoreError::Backend(e.to_string()))?;
+    // If another attempt changed the record meanwhile, this one's count is
+    // lost; concurrent guesses are bounded by the per-address limit anyway,
+    // and a lost success write only leaves a stale failure count.
+    store.compare_and_swap(Tree::LocalUsers, name.as_bytes(), Some(&bytes), Some(&new))?;
+    Ok(verdict)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_verify_lockout_and_replace() {
+        let d = tempfile::tempdir().unwrap();
+        let st = crate::store::SledStore::open(d.path()).unwrap();
+        let pw = SecretString::new("correct horse".into());
+        let wrong = SecretString::new("battery staple".into());
+        add(&st, "alice", &pw, false, 0).unwrap();
+        let stored = st.get(Tree::LocalUsers, b"alice").unwrap().unwrap();
+        let stored = String::from_utf8(stored).unwrap();
+        assert!(stored.contains("$argon2id$"), "{stored}");
+        assert!(!stored.contains("correct horse"));
+        assert!(matches!(
+            add(&st, "alice", &pw, false, 0),
+            Err(UserError::Exists(_))
+        ));
+        assert!(matches!(
+            add(&st, "a b", &pw, false, 0),
+            Err(UserError::BadName)
+        ));
+        assert!(matches!(
+            add(&st, "bob", &SecretString::new("short".into()), false, 0),
+            Err(UserError::BadPassword)
+        ));
+
+        assert_eq!(verify(&st, "alice", &pw, 10).unwrap(), Verdict::Ok);
+        assert_eq!(verify(&st, "nobody", &pw, 10).unwrap(), Verdict::Unknown);
+        for _ in 0..LOCK_AFTER - 1 {
+            assert_eq!(verify(&st, "alice", &wrong, 10).unwrap(), Verdict::Wrong);
+        }
+        assert_eq!(
+            verify(&st, "alice", &wrong, 10).unwrap(),
+            Verdict::NowLocked
+        );
+        // Locked: even the right password is refused until the lock ends.
+        assert_eq!(verify(&st, "alice", &pw, 11).unwrap(), Verdict::Locked);
+        assert_eq!(
+            verify(&st, "alice", &pw, 10 + LOCK_FOR).unwrap(),
+            Verdict::Ok
+        );
+        // Replacing the password clears a lock.
+        for _ in 0..LOCK_AFTER {
+            verify(&st, "alice", &wrong, 20_000).unwrap();
+        }
+        assert_eq!(verify(&st, "alice", &pw, 20_001).unwrap(), Verdict::Locked);
+        let pw2 = SecretString::new("another password".into());
+        add(&st, "alice", &pw2, true, 20_002).unwrap();
+        assert_eq!(verify(&st, "alice", &pw2, 20_003).unwrap(), Verdict::Ok);
+        assert_eq!(verify(&st, "alice", &pw, 20_004).unwrap(), Verdict::Wrong);
+    }
+}

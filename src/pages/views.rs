@@ -1,0 +1,171 @@
+//! The pages' HTML: askama templates (in `templates/`, escaped by default),
+//! one struct per page. No page carries script; the stylesheet is served
+//! from `/assets/credbroker.css` so the CSP can forbid inline styles too.
+
+use askama::Template;
+
+/// The stylesheet.
+pub const CSS: &str = include_str!("templates/credbroker.css");
+
+/// The signed-in person shown in the header, with the sign-out form's
+/// CSRF token.
+#[derive(Debug, Clone)]
+pub struct Who {
+    /// Name to show.
+    pub display: String,
+    /// Where they signed in (issuer URL).
+    pub issuer: String,
+    /// CSRF token for the sign-out form.
+    pub csrf: String,
+}
+
+/// The one page for every link that does not resolve. Rendered once: its
+/// bytes are the same whatever the code and whoever asks.
+#[derive(Template)]
+#[template(path = "not_found.html")]
+pub struct NotFound {
+    /// Always `None`: the page must not vary.
+    pub who: Option<Who>,
+}
+
+/// A page of text: errors, confirmations.
+#[derive(Template)]
+#[template(path = "message.html")]
+pub struct Message {
+    /// Header.
+    pub who: Option<Who>,
+    /// Title and heading.
+    pub title: String,
+    /// Paragraphs.
+    pub paragraphs: Vec<String>,
+    /// A correlation id for unexpected errors.
+    pub reference: Option<String>,
+    /// A link onward (href, label).
+    pub next: Option<(String, String)>,
+}
+
+/// One way to sign in at an OIDC IdP.
+#[derive(Debug, Clone)]
+pub struct OidcChoice {
+    /// The IdP, as shown.
+    pub label: String,
+    /// `/signin/oidc?...`.
+    pub href: String,
+}
+
+/// The sign-in page.
+#[derive(Template)]
+#[template(path = "signin.html")]
+pub struct SignIn {
+    /// Header (normally `None`; set on re-authentication).
+    pub who: Option<Who>,
+    /// The broker's issuer, so people see where they sign in.
+    pub broker: String,
+    /// CSRF token of the (anonymous) session.
+    pub csrf: String,
+    /// Allow-listed path to return to.
+    pub return_to: String,
+    /// Re-authentication (the 15-minute rule).
+    pub reauth: bool,
+    /// Whether local accounts are offered.
+    pub local: bool,
+    /// On re-authentication, the local name (not editable).
+    pub fixed_name: Option<String>,
+    /// After a failed attempt, the name typed (kept in the field).
+    pub typed_name: Option<String>,
+    /// OIDC IdPs offered.
+    pub oidc: Vec<OidcChoice>,
+    /// A failure to show.
+    pub error: Option<String>,
+}
+
+/// Shown when the signed-in person is not the link's person.
+#[derive(Template)]
+#[template(path = "other_person.html")]
+pub struct OtherPerson {
+    /// Header.
+    pub who: Option<Who>,
+    /// The signed-in person (never the link's person).
+    pub you: String,
+}
+
+/// An account to choose on an `allow` page.
+#[derive(Debug, Clone)]
+pub struct Choice {
+    /// Account id at the provider.
+    pub id: String,
+    /// Its name at the provider.
+    pub display: String,
+}
+
+/// The page behind a link, after the five checks.
+#[derive(Template)]
+#[template(path = "connect.html")]
+pub struct Connect {
+    /// Header.
+    pub who: Option<Who>,
+    /// Title.
+    pub heading: String,
+    /// `connect`, `allow` or `reconnect`.
+    pub kind: &'static str,
+    /// The agent.
+    pub agent: String,
+    /// The service's name (`GitHub`).
+    pub service_name: String,
+    /// The signed-in person.
+    pub you: String,
+    /// Scopes asked for.
+    pub scopes: Vec<String>,
+    /// For `allow`: the person's accounts at the service.
+    pub accounts: Vec<Choice>,
+    /// The link code (it is already in the URL; the form posts back to it).
+    pub code: String,
+    /// CSRF token.
+    pub csrf: String,
+}
+
+/// One allowance row on the account page.
+#[derive(Debug, Clone)]
+pub struct AllowanceRow {
+    /// Agent.
+    pub agent: String,
+    /// Scopes.
+    pub scopes: Vec<String>,
+}
+
+/// One account on the account page.
+#[derive(Debug, Clone)]
+pub struct AccountRow {
+    /// Service key (form field).
+    pub service: String,
+    /// Provider name (`GitHub`).
+    pub provider: String,
+    /// Account id (form field).
+    pub account_id: String,
+    /// Name at the provider.
+    pub display_name: String,
+    /// Whether it needs reconnecting.
+    pub needs_reconnect: bool,
+    /// Agents allowed.
+    pub allowances: Vec<AllowanceRow>,
+}
+
+/// The account page.
+#[derive(Template)]
+#[template(path = "account.html")]
+pub struct Account {
+    /// Header.
+    pub who: Option<Who>,
+    /// Accounts.
+    pub accounts: Vec<AccountRow>,
+    /// CSRF token.
+    pub csrf: String,
+}
+
+/// Renders a template; a template that fails to render (it cannot, short of
+/// a formatting bug) becomes a fixed text rather than a panic.
+pub fn render(t: &impl Template) -> String {
+    t.render().unwrap_or_else(|_| {
+        "<!doctype html><title>Error</title><p>The page could not be shown.</p>".into()
+    })
+}
