@@ -459,6 +459,9 @@ pub struct Endpoints {
     pub revocation: Option<String>,
     /// OIDC userinfo endpoint, if any.
     pub userinfo: Option<String>,
+    /// Whether the provider always sends `iss` on its authorization
+    /// response (RFC 9207 `authorization_response_iss_parameter_supported`).
+    pub sends_iss: bool,
 }
 
 /// How to learn the name of the account at the provider.
@@ -917,6 +920,8 @@ fn validate_provider(
             token,
             revocation: rp.revocation_endpoint,
             userinfo: rp.userinfo_endpoint,
+            // Explicit endpoints: `iss` is checked when sent, not required.
+            sends_iss: false,
         }),
         (None, None) if rp.issuer.is_some() => None,
         _ => {
@@ -951,7 +956,8 @@ fn validate_provider(
             }
             u
         }
-        None => format!("{own_issuer}/connect/callback/{name}"),
+        // The pages serve the provider callback at `/callback/{name}`.
+        None => format!("{own_issuer}/callback/{name}"),
     };
     let mut scopes = Vec::new();
     for s in rp.scopes.unwrap_or_default() {

@@ -169,12 +169,33 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
         clock,
     )
     .with_connected(connected));
-    // No connected-services modules yet: no link resolves and no account
-    // is listed (`pages::links`).
+    // Providers found by discovery: learn their endpoints now (bounded),
+    // so the pages can build authorization URLs; a failure is retried by
+    // housekeeping and on the first refresh.
+    for name in providers.names() {
+        if let Some(p) = providers.get(name) {
+            if p.cached_endpoints().is_none() {
+                match tokio::time::timeout(p.config().timeout, p.endpoints()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!(provider = %name, error = %e, "provider discovery failed; will retry"),
+                    Err(_) => tracing::warn!(provider = %name, "provider discovery timed out; will retry"),
+                }
+            }
+        }
+    }
+    let backend = crate::connect::Backend::new(
+        vault.clone(),
+        links.clone(),
+        providers.clone(),
+        broker.clock.clone(),
+    );
     let pages = Arc::new(crate::pages::Pages::new(
         broker.clone(),
         sealer.clone(),
-        crate::pages::Options::default(),
+        crate::pages::Options {
+            services: backend.services(),
+            ..crate::pages::Options::default()
+        },
     ));
     Ok(Instance {
         broker,
@@ -368,6 +389,14 @@ pub async fn run(
                         b.limits.housekeeping();
                         if let Some(c) = b.connected() {
                             c.vault.housekeeping();
+                            for name in c.providers.names() {
+                                if let Some(p) = c.providers.get(name).filter(|p| p.cached_endpoints().is_none()) {
+                                    let p = p.clone();
+                                    tokio::spawn(async move {
+                                        let _ = p.endpoints().await;
+                                    });
+                                }
+                            }
                         }
                         let (links, now) = (links.clone(), b.clock.now());
                         // Sweeping expired connect links is store I/O.

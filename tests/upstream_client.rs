@@ -198,6 +198,7 @@ async fn upstream_failures_are_bounded_and_typed() {
         token: format!("https://127.0.0.1:{port}/token"),
         revocation: None,
         userinfo: None,
+        sends_iss: false,
     });
     let e = Provider::new(tls)
         .unwrap()

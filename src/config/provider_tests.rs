@@ -36,7 +36,7 @@ fn github_preset_fills_endpoints_account_api_and_post_auth() {
     assert!(matches!(&p.account, AccountLookup::Api { name_field, .. } if name_field == "login"));
     assert_eq!(
         p.redirect_uri,
-        "http://127.0.0.1:8440/connect/callback/github"
+        "http://127.0.0.1:8440/callback/github"
     );
     assert_eq!(
         p.client_secret_file.as_deref(),

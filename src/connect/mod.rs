@@ -14,6 +14,7 @@
 //! The browser routes that serve a link (sign-in, the five checks, the
 //! provider callback) call [`Links::resolve`] and [`Links::close`].
 
+mod backend;
 mod flow;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use crate::secret::{SecretBytes, SecretString};
 use crate::store::{tuple_key, Store, StoreError, Tree};
 use crate::subject::Person;
 
+pub use backend::Backend;
 pub use flow::{
     complete_allow, complete_connect, disconnect_account, scopes_to_request, CompleteError,
     DisconnectReport,
@@ -307,6 +309,13 @@ impl Links {
             Some(id) if id == link.id.as_bytes() => Ok(Some(link)),
             _ => Ok(None),
         }
+    }
+
+    /// The open link with id `id` (the provider callback re-checks the link
+    /// it started from), or `None` if it is closed, replaced or expired.
+    pub fn get(&self, id: &str, now: i64) -> Result<Option<Link>, ConnectError> {
+        let code = self.code_for(id);
+        self.resolve(code.expose(), now)
     }
 
     /// Closes a link (done, declined): its code stops resolving.

@@ -301,6 +301,55 @@ impl Provider {
         Err(last)
     }
 
+    /// The endpoints if known without a network call (configured, or
+    /// already discovered).
+    pub fn cached_endpoints(&self) -> Option<Arc<Endpoints>> {
+        match &self.cfg.endpoints {
+            Some(e) => Some(Arc::new(e.clone())),
+            None => self.discovered.load_full(),
+        }
+    }
+
+    /// The authorization URL for a `state` and PKCE S256 `code_challenge`
+    /// made by the caller (the pages keep both, bound to the session), with
+    /// the provider's default scopes added to `scopes`. Needs the endpoints
+    /// known ([`Provider::cached_endpoints`]).
+    pub fn authorization_url(
+        &self,
+        state: &str,
+        code_challenge: &str,
+        scopes: &[String],
+        extra: &[(&str, &str)],
+    ) -> Result<url::Url, UpstreamError> {
+        let ep = self.cached_endpoints().ok_or_else(|| {
+            UpstreamError::Unavailable("the provider's endpoints are not discovered yet".into())
+        })?;
+        let mut all: Vec<String> = self.cfg.scopes.clone();
+        for s in scopes {
+            if !all.contains(s) {
+                all.push(s.clone());
+            }
+        }
+        let mut url = url::Url::parse(&ep.authorization)
+            .map_err(|_| UpstreamError::Config("the authorization endpoint is not a URL".into()))?;
+        {
+            let mut q = url.query_pairs_mut();
+            q.append_pair("response_type", "code")
+                .append_pair("client_id", &self.cfg.client_id)
+                .append_pair("redirect_uri", &self.cfg.redirect_uri)
+                .append_pair("state", state)
+                .append_pair("code_challenge", code_challenge)
+                .append_pair("code_challenge_method", "S256");
+            if !all.is_empty() {
+                q.append_pair("scope", &all.join(" "));
+            }
+            for (k, v) in extra {
+                q.append_pair(k, v);
+            }
+        }
+        Ok(url)
+    }
+
     /// Starts an authorization: a URL with `response_type=code`, the
     /// provider's redirect URI, `scope`, a fresh `state` and a PKCE S256
     /// challenge (always sent: GitHub accepts PKCE without enforcing it, so
@@ -311,26 +360,15 @@ impl Provider {
         scopes: &[String],
         extra: &[(&str, &str)],
     ) -> Result<AuthorizationRequest, UpstreamError> {
-        let ep = self.endpoints().await?;
+        self.endpoints().await?;
         let state = random_b64(32)?;
         let verifier = random_b64(32)?;
-        let mut url = url::Url::parse(&ep.authorization)
-            .map_err(|_| UpstreamError::Config("the authorization endpoint is not a URL".into()))?;
-        {
-            let mut q = url.query_pairs_mut();
-            q.append_pair("response_type", "code")
-                .append_pair("client_id", &self.cfg.client_id)
-                .append_pair("redirect_uri", &self.cfg.redirect_uri)
-                .append_pair("state", state.expose())
-                .append_pair("code_challenge", &pkce_challenge(verifier.expose()))
-                .append_pair("code_challenge_method", "S256");
-            if !scopes.is_empty() {
-                q.append_pair("scope", &scopes.join(" "));
-            }
-            for (k, v) in extra {
-                q.append_pair(k, v);
-            }
-        }
+        let url = self.authorization_url(
+            state.expose(),
+            &pkce_challenge(verifier.expose()),
+            scopes,
+            extra,
+        )?;
         Ok(AuthorizationRequest {
             url: url.into(),
             state,
@@ -653,6 +691,8 @@ fn parse_metadata(issuer: &str, body: &[u8]) -> Result<Endpoints, UpstreamError>
         revocation_endpoint: Option<String>,
         #[serde(default)]
         userinfo_endpoint: Option<String>,
+        #[serde(default)]
+        authorization_response_iss_parameter_supported: bool,
     }
     let m: Meta = serde_json::from_slice(body)
         .map_err(|_| UpstreamError::Unavailable("the discovery document is malformed".into()))?;
@@ -683,6 +723,7 @@ fn parse_metadata(issuer: &str, body: &[u8]) -> Result<Endpoints, UpstreamError>
         token: m.token_endpoint,
         revocation: m.revocation_endpoint,
         userinfo: m.userinfo_endpoint,
+        sends_iss: m.authorization_response_iss_parameter_supported,
     })
 }
 

@@ -13,7 +13,10 @@ use credbroker::jose::Es256Key;
 use super::oidc::{secret_file, OidcPeer, CLIENT_ID};
 use super::{Opts, TestBroker};
 
-pub const REDIRECT: &str = "http://127.0.0.1:9/connect/callback/acme";
+/// The redirect URI the pages use for `acme`: `{issuer}/callback/acme`
+/// (test brokers have the issuer `http://127.0.0.1:0`; the tests call the
+/// real address themselves).
+pub const REDIRECT: &str = "http://127.0.0.1:0/callback/acme";
 pub const SERVICE: &str = "https://api.acme.example";
 
 /// The quick-start policy plus the `acme` service resource and two tools.
@@ -84,7 +87,6 @@ display_name = "Acme"
 issuer = "{issuer}"
 client_id = "{CLIENT_ID}"
 client_secret_file = "{file}"
-redirect_uri = "{REDIRECT}"
 scopes = ["openid", "profile", "read:org"]
 narrow_on_refresh = {narrow}
 timeout = "{timeout}"
