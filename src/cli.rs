@@ -102,6 +102,12 @@ enum Command {
         #[command(subcommand)]
         action: KeysAction,
     },
+    /// Connected accounts (through the admin socket; the store directly
+    /// when no instance runs).
+    Accounts {
+        #[command(subcommand)]
+        action: AccountsAction,
+    },
     /// Policy files: check, test, explain, diff (see policy/README.md).
     Policy {
         #[command(subcommand)]
@@ -131,6 +137,167 @@ enum Command {
 }
 
 #[derive(Debug, Subcommand)]
+enum AccountsAction {
+    /// List connected accounts with the agents allowed to use them, and
+    /// report records that do not decrypt.
+    List {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Only this person (`sub`).
+        #[arg(long)]
+        person: Option<String>,
+        /// The person's issuer (default: the only trusted issuer).
+        #[arg(long)]
+        issuer: Option<String>,
+    },
+    /// Revoke an account's tokens at the provider (RFC 7009, where it can)
+    /// and delete it with its allowances.
+    Disconnect {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The person (`sub`).
+        #[arg(long)]
+        person: String,
+        /// The person's issuer (default: the only trusted issuer).
+        #[arg(long)]
+        issuer: Option<String>,
+        /// The service.
+        #[arg(long)]
+        service: String,
+        /// Delete even if revocation at the provider fails.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// The person's issuer: given, or the config's only trusted issuer.
+fn person_issuer(cfg: &Config, given: Option<String>) -> Result<String, Box<dyn std::error::Error>> {
+    match given {
+        Some(i) => Ok(i),
+        None if cfg.trusted_issuers.len() == 1 => Ok(cfg.trusted_issuers[0].issuer.clone()),
+        None => Err("several trusted issuers: name the person's with --issuer".into()),
+    }
+}
+
+/// Records an audit event for a command run with no instance (the
+/// instance records its own through the admin socket).
+fn offline_event<'a>(cfg: &'a Config, fill: impl FnOnce(&mut crate::events::Event<'a>)) {
+    let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+    let mut e = crate::events::Event::new(now, "", &cfg.agent);
+    fill(&mut e);
+    match crate::events::Audit::open(&cfg.audit_log) {
+        Ok(a) => {
+            if let Err(err) = a.record(&e) {
+                eprintln!("warning: the audit event was not written: {err}");
+            }
+        }
+        Err(err) => eprintln!("warning: the audit log cannot be opened: {err}"),
+    }
+}
+
+/// Opens the store and the vault directly (no instance runs).
+fn open_vault(cfg: &Config) -> Result<crate::vault::Vault, Box<dyn std::error::Error>> {
+    let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::SledStore::open(&cfg.store)?);
+    Ok(crate::vault::Vault::open(store, &cfg.vault_key_dir)?)
+}
+
+async fn accounts(action: AccountsAction) -> Res {
+    match action {
+        AccountsAction::List { config, person, issuer } => {
+            let cfg = Config::load(&config)?;
+            let person = match person {
+                Some(sub) => Some(crate::subject::Person {
+                    iss: person_issuer(&cfg, issuer)?,
+                    sub,
+                }),
+                None => None,
+            };
+            let path = match &person {
+                Some(p) => format!(
+                    "/accounts?{}",
+                    form_urlencoded::Serializer::new(String::new())
+                        .append_pair("person_iss", &p.iss)
+                        .append_pair("person_sub", &p.sub)
+                        .finish()
+                ),
+                None => "/accounts".to_string(),
+            };
+            let v = match admin_call(&cfg.admin_socket, "GET", &path, "").await {
+                Ok((200, body)) => serde_json::from_str::<serde_json::Value>(&body)?,
+                Ok((_, body)) => {
+                    println!("{body}");
+                    return Ok(ExitCode::from(1));
+                }
+                Err(_) => {
+                    let vault = open_vault(&cfg)?;
+                    let mut v = crate::admin::accounts_json(&vault, person.as_ref())?;
+                    v["running"] = false.into();
+                    v
+                }
+            };
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            let unreadable = v["unreadable"].as_array().is_some_and(|u| !u.is_empty());
+            Ok(if unreadable { ExitCode::from(5) } else { ExitCode::SUCCESS })
+        }
+        AccountsAction::Disconnect {
+            config,
+            person,
+            issuer,
+            service,
+            force,
+        } => {
+            let cfg = Config::load(&config)?;
+            let body = serde_json::json!({
+                "person_iss": person_issuer(&cfg, issuer)?,
+                "person_sub": person,
+                "service": service,
+                "force": force,
+            });
+            let report = match admin_call(&cfg.admin_socket, "POST", "/accounts/disconnect", &body.to_string()).await {
+                Ok((200, body)) => serde_json::from_str::<serde_json::Value>(&body)?,
+                Ok((_, body)) => {
+                    println!("{body}");
+                    return Ok(ExitCode::from(1));
+                }
+                Err(_) => {
+                    let vault = open_vault(&cfg)?;
+                    let providers = crate::upstream::Providers::from_config(&cfg)?;
+                    let p = crate::subject::Person {
+                        iss: body["person_iss"].as_str().unwrap_or_default().to_string(),
+                        sub: body["person_sub"].as_str().unwrap_or_default().to_string(),
+                    };
+                    let service = body["service"].as_str().unwrap_or_default();
+                    let r = crate::connect::disconnect_account(
+                        &vault,
+                        providers.get(service).map(|p| p.as_ref()),
+                        &p,
+                        service,
+                        force,
+                    )
+                    .await?;
+                    offline_event(&cfg, |e| {
+                        e.event = "account.disconnected";
+                        e.person_iss = Some(&p.iss);
+                        e.person_sub = Some(&p.sub);
+                        e.service = Some(service);
+                        e.outcome = Some(if r.deleted { "deleted" } else { "kept" });
+                        e.reason = Some(r.revocation);
+                    });
+                    let mut v = serde_json::to_value(r)?;
+                    v["running"] = false.into();
+                    v
+                }
+            };
+            println!("{report}");
+            eprintln!("{}", report["message"].as_str().unwrap_or_default());
+            Ok(if report["deleted"] == true { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
 enum KeysAction {
     /// Add a new signing key and make it active; the old one stays in the JWKS
     /// until its tokens have expired.
@@ -138,6 +305,17 @@ enum KeysAction {
         /// The config file.
         #[arg(long, short)]
         config: PathBuf,
+    },
+    /// Re-encrypt the vault under a new key. Resumable: an interrupted run
+    /// (or one stopped by --limit) continues where it stopped, and old keys
+    /// keep decrypting until it reports `done`.
+    RotateVault {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Re-wrap at most this many records in this run.
+        #[arg(long)]
+        limit: Option<usize>,
     },
 }
 
@@ -378,6 +556,45 @@ async fn run(cmd: Command) -> Res {
                 }
             }
         }
+        Command::Keys {
+            action: KeysAction::RotateVault { config, limit },
+        } => {
+            let cfg = Config::load(&config)?;
+            let body = limit.map(|l| l.to_string()).unwrap_or_default();
+            let report = match admin_call(&cfg.admin_socket, "POST", "/vault/rotate", &body).await {
+                Ok((code, body)) => {
+                    println!("{body}");
+                    if code != 200 {
+                        return Ok(ExitCode::from(1));
+                    }
+                    serde_json::from_str::<serde_json::Value>(&body)?
+                }
+                Err(_) => {
+                    // No instance runs: open the store directly.
+                    let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::SledStore::open(&cfg.store)?);
+                    let vault = crate::vault::Vault::open(store, &cfg.vault_key_dir)?;
+                    let report = vault.rotate(limit)?;
+                    offline_event(&cfg, |e| {
+                        e.event = "vault.rotated";
+                        e.outcome = Some(if report.done { "done" } else { "in_progress" });
+                    });
+                    let report = serde_json::to_value(report)?;
+                    println!("{report}");
+                    report
+                }
+            };
+            if report["done"] == true {
+                eprintln!(
+                    "vault rotation done; the key files of retired_keys in {} may now be removed",
+                    cfg.vault_key_dir.display()
+                );
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!("vault rotation not finished; run the command again to resume (old keys still decrypt)");
+                Ok(ExitCode::from(4))
+            }
+        }
+        Command::Accounts { action } => accounts(action).await,
         Command::Policy { command } => Ok(crate::policy::cli::run(command)),
         Command::Users {
             action:

@@ -71,6 +71,10 @@ pub struct Event<'a> {
     /// The browser's address on the public listener.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_addr: Option<String>,
+    /// For provider tokens: whether the token was narrowed to the tool's
+    /// scopes on refresh (`false`: the provider's broader token went out).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub narrowed: Option<bool>,
 }
 
 impl<'a> Event<'a> {
@@ -92,6 +96,7 @@ impl<'a> Event<'a> {
             jti_sha256: None,
             peer_uid: None,
             service: None,
+            narrowed: None,
             connect_id: None,
             opener_iss: None,
             opener_sub: None,

@@ -69,10 +69,32 @@ pub struct DeriveRequest {
 pub struct Issued {
     /// The token.
     pub access_token: SecretString,
-    /// Seconds until it expires.
-    pub expires_in: i64,
+    /// Seconds until it expires (for a provider token whose provider gave
+    /// no lifetime: `None`).
+    pub expires_in: Option<i64>,
     /// Granted scopes, space-separated.
     pub scope: String,
+    /// `DPoP` for minted tokens; the provider's `token_type` for provider
+    /// tokens.
+    pub token_type: std::borrow::Cow<'static, str>,
+    /// Whether the token is bound to the tool's DPoP key. Provider tokens
+    /// are bearer tokens: `false`.
+    pub sender_constrained: bool,
+}
+
+/// A refusal that carries a connect link (DESIGN section 4).
+#[derive(Debug)]
+pub struct LinkRefusal {
+    /// What the link is for; its `reason()` is the refusal's reason.
+    pub kind: crate::connect::LinkKind,
+    /// The URL the person opens (it holds the link code).
+    pub uri: SecretString,
+    /// The link id (also the MCP elicitation id).
+    pub id: String,
+    /// Seconds the link stays open.
+    pub expires_in: i64,
+    /// A sentence for the person, naming the agent and the service.
+    pub message: String,
 }
 
 /// Every way a derive can fail. `api::error_response` maps each to HTTP.
@@ -102,6 +124,18 @@ pub enum DeriveError {
     /// Something we depend on is unavailable (replay cache full, keys).
     #[error("temporarily unavailable: {0}")]
     Unavailable(&'static str),
+    /// The person must open a link first (connect, allow, reconnect).
+    #[error("{}", .0.kind.reason())]
+    LinkRequired(Box<LinkRefusal>),
+    /// A service's provider did not answer usably in time; nothing issued.
+    #[error("the provider of service {service} is unavailable")]
+    UpstreamUnavailable {
+        /// The service.
+        service: String,
+    },
+    /// The vault failed (a record that does not open, the store, keys).
+    #[error("vault: {0}")]
+    Vault(String),
     /// An internal failure (audit sink, signing).
     #[error("internal error")]
     Internal(String),
@@ -120,6 +154,9 @@ impl DeriveError {
             DeriveError::Denied(r) => r.as_str(),
             DeriveError::RateLimited { .. } => "rate_limited",
             DeriveError::Unavailable(_) => "temporarily_unavailable",
+            DeriveError::LinkRequired(l) => l.kind.reason(),
+            DeriveError::UpstreamUnavailable { .. } => "upstream_unavailable",
+            DeriveError::Vault(_) => "vault_error",
             DeriveError::Internal(_) => "internal_error",
         }
     }
@@ -197,6 +234,8 @@ pub struct Broker {
     pub clock: SharedClock,
     /// `issuer + "/v1/derive"` and `issuer + "/token"`, normalised for `htu`.
     htu: [String; 2],
+    /// Connected services: vault, links, providers (`service` resources).
+    connected: Option<Arc<Connected>>,
 }
 
 const FROZEN_KEY: &[u8] = b"frozen";
@@ -238,7 +277,19 @@ impl Broker {
             store,
             clock,
             htu,
+            connected: None,
         }
+    }
+
+    /// Adds connected services (the `service` source).
+    pub fn with_connected(mut self, c: Arc<Connected>) -> Broker {
+        self.connected = Some(c);
+        self
+    }
+
+    /// The connected services, if configured.
+    pub fn connected(&self) -> Option<&Arc<Connected>> {
+        self.connected.as_ref()
     }
 
     /// The `htu` a proof must carry for `endpoint`.
@@ -308,6 +359,7 @@ impl Broker {
                 let mut e = self.event(now, &req, &policy, &ctx, "derive.issued", "issued", None);
                 e.scope = Some(&issued.scope);
                 e.jti_sha256 = Some(crate::jose::sha256_hex(jti.as_bytes()));
+                e.narrowed = ctx.narrowed;
                 // Audit before release: no event, no token.
                 self.audit
                     .record(&e)
@@ -431,6 +483,9 @@ impl Broker {
                 DeriveError::Proof(e, nonce)
             })?;
 
+        if let policy::Source::Service { service, .. } = &grant.resource.source {
+            return self.derive_service(req, &subject, &grant, service, now, ctx).await;
+        }
         // Source: self. Lifetime = min(policy ttl, 300 s, subject's life).
         let exp = (now + grant.ttl.as_secs() as i64).min(subject.exp);
         if exp <= now {
@@ -452,8 +507,10 @@ impl Broker {
         Ok((
             Issued {
                 access_token: minted.token,
-                expires_in: exp - now,
+                expires_in: Some(exp - now),
                 scope: grant.scopes.join(" "),
+                token_type: std::borrow::Cow::Borrowed("DPoP"),
+                sender_constrained: true,
             },
             minted.jti,
         ))
@@ -463,4 +520,172 @@ impl Broker {
 #[derive(Debug, Default)]
 struct Ctx {
     person: Option<subject::Person>,
+    /// For provider tokens: whether the token was narrowed to the tool's
+    /// scopes (`Some(false)`: the provider's broader token was handed over).
+    narrowed: Option<bool>,
+}
+
+/// Connected services: what the `service` source needs.
+#[derive(Debug)]
+pub struct Connected {
+    /// Accounts and allowances.
+    pub vault: Arc<crate::vault::Vault>,
+    /// Connect links.
+    pub links: Arc<crate::connect::Links>,
+    /// Providers by service name.
+    pub providers: Arc<crate::upstream::Providers>,
+}
+
+fn covers(have: &[String], want: &[String]) -> bool {
+    want.iter().all(|w| have.contains(w))
+}
+
+fn vault_error(e: crate::vault::VaultError) -> DeriveError {
+    // An unreadable record is reported (log and the derive event's
+    // reason), never served; the text holds no secret.
+    tracing::error!(error = %e, "vault failure during a derive");
+    DeriveError::Vault(e.to_string())
+}
+
+impl Broker {
+    /// The `service` source (DESIGN section 4, step 6): the person's
+    /// connected account and their allowance for this agent; the stored
+    /// provider token, refreshed first when near expiry. Decides, in
+    /// order: no account -> `connect_required`; an account that must be
+    /// renewed (refresh refused, connected at another provider, fewer
+    /// scopes granted than needed) -> `reconnect_required`; no allowance
+    /// for this agent and these scopes -> `allow_required`. Kept apart from
+    /// the `self` hot path.
+    async fn derive_service(
+        &self,
+        _req: &DeriveRequest,
+        subject: &subject::Subject,
+        grant: &policy::Grant,
+        service: &str,
+        now: i64,
+        ctx: &mut Ctx,
+    ) -> Result<(Issued, String), DeriveError> {
+        let Some(conn) = self.connected.as_ref() else {
+            return Err(DeriveError::Unavailable("connected services are not configured on this instance"));
+        };
+        let Some(provider) = conn.providers.get(service) else {
+            // The loader and start-up check this; a reload could still
+            // name an unknown service. Fail closed.
+            return Err(DeriveError::Unavailable("the policy names a service that has no provider in the config"));
+        };
+        let person = &subject.person;
+        let agent = self.config.agent.as_str();
+        let policy_hash = self.policy.load().hash.clone();
+        let refuse = |kind| self.link_refusal(conn, provider, person, service, kind, &grant.scopes, &policy_hash, now);
+        let account = conn.vault.account(person, service).map_err(vault_error)?;
+        let kind = match &account {
+            None => Some(crate::connect::LinkKind::Connect),
+            Some(a)
+                if a.status == crate::vault::AccountStatus::ReconnectRequired
+                    || a.provider != provider.id()
+                    || !covers(&a.scopes, &grant.scopes) =>
+            {
+                Some(crate::connect::LinkKind::Reconnect)
+            }
+            Some(_) => match conn.vault.allowance(person, agent, service).map_err(vault_error)? {
+                Some(al) if covers(&al.scopes, &grant.scopes) => None,
+                _ => Some(crate::connect::LinkKind::Allow),
+            },
+        };
+        if let Some(kind) = kind {
+            return Err(refuse(kind));
+        }
+        let request = crate::vault::TokenRequest {
+            person,
+            service,
+            scopes: &grant.scopes,
+        };
+        let outcome = conn
+            .vault
+            .provider_token(provider, &request, self.clock.as_ref())
+            .await
+            .map_err(vault_error)?;
+        let t = match outcome {
+            crate::vault::TokenOutcome::Token(t) => t,
+            crate::vault::TokenOutcome::NoAccount => return Err(refuse(crate::connect::LinkKind::Connect)),
+            crate::vault::TokenOutcome::Reconnect => return Err(refuse(crate::connect::LinkKind::Reconnect)),
+            crate::vault::TokenOutcome::Unavailable(_) => {
+                return Err(DeriveError::UpstreamUnavailable {
+                    service: service.to_string(),
+                })
+            }
+        };
+        ctx.narrowed = Some(t.narrowed);
+        let now = self.clock.now();
+        let expires_in = t.expires_at.map(|e| e - now);
+        if expires_in.is_some_and(|s| s <= 0) {
+            // Never an expired token.
+            return Err(DeriveError::UpstreamUnavailable {
+                service: service.to_string(),
+            });
+        }
+        // Provider tokens have no jti: the event carries a hash of a hash
+        // of the token, enough to correlate, never the token.
+        let id = format!("provider:{}", crate::jose::sha256_hex(t.access_token.expose().as_bytes()));
+        Ok((
+            Issued {
+                access_token: t.access_token,
+                expires_in,
+                scope: grant.scopes.join(" "),
+                token_type: std::borrow::Cow::Owned(t.token_type),
+                sender_constrained: false,
+            },
+            id,
+        ))
+    }
+
+    /// Opens (or finds) the link and builds the refusal that carries it.
+    #[allow(clippy::too_many_arguments)]
+    fn link_refusal(
+        &self,
+        conn: &Connected,
+        provider: &crate::upstream::Provider,
+        person: &subject::Person,
+        service: &str,
+        kind: crate::connect::LinkKind,
+        scopes: &[String],
+        policy_hash: &str,
+        now: i64,
+    ) -> DeriveError {
+        let agent = self.config.agent.as_str();
+        let issued = match conn.links.open_link(
+            &crate::connect::LinkRequest {
+                person,
+                agent,
+                service,
+                kind,
+                scopes,
+                policy_hash,
+            },
+            now,
+        ) {
+            Ok(l) => l,
+            Err(e) => return DeriveError::Internal(format!("connect link: {e}")),
+        };
+        let name = provider.display_name();
+        let message = match kind {
+            crate::connect::LinkKind::Connect => format!(
+                "The agent \"{agent}\" wants to use your {name} account. Open the link to connect {name} and allow \"{agent}\" to use it, then ask the agent to try again."
+            ),
+            crate::connect::LinkKind::Allow => format!(
+                "The agent \"{agent}\" wants to use your connected {name} account ({}). Open the link to allow it, then ask the agent to try again.",
+                scopes.join(", ")
+            ),
+            crate::connect::LinkKind::Reconnect => format!(
+                "Your {name} connection must be renewed before the agent \"{agent}\" can use it. Open the link to connect {name} again, then ask the agent to try again."
+            ),
+        };
+        DeriveError::LinkRequired(Box::new(LinkRefusal {
+            kind,
+            uri: SecretString::new(conn.links.uri(&issued.code)),
+            id: issued.link.id.clone(),
+            expires_in: issued.link.expires - now,
+            message,
+        }))
+    }
 }

@@ -44,6 +44,15 @@ pub enum StartError {
     /// Sealing key.
     #[error("master key: {0}")]
     Seal(#[from] crate::seal::SealError),
+    /// The vault (keys, records).
+    #[error("vault: {0}")]
+    Vault(#[from] crate::vault::VaultError),
+    /// A provider (client secret file).
+    #[error(transparent)]
+    Upstream(#[from] crate::upstream::UpstreamError),
+    /// The policy names a service the config does not define.
+    #[error("the policy's service resources name {0:?}, which has no [providers.{0}] table in the config")]
+    UnknownService(String),
     /// Subject-token issuers.
     #[error(transparent)]
     Subject(#[from] crate::subject::SetupError),
@@ -81,6 +90,12 @@ pub struct Instance {
     pub broker: Arc<Broker>,
     /// The sealer for keys at rest.
     pub sealer: Arc<Sealer>,
+    /// Connected accounts and allowances.
+    pub vault: Arc<crate::vault::Vault>,
+    /// Connect-link records.
+    pub links: Arc<crate::connect::Links>,
+    /// Third-party providers.
+    pub providers: Arc<crate::upstream::Providers>,
     /// The public listener's bound address, once bound.
     pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
     /// The browser pages on the public listener.
@@ -97,6 +112,10 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
             config: config.agent,
         });
     }
+    let providers = Arc::new(crate::upstream::Providers::from_config(&config)?);
+    if let Some(missing) = policy.services().into_iter().find(|s| providers.get(s).is_none()) {
+        return Err(StartError::UnknownService(missing.to_string()));
+    }
     let master = crate::config::read_secret_file(&config.master_key_file).map_err(|source| {
         StartError::Secret {
             what: "keys.master_key_file",
@@ -106,6 +125,12 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
     let sealer = Arc::new(Sealer::new(&master, &[])?);
     let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::SledStore::open(&config.store)?);
     let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
+    let vault = Arc::new(crate::vault::Vault::open(store.clone(), &config.vault_key_dir)?);
+    let links = Arc::new(crate::connect::Links::new(
+        store.clone(),
+        &crate::connect::Links::derive_key(&master),
+        &config.issuer,
+    ));
     let minter = Arc::new(crate::mint::Minter::new(
         config.issuer.clone(),
         config.agent.clone(),
@@ -127,6 +152,11 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
     let proofs = crate::dpop::Validator::new(config.dpop.algs.clone(), config.dpop.replay_capacity, nonces);
     let audit = crate::events::Audit::open(&config.audit_log)
         .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?;
+    let connected = Arc::new(crate::exchange::Connected {
+        vault: vault.clone(),
+        links: links.clone(),
+        providers: providers.clone(),
+    });
     let broker = Arc::new(Broker::new(
         config,
         policy,
@@ -137,17 +167,42 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
         crate::metrics::Metrics::new(),
         store,
         clock,
-    ));
-    // No connected-services modules yet: no link resolves and no account
-    // is listed (`pages::links`).
+    )
+    .with_connected(connected));
+    // Providers found by discovery: learn their endpoints now (bounded),
+    // so the pages can build authorization URLs; a failure is retried by
+    // housekeeping and on the first refresh.
+    for name in providers.names() {
+        if let Some(p) = providers.get(name) {
+            if p.cached_endpoints().is_none() {
+                match tokio::time::timeout(p.config().timeout, p.endpoints()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!(provider = %name, error = %e, "provider discovery failed; will retry"),
+                    Err(_) => tracing::warn!(provider = %name, "provider discovery timed out; will retry"),
+                }
+            }
+        }
+    }
+    let backend = crate::connect::Backend::new(
+        vault.clone(),
+        links.clone(),
+        providers.clone(),
+        broker.clock.clone(),
+    );
     let pages = Arc::new(crate::pages::Pages::new(
         broker.clone(),
         sealer.clone(),
-        crate::pages::Options::default(),
+        crate::pages::Options {
+            services: backend.services(),
+            ..crate::pages::Options::default()
+        },
     ));
     Ok(Instance {
         broker,
         sealer,
+        vault,
+        links,
+        providers,
         public_addr: Arc::default(),
         pages,
     })
@@ -323,6 +378,7 @@ pub async fn run(
     };
     let house = {
         let b = broker.clone();
+        let links = instance.links.clone();
         let pages = instance.pages.clone();
         let mut rx = rx.clone();
         tokio::spawn(async move {
@@ -331,6 +387,22 @@ pub async fn run(
                 tokio::select! {
                     _ = tick.tick() => {
                         b.limits.housekeeping();
+                        if let Some(c) = b.connected() {
+                            c.vault.housekeeping();
+                            for name in c.providers.names() {
+                                if let Some(p) = c.providers.get(name).filter(|p| p.cached_endpoints().is_none()) {
+                                    let p = p.clone();
+                                    tokio::spawn(async move {
+                                        let _ = p.endpoints().await;
+                                    });
+                                }
+                            }
+                        }
+                        let (links, now) = (links.clone(), b.clock.now());
+                        // Sweeping expired connect links is store I/O.
+                        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || links.sweep(now)).await {
+                            tracing::warn!(error = %e, "sweeping expired connect links failed");
+                        }
                         pages.housekeeping();
                     }
                     _ = rx.changed() => break,

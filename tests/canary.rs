@@ -460,8 +460,10 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
     assert_redacted("client::Token", format!("{token:?}"));
     let issued = credbroker::exchange::Issued {
         access_token: SecretString::new(CLAIM.into()),
-        expires_in: 1,
+        expires_in: Some(1),
         scope: "s".into(),
+        token_type: "Bearer".into(),
+        sender_constrained: false,
     };
     assert_redacted("exchange::Issued", format!("{issued:?}"));
     let minted = credbroker::mint::Minted {

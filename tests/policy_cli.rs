@@ -259,40 +259,21 @@ fn check_agent_must_match() {
     );
 }
 
-/// The GitHub example needs the `service` source. Until the loader has it,
-/// the file must be refused only for that (its `service`/`delivery` keys or
-/// the source itself); once it has it, `check` must warn about
-/// `delivery = "provider_token"`.
+/// The GitHub example uses the `service` source: it loads, and `check` warns
+/// about `delivery = "provider_token"` (an error with `--deny-warnings`).
 #[test]
-fn check_github_example_needs_connected_services_and_then_warns_about_provider_tokens() {
+fn check_github_example_warns_about_provider_tokens() {
     let d = workdir();
     let (code, out) = policy(d.path(), &["check", "repo-helper-github.toml"]);
-    if code == 1 {
-        let errors: Vec<&str> = out.lines().filter(|l| l.contains(": error: ")).collect();
-        assert!(!errors.is_empty(), "{out}");
-        for e in errors {
-            let feature = e.ends_with(".service: unknown key")
-                || e.ends_with(".delivery: unknown key")
-                || e.contains("source \"service\" is not available yet");
-            assert!(
-                feature,
-                "the example fails for another reason than the pending feature: {e}"
-            );
-        }
-    } else {
-        assert!(
-            out.contains(credbroker::policy::lint::PROVIDER_TOKEN_WARNING),
-            "with connected services, provider_token must be warned about:\n{out}"
-        );
-        assert_eq!(
-            policy(
-                d.path(),
-                &["check", "--deny-warnings", "repo-helper-github.toml"]
-            )
-            .0,
-            2
-        );
-    }
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(credbroker::policy::lint::PROVIDER_TOKEN_WARNING),
+        "provider_token must be warned about:\n{out}"
+    );
+    assert_eq!(
+        policy(d.path(), &["check", "--deny-warnings", "repo-helper-github.toml"]).0,
+        2
+    );
 }
 
 // ------------------------------------------------------------------ test

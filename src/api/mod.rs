@@ -119,6 +119,46 @@ pub fn error_response(err: &DeriveError) -> Response<Body> {
             "temporarily_unavailable",
             what,
         ),
+        DeriveError::LinkRequired(l) => json_response(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({
+                "error": "invalid_grant",
+                "reason": l.kind.reason(),
+                "error_description": l.message,
+                "connect_uri": l.uri.expose(),
+                "connect_id": l.id,
+                "connect_expires_in": l.expires_in,
+                "connect_message": l.message,
+            }),
+        ),
+        DeriveError::UpstreamUnavailable { service } => {
+            let mut r = json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &serde_json::json!({
+                    "error": "temporarily_unavailable",
+                    "reason": "upstream_unavailable",
+                    "error_description": format!(
+                        "the provider of service {service} did not answer usably in time; nothing was issued; retry later"
+                    ),
+                }),
+            );
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            r
+        }
+        DeriveError::Vault(detail) => {
+            let mut id = [0u8; 8];
+            let _ = aws_lc_rs::rand::fill(&mut id);
+            let id = hex::encode(id);
+            tracing::error!(correlation_id = %id, error = %detail, "vault error in derive");
+            json_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &serde_json::json!({
+                    "error": "server_error",
+                    "reason": "vault_error",
+                    "error_description": format!("the stored account could not be used (correlation id {id})"),
+                }),
+            )
+        }
         DeriveError::Internal(detail) => {
             let mut id = [0u8; 8];
             let _ = aws_lc_rs::rand::fill(&mut id);
@@ -134,16 +174,21 @@ pub fn error_response(err: &DeriveError) -> Response<Body> {
 }
 
 fn issued_response(i: &Issued) -> Response<Body> {
-    json_response(
-        StatusCode::OK,
-        &serde_json::json!({
-            "access_token": i.access_token.expose(),
-            "issued_token_type": ACCESS_TOKEN_TYPE,
-            "token_type": "DPoP",
-            "expires_in": i.expires_in,
-            "scope": i.scope,
-        }),
-    )
+    let mut body = serde_json::json!({
+        "access_token": i.access_token.expose(),
+        "issued_token_type": ACCESS_TOKEN_TYPE,
+        "token_type": i.token_type,
+        "scope": i.scope,
+    });
+    if let Some(e) = i.expires_in {
+        body["expires_in"] = e.into();
+    }
+    if !i.sender_constrained {
+        // Say so: the tool gets a bearer token that is not bound to its
+        // DPoP key (DESIGN section 2, `delivery = "provider_token"`).
+        body["sender_constrained"] = false.into();
+    }
+    json_response(StatusCode::OK, &body)
 }
 
 #[derive(Deserialize)]

@@ -70,8 +70,13 @@ pub struct Token {
     pub token_type: String,
     /// RFC 8693 issued token type.
     pub issued_token_type: String,
-    /// Seconds.
+    /// Seconds (0 when a provider token's provider gave no lifetime).
+    #[serde(default)]
     pub expires_in: i64,
+    /// `false` for a provider's bearer token, which is not bound to the
+    /// tool's DPoP key; absent (`None`) for DPoP-bound tokens.
+    #[serde(default)]
+    pub sender_constrained: Option<bool>,
     /// Scopes.
     pub scope: String,
 }
@@ -97,7 +102,7 @@ pub struct Refusal {
     /// `DPoP-Nonce` to retry with, for `use_dpop_nonce`.
     #[serde(skip)]
     pub dpop_nonce: Option<String>,
-    /// `Retry-After`, for 429.
+    /// `Retry-After`, for 429 and 503.
     #[serde(skip)]
     pub retry_after: Option<u64>,
     /// The connect link a person must open (`invalid_grant` refusals).

@@ -154,6 +154,8 @@ pub struct ProviderGrant {
     pub scopes: Vec<String>,
     /// Access token.
     pub access_token: SecretString,
+    /// The provider's `token_type` (`bearer`, `Bearer`, ...).
+    pub token_type: String,
     /// Refresh token, if any.
     pub refresh_token: Option<SecretString>,
     /// Unix time the access token expires, if known.

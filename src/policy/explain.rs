@@ -114,6 +114,10 @@ pub fn describe_source(source: &Source) -> String {
         Source::SelfIssued => {
             "self (minted by credbroker: ES256, DPoP-bound to the tool's key)".into()
         }
+        Source::Service { service, delivery } => format!(
+            "service {service} (the person's connected account; delivery = {}: the provider's bearer token is handed to the tool, not narrowed to this resource nor bound to the tool's key)",
+            delivery.as_str()
+        ),
     }
 }
 

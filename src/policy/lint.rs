@@ -168,13 +168,14 @@ pub const PROVIDER_TOKEN_HINT: &str = "prefer delivery = \"proxy\" once the egre
 
 /// Warnings that come with a token source. Every source must be matched
 /// here, so a new one cannot be added without deciding what to warn about.
-// `warn` is unused until a source with risky options exists: the `service`
-// source's `delivery = "provider_token"` arm is
-// `warn(PROVIDER_TOKEN_WARNING.into(), PROVIDER_TOKEN_HINT)`.
-fn risky_source(resource: &Resource, _warn: &mut Warn<'_>) {
+fn risky_source(resource: &Resource, warn: &mut Warn<'_>) {
     match &resource.source {
         // Minted here: one audience, DPoP-bound, at most 300 s.
         Source::SelfIssued => {}
+        Source::Service {
+            delivery: crate::policy::Delivery::ProviderToken,
+            ..
+        } => warn(PROVIDER_TOKEN_WARNING.into(), PROVIDER_TOKEN_HINT),
     }
 }
 

@@ -69,6 +69,33 @@ impl DenyReason {
 pub enum Source {
     /// Minted by credbroker (ES256, DPoP-bound).
     SelfIssued,
+    /// The person's connected account at a third-party service (DESIGN
+    /// section 4, step 6): the provider's own token, handed over as the
+    /// policy's `delivery` says.
+    Service {
+        /// The provider's name in the config (`[providers.<name>]`).
+        service: String,
+        /// How the token reaches the tool.
+        delivery: Delivery,
+    },
+}
+
+/// How a `service` resource's token reaches the tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The provider's bearer token itself is handed to the tool: it cannot
+    /// be narrowed to one call or bound to the tool's key, so the policy
+    /// must say so explicitly (`delivery = "provider_token"`).
+    ProviderToken,
+}
+
+impl Delivery {
+    /// The value written in the policy.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delivery::ProviderToken => "provider_token",
+        }
+    }
 }
 
 /// A resource as the policy declares it.
@@ -231,6 +258,12 @@ struct RawResource {
     source: Spanned<String>,
     #[serde(default)]
     ttl: Option<Spanned<String>>,
+    /// For `source = "service"`: the provider's name in the config.
+    #[serde(default)]
+    service: Option<Spanned<String>>,
+    /// For `source = "service"`: how the token reaches the tool.
+    #[serde(default)]
+    delivery: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -372,7 +405,51 @@ pub fn parse_scope(s: &str) -> Result<Vec<String>, InvalidScope> {
     }
 }
 
+/// Validates the keys of a `source = "service"` resource: a provider name,
+/// and `delivery` written out (DESIGN section 2: handing the provider's
+/// bearer token to a tool is never a default).
+fn service_source(
+    r: &RawResource,
+) -> Result<Source, (std::ops::Range<usize>, &'static str, &'static str)> {
+    let service = match &r.service {
+        None => {
+            return Err((
+                r.source.span(),
+                "service",
+                "a service resource must name its provider: service = \"<name of a [providers.<name>] table in the config>\"",
+            ))
+        }
+        Some(s) if !valid_name(s.get_ref()) => {
+            return Err((s.span(), "service", "must be a provider name without spaces or control characters"))
+        }
+        Some(s) => s.get_ref().clone(),
+    };
+    let delivery = match &r.delivery {
+        None => {
+            return Err((
+                r.source.span(),
+                "delivery",
+                "a service resource must say how the token reaches the tool; the only choice today is delivery = \"provider_token\" (the provider's bearer token is handed to the tool, unbound and not narrowed to one call)",
+            ))
+        }
+        Some(d) if d.get_ref() == "provider_token" => Delivery::ProviderToken,
+        Some(d) => return Err((d.span(), "delivery", "must be \"provider_token\" (the egress proxy comes later)")),
+    };
+    Ok(Source::Service { service, delivery })
+}
+
 impl Policy {
+    /// The provider names that the policy's `service` resources use.
+    pub fn services(&self) -> BTreeSet<&str> {
+        self.resources
+            .values()
+            .filter_map(|r| match &r.source {
+                Source::Service { service, .. } => Some(service.as_str()),
+                Source::SelfIssued => None,
+            })
+            .collect()
+    }
+
     /// Reads and validates a policy file.
     pub fn load(path: &Path) -> Result<Policy, PolicyError> {
         let bytes = std::fs::read(path).map_err(|source| PolicyError::Read {
@@ -468,17 +545,32 @@ impl Policy {
             };
             declared.insert(canonical.clone());
             let source = match r.source.get_ref().as_str() {
-                "self" => Source::SelfIssued,
-                "service" => {
-                    bad(r.source.span(), format!("{key}.source"), "source \"service\" is not available yet (connected services come in a later release)");
-                    continue;
+                "self" => {
+                    let mut ok = true;
+                    for (field, v) in [("service", &r.service), ("delivery", &r.delivery)] {
+                        if let Some(v) = v {
+                            bad(v.span(), format!("{key}.{field}"), "only a resource with source = \"service\" takes this key");
+                            ok = false;
+                        }
+                    }
+                    if !ok {
+                        continue;
+                    }
+                    Source::SelfIssued
                 }
+                "service" => match service_source(r) {
+                    Ok(s) => s,
+                    Err((span, field, message)) => {
+                        bad(span, format!("{key}.{field}"), message);
+                        continue;
+                    }
+                },
                 "exchange" => {
                     bad(r.source.span(), format!("{key}.source"), "source \"exchange\" is not available yet");
                     continue;
                 }
                 _ => {
-                    bad(r.source.span(), format!("{key}.source"), "must be \"self\"");
+                    bad(r.source.span(), format!("{key}.source"), "must be \"self\" or \"service\"");
                     continue;
                 }
             };
@@ -661,3 +753,5 @@ impl Policy {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod service_tests;

@@ -7,7 +7,7 @@
 //!    grants more than the full one, e.g. a tool whose `ttl` line is not
 //!    written yet);
 //! 2. load and validate completely ([`Policy::parse`]);
-//! 3. be for this instance's agent.
+//! 3. be for this instance's agent, and name only configured services.
 //!
 //! Only then is it stored into `Broker.policy` in one atomic swap; a derive
 //! takes one snapshot (`load_full`) and decides everything with it. Anything
@@ -73,7 +73,8 @@ pub enum ReloadOutcome {
     Changing,
     /// Refused; the last good policy stays.
     Failed {
-        /// `unreadable`, `too_large`, `invalid` or `agent_mismatch`.
+        /// `unreadable`, `too_large`, `invalid`, `agent_mismatch` or
+        /// `unknown_service`.
         reason: &'static str,
         /// What was wrong (positions and keys, never values).
         detail: String,
@@ -131,6 +132,13 @@ impl Reloader {
                 policy.agent, self.broker.config.agent
             );
             return self.fail(trigger, ("agent_mismatch", detail));
+        }
+        // A `service` resource must name a configured provider (checked at
+        // start-up too); otherwise its derives could never work.
+        let known = |s: &str| self.broker.connected().is_some_and(|c| c.providers.get(s).is_some());
+        if let Some(missing) = policy.services().into_iter().find(|s| !known(s)) {
+            let detail = format!("the policy names service {missing:?}, which has no [providers.{missing}] table in the config");
+            return self.fail(trigger, ("unknown_service", detail));
         }
         self.apply(trigger, policy)
     }

@@ -283,8 +283,15 @@ fn unknown_keys_are_all_reported_with_positions() {
 }
 
 #[test]
-fn service_and_exchange_sources_are_rejected() {
-    for source in ["service", "exchange", "Self", "", "self "] {
+fn exchange_and_misspelt_sources_are_rejected() {
+    // `service` is accepted only with its own keys (see service_tests.rs);
+    // without `service = ...` it is refused at the same place, under the
+    // key that is missing.
+    let text = replace(BASE, "source = \"self\"\nttl", "source = \"service\"\nttl");
+    let p = problems(text.as_bytes());
+    let x = problem_for(&p, "resources.\"https://api.example/notes\".service");
+    assert_eq!(x.at, at(&text, "\"service\"\nttl"));
+    for source in ["exchange", "Self", "", "self "] {
         let text = replace(
             BASE,
             "source = \"self\"\nttl",

@@ -17,6 +17,14 @@ pub enum Tree {
     SigningKeys,
     /// Small broker state: the freeze flag and similar.
     State,
+    /// Connected accounts (tokens sealed), by person and service.
+    Accounts,
+    /// Allowances, by person, service and agent.
+    Allowances,
+    /// Connect-link records, by SHA-256 of the link code.
+    Links,
+    /// The open link per (person, agent, service): its link id.
+    LinkIndex,
     /// Browser sessions of the pages, keyed by SHA-256 of the session id
     /// (the id itself is never stored).
     Sessions,
@@ -33,6 +41,10 @@ impl Tree {
         match self {
             Tree::SigningKeys => "signing_keys",
             Tree::State => "state",
+            Tree::Accounts => "accounts",
+            Tree::Allowances => "allowances",
+            Tree::Links => "links",
+            Tree::LinkIndex => "link_index",
             Tree::Sessions => "sessions",
             Tree::LocalUsers => "local_users",
             Tree::PageFlows => "page_flows",
@@ -49,6 +61,37 @@ pub enum StoreError {
     /// The store is held by another process.
     #[error("the store at {0} is in use by another process (is an instance running? use the admin socket)")]
     Locked(String),
+}
+
+/// A record key made of length-prefixed parts (`u16` big-endian length, then
+/// the bytes), so that no choice of values can make two different tuples
+/// collide, and a prefix of parts is a prefix of the key (for scans).
+pub fn tuple_key(parts: &[&str]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(parts.iter().map(|p| p.len() + 2).sum());
+    for p in parts {
+        // Parts longer than the length field allows cannot reach here: they
+        // come from subject tokens and names, all capped far below 64 KiB
+        // before this point. Cutting (instead of panicking) keeps this total.
+        let b = &p.as_bytes()[..p.len().min(u16::MAX as usize)];
+        k.extend_from_slice(&(b.len() as u16).to_be_bytes());
+        k.extend_from_slice(b);
+    }
+    k
+}
+
+/// Splits a [`tuple_key`] back into its parts (`None` if malformed).
+pub fn split_tuple_key(mut key: &[u8]) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    while !key.is_empty() {
+        if key.len() < 2 {
+            return None;
+        }
+        let n = u16::from_be_bytes([key[0], key[1]]) as usize;
+        let part = key.get(2..2 + n)?;
+        out.push(String::from_utf8(part.to_vec()).ok()?);
+        key = &key[2 + n..];
+    }
+    Some(out)
 }
 
 /// A key and its value, as returned by scans.

@@ -5,6 +5,9 @@
 // helpers they call; here too a failure should panic loudly.
 #![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod oidc;
+pub mod services;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
@@ -47,6 +50,8 @@ pub struct TestBroker {
     /// Where the public listener is bound.
     pub public: String,
     pub log: PathBuf,
+    /// `RUST_LOG` of the child, kept across restarts.
+    pub log_level: String,
 }
 
 pub fn bin() -> PathBuf {
@@ -136,6 +141,7 @@ impl TestBroker {
             child,
             config,
             log,
+            log_level: log_level.unwrap_or("info").to_string(),
         };
         b.wait_ready();
         b
@@ -148,7 +154,7 @@ impl TestBroker {
         self.child = Command::new(bin())
             .args(["serve", "--config"])
             .arg(&self.config)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", &self.log_level)
             .stdout(Stdio::null())
             .stderr(logf)
             .spawn()

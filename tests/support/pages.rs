@@ -381,6 +381,7 @@ impl ProviderFlow for Fake {
                 display_name: name,
                 scopes: vec!["repo".into()],
                 access_token: SecretString::new("gho_canary_access".into()),
+                token_type: "bearer".into(),
                 refresh_token: Some(SecretString::new("ghr_canary_refresh".into())),
                 expires_at: None,
             })

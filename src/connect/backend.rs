@@ -1,0 +1,347 @@
+//! The connected-services side as the pages use it: the traits of
+//! [`crate::pages::links`] implemented on the real link store, vault and
+//! provider clients.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+
+use super::{Link, LinkKind, Links};
+use crate::pages::links::{
+    self as pl, AccountVault, AuthorizationRequest, BackendError, BoxFuture, Disconnected,
+    LinkRecords, ProviderFlow, ProviderGrant, ProviderInfo, Services,
+};
+use crate::secret::SecretString;
+use crate::subject::Person;
+use crate::upstream::{AccountInfo, Providers, TokenSet, UpstreamError};
+use crate::vault::{AccountStatus, Vault, VaultError};
+
+/// How long the scopes of an authorization request are remembered for its
+/// code exchange (providers may omit `scope` when they granted what was
+/// asked, RFC 6749 section 5.1).
+const ASKED_TTL: Duration = Duration::from_secs(15 * 60);
+/// At most this many remembered requests; the oldest are dropped first.
+const ASKED_MAX: usize = 10_000;
+
+/// The real connected-services side for the pages.
+#[derive(Debug)]
+pub struct Backend {
+    vault: Arc<Vault>,
+    links: Arc<Links>,
+    providers: Arc<Providers>,
+    /// PKCE challenge -> (scopes asked for, when).
+    asked: DashMap<String, (Vec<String>, Instant)>,
+    clock: crate::clock::SharedClock,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Unavailable(e.to_string())
+}
+
+fn vault_err(e: VaultError) -> BackendError {
+    match e {
+        VaultError::NoAccount => BackendError::NotFound,
+        e => unavailable(e),
+    }
+}
+
+fn upstream_err(e: UpstreamError) -> BackendError {
+    match e {
+        UpstreamError::Rejected { error } => BackendError::Refused(error),
+        e => unavailable(e),
+    }
+}
+
+fn page_link(l: Link) -> pl::Link {
+    pl::Link {
+        person: l.person(),
+        id: l.id,
+        agent: l.agent,
+        service: l.service,
+        kind: match l.kind {
+            LinkKind::Connect => pl::LinkKind::Connect,
+            LinkKind::Allow => pl::LinkKind::Allow,
+            LinkKind::Reconnect => pl::LinkKind::Reconnect,
+        },
+        scopes: l.scopes,
+        expires: l.expires,
+    }
+}
+
+impl Backend {
+    /// The backend over the instance's vault, links and providers.
+    pub fn new(
+        vault: Arc<Vault>,
+        links: Arc<Links>,
+        providers: Arc<Providers>,
+        clock: crate::clock::SharedClock,
+    ) -> Arc<Backend> {
+        Arc::new(Backend {
+            vault,
+            links,
+            providers,
+            asked: DashMap::new(),
+            clock,
+        })
+    }
+
+    /// The three trait objects the pages take.
+    pub fn services(self: &Arc<Self>) -> Services {
+        Services {
+            links: self.clone(),
+            vault: self.clone(),
+            providers: self.clone(),
+        }
+    }
+
+    fn remember(&self, challenge: &str, scopes: Vec<String>) {
+        let now = Instant::now();
+        self.asked
+            .retain(|_, (_, at)| now.duration_since(*at) < ASKED_TTL);
+        if self.asked.len() >= ASKED_MAX {
+            return;
+        }
+        self.asked.insert(challenge.to_string(), (scopes, now));
+    }
+
+    /// Checks that `account_id` is the person's account at `service`.
+    fn same_account(
+        &self,
+        person: &Person,
+        service: &str,
+        account_id: &str,
+    ) -> Result<(), BackendError> {
+        match self.vault.account(person, service).map_err(vault_err)? {
+            Some(a) if a.account_id == account_id => Ok(()),
+            _ => Err(BackendError::NotFound),
+        }
+    }
+}
+
+impl LinkRecords for Backend {
+    fn resolve(&self, code: &SecretString, now: i64) -> Result<Option<pl::Link>, BackendError> {
+        Ok(self
+            .links
+            .resolve(code.expose(), now)
+            .map_err(unavailable)?
+            .map(page_link))
+    }
+
+    fn get(&self, id: &str, now: i64) -> Result<Option<pl::Link>, BackendError> {
+        Ok(self.links.get(id, now).map_err(unavailable)?.map(page_link))
+    }
+
+    fn close(&self, id: &str, now: i64) -> Result<(), BackendError> {
+        let link = self
+            .links
+            .get(id, now)
+            .map_err(unavailable)?
+            .ok_or(BackendError::NotFound)?;
+        self.links.close(&link).map_err(unavailable)
+    }
+
+    fn decline(&self, id: &str, now: i64) -> Result<(), BackendError> {
+        // Declining closes the link: the agent gets a new one if it asks again.
+        self.close(id, now)
+    }
+}
+
+impl AccountVault for Backend {
+    fn accounts(&self, person: &Person) -> Result<Vec<pl::AccountView>, BackendError> {
+        let mut out = Vec::new();
+        for a in self.vault.accounts(Some(person)).map_err(vault_err)? {
+            let allowances = self
+                .vault
+                .allowances(person, &a.service)
+                .map_err(vault_err)?
+                .into_iter()
+                .map(|al| pl::AllowanceView {
+                    agent: al.agent,
+                    scopes: al.scopes,
+                })
+                .collect();
+            out.push(pl::AccountView {
+                display_name: a.account_name,
+                account_id: a.account_id,
+                status: match a.status {
+                    AccountStatus::Active => pl::AccountStatus::Active,
+                    AccountStatus::ReconnectRequired => pl::AccountStatus::NeedsReconnect,
+                },
+                service: a.service,
+                allowances,
+            });
+        }
+        Ok(out)
+    }
+
+    fn store_account(
+        &self,
+        person: &Person,
+        service: &str,
+        grant: ProviderGrant,
+        now: i64,
+    ) -> Result<String, BackendError> {
+        let provider = self.providers.get(service).ok_or(BackendError::NotFound)?;
+        let account = AccountInfo {
+            id: grant.account_id.clone(),
+            name: grant.display_name.clone(),
+        };
+        let scopes = grant.scopes.clone();
+        let tokens = TokenSet {
+            access_token: grant.access_token,
+            token_type: grant.token_type,
+            expires_in: grant.expires_at.map(|e| e - now),
+            refresh_token: grant.refresh_token,
+            scope: Some(scopes.clone()),
+        };
+        self.vault
+            .connect_account(
+                person,
+                service,
+                &provider.id(),
+                &account,
+                &tokens,
+                &scopes,
+                now,
+            )
+            .map_err(vault_err)?;
+        Ok(account.id)
+    }
+
+    fn allow(
+        &self,
+        person: &Person,
+        service: &str,
+        account_id: &str,
+        agent: &str,
+        scopes: &[String],
+        now: i64,
+    ) -> Result<(), BackendError> {
+        self.same_account(person, service, account_id)?;
+        self.vault
+            .allow(person, agent, service, scopes, now)
+            .map(|_| ())
+            .map_err(vault_err)
+    }
+
+    fn revoke_allowance(
+        &self,
+        person: &Person,
+        service: &str,
+        account_id: &str,
+        agent: &str,
+    ) -> Result<(), BackendError> {
+        self.same_account(person, service, account_id)?;
+        self.vault
+            .disallow(person, agent, service)
+            .map_err(vault_err)
+    }
+
+    fn disconnect<'a>(
+        &'a self,
+        person: &'a Person,
+        service: &'a str,
+        account_id: &'a str,
+    ) -> BoxFuture<'a, Result<Disconnected, BackendError>> {
+        Box::pin(async move {
+            self.same_account(person, service, account_id)?;
+            let provider = self.providers.get(service).map(|p| p.as_ref());
+            // The person asked for it to go: delete even if the provider
+            // could not be reached, and say it was only deleted here.
+            let r = super::disconnect_account(&self.vault, provider, person, service, true)
+                .await
+                .map_err(unavailable)?;
+            if !r.deleted {
+                return Err(BackendError::NotFound);
+            }
+            Ok(if r.revocation == "revoked" {
+                Disconnected::Revoked
+            } else {
+                Disconnected::DeletedOnly
+            })
+        })
+    }
+}
+
+impl ProviderFlow for Backend {
+    fn provider(&self, service: &str) -> Option<ProviderInfo> {
+        let p = self.providers.get(service)?;
+        let ep = p.cached_endpoints()?;
+        Some(ProviderInfo {
+            display_name: p.display_name().to_string(),
+            authorization_endpoint: url::Url::parse(&ep.authorization).ok()?,
+            issuer: p.config().issuer.clone(),
+            sends_iss: ep.sends_iss,
+        })
+    }
+
+    fn authorization_url(&self, req: &AuthorizationRequest<'_>) -> Result<url::Url, BackendError> {
+        let p = self
+            .providers
+            .get(req.service)
+            .ok_or(BackendError::NotFound)?;
+        if req.redirect_uri != p.config().redirect_uri {
+            tracing::error!(
+                service = %req.service,
+                "providers.{}.redirect_uri must be the pages' callback ({}) for the pages to finish the flow",
+                req.service,
+                req.redirect_uri
+            );
+            return Err(BackendError::Unavailable(
+                "the provider's redirect URI is not the pages' callback".into(),
+            ));
+        }
+        let url = p
+            .authorization_url(req.state.expose(), req.code_challenge, req.scopes, &[])
+            .map_err(upstream_err)?;
+        let asked: Vec<String> = url
+            .query_pairs()
+            .find(|(k, _)| k == "scope")
+            .map(|(_, v)| v.split(' ').map(str::to_owned).collect())
+            .unwrap_or_default();
+        self.remember(req.code_challenge, asked);
+        Ok(url)
+    }
+
+    fn exchange_code<'a>(
+        &'a self,
+        service: &'a str,
+        code: SecretString,
+        verifier: SecretString,
+        redirect_uri: &'a str,
+    ) -> BoxFuture<'a, Result<ProviderGrant, BackendError>> {
+        Box::pin(async move {
+            let p = self.providers.get(service).ok_or(BackendError::NotFound)?;
+            if redirect_uri != p.config().redirect_uri {
+                return Err(BackendError::Unavailable(
+                    "the provider's redirect URI is not the pages' callback".into(),
+                ));
+            }
+            let tokens = p
+                .exchange_code(code.expose(), verifier.expose())
+                .await
+                .map_err(upstream_err)?;
+            let who = p
+                .account_info(tokens.access_token.expose())
+                .await
+                .map_err(upstream_err)?;
+            let challenge = crate::upstream::pkce_challenge(verifier.expose());
+            let asked = self
+                .asked
+                .remove(&challenge)
+                .map(|(_, (s, _))| s)
+                .unwrap_or_default();
+            let now = self.clock.now();
+            Ok(ProviderGrant {
+                account_id: who.id,
+                display_name: who.name,
+                scopes: tokens.scope.clone().unwrap_or(asked),
+                token_type: tokens.token_type,
+                expires_at: tokens.expires_in.map(|s| now + s),
+                access_token: tokens.access_token,
+                refresh_token: tokens.refresh_token,
+            })
+        })
+    }
+}

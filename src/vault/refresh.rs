@@ -1,0 +1,237 @@
+//! A usable provider token for a connected account, refreshed first when it
+//! expires within [`REFRESH_MARGIN`] seconds.
+//!
+//! One refresh at a time per account: a per-account async mutex. Derives
+//! that find the token expiring queue on it; the first refreshes, and the
+//! others, once they hold the mutex, re-read the record and use the token
+//! it saved (the record's generation changed), so a refresh token is never
+//! sent twice. When the refresh they waited for failed for lack of the
+//! provider, they share that failure instead of trying again one by one.
+//!
+//! A rotated refresh token is saved (durably, by compare-and-swap) before
+//! any access token is returned; if it cannot be saved, nothing is returned.
+//! If the provider refuses the refresh (`invalid_grant`), the account is
+//! marked for reconnection, so later derives answer `reconnect_required`
+//! without calling the provider again (no retry loop).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use dashmap::DashMap;
+
+use super::{account_key, scope_key, AccessEntry, AccountStatus, Vault, VaultError};
+use crate::clock::Clock;
+use crate::secret::SecretString;
+use crate::subject::Person;
+use crate::upstream::Provider;
+
+/// Refresh when the token expires within this many seconds.
+pub const REFRESH_MARGIN: i64 = 60;
+
+/// A provider token ready to hand over.
+#[derive(Debug)]
+pub struct ServiceToken {
+    /// The provider's access token.
+    pub access_token: SecretString,
+    /// The provider's `token_type`.
+    pub token_type: String,
+    /// Unix time it expires, when known.
+    pub expires_at: Option<i64>,
+    /// Whether it was narrowed to the requested scopes on refresh.
+    pub narrowed: bool,
+    /// Whether this call refreshed it.
+    pub refreshed: bool,
+}
+
+/// The outcome of asking for a token.
+#[derive(Debug)]
+pub enum TokenOutcome {
+    /// A token.
+    Token(ServiceToken),
+    /// No account (it was deleted meanwhile).
+    NoAccount,
+    /// The account must be connected again.
+    Reconnect,
+    /// The provider could not be reached or answered unusably; nothing is
+    /// returned (never a stale token). The text holds no secret.
+    Unavailable(String),
+}
+
+/// What to get a token for.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenRequest<'a> {
+    /// The person.
+    pub person: &'a Person,
+    /// The service.
+    pub service: &'a str,
+    /// The scopes the tool needs (narrowed to where the provider allows).
+    pub scopes: &'a [String],
+}
+
+#[derive(Debug, Default)]
+pub(super) struct LockState {
+    /// When the last refresh failed for lack of the provider, and why.
+    last_failure: Option<(Instant, String)>,
+}
+
+/// The per-account refresh mutexes.
+#[derive(Debug, Default)]
+pub(super) struct Locks {
+    map: DashMap<Vec<u8>, Arc<tokio::sync::Mutex<LockState>>>,
+}
+
+impl Locks {
+    fn get(&self, key: &[u8]) -> Arc<tokio::sync::Mutex<LockState>> {
+        self.map.entry(key.to_vec()).or_default().clone()
+    }
+
+    /// Drops mutexes nobody holds or waits for.
+    pub(super) fn housekeeping(&self) {
+        self.map.retain(|_, m| Arc::strong_count(m) > 1);
+    }
+}
+
+fn fresh(e: &AccessEntry, now: i64) -> bool {
+    e.expires_at.is_none_or(|t| t > now + REFRESH_MARGIN)
+}
+
+fn token(e: &AccessEntry, narrowed: bool, refreshed: bool) -> ServiceToken {
+    ServiceToken {
+        access_token: SecretString::new(e.access_token.clone()),
+        token_type: e.token_type.clone(),
+        expires_at: e.expires_at,
+        narrowed,
+        refreshed,
+    }
+}
+
+impl Vault {
+    /// Drops refresh mutexes that are not in use (call periodically).
+    pub fn housekeeping(&self) {
+        self.refresh.housekeeping();
+    }
+
+    /// The provider token for the person's account at `r.service`,
+    /// refreshed first if needed. The caller has checked the account and
+    /// the allowance; this only deals with tokens.
+    pub async fn provider_token(
+        &self,
+        provider: &Provider,
+        r: &TokenRequest<'_>,
+        clock: &dyn Clock,
+    ) -> Result<TokenOutcome, VaultError> {
+        let key = account_key(r.person, r.service);
+        let now = clock.now();
+        let Some((_, rec)) = self.read(&key)? else {
+            return Ok(TokenOutcome::NoAccount);
+        };
+        if rec.status == AccountStatus::ReconnectRequired {
+            return Ok(TokenOutcome::Reconnect);
+        }
+        let narrow =
+            provider.config().narrow_on_refresh && scope_key(r.scopes) != scope_key(&rec.scopes);
+        let skey = if narrow {
+            scope_key(r.scopes)
+        } else {
+            String::new()
+        };
+        {
+            let tokens = self.open_tokens(&key, &rec)?;
+            if let Some(e) = tokens.entry(&skey).filter(|e| fresh(e, now)) {
+                return Ok(TokenOutcome::Token(token(e, narrow, false)));
+            }
+        }
+        let seen_generation = rec.generation;
+
+        // Slow path: one refresh at a time for this account.
+        let lock = self.refresh.get(&key);
+        let waiting_since = Instant::now();
+        let Ok(mut guard) = tokio::time::timeout(provider.config().timeout, lock.lock()).await
+        else {
+            return Ok(TokenOutcome::Unavailable(
+                "waited too long for another refresh of this account".into(),
+            ));
+        };
+        let now = clock.now();
+        let Some((raw, rec)) = self.read(&key)? else {
+            return Ok(TokenOutcome::NoAccount);
+        };
+        if rec.status == AccountStatus::ReconnectRequired {
+            return Ok(TokenOutcome::Reconnect);
+        }
+        let mut tokens = self.open_tokens(&key, &rec)?;
+        if let Some(e) = tokens.entry(&skey) {
+            let refreshed_meanwhile =
+                rec.generation != seen_generation && e.expires_at.is_none_or(|t| t > now);
+            if fresh(e, now) || refreshed_meanwhile {
+                return Ok(TokenOutcome::Token(token(e, narrow, false)));
+            }
+        }
+        if let Some((at, why)) = &guard.last_failure {
+            if *at >= waiting_since {
+                return Ok(TokenOutcome::Unavailable(why.clone()));
+            }
+        }
+        let Some(refresh_token) = tokens.refresh_token.clone().map(SecretString::new) else {
+            // Expired (or about to) and nothing to refresh with.
+            self.mark_reconnect(r.person, r.service, now)?;
+            return Ok(TokenOutcome::Reconnect);
+        };
+        let answer = provider
+            .refresh(refresh_token.expose(), narrow.then_some(r.scopes))
+            .await;
+        let set = match answer {
+            Ok(set) => set,
+            Err(e) if e.is_invalid_grant() => {
+                guard.last_failure = None;
+                tracing::warn!(service = %r.service, "the provider refused the refresh token; the account needs reconnecting");
+                self.mark_reconnect(r.person, r.service, clock.now())?;
+                return Ok(TokenOutcome::Reconnect);
+            }
+            Err(e) => {
+                let why = e.to_string();
+                tracing::warn!(service = %r.service, error = %why, "refresh failed");
+                guard.last_failure = Some((Instant::now(), why.clone()));
+                return Ok(TokenOutcome::Unavailable(why));
+            }
+        };
+        let now = clock.now();
+        if set.expires_in.is_some_and(|s| s <= 0) {
+            return Ok(TokenOutcome::Unavailable(
+                "the provider issued an already expired token".into(),
+            ));
+        }
+        // Save before release: the rotated refresh token is durable before
+        // any access token leaves this function.
+        let (mut raw, mut rec) = (raw, rec);
+        loop {
+            tokens.absorb(&skey, &set, now);
+            let mut next = rec.clone();
+            next.sealed = self.seal(&key, &tokens)?;
+            next.generation = rec.generation + 1;
+            next.updated = now;
+            if self.swap(&key, Some(&raw), &next)? {
+                break;
+            }
+            // Changed under us (a re-wrap by a rotation): merge into the
+            // current record if it is still the same account.
+            let Some((raw2, rec2)) = self.read(&key)? else {
+                return Ok(TokenOutcome::NoAccount);
+            };
+            if rec2.account_id != rec.account_id || rec2.status != AccountStatus::Active {
+                return Ok(TokenOutcome::Unavailable(
+                    "the account changed during the refresh".into(),
+                ));
+            }
+            tokens = self.open_tokens(&key, &rec2)?;
+            (raw, rec) = (raw2, rec2);
+        }
+        guard.last_failure = None;
+        match tokens.entry(&skey) {
+            Some(e) => Ok(TokenOutcome::Token(token(e, narrow, true))),
+            None => Ok(TokenOutcome::Unavailable(
+                "the refreshed token was not stored".into(),
+            )),
+        }
+    }
+}

@@ -1,0 +1,475 @@
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::*;
+use crate::store::SledStore;
+
+fn person(sub: &str) -> Person {
+    Person {
+        iss: "https://idp.example".into(),
+        sub: sub.into(),
+    }
+}
+
+fn tokens(access: &str, refresh: Option<&str>, expires_in: Option<i64>) -> TokenSet {
+    TokenSet {
+        access_token: SecretString::new(access.into()),
+        token_type: "Bearer".into(),
+        expires_in,
+        refresh_token: refresh.map(|r| SecretString::new(r.into())),
+        scope: Some(vec!["repo".into()]),
+    }
+}
+
+fn info(id: &str) -> AccountInfo {
+    AccountInfo {
+        id: id.into(),
+        name: format!("{id}-name"),
+    }
+}
+
+struct Env {
+    dir: tempfile::TempDir,
+    store: Arc<dyn Store>,
+}
+
+impl Env {
+    fn new() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join("data")).unwrap());
+        Env { dir, store }
+    }
+    fn key_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("keys/vault")
+    }
+    fn vault(&self) -> Vault {
+        Vault::open(self.store.clone(), &self.key_dir()).unwrap()
+    }
+}
+
+fn connect(v: &Vault, sub: &str, access: &str) {
+    v.connect_account(
+        &person(sub),
+        "github",
+        "https://gh",
+        &info(sub),
+        &tokens(access, Some("rt"), Some(3600)),
+        &[],
+        1000,
+    )
+    .unwrap();
+}
+
+#[test]
+fn accounts_and_allowances_round_trip() {
+    let e = Env::new();
+    let v = e.vault();
+    connect(&v, "alice", "at-alice");
+    connect(&v, "bob", "at-bob");
+    let a = v.account(&person("alice"), "github").unwrap().unwrap();
+    assert_eq!(a.account_name, "alice-name");
+    assert_eq!(a.scopes, ["repo"]);
+    assert_eq!(a.status, AccountStatus::Active);
+    assert_eq!(v.accounts(None).unwrap().len(), 2);
+    assert_eq!(v.accounts(Some(&person("alice"))).unwrap().len(), 1);
+
+    v.allow(
+        &person("alice"),
+        "repo-helper",
+        "github",
+        &["repo".into()],
+        1000,
+    )
+    .unwrap();
+    let w = v
+        .allow(
+            &person("alice"),
+            "repo-helper",
+            "github",
+            &["read:org".into()],
+            1001,
+        )
+        .unwrap();
+    assert_eq!(
+        w.scopes,
+        ["read:org", "repo"],
+        "allowing more keeps what was allowed"
+    );
+    assert!(v
+        .allowance(&person("bob"), "repo-helper", "github")
+        .unwrap()
+        .is_none());
+
+    let revoke = v.tokens_to_revoke(&person("alice"), "github").unwrap();
+    assert_eq!(revoke.len(), 2);
+    assert!(v.delete_account(&person("alice"), "github").unwrap());
+    assert!(v.account(&person("alice"), "github").unwrap().is_none());
+    assert!(v
+        .allowance(&person("alice"), "repo-helper", "github")
+        .unwrap()
+        .is_none());
+    assert!(v.account(&person("bob"), "github").unwrap().is_some());
+}
+
+#[test]
+fn ciphertext_copied_into_another_record_is_refused_and_reported() {
+    let e = Env::new();
+    let v = e.vault();
+    connect(&v, "alice", "at-alice");
+    connect(&v, "mallory", "at-mallory");
+    // Copy alice's sealed tokens into mallory's record, as someone with
+    // write access to the store file might.
+    let ka = account_key(&person("alice"), "github");
+    let km = account_key(&person("mallory"), "github");
+    let ra: AccountRecord =
+        serde_json::from_slice(&e.store.get(Tree::Accounts, &ka).unwrap().unwrap()).unwrap();
+    let mut rm: AccountRecord =
+        serde_json::from_slice(&e.store.get(Tree::Accounts, &km).unwrap().unwrap()).unwrap();
+    rm.sealed = ra.sealed.clone();
+    e.store
+        .put(Tree::Accounts, &km, &serde_json::to_vec(&rm).unwrap())
+        .unwrap();
+
+    let err = v
+        .tokens_to_revoke(&person("mallory"), "github")
+        .unwrap_err();
+    assert!(matches!(err, VaultError::Unreadable { .. }), "{err:?}");
+    assert!(err.to_string().contains("copied from another record"));
+    let bad = v.verify_all().unwrap();
+    assert_eq!(bad.len(), 1);
+    assert_eq!(bad[0].1, "mallory");
+    // Positive control: alice's own record still opens.
+    assert_eq!(
+        v.tokens_to_revoke(&person("alice"), "github")
+            .unwrap()
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn flipped_bit_in_sealed_tokens_is_refused() {
+    let e = Env::new();
+    let v = e.vault();
+    connect(&v, "alice", "at-alice");
+    let k = account_key(&person("alice"), "github");
+    let raw = e.store.get(Tree::Accounts, &k).unwrap().unwrap();
+    let mut rec: AccountRecord = serde_json::from_slice(&raw).unwrap();
+    let mut bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(&rec.sealed)
+        .unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    rec.sealed = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&bytes);
+    e.store
+        .put(Tree::Accounts, &k, &serde_json::to_vec(&rec).unwrap())
+        .unwrap();
+    assert!(matches!(
+        v.tokens_to_revoke(&person("alice"), "github"),
+        Err(VaultError::Unreadable { .. })
+    ));
+    // Positive control: putting the original back makes it open again.
+    e.store.put(Tree::Accounts, &k, &raw).unwrap();
+    assert!(v.tokens_to_revoke(&person("alice"), "github").is_ok());
+}
+
+#[test]
+fn key_files_are_0600_in_a_0700_directory() {
+    let e = Env::new();
+    let v = e.vault();
+    connect(&v, "alice", "at");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&e.key_dir()), 0o700);
+    let files: Vec<_> = std::fs::read_dir(e.key_dir())
+        .unwrap()
+        .map(|f| f.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1);
+    assert_eq!(mode(&files[0]), 0o600);
+    // A key file readable by others is refused at open.
+    std::fs::set_permissions(&files[0], std::fs::Permissions::from_mode(0o644)).unwrap();
+    drop(v);
+    let err = Vault::open(e.store.clone(), &e.key_dir()).unwrap_err();
+    assert!(err.to_string().contains("0600"), "{err}");
+    std::fs::set_permissions(&files[0], std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert!(e
+        .vault()
+        .tokens_to_revoke(&person("alice"), "github")
+        .is_ok());
+}
+
+#[test]
+fn rotation_interrupted_half_way_resumes_and_old_keys_open_until_done() {
+    let e = Env::new();
+    let v = e.vault();
+    for s in ["a", "b", "c", "d"] {
+        connect(&v, s, &format!("at-{s}"));
+    }
+    let old = v.keys().current();
+    // First run stops after two records (an interruption at a record
+    // boundary: each re-wrap is one compare-and-swap).
+    let r = v.rotate(Some(2)).unwrap();
+    assert!(!r.done);
+    assert_eq!((r.rewrapped, r.remaining), (2, 2));
+    let new = r.current_key.clone();
+    assert_ne!(new, old);
+    drop(v);
+
+    // "Restart": both keys load; records under either key open.
+    let v = e.vault();
+    assert_eq!(
+        v.keys().current(),
+        new,
+        "the new key stays current after a restart"
+    );
+    let mut under = std::collections::BTreeMap::new();
+    for a in v.accounts(None).unwrap() {
+        *under.entry(a.key_id.clone().unwrap()).or_insert(0) += 1;
+        assert!(v.tokens_to_revoke(&person(&a.person_sub), "github").is_ok());
+    }
+    assert_eq!(under.get(&old), Some(&2));
+    assert_eq!(under.get(&new), Some(&2));
+    // New writes during the rotation use the new key.
+    connect(&v, "e", "at-e");
+    assert_eq!(
+        v.account(&person("e"), "github")
+            .unwrap()
+            .unwrap()
+            .key_id
+            .as_deref(),
+        Some(new.as_str())
+    );
+
+    // Resume: no new key is made; the rest is re-wrapped.
+    let r = v.rotate(None).unwrap();
+    assert!(r.done, "{r:?}");
+    assert_eq!(r.current_key, new);
+    assert_eq!(r.rewrapped, 2);
+    assert_eq!(r.retired_keys, vec![old.clone()]);
+    assert!(v
+        .accounts(None)
+        .unwrap()
+        .iter()
+        .all(|a| a.key_id.as_deref() == Some(new.as_str())));
+    assert!(!v.keys().state(e.store.as_ref()).unwrap().unwrap().rotating);
+
+    // The retired key can now go: everything still opens.
+    std::fs::remove_file(e.key_dir().join(format!("{old}.key"))).unwrap();
+    drop(v);
+    let v = e.vault();
+    for s in ["a", "b", "c", "d", "e"] {
+        assert!(v.tokens_to_revoke(&person(s), "github").is_ok());
+    }
+}
+
+#[test]
+fn old_key_deleted_too_early_gives_an_explicit_error() {
+    let e = Env::new();
+    let v = e.vault();
+    connect(&v, "a", "at-a");
+    connect(&v, "b", "at-b");
+    let old = v.keys().current();
+    v.rotate(Some(1)).unwrap();
+    drop(v);
+    std::fs::remove_file(e.key_dir().join(format!("{old}.key"))).unwrap();
+    let v = e.vault();
+    let bad = v.verify_all().unwrap();
+    assert_eq!(bad.len(), 1);
+    assert!(
+        bad[0].3.contains(&old),
+        "the error names the missing key: {}",
+        bad[0].3
+    );
+    // The rotation cannot finish while a record is unreadable, and says so.
+    let r = v.rotate(None).unwrap();
+    assert!(!r.done);
+    assert_eq!(r.unreadable.len(), 1);
+    // Positive control: the record re-wrapped before the deletion opens.
+    assert_eq!(v.accounts(None).unwrap().len(), 2);
+    let ok = ["a", "b"]
+        .iter()
+        .filter(|s| v.tokens_to_revoke(&person(s), "github").is_ok())
+        .count();
+    assert_eq!(ok, 1);
+}
+
+#[test]
+fn a_vault_with_records_and_no_keys_does_not_start_fresh() {
+    let e = Env::new();
+    let v = e.vault();
+    connect(&v, "a", "at-a");
+    drop(v);
+    let current = std::fs::read_dir(e.key_dir())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let saved = std::fs::read(&current).unwrap();
+    std::fs::remove_file(&current).unwrap();
+    let err = Vault::open(e.store.clone(), &e.key_dir()).unwrap_err();
+    assert!(matches!(err, VaultError::KeyMissing(_)), "{err:?}");
+    // Positive control: with the key restored, it opens.
+    crate::config::write_secret_file(&current, &saved).unwrap();
+    assert!(e.vault().tokens_to_revoke(&person("a"), "github").is_ok());
+}
+
+#[test]
+fn per_key_encryption_cap_refuses_then_rotation_resets_it() {
+    let e = Env::new();
+    let v = Vault::open_with_cap(e.store.clone(), &e.key_dir(), 3).unwrap();
+    connect(&v, "a", "1");
+    connect(&v, "b", "2");
+    connect(&v, "c", "3");
+    let err = v
+        .connect_account(
+            &person("d"),
+            "github",
+            "p",
+            &info("d"),
+            &tokens("4", None, None),
+            &[],
+            1,
+        )
+        .unwrap_err();
+    assert!(matches!(err, VaultError::KeyExhausted(_)), "{err:?}");
+    // The rotation re-wraps the three under a fresh key (three seals of
+    // the new key's three), then new records need another rotation.
+    let r = v.rotate(None).unwrap();
+    assert!(r.done);
+    assert!(v
+        .connect_account(
+            &person("d"),
+            "github",
+            "p",
+            &info("d"),
+            &tokens("4", None, None),
+            &[],
+            1
+        )
+        .is_err());
+    drop(v);
+    let v = Vault::open_with_cap(e.store.clone(), &e.key_dir(), 10).unwrap();
+    v.connect_account(
+        &person("d"),
+        "github",
+        "p",
+        &info("d"),
+        &tokens("4", None, None),
+        &[],
+        1,
+    )
+    .unwrap();
+}
+
+/// A store whose writes can be made to fail, as on a full disk or a
+/// read-only file system.
+#[derive(Debug)]
+struct FailingStore {
+    inner: Arc<dyn Store>,
+    fail: AtomicBool,
+}
+
+impl Store for FailingStore {
+    fn get(&self, t: Tree, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(t, k)
+    }
+    fn put(&self, t: Tree, k: &[u8], v: &[u8]) -> Result<(), StoreError> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend(
+                "No space left on device (os error 28)".into(),
+            ));
+        }
+        self.inner.put(t, k, v)
+    }
+    fn delete(&self, t: Tree, k: &[u8]) -> Result<(), StoreError> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend(
+                "Read-only file system (os error 30)".into(),
+            ));
+        }
+        self.inner.delete(t, k)
+    }
+    fn scan_prefix(&self, t: Tree, p: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+        self.inner.scan_prefix(t, p)
+    }
+    fn compare_and_swap(
+        &self,
+        t: Tree,
+        k: &[u8],
+        e: Option<&[u8]>,
+        n: Option<&[u8]>,
+    ) -> Result<bool, StoreError> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend(
+                "No space left on device (os error 28)".into(),
+            ));
+        }
+        self.inner.compare_and_swap(t, k, e, n)
+    }
+    fn is_healthy(&self) -> bool {
+        !self.fail.load(Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn full_disk_fails_writes_cleanly_and_keeps_existing_records() {
+    let e = Env::new();
+    let fs = Arc::new(FailingStore {
+        inner: e.store.clone(),
+        fail: AtomicBool::new(false),
+    });
+    let v = Vault::open(fs.clone(), &e.key_dir()).unwrap();
+    connect(&v, "a", "at-a");
+    fs.fail.store(true, Ordering::SeqCst);
+    let err = v
+        .connect_account(
+            &person("a"),
+            "github",
+            "p",
+            &info("a"),
+            &tokens("at-new", Some("rt2"), None),
+            &[],
+            2,
+        )
+        .unwrap_err();
+    assert!(matches!(err, VaultError::Store(_)), "{err:?}");
+    assert!(v.rotate(None).is_err());
+    // The old record is intact and opens; no file other than the store's
+    // and the key's was left behind (no plaintext temp files).
+    fs.fail.store(false, Ordering::SeqCst);
+    let t = v.tokens_to_revoke(&person("a"), "github").unwrap();
+    assert!(t.iter().any(|(s, _)| s.expose() == "at-a"));
+    let mut stray = Vec::new();
+    for entry in walk(e.dir.path()) {
+        let name = entry.to_string_lossy().to_string();
+        if !(name.contains("/data/") || name.contains("/keys/vault/")) {
+            stray.push(name);
+        }
+    }
+    assert!(stray.is_empty(), "unexpected files: {stray:?}");
+}
+
+fn walk(p: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(p).unwrap().flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
+#[test]
+fn tuple_keys_do_not_collide() {
+    // ("a\0b", "c") and ("a", "b\0c") would collide under a separator.
+    assert_ne!(tuple_key(&["a\0b", "c"]), tuple_key(&["a", "b\0c"]));
+    assert_eq!(
+        split_tuple_key(&tuple_key(&["x", "", "z"])).unwrap(),
+        ["x", "", "z"]
+    );
+    assert!(split_tuple_key(&[0, 5, b'a']).is_none());
+}

@@ -1,0 +1,209 @@
+//! A real third-party OAuth provider for tests: panva's `oidc-provider`
+//! (tests/peers/oauth-service.mjs) on a loopback port. Needs `npm install`
+//! in tests/peers once (CI does it).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+pub const CLIENT_ID: &str = "credbroker-test";
+
+/// A running provider.
+pub struct OidcPeer {
+    child: Child,
+    pub issuer: String,
+    pub client_secret: String,
+    pub redirect_uri: String,
+    http: reqwest::Client,
+}
+
+fn peers_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
+}
+
+impl OidcPeer {
+    /// Starts the provider with one confidential client.
+    pub fn start(client_secret: &str, redirect_uri: &str) -> OidcPeer {
+        let dir = peers_dir();
+        assert!(
+            dir.join("node_modules/oidc-provider").is_dir(),
+            "tests/peers/node_modules is missing: run `npm ci` (or `npm install`) in tests/peers"
+        );
+        let mut child = Command::new("node")
+            .arg(dir.join("oauth-service.mjs"))
+            .args([
+                "--client-id",
+                CLIENT_ID,
+                "--client-secret",
+                client_secret,
+                "--redirect-uri",
+                redirect_uri,
+            ])
+            .current_dir(&dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("node must be installed to run the provider peer");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .unwrap_or_else(|_| panic!("provider peer did not start: {line:?}"));
+        OidcPeer {
+            child,
+            issuer: v["issuer"].as_str().unwrap().to_string(),
+            client_secret: client_secret.to_string(),
+            redirect_uri: redirect_uri.to_string(),
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
+        }
+    }
+
+    async fn control(&self, path: &str) -> serde_json::Value {
+        self.http
+            .get(format!("{}{path}", self.issuer))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Lifetime of access tokens issued from now on.
+    pub async fn set_access_ttl(&self, secs: i64) {
+        self.control(&format!("/test/ttl?seconds={secs}")).await;
+    }
+
+    /// Token endpoint behaviour: ok, hang, 500, badjson.
+    pub async fn set_token_mode(&self, mode: &str) {
+        self.control(&format!("/test/mode?token={mode}")).await;
+    }
+
+    /// Counters: authorization_code, refresh_token (successful grants),
+    /// revocations, token_requests.
+    pub async fn stats(&self) -> serde_json::Value {
+        self.control("/test/stats").await
+    }
+
+    pub async fn refreshes(&self) -> u64 {
+        self.stats().await["refresh_token"].as_u64().unwrap()
+    }
+
+    /// Every access and refresh token value issued so far.
+    pub async fn issued_tokens(&self) -> Vec<String> {
+        let v = self.control("/test/issued").await;
+        let mut out = Vec::new();
+        for k in ["access_tokens", "refresh_tokens"] {
+            out.extend(
+                v[k].as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t.as_str().unwrap().to_string()),
+            );
+        }
+        out
+    }
+
+    /// Revokes every grant of `account` at the provider (as a person would
+    /// on the provider's settings page).
+    pub async fn revoke_account(&self, account: &str) {
+        self.control(&format!("/test/revoke-account?account={account}"))
+            .await;
+    }
+
+    /// Refresh tokens of `account` that still work.
+    pub async fn live_refresh_tokens(&self, account: &str) -> u64 {
+        self.control(&format!("/test/live?account={account}")).await["live_refresh_tokens"]
+            .as_u64()
+            .unwrap()
+    }
+
+    /// Whether `token` is a refresh token the provider would still accept.
+    pub async fn refresh_token_live(&self, token: &str) -> bool {
+        let url = format!("{}/test/refresh-token-live?token={}", self.issuer, token);
+        let v: serde_json::Value = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["live"].as_bool().unwrap()
+    }
+
+    /// Plays the browser: opens `auth_url` signed in as `account`, lets the
+    /// provider's interaction grant what is asked, and returns the query of
+    /// the final redirect to the redirect URI (code, state, iss).
+    pub async fn authorize(&self, auth_url: &str, account: &str) -> BTreeMap<String, String> {
+        let mut url = url::Url::parse(auth_url).unwrap();
+        url.query_pairs_mut().append_pair("login_hint", account);
+        let mut jar: BTreeMap<String, String> = BTreeMap::new();
+        for _ in 0..10 {
+            let cookie = jar
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            let resp = self
+                .http
+                .get(url.as_str())
+                .header("cookie", cookie)
+                .send()
+                .await
+                .unwrap();
+            for sc in resp.headers().get_all("set-cookie") {
+                let first = sc.to_str().unwrap().split(';').next().unwrap();
+                if let Some((k, v)) = first.split_once('=') {
+                    if v.is_empty() {
+                        jar.remove(k);
+                    } else {
+                        jar.insert(k.to_string(), v.to_string());
+                    }
+                }
+            }
+            let loc = resp
+                .headers()
+                .get("location")
+                .unwrap_or_else(|| panic!("provider answered {} without a redirect", resp.status()))
+                .to_str()
+                .unwrap()
+                .to_string();
+            let next = url.join(&loc).unwrap();
+            if next.as_str().starts_with(&self.redirect_uri) {
+                return next
+                    .query_pairs()
+                    .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                    .collect();
+            }
+            url = next;
+        }
+        panic!("the provider never redirected back");
+    }
+
+    /// Stops the provider (its port then refuses connections).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for OidcPeer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Writes a 0600 secret file (replacing one of the same name).
+pub fn secret_file(dir: &Path, name: &str, content: &str) -> PathBuf {
+    let p = dir.join(name);
+    let _ = std::fs::remove_file(&p);
+    credbroker::config::write_secret_file(&p, content.as_bytes()).unwrap();
+    p
+}
