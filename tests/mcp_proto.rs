@@ -222,6 +222,10 @@ async fn refusal_schema_accepts_real_refusals_and_rejects_malformed_ones() {
     long_lived["connect_expires_in"] = json!(86400);
     let mut fragment = example.clone();
     fragment["connect_uri"] = json!("https://broker.example.com/connect/abc#x");
+    // The quick start's plain HTTP on loopback is fine.
+    let mut loopback = example.clone();
+    loopback["connect_uri"] =
+        json!("http://127.0.0.1:8080/connect/Y1jBQmQ4Mu4Fua_O5B9l_HI_y0hRDonNsxxz6V22Inw");
     let mut plain_http = example.clone();
     plain_http["connect_uri"] =
         json!("http://broker.example.com/connect/Y1jBQmQ4Mu4Fua_O5B9l_HI_y0hRDonNsxxz6V22Inw");
@@ -255,6 +259,7 @@ async fn refusal_schema_accepts_real_refusals_and_rejects_malformed_ones() {
 
     let v = verdicts(&[
         ("example", example.clone()),
+        ("loopback_http", loopback),
         ("broker_denial", denial),
         ("broker_bad_request", bad),
         ("without_uri", without_uri),
@@ -268,7 +273,7 @@ async fn refusal_schema_accepts_real_refusals_and_rejects_malformed_ones() {
     for (name, valid, errors) in v {
         let want = matches!(
             name.as_str(),
-            "example" | "broker_denial" | "broker_bad_request"
+            "example" | "loopback_http" | "broker_denial" | "broker_bad_request"
         );
         assert_eq!(valid, want, "{name}: {errors}");
     }
