@@ -579,6 +579,10 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(r.link(), Some(LINK));
+        // Connect fields on another kind of answer are not a link.
+        let mut odd = r.clone();
+        odd.error = "access_denied".into();
+        assert_eq!(odd.link(), None);
         // A refusal without a link (a policy denial) has none.
         let d: crate::client::Refusal = serde_json::from_value(
             serde_json::json!({"error": "access_denied", "reason": "tool_not_allowed"}),

@@ -120,8 +120,13 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    /// The connect link of a refusal that carries one.
+    /// The connect link of a refusal that carries one: only `invalid_grant`
+    /// refusals (`connect_required`, `allow_required`, `reconnect_required`)
+    /// do, so connect fields on any other answer are not relayed.
     pub fn link(&self) -> Option<mcp::Link<'_>> {
+        if self.error != "invalid_grant" {
+            return None;
+        }
         Some(mcp::Link {
             id: self.connect_id.as_deref()?,
             url: self.connect_uri.as_deref()?,
