@@ -192,11 +192,13 @@ fn text_error(msg: impl Into<String>) -> CallToolResponse {
     CallToolResult::error(vec![ContentBlock::text(msg.into())]).into()
 }
 
+/// The library's one answer to a refused `requestState`, as rmcp's error.
 fn rejected_state() -> ErrorData {
     let e = mcp::state_rejected_error();
+    let message = e["message"].as_str().unwrap_or_default().to_owned();
     ErrorData::new(
         ErrorCode(mcp::INVALID_PARAMS as i32),
-        "Invalid or expired requestState",
+        message,
         e.get("data").cloned(),
     )
 }
@@ -387,16 +389,22 @@ impl RepoServer {
                 status.as_u16()
             ));
         }
-        if resp
-            .content_length()
-            .is_some_and(|n| n > MAX_API_BODY as u64)
-        {
-            return text_error("The repository API answered too much.");
+        // Read at most MAX_API_BODY, whatever the headers claim.
+        let mut resp = resp;
+        let mut body = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(c)) if body.len() + c.len() <= MAX_API_BODY => body.extend_from_slice(&c),
+                Ok(None) => break,
+                _ => return text_error("The repository API answered too much, or broke off."),
+            }
         }
-        let body = match resp.bytes().await {
-            Ok(b) if b.len() <= MAX_API_BODY => b,
-            _ => return text_error("The repository API answered too much."),
-        };
+        // Whatever goes back to the MCP client must not carry the token,
+        // even if the API echoed it.
+        if at.is_empty() || body.windows(at.len()).any(|w| w == at.as_bytes()) {
+            tracing::warn!("the repository API echoed the token; its answer is withheld");
+            return text_error("The repository API's answer was withheld.");
+        }
         let parsed: serde_json::Value = match serde_json::from_slice(&body) {
             Ok(v) => v,
             Err(_) => return text_error("The repository API did not answer JSON."),

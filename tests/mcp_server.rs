@@ -728,3 +728,84 @@ async fn expired_request_state_is_refused() {
         "{out}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_answer_echoing_the_provider_token_is_withheld() {
+    let b = TestBroker::start();
+    let stub = StubBroker::start(b.dir.path()).await;
+    // An API that puts the bearer token into its answer.
+    let echo = RepoApi::start(
+        "/user/repos",
+        Arc::new(|req, _| {
+            let auth = req
+                .headers()
+                .get("authorization")
+                .unwrap()
+                .to_str()
+                .unwrap();
+            Ok(auth.trim_start_matches("Bearer ").to_owned())
+        }),
+    )
+    .await;
+    let honest = RepoApi::start("/user/repos", Arc::new(|_, _| Ok("alice".into()))).await;
+    let jwks = b.path("dev-issuer-jwks.json");
+    let start = |api: &RepoApi| {
+        McpServer::start(
+            &McpServerOpts {
+                socket: &stub.socket,
+                broker_issuer: &b.issuer,
+                trusted_issuer: &b.issuer,
+                jwks: Jwks::File(&jwks),
+                audience: AGENT,
+                step: "list_repos",
+                tool: "repos.list",
+                resource: "https://api.repos.example/",
+                api_url: &api.url,
+                service: "repos",
+                scope: None,
+                state_ttl: None,
+            },
+            b.dir.path(),
+        )
+    };
+    stub.set(
+        "alice",
+        StubAnswer {
+            token: Some("gho_echo_me_secret".into()),
+            ..Default::default()
+        },
+    );
+    let alice = b.subject_token("alice");
+    let dir = b.dir.path().to_owned();
+    let server = start(&echo);
+    let out = py(
+        dir.clone(),
+        alice.clone(),
+        json!({"url": server.url, "mode": "auto", "scenario": "call"}),
+    )
+    .await;
+    let res = &out["calls"][0]["result"];
+    assert_eq!(res["isError"], true, "{out}");
+    assert!(res["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("withheld"));
+    assert!(!all_strings(&out)
+        .iter()
+        .any(|s| s.contains("gho_echo_me_secret")));
+    assert_eq!(echo.hits().len(), 1, "the API was called");
+    drop(server);
+    // Positive control: an API that does not echo it is passed through.
+    let server = start(&honest);
+    let out = py(
+        dir,
+        alice,
+        json!({"url": server.url, "mode": "auto", "scenario": "call"}),
+    )
+    .await;
+    assert_eq!(
+        repo_names(&out["calls"][0]),
+        ["alice/notes", "alice/site"],
+        "{out}"
+    );
+}
