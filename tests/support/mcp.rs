@@ -28,13 +28,27 @@ fn root() -> PathBuf {
 /// --test X` does not build examples by itself.
 pub fn example_binary() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_credbroker"));
+    // Build it where the test's own binaries are (same profile).
+    let profile = bin
+        .parent()
+        .and_then(|d| d.file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("debug");
+    let profile = if profile == "debug" { "dev" } else { profile };
     let status = Command::new(cargo)
-        .args(["build", "--quiet", "--example", "mcp_repo_server"])
+        .args([
+            "build",
+            "--quiet",
+            "--profile",
+            profile,
+            "--example",
+            "mcp_repo_server",
+        ])
         .current_dir(root())
         .status()
         .expect("cargo build --example mcp_repo_server");
     assert!(status.success(), "the example MCP server does not build");
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_credbroker"));
     bin.parent().unwrap().join("examples/mcp_repo_server")
 }
 
