@@ -63,18 +63,9 @@ enum Command {
         /// The person's subject token.
         #[arg(long)]
         subject_token: String,
-        /// Step.
-        #[arg(long)]
-        step: String,
-        /// Tool.
-        #[arg(long)]
-        tool: String,
-        /// Resource.
-        #[arg(long)]
-        resource: String,
-        /// Scope (space-separated).
-        #[arg(long)]
-        scope: Option<String>,
+        /// The tool call.
+        #[command(flatten)]
+        call: crate::policy::cli::CallArgs,
         /// The tool's DPoP key (PKCS#8 PEM, 0600); created there if it does
         /// not exist. Without it a new key is made and saved to a new file
         /// whose path is printed.
@@ -445,10 +436,7 @@ async fn run(cmd: Command) -> Res {
             socket,
             issuer,
             subject_token,
-            step,
-            tool,
-            resource,
-            scope,
+            call,
             dpop_key,
         } => {
             let key = match dpop_key {
@@ -472,10 +460,10 @@ async fn run(cmd: Command) -> Res {
                 .derive(
                     &crate::client::DeriveParams {
                         subject_token: &subject_token,
-                        step: &step,
-                        tool: &tool,
-                        resource: &resource,
-                        scope: scope.as_deref(),
+                        step: &call.step,
+                        tool: &call.tool,
+                        resource: &call.resource,
+                        scope: call.scope.as_deref(),
                     },
                     &key,
                 )

@@ -48,18 +48,9 @@ pub enum PolicyCommand {
         /// The policy file.
         #[arg(long)]
         policy: PathBuf,
-        /// Step.
-        #[arg(long)]
-        step: String,
-        /// Tool.
-        #[arg(long)]
-        tool: String,
-        /// Resource.
-        #[arg(long)]
-        resource: String,
-        /// Requested scope (space-separated).
-        #[arg(long)]
-        scope: Option<String>,
+        /// The request.
+        #[command(flatten)]
+        call: CallArgs,
     },
     /// Access gained and lost between two versions of a policy (Markdown).
     Diff {
@@ -68,6 +59,24 @@ pub enum PolicyCommand {
         /// The new version.
         new: PathBuf,
     },
+}
+
+/// One tool call as the command line names it (shared by `policy explain`
+/// and `credbroker derive`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct CallArgs {
+    /// Step.
+    #[arg(long)]
+    pub step: String,
+    /// Tool.
+    #[arg(long)]
+    pub tool: String,
+    /// Resource.
+    #[arg(long)]
+    pub resource: String,
+    /// Requested scope (space-separated).
+    #[arg(long)]
+    pub scope: Option<String>,
 }
 
 /// Runs a `policy` subcommand; returns the exit code.
@@ -80,19 +89,13 @@ pub fn run(cmd: PolicyCommand) -> ExitCode {
             agent,
         } => check(&files, deny_warnings, agent.as_deref(), &mut out),
         PolicyCommand::Test { file, cases } => test(&file, &cases, &mut out),
-        PolicyCommand::Explain {
-            policy,
-            step,
-            tool,
-            resource,
-            scope,
-        } => match load(&policy, &mut out) {
+        PolicyCommand::Explain { policy, call } => match load(&policy, &mut out) {
             Some((p, text)) => {
                 let q = Query {
-                    step: &step,
-                    tool: &tool,
-                    resource: &resource,
-                    scope: scope.as_deref(),
+                    step: &call.step,
+                    tool: &call.tool,
+                    resource: &call.resource,
+                    scope: call.scope.as_deref(),
                 };
                 out.push_str(&explain(&policy, &text, &p, &q).render(&q));
                 0
