@@ -31,6 +31,8 @@ pub mod config;
 pub mod dpop;
 pub mod events;
 pub mod exchange;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod jose;
 pub mod metrics;
 pub mod mint;
