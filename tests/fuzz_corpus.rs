@@ -12,6 +12,8 @@
 //! `cargo test --test fuzz_corpus -- --ignored write_seed_corpus` rewrites
 //! the hand-made seeds (proofs are re-signed, so the bytes change).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 
 use credbroker::dpop::make_proof;
