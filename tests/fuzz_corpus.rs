@@ -501,6 +501,15 @@ steps = ["call"]
         br#"{"subject_token":"t","step":"s","tool":"x","resource":"http://a.example/"}"#.to_vec(),
     );
 
+    // `https:host/...` (no `//`) was normalised past the dot-segment check
+    // (found by the request_json target; fixed in policy/uri.rs).
+    add(
+        "request_json",
+        "bad-resource-without-slashes-dot-segment.json",
+        br#"{"subject_token":"t","step":"s","tool":"x","resource":"https:api.example/v1/../admin"}"#
+            .to_vec(),
+    );
+
     // ---- request_form: POST /token bodies (RFC 8693).
     let form = "grant_type=urn%3Aietf%3Aparams%3Aoauth%3Agrant-type%3Atoken-exchange&subject_token=eyJ.a.b&subject_token_type=urn%3Aietf%3Aparams%3Aoauth%3Atoken-type%3Ajwt&resource=http%3A%2F%2F127.0.0.1%3A9090%2Fnotes&step=summarize&tool=notes.read";
     add(

@@ -61,7 +61,13 @@ pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
         return Err(ResourceError::NotAbsolute);
     }
     // The raw path (after the authority) must have no dot segments.
-    let after_scheme = raw.split_once("://").map(|x| x.1).unwrap_or("");
+    // The authority must follow `scheme://` literally: `url` also accepts
+    // `https:host/a/../b` and `https:/host/...` and normalises them, and the
+    // raw checks below would then see no path at all (found by fuzzing).
+    let after_scheme = match raw.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case(url.scheme()) => rest,
+        _ => return Err(ResourceError::NotAbsolute),
+    };
     let path = after_scheme.find('/').map_or("", |i| &after_scheme[i..]);
     if path.split('/').any(|seg| seg == "." || seg == "..") {
         return Err(ResourceError::Ambiguous);
@@ -108,6 +114,10 @@ mod tests {
             "https://api.example/ x",
             "https://api.example/\0",
             "https://аpi.example/",
+            // No `//`: `url` would normalise these past the raw checks.
+            "https:api.example/v1/../admin",
+            "https:/api.example/a/./b",
+            "https:./a/0Xexa`m/ple@/",
         ] {
             assert!(canonical_resource(bad).is_err(), "{bad}");
         }
