@@ -34,6 +34,8 @@ pub mod connect;
 pub mod dpop;
 pub mod events;
 pub mod exchange;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod jose;
 pub mod metrics;
 pub mod mint;

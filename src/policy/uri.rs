@@ -57,17 +57,18 @@ pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
         return Err(ResourceError::Ambiguous);
     }
     // `scheme://authority` spelled out: the URL parser would also accept
-    // `https:host` or `https:///host` and make them the same resource.
-    match raw.split_once("://") {
-        Some((_, rest)) if !rest.is_empty() && !rest.starts_with('/') => {}
+    // `https:host`, `https:/host` or `https:///host`, normalise them (dot
+    // segments included), and the raw checks below would then see no path at
+    // all (found by fuzzing).
+    let (scheme, after_scheme) = match raw.split_once("://") {
+        Some((scheme, rest)) if !rest.is_empty() && !rest.starts_with('/') => (scheme, rest),
         _ => return Err(ResourceError::NotAbsolute),
-    }
+    };
     let url = url::Url::parse(raw).map_err(|_| ResourceError::NotAbsolute)?;
-    if url.cannot_be_a_base() || url.host().is_none() {
+    if url.cannot_be_a_base() || url.host().is_none() || !scheme.eq_ignore_ascii_case(url.scheme()) {
         return Err(ResourceError::NotAbsolute);
     }
     // The raw path (after the authority) must have no dot segments.
-    let after_scheme = raw.split_once("://").map(|x| x.1).unwrap_or("");
     let path = after_scheme.find('/').map_or("", |i| &after_scheme[i..]);
     if path.split('/').any(|seg| seg == "." || seg == "..") {
         return Err(ResourceError::Ambiguous);
@@ -138,6 +139,10 @@ mod tests {
             "https:api.example/",
             "https:///api.example/",
             "https://",
+            // No `//`: `url` would normalise these past the raw checks.
+            "https:api.example/v1/../admin",
+            "https:/api.example/a/./b",
+            "https:./a/0Xexa`m/ple@/",
         ] {
             assert!(canonical_resource(bad).is_err(), "{bad}");
         }
