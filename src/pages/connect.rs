@@ -406,6 +406,21 @@ pub async fn provider_callback(
             );
         }
     };
+    // The account that came back must be the one connected, if there is
+    // one: storing another would silently hand every allowance on the old
+    // account to a different account at the provider (a reconnect signed
+    // in as someone else there, or a connect that finds an account
+    // connected since the link was made). Only an allow link's "connect
+    // another account" button asks for a replacement.
+    if link.kind != LinkKind::Allow {
+        let connected = match p.services.vault.accounts(&person) {
+            Ok(list) => list.into_iter().find(|a| a.service == service),
+            Err(e) => return unavailable(p, &e),
+        };
+        if let Some(old) = connected.filter(|a| a.account_id != grant.account_id) {
+            return different_account(p, ctx, who, &link, &info.display_name, &old, grant).await;
+        }
+    }
     let account = match p
         .services
         .vault
@@ -434,6 +449,53 @@ pub async fn provider_callback(
         } else {
             "/done/connected"
         },
+    )
+}
+
+/// The provider signed the person in as another account than the one
+/// connected: nothing is stored, the tokens just issued are revoked, the
+/// link stays open (the person can try again with the right account), and
+/// the page says which account is connected and how to switch.
+async fn different_account(
+    p: &Pages,
+    ctx: Ctx,
+    who: Option<views::Who>,
+    link: &Link,
+    service_name: &str,
+    connected: &super::links::AccountView,
+    grant: super::links::ProviderGrant,
+) -> Response<Body> {
+    let came_back = grant.display_name.clone();
+    let revoked = match p.services.providers.revoke_grant(&link.service, grant).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(service = %link.service, error = %e, "pages: the grant of a refused account was not revoked");
+            false
+        }
+    };
+    let mut e = p.event(&ctx, "connect.different_account");
+    e.person_iss = Some(&link.person.iss);
+    e.person_sub = Some(&link.person.sub);
+    e.service = Some(&link.service);
+    e.connect_id = Some(&link.id);
+    e.reason = Some(link.kind.as_str());
+    p.audit(&e);
+    let old = &connected.display_name;
+    let first = if revoked {
+        format!("You signed in at {service_name} as {came_back}, but the {service_name} account connected for you is {old}. Nothing was changed, and the access {service_name} just gave for {came_back} was withdrawn.")
+    } else {
+        format!("You signed in at {service_name} as {came_back}, but the {service_name} account connected for you is {old}. Nothing was changed. You may also remove credbroker's access in the settings of {came_back} at {service_name}.")
+    };
+    let second = format!("To continue with {old}, open the link from your agent again and sign in at {service_name} as {old}. To use {came_back} instead, first disconnect {old} on your accounts page.");
+    super::http::html(
+        StatusCode::CONFLICT,
+        views::render(&views::Message {
+            who,
+            title: format!("This is not your connected {service_name} account"),
+            paragraphs: vec![first, second],
+            reference: None,
+            next: Some(("/account".into(), "See your connected accounts".into())),
+        }),
     )
 }
 
