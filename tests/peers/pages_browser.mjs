@@ -55,7 +55,13 @@ async function openBrowser(userDataDir, screenshotDir) {
     ignoreHTTPSErrors: false,
   });
   const page = context.pages()[0] ?? await context.newPage();
-  const b = { context, page, screenshotDir, lastStatus: null, consoleErrors: [] };
+  const b = { context, page, screenshotDir, lastStatus: null, lastDocument: null, consoleErrors: [] };
+  // The document the page shows: the last answer to a main-frame
+  // navigation. (After a chain of cross-origin redirects, the response a
+  // navigation promise gives can be an earlier hop.)
+  page.on('response', (r) => {
+    if (r.request().isNavigationRequest() && r.frame() === page.mainFrame()) b.lastDocument = r;
+  });
   // Error pages (403, 404) are logged as failed loads; anything else (a CSP
   // violation, a script error) is a failure.
   page.on('console', (m) => {
@@ -65,7 +71,8 @@ async function openBrowser(userDataDir, screenshotDir) {
   return b;
 }
 
-async function navigated(b, r) {
+async function navigated(b, first) {
+  const r = b.lastDocument ?? first;
   b.lastStatus = r ? r.status() : null;
   let sha256 = null;
   if (r) {

@@ -62,7 +62,10 @@ impl Browsers {
             .expect("the browser driver starts")
             .unwrap()
             .unwrap();
-        assert_eq!(serde_json::from_str::<Value>(&first).unwrap()["ready"], true);
+        assert_eq!(
+            serde_json::from_str::<Value>(&first).unwrap()["ready"],
+            true
+        );
         Browsers {
             child,
             stdin,
@@ -92,13 +95,14 @@ impl Browsers {
         let r = self.call(&json!({"browser": who, "steps": steps})).await;
         if r["ok"] != true {
             panic!(
-                "{who}'s browser: step {} {} failed: {}\nat {}\n--- page ---\n{}\n{}",
+                "{who}'s browser: step {} {} failed: {}\nat {}\n--- page ---\n{}\n{}\n--- steps before ---\n{}",
                 r["i"],
                 r["step"],
                 r["error"],
                 r["url"],
                 r["text"].as_str().unwrap_or(""),
-                r.get("console_errors").map(Value::to_string).unwrap_or_default()
+                r.get("console_errors").map(Value::to_string).unwrap_or_default(),
+                r["results"]
             );
         }
         r["results"].as_array().unwrap().clone()
