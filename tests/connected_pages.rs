@@ -106,7 +106,10 @@ async fn refusal_link_through_the_pages_and_the_provider_then_the_derive_gets_th
     assert_eq!(ev["person_sub"], "alice");
     assert_eq!(ev["service"], "acme");
     assert_eq!(ev["reason"], "connect_required");
-    assert!(!ev.to_string().contains(&path["/connect/".len()..]), "no code in events");
+    assert!(
+        !ev.to_string().contains(&path["/connect/".len()..]),
+        "no code in events"
+    );
 
     let c = reqwest::Client::builder()
         .cookie_store(true)
