@@ -93,10 +93,6 @@ fn cat(parts: &[Vec<Value>]) -> Value {
     Value::Array(parts.concat())
 }
 
-fn steps(v: &[Value]) -> Vec<Value> {
-    v.to_vec()
-}
-
 /// The organisation's IdP plus the service and the broker, which trusts
 /// the IdP's access tokens and signs people in there.
 struct OrgWorld {
@@ -225,7 +221,7 @@ async fn org_idp_forwarded_links_change_nothing_then_each_person_connects() {
         json!({"goto": alice_link}),
         json!({"expect_url": w.url("/signin?return_to=")}),
     ];
-    c.extend(steps(&[
+    c.extend([
         json!({"click": "a.button[href^='/signin/oidc']"}),
         json!({"expect_url": format!("{idp}/interaction/")}),
         json!({"fill": "input[name=login]", "value": "alice"}),
@@ -241,7 +237,7 @@ async fn org_idp_forwarded_links_change_nothing_then_each_person_connects() {
         json!({"expect_text": "This link was made for another account"}),
         json!({"expect_text": "You are signed in as mallory"}),
         json!({"expect_no_text": "alice"}),
-    ]));
+    ]);
     b.steps("mallory", Value::Array(c)).await;
     assert_opened_by_other(&w.env, &alice_id, "alice", "mallory");
     // Nothing connected: the same link, still open; the provider never
@@ -249,11 +245,11 @@ async fn org_idp_forwarded_links_change_nothing_then_each_person_connects() {
     let again = refused(w.derive(&k, "alice").await);
     assert_eq!(link_of(&again, "connect_required").1, alice_id);
     assert_eq!(w.env.peer.stats().await["authorization_code"], 0);
+    // The only sign-in was Mallory's own, at the IdP.
     let sign_ins = events(&w.env, "signin.succeeded");
-    assert!(
-        sign_ins.iter().all(|e| e["person_sub"] == "mallory"),
-        "{sign_ins:?}"
-    );
+    assert_eq!(sign_ins.len(), 1, "{sign_ins:?}");
+    assert_eq!(sign_ins[0]["person_sub"], "mallory");
+    assert_eq!(sign_ins[0]["person_iss"], idp.as_str());
 
     // (a) Positive control: Alice opens her link, signed in as herself.
     w.env.peer.set_browser_account("octo-alice").await;
