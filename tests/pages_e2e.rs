@@ -881,6 +881,11 @@ scopes = ["openid", "profile", "read:org"]
         reconnect_id
     );
     assert_eq!(peer.live_refresh_tokens("octo-alice-work").await, 0);
+    assert_eq!(
+        peer.stats().await["revocations"],
+        2,
+        "its refresh and access tokens were revoked at Acme"
+    );
     let ev = s.events("connect.different_account");
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0]["connect_id"], reconnect_id.as_str());
