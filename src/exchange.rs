@@ -667,6 +667,25 @@ impl Broker {
             Ok(l) => l,
             Err(e) => return DeriveError::Internal(format!("connect link: {e}")),
         };
+        if issued.fresh {
+            let mut e = Event::new(now, "connect.link_issued", agent);
+            e.person_iss = Some(&person.iss);
+            e.person_sub = Some(&person.sub);
+            e.service = Some(service);
+            e.connect_id = Some(&issued.link.id);
+            e.reason = Some(kind.reason());
+            let scope = issued.link.scopes.join(" ");
+            e.scope = Some(&scope);
+            e.policy_hash = Some(policy_hash);
+            // No record, no link: a link nobody can trace is not handed out.
+            // Closing it lets the next ask make (and record) a new one.
+            if let Err(err) = self.audit.record(&e) {
+                if let Err(close) = conn.links.close(&issued.link) {
+                    tracing::error!(error = %close, "an unrecorded connect link could not be closed");
+                }
+                return DeriveError::Internal(err.to_string());
+            }
+        }
         let name = provider.display_name();
         let message = match kind {
             crate::connect::LinkKind::Connect => format!(

@@ -90,6 +90,26 @@ async fn refusal_link_through_the_pages_and_the_provider_then_the_derive_gets_th
     assert_eq!(r.reason.as_deref(), Some("connect_required"));
     let uri = r.connect_uri.unwrap();
     let path = &uri[uri.find("/connect/").unwrap()..];
+    // The new link is recorded once (by id, never by its code); asking
+    // again hands out the same link without a new record.
+    let again = refused(env.derive(&k, "alice", "acme.issues").await);
+    assert_eq!(again.connect_id, r.connect_id);
+    let issued_events: Vec<_> = env
+        .broker
+        .audit_lines()
+        .into_iter()
+        .filter(|e| e["event"] == "connect.link_issued")
+        .collect();
+    assert_eq!(issued_events.len(), 1, "{issued_events:?}");
+    let ev = &issued_events[0];
+    assert_eq!(ev["connect_id"], r.connect_id.clone().unwrap().as_str());
+    assert_eq!(ev["person_sub"], "alice");
+    assert_eq!(ev["service"], "acme");
+    assert_eq!(ev["reason"], "connect_required");
+    assert!(
+        !ev.to_string().contains(&path["/connect/".len()..]),
+        "no code in events"
+    );
 
     let c = reqwest::Client::builder()
         .cookie_store(true)

@@ -1482,3 +1482,133 @@ async fn account_page_lists_accounts_and_disconnects_and_revokes() {
         .unwrap();
     assert!(html.contains("You have no connected accounts"));
 }
+
+/// A connect link finishes after an account was connected meanwhile (from
+/// another link, another agent): the provider's answer is for another
+/// account, so nothing replaces the connected one. The grant that came
+/// back is revoked, the link stays open, and the page names the connected
+/// account. Then the same account comes back and is accepted.
+#[tokio::test]
+async fn provider_answer_for_another_account_does_not_replace_the_connected_one() {
+    let s = PagesServer::start().await;
+    s.add_user("alice", PW);
+    let alice = s.person("alice");
+    let (code, id) = s
+        .fake
+        .issue(&alice, "github", LinkKind::Connect, &["repo"], now());
+    let link = format!("/connect/{code}");
+    let c = s.client();
+    sign_in(&s, &c, &link, "alice", PW).await;
+    s.fake.add_account(
+        &alice,
+        "github",
+        "1001",
+        "octo-alice",
+        &[("other-agent", &["repo"])],
+    );
+    let iss = format!("{}/github", s.fake.provider_base);
+    let finish = |account: (&'static str, &'static str)| {
+        let c = c.clone();
+        let s = &s;
+        let link = link.clone();
+        let iss = iss.clone();
+        async move {
+            s.fake.set_next_account(account.0, account.1);
+            let html = c
+                .get(s.url(&link))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let r = c
+                .post(s.url(&link))
+                .form(&[("csrf", csrf_of(&html).as_str()), ("action", "connect")])
+                .send()
+                .await
+                .unwrap();
+            let to = url::Url::parse(&location(&r)).unwrap();
+            let q: std::collections::HashMap<String, String> =
+                to.query_pairs().into_owned().collect();
+            let pcode = s.fake.approve(&q["state"]).unwrap();
+            let back = url::form_urlencoded::Serializer::new(String::new())
+                .extend_pairs([
+                    ("code", pcode.as_str()),
+                    ("state", &q["state"]),
+                    ("iss", &iss),
+                ])
+                .finish();
+            c.get(s.url(&format!("/callback/github?{back}")))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let r = finish(("2002", "octo-other")).await;
+    assert_eq!(r.status(), 303);
+    assert_eq!(
+        location(&r),
+        "/done/other-account/github",
+        "the code leaves the address bar"
+    );
+    let page = c
+        .get(s.url("/done/other-account/github"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 409);
+    let html = page.text().await.unwrap();
+    assert!(
+        html.contains("This is not your connected GitHub account"),
+        "{html}"
+    );
+    assert!(
+        html.contains("Your connected GitHub account is octo-alice."),
+        "{html}"
+    );
+    let accts = s.fake.accounts_of(&alice);
+    assert_eq!(accts.len(), 1);
+    assert_eq!(
+        accts[0].account_id, "1001",
+        "the connected account is untouched"
+    );
+    assert_eq!(accts[0].allowances.len(), 1);
+    assert_eq!(accts[0].allowances[0].agent, "other-agent");
+    assert_eq!(
+        s.fake.revoked_at_provider(),
+        ["2002"],
+        "the refused grant is revoked"
+    );
+    assert_eq!(s.fake.link_state(&id), LinkState::Open);
+    let ev = s.events("connect.different_account");
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0]["connect_id"], id.as_str());
+    assert_eq!(ev[0]["reason"], "connect");
+    // The page names nothing from the address: another service's page
+    // is the 404 page, and without a session no account is named.
+    assert_eq!(
+        c.get(s.url("/done/other-account/nope"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let anonymous = s
+        .client()
+        .get(s.url("/done/other-account/github"))
+        .send()
+        .await
+        .unwrap();
+    assert!(!anonymous.text().await.unwrap().contains("octo-alice"));
+
+    // Positive control: the connected account comes back; it is kept, and
+    // this agent is allowed too.
+    let r = finish(("1001", "octo-alice")).await;
+    assert_eq!(location(&r), "/done/connected");
+    let accts = s.fake.accounts_of(&alice);
+    assert_eq!(accts.len(), 1);
+    assert_eq!(accts[0].account_id, "1001");
+    assert_eq!(s.fake.link_state(&id), LinkState::Closed);
+}

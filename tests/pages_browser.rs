@@ -315,7 +315,7 @@ async fn connect_pages_in_chromium() {
     mover.await.unwrap();
 }
 
-/// Sign-in at a real OIDC IdP (panva's oidc-provider, tests/peers/pages_idp.mjs)
+/// Sign-in at a real OIDC IdP (panva's oidc-provider, tests/peers/oidc-provider.mjs)
 /// in chromium: the link sends the person to sign in, the IdP signs her in
 /// (code + PKCE, RFC 9207 `iss`), and since its ID token carries no
 /// `auth_time` the link sends her back with `max_age=900&prompt=login`
@@ -342,7 +342,7 @@ async fn oidc_sign_in_at_oidc_provider_in_chromium() {
     )
     .unwrap();
     let mut idp = tokio::process::Command::new("node")
-        .arg(peers().join("pages_idp.mjs"))
+        .arg(peers().join("oidc-provider.mjs"))
         .arg(&cfg)
         .current_dir(peers())
         .stdin(std::process::Stdio::piped())

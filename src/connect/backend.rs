@@ -344,4 +344,28 @@ impl ProviderFlow for Backend {
             })
         })
     }
+
+    fn revoke_grant<'a>(
+        &'a self,
+        service: &'a str,
+        grant: ProviderGrant,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let p = self.providers.get(service).ok_or(BackendError::NotFound)?;
+            // The refresh token first: revoking it ends the grant at most
+            // providers, access tokens included.
+            let tokens = grant
+                .refresh_token
+                .iter()
+                .map(|t| (t, "refresh_token"))
+                .chain(std::iter::once((&grant.access_token, "access_token")));
+            for (token, hint) in tokens {
+                match p.revoke(token.expose(), hint).await.map_err(upstream_err)? {
+                    crate::upstream::Revocation::Revoked => {}
+                    crate::upstream::Revocation::NotSupported => return Ok(false),
+                }
+            }
+            Ok(true)
+        })
+    }
 }

@@ -124,6 +124,9 @@ impl Link {
 pub struct IssuedLink {
     /// The record.
     pub link: Link,
+    /// Whether this call made the link (`false`: the open link was handed
+    /// out again). A new link is what `connect.link_issued` records.
+    pub fresh: bool,
     /// The code (secret: whoever has it can open the page, though the page
     /// still checks who they are).
     pub code: SecretString,
@@ -238,7 +241,11 @@ impl Links {
                 if let Some(link) = self.get_link(&hash)? {
                     let open = link.expires > now && link.kind == r.kind;
                     if open && r.scopes.iter().all(|s| link.scopes.contains(s)) {
-                        return Ok(IssuedLink { link, code });
+                        return Ok(IssuedLink {
+                            link,
+                            code,
+                            fresh: false,
+                        });
                     }
                     if open {
                         scopes.extend(link.scopes.iter().cloned());
@@ -275,7 +282,11 @@ impl Links {
                     self.store.delete(Tree::Links, &h)?;
                 }
                 let code = self.code_for(&link.id);
-                return Ok(IssuedLink { link, code });
+                return Ok(IssuedLink {
+                    link,
+                    code,
+                    fresh: true,
+                });
             }
             // Another request changed the index first: drop ours, look again.
             self.store.delete(Tree::Links, &hash)?;

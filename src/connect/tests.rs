@@ -44,6 +44,7 @@ fn same_link_while_open_then_replaced_on_kind_change() {
         .open_link(&req(&p, LinkKind::Connect, &repo), 1500)
         .unwrap();
     assert_eq!(a.link.id, b.link.id, "asking again returns the same link");
+    assert!(a.fresh && !b.fresh, "only the first ask makes the link");
     assert_eq!(a.code.expose(), b.code.expose());
     assert_eq!(
         b.link.expires,
@@ -60,6 +61,7 @@ fn same_link_while_open_then_replaced_on_kind_change() {
         .open_link(&req(&p, LinkKind::Allow, &repo), 1700)
         .unwrap();
     assert_ne!(c.link.id, a.link.id);
+    assert!(c.fresh);
     assert_eq!(links.resolve(a.code.expose(), 1701).unwrap(), None);
     assert_eq!(
         links.resolve(c.code.expose(), 1701).unwrap().unwrap().id,
@@ -79,6 +81,7 @@ fn same_link_while_open_then_replaced_on_kind_change() {
         .open_link(&req(&p, LinkKind::Allow, &repo), 1900)
         .unwrap();
     assert_eq!(e.link.id, d.link.id);
+    assert!(d.fresh && !e.fresh);
 }
 
 #[test]

@@ -406,6 +406,21 @@ pub async fn provider_callback(
             );
         }
     };
+    // The account that came back must be the one connected, if there is
+    // one: storing another would silently hand every allowance on the old
+    // account to a different account at the provider (a reconnect signed
+    // in as someone else there, or a connect that finds an account
+    // connected since the link was made). Only an allow link's "connect
+    // another account" button asks for a replacement.
+    if link.kind != LinkKind::Allow {
+        let connected = match p.services.vault.accounts(&person) {
+            Ok(list) => list.into_iter().find(|a| a.service == service),
+            Err(e) => return unavailable(p, &e),
+        };
+        if connected.is_some_and(|a| a.account_id != grant.account_id) {
+            return different_account(p, ctx, &link, grant).await;
+        }
+    }
     let account = match p
         .services
         .vault
@@ -437,9 +452,82 @@ pub async fn provider_callback(
     )
 }
 
+/// The provider signed the person in as another account than the one
+/// connected: nothing is stored, the tokens just issued are revoked, and
+/// the link stays open (the person can try again with the right account).
+/// The answer is a redirect, which takes the code out of the address bar,
+/// to a page that names the connected account.
+async fn different_account(
+    p: &Pages,
+    ctx: Ctx,
+    link: &Link,
+    grant: super::links::ProviderGrant,
+) -> Response<Body> {
+    if let Err(e) = p
+        .services
+        .providers
+        .revoke_grant(&link.service, grant)
+        .await
+    {
+        tracing::warn!(service = %link.service, error = %e, "pages: the grant of a refused account was not revoked");
+    }
+    let mut e = p.event(&ctx, "connect.different_account");
+    e.person_iss = Some(&link.person.iss);
+    e.person_sub = Some(&link.person.sub);
+    e.service = Some(&link.service);
+    e.connect_id = Some(&link.id);
+    e.reason = Some(link.kind.as_str());
+    p.audit(&e);
+    let seg: String = url::form_urlencoded::byte_serialize(link.service.as_bytes()).collect();
+    redirect(&format!("/done/other-account/{seg}"))
+}
+
+/// `GET /done/other-account/{service}`: after [`different_account`]. It
+/// names only what the signed-in person's own records say (never anything
+/// from the address).
+fn other_account(p: &Pages, ctx: Ctx, h: &HeaderMap, service_seg: &str) -> Response<Body> {
+    let service: String =
+        match url::form_urlencoded::parse(format!("s={service_seg}").as_bytes()).next() {
+            Some((_, v)) => v.into_owned(),
+            None => return p.not_found(),
+        };
+    let Some(info) = p.services.providers.provider(&service) else {
+        return p.not_found();
+    };
+    let name = info.display_name;
+    let session = p.session(h, ctx.now).ok().flatten();
+    let connected = session
+        .as_ref()
+        .and_then(|s| s.record.person())
+        .and_then(|person| p.services.vault.accounts(&person).ok())
+        .and_then(|list| list.into_iter().find(|a| a.service == service))
+        .map(|a| a.display_name);
+    let who = session.as_ref().and_then(|s| p.who(s));
+    let mut paragraphs = vec![format!(
+        "At {name} you signed in with another account than the one connected for you. Nothing was changed, and credbroker did not keep the access {name} gave for that account."
+    )];
+    paragraphs.push(match connected {
+        Some(old) => format!("Your connected {name} account is {old}. To continue with it, open the link from your agent again and sign in at {name} as {old}. To use the other account instead, first disconnect {old} on your accounts page."),
+        None => "Open the link from your agent again.".to_string(),
+    });
+    html(
+        StatusCode::CONFLICT,
+        views::render(&views::Message {
+            who,
+            title: format!("This is not your connected {name} account"),
+            paragraphs,
+            reference: None,
+            next: Some(("/account".into(), "See your connected accounts".into())),
+        }),
+    )
+}
+
 /// `GET /done/{what}`: the end of a link. It says to go back to the agent;
 /// it never sends the browser anywhere the agent chose.
 pub fn done(p: &Pages, ctx: Ctx, h: &HeaderMap, what: &str) -> Response<Body> {
+    if let Some(service) = what.strip_prefix("other-account/") {
+        return other_account(p, ctx, h, service);
+    }
     let (title, text) = match what {
         "connected" => (
             "Connected",

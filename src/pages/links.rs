@@ -250,6 +250,15 @@ pub trait ProviderFlow: Send + Sync + Debug {
         verifier: SecretString,
         redirect_uri: &'a str,
     ) -> BoxFuture<'a, Result<ProviderGrant, BackendError>>;
+    /// Revokes the tokens of a grant that will not be stored (RFC 7009,
+    /// refresh token first): a connection refused after the code exchange
+    /// must not leave a live grant behind. `Ok(false)`: the provider has
+    /// no revocation endpoint.
+    fn revoke_grant<'a>(
+        &'a self,
+        service: &'a str,
+        grant: ProviderGrant,
+    ) -> BoxFuture<'a, Result<bool, BackendError>>;
 }
 
 /// The connected-services side as the pages use it.
@@ -351,6 +360,13 @@ impl ProviderFlow for NoServices {
         _verifier: SecretString,
         _redirect_uri: &'a str,
     ) -> BoxFuture<'a, Result<ProviderGrant, BackendError>> {
+        Box::pin(async { Err(BackendError::NotFound) })
+    }
+    fn revoke_grant<'a>(
+        &'a self,
+        _service: &'a str,
+        _grant: ProviderGrant,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async { Err(BackendError::NotFound) })
     }
 }

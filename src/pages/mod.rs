@@ -157,6 +157,11 @@ impl Pages {
         }
     }
 
+    /// The connected-services side these pages use.
+    pub fn services(&self) -> &Services {
+        &self.services
+    }
+
     /// The cookie name in use (`__Host-credbroker`, or the dev fallback).
     pub fn cookie_name(&self) -> &'static str {
         self.cookie_name

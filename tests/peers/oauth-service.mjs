@@ -9,11 +9,14 @@
 // - authorization code with PKCE (required), refresh tokens with rotation
 //   (a reused refresh token revokes the grant), RFC 7009 revocation,
 //   userinfo, discovery;
-// - an interaction that signs in the account named by `login_hint` and
-//   grants every scope asked for, so tests can drive it over plain HTTP;
+// - an interaction that signs in the account named by `login_hint` (or,
+//   for a browser, which sends none, the account set with
+//   /test/browser-account) and grants every scope asked for, so tests can
+//   drive it over plain HTTP or in a browser;
 // - /test/* controls: the access-token lifetime, fault modes of the token
-//   endpoint (hang, 500, badjson), counters, issued token values, and
-//   revoking an account's grants.
+//   endpoint (hang, 500, badjson), counters, issued token values, whether
+//   an access or refresh token still works, and revoking an account's
+//   grants.
 
 import http from 'node:http';
 import Provider from 'oidc-provider';
@@ -37,6 +40,8 @@ const issuer = `http://127.0.0.1:${port}`;
 
 let accessTtl = 3600;
 let tokenMode = 'ok';
+// The account "signed in at the provider" in a browser (set by the test).
+let browserAccount = null;
 const stats = { authorization_code: 0, refresh_token: 0, revocations: 0, token_requests: 0 };
 const issued = { access_tokens: [], refresh_tokens: [] };
 const grantsByAccount = new Map();
@@ -101,14 +106,17 @@ const json = (res, status, body) => {
 async function interaction(req, res) {
   const details = await provider.interactionDetails(req, res);
   const { params, prompt } = details;
-  const accountId = params.login_hint || details.session?.accountId || 'octo-default';
-  const grant = details.grantId
+  const accountId = params.login_hint || browserAccount || details.session?.accountId || 'octo-default';
+  // Another account than the provider session's: sign that one in, with a
+  // grant of its own (as a person switching accounts at the provider).
+  const switching = details.session?.accountId !== undefined && details.session.accountId !== accountId;
+  const grant = details.grantId && !switching
     ? await provider.Grant.find(details.grantId)
     : new provider.Grant({ accountId, clientId: params.client_id });
   grant.addOIDCScope(params.scope || 'openid');
   const grantId = await grant.save();
   const result = { consent: { grantId } };
-  if (prompt.name === 'login') result.login = { accountId };
+  if (prompt.name === 'login' || switching) result.login = { accountId };
   await provider.interactionFinished(req, res, result, { mergeWithLastSubmission: false });
 }
 
@@ -137,6 +145,13 @@ async function control(req, res, url) {
     case '/test/live': {
       const account = q.get('account');
       return json(res, 200, { live_refresh_tokens: await liveRefreshTokens(account) });
+    }
+    case '/test/browser-account':
+      browserAccount = q.get('account') || null;
+      return json(res, 200, { browser_account: browserAccount });
+    case '/test/access-token-live': {
+      const t = await provider.AccessToken.find(q.get('token'));
+      return json(res, 200, { live: Boolean(t && !t.isExpired) });
     }
     case '/test/refresh-token-live': {
       const t = await provider.RefreshToken.find(q.get('token'));

@@ -1,8 +1,9 @@
 // A real OAuth 2.0 / OpenID Connect provider for the tests: panva's
 // oidc-provider, configured from a JSON file, on a loopback port.
 //
-// Used as the organisation's IdP (it issues RFC 9068 JWT access tokens whose
-// audience is the agent: the subject tokens) and as a third-party service.
+// Plays the organisation's IdP: it issues RFC 9068 JWT access tokens whose
+// audience is the agent (the subject tokens) and signs people in to the
+// pages (OpenID Connect). The third-party service is oauth-service.mjs.
 // Its login and consent screens are the library's own dev interactions, which
 // a browser or the `login` command below can drive.
 //
@@ -10,13 +11,23 @@
 //
 // CONFIG: { "port": 0, "clients": [...oidc-provider client metadata...],
 //           "resources": { "<resource indicator>": { "audience": "...", "scope": "..." } },
-//           "access_token_ttl": 3600 }
+//           "access_token_ttl": 3600,
+//           "users": { "alice": "her password", ... } }
+// Without "users" the dev login accepts any name with any password. With
+// it, only those names, each with its own password: a wrong one gets the
+// login form again with an error, so a browser test can show that nobody
+// signs in as someone else.
 // Prints one JSON line {"issuer": ..., "jwks_uri": ...} when listening, then
 // reads JSON commands on stdin, one per line, answering one JSON line each:
-//   {"cmd":"login", "user":"alice", "client_id":..., "client_secret":..., "redirect_uri":...,
-//    "scope":"openid offline_access ...", "resource":"..."}
+//   {"cmd":"login", "user":"alice", "password":"...", "client_id":..., "client_secret":...,
+//    "redirect_uri":..., "scope":"openid offline_access ...", "resource":"..."}
 //      -> {"code":..., "tokens": {...token endpoint response...}}
 //   {"cmd":"jwks"} -> the provider's public JWKS
+//   {"cmd":"age_next_login", "user":"alice", "seconds":960} -> {"ok":true}
+//      the next time `user` signs in, the IdP records the sign-in as made
+//      `seconds` ago (the ID token's auth_time): an IdP session that is
+//      older than the pages accept, without waiting for it to age.
+// Exits when stdin closes.
 import { readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { createHash, randomBytes } from 'node:crypto';
@@ -88,7 +99,50 @@ const provider = new Provider(issuer, {
   cookies: { keys: [randomBytes(16).toString('hex')] },
 });
 provider.proxy = false;
-server.on('request', provider.callback());
+
+// Sign-ins to record as older than they are (see `age_next_login`).
+const aged = new Map();
+const finish = provider.interactionFinished.bind(provider);
+provider.interactionFinished = async (req, res, result, opts) => {
+  const id = result?.login?.accountId;
+  if (id !== undefined && aged.has(id)) {
+    result.login.ts = Math.floor(Date.now() / 1000) - aged.get(id);
+    aged.delete(id);
+  }
+  return finish(req, res, result, opts);
+};
+
+const users = cfg.users ?? null;
+const escapeHtml = (v) => String(v).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+const callback = provider.callback();
+server.on('request', async (req, res) => {
+  // With "users", the dev login form checks the password before the
+  // library sees the submission (the library's dev login takes any).
+  if (users && req.method === 'POST' && req.url.startsWith('/interaction/')) {
+    const chunks = [];
+    for await (const c of req) chunks.push(c);
+    const body = Buffer.concat(chunks);
+    const form = new URLSearchParams(body.toString('utf8'));
+    if (form.get('prompt') === 'login') {
+      const login = form.get('login') ?? '';
+      if (!Object.hasOwn(users, login) || users[login] !== form.get('password')) {
+        res.writeHead(200, { 'content-type': 'text/html; charset=utf-8', 'cache-control': 'no-store' });
+        res.end(`<!DOCTYPE html><html><head><title>Sign-in</title></head><body>
+<h1>Sign-in</h1><p class="red" role="alert">Invalid login or password.</p>
+<form autocomplete="off" action="${escapeHtml(req.url)}" method="post">
+<input type="hidden" name="prompt" value="login"/>
+<input required type="text" name="login" value="${escapeHtml(login)}">
+<input required type="password" name="password" autofocus>
+<button type="submit" class="login login-submit">Sign-in</button></form></body></html>`);
+        return;
+      }
+    }
+    // The body was read here; the library takes an already read body from
+    // req.body.
+    req.body = body;
+  }
+  callback(req, res);
+});
 
 function cookieJar() {
   const jar = new Map();
@@ -107,7 +161,7 @@ function cookieJar() {
 }
 
 // Drives authorization code + PKCE through the dev login and consent forms.
-async function login({ user, client_id, client_secret, redirect_uri, scope, resource }) {
+async function login({ user, password, client_id, client_secret, redirect_uri, scope, resource }) {
   const verifier = randomBytes(32).toString('base64url');
   const challenge = createHash('sha256').update(verifier).digest('base64url');
   const state = randomBytes(8).toString('hex');
@@ -142,7 +196,7 @@ async function login({ user, client_id, client_secret, redirect_uri, scope, reso
     }
     const prompt = html.includes('name="login"') ? 'login' : 'consent';
     const form = new URLSearchParams({ prompt });
-    if (prompt === 'login') { form.set('login', user); form.set('password', 'any'); }
+    if (prompt === 'login') { form.set('login', user); form.set('password', password ?? 'any'); }
     const post = await fetch(new URL(m[1], url), {
       method: 'POST', redirect: 'manual', body: form,
       headers: { cookie: jar.header(), 'content-type': 'application/x-www-form-urlencoded' },
@@ -168,6 +222,10 @@ rl.on('line', async (line) => {
     const cmd = JSON.parse(line);
     if (cmd.cmd === 'login') console.log(JSON.stringify(await login(cmd)));
     else if (cmd.cmd === 'jwks') console.log(JSON.stringify(publicJwks));
+    else if (cmd.cmd === 'age_next_login') {
+      aged.set(String(cmd.user), Number(cmd.seconds));
+      console.log(JSON.stringify({ ok: true }));
+    }
     else console.log(JSON.stringify({ error: 'unknown command' }));
   } catch (e) {
     console.log(JSON.stringify({ error: String(e.message ?? e) }));

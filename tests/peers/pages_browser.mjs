@@ -1,12 +1,26 @@
-// Drives Debian's chromium with playwright-core through a list of steps
-// given by a Rust test (tests/pages_browser.rs), so the test keeps control
-// of the broker, its users and its links. No browser is downloaded:
-// executablePath is the system chromium.
+// Drives Debian's chromium with playwright-core through lists of steps
+// given by a Rust test, so the test keeps control of the broker, its users
+// and its links. No browser is downloaded: executablePath is the system
+// chromium.
 //
-// usage: node pages_browser.mjs STEPS.json
-//   STEPS.json: {"userDataDir": "...", "screenshotDir": "...", "steps": [...]}
+// Two modes:
+//   node pages_browser.mjs STEPS.json
+//     STEPS.json: {"userDataDir": "...", "screenshotDir": "...", "steps": [...]}
+//     One browser, one list of steps (tests/pages_browser.rs). Prints one
+//     JSON line per step; exits 1 at the first failed step.
+//   node pages_browser.mjs --serve ROOT SCREENSHOT_DIR
+//     Several people, each with a browser of their own (a fresh user data
+//     dir ROOT/<name>, made on first use), driven turn by turn so the test
+//     can act in between (derive, check the provider). Prints {"ready":true},
+//     then reads one JSON command per line and answers one JSON line:
+//       {"browser": "alice", "steps": [...]}
+//         -> {"ok": true, "results": [...]} or
+//            {"ok": false, "error": ..., "step": ..., "url": ..., "text": ..., "results": [...]}
+//       {"close": "alice"} -> {"ok": true}
+//     Exits when stdin closes.
 // Steps (each an object with one verb):
-//   {"goto": url}                      navigate; records the status
+//   {"goto": url}                      navigate; records the status and the
+//                                      SHA-256 of the body as received
 //   {"expect_status": 404}             status of the last navigation
 //   {"expect_url": "prefix"}           page URL starts with this
 //   {"expect_text": "..."}             visible text contains this
@@ -21,41 +35,63 @@
 //   {"screenshot": "name"}             full-page PNG into screenshotDir
 //   {"touch": path} / {"wait_file": path}  hand-over with the test (e.g. the
 //                                      test moves its clock in between)
-// Prints one JSON line per step; exits 1 at the first failed step.
+// A script error or a CSP violation on any page fails the run.
 
 import { chromium } from 'playwright-core';
 import { readFileSync, mkdirSync, writeFileSync, existsSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { createInterface } from 'node:readline';
 import { join } from 'node:path';
-
-const spec = JSON.parse(readFileSync(process.argv[2], 'utf8'));
-const context = await chromium.launchPersistentContext(spec.userDataDir, {
-  executablePath: '/usr/bin/chromium',
-  headless: true,
-  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
-    '--disable-component-update', '--disable-sync', '--no-first-run'],
-  viewport: { width: 1100, height: 800 },
-  ignoreHTTPSErrors: false,
-});
-const page = context.pages()[0] ?? await context.newPage();
-const consoleErrors = [];
-// Error pages (403, 404) are logged as failed loads; anything else (a CSP
-// violation, a script error) is a failure.
-page.on('console', (m) => {
-  if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) consoleErrors.push(m.text());
-});
-let lastStatus = null;
-if (spec.screenshotDir) mkdirSync(spec.screenshotDir, { recursive: true });
 
 function out(o) { process.stdout.write(JSON.stringify(o) + '\n'); }
 
-async function run(step) {
+async function openBrowser(userDataDir, screenshotDir) {
+  const context = await chromium.launchPersistentContext(userDataDir, {
+    executablePath: '/usr/bin/chromium',
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync', '--no-first-run'],
+    viewport: { width: 1100, height: 800 },
+    ignoreHTTPSErrors: false,
+  });
+  const page = context.pages()[0] ?? await context.newPage();
+  const b = { context, page, screenshotDir, lastStatus: null, lastDocument: null, consoleErrors: [] };
+  // The document the page shows: the last answer to a main-frame
+  // navigation. (After a chain of cross-origin redirects, the response a
+  // navigation promise gives can be an earlier hop.)
+  page.on('response', (r) => {
+    if (r.request().isNavigationRequest() && r.frame() === page.mainFrame()) b.lastDocument = r;
+  });
+  // Error pages (403, 404) are logged as failed loads; anything else (a CSP
+  // violation, a script error) is a failure.
+  page.on('console', (m) => {
+    if (m.type() === 'error' && !m.text().startsWith('Failed to load resource')) b.consoleErrors.push(m.text());
+  });
+  if (screenshotDir) mkdirSync(screenshotDir, { recursive: true });
+  return b;
+}
+
+async function navigated(b, first) {
+  const r = b.lastDocument ?? first;
+  b.lastStatus = r ? r.status() : null;
+  let sha256 = null;
+  if (r) {
+    try {
+      sha256 = createHash('sha256').update(await r.body()).digest('hex');
+    } catch {
+      // Redirect answers have no body to give.
+    }
+  }
+  return { url: b.page.url(), status: b.lastStatus, sha256 };
+}
+
+async function run(b, step) {
+  const { page } = b;
   if ('goto' in step) {
-    const r = await page.goto(step.goto, { waitUntil: 'load' });
-    lastStatus = r ? r.status() : null;
-    return { url: page.url(), status: lastStatus };
+    return navigated(b, await page.goto(step.goto, { waitUntil: 'load' }));
   }
   if ('expect_status' in step) {
-    if (lastStatus !== step.expect_status) throw new Error(`status ${lastStatus}, expected ${step.expect_status}`);
+    if (b.lastStatus !== step.expect_status) throw new Error(`status ${b.lastStatus}, expected ${step.expect_status}`);
     return {};
   }
   if ('expect_url' in step) {
@@ -64,7 +100,7 @@ async function run(step) {
   }
   if ('expect_text' in step) {
     const t = await page.innerText('body');
-    if (!t.includes(step.expect_text)) throw new Error(`text missing: ${step.expect_text}\n--- page ---\n${t}`);
+    if (!t.includes(step.expect_text)) throw new Error(`text missing: ${step.expect_text}`);
     return {};
   }
   if ('expect_no_text' in step) {
@@ -77,22 +113,19 @@ async function run(step) {
   if ('press' in step) {
     if (step.nav) {
       const [r] = await Promise.all([page.waitForNavigation({ waitUntil: 'load' }), page.keyboard.press(step.press)]);
-      lastStatus = r ? r.status() : null;
-      return { url: page.url(), status: lastStatus };
+      return navigated(b, r);
     }
     await page.keyboard.press(step.press);
     return {};
   }
   if ('click' in step) {
     const [r] = await Promise.all([page.waitForNavigation({ waitUntil: 'load' }), page.click(step.click)]);
-    lastStatus = r ? r.status() : null;
-    return { url: page.url(), status: lastStatus };
+    return navigated(b, r);
   }
   if ('click_if' in step) {
     if (await page.$(step.click_if) === null) return { skipped: true };
     const [r] = await Promise.all([page.waitForNavigation({ waitUntil: 'load' }), page.click(step.click_if)]);
-    lastStatus = r ? r.status() : null;
-    return { url: page.url(), status: lastStatus };
+    return navigated(b, r);
   }
   if ('expect_focus' in step) {
     const ok = await page.evaluate((css) => document.activeElement?.matches(css) ?? false, step.expect_focus);
@@ -104,7 +137,7 @@ async function run(step) {
   }
   if ('viewport' in step) { await page.setViewportSize({ width: step.viewport[0], height: step.viewport[1] }); return {}; }
   if ('screenshot' in step) {
-    const path = join(spec.screenshotDir, `${step.screenshot}.png`);
+    const path = join(b.screenshotDir, `${step.screenshot}.png`);
     await page.screenshot({ path, fullPage: true });
     return { path };
   }
@@ -120,18 +153,72 @@ async function run(step) {
   throw new Error(`unknown step ${JSON.stringify(step)}`);
 }
 
-let failed = false;
-for (const [i, step] of spec.steps.entries()) {
-  try {
-    const r = await run(step);
-    out({ i, ok: true, step, ...r });
-  } catch (e) {
-    out({ i, ok: false, step, error: String(e.message ?? e), url: page.url() });
-    failed = true;
-    break;
+// Runs steps until one fails; returns the answer of the serve mode.
+async function runAll(b, steps, onStep) {
+  const results = [];
+  for (const [i, step] of steps.entries()) {
+    try {
+      const r = await run(b, step);
+      results.push(r);
+      onStep?.({ i, ok: true, step, ...r });
+    } catch (e) {
+      const error = String(e.message ?? e);
+      onStep?.({ i, ok: false, step, error, url: b.page.url() });
+      let text = '';
+      try { text = (await b.page.innerText('body')).slice(0, 2000); } catch { /* no page */ }
+      return { ok: false, i, step, error, url: b.page.url(), text, results };
+    }
   }
+  if (b.consoleErrors.length) {
+    const errors = b.consoleErrors.splice(0);
+    return { ok: false, error: 'console errors', console_errors: errors, url: b.page.url(), results };
+  }
+  return { ok: true, results };
 }
-// The pages carry no script; a CSP violation or script error would show here.
-out({ console_errors: consoleErrors });
-await context.close();
-process.exit(failed || consoleErrors.length ? 1 : 0);
+
+if (process.argv[2] === '--serve') {
+  const root = process.argv[3];
+  const screenshotDir = process.argv[4];
+  const browsers = new Map();
+  out({ ready: true });
+  const rl = createInterface({ input: process.stdin });
+  // One command at a time, in order: each answer is awaited by the test.
+  let queue = Promise.resolve();
+  rl.on('line', (line) => {
+    queue = queue.then(async () => {
+      try {
+        const cmd = JSON.parse(line);
+        if ('close' in cmd) {
+          const b = browsers.get(cmd.close);
+          browsers.delete(cmd.close);
+          if (b) await b.context.close();
+          out({ ok: true });
+          return;
+        }
+        let b = browsers.get(cmd.browser);
+        if (!b) {
+          b = await openBrowser(join(root, cmd.browser), screenshotDir);
+          browsers.set(cmd.browser, b);
+        }
+        out(await runAll(b, cmd.steps));
+      } catch (e) {
+        out({ ok: false, error: String(e.message ?? e) });
+      }
+    });
+  });
+  rl.on('close', () => {
+    queue.then(async () => {
+      for (const b of browsers.values()) await b.context.close().catch(() => {});
+      process.exit(0);
+    });
+  });
+} else {
+  const spec = JSON.parse(readFileSync(process.argv[2], 'utf8'));
+  const b = await openBrowser(spec.userDataDir, spec.screenshotDir);
+  const r = await runAll(b, spec.steps, out);
+  // The pages carry no script; a CSP violation or script error would show here.
+  out({ console_errors: r.console_errors ?? [] });
+  if (!r.ok && r.text) out({ page_text: r.text });
+  await b.context.close();
+  process.exit(r.ok ? 0 : 1);
+}

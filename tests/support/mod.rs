@@ -5,6 +5,7 @@
 // helpers they call; here too a failure should panic loudly.
 #![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod browser;
 pub mod oidc;
 pub mod services;
 

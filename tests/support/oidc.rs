@@ -123,6 +123,22 @@ impl OidcPeer {
             .unwrap()
     }
 
+    /// The account a browser is signed in as at the provider from now on
+    /// (a browser sends no `login_hint`).
+    pub async fn set_browser_account(&self, account: &str) {
+        self.control(&format!("/test/browser-account?account={account}"))
+            .await;
+    }
+
+    /// Whether `token` is an access token the provider would still accept
+    /// (not revoked, not expired).
+    pub async fn access_token_live(&self, token: &str) -> bool {
+        let mut u = url::Url::parse(&format!("{}/test/access-token-live", self.issuer)).unwrap();
+        u.query_pairs_mut().append_pair("token", token);
+        let v: serde_json::Value = self.http.get(u).send().await.unwrap().json().await.unwrap();
+        v["live"].as_bool().unwrap()
+    }
+
     /// Whether `token` is a refresh token the provider would still accept.
     pub async fn refresh_token_live(&self, token: &str) -> bool {
         let url = format!("{}/test/refresh-token-live?token={}", self.issuer, token);

@@ -387,6 +387,20 @@ impl ProviderFlow for Fake {
             })
         })
     }
+    fn revoke_grant<'a>(
+        &'a self,
+        _service: &'a str,
+        grant: ProviderGrant,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            self.st
+                .lock()
+                .unwrap()
+                .revoked_at_provider
+                .push(grant.account_id);
+            Ok(true)
+        })
+    }
 }
 
 /// Serves the fake provider's authorization endpoint: it approves at once
@@ -465,6 +479,10 @@ pub struct Setup {
     /// Listen here instead of an ephemeral port (when a peer must know the
     /// pages' URL before they start).
     pub listen: Option<SocketAddr>,
+    /// Keep the connected-services side `server::build` made (the real
+    /// link store, vault and provider clients, as configured) instead of
+    /// the fake: for end-to-end tests that want the in-process clock.
+    pub real_services: bool,
 }
 
 impl Default for Setup {
@@ -481,6 +499,7 @@ impl Default for Setup {
             tls: false,
             edit_config: None,
             listen: None,
+            real_services: false,
         }
     }
 }
@@ -617,7 +636,11 @@ impl PagesServer {
             inst.sealer.clone(),
             Options {
                 limits: setup.limits,
-                services: fake.services(),
+                services: if setup.real_services {
+                    inst.pages.services().clone()
+                } else {
+                    fake.services()
+                },
                 ..Options::default()
             },
         ));

@@ -56,6 +56,12 @@ pub struct ProviderOpts {
     pub narrow_on_refresh: bool,
     pub timeout: &'static str,
     pub log: Option<String>,
+    /// Where the pages listen (`127.0.0.1:PORT`): then the provider's
+    /// redirect URI is the pages' real callback, so a browser can finish
+    /// the flow. Default: port 0 and the [`REDIRECT`] placeholder.
+    pub public_listen: Option<String>,
+    /// More config (e.g. a trusted issuer with OIDC sign-in).
+    pub extra_config: String,
 }
 
 impl Default for ProviderOpts {
@@ -64,6 +70,8 @@ impl Default for ProviderOpts {
             narrow_on_refresh: false,
             timeout: "1500ms",
             log: None,
+            public_listen: None,
+            extra_config: String::new(),
         }
     }
 }
@@ -77,7 +85,11 @@ impl ServiceEnv {
         let mut r = [0u8; 12];
         aws_lc_rs::rand::fill(&mut r).unwrap();
         let client_secret = format!("client-secret-canary-{}", hex::encode(r));
-        let peer = OidcPeer::start(&client_secret, REDIRECT);
+        let redirect = p.public_listen.as_ref().map_or_else(
+            || REDIRECT.to_string(),
+            |a| format!("http://{a}/callback/acme"),
+        );
+        let peer = OidcPeer::start(&client_secret, &redirect);
         let secrets = tempfile::tempdir().unwrap();
         let file = secret_file(secrets.path(), "acme.secret", &client_secret);
         let extra = format!(
@@ -95,11 +107,12 @@ timeout = "{timeout}"
             file = file.display(),
             narrow = p.narrow_on_refresh,
             timeout = p.timeout,
-        );
+        ) + &p.extra_config;
         let broker = TestBroker::start_with(Opts {
             policy: Some(policy()),
             extra_config: extra,
             log: p.log.clone(),
+            public_listen: p.public_listen.clone(),
             ..Opts::default()
         });
         ServiceEnv {
