@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
-use super::{Link, LinkKind, Links};
+use super::{Link, Links};
 use crate::pages::links::{
     self as pl, AccountVault, AuthorizationRequest, BackendError, BoxFuture, Disconnected,
     LinkRecords, ProviderFlow, ProviderGrant, ProviderInfo, Services,
@@ -59,11 +59,7 @@ fn page_link(l: Link) -> pl::Link {
         id: l.id,
         agent: l.agent,
         service: l.service,
-        kind: match l.kind {
-            LinkKind::Connect => pl::LinkKind::Connect,
-            LinkKind::Allow => pl::LinkKind::Allow,
-            LinkKind::Reconnect => pl::LinkKind::Reconnect,
-        },
+        kind: l.kind,
         scopes: l.scopes,
         expires: l.expires,
     }

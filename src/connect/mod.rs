@@ -64,6 +64,15 @@ pub enum LinkKind {
 }
 
 impl LinkKind {
+    /// The name used in records and events.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkKind::Connect => "connect",
+            LinkKind::Allow => "allow",
+            LinkKind::Reconnect => "reconnect",
+        }
+    }
+
     /// The refusal `reason` that carries a link of this kind.
     pub fn reason(self) -> &'static str {
         match self {

@@ -26,28 +26,9 @@ use crate::subject::Person;
 /// A boxed, sendable future (the traits are used as trait objects).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What a link asks the person to do (DESIGN section 5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LinkKind {
-    /// Connect the service and allow this agent.
-    Connect,
-    /// Allow this agent to use an account already connected.
-    Allow,
-    /// Re-run the provider flow for an account whose access stopped working.
-    Reconnect,
-}
-
-impl LinkKind {
-    /// The name used in records and events.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LinkKind::Connect => "connect",
-            LinkKind::Allow => "allow",
-            LinkKind::Reconnect => "reconnect",
-        }
-    }
-}
+/// What a link asks the person to do (DESIGN section 5). It is the link
+/// records' own type, so the pages and the records cannot disagree.
+pub use crate::connect::LinkKind;
 
 /// An open connect link, as the pages see it. The code is not in here: the
 /// record is found by the code's hash.
