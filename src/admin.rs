@@ -111,7 +111,10 @@ fn person_from_query(query: Option<&str>) -> Option<crate::subject::Person> {
             _ => {}
         }
     }
-    Some(crate::subject::Person { iss: iss?, sub: sub? })
+    Some(crate::subject::Person {
+        iss: iss?,
+        sub: sub?,
+    })
 }
 
 /// Handles one admin request.
@@ -122,7 +125,11 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
             b.metrics
                 .replay_cache_entries
                 .set(b.proofs.replay_cache().len() as i64);
-            text(StatusCode::OK, b.metrics.render(), "text/plain; version=0.0.4")
+            text(
+                StatusCode::OK,
+                b.metrics.render(),
+                "text/plain; version=0.0.4",
+            )
         }
         (Method::GET, "/readyz") => {
             let r = readiness(&inst);
@@ -137,7 +144,12 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
         (Method::POST, "/freeze") => {
             let body = match Limited::new(req.into_body(), 64).collect().await {
                 Ok(c) => c.to_bytes(),
-                Err(_) => return json_response(StatusCode::BAD_REQUEST, &serde_json::json!({"error": "body"})),
+                Err(_) => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        &serde_json::json!({"error": "body"}),
+                    )
+                }
             };
             let on = match body.as_ref() {
                 b"on" => true,
@@ -159,7 +171,10 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
                     );
                     e.outcome = Some(if on { "frozen" } else { "unfrozen" });
                     let _ = b.audit.record(&e);
-                    json_response(StatusCode::OK, &serde_json::json!({"frozen": b.is_frozen()}))
+                    json_response(
+                        StatusCode::OK,
+                        &serde_json::json!({"frozen": b.is_frozen()}),
+                    )
                 }
                 Err(e) => json_response(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -169,7 +184,8 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
         }
         (Method::POST, "/keys/rotate") => match b.rotate_keys(&inst.sealer) {
             Ok(kid) => {
-                let mut e = crate::events::Event::new(b.clock.now(), "keys.rotated", &b.config.agent);
+                let mut e =
+                    crate::events::Event::new(b.clock.now(), "keys.rotated", &b.config.agent);
                 e.outcome = Some("rotated");
                 let _ = b.audit.record(&e);
                 json_response(StatusCode::OK, &serde_json::json!({"active_kid": kid}))
@@ -182,7 +198,12 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
         (Method::POST, "/vault/rotate") => {
             let body = match Limited::new(req.into_body(), 64).collect().await {
                 Ok(c) => c.to_bytes(),
-                Err(_) => return json_response(StatusCode::BAD_REQUEST, &serde_json::json!({"error": "body"})),
+                Err(_) => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        &serde_json::json!({"error": "body"}),
+                    )
+                }
             };
             let limit = match std::str::from_utf8(&body).map(str::trim) {
                 Ok("") => None,
@@ -195,13 +216,19 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
                         )
                     }
                 },
-                Err(_) => return json_response(StatusCode::BAD_REQUEST, &serde_json::json!({"error": "body"})),
+                Err(_) => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        &serde_json::json!({"error": "body"}),
+                    )
+                }
             };
             let vault = inst.vault.clone();
             // Re-wrapping does store I/O; keep it off the async workers.
             match tokio::task::spawn_blocking(move || vault.rotate(limit)).await {
                 Ok(Ok(report)) => {
-                    let mut e = crate::events::Event::new(b.clock.now(), "vault.rotated", &b.config.agent);
+                    let mut e =
+                        crate::events::Event::new(b.clock.now(), "vault.rotated", &b.config.agent);
                     e.outcome = Some(if report.done { "done" } else { "in_progress" });
                     let _ = b.audit.record(&e);
                     json_response(StatusCode::OK, &serde_json::json!(report))
@@ -229,7 +256,12 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
         (Method::POST, "/accounts/disconnect") => {
             let body = match Limited::new(req.into_body(), 16 * 1024).collect().await {
                 Ok(c) => c.to_bytes(),
-                Err(_) => return json_response(StatusCode::BAD_REQUEST, &serde_json::json!({"error": "body"})),
+                Err(_) => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        &serde_json::json!({"error": "body"}),
+                    )
+                }
             };
             let Ok(d) = serde_json::from_slice::<DisconnectRequest>(&body) else {
                 return json_response(
@@ -242,9 +274,21 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
                 sub: d.person_sub,
             };
             let provider = inst.providers.get(&d.service).map(|p| p.as_ref());
-            match crate::connect::disconnect_account(&inst.vault, provider, &person, &d.service, d.force).await {
+            match crate::connect::disconnect_account(
+                &inst.vault,
+                provider,
+                &person,
+                &d.service,
+                d.force,
+            )
+            .await
+            {
                 Ok(report) => {
-                    let mut e = crate::events::Event::new(b.clock.now(), "account.disconnected", &b.config.agent);
+                    let mut e = crate::events::Event::new(
+                        b.clock.now(),
+                        "account.disconnected",
+                        &b.config.agent,
+                    );
                     e.person_iss = Some(&person.iss);
                     e.person_sub = Some(&person.sub);
                     e.service = Some(&d.service);
@@ -260,7 +304,10 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
             }
         }
         (Method::POST, "/users") => add_user(&inst, req.into_body()).await,
-        _ => json_response(StatusCode::NOT_FOUND, &serde_json::json!({"error": "not_found"})),
+        _ => json_response(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({"error": "not_found"}),
+        ),
     }
 }
 
@@ -274,7 +321,11 @@ async fn add_user(inst: &Instance, body: hyper::body::Incoming) -> Response<Body
         replace: bool,
     }
     let bad = |m: &str| json_response(StatusCode::BAD_REQUEST, &serde_json::json!({"error": m}));
-    let Ok(bytes) = Limited::new(body, 4096).collect().await.map(|c| c.to_bytes()) else {
+    let Ok(bytes) = Limited::new(body, 4096)
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+    else {
         return bad("body");
     };
     let Ok(req) = serde_json::from_slice::<AddUser>(&bytes) else {
@@ -295,12 +346,19 @@ async fn add_user(inst: &Instance, body: hyper::body::Incoming) -> Response<Body
             e.person_sub = Some(&name);
             e.outcome = Some(if replace { "replaced" } else { "added" });
             let _ = inst.broker.audit.record(&e);
-            json_response(StatusCode::OK, &serde_json::json!({"user": name, "running": true}))
+            json_response(
+                StatusCode::OK,
+                &serde_json::json!({"user": name, "running": true}),
+            )
         }
-        Ok(Err(e @ crate::pages::users::UserError::Exists(_))) => {
-            json_response(StatusCode::CONFLICT, &serde_json::json!({"error": e.to_string()}))
-        }
+        Ok(Err(e @ crate::pages::users::UserError::Exists(_))) => json_response(
+            StatusCode::CONFLICT,
+            &serde_json::json!({"error": e.to_string()}),
+        ),
         Ok(Err(e)) => bad(&e.to_string()),
-        Err(_) => json_response(StatusCode::INTERNAL_SERVER_ERROR, &serde_json::json!({"error": "internal"})),
+        Err(_) => json_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &serde_json::json!({"error": "internal"}),
+        ),
     }
 }

@@ -164,7 +164,10 @@ enum AccountsAction {
 }
 
 /// The person's issuer: given, or the config's only trusted issuer.
-fn person_issuer(cfg: &Config, given: Option<String>) -> Result<String, Box<dyn std::error::Error>> {
+fn person_issuer(
+    cfg: &Config,
+    given: Option<String>,
+) -> Result<String, Box<dyn std::error::Error>> {
     match given {
         Some(i) => Ok(i),
         None if cfg.trusted_issuers.len() == 1 => Ok(cfg.trusted_issuers[0].issuer.clone()),
@@ -196,7 +199,11 @@ fn open_vault(cfg: &Config) -> Result<crate::vault::Vault, Box<dyn std::error::E
 
 async fn accounts(action: AccountsAction) -> Res {
     match action {
-        AccountsAction::List { config, person, issuer } => {
+        AccountsAction::List {
+            config,
+            person,
+            issuer,
+        } => {
             let cfg = Config::load(&config)?;
             let person = match person {
                 Some(sub) => Some(crate::subject::Person {
@@ -230,7 +237,11 @@ async fn accounts(action: AccountsAction) -> Res {
             };
             println!("{}", serde_json::to_string_pretty(&v)?);
             let unreadable = v["unreadable"].as_array().is_some_and(|u| !u.is_empty());
-            Ok(if unreadable { ExitCode::from(5) } else { ExitCode::SUCCESS })
+            Ok(if unreadable {
+                ExitCode::from(5)
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         AccountsAction::Disconnect {
             config,
@@ -246,7 +257,14 @@ async fn accounts(action: AccountsAction) -> Res {
                 "service": service,
                 "force": force,
             });
-            let report = match admin_call(&cfg.admin_socket, "POST", "/accounts/disconnect", &body.to_string()).await {
+            let report = match admin_call(
+                &cfg.admin_socket,
+                "POST",
+                "/accounts/disconnect",
+                &body.to_string(),
+            )
+            .await
+            {
                 Ok((200, body)) => serde_json::from_str::<serde_json::Value>(&body)?,
                 Ok((_, body)) => {
                     println!("{body}");
@@ -283,7 +301,11 @@ async fn accounts(action: AccountsAction) -> Res {
             };
             println!("{report}");
             eprintln!("{}", report["message"].as_str().unwrap_or_default());
-            Ok(if report["deleted"] == true { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            Ok(if report["deleted"] == true {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
     }
 }
@@ -331,7 +353,9 @@ enum UsersAction {
     },
 }
 
-fn read_new_password(from_stdin: bool) -> Result<crate::secret::SecretString, Box<dyn std::error::Error>> {
+fn read_new_password(
+    from_stdin: bool,
+) -> Result<crate::secret::SecretString, Box<dyn std::error::Error>> {
     use crate::secret::SecretString;
     if from_stdin {
         let mut line = String::new();
@@ -366,7 +390,8 @@ async fn users_add(name: &str, config: &Path, from_stdin: bool, replace: bool) -
         return Err(crate::pages::users::UserError::BadPassword.into());
     }
     let body = crate::secret::SecretString::new(
-        serde_json::json!({"name": name, "password": password.expose(), "replace": replace}).to_string(),
+        serde_json::json!({"name": name, "password": password.expose(), "replace": replace})
+            .to_string(),
     );
     match admin_call(&cfg.admin_socket, "POST", "/users", body.expose()).await {
         Ok((200, out)) => {
@@ -391,7 +416,9 @@ async fn users_add(name: &str, config: &Path, from_stdin: bool, replace: bool) -
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         b.json().init();
     } else {
@@ -403,7 +430,10 @@ fn init_logging(format: &str) {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log_format);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -426,7 +456,8 @@ async fn run(cmd: Command) -> Res {
         Command::Quickstart { dir, listen } => quickstart(&dir, &listen).await,
         Command::Serve { config } => serve(&config).await,
         Command::SubjectToken { dir, sub, ttl } => {
-            let ttl = crate::config::parse_duration(&ttl).ok_or("--ttl must be a duration such as 1h")?;
+            let ttl =
+                crate::config::parse_duration(&ttl).ok_or("--ttl must be a duration such as 1h")?;
             let token = dev_subject_token(&dir, &sub, ttl.as_secs() as i64)?;
             eprintln!("(development only: a subject token from the quick start's dev issuer)");
             println!("{token}");
@@ -451,7 +482,10 @@ async fn run(cmd: Command) -> Res {
                     let (key, pkcs8) = Es256Key::generate()?;
                     let path = new_key_path()?;
                     write_secret_file(&path, pem_pkcs8(pkcs8.expose()).as_bytes())?;
-                    eprintln!("new DPoP key saved to {} (pass it to the tool with the token)", path.display());
+                    eprintln!(
+                        "new DPoP key saved to {} (pass it to the tool with the token)",
+                        path.display()
+                    );
                     key
                 }
             };
@@ -495,7 +529,11 @@ async fn run(cmd: Command) -> Res {
                     println!("{body}");
                     let ready = serde_json::from_str::<serde_json::Value>(&body)
                         .is_ok_and(|v| v["ready"] == true);
-                    Ok(if ready { ExitCode::SUCCESS } else { ExitCode::from(1) })
+                    Ok(if ready {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    })
                 }
                 Err(_) => {
                     println!("{}", serde_json::json!({"running": false}));
@@ -508,7 +546,11 @@ async fn run(cmd: Command) -> Res {
             match admin_call(&cfg.admin_socket, "POST", "/freeze", &state).await {
                 Ok((code, body)) => {
                     println!("{body}");
-                    Ok(if code == 200 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+                    Ok(if code == 200 {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    })
                 }
                 Err(_) => {
                     // No instance runs: set the flag in the store directly.
@@ -519,7 +561,10 @@ async fn run(cmd: Command) -> Res {
                         b"frozen",
                         if state == "on" { b"1" } else { b"0" },
                     )?;
-                    println!("{}", serde_json::json!({"frozen": state == "on", "running": false}));
+                    println!(
+                        "{}",
+                        serde_json::json!({"frozen": state == "on", "running": false})
+                    );
                     Ok(ExitCode::SUCCESS)
                 }
             }
@@ -531,7 +576,11 @@ async fn run(cmd: Command) -> Res {
             match admin_call(&cfg.admin_socket, "POST", "/keys/rotate", "").await {
                 Ok((code, body)) => {
                     println!("{body}");
-                    Ok(if code == 200 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+                    Ok(if code == 200 {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    })
                 }
                 Err(_) => {
                     let master = read_secret_file(&cfg.master_key_file)?;
@@ -539,7 +588,10 @@ async fn run(cmd: Command) -> Res {
                     let store = crate::store::SledStore::open(&cfg.store)?;
                     let now = crate::clock::Clock::now(&crate::clock::SystemClock);
                     let ring = crate::mint::rotate(&store, &sealer, now)?;
-                    println!("{}", serde_json::json!({"active_kid": ring.active.kid, "running": false}));
+                    println!(
+                        "{}",
+                        serde_json::json!({"active_kid": ring.active.kid, "running": false})
+                    );
                     Ok(ExitCode::SUCCESS)
                 }
             }
@@ -559,7 +611,8 @@ async fn run(cmd: Command) -> Res {
                 }
                 Err(_) => {
                     // No instance runs: open the store directly.
-                    let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::SledStore::open(&cfg.store)?);
+                    let store: Arc<dyn crate::store::Store> =
+                        Arc::new(crate::store::SledStore::open(&cfg.store)?);
                     let vault = crate::vault::Vault::open(store, &cfg.vault_key_dir)?;
                     let report = vault.rotate(limit)?;
                     offline_event(&cfg, |e| {
@@ -623,7 +676,10 @@ async fn admin_call(
         .body(Full::new(Bytes::from(body.to_owned())))
         .map_err(|_| crate::client::ClientError::Unexpected(0))?;
     let a = crate::client::send(socket, req).await?;
-    Ok((a.status.as_u16(), String::from_utf8_lossy(&a.body).into_owned()))
+    Ok((
+        a.status.as_u16(),
+        String::from_utf8_lossy(&a.body).into_owned(),
+    ))
 }
 
 async fn serve(config: &Path) -> Res {
@@ -695,7 +751,10 @@ pub fn quickstart_files(dir: &Path, listen: &str) -> Result<PathBuf, Box<dyn std
     write_secret_file(&dir.join("keys/master.key"), &master)?;
     zeroize::Zeroize::zeroize(&mut master);
     let (dev, pkcs8) = Es256Key::generate()?;
-    write_secret_file(&dir.join("keys/dev-issuer.pem"), pem_pkcs8(pkcs8.expose()).as_bytes())?;
+    write_secret_file(
+        &dir.join("keys/dev-issuer.pem"),
+        pem_pkcs8(pkcs8.expose()).as_bytes(),
+    )?;
     std::fs::write(
         dir.join("dev-issuer-jwks.json"),
         serde_json::to_vec_pretty(&serde_json::json!({"keys": [dev.public_jwk]}))?,
@@ -763,7 +822,11 @@ ttl = "60s"
 "#;
 
 /// Mints a dev subject token from a quick-start directory.
-pub fn dev_subject_token(dir: &Path, sub: &str, ttl: i64) -> Result<String, Box<dyn std::error::Error>> {
+pub fn dev_subject_token(
+    dir: &Path,
+    sub: &str,
+    ttl: i64,
+) -> Result<String, Box<dyn std::error::Error>> {
     let cfg = Config::load(&dir.join(QS_CONFIG))?;
     let key = load_pem_key(&dir.join("keys/dev-issuer.pem"))?;
     let now = crate::clock::Clock::now(&crate::clock::SystemClock);

@@ -76,9 +76,14 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
 /// removed as well, except in messages that name a key (``missing field
 /// `agent` ``).
 pub fn redact_values(msg: &str) -> String {
-    let names_a_key = ["missing field", "duplicate field", "duplicate key", "unknown field"]
-        .iter()
-        .any(|p| msg.starts_with(p));
+    let names_a_key = [
+        "missing field",
+        "duplicate field",
+        "duplicate key",
+        "unknown field",
+    ]
+    .iter()
+    .any(|p| msg.starts_with(p));
     let mut out = String::with_capacity(msg.len());
     let mut in_quote = None;
     let mut chars = msg.chars();
@@ -115,7 +120,8 @@ pub fn parse_toml<T: serde::de::DeserializeOwned>(
         Err(e) => return Err(vec![toml_problem(file, text, &e)]),
     };
     let mut unknown = Vec::new();
-    let parsed: Result<T, _> = serde_ignored::deserialize(de, |path| unknown.push(path.to_string()));
+    let parsed: Result<T, _> =
+        serde_ignored::deserialize(de, |path| unknown.push(path.to_string()));
     let mut problems: Vec<Problem> = unknown
         .into_iter()
         .map(|k| Problem {
@@ -178,7 +184,13 @@ fn locate_key(file: &Path, text: &str, path: &str) -> String {
     let mut table = String::new();
     let mut arrays: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     let mut best: Option<(usize, usize, usize)> = None;
-    let join = |a: &str, b: &str| if a.is_empty() { b.to_string() } else { format!("{a}.{b}") };
+    let join = |a: &str, b: &str| {
+        if a.is_empty() {
+            b.to_string()
+        } else {
+            format!("{a}.{b}")
+        }
+    };
     for (i, line) in text.lines().enumerate() {
         let t = line.trim_start();
         let col = line.len() - t.len() + 1;
@@ -661,24 +673,32 @@ impl Config {
         };
 
         if raw.agent.is_empty() || raw.agent.chars().any(|c| c.is_control()) {
-            bad("agent", "must be a non-empty name without control characters");
+            bad(
+                "agent",
+                "must be a non-empty name without control characters",
+            );
         }
         let issuer = match url::Url::parse(&raw.issuer) {
             Ok(u) if secure_or_loopback(&u) && u.query().is_none() && u.fragment().is_none() => {
                 raw.issuer.trim_end_matches('/').to_string()
             }
             _ => {
-                bad("issuer", "must be an https URL (http only on loopback), without query or fragment");
+                bad(
+                    "issuer",
+                    "must be an https URL (http only on loopback), without query or fragment",
+                );
                 String::new()
             }
         };
 
         let header_timeout = match raw.socket.header_timeout.as_deref() {
             None => Duration::from_secs(5),
-            Some(s) => parse_duration(s).filter(|d| !d.is_zero()).unwrap_or_else(|| {
-                bad("socket.header_timeout", "must be a duration such as \"5s\"");
-                Duration::from_secs(5)
-            }),
+            Some(s) => parse_duration(s)
+                .filter(|d| !d.is_zero())
+                .unwrap_or_else(|| {
+                    bad("socket.header_timeout", "must be a duration such as \"5s\"");
+                    Duration::from_secs(5)
+                }),
         };
         // Default allow-list: only the broker's own uid (quick start, tests).
         let allowed_uids = raw
@@ -706,14 +726,20 @@ impl Config {
                         }
                     };
                     if tls.is_none() && !addr.ip().is_loopback() {
-                        bad("public.listen", "plain HTTP is allowed only on loopback; set tls_cert and tls_key");
+                        bad(
+                            "public.listen",
+                            "plain HTTP is allowed only on loopback; set tls_cert and tls_key",
+                        );
                     }
                     Some(PublicConfig { listen: addr, tls })
                 }
             },
         };
 
-        let parse_algs = |key: &str, v: Option<Vec<String>>, default: Vec<crate::jose::Alg>, bad: &mut dyn FnMut(&str, &str)| {
+        let parse_algs = |key: &str,
+                          v: Option<Vec<String>>,
+                          default: Vec<crate::jose::Alg>,
+                          bad: &mut dyn FnMut(&str, &str)| {
             match v {
                 None => default,
                 Some(list) => {
@@ -731,7 +757,12 @@ impl Config {
                 }
             }
         };
-        let dpop_algs = parse_algs("dpop.algs", raw.dpop.algs, vec![crate::jose::Alg::ES256], &mut bad);
+        let dpop_algs = parse_algs(
+            "dpop.algs",
+            raw.dpop.algs,
+            vec![crate::jose::Alg::ES256],
+            &mut bad,
+        );
         let replay_capacity = raw.dpop.replay_capacity.unwrap_or(200_000);
         if replay_capacity < 16 {
             bad("dpop.replay_capacity", "must be at least 16");
@@ -742,34 +773,54 @@ impl Config {
             per_person_tool_per_second: raw.limits.per_person_tool_per_second.unwrap_or(1_000),
             burst: raw.limits.burst.unwrap_or(2_000),
         };
-        if limits.per_peer_per_second == 0 || limits.per_person_tool_per_second == 0 || limits.burst == 0 {
+        if limits.per_peer_per_second == 0
+            || limits.per_person_tool_per_second == 0
+            || limits.burst == 0
+        {
             bad("limits", "rates and burst must be positive");
         }
 
         let mut issuers = Vec::new();
         if raw.trusted_issuers.is_empty() {
-            bad("trusted_issuers", "at least one trusted subject-token issuer is needed");
+            bad(
+                "trusted_issuers",
+                "at least one trusted subject-token issuer is needed",
+            );
         }
         for (i, ti) in raw.trusted_issuers.into_iter().enumerate() {
             let key = |k: &str| format!("trusted_issuers[{i}].{k}");
             let iss_url = url::Url::parse(&ti.issuer).ok();
             if !iss_url.as_ref().is_some_and(secure_or_loopback) {
-                bad(&key("issuer"), "must be an https URL (http only on loopback)");
+                bad(
+                    &key("issuer"),
+                    "must be an https URL (http only on loopback)",
+                );
             }
             let jwks = match (ti.jwks_file, ti.jwks_uri) {
                 (Some(f), None) => JwksSource::File(rel(&f)),
                 (None, Some(u)) => {
                     if !url::Url::parse(&u).is_ok_and(|u| secure_or_loopback(&u)) {
-                        bad(&key("jwks_uri"), "must be an https URL (http only on loopback)");
+                        bad(
+                            &key("jwks_uri"),
+                            "must be an https URL (http only on loopback)",
+                        );
                     }
                     JwksSource::Uri(u)
                 }
                 _ => {
-                    bad(&key("jwks_file"), "give exactly one of jwks_file or jwks_uri");
+                    bad(
+                        &key("jwks_file"),
+                        "give exactly one of jwks_file or jwks_uri",
+                    );
                     JwksSource::File(PathBuf::new())
                 }
             };
-            let algs = parse_algs(&key("algs"), ti.algs, vec![crate::jose::Alg::ES256, crate::jose::Alg::RS256], &mut bad);
+            let algs = parse_algs(
+                &key("algs"),
+                ti.algs,
+                vec![crate::jose::Alg::ES256, crate::jose::Alg::RS256],
+                &mut bad,
+            );
             let sign_in = match ti.sign_in {
                 None => {
                     bad(&key("sign_in"), "every trusted issuer must be paired with a sign-in source (kind = \"oidc\" or \"local\")");
@@ -778,12 +829,18 @@ impl Config {
                 Some(s) => match (s.kind.as_str(), s.client_id, s.client_secret_file) {
                     ("local", None, None) => {
                         if ti.issuer.trim_end_matches('/') != issuer {
-                            bad(&key("sign_in"), "local sign-in pairs only with the broker's own issuer");
+                            bad(
+                                &key("sign_in"),
+                                "local sign-in pairs only with the broker's own issuer",
+                            );
                         }
                         SignIn::Local
                     }
                     ("local", _, _) => {
-                        bad(&key("sign_in"), "local sign-in takes no client_id or client_secret_file");
+                        bad(
+                            &key("sign_in"),
+                            "local sign-in takes no client_id or client_secret_file",
+                        );
                         SignIn::Local
                     }
                     ("oidc", Some(client_id), client_secret_file) => SignIn::Oidc {
@@ -801,7 +858,10 @@ impl Config {
                 },
             };
             let token_types = ti.token_types.unwrap_or_else(|| vec!["at+jwt".into()]);
-            if token_types.iter().any(|t| t.eq_ignore_ascii_case("dpop+jwt")) {
+            if token_types
+                .iter()
+                .any(|t| t.eq_ignore_ascii_case("dpop+jwt"))
+            {
                 bad(&key("token_types"), "DPoP proofs are never subject tokens");
             }
             issuers.push(IssuerConfig {
@@ -817,7 +877,10 @@ impl Config {
         let mut seen = std::collections::HashSet::new();
         for (i, ti) in issuers.iter().enumerate() {
             if !seen.insert(ti.issuer.clone()) {
-                bad(&format!("trusted_issuers[{i}].issuer"), "an issuer is listed twice");
+                bad(
+                    &format!("trusted_issuers[{i}].issuer"),
+                    "an issuer is listed twice",
+                );
             }
         }
 
@@ -837,7 +900,9 @@ impl Config {
             agent: raw.agent,
             issuer,
             policy: rel(&raw.policy),
-            audit_log: raw.audit_log.map_or_else(|| store.join("audit.jsonl"), |p| rel(&p)),
+            audit_log: raw
+                .audit_log
+                .map_or_else(|| store.join("audit.jsonl"), |p| rel(&p)),
             admin_socket: raw
                 .admin
                 .map_or_else(|| rel(Path::new("admin.sock")), |a| rel(&a.socket)),
@@ -884,10 +949,20 @@ fn validate_provider(
         start.set(false);
         bad(&key(k), m);
     };
-    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-        fail("name", "a provider name is letters, digits, - and _ (it appears in URLs and the policy)");
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        fail(
+            "name",
+            "a provider name is letters, digits, - and _ (it appears in URLs and the policy)",
+        );
     }
-    let url_ok = |u: &str| url::Url::parse(u).is_ok_and(|u| secure_or_loopback(&u) && u.fragment().is_none());
+    let url_ok = |u: &str| {
+        url::Url::parse(u).is_ok_and(|u| secure_or_loopback(&u) && u.fragment().is_none())
+    };
     let github = match rp.preset.as_deref() {
         None => false,
         Some("github") => true,
@@ -904,11 +979,17 @@ fn validate_provider(
         ("userinfo_endpoint", &rp.userinfo_endpoint),
     ] {
         if v.as_deref().is_some_and(|u| !url_ok(u)) {
-            fail(k, "must be an https URL (http only on loopback), without fragment");
+            fail(
+                k,
+                "must be an https URL (http only on loopback), without fragment",
+            );
         }
     }
     let (auth_default, token_default) = if github {
-        (Some(GITHUB_AUTHORIZE.to_string()), Some(GITHUB_TOKEN.to_string()))
+        (
+            Some(GITHUB_AUTHORIZE.to_string()),
+            Some(GITHUB_TOKEN.to_string()),
+        )
     } else {
         (None, None)
     };
@@ -939,12 +1020,18 @@ fn validate_provider(
         Some("client_secret_post") => ClientAuth::Post,
         Some("none") => ClientAuth::None,
         Some(_) => {
-            fail("token_endpoint_auth", "must be client_secret_basic, client_secret_post or none");
+            fail(
+                "token_endpoint_auth",
+                "must be client_secret_basic, client_secret_post or none",
+            );
             ClientAuth::Basic
         }
     };
     if client_auth != ClientAuth::None && rp.client_secret_file.is_none() {
-        fail("client_secret_file", "a confidential client needs its secret in a file (mode 0600)");
+        fail(
+            "client_secret_file",
+            "a confidential client needs its secret in a file (mode 0600)",
+        );
     }
     if rp.client_id.is_empty() || rp.client_id.chars().any(char::is_control) {
         fail("client_id", "must be non-empty, without control characters");
@@ -952,7 +1039,10 @@ fn validate_provider(
     let redirect_uri = match rp.redirect_uri {
         Some(u) => {
             if !url_ok(&u) || u.contains('?') {
-                fail("redirect_uri", "must be an https URL (http only on loopback) without query or fragment");
+                fail(
+                    "redirect_uri",
+                    "must be an https URL (http only on loopback) without query or fragment",
+                );
             }
             u
         }
@@ -962,15 +1052,27 @@ fn validate_provider(
     let mut scopes = Vec::new();
     for s in rp.scopes.unwrap_or_default() {
         if !crate::policy::valid_scope_token(&s) {
-            fail("scopes", "a scope must be a non-empty token without spaces or quotes");
+            fail(
+                "scopes",
+                "a scope must be a non-empty token without spaces or quotes",
+            );
         } else if !scopes.contains(&s) {
             scopes.push(s);
         }
     }
     let account = match rp.account {
-        Some(RawAccountLookup { url: Some(u), id_field, name_field, userinfo_id_claim: None, userinfo_name_claim: None }) => {
+        Some(RawAccountLookup {
+            url: Some(u),
+            id_field,
+            name_field,
+            userinfo_id_claim: None,
+            userinfo_name_claim: None,
+        }) => {
             if !url_ok(&u) {
-                fail("account.url", "must be an https URL (http only on loopback)");
+                fail(
+                    "account.url",
+                    "must be an https URL (http only on loopback)",
+                );
             }
             AccountLookup::Api {
                 url: u,
@@ -978,13 +1080,22 @@ fn validate_provider(
                 name_field: name_field.unwrap_or_else(|| "login".into()),
             }
         }
-        Some(RawAccountLookup { url: None, id_field: None, name_field: None, userinfo_id_claim, userinfo_name_claim }) => AccountLookup::Userinfo {
+        Some(RawAccountLookup {
+            url: None,
+            id_field: None,
+            name_field: None,
+            userinfo_id_claim,
+            userinfo_name_claim,
+        }) => AccountLookup::Userinfo {
             id_claim: userinfo_id_claim.unwrap_or_else(|| "sub".into()),
             name_claim: userinfo_name_claim.unwrap_or_else(|| "preferred_username".into()),
         },
         Some(_) => {
             fail("account", "give either url (with id_field, name_field) or userinfo_id_claim / userinfo_name_claim");
-            AccountLookup::Userinfo { id_claim: "sub".into(), name_claim: "preferred_username".into() }
+            AccountLookup::Userinfo {
+                id_claim: "sub".into(),
+                name_claim: "preferred_username".into(),
+            }
         }
         None if github => AccountLookup::Api {
             url: GITHUB_USER_API.into(),
@@ -1006,7 +1117,10 @@ fn validate_provider(
         Some(t) => match parse_duration(t) {
             Some(d) if !d.is_zero() && d <= Duration::from_secs(60) => d,
             _ => {
-                fail("timeout", "must be a duration between 1ms and 60s, such as \"10s\"");
+                fail(
+                    "timeout",
+                    "must be a duration between 1ms and 60s, such as \"10s\"",
+                );
                 Duration::from_secs(10)
             }
         },
@@ -1016,9 +1130,13 @@ fn validate_provider(
     }
     Some(ProviderConfig {
         name: name.to_string(),
-        display_name: rp
-            .display_name
-            .unwrap_or_else(|| if github { "GitHub".into() } else { name.to_string() }),
+        display_name: rp.display_name.unwrap_or_else(|| {
+            if github {
+                "GitHub".into()
+            } else {
+                name.to_string()
+            }
+        }),
         issuer: rp.issuer,
         endpoints,
         client_id: rp.client_id,
@@ -1067,6 +1185,6 @@ pub fn write_secret_file(path: &Path, data: &[u8]) -> std::io::Result<()> {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod provider_tests;
+#[cfg(test)]
+mod tests;

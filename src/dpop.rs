@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use crate::jose::{self, Alg, Jwk, JoseError};
+use crate::jose::{self, Alg, JoseError, Jwk};
 use crate::secret::SecretBytes;
 
 /// Proofs larger than this are refused before parsing.

@@ -184,7 +184,9 @@ impl Limits {
     }
 
     fn retry_after(nu: &governor::NotUntil<governor::clock::QuantaInstant>) -> u64 {
-        let wait = nu.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
+        let wait = nu.wait_time_from(governor::clock::Clock::now(
+            &governor::clock::DefaultClock::default(),
+        ));
         wait.as_secs() + 1
     }
 
@@ -313,7 +315,9 @@ impl Broker {
         } else {
             self.store.put(Tree::State, FROZEN_KEY, b"0")?;
             self.frozen.store(false, Ordering::SeqCst);
-            self.metrics.frozen.set(i64::from(self.policy.load().frozen));
+            self.metrics
+                .frozen
+                .set(i64::from(self.policy.load().frozen));
             Ok(())
         }
     }
@@ -367,7 +371,15 @@ impl Broker {
                 Ok(issued)
             }
             Err(err) => {
-                let e = self.event(now, &req, &policy, &ctx, "derive.denied", "denied", Some(err.reason()));
+                let e = self.event(
+                    now,
+                    &req,
+                    &policy,
+                    &ctx,
+                    "derive.denied",
+                    "denied",
+                    Some(err.reason()),
+                );
                 if let Err(audit_err) = self.audit.record(&e) {
                     tracing::error!(error = %audit_err, "audit write failed for a refusal");
                 }
@@ -439,9 +451,16 @@ impl Broker {
             self.metrics.subject_cache_misses.inc();
         }
         ctx.person = Some(subject.person.clone());
-        let key = (subject.person.iss.clone(), subject.person.sub.clone(), req.tool.clone());
+        let key = (
+            subject.person.iss.clone(),
+            subject.person.sub.clone(),
+            req.tool.clone(),
+        );
         if let Err(nu) = self.limits.per_person_tool.check_key(&key) {
-            self.metrics.rate_limited.with_label_values(&["person_tool"]).inc();
+            self.metrics
+                .rate_limited
+                .with_label_values(&["person_tool"])
+                .inc();
             return Err(DeriveError::RateLimited {
                 retry_after: Limits::retry_after(&nu),
             });
@@ -484,7 +503,9 @@ impl Broker {
             })?;
 
         if let policy::Source::Service { service, .. } = &grant.resource.source {
-            return self.derive_service(req, &subject, &grant, service, now, ctx).await;
+            return self
+                .derive_service(req, &subject, &grant, service, now, ctx)
+                .await;
         }
         // Source: self. Lifetime = min(policy ttl, 300 s, subject's life).
         let exp = (now + grant.ttl.as_secs() as i64).min(subject.exp);
@@ -566,17 +587,32 @@ impl Broker {
         ctx: &mut Ctx,
     ) -> Result<(Issued, String), DeriveError> {
         let Some(conn) = self.connected.as_ref() else {
-            return Err(DeriveError::Unavailable("connected services are not configured on this instance"));
+            return Err(DeriveError::Unavailable(
+                "connected services are not configured on this instance",
+            ));
         };
         let Some(provider) = conn.providers.get(service) else {
             // The loader and start-up check this; a reload could still
             // name an unknown service. Fail closed.
-            return Err(DeriveError::Unavailable("the policy names a service that has no provider in the config"));
+            return Err(DeriveError::Unavailable(
+                "the policy names a service that has no provider in the config",
+            ));
         };
         let person = &subject.person;
         let agent = self.config.agent.as_str();
         let policy_hash = self.policy.load().hash.clone();
-        let refuse = |kind| self.link_refusal(conn, provider, person, service, kind, &grant.scopes, &policy_hash, now);
+        let refuse = |kind| {
+            self.link_refusal(
+                conn,
+                provider,
+                person,
+                service,
+                kind,
+                &grant.scopes,
+                &policy_hash,
+                now,
+            )
+        };
         let account = conn.vault.account(person, service).map_err(vault_error)?;
         let kind = match &account {
             None => Some(crate::connect::LinkKind::Connect),
@@ -587,7 +623,11 @@ impl Broker {
             {
                 Some(crate::connect::LinkKind::Reconnect)
             }
-            Some(_) => match conn.vault.allowance(person, agent, service).map_err(vault_error)? {
+            Some(_) => match conn
+                .vault
+                .allowance(person, agent, service)
+                .map_err(vault_error)?
+            {
                 Some(al) if covers(&al.scopes, &grant.scopes) => None,
                 _ => Some(crate::connect::LinkKind::Allow),
             },
@@ -607,8 +647,12 @@ impl Broker {
             .map_err(vault_error)?;
         let t = match outcome {
             crate::vault::TokenOutcome::Token(t) => t,
-            crate::vault::TokenOutcome::NoAccount => return Err(refuse(crate::connect::LinkKind::Connect)),
-            crate::vault::TokenOutcome::Reconnect => return Err(refuse(crate::connect::LinkKind::Reconnect)),
+            crate::vault::TokenOutcome::NoAccount => {
+                return Err(refuse(crate::connect::LinkKind::Connect))
+            }
+            crate::vault::TokenOutcome::Reconnect => {
+                return Err(refuse(crate::connect::LinkKind::Reconnect))
+            }
             crate::vault::TokenOutcome::Unavailable(_) => {
                 return Err(DeriveError::UpstreamUnavailable {
                     service: service.to_string(),
@@ -626,7 +670,10 @@ impl Broker {
         }
         // Provider tokens have no jti: the event carries a hash of a hash
         // of the token, enough to correlate, never the token.
-        let id = format!("provider:{}", crate::jose::sha256_hex(t.access_token.expose().as_bytes()));
+        let id = format!(
+            "provider:{}",
+            crate::jose::sha256_hex(t.access_token.expose().as_bytes())
+        );
         Ok((
             Issued {
                 access_token: t.access_token,

@@ -130,7 +130,9 @@ pub struct Jws<'a> {
 
 /// Strict base64url (no padding, no stray bits, URL alphabet only).
 pub fn b64d(s: &str, what: &'static str) -> Result<Vec<u8>, JoseError> {
-    URL_SAFE_NO_PAD.decode(s).map_err(|_| JoseError::Base64(what))
+    URL_SAFE_NO_PAD
+        .decode(s)
+        .map_err(|_| JoseError::Base64(what))
 }
 
 /// base64url without padding.
@@ -155,7 +157,8 @@ pub fn parse(token: &str, max_len: usize) -> Result<Jws<'_>, JoseError> {
         return Err(JoseError::TooLarge(max_len));
     }
     let mut parts = token.split('.');
-    let (Some(h), Some(p), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(h), Some(p), Some(s), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err(JoseError::NotCompact);
     };
@@ -367,7 +370,10 @@ impl JwkSet {
             .get("keys")
             .and_then(Value::as_array)
             .ok_or(JoseError::Json("JWKS"))?;
-        let keys: Vec<Jwk> = keys.iter().filter_map(|k| Jwk::from_value(k).ok()).collect();
+        let keys: Vec<Jwk> = keys
+            .iter()
+            .filter_map(|k| Jwk::from_value(k).ok())
+            .collect();
         if keys.is_empty() {
             return Err(JoseError::Key("JWKS has no usable signing key"));
         }

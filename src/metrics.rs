@@ -65,7 +65,10 @@ impl Metrics {
         let registry = Registry::new_custom(Some("credbroker".into()), None)
             .unwrap_or_else(|_| Registry::new());
         let derives = must(IntCounterVec::new(
-            Opts::new("derives_total", "Derive requests by outcome, reason and tool"),
+            Opts::new(
+                "derives_total",
+                "Derive requests by outcome, reason and tool",
+            ),
             &["outcome", "reason", "tool"],
         ));
         let latency = must(HistogramVec::new(
@@ -74,17 +77,38 @@ impl Metrics {
             ]),
             &["outcome"],
         ));
-        let replay_cache_entries = must(IntGauge::new("dpop_replay_cache_entries", "Live DPoP jti entries"));
-        let replay_cache_capacity = must(IntGauge::new("dpop_replay_cache_capacity", "DPoP jti cache capacity"));
-        let subject_cache_hits = must(IntCounter::new("subject_cache_hits_total", "Subject tokens served from cache"));
-        let subject_cache_misses = must(IntCounter::new("subject_cache_misses_total", "Subject tokens verified"));
+        let replay_cache_entries = must(IntGauge::new(
+            "dpop_replay_cache_entries",
+            "Live DPoP jti entries",
+        ));
+        let replay_cache_capacity = must(IntGauge::new(
+            "dpop_replay_cache_capacity",
+            "DPoP jti cache capacity",
+        ));
+        let subject_cache_hits = must(IntCounter::new(
+            "subject_cache_hits_total",
+            "Subject tokens served from cache",
+        ));
+        let subject_cache_misses = must(IntCounter::new(
+            "subject_cache_misses_total",
+            "Subject tokens verified",
+        ));
         let policy_info = IntGaugeVecWrapper(must(prometheus::IntGaugeVec::new(
             Opts::new("policy_info", "The loaded policy (label: its SHA-256)"),
             &["hash"],
         )));
-        let policy_loaded_time = must(Gauge::new("policy_loaded_timestamp_seconds", "When the policy was loaded"));
-        let policy_reload_failures = must(IntCounter::new("policy_reload_failures_total", "Policy reloads that failed and kept the last good policy"));
-        let frozen = must(IntGauge::new("frozen", "1 while the emergency freeze denies every derive"));
+        let policy_loaded_time = must(Gauge::new(
+            "policy_loaded_timestamp_seconds",
+            "When the policy was loaded",
+        ));
+        let policy_reload_failures = must(IntCounter::new(
+            "policy_reload_failures_total",
+            "Policy reloads that failed and kept the last good policy",
+        ));
+        let frozen = must(IntGauge::new(
+            "frozen",
+            "1 while the emergency freeze denies every derive",
+        ));
         let rate_limited = must(IntCounterVec::new(
             Opts::new("rate_limited_total", "Requests refused by a rate limit"),
             &["limit"],
@@ -133,10 +157,14 @@ mod tests {
     #[test]
     fn registers_and_renders() {
         let m = super::Metrics::new();
-        m.derives.with_label_values(&["issued", "none", "mail.read"]).inc();
+        m.derives
+            .with_label_values(&["issued", "none", "mail.read"])
+            .inc();
         m.policy_info.set_only("abc");
         let text = m.render();
-        assert!(text.contains("credbroker_derives_total{outcome=\"issued\",reason=\"none\",tool=\"mail.read\"} 1"));
+        assert!(text.contains(
+            "credbroker_derives_total{outcome=\"issued\",reason=\"none\",tool=\"mail.read\"} 1"
+        ));
         assert!(text.contains("credbroker_policy_info{hash=\"abc\"} 1"));
     }
 }

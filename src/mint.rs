@@ -127,11 +127,20 @@ pub fn rotate(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<KeyRing, M
     let records: Vec<(Vec<u8>, KeyRecord)> = store
         .scan_prefix(Tree::SigningKeys, b"")?
         .into_iter()
-        .map(|(k, v)| Ok((k, serde_json::from_slice(&v).map_err(|_| MintError::Record)?)))
+        .map(|(k, v)| {
+            Ok((
+                k,
+                serde_json::from_slice(&v).map_err(|_| MintError::Record)?,
+            ))
+        })
         .collect::<Result<_, MintError>>()?;
     // The new key is written first: a crash in between leaves two active
     // keys, and the newest wins on load, which is safe.
-    store_new_key(store, sealer, now.max(records.iter().map(|r| r.1.created + 1).max().unwrap_or(now)))?;
+    store_new_key(
+        store,
+        sealer,
+        now.max(records.iter().map(|r| r.1.created + 1).max().unwrap_or(now)),
+    )?;
     for (k, mut rec) in records {
         match rec.retired {
             None => {

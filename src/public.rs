@@ -87,7 +87,10 @@ where
             "public, max-age=300",
         ),
         (&Method::GET, "/.well-known/jwks.json") => with_cache(
-            json_response(StatusCode::OK, &broker.minter.ring().jwks(broker.clock.now())),
+            json_response(
+                StatusCode::OK,
+                &broker.minter.ring().jwks(broker.clock.now()),
+            ),
             // Short, so that rotated keys are seen quickly.
             "public, max-age=60",
         ),
@@ -146,7 +149,8 @@ pub async fn serve(
                 let builder = builder.clone();
                 tokio::spawn(async move {
                     let Ok(Ok(tls)) =
-                        tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await
+                        tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
+                            .await
                     else {
                         return;
                     };

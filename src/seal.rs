@@ -84,8 +84,12 @@ impl Sealer {
         let mut nonce = [0u8; NONCE_LEN];
         aws_lc_rs::rand::fill(&mut nonce).map_err(|_| SealError::Seal)?;
         let mut buf = plaintext.to_vec();
-        key.seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::from(aad), &mut buf)
-            .map_err(|_| SealError::Seal)?;
+        key.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(aad),
+            &mut buf,
+        )
+        .map_err(|_| SealError::Seal)?;
         let mut out = Vec::with_capacity(1 + 8 + NONCE_LEN + buf.len());
         out.push(VERSION);
         out.extend_from_slice(&self.current);
@@ -110,7 +114,11 @@ impl Sealer {
         nonce.copy_from_slice(&record[9..9 + NONCE_LEN]);
         let mut buf = record[9 + NONCE_LEN..].to_vec();
         let len = key
-            .open_in_place(Nonce::assume_unique_for_key(nonce), Aad::from(aad), &mut buf)
+            .open_in_place(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad),
+                &mut buf,
+            )
             .map_err(|_| SealError::Open)?
             .len();
         buf.truncate(len);
@@ -149,7 +157,13 @@ mod tests {
         let new = Sealer::new(&key(2), &[key(1)]).unwrap();
         assert_eq!(new.open(b"k", &rec).unwrap().expose(), b"v");
         let only_new = Sealer::new(&key(2), &[]).unwrap();
-        assert!(matches!(only_new.open(b"k", &rec), Err(SealError::UnknownKey(_))));
-        assert_eq!(Sealer::new(&SecretBytes::new(vec![0; 16]), &[]).unwrap_err(), SealError::KeyLength);
+        assert!(matches!(
+            only_new.open(b"k", &rec),
+            Err(SealError::UnknownKey(_))
+        ));
+        assert_eq!(
+            Sealer::new(&SecretBytes::new(vec![0; 16]), &[]).unwrap_err(),
+            SealError::KeyLength
+        );
     }
 }

@@ -104,7 +104,10 @@ pub struct Instance {
 
 /// Builds an instance from a validated config: opens the store, loads or
 /// creates the signing key, loads the policy and the trusted issuers.
-pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<Instance, StartError> {
+pub async fn build(
+    config: Config,
+    clock: crate::clock::SharedClock,
+) -> Result<Instance, StartError> {
     let policy = crate::policy::Policy::load(&config.policy)?;
     if policy.agent != config.agent {
         return Err(StartError::AgentMismatch {
@@ -113,7 +116,11 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
         });
     }
     let providers = Arc::new(crate::upstream::Providers::from_config(&config)?);
-    if let Some(missing) = policy.services().into_iter().find(|s| providers.get(s).is_none()) {
+    if let Some(missing) = policy
+        .services()
+        .into_iter()
+        .find(|s| providers.get(s).is_none())
+    {
         return Err(StartError::UnknownService(missing.to_string()));
     }
     let master = crate::config::read_secret_file(&config.master_key_file).map_err(|source| {
@@ -123,9 +130,13 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
         }
     })?;
     let sealer = Arc::new(Sealer::new(&master, &[])?);
-    let store: Arc<dyn crate::store::Store> = Arc::new(crate::store::SledStore::open(&config.store)?);
+    let store: Arc<dyn crate::store::Store> =
+        Arc::new(crate::store::SledStore::open(&config.store)?);
     let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
-    let vault = Arc::new(crate::vault::Vault::open(store.clone(), &config.vault_key_dir)?);
+    let vault = Arc::new(crate::vault::Vault::open(
+        store.clone(),
+        &config.vault_key_dir,
+    )?);
     let links = Arc::new(crate::connect::Links::new(
         store.clone(),
         &crate::connect::Links::derive_key(&master),
@@ -139,17 +150,25 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
     // Our own tokens are never accepted as subject tokens; the check reads
     // the live key ring, so a rotated key is known at once.
     let m = minter.clone();
-    let subjects =
-        crate::subject::Validator::new(&config.trusted_issuers, Box::new(move |kid| m.is_own_kid(kid)))
-            .await?;
+    let subjects = crate::subject::Validator::new(
+        &config.trusted_issuers,
+        Box::new(move |kid| m.is_own_kid(kid)),
+    )
+    .await?;
     let nonces = if config.dpop.require_nonce {
         let mut key = vec![0u8; 32];
         aws_lc_rs::rand::fill(&mut key).map_err(|_| StartError::Io("random".into()))?;
-        Some(crate::dpop::Nonces::new(&crate::secret::SecretBytes::new(key)))
+        Some(crate::dpop::Nonces::new(&crate::secret::SecretBytes::new(
+            key,
+        )))
     } else {
         None
     };
-    let proofs = crate::dpop::Validator::new(config.dpop.algs.clone(), config.dpop.replay_capacity, nonces);
+    let proofs = crate::dpop::Validator::new(
+        config.dpop.algs.clone(),
+        config.dpop.replay_capacity,
+        nonces,
+    );
     let audit = crate::events::Audit::open(&config.audit_log)
         .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?;
     let connected = Arc::new(crate::exchange::Connected {
@@ -157,18 +176,20 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
         links: links.clone(),
         providers: providers.clone(),
     });
-    let broker = Arc::new(Broker::new(
-        config,
-        policy,
-        subjects,
-        proofs,
-        minter,
-        audit,
-        crate::metrics::Metrics::new(),
-        store,
-        clock,
-    )
-    .with_connected(connected));
+    let broker = Arc::new(
+        Broker::new(
+            config,
+            policy,
+            subjects,
+            proofs,
+            minter,
+            audit,
+            crate::metrics::Metrics::new(),
+            store,
+            clock,
+        )
+        .with_connected(connected),
+    );
     // Providers found by discovery: learn their endpoints now (bounded),
     // so the pages can build authorization URLs; a failure is retried by
     // housekeeping and on the first refresh.
@@ -177,8 +198,12 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
             if p.cached_endpoints().is_none() {
                 match tokio::time::timeout(p.config().timeout, p.endpoints()).await {
                     Ok(Ok(_)) => {}
-                    Ok(Err(e)) => tracing::warn!(provider = %name, error = %e, "provider discovery failed; will retry"),
-                    Err(_) => tracing::warn!(provider = %name, "provider discovery timed out; will retry"),
+                    Ok(Err(e)) => {
+                        tracing::warn!(provider = %name, error = %e, "provider discovery failed; will retry")
+                    }
+                    Err(_) => {
+                        tracing::warn!(provider = %name, "provider discovery timed out; will retry")
+                    }
                 }
             }
         }
@@ -210,7 +235,12 @@ pub async fn build(config: Config, clock: crate::clock::SharedClock) -> Result<I
 
 /// Binds the listeners named in the config.
 pub async fn bind(config: &Config) -> Result<Listeners, StartError> {
-    let api = crate::api::peer::bind(&config.socket.path, 0o750, 0o660, config.socket.group.as_deref())?;
+    let api = crate::api::peer::bind(
+        &config.socket.path,
+        0o750,
+        0o660,
+        config.socket.group.as_deref(),
+    )?;
     let admin = crate::api::peer::bind(&config.admin_socket, 0o700, 0o600, None)?;
     let public = match &config.public {
         Some(p) => Some(
@@ -271,7 +301,10 @@ async fn serve_unix<H, F>(
             Err(_) => continue,
         };
         if !allowed.contains(&uid) {
-            tracing::warn!(peer_uid = uid, "connection refused: peer uid not in the allow-list");
+            tracing::warn!(
+                peer_uid = uid,
+                "connection refused: peer uid not in the allow-list"
+            );
             // Nothing from this peer is parsed; it gets a fixed answer (if a
             // refusal slot is free, else none) and the connection is closed.
             let Ok(refusal) = refusals.clone().try_acquire_owned() else {

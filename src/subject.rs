@@ -20,7 +20,7 @@ use dashmap::DashMap;
 use serde::Deserialize;
 
 use crate::config::{IssuerConfig, JwksSource};
-use crate::jose::{self, Alg, Audience, JwkSet, JoseError};
+use crate::jose::{self, Alg, Audience, JoseError, JwkSet};
 
 /// Subject tokens larger than this are refused before parsing.
 pub const MAX_SUBJECT_LEN: usize = 16 * 1024;
@@ -152,7 +152,10 @@ async fn fetch_jwks(http: &reqwest::Client, uri: &str) -> Result<JwkSet, Subject
     if !resp.status().is_success() {
         return Err(SubjectError::KeysUnavailable);
     }
-    let body = resp.bytes().await.map_err(|_| SubjectError::KeysUnavailable)?;
+    let body = resp
+        .bytes()
+        .await
+        .map_err(|_| SubjectError::KeysUnavailable)?;
     if body.len() > JWKS_MAX_BYTES {
         return Err(SubjectError::KeysUnavailable);
     }
@@ -176,7 +179,9 @@ pub enum SetupError {
 
 fn normalize_typ(t: &str) -> String {
     let t = t.to_ascii_lowercase();
-    t.strip_prefix("application/").map(str::to_owned).unwrap_or(t)
+    t.strip_prefix("application/")
+        .map(str::to_owned)
+        .unwrap_or(t)
 }
 
 impl Validator {
@@ -271,18 +276,27 @@ impl Validator {
     async fn validate_uncached(&self, token: &str, now: i64) -> Result<Subject, SubjectError> {
         let jws = jose::parse(token, MAX_SUBJECT_LEN)?;
         // Which issuer: read `iss` (unverified) only to pick the keys.
-        let peek: PeekIss = serde_json::from_slice(&jws.payload).map_err(|_| SubjectError::Claims)?;
+        let peek: PeekIss =
+            serde_json::from_slice(&jws.payload).map_err(|_| SubjectError::Claims)?;
         let iss = match peek.iss {
             Some(serde_json::Value::String(s)) => s,
             _ => return Err(SubjectError::Claims),
         };
-        let issuer = self.issuers.get(&iss).ok_or(SubjectError::UntrustedIssuer)?;
+        let issuer = self
+            .issuers
+            .get(&iss)
+            .ok_or(SubjectError::UntrustedIssuer)?;
         let typ = jws.header.typ.as_deref().map(normalize_typ);
         if typ.as_deref() == Some("dpop+jwt") {
             return Err(SubjectError::WrongKind("a DPoP proof"));
         }
         match &typ {
-            Some(t) if issuer.cfg.token_types.iter().any(|a| normalize_typ(a) == *t) => {}
+            Some(t)
+                if issuer
+                    .cfg
+                    .token_types
+                    .iter()
+                    .any(|a| normalize_typ(a) == *t) => {}
             _ => return Err(SubjectError::Typ),
         }
         let alg = Alg::parse(&jws.header.alg).map_err(|_| SubjectError::Alg)?;
@@ -300,7 +314,10 @@ impl Validator {
             Some(k) => k.clone(),
             None => {
                 let fresh = self.refetch(issuer).await.ok_or(SubjectError::UnknownKey)?;
-                fresh.select(kid, alg).cloned().ok_or(SubjectError::UnknownKey)?
+                fresh
+                    .select(kid, alg)
+                    .cloned()
+                    .ok_or(SubjectError::UnknownKey)?
             }
         };
         jwk.verify(alg, &jws).map_err(|e| match e {

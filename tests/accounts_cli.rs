@@ -220,7 +220,10 @@ async fn rotate_vault_interrupted_then_resumed_offline_and_through_the_admin_soc
     assert_eq!(v["running"], serde_json::Value::Null);
     let retired = v["retired_keys"][0].as_str().unwrap().to_string();
     assert!(
-        env.broker.audit_lines().iter().any(|e| e["event"] == "vault.rotated" && e["outcome"] == "done"),
+        env.broker
+            .audit_lines()
+            .iter()
+            .any(|e| e["event"] == "vault.rotated" && e["outcome"] == "done"),
         "the offline run is audited too"
     );
     let (_, list, _) = cli(&env, &["accounts", "list"]);

@@ -66,11 +66,18 @@ async fn idp_access_tokens_are_subject_tokens_and_id_tokens_are_not() {
 
     let es = login(&mut idp, "alice", AGENT_RESOURCE);
     let at = es["access_token"].as_str().unwrap();
-    match b.derive(&k, at, "summarize", "notes.read", RESOURCE, None).await {
+    match b
+        .derive(&k, at, "summarize", "notes.read", RESOURCE, None)
+        .await
+    {
         Answer::Issued(t) => {
             let c = claims(t.access_token.expose());
             assert_eq!(c["sub"], "alice");
-            assert_eq!(c["subject_iss"], issuer.as_str(), "the person is (iss, sub) of the IdP");
+            assert_eq!(
+                c["subject_iss"],
+                issuer.as_str(),
+                "the person is (iss, sub) of the IdP"
+            );
             // Never longer than the subject token, never longer than 300 s.
             assert!(c["exp"].as_i64().unwrap() - c["iat"].as_i64().unwrap() <= 300);
         }
@@ -79,23 +86,41 @@ async fn idp_access_tokens_are_subject_tokens_and_id_tokens_are_not() {
 
     // The ID token of the same login is not an access token: refused.
     let id_token = es["id_token"].as_str().unwrap();
-    match b.derive(&k, id_token, "summarize", "notes.read", RESOURCE, None).await {
+    match b
+        .derive(&k, id_token, "summarize", "notes.read", RESOURCE, None)
+        .await
+    {
         Answer::Refused(r) => assert_eq!(r.error, "invalid_request"),
         Answer::Issued(_) => panic!("an ID token was accepted as a subject token"),
     }
     // An access token for another agent: wrong audience, refused.
     let other = login(&mut idp, "alice", OTHER_AGENT);
-    match b.derive(&k, other["access_token"].as_str().unwrap(), "summarize", "notes.read", RESOURCE, None).await {
+    match b
+        .derive(
+            &k,
+            other["access_token"].as_str().unwrap(),
+            "summarize",
+            "notes.read",
+            RESOURCE,
+            None,
+        )
+        .await
+    {
         Answer::Refused(r) => assert!(r.error_description.unwrap().contains("audience")),
         Answer::Issued(_) => panic!("a token for another agent was accepted"),
     }
     // RS256 access tokens from the same IdP work too (alg bound to the RSA key).
     let rs = login(&mut idp, "bob", "urn:credbroker:agent:repo-helper:rsa");
     let rs_at = rs["access_token"].as_str().unwrap();
-    let header: serde_json::Value =
-        serde_json::from_slice(&credbroker::jose::b64d(rs_at.split('.').next().unwrap(), "h").unwrap()).unwrap();
+    let header: serde_json::Value = serde_json::from_slice(
+        &credbroker::jose::b64d(rs_at.split('.').next().unwrap(), "h").unwrap(),
+    )
+    .unwrap();
     assert_eq!(header["alg"], "RS256");
-    match b.derive(&k, rs_at, "summarize", "notes.read", RESOURCE, None).await {
+    match b
+        .derive(&k, rs_at, "summarize", "notes.read", RESOURCE, None)
+        .await
+    {
         Answer::Issued(t) => assert_eq!(claims(t.access_token.expose())["sub"], "bob"),
         Answer::Refused(r) => panic!("RS256 access token refused: {r:?}"),
     }
@@ -110,13 +135,31 @@ async fn untrusted_idp_is_refused_then_trusted_one_accepted() {
     let b = broker_trusting(trusted.hello["issuer"].as_str().unwrap());
     let k = key();
     let foreign = login(&mut stranger, "alice", AGENT_RESOURCE);
-    match b.derive(&k, foreign["access_token"].as_str().unwrap(), "summarize", "notes.read", RESOURCE, None).await {
+    match b
+        .derive(
+            &k,
+            foreign["access_token"].as_str().unwrap(),
+            "summarize",
+            "notes.read",
+            RESOURCE,
+            None,
+        )
+        .await
+    {
         Answer::Refused(r) => assert!(r.error_description.unwrap().contains("not trusted")),
         Answer::Issued(_) => panic!("a token from an untrusted issuer was accepted"),
     }
     let good = login(&mut trusted, "alice", AGENT_RESOURCE);
     assert!(matches!(
-        b.derive(&k, good["access_token"].as_str().unwrap(), "summarize", "notes.read", RESOURCE, None).await,
+        b.derive(
+            &k,
+            good["access_token"].as_str().unwrap(),
+            "summarize",
+            "notes.read",
+            RESOURCE,
+            None
+        )
+        .await,
         Answer::Issued(_)
     ));
 }

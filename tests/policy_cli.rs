@@ -271,7 +271,11 @@ fn check_github_example_warns_about_provider_tokens() {
         "provider_token must be warned about:\n{out}"
     );
     assert_eq!(
-        policy(d.path(), &["check", "--deny-warnings", "repo-helper-github.toml"]).0,
+        policy(
+            d.path(),
+            &["check", "--deny-warnings", "repo-helper-github.toml"]
+        )
+        .0,
         2
     );
 }

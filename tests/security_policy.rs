@@ -163,7 +163,10 @@ async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
     let good_hash = b.audit_lines().last().unwrap()["policy_hash"].clone();
     let path = b.path("policy.toml");
     let count = |b: &TestBroker, event: &str| {
-        b.audit_lines().iter().filter(|e| e["event"] == event).count()
+        b.audit_lines()
+            .iter()
+            .filter(|e| e["event"] == event)
+            .count()
     };
     // Signals that arrive while a reload is settling coalesce, and the file
     // watcher may judge a rewrite before the signal does, so each rewrite
@@ -177,7 +180,10 @@ async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
         assert!(ok.success());
         let deadline = std::time::Instant::now() + Duration::from_secs(15);
         while count(b, event) == before {
-            assert!(std::time::Instant::now() < deadline, "no {event} event after a rewrite");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {event} event after a rewrite"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     };
@@ -239,9 +245,18 @@ async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
         .count();
     // Each broken version was judged at least once (by the signal, the file
     // watcher, or both), and none was ever taken.
-    assert!(failed >= 5, "one policy.reload_failed event per broken reload at least: {failed}");
-    assert!(b.metrics().contains(&format!("policy_reload_failures_total {failed}")));
-    assert_eq!(count(&b, "policy.reloaded"), 0, "no broken version was loaded");
+    assert!(
+        failed >= 5,
+        "one policy.reload_failed event per broken reload at least: {failed}"
+    );
+    assert!(b
+        .metrics()
+        .contains(&format!("policy_reload_failures_total {failed}")));
+    assert_eq!(
+        count(&b, "policy.reloaded"),
+        0,
+        "no broken version was loaded"
+    );
     assert!(b
         .audit_lines()
         .iter()

@@ -17,7 +17,17 @@ async fn derive_then_deny_then_restart_keeps_keys() {
     assert_eq!(t.scope, "notes.read");
 
     // Sensitive tool outside its step: denied with the reason.
-    match b.derive(&k, &b.subject_token("alice"), "summarize", "notes.delete", RESOURCE, None).await {
+    match b
+        .derive(
+            &k,
+            &b.subject_token("alice"),
+            "summarize",
+            "notes.delete",
+            RESOURCE,
+            None,
+        )
+        .await
+    {
         Answer::Refused(r) => {
             assert_eq!(r.status, 403);
             assert_eq!(r.reason.as_deref(), Some("step_not_allowed"));
@@ -25,14 +35,37 @@ async fn derive_then_deny_then_restart_keeps_keys() {
         Answer::Issued(_) => panic!("sensitive tool issued outside its step"),
     }
     // Positive control: in its step it works, with its own shorter ttl.
-    match b.derive(&k, &b.subject_token("alice"), "cleanup_confirmed", "notes.delete", RESOURCE, None).await {
+    match b
+        .derive(
+            &k,
+            &b.subject_token("alice"),
+            "cleanup_confirmed",
+            "notes.delete",
+            RESOURCE,
+            None,
+        )
+        .await
+    {
         Answer::Issued(t) => assert!(t.expires_in <= 60),
         Answer::Refused(r) => panic!("{r:?}"),
     }
 
-    let jwks_before = reqwest::get(format!("{}/.well-known/jwks.json", b.public)).await.unwrap().text().await.unwrap();
+    let jwks_before = reqwest::get(format!("{}/.well-known/jwks.json", b.public))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     b.restart();
-    let jwks_after = reqwest::get(format!("{}/.well-known/jwks.json", b.public)).await.unwrap().text().await.unwrap();
-    assert_eq!(jwks_before, jwks_after, "the signing key survives a restart");
+    let jwks_after = reqwest::get(format!("{}/.well-known/jwks.json", b.public))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        jwks_before, jwks_after,
+        "the signing key survives a restart"
+    );
     b.derive_ok(&k).await;
 }

@@ -37,7 +37,10 @@ pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<B
     let mut r = Response::new(Full::new(Bytes::from(bytes)));
     *r.status_mut() = status;
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
     r
@@ -77,9 +80,11 @@ pub fn error_response(err: &DeriveError) -> Response<Body> {
             "temporarily_unavailable",
             "the DPoP replay cache is full; retry shortly",
         ),
-        DeriveError::Proof(e, _) => {
-            oauth_error(StatusCode::BAD_REQUEST, "invalid_dpop_proof", &e.to_string())
-        }
+        DeriveError::Proof(e, _) => oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_dpop_proof",
+            &e.to_string(),
+        ),
         DeriveError::Target(e) => oauth_error(
             StatusCode::BAD_REQUEST,
             "invalid_target",
@@ -142,7 +147,8 @@ pub fn error_response(err: &DeriveError) -> Response<Body> {
                     ),
                 }),
             );
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
             r
         }
         DeriveError::Vault(detail) => {
@@ -270,7 +276,9 @@ pub fn parse_form(
             "tool" => &mut tool,
             // RFC 8693 parameters we do not support are refused, not ignored.
             "actor_token" | "actor_token_type" | "audience" => {
-                return Err(bad("actor_token and audience are not supported; name the resource"))
+                return Err(bad(
+                    "actor_token and audience are not supported; name the resource",
+                ))
             }
             _ => continue,
         };
@@ -280,17 +288,27 @@ pub fn parse_form(
         *slot = Some(v.into_owned());
     }
     if grant_type.as_deref() != Some(TOKEN_EXCHANGE) {
-        return Err(bad("grant_type must be urn:ietf:params:oauth:grant-type:token-exchange"));
+        return Err(bad(
+            "grant_type must be urn:ietf:params:oauth:grant-type:token-exchange",
+        ));
     }
     let subject_token = subject_token.ok_or_else(|| bad("subject_token is missing"))?;
     match subject_token_type.as_deref() {
         Some(ACCESS_TOKEN_TYPE | JWT_TOKEN_TYPE) => {}
-        Some(_) => return Err(bad("subject_token_type is not supported (use ...:access_token or ...:jwt)")),
+        Some(_) => {
+            return Err(bad(
+                "subject_token_type is not supported (use ...:access_token or ...:jwt)",
+            ))
+        }
         None => return Err(bad("subject_token_type is missing")),
     }
     match requested_token_type.as_deref() {
         None | Some(ACCESS_TOKEN_TYPE) => {}
-        Some(_) => return Err(bad("requested_token_type is not supported (only ...:access_token)")),
+        Some(_) => {
+            return Err(bad(
+                "requested_token_type is not supported (only ...:access_token)",
+            ))
+        }
     }
     let resource = match resources.len() {
         1 => resources.remove(0),
@@ -314,19 +332,38 @@ async fn read_body(
     headers: &HeaderMap,
 ) -> Result<Bytes, Response<Body>> {
     let too_large = || {
-        oauth_error(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request", "the body is larger than 64 KiB")
+        oauth_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request",
+            "the body is larger than 64 KiB",
+        )
     };
     if let Some(len) = headers.get(header::CONTENT_LENGTH) {
         match len.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
             Some(n) if n > MAX_BODY as u64 => return Err(too_large()),
             Some(_) => {}
-            None => return Err(oauth_error(StatusCode::BAD_REQUEST, "invalid_request", "bad Content-Length")),
+            None => {
+                return Err(oauth_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "bad Content-Length",
+                ))
+            }
         }
     }
     match Limited::new(body, MAX_BODY).collect().await {
         Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
-        Err(_) => Err(oauth_error(StatusCode::BAD_REQUEST, "invalid_request", "the body could not be read")),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(too_large())
+        }
+        Err(_) => Err(oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "the body could not be read",
+        )),
     }
 }
 
@@ -355,11 +392,22 @@ pub async fn handle(
         (&Method::POST, "/v1/derive") => Endpoint::Derive,
         (&Method::POST, "/token") => Endpoint::Token,
         (_, "/v1/derive" | "/token") => {
-            let mut r = oauth_error(StatusCode::METHOD_NOT_ALLOWED, "invalid_request", "use POST");
-            r.headers_mut().insert(header::ALLOW, HeaderValue::from_static("POST"));
+            let mut r = oauth_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request",
+                "use POST",
+            );
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
             return r;
         }
-        _ => return oauth_error(StatusCode::NOT_FOUND, "not_found", "unknown path; use POST /v1/derive or POST /token"),
+        _ => {
+            return oauth_error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "unknown path; use POST /v1/derive or POST /token",
+            )
+        }
     };
     let (parts, body) = req.into_parts();
     let want = match endpoint {

@@ -6,7 +6,9 @@ use std::path::Path;
 
 /// The effective uid of this process (read from `/proc/self`, no `unsafe`).
 pub fn current_uid() -> u32 {
-    std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(u32::MAX)
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(u32::MAX)
 }
 
 /// Errors preparing a socket path.
@@ -49,10 +51,14 @@ pub fn bind(
     sock_mode: u32,
     group: Option<&str>,
 ) -> Result<tokio::net::UnixListener, SocketError> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     if !dir.exists() {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode)).map_err(io(dir))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
+            .map_err(io(dir))?;
     }
     let meta = std::fs::symlink_metadata(dir).map_err(io(dir))?;
     if meta.file_type().is_symlink() || meta.uid() != current_uid() {
@@ -70,7 +76,8 @@ pub fn bind(
     };
     if let Some(gid) = gid {
         nix::unistd::chown(dir, None, Some(gid)).map_err(|e| io(dir)(e.into()))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode)).map_err(io(dir))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
+            .map_err(io(dir))?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {

@@ -130,7 +130,10 @@ impl Refusal {
         Some(mcp::Link {
             id: self.connect_id.as_deref()?,
             url: self.connect_uri.as_deref()?,
-            message: self.connect_message.as_deref().unwrap_or("Open this link to continue."),
+            message: self
+                .connect_message
+                .as_deref()
+                .unwrap_or("Open this link to continue."),
         })
     }
 }
@@ -175,7 +178,10 @@ pub async fn send(socket: &Path, req: Request<Full<Bytes>>) -> Result<RawAnswer,
         .await
         .map_err(|e| err(e.to_string()))?;
     let driver = tokio::spawn(conn);
-    let resp = sender.send_request(req).await.map_err(|e| err(e.to_string()))?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| err(e.to_string()))?;
     let status = resp.status();
     let headers = resp.headers().clone();
     let body = resp
@@ -204,7 +210,11 @@ impl Client {
 
     /// Derives a token, making a fresh DPoP proof with `key`. Retries once
     /// with the server's nonce if it asks for one.
-    pub async fn derive(&self, p: &DeriveParams<'_>, key: &Es256Key) -> Result<Answer, ClientError> {
+    pub async fn derive(
+        &self,
+        p: &DeriveParams<'_>,
+        key: &Es256Key,
+    ) -> Result<Answer, ClientError> {
         let mut nonce: Option<String> = None;
         for _ in 0..2 {
             let now = crate::clock::Clock::now(&crate::clock::SystemClock);
@@ -231,7 +241,11 @@ impl Client {
     }
 
     /// Derives with a proof made by the caller.
-    pub async fn derive_with_proof(&self, p: &DeriveParams<'_>, proof: &str) -> Result<Answer, ClientError> {
+    pub async fn derive_with_proof(
+        &self,
+        p: &DeriveParams<'_>,
+        proof: &str,
+    ) -> Result<Answer, ClientError> {
         let body = serde_json::to_vec(p).map_err(|_| ClientError::Unexpected(0))?;
         let req = Request::post("/v1/derive")
             .header("host", "credbroker")

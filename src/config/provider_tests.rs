@@ -34,10 +34,7 @@ fn github_preset_fills_endpoints_account_api_and_post_auth() {
     assert_eq!(e.revocation, None, "GitHub has no RFC 7009 endpoint");
     assert_eq!(p.client_auth, ClientAuth::Post);
     assert!(matches!(&p.account, AccountLookup::Api { name_field, .. } if name_field == "login"));
-    assert_eq!(
-        p.redirect_uri,
-        "http://127.0.0.1:8440/callback/github"
-    );
+    assert_eq!(p.redirect_uri, "http://127.0.0.1:8440/callback/github");
     assert_eq!(
         p.client_secret_file.as_deref(),
         Some(Path::new("/etc/cb/keys/gh"))

@@ -386,7 +386,8 @@ pub(crate) fn top_key_at(path: &Path, text: &str, key: &str) -> String {
 pub fn valid_scope_token(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 256
-        && s.bytes().all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
+        && s.bytes()
+            .all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
 }
 
 /// A requested `scope` that is not a space-separated list of scope tokens.
@@ -497,10 +498,17 @@ impl Policy {
         };
 
         if !valid_name(raw.agent.get_ref()) {
-            bad(raw.agent.span(), "agent".into(), "must be a name without spaces or control characters");
+            bad(
+                raw.agent.span(),
+                "agent".into(),
+                "must be a name without spaces or control characters",
+            );
         }
 
-        let parse_ttl = |t: &Option<Spanned<String>>, key: String, bad: &mut dyn FnMut(std::ops::Range<usize>, String, &str)| -> Option<Duration> {
+        let parse_ttl = |t: &Option<Spanned<String>>,
+                         key: String,
+                         bad: &mut dyn FnMut(std::ops::Range<usize>, String, &str)|
+         -> Option<Duration> {
             let t = t.as_ref()?;
             match parse_policy_ttl(t.get_ref()) {
                 Ok(d) => Some(d),
@@ -520,7 +528,11 @@ impl Policy {
                 let mut set = BTreeSet::new();
                 for s in list.get_ref() {
                     if !valid_name(s.get_ref()) {
-                        bad(s.span(), "steps".into(), "step names must not contain spaces or control characters");
+                        bad(
+                            s.span(),
+                            "steps".into(),
+                            "step names must not contain spaces or control characters",
+                        );
                     } else if !set.insert(s.get_ref().clone()) {
                         bad(s.span(), "steps".into(), "step listed twice");
                     }
@@ -539,7 +551,11 @@ impl Policy {
             let canonical = match canonical_resource(id.get_ref()) {
                 Ok(c) => c,
                 Err(e) => {
-                    bad(id.span(), key.clone(), &format!("is not a usable resource URI: {e}"));
+                    bad(
+                        id.span(),
+                        key.clone(),
+                        &format!("is not a usable resource URI: {e}"),
+                    );
                     continue;
                 }
             };
@@ -549,7 +565,11 @@ impl Policy {
                     let mut ok = true;
                     for (field, v) in [("service", &r.service), ("delivery", &r.delivery)] {
                         if let Some(v) = v {
-                            bad(v.span(), format!("{key}.{field}"), "only a resource with source = \"service\" takes this key");
+                            bad(
+                                v.span(),
+                                format!("{key}.{field}"),
+                                "only a resource with source = \"service\" takes this key",
+                            );
                             ok = false;
                         }
                     }
@@ -566,17 +586,29 @@ impl Policy {
                     }
                 },
                 "exchange" => {
-                    bad(r.source.span(), format!("{key}.source"), "source \"exchange\" is not available yet");
+                    bad(
+                        r.source.span(),
+                        format!("{key}.source"),
+                        "source \"exchange\" is not available yet",
+                    );
                     continue;
                 }
                 _ => {
-                    bad(r.source.span(), format!("{key}.source"), "must be \"self\" or \"service\"");
+                    bad(
+                        r.source.span(),
+                        format!("{key}.source"),
+                        "must be \"self\" or \"service\"",
+                    );
                     continue;
                 }
             };
             let ttl = parse_ttl(&r.ttl, format!("{key}.ttl"), &mut bad).unwrap_or(MAX_TTL);
             if resources.contains_key(&canonical) {
-                bad(id.span(), key, "the same resource is declared twice (after normalisation)");
+                bad(
+                    id.span(),
+                    key,
+                    "the same resource is declared twice (after normalisation)",
+                );
                 continue;
             }
             resources.insert(
@@ -595,7 +627,11 @@ impl Policy {
             let name = Spanned::new(key_span(text, "tools", name), name.clone());
             let key = format!("tools.{:?}", name.get_ref());
             if !valid_name(name.get_ref()) {
-                bad(name.span(), key.clone(), "tool names must not contain spaces or control characters");
+                bad(
+                    name.span(),
+                    key.clone(),
+                    "tool names must not contain spaces or control characters",
+                );
             }
             // On a bad resource the other keys are still checked, so one
             // run reports every problem of the tool.
@@ -604,11 +640,19 @@ impl Policy {
                 // Declared but invalid: its own error is already reported.
                 Ok(c) if declared.contains(&c) => None,
                 Ok(_) => {
-                    bad(t.resource.span(), format!("{key}.resource"), "names a resource that is not declared under [resources]");
+                    bad(
+                        t.resource.span(),
+                        format!("{key}.resource"),
+                        "names a resource that is not declared under [resources]",
+                    );
                     None
                 }
                 Err(e) => {
-                    bad(t.resource.span(), format!("{key}.resource"), &format!("is not a usable resource URI: {e}"));
+                    bad(
+                        t.resource.span(),
+                        format!("{key}.resource"),
+                        &format!("is not a usable resource URI: {e}"),
+                    );
                     None
                 }
             };
@@ -626,7 +670,11 @@ impl Policy {
             }
             for s in t.steps.get_ref() {
                 if !valid_name(s.get_ref()) {
-                    bad(s.span(), format!("{key}.steps"), "step names must not contain spaces or control characters");
+                    bad(
+                        s.span(),
+                        format!("{key}.steps"),
+                        "step names must not contain spaces or control characters",
+                    );
                 } else if !steps.insert(s.get_ref().clone()) {
                     bad(s.span(), format!("{key}.steps"), "step listed twice");
                 }
@@ -722,7 +770,11 @@ impl Policy {
         }
         // A declared step list is a closed world: a tool entry naming a step
         // the orchestrator does not have grants nothing (`policy check` warns).
-        if self.declared_steps.as_ref().is_some_and(|d| !d.contains(req.step)) {
+        if self
+            .declared_steps
+            .as_ref()
+            .is_some_and(|d| !d.contains(req.step))
+        {
             return Decision::Deny(DenyReason::StepNotAllowed);
         }
         if tool.resource != req.resource {
@@ -742,7 +794,10 @@ impl Policy {
                 set.into_iter().cloned().collect()
             }
         };
-        let ttl = tool.ttl.map_or(resource.ttl, |t| t.min(resource.ttl)).min(MAX_TTL);
+        let ttl = tool
+            .ttl
+            .map_or(resource.ttl, |t| t.min(resource.ttl))
+            .min(MAX_TTL);
         Decision::Allow(Grant {
             resource: resource.clone(),
             scopes,
@@ -752,6 +807,6 @@ impl Policy {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod service_tests;
+#[cfg(test)]
+mod tests;

@@ -135,7 +135,11 @@ impl Reloader {
         }
         // A `service` resource must name a configured provider (checked at
         // start-up too); otherwise its derives could never work.
-        let known = |s: &str| self.broker.connected().is_some_and(|c| c.providers.get(s).is_some());
+        let known = |s: &str| {
+            self.broker
+                .connected()
+                .is_some_and(|c| c.providers.get(s).is_some())
+        };
         if let Some(missing) = policy.services().into_iter().find(|s| !known(s)) {
             let detail = format!("the policy names service {missing:?}, which has no [providers.{missing}] table in the config");
             return self.fail(trigger, ("unknown_service", detail));

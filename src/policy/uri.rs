@@ -53,7 +53,11 @@ pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
         return Err(ResourceError::Ambiguous);
     }
     let lower = raw.to_ascii_lowercase();
-    if lower.contains("%2e") || lower.contains("%2f") || lower.contains("%5c") || lower.contains("%00") {
+    if lower.contains("%2e")
+        || lower.contains("%2f")
+        || lower.contains("%5c")
+        || lower.contains("%00")
+    {
         return Err(ResourceError::Ambiguous);
     }
     // `scheme://authority` spelled out: the URL parser would also accept
@@ -65,7 +69,8 @@ pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
         _ => return Err(ResourceError::NotAbsolute),
     };
     let url = url::Url::parse(raw).map_err(|_| ResourceError::NotAbsolute)?;
-    if url.cannot_be_a_base() || url.host().is_none() || !scheme.eq_ignore_ascii_case(url.scheme()) {
+    if url.cannot_be_a_base() || url.host().is_none() || !scheme.eq_ignore_ascii_case(url.scheme())
+    {
         return Err(ResourceError::NotAbsolute);
     }
     // The raw path (after the authority) must have no dot segments.

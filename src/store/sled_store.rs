@@ -56,7 +56,11 @@ impl SledStore {
 
 impl Store for SledStore {
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.tree(tree)?.get(key).map_err(backend)?.map(|v| v.to_vec()))
+        Ok(self
+            .tree(tree)?
+            .get(key)
+            .map_err(backend)?
+            .map(|v| v.to_vec()))
     }
 
     fn put(&self, tree: Tree, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
@@ -112,12 +116,19 @@ mod tests {
             s.put(Tree::State, b"a/2", b"y").unwrap();
             s.put(Tree::State, b"b/1", b"z").unwrap();
             assert_eq!(s.scan_prefix(Tree::State, b"a/").unwrap().len(), 2);
-            assert!(!s.compare_and_swap(Tree::State, b"a/1", Some(b"wrong"), Some(b"n")).unwrap());
-            assert!(s.compare_and_swap(Tree::State, b"a/1", Some(b"x"), Some(b"n")).unwrap());
+            assert!(!s
+                .compare_and_swap(Tree::State, b"a/1", Some(b"wrong"), Some(b"n"))
+                .unwrap());
+            assert!(s
+                .compare_and_swap(Tree::State, b"a/1", Some(b"x"), Some(b"n"))
+                .unwrap());
             s.delete(Tree::State, b"b/1").unwrap();
         }
         let s = SledStore::open(dir.path()).unwrap();
-        assert_eq!(s.get(Tree::State, b"a/1").unwrap().as_deref(), Some(&b"n"[..]));
+        assert_eq!(
+            s.get(Tree::State, b"a/1").unwrap().as_deref(),
+            Some(&b"n"[..])
+        );
         assert_eq!(s.get(Tree::State, b"b/1").unwrap(), None);
         let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);

@@ -96,7 +96,12 @@ pub fn serve_expect_exit(config: &Path, timeout: Duration) -> (std::process::Exi
     loop {
         if let Some(status) = child.try_wait().unwrap() {
             let mut err = String::new();
-            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
             return (status, err);
         }
         if Instant::now() > deadline {
@@ -151,7 +156,10 @@ impl TestBroker {
     /// Restarts the process on the same directory.
     pub fn restart(&mut self) {
         self.stop();
-        let logf = std::fs::OpenOptions::new().append(true).open(&self.log).unwrap();
+        let logf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .unwrap();
         self.child = Command::new(bin())
             .args(["serve", "--config"])
             .arg(&self.config)
@@ -194,7 +202,11 @@ impl TestBroker {
     }
 
     /// Signs arbitrary claims/header with the dev issuer key.
-    pub fn sign_as_dev_issuer(&self, header: serde_json::Value, claims: &serde_json::Value) -> String {
+    pub fn sign_as_dev_issuer(
+        &self,
+        header: serde_json::Value,
+        claims: &serde_json::Value,
+    ) -> String {
         let key = credbroker::cli::load_pem_key(&self.path("keys/dev-issuer.pem")).unwrap();
         let mut h = header.as_object().cloned().unwrap_or_default();
         h.entry("kid").or_insert_with(|| key.kid.clone().into());
@@ -216,16 +228,43 @@ impl TestBroker {
     }
 
     /// Derives with a fresh proof.
-    pub async fn derive(&self, key: &Es256Key, subject: &str, step: &str, tool: &str, resource: &str, scope: Option<&str>) -> Answer {
+    pub async fn derive(
+        &self,
+        key: &Es256Key,
+        subject: &str,
+        step: &str,
+        tool: &str,
+        resource: &str,
+        scope: Option<&str>,
+    ) -> Answer {
         self.client()
-            .derive(&DeriveParams { subject_token: subject, step, tool, resource, scope }, key)
+            .derive(
+                &DeriveParams {
+                    subject_token: subject,
+                    step,
+                    tool,
+                    resource,
+                    scope,
+                },
+                key,
+            )
             .await
             .expect("transport")
     }
 
     /// The known-good request: alice, summarize, notes.read.
     pub async fn derive_ok(&self, key: &Es256Key) -> credbroker::client::Token {
-        match self.derive(key, &self.subject_token("alice"), "summarize", "notes.read", RESOURCE, None).await {
+        match self
+            .derive(
+                key,
+                &self.subject_token("alice"),
+                "summarize",
+                "notes.read",
+                RESOURCE,
+                None,
+            )
+            .await
+        {
             Answer::Issued(t) => t,
             Answer::Refused(r) => panic!("positive control refused: {r:?}"),
         }
@@ -264,7 +303,11 @@ impl TestBroker {
 
     /// Sends SIGHUP: the broker reloads its policy file.
     pub fn sighup(&self) {
-        let ok = Command::new("kill").arg("-HUP").arg(self.child.id().to_string()).status().unwrap();
+        let ok = Command::new("kill")
+            .arg("-HUP")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
         assert!(ok.success(), "kill -HUP failed");
     }
 
@@ -287,7 +330,10 @@ impl TestBroker {
     pub fn metric(&self, name_and_labels: &str) -> Option<f64> {
         self.metrics()
             .lines()
-            .find_map(|l| l.strip_prefix(name_and_labels).and_then(|v| v.strip_prefix(' ')))
+            .find_map(|l| {
+                l.strip_prefix(name_and_labels)
+                    .and_then(|v| v.strip_prefix(' '))
+            })
             .and_then(|v| v.trim().parse().ok())
     }
 
@@ -303,7 +349,8 @@ impl TestBroker {
 
     /// Resident memory of the broker in KiB (from /proc).
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -385,7 +432,10 @@ impl TestBroker {
         if self.child.try_wait().unwrap().is_some() {
             return;
         }
-        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
             if self.child.try_wait().unwrap().is_some() {
@@ -450,7 +500,12 @@ pub fn raw_unix(path: &Path, bytes: &[u8], timeout: Duration) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn admin_request(path: &Path, method: &str, uri: &str, body: &str) -> std::io::Result<(u16, String)> {
+fn admin_request(
+    path: &Path,
+    method: &str,
+    uri: &str,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     let mut s = StdUnixStream::connect(path)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
@@ -465,7 +520,10 @@ fn admin_request(path: &Path, method: &str, uri: &str, body: &str) -> std::io::R
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other("no status"))?;
-    let body = out.split_once("\r\n\r\n").map(|x| x.1.to_string()).unwrap_or_default();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -481,7 +539,10 @@ pub fn http_derive(body: &str, proof: Option<&str>, extra_headers: &str) -> Vec<
 
 /// The status code of a raw HTTP answer.
 pub fn status_of(raw: &str) -> u16 {
-    raw.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    raw.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A Node.js peer from `tests/peers/` (oidc-provider, jose checks), talked to
@@ -523,8 +584,14 @@ impl NodePeer {
         let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
-        let hello = serde_json::from_str(&line).unwrap_or_else(|_| panic!("peer {script} said: {line}"));
-        NodePeer { child, stdin, stdout, hello }
+        let hello =
+            serde_json::from_str(&line).unwrap_or_else(|_| panic!("peer {script} said: {line}"));
+        NodePeer {
+            child,
+            stdin,
+            stdout,
+            hello,
+        }
     }
 
     /// Sends one command and reads one JSON answer.
@@ -589,7 +656,10 @@ impl HttpAnswer {
     /// The first value of header `name`.
     pub fn header(&self, name: &str) -> Option<&str> {
         let name = name.to_ascii_lowercase();
-        self.headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The body as JSON (Null if it is not JSON).
@@ -599,7 +669,10 @@ impl HttpAnswer {
 
     /// The OAuth `error` code of the body.
     pub fn error(&self) -> String {
-        self.json()["error"].as_str().unwrap_or_default().to_string()
+        self.json()["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     }
 
     /// Asserts a refusal with `status` and `error`; `what` names the case.
@@ -611,14 +684,24 @@ impl HttpAnswer {
             "{what}: expected {status} {error}, got {}",
             self.raw
         );
-        assert!(self.json().get("access_token").is_none(), "{what}: a token came back");
+        assert!(
+            self.json().get("access_token").is_none(),
+            "{what}: a token came back"
+        );
     }
 
     /// Asserts a token was issued; returns it.
     #[track_caller]
     pub fn assert_issued(&self, what: &str) -> String {
-        assert_eq!(self.status, 200, "{what}: expected a token, got {}", self.raw);
-        self.json()["access_token"].as_str().expect("access_token").to_string()
+        assert_eq!(
+            self.status, 200,
+            "{what}: expected a token, got {}",
+            self.raw
+        );
+        self.json()["access_token"]
+            .as_str()
+            .expect("access_token")
+            .to_string()
     }
 }
 
@@ -639,9 +722,17 @@ pub fn random_bytes(n: usize) -> Vec<u8> {
 
 /// A compact JWS from any header and claims, signed by `sign` over the
 /// signing input: for forged `alg`s, keys and shapes.
-pub fn jws_with(header: &serde_json::Value, claims: &serde_json::Value, sign: impl FnOnce(&[u8]) -> Vec<u8>) -> String {
+pub fn jws_with(
+    header: &serde_json::Value,
+    claims: &serde_json::Value,
+    sign: impl FnOnce(&[u8]) -> Vec<u8>,
+) -> String {
     use credbroker::jose::b64e;
-    let input = format!("{}.{}", b64e(header.to_string().as_bytes()), b64e(claims.to_string().as_bytes()));
+    let input = format!(
+        "{}.{}",
+        b64e(header.to_string().as_bytes()),
+        b64e(claims.to_string().as_bytes())
+    );
     let sig = sign(input.as_bytes());
     format!("{input}.{}", b64e(&sig))
 }
@@ -668,7 +759,11 @@ pub fn proof_jwk(key: &Es256Key) -> serde_json::Value {
 /// A DPoP proof signed (ES256) by `key` with the standard header
 /// (`typ` `dpop+jwt`, `jwk`) patched by `header_patch` (a `null` member
 /// removes it) and the given claims.
-pub fn proof_with(key: &Es256Key, header_patch: serde_json::Value, claims: &serde_json::Value) -> String {
+pub fn proof_with(
+    key: &Es256Key,
+    header_patch: serde_json::Value,
+    claims: &serde_json::Value,
+) -> String {
     let mut h = serde_json::json!({"typ": "dpop+jwt", "alg": "ES256", "jwk": proof_jwk(key)});
     patch(&mut h, &header_patch);
     jws_with(&h, claims, |input| key.sign_raw(input).unwrap())
@@ -799,7 +894,11 @@ impl OtherUser {
         let dir = tempfile::tempdir().unwrap();
         let key_path = dir.path().join("dpop.pem");
         let (_, pkcs8) = Es256Key::generate().unwrap();
-        credbroker::config::write_secret_file(&key_path, credbroker::cli::pem_pkcs8(pkcs8.expose()).as_bytes()).unwrap();
+        credbroker::config::write_secret_file(
+            &key_path,
+            credbroker::cli::pem_pkcs8(pkcs8.expose()).as_bytes(),
+        )
+        .unwrap();
         std::os::unix::fs::chown(dir.path(), Some(self.uid), Some(self.gid)).unwrap();
         std::os::unix::fs::chown(&key_path, Some(self.uid), Some(self.gid)).unwrap();
         let out = Command::new(bin())
@@ -810,12 +909,23 @@ impl OtherUser {
             .arg("derive")
             .arg("--socket")
             .arg(&b.socket)
-            .args(["--issuer", &b.issuer, "--subject-token", subject, "--step", "summarize"])
+            .args([
+                "--issuer",
+                &b.issuer,
+                "--subject-token",
+                subject,
+                "--step",
+                "summarize",
+            ])
             .args(["--tool", "notes.read", "--resource", RESOURCE, "--dpop-key"])
             .arg(&key_path)
             .output()
             .expect("run credbroker derive as another user");
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         (out.status.code().unwrap_or(-1), text)
     }
 }
