@@ -355,9 +355,8 @@ impl Broker {
             .latency
             .with_label_values(&[outcome])
             .observe(started.elapsed().as_secs_f64());
-        self.metrics
-            .replay_cache_entries
-            .set(self.proofs.replay_cache().len() as i64);
+        // The replay-cache gauge is set when /metrics is scraped: counting it
+        // locks every shard, which a derive should not pay for.
         match result {
             Ok((issued, jti)) => {
                 let mut e = self.event(now, &req, &policy, &ctx, "derive.issued", "issued", None);
