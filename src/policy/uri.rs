@@ -46,10 +46,11 @@ pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
     if raw.contains('?') {
         return Err(ResourceError::Query);
     }
-    if raw
-        .chars()
-        .any(|c| c.is_control() || c.is_whitespace() || c == '\\' || !c.is_ascii())
-    {
+    // Only characters RFC 3986 allows in a URI: anything else (spaces,
+    // controls, backslashes, braces, backticks, non-ASCII) would be
+    // percent-encoded by the parser, so that the canonical form differed
+    // from the raw one and could outgrow the length cap (found by fuzzing).
+    if !raw.bytes().all(uri_char) {
         return Err(ResourceError::Ambiguous);
     }
     let lower = raw.to_ascii_lowercase();
@@ -89,6 +90,11 @@ pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
     // hex digits are upper-cased here (RFC 3986 section 6.2.2.1), and a `%`
     // that does not start an escape is refused rather than guessed at.
     upper_case_escapes(url.as_str())
+}
+
+/// A byte RFC 3986 allows in a URI: unreserved, reserved, or `%`.
+fn uri_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~:/?#[]@!$&'()*+,;=%".contains(&b)
 }
 
 fn upper_case_escapes(s: &str) -> Result<String, ResourceError> {
@@ -148,6 +154,11 @@ mod tests {
             "https:api.example/v1/../admin",
             "https:/api.example/a/./b",
             "https:./a/0Xexa`m/ple@/",
+            "https://api.example/a{b}",
+            "https://api.example/a`b",
+            "https://api.example/a|b",
+            "https://api.example/a\"b",
+            "https://api.example/a<b>",
         ] {
             assert!(canonical_resource(bad).is_err(), "{bad}");
         }
