@@ -89,7 +89,18 @@ pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
     // empty path becomes "/". It leaves percent-escapes as written, so their
     // hex digits are upper-cased here (RFC 3986 section 6.2.2.1), and a `%`
     // that does not start an escape is refused rather than guessed at.
-    upper_case_escapes(url.as_str())
+    // The parser decodes escapes in the host (`%22` becomes `"`), so an
+    // escape there is refused, and the result must itself be a strict URI
+    // (found by fuzzing: canonicalising must be idempotent).
+    let authority = after_scheme.split('/').next().unwrap_or("");
+    if authority.contains('%') {
+        return Err(ResourceError::Ambiguous);
+    }
+    let out = upper_case_escapes(url.as_str())?;
+    if !out.bytes().all(uri_char) {
+        return Err(ResourceError::Ambiguous);
+    }
+    Ok(out)
 }
 
 /// A byte RFC 3986 allows in a URI: unreserved, reserved, or `%`.
@@ -155,6 +166,8 @@ mod tests {
             "https:/api.example/a/./b",
             "https:./a/0Xexa`m/ple@/",
             "https://api.example/a{b}",
+            "HTTPS://Mail.Example%221",
+            "https://mail.example%2e/",
             "https://api.example/a`b",
             "https://api.example/a|b",
             "https://api.example/a\"b",
