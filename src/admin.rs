@@ -25,6 +25,17 @@ fn text(status: StatusCode, body: String, ctype: &'static str) -> Response<Body>
     r
 }
 
+/// Reads a body of at most 64 bytes (the admin commands' arguments).
+async fn small_body(req: Request<hyper::body::Incoming>) -> Result<Bytes, Response<Body>> {
+    match Limited::new(req.into_body(), 64).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(_) => Err(json_response(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({"error": "body"}),
+        )),
+    }
+}
+
 /// Readiness: store answers, keys loaded, policy loaded.
 pub fn readiness(inst: &Instance) -> serde_json::Value {
     let b = &inst.broker;
@@ -142,14 +153,9 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
         }
         (Method::GET, "/status") => json_response(StatusCode::OK, &status(&inst)),
         (Method::POST, "/freeze") => {
-            let body = match Limited::new(req.into_body(), 64).collect().await {
-                Ok(c) => c.to_bytes(),
-                Err(_) => {
-                    return json_response(
-                        StatusCode::BAD_REQUEST,
-                        &serde_json::json!({"error": "body"}),
-                    )
-                }
+            let body = match small_body(req).await {
+                Ok(b) => b,
+                Err(r) => return r,
             };
             let on = match body.as_ref() {
                 b"on" => true,
@@ -196,14 +202,9 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
             ),
         },
         (Method::POST, "/vault/rotate") => {
-            let body = match Limited::new(req.into_body(), 64).collect().await {
-                Ok(c) => c.to_bytes(),
-                Err(_) => {
-                    return json_response(
-                        StatusCode::BAD_REQUEST,
-                        &serde_json::json!({"error": "body"}),
-                    )
-                }
+            let body = match small_body(req).await {
+                Ok(b) => b,
+                Err(r) => return r,
             };
             let limit = match std::str::from_utf8(&body).map(str::trim) {
                 Ok("") => None,

@@ -73,14 +73,9 @@ fn checks(
         return Err(redirect(&signin_path(&return_to, false)));
     };
     if person != link.person {
-        let mut e = p.event(&ctx, "connect.opened_by_other_person");
-        e.person_iss = Some(&link.person.iss);
-        e.person_sub = Some(&link.person.sub);
+        let mut e = link_event(p, &ctx, "connect.opened_by_other_person", &link);
         e.opener_iss = Some(&person.iss);
         e.opener_sub = Some(&person.sub);
-        e.service = Some(&link.service);
-        e.connect_id = Some(&link.id);
-        e.reason = Some(link.kind.as_str());
         p.audit(&e);
         let page = views::OtherPerson {
             who: p.who(&session),
@@ -176,12 +171,7 @@ pub async fn act(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, form: Form) -> 
             if let Err(e) = p.services.links.decline(&link.id, ctx.now) {
                 return unavailable(p, &e);
             }
-            let mut e = p.event(&ctx, "connect.declined");
-            e.person_iss = Some(&link.person.iss);
-            e.person_sub = Some(&link.person.sub);
-            e.service = Some(&link.service);
-            e.connect_id = Some(&link.id);
-            e.reason = Some(link.kind.as_str());
+            let e = link_event(p, &ctx, "connect.declined", &link);
             p.audit(&e);
             redirect("/done/declined")
         }
@@ -232,12 +222,7 @@ fn completed(p: &Pages, ctx: Ctx, link: &Link, done: &str) -> Response<Body> {
         // The allowance is recorded; a link left open only expires later.
         tracing::warn!(error = %e, "pages: link not closed");
     }
-    let mut e = p.event(&ctx, "connect.completed");
-    e.person_iss = Some(&link.person.iss);
-    e.person_sub = Some(&link.person.sub);
-    e.service = Some(&link.service);
-    e.connect_id = Some(&link.id);
-    e.reason = Some(link.kind.as_str());
+    let mut e = link_event(p, &ctx, "connect.completed", link);
     let scope = link.scopes.join(" ");
     e.scope = Some(&scope);
     p.audit(&e);
@@ -471,12 +456,7 @@ async fn different_account(
     {
         tracing::warn!(service = %link.service, error = %e, "pages: the grant of a refused account was not revoked");
     }
-    let mut e = p.event(&ctx, "connect.different_account");
-    e.person_iss = Some(&link.person.iss);
-    e.person_sub = Some(&link.person.sub);
-    e.service = Some(&link.service);
-    e.connect_id = Some(&link.id);
-    e.reason = Some(link.kind.as_str());
+    let e = link_event(p, &ctx, "connect.different_account", link);
     p.audit(&e);
     let seg: String = url::form_urlencoded::byte_serialize(link.service.as_bytes()).collect();
     redirect(&format!("/done/other-account/{seg}"))
@@ -553,4 +533,20 @@ pub fn done(p: &Pages, ctx: Ctx, h: &HeaderMap, what: &str) -> Response<Body> {
             .then(|| ("/account".into(), "See your connected accounts".into())),
     });
     html(StatusCode::OK, body)
+}
+
+/// An event about `link`: its person, service, id and kind.
+fn link_event<'a>(
+    p: &'a Pages,
+    ctx: &Ctx,
+    name: &'a str,
+    link: &'a Link,
+) -> crate::events::Event<'a> {
+    let mut e = p.event(ctx, name);
+    e.person_iss = Some(&link.person.iss);
+    e.person_sub = Some(&link.person.sub);
+    e.service = Some(&link.service);
+    e.connect_id = Some(&link.id);
+    e.reason = Some(link.kind.as_str());
+    e
 }
