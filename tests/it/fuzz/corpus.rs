@@ -9,7 +9,7 @@
 //! inputs one step from an `ok-` seed. Other files (found by fuzzing, or
 //! seeds with no verdict) are only replayed.
 //!
-//! `cargo test --test fuzz_corpus -- --ignored write_seed_corpus` rewrites
+//! `cargo test --test it -- --ignored fuzz::corpus::write_seed_corpus` rewrites
 //! the hand-made seeds (proofs are re-signed, so the bytes change).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

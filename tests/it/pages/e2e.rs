@@ -15,7 +15,7 @@
 //!   what is old, as it is when a person's IdP session is old);
 //! - local accounts, the quick-start files served by the real binary: (c),
 //!   (a), (b), (f), (e);
-//! - local accounts in-process (tests/support/pages.rs with the real
+//! - local accounts in-process (tests/it/support/pages.rs with the real
 //!   connected-services side), where the pages' clock can be moved: (d) a
 //!   local sign-in older than 15 minutes, (e) an expired code, and a
 //!   reconnect that comes back with another account at the provider.

@@ -3,7 +3,7 @@
 //! (tests/mcp/mcp_client.py in .venv), a repository API that records what it
 //! was sent, and a scripted stand-in for the broker's socket.
 //!
-//! Included with `#[path = "support/mcp.rs"] mod mcp;` next to `mod support;`.
+//! Used as `crate::support::mcp` (the MCP tests glob-import it).
 #![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
 use std::collections::HashMap;
@@ -25,7 +25,7 @@ fn root() -> PathBuf {
 }
 
 /// Builds the example (a no-op when fresh) and returns its path. `cargo test
-/// --test X` does not build examples by itself.
+/// --test it` does not build examples by itself.
 pub fn example_binary() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_credbroker"));

@@ -6,7 +6,7 @@
 //! The fake is for tests only: it stands in for the `connect`, `vault` and
 //! `upstream` modules until they are wired to `pages::links`.
 //!
-//! Include it with `#[path = "support/pages.rs"] mod pages_support;`.
+//! Used as `crate::support::pages` (the pages tests glob-import it).
 #![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
