@@ -1,7 +1,7 @@
 //! The pages over HTTP, with local accounts, against an instance running in
 //! this process (fake connected-services side, movable clock).
 //!
-//! Security cases: C1, C3, C4, C5, C7, C8, C10, C11 (SECURITY-CASES.md).
+//! Security cases: C1, C3, C4, C5, C7, C8, C10, C11 (docs/SECURITY-CASES.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 use std::net::IpAddr;
