@@ -256,7 +256,9 @@ async fn csrf_missing_or_from_another_session_is_refused() {
     );
     let connect = format!("/connect/{code}");
     let account = [("service", "github"), ("account", "1001"), ("agent", AGENT)];
-    let refused: [(&str, &str, &[(&str, &str)]); 4] = [
+    // (what, path, form)
+    type Post<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+    let refused: [Post; 4] = [
         (
             "decline with another session's token",
             &connect,
