@@ -50,6 +50,23 @@ pub fn readiness(inst: &Instance) -> serde_json::Value {
     })
 }
 
+/// The answer to a key rotation (admin socket and offline CLI alike).
+pub fn rotation_json(
+    r: &crate::mint::Rotation,
+    emergency: bool,
+    running: bool,
+) -> serde_json::Value {
+    serde_json::json!({
+        "kid": r.kid,
+        "added": r.added,
+        "emergency": emergency,
+        "activates_at": r.activates_at,
+        "active_kid": r.ring.active.kid,
+        "withdrawn": r.withdrawn,
+        "running": running,
+    })
+}
+
 /// Status for `credbroker status`.
 pub fn status(inst: &Instance) -> serde_json::Value {
     let b = &inst.broker;
@@ -62,6 +79,9 @@ pub fn status(inst: &Instance) -> serde_json::Value {
         "policy_tools": p.tools.len(),
         "active_kid": b.minter.ring().active.kid,
         "published_keys": b.minter.ring().published.len(),
+        "published_kids": b.minter.ring().published_kids(b.clock.now()),
+        "next_kid": b.minter.ring().next.as_ref().map(|p| p.kid.clone()),
+        "next_activates_at": b.minter.ring().next.as_ref().map(|p| p.activates_at),
         "replay_cache_entries": b.proofs.replay_cache().len(),
         "subject_cache_entries": b.subjects.cache_len(),
         "ready": readiness(inst)["ready"],
@@ -188,19 +208,47 @@ pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Resp
                 ),
             }
         }
-        (Method::POST, "/keys/rotate") => match b.rotate_keys(&inst.sealer) {
-            Ok(kid) => {
-                let mut e =
-                    crate::events::Event::new(b.clock.now(), "keys.rotated", &b.config.agent);
-                e.outcome = Some("rotated");
-                let _ = b.audit.record(&e);
-                json_response(StatusCode::OK, &serde_json::json!({"active_kid": kid}))
+        (Method::POST, "/keys/rotate") => {
+            let body = match small_body(req).await {
+                Ok(b) => b,
+                Err(r) => return r,
+            };
+            let emergency = match body.trim_ascii() {
+                b"" => false,
+                b"emergency" => true,
+                _ => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        &serde_json::json!({"error": "POST /keys/rotate: the body must be empty or `emergency`"}),
+                    )
+                }
+            };
+            let (bb, sealer) = (b.clone(), inst.sealer.clone());
+            match tokio::task::spawn_blocking(move || bb.rotate_keys(&sealer, emergency)).await {
+                Ok(Ok(r)) => {
+                    let mut e =
+                        crate::events::Event::new(b.clock.now(), "keys.rotated", &b.config.agent);
+                    e.outcome = Some(if !r.added {
+                        "already_pending"
+                    } else if emergency {
+                        "emergency"
+                    } else {
+                        "scheduled"
+                    });
+                    e.kid = Some(r.kid.clone());
+                    let _ = b.audit.record(&e);
+                    json_response(StatusCode::OK, &rotation_json(&r, emergency, true))
+                }
+                Ok(Err(e)) => json_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &serde_json::json!({"error": e.to_string()}),
+                ),
+                Err(_) => json_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &serde_json::json!({"error": "key rotation task failed"}),
+                ),
             }
-            Err(e) => json_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &serde_json::json!({"error": e.to_string()}),
-            ),
-        },
+        }
         (Method::POST, "/vault/rotate") => {
             let body = match small_body(req).await {
                 Ok(b) => b,

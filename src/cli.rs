@@ -312,12 +312,22 @@ async fn accounts(action: AccountsAction) -> Res {
 
 #[derive(Debug, Subcommand)]
 enum KeysAction {
-    /// Add a new signing key and make it active; the old one stays in the JWKS
-    /// until its tokens have expired.
+    /// Publish a new signing key in the JWKS now and make it active after
+    /// `[keys] activation_delay` (default 120 s: the JWKS cache lifetime plus
+    /// the resource servers' refetch interval); the old key then stays in the
+    /// JWKS until its tokens have expired. While a rotation is pending, running
+    /// this again adds no key and reports the pending one.
     Rotate {
         /// The config file.
         #[arg(long, short)]
         config: PathBuf,
+        /// Suspected key compromise: the new key signs at once and every other
+        /// key leaves the JWKS. What that costs resource servers: every token
+        /// signed before stops verifying (callers must derive again), and a
+        /// resource server that fetched the JWKS less than a minute ago rejects
+        /// the new kid until it refetches.
+        #[arg(long)]
+        emergency: bool,
     },
     /// Re-encrypt the vault under a new key. Resumable: an interrupted run
     /// (or one stopped by --limit) continues where it stopped, and old keys
@@ -572,29 +582,71 @@ async fn run(cmd: Command) -> Res {
             }
         }
         Command::Keys {
-            action: KeysAction::Rotate { config },
+            action: KeysAction::Rotate { config, emergency },
         } => {
             let cfg = Config::load(&config)?;
-            match admin_call(&cfg.admin_socket, "POST", "/keys/rotate", "").await {
-                Ok((code, body)) => {
-                    println!("{body}");
-                    Ok(if code == 200 {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(1)
-                    })
-                }
-                Err(_) => {
+            let body = if emergency { "emergency" } else { "" };
+            // Only a socket nobody listens on means "no instance runs". Any
+            // other failure (the broker died mid-request) leaves it open
+            // whether the rotation happened, so nothing is retried offline:
+            // that is how an interrupted rotate once added two keys.
+            match std::os::unix::net::UnixStream::connect(&cfg.admin_socket) {
+                Ok(_) => match admin_call(&cfg.admin_socket, "POST", "/keys/rotate", body).await {
+                    Ok((code, body)) => {
+                        println!("{body}");
+                        Ok(if code == 200 {
+                            ExitCode::SUCCESS
+                        } else {
+                            ExitCode::from(1)
+                        })
+                    }
+                    Err(e) => {
+                        eprintln!(
+                            "keys rotate: {e}; the rotation may or may not have happened: \
+                             run `credbroker status` (active_kid, next_kid) before trying again"
+                        );
+                        Ok(ExitCode::from(1))
+                    }
+                },
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                    ) =>
+                {
                     let master = read_secret_file(&cfg.master_key_file)?;
                     let sealer = crate::seal::Sealer::new(&master, &[])?;
                     let store = crate::store::SledStore::open(&cfg.store)?;
                     let now = crate::clock::Clock::now(&crate::clock::SystemClock);
-                    let ring = crate::mint::rotate(&store, &sealer, now)?;
-                    println!(
-                        "{}",
-                        serde_json::json!({"active_kid": ring.active.kid, "running": false})
-                    );
+                    let kind = if emergency {
+                        crate::mint::RotationKind::Emergency
+                    } else {
+                        crate::mint::RotationKind::Scheduled {
+                            activation_delay: cfg.key_activation_delay,
+                        }
+                    };
+                    let r = crate::mint::rotate(&store, &sealer, now, kind)?;
+                    tracing::info!(kid = %r.kid, added = r.added, emergency, "signing key rotated");
+                    offline_event(&cfg, |e| {
+                        e.event = "keys.rotated";
+                        e.outcome = Some(if !r.added {
+                            "already_pending"
+                        } else if emergency {
+                            "emergency"
+                        } else {
+                            "scheduled"
+                        });
+                        e.kid = Some(r.kid.clone());
+                    });
+                    println!("{}", crate::admin::rotation_json(&r, emergency, false));
                     Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "keys rotate: admin socket {}: {e}",
+                        cfg.admin_socket.display()
+                    );
+                    Ok(ExitCode::from(1))
                 }
             }
         }

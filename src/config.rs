@@ -359,6 +359,8 @@ struct RawPublic {
 #[derive(Debug, Deserialize)]
 struct RawKeys {
     master_key_file: PathBuf,
+    #[serde(default)]
+    activation_delay: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -437,6 +439,9 @@ pub struct Config {
     pub public: Option<PublicConfig>,
     /// File holding the 32-byte key that encrypts keys at rest (0600).
     pub master_key_file: PathBuf,
+    /// Seconds a rotated-in signing key is published before it signs
+    /// (`[keys] activation_delay`, default [`crate::mint::ACTIVATION_DELAY`]).
+    pub key_activation_delay: i64,
     /// DPoP settings.
     pub dpop: DpopConfig,
     /// Rate limits.
@@ -916,6 +921,12 @@ impl Config {
             },
             public,
             master_key_file: rel(&raw.keys.master_key_file),
+            // Capped at a day: a longer wait is a typo, and the cap keeps
+            // the sum with a Unix time far from overflow.
+            key_activation_delay: raw
+                .keys
+                .activation_delay
+                .map_or(crate::mint::ACTIVATION_DELAY, |d| d.min(86_400) as i64),
             dpop: DpopConfig {
                 require_nonce: raw.dpop.require_nonce,
                 algs: dpop_algs,

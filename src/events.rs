@@ -75,6 +75,9 @@ pub struct Event<'a> {
     /// scopes on refresh (`false`: the provider's broader token went out).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub narrowed: Option<bool>,
+    /// For `keys.rotated`: the rotated-in signing key's `kid` (public).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kid: Option<String>,
 }
 
 impl<'a> Event<'a> {
@@ -101,6 +104,7 @@ impl<'a> Event<'a> {
             opener_iss: None,
             opener_sub: None,
             client_addr: None,
+            kid: None,
         }
     }
 }

@@ -322,12 +322,44 @@ impl Broker {
         }
     }
 
-    /// Rotates the signing key.
-    pub fn rotate_keys(&self, sealer: &crate::seal::Sealer) -> Result<String, mint::MintError> {
-        let ring = mint::rotate(self.store.as_ref(), sealer, self.clock.now())?;
-        let kid = ring.active.kid.clone();
+    /// Rotates the signing key (one compare-and-swap of the key ring, see
+    /// [`mint::rotate`]): a scheduled rotation publishes the new key now and
+    /// activates it after `[keys] activation_delay`; an emergency one
+    /// activates it at once and withdraws every other key.
+    pub fn rotate_keys(
+        &self,
+        sealer: &crate::seal::Sealer,
+        emergency: bool,
+    ) -> Result<mint::Rotation, mint::MintError> {
+        let kind = if emergency {
+            mint::RotationKind::Emergency
+        } else {
+            mint::RotationKind::Scheduled {
+                activation_delay: self.config.key_activation_delay,
+            }
+        };
+        let r = mint::rotate(self.store.as_ref(), sealer, self.clock.now(), kind)?;
+        self.minter.set_ring(r.ring.clone());
+        tracing::info!(
+            kid = %r.kid,
+            added = r.added,
+            activates_at = r.activates_at,
+            emergency,
+            withdrawn = ?r.withdrawn,
+            "signing key rotated"
+        );
+        Ok(r)
+    }
+
+    /// Reloads the key ring from the store and applies a due activation
+    /// (the housekeeping tick; also picks up a rotation by another process).
+    pub fn refresh_keys(&self, sealer: &crate::seal::Sealer) -> Result<(), mint::MintError> {
+        let ring = mint::load_or_create(self.store.as_ref(), sealer, self.clock.now())?;
+        if ring.active.kid != self.minter.ring().active.kid {
+            tracing::info!(kid = %ring.active.kid, "signing key now active");
+        }
         self.minter.set_ring(ring);
-        Ok(kid)
+        Ok(())
     }
 
     /// Runs one derive and records its outcome (event, metrics).

@@ -21,6 +21,7 @@
 //! - [`verify`]: the resource-server side, for embedding.
 //! - [`client`]: a client for the socket.
 //! - [`jose`], [`secret`], [`clock`], [`config`], [`cli`]: building blocks.
+//! - [`failpoint`]: crash points for fault tests (`failpoints` feature only).
 
 #![forbid(unsafe_code)]
 
@@ -34,6 +35,7 @@ pub mod connect;
 pub mod dpop;
 pub mod events;
 pub mod exchange;
+pub mod failpoint;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod jose;
