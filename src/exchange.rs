@@ -433,7 +433,7 @@ impl Broker {
         // Request.
         let scope = match &req.scope {
             None => None,
-            Some(s) => Some(policy::parse_scope(s).map_err(|_| {
+            Some(s) => Some(crate::grammar::parse_scope(s).map_err(|_| {
                 DeriveError::BadRequest("scope must be space-separated scope tokens".into())
             })?),
         };

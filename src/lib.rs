@@ -21,6 +21,8 @@
 //! - [`verify`]: the resource-server side, for embedding.
 //! - [`client`]: a client for the socket.
 //! - [`jose`], [`secret`], [`clock`], [`config`], [`cli`]: building blocks.
+//! - [`grammar`], [`diagnostics`]: leaves the config and the policy share
+//!   (scope tokens and trusted URLs; TOML problems and their positions).
 
 #![forbid(unsafe_code)]
 
@@ -31,11 +33,13 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod connect;
+pub mod diagnostics;
 pub mod dpop;
 pub mod events;
 pub mod exchange;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grammar;
 pub mod jose;
 pub mod metrics;
 pub mod mint;

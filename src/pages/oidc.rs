@@ -110,7 +110,7 @@ impl std::fmt::Debug for Oidc {
 
 fn acceptable_url(s: &str) -> bool {
     url::Url::parse(s)
-        .is_ok_and(|u| crate::config::secure_or_loopback(&u) && u.fragment().is_none())
+        .is_ok_and(|u| crate::grammar::secure_or_loopback(&u) && u.fragment().is_none())
 }
 
 impl Oidc {

@@ -31,7 +31,8 @@ use toml::Spanned;
 
 pub use uri::{canonical_resource, ResourceError};
 
-use crate::config::{line_col, parse_toml, Problem};
+use crate::diagnostics::{key_span, line_col, parse_toml, Problem};
+use crate::grammar::{parse_scope, valid_scope_token};
 
 /// The longest token lifetime, whatever the policy says.
 pub const MAX_TTL: Duration = Duration::from_secs(300);
@@ -276,53 +277,6 @@ struct RawTool {
     ttl: Option<Spanned<String>>,
 }
 
-/// The span of a table key such as `[tools."mail.read"]` (or a dotted key
-/// `tools."mail.read".x`) in the text; the start of the file if not found.
-/// Map keys carry no span through serde, so they are found in the text: by
-/// the usual spellings first, then by parsing each table header, which also
-/// finds keys written with escapes or single quotes.
-pub(crate) fn key_span(text: &str, table: &str, key: &str) -> std::ops::Range<usize> {
-    let quoted = format!("{table}.\"{key}\"");
-    let bare = format!("{table}.{key}");
-    let mut offset = 0;
-    for line in text.split_inclusive('\n') {
-        let t = line.trim_start();
-        let indent = line.len() - t.len();
-        for cand in [&quoted, &bare] {
-            if let Some(rest) = t
-                .strip_prefix('[')
-                .and_then(|r| r.strip_prefix(cand.as_str()))
-            {
-                if rest.starts_with(']') || rest.starts_with('.') {
-                    let start = offset + indent + 1;
-                    return start..start + cand.len();
-                }
-            }
-        }
-        offset += line.len();
-    }
-    let mut offset = 0;
-    for line in text.split_inclusive('\n') {
-        let t = line.trim_start();
-        let indent = line.len() - t.len();
-        if t.starts_with('[') && !t.starts_with("[[") {
-            // A header line alone is a TOML document: `[a."b"]` -> {a: {b: {}}}.
-            if let Ok(doc) = toml::from_str::<toml::Table>(t) {
-                let found = doc
-                    .get(table)
-                    .and_then(toml::Value::as_table)
-                    .is_some_and(|tbl| tbl.contains_key(key));
-                if found {
-                    let start = offset + indent + 1;
-                    return start..start + 1;
-                }
-            }
-        }
-        offset += line.len();
-    }
-    0..0
-}
-
 /// Whether `s` is a valid name: non-empty, at most 256 characters, no
 /// whitespace or control characters. (Counted in characters, as JSON Schema's
 /// `maxLength` counts, so the loader and the schema agree.)
@@ -357,53 +311,6 @@ fn parse_policy_ttl(s: &str) -> Result<Duration, &'static str> {
         return Err(LONG);
     }
     Ok(d)
-}
-
-/// Where `[table."key"]` starts in `text`, as `file:line:column`.
-pub(crate) fn table_at(path: &Path, text: &str, table: &str, key: &str) -> String {
-    let span = key_span(text, table, key);
-    let (l, c) = line_col(text, span.start);
-    format!("{}:{l}:{c}", path.display())
-}
-
-/// Where the top-level key `key` (before any table header) starts in
-/// `text`, as `file:line:column`; the start of the file if not found.
-pub(crate) fn top_key_at(path: &Path, text: &str, key: &str) -> String {
-    for (i, line) in text.lines().enumerate() {
-        let t = line.trim_start();
-        if t.starts_with('[') {
-            break;
-        }
-        let name = t.split(['=', ' ', '\t']).next().unwrap_or("");
-        if name == key {
-            return format!("{}:{}:{}", path.display(), i + 1, line.len() - t.len() + 1);
-        }
-    }
-    format!("{}:1:1", path.display())
-}
-
-/// Whether `s` is a valid scope token (RFC 6749 section 3.3).
-pub fn valid_scope_token(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 256
-        && s.bytes()
-            .all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
-}
-
-/// A requested `scope` that is not a space-separated list of scope tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("scope must be scope tokens separated by single spaces")]
-pub struct InvalidScope;
-
-/// Splits a requested `scope` string. `Err` if it is not a valid
-/// space-separated list of scope tokens.
-pub fn parse_scope(s: &str) -> Result<Vec<String>, InvalidScope> {
-    let v: Vec<String> = s.split(' ').map(str::to_owned).collect();
-    if v.iter().all(|t| valid_scope_token(t)) {
-        Ok(v)
-    } else {
-        Err(InvalidScope)
-    }
 }
 
 /// Validates the keys of a `source = "service"` resource: a provider name,

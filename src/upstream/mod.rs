@@ -21,9 +21,8 @@ use base64::Engine;
 use serde::Deserialize;
 use zeroize::Zeroize;
 
-use crate::config::{
-    secure_or_loopback, AccountLookup, ClientAuth, Config, Endpoints, ProviderConfig,
-};
+use crate::config::{AccountLookup, ClientAuth, Config, Endpoints, ProviderConfig};
+use crate::grammar::secure_or_loopback;
 use crate::secret::SecretString;
 
 /// The most a provider answer may hold.
