@@ -23,6 +23,7 @@ pub mod reload;
 mod uri;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 use std::path::Path;
 use std::time::Duration;
 
@@ -31,7 +32,7 @@ use toml::Spanned;
 
 pub use uri::{canonical_resource, ResourceError};
 
-use crate::diagnostics::{key_span, line_col, parse_toml, Problem};
+use crate::diagnostics::{key_span, line_col, offset_at, parse_toml, Problem};
 use crate::grammar::{parse_scope, valid_scope_token};
 
 /// The longest token lifetime, whatever the policy says.
@@ -346,6 +347,258 @@ fn service_source(
     Ok(Source::Service { service, delivery })
 }
 
+/// The policy's text: UTF-8 and not empty (an empty file would load as a
+/// policy that denies everything, which is never what was meant).
+fn policy_text<'a>(path: &Path, bytes: &'a [u8]) -> Result<&'a str, PolicyError> {
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let (l, c) = line_col(
+                &String::from_utf8_lossy(&bytes[..e.valid_up_to()]),
+                e.valid_up_to(),
+            );
+            return Err(PolicyError::Invalid(vec![Problem {
+                at: format!("{}:{l}:{c}", path.display()),
+                key: None,
+                message: "the file is not UTF-8".into(),
+            }]));
+        }
+    };
+    if text.trim().is_empty() {
+        return Err(PolicyError::Invalid(vec![Problem {
+            at: format!("{}:1:1", path.display()),
+            key: None,
+            message: "the policy is empty (an empty policy would deny everything; write `agent = ...` and the tools)".into(),
+        }]));
+    }
+    Ok(text)
+}
+
+/// The validation pass over one policy file: every problem found so far,
+/// each placed at the span it is about.
+struct Check<'a> {
+    path: &'a Path,
+    text: &'a str,
+    problems: Vec<Problem>,
+}
+
+impl Check<'_> {
+    /// Reports a problem at `span`; the message names no value.
+    fn bad(&mut self, span: Range<usize>, key: String, message: &str) {
+        self.problems.push(Problem {
+            at: offset_at(self.path, self.text, span.start),
+            key: Some(key),
+            message: message.to_string(),
+        });
+    }
+
+    /// A `ttl` key, if present and valid.
+    fn ttl(&mut self, t: &Option<Spanned<String>>, key: String) -> Option<Duration> {
+        let t = t.as_ref()?;
+        match parse_policy_ttl(t.get_ref()) {
+            Ok(d) => Some(d),
+            Err(message) => {
+                self.bad(t.span(), key, message);
+                None
+            }
+        }
+    }
+
+    /// A list of step names under `key`: each valid, none twice.
+    fn steps(&mut self, list: &[Spanned<String>], key: &str) -> BTreeSet<String> {
+        let mut set = BTreeSet::new();
+        for s in list {
+            if !valid_name(s.get_ref()) {
+                self.bad(
+                    s.span(),
+                    key.to_string(),
+                    "step names must not contain spaces or control characters",
+                );
+            } else if !set.insert(s.get_ref().clone()) {
+                self.bad(s.span(), key.to_string(), "step listed twice");
+            }
+        }
+        set
+    }
+
+    /// The top-level `steps = [...]` declaration.
+    fn declared_steps(&mut self, list: &Spanned<Vec<Spanned<String>>>) -> BTreeSet<String> {
+        if list.get_ref().is_empty() {
+            self.bad(list.span(), "steps".into(), "declares no step, so every tool would be unreachable; list the orchestrator's steps or remove `steps`");
+        }
+        self.steps(list.get_ref(), "steps")
+    }
+
+    /// `[resources]`: the valid ones by canonical identifier, and the
+    /// canonical identifiers of every key that parses, valid or not (a tool
+    /// naming an invalid one is not reported twice).
+    fn resources(
+        &mut self,
+        raw: &BTreeMap<String, RawResource>,
+    ) -> (BTreeMap<String, Resource>, BTreeSet<String>) {
+        let mut resources = BTreeMap::new();
+        let mut declared = BTreeSet::new();
+        for (id, r) in raw {
+            let span = key_span(self.text, "resources", id);
+            // Debug quoting escapes control characters, so a key never prints raw.
+            let key = format!("resources.{id:?}");
+            let canonical = match canonical_resource(id) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.bad(span, key, &format!("is not a usable resource URI: {e}"));
+                    continue;
+                }
+            };
+            declared.insert(canonical.clone());
+            let Some(source) = self.source(r, &key) else {
+                continue;
+            };
+            let ttl = self.ttl(&r.ttl, format!("{key}.ttl")).unwrap_or(MAX_TTL);
+            if resources.contains_key(&canonical) {
+                self.bad(
+                    span,
+                    key,
+                    "the same resource is declared twice (after normalisation)",
+                );
+                continue;
+            }
+            resources.insert(
+                canonical.clone(),
+                Resource {
+                    id: id.clone(),
+                    canonical,
+                    source,
+                    ttl,
+                },
+            );
+        }
+        (resources, declared)
+    }
+
+    /// A resource's `source` and the keys that go with it.
+    fn source(&mut self, r: &RawResource, key: &str) -> Option<Source> {
+        match r.source.get_ref().as_str() {
+            "self" => {
+                let mut ok = true;
+                for (field, v) in [("service", &r.service), ("delivery", &r.delivery)] {
+                    if let Some(v) = v {
+                        self.bad(
+                            v.span(),
+                            format!("{key}.{field}"),
+                            "only a resource with source = \"service\" takes this key",
+                        );
+                        ok = false;
+                    }
+                }
+                ok.then_some(Source::SelfIssued)
+            }
+            "service" => match service_source(r) {
+                Ok(s) => Some(s),
+                Err((span, field, message)) => {
+                    self.bad(span, format!("{key}.{field}"), message);
+                    None
+                }
+            },
+            "exchange" => {
+                self.bad(
+                    r.source.span(),
+                    format!("{key}.source"),
+                    "source \"exchange\" is not available yet",
+                );
+                None
+            }
+            _ => {
+                self.bad(
+                    r.source.span(),
+                    format!("{key}.source"),
+                    "must be \"self\" or \"service\"",
+                );
+                None
+            }
+        }
+    }
+
+    /// `[tools]`: the valid ones by name.
+    fn tools(
+        &mut self,
+        raw: &BTreeMap<String, RawTool>,
+        resources: &BTreeMap<String, Resource>,
+        declared: &BTreeSet<String>,
+    ) -> BTreeMap<String, Tool> {
+        let mut tools = BTreeMap::new();
+        for (name, t) in raw {
+            if let Some(tool) = self.tool(name, t, resources, declared) {
+                tools.insert(name.clone(), tool);
+            }
+        }
+        tools
+    }
+
+    /// One `[tools."name"]` table. On a bad resource the other keys are
+    /// still checked, so one run reports every problem of the tool.
+    fn tool(
+        &mut self,
+        name: &str,
+        t: &RawTool,
+        resources: &BTreeMap<String, Resource>,
+        declared: &BTreeSet<String>,
+    ) -> Option<Tool> {
+        let key = format!("tools.{name:?}");
+        if !valid_name(name) {
+            self.bad(
+                key_span(self.text, "tools", name),
+                key.clone(),
+                "tool names must not contain spaces or control characters",
+            );
+        }
+        let resource = match canonical_resource(t.resource.get_ref()) {
+            Ok(c) if resources.contains_key(&c) => Some(c),
+            // Declared but invalid: its own error is already reported.
+            Ok(c) if declared.contains(&c) => None,
+            Ok(_) => {
+                self.bad(
+                    t.resource.span(),
+                    format!("{key}.resource"),
+                    "names a resource that is not declared under [resources]",
+                );
+                None
+            }
+            Err(e) => {
+                self.bad(
+                    t.resource.span(),
+                    format!("{key}.resource"),
+                    &format!("is not a usable resource URI: {e}"),
+                );
+                None
+            }
+        };
+        let mut scopes = BTreeSet::new();
+        for s in &t.scopes {
+            if !valid_scope_token(s.get_ref()) {
+                self.bad(s.span(), format!("{key}.scopes"), "a scope must be a non-empty token without spaces or quotes (RFC 6749 section 3.3)");
+            } else if !scopes.insert(s.get_ref().clone()) {
+                self.bad(s.span(), format!("{key}.scopes"), "scope listed twice");
+            }
+        }
+        if t.steps.get_ref().is_empty() {
+            self.bad(
+                t.steps.span(),
+                format!("{key}.steps"),
+                "lists no step, so the tool could never be used; remove the tool or name its steps",
+            );
+        }
+        let steps = self.steps(t.steps.get_ref(), &format!("{key}.steps"));
+        let ttl = self.ttl(&t.ttl, format!("{key}.ttl"));
+        Some(Tool {
+            name: name.to_string(),
+            resource: resource?,
+            scopes,
+            steps,
+            ttl,
+        })
+    }
+}
+
 impl Policy {
     /// The provider names that the policy's `service` resources use.
     pub fn services(&self) -> BTreeSet<&str> {
@@ -367,243 +620,29 @@ impl Policy {
         Policy::parse(path, &bytes)
     }
 
-    /// Validates policy bytes; `path` names the file in messages.
+    /// Validates policy bytes; `path` names the file in messages. The
+    /// sections are checked in file order (agent, steps, resources, tools),
+    /// and their problems are reported in that order.
     pub fn parse(path: &Path, bytes: &[u8]) -> Result<Policy, PolicyError> {
-        let at = |span: std::ops::Range<usize>, text: &str| {
-            let (l, c) = line_col(text, span.start);
-            format!("{}:{l}:{c}", path.display())
-        };
-        let text = match std::str::from_utf8(bytes) {
-            Ok(t) => t,
-            Err(e) => {
-                let (l, c) = line_col(
-                    &String::from_utf8_lossy(&bytes[..e.valid_up_to()]),
-                    e.valid_up_to(),
-                );
-                return Err(PolicyError::Invalid(vec![Problem {
-                    at: format!("{}:{l}:{c}", path.display()),
-                    key: None,
-                    message: "the file is not UTF-8".into(),
-                }]));
-            }
-        };
-        if text.trim().is_empty() {
-            return Err(PolicyError::Invalid(vec![Problem {
-                at: format!("{}:1:1", path.display()),
-                key: None,
-                message: "the policy is empty (an empty policy would deny everything; write `agent = ...` and the tools)".into(),
-            }]));
-        }
+        let text = policy_text(path, bytes)?;
         let raw: RawPolicy = parse_toml(path, text).map_err(PolicyError::Invalid)?;
-        let mut problems = Vec::new();
-        let mut bad = |span: std::ops::Range<usize>, key: String, message: &str| {
-            problems.push(Problem {
-                at: at(span, text),
-                key: Some(key),
-                message: message.to_string(),
-            })
+        let mut check = Check {
+            path,
+            text,
+            problems: Vec::new(),
         };
-
         if !valid_name(raw.agent.get_ref()) {
-            bad(
+            check.bad(
                 raw.agent.span(),
                 "agent".into(),
                 "must be a name without spaces or control characters",
             );
         }
-
-        let parse_ttl = |t: &Option<Spanned<String>>,
-                         key: String,
-                         bad: &mut dyn FnMut(std::ops::Range<usize>, String, &str)|
-         -> Option<Duration> {
-            let t = t.as_ref()?;
-            match parse_policy_ttl(t.get_ref()) {
-                Ok(d) => Some(d),
-                Err(message) => {
-                    bad(t.span(), key, message);
-                    None
-                }
-            }
-        };
-
-        let declared_steps = match &raw.steps {
-            None => None,
-            Some(list) => {
-                if list.get_ref().is_empty() {
-                    bad(list.span(), "steps".into(), "declares no step, so every tool would be unreachable; list the orchestrator's steps or remove `steps`");
-                }
-                let mut set = BTreeSet::new();
-                for s in list.get_ref() {
-                    if !valid_name(s.get_ref()) {
-                        bad(
-                            s.span(),
-                            "steps".into(),
-                            "step names must not contain spaces or control characters",
-                        );
-                    } else if !set.insert(s.get_ref().clone()) {
-                        bad(s.span(), "steps".into(), "step listed twice");
-                    }
-                }
-                Some(set)
-            }
-        };
-
-        let mut resources = BTreeMap::new();
-        // Canonical ids of every resource key that parses, valid or not.
-        let mut declared = BTreeSet::new();
-        for (id, r) in &raw.resources {
-            let id = Spanned::new(key_span(text, "resources", id), id.clone());
-            // Debug quoting escapes control characters, so a key never prints raw.
-            let key = format!("resources.{:?}", id.get_ref());
-            let canonical = match canonical_resource(id.get_ref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    bad(
-                        id.span(),
-                        key.clone(),
-                        &format!("is not a usable resource URI: {e}"),
-                    );
-                    continue;
-                }
-            };
-            declared.insert(canonical.clone());
-            let source = match r.source.get_ref().as_str() {
-                "self" => {
-                    let mut ok = true;
-                    for (field, v) in [("service", &r.service), ("delivery", &r.delivery)] {
-                        if let Some(v) = v {
-                            bad(
-                                v.span(),
-                                format!("{key}.{field}"),
-                                "only a resource with source = \"service\" takes this key",
-                            );
-                            ok = false;
-                        }
-                    }
-                    if !ok {
-                        continue;
-                    }
-                    Source::SelfIssued
-                }
-                "service" => match service_source(r) {
-                    Ok(s) => s,
-                    Err((span, field, message)) => {
-                        bad(span, format!("{key}.{field}"), message);
-                        continue;
-                    }
-                },
-                "exchange" => {
-                    bad(
-                        r.source.span(),
-                        format!("{key}.source"),
-                        "source \"exchange\" is not available yet",
-                    );
-                    continue;
-                }
-                _ => {
-                    bad(
-                        r.source.span(),
-                        format!("{key}.source"),
-                        "must be \"self\" or \"service\"",
-                    );
-                    continue;
-                }
-            };
-            let ttl = parse_ttl(&r.ttl, format!("{key}.ttl"), &mut bad).unwrap_or(MAX_TTL);
-            if resources.contains_key(&canonical) {
-                bad(
-                    id.span(),
-                    key,
-                    "the same resource is declared twice (after normalisation)",
-                );
-                continue;
-            }
-            resources.insert(
-                canonical.clone(),
-                Resource {
-                    id: id.get_ref().clone(),
-                    canonical,
-                    source,
-                    ttl,
-                },
-            );
-        }
-
-        let mut tools = BTreeMap::new();
-        for (name, t) in &raw.tools {
-            let name = Spanned::new(key_span(text, "tools", name), name.clone());
-            let key = format!("tools.{:?}", name.get_ref());
-            if !valid_name(name.get_ref()) {
-                bad(
-                    name.span(),
-                    key.clone(),
-                    "tool names must not contain spaces or control characters",
-                );
-            }
-            // On a bad resource the other keys are still checked, so one
-            // run reports every problem of the tool.
-            let resource = match canonical_resource(t.resource.get_ref()) {
-                Ok(c) if resources.contains_key(&c) => Some(c),
-                // Declared but invalid: its own error is already reported.
-                Ok(c) if declared.contains(&c) => None,
-                Ok(_) => {
-                    bad(
-                        t.resource.span(),
-                        format!("{key}.resource"),
-                        "names a resource that is not declared under [resources]",
-                    );
-                    None
-                }
-                Err(e) => {
-                    bad(
-                        t.resource.span(),
-                        format!("{key}.resource"),
-                        &format!("is not a usable resource URI: {e}"),
-                    );
-                    None
-                }
-            };
-            let mut scopes = BTreeSet::new();
-            for s in &t.scopes {
-                if !valid_scope_token(s.get_ref()) {
-                    bad(s.span(), format!("{key}.scopes"), "a scope must be a non-empty token without spaces or quotes (RFC 6749 section 3.3)");
-                } else if !scopes.insert(s.get_ref().clone()) {
-                    bad(s.span(), format!("{key}.scopes"), "scope listed twice");
-                }
-            }
-            let mut steps = BTreeSet::new();
-            if t.steps.get_ref().is_empty() {
-                bad(t.steps.span(), format!("{key}.steps"), "lists no step, so the tool could never be used; remove the tool or name its steps");
-            }
-            for s in t.steps.get_ref() {
-                if !valid_name(s.get_ref()) {
-                    bad(
-                        s.span(),
-                        format!("{key}.steps"),
-                        "step names must not contain spaces or control characters",
-                    );
-                } else if !steps.insert(s.get_ref().clone()) {
-                    bad(s.span(), format!("{key}.steps"), "step listed twice");
-                }
-            }
-            let ttl = parse_ttl(&t.ttl, format!("{key}.ttl"), &mut bad);
-            let Some(resource) = resource else {
-                continue;
-            };
-            tools.insert(
-                name.get_ref().clone(),
-                Tool {
-                    name: name.get_ref().clone(),
-                    resource,
-                    scopes,
-                    steps,
-                    ttl,
-                },
-            );
-        }
-
-        if !problems.is_empty() {
-            return Err(PolicyError::Invalid(problems));
+        let declared_steps = raw.steps.as_ref().map(|s| check.declared_steps(s));
+        let (resources, declared) = check.resources(&raw.resources);
+        let tools = check.tools(&raw.tools, &resources, &declared);
+        if !check.problems.is_empty() {
+            return Err(PolicyError::Invalid(check.problems));
         }
         Ok(Policy {
             agent: raw.agent.into_inner(),
