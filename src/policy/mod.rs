@@ -180,6 +180,38 @@ pub struct Request<'a> {
     pub scope: Option<&'a [String]>,
 }
 
+/// A request's scope and resource once [`Policy::prelude`] accepted them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    /// The canonical resource.
+    pub resource: String,
+    /// The requested scopes (`None` = the tool's scopes).
+    pub scope: Option<Vec<String>>,
+}
+
+impl Checked {
+    /// The request to [`Policy::decide`] for `tool` in `step`.
+    pub fn request<'a>(&'a self, step: &'a str, tool: &'a str) -> Request<'a> {
+        Request {
+            step,
+            tool,
+            resource: &self.resource,
+            scope: self.scope.as_deref(),
+        }
+    }
+}
+
+/// Why [`Policy::prelude`] refused a request, before any tool is looked at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The emergency freeze is on (the admin flag or the file's).
+    Frozen,
+    /// The scope is not a list of scope tokens (`invalid_request`).
+    InvalidScope,
+    /// The resource is refused (`invalid_target`).
+    InvalidTarget(ResourceError),
+}
+
 /// What the broker would answer to a request, judged on the request's raw
 /// fields by the policy alone (no subject token, proof or admin freeze):
 /// what `policy test` and `policy explain` report.
@@ -654,28 +686,41 @@ impl Policy {
         })
     }
 
-    /// Judges a request from its raw fields in the order the derive pipeline
-    /// does (`exchange::Broker::run`): freeze, scope syntax, resource, then
-    /// [`Policy::decide`]. Keep the two in step.
-    pub fn evaluate(&self, step: &str, tool: &str, resource: &str, scope: Option<&str>) -> Outcome {
-        if self.frozen {
-            return Outcome::Deny(DenyReason::Frozen);
+    /// The checks every request meets first, in this order, both in the
+    /// derive pipeline (`exchange::Broker::run`) and in
+    /// [`Policy::evaluate`]: the freeze (`admin_frozen` or the file's own
+    /// flag), so that every refusal while frozen says so; the scope's
+    /// syntax; the resource's canonical form. The pipeline checks the
+    /// subject token between this and [`Policy::decide`].
+    pub fn prelude(
+        &self,
+        admin_frozen: bool,
+        resource: &str,
+        scope: Option<&str>,
+    ) -> Result<Checked, Refusal> {
+        if admin_frozen || self.frozen {
+            return Err(Refusal::Frozen);
         }
         let scope = match scope.map(parse_scope) {
             None => None,
             Some(Ok(v)) => Some(v),
-            Some(Err(_)) => return Outcome::InvalidScope,
+            Some(Err(_)) => return Err(Refusal::InvalidScope),
         };
-        let resource = match canonical_resource(resource) {
-            Ok(r) => r,
-            Err(e) => return Outcome::InvalidTarget(e),
+        let resource = canonical_resource(resource).map_err(Refusal::InvalidTarget)?;
+        Ok(Checked { resource, scope })
+    }
+
+    /// Judges a request from its raw fields as the derive pipeline does:
+    /// [`Policy::prelude`] (without the admin freeze, which is not the
+    /// file's), then [`Policy::decide`].
+    pub fn evaluate(&self, step: &str, tool: &str, resource: &str, scope: Option<&str>) -> Outcome {
+        let checked = match self.prelude(false, resource, scope) {
+            Ok(c) => c,
+            Err(Refusal::Frozen) => return Outcome::Deny(DenyReason::Frozen),
+            Err(Refusal::InvalidScope) => return Outcome::InvalidScope,
+            Err(Refusal::InvalidTarget(e)) => return Outcome::InvalidTarget(e),
         };
-        match self.decide(&Request {
-            step,
-            tool,
-            resource: &resource,
-            scope: scope.as_deref(),
-        }) {
+        match self.decide(&checked.request(step, tool)) {
             Decision::Allow(g) => Outcome::Allow(g),
             Decision::Deny(r) => Outcome::Deny(r),
         }
