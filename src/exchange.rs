@@ -794,8 +794,7 @@ steps = ["triage"]
         secret(&d.join("master.key"), &[7u8; 32]);
         secret(&d.join("acme.secret"), b"client-secret");
         std::fs::write(d.join("policy.toml"), POLICY).unwrap();
-        let config = format!(
-            r#"agent = "repo-helper"
+        let config = r#"agent = "repo-helper"
 issuer = "http://127.0.0.1:9"
 policy = "policy.toml"
 store = "data"
@@ -809,7 +808,7 @@ master_key_file = "master.key"
 [[trusted_issuers]]
 issuer = "https://idp.example"
 jwks_file = "idp-jwks.json"
-sign_in = {{ kind = "oidc", client_id = "broker" }}
+sign_in = { kind = "oidc", client_id = "broker" }
 
 [providers.acme]
 authorization_endpoint = "http://127.0.0.1:9/authorize"
@@ -817,9 +816,8 @@ token_endpoint = "http://127.0.0.1:9/token"
 userinfo_endpoint = "http://127.0.0.1:9/userinfo"
 client_id = "broker"
 client_secret_file = "acme.secret"
-"#
-        );
-        let config = Config::parse(&d.join("credbroker.toml"), &config).unwrap();
+"#;
+        let config = Config::parse(&d.join("credbroker.toml"), config).unwrap();
         let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
         let now = clock.now();
         let instance = crate::server::build(config.clone(), clock).await.unwrap();
