@@ -83,7 +83,7 @@ pub fn parse_duration(s: &str) -> Option<Duration> {
 pub struct Config {
     /// The file this was read from.
     pub file: PathBuf,
-    /// The one agent this instance serves (DESIGN section 2).
+    /// The one agent this instance serves (docs/DESIGN.md section 2).
     pub agent: String,
     /// The public issuer URL: `iss` of minted tokens, base of `htu`.
     pub issuer: String,

@@ -87,7 +87,7 @@ pub(crate) fn parse_policy_ttl(s: &str) -> Result<Duration, &'static str> {
 }
 
 /// Validates the keys of a `source = "service"` resource: a provider name,
-/// and `delivery` written out (DESIGN section 2: handing the provider's
+/// and `delivery` written out (docs/DESIGN.md section 2: handing the provider's
 /// bearer token to a tool is never a default).
 fn service_source(
     r: &RawResource,

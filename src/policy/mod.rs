@@ -71,7 +71,7 @@ impl DenyReason {
 pub enum Source {
     /// Minted by credbroker (ES256, DPoP-bound).
     SelfIssued,
-    /// The person's connected account at a third-party service (DESIGN
+    /// The person's connected account at a third-party service (docs/DESIGN.md
     /// section 4, step 6): the provider's own token, handed over as the
     /// policy's `delivery` says.
     Service {
