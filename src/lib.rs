@@ -20,6 +20,7 @@
 //!   links (the five checks), the account page.
 //! - [`verify`]: the resource-server side, for embedding.
 //! - [`client`]: a client for the socket.
+//! - [`keyset`]: one cached JWKS per issuer (pinned or fetched).
 //! - [`jose`], [`secret`], [`clock`], [`config`], [`cli`]: building blocks.
 
 #![forbid(unsafe_code)]
@@ -37,6 +38,7 @@ pub mod exchange;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod jose;
+pub mod keyset;
 pub mod metrics;
 pub mod mint;
 pub mod pages;

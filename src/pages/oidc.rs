@@ -11,7 +11,7 @@
 //!   says it always sends one, a callback without it is refused.
 //! - The ID token is checked in the order of `jose`: size -> parts ->
 //!   base64url -> header (`typ` absent or `JWT`, `alg` in the issuer's list
-//!   and bound to the key) -> key (pinned JWKS, or the IdP's `jwks_uri`) ->
+//!   and bound to the key) -> key (the issuer's key set, shared with the subject-token validator) ->
 //!   signature -> typed claims -> `iss`, `aud` (and `azp`), `exp`, `iat`,
 //!   `nonce` (constant time), `sub`, `auth_time`.
 
@@ -20,12 +20,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
 use crate::config::{IssuerConfig, JwksSource, SignIn};
 use crate::jose::{self, Alg, Audience, JwkSet};
+use crate::keyset::{self, Refetch, RemoteKeySet};
 use crate::secret::SecretString;
 
 /// ID tokens larger than this are refused before parsing.
@@ -35,7 +35,6 @@ pub const SKEW: i64 = 30;
 /// The re-authentication window of the connect pages (DESIGN section 5).
 pub const MAX_AGE: i64 = 900;
 const DISCOVERY_TTL: Duration = Duration::from_secs(3600);
-const JWKS_REFETCH_MIN: Duration = Duration::from_secs(60);
 const MAX_RESPONSE: usize = 256 * 1024;
 
 /// Why an OIDC sign-in failed. No token, code or secret in here.
@@ -88,10 +87,10 @@ struct Rp {
     client_id: String,
     secret_file: Option<PathBuf>,
     algs: Vec<Alg>,
-    pinned: bool,
     meta: tokio::sync::Mutex<Option<(Arc<Metadata>, Instant)>>,
-    keys: ArcSwap<JwkSet>,
-    last_fetch: tokio::sync::Mutex<Option<Instant>>,
+    /// The issuer's key set, shared with the subject-token validator when
+    /// the wiring hands it over.
+    keys: Arc<RemoteKeySet>,
 }
 
 /// The relying party for every OIDC sign-in issuer of the config.
@@ -114,9 +113,13 @@ fn acceptable_url(s: &str) -> bool {
 }
 
 impl Oidc {
-    /// A relying party for each issuer paired with OIDC sign-in. Pinned JWKS
-    /// files are read now (they were already checked at start-up).
-    pub fn new(issuers: &[IssuerConfig]) -> Oidc {
+    /// A relying party for each issuer paired with OIDC sign-in. Its keys
+    /// are the issuer's set in `key_sets` (the one the subject-token
+    /// validator uses); an issuer missing there gets a set of its own:
+    /// pinned JWKS files are read now (they were already checked at
+    /// start-up), JWKS URIs on first use.
+    pub fn new(issuers: &[IssuerConfig], key_sets: &HashMap<String, Arc<RemoteKeySet>>) -> Oidc {
+        let http = keyset::http_client();
         let mut rps = HashMap::new();
         for i in issuers {
             let SignIn::Oidc {
@@ -126,15 +129,17 @@ impl Oidc {
             else {
                 continue;
             };
-            let (pinned, keys) = match &i.jwks {
-                JwksSource::File(p) => (
-                    true,
+            let keys = match (key_sets.get(&i.issuer), &i.jwks) {
+                (Some(shared), _) => shared.clone(),
+                (None, JwksSource::File(p)) => Arc::new(RemoteKeySet::pinned(
                     std::fs::read(p)
                         .ok()
                         .and_then(|b| JwkSet::from_json(&b).ok())
                         .unwrap_or_default(),
-                ),
-                JwksSource::Uri(_) => (false, JwkSet::default()),
+                )),
+                (None, JwksSource::Uri(u)) => {
+                    Arc::new(RemoteKeySet::remote(u, MAX_RESPONSE, http.clone()))
+                }
             };
             rps.insert(
                 i.issuer.clone(),
@@ -143,17 +148,12 @@ impl Oidc {
                     client_id: client_id.clone(),
                     secret_file: client_secret_file.clone(),
                     algs: i.algs.clone(),
-                    pinned,
                     meta: tokio::sync::Mutex::new(None),
-                    keys: ArcSwap::from_pointee(keys),
-                    last_fetch: tokio::sync::Mutex::new(None),
+                    keys,
                 },
             );
         }
-        Oidc {
-            http: crate::subject::http_client(),
-            rps,
-        }
+        Oidc { http, rps }
     }
 
     /// Whether `issuer` signs people in through OIDC here.
@@ -334,28 +334,18 @@ impl Oidc {
             .map_err(|_| OidcError::IdToken("malformed"))?;
         let alg = header_alg(&jws, &rp.algs)?;
         let kid = jws.header.kid.clone();
-        let keys = rp.keys.load_full();
-        let keys = if keys.select(kid.as_deref(), alg).is_some() || rp.pinned {
+        let keys = rp.keys.keys();
+        let keys = if keys.select(kid.as_deref(), alg).is_some() {
             keys
         } else {
-            self.refetch(rp, m.jwks_uri.as_deref())
-                .await
-                .unwrap_or(keys)
+            // An unknown kid: the IdP may have rotated. The key set throttles
+            // refetches; a pinned set is never fetched.
+            match rp.keys.refetch(now).await {
+                Ok(Refetch::Fetched(fresh)) => fresh,
+                _ => keys,
+            }
         };
         validate_id_token(id_token.expose(), &keys, &check)
-    }
-
-    async fn refetch(&self, rp: &Rp, jwks_uri: Option<&str>) -> Option<Arc<JwkSet>> {
-        let uri = jwks_uri?;
-        let mut last = rp.last_fetch.lock().await;
-        if last.is_some_and(|t| t.elapsed() < JWKS_REFETCH_MIN) {
-            return None;
-        }
-        *last = Some(Instant::now());
-        let body = self.get_bounded(uri).await?;
-        let set = JwkSet::from_json(&body).ok()?;
-        rp.keys.store(Arc::new(set));
-        Some(rp.keys.load_full())
     }
 }
 
