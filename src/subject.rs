@@ -18,7 +18,7 @@ use dashmap::DashMap;
 use serde::Deserialize;
 
 use crate::config::{IssuerConfig, JwksSource};
-use crate::jose::{self, Alg, Audience, JoseError, JwkSet};
+use crate::jose::{self, Audience, JoseError, JwkSet};
 use crate::keyset::{self, Refetch, RemoteKeySet};
 
 /// Subject tokens larger than this are refused before parsing.
@@ -143,13 +143,6 @@ pub enum SetupError {
     },
 }
 
-fn normalize_typ(t: &str) -> String {
-    let t = t.to_ascii_lowercase();
-    t.strip_prefix("application/")
-        .map(str::to_owned)
-        .unwrap_or(t)
-}
-
 impl Validator {
     /// Builds the validator; pinned JWKS files are read now, JWKS URIs on
     /// first use. `own_kid` tells credbroker's own signing keys.
@@ -265,23 +258,33 @@ impl Validator {
             .issuers
             .get(&iss)
             .ok_or(SubjectError::UntrustedIssuer)?;
-        let typ = jws.header.typ.as_deref().map(normalize_typ);
-        if typ.as_deref() == Some("dpop+jwt") {
+        // A DPoP proof gets its own reason, before the issuer's list is
+        // consulted (an issuer's list could never make one a subject token).
+        if jws
+            .header
+            .typ
+            .as_deref()
+            .map(jose::normalize_typ)
+            .as_deref()
+            == Some("dpop+jwt")
+        {
             return Err(SubjectError::WrongKind("a DPoP proof"));
         }
-        match &typ {
-            Some(t)
-                if issuer
-                    .cfg
-                    .token_types
-                    .iter()
-                    .any(|a| normalize_typ(a) == *t) => {}
-            _ => return Err(SubjectError::Typ),
-        }
-        let alg = Alg::parse(&jws.header.alg).map_err(|_| SubjectError::Alg)?;
-        if !issuer.cfg.algs.contains(&alg) {
-            return Err(SubjectError::Alg);
-        }
+        let types: Vec<&str> = issuer.cfg.token_types.iter().map(String::as_str).collect();
+        let alg = jose::check_header(
+            &jws.header,
+            &jose::HeaderRule {
+                typ: jose::TypRule::MediaTypes {
+                    allowed: &types,
+                    absent_ok: false,
+                },
+                algs: &issuer.cfg.algs,
+            },
+        )
+        .map_err(|e| match e {
+            jose::HeaderError::Typ => SubjectError::Typ,
+            jose::HeaderError::Alg => SubjectError::Alg,
+        })?;
         if let Some(kid) = &jws.header.kid {
             if (self.own_kid)(kid) {
                 return Err(SubjectError::WrongKind("a token minted by credbroker"));

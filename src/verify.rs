@@ -256,19 +256,14 @@ impl Verifier {
         let token = token.trim();
         let now = self.clock.now();
         let jws = jose::parse(token, MAX_TOKEN_LEN)?;
-        if jws
-            .header
-            .typ
-            .as_deref()
-            .map(str::to_ascii_lowercase)
-            .as_deref()
-            != Some("at+jwt")
-        {
-            return Err(VerifyError::Header);
-        }
-        if Alg::parse(&jws.header.alg) != Ok(Alg::ES256) {
-            return Err(VerifyError::Header);
-        }
+        jose::check_header(
+            &jws.header,
+            &jose::HeaderRule {
+                typ: jose::TypRule::IgnoreCase("at+jwt"),
+                algs: &[Alg::ES256],
+            },
+        )
+        .map_err(|_| VerifyError::Header)?;
         let keys = self.keys.keys();
         let key = keys
             .select(jws.header.kid.as_deref(), Alg::ES256)

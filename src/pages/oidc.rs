@@ -391,16 +391,20 @@ struct IdClaims {
 fn header_alg(jws: &jose::Jws<'_>, algs: &[Alg]) -> Result<Alg, OidcError> {
     // ID tokens are plain JWTs; anything typed as another kind of token
     // (an access token, a DPoP proof, a logout token) is not one.
-    match jws.header.typ.as_deref() {
-        None => {}
-        Some(t) if t.eq_ignore_ascii_case("JWT") || t.eq_ignore_ascii_case("application/jwt") => {}
-        Some(_) => return Err(OidcError::IdToken("typ is not JWT")),
-    }
-    let alg = Alg::parse(&jws.header.alg).map_err(|_| OidcError::IdToken("alg"))?;
-    if !algs.contains(&alg) {
-        return Err(OidcError::IdToken("alg"));
-    }
-    Ok(alg)
+    jose::check_header(
+        &jws.header,
+        &jose::HeaderRule {
+            typ: jose::TypRule::MediaTypes {
+                allowed: &["JWT"],
+                absent_ok: true,
+            },
+            algs,
+        },
+    )
+    .map_err(|e| match e {
+        jose::HeaderError::Typ => OidcError::IdToken("typ is not JWT"),
+        jose::HeaderError::Alg => OidcError::IdToken("alg"),
+    })
 }
 
 /// Validates an ID token against `keys` (pure: no I/O, time injected).
