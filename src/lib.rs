@@ -20,6 +20,7 @@
 //!   links (the five checks), the account page.
 //! - [`verify`]: the resource-server side, for embedding.
 //! - [`client`]: a client for the socket.
+//! - [`oauth`]: the one OAuth client of the sign-in and the provider connections.
 //! - [`keyset`]: one cached JWKS per issuer (pinned or fetched).
 //! - [`jose`], [`secret`], [`clock`], [`config`], [`cli`]: building blocks.
 
@@ -41,6 +42,7 @@ pub mod jose;
 pub mod keyset;
 pub mod metrics;
 pub mod mint;
+pub mod oauth;
 pub mod pages;
 pub mod policy;
 pub mod public;

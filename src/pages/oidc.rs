@@ -26,6 +26,7 @@ use subtle::ConstantTimeEq;
 use crate::config::{IssuerConfig, JwksSource, SignIn};
 use crate::jose::{self, Alg, Audience, JwkSet};
 use crate::keyset::{self, Refetch, RemoteKeySet};
+use crate::oauth::{self, Metadata};
 use crate::secret::SecretString;
 
 /// ID tokens larger than this are refused before parsing.
@@ -35,7 +36,7 @@ pub const SKEW: i64 = 30;
 /// The re-authentication window of the connect pages (DESIGN section 5).
 pub const MAX_AGE: i64 = 900;
 const DISCOVERY_TTL: Duration = Duration::from_secs(3600);
-const MAX_RESPONSE: usize = 256 * 1024;
+const MAX_RESPONSE: usize = oauth::MAX_ANSWER;
 
 /// Why an OIDC sign-in failed. No token, code or secret in here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,17 +72,6 @@ pub struct Identity {
     pub auth_time: Option<i64>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-struct Metadata {
-    issuer: String,
-    authorization_endpoint: String,
-    token_endpoint: String,
-    #[serde(default)]
-    jwks_uri: Option<String>,
-    #[serde(default)]
-    authorization_response_iss_parameter_supported: bool,
-}
-
 struct Rp {
     issuer: String,
     client_id: String,
@@ -95,7 +85,7 @@ struct Rp {
 
 /// The relying party for every OIDC sign-in issuer of the config.
 pub struct Oidc {
-    http: reqwest::Client,
+    client: oauth::Client,
     rps: HashMap<String, Rp>,
 }
 
@@ -105,11 +95,6 @@ impl std::fmt::Debug for Oidc {
             .field("issuers", &self.rps.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
-}
-
-fn acceptable_url(s: &str) -> bool {
-    url::Url::parse(s)
-        .is_ok_and(|u| crate::config::secure_or_loopback(&u) && u.fragment().is_none())
 }
 
 impl Oidc {
@@ -153,7 +138,10 @@ impl Oidc {
                 },
             );
         }
-        Oidc { http, rps }
+        Oidc {
+            client: oauth::Client::new(http),
+            rps,
+        }
     }
 
     /// Whether `issuer` signs people in through OIDC here.
@@ -172,39 +160,23 @@ impl Oidc {
                 return Ok(m.clone());
             }
         }
-        let url = format!(
-            "{}/.well-known/openid-configuration",
-            rp.issuer.trim_end_matches('/')
-        );
-        let body = self
-            .get_bounded(&url)
+        // Only the nonce's presence matters to discovery (an OpenID
+        // Provider: openid-configuration only).
+        let m = self
+            .client
+            .discover(&rp.issuer, oauth::Use::SignIn { nonce: "" })
             .await
-            .ok_or(OidcError::Discovery("unreachable"))?;
-        let m: Metadata = serde_json::from_slice(&body)
-            .map_err(|_| OidcError::Discovery("not a discovery document"))?;
-        if m.issuer != rp.issuer {
-            return Err(OidcError::Discovery(
-                "issuer differs from the configured one",
-            ));
-        }
-        if !acceptable_url(&m.authorization_endpoint)
-            || !acceptable_url(&m.token_endpoint)
-            || m.jwks_uri.as_deref().is_some_and(|u| !acceptable_url(u))
-        {
-            return Err(OidcError::Discovery("an endpoint is not https"));
-        }
+            .map_err(|e| match e {
+                oauth::OAuthError::Config(_) => OidcError::Discovery(
+                    "issuer differs from the configured one, or an endpoint is not https",
+                ),
+                oauth::OAuthError::Unavailable(_) | oauth::OAuthError::Rejected { .. } => {
+                    OidcError::Discovery("unreachable or not a discovery document")
+                }
+            })?;
         let m = Arc::new(m);
         *cached = Some((m.clone(), Instant::now()));
         Ok(m)
-    }
-
-    async fn get_bounded(&self, url: &str) -> Option<Vec<u8>> {
-        let resp = self.http.get(url).send().await.ok()?;
-        if !resp.status().is_success() {
-            return None;
-        }
-        let body = resp.bytes().await.ok()?;
-        (body.len() <= MAX_RESPONSE).then(|| body.to_vec())
     }
 
     /// The URL that starts a sign-in at `issuer`.
@@ -220,24 +192,23 @@ impl Oidc {
     ) -> Result<url::Url, OidcError> {
         let rp = self.rp(issuer)?;
         let m = self.metadata(rp).await?;
-        let mut u = url::Url::parse(&m.authorization_endpoint)
-            .map_err(|_| OidcError::Discovery("authorization_endpoint"))?;
-        {
-            let mut q = u.query_pairs_mut();
-            q.append_pair("response_type", "code")
-                .append_pair("client_id", &rp.client_id)
-                .append_pair("redirect_uri", redirect_uri)
-                .append_pair("scope", "openid profile email")
-                .append_pair("state", state.expose())
-                .append_pair("nonce", nonce.expose())
-                .append_pair("code_challenge", code_challenge)
-                .append_pair("code_challenge_method", "S256");
-            if reauth {
-                q.append_pair("max_age", &MAX_AGE.to_string())
-                    .append_pair("prompt", "login");
-            }
-        }
-        Ok(u)
+        let max_age = MAX_AGE.to_string();
+        let reauth_params = [("max_age", max_age.as_str()), ("prompt", "login")];
+        oauth::authorization_url(
+            &m.authorization,
+            oauth::Use::SignIn {
+                nonce: nonce.expose(),
+            },
+            &oauth::AuthorizationParams {
+                client_id: &rp.client_id,
+                redirect_uri,
+                scope: "openid profile email",
+                state: state.expose(),
+                code_challenge,
+                extra: if reauth { &reauth_params } else { &[] },
+            },
+        )
+        .map_err(|_| OidcError::Discovery("authorization_endpoint"))
     }
 
     /// Checks the callback's `iss` parameter (RFC 9207).
@@ -248,12 +219,8 @@ impl Oidc {
     ) -> Result<(), OidcError> {
         let rp = self.rp(issuer)?;
         let m = self.metadata(rp).await?;
-        match iss {
-            Some(i) if i == rp.issuer => Ok(()),
-            Some(_) => Err(OidcError::CallbackIss),
-            None if m.authorization_response_iss_parameter_supported => Err(OidcError::CallbackIss),
-            None => Ok(()),
-        }
+        oauth::check_callback_iss(Some(&rp.issuer), m.sends_iss, iss)
+            .map_err(|_| OidcError::CallbackIss)
     }
 
     /// Redeems an authorization code and validates the ID token.
@@ -270,12 +237,6 @@ impl Oidc {
     ) -> Result<Identity, OidcError> {
         let rp = self.rp(issuer)?;
         let m = self.metadata(rp).await?;
-        let mut form = vec![
-            ("grant_type", "authorization_code"),
-            ("code", code.expose().as_str()),
-            ("redirect_uri", redirect_uri),
-            ("code_verifier", verifier.expose().as_str()),
-        ];
         let secret = match &rp.secret_file {
             Some(p) => {
                 let bytes = crate::config::read_secret_file(p).map_err(|_| OidcError::Secret)?;
@@ -284,44 +245,37 @@ impl Oidc {
             }
             None => None,
         };
-        let mut req = self.http.post(&m.token_endpoint);
-        match &secret {
-            // client_secret_basic: both parts form-encoded first (RFC 6749
-            // section 2.3.1).
-            Some(s) => {
-                let enc =
-                    |v: &str| form_urlencoded::byte_serialize(v.as_bytes()).collect::<String>();
-                req = req.basic_auth(enc(&rp.client_id), Some(enc(s.expose())));
-            }
-            None => form.push(("client_id", rp.client_id.as_str())),
-        }
-        let body = form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(form.iter())
-            .finish();
-        let resp = req
-            .header("content-type", "application/x-www-form-urlencoded")
-            .header("accept", "application/json")
-            .body(body)
-            .send()
+        let auth = match &secret {
+            Some(s) => oauth::ClientAuth::Basic {
+                id: &rp.client_id,
+                secret: s.expose(),
+            },
+            None => oauth::ClientAuth::Post {
+                id: &rp.client_id,
+                secret: None,
+            },
+        };
+        let answer = self
+            .client
+            .exchange_code(
+                &m.token,
+                auth,
+                code.expose(),
+                verifier.expose(),
+                redirect_uri,
+                oauth::Use::SignIn {
+                    nonce: nonce.expose(),
+                },
+            )
             .await
-            .map_err(|_| OidcError::Token("unreachable"))?;
-        if !resp.status().is_success() {
-            return Err(OidcError::Token("refused"));
-        }
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|_| OidcError::Token("unreadable"))?;
-        if bytes.len() > MAX_RESPONSE {
-            return Err(OidcError::Token("too large"));
-        }
-        #[derive(Deserialize)]
-        struct TokenResponse {
-            id_token: String,
-        }
-        let tr: TokenResponse =
-            serde_json::from_slice(&bytes).map_err(|_| OidcError::Token("no id_token"))?;
-        let id_token = SecretString::new(tr.id_token);
+            .map_err(|e| match e {
+                oauth::OAuthError::Rejected { .. } => OidcError::Token("refused"),
+                _ => OidcError::Token("unreachable, unreadable or no id_token"),
+            })?;
+        let oauth::CodeAnswer::IdToken(id_token) = answer else {
+            // The sign-in rules give only an ID token answer.
+            return Err(OidcError::Token("no id_token"));
+        };
         let check = Expected {
             issuer: &rp.issuer,
             client_id: &rp.client_id,
