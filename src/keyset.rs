@@ -13,7 +13,7 @@
 //! against the issuer. The size cap is set per use: each caller documents
 //! its own (`verify::MAX_KEYS_DOCUMENT` for resource servers).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -102,8 +102,11 @@ pub struct RemoteKeySet {
     uri: Option<String>,
     cap: usize,
     keys: ArcSwap<JwkSet>,
-    /// When the keys were last refetched (Unix seconds of the caller's clock).
-    last_fetch: Mutex<Option<i64>>,
+    /// When the keys were last refetched (Unix seconds of the caller's
+    /// clock). Held across the fetch: concurrent requests with unknown
+    /// kids wait for the one fetch and then see its keys, instead of each
+    /// starting their own or failing on the old keys meanwhile.
+    last_fetch: tokio::sync::Mutex<Option<i64>>,
     http: reqwest::Client,
 }
 
@@ -114,7 +117,7 @@ impl RemoteKeySet {
             uri: None,
             cap: 0,
             keys: ArcSwap::from_pointee(keys),
-            last_fetch: Mutex::new(None),
+            last_fetch: tokio::sync::Mutex::new(None),
             http: http_client(),
         }
     }
@@ -126,7 +129,7 @@ impl RemoteKeySet {
             uri: Some(uri.to_owned()),
             cap,
             keys: ArcSwap::from_pointee(JwkSet::default()),
-            last_fetch: Mutex::new(None),
+            last_fetch: tokio::sync::Mutex::new(None),
             http,
         }
     }
@@ -169,17 +172,13 @@ impl RemoteKeySet {
         if self.uri.is_none() {
             return Ok(Refetch::Pinned);
         }
-        {
-            // Claim the slot before fetching: concurrent requests with
-            // unknown kids then share one fetch instead of each starting
-            // their own. A failed fetch keeps the slot, so an unreachable
-            // issuer is not hammered either.
-            let mut last = self.last_fetch.lock().unwrap_or_else(|p| p.into_inner());
-            if last.is_some_and(|t| now - t < MIN_REFETCH_INTERVAL) {
-                return Ok(Refetch::Throttled(self.keys()));
-            }
-            *last = Some(now);
+        let mut last = self.last_fetch.lock().await;
+        if last.is_some_and(|t| now - t < MIN_REFETCH_INTERVAL) {
+            return Ok(Refetch::Throttled(self.keys()));
         }
+        // A failed fetch keeps the slot too, so an unreachable issuer is
+        // not hammered either.
+        *last = Some(now);
         self.fetch().await.map(Refetch::Fetched)
     }
 }

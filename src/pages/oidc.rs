@@ -295,7 +295,7 @@ impl Oidc {
             // An unknown kid: the IdP may have rotated. The key set throttles
             // refetches; a pinned set is never fetched.
             match rp.keys.refetch(now).await {
-                Ok(Refetch::Fetched(fresh)) => fresh,
+                Ok(Refetch::Fetched(fresh) | Refetch::Throttled(fresh)) => fresh,
                 _ => keys,
             }
         };
@@ -467,6 +467,36 @@ mod tests {
         let mut v = good();
         f(v.as_object_mut().unwrap());
         v
+    }
+
+    #[test]
+    fn an_idp_that_is_issuer_and_sign_in_source_has_one_key_cache() {
+        let cfg = |issuer: &str| IssuerConfig {
+            issuer: issuer.into(),
+            audience: "agent".into(),
+            jwks: JwksSource::Uri(format!("{issuer}/jwks")),
+            algs: vec![Alg::ES256],
+            token_types: vec!["at+jwt".into()],
+            required_claims: vec![],
+            sign_in: SignIn::Oidc {
+                client_id: "credbroker".into(),
+                client_secret_file: None,
+            },
+        };
+        let shared = Arc::new(RemoteKeySet::remote(
+            &format!("{ISS}/jwks"),
+            keyset::MAX_ISSUER_JWKS,
+            keyset::http_client(),
+        ));
+        let sets = HashMap::from([(ISS.to_string(), shared.clone())]);
+        let oidc = Oidc::new(&[cfg(ISS), cfg("https://other.example")], &sets);
+        assert!(Arc::ptr_eq(&oidc.rps[ISS].keys, &shared));
+        // Positive control: an issuer the wiring did not hand over gets a
+        // set of its own.
+        assert!(!Arc::ptr_eq(
+            &oidc.rps["https://other.example"].keys,
+            &shared
+        ));
     }
 
     #[test]
