@@ -20,6 +20,8 @@
 //!   links (the five checks), the account page.
 //! - [`verify`]: the resource-server side, for embedding.
 //! - [`client`]: a client for the socket.
+//! - [`oauth`]: the one OAuth client of the sign-in and the provider connections.
+//! - [`keyset`]: one cached JWKS per issuer (pinned or fetched).
 //! - [`jose`], [`secret`], [`clock`], [`config`], [`cli`]: building blocks.
 //! - [`grammar`], [`diagnostics`]: leaves the config and the policy share
 //!   (scope tokens and trusted URLs; TOML problems and their positions).
@@ -41,8 +43,10 @@ pub mod exchange;
 pub mod fuzzing;
 pub mod grammar;
 pub mod jose;
+pub mod keyset;
 pub mod metrics;
 pub mod mint;
+pub mod oauth;
 pub mod pages;
 pub mod policy;
 pub mod public;
