@@ -26,6 +26,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod app;
 pub mod cli;
 pub mod client;
 pub mod clock;
