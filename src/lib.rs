@@ -48,6 +48,7 @@ pub mod secret;
 pub mod server;
 pub mod store;
 pub mod subject;
+pub mod unix;
 pub mod upstream;
 pub mod vault;
 pub mod verify;

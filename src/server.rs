@@ -30,13 +30,13 @@ pub struct Listeners {
 
 /// Binds the listeners named in the config.
 pub async fn bind(config: &Config) -> Result<Listeners, StartError> {
-    let api = crate::api::peer::bind(
+    let api = crate::unix::bind(
         &config.socket.path,
         0o750,
         0o660,
         config.socket.group.as_deref(),
     )?;
-    let admin = crate::api::peer::bind(&config.admin_socket, 0o700, 0o600, None)?;
+    let admin = crate::unix::bind(&config.admin_socket, 0o700, 0o600, None)?;
     let public = match &config.public {
         Some(p) => Some(
             TcpListener::bind(p.listen)
@@ -182,7 +182,7 @@ pub async fn run(
     let admin = tokio::spawn(serve_unix(
         listeners.admin,
         // Only the broker's own user may use the admin socket.
-        Arc::new(vec![crate::api::peer::current_uid()]),
+        Arc::new(vec![crate::unix::current_uid()]),
         16,
         cfg.socket.header_timeout,
         move |_uid, req| crate::admin::handle(inst.clone(), req),

@@ -59,7 +59,7 @@ pub enum StartError {
     Subject(#[from] crate::subject::SetupError),
     /// Sockets.
     #[error(transparent)]
-    Socket(#[from] crate::api::peer::SocketError),
+    Socket(#[from] crate::unix::SocketError),
     /// Other I/O.
     #[error("{0}")]
     Io(String),

@@ -645,8 +645,8 @@ impl PagesServer {
             },
         ));
         tokio::spawn(serve_fake_provider(provider_listener, fake.clone()));
-        let api = credbroker::api::peer::bind(&cfg.socket.path, 0o750, 0o660, None).unwrap();
-        let admin = credbroker::api::peer::bind(&cfg.admin_socket, 0o700, 0o600, None).unwrap();
+        let api = credbroker::unix::bind(&cfg.socket.path, 0o750, 0o660, None).unwrap();
+        let admin = credbroker::unix::bind(&cfg.admin_socket, 0o700, 0o600, None).unwrap();
         let listeners = credbroker::server::Listeners {
             api,
             admin,
