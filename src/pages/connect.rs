@@ -25,7 +25,7 @@ use super::oidc::MAX_AGE;
 use super::session::Session;
 use super::signin::signin_path;
 use super::{flows, views, Ctx, Pages};
-use crate::api::Body;
+use crate::http::Body;
 use crate::secret::SecretString;
 
 /// The checks passed: the link and the signed-in session of its person.

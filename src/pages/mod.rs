@@ -45,10 +45,10 @@ use std::sync::Arc;
 use ::http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use bytes::Bytes;
 
-use crate::api::Body;
 use crate::config::SignIn as SignInConfig;
 use crate::events::Event;
 use crate::exchange::Broker;
+use crate::http::Body;
 use crate::seal::Sealer;
 
 pub use limits::PageLimits;
@@ -291,9 +291,7 @@ impl Pages {
     /// A 500 page with a correlation id that is also logged; the browser
     /// never sees the cause.
     pub fn internal(&self, what: &str, err: &dyn std::fmt::Display) -> Response<Body> {
-        let mut r = [0u8; 6];
-        let _ = aws_lc_rs::rand::fill(&mut r);
-        let reference = hex::encode(r);
+        let reference = crate::http::correlation_id();
         tracing::error!(%reference, what, error = %err, "pages: internal error");
         http::html(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -10,7 +10,7 @@ use http::{HeaderMap, Response, StatusCode};
 use super::http::{redirect, safe_return_to, Form};
 use super::session::{Method, Record, Session};
 use super::{flows, users, views, Ctx, Pages};
-use crate::api::Body;
+use crate::http::Body;
 use crate::secret::SecretString;
 
 const SIGNIN_FAILED: &str = "The user name or password is not right. After several failed attempts an account is locked for 15 minutes.";
