@@ -105,6 +105,27 @@ impl From<crate::public::TlsError> for StartError {
     }
 }
 
+impl From<&Broker> for crate::pages::Deps {
+    /// The four parts of the broker the pages use: the config's names, the
+    /// clock, the store and the audit sink.
+    fn from(b: &Broker) -> Self {
+        crate::pages::Deps {
+            issuer: b.config.issuer.clone(),
+            agent: b.config.agent.clone(),
+            trusted_issuers: b.config.trusted_issuers.clone(),
+            clock: b.clock.clone(),
+            store: b.store.clone(),
+            audit: b.audit.clone(),
+        }
+    }
+}
+
+impl From<Arc<Broker>> for crate::pages::Deps {
+    fn from(b: Arc<Broker>) -> Self {
+        crate::pages::Deps::from(&*b)
+    }
+}
+
 /// Builds an instance from a validated config: opens the store, loads or
 /// creates the signing key, loads the policy and the trusted issuers.
 pub async fn build(
