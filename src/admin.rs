@@ -12,8 +12,8 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 
-use crate::api::{json_response, Body};
-use crate::server::Instance;
+use crate::app::Instance;
+use crate::http::{json_response, Body};
 
 fn text(status: StatusCode, body: String, ctype: &'static str) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(body)));

@@ -1,6 +1,7 @@
 //! The derive pipeline, the only place that decides:
 //! request -> subject -> policy -> proof -> source -> audit.
-//! (The peer check happens in `api` before a request is even parsed.)
+//! (The peer uid check happens in `server`'s accept loop, before a request
+//! is even read.)
 //!
 //! Every failure fails closed: nothing is issued, and there is no fallback to
 //! the subject token or a broader token.
@@ -224,8 +225,8 @@ pub struct Broker {
     pub proofs: dpop::Validator,
     /// Minting.
     pub minter: Arc<Minter>,
-    /// Audit sink.
-    pub audit: Audit,
+    /// Audit sink (shared: the pages record their events into it too).
+    pub audit: Arc<Audit>,
     /// Metrics.
     pub metrics: Metrics,
     /// Rate limits.
@@ -274,7 +275,7 @@ impl Broker {
             subjects,
             proofs,
             minter,
-            audit,
+            audit: Arc::new(audit),
             metrics,
             store,
             clock,
@@ -820,7 +821,7 @@ client_secret_file = "acme.secret"
         let config = Config::parse(&d.join("credbroker.toml"), config).unwrap();
         let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
         let now = clock.now();
-        let instance = crate::server::build(config.clone(), clock).await.unwrap();
+        let instance = crate::app::build(config.clone(), clock).await.unwrap();
         let broker = instance.broker.clone();
 
         // The derive's snapshot, and a different policy the reloader

@@ -10,7 +10,7 @@ use super::links::Disconnected;
 use super::session::Session;
 use super::signin::signin_path;
 use super::{views, Ctx, Pages};
-use crate::api::Body;
+use crate::http::Body;
 use crate::subject::Person;
 use crate::vault::AccountStatus;
 
