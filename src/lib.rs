@@ -16,6 +16,8 @@
 //! - [`events`], [`metrics`]: audit events and Prometheus metrics.
 //! - [`store`], [`seal`]: storage and encryption at rest.
 //! - [`public`], [`admin`]: the public listener and the admin socket.
+//! - [`ops`]: the operator actions (freeze, rotations, users, accounts),
+//!   called by the admin socket and by the command line.
 //! - [`pages`]: the browser pages on the public listener: sign-in, connect
 //!   links (the five checks), the account page.
 //! - [`verify`]: the resource-server side, for embedding.
@@ -39,6 +41,7 @@ pub mod fuzzing;
 pub mod jose;
 pub mod metrics;
 pub mod mint;
+pub mod ops;
 pub mod pages;
 pub mod policy;
 pub mod public;

@@ -102,6 +102,19 @@ pub struct Instance {
     pub pages: Arc<crate::pages::Pages>,
 }
 
+impl Instance {
+    /// The admin socket's handles: only what its commands need.
+    pub fn admin_handles(&self) -> crate::admin::Handles {
+        crate::admin::Handles {
+            broker: self.broker.clone(),
+            sealer: self.sealer.clone(),
+            vault: self.vault.clone(),
+            providers: self.providers.clone(),
+            public_addr: self.public_addr.clone(),
+        }
+    }
+}
+
 /// Builds an instance from a validated config: opens the store, loads or
 /// creates the signing key, loads the policy and the trusted issuers.
 pub async fn build(
@@ -383,14 +396,14 @@ pub async fn run(
         move |uid, req| crate::api::handle(b.clone(), uid, req),
         rx.clone(),
     ));
-    let inst = instance.clone();
+    let handles = instance.admin_handles();
     let admin = tokio::spawn(serve_unix(
         listeners.admin,
         // Only the broker's own user may use the admin socket.
         Arc::new(vec![crate::api::peer::current_uid()]),
         16,
         cfg.socket.header_timeout,
-        move |_uid, req| crate::admin::handle(inst.clone(), req),
+        move |_uid, req| crate::admin::handle(handles.clone(), req),
         rx.clone(),
     ));
     let public = match listeners.public {
