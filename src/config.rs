@@ -704,7 +704,7 @@ impl Config {
         let allowed_uids = raw
             .socket
             .allowed_uids
-            .unwrap_or_else(|| vec![crate::api::peer::current_uid()]);
+            .unwrap_or_else(|| vec![crate::unix::current_uid()]);
         if allowed_uids.is_empty() {
             bad("socket.allowed_uids", "must list at least one uid");
         }

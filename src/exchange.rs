@@ -1,6 +1,7 @@
 //! The derive pipeline, the only place that decides:
 //! request -> subject -> policy -> proof -> source -> audit.
-//! (The peer check happens in `api` before a request is even parsed.)
+//! (The peer uid check happens in `server`'s accept loop, before a request
+//! is even read.)
 //!
 //! Every failure fails closed: nothing is issued, and there is no fallback to
 //! the subject token or a broader token.

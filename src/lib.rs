@@ -28,6 +28,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod app;
 pub mod cli;
 pub mod client;
 pub mod clock;
@@ -50,6 +51,7 @@ pub mod secret;
 pub mod server;
 pub mod store;
 pub mod subject;
+pub mod unix;
 pub mod upstream;
 pub mod vault;
 pub mod verify;

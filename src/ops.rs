@@ -243,7 +243,7 @@ impl Offline {
     /// Checks that this process runs as the store's owner, then opens the
     /// store and the audit file.
     pub fn open(cfg: &Config) -> Result<Offline, OpError> {
-        check_owner(&cfg.store, crate::api::peer::current_uid())?;
+        check_owner(&cfg.store, crate::unix::current_uid())?;
         let store: Arc<dyn Store> = Arc::new(crate::store::SledStore::open(&cfg.store)?);
         let audit = Audit::open(&cfg.audit_log).map_err(|source| OpError::Open {
             what: "audit log",
@@ -350,7 +350,7 @@ mod tests {
     #[test]
     fn an_offline_action_by_another_user_than_the_stores_owner_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let me = crate::api::peer::current_uid();
+        let me = crate::unix::current_uid();
         let other = me.wrapping_add(4242);
         let Err(OpError::NotOwner(message)) = check_owner(dir.path(), other) else {
             panic!("another user was let through");

@@ -5,8 +5,6 @@
 //! the socket); bodies are capped before parsing; every error is mapped to
 //! its HTTP answer in [`error_response`], and nowhere else.
 
-pub mod peer;
-
 use std::sync::Arc;
 
 use bytes::Bytes;

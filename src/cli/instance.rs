@@ -19,9 +19,9 @@ pub(super) async fn serve(config: &Path) -> Res {
 /// Builds the instance and binds its listeners.
 async fn start(
     cfg: &Config,
-) -> Result<(crate::server::Instance, crate::server::Listeners), crate::server::StartError> {
+) -> Result<(crate::app::Instance, crate::server::Listeners), crate::app::StartError> {
     let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
-    let inst = crate::server::build(cfg.clone(), clock).await?;
+    let inst = crate::app::build(cfg.clone(), clock).await?;
     let listeners = crate::server::bind(cfg).await?;
     if let Some(addr) = listeners.public.as_ref().and_then(|l| l.local_addr().ok()) {
         tracing::info!(%addr, "public listener bound");

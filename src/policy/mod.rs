@@ -11,15 +11,15 @@
 //! `proto/policy.schema.json`.
 //!
 //! Submodules: [`lint`] (warnings of `policy check`), [`explain`], [`diff`],
-//! [`cases`] (`policy test`), [`cli`] (the `credbroker policy` commands) and
-//! [`reload`] (hot reload in the running broker).
+//! [`cases`] (`policy test`) and [`cli`] (the `credbroker policy` commands).
+//! Hot reload into a running broker is wiring, so it lives in `app::reload`
+//! (it swaps the broker's policy, and `exchange` already imports `policy`).
 
 pub mod cases;
 pub mod cli;
 pub mod diff;
 pub mod explain;
 pub mod lint;
-pub mod reload;
 mod uri;
 
 use std::collections::{BTreeMap, BTreeSet};
