@@ -285,3 +285,45 @@ async fn add_user(
         &serde_json::json!({"user": name, "running": true}),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pages::users::UserError;
+
+    async fn answer(e: AdminError) -> (u16, serde_json::Value) {
+        let r = error_response(&e);
+        let status = r.status().as_u16();
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn every_admin_error_has_one_json_shape() {
+        for (e, status, code) in [
+            (AdminError::NotFound, 404, "not_found"),
+            (
+                AdminError::BadBody("the body must be on or off"),
+                400,
+                "invalid_request",
+            ),
+            (
+                OpError::User(UserError::Exists("alice".into())).into(),
+                409,
+                "conflict",
+            ),
+            (
+                OpError::User(UserError::BadPassword).into(),
+                400,
+                "invalid_request",
+            ),
+            (OpError::Task("vault rotation").into(), 500, "server_error"),
+        ] {
+            let sentence = e.to_string();
+            let (s, v) = answer(e).await;
+            assert_eq!((s, v["error"].as_str()), (status, Some(code)));
+            assert_eq!(v["error_description"], sentence.as_str());
+            assert_eq!(v.as_object().unwrap().len(), 2, "no other field: {v}");
+        }
+    }
+}
