@@ -18,10 +18,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 
-use crate::api::{json_response, Body};
 use crate::exchange::Broker;
+use crate::http::{json_response, Body};
 use crate::ops::{OpError, Recorder, Target};
 
 /// What the admin socket works with, handed over by the composition root.
@@ -84,10 +84,9 @@ fn text(status: StatusCode, body: String, ctype: &'static str) -> Response<Body>
 
 /// Reads a body of at most `cap` bytes (the admin commands' arguments).
 async fn capped_body(req: Request<hyper::body::Incoming>, cap: usize) -> Result<Bytes, AdminError> {
-    Limited::new(req.into_body(), cap)
-        .collect()
+    let (parts, body) = req.into_parts();
+    crate::http::read_capped(&parts.headers, body, cap)
         .await
-        .map(|c| c.to_bytes())
         .map_err(|_| AdminError::BadBody("the body is unreadable or too large"))
 }
 
@@ -290,6 +289,7 @@ async fn add_user(
 mod tests {
     use super::*;
     use crate::pages::users::UserError;
+    use http_body_util::BodyExt;
 
     async fn answer(e: AdminError) -> (u16, serde_json::Value) {
         let r = error_response(&e);

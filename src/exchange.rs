@@ -225,8 +225,8 @@ pub struct Broker {
     pub proofs: dpop::Validator,
     /// Minting.
     pub minter: Arc<Minter>,
-    /// Audit sink.
-    pub audit: Audit,
+    /// Audit sink (shared: the pages record their events into it too).
+    pub audit: Arc<Audit>,
     /// Metrics.
     pub metrics: Metrics,
     /// Rate limits.
@@ -290,7 +290,7 @@ impl Broker {
             subjects,
             proofs,
             minter,
-            audit,
+            audit: Arc::new(audit),
             metrics,
             store,
             clock,

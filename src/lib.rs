@@ -39,6 +39,7 @@ pub mod events;
 pub mod exchange;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod http;
 pub mod jose;
 pub mod metrics;
 pub mod mint;

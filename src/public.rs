@@ -17,8 +17,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::api::{json_response, Body};
 use crate::exchange::Broker;
+use crate::http::{json_response, Body};
 use crate::pages::Pages;
 
 const MAX_PUBLIC_CONNECTIONS: usize = 1024;

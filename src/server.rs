@@ -70,7 +70,7 @@ async fn serve_unix<H, F>(
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) where
     H: Fn(u32, hyper::Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = hyper::Response<crate::api::Body>> + Send + 'static,
+    F: Future<Output = hyper::Response<crate::http::Body>> + Send + 'static,
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(max_conn));

@@ -105,6 +105,27 @@ impl From<crate::public::TlsError> for StartError {
     }
 }
 
+impl From<&Broker> for crate::pages::Deps {
+    /// The four parts of the broker the pages use: the config's names, the
+    /// clock, the store and the audit sink.
+    fn from(b: &Broker) -> Self {
+        crate::pages::Deps {
+            issuer: b.config.issuer.clone(),
+            agent: b.config.agent.clone(),
+            trusted_issuers: b.config.trusted_issuers.clone(),
+            clock: b.clock.clone(),
+            store: b.store.clone(),
+            audit: b.audit.clone(),
+        }
+    }
+}
+
+impl From<Arc<Broker>> for crate::pages::Deps {
+    fn from(b: Arc<Broker>) -> Self {
+        crate::pages::Deps::from(&*b)
+    }
+}
+
 impl Instance {
     /// The admin socket's handles: only what its commands need.
     pub fn admin_handles(&self) -> crate::admin::Handles {

@@ -10,7 +10,7 @@ use super::links::{AccountStatus, Disconnected};
 use super::session::Session;
 use super::signin::signin_path;
 use super::{views, Ctx, Pages};
-use crate::api::Body;
+use crate::http::Body;
 use crate::subject::Person;
 
 fn signed_in(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Result<(Session, Person), Response<Body>> {

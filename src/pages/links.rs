@@ -26,8 +26,14 @@ use crate::subject::Person;
 /// A boxed, sendable future (the traits are used as trait objects).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What a link asks the person to do (DESIGN section 5). It is the link
-/// records' own type, so the pages and the records cannot disagree.
+/// What a link asks the person to do. It is the link records' own type,
+/// so the pages and the records cannot disagree.
+//
+// The one import from `connect`, and the graph runs this way on purpose:
+// the kind is part of a stored link record (it is serialised with it), so
+// `connect` owns it, and the pages, a layer above the records, read it.
+// `connect` knows nothing of the pages: the adapter that implements these
+// traits on the real records is wiring (`app::backend`).
 pub use crate::connect::LinkKind;
 
 /// An open connect link, as the pages see it. The code is not in here: the
