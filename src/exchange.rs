@@ -241,7 +241,22 @@ pub struct Broker {
     connected: Option<Arc<Connected>>,
 }
 
+/// The store key of the emergency freeze: this module is its one owner
+/// (the broker reads it at start-up and [`persist_frozen`] writes it, also
+/// for an operator action run with no instance).
 const FROZEN_KEY: &[u8] = b"frozen";
+
+/// Whether the store holds a freeze (as the admin socket or an offline
+/// `credbroker freeze` left it).
+pub fn stored_frozen(store: &dyn Store) -> bool {
+    matches!(store.get(Tree::State, FROZEN_KEY), Ok(Some(v)) if v == b"1")
+}
+
+/// Writes the emergency freeze to the store (a running broker also holds it
+/// in memory: see [`Broker::set_frozen`]).
+pub fn persist_frozen(store: &dyn Store, on: bool) -> Result<(), crate::store::StoreError> {
+    store.put(Tree::State, FROZEN_KEY, if on { b"1" } else { b"0" })
+}
 
 impl Broker {
     /// Assembles a broker from its parts.
@@ -260,7 +275,7 @@ impl Broker {
         let htu = [Endpoint::Derive, Endpoint::Token].map(|e| {
             dpop::normalize_htu(&format!("{}{}", config.issuer, e.path())).unwrap_or_default()
         });
-        let frozen = matches!(store.get(Tree::State, FROZEN_KEY), Ok(Some(v)) if v == b"1");
+        let frozen = stored_frozen(store.as_ref());
         metrics.policy_info.set_only(&policy.hash);
         metrics.policy_loaded_time.set(clock.now() as f64);
         metrics.frozen.set(i64::from(frozen || policy.frozen));
@@ -312,9 +327,9 @@ impl Broker {
         if on {
             self.frozen.store(true, Ordering::SeqCst);
             self.metrics.frozen.set(1);
-            self.store.put(Tree::State, FROZEN_KEY, b"1")
+            persist_frozen(self.store.as_ref(), true)
         } else {
-            self.store.put(Tree::State, FROZEN_KEY, b"0")?;
+            persist_frozen(self.store.as_ref(), false)?;
             self.frozen.store(false, Ordering::SeqCst);
             self.metrics
                 .frozen

@@ -13,6 +13,8 @@
 //! - [`app`]: the composition root: builds an instance and wires its parts.
 //! - [`server`]: binds the listeners, runs the accept loops, shuts down.
 //! - [`admin`]: the admin socket (status, freeze, key rotation, accounts).
+//! - [`ops`]: the operator actions (freeze, rotations, users, accounts),
+//!   each written once for the admin socket and the offline command line.
 //! - [`public`]: the public listener: metadata, JWKS, then the pages.
 //! - [`pages`]: the browser pages: sign-in, connect links, the account page.
 //! - [`api`]: the orchestrator socket: parsing and the one error mapping.
@@ -67,6 +69,7 @@ pub mod keyset;
 pub mod metrics;
 pub mod mint;
 pub mod oauth;
+pub mod ops;
 pub mod pages;
 pub mod policy;
 pub mod public;

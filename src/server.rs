@@ -180,14 +180,14 @@ pub async fn run(
         move |uid, req| crate::api::handle(b.clone(), uid, req),
         rx.clone(),
     ));
-    let inst = instance.clone();
+    let handles = instance.admin_handles();
     let admin = tokio::spawn(serve_unix(
         listeners.admin,
         // Only the broker's own user may use the admin socket.
         Arc::new(vec![crate::unix::current_uid()]),
         16,
         cfg.socket.header_timeout,
-        move |_uid, req| crate::admin::handle(inst.clone(), req),
+        move |_uid, req| crate::admin::handle(handles.clone(), req),
         rx.clone(),
     ));
     let public = match listeners.public {

@@ -126,6 +126,19 @@ impl From<Arc<Broker>> for crate::pages::Deps {
     }
 }
 
+impl Instance {
+    /// The admin socket's handles: only what its commands need.
+    pub fn admin_handles(&self) -> crate::admin::Handles {
+        crate::admin::Handles {
+            broker: self.broker.clone(),
+            sealer: self.sealer.clone(),
+            vault: self.vault.clone(),
+            providers: self.providers.clone(),
+            public_addr: self.public_addr.clone(),
+        }
+    }
+}
+
 /// Builds an instance from a validated config: opens the store, loads or
 /// creates the signing key, loads the policy and the trusted issuers.
 pub async fn build(
