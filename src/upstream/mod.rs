@@ -591,7 +591,7 @@ async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, UpstreamErr
 
 /// Interprets a token endpoint answer. GitHub answers errors with 200 and
 /// an `error` field, so `error` is looked at whatever the status.
-fn parse_token_answer(status: u16, body: &[u8]) -> Result<TokenSet, UpstreamError> {
+pub(crate) fn parse_token_answer(status: u16, body: &[u8]) -> Result<TokenSet, UpstreamError> {
     let raw: Result<RawToken, _> = serde_json::from_slice(body);
     match (status, raw) {
         (
@@ -631,9 +631,14 @@ fn parse_token_answer(status: u16, body: &[u8]) -> Result<TokenSet, UpstreamErro
                         )
                     })?
                 }
-                Some(serde_json::Value::String(s)) => Some(s.parse::<i64>().map_err(|_| {
-                    UpstreamError::Unavailable("its expires_in is not a positive integer".into())
-                })?),
+                // As a string too: "-1" parses as an i64, and is no lifetime.
+                Some(serde_json::Value::String(s)) => {
+                    Some(s.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+                        UpstreamError::Unavailable(
+                            "its expires_in is not a positive integer".into(),
+                        )
+                    })?)
+                }
                 Some(_) => {
                     return Err(UpstreamError::Unavailable(
                         "its expires_in is not a number".into(),
@@ -681,7 +686,7 @@ fn discovery_urls(issuer: &str) -> Result<Vec<String>, UpstreamError> {
     ])
 }
 
-fn parse_metadata(issuer: &str, body: &[u8]) -> Result<Endpoints, UpstreamError> {
+pub(crate) fn parse_metadata(issuer: &str, body: &[u8]) -> Result<Endpoints, UpstreamError> {
     #[derive(Deserialize)]
     struct Meta {
         issuer: String,
