@@ -18,7 +18,7 @@
 //! and an unknown `kid` (the broker rotated its key) makes the server refetch
 //! the JWKS, at most once a minute. With `--jwks-file` the keys are pinned.
 //!
-//! The integration tests run this very file in-process (`tests/interop_jose.rs`
+//! The integration tests run this very file in-process (`tests/it/interop/jose.rs`
 //! includes it as a module), so what it shows is what is tested.
 
 use std::convert::Infallible;

@@ -3,7 +3,7 @@
 //! way the broker runs it, and checks the invariants that must hold whatever
 //! the input. A broken invariant is a panic, which is what a fuzzer reports.
 //!
-//! `tests/fuzz_corpus.rs` replays every committed corpus file through these
+//! `tests/it/fuzz/corpus.rs` replays every committed corpus file through these
 //! same functions in `cargo test`. Each returns whether the input was
 //! accepted, so that test can also check that the seeds named `ok-*` get
 //! past every check (a surface that refused everything early would fuzz

@@ -1,4 +1,4 @@
-"""Independent checks of proto/ for tests/mcp_proto.rs, run with .venv's Python.
+"""Independent checks of proto/ for tests/it/mcp/proto.rs, run with .venv's Python.
 
     python check_proto.py validate SCHEMA FILE...
         One JSON line per file: {"file", "valid", "errors"} (jsonschema,

@@ -1,4 +1,4 @@
-"""The person's MCP client, driven by tests/mcp_server.rs: the real Python
+"""The person's MCP client, driven by tests/it/mcp/server.rs: the real Python
 `mcp` SDK (PyPI `mcp`, installed into .venv by scripts/install-test-deps)
 against examples/mcp_repo_server.rs.
 

@@ -1,4 +1,4 @@
-// The person in tests/mcp_e2e.rs: opens a connect link that an MCP client
+// The person in tests/it/mcp/e2e.rs: opens a connect link that an MCP client
 // was given, in Debian's chromium (playwright-core, no downloaded browser),
 // in that person's own browser profile, and does what a person would:
 // signs in at the organisation's IdP as PERSON when asked, and presses the

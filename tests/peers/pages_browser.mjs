@@ -6,7 +6,7 @@
 // Two modes:
 //   node pages_browser.mjs STEPS.json
 //     STEPS.json: {"userDataDir": "...", "screenshotDir": "...", "steps": [...]}
-//     One browser, one list of steps (tests/pages_browser.rs). Prints one
+//     One browser, one list of steps (tests/it/pages/browser.rs). Prints one
 //     JSON line per step; exits 1 at the first failed step.
 //   node pages_browser.mjs --serve ROOT SCREENSHOT_DIR
 //     Several people, each with a browser of their own (a fresh user data

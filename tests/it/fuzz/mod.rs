@@ -1,0 +1,2 @@
+//! The committed fuzz corpus, replayed without libFuzzer.
+mod corpus;

@@ -1,0 +1,4 @@
+//! Interoperability with independent implementations: npm `jose` and a real
+//! IdP's subject tokens.
+mod idp_subject_tokens;
+mod jose;

@@ -1,0 +1,487 @@
+//! End to end, nothing faked: the Python `mcp` client (2.3.x) talks to the
+//! example MCP server (rmcp), which derives from the real broker; the broker
+//! refuses with a connect link; Chromium (playwright-core) opens the link as
+//! the person, who signs in at the organisation's IdP (panva's
+//! oidc-provider, tests/peers/oidc-provider.mjs, which also issues the
+//! access tokens the MCP client presents) and connects the third-party
+//! service (oidc-provider again, tests/peers/oauth-service.mjs); the retry
+//! gets the provider's token and the repository API (which checks that token
+//! at the provider's userinfo endpoint) answers.
+//!
+//! - 2025-11-25 (`mode="legacy"`): `-32042`, the handler opens the link,
+//!   the manual retry returns the repositories;
+//! - 2026-07-28 (`mode="auto"`): `input_required`, the
+//!   `elicitation_callback` opens the link and answers `accept`, the
+//!   automatic retry returns the repositories;
+//! - both again with the link opened in another signed-in person's
+//!   browser: the refusal page, the retry gets the elicitation again, and
+//!   nothing is connected;
+//! - a tampered `requestState` is refused.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use crate::support::mcp::*;
+use crate::support::*;
+use serde_json::{json, Value};
+
+const AGENT_RESOURCE: &str = "urn:credbroker:agent:repo-helper";
+const SERVICE: &str = "https://api.acme.example";
+const PAGES_CLIENT: &str = "credbroker-pages";
+const SERVICE_CLIENT: &str = "credbroker-acme";
+
+fn peers() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
+}
+
+fn require_browser() {
+    assert!(
+        Path::new("/usr/bin/chromium").exists(),
+        "chromium is not installed: run scripts/install-test-deps"
+    );
+    assert!(
+        peers().join("node_modules/playwright-core").exists(),
+        "playwright-core is not installed: run scripts/install-test-deps"
+    );
+}
+
+/// The third-party service (tests/peers/oauth-service.mjs).
+struct Service {
+    child: Child,
+    issuer: String,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Service {
+    fn start(secret: &str, redirect: &str) -> Service {
+        use std::io::BufRead;
+        let mut child = Command::new("node")
+            .arg(peers().join("oauth-service.mjs"))
+            .args(["--client-id", SERVICE_CLIENT, "--client-secret", secret])
+            .args(["--redirect-uri", redirect])
+            .current_dir(peers())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("node");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let hello: Value =
+            serde_json::from_str(&line).unwrap_or_else(|_| panic!("oauth-service said {line:?}"));
+        Service {
+            issuer: hello["issuer"].as_str().unwrap().to_owned(),
+            child,
+        }
+    }
+}
+
+struct Env {
+    idp: NodePeer,
+    _idp_cfg: tempfile::NamedTempFile,
+    _service: Service,
+    broker: TestBroker,
+    api: RepoApi,
+    server: McpServer,
+    browsers: tempfile::TempDir,
+}
+
+fn policy() -> String {
+    format!(
+        r#"agent = "repo-helper"
+
+[resources."{SERVICE}"]
+source = "service"
+service = "acme"
+delivery = "provider_token"
+
+[tools."acme.repos"]
+resource = "{SERVICE}"
+scopes = ["repo"]
+steps = ["list_repos"]
+"#
+    )
+}
+
+async fn env() -> Env {
+    require_browser();
+    let public = free_loopback_addr();
+    let base = format!("http://{public}");
+    let pages_secret = "pages-client-secret-not-a-canary";
+    let (idp, idp_cfg) = oidc_provider(&json!({
+        "clients": [
+            {
+                "client_id": "orchestrator", "client_secret": "orchestrator-secret-not-a-canary",
+                "redirect_uris": ["http://127.0.0.1:1/cb"],
+                "grant_types": ["authorization_code", "refresh_token"], "response_types": ["code"],
+            },
+            {
+                "client_id": PAGES_CLIENT, "client_secret": pages_secret,
+                "redirect_uris": [format!("{base}/signin/callback")],
+                "grant_types": ["authorization_code"], "response_types": ["code"],
+                "token_endpoint_auth_method": "client_secret_basic",
+            },
+        ],
+        "resources": { AGENT_RESOURCE: {"audience": "repo-helper", "scope": "agent"} },
+    }));
+    let idp_issuer = idp.hello["issuer"].as_str().unwrap().to_owned();
+    let service_secret = "acme-client-secret-not-a-canary";
+    let service = Service::start(service_secret, &format!("{base}/callback/acme"));
+
+    let secrets = tempfile::tempdir().unwrap();
+    let pages_secret_file = secrets.path().join("idp-secret");
+    credbroker::config::write_secret_file(&pages_secret_file, pages_secret.as_bytes()).unwrap();
+    let service_secret_file = secrets.path().join("acme-secret");
+    credbroker::config::write_secret_file(&service_secret_file, service_secret.as_bytes()).unwrap();
+    let broker = TestBroker::start_with(Opts {
+        policy: Some(policy()),
+        public_listen: Some(public.to_string()),
+        extra_config: format!(
+            r#"
+[[trusted_issuers]]
+issuer = "{idp_issuer}"
+jwks_uri = "{idp_issuer}/jwks"
+algs = ["ES256", "RS256"]
+sign_in = {{ kind = "oidc", client_id = "{PAGES_CLIENT}", client_secret_file = "{pages}" }}
+
+[providers.acme]
+display_name = "Acme"
+issuer = "{service}"
+client_id = "{SERVICE_CLIENT}"
+client_secret_file = "{acme}"
+scopes = ["openid", "profile"]
+"#,
+            pages = pages_secret_file.display(),
+            service = service.issuer,
+            acme = service_secret_file.display(),
+        ),
+        ..Opts::default()
+    });
+    // Keep the secret files as long as the broker runs.
+    std::mem::forget(secrets);
+
+    // The repository API believes a token only when the provider's userinfo
+    // endpoint does, and lists the repositories of that provider account.
+    let userinfo = format!("{}/me", service.issuer);
+    let api = RepoApi::start_async(
+        "/user/repos",
+        Arc::new(move |headers: http::HeaderMap, _url| {
+            let userinfo = userinfo.clone();
+            Box::pin(async move {
+                let auth = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .ok_or("no token")?
+                    .to_owned();
+                let r = reqwest::Client::new()
+                    .get(&userinfo)
+                    .header("authorization", auth)
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !r.status().is_success() {
+                    return Err(format!("provider says {}", r.status()));
+                }
+                let me: Value = r.json().await.map_err(|e| e.to_string())?;
+                me["sub"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| "no sub".into())
+            })
+        }),
+    )
+    .await;
+    let server = McpServer::start(
+        &McpServerOpts {
+            socket: &broker.socket,
+            broker_issuer: &broker.issuer,
+            trusted_issuer: &idp_issuer,
+            jwks: Jwks::Uri(&format!("{idp_issuer}/jwks")),
+            audience: "repo-helper",
+            step: "list_repos",
+            tool: "acme.repos",
+            resource: SERVICE,
+            api_url: &api.url,
+            service: "acme",
+            scope: None,
+            state_ttl: None,
+        },
+        broker.dir.path(),
+    );
+    Env {
+        idp,
+        _idp_cfg: idp_cfg,
+        _service: service,
+        broker,
+        api,
+        server,
+        browsers: tempfile::tempdir().unwrap(),
+    }
+}
+
+impl Env {
+    /// The person's access token from the IdP (audience: the agent).
+    fn access_token(&mut self, user: &str) -> String {
+        let r = self.idp.call(&json!({
+            "cmd": "login", "user": user, "client_id": "orchestrator",
+            "client_secret": "orchestrator-secret-not-a-canary",
+            "redirect_uri": "http://127.0.0.1:1/cb", "scope": "openid agent", "resource": AGENT_RESOURCE,
+        }));
+        assert!(r.get("error").is_none(), "IdP login failed: {r}");
+        r["tokens"]["access_token"].as_str().unwrap().to_owned()
+    }
+
+    /// The command that opens a link in `person`'s own browser profile.
+    fn browser_of(&self, person: &str) -> Value {
+        json!([
+            "node",
+            peers().join("mcp_open_link.mjs"),
+            self.browsers.path().join(person),
+            person
+        ])
+    }
+
+    async fn client(&self, token: &str, spec: Value) -> Value {
+        let mut spec = spec;
+        spec["url"] = json!(self.server.url);
+        let dir = self.broker.dir.path().to_owned();
+        let token = token.to_owned();
+        tokio::task::spawn_blocking(move || python_client(&dir, &token, spec))
+            .await
+            .unwrap()
+    }
+
+    fn events(&self, kind: &str) -> Vec<Value> {
+        self.broker
+            .audit_lines()
+            .into_iter()
+            .filter(|e| e["event"] == kind)
+            .collect()
+    }
+}
+
+fn repo_names(call: &Value) -> Vec<String> {
+    call["result"]["structuredContent"]["repositories"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no repositories in {call}"))
+        .iter()
+        .map(|r| r["full_name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn browser_result(link: &Value) -> String {
+    let lines = link["open"]["lines"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    lines
+        .iter()
+        .find_map(|l| l["done"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("the browser did not finish: {link}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mcp_connect_link_completed_in_chromium_in_both_protocol_versions() {
+    let mut e = env().await;
+
+    // 2025-11-25: -32042; the handler opens the link in Alice's browser,
+    // where she signs in and connects; the manual retry gets her repositories.
+    let alice = e.access_token("alice");
+    let out = e
+        .client(
+            &alice,
+            json!({"mode": "legacy", "scenario": "flow",
+            "open": e.browser_of("alice"), "answers": ["accept"]}),
+        )
+        .await;
+    assert_eq!(out["protocol_version"], "2025-11-25");
+    let first = &out["calls"][0]["error"];
+    assert_eq!(first["code"], -32042, "{out}\n{}", e.server.log_text());
+    let el = &first["data"]["elicitations"][0];
+    let url = el["url"].as_str().unwrap();
+    assert!(
+        url.starts_with(&format!("{}/connect/", e.broker.issuer)),
+        "{url}"
+    );
+    assert!(!el["elicitationId"].as_str().unwrap().is_empty());
+    assert_eq!(browser_result(&out["links"][0]), "completed", "{out}");
+    let names = repo_names(&out["calls"][1]);
+    assert!(!names.is_empty(), "{out}");
+
+    // 2026-07-28: input_required; the callback opens the link in Bob's
+    // browser and answers accept; the automatic retry gets his repositories.
+    let bob = e.access_token("bob");
+    let out = e
+        .client(
+            &bob,
+            json!({"mode": "auto", "scenario": "flow",
+            "open": e.browser_of("bob"), "answers": ["accept"]}),
+        )
+        .await;
+    assert_eq!(out["protocol_version"], "2026-07-28");
+    let links = out["links"].as_array().unwrap();
+    assert_eq!(links.len(), 1, "{out}");
+    assert_eq!(links[0]["params"]["mode"], "url");
+    assert_eq!(browser_result(&links[0]), "completed", "{out}");
+    assert!(!repo_names(&out["calls"][0]).is_empty(), "{out}");
+
+    // The API got the provider's tokens, never a person's access token, and
+    // the MCP client never saw a provider token.
+    for h in e.api.hits() {
+        let auth = h.authorization.unwrap();
+        assert!(auth.starts_with("Bearer "));
+        assert!(auth != format!("Bearer {alice}") && auth != format!("Bearer {bob}"));
+        assert!(!all_strings(&out).iter().any(|s| s.contains(&auth[7..])));
+    }
+    assert_eq!(e.events("connect.completed").len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mcp_connect_link_opened_by_another_person_connects_nothing() {
+    let mut e = env().await;
+    let mallory_browser = e.browser_of("mallory");
+
+    // 2025-11-25: Carol's link, opened in Mallory's browser (signed in as
+    // Mallory): the other-person page; the retry gets -32042 again.
+    let carol = e.access_token("carol");
+    let out = e
+        .client(
+            &carol,
+            json!({"mode": "legacy", "scenario": "flow",
+            "open": mallory_browser, "answers": ["accept", "decline"]}),
+        )
+        .await;
+    let calls = out["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{out}");
+    assert!(calls.iter().all(|c| c["error"]["code"] == -32042), "{out}");
+    assert_eq!(
+        calls[0]["error"]["data"]["elicitations"][0]["url"],
+        calls[1]["error"]["data"]["elicitations"][0]["url"],
+        "the same link, still open for Carol"
+    );
+    assert_eq!(browser_result(&out["links"][0]), "other_person", "{out}");
+
+    // 2026-07-28: Dave's link, opened by Mallory: the callback answers
+    // accept, the retry gets the elicitation again, then decline ends it.
+    let dave = e.access_token("dave");
+    let out = e
+        .client(
+            &dave,
+            json!({"mode": "auto", "scenario": "flow",
+            "open": e.browser_of("mallory"), "answers": ["accept", "decline"]}),
+        )
+        .await;
+    let links = out["links"].as_array().unwrap();
+    assert_eq!(links.len(), 2, "the retry got the elicitation again: {out}");
+    assert_eq!(browser_result(&links[0]), "other_person", "{out}");
+    assert_eq!(links[0]["params"]["url"], links[1]["params"]["url"]);
+    assert_eq!(out["calls"][0]["result"]["isError"], true, "{out}");
+
+    // Nothing connected: no repositories were fetched, the events say whose
+    // browser opened what, and Mallory has nothing either.
+    assert!(e.api.hits().is_empty());
+    assert!(e.events("connect.completed").is_empty());
+    let opened = e.events("connect.opened_by_other_person");
+    let pairs: Vec<(&str, &str)> = opened
+        .iter()
+        .map(|x| {
+            (
+                x["person_sub"].as_str().unwrap(),
+                x["opener_sub"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        pairs,
+        [("carol", "mallory"), ("dave", "mallory")],
+        "{opened:?}"
+    );
+    let (status, body) = e.broker.admin_get("/accounts").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let accounts: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        accounts["accounts"],
+        json!([]),
+        "nothing connected for anyone: {accounts}"
+    );
+    let mallory = e.access_token("mallory");
+    let out = e
+        .client(&mallory, json!({"mode": "legacy", "scenario": "call"}))
+        .await;
+    assert_eq!(out["calls"][0]["error"]["code"], -32042, "{out}");
+
+    // Positive control: Carol opens her own link in her own browser and the
+    // retry works.
+    let out = e
+        .client(
+            &carol,
+            json!({"mode": "legacy", "scenario": "flow",
+            "open": e.browser_of("carol"), "answers": ["accept"]}),
+        )
+        .await;
+    assert_eq!(browser_result(&out["links"][0]), "completed", "{out}");
+    assert!(!repo_names(&out["calls"][1]).is_empty(), "{out}");
+    let accounts: Value =
+        serde_json::from_str(&e.broker.admin_get("/accounts").unwrap().1).unwrap();
+    let owners: Vec<&str> = accounts["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["person_sub"].as_str().unwrap())
+        .collect();
+    assert_eq!(owners, ["carol"], "{accounts}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tampered_request_state_is_refused_against_the_real_broker() {
+    let mut e = env().await;
+    let erin = e.access_token("erin");
+    let frank = e.access_token("frank");
+    let out = e
+        .client(
+            &erin,
+            json!({"mode": "auto", "scenario": "tamper", "other_token": frank}),
+        )
+        .await;
+    let calls = out["calls"].as_array().unwrap();
+    assert_eq!(calls[0]["result"]["resultType"], "input_required", "{out}");
+    for c in &calls[1..] {
+        if c["attempt"] == "genuine" {
+            // Positive control: the genuine state opens, and since Erin has
+            // not connected, the server asks again.
+            assert_eq!(c["result"]["resultType"], "input_required", "{out}");
+        } else {
+            assert_eq!(c["error"]["code"], -32602, "{}: {out}", c["attempt"]);
+        }
+    }
+
+    // The broker's refusal itself matches proto/refusal.schema.json.
+    let k = key();
+    let body = json!({"subject_token": erin, "step": "list_repos", "tool": "acme.repos", "resource": SERVICE}).to_string();
+    let raw = e.broker.raw(
+        &http_derive(&body, Some(&e.broker.proof(&k)), ""),
+        std::time::Duration::from_secs(10),
+    );
+    assert_eq!(status_of(&raw), 400, "{raw}");
+    let refusal: Value = serde_json::from_str(raw.split_once("\r\n\r\n").unwrap().1).unwrap();
+    let f = e.broker.path("refusal.json");
+    std::fs::write(&f, refusal.to_string()).unwrap();
+    let v = Command::new(python())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/check_proto.py"))
+        .arg("validate")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/refusal.schema.json"))
+        .arg(&f)
+        .output()
+        .unwrap();
+    let verdict: Value = serde_json::from_slice(&v.stdout).unwrap();
+    assert_eq!(verdict["valid"], true, "{verdict}\n{refusal}");
+}

@@ -1,0 +1,4 @@
+//! The MCP side: the protocol files, the example server, end to end.
+mod e2e;
+mod proto;
+mod server;

@@ -1,0 +1,4 @@
+//! What an operator sees and does: audit, metrics, the admin socket, and the
+//! README walkthrough.
+mod admin;
+mod walkthrough;

@@ -1,0 +1,105 @@
+//! `credbroker users add` against the real binary: through the admin socket
+//! while an instance runs, straight into the store when none does; then the
+//! account signs in on the pages.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use crate::support::*;
+
+fn users_add(b: &TestBroker, name: &str, password: &str, extra: &[&str]) -> (bool, String, String) {
+    let mut child = Command::new(bin())
+        .args(["users", "add", name, "--password-stdin", "--config"])
+        .arg(&b.config)
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{password}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Signs in on the pages; returns the status of the answer to the POST.
+async fn sign_in(b: &TestBroker, name: &str, password: &str) -> u16 {
+    let c = reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let html = c
+        .get(format!("{}/signin", b.public))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let marker = "name=\"csrf\" value=\"";
+    let i = html.find(marker).unwrap() + marker.len();
+    let csrf = &html[i..i + html[i..].find('"').unwrap()];
+    c.post(format!("{}/signin", b.public))
+        .form(&[
+            ("csrf", csrf),
+            ("username", name),
+            ("password", password),
+            ("return_to", "/account"),
+        ])
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn users_add_while_running_and_while_stopped() {
+    let mut b = TestBroker::start();
+    // Running: through the admin socket.
+    let (ok, out, _) = users_add(&b, "alice", "correct horse battery", &[]);
+    assert!(ok);
+    assert!(out.contains("\"running\":true"), "{out}");
+    assert_eq!(sign_in(&b, "alice", "correct horse battery").await, 303);
+    assert_eq!(sign_in(&b, "alice", "wrong password!").await, 403);
+    // Refusals: the account exists; a short password; a bad name.
+    let (ok, _, err) = users_add(&b, "alice", "another password", &[]);
+    assert!(!ok);
+    assert!(err.contains("already exists"), "{err}");
+    let (ok, _, err) = users_add(&b, "bob", "short", &[]);
+    assert!(!ok && err.contains("8 to 1024"), "{err}");
+    let (ok, _, _) = users_add(&b, "bob smith", "long enough pw", &[]);
+    assert!(!ok);
+    // The password never reaches the log or the events.
+    assert!(!b.log_text().contains("correct horse battery"));
+    assert!(!std::fs::read_to_string(b.path("data/audit.jsonl"))
+        .unwrap()
+        .contains("correct horse battery"));
+    assert!(b
+        .audit_lines()
+        .iter()
+        .any(|e| e["event"] == "users.added" && e["person_sub"] == "alice"));
+
+    // Stopped: straight into the store.
+    b.stop();
+    let (ok, out, err) = users_add(&b, "bob", "bobs long password", &[]);
+    assert!(ok, "{err}");
+    assert!(out.contains("\"running\":false"), "{out}");
+    let (ok, _, _) = users_add(&b, "alice", "a new password", &["--replace"]);
+    assert!(ok);
+    b.restart();
+    assert_eq!(sign_in(&b, "bob", "bobs long password").await, 303);
+    assert_eq!(
+        sign_in(&b, "alice", "correct horse battery").await,
+        403,
+        "replaced"
+    );
+    // Positive control: the new password.
+    assert_eq!(sign_in(&b, "alice", "a new password").await, 303);
+}

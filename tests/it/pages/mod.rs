@@ -1,0 +1,7 @@
+//! The connect-link pages: over HTTP in-process, with OIDC sign-in, from the
+//! CLI, and in a real browser.
+mod browser;
+mod cli;
+mod e2e;
+mod http;
+mod oidc;

@@ -1,0 +1,690 @@
+//! docs/SECURITY-CASES.md group A (A1-A5): availability and the socket
+//! boundary, against the running binary. Each negative is followed by the
+//! positive control.
+//!
+//! Socket modes, as built (docs/DESIGN.md section 2, docs/SECURITY-CASES.md
+//! A3): the orchestrator socket is 0660 in a 0750 directory, because the
+//! orchestrator's group must reach it; the admin socket, which only the
+//! broker's user may use, is 0600.
+// Test code panics loudly on a broken fixture: clippy.toml allows unwrap and
+// expect in #[test] functions, and these helpers are test code too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn header_timeout_1s(text: String) -> String {
+    text.replacen(
+        "[socket]\n",
+        "[socket]\nheader_timeout = \"1s\"\nmax_connections = 1500\n",
+        1,
+    )
+}
+
+/// Sends `bytes` on a fresh connection and reads until the server closes
+/// or `limit` passes. Returns the answer and whether the server closed.
+fn exchange(b: &TestBroker, bytes: &[u8], limit: Duration) -> (HttpAnswer, bool) {
+    let mut s = StdUnixStream::connect(&b.socket).unwrap();
+    s.set_read_timeout(Some(limit)).unwrap();
+    s.set_write_timeout(Some(limit)).unwrap();
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            // A reset after the answer is also the server closing.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            Err(_) => break false,
+        }
+    };
+    (HttpAnswer::parse(&String::from_utf8_lossy(&out)), closed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowloris_connections_dropped_at_the_header_timeout() {
+    let b = TestBroker::start_with(Opts {
+        edit_config: Some(header_timeout_1s),
+        ..Opts::default()
+    });
+    let k = key();
+    b.derive_ok(&k).await;
+    let rss_before = b.rss_kib();
+    // 1,000 connections: a third send nothing, a third one byte and then
+    // nothing, a third trickle a byte every 250 ms (faster than the timeout,
+    // so only a deadline on the whole head can stop them).
+    let head =
+        b"POST /v1/derive HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-slow: 1\r\n";
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for i in 0..1000usize {
+        let path = b.socket.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut s = tokio::net::UnixStream::connect(&path)
+                .await
+                .expect("connect");
+            let opened = Instant::now();
+            let mut sent = 0usize;
+            let mut buf = [0u8; 1024];
+            loop {
+                let send_now = match i % 3 {
+                    0 => false,
+                    1 => sent == 0,
+                    _ => true,
+                };
+                if send_now && sent < head.len() {
+                    if s.write_all(&head[sent..sent + 1]).await.is_err() {
+                        return (i % 3, opened.elapsed(), sent);
+                    }
+                    sent += 1;
+                }
+                match tokio::time::timeout(Duration::from_millis(250), s.read(&mut buf)).await {
+                    Ok(Ok(0)) | Ok(Err(_)) => return (i % 3, opened.elapsed(), sent),
+                    Ok(Ok(_)) => {}
+                    Err(_) => {}
+                }
+                if opened.elapsed() > Duration::from_secs(15) {
+                    return (i % 3, opened.elapsed(), sent);
+                }
+            }
+        }));
+    }
+    // Meanwhile, a normal user is served at once, well before the slow
+    // connections time out.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let t = Instant::now();
+    b.derive_ok(&k).await;
+    let served_in = t.elapsed();
+    let mut closed_at = Vec::new();
+    for t in tasks {
+        closed_at.push(t.await.unwrap());
+    }
+    assert!(
+        served_in < Duration::from_millis(900),
+        "a normal user waited {served_in:?} behind the slow connections"
+    );
+    for (kind, after, sent) in &closed_at {
+        assert!(
+            *after >= Duration::from_millis(900) && *after < Duration::from_secs(4),
+            "connection of kind {kind} (sent {sent} bytes) closed after {after:?}, not at the 1 s header timeout"
+        );
+    }
+    let (first, last) = (
+        closed_at.iter().map(|c| c.1).min().unwrap(),
+        closed_at.iter().map(|c| c.1).max().unwrap(),
+    );
+    eprintln!("a derive took {served_in:?} behind 1000 slow connections, closed after {first:?}..{last:?}");
+    let trickled = closed_at
+        .iter()
+        .filter(|(kind, _, _)| *kind == 2)
+        .map(|(_, _, s)| *s)
+        .max()
+        .unwrap();
+    assert!(
+        trickled >= 3,
+        "the trickling connections did send bytes ({trickled})"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Memory stays bounded and the broker still serves.
+    let rss_after = b.rss_kib();
+    assert!(
+        rss_after < rss_before + 64 * 1024,
+        "RSS grew from {rss_before} to {rss_after} KiB"
+    );
+    b.derive_ok(&k).await;
+}
+
+#[tokio::test]
+async fn idle_keep_alive_connection_closed_at_the_header_timeout() {
+    let b = TestBroker::start_with(Opts {
+        edit_config: Some(header_timeout_1s),
+        ..Opts::default()
+    });
+    let k = key();
+    // One complete request without `connection: close`, then silence.
+    let body = b.good_body(&b.subject_token("alice")).to_string();
+    let req = format!(
+        "POST /v1/derive HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ndpop: {}\r\ncontent-length: {}\r\n\r\n{body}",
+        b.proof(&k),
+        body.len()
+    );
+    let mut s = StdUnixStream::connect(&b.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let t = Instant::now();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break false,
+        }
+    };
+    assert!(
+        String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+    assert!(closed, "the idle keep-alive connection was never closed");
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "closed after {:?}",
+        t.elapsed()
+    );
+    b.derive_ok(&k).await;
+}
+
+fn small_connection_cap(text: String) -> String {
+    text.replacen(
+        "[socket]\n",
+        "[socket]\nheader_timeout = \"1s\"\nmax_connections = 32\n",
+        1,
+    )
+}
+
+#[tokio::test]
+async fn connection_flood_beyond_the_cap_refused_then_recovers() {
+    let b = TestBroker::start_with(Opts {
+        edit_config: Some(small_connection_cap),
+        ..Opts::default()
+    });
+    let k = key();
+    let held: Vec<StdUnixStream> = (0..32)
+        .map(|_| StdUnixStream::connect(&b.socket).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    // Over the cap: closed at once, without an answer and without waiting.
+    let t = Instant::now();
+    let (r, closed) = exchange(&b, &http_derive("{}", None, ""), Duration::from_secs(3));
+    assert!(
+        closed && r.status == 0 && t.elapsed() < Duration::from_secs(1),
+        "{closed} {:?} {}",
+        t.elapsed(),
+        r.raw
+    );
+    // The held connections are dropped at the header timeout; then the
+    // slots are free again.
+    std::thread::sleep(Duration::from_millis(1500));
+    b.derive_ok(&k).await;
+    drop(held);
+}
+
+#[tokio::test]
+async fn huge_or_endless_bodies_and_headers_refused_fast_and_bounded() {
+    let mut b = TestBroker::start();
+    let k = key();
+    b.derive_ok(&k).await;
+    let rss_before = b.rss_kib();
+
+    // 100 MB announced: 413 before any of it is read, then the connection
+    // is closed, so only what fits in the socket buffers is ever accepted.
+    let mut s = StdUnixStream::connect(&b.socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t = Instant::now();
+    write!(s, "POST /v1/derive HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 104857600\r\n\r\n").unwrap();
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf).unwrap();
+    let answer = HttpAnswer::parse(&String::from_utf8_lossy(&buf[..n]));
+    assert_eq!(answer.status, 413, "{}", answer.raw);
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "413 took {:?}",
+        t.elapsed()
+    );
+    let chunk = vec![b'a'; 64 * 1024];
+    let mut sent = 0usize;
+    let end = loop {
+        match s.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(e) => break e.kind(),
+        }
+        assert!(
+            sent < 16 << 20,
+            "the server kept reading a body it refused ({sent} bytes)"
+        );
+    };
+    assert!(
+        matches!(
+            end,
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ),
+        "the connection was not closed ({end:?} after {sent} bytes)"
+    );
+
+    // An endless chunked body: refused once past the cap, and closed.
+    let mut s = StdUnixStream::connect(&b.socket).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t = Instant::now();
+    write!(s, "POST /v1/derive HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n").unwrap();
+    let chunk = format!("2000\r\n{}\r\n", "a".repeat(0x2000));
+    let mut sent = 0usize;
+    let end = loop {
+        match s.write(chunk.as_bytes()) {
+            Ok(n) => sent += n,
+            Err(e) => break e.kind(),
+        }
+        assert!(
+            sent < 16 << 20,
+            "an endless chunked body was read for {sent} bytes"
+        );
+    };
+    assert!(
+        matches!(
+            end,
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+        ),
+        "endless chunked body: {end:?} after {sent} bytes"
+    );
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let answer = HttpAnswer::parse(&String::from_utf8_lossy(&out));
+    assert_eq!(answer.status, 413, "{}", answer.raw);
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+
+    // A body just over the 64 KiB cap with an honest length.
+    let big = format!(r#"{{"subject_token":"{}"}}"#, "a".repeat(65 * 1024));
+    let (r, closed) = exchange(
+        &b,
+        &http_derive(&big, Some(&b.proof(&k)), ""),
+        Duration::from_secs(5),
+    );
+    r.assert_refused(413, "invalid_request", "65 KiB body");
+    assert!(closed);
+
+    // A 100 KB header and 10,000 headers: 431 and closed.
+    let pad = format!("x-pad: {}\r\n", "a".repeat(100 * 1024));
+    let many: String = (0..10_000).map(|i| format!("x-h-{i}: v\r\n")).collect();
+    for (what, extra) in [("100 KB header", pad), ("10k headers", many)] {
+        let t = Instant::now();
+        let (r, closed) = exchange(&b, &http_derive("{}", None, &extra), Duration::from_secs(5));
+        assert_eq!(r.status, 431, "{what}: {}", r.raw);
+        assert!(
+            closed && t.elapsed() < Duration::from_secs(2),
+            "{what}: closed={closed} after {:?}",
+            t.elapsed()
+        );
+    }
+
+    // Bounded memory, still alive, still serving.
+    let rss_after = b.rss_kib();
+    assert!(
+        rss_after < rss_before + 32 * 1024,
+        "RSS grew from {rss_before} to {rss_after} KiB"
+    );
+    assert!(b.is_running());
+    b.derive_ok(&k).await;
+}
+
+#[tokio::test]
+async fn stale_socket_of_a_killed_instance_is_replaced() {
+    let mut b = TestBroker::start();
+    let k = key();
+    b.derive_ok(&k).await;
+    b.kill9();
+    let meta = std::fs::symlink_metadata(&b.socket).expect("a killed instance leaves its socket");
+    assert!(std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()));
+    assert!(
+        StdUnixStream::connect(&b.socket).is_err(),
+        "nobody answers on the stale socket"
+    );
+    b.restart();
+    b.derive_ok(&k).await;
+    // A second instance on the same files does not take the live socket.
+    let (status, stderr) = serve_expect_exit(&b.config, Duration::from_secs(20));
+    assert!(!status.success(), "a second instance started: {stderr}");
+    b.derive_ok(&k).await;
+}
+
+#[tokio::test]
+async fn symlink_at_the_socket_path_refused() {
+    let (dir, config) = prepare(&Opts::default());
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, "do not touch").unwrap();
+    let sock = dir.path().join("credbroker.sock");
+    std::os::unix::fs::symlink(&victim, &sock).unwrap();
+    let (status, stderr) = serve_expect_exit(&config, Duration::from_secs(20));
+    assert!(!status.success());
+    assert!(stderr.contains("is not a socket"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "do not touch");
+    assert!(
+        std::fs::symlink_metadata(&sock)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link was replaced"
+    );
+    // A symlink to a directory as the socket's directory.
+    std::fs::remove_file(&sock).unwrap();
+    let real = dir.path().join("real-dir");
+    std::fs::create_dir(&real).unwrap();
+    std::os::unix::fs::symlink(&real, dir.path().join("sockdir")).unwrap();
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replacen(
+            "path = \"credbroker.sock\"",
+            "path = \"sockdir/credbroker.sock\"",
+            1,
+        ),
+    )
+    .unwrap();
+    let (status, stderr) = serve_expect_exit(&config, Duration::from_secs(20));
+    assert!(!status.success());
+    assert!(stderr.contains("is a symlink"), "{stderr}");
+    assert!(
+        std::fs::read_dir(&real).unwrap().next().is_none(),
+        "something was created through the link"
+    );
+    // Positive control: the plain path serves.
+    std::fs::write(&config, text).unwrap();
+    let b = TestBroker::spawn(dir, config, None);
+    b.derive_ok(&key()).await;
+}
+
+fn socket_group_for_other_user(text: String) -> String {
+    let other = other_user().expect("other user");
+    text.replacen(
+        "[socket]\n",
+        &format!("[socket]\ngroup = \"{}\"\n", other.group),
+        1,
+    )
+}
+
+#[tokio::test]
+async fn socket_modes_and_another_uid_refused() {
+    let b = TestBroker::start();
+    let k = key();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&b.socket), 0o660, "orchestrator socket");
+    assert_eq!(mode(b.socket.parent().unwrap()), 0o750, "socket directory");
+    assert_eq!(mode(&b.admin), 0o600, "admin socket");
+    let Some(other) = other_user() else {
+        // Switching users needs root; the modes above are still checked.
+        eprintln!("not root: the other-uid half of this test cannot run here");
+        b.derive_ok(&k).await;
+        return;
+    };
+    // Outside the socket's group: the file system already says no.
+    let (code, out) = other.derive(&b, &b.subject_token("alice"));
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("Permission denied"), "{out}");
+    // In the group, but not in the uid allow-list: SO_PEERCRED says no.
+    let g = TestBroker::start_with(Opts {
+        edit_config: Some(socket_group_for_other_user),
+        ..Opts::default()
+    });
+    let dir_meta = std::fs::metadata(g.socket.parent().unwrap()).unwrap();
+    assert_eq!(dir_meta.gid(), other.gid, "directory group");
+    assert_eq!(
+        std::fs::metadata(&g.socket).unwrap().gid(),
+        other.gid,
+        "socket group"
+    );
+    let (code, out) = other.derive(&g, &g.subject_token("alice"));
+    assert_eq!(code, 2, "refused, not issued: {out}");
+    let refusal: serde_json::Value =
+        serde_json::from_str(out.lines().next().unwrap_or_default()).unwrap_or(json!(null));
+    assert_eq!(refusal["error"], "access_denied", "{out}");
+    assert!(out.contains("peer uid"), "{out}");
+    let log = g.log_text();
+    assert!(
+        log.contains("peer uid not in the allow-list") && log.contains(&other.uid.to_string()),
+        "{log}"
+    );
+    assert!(
+        g.audit_lines().is_empty(),
+        "the refused peer reached the pipeline"
+    );
+    // Positive control: our own uid on the same socket.
+    g.derive_ok(&k).await;
+    b.derive_ok(&k).await;
+}
+
+#[tokio::test]
+async fn request_smuggling_shapes_refused_and_closed() {
+    let b = TestBroker::start();
+    let k = key();
+    let body = b.good_body(&b.subject_token("alice")).to_string();
+    // A complete request hidden behind each shape: if any server read it,
+    // its proof would be spent and an event written.
+    let hidden_proof = b.proof(&k);
+    let hidden = String::from_utf8(http_derive(&body, Some(&hidden_proof), "")).unwrap();
+    let len = body.len();
+    let head = "POST /v1/derive HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n";
+    let cases: Vec<(&str, String)> = vec![
+        ("two different Content-Length", format!("{head}content-length: 0\r\ncontent-length: {}\r\n\r\n{hidden}", hidden.len())),
+        ("a Content-Length list", format!("{head}content-length: 0, {}\r\n\r\n{hidden}", hidden.len())),
+        ("Transfer-Encoding with Content-Length", format!("{head}transfer-encoding: chunked\r\ncontent-length: {len}\r\n\r\n0\r\n\r\n{hidden}")),
+        ("Content-Length with Transfer-Encoding", format!("{head}content-length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n{hidden}")),
+        ("Transfer-Encoding not ending in chunked", format!("{head}transfer-encoding: gzip\r\n\r\n{hidden}")),
+        ("space before the colon", format!("{head}content-length : 0\r\n\r\n{hidden}")),
+        ("obsolete line folding", format!("{head}x-a: b\r\n c\r\ncontent-length: 0\r\n\r\n{hidden}")),
+        ("HTTP/0.9", format!("POST /v1/derive\r\n\r\n{hidden}")),
+        ("HTTP/0.9 GET", "GET /v1/derive\r\n\r\n".to_string()),
+        ("100 KB request line", format!("POST /v1/derive?{} HTTP/1.1\r\nhost: x\r\n\r\n{hidden}", "a".repeat(100 * 1024))),
+    ];
+    for (what, bytes) in cases {
+        let t = Instant::now();
+        let (r, closed) = exchange(&b, bytes.as_bytes(), Duration::from_secs(5));
+        assert!(matches!(r.status, 400 | 431), "{what}: {}", r.raw);
+        assert!(
+            closed && t.elapsed() < Duration::from_secs(2),
+            "{what}: closed={closed} after {:?}",
+            t.elapsed()
+        );
+        // The next connection works.
+        b.http(&http_derive(&body, Some(&b.proof(&k)), ""))
+            .assert_issued(&format!("after {what}"));
+    }
+    // The hidden request never ran: its proof is unspent.
+    b.http(&http_derive(&body, Some(&hidden_proof), ""))
+        .assert_issued("the hidden request, sent plainly");
+    b.derive_ok(&k).await;
+}
+
+fn per_person_tool_limit(text: String) -> String {
+    format!("{text}\n[limits]\nper_peer_per_second = 10000\nper_person_tool_per_second = 1\nburst = 2\n")
+}
+
+/// Derives until refused (at most `max` times); returns the number issued
+/// and the refusal.
+fn until_refused(b: &TestBroker, body: &serde_json::Value, max: usize) -> (usize, HttpAnswer) {
+    let k = key();
+    for issued in 0..max {
+        let r = b.post_derive(body, Some(&b.proof(&k)));
+        if r.status != 200 {
+            return (issued, r);
+        }
+    }
+    panic!("{max} derives in a row were all served");
+}
+
+#[tokio::test]
+async fn rate_limit_per_person_and_tool_with_retry_after() {
+    let b = TestBroker::start_with(Opts {
+        edit_config: Some(per_person_tool_limit),
+        ..Opts::default()
+    });
+    let alice = b.good_body(&b.subject_token("alice"));
+    let (issued, r) = until_refused(&b, &alice, 20);
+    assert!(issued >= 2, "the burst of 2 was served ({issued})");
+    assert_eq!(r.status, 429, "{}", r.raw);
+    let retry: u64 = r
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!((1..=5).contains(&retry), "Retry-After {retry}");
+    assert!(r.json().get("access_token").is_none());
+    // Other keys are unaffected: another person, and another tool.
+    b.post_derive(
+        &b.good_body(&b.subject_token("bob")),
+        Some(&b.proof(&key())),
+    )
+    .assert_issued("bob, same tool");
+    let delete = json!({"subject_token": b.subject_token("alice"), "step": "cleanup_confirmed",
+        "tool": "notes.delete", "resource": RESOURCE});
+    b.post_derive(&delete, Some(&b.proof(&key())))
+        .assert_issued("alice, another tool");
+    // Positive control: after Retry-After, alice's key works again.
+    std::thread::sleep(Duration::from_secs(retry));
+    b.post_derive(&alice, Some(&b.proof(&key())))
+        .assert_issued("alice after Retry-After");
+}
+
+fn per_peer_limit_two_peers(text: String) -> String {
+    let me = credbroker::api::peer::current_uid();
+    let socket = match other_user() {
+        Some(o) => format!(
+            "[socket]\nallowed_uids = [{me}, {}]\ngroup = \"{}\"\n",
+            o.uid, o.group
+        ),
+        None => "[socket]\n".to_string(),
+    };
+    format!(
+        "{}\n[limits]\nper_peer_per_second = 1\nper_person_tool_per_second = 10000\nburst = 2\n",
+        text.replacen("[socket]\n", &socket, 1)
+    )
+}
+
+#[tokio::test]
+async fn rate_limit_per_peer_leaves_other_peers_served() {
+    let b = TestBroker::start_with(Opts {
+        edit_config: Some(per_peer_limit_two_peers),
+        ..Opts::default()
+    });
+    // Different people and tools do not escape the per-peer limit.
+    let mut bodies = Vec::new();
+    for sub in ["alice", "bob", "carol", "dave", "erin", "frank"] {
+        bodies.push(b.good_body(&b.subject_token(sub)));
+    }
+    let k = key();
+    let mut refused = None;
+    for (i, body) in bodies.iter().cycle().take(30).enumerate() {
+        let r = b.post_derive(body, Some(&b.proof(&k)));
+        if r.status != 200 {
+            refused = Some((i, r));
+            break;
+        }
+    }
+    let (served, r) = refused.expect("the per-peer limit never tripped");
+    assert!(served >= 2, "the burst was served ({served})");
+    assert_eq!(r.status, 429, "{}", r.raw);
+    let retry: u64 = r
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!(retry >= 1);
+    // Another peer (uid) is served while this one is limited.
+    if let Some(other) = other_user() {
+        let (code, out) = other.derive(&b, &b.subject_token("alice"));
+        assert_eq!(code, 0, "another peer was refused: {out}");
+        assert!(out.contains("access_token"), "{out}");
+    } else {
+        eprintln!("not root: no second uid to show that other peers are unaffected");
+    }
+    // Positive control: this peer again after Retry-After.
+    std::thread::sleep(Duration::from_secs(retry));
+    b.post_derive(&bodies[0], Some(&b.proof(&k)))
+        .assert_issued("after Retry-After");
+}
+
+#[tokio::test]
+async fn slow_body_after_complete_headers_dropped_at_the_timeout() {
+    // Headers arrive at once, the body never does (R.U.D.Y.): the header
+    // timeout has ended, so only a deadline on the body frees the slot.
+    let b = TestBroker::start_with(Opts {
+        edit_config: Some(small_connection_cap),
+        ..Opts::default()
+    });
+    let k = key();
+    let head = "POST /v1/derive HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"subj";
+    let mut held = Vec::new();
+    for _ in 0..32 {
+        let mut s = StdUnixStream::connect(&b.socket).unwrap();
+        s.write_all(head.as_bytes()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+        held.push(s);
+    }
+    let t = Instant::now();
+    for mut s in held {
+        let mut out = Vec::new();
+        let closed = match s.read_to_end(&mut out) {
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        assert!(
+            closed,
+            "a connection with a stalled body was kept open for {:?}",
+            t.elapsed()
+        );
+        let answer = HttpAnswer::parse(&String::from_utf8_lossy(&out));
+        assert_eq!(answer.status, 408, "{}", answer.raw);
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "closed after {:?}",
+        t.elapsed()
+    );
+    // Positive control: the slots are free again.
+    b.derive_ok(&k).await;
+}
+
+fn refuse_our_uid(text: String) -> String {
+    let me = credbroker::api::peer::current_uid();
+    let other = if me == 65534 { 65533 } else { 65534 };
+    text.replacen(
+        "[socket]\n",
+        &format!("[socket]\nallowed_uids = [{other}]\n"),
+        1,
+    )
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn flood_from_a_refused_uid_stays_bounded() {
+    // We are the refused peer here. Refusals are answered without parsing,
+    // but each costs a task and a descriptor for a moment: they are capped.
+    let mut b = TestBroker::start_with(Opts {
+        edit_config: Some(refuse_our_uid),
+        ..Opts::default()
+    });
+    let baseline = open_fds(b.pid());
+    let held: Vec<StdUnixStream> = (0..600)
+        .map(|_| StdUnixStream::connect(&b.socket).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let during = open_fds(b.pid());
+    assert!(
+        during < baseline + 200,
+        "600 refused connections held {} descriptors (baseline {baseline})",
+        during - baseline
+    );
+    drop(held);
+    std::thread::sleep(Duration::from_millis(1600));
+    // Positive control: a refused peer still gets its answer afterwards.
+    let r = b.http(&http_derive("{}", None, ""));
+    r.assert_refused(403, "access_denied", "after the flood");
+    assert!(r.body.contains("peer uid"));
+    assert!(b.is_running());
+}

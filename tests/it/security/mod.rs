@@ -1,0 +1,7 @@
+//! Attack and bad-input cases against the running binary, by group.
+mod availability;
+mod canary;
+mod dpop;
+mod exchange;
+mod jose;
+mod policy;

@@ -1,0 +1,7 @@
+//! Connected third-party services: the provider client, the vault, the
+//! accounts CLI, and the whole connect loop.
+mod accounts_cli;
+mod connected;
+mod pages;
+mod upstream_client;
+mod vault_refresh;

@@ -1,0 +1,460 @@
+//! Helpers for the MCP tests: the example MCP server
+//! (examples/mcp_repo_server.rs), the Python `mcp` client
+//! (tests/mcp/mcp_client.py in .venv), a repository API that records what it
+//! was sent, and a scripted stand-in for the broker's socket.
+//!
+//! Used as `crate::support::mcp` (the MCP tests glob-import it).
+#![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Builds the example (a no-op when fresh) and returns its path. `cargo test
+/// --test it` does not build examples by itself.
+pub fn example_binary() -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_credbroker"));
+    // Build it where the test's own binaries are (same profile).
+    let profile = bin
+        .parent()
+        .and_then(|d| d.file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("debug");
+    let profile = if profile == "debug" { "dev" } else { profile };
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "--profile",
+            profile,
+            "--example",
+            "mcp_repo_server",
+        ])
+        .current_dir(root())
+        .status()
+        .expect("cargo build --example mcp_repo_server");
+    assert!(status.success(), "the example MCP server does not build");
+    bin.parent().unwrap().join("examples/mcp_repo_server")
+}
+
+/// The Python interpreter of .venv; fails loudly when the SDK is missing.
+pub fn python() -> PathBuf {
+    let py = root().join(".venv/bin/python");
+    let ok = py.exists()
+        && Command::new(&py)
+            .args([
+                "-c",
+                "import mcp, importlib.metadata as m; assert m.version('mcp').startswith('2.3.')",
+            ])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+    assert!(
+        ok,
+        "the Python MCP SDK (mcp 2.3.x) is not installed in .venv: run scripts/install-test-deps"
+    );
+    py
+}
+
+/// A running example MCP server.
+pub struct McpServer {
+    child: Child,
+    /// `http://127.0.0.1:PORT/mcp`.
+    pub url: String,
+    pub log: PathBuf,
+}
+
+/// What the example server is started with.
+pub struct McpServerOpts<'a> {
+    pub socket: &'a Path,
+    pub broker_issuer: &'a str,
+    pub trusted_issuer: &'a str,
+    /// `--jwks-file` or `--jwks-uri`.
+    pub jwks: Jwks<'a>,
+    pub audience: &'a str,
+    pub step: &'a str,
+    pub tool: &'a str,
+    pub resource: &'a str,
+    pub api_url: &'a str,
+    pub service: &'a str,
+    pub scope: Option<&'a str>,
+    /// `--state-ttl` (seconds), when not the default.
+    pub state_ttl: Option<i64>,
+}
+
+pub enum Jwks<'a> {
+    File(&'a Path),
+    Uri(&'a str),
+}
+
+impl McpServer {
+    pub fn start(o: &McpServerOpts<'_>, log_dir: &Path) -> McpServer {
+        let bin = example_binary();
+        let log = log_dir.join("mcp-server.log");
+        let mut cmd = Command::new(bin);
+        cmd.arg("--broker-socket")
+            .arg(o.socket)
+            .args(["--broker-issuer", o.broker_issuer])
+            .args(["--trusted-issuer", o.trusted_issuer])
+            .args(["--audience", o.audience])
+            .args(["--step", o.step, "--tool", o.tool, "--resource", o.resource])
+            .args(["--api-url", o.api_url, "--service", o.service]);
+        match o.jwks {
+            Jwks::File(p) => cmd.arg("--jwks-file").arg(p),
+            Jwks::Uri(u) => cmd.args(["--jwks-uri", u]),
+        };
+        if let Some(s) = o.scope {
+            cmd.args(["--scope", s]);
+        }
+        if let Some(t) = o.state_ttl {
+            cmd.args(["--state-ttl", &t.to_string()]);
+        }
+        let mut child = cmd
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start the example MCP server");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let hello: Value = serde_json::from_str(&line).unwrap_or_else(|_| {
+            panic!(
+                "MCP server said {line:?}; log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
+        McpServer {
+            child,
+            url: hello["url"].as_str().unwrap().to_owned(),
+            log,
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for McpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs tests/mcp/mcp_client.py with `spec` (token given as a file) and
+/// returns its JSON line.
+pub fn python_client(dir: &Path, token: &str, mut spec: Value) -> Value {
+    let py = python();
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let token_file = dir.join(format!("token-{n}"));
+    std::fs::write(&token_file, token).unwrap();
+    spec["token_file"] = json!(token_file);
+    if let Some(other) = spec
+        .get("other_token")
+        .and_then(|t| t.as_str())
+        .map(str::to_owned)
+    {
+        let f = dir.join(format!("other-token-{n}"));
+        std::fs::write(&f, other).unwrap();
+        spec["other_token_file"] = json!(f);
+        spec.as_object_mut().unwrap().remove("other_token");
+    }
+    let spec_file = dir.join(format!("spec-{n}.json"));
+    std::fs::write(&spec_file, spec.to_string()).unwrap();
+    let out = Command::new(py)
+        .arg(root().join("tests/mcp/mcp_client.py"))
+        .arg(&spec_file)
+        .current_dir(root().join("tests/mcp"))
+        .output()
+        .expect("run the Python MCP client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "Python MCP client failed:\n{stdout}\n{stderr}"
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last)
+        .unwrap_or_else(|_| panic!("Python client printed {stdout}\n{stderr}"))
+}
+
+/// One request the repository API received.
+#[derive(Debug, Clone)]
+pub struct ApiHit {
+    pub authorization: Option<String>,
+    pub dpop: Option<String>,
+    pub path: String,
+}
+
+type Check = dyn Fn(&Request<Incoming>, &str) -> Result<String, String> + Send + Sync;
+type AsyncCheck = dyn Fn(
+        http::HeaderMap,
+        String,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send>>
+    + Send
+    + Sync;
+
+enum Checker {
+    Sync(Arc<Check>),
+    Async(Arc<AsyncCheck>),
+}
+
+impl Clone for Checker {
+    fn clone(&self) -> Self {
+        match self {
+            Checker::Sync(c) => Checker::Sync(c.clone()),
+            Checker::Async(c) => Checker::Async(c.clone()),
+        }
+    }
+}
+
+/// A repository API on a loopback port. `check` decides who the caller is
+/// from the request (and its full URL), or refuses it; the answer lists that
+/// person's repositories.
+pub struct RepoApi {
+    pub url: String,
+    pub hits: Arc<Mutex<Vec<ApiHit>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RepoApi {
+    pub async fn start(path: &str, check: Arc<Check>) -> RepoApi {
+        RepoApi::serve(path, Checker::Sync(check)).await
+    }
+
+    /// The same with a check that may ask someone else (e.g. the provider's
+    /// userinfo endpoint), given the headers and the full URL.
+    pub async fn start_async(path: &str, check: Arc<AsyncCheck>) -> RepoApi {
+        RepoApi::serve(path, Checker::Async(check)).await
+    }
+
+    async fn serve(path: &str, check: Checker) -> RepoApi {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let url = format!("{base}{path}");
+        let hits = Arc::new(Mutex::new(Vec::new()));
+        let (h, b) = (hits.clone(), base.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (hits, check, base) = (h.clone(), check.clone(), b.clone());
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let (hits, check, base) = (hits.clone(), check.clone(), base.clone());
+                        async move {
+                            let header = |n: &str| {
+                                req.headers()
+                                    .get(n)
+                                    .and_then(|v| v.to_str().ok())
+                                    .map(str::to_owned)
+                            };
+                            hits.lock().unwrap().push(ApiHit {
+                                authorization: header("authorization"),
+                                dpop: header("dpop"),
+                                path: req.uri().path().to_owned(),
+                            });
+                            let full = format!("{base}{}", req.uri().path());
+                            let verdict = match &check {
+                                Checker::Sync(c) => c(&req, &full),
+                                Checker::Async(c) => c(req.headers().clone(), full.clone()).await,
+                            };
+                            let (status, body) = match verdict {
+                                Ok(who) => (
+                                    200,
+                                    json!({"repositories": [
+                                        {"full_name": format!("{who}/notes"), "private": true},
+                                        {"full_name": format!("{who}/site"), "private": false},
+                                    ]}),
+                                ),
+                                Err(why) => (401, json!({"error": why})),
+                            };
+                            Ok::<_, Infallible>(
+                                Response::builder()
+                                    .status(status)
+                                    .header("content-type", "application/json")
+                                    .body(Full::new(Bytes::from(body.to_string())))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        RepoApi { url, hits, task }
+    }
+
+    pub fn hits(&self) -> Vec<ApiHit> {
+        self.hits.lock().unwrap().clone()
+    }
+}
+
+impl Drop for RepoApi {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// How the scripted broker answers one person.
+#[derive(Debug, Clone, Default)]
+pub struct StubAnswer {
+    /// 400 `invalid_grant` with this link (`connect_uri`, `connect_id`,
+    /// `connect_message`) until `connected_when` exists.
+    pub link: Option<(String, String, String)>,
+    /// The file whose existence means "the person connected".
+    pub connected_when: Option<PathBuf>,
+    /// 200 with this provider token once connected (or when there is no link).
+    pub token: Option<String>,
+}
+
+/// One derive the scripted broker received.
+#[derive(Debug, Clone)]
+pub struct StubHit {
+    pub body: Value,
+    pub dpop: Option<String>,
+}
+
+/// A scripted stand-in for the broker's orchestrator socket: answers every
+/// derive per person (`sub` of the subject token, read without checks: the
+/// example server has verified it) from `answers`, and records the requests.
+/// It tests the MCP server's relaying on its own; the end-to-end tests use
+/// the real broker.
+pub struct StubBroker {
+    pub socket: PathBuf,
+    pub answers: Arc<Mutex<HashMap<String, StubAnswer>>>,
+    pub hits: Arc<Mutex<Vec<StubHit>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StubBroker {
+    pub async fn start(dir: &Path) -> StubBroker {
+        let socket = dir.join("stub-broker.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let answers: Arc<Mutex<HashMap<String, StubAnswer>>> = Arc::default();
+        let hits: Arc<Mutex<Vec<StubHit>>> = Arc::default();
+        let (a, h) = (answers.clone(), hits.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (answers, hits) = (a.clone(), h.clone());
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let (answers, hits) = (answers.clone(), hits.clone());
+                        async move {
+                            let dpop = req
+                                .headers()
+                                .get("dpop")
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_owned);
+                            let body = req.into_body().collect().await.unwrap().to_bytes();
+                            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                            let sub = body["subject_token"]
+                                .as_str()
+                                .and_then(|t| t.split('.').nth(1))
+                                .and_then(|p| credbroker::jose::b64d(p, "p").ok())
+                                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                                .and_then(|c| c["sub"].as_str().map(str::to_owned))
+                                .unwrap_or_default();
+                            hits.lock().unwrap().push(StubHit { body, dpop });
+                            let answer = answers.lock().unwrap().get(&sub).cloned();
+                            let a = answer.unwrap_or_default();
+                            let connected = a.link.is_none()
+                                || a.connected_when.as_ref().is_some_and(|f| f.exists());
+                            let (status, body) = match (&a.link, &a.token) {
+                                (_, Some(t)) if connected => (
+                                    200,
+                                    json!({
+                                        "access_token": t, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+                                        "token_type": "Bearer", "expires_in": 3600, "scope": "repo",
+                                        "sender_constrained": false,
+                                    }),
+                                ),
+                                (Some((uri, id, message)), _) => (
+                                    400,
+                                    json!({
+                                        "error": "invalid_grant", "reason": "connect_required",
+                                        "error_description": "connect the service first",
+                                        "connect_uri": uri, "connect_id": id, "connect_expires_in": 1800,
+                                        "connect_message": message,
+                                    }),
+                                ),
+                                _ => (
+                                    403,
+                                    json!({"error": "access_denied", "reason": "tool_not_allowed"}),
+                                ),
+                            };
+                            Ok::<_, Infallible>(
+                                Response::builder()
+                                    .status(status)
+                                    .header("content-type", "application/json")
+                                    .header("cache-control", "no-store")
+                                    .body(Full::new(Bytes::from(body.to_string())))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        StubBroker {
+            socket,
+            answers,
+            hits,
+            task,
+        }
+    }
+
+    pub fn set(&self, sub: &str, a: StubAnswer) {
+        self.answers.lock().unwrap().insert(sub.to_owned(), a);
+    }
+
+    pub fn hits(&self) -> Vec<StubHit> {
+        self.hits.lock().unwrap().clone()
+    }
+}
+
+impl Drop for StubBroker {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Every string value anywhere in `v`.
+pub fn all_strings(v: &Value) -> Vec<String> {
+    match v {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => a.iter().flat_map(all_strings).collect(),
+        Value::Object(o) => o.values().flat_map(all_strings).collect(),
+        _ => vec![],
+    }
+}

@@ -1,0 +1,72 @@
+//! Shared helpers for the integration tests, one file per role:
+//!
+//! - `broker`: the real `credbroker` binary in a temp directory, its
+//!   sockets, raw HTTP, subject tokens from its dev issuer, another user;
+//! - `jose`: hand-made keys, JWS and DPoP proofs for forged tokens;
+//! - `peers`: the Node.js peers (oidc-provider, npm `jose`);
+//! - `oidc`: an OAuth provider (oidc-provider) for the provider client;
+//! - `services`: a broker with a connected service and its provider;
+//! - `pages`: the pages in-process, with a fake connected-services side;
+//! - `browser`: Chromium (playwright-core), one profile per person;
+//! - `mcp`: the example MCP server, the Python `mcp` client and fakes.
+//!
+//! This file keeps the few helpers every role uses.
+// clippy's allow-unwrap-in-tests covers only #[test] functions, not the
+// helpers they call; here too a failure should panic loudly.
+#![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+pub mod broker;
+pub mod browser;
+pub mod jose;
+pub mod mcp;
+pub mod oidc;
+pub mod pages;
+pub mod peers;
+pub mod services;
+
+// The common helpers are reached as `support::X` (and glob-imported) by most
+// tests, whichever file they live in.
+pub use broker::*;
+pub use jose::*;
+pub use peers::*;
+
+use std::time::{Duration, Instant};
+
+/// Polls `f` every 20 ms until it is true; panics naming `what` after `timeout`.
+pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// A loopback address with a port that was free a moment ago (the listener
+/// is closed before returning, so another process could take it: a small race
+/// that only tests needing a real issuer URL accept).
+pub fn free_loopback_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").to_string()
+}
+
+/// `application/x-www-form-urlencoded` from pairs.
+pub fn form(pairs: &[(&str, &str)]) -> String {
+    let mut s = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        s.append_pair(k, v);
+    }
+    s.finish()
+}
+
+pub fn random_bytes(n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; n];
+    aws_lc_rs::rand::fill(&mut b).unwrap();
+    b
+}
