@@ -133,6 +133,9 @@ fn signed(key: &Es256Key, header: serde_json::Value, claims: &serde_json::Value)
         .unwrap()
 }
 
+/// A change to a JSON object seed.
+type Edit = dyn Fn(&mut serde_json::Map<String, serde_json::Value>);
+
 type Seed = (&'static str, String, Vec<u8>);
 
 fn seeds() -> Vec<Seed> {
@@ -750,10 +753,7 @@ sign_in = { kind = "oidc", client_id = "credbroker" }
             m.remove("preferred_username");
         }),
     );
-    let id_bad: [(
-        &str,
-        &dyn Fn(&mut serde_json::Map<String, serde_json::Value>),
-    ); 11] = [
+    let id_bad: [(&str, &Edit); 11] = [
         ("bad-wrong-nonce", &|m| {
             m.insert("nonce".into(), "other".into());
         }),
@@ -892,10 +892,7 @@ sign_in = { kind = "oidc", client_id = "credbroker" }
             m.insert("scopes_supported".into(), serde_json::json!(["openid"]));
         }),
     );
-    let meta_bad: [(
-        &str,
-        &dyn Fn(&mut serde_json::Map<String, serde_json::Value>),
-    ); 8] = [
+    let meta_bad: [(&str, &Edit); 8] = [
         ("bad-other-issuer.json", &|m| {
             m.insert("issuer".into(), "https://evil.example".into());
         }),
