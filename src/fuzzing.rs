@@ -16,12 +16,12 @@ use std::sync::OnceLock;
 
 use crate::dpop::{self, DpopError, Expect, Nonces};
 use crate::jose::{self, Alg, Es256Key, Jwk, JwkSet};
+use crate::oauth::{self, OAuthError};
 use crate::pages::http::{self as page_http, Form};
 use crate::pages::oidc;
 use crate::policy::{self, Decision, Policy};
 use crate::seal::{SealError, Sealer};
 use crate::secret::{SecretBytes, SecretString};
-use crate::upstream::{self, UpstreamError};
 
 /// The fixed "now" every time-dependent check runs at, so that a committed
 /// proof stays valid (and a run is reproducible).
@@ -246,7 +246,7 @@ fn check_request(r: &crate::exchange::DeriveRequest) -> bool {
     let scope_ok = r
         .scope
         .as_deref()
-        .is_none_or(|s| policy::parse_scope(s).is_ok());
+        .is_none_or(|s| crate::grammar::parse_scope(s).is_ok());
     match policy::canonical_resource(&r.resource) {
         Ok(c) => {
             assert_eq!(
@@ -461,7 +461,7 @@ pub fn id_token(data: &[u8]) -> bool {
 /// The statuses [`token_answer`] gives its body with.
 const TOKEN_STATUSES: [u16; 6] = [200, 201, 302, 400, 401, 503];
 
-/// The provider's token-endpoint answer (`upstream::parse_token_answer`),
+/// The provider's token-endpoint answer (`oauth::parse_token_answer`),
 /// with the same body under each status of [`TOKEN_STATUSES`]. Only a 2xx
 /// answer yields tokens, with a non-empty access token, a short
 /// `token_type` of token characters and a non-negative lifetime; an
@@ -470,7 +470,7 @@ const TOKEN_STATUSES: [u16; 6] = [200, 201, 302, 400, 401, 503];
 pub fn token_answer(data: &[u8]) -> bool {
     let mut accepted = false;
     for status in TOKEN_STATUSES {
-        match upstream::parse_token_answer(status, data) {
+        match oauth::parse_token_answer(status, data) {
             Ok(t) => {
                 assert!((200..300).contains(&status), "tokens from HTTP {status}");
                 assert!(!t.access_token.expose().is_empty());
@@ -491,7 +491,7 @@ pub fn token_answer(data: &[u8]) -> bool {
                 }
                 accepted |= status == 200;
             }
-            Err(UpstreamError::Rejected { error }) => {
+            Err(OAuthError::Rejected { error }) => {
                 assert!(error.len() <= 64);
                 assert!(error
                     .chars()
@@ -508,16 +508,20 @@ pub fn token_answer(data: &[u8]) -> bool {
 /// The issuer [`provider_metadata`] expects the document to name.
 pub const PROVIDER_ISSUER: &str = "https://provider.example";
 
-/// The provider's discovery document (`upstream::parse_metadata`, RFC 8414
+/// The provider's discovery document (`oauth::parse_metadata`, RFC 8414
 /// or OpenID Connect discovery) for [`PROVIDER_ISSUER`]. An accepted
 /// document's endpoints are all URLs, https or on loopback. Accepted = the
 /// document is.
 pub fn provider_metadata(data: &[u8]) -> bool {
-    match upstream::parse_metadata(PROVIDER_ISSUER, data) {
+    match oauth::parse_metadata(PROVIDER_ISSUER, data) {
         Ok(e) => {
             for u in [Some(&e.authorization), Some(&e.token)]
                 .into_iter()
-                .chain([e.revocation.as_ref(), e.userinfo.as_ref()])
+                .chain([
+                    e.revocation.as_ref(),
+                    e.userinfo.as_ref(),
+                    e.jwks_uri.as_ref(),
+                ])
                 .flatten()
             {
                 let url = url::Url::parse(u).unwrap_or_else(|_| panic!("{u:?} is not a URL"));

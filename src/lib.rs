@@ -20,7 +20,11 @@
 //!   links (the five checks), the account page.
 //! - [`verify`]: the resource-server side, for embedding.
 //! - [`client`]: a client for the socket.
+//! - [`oauth`]: the one OAuth client of the sign-in and the provider connections.
+//! - [`keyset`]: one cached JWKS per issuer (pinned or fetched).
 //! - [`jose`], [`secret`], [`clock`], [`config`], [`cli`]: building blocks.
+//! - [`grammar`], [`diagnostics`]: leaves the config and the policy share
+//!   (scope tokens and trusted URLs; TOML problems and their positions).
 
 #![forbid(unsafe_code)]
 
@@ -31,14 +35,18 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod connect;
+pub mod diagnostics;
 pub mod dpop;
 pub mod events;
 pub mod exchange;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grammar;
 pub mod jose;
+pub mod keyset;
 pub mod metrics;
 pub mod mint;
+pub mod oauth;
 pub mod pages;
 pub mod policy;
 pub mod public;

@@ -155,6 +155,7 @@ pub async fn build(
         Box::new(move |kid| m.is_own_kid(kid)),
     )
     .await?;
+    let key_sets = subjects.key_sets();
     let nonces = if config.dpop.require_nonce {
         let mut key = vec![0u8; 32];
         aws_lc_rs::rand::fill(&mut key).map_err(|_| StartError::Io("random".into()))?;
@@ -219,6 +220,7 @@ pub async fn build(
         sealer.clone(),
         crate::pages::Options {
             services: backend.services(),
+            key_sets,
             ..crate::pages::Options::default()
         },
     ));

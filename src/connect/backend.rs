@@ -15,7 +15,7 @@ use crate::pages::links::{
 use crate::secret::SecretString;
 use crate::subject::Person;
 use crate::upstream::{AccountInfo, Providers, TokenSet, UpstreamError};
-use crate::vault::{AccountStatus, Vault, VaultError};
+use crate::vault::{Vault, VaultError};
 
 /// How long the scopes of an authorization request are remembered for its
 /// code exchange (providers may omit `scope` when they granted what was
@@ -160,10 +160,7 @@ impl AccountVault for Backend {
             out.push(pl::AccountView {
                 display_name: a.account_name,
                 account_id: a.account_id,
-                status: match a.status {
-                    AccountStatus::Active => pl::AccountStatus::Active,
-                    AccountStatus::ReconnectRequired => pl::AccountStatus::NeedsReconnect,
-                },
+                status: a.status,
                 service: a.service,
                 allowances,
             });

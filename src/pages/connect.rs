@@ -335,11 +335,10 @@ pub async fn provider_callback(
     let Some(info) = p.services.providers.provider(&service) else {
         return flow_failed(p, who);
     };
-    match (q.get("iss"), &info.issuer) {
-        (Some(iss), Some(expected)) if iss == expected => {}
-        (Some(_), _) => return flow_failed(p, who),
-        (None, _) if info.sends_iss => return flow_failed(p, who),
-        (None, _) => {}
+    if crate::oauth::check_callback_iss(info.issuer.as_deref(), info.sends_iss, q.get("iss"))
+        .is_err()
+    {
+        return flow_failed(p, who);
     }
     let Some(person) = session.record.person() else {
         return flow_failed(p, who);

@@ -18,10 +18,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::secret::SecretString;
 use crate::subject::Person;
+use crate::vault::AccountStatus;
 
 /// A boxed, sendable future (the traits are used as trait objects).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -79,16 +78,6 @@ pub trait LinkRecords: Send + Sync + Debug {
     fn decline(&self, id: &str, now: i64) -> Result<(), BackendError>;
 }
 
-/// Whether a connected account works.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AccountStatus {
-    /// Tokens work.
-    Active,
-    /// The provider refused a refresh; the person must reconnect.
-    NeedsReconnect,
-}
-
 /// One agent allowed to use an account, with its scopes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllowanceView {
@@ -107,7 +96,7 @@ pub struct AccountView {
     pub account_id: String,
     /// The account's name at the provider, as the person knows it.
     pub display_name: String,
-    /// Whether it works.
+    /// Whether it works (the vault's status, the one name for it).
     pub status: AccountStatus,
     /// The agents allowed to use it.
     pub allowances: Vec<AllowanceView>,

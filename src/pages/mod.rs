@@ -38,6 +38,7 @@ pub mod signin;
 pub mod users;
 pub mod views;
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -64,6 +65,11 @@ pub struct Options {
     pub lifetimes: Lifetimes,
     /// The connected-services side.
     pub services: Services,
+    /// The trusted issuers' key sets, by issuer (from
+    /// `subject::Validator::key_sets`), so that an IdP that is both a
+    /// subject-token issuer and a sign-in source has one JWKS cache. An
+    /// issuer missing here gets a set of its own.
+    pub key_sets: HashMap<String, Arc<crate::keyset::RemoteKeySet>>,
 }
 
 impl Default for Options {
@@ -72,6 +78,7 @@ impl Default for Options {
             limits: PageLimits::default(),
             lifetimes: Lifetimes::default(),
             services: Services::none(),
+            key_sets: HashMap::new(),
         }
     }
 }
@@ -136,7 +143,7 @@ impl Pages {
             .map(|i| i.issuer.trim_end_matches('/').to_string());
         let not_found = Bytes::from(views::render(&views::NotFound { who: None }));
         Pages {
-            oidc: oidc::Oidc::new(&cfg.trusted_issuers),
+            oidc: oidc::Oidc::new(&cfg.trusted_issuers, &options.key_sets),
             sessions: session::Sessions::new(options.lifetimes),
             limiters: limits::Limiters::new(&options.limits),
             services: options.services,

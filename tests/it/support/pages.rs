@@ -16,13 +16,13 @@ use std::sync::{Arc, Mutex};
 
 use credbroker::clock::ManualClock;
 use credbroker::pages::links::{
-    AccountStatus, AccountVault, AccountView, AllowanceView, AuthorizationRequest, BackendError,
-    BoxFuture, Disconnected, Link, LinkKind, LinkRecords, ProviderFlow, ProviderGrant,
-    ProviderInfo, Services,
+    AccountVault, AccountView, AllowanceView, AuthorizationRequest, BackendError, BoxFuture,
+    Disconnected, Link, LinkKind, LinkRecords, ProviderFlow, ProviderGrant, ProviderInfo, Services,
 };
 use credbroker::pages::{Options, PageLimits};
 use credbroker::secret::SecretString;
 use credbroker::subject::Person;
+use credbroker::vault::AccountStatus;
 
 pub const AGENT: &str = "repo-helper";
 
