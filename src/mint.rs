@@ -429,6 +429,17 @@ pub enum RotationKind {
     Emergency,
 }
 
+impl RotationKind {
+    /// An emergency rotation, or a scheduled one with this delay (seconds).
+    pub fn new(emergency: bool, activation_delay: i64) -> RotationKind {
+        if emergency {
+            RotationKind::Emergency
+        } else {
+            RotationKind::Scheduled { activation_delay }
+        }
+    }
+}
+
 /// What a rotation did.
 #[derive(Debug)]
 pub struct Rotation {
@@ -442,6 +453,8 @@ pub struct Rotation {
     pub activates_at: i64,
     /// The keys an emergency rotation withdrew from the JWKS.
     pub withdrawn: Vec<String>,
+    /// Whether it was an emergency rotation.
+    pub emergency: bool,
     /// The ring after the rotation.
     pub ring: KeyRing,
 }
@@ -470,6 +483,7 @@ pub fn rotate(
                         added: false,
                         activates_at: p.activates_at.unwrap_or(now),
                         withdrawn: Vec::new(),
+                        emergency: false,
                         ring,
                     });
                 }
@@ -507,6 +521,7 @@ pub fn rotate(
             added: true,
             activates_at,
             withdrawn,
+            emergency: kind == RotationKind::Emergency,
             ring,
         });
     }
