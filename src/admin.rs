@@ -2,7 +2,7 @@
 //! containers in a pod share TCP loopback, so loopback is no boundary).
 //!
 //! `GET /metrics`, `GET /readyz`, `GET /status`, `POST /freeze` (`on` or
-//! `off` in the body), `POST /keys/rotate`, `POST /users` (a local account
+//! `off` in the body), `POST /keys/rotate` (body empty, or `emergency`), `POST /users` (a local account
 //! for the pages: `{"name", "password", "replace"}`), `POST /vault/rotate`
 //! (optional body: the most records to re-wrap in this call), `GET /accounts`
 //! (optional query `person_iss`, `person_sub`), `POST /accounts/disconnect`
