@@ -3,8 +3,12 @@
 //! (link records, vault, provider) kept in memory, a fake provider that
 //! approves at once over HTTP, and an HTTP client with a cookie store.
 //!
-//! The fake is for tests only: it stands in for the `connect`, `vault` and
-//! `upstream` modules until they are wired to `pages::links`.
+//! The fake is for tests only: it stands in for the real connected-services
+//! side (`connect::Backend` over the link store, the vault and the provider
+//! clients) where a test sets link states and provider accounts directly.
+//! What the fake shows is the pages' own behaviour; the cases the threat
+//! model cites for the link store and the provider also run with the real
+//! side (`Setup::real_services`, tests/it/pages/real_services.rs).
 //!
 //! Used as `crate::support::pages` (the pages tests glob-import it).
 #![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
