@@ -1,5 +1,5 @@
 //! Disconnecting an account: revoke at the provider, then delete. (A link
-//! is finished by the pages through [`super::Backend`].)
+//! is finished by the pages through `app::backend::Backend`.)
 
 use crate::upstream::Provider;
 use crate::vault::{Vault, VaultError};
