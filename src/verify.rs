@@ -341,3 +341,6 @@ async fn fetch(uri: &str) -> Result<bytes::Bytes, VerifyError> {
     }
     Ok(body)
 }
+
+#[cfg(test)]
+mod tests;
