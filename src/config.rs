@@ -419,7 +419,7 @@ struct RawSignIn {
 pub struct Config {
     /// The file this was read from.
     pub file: PathBuf,
-    /// The one agent this instance serves (DESIGN section 2).
+    /// The one agent this instance serves (docs/DESIGN.md section 2).
     pub agent: String,
     /// The public issuer URL: `iss` of minted tokens, base of `htu`.
     pub issuer: String,

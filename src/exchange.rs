@@ -82,7 +82,7 @@ pub struct Issued {
     pub sender_constrained: bool,
 }
 
-/// A refusal that carries a connect link (DESIGN section 4).
+/// A refusal that carries a connect link (docs/DESIGN.md section 4).
 #[derive(Debug)]
 pub struct LinkRefusal {
     /// What the link is for; its `reason()` is the refusal's reason.
@@ -568,7 +568,7 @@ fn vault_error(e: crate::vault::VaultError) -> DeriveError {
 }
 
 impl Broker {
-    /// The `service` source (DESIGN section 4, step 6): the person's
+    /// The `service` source (docs/DESIGN.md section 4, step 6): the person's
     /// connected account and their allowance for this agent; the stored
     /// provider token, refreshed first when near expiry. Decides, in
     /// order: no account -> `connect_required`; an account that must be

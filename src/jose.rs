@@ -1,7 +1,7 @@
 //! Strict JOSE building blocks shared by subject tokens, DPoP proofs, minted
 //! tokens and the resource-server verifier.
 //!
-//! Parsing follows one order (CONVENTIONS): size cap -> three parts -> strict
+//! Parsing follows one order (docs/DESIGN.md section 9): size cap -> three parts -> strict
 //! base64url -> header (typed; `crit` rejected) -> key -> signature -> claims.
 //! Which `alg` is acceptable, and which `typ`, is decided by the caller from a
 //! per-context allow-list; this module only guarantees that an `alg` is bound

@@ -255,7 +255,9 @@ pub async fn bind(config: &Config) -> Result<Listeners, StartError> {
 
 fn http1(header_timeout: Duration) -> hyper::server::conn::http1::Builder {
     let mut b = hyper::server::conn::http1::Builder::new();
-    // The header-read timeout does nothing without a timer (reference/crates.md).
+    // hyper's header-read timeout does nothing without a timer (see
+    // `http1::Builder::header_read_timeout`); A1 in docs/SECURITY-CASES.md
+    // checks that it fires.
     b.timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .max_buf_size(16 * 1024)

@@ -191,7 +191,7 @@ fn issued_response(i: &Issued) -> Response<Body> {
     }
     if !i.sender_constrained {
         // Say so: the tool gets a bearer token that is not bound to its
-        // DPoP key (DESIGN section 2, `delivery = "provider_token"`).
+        // DPoP key (docs/DESIGN.md section 2, `delivery = "provider_token"`).
         body["sender_constrained"] = false.into();
     }
     json_response(StatusCode::OK, &body)

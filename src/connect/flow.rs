@@ -1,4 +1,4 @@
-//! What the pages do once a link's checks have passed (DESIGN section 5,
+//! What the pages do once a link's checks have passed (docs/DESIGN.md section 5,
 //! check 5 and the provider callback): store the account, allow the agent,
 //! close the link. The browser routes (sign-in, sessions, CSRF, `state`
 //! storage) belong to the pages; these functions are the part below them.

@@ -1,4 +1,4 @@
-//! Connect links (DESIGN section 5): the records behind the `connect_uri`
+//! Connect links (docs/DESIGN.md section 5): the records behind the `connect_uri`
 //! of a refusal.
 //!
 //! A link's code is HMAC-SHA256(link key, link id): 32 bytes, base64url.

@@ -1,4 +1,4 @@
-//! `/connect/{code}`: the five checks of DESIGN section 5, in order, then
+//! `/connect/{code}`: the five checks of docs/DESIGN.md section 5, in order, then
 //! the page for the link's kind and its actions; and the provider callback.
 //!
 //! 1. Known code, still open? Otherwise the one 404 page (the same bytes for

@@ -26,7 +26,7 @@ use crate::subject::Person;
 /// A boxed, sendable future (the traits are used as trait objects).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What a link asks the person to do (DESIGN section 5). It is the link
+/// What a link asks the person to do (docs/DESIGN.md section 5). It is the link
 /// records' own type, so the pages and the records cannot disagree.
 pub use crate::connect::LinkKind;
 

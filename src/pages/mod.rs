@@ -3,7 +3,7 @@
 //! listener (`public` routes everything but metadata and JWKS here).
 //!
 //! The page behind a link finds out who opened it before it offers
-//! anything (DESIGN section 5): `connect` runs the five checks in order.
+//! anything (docs/DESIGN.md section 5): `connect` runs the five checks in order.
 //! Thin handlers here; the protocol pieces each have their own file:
 //!
 //! - [`http`]: security headers on every answer, forms, cookies, `return_to`.

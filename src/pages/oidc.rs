@@ -32,7 +32,7 @@ use crate::secret::SecretString;
 pub const MAX_ID_TOKEN: usize = 16 * 1024;
 /// Clock skew allowed on `exp`, `iat` and `auth_time`.
 pub const SKEW: i64 = 30;
-/// The re-authentication window of the connect pages (DESIGN section 5).
+/// The re-authentication window of the connect pages (docs/DESIGN.md section 5).
 pub const MAX_AGE: i64 = 900;
 const DISCOVERY_TTL: Duration = Duration::from_secs(3600);
 const JWKS_REFETCH_MIN: Duration = Duration::from_secs(60);

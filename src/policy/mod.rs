@@ -69,7 +69,7 @@ impl DenyReason {
 pub enum Source {
     /// Minted by credbroker (ES256, DPoP-bound).
     SelfIssued,
-    /// The person's connected account at a third-party service (DESIGN
+    /// The person's connected account at a third-party service (docs/DESIGN.md
     /// section 4, step 6): the provider's own token, handed over as the
     /// policy's `delivery` says.
     Service {
@@ -407,7 +407,7 @@ pub fn parse_scope(s: &str) -> Result<Vec<String>, InvalidScope> {
 }
 
 /// Validates the keys of a `source = "service"` resource: a provider name,
-/// and `delivery` written out (DESIGN section 2: handing the provider's
+/// and `delivery` written out (docs/DESIGN.md section 2: handing the provider's
 /// bearer token to a tool is never a default).
 fn service_source(
     r: &RawResource,

@@ -1,7 +1,7 @@
 //! The pages over HTTP, with local accounts, against an instance running in
 //! this process (fake connected-services side, movable clock).
 //!
-//! Security cases: C1, C3, C4, C5, C7, C8, C10, C11 (SECURITY-CASES.md).
+//! Security cases: C1, C3, C4, C5, C7, C8, C10, C11 (docs/SECURITY-CASES.md).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 use std::net::IpAddr;
@@ -254,30 +254,37 @@ async fn csrf_missing_or_from_another_session_is_refused() {
             .await
             .unwrap(),
     );
-    let r = c
-        .post(s.url(&format!("/connect/{code}")))
-        .form(&[("action", "decline"), ("csrf", bobs.as_str())])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    assert_eq!(s.fake.link_state(&id), LinkState::Open, "nothing changed");
-    for path in ["/account/revoke", "/account/disconnect"] {
-        let r = c
-            .post(s.url(path))
-            .form(&[("service", "github"), ("account", "1001"), ("agent", AGENT)])
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 400, "{path} without a token");
+    let connect = format!("/connect/{code}");
+    let account = [("service", "github"), ("account", "1001"), ("agent", AGENT)];
+    // (what, path, form)
+    type Post<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+    let refused: [Post; 4] = [
+        (
+            "decline with another session's token",
+            &connect,
+            &[("action", "decline"), ("csrf", &bobs)],
+        ),
+        ("revoke without a token", "/account/revoke", &account),
+        (
+            "disconnect without a token",
+            "/account/disconnect",
+            &account,
+        ),
+        (
+            "sign-out with another session's token",
+            "/signout",
+            &[("csrf", &bobs)],
+        ),
+    ];
+    for (what, path, form) in refused {
+        let r = c.post(s.url(path)).form(form).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{what}");
+        assert_eq!(
+            s.fake.link_state(&id),
+            LinkState::Open,
+            "{what}: nothing changed"
+        );
     }
-    let r = c
-        .post(s.url("/signout"))
-        .form(&[("csrf", bobs.as_str())])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400, "sign-out with another session's token");
     assert_eq!(
         s.fake.accounts_of(&alice)[0].allowances.len(),
         1,
@@ -334,41 +341,27 @@ async fn cross_site_post_is_refused_before_anything_is_read() {
         ("password", PW),
         ("return_to", "/account"),
     ];
-    let r = c
-        .post(s.url("/signin"))
-        .header("origin", "https://evil.example")
-        .form(&form)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 403);
-    assert_eq!(
-        c.get(s.url("/account")).send().await.unwrap().status(),
-        303,
-        "not signed in"
-    );
-    let r = c
-        .post(s.url("/signin"))
-        .header("sec-fetch-site", "cross-site")
-        .form(&form)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 403);
-    let r = c
-        .post(s.url("/signin"))
-        .header("sec-fetch-site", "same-site")
-        .header("origin", "null")
-        .form(&form)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 403, "a sibling site");
-    assert_eq!(
-        c.get(s.url("/account")).send().await.unwrap().status(),
-        303,
-        "not signed in"
-    );
+    let refused: [(&str, &[(&str, &str)]); 3] = [
+        ("another origin", &[("origin", "https://evil.example")]),
+        ("cross-site", &[("sec-fetch-site", "cross-site")]),
+        (
+            "a sibling site",
+            &[("sec-fetch-site", "same-site"), ("origin", "null")],
+        ),
+    ];
+    for (what, headers) in refused {
+        let mut req = c.post(s.url("/signin"));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let r = req.form(&form).send().await.unwrap();
+        assert_eq!(r.status(), 403, "{what}");
+        assert_eq!(
+            c.get(s.url("/account")).send().await.unwrap().status(),
+            303,
+            "{what}: not signed in"
+        );
+    }
     // Positive control: our own origin; and what Chromium sends for our own
     // forms under no-referrer (Origin: null, Sec-Fetch-Site: same-origin).
     let r = c
@@ -1120,39 +1113,33 @@ async fn provider_flow_refuses_bad_state_and_mix_up_then_connects() {
     assert_eq!(r.status(), 400, "reused state");
     assert_eq!(s.fake.exchanges(), 0, "no exchange for a bad state");
 
-    // Mix-up: a GitHub flow answered on GitLab's redirect URI.
-    let (state, _) = start(&s, &c, &link).await;
-    let pcode = s.fake.approve(&state).unwrap();
-    let r = c
-        .get(cb("gitlab", &[("code", &pcode), ("state", &state)]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    // RFC 9207: wrong iss; and missing iss from a provider that always sends it.
-    let (state, _) = start(&s, &c, &link).await;
-    let pcode = s.fake.approve(&state).unwrap();
-    let r = c
-        .get(cb(
+    // Each row: a fresh GitHub flow, approved at the provider, answered on
+    // `service`'s callback with `iss` (or none); each is refused before the
+    // code is exchanged.
+    for (what, service, iss) in [
+        (
+            "mix-up: a GitHub flow on GitLab's redirect URI",
+            "gitlab",
+            None,
+        ),
+        (
+            "RFC 9207: iss of another issuer",
             "github",
-            &[
-                ("code", &pcode),
-                ("state", &state),
-                ("iss", "https://evil.example"),
-            ],
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    let (state, _) = start(&s, &c, &link).await;
-    let pcode = s.fake.approve(&state).unwrap();
-    let r = c
-        .get(cb("github", &[("code", &pcode), ("state", &state)]))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
+            Some("https://evil.example"),
+        ),
+        (
+            "RFC 9207: no iss from a provider that always sends it",
+            "github",
+            None,
+        ),
+    ] {
+        let (state, _) = start(&s, &c, &link).await;
+        let pcode = s.fake.approve(&state).unwrap();
+        let mut params = vec![("code", pcode.as_str()), ("state", state.as_str())];
+        params.extend(iss.map(|i| ("iss", i)));
+        let r = c.get(cb(service, &params)).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{what}");
+    }
     assert_eq!(s.fake.exchanges(), 0);
 
     // Verifier mismatch: a code issued for flow A presented with the state of

@@ -1,6 +1,6 @@
 //! Hot reload of the policy in the running broker: under load, with good,
 //! broken, truncated, half-written, missing, oversized and foreign-agent
-//! versions; and the P cases of SECURITY-CASES.md against a policy that came
+//! versions; and the P cases of docs/SECURITY-CASES.md against a policy that came
 //! in by reload.
 // Test helpers panic loudly, like the tests they serve (clippy.toml allows
 // unwrap/expect in #[test] functions only).

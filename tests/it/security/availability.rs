@@ -1,11 +1,11 @@
-//! SECURITY-CASES group A (A1-A5): availability and the socket boundary,
-//! against the running binary. Each negative is followed by the positive
-//! control.
+//! docs/SECURITY-CASES.md group A (A1-A5): availability and the socket
+//! boundary, against the running binary. Each negative is followed by the
+//! positive control.
 //!
-//! Socket modes: DESIGN section 2 puts the orchestrator socket at 0660 in a
-//! 0750 directory (the orchestrator's group must reach it), while
-//! SECURITY-CASES A3 says 0600 in 0700; these tests follow DESIGN (the
-//! admin socket, which only the broker's user may use, is 0600).
+//! Socket modes, as built (docs/DESIGN.md section 2, docs/SECURITY-CASES.md
+//! A3): the orchestrator socket is 0660 in a 0750 directory, because the
+//! orchestrator's group must reach it; the admin socket, which only the
+//! broker's user may use, is 0600.
 // Test code panics loudly on a broken fixture: clippy.toml allows unwrap and
 // expect in #[test] functions, and these helpers are test code too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

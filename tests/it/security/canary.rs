@@ -1,4 +1,4 @@
-//! SECURITY-CASES L1 and L2: secrets never reach a log line (at debug level),
+//! docs/SECURITY-CASES.md L1 and L2: secrets never reach a log line (at debug level),
 //! an audit event, a metric, an error body, the store's files, or a `Debug`
 //! rendering.
 //!

@@ -1,4 +1,4 @@
-//! SECURITY-CASES group D: DPoP proofs (RFC 9449) against the running
+//! docs/SECURITY-CASES.md group D: DPoP proofs (RFC 9449) against the running
 //! binary. Each negative is followed, in the same test, by the positive
 //! control. D13, D14 and D17 are the resource-server side: they run the
 //! embeddable `credbroker::verify::Verifier` on tokens issued by the binary,

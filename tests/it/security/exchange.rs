@@ -1,4 +1,4 @@
-//! SECURITY-CASES group X: the token-exchange request, against the running
+//! docs/SECURITY-CASES.md group X: the token-exchange request, against the running
 //! binary, on both `POST /token` (RFC 8693 form) and `POST /v1/derive`.
 //! Each negative is followed by the positive control.
 // Test code panics loudly on a broken fixture: clippy.toml allows unwrap and

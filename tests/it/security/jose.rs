@@ -1,4 +1,4 @@
-//! SECURITY-CASES group J: JWT/JOSE parsing of subject tokens (and proofs)
+//! docs/SECURITY-CASES.md group J: JWT/JOSE parsing of subject tokens (and proofs)
 //! against the running binary. Subject tokens are signed by the quick
 //! start's dev issuer key, by a second (RSA) issuer configured for these
 //! tests, or forged. Each negative is followed by the positive control.

@@ -1,4 +1,4 @@
-//! SECURITY-CASES group P: the policy denies by default, compares names
+//! docs/SECURITY-CASES.md group P: the policy denies by default, compares names
 //! byte for byte, has no wildcards, and never widens a request. Against the
 //! running binary; each negative is followed by the positive control.
 // Test code panics loudly on a broken fixture: clippy.toml allows unwrap and

@@ -1,0 +1,670 @@
+//! The broker under test: the real `credbroker` binary started in a temp
+//! directory (quick-start files, port 0), its sockets spoken to in raw HTTP,
+//! its answers parsed, and another local user to act as.
+// clippy's allow-unwrap-in-tests covers only #[test] functions, not the
+// helpers they call; here too a failure should panic loudly.
+#![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use credbroker::client::{Answer, Client, DeriveParams};
+use credbroker::jose::Es256Key;
+
+use super::{form, now, random_bytes};
+
+pub const RESOURCE: &str = "http://127.0.0.1:9090/notes";
+
+/// Options for a test broker.
+#[derive(Default, Clone)]
+pub struct Opts {
+    /// Replace the quick-start policy with this text.
+    pub policy: Option<String>,
+    /// Extra TOML appended to the config (new tables only).
+    pub extra_config: String,
+    /// Replace the whole `[dpop]`-free config text via a closure on it.
+    pub edit_config: Option<fn(String) -> String>,
+    /// `RUST_LOG` for the child.
+    pub log: Option<String>,
+    /// The public listener's address, which also makes the issuer URL
+    /// (`http://ADDR`). Default `127.0.0.1:0`: any free port, but then the
+    /// issuer URL names port 0 and does not match where metadata is served;
+    /// tests that discover keys through the issuer's metadata pass
+    /// `free_loopback_addr()` here.
+    pub public_listen: Option<String>,
+}
+
+/// A running broker.
+pub struct TestBroker {
+    pub dir: tempfile::TempDir,
+    pub child: Child,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub admin: PathBuf,
+    /// The issuer URL (also the htu base).
+    pub issuer: String,
+    /// Where the public listener is bound.
+    pub public: String,
+    pub log: PathBuf,
+    /// `RUST_LOG` of the child, kept across restarts.
+    pub log_level: String,
+}
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_credbroker"))
+}
+
+/// Writes the quick-start files (with `opts` applied) into a new temp dir
+/// without starting anything; returns the dir and the config path.
+pub fn prepare(opts: &Opts) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = credbroker::cli::quickstart_files(
+        dir.path(),
+        opts.public_listen.as_deref().unwrap_or("127.0.0.1:0"),
+    )
+    .expect("files");
+    if let Some(p) = &opts.policy {
+        std::fs::write(dir.path().join("policy.toml"), p).unwrap();
+    }
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    if let Some(edit) = opts.edit_config {
+        text = edit(text);
+    }
+    text.push_str(&opts.extra_config);
+    std::fs::write(&config, text).unwrap();
+    (dir, config)
+}
+
+/// Runs `credbroker serve --config <config>` and expects it to exit on its
+/// own (a refused start); returns its exit status and its stderr. Panics if
+/// it is still running after `timeout`.
+pub fn serve_expect_exit(config: &Path, timeout: Duration) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(bin())
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn credbroker");
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return (status, err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("credbroker kept running although its start should have been refused");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl TestBroker {
+    pub fn start() -> TestBroker {
+        TestBroker::start_with(Opts::default())
+    }
+
+    /// Writes the quick-start files into a temp dir and serves them.
+    pub fn start_with(opts: Opts) -> TestBroker {
+        let (dir, config) = prepare(&opts);
+        TestBroker::spawn(dir, config, opts.log.as_deref())
+    }
+
+    /// Serves files already written by [`prepare`] (and possibly altered
+    /// since); panics if the broker does not become ready.
+    pub fn spawn(dir: tempfile::TempDir, config: PathBuf, log_level: Option<&str>) -> TestBroker {
+        let log = dir.path().join("broker.log");
+        let logf = std::fs::File::create(&log).unwrap();
+        let child = Command::new(bin())
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", log_level.unwrap_or("info"))
+            .stdout(Stdio::null())
+            .stderr(logf)
+            .spawn()
+            .expect("spawn credbroker");
+        let cfg = credbroker::config::Config::load(&config).expect("config");
+        let mut b = TestBroker {
+            socket: cfg.socket.path.clone(),
+            admin: cfg.admin_socket.clone(),
+            issuer: cfg.issuer.clone(),
+            public: String::new(),
+            dir,
+            child,
+            config,
+            log,
+            log_level: log_level.unwrap_or("info").to_string(),
+        };
+        b.wait_ready();
+        b
+    }
+
+    /// Restarts the process on the same directory.
+    pub fn restart(&mut self) {
+        self.stop();
+        let logf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        self.child = Command::new(bin())
+            .args(["serve", "--config"])
+            .arg(&self.config)
+            .env("RUST_LOG", &self.log_level)
+            .stdout(Stdio::null())
+            .stderr(logf)
+            .spawn()
+            .expect("spawn credbroker");
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "credbroker exited early ({status}); log:\n{}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            if let Ok((200, body)) = self.admin_get("/status") {
+                let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+                if let Some(addr) = v["public_addr"].as_str() {
+                    self.public = format!("http://{addr}");
+                }
+                return;
+            }
+            assert!(Instant::now() < deadline, "broker did not become ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// A subject token from the dev issuer.
+    pub fn subject_token(&self, sub: &str) -> String {
+        credbroker::cli::dev_subject_token(self.dir.path(), sub, 3600).unwrap()
+    }
+
+    /// Signs arbitrary claims/header with the dev issuer key.
+    pub fn sign_as_dev_issuer(
+        &self,
+        header: serde_json::Value,
+        claims: &serde_json::Value,
+    ) -> String {
+        let key = credbroker::cli::load_pem_key(&self.path("keys/dev-issuer.pem")).unwrap();
+        let mut h = header.as_object().cloned().unwrap_or_default();
+        h.entry("kid").or_insert_with(|| key.kid.clone().into());
+        key.sign_jws(h, claims).unwrap()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(&self.socket, &self.issuer)
+    }
+
+    /// The htu for `/v1/derive`.
+    pub fn htu(&self) -> String {
+        format!("{}/v1/derive", self.issuer)
+    }
+
+    /// A valid proof for `/v1/derive`.
+    pub fn proof(&self, key: &Es256Key) -> String {
+        credbroker::dpop::make_proof(key, "POST", &self.htu(), now(), None, None).unwrap()
+    }
+
+    /// Derives with a fresh proof.
+    pub async fn derive(
+        &self,
+        key: &Es256Key,
+        subject: &str,
+        step: &str,
+        tool: &str,
+        resource: &str,
+        scope: Option<&str>,
+    ) -> Answer {
+        self.client()
+            .derive(
+                &DeriveParams {
+                    subject_token: subject,
+                    step,
+                    tool,
+                    resource,
+                    scope,
+                },
+                key,
+            )
+            .await
+            .expect("transport")
+    }
+
+    /// The known-good request: alice, summarize, notes.read.
+    pub async fn derive_ok(&self, key: &Es256Key) -> credbroker::client::Token {
+        match self
+            .derive(
+                key,
+                &self.subject_token("alice"),
+                "summarize",
+                "notes.read",
+                RESOURCE,
+                None,
+            )
+            .await
+        {
+            Answer::Issued(t) => t,
+            Answer::Refused(r) => panic!("positive control refused: {r:?}"),
+        }
+    }
+
+    /// Sends raw bytes on the orchestrator socket; returns what came back
+    /// until the server closed or `timeout` passed.
+    pub fn raw(&self, bytes: &[u8], timeout: Duration) -> String {
+        raw_unix(&self.socket, bytes, timeout)
+    }
+
+    /// GET on the admin socket.
+    pub fn admin_get(&self, path: &str) -> std::io::Result<(u16, String)> {
+        admin_request(&self.admin, "GET", path, "")
+    }
+
+    pub fn admin_post(&self, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+        admin_request(&self.admin, "POST", path, body)
+    }
+
+    pub fn metrics(&self) -> String {
+        self.admin_get("/metrics").unwrap().1
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn audit_lines(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.path("data/audit.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
+            .collect()
+    }
+
+    /// Sends SIGHUP: the broker reloads its policy file.
+    pub fn sighup(&self) {
+        let ok = Command::new("kill")
+            .arg("-HUP")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "kill -HUP failed");
+    }
+
+    /// The hash of the policy the running broker decides with.
+    pub fn policy_hash(&self) -> String {
+        let (_, body) = self.admin_get("/status").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["policy_hash"].as_str().unwrap().to_string()
+    }
+
+    /// Replaces the policy file atomically (a temp file renamed over it), as
+    /// a deployment should.
+    pub fn replace_policy(&self, text: &[u8]) {
+        let tmp = self.path("policy.toml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, self.path("policy.toml")).unwrap();
+    }
+
+    /// The value of a metric without labels (or with exactly `labels`).
+    pub fn metric(&self, name_and_labels: &str) -> Option<f64> {
+        self.metrics()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(name_and_labels)
+                    .and_then(|v| v.strip_prefix(' '))
+            })
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Whether the process is still running (no crash, no exit).
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// The broker's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident memory of the broker in KiB (from /proc).
+    pub fn rss_kib(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// SIGKILL and reap: no clean shutdown, so the socket files stay behind.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends raw bytes on the orchestrator socket and parses the answer.
+    pub fn http(&self, bytes: &[u8]) -> HttpAnswer {
+        HttpAnswer::parse(&self.raw(bytes, Duration::from_secs(10)))
+    }
+
+    /// `POST /v1/derive` with a JSON body (any JSON, for malformed cases)
+    /// and an optional `DPoP` header.
+    pub fn post_derive(&self, body: &serde_json::Value, proof: Option<&str>) -> HttpAnswer {
+        self.http(&http_derive(&body.to_string(), proof, ""))
+    }
+
+    /// `POST /token` with a form body built from `pairs`.
+    pub fn post_token(&self, pairs: &[(&str, &str)], proof: Option<&str>) -> HttpAnswer {
+        let body = form(pairs);
+        let dpop = proof.map(|p| format!("dpop: {p}\r\n")).unwrap_or_default();
+        let req = format!(
+            "POST /token HTTP/1.1\r\nhost: x\r\ncontent-type: application/x-www-form-urlencoded\r\n{dpop}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        self.http(req.as_bytes())
+    }
+
+    /// The JSON body of the known-good derive request, with `subject`.
+    pub fn good_body(&self, subject: &str) -> serde_json::Value {
+        serde_json::json!({
+            "subject_token": subject, "step": "summarize", "tool": "notes.read", "resource": RESOURCE,
+        })
+    }
+
+    /// The claims of a valid proof for `/v1/derive` (to tamper with).
+    pub fn proof_claims(&self) -> serde_json::Value {
+        serde_json::json!({
+            "jti": credbroker::jose::b64e(&random_bytes(16)),
+            "htm": "POST", "htu": self.htu(), "iat": now(),
+        })
+    }
+
+    /// The claims of a valid dev-issuer subject token for `sub` (to tamper with).
+    pub fn subject_claims(&self, sub: &str) -> serde_json::Value {
+        let n = now();
+        serde_json::json!({
+            "iss": self.issuer, "sub": sub, "aud": "repo-helper", "iat": n, "exp": n + 3600,
+            "jti": credbroker::jose::b64e(&random_bytes(12)),
+        })
+    }
+
+    /// A subject token signed by the dev issuer with the usual header
+    /// (`typ` `at+jwt`, the dev key's `kid`) and `claims`.
+    pub fn subject_with(&self, claims: &serde_json::Value) -> String {
+        self.sign_as_dev_issuer(serde_json::json!({"typ": "at+jwt"}), claims)
+    }
+
+    /// The published JWKS (from the public listener).
+    pub async fn jwks(&self) -> Vec<u8> {
+        reqwest::get(format!("{}/.well-known/jwks.json", self.public))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap()
+            .to_vec()
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop(&mut self) {
+        if self.child.try_wait().unwrap().is_some() {
+            return;
+        }
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if self.child.try_wait().unwrap().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn raw_unix(path: &Path, bytes: &[u8], timeout: Duration) -> String {
+    let mut s = StdUnixStream::connect(path).expect("connect");
+    s.set_read_timeout(Some(timeout)).unwrap();
+    s.set_write_timeout(Some(timeout)).unwrap();
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn admin_request(
+    path: &Path,
+    method: &str,
+    uri: &str,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
+    let mut s = StdUnixStream::connect(path)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "{method} {uri} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status"))?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// A JSON derive request as raw HTTP bytes.
+pub fn http_derive(body: &str, proof: Option<&str>, extra_headers: &str) -> Vec<u8> {
+    let dpop = proof.map(|p| format!("dpop: {p}\r\n")).unwrap_or_default();
+    format!(
+        "POST /v1/derive HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{dpop}{extra_headers}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The status code of a raw HTTP answer.
+pub fn status_of(raw: &str) -> u16 {
+    raw.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A parsed raw HTTP/1.1 answer.
+#[derive(Debug, Clone)]
+pub struct HttpAnswer {
+    /// Status code (0 if nothing came back).
+    pub status: u16,
+    /// Headers, names lower-cased.
+    pub headers: Vec<(String, String)>,
+    /// The body as text.
+    pub body: String,
+    /// Everything that came back.
+    pub raw: String,
+}
+
+impl HttpAnswer {
+    pub fn parse(raw: &str) -> HttpAnswer {
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw, ""));
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        HttpAnswer {
+            status,
+            headers,
+            body: body.to_string(),
+            raw: raw.to_string(),
+        }
+    }
+
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON (Null if it is not JSON).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The OAuth `error` code of the body.
+    pub fn error(&self) -> String {
+        self.json()["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// Asserts a refusal with `status` and `error`; `what` names the case.
+    #[track_caller]
+    pub fn assert_refused(&self, status: u16, error: &str, what: &str) {
+        assert_eq!(
+            (self.status, self.error().as_str()),
+            (status, error),
+            "{what}: expected {status} {error}, got {}",
+            self.raw
+        );
+        assert!(
+            self.json().get("access_token").is_none(),
+            "{what}: a token came back"
+        );
+    }
+
+    /// Asserts a token was issued; returns it.
+    #[track_caller]
+    pub fn assert_issued(&self, what: &str) -> String {
+        assert_eq!(
+            self.status, 200,
+            "{what}: expected a token, got {}",
+            self.raw
+        );
+        self.json()["access_token"]
+            .as_str()
+            .expect("access_token")
+            .to_string()
+    }
+}
+
+/// Another local user (`nobody`) that tests can act as, when this process
+/// runs as root and can switch to it; `None` otherwise.
+#[derive(Debug, Clone)]
+pub struct OtherUser {
+    pub uid: u32,
+    pub gid: u32,
+    /// The name of its primary group (for `socket.group`).
+    pub group: String,
+}
+
+pub fn other_user() -> Option<OtherUser> {
+    if credbroker::api::peer::current_uid() != 0 {
+        return None;
+    }
+    let u = nix::unistd::User::from_name("nobody").ok()??;
+    let g = nix::unistd::Group::from_gid(u.gid).ok()??;
+    Some(OtherUser {
+        uid: u.uid.as_raw(),
+        gid: u.gid.as_raw(),
+        group: g.name,
+    })
+}
+
+impl OtherUser {
+    /// Runs `credbroker derive` as this user against `b`'s socket for alice's
+    /// known-good request, with a DPoP key in a directory this user owns.
+    /// Returns the exit code and stdout + stderr.
+    pub fn derive(&self, b: &TestBroker, subject: &str) -> (i32, String) {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let key_path = dir.path().join("dpop.pem");
+        let (_, pkcs8) = Es256Key::generate().unwrap();
+        credbroker::config::write_secret_file(
+            &key_path,
+            credbroker::cli::pem_pkcs8(pkcs8.expose()).as_bytes(),
+        )
+        .unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(self.uid), Some(self.gid)).unwrap();
+        std::os::unix::fs::chown(&key_path, Some(self.uid), Some(self.gid)).unwrap();
+        let out = Command::new(bin())
+            .uid(self.uid)
+            .gid(self.gid)
+            .current_dir(dir.path())
+            .env("RUST_LOG", "off")
+            .arg("derive")
+            .arg("--socket")
+            .arg(&b.socket)
+            .args([
+                "--issuer",
+                &b.issuer,
+                "--subject-token",
+                subject,
+                "--step",
+                "summarize",
+            ])
+            .args(["--tool", "notes.read", "--resource", RESOURCE, "--dpop-key"])
+            .arg(&key_path)
+            .output()
+            .expect("run credbroker derive as another user");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code().unwrap_or(-1), text)
+    }
+}

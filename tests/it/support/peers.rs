@@ -1,0 +1,81 @@
+//! The Node.js peers in `tests/peers/` (oidc-provider, jose checks), each a
+//! child process spoken to in JSON lines.
+#![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+/// A Node.js peer from `tests/peers/` (oidc-provider, jose checks), talked to
+/// with one JSON line per command on stdin/stdout.
+pub struct NodePeer {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    /// The first line the peer printed (e.g. its issuer URL).
+    pub hello: serde_json::Value,
+}
+
+/// The directory of the Node.js peers; fails loudly when they are not
+/// installed (the tests must never pass silently without their peers).
+pub fn peers_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers");
+    assert!(
+        dir.join("node_modules/oidc-provider").is_dir() && dir.join("node_modules/jose").is_dir(),
+        "the Node.js test peers are not installed: run scripts/install-test-deps (or `npm ci` in tests/peers)"
+    );
+    dir
+}
+
+impl NodePeer {
+    /// Starts `node tests/peers/SCRIPT ARGS...` and reads its first line.
+    pub fn start(script: &str, args: &[&str]) -> NodePeer {
+        use std::io::BufRead;
+        let dir = peers_dir();
+        let mut child = Command::new("node")
+            .arg(dir.join(script))
+            .args(args)
+            .current_dir(&dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("node is not installed: run scripts/install-test-deps");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let hello =
+            serde_json::from_str(&line).unwrap_or_else(|_| panic!("peer {script} said: {line}"));
+        NodePeer {
+            child,
+            stdin,
+            stdout,
+            hello,
+        }
+    }
+
+    /// Sends one command and reads one JSON answer.
+    pub fn call(&mut self, cmd: &serde_json::Value) -> serde_json::Value {
+        use std::io::BufRead;
+        writeln!(self.stdin, "{cmd}").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|_| panic!("peer answered: {line}"))
+    }
+}
+
+impl Drop for NodePeer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts oidc-provider with `config` (see tests/peers/oidc-provider.mjs).
+pub fn oidc_provider(config: &serde_json::Value) -> (NodePeer, tempfile::NamedTempFile) {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(f.path(), config.to_string()).unwrap();
+    let p = NodePeer::start("oidc-provider.mjs", &[f.path().to_str().unwrap()]);
+    (p, f)
+}
