@@ -230,7 +230,7 @@ fn check_request(r: &crate::exchange::DeriveRequest) -> bool {
     let scope_ok = r
         .scope
         .as_deref()
-        .is_none_or(|s| policy::parse_scope(s).is_ok());
+        .is_none_or(|s| crate::grammar::parse_scope(s).is_ok());
     match policy::canonical_resource(&r.resource) {
         Ok(c) => {
             assert_eq!(

@@ -612,7 +612,7 @@ pub struct OtherUser {
 }
 
 pub fn other_user() -> Option<OtherUser> {
-    if credbroker::api::peer::current_uid() != 0 {
+    if credbroker::unix::current_uid() != 0 {
         return None;
     }
     let u = nix::unistd::User::from_name("nobody").ok()??;
