@@ -680,12 +680,32 @@ mod tests {
                 false,
             ),
         ];
+        // Each case is refused by its own check, not by whichever comes
+        // first.
+        let reason = |name: &str| match name {
+            "wrong nonce" => "nonce",
+            "no nonce" | "aud as object" | "exp as string" | "sub as number" => "claims",
+            "wrong iss" => "iss",
+            "wrong aud" => "aud",
+            "several aud, no azp" | "azp of another client" => "azp",
+            "expired" => "expired",
+            "iat in the future" => "issued in the future",
+            "empty sub" => "sub",
+            "auth_time missing with max_age" => "auth_time missing",
+            "auth_time 16 min old with max_age" => "auth_time older than max_age",
+            "typ at+jwt" | "typ dpop+jwt" => "typ is not JWT",
+            "signed by another key" => "signature",
+            other => panic!("no expected reason for {other}"),
+        };
+        let n = cases.len();
         for (name, token, reauth) in cases {
-            assert!(
-                validate_id_token(&token, &keys, &expect(reauth)).is_err(),
-                "{name} accepted"
+            assert_eq!(
+                validate_id_token(&token, &keys, &expect(reauth)).err(),
+                Some(OidcError::IdToken(reason(name))),
+                "{name}"
             );
         }
+        assert_eq!(n, 17, "every case ran");
         // alg none and HS256 keyed with the public key: the good token's
         // header (typ JWT, the key's kid) with only `alg` changed, so the
         // refusal can only come from the alg check.
