@@ -552,9 +552,12 @@ pub fn parse_token_answer(status: u16, body: &[u8]) -> Result<TokenSet, OAuthErr
                         OAuthError::Unavailable("its expires_in is not a positive integer".into())
                     })?
                 }
-                Some(serde_json::Value::String(s)) => Some(s.parse::<i64>().map_err(|_| {
-                    OAuthError::Unavailable("its expires_in is not a positive integer".into())
-                })?),
+                // As a string too: "-1" parses as an i64, and is no lifetime.
+                Some(serde_json::Value::String(s)) => {
+                    Some(s.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+                        OAuthError::Unavailable("its expires_in is not a positive integer".into())
+                    })?)
+                }
                 Some(_) => {
                     return Err(OAuthError::Unavailable(
                         "its expires_in is not a number".into(),
