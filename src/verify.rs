@@ -311,3 +311,6 @@ impl Verifier {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -932,6 +932,8 @@ scopes = ["openid", "profile", "read:org"]
         )
         .await;
     assert_eq!(r[0]["sha256"], r[2]["sha256"]);
+    // Two bodies were hashed (not two missing hashes compared).
+    assert_eq!(r[0]["sha256"].as_str().map(str::len), Some(64), "{r:?}");
     // Positive control: the agent asks again and gets a new link, which
     // works.
     let (allow2, allow2_id) = link_of(&refused(derive().await), "allow_required");

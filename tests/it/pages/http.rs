@@ -874,15 +874,23 @@ async fn sign_in_issues_a_fresh_session_id() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    // Only hashes are in the store.
+    // Only hashes are in the store: the signed-in session is there, under
+    // the SHA-256 of its id (so the scan below has something to look at),
+    // and no key or record holds the id itself.
     let id = after.split_once('=').unwrap().1;
-    for (k, v) in credbroker::store::Store::scan_prefix(
+    let rows = credbroker::store::Store::scan_prefix(
         s.inst.broker.store.as_ref(),
         credbroker::store::Tree::Sessions,
         b"",
     )
-    .unwrap()
-    {
+    .unwrap();
+    let hashed = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, id.as_bytes());
+    assert!(
+        rows.iter().any(|(k, _)| k.as_slice() == hashed.as_ref()),
+        "no session stored under the hash of the new id ({} rows)",
+        rows.len()
+    );
+    for (k, v) in rows {
         assert!(
             !String::from_utf8_lossy(&k).contains(id) && !String::from_utf8_lossy(&v).contains(id)
         );
