@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use credbroker::client::Answer;
-use credbroker::jose::Es256Key;
+use credbroker::internals::jose::Es256Key;
 
 use super::oidc::{secret_file, OidcPeer, CLIENT_ID};
 use super::{Opts, TestBroker};
@@ -16,11 +16,11 @@ use super::{Opts, TestBroker};
 /// The redirect URI the pages use for `acme`: `{issuer}/callback/acme`
 /// (test brokers have the issuer `http://127.0.0.1:0`; the tests call the
 /// real address themselves).
-pub const REDIRECT: &str = "http://127.0.0.1:0/callback/acme";
-pub const SERVICE: &str = "https://api.acme.example";
+pub(crate) const REDIRECT: &str = "http://127.0.0.1:0/callback/acme";
+pub(crate) const SERVICE: &str = "https://api.acme.example";
 
 /// The quick-start policy plus the `acme` service resource and two tools.
-pub fn policy() -> String {
+pub(crate) fn policy() -> String {
     format!(
         r#"{}
 [resources."{SERVICE}"]
@@ -38,12 +38,12 @@ resource = "{SERVICE}"
 scopes = ["read:org"]
 steps = ["triage"]
 "#,
-        credbroker::cli::QUICKSTART_POLICY
+        credbroker::internals::cli::QUICKSTART_POLICY
     )
 }
 
 /// Broker + provider.
-pub struct ServiceEnv {
+pub(crate) struct ServiceEnv {
     pub peer: OidcPeer,
     pub broker: TestBroker,
     pub client_secret: String,
@@ -52,7 +52,7 @@ pub struct ServiceEnv {
 
 /// Options of the `acme` provider table.
 #[derive(Clone)]
-pub struct ProviderOpts {
+pub(crate) struct ProviderOpts {
     pub narrow_on_refresh: bool,
     pub timeout: &'static str,
     pub log: Option<String>,
@@ -77,11 +77,11 @@ impl Default for ProviderOpts {
 }
 
 impl ServiceEnv {
-    pub fn start() -> ServiceEnv {
+    pub(crate) fn start() -> ServiceEnv {
         ServiceEnv::start_with(ProviderOpts::default())
     }
 
-    pub fn start_with(p: ProviderOpts) -> ServiceEnv {
+    pub(crate) fn start_with(p: ProviderOpts) -> ServiceEnv {
         let mut r = [0u8; 12];
         aws_lc_rs::rand::fill(&mut r).unwrap();
         let client_secret = format!("client-secret-canary-{}", hex::encode(r));
@@ -123,12 +123,12 @@ timeout = "{timeout}"
         }
     }
 
-    pub fn secret_path(&self) -> PathBuf {
+    pub(crate) fn secret_path(&self) -> PathBuf {
         self.secrets.path().join("acme.secret")
     }
 
     /// A derive for a service tool in step `triage`.
-    pub async fn derive(&self, key: &Es256Key, sub: &str, tool: &str) -> Answer {
+    pub(crate) async fn derive(&self, key: &Es256Key, sub: &str, tool: &str) -> Answer {
         self.broker
             .derive(
                 key,
@@ -143,18 +143,19 @@ timeout = "{timeout}"
 
     /// Opens the store the way the pages' handlers will reach it (the
     /// broker must be stopped).
-    pub fn open_parts(&self) -> Parts {
-        let cfg = credbroker::config::Config::load(&self.broker.config).unwrap();
-        let store: Arc<dyn credbroker::store::Store> =
-            Arc::new(credbroker::store::SledStore::open(&cfg.store).unwrap());
-        let vault = credbroker::vault::Vault::open(store.clone(), &cfg.vault_key_dir).unwrap();
-        let master = credbroker::config::read_secret_file(&cfg.master_key_file).unwrap();
-        let links = credbroker::connect::Links::new(
+    pub(crate) fn open_parts(&self) -> Parts {
+        let cfg = credbroker::internals::config::Config::load(&self.broker.config).unwrap();
+        let store: Arc<dyn credbroker::internals::store::Store> =
+            Arc::new(credbroker::internals::store::SledStore::open(&cfg.store).unwrap());
+        let vault =
+            credbroker::internals::vault::Vault::open(store.clone(), &cfg.vault_key_dir).unwrap();
+        let master = credbroker::internals::config::read_secret_file(&cfg.master_key_file).unwrap();
+        let links = credbroker::internals::connect::Links::new(
             store,
-            &credbroker::connect::Links::derive_key(&master),
+            &credbroker::internals::connect::Links::derive_key(&master),
             &cfg.issuer,
         );
-        let providers = credbroker::upstream::Providers::from_config(&cfg).unwrap();
+        let providers = credbroker::internals::upstream::Providers::from_config(&cfg).unwrap();
         Parts {
             vault,
             links,
@@ -165,7 +166,7 @@ timeout = "{timeout}"
     /// Plays the pages for the link in `connect_uri`: the person `sub`
     /// opens it, signs in at the provider as `account`, and the broker
     /// stores the account and the allowance. Restarts the broker.
-    pub async fn play_pages(&mut self, connect_uri: &str, sub: &str, account: &str) {
+    pub(crate) async fn play_pages(&mut self, connect_uri: &str, sub: &str, account: &str) {
         self.broker.stop();
         {
             let parts = self.open_parts();
@@ -178,12 +179,18 @@ timeout = "{timeout}"
                 .expect("the link resolves");
             assert_eq!(link.person_sub, sub, "check 3: same person as the link's");
             match link.kind {
-                credbroker::connect::LinkKind::Allow => {
-                    credbroker::connect::complete_allow(&parts.vault, &parts.links, &link, now)
-                        .unwrap();
+                credbroker::internals::connect::LinkKind::Allow => {
+                    credbroker::internals::connect::complete_allow(
+                        &parts.vault,
+                        &parts.links,
+                        &link,
+                        now,
+                    )
+                    .unwrap();
                 }
                 _ => {
-                    let scopes = credbroker::connect::scopes_to_request(&parts.provider, &link);
+                    let scopes =
+                        credbroker::internals::connect::scopes_to_request(&parts.provider, &link);
                     let req = parts
                         .provider
                         .authorization_request(&scopes, &[])
@@ -196,13 +203,13 @@ timeout = "{timeout}"
                         .provider
                         .cached_endpoints()
                         .is_some_and(|e| e.sends_iss);
-                    credbroker::oauth::check_callback_iss(
+                    credbroker::internals::oauth::check_callback_iss(
                         parts.provider.config().issuer.as_deref(),
                         sends_iss,
                         back.get("iss").map(String::as_str),
                     )
                     .unwrap();
-                    credbroker::connect::complete_connect(
+                    credbroker::internals::connect::complete_connect(
                         &parts.vault,
                         &parts.links,
                         &parts.provider,
@@ -225,14 +232,14 @@ timeout = "{timeout}"
 }
 
 /// The store-level parts the pages use.
-pub struct Parts {
-    pub vault: credbroker::vault::Vault,
-    pub links: credbroker::connect::Links,
-    pub provider: Arc<credbroker::upstream::Provider>,
+pub(crate) struct Parts {
+    pub vault: credbroker::internals::vault::Vault,
+    pub links: credbroker::internals::connect::Links,
+    pub provider: Arc<credbroker::internals::upstream::Provider>,
 }
 
 /// The refusal, or a panic naming what was issued.
-pub fn refused(a: Answer) -> credbroker::client::Refusal {
+pub(crate) fn refused(a: Answer) -> credbroker::client::Refusal {
     match a {
         Answer::Refused(r) => r,
         Answer::Issued(t) => panic!("expected a refusal, got a token of type {}", t.token_type),
@@ -240,7 +247,7 @@ pub fn refused(a: Answer) -> credbroker::client::Refusal {
 }
 
 /// The token, or a panic with the refusal.
-pub fn issued(a: Answer) -> credbroker::client::Token {
+pub(crate) fn issued(a: Answer) -> credbroker::client::Token {
     match a {
         Answer::Issued(t) => t,
         Answer::Refused(r) => panic!("expected a token, got {r:?}"),
