@@ -180,6 +180,8 @@ impl Oidc {
     }
 
     /// The URL that starts a sign-in at `issuer`.
+    // reason: the sign-in's own values (state, nonce, PKCE challenge) are
+    // secrets passed one by one so none is stored longer than the call.
     #[allow(clippy::too_many_arguments)]
     pub async fn authorization_url(
         &self,
@@ -224,6 +226,8 @@ impl Oidc {
     }
 
     /// Redeems an authorization code and validates the ID token.
+    // reason: the same secrets as `authorization_url`, plus the code and the
+    // time of the check; passed one by one for the same reason.
     #[allow(clippy::too_many_arguments)]
     pub async fn redeem(
         &self,

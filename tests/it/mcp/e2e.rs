@@ -139,9 +139,14 @@ async fn env() -> Env {
 
     let secrets = tempfile::tempdir().unwrap();
     let pages_secret_file = secrets.path().join("idp-secret");
-    credbroker::config::write_secret_file(&pages_secret_file, pages_secret.as_bytes()).unwrap();
+    credbroker::internals::config::write_secret_file(&pages_secret_file, pages_secret.as_bytes())
+        .unwrap();
     let service_secret_file = secrets.path().join("acme-secret");
-    credbroker::config::write_secret_file(&service_secret_file, service_secret.as_bytes()).unwrap();
+    credbroker::internals::config::write_secret_file(
+        &service_secret_file,
+        service_secret.as_bytes(),
+    )
+    .unwrap();
     let broker = TestBroker::start_with(Opts {
         policy: Some(policy()),
         public_listen: Some(public.to_string()),

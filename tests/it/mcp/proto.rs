@@ -13,7 +13,7 @@ use credbroker::client::mcp::{
     url_elicitation_error, Binding, RequestState, StateError, StateKey, STATE_TTL,
 };
 use credbroker::client::Refusal;
-use credbroker::secret::SecretBytes;
+use credbroker::internals::secret::SecretBytes;
 use serde_json::{json, Value};
 
 fn repo(rel: &str) -> PathBuf {

@@ -18,8 +18,8 @@
 use std::collections::BTreeMap;
 
 use credbroker::client::{Answer, DeriveParams};
-use credbroker::clock::Clock;
-use credbroker::store::Tree;
+use credbroker::internals::clock::Clock;
+use credbroker::internals::store::Tree;
 
 use crate::support::oidc::{secret_file, OidcPeer};
 use crate::support::pages::{PagesServer, Setup};
@@ -83,7 +83,7 @@ impl World {
     /// A derive by `sub`'s agent for `tool`, at the instance's (moved) time.
     async fn derive(&self, sub: &str, tool: &str) -> Answer {
         let now = self.s.clock.now();
-        let proof = credbroker::dpop::make_proof(
+        let proof = credbroker::internals::dpop::make_proof(
             &key(),
             "POST",
             &format!("{}/v1/derive", self.s.issuer),
@@ -92,7 +92,9 @@ impl World {
             None,
         )
         .unwrap();
-        let subject = credbroker::cli::dev_subject_token(self.s.dir.path(), sub, 4 * 3600).unwrap();
+        let subject =
+            credbroker::internals::cli::dev_subject_token(self.s.dir.path(), sub, 4 * 3600)
+                .unwrap();
         credbroker::client::Client::new(&self.s.inst.broker.config.socket.path, &self.s.issuer)
             .derive_with_proof(
                 &DeriveParams {
@@ -189,7 +191,7 @@ async fn get(w: &World, code: &str) -> (u16, bytes::Bytes) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_codes_of_every_kind_get_the_same_404_from_the_real_link_store() {
     let w = world().await;
-    let (st, reference) = get(&w, &credbroker::jose::b64e(&random_bytes(32))).await;
+    let (st, reference) = get(&w, &credbroker::internals::jose::b64e(&random_bytes(32))).await;
     assert_eq!(st, 404);
 
     // Expired: carol's link, 31 minutes later.
@@ -243,7 +245,7 @@ async fn dead_codes_of_every_kind_get_the_same_404_from_the_real_link_store() {
     }
     // 200 random codes: the same bytes.
     for i in 0..200 {
-        let (st, body) = get(&w, &credbroker::jose::b64e(&random_bytes(32))).await;
+        let (st, body) = get(&w, &credbroker::internals::jose::b64e(&random_bytes(32))).await;
         assert_eq!((st, &body), (404, &reference), "random code {i}");
     }
     // Positive control: the open code is not a 404 (no session: sign in).
@@ -259,11 +261,14 @@ async fn dead_codes_of_every_kind_get_the_same_404_from_the_real_link_store() {
     // Look-up by hash: the record of the open link is stored under SHA-256
     // of its code; neither the code nor its bytes are anywhere in the
     // link records.
-    let code_bytes = credbroker::jose::b64d(&open, "code").unwrap();
+    let code_bytes = credbroker::internals::jose::b64d(&open, "code").unwrap();
     let hash = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &code_bytes);
-    let records =
-        credbroker::store::Store::scan_prefix(w.s.inst.broker.store.as_ref(), Tree::Links, b"")
-            .unwrap();
+    let records = credbroker::internals::store::Store::scan_prefix(
+        w.s.inst.broker.store.as_ref(),
+        Tree::Links,
+        b"",
+    )
+    .unwrap();
     assert!(
         records.iter().any(|(k, _)| k.as_slice() == hash.as_ref()),
         "the open link is stored under SHA-256 of its code"

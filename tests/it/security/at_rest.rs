@@ -131,28 +131,29 @@ async fn minting_key_is_in_no_store_file_in_clear() {
     let mut b = used_broker().await;
     // Open the signing-key record as the broker does, with the master key
     // (which lives in keys/, outside the store).
-    let cfg = credbroker::config::Config::load(&b.config).unwrap();
-    let master = credbroker::config::read_secret_file(&cfg.master_key_file).unwrap();
-    let sealer = credbroker::seal::Sealer::new(&master, &[]).unwrap();
+    let cfg = credbroker::internals::config::Config::load(&b.config).unwrap();
+    let master = credbroker::internals::config::read_secret_file(&cfg.master_key_file).unwrap();
+    let sealer = credbroker::internals::seal::Sealer::new(&master, &[]).unwrap();
     let (records, der) = {
-        let store = credbroker::store::SledStore::open(&cfg.store).unwrap();
-        let records = credbroker::store::Store::scan_prefix(
+        let store = credbroker::internals::store::SledStore::open(&cfg.store).unwrap();
+        let records = credbroker::internals::store::Store::scan_prefix(
             &store,
-            credbroker::store::Tree::SigningKeys,
+            credbroker::internals::store::Tree::SigningKeys,
             b"",
         )
         .unwrap();
         assert_eq!(records.len(), 1, "one signing key");
         let rec: serde_json::Value = serde_json::from_slice(&records[0].1).unwrap();
         let kid = rec["kid"].as_str().unwrap();
-        let sealed = credbroker::jose::b64d(rec["sealed"].as_str().unwrap(), "sealed").unwrap();
+        let sealed =
+            credbroker::internals::jose::b64d(rec["sealed"].as_str().unwrap(), "sealed").unwrap();
         let der = sealer
             .open(format!("signing_keys/{kid}").as_bytes(), &sealed)
             .unwrap();
         (rec, der.expose().clone())
     };
     // It is the key that signs: its kid is the one in the tokens.
-    let key = credbroker::jose::Es256Key::from_pkcs8(&der).unwrap();
+    let key = credbroker::internals::jose::Es256Key::from_pkcs8(&der).unwrap();
     b.restart();
     let token = b.derive_ok(&crate::support::key()).await;
     b.stop();
@@ -169,13 +170,13 @@ async fn minting_key_is_in_no_store_file_in_clear() {
         ("PKCS#8 base64", std.encode(&der).into_bytes()),
         (
             "PKCS#8 base64url",
-            credbroker::jose::b64e(&der).into_bytes(),
+            credbroker::internals::jose::b64e(&der).into_bytes(),
         ),
         ("PKCS#8 hex", hex::encode(&der).into_bytes()),
         ("private scalar", d.clone()),
         (
             "private scalar base64url (JWK d)",
-            credbroker::jose::b64e(&d).into_bytes(),
+            credbroker::internals::jose::b64e(&d).into_bytes(),
         ),
         ("private scalar base64", std.encode(&d).into_bytes()),
         ("private scalar hex", hex::encode(&d).into_bytes()),

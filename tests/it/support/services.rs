@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use credbroker::client::Answer;
-use credbroker::jose::Es256Key;
+use credbroker::internals::jose::Es256Key;
 
 use super::oidc::{secret_file, OidcPeer, CLIENT_ID};
 use super::{Opts, TestBroker};
@@ -16,11 +16,11 @@ use super::{Opts, TestBroker};
 /// The redirect URI the pages use for `acme`: `{issuer}/callback/acme`
 /// (test brokers have the issuer `http://127.0.0.1:0`; the tests call the
 /// real address themselves).
-pub const REDIRECT: &str = "http://127.0.0.1:0/callback/acme";
-pub const SERVICE: &str = "https://api.acme.example";
+pub(crate) const REDIRECT: &str = "http://127.0.0.1:0/callback/acme";
+pub(crate) const SERVICE: &str = "https://api.acme.example";
 
 /// The quick-start policy plus the `acme` service resource and two tools.
-pub fn policy() -> String {
+pub(crate) fn policy() -> String {
     format!(
         r#"{}
 [resources."{SERVICE}"]
@@ -38,12 +38,12 @@ resource = "{SERVICE}"
 scopes = ["read:org"]
 steps = ["triage"]
 "#,
-        credbroker::cli::QUICKSTART_POLICY
+        credbroker::internals::cli::QUICKSTART_POLICY
     )
 }
 
 /// Broker + provider.
-pub struct ServiceEnv {
+pub(crate) struct ServiceEnv {
     pub peer: OidcPeer,
     pub broker: TestBroker,
     pub client_secret: String,
@@ -56,7 +56,7 @@ pub struct ServiceEnv {
 
 /// Options of the `acme` provider table.
 #[derive(Clone)]
-pub struct ProviderOpts {
+pub(crate) struct ProviderOpts {
     pub narrow_on_refresh: bool,
     pub timeout: &'static str,
     pub log: Option<String>,
@@ -81,11 +81,11 @@ impl Default for ProviderOpts {
 }
 
 impl ServiceEnv {
-    pub fn start() -> ServiceEnv {
+    pub(crate) fn start() -> ServiceEnv {
         ServiceEnv::start_with(ProviderOpts::default())
     }
 
-    pub fn start_with(p: ProviderOpts) -> ServiceEnv {
+    pub(crate) fn start_with(p: ProviderOpts) -> ServiceEnv {
         let mut r = [0u8; 12];
         aws_lc_rs::rand::fill(&mut r).unwrap();
         let client_secret = format!("client-secret-canary-{}", hex::encode(r));
@@ -129,12 +129,12 @@ timeout = "{timeout}"
         }
     }
 
-    pub fn secret_path(&self) -> PathBuf {
+    pub(crate) fn secret_path(&self) -> PathBuf {
         self.secrets.path().join("acme.secret")
     }
 
     /// A derive for a service tool in step `triage`.
-    pub async fn derive(&self, key: &Es256Key, sub: &str, tool: &str) -> Answer {
+    pub(crate) async fn derive(&self, key: &Es256Key, sub: &str, tool: &str) -> Answer {
         self.broker
             .derive(
                 key,
@@ -150,18 +150,18 @@ timeout = "{timeout}"
     /// Opens the store offline, as an operator (or someone with write
     /// access to the store) would: the broker must be stopped (sled is
     /// single-process).
-    pub fn open_parts(&self) -> Parts {
-        let cfg = credbroker::config::Config::load(&self.broker.config).unwrap();
-        let store: Arc<dyn credbroker::store::Store> =
-            Arc::new(credbroker::store::SledStore::open(&cfg.store).unwrap());
-        let vault = credbroker::vault::Vault::open(store, &cfg.vault_key_dir).unwrap();
+    pub(crate) fn open_parts(&self) -> Parts {
+        let cfg = credbroker::internals::config::Config::load(&self.broker.config).unwrap();
+        let store: Arc<dyn credbroker::internals::store::Store> =
+            Arc::new(credbroker::internals::store::SledStore::open(&cfg.store).unwrap());
+        let vault = credbroker::internals::vault::Vault::open(store, &cfg.vault_key_dir).unwrap();
         Parts { vault }
     }
 
     /// The browser of person `sub`: an HTTP client with its own cookie jar
     /// that does not follow redirects (kept across calls, as a browser
     /// keeps its session).
-    pub fn browser(&mut self, sub: &str) -> reqwest::Client {
+    pub(crate) fn browser(&mut self, sub: &str) -> reqwest::Client {
         self.browsers
             .entry(sub.to_string())
             .or_insert_with(|| {
@@ -177,7 +177,7 @@ timeout = "{timeout}"
     /// The local account of person `sub` on the pages, made through the
     /// admin socket the first time (a local account's person is the dev
     /// issuer's `sub`, the person of the subject tokens of [`Self::derive`]).
-    pub fn local_user(&mut self, sub: &str) -> String {
+    pub(crate) fn local_user(&mut self, sub: &str) -> String {
         let password = format!("{sub}'s own test password");
         if self.users.insert(sub.to_string()) {
             let body = serde_json::json!({"name": sub, "password": password}).to_string();
@@ -189,7 +189,7 @@ timeout = "{timeout}"
 
     /// The browser of `sub` opens `path` on the pages, signing in with its
     /// local account when the pages ask; returns the page.
-    pub async fn open_signed_in(&mut self, path: &str, sub: &str) -> String {
+    pub(crate) async fn open_signed_in(&mut self, path: &str, sub: &str) -> String {
         let password = self.local_user(sub);
         let c = self.browser(sub);
         open_signed_in(&c, &self.broker.public, path, sub, &password).await
@@ -201,7 +201,7 @@ timeout = "{timeout}"
     /// the provider as `account` (for connect and reconnect links), and
     /// the provider's answer goes to the pages' callback. The pages and the
     /// broker's own checks decide; the broker keeps running.
-    pub async fn play_pages(&mut self, connect_uri: &str, sub: &str, account: &str) {
+    pub(crate) async fn play_pages(&mut self, connect_uri: &str, sub: &str, account: &str) {
         let path = &connect_uri[connect_uri.find("/connect/").expect("a connect URI")..];
         let html = self.open_signed_in(path, sub).await;
         let c = self.browser(sub);
@@ -261,7 +261,7 @@ timeout = "{timeout}"
 }
 
 /// The value of the first `name="{name}" value="..."` in a page.
-pub fn hidden(html: &str, name: &str) -> String {
+pub(crate) fn hidden(html: &str, name: &str) -> String {
     let marker = format!("name=\"{name}\" value=\"");
     let i = html
         .find(&marker)
@@ -272,7 +272,7 @@ pub fn hidden(html: &str, name: &str) -> String {
 }
 
 /// The `Location` of a redirect (empty when there is none).
-pub fn location(r: &reqwest::Response) -> String {
+pub(crate) fn location(r: &reqwest::Response) -> String {
     r.headers()
         .get("location")
         .map(|v| v.to_str().unwrap().to_string())
@@ -281,7 +281,7 @@ pub fn location(r: &reqwest::Response) -> String {
 
 /// The browser `c` opens `path` on the pages at `base`, signing in as
 /// `name` through the local sign-in form when asked; returns the page.
-pub async fn open_signed_in(
+pub(crate) async fn open_signed_in(
     c: &reqwest::Client,
     base: &str,
     path: &str,
@@ -332,12 +332,12 @@ pub async fn open_signed_in(
 }
 
 /// The store-level parts an operator reaches offline.
-pub struct Parts {
-    pub vault: credbroker::vault::Vault,
+pub(crate) struct Parts {
+    pub vault: credbroker::internals::vault::Vault,
 }
 
 /// The refusal, or a panic naming what was issued.
-pub fn refused(a: Answer) -> credbroker::client::Refusal {
+pub(crate) fn refused(a: Answer) -> credbroker::client::Refusal {
     match a {
         Answer::Refused(r) => r,
         Answer::Issued(t) => panic!("expected a refusal, got a token of type {}", t.token_type),
@@ -345,7 +345,7 @@ pub fn refused(a: Answer) -> credbroker::client::Refusal {
 }
 
 /// The token, or a panic with the refusal.
-pub fn issued(a: Answer) -> credbroker::client::Token {
+pub(crate) fn issued(a: Answer) -> credbroker::client::Token {
     match a {
         Answer::Issued(t) => t,
         Answer::Refused(r) => panic!("expected a token, got {r:?}"),
