@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use credbroker::jose::{self, Alg, JwkSet};
+use credbroker::internals::jose::{self, Alg, JwkSet};
 
 use crate::support::*;
 
@@ -119,8 +119,12 @@ mod failpoints {
             edit_config: edit,
             ..Opts::default()
         });
-        let mut b =
-            TestBroker::spawn_with_env(dir, config, None, &[(credbroker::failpoint::ENV, point)]);
+        let mut b = TestBroker::spawn_with_env(
+            dir,
+            config,
+            None,
+            &[(credbroker::internals::failpoint::ENV, point)],
+        );
         let token = b.derive_ok(&key()).await;
         let before = kids(&b.jwks().await);
         // The answer never comes: the process aborts at the point.
@@ -165,7 +169,7 @@ mod failpoints {
         let mut c = Command::new(bin());
         c.args(["keys", "rotate", "--config"]).arg(config);
         if let Some(p) = point {
-            c.env(credbroker::failpoint::ENV, p);
+            c.env(credbroker::internals::failpoint::ENV, p);
         }
         c.stdin(Stdio::null()).output().unwrap()
     }
@@ -232,7 +236,7 @@ mod failpoints {
             let started = Command::new(bin())
                 .args(["serve", "--config"])
                 .arg(&b.config)
-                .env(credbroker::failpoint::ENV, point)
+                .env(credbroker::internals::failpoint::ENV, point)
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .output()
