@@ -240,7 +240,7 @@ pub struct Broker {
     /// `issuer + "/v1/derive"` and `issuer + "/token"`, normalised for `htu`.
     htu: [String; 2],
     /// Connected services: vault, links, providers (`service` resources).
-    connected: Option<Arc<Connected>>,
+    connected_services: Option<Arc<ConnectedServices>>,
 }
 
 /// The store key of the emergency freeze: this module is its one owner
@@ -300,19 +300,19 @@ impl Broker {
             store,
             clock,
             htu,
-            connected: None,
+            connected_services: None,
         }
     }
 
     /// Adds connected services (the `service` source).
-    pub fn with_connected(mut self, c: Arc<Connected>) -> Broker {
-        self.connected = Some(c);
+    pub fn with_connected_services(mut self, c: Arc<ConnectedServices>) -> Broker {
+        self.connected_services = Some(c);
         self
     }
 
     /// The connected services, if configured.
-    pub fn connected(&self) -> Option<&Arc<Connected>> {
-        self.connected.as_ref()
+    pub fn connected_services(&self) -> Option<&Arc<ConnectedServices>> {
+        self.connected_services.as_ref()
     }
 
     /// The `htu` a proof must carry for `endpoint`.
@@ -568,7 +568,7 @@ struct Ctx {
 
 /// Connected services: what the `service` source needs.
 #[derive(Debug)]
-pub struct Connected {
+pub struct ConnectedServices {
     /// Accounts and allowances.
     pub vault: Arc<crate::vault::Vault>,
     /// Connect links.
@@ -606,7 +606,7 @@ impl Broker {
         now: i64,
         ctx: &mut Ctx,
     ) -> Result<(Issued, String), DeriveError> {
-        let Some(conn) = self.connected.as_ref() else {
+        let Some(conn) = self.connected_services.as_ref() else {
             return Err(DeriveError::Unavailable(
                 "connected services are not configured on this instance",
             ));
@@ -714,7 +714,7 @@ impl Broker {
     #[allow(clippy::too_many_arguments)]
     fn link_refusal(
         &self,
-        conn: &Connected,
+        conn: &ConnectedServices,
         provider: &crate::upstream::Provider,
         person: &subject::Person,
         service: &str,

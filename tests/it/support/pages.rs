@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use credbroker::internals::clock::ManualClock;
 use credbroker::internals::pages::links::{
     AccountVault, AccountView, AllowanceView, AuthorizationRequest, BackendError, BoxFuture,
-    Disconnected, Link, LinkKind, LinkRecords, ProviderFlow, ProviderGrant, ProviderInfo, Services,
+    ConnectedServices, Disconnected, Link, LinkKind, LinkRecords, ProviderFlow, ProviderGrant,
+    ProviderInfo,
 };
 use credbroker::internals::pages::{Options, PageLimits};
 use credbroker::internals::secret::SecretString;
@@ -91,8 +92,8 @@ impl Fake {
         })
     }
 
-    pub(crate) fn services(self: &Arc<Self>) -> Services {
-        Services {
+    pub(crate) fn services(self: &Arc<Self>) -> ConnectedServices {
+        ConnectedServices {
             links: self.clone(),
             vault: self.clone(),
             providers: self.clone(),
