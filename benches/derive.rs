@@ -7,7 +7,7 @@
 //! - `subject/*`: subject-token validation, cached (same token) and uncached
 //!   (a fresh token per iteration).
 //! - `broker/derive_*`: the whole pipeline (`Broker::derive`) on a quick-start
-//!   instance built by `server::build`, with a fresh proof per iteration;
+//!   instance built by `app::build`, with a fresh proof per iteration;
 //!   the subject token cached or not.
 //!
 //! Run: `cargo bench --bench derive` (add `-- --quick` for a short run).
@@ -178,7 +178,7 @@ fn broker_derive(c: &mut Criterion) {
     let issuer = DevIssuer::new(dir.path(), &cfg);
     let clock: credbroker::clock::SharedClock = Arc::new(SystemClock);
     let inst = rt
-        .block_on(credbroker::server::build(cfg.clone(), clock))
+        .block_on(credbroker::app::build(cfg.clone(), clock))
         .unwrap();
     let broker = inst.broker.clone();
     let htu = broker.htu(Endpoint::Derive).to_owned();

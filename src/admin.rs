@@ -7,13 +7,70 @@
 //! (optional body: the most records to re-wrap in this call), `GET /accounts`
 //! (optional query `person_iss`, `person_sub`), `POST /accounts/disconnect`
 //! (JSON `person_iss`, `person_sub`, `service`, optional `force`).
+//!
+//! The socket is built from narrow [`Handles`] (the way linkerd2-proxy's
+//! admin server is), never from the instance itself; each command is one
+//! call into [`crate::ops`], which the command line also calls when no
+//! instance runs. Every error becomes its answer in [`error_response`], in
+//! one JSON shape: `{"error": code, "error_description": sentence}`.
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 
-use crate::api::{json_response, Body};
-use crate::server::Instance;
+use crate::exchange::Broker;
+use crate::http::{json_response, Body};
+use crate::ops::{OpError, Recorder, Target};
+
+/// What the admin socket works with, handed over by the composition root.
+#[derive(Debug, Clone)]
+pub struct Handles {
+    /// The broker: freeze, keys, status, metrics, the audit sink.
+    pub broker: Arc<Broker>,
+    /// The sealer of the signing keys at rest (for key rotation).
+    pub sealer: Arc<crate::seal::Sealer>,
+    /// Connected accounts and allowances.
+    pub vault: Arc<crate::vault::Vault>,
+    /// Third-party providers (to revoke at on disconnect).
+    pub providers: Arc<crate::upstream::Providers>,
+    /// The public listener's bound address, once bound (for status).
+    pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
+}
+
+/// Why an admin request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// No such route.
+    #[error("no such admin route")]
+    NotFound,
+    /// The body is too large, unreadable or not what the route takes.
+    #[error("{0}")]
+    BadBody(&'static str),
+    /// The action failed.
+    #[error(transparent)]
+    Op(#[from] OpError),
+}
+
+/// Maps every admin error to its answer, in one place.
+pub fn error_response(err: &AdminError) -> Response<Body> {
+    use crate::pages::users::UserError;
+    let (status, code) = match err {
+        AdminError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+        AdminError::BadBody(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+        AdminError::Op(OpError::User(UserError::Exists(_))) => (StatusCode::CONFLICT, "conflict"),
+        AdminError::Op(OpError::User(UserError::BadName | UserError::BadPassword)) => {
+            (StatusCode::BAD_REQUEST, "invalid_request")
+        }
+        // The socket is the operator's own: the sentence names the cause.
+        AdminError::Op(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
+    };
+    json_response(
+        status,
+        &serde_json::json!({"error": code, "error_description": err.to_string()}),
+    )
+}
 
 fn text(status: StatusCode, body: String, ctype: &'static str) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
@@ -25,20 +82,16 @@ fn text(status: StatusCode, body: String, ctype: &'static str) -> Response<Body>
     r
 }
 
-/// Reads a body of at most 64 bytes (the admin commands' arguments).
-async fn small_body(req: Request<hyper::body::Incoming>) -> Result<Bytes, Response<Body>> {
-    match Limited::new(req.into_body(), 64).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(_) => Err(json_response(
-            StatusCode::BAD_REQUEST,
-            &serde_json::json!({"error": "body"}),
-        )),
-    }
+/// Reads a body of at most `cap` bytes (the admin commands' arguments).
+async fn capped_body(req: Request<hyper::body::Incoming>, cap: usize) -> Result<Bytes, AdminError> {
+    let (parts, body) = req.into_parts();
+    crate::http::read_capped(&parts.headers, body, cap)
+        .await
+        .map_err(|_| AdminError::BadBody("the body is unreadable or too large"))
 }
 
 /// Readiness: store answers, keys loaded, policy loaded.
-pub fn readiness(inst: &Instance) -> serde_json::Value {
-    let b = &inst.broker;
+pub fn readiness(b: &Broker) -> serde_json::Value {
     let store = b.store.is_healthy();
     let keys = !b.minter.ring().active.kid.is_empty();
     let policy = !b.policy.load().hash.is_empty();
@@ -51,8 +104,8 @@ pub fn readiness(inst: &Instance) -> serde_json::Value {
 }
 
 /// Status for `credbroker status`.
-pub fn status(inst: &Instance) -> serde_json::Value {
-    let b = &inst.broker;
+pub fn status(h: &Handles) -> serde_json::Value {
+    let b = &h.broker;
     let p = b.policy.load();
     serde_json::json!({
         "agent": b.config.agent,
@@ -64,37 +117,9 @@ pub fn status(inst: &Instance) -> serde_json::Value {
         "published_keys": b.minter.ring().published.len(),
         "replay_cache_entries": b.proofs.replay_cache().len(),
         "subject_cache_entries": b.subjects.cache_len(),
-        "ready": readiness(inst)["ready"],
-        "public_addr": inst.public_addr.get().map(|a| a.to_string()),
+        "ready": readiness(b)["ready"],
+        "public_addr": h.public_addr.get().map(|a| a.to_string()),
     })
-}
-
-/// The connected accounts (one person's, or all) with their allowances,
-/// and the records that do not open (reported, never served). No token.
-pub fn accounts_json(
-    vault: &crate::vault::Vault,
-    person: Option<&crate::subject::Person>,
-) -> Result<serde_json::Value, crate::vault::VaultError> {
-    let mut list = Vec::new();
-    for a in vault.accounts(person)? {
-        let p = crate::subject::Person {
-            iss: a.person_iss.clone(),
-            sub: a.person_sub.clone(),
-        };
-        let allowances = vault.allowances(&p, &a.service)?;
-        let mut v = serde_json::to_value(&a).unwrap_or_default();
-        v["allowances"] = serde_json::to_value(allowances).unwrap_or_default();
-        list.push(v);
-    }
-    let unreadable: Vec<serde_json::Value> = vault
-        .verify_all()?
-        .into_iter()
-        .filter(|(iss, sub, _, _)| person.is_none_or(|p| p.iss == *iss && p.sub == *sub))
-        .map(|(iss, sub, service, problem)| {
-            serde_json::json!({"person_iss": iss, "person_sub": sub, "service": service, "problem": problem})
-        })
-        .collect();
-    Ok(serde_json::json!({"accounts": list, "unreadable": unreadable}))
 }
 
 /// The body of `POST /accounts/disconnect`.
@@ -129,191 +154,111 @@ fn person_from_query(query: Option<&str>) -> Option<crate::subject::Person> {
 }
 
 /// Handles one admin request.
-pub async fn handle(inst: Instance, req: Request<hyper::body::Incoming>) -> Response<Body> {
-    let b = &inst.broker;
+pub async fn handle(h: Handles, req: Request<hyper::body::Incoming>) -> Response<Body> {
+    match route(&h, req).await {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn route(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    let b = &h.broker;
+    let ok = |v: serde_json::Value| Ok(json_response(StatusCode::OK, &v));
     match (req.method().clone(), req.uri().path()) {
         (Method::GET, "/metrics") => {
             b.metrics
                 .replay_cache_entries
                 .set(b.proofs.replay_cache().len() as i64);
-            text(
+            Ok(text(
                 StatusCode::OK,
                 b.metrics.render(),
                 "text/plain; version=0.0.4",
-            )
+            ))
         }
         (Method::GET, "/readyz") => {
-            let r = readiness(&inst);
+            let r = readiness(b);
             let code = if r["ready"] == true {
                 StatusCode::OK
             } else {
                 StatusCode::SERVICE_UNAVAILABLE
             };
-            json_response(code, &r)
+            Ok(json_response(code, &r))
         }
-        (Method::GET, "/status") => json_response(StatusCode::OK, &status(&inst)),
+        (Method::GET, "/status") => ok(status(h)),
         (Method::POST, "/freeze") => {
-            let body = match small_body(req).await {
-                Ok(b) => b,
-                Err(r) => return r,
-            };
-            let on = match body.as_ref() {
+            let on = match capped_body(req, 64).await?.as_ref() {
                 b"on" => true,
                 b"off" => false,
-                _ => {
-                    return json_response(
-                        StatusCode::BAD_REQUEST,
-                        &serde_json::json!({"error": "body must be on or off"}),
-                    )
-                }
+                _ => return Err(AdminError::BadBody("the body must be on or off")),
             };
-            match b.set_frozen(on) {
-                Ok(()) => {
-                    tracing::warn!(frozen = on, "emergency freeze changed by the admin socket");
-                    let mut e = crate::events::Event::new(
-                        b.clock.now(),
-                        if on { "admin.frozen" } else { "admin.unfrozen" },
-                        &b.config.agent,
-                    );
-                    e.outcome = Some(if on { "frozen" } else { "unfrozen" });
-                    let _ = b.audit.record(&e);
-                    json_response(
-                        StatusCode::OK,
-                        &serde_json::json!({"frozen": b.is_frozen()}),
-                    )
-                }
-                Err(e) => json_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    &serde_json::json!({"error": e.to_string(), "frozen": b.is_frozen()}),
-                ),
-            }
+            let frozen = crate::ops::freeze(Target::Running(b), Recorder::of(b), on)?;
+            ok(serde_json::json!({"frozen": frozen}))
         }
-        (Method::POST, "/keys/rotate") => match b.rotate_keys(&inst.sealer) {
-            Ok(kid) => {
-                let mut e =
-                    crate::events::Event::new(b.clock.now(), "keys.rotated", &b.config.agent);
-                e.outcome = Some("rotated");
-                let _ = b.audit.record(&e);
-                json_response(StatusCode::OK, &serde_json::json!({"active_kid": kid}))
-            }
-            Err(e) => json_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &serde_json::json!({"error": e.to_string()}),
-            ),
-        },
+        (Method::POST, "/keys/rotate") => {
+            let kid = crate::ops::rotate_keys(Target::Running(b), &h.sealer, Recorder::of(b))?;
+            ok(serde_json::json!({"active_kid": kid}))
+        }
         (Method::POST, "/vault/rotate") => {
-            let body = match small_body(req).await {
-                Ok(b) => b,
-                Err(r) => return r,
-            };
+            let body = capped_body(req, 64).await?;
             let limit = match std::str::from_utf8(&body).map(str::trim) {
                 Ok("") => None,
-                Ok(n) => match n.parse::<usize>() {
-                    Ok(n) => Some(n),
-                    Err(_) => {
-                        return json_response(
-                            StatusCode::BAD_REQUEST,
-                            &serde_json::json!({"error": "the body must be empty or a number of records"}),
-                        )
-                    }
-                },
+                Ok(n) => Some(n.parse::<usize>().map_err(|_| {
+                    AdminError::BadBody("the body must be empty or a number of records")
+                })?),
                 Err(_) => {
-                    return json_response(
-                        StatusCode::BAD_REQUEST,
-                        &serde_json::json!({"error": "body"}),
-                    )
+                    return Err(AdminError::BadBody(
+                        "the body must be empty or a number of records",
+                    ))
                 }
             };
-            let vault = inst.vault.clone();
+            let (vault, b) = (h.vault.clone(), b.clone());
             // Re-wrapping does store I/O; keep it off the async workers.
-            match tokio::task::spawn_blocking(move || vault.rotate(limit)).await {
-                Ok(Ok(report)) => {
-                    let mut e =
-                        crate::events::Event::new(b.clock.now(), "vault.rotated", &b.config.agent);
-                    e.outcome = Some(if report.done { "done" } else { "in_progress" });
-                    let _ = b.audit.record(&e);
-                    json_response(StatusCode::OK, &serde_json::json!(report))
-                }
-                Ok(Err(e)) => json_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    &serde_json::json!({"error": e.to_string()}),
-                ),
-                Err(_) => json_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    &serde_json::json!({"error": "the rotation task failed"}),
-                ),
-            }
+            let report = tokio::task::spawn_blocking(move || {
+                crate::ops::rotate_vault(&vault, limit, Recorder::of(&b))
+            })
+            .await
+            .map_err(|_| OpError::Task("vault rotation"))??;
+            ok(serde_json::json!(report))
         }
         (Method::GET, "/accounts") => {
             let person = person_from_query(req.uri().query());
-            match accounts_json(&inst.vault, person.as_ref()) {
-                Ok(v) => json_response(StatusCode::OK, &v),
-                Err(e) => json_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    &serde_json::json!({"error": e.to_string()}),
-                ),
-            }
+            ok(crate::ops::list_accounts(&h.vault, person.as_ref())?)
         }
         (Method::POST, "/accounts/disconnect") => {
-            let body = match Limited::new(req.into_body(), 16 * 1024).collect().await {
-                Ok(c) => c.to_bytes(),
-                Err(_) => {
-                    return json_response(
-                        StatusCode::BAD_REQUEST,
-                        &serde_json::json!({"error": "body"}),
-                    )
-                }
-            };
-            let Ok(d) = serde_json::from_slice::<DisconnectRequest>(&body) else {
-                return json_response(
-                    StatusCode::BAD_REQUEST,
-                    &serde_json::json!({"error": "the body must be JSON with person_iss, person_sub, service and optional force"}),
-                );
-            };
+            let body = capped_body(req, 16 * 1024).await?;
+            let d = serde_json::from_slice::<DisconnectRequest>(&body).map_err(|_| {
+                AdminError::BadBody(
+                    "the body must be JSON with person_iss, person_sub, service and optional force",
+                )
+            })?;
             let person = crate::subject::Person {
                 iss: d.person_iss,
                 sub: d.person_sub,
             };
-            let provider = inst.providers.get(&d.service).map(|p| p.as_ref());
-            match crate::connect::disconnect_account(
-                &inst.vault,
-                provider,
+            let report = crate::ops::disconnect(
+                &h.vault,
+                &h.providers,
                 &person,
                 &d.service,
                 d.force,
+                Recorder::of(b),
             )
-            .await
-            {
-                Ok(report) => {
-                    let mut e = crate::events::Event::new(
-                        b.clock.now(),
-                        "account.disconnected",
-                        &b.config.agent,
-                    );
-                    e.person_iss = Some(&person.iss);
-                    e.person_sub = Some(&person.sub);
-                    e.service = Some(&d.service);
-                    e.outcome = Some(if report.deleted { "deleted" } else { "kept" });
-                    e.reason = Some(report.revocation);
-                    let _ = b.audit.record(&e);
-                    json_response(StatusCode::OK, &serde_json::json!(report))
-                }
-                Err(e) => json_response(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    &serde_json::json!({"error": e.to_string()}),
-                ),
-            }
+            .await?;
+            ok(serde_json::json!(report))
         }
-        (Method::POST, "/users") => add_user(&inst, req.into_body()).await,
-        _ => json_response(
-            StatusCode::NOT_FOUND,
-            &serde_json::json!({"error": "not_found"}),
-        ),
+        (Method::POST, "/users") => add_user(h, req).await,
+        _ => Err(AdminError::NotFound),
     }
 }
 
 /// `POST /users`: adds a local account while the instance holds the store.
-async fn add_user(inst: &Instance, body: hyper::body::Incoming) -> Response<Body> {
+async fn add_user(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
     #[derive(serde::Deserialize)]
     struct AddUser {
         name: String,
@@ -321,45 +266,64 @@ async fn add_user(inst: &Instance, body: hyper::body::Incoming) -> Response<Body
         #[serde(default)]
         replace: bool,
     }
-    let bad = |m: &str| json_response(StatusCode::BAD_REQUEST, &serde_json::json!({"error": m}));
-    let Ok(bytes) = Limited::new(body, 4096)
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-    else {
-        return bad("body");
-    };
-    let Ok(req) = serde_json::from_slice::<AddUser>(&bytes) else {
-        return bad("expected {\"name\", \"password\", \"replace\"}");
-    };
+    let bytes = capped_body(req, 4096).await?;
+    let req = serde_json::from_slice::<AddUser>(&bytes)
+        .map_err(|_| AdminError::BadBody("expected {\"name\", \"password\", \"replace\"}"))?;
     let password = crate::secret::SecretString::new(req.password);
-    let store = inst.broker.store.clone();
-    let now = inst.broker.clock.now();
+    let b = h.broker.clone();
     let (name, replace) = (req.name, req.replace);
     let n = name.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        crate::pages::users::add(store.as_ref(), &n, &password, replace, now)
+    // Password hashing is deliberately slow: off the async workers.
+    tokio::task::spawn_blocking(move || {
+        crate::ops::add_user(b.store.as_ref(), &n, &password, replace, Recorder::of(&b))
     })
-    .await;
-    match result {
-        Ok(Ok(())) => {
-            let mut e = crate::events::Event::new(now, "users.added", &inst.broker.config.agent);
-            e.person_sub = Some(&name);
-            e.outcome = Some(if replace { "replaced" } else { "added" });
-            let _ = inst.broker.audit.record(&e);
-            json_response(
-                StatusCode::OK,
-                &serde_json::json!({"user": name, "running": true}),
-            )
+    .await
+    .map_err(|_| OpError::Task("add user"))??;
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({"user": name, "running": true}),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pages::users::UserError;
+    use http_body_util::BodyExt;
+
+    async fn answer(e: AdminError) -> (u16, serde_json::Value) {
+        let r = error_response(&e);
+        let status = r.status().as_u16();
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn every_admin_error_has_one_json_shape() {
+        for (e, status, code) in [
+            (AdminError::NotFound, 404, "not_found"),
+            (
+                AdminError::BadBody("the body must be on or off"),
+                400,
+                "invalid_request",
+            ),
+            (
+                OpError::User(UserError::Exists("alice".into())).into(),
+                409,
+                "conflict",
+            ),
+            (
+                OpError::User(UserError::BadPassword).into(),
+                400,
+                "invalid_request",
+            ),
+            (OpError::Task("vault rotation").into(), 500, "server_error"),
+        ] {
+            let sentence = e.to_string();
+            let (s, v) = answer(e).await;
+            assert_eq!((s, v["error"].as_str()), (status, Some(code)));
+            assert_eq!(v["error_description"], sentence.as_str());
+            assert_eq!(v.as_object().unwrap().len(), 2, "no other field: {v}");
         }
-        Ok(Err(e @ crate::pages::users::UserError::Exists(_))) => json_response(
-            StatusCode::CONFLICT,
-            &serde_json::json!({"error": e.to_string()}),
-        ),
-        Ok(Err(e)) => bad(&e.to_string()),
-        Err(_) => json_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &serde_json::json!({"error": "internal"}),
-        ),
     }
 }

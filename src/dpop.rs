@@ -274,13 +274,17 @@ impl Validator {
     /// token is presented), then records the `jti`.
     pub fn validate(&self, proof: &str, expect: &Expect<'_>) -> Result<ValidProof, DpopError> {
         let jws = jose::parse(proof, MAX_PROOF_LEN)?;
-        if jws.header.typ.as_deref() != Some("dpop+jwt") {
-            return Err(DpopError::Typ);
-        }
-        let alg = Alg::parse(&jws.header.alg).map_err(|_| DpopError::Alg)?;
-        if !self.algs.contains(&alg) {
-            return Err(DpopError::Alg);
-        }
+        let alg = jose::check_header(
+            &jws.header,
+            &jose::HeaderRule {
+                typ: jose::TypRule::Exact("dpop+jwt"),
+                algs: &self.algs,
+            },
+        )
+        .map_err(|e| match e {
+            jose::HeaderError::Typ => DpopError::Typ,
+            jose::HeaderError::Alg => DpopError::Alg,
+        })?;
         let jwk = jws
             .header
             .jwk

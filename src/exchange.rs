@@ -1,6 +1,7 @@
 //! The derive pipeline, the only place that decides:
 //! request -> subject -> policy -> proof -> source -> audit.
-//! (The peer check happens in `api` before a request is even parsed.)
+//! (The peer uid check happens in `server`'s accept loop, before a request
+//! is even read.)
 //!
 //! Every failure fails closed: nothing is issued, and there is no fallback to
 //! the subject token or a broader token.
@@ -224,8 +225,8 @@ pub struct Broker {
     pub proofs: dpop::Validator,
     /// Minting.
     pub minter: Arc<Minter>,
-    /// Audit sink.
-    pub audit: Audit,
+    /// Audit sink (shared: the pages record their events into it too).
+    pub audit: Arc<Audit>,
     /// Metrics.
     pub metrics: Metrics,
     /// Rate limits.
@@ -240,7 +241,22 @@ pub struct Broker {
     connected: Option<Arc<Connected>>,
 }
 
+/// The store key of the emergency freeze: this module is its one owner
+/// (the broker reads it at start-up and [`persist_frozen`] writes it, also
+/// for an operator action run with no instance).
 const FROZEN_KEY: &[u8] = b"frozen";
+
+/// Whether the store holds a freeze (as the admin socket or an offline
+/// `credbroker freeze` left it).
+pub fn stored_frozen(store: &dyn Store) -> bool {
+    matches!(store.get(Tree::State, FROZEN_KEY), Ok(Some(v)) if v == b"1")
+}
+
+/// Writes the emergency freeze to the store (a running broker also holds it
+/// in memory: see [`Broker::set_frozen`]).
+pub fn persist_frozen(store: &dyn Store, on: bool) -> Result<(), crate::store::StoreError> {
+    store.put(Tree::State, FROZEN_KEY, if on { b"1" } else { b"0" })
+}
 
 impl Broker {
     /// Assembles a broker from its parts.
@@ -259,7 +275,7 @@ impl Broker {
         let htu = [Endpoint::Derive, Endpoint::Token].map(|e| {
             dpop::normalize_htu(&format!("{}{}", config.issuer, e.path())).unwrap_or_default()
         });
-        let frozen = matches!(store.get(Tree::State, FROZEN_KEY), Ok(Some(v)) if v == b"1");
+        let frozen = stored_frozen(store.as_ref());
         metrics.policy_info.set_only(&policy.hash);
         metrics.policy_loaded_time.set(clock.now() as f64);
         metrics.frozen.set(i64::from(frozen || policy.frozen));
@@ -274,7 +290,7 @@ impl Broker {
             subjects,
             proofs,
             minter,
-            audit,
+            audit: Arc::new(audit),
             metrics,
             store,
             clock,
@@ -311,9 +327,9 @@ impl Broker {
         if on {
             self.frozen.store(true, Ordering::SeqCst);
             self.metrics.frozen.set(1);
-            self.store.put(Tree::State, FROZEN_KEY, b"1")
+            persist_frozen(self.store.as_ref(), true)
         } else {
-            self.store.put(Tree::State, FROZEN_KEY, b"0")?;
+            persist_frozen(self.store.as_ref(), false)?;
             self.frozen.store(false, Ordering::SeqCst);
             self.metrics
                 .frozen
@@ -425,19 +441,22 @@ impl Broker {
                 retry_after: Limits::retry_after(&nu),
             });
         }
-        // The freeze comes first, so that every refusal says so. The file's
-        // flag is read from this derive's snapshot, like everything else.
-        if self.frozen.load(Ordering::SeqCst) || policy.frozen {
-            return Err(DeriveError::Denied(DenyReason::Frozen));
-        }
-        // Request.
-        let scope = match &req.scope {
-            None => None,
-            Some(s) => Some(policy::parse_scope(s).map_err(|_| {
-                DeriveError::BadRequest("scope must be space-separated scope tokens".into())
-            })?),
-        };
-        let resource = policy::canonical_resource(&req.resource)?;
+        // The freeze, the scope's syntax, the resource: the same prelude
+        // as `policy evaluate`. The file's freeze flag is read from this
+        // derive's snapshot, like everything else.
+        let checked = policy
+            .prelude(
+                self.frozen.load(Ordering::SeqCst),
+                &req.resource,
+                req.scope.as_deref(),
+            )
+            .map_err(|r| match r {
+                policy::Refusal::Frozen => DeriveError::Denied(DenyReason::Frozen),
+                policy::Refusal::InvalidScope => {
+                    DeriveError::BadRequest("scope must be space-separated scope tokens".into())
+                }
+                policy::Refusal::InvalidTarget(e) => DeriveError::Target(e),
+            })?;
 
         // Subject.
         let (subject, cached) = self
@@ -466,12 +485,7 @@ impl Broker {
         }
 
         // Policy.
-        let grant = match policy.decide(&policy::Request {
-            step: &req.step,
-            tool: &req.tool,
-            resource: &resource,
-            scope: scope.as_deref(),
-        }) {
+        let grant = match policy.decide(&checked.request(&req.step, &req.tool)) {
             policy::Decision::Allow(g) => g,
             policy::Decision::Deny(r) => return Err(DeriveError::Denied(r)),
         };
@@ -503,7 +517,7 @@ impl Broker {
 
         if let policy::Source::Service { service, .. } = &grant.resource.source {
             return self
-                .derive_service(req, &subject, &grant, service, now, ctx)
+                .derive_service(policy, &subject, &grant, service, now, ctx)
                 .await;
         }
         // Source: self. Lifetime = min(policy ttl, 300 s, subject's life).
@@ -578,7 +592,7 @@ impl Broker {
     /// the `self` hot path.
     async fn derive_service(
         &self,
-        _req: &DeriveRequest,
+        policy: &Policy,
         subject: &subject::Subject,
         grant: &policy::Grant,
         service: &str,
@@ -599,7 +613,9 @@ impl Broker {
         };
         let person = &subject.person;
         let agent = self.config.agent.as_str();
-        let policy_hash = self.policy.load().hash.clone();
+        // The derive's own snapshot: a reload since it began must not make
+        // the link event name a policy that did not decide this request.
+        let policy_hash = policy.hash.as_str();
         let refuse = |kind| {
             self.link_refusal(
                 conn,
@@ -608,7 +624,7 @@ impl Broker {
                 service,
                 kind,
                 &grant.scopes,
-                &policy_hash,
+                policy_hash,
                 now,
             )
         };
@@ -752,5 +768,130 @@ impl Broker {
             expires_in: issued.link.expires - now,
             message,
         }))
+    }
+}
+
+#[cfg(test)]
+mod snapshot_tests {
+    //! The derive decides on one policy snapshot, and everything it
+    //! records names that snapshot, even when a reload lands meanwhile.
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+
+    use super::*;
+
+    const POLICY: &str = r#"agent = "repo-helper"
+
+[resources."https://api.acme.example"]
+source = "service"
+service = "acme"
+delivery = "provider_token"
+
+[tools."acme.issues"]
+resource = "https://api.acme.example"
+scopes = ["repo"]
+steps = ["triage"]
+"#;
+
+    fn secret(path: &Path, bytes: &[u8]) {
+        std::fs::write(path, bytes).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+
+    #[tokio::test]
+    async fn link_event_names_the_policy_of_the_derive_not_a_later_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let (idp, _) = crate::jose::Es256Key::generate().unwrap();
+        let jwks = serde_json::json!({ "keys": [idp.public_jwk] });
+        std::fs::write(d.join("idp-jwks.json"), jwks.to_string()).unwrap();
+        secret(&d.join("master.key"), &[7u8; 32]);
+        secret(&d.join("acme.secret"), b"client-secret");
+        std::fs::write(d.join("policy.toml"), POLICY).unwrap();
+        let config = r#"agent = "repo-helper"
+issuer = "http://127.0.0.1:9"
+policy = "policy.toml"
+store = "data"
+
+[socket]
+path = "broker.sock"
+
+[keys]
+master_key_file = "master.key"
+
+[[trusted_issuers]]
+issuer = "https://idp.example"
+jwks_file = "idp-jwks.json"
+sign_in = { kind = "oidc", client_id = "broker" }
+
+[providers.acme]
+authorization_endpoint = "http://127.0.0.1:9/authorize"
+token_endpoint = "http://127.0.0.1:9/token"
+userinfo_endpoint = "http://127.0.0.1:9/userinfo"
+client_id = "broker"
+client_secret_file = "acme.secret"
+"#;
+        let config = Config::parse(&d.join("credbroker.toml"), config).unwrap();
+        let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
+        let now = clock.now();
+        let instance = crate::app::build(config.clone(), clock).await.unwrap();
+        let broker = instance.broker.clone();
+
+        // The derive's snapshot, and a different policy the reloader
+        // stored after the derive took it.
+        let snapshot = Policy::parse(Path::new("policy.toml"), POLICY.as_bytes()).unwrap();
+        let reloaded = format!("{POLICY}\n# reloaded\n");
+        let reloaded = Policy::parse(Path::new("policy.toml"), reloaded.as_bytes()).unwrap();
+        assert_ne!(snapshot.hash, reloaded.hash);
+        broker.policy.store(Arc::new(reloaded.clone()));
+
+        let subject = idp
+            .sign_jws(
+                serde_json::Map::from_iter([("typ".to_string(), "at+jwt".into())]),
+                &serde_json::json!({
+                    "iss": "https://idp.example", "sub": "alice", "aud": "repo-helper",
+                    "iat": now, "exp": now + 600, "jti": "subject-1",
+                }),
+            )
+            .unwrap();
+        let (tool_key, _) = crate::jose::Es256Key::generate().unwrap();
+        let proof = crate::dpop::make_proof(
+            &tool_key,
+            "POST",
+            broker.htu(Endpoint::Derive),
+            now,
+            None,
+            None,
+        )
+        .unwrap();
+        let req = DeriveRequest {
+            subject_token: SecretString::new(subject),
+            step: "triage".into(),
+            tool: "acme.issues".into(),
+            resource: "https://api.acme.example".into(),
+            scope: None,
+            dpop: Some(SecretString::new(proof)),
+            endpoint: Endpoint::Derive,
+            peer_uid: 1000,
+        };
+        let refused = broker
+            .run(&req, now, &snapshot, &mut Ctx::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, DeriveError::LinkRequired(l) if l.kind == crate::connect::LinkKind::Connect),
+            "{refused:?}"
+        );
+
+        let audit = std::fs::read_to_string(&config.audit_log).unwrap();
+        let link = audit
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|e| e["event"] == "connect.link_issued")
+            .expect("a link event");
+        assert_eq!(link["policy_hash"], snapshot.hash.as_str());
+        assert_ne!(link["policy_hash"], reloaded.hash.as_str());
     }
 }

@@ -181,6 +181,82 @@ pub fn parse(token: &str, max_len: usize) -> Result<Jws<'_>, JoseError> {
     })
 }
 
+/// How a context compares the header's `typ`.
+#[derive(Debug, Clone, Copy)]
+pub enum TypRule<'a> {
+    /// Present and equal byte for byte (DPoP proofs: RFC 9449 section 4.2
+    /// names one exact value).
+    Exact(&'a str),
+    /// Present and equal ignoring ASCII case.
+    IgnoreCase(&'a str),
+    /// One of these media types, compared as RFC 7515 section 4.1.9 allows:
+    /// ignoring ASCII case, with or without the `application/` prefix. With
+    /// `absent_ok`, a header without `typ` passes too (plain JWTs such as
+    /// ID tokens need not say what they are).
+    MediaTypes {
+        /// The acceptable types.
+        allowed: &'a [&'a str],
+        /// Whether a missing `typ` is acceptable.
+        absent_ok: bool,
+    },
+}
+
+/// What a context accepts in a JWS header, besides what [`parse`] already
+/// refuses everywhere (`crit`, `b64`).
+#[derive(Debug, Clone, Copy)]
+pub struct HeaderRule<'a> {
+    /// The `typ` comparison.
+    pub typ: TypRule<'a>,
+    /// The `alg` allow-list; the key later binds `alg` to its own type
+    /// ([`Jwk::verify`]).
+    pub algs: &'a [Alg],
+}
+
+/// Which header check failed; each caller maps it to its own error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    /// `typ` is missing or not acceptable here.
+    #[error("typ is not acceptable here")]
+    Typ,
+    /// `alg` is unknown or not in the allow-list.
+    #[error("alg is not allowed here")]
+    Alg,
+}
+
+/// A media type without its optional `application/` prefix, lower-cased.
+pub fn normalize_typ(t: &str) -> String {
+    let t = t.to_ascii_lowercase();
+    t.strip_prefix("application/")
+        .map(str::to_owned)
+        .unwrap_or(t)
+}
+
+/// The one header check of every JWT this crate reads: `typ` by `rule.typ`,
+/// then `alg` in `rule.algs`. Returns the parsed `alg` for the key and
+/// signature steps that follow.
+pub fn check_header(header: &Header, rule: &HeaderRule<'_>) -> Result<Alg, HeaderError> {
+    let typ = header.typ.as_deref();
+    let typ_ok = match rule.typ {
+        TypRule::Exact(want) => typ == Some(want),
+        TypRule::IgnoreCase(want) => typ.is_some_and(|t| t.eq_ignore_ascii_case(want)),
+        TypRule::MediaTypes { allowed, absent_ok } => match typ {
+            None => absent_ok,
+            Some(t) => {
+                let t = normalize_typ(t);
+                allowed.iter().any(|a| normalize_typ(a) == t)
+            }
+        },
+    };
+    if !typ_ok {
+        return Err(HeaderError::Typ);
+    }
+    let alg = Alg::parse(&header.alg).map_err(|_| HeaderError::Alg)?;
+    if !rule.algs.contains(&alg) {
+        return Err(HeaderError::Alg);
+    }
+    Ok(alg)
+}
+
 /// A public verification key, parsed once and reused.
 #[derive(Clone)]
 pub enum PublicKey {

@@ -4,41 +4,72 @@
 //! deny-by-default policy allows: one audience, at most five minutes, bound to
 //! the tool's DPoP key.
 //!
-//! Modules, in the order a request flows through them:
+//! Modules, top-down in the order a request flows through them. Imports
+//! between them run one way, never in a cycle (`scripts/module-graph`
+//! checks it); the embedding modules (`verify`, `client`) use the
+//! building blocks above them.
 //!
-//! - [`server`]: start-up, listeners, graceful shutdown.
-//! - [`api`]: the orchestrator socket: peer checks, parsing, error mapping.
+//! - [`cli`]: the command line; starts an instance or acts on a stopped one.
+//! - [`app`]: the composition root: builds an instance and wires its parts.
+//! - [`server`]: binds the listeners, runs the accept loops, shuts down.
+//! - [`admin`]: the admin socket (status, freeze, key rotation, accounts).
+//! - [`ops`]: the operator actions (freeze, rotations, users, accounts),
+//!   each written once for the admin socket and the offline command line.
+//! - [`public`]: the public listener: metadata, JWKS, then the pages.
+//! - [`pages`]: the browser pages: sign-in, connect links, the account page.
+//! - [`api`]: the orchestrator socket: parsing and the one error mapping.
 //! - [`exchange`]: the derive pipeline, the only place that decides.
 //! - [`subject`]: subject tokens from trusted issuers; who the person is.
 //! - [`policy`]: the policy file and its decisions.
 //! - [`dpop`]: DPoP proofs, replay cache, nonces.
 //! - [`mint`]: signing keys, minted tokens, JWKS, rotation.
-//! - [`events`], [`metrics`]: audit events and Prometheus metrics.
-//! - [`store`], [`seal`]: storage and encryption at rest.
-//! - [`public`], [`admin`]: the public listener and the admin socket.
-//! - [`pages`]: the browser pages on the public listener: sign-in, connect
-//!   links (the five checks), the account page.
+//! - [`connect`]: connect-link records behind a refusal's `connect_uri`.
+//! - [`vault`]: connected accounts, allowances, provider tokens at rest.
+//! - [`upstream`]: the third-party providers (presets, account look-up,
+//!   refresh, revocation) on the one OAuth client.
+//! - [`oauth`]: the one OAuth client of the sign-in and the provider
+//!   connections (discovery, PKCE, code exchange, RFC 9207 `iss`).
+//! - [`keyset`]: one cached JWKS per issuer (pinned or fetched).
+//! - [`events`]: audit events.
+//! - [`metrics`]: Prometheus metrics.
+//! - [`store`]: storage (sled) behind a small trait.
+//! - [`seal`]: encryption at rest.
+//! - [`config`]: the validated instance config.
+//! - [`diagnostics`]: TOML problems and their positions (config and policy).
+//! - [`grammar`]: protocol grammar (scope tokens, https-or-loopback URLs).
+//! - [`http`]: HTTP helpers every listener shares (body, JSON, body cap).
+//! - [`unix`]: Unix helpers (own uid, socket binding).
+//! - [`jose`]: JWS, JWK and base64url building blocks.
+//! - [`secret`]: secret types (redacted, zeroized).
+//! - [`clock`]: the injected clock.
 //! - [`verify`]: the resource-server side, for embedding.
-//! - [`client`]: a client for the socket.
-//! - [`jose`], [`secret`], [`clock`], [`config`], [`cli`]: building blocks.
+//! - [`client`]: a client for the socket, for embedding.
+//! - [`fuzzing`]: the parsers' surface for the fuzz targets (hidden).
 
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod api;
+pub mod app;
 pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
 pub mod connect;
+pub mod diagnostics;
 pub mod dpop;
 pub mod events;
 pub mod exchange;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grammar;
+pub mod http;
 pub mod jose;
+pub mod keyset;
 pub mod metrics;
 pub mod mint;
+pub mod oauth;
+pub mod ops;
 pub mod pages;
 pub mod policy;
 pub mod public;
@@ -47,6 +78,7 @@ pub mod secret;
 pub mod server;
 pub mod store;
 pub mod subject;
+pub mod unix;
 pub mod upstream;
 pub mod vault;
 pub mod verify;

@@ -17,30 +17,40 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::api::{json_response, Body};
 use crate::exchange::Broker;
+use crate::http::{json_response, Body};
 use crate::pages::Pages;
-use crate::server::StartError;
 
 const MAX_PUBLIC_CONNECTIONS: usize = 1024;
 
+/// Why the public listener's TLS could not be set up. The composition root
+/// turns it into its start-up error (`app::StartError`), so this module
+/// does not depend on the wiring above it.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// The key file could not be read safely (missing, or not mode 0600).
+    #[error("public.tls_key: {0}")]
+    KeyFile(#[source] std::io::Error),
+    /// The certificate or the key is not usable.
+    #[error("{0}")]
+    Invalid(String),
+}
+
 /// Builds a rustls acceptor from PEM files.
-pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, StartError> {
+pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|it| it.collect::<Result<_, _>>())
-        .map_err(|e| StartError::Io(format!("TLS certificate {}: {e}", cert.display())))?;
-    let key_bytes = crate::config::read_secret_file(key).map_err(|source| StartError::Secret {
-        what: "public.tls_key",
-        source,
+        .map_err(|e| TlsError::Invalid(format!("TLS certificate {}: {e}", cert.display())))?;
+    let key_bytes = crate::config::read_secret_file(key).map_err(TlsError::KeyFile)?;
+    let key = PrivateKeyDer::from_pem_slice(key_bytes.expose()).map_err(|_| {
+        TlsError::Invalid(format!("TLS key {}: not a PEM private key", key.display()))
     })?;
-    let key = PrivateKeyDer::from_pem_slice(key_bytes.expose())
-        .map_err(|_| StartError::Io(format!("TLS key {}: not a PEM private key", key.display())))?;
     let cfg = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .map_err(|e| StartError::Io(format!("TLS configuration: {e}")))?;
+        .map_err(|e| TlsError::Invalid(format!("TLS configuration: {e}")))?;
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(cfg)))
 }
 

@@ -1,5 +1,5 @@
-//! Running an instance: start-up from config, the accept loops of the three
-//! listeners, housekeeping, and graceful shutdown.
+//! Running an instance that `app` built: binding the listeners, the accept
+//! loops of the three listeners, housekeeping, and graceful shutdown.
 //!
 //! [`run`] takes listeners that are already bound, so tests can bind a temp
 //! socket and port 0 and call it in-process.
@@ -14,63 +14,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 
+use crate::app::{Instance, StartError};
 use crate::config::Config;
-use crate::exchange::Broker;
-use crate::seal::Sealer;
-
-/// Errors starting an instance.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// Config.
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-    /// Policy.
-    #[error(transparent)]
-    Policy(#[from] crate::policy::PolicyError),
-    /// Store.
-    #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
-    /// Keys.
-    #[error("signing keys: {0}")]
-    Mint(#[from] crate::mint::MintError),
-    /// Secret files.
-    #[error("{what}: {source}")]
-    Secret {
-        /// Which secret.
-        what: &'static str,
-        /// Error.
-        source: std::io::Error,
-    },
-    /// Sealing key.
-    #[error("master key: {0}")]
-    Seal(#[from] crate::seal::SealError),
-    /// The vault (keys, records).
-    #[error("vault: {0}")]
-    Vault(#[from] crate::vault::VaultError),
-    /// A provider (client secret file).
-    #[error(transparent)]
-    Upstream(#[from] crate::upstream::UpstreamError),
-    /// The policy names a service the config does not define.
-    #[error("the policy's service resources name {0:?}, which has no [providers.{0}] table in the config")]
-    UnknownService(String),
-    /// Subject-token issuers.
-    #[error(transparent)]
-    Subject(#[from] crate::subject::SetupError),
-    /// Sockets.
-    #[error(transparent)]
-    Socket(#[from] crate::api::peer::SocketError),
-    /// Other I/O.
-    #[error("{0}")]
-    Io(String),
-    /// The policy is for another agent.
-    #[error("the policy is written for agent {policy:?} but this instance serves {config:?}")]
-    AgentMismatch {
-        /// In the policy.
-        policy: String,
-        /// In the config.
-        config: String,
-    },
-}
 
 /// The listeners of one instance.
 #[derive(Debug)]
@@ -83,165 +28,15 @@ pub struct Listeners {
     pub public: Option<TcpListener>,
 }
 
-/// Everything an instance runs with.
-#[derive(Debug, Clone)]
-pub struct Instance {
-    /// The broker.
-    pub broker: Arc<Broker>,
-    /// The sealer for keys at rest.
-    pub sealer: Arc<Sealer>,
-    /// Connected accounts and allowances.
-    pub vault: Arc<crate::vault::Vault>,
-    /// Connect-link records.
-    pub links: Arc<crate::connect::Links>,
-    /// Third-party providers.
-    pub providers: Arc<crate::upstream::Providers>,
-    /// The public listener's bound address, once bound.
-    pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
-    /// The browser pages on the public listener.
-    pub pages: Arc<crate::pages::Pages>,
-}
-
-/// Builds an instance from a validated config: opens the store, loads or
-/// creates the signing key, loads the policy and the trusted issuers.
-pub async fn build(
-    config: Config,
-    clock: crate::clock::SharedClock,
-) -> Result<Instance, StartError> {
-    let policy = crate::policy::Policy::load(&config.policy)?;
-    if policy.agent != config.agent {
-        return Err(StartError::AgentMismatch {
-            policy: policy.agent,
-            config: config.agent,
-        });
-    }
-    let providers = Arc::new(crate::upstream::Providers::from_config(&config)?);
-    if let Some(missing) = policy
-        .services()
-        .into_iter()
-        .find(|s| providers.get(s).is_none())
-    {
-        return Err(StartError::UnknownService(missing.to_string()));
-    }
-    let master = crate::config::read_secret_file(&config.master_key_file).map_err(|source| {
-        StartError::Secret {
-            what: "keys.master_key_file",
-            source,
-        }
-    })?;
-    let sealer = Arc::new(Sealer::new(&master, &[])?);
-    let store: Arc<dyn crate::store::Store> =
-        Arc::new(crate::store::SledStore::open(&config.store)?);
-    let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
-    let vault = Arc::new(crate::vault::Vault::open(
-        store.clone(),
-        &config.vault_key_dir,
-    )?);
-    let links = Arc::new(crate::connect::Links::new(
-        store.clone(),
-        &crate::connect::Links::derive_key(&master),
-        &config.issuer,
-    ));
-    let minter = Arc::new(crate::mint::Minter::new(
-        config.issuer.clone(),
-        config.agent.clone(),
-        ring,
-    ));
-    // Our own tokens are never accepted as subject tokens; the check reads
-    // the live key ring, so a rotated key is known at once.
-    let m = minter.clone();
-    let subjects = crate::subject::Validator::new(
-        &config.trusted_issuers,
-        Box::new(move |kid| m.is_own_kid(kid)),
-    )
-    .await?;
-    let nonces = if config.dpop.require_nonce {
-        let mut key = vec![0u8; 32];
-        aws_lc_rs::rand::fill(&mut key).map_err(|_| StartError::Io("random".into()))?;
-        Some(crate::dpop::Nonces::new(&crate::secret::SecretBytes::new(
-            key,
-        )))
-    } else {
-        None
-    };
-    let proofs = crate::dpop::Validator::new(
-        config.dpop.algs.clone(),
-        config.dpop.replay_capacity,
-        nonces,
-    );
-    let audit = crate::events::Audit::open(&config.audit_log)
-        .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?;
-    let connected = Arc::new(crate::exchange::Connected {
-        vault: vault.clone(),
-        links: links.clone(),
-        providers: providers.clone(),
-    });
-    let broker = Arc::new(
-        Broker::new(
-            config,
-            policy,
-            subjects,
-            proofs,
-            minter,
-            audit,
-            crate::metrics::Metrics::new(),
-            store,
-            clock,
-        )
-        .with_connected(connected),
-    );
-    // Providers found by discovery: learn their endpoints now (bounded),
-    // so the pages can build authorization URLs; a failure is retried by
-    // housekeeping and on the first refresh.
-    for name in providers.names() {
-        if let Some(p) = providers.get(name) {
-            if p.cached_endpoints().is_none() {
-                match tokio::time::timeout(p.config().timeout, p.endpoints()).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        tracing::warn!(provider = %name, error = %e, "provider discovery failed; will retry")
-                    }
-                    Err(_) => {
-                        tracing::warn!(provider = %name, "provider discovery timed out; will retry")
-                    }
-                }
-            }
-        }
-    }
-    let backend = crate::connect::Backend::new(
-        vault.clone(),
-        links.clone(),
-        providers.clone(),
-        broker.clock.clone(),
-    );
-    let pages = Arc::new(crate::pages::Pages::new(
-        broker.clone(),
-        sealer.clone(),
-        crate::pages::Options {
-            services: backend.services(),
-            ..crate::pages::Options::default()
-        },
-    ));
-    Ok(Instance {
-        broker,
-        sealer,
-        vault,
-        links,
-        providers,
-        public_addr: Arc::default(),
-        pages,
-    })
-}
-
 /// Binds the listeners named in the config.
 pub async fn bind(config: &Config) -> Result<Listeners, StartError> {
-    let api = crate::api::peer::bind(
+    let api = crate::unix::bind(
         &config.socket.path,
         0o750,
         0o660,
         config.socket.group.as_deref(),
     )?;
-    let admin = crate::api::peer::bind(&config.admin_socket, 0o700, 0o600, None)?;
+    let admin = crate::unix::bind(&config.admin_socket, 0o700, 0o600, None)?;
     let public = match &config.public {
         Some(p) => Some(
             TcpListener::bind(p.listen)
@@ -277,7 +72,7 @@ async fn serve_unix<H, F>(
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) where
     H: Fn(u32, hyper::Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = hyper::Response<crate::api::Body>> + Send + 'static,
+    F: Future<Output = hyper::Response<crate::http::Body>> + Send + 'static,
 {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(max_conn));
@@ -374,7 +169,7 @@ pub async fn run(
     let cfg = broker.config.clone();
     let allowed = Arc::new(cfg.socket.allowed_uids.clone());
     // Before the sockets answer: installs the SIGHUP handler (see reload).
-    let reload = crate::policy::reload::spawn(broker.clone(), rx.clone());
+    let reload = crate::app::reload::spawn(broker.clone(), rx.clone());
 
     let b = broker.clone();
     let api = tokio::spawn(serve_unix(
@@ -385,14 +180,14 @@ pub async fn run(
         move |uid, req| crate::api::handle(b.clone(), uid, req),
         rx.clone(),
     ));
-    let inst = instance.clone();
+    let handles = instance.admin_handles();
     let admin = tokio::spawn(serve_unix(
         listeners.admin,
         // Only the broker's own user may use the admin socket.
-        Arc::new(vec![crate::api::peer::current_uid()]),
+        Arc::new(vec![crate::unix::current_uid()]),
         16,
         cfg.socket.header_timeout,
-        move |_uid, req| crate::admin::handle(inst.clone(), req),
+        move |_uid, req| crate::admin::handle(handles.clone(), req),
         rx.clone(),
     ));
     let public = match listeners.public {

@@ -13,14 +13,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use serde::Deserialize;
 
 use crate::config::{IssuerConfig, JwksSource};
-use crate::jose::{self, Alg, Audience, JoseError, JwkSet};
+use crate::jose::{self, Audience, JoseError, JwkSet};
+use crate::keyset::{self, Refetch, RemoteKeySet};
 
 /// Subject tokens larger than this are refused before parsing.
 pub const MAX_SUBJECT_LEN: usize = 16 * 1024;
@@ -29,8 +28,6 @@ pub const SKEW: i64 = 30;
 /// The longest a verified subject token stays cached.
 pub const CACHE_TTL: i64 = 60;
 const CACHE_MAX: usize = 50_000;
-const JWKS_REFETCH_MIN: Duration = Duration::from_secs(60);
-const JWKS_MAX_BYTES: usize = 256 * 1024;
 
 /// The person a request is for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -113,15 +110,13 @@ struct SubjectClaims {
 
 struct Issuer {
     cfg: IssuerConfig,
-    keys: ArcSwap<JwkSet>,
-    last_fetch: tokio::sync::Mutex<Option<Instant>>,
+    keys: Arc<RemoteKeySet>,
 }
 
 /// Validates subject tokens against the trusted issuers.
 pub struct Validator {
     issuers: HashMap<String, Issuer>,
     cache: DashMap<[u8; 32], (Subject, i64)>,
-    http: reqwest::Client,
     own_kid: Box<dyn Fn(&str) -> bool + Send + Sync>,
 }
 
@@ -131,35 +126,6 @@ impl std::fmt::Debug for Validator {
             .field("issuers", &self.issuers.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
-}
-
-/// Builds the HTTP client used for JWKS (rustls, bounded timeouts).
-pub fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .connect_timeout(Duration::from_secs(3))
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap_or_default()
-}
-
-async fn fetch_jwks(http: &reqwest::Client, uri: &str) -> Result<JwkSet, SubjectError> {
-    let resp = http
-        .get(uri)
-        .send()
-        .await
-        .map_err(|_| SubjectError::KeysUnavailable)?;
-    if !resp.status().is_success() {
-        return Err(SubjectError::KeysUnavailable);
-    }
-    let body = resp
-        .bytes()
-        .await
-        .map_err(|_| SubjectError::KeysUnavailable)?;
-    if body.len() > JWKS_MAX_BYTES {
-        return Err(SubjectError::KeysUnavailable);
-    }
-    JwkSet::from_json(&body).map_err(|_| SubjectError::KeysUnavailable)
 }
 
 /// Errors building the validator (at start-up).
@@ -177,13 +143,6 @@ pub enum SetupError {
     },
 }
 
-fn normalize_typ(t: &str) -> String {
-    let t = t.to_ascii_lowercase();
-    t.strip_prefix("application/")
-        .map(str::to_owned)
-        .unwrap_or(t)
-}
-
 impl Validator {
     /// Builds the validator; pinned JWKS files are read now, JWKS URIs on
     /// first use. `own_kid` tells credbroker's own signing keys.
@@ -191,7 +150,7 @@ impl Validator {
         issuers: &[IssuerConfig],
         own_kid: Box<dyn Fn(&str) -> bool + Send + Sync>,
     ) -> Result<Validator, SetupError> {
-        let http = http_client();
+        let http = keyset::http_client();
         let mut map = HashMap::new();
         for cfg in issuers {
             let keys = match &cfg.jwks {
@@ -201,32 +160,45 @@ impl Validator {
                         path: p.display().to_string(),
                         reason: e.to_string(),
                     })?;
-                    JwkSet::from_json(&bytes).map_err(|e| SetupError::JwksFile {
-                        issuer: cfg.issuer.clone(),
-                        path: p.display().to_string(),
-                        reason: e.to_string(),
-                    })?
+                    RemoteKeySet::pinned(JwkSet::from_json(&bytes).map_err(|e| {
+                        SetupError::JwksFile {
+                            issuer: cfg.issuer.clone(),
+                            path: p.display().to_string(),
+                            reason: e.to_string(),
+                        }
+                    })?)
                 }
-                JwksSource::Uri(u) => fetch_jwks(&http, u).await.unwrap_or_else(|_| {
-                    tracing::warn!(issuer = %cfg.issuer, "JWKS not reachable at start-up; will retry on first use");
-                    JwkSet::default()
-                }),
+                JwksSource::Uri(u) => {
+                    let set = RemoteKeySet::remote(u, keyset::MAX_ISSUER_JWKS, http.clone());
+                    if set.fetch().await.is_err() {
+                        tracing::warn!(issuer = %cfg.issuer, "JWKS not reachable at start-up; will retry on first use");
+                    }
+                    set
+                }
             };
             map.insert(
                 cfg.issuer.clone(),
                 Issuer {
                     cfg: cfg.clone(),
-                    keys: ArcSwap::from_pointee(keys),
-                    last_fetch: tokio::sync::Mutex::new(None),
+                    keys: Arc::new(keys),
                 },
             );
         }
         Ok(Validator {
             issuers: map,
             cache: DashMap::new(),
-            http,
             own_kid,
         })
+    }
+
+    /// Every issuer's key set, by issuer. The wiring hands these to the
+    /// pages, so that an IdP that is both a subject-token issuer and a
+    /// sign-in source has one cache, not two.
+    pub fn key_sets(&self) -> HashMap<String, Arc<RemoteKeySet>> {
+        self.issuers
+            .iter()
+            .map(|(iss, i)| (iss.clone(), i.keys.clone()))
+            .collect()
     }
 
     /// Drops every cached subject (trust configuration changed).
@@ -286,34 +258,47 @@ impl Validator {
             .issuers
             .get(&iss)
             .ok_or(SubjectError::UntrustedIssuer)?;
-        let typ = jws.header.typ.as_deref().map(normalize_typ);
-        if typ.as_deref() == Some("dpop+jwt") {
+        // A DPoP proof gets its own reason, before the issuer's list is
+        // consulted (an issuer's list could never make one a subject token).
+        if jws
+            .header
+            .typ
+            .as_deref()
+            .map(jose::normalize_typ)
+            .as_deref()
+            == Some("dpop+jwt")
+        {
             return Err(SubjectError::WrongKind("a DPoP proof"));
         }
-        match &typ {
-            Some(t)
-                if issuer
-                    .cfg
-                    .token_types
-                    .iter()
-                    .any(|a| normalize_typ(a) == *t) => {}
-            _ => return Err(SubjectError::Typ),
-        }
-        let alg = Alg::parse(&jws.header.alg).map_err(|_| SubjectError::Alg)?;
-        if !issuer.cfg.algs.contains(&alg) {
-            return Err(SubjectError::Alg);
-        }
+        let types: Vec<&str> = issuer.cfg.token_types.iter().map(String::as_str).collect();
+        let alg = jose::check_header(
+            &jws.header,
+            &jose::HeaderRule {
+                typ: jose::TypRule::MediaTypes {
+                    allowed: &types,
+                    absent_ok: false,
+                },
+                algs: &issuer.cfg.algs,
+            },
+        )
+        .map_err(|e| match e {
+            jose::HeaderError::Typ => SubjectError::Typ,
+            jose::HeaderError::Alg => SubjectError::Alg,
+        })?;
         if let Some(kid) = &jws.header.kid {
             if (self.own_kid)(kid) {
                 return Err(SubjectError::WrongKind("a token minted by credbroker"));
             }
         }
         let kid = jws.header.kid.as_deref();
-        let keys = issuer.keys.load_full();
+        let keys = issuer.keys.keys();
         let jwk = match keys.select(kid, alg) {
             Some(k) => k.clone(),
             None => {
-                let fresh = self.refetch(issuer).await.ok_or(SubjectError::UnknownKey)?;
+                let fresh = self
+                    .refetch(issuer, now)
+                    .await
+                    .ok_or(SubjectError::UnknownKey)?;
                 fresh
                     .select(kid, alg)
                     .cloned()
@@ -356,20 +341,10 @@ impl Validator {
     }
 
     /// Refetches a JWKS URI, at most once a minute per issuer.
-    async fn refetch(&self, issuer: &Issuer) -> Option<Arc<JwkSet>> {
-        let JwksSource::Uri(uri) = &issuer.cfg.jwks else {
-            return None;
-        };
-        let mut last = issuer.last_fetch.lock().await;
-        if last.is_some_and(|t| t.elapsed() < JWKS_REFETCH_MIN) {
-            return Some(issuer.keys.load_full());
-        }
-        *last = Some(Instant::now());
-        match fetch_jwks(&self.http, uri).await {
-            Ok(set) => {
-                issuer.keys.store(Arc::new(set));
-                Some(issuer.keys.load_full())
-            }
+    async fn refetch(&self, issuer: &Issuer, now: i64) -> Option<Arc<JwkSet>> {
+        match issuer.keys.refetch(now).await {
+            Ok(Refetch::Fetched(set) | Refetch::Throttled(set)) => Some(set),
+            Ok(Refetch::Pinned) => None,
             Err(_) => {
                 tracing::warn!(issuer = %issuer.cfg.issuer, "JWKS refetch failed");
                 None

@@ -15,21 +15,21 @@
 //! # Ok(()) }
 //! ```
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use serde::Deserialize;
 
 use crate::clock::{SharedClock, SystemClock};
 use crate::dpop::{self, DpopError};
 use crate::jose::{self, Alg, JoseError, JwkSet};
+use crate::keyset::{self, Refetch, RemoteKeySet};
 
 /// Token size cap.
 pub const MAX_TOKEN_LEN: usize = 8 * 1024;
 /// A verifier built from issuer metadata refetches the JWKS on an unknown
 /// `kid` at most this often (seconds), so that tokens with made-up `kid`s
 /// cannot turn it into a request flood against the issuer.
-pub const JWKS_REFRESH_INTERVAL: i64 = 60;
+pub const JWKS_REFRESH_INTERVAL: i64 = keyset::MIN_REFETCH_INTERVAL;
 /// JWKS and metadata documents larger than this are refused.
 pub const MAX_KEYS_DOCUMENT: usize = 64 * 1024;
 
@@ -155,11 +155,9 @@ pub struct Presented<'a> {
 pub struct Verifier {
     issuer: String,
     audience: String,
-    keys: ArcSwap<JwkSet>,
-    /// Where the keys came from, when they came from issuer metadata.
-    jwks_uri: Option<String>,
-    /// When the JWKS was last refetched because of an unknown `kid`.
-    last_refresh: Mutex<Option<i64>>,
+    /// Pinned ([`Verifier::from_jwks`]) or fetched from the issuer's
+    /// `jwks_uri` ([`Verifier::from_issuer`]).
+    keys: RemoteKeySet,
     proofs: dpop::Validator,
     clock: SharedClock,
 }
@@ -170,15 +168,18 @@ const SKEW: i64 = 5;
 impl Verifier {
     /// A verifier with a known JWKS document.
     pub fn from_jwks(issuer: &str, audience: &str, jwks: &[u8]) -> Result<Verifier, VerifyError> {
-        Ok(Verifier {
+        let keys = RemoteKeySet::pinned(JwkSet::from_json(jwks).map_err(|_| VerifyError::Keys)?);
+        Ok(Verifier::with_keys(issuer, audience, keys))
+    }
+
+    fn with_keys(issuer: &str, audience: &str, keys: RemoteKeySet) -> Verifier {
+        Verifier {
             issuer: issuer.trim_end_matches('/').to_owned(),
             audience: audience.to_owned(),
-            keys: ArcSwap::from_pointee(JwkSet::from_json(jwks).map_err(|_| VerifyError::Keys)?),
-            jwks_uri: None,
-            last_refresh: Mutex::new(None),
+            keys,
             proofs: dpop::Validator::new(vec![Alg::ES256], 100_000, None),
             clock: Arc::new(SystemClock),
-        })
+        }
     }
 
     /// A verifier that reads the issuer's RFC 8414 metadata and JWKS. It
@@ -186,7 +187,14 @@ impl Verifier {
     /// up rotated keys.
     pub async fn from_issuer(issuer: &str, audience: &str) -> Result<Verifier, VerifyError> {
         let issuer = issuer.trim_end_matches('/');
-        let meta = fetch(&format!("{issuer}/.well-known/oauth-authorization-server")).await?;
+        let http = keyset::http_client();
+        let meta = keyset::get_capped(
+            &http,
+            &format!("{issuer}/.well-known/oauth-authorization-server"),
+            MAX_KEYS_DOCUMENT,
+        )
+        .await
+        .map_err(|_| VerifyError::Keys)?;
         let meta: serde_json::Value =
             serde_json::from_slice(&meta).map_err(|_| VerifyError::Keys)?;
         if meta.get("issuer").and_then(|v| v.as_str()) != Some(issuer) {
@@ -196,10 +204,9 @@ impl Verifier {
             .get("jwks_uri")
             .and_then(|v| v.as_str())
             .ok_or(VerifyError::Keys)?;
-        let jwks = fetch(jwks_uri).await?;
-        let mut v = Verifier::from_jwks(issuer, audience, &jwks)?;
-        v.jwks_uri = Some(jwks_uri.to_owned());
-        Ok(v)
+        let keys = RemoteKeySet::remote(jwks_uri, MAX_KEYS_DOCUMENT, http);
+        keys.fetch().await.map_err(|_| VerifyError::Keys)?;
+        Ok(Verifier::with_keys(issuer, audience, keys))
     }
 
     /// Refetches the JWKS from the issuer's `jwks_uri`, unless the verifier
@@ -207,21 +214,11 @@ impl Verifier {
     /// refetch was less than [`JWKS_REFRESH_INTERVAL`] ago. Returns whether
     /// new keys were loaded.
     pub async fn refresh_keys(&self) -> Result<bool, VerifyError> {
-        let Some(uri) = &self.jwks_uri else {
-            return Ok(false);
-        };
-        let now = self.clock.now();
-        {
-            // Claim the slot before fetching: concurrent requests with unknown
-            // kids then share one fetch instead of each starting their own.
-            let mut last = self.last_refresh.lock().unwrap_or_else(|p| p.into_inner());
-            if last.is_some_and(|t| now - t < JWKS_REFRESH_INTERVAL) {
-                return Ok(false);
-            }
-            *last = Some(now);
+        match self.keys.refetch(self.clock.now()).await {
+            Ok(Refetch::Fetched(_)) => Ok(true),
+            Ok(Refetch::Throttled(_) | Refetch::Pinned) => Ok(false),
+            Err(_) => Err(VerifyError::Keys),
         }
-        self.set_jwks(&fetch(uri).await?)?;
-        Ok(true)
     }
 
     /// [`Verifier::verify`], and when the token names a key the verifier does
@@ -243,9 +240,8 @@ impl Verifier {
 
     /// Replaces the keys (after refetching a rotated JWKS).
     pub fn set_jwks(&self, jwks: &[u8]) -> Result<(), VerifyError> {
-        self.keys.store(Arc::new(
-            JwkSet::from_json(jwks).map_err(|_| VerifyError::Keys)?,
-        ));
+        self.keys
+            .set(JwkSet::from_json(jwks).map_err(|_| VerifyError::Keys)?);
         Ok(())
     }
 
@@ -260,20 +256,15 @@ impl Verifier {
         let token = token.trim();
         let now = self.clock.now();
         let jws = jose::parse(token, MAX_TOKEN_LEN)?;
-        if jws
-            .header
-            .typ
-            .as_deref()
-            .map(str::to_ascii_lowercase)
-            .as_deref()
-            != Some("at+jwt")
-        {
-            return Err(VerifyError::Header);
-        }
-        if Alg::parse(&jws.header.alg) != Ok(Alg::ES256) {
-            return Err(VerifyError::Header);
-        }
-        let keys = self.keys.load();
+        jose::check_header(
+            &jws.header,
+            &jose::HeaderRule {
+                typ: jose::TypRule::IgnoreCase("at+jwt"),
+                algs: &[Alg::ES256],
+            },
+        )
+        .map_err(|_| VerifyError::Header)?;
+        let keys = self.keys.keys();
         let key = keys
             .select(jws.header.kid.as_deref(), Alg::ES256)
             .ok_or(VerifyError::UnknownKey)?;
@@ -319,25 +310,4 @@ impl Verifier {
             jti: c.jti,
         })
     }
-}
-
-/// GET `uri`: a success status and a body of at most [`MAX_KEYS_DOCUMENT`].
-async fn fetch(uri: &str) -> Result<bytes::Bytes, VerifyError> {
-    let resp = crate::subject::http_client()
-        .get(uri)
-        .send()
-        .await
-        .map_err(|_| VerifyError::Keys)?;
-    if !resp.status().is_success()
-        || resp
-            .content_length()
-            .is_some_and(|n| n > MAX_KEYS_DOCUMENT as u64)
-    {
-        return Err(VerifyError::Keys);
-    }
-    let body = resp.bytes().await.map_err(|_| VerifyError::Keys)?;
-    if body.len() > MAX_KEYS_DOCUMENT {
-        return Err(VerifyError::Keys);
-    }
-    Ok(body)
 }

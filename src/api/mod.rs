@@ -5,17 +5,15 @@
 //! the socket); bodies are capped before parsing; every error is mapped to
 //! its HTTP answer in [`error_response`], and nowhere else.
 
-pub mod peer;
-
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
 use serde::Deserialize;
 
 use crate::dpop::DpopError;
 use crate::exchange::{Broker, DeriveError, DeriveRequest, Endpoint, Issued};
+use crate::http::{correlation_id, json_response, read_capped, Body, BodyError};
 use crate::secret::SecretString;
 
 /// Request bodies larger than this are refused with 413.
@@ -27,24 +25,6 @@ pub const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchang
 pub const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
 /// RFC 8693 token type for JWTs.
 pub const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
-
-/// The response body type of every handler.
-pub type Body = Full<Bytes>;
-
-/// A JSON response with `Cache-Control: no-store`.
-pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
-    let mut r = Response::new(Full::new(Bytes::from(bytes)));
-    *r.status_mut() = status;
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
-    r
-}
 
 fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
     json_response(
@@ -152,9 +132,7 @@ pub fn error_response(err: &DeriveError) -> Response<Body> {
             r
         }
         DeriveError::Vault(detail) => {
-            let mut id = [0u8; 8];
-            let _ = aws_lc_rs::rand::fill(&mut id);
-            let id = hex::encode(id);
+            let id = correlation_id();
             tracing::error!(correlation_id = %id, error = %detail, "vault error in derive");
             json_response(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -166,9 +144,7 @@ pub fn error_response(err: &DeriveError) -> Response<Body> {
             )
         }
         DeriveError::Internal(detail) => {
-            let mut id = [0u8; 8];
-            let _ = aws_lc_rs::rand::fill(&mut id);
-            let id = hex::encode(id);
+            let id = correlation_id();
             tracing::error!(correlation_id = %id, error = %detail, "internal error in derive");
             oauth_error(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -331,40 +307,25 @@ async fn read_body(
     body: hyper::body::Incoming,
     headers: &HeaderMap,
 ) -> Result<Bytes, Response<Body>> {
-    let too_large = || {
-        oauth_error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request",
-            "the body is larger than 64 KiB",
-        )
-    };
-    if let Some(len) = headers.get(header::CONTENT_LENGTH) {
-        match len.to_str().ok().and_then(|s| s.parse::<u64>().ok()) {
-            Some(n) if n > MAX_BODY as u64 => return Err(too_large()),
-            Some(_) => {}
-            None => {
-                return Err(oauth_error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request",
-                    "bad Content-Length",
-                ))
-            }
-        }
-    }
-    match Limited::new(body, MAX_BODY).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(too_large())
-        }
-        Err(_) => Err(oauth_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "the body could not be read",
-        )),
-    }
+    read_capped(headers, body, MAX_BODY)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge => oauth_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request",
+                "the body is larger than 64 KiB",
+            ),
+            BodyError::BadLength => oauth_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "bad Content-Length",
+            ),
+            BodyError::Unreadable => oauth_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "the body could not be read",
+            ),
+        })
 }
 
 fn content_type_is(headers: &HeaderMap, want: &str) -> bool {

@@ -746,26 +746,3 @@ fn secret_files_must_be_private_regular_files() {
     assert!(err.contains("not a regular file"), "{err}");
     assert_eq!(read_secret_file(&path).unwrap().expose(), CANARY.as_bytes());
 }
-
-// ---------------------------------------------------------------- helpers
-
-#[test]
-fn line_col_counts_lines_and_characters() {
-    let t = "ab\ncdé\nf";
-    assert_eq!(line_col(t, 0), (1, 1));
-    assert_eq!(line_col(t, 2), (1, 3));
-    assert_eq!(line_col(t, 3), (2, 1));
-    assert_eq!(line_col(t, 7), (2, 4)); // after the two-byte é
-    assert_eq!(line_col(t, 8), (3, 1));
-    assert_eq!(line_col(t, 9), (3, 2));
-    assert_eq!(line_col(t, 1000), (3, 2));
-}
-
-#[test]
-fn redact_values_strips_quoted_text_and_snippets() {
-    let r =
-        redact_values("invalid type: string \"CANARY\", expected usize\n  |\n3 | x = \"CANARY\"");
-    assert_eq!(r, "invalid type: string \"…\", expected usize");
-    let r = redact_values(r#"invalid type: string "a\"CANARY\\", expected usize"#);
-    assert_eq!(r, "invalid type: string \"…\", expected usize");
-}

@@ -14,7 +14,6 @@
 //! The browser routes that serve a link (sign-in, the five checks, the
 //! provider callback) call [`Links::resolve`] and [`Links::close`].
 
-mod backend;
 mod flow;
 
 use std::sync::Arc;
@@ -27,7 +26,6 @@ use crate::secret::{SecretBytes, SecretString};
 use crate::store::{tuple_key, Store, StoreError, Tree};
 use crate::subject::Person;
 
-pub use backend::Backend;
 pub use flow::{
     complete_allow, complete_connect, disconnect_account, scopes_to_request, CompleteError,
     DisconnectReport,

@@ -815,3 +815,66 @@ fn audience_is_a_string_or_an_array_of_strings() {
     let ok: Audience = serde_json::from_str(r#"["https://api.example"]"#).unwrap();
     assert!(ok.contains("https://api.example"));
 }
+
+#[test]
+fn one_header_check_for_every_context() {
+    let header = |typ: Option<&str>, alg: &str| -> Header {
+        let mut v = serde_json::json!({ "alg": alg });
+        if let Some(t) = typ {
+            v["typ"] = t.into();
+        }
+        serde_json::from_value(v).unwrap()
+    };
+    let dpop = HeaderRule {
+        typ: TypRule::Exact("dpop+jwt"),
+        algs: &[Alg::ES256],
+    };
+    assert_eq!(
+        check_header(&header(Some("DPoP+JWT"), "ES256"), &dpop),
+        Err(HeaderError::Typ)
+    );
+    assert_eq!(
+        check_header(&header(Some("dpop+jwt"), "RS256"), &dpop),
+        Err(HeaderError::Alg)
+    );
+    assert_eq!(
+        check_header(&header(Some("dpop+jwt"), "none"), &dpop),
+        Err(HeaderError::Alg)
+    );
+    let id = HeaderRule {
+        typ: TypRule::MediaTypes {
+            allowed: &["JWT"],
+            absent_ok: true,
+        },
+        algs: &[Alg::ES256, Alg::RS256],
+    };
+    assert_eq!(
+        check_header(&header(Some("at+jwt"), "ES256"), &id),
+        Err(HeaderError::Typ)
+    );
+    assert_eq!(
+        check_header(&header(Some("application/JWT"), "RS256"), &id),
+        Ok(Alg::RS256)
+    );
+    assert_eq!(check_header(&header(None, "ES256"), &id), Ok(Alg::ES256));
+    let at = HeaderRule {
+        typ: TypRule::MediaTypes {
+            allowed: &["at+jwt"],
+            absent_ok: false,
+        },
+        algs: &[Alg::ES256],
+    };
+    assert_eq!(
+        check_header(&header(None, "ES256"), &at),
+        Err(HeaderError::Typ)
+    );
+    // Positive controls.
+    assert_eq!(
+        check_header(&header(Some("application/at+jwt"), "ES256"), &at),
+        Ok(Alg::ES256)
+    );
+    assert_eq!(
+        check_header(&header(Some("dpop+jwt"), "ES256"), &dpop),
+        Ok(Alg::ES256)
+    );
+}

@@ -6,12 +6,13 @@
 use http::{HeaderMap, Response, StatusCode};
 
 use super::http::{html, redirect, Form};
-use super::links::{AccountStatus, Disconnected};
+use super::links::Disconnected;
 use super::session::Session;
 use super::signin::signin_path;
 use super::{views, Ctx, Pages};
-use crate::api::Body;
+use crate::http::Body;
 use crate::subject::Person;
+use crate::vault::AccountStatus;
 
 fn signed_in(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Result<(Session, Person), Response<Body>> {
     match p.session(h, ctx.now) {
@@ -53,7 +54,7 @@ pub async fn page(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Response<Body> {
             service: a.service,
             account_id: a.account_id,
             display_name: a.display_name,
-            needs_reconnect: a.status == AccountStatus::NeedsReconnect,
+            needs_reconnect: a.status == AccountStatus::ReconnectRequired,
             allowances: a
                 .allowances
                 .into_iter()

@@ -25,7 +25,7 @@ use super::oidc::MAX_AGE;
 use super::session::Session;
 use super::signin::signin_path;
 use super::{flows, views, Ctx, Pages};
-use crate::api::Body;
+use crate::http::Body;
 use crate::secret::SecretString;
 
 /// The checks passed: the link and the signed-in session of its person.
@@ -252,7 +252,7 @@ fn start_provider_flow(p: &Pages, ctx: Ctx, link: &Link, session: &Session) -> R
         redirect_uri: redirect_uri.clone(),
     };
     let state = match flows::start(
-        p.broker.store.as_ref(),
+        p.deps.store.as_ref(),
         &p.sealer,
         &session.key_hex(),
         flow,
@@ -302,7 +302,7 @@ pub async fn provider_callback(
             Some((_, v)) => v.into_owned(),
             None => return p.not_found(),
         };
-    let store = p.broker.store.as_ref();
+    let store = p.deps.store.as_ref();
     let Some(state) = q.get("state").map(str::to_owned) else {
         return flow_failed(p, None);
     };
@@ -335,11 +335,10 @@ pub async fn provider_callback(
     let Some(info) = p.services.providers.provider(&service) else {
         return flow_failed(p, who);
     };
-    match (q.get("iss"), &info.issuer) {
-        (Some(iss), Some(expected)) if iss == expected => {}
-        (Some(_), _) => return flow_failed(p, who),
-        (None, _) if info.sends_iss => return flow_failed(p, who),
-        (None, _) => {}
+    if crate::oauth::check_callback_iss(info.issuer.as_deref(), info.sends_iss, q.get("iss"))
+        .is_err()
+    {
+        return flow_failed(p, who);
     }
     let Some(person) = session.record.person() else {
         return flow_failed(p, who);

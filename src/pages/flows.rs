@@ -204,7 +204,7 @@ pub fn sweep(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<usize, Stor
 /// A PKCE pair: a random verifier and its S256 challenge.
 pub fn pkce() -> Result<(SecretString, String), StoreError> {
     let verifier = super::session::random_token()?;
-    let challenge = crate::jose::sha256_b64(verifier.expose().as_bytes());
+    let challenge = crate::oauth::pkce_challenge(verifier.expose());
     Ok((verifier, challenge))
 }
 

@@ -6,9 +6,9 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 
-use crate::api::Body;
+use crate::http::{read_capped, Body, BodyError};
 
 /// Form bodies larger than this are refused.
 pub const MAX_FORM: usize = 8 * 1024;
@@ -122,20 +122,14 @@ where
     }) {
         return Err(RequestError::Malformed);
     }
-    if let Some(len) = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        if len > MAX_FORM {
-            return Err(RequestError::TooLarge);
-        }
-    }
-    let bytes = Limited::new(body, MAX_FORM)
-        .collect()
+    let bytes = read_capped(headers, body, MAX_FORM)
         .await
-        .map_err(|_| RequestError::TooLarge)?
-        .to_bytes();
+        .map_err(|e| match e {
+            // Hyper refuses a malformed `Content-Length` before a handler
+            // runs; one that gets here is a malformed request.
+            BodyError::BadLength => RequestError::Malformed,
+            BodyError::TooLarge | BodyError::Unreadable => RequestError::TooLarge,
+        })?;
     Form::parse(&bytes)
 }
 

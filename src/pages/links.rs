@@ -18,16 +18,21 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::secret::SecretString;
 use crate::subject::Person;
+use crate::vault::AccountStatus;
 
 /// A boxed, sendable future (the traits are used as trait objects).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What a link asks the person to do (docs/DESIGN.md section 5). It is the link
-/// records' own type, so the pages and the records cannot disagree.
+/// What a link asks the person to do (docs/DESIGN.md section 5). It is the
+/// link records' own type, so the pages and the records cannot disagree.
+//
+// The one import from `connect`, and the graph runs this way on purpose:
+// the kind is part of a stored link record (it is serialised with it), so
+// `connect` owns it, and the pages, a layer above the records, read it.
+// `connect` knows nothing of the pages: the adapter that implements these
+// traits on the real records is wiring (`app::backend`).
 pub use crate::connect::LinkKind;
 
 /// An open connect link, as the pages see it. The code is not in here: the
@@ -79,16 +84,6 @@ pub trait LinkRecords: Send + Sync + Debug {
     fn decline(&self, id: &str, now: i64) -> Result<(), BackendError>;
 }
 
-/// Whether a connected account works.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AccountStatus {
-    /// Tokens work.
-    Active,
-    /// The provider refused a refresh; the person must reconnect.
-    NeedsReconnect,
-}
-
 /// One agent allowed to use an account, with its scopes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllowanceView {
@@ -107,7 +102,7 @@ pub struct AccountView {
     pub account_id: String,
     /// The account's name at the provider, as the person knows it.
     pub display_name: String,
-    /// Whether it works.
+    /// Whether it works (the vault's status, the one name for it).
     pub status: AccountStatus,
     /// The agents allowed to use it.
     pub allowances: Vec<AllowanceView>,

@@ -38,6 +38,7 @@ pub mod signin;
 pub mod users;
 pub mod views;
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -45,11 +46,12 @@ use std::sync::Arc;
 use ::http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use bytes::Bytes;
 
-use crate::api::Body;
-use crate::config::SignIn as SignInConfig;
-use crate::events::Event;
-use crate::exchange::Broker;
+use crate::clock::SharedClock;
+use crate::config::{IssuerConfig, SignIn as SignInConfig};
+use crate::events::{Audit, Event};
+use crate::http::Body;
 use crate::seal::Sealer;
+use crate::store::Store;
 
 pub use limits::PageLimits;
 pub use links::Services;
@@ -64,6 +66,11 @@ pub struct Options {
     pub lifetimes: Lifetimes,
     /// The connected-services side.
     pub services: Services,
+    /// The trusted issuers' key sets, by issuer (from
+    /// `subject::Validator::key_sets`), so that an IdP that is both a
+    /// subject-token issuer and a sign-in source has one JWKS cache. An
+    /// issuer missing here gets a set of its own.
+    pub key_sets: HashMap<String, Arc<crate::keyset::RemoteKeySet>>,
 }
 
 impl Default for Options {
@@ -72,7 +79,37 @@ impl Default for Options {
             limits: PageLimits::default(),
             lifetimes: Lifetimes::default(),
             services: Services::none(),
+            key_sets: HashMap::new(),
         }
+    }
+}
+
+/// What the pages use of the instance around them: these, and nothing
+/// else of the broker. The composition root (`app`) cuts them out of the
+/// broker, so the pages do not depend on the derive pipeline (`exchange`).
+#[derive(Clone)]
+pub struct Deps {
+    /// The instance's public issuer URL: the pages' base URL.
+    pub issuer: String,
+    /// The agent this instance serves (named in the pages' audit events).
+    pub agent: String,
+    /// The trusted subject-token issuers (sign-in: local or OIDC).
+    pub trusted_issuers: Vec<IssuerConfig>,
+    /// The clock.
+    pub clock: SharedClock,
+    /// Sessions, flows and local users live here.
+    pub store: Arc<dyn Store>,
+    /// The instance's audit sink.
+    pub audit: Arc<Audit>,
+}
+
+impl std::fmt::Debug for Deps {
+    // The store and the clock are trait objects without `Debug`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deps")
+            .field("issuer", &self.issuer)
+            .field("agent", &self.agent)
+            .finish_non_exhaustive()
     }
 }
 
@@ -83,7 +120,7 @@ const SWEEP_EVERY: i64 = 300;
 
 /// The pages of one instance.
 pub struct Pages {
-    broker: Arc<Broker>,
+    deps: Deps,
     sealer: Arc<Sealer>,
     services: Services,
     sessions: session::Sessions,
@@ -121,22 +158,23 @@ pub struct Ctx {
 }
 
 impl Pages {
-    /// The pages of `broker`'s instance.
-    pub fn new(broker: Arc<Broker>, sealer: Arc<Sealer>, options: Options) -> Pages {
-        let cfg = &broker.config;
-        let base = cfg.issuer.trim_end_matches('/').to_string();
+    /// The pages of an instance, given what they use of it (the
+    /// composition root makes [`Deps`] from the broker: `Deps::from`).
+    pub fn new(deps: impl Into<Deps>, sealer: Arc<Sealer>, options: Options) -> Pages {
+        let deps = deps.into();
+        let base = deps.issuer.trim_end_matches('/').to_string();
         let origin = http::origin_of(&base).unwrap_or_default();
         // `__Host-` cookies need Secure, which browsers refuse over plain
         // HTTP; the config allows plain HTTP only on loopback (quick start).
         let secure_cookie = base.starts_with("https://");
-        let local_issuer = cfg
+        let local_issuer = deps
             .trusted_issuers
             .iter()
             .find(|i| i.sign_in == SignInConfig::Local)
             .map(|i| i.issuer.trim_end_matches('/').to_string());
         let not_found = Bytes::from(views::render(&views::NotFound { who: None }));
         Pages {
-            oidc: oidc::Oidc::new(&cfg.trusted_issuers),
+            oidc: oidc::Oidc::new(&deps.trusted_issuers, &options.key_sets),
             sessions: session::Sessions::new(options.lifetimes),
             limiters: limits::Limiters::new(&options.limits),
             services: options.services,
@@ -152,7 +190,7 @@ impl Pages {
             local_issuer,
             not_found,
             last_sweep: AtomicI64::new(0),
-            broker,
+            deps,
             sealer,
         }
     }
@@ -176,7 +214,7 @@ impl Pages {
     {
         let ctx = Ctx {
             client,
-            now: self.broker.clock.now(),
+            now: self.deps.clock.now(),
         };
         let (parts, body) = req.into_parts();
         let path = parts.uri.path().to_string();
@@ -291,9 +329,7 @@ impl Pages {
     /// A 500 page with a correlation id that is also logged; the browser
     /// never sees the cause.
     pub fn internal(&self, what: &str, err: &dyn std::fmt::Display) -> Response<Body> {
-        let mut r = [0u8; 6];
-        let _ = aws_lc_rs::rand::fill(&mut r);
-        let reference = hex::encode(r);
+        let reference = crate::http::correlation_id();
         tracing::error!(%reference, what, error = %err, "pages: internal error");
         http::html(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -353,7 +389,7 @@ impl Pages {
         now: i64,
     ) -> Result<Option<session::Session>, crate::store::StoreError> {
         let ids = http::cookies(h, self.cookie_name);
-        self.sessions.load(self.broker.store.as_ref(), &ids, now)
+        self.sessions.load(self.deps.store.as_ref(), &ids, now)
     }
 
     /// The header line for a signed-in session.
@@ -389,14 +425,14 @@ impl Pages {
     /// Records an audit event; a failure is logged (the page still answers:
     /// no secret is released by a page).
     pub fn audit(&self, e: &Event<'_>) {
-        if let Err(err) = self.broker.audit.record(e) {
+        if let Err(err) = self.deps.audit.record(e) {
             tracing::error!(event = e.event, error = %err, "pages: audit event not written");
         }
     }
 
     /// A new event at `now` for this instance's agent.
     pub fn event<'a>(&'a self, ctx: &Ctx, name: &'a str) -> Event<'a> {
-        let mut e = Event::new(ctx.now, name, &self.broker.config.agent);
+        let mut e = Event::new(ctx.now, name, &self.deps.agent);
         e.client_addr = Some(ctx.client.to_string());
         e
     }
@@ -406,20 +442,15 @@ impl Pages {
         &self.base
     }
 
-    /// The instance's broker.
-    pub fn broker(&self) -> &Broker {
-        &self.broker
-    }
-
     /// Forgets idle rate-limit keys and sweeps expired sessions and flows.
     pub fn housekeeping(&self) {
         self.limiters.housekeeping();
-        let now = self.broker.clock.now();
+        let now = self.deps.clock.now();
         if now - self.last_sweep.load(Ordering::Relaxed) < SWEEP_EVERY {
             return;
         }
         self.last_sweep.store(now, Ordering::Relaxed);
-        let store = self.broker.store.as_ref();
+        let store = self.deps.store.as_ref();
         if let Err(e) = self.sessions.sweep(store, now) {
             tracing::warn!(error = %e, "pages: session sweep failed");
         }

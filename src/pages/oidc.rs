@@ -11,7 +11,7 @@
 //!   says it always sends one, a callback without it is refused.
 //! - The ID token is checked in the order of `jose`: size -> parts ->
 //!   base64url -> header (`typ` absent or `JWT`, `alg` in the issuer's list
-//!   and bound to the key) -> key (pinned JWKS, or the IdP's `jwks_uri`) ->
+//!   and bound to the key) -> key (the issuer's key set, shared with the subject-token validator) ->
 //!   signature -> typed claims -> `iss`, `aud` (and `azp`), `exp`, `iat`,
 //!   `nonce` (constant time), `sub`, `auth_time`.
 
@@ -20,12 +20,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
 use crate::config::{IssuerConfig, JwksSource, SignIn};
 use crate::jose::{self, Alg, Audience, JwkSet};
+use crate::keyset::{self, Refetch, RemoteKeySet};
+use crate::oauth::{self, Metadata};
 use crate::secret::SecretString;
 
 /// ID tokens larger than this are refused before parsing.
@@ -35,8 +36,7 @@ pub const SKEW: i64 = 30;
 /// The re-authentication window of the connect pages (docs/DESIGN.md section 5).
 pub const MAX_AGE: i64 = 900;
 const DISCOVERY_TTL: Duration = Duration::from_secs(3600);
-const JWKS_REFETCH_MIN: Duration = Duration::from_secs(60);
-const MAX_RESPONSE: usize = 256 * 1024;
+const MAX_RESPONSE: usize = oauth::MAX_ANSWER;
 
 /// Why an OIDC sign-in failed. No token, code or secret in here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -72,31 +72,20 @@ pub struct Identity {
     pub auth_time: Option<i64>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-struct Metadata {
-    issuer: String,
-    authorization_endpoint: String,
-    token_endpoint: String,
-    #[serde(default)]
-    jwks_uri: Option<String>,
-    #[serde(default)]
-    authorization_response_iss_parameter_supported: bool,
-}
-
 struct Rp {
     issuer: String,
     client_id: String,
     secret_file: Option<PathBuf>,
     algs: Vec<Alg>,
-    pinned: bool,
     meta: tokio::sync::Mutex<Option<(Arc<Metadata>, Instant)>>,
-    keys: ArcSwap<JwkSet>,
-    last_fetch: tokio::sync::Mutex<Option<Instant>>,
+    /// The issuer's key set, shared with the subject-token validator when
+    /// the wiring hands it over.
+    keys: Arc<RemoteKeySet>,
 }
 
 /// The relying party for every OIDC sign-in issuer of the config.
 pub struct Oidc {
-    http: reqwest::Client,
+    client: oauth::Client,
     rps: HashMap<String, Rp>,
 }
 
@@ -108,15 +97,14 @@ impl std::fmt::Debug for Oidc {
     }
 }
 
-fn acceptable_url(s: &str) -> bool {
-    url::Url::parse(s)
-        .is_ok_and(|u| crate::config::secure_or_loopback(&u) && u.fragment().is_none())
-}
-
 impl Oidc {
-    /// A relying party for each issuer paired with OIDC sign-in. Pinned JWKS
-    /// files are read now (they were already checked at start-up).
-    pub fn new(issuers: &[IssuerConfig]) -> Oidc {
+    /// A relying party for each issuer paired with OIDC sign-in. Its keys
+    /// are the issuer's set in `key_sets` (the one the subject-token
+    /// validator uses); an issuer missing there gets a set of its own:
+    /// pinned JWKS files are read now (they were already checked at
+    /// start-up), JWKS URIs on first use.
+    pub fn new(issuers: &[IssuerConfig], key_sets: &HashMap<String, Arc<RemoteKeySet>>) -> Oidc {
+        let http = keyset::http_client();
         let mut rps = HashMap::new();
         for i in issuers {
             let SignIn::Oidc {
@@ -126,15 +114,17 @@ impl Oidc {
             else {
                 continue;
             };
-            let (pinned, keys) = match &i.jwks {
-                JwksSource::File(p) => (
-                    true,
+            let keys = match (key_sets.get(&i.issuer), &i.jwks) {
+                (Some(shared), _) => shared.clone(),
+                (None, JwksSource::File(p)) => Arc::new(RemoteKeySet::pinned(
                     std::fs::read(p)
                         .ok()
                         .and_then(|b| JwkSet::from_json(&b).ok())
                         .unwrap_or_default(),
-                ),
-                JwksSource::Uri(_) => (false, JwkSet::default()),
+                )),
+                (None, JwksSource::Uri(u)) => {
+                    Arc::new(RemoteKeySet::remote(u, MAX_RESPONSE, http.clone()))
+                }
             };
             rps.insert(
                 i.issuer.clone(),
@@ -143,15 +133,13 @@ impl Oidc {
                     client_id: client_id.clone(),
                     secret_file: client_secret_file.clone(),
                     algs: i.algs.clone(),
-                    pinned,
                     meta: tokio::sync::Mutex::new(None),
-                    keys: ArcSwap::from_pointee(keys),
-                    last_fetch: tokio::sync::Mutex::new(None),
+                    keys,
                 },
             );
         }
         Oidc {
-            http: crate::subject::http_client(),
+            client: oauth::Client::new(http),
             rps,
         }
     }
@@ -172,39 +160,23 @@ impl Oidc {
                 return Ok(m.clone());
             }
         }
-        let url = format!(
-            "{}/.well-known/openid-configuration",
-            rp.issuer.trim_end_matches('/')
-        );
-        let body = self
-            .get_bounded(&url)
+        // Only the nonce's presence matters to discovery (an OpenID
+        // Provider: openid-configuration only).
+        let m = self
+            .client
+            .discover(&rp.issuer, oauth::Use::SignIn { nonce: "" })
             .await
-            .ok_or(OidcError::Discovery("unreachable"))?;
-        let m: Metadata = serde_json::from_slice(&body)
-            .map_err(|_| OidcError::Discovery("not a discovery document"))?;
-        if m.issuer != rp.issuer {
-            return Err(OidcError::Discovery(
-                "issuer differs from the configured one",
-            ));
-        }
-        if !acceptable_url(&m.authorization_endpoint)
-            || !acceptable_url(&m.token_endpoint)
-            || m.jwks_uri.as_deref().is_some_and(|u| !acceptable_url(u))
-        {
-            return Err(OidcError::Discovery("an endpoint is not https"));
-        }
+            .map_err(|e| match e {
+                oauth::OAuthError::Config(_) => OidcError::Discovery(
+                    "issuer differs from the configured one, or an endpoint is not https",
+                ),
+                oauth::OAuthError::Unavailable(_) | oauth::OAuthError::Rejected { .. } => {
+                    OidcError::Discovery("unreachable or not a discovery document")
+                }
+            })?;
         let m = Arc::new(m);
         *cached = Some((m.clone(), Instant::now()));
         Ok(m)
-    }
-
-    async fn get_bounded(&self, url: &str) -> Option<Vec<u8>> {
-        let resp = self.http.get(url).send().await.ok()?;
-        if !resp.status().is_success() {
-            return None;
-        }
-        let body = resp.bytes().await.ok()?;
-        (body.len() <= MAX_RESPONSE).then(|| body.to_vec())
     }
 
     /// The URL that starts a sign-in at `issuer`.
@@ -220,24 +192,23 @@ impl Oidc {
     ) -> Result<url::Url, OidcError> {
         let rp = self.rp(issuer)?;
         let m = self.metadata(rp).await?;
-        let mut u = url::Url::parse(&m.authorization_endpoint)
-            .map_err(|_| OidcError::Discovery("authorization_endpoint"))?;
-        {
-            let mut q = u.query_pairs_mut();
-            q.append_pair("response_type", "code")
-                .append_pair("client_id", &rp.client_id)
-                .append_pair("redirect_uri", redirect_uri)
-                .append_pair("scope", "openid profile email")
-                .append_pair("state", state.expose())
-                .append_pair("nonce", nonce.expose())
-                .append_pair("code_challenge", code_challenge)
-                .append_pair("code_challenge_method", "S256");
-            if reauth {
-                q.append_pair("max_age", &MAX_AGE.to_string())
-                    .append_pair("prompt", "login");
-            }
-        }
-        Ok(u)
+        let max_age = MAX_AGE.to_string();
+        let reauth_params = [("max_age", max_age.as_str()), ("prompt", "login")];
+        oauth::authorization_url(
+            &m.authorization,
+            oauth::Use::SignIn {
+                nonce: nonce.expose(),
+            },
+            &oauth::AuthorizationParams {
+                client_id: &rp.client_id,
+                redirect_uri,
+                scope: "openid profile email",
+                state: state.expose(),
+                code_challenge,
+                extra: if reauth { &reauth_params } else { &[] },
+            },
+        )
+        .map_err(|_| OidcError::Discovery("authorization_endpoint"))
     }
 
     /// Checks the callback's `iss` parameter (RFC 9207).
@@ -248,12 +219,8 @@ impl Oidc {
     ) -> Result<(), OidcError> {
         let rp = self.rp(issuer)?;
         let m = self.metadata(rp).await?;
-        match iss {
-            Some(i) if i == rp.issuer => Ok(()),
-            Some(_) => Err(OidcError::CallbackIss),
-            None if m.authorization_response_iss_parameter_supported => Err(OidcError::CallbackIss),
-            None => Ok(()),
-        }
+        oauth::check_callback_iss(Some(&rp.issuer), m.sends_iss, iss)
+            .map_err(|_| OidcError::CallbackIss)
     }
 
     /// Redeems an authorization code and validates the ID token.
@@ -270,12 +237,6 @@ impl Oidc {
     ) -> Result<Identity, OidcError> {
         let rp = self.rp(issuer)?;
         let m = self.metadata(rp).await?;
-        let mut form = vec![
-            ("grant_type", "authorization_code"),
-            ("code", code.expose().as_str()),
-            ("redirect_uri", redirect_uri),
-            ("code_verifier", verifier.expose().as_str()),
-        ];
         let secret = match &rp.secret_file {
             Some(p) => {
                 let bytes = crate::config::read_secret_file(p).map_err(|_| OidcError::Secret)?;
@@ -284,44 +245,37 @@ impl Oidc {
             }
             None => None,
         };
-        let mut req = self.http.post(&m.token_endpoint);
-        match &secret {
-            // client_secret_basic: both parts form-encoded first (RFC 6749
-            // section 2.3.1).
-            Some(s) => {
-                let enc =
-                    |v: &str| form_urlencoded::byte_serialize(v.as_bytes()).collect::<String>();
-                req = req.basic_auth(enc(&rp.client_id), Some(enc(s.expose())));
-            }
-            None => form.push(("client_id", rp.client_id.as_str())),
-        }
-        let body = form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(form.iter())
-            .finish();
-        let resp = req
-            .header("content-type", "application/x-www-form-urlencoded")
-            .header("accept", "application/json")
-            .body(body)
-            .send()
+        let auth = match &secret {
+            Some(s) => oauth::ClientAuth::Basic {
+                id: &rp.client_id,
+                secret: s.expose(),
+            },
+            None => oauth::ClientAuth::Post {
+                id: &rp.client_id,
+                secret: None,
+            },
+        };
+        let answer = self
+            .client
+            .exchange_code(
+                &m.token,
+                auth,
+                code.expose(),
+                verifier.expose(),
+                redirect_uri,
+                oauth::Use::SignIn {
+                    nonce: nonce.expose(),
+                },
+            )
             .await
-            .map_err(|_| OidcError::Token("unreachable"))?;
-        if !resp.status().is_success() {
-            return Err(OidcError::Token("refused"));
-        }
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|_| OidcError::Token("unreadable"))?;
-        if bytes.len() > MAX_RESPONSE {
-            return Err(OidcError::Token("too large"));
-        }
-        #[derive(Deserialize)]
-        struct TokenResponse {
-            id_token: String,
-        }
-        let tr: TokenResponse =
-            serde_json::from_slice(&bytes).map_err(|_| OidcError::Token("no id_token"))?;
-        let id_token = SecretString::new(tr.id_token);
+            .map_err(|e| match e {
+                oauth::OAuthError::Rejected { .. } => OidcError::Token("refused"),
+                _ => OidcError::Token("unreachable, unreadable or no id_token"),
+            })?;
+        let oauth::CodeAnswer::IdToken(id_token) = answer else {
+            // The sign-in rules give only an ID token answer.
+            return Err(OidcError::Token("no id_token"));
+        };
         let check = Expected {
             issuer: &rp.issuer,
             client_id: &rp.client_id,
@@ -334,28 +288,18 @@ impl Oidc {
             .map_err(|_| OidcError::IdToken("malformed"))?;
         let alg = header_alg(&jws, &rp.algs)?;
         let kid = jws.header.kid.clone();
-        let keys = rp.keys.load_full();
-        let keys = if keys.select(kid.as_deref(), alg).is_some() || rp.pinned {
+        let keys = rp.keys.keys();
+        let keys = if keys.select(kid.as_deref(), alg).is_some() {
             keys
         } else {
-            self.refetch(rp, m.jwks_uri.as_deref())
-                .await
-                .unwrap_or(keys)
+            // An unknown kid: the IdP may have rotated. The key set throttles
+            // refetches; a pinned set is never fetched.
+            match rp.keys.refetch(now).await {
+                Ok(Refetch::Fetched(fresh) | Refetch::Throttled(fresh)) => fresh,
+                _ => keys,
+            }
         };
         validate_id_token(id_token.expose(), &keys, &check)
-    }
-
-    async fn refetch(&self, rp: &Rp, jwks_uri: Option<&str>) -> Option<Arc<JwkSet>> {
-        let uri = jwks_uri?;
-        let mut last = rp.last_fetch.lock().await;
-        if last.is_some_and(|t| t.elapsed() < JWKS_REFETCH_MIN) {
-            return None;
-        }
-        *last = Some(Instant::now());
-        let body = self.get_bounded(uri).await?;
-        let set = JwkSet::from_json(&body).ok()?;
-        rp.keys.store(Arc::new(set));
-        Some(rp.keys.load_full())
     }
 }
 
@@ -401,16 +345,20 @@ struct IdClaims {
 fn header_alg(jws: &jose::Jws<'_>, algs: &[Alg]) -> Result<Alg, OidcError> {
     // ID tokens are plain JWTs; anything typed as another kind of token
     // (an access token, a DPoP proof, a logout token) is not one.
-    match jws.header.typ.as_deref() {
-        None => {}
-        Some(t) if t.eq_ignore_ascii_case("JWT") || t.eq_ignore_ascii_case("application/jwt") => {}
-        Some(_) => return Err(OidcError::IdToken("typ is not JWT")),
-    }
-    let alg = Alg::parse(&jws.header.alg).map_err(|_| OidcError::IdToken("alg"))?;
-    if !algs.contains(&alg) {
-        return Err(OidcError::IdToken("alg"));
-    }
-    Ok(alg)
+    jose::check_header(
+        &jws.header,
+        &jose::HeaderRule {
+            typ: jose::TypRule::MediaTypes {
+                allowed: &["JWT"],
+                absent_ok: true,
+            },
+            algs,
+        },
+    )
+    .map_err(|e| match e {
+        jose::HeaderError::Typ => OidcError::IdToken("typ is not JWT"),
+        jose::HeaderError::Alg => OidcError::IdToken("alg"),
+    })
 }
 
 /// Validates an ID token against `keys` (pure: no I/O, time injected).
@@ -519,6 +467,36 @@ mod tests {
         let mut v = good();
         f(v.as_object_mut().unwrap());
         v
+    }
+
+    #[test]
+    fn an_idp_that_is_issuer_and_sign_in_source_has_one_key_cache() {
+        let cfg = |issuer: &str| IssuerConfig {
+            issuer: issuer.into(),
+            audience: "agent".into(),
+            jwks: JwksSource::Uri(format!("{issuer}/jwks")),
+            algs: vec![Alg::ES256],
+            token_types: vec!["at+jwt".into()],
+            required_claims: vec![],
+            sign_in: SignIn::Oidc {
+                client_id: "credbroker".into(),
+                client_secret_file: None,
+            },
+        };
+        let shared = Arc::new(RemoteKeySet::remote(
+            &format!("{ISS}/jwks"),
+            keyset::MAX_ISSUER_JWKS,
+            keyset::http_client(),
+        ));
+        let sets = HashMap::from([(ISS.to_string(), shared.clone())]);
+        let oidc = Oidc::new(&[cfg(ISS), cfg("https://other.example")], &sets);
+        assert!(Arc::ptr_eq(&oidc.rps[ISS].keys, &shared));
+        // Positive control: an issuer the wiring did not hand over gets a
+        // set of its own.
+        assert!(!Arc::ptr_eq(
+            &oidc.rps["https://other.example"].keys,
+            &shared
+        ));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use http::{HeaderMap, Response, StatusCode};
 use super::http::{redirect, safe_return_to, Form};
 use super::session::{Method, Record, Session};
 use super::{flows, users, views, Ctx, Pages};
-use crate::api::Body;
+use crate::http::Body;
 use crate::secret::SecretString;
 
 const SIGNIN_FAILED: &str = "The user name or password is not right. After several failed attempts an account is locked for 15 minutes.";
@@ -41,7 +41,7 @@ fn session_or_new(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Result<(Session, bool),
                 return Err(p.too_many());
             }
             p.sessions
-                .create_anonymous(p.broker.store.as_ref(), ctx.now)
+                .create_anonymous(p.deps.store.as_ref(), ctx.now)
                 .map(|s| (s, true))
                 .map_err(|e| p.internal("session", &e))
         }
@@ -70,8 +70,7 @@ fn render_page(
             _ => (
                 p.local_issuer.is_some(),
                 None,
-                p.broker
-                    .config
+                p.deps
                     .trusted_issuers
                     .iter()
                     .filter(|i| p.oidc.has(&i.issuer))
@@ -133,7 +132,7 @@ pub async fn page(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Response<Body
 
 /// Replaces the browser's session with a fresh signed-in one.
 fn sign_in(p: &Pages, old: &Session, record: Record, return_to: &str) -> Response<Body> {
-    let store = p.broker.store.as_ref();
+    let store = p.deps.store.as_ref();
     let fresh = match p.sessions.create(store, record) {
         Ok(s) => s,
         Err(e) => return p.internal("session", &e),
@@ -176,7 +175,7 @@ pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Respon
         let Ok(_slot) = p.hashing.acquire().await else {
             return p.internal("hashing", &"semaphore closed");
         };
-        let store = p.broker.store.clone();
+        let store = p.deps.store.clone();
         let n = name.clone();
         let now = ctx.now;
         match tokio::task::spawn_blocking(move || users::verify(store.as_ref(), &n, &password, now))
@@ -259,7 +258,7 @@ pub async fn oidc_start(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Respons
         reauth,
     };
     let state = match flows::start(
-        p.broker.store.as_ref(),
+        p.deps.store.as_ref(),
         &p.sealer,
         &s.key_hex(),
         flow,
@@ -312,7 +311,7 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
     if !p.limiters.signin(ctx.client) {
         return p.too_many();
     }
-    let store = p.broker.store.as_ref();
+    let store = p.deps.store.as_ref();
     let Some(state) = q.get("state").map(str::to_owned) else {
         return expired_flow(p);
     };
@@ -412,7 +411,7 @@ pub async fn signout(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Respons
     if !s.check_csrf(form.get("csrf")) {
         return p.bad_csrf();
     }
-    if let Err(e) = p.sessions.delete(p.broker.store.as_ref(), &s) {
+    if let Err(e) = p.sessions.delete(p.deps.store.as_ref(), &s) {
         return p.internal("session", &e);
     }
     if let Some(person) = s.record.person() {

@@ -20,8 +20,9 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::explain::shown;
-use super::{parse_policy_ttl, parse_scope, Outcome, Policy, DENY_REASONS};
-use crate::config::{line_col, parse_toml, Problem};
+use super::{parse_policy_ttl, Outcome, Policy, DENY_REASONS};
+use crate::diagnostics::{offset_at, parse_toml, Problem};
+use crate::grammar::parse_scope;
 
 /// One test case, validated.
 #[derive(Debug, Clone)]
@@ -113,10 +114,7 @@ pub fn load(path: &Path) -> Result<Vec<Case>, Vec<Problem>> {
 /// Validates cases text; `path` names the file in messages.
 pub fn parse(path: &Path, text: &str) -> Result<Vec<Case>, Vec<Problem>> {
     let raw: RawCases = parse_toml(path, text)?;
-    let at = |span: std::ops::Range<usize>| {
-        let (l, c) = line_col(text, span.start);
-        format!("{}:{l}:{c}", path.display())
-    };
+    let at = |span: std::ops::Range<usize>| offset_at(path, text, span.start);
     let mut problems = Vec::new();
     let mut bad = |span: std::ops::Range<usize>, key: &str, message: &str| {
         problems.push(Problem {

@@ -16,7 +16,7 @@ use clap::Subcommand;
 use super::explain::{explain, Query};
 use super::lint::{lint, Warning};
 use super::{Policy, PolicyError};
-use crate::config::Problem;
+use crate::diagnostics::Problem;
 
 /// The `credbroker policy` subcommands.
 #[derive(Debug, Subcommand)]
@@ -265,7 +265,7 @@ fn check(files: &[PathBuf], deny_warnings: bool, agent: Option<&str>, out: &mut 
             if policy.agent != a {
                 write_problem(
                     &Problem {
-                        at: super::top_key_at(path, &text, "agent"),
+                        at: crate::diagnostics::top_key_at(path, &text, "agent"),
                         key: Some("agent".into()),
                         message: format!("the policy is for agent {:?}, not {a:?}", policy.agent),
                     },

@@ -10,10 +10,9 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::{
-    canonical_resource, parse_scope, table_at, top_key_at, DenyReason, Outcome, Policy, Source,
-    MAX_TTL,
-};
+use super::{canonical_resource, DenyReason, Outcome, Policy, Source, MAX_TTL};
+use crate::diagnostics::{table_at, top_key_at};
+use crate::grammar::parse_scope;
 
 /// A request to explain, with its fields as the orchestrator would send them.
 #[derive(Debug, Clone, Copy)]

@@ -7,7 +7,8 @@
 
 use std::path::Path;
 
-use super::{table_at, top_key_at, Policy, Resource, Source, Tool};
+use super::{Policy, Resource, Source, Tool};
+use crate::diagnostics::{table_at, top_key_at};
 
 /// A tool usable in more steps than this is reported: every step it is
 /// allowed in is one more place where a prompt-injected model can reach it.

@@ -1,4 +1,6 @@
 use super::*;
+use crate::diagnostics::line_col;
+use crate::grammar::valid_scope_token;
 
 const FILE: &str = "/etc/credbroker/policy.toml";
 

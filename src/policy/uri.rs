@@ -82,7 +82,7 @@ pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
     if !url.username().is_empty() || url.password().is_some() || after_scheme.contains('@') {
         return Err(ResourceError::UserInfo);
     }
-    if !crate::config::secure_or_loopback(&url) {
+    if !crate::grammar::secure_or_loopback(&url) {
         return Err(ResourceError::Scheme);
     }
     // url has lower-cased scheme and host and dropped the default port; an

@@ -1,7 +1,10 @@
 //! The OAuth 2.0 client side towards third-party providers (GitHub, any
 //! OpenID Connect provider): authorization URLs with PKCE (S256) and
 //! `state`, code exchange, refresh, RFC 7009 revocation, the account's name,
-//! and RFC 8414 / OpenID Connect discovery.
+//! and RFC 8414 / OpenID Connect discovery. The OAuth mechanics are the
+//! shared client of [`crate::oauth`], used here by its provider rules
+//! ([`oauth::Use::Provider`]); the RFC 9207 `iss` check of the callback is
+//! [`oauth::check_callback_iss`], run by the pages.
 //!
 //! Every call is bounded by the provider's `timeout` (connect, send and the
 //! whole answer), follows no redirect, and reads at most 256 KiB. Failures
@@ -17,32 +20,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use base64::Engine;
 use serde::Deserialize;
 use zeroize::Zeroize;
 
-use crate::config::{
-    secure_or_loopback, AccountLookup, ClientAuth, Config, Endpoints, ProviderConfig,
-};
+use crate::config::{AccountLookup, ClientAuth, Config, Endpoints, ProviderConfig};
+use crate::oauth::{self, read_capped};
 use crate::secret::SecretString;
 
-/// The most a provider answer may hold.
-const MAX_ANSWER: usize = 256 * 1024;
-
-/// Tokens from a provider's token endpoint.
-#[derive(Debug)]
-pub struct TokenSet {
-    /// The access token.
-    pub access_token: SecretString,
-    /// `token_type` as the provider said it (`bearer`, `Bearer`, ...).
-    pub token_type: String,
-    /// Lifetime in seconds, when the provider said.
-    pub expires_in: Option<i64>,
-    /// A refresh token (a new one when the provider rotates them).
-    pub refresh_token: Option<SecretString>,
-    /// The granted scopes, when the provider said.
-    pub scope: Option<Vec<String>>,
-}
+pub use crate::oauth::{pkce_challenge, OAuthError as UpstreamError, TokenSet};
 
 /// The person's account at the provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,30 +36,6 @@ pub struct AccountInfo {
     pub id: String,
     /// The name people know it by (login, e-mail).
     pub name: String,
-}
-
-/// Provider call failures. No token, code or secret is ever in them.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UpstreamError {
-    /// The provider answered with an OAuth error (RFC 6749 section 5.2).
-    #[error("the provider refused the request ({error})")]
-    Rejected {
-        /// The OAuth `error` code (sanitised, at most 64 characters).
-        error: String,
-    },
-    /// The provider could not be reached or gave no usable answer.
-    #[error("the provider is unavailable: {0}")]
-    Unavailable(String),
-    /// The provider is misconfigured here (secret file, discovery answer).
-    #[error("provider configuration: {0}")]
-    Config(String),
-}
-
-impl UpstreamError {
-    /// Whether the provider said the grant is no longer valid.
-    pub fn is_invalid_grant(&self) -> bool {
-        matches!(self, UpstreamError::Rejected { error } if error == "invalid_grant")
-    }
 }
 
 /// What a revocation achieved.
@@ -99,71 +60,6 @@ pub struct AuthorizationRequest {
     pub verifier: SecretString,
 }
 
-fn b64() -> base64::engine::GeneralPurpose {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-}
-
-fn random_b64(n: usize) -> Result<SecretString, UpstreamError> {
-    let mut b = vec![0u8; n];
-    aws_lc_rs::rand::fill(&mut b).map_err(|_| UpstreamError::Config("no randomness".into()))?;
-    let s = b64().encode(&b);
-    b.zeroize();
-    Ok(SecretString::new(s))
-}
-
-/// The S256 challenge of a PKCE verifier.
-pub fn pkce_challenge(verifier: &str) -> String {
-    b64().encode(aws_lc_rs::digest::digest(
-        &aws_lc_rs::digest::SHA256,
-        verifier.as_bytes(),
-    ))
-}
-
-fn sanitize_code(s: &str) -> String {
-    s.chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-' || *c == '.')
-        .take(64)
-        .collect()
-}
-
-fn unavailable(e: &reqwest::Error) -> UpstreamError {
-    // reqwest's own text names the URL, which holds no secret here (tokens
-    // travel in bodies and headers), but keep the words fixed anyway.
-    let what = if e.is_timeout() {
-        "it did not answer in time"
-    } else if e.is_connect() {
-        "the connection failed (refused, unreachable or TLS)"
-    } else if e.is_body() || e.is_decode() {
-        "its answer could not be read"
-    } else {
-        "the request failed"
-    };
-    UpstreamError::Unavailable(what.into())
-}
-
-#[derive(Deserialize)]
-struct RawToken {
-    #[serde(default)]
-    access_token: Option<String>,
-    #[serde(default)]
-    token_type: Option<String>,
-    #[serde(default)]
-    expires_in: Option<serde_json::Value>,
-    #[serde(default)]
-    refresh_token: Option<String>,
-    #[serde(default)]
-    scope: Option<String>,
-    #[serde(default)]
-    error: Option<String>,
-}
-
-impl Drop for RawToken {
-    fn drop(&mut self) {
-        self.access_token.zeroize();
-        self.refresh_token.zeroize();
-    }
-}
-
 #[derive(Deserialize)]
 struct RawError {
     error: String,
@@ -173,7 +69,7 @@ struct RawError {
 pub struct Provider {
     cfg: ProviderConfig,
     secret: Option<SecretString>,
-    http: reqwest::Client,
+    client: oauth::Client,
     discovered: ArcSwapOption<Endpoints>,
 }
 
@@ -222,7 +118,7 @@ impl Provider {
         Ok(Provider {
             cfg,
             secret,
-            http,
+            client: oauth::Client::new(http),
             discovered: ArcSwapOption::empty(),
         })
     }
@@ -267,38 +163,16 @@ impl Provider {
             .issuer
             .as_deref()
             .ok_or_else(|| UpstreamError::Config("no endpoints and no issuer".into()))?;
-        let e = Arc::new(self.discover(issuer).await?);
+        let m = self.client.discover(issuer, oauth::Use::Provider).await?;
+        let e = Arc::new(Endpoints {
+            authorization: m.authorization,
+            token: m.token,
+            revocation: m.revocation,
+            userinfo: m.userinfo,
+            sends_iss: m.sends_iss,
+        });
         self.discovered.store(Some(e.clone()));
         Ok(e)
-    }
-
-    async fn discover(&self, issuer: &str) -> Result<Endpoints, UpstreamError> {
-        let mut last = UpstreamError::Unavailable("discovery found no metadata".into());
-        for url in discovery_urls(issuer)? {
-            let resp = match self
-                .http
-                .get(&url)
-                .header("accept", "application/json")
-                .send()
-                .await
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    last = unavailable(&e);
-                    continue;
-                }
-            };
-            if !resp.status().is_success() {
-                last = UpstreamError::Unavailable(format!(
-                    "discovery answered HTTP {}",
-                    resp.status().as_u16()
-                ));
-                continue;
-            }
-            let body = read_capped(resp).await?;
-            return parse_metadata(issuer, &body);
-        }
-        Err(last)
     }
 
     /// The endpoints if known without a network call (configured, or
@@ -330,24 +204,18 @@ impl Provider {
                 all.push(s.clone());
             }
         }
-        let mut url = url::Url::parse(&ep.authorization)
-            .map_err(|_| UpstreamError::Config("the authorization endpoint is not a URL".into()))?;
-        {
-            let mut q = url.query_pairs_mut();
-            q.append_pair("response_type", "code")
-                .append_pair("client_id", &self.cfg.client_id)
-                .append_pair("redirect_uri", &self.cfg.redirect_uri)
-                .append_pair("state", state)
-                .append_pair("code_challenge", code_challenge)
-                .append_pair("code_challenge_method", "S256");
-            if !all.is_empty() {
-                q.append_pair("scope", &all.join(" "));
-            }
-            for (k, v) in extra {
-                q.append_pair(k, v);
-            }
-        }
-        Ok(url)
+        oauth::authorization_url(
+            &ep.authorization,
+            oauth::Use::Provider,
+            &oauth::AuthorizationParams {
+                client_id: &self.cfg.client_id,
+                redirect_uri: &self.cfg.redirect_uri,
+                scope: &all.join(" "),
+                state,
+                code_challenge,
+                extra,
+            },
+        )
     }
 
     /// Starts an authorization: a URL with `response_type=code`, the
@@ -361,8 +229,8 @@ impl Provider {
         extra: &[(&str, &str)],
     ) -> Result<AuthorizationRequest, UpstreamError> {
         self.endpoints().await?;
-        let state = random_b64(32)?;
-        let verifier = random_b64(32)?;
+        let state = oauth::random_secret(32)?;
+        let verifier = oauth::random_secret(32)?;
         let url = self.authorization_url(
             state.expose(),
             &pkce_challenge(verifier.expose()),
@@ -376,35 +244,17 @@ impl Provider {
         })
     }
 
-    fn form_with_auth(
-        &self,
-        mut form: Vec<(&'static str, String)>,
-    ) -> (Vec<(&'static str, String)>, Option<String>) {
-        let mut basic = None;
+    fn client_auth(&self) -> oauth::ClientAuth<'_> {
+        let id = self.cfg.client_id.as_str();
+        let secret = self.secret.as_ref().map(|s| s.expose().as_str());
         match self.cfg.client_auth {
-            ClientAuth::Basic => {
-                let enc =
-                    |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
-                let secret = self
-                    .secret
-                    .as_ref()
-                    .map(|s| s.expose().as_str())
-                    .unwrap_or_default();
-                let raw = format!("{}:{}", enc(&self.cfg.client_id), enc(secret));
-                basic = Some(format!(
-                    "Basic {}",
-                    base64::engine::general_purpose::STANDARD.encode(raw)
-                ));
-            }
-            ClientAuth::Post => {
-                form.push(("client_id", self.cfg.client_id.clone()));
-                if let Some(s) = &self.secret {
-                    form.push(("client_secret", s.expose().clone()));
-                }
-            }
-            ClientAuth::None => form.push(("client_id", self.cfg.client_id.clone())),
+            ClientAuth::Basic => oauth::ClientAuth::Basic {
+                id,
+                secret: secret.unwrap_or_default(),
+            },
+            ClientAuth::Post => oauth::ClientAuth::Post { id, secret },
+            ClientAuth::None => oauth::ClientAuth::Post { id, secret: None },
         }
-        (form, basic)
     }
 
     async fn post_form(
@@ -412,26 +262,7 @@ impl Provider {
         url: &str,
         form: Vec<(&'static str, String)>,
     ) -> Result<(u16, Vec<u8>), UpstreamError> {
-        let (mut form, basic) = self.form_with_auth(form);
-        let mut body = form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(form.iter())
-            .finish();
-        for (_, v) in form.iter_mut() {
-            v.zeroize();
-        }
-        let mut req = self
-            .http
-            .post(url)
-            .header("content-type", "application/x-www-form-urlencoded")
-            .header("accept", "application/json");
-        if let Some(b) = &basic {
-            req = req.header("authorization", b);
-        }
-        let sent = req.body(body.clone()).send().await;
-        body.zeroize();
-        let resp = sent.map_err(|e| unavailable(&e))?;
-        let status = resp.status().as_u16();
-        Ok((status, read_capped(resp).await?))
+        self.client.post_form(url, form, self.client_auth()).await
     }
 
     async fn token_request(
@@ -440,22 +271,9 @@ impl Provider {
     ) -> Result<TokenSet, UpstreamError> {
         let ep = self.endpoints().await?;
         let (status, mut body) = self.post_form(&ep.token, form).await?;
-        let parsed = parse_token_answer(status, &body);
+        let parsed = oauth::parse_token_answer(status, &body);
         body.zeroize();
         parsed
-    }
-
-    /// Checks the RFC 9207 `iss` of an authorization response (mix-up
-    /// defence): when present it must be this provider's issuer exactly.
-    /// Providers that do not send it (GitHub) pass with `None`.
-    pub fn check_callback_iss(&self, iss: Option<&str>) -> Result<(), UpstreamError> {
-        match (iss, self.cfg.issuer.as_deref()) {
-            (None, _) => Ok(()),
-            (Some(got), Some(want)) if got == want => Ok(()),
-            _ => Err(UpstreamError::Rejected {
-                error: "iss_mismatch".into(),
-            }),
-        }
     }
 
     /// Exchanges an authorization code (with its PKCE verifier) for tokens.
@@ -464,13 +282,25 @@ impl Provider {
         code: &str,
         verifier: &str,
     ) -> Result<TokenSet, UpstreamError> {
-        self.token_request(vec![
-            ("grant_type", "authorization_code".into()),
-            ("code", code.into()),
-            ("redirect_uri", self.cfg.redirect_uri.clone()),
-            ("code_verifier", verifier.into()),
-        ])
-        .await
+        let ep = self.endpoints().await?;
+        match self
+            .client
+            .exchange_code(
+                &ep.token,
+                self.client_auth(),
+                code,
+                verifier,
+                &self.cfg.redirect_uri,
+                oauth::Use::Provider,
+            )
+            .await?
+        {
+            oauth::CodeAnswer::Tokens(t) => Ok(t),
+            // The provider rules never give an ID token answer.
+            oauth::CodeAnswer::IdToken(_) => Err(UpstreamError::Unavailable(
+                "its answer has no access_token".into(),
+            )),
+        }
     }
 
     /// Refreshes; `scope` narrows the new access token where the provider
@@ -507,7 +337,7 @@ impl Provider {
             200..=299 => Ok(Revocation::Revoked),
             400..=499 => Err(match serde_json::from_slice::<RawError>(&body) {
                 Ok(e) => UpstreamError::Rejected {
-                    error: sanitize_code(&e.error),
+                    error: oauth::sanitize_code(&e.error),
                 },
                 Err(_) => UpstreamError::Rejected {
                     error: format!("http_{status}"),
@@ -539,13 +369,14 @@ impl Provider {
             } => (url.clone(), id_field.clone(), name_field.clone()),
         };
         let resp = self
-            .http
+            .client
+            .http()
             .get(&url)
             .header("authorization", format!("Bearer {access_token}"))
             .header("accept", "application/json")
             .send()
             .await
-            .map_err(|e| unavailable(&e))?;
+            .map_err(|e| oauth::unavailable(&e))?;
         let status = resp.status().as_u16();
         let body = read_capped(resp).await?;
         match status {
@@ -577,156 +408,6 @@ impl Provider {
     }
 }
 
-async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, UpstreamError> {
-    let mut out = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| unavailable(&e))? {
-        if out.len() + chunk.len() > MAX_ANSWER {
-            out.zeroize();
-            return Err(UpstreamError::Unavailable("its answer is too large".into()));
-        }
-        out.extend_from_slice(&chunk);
-    }
-    Ok(out)
-}
-
-/// Interprets a token endpoint answer. GitHub answers errors with 200 and
-/// an `error` field, so `error` is looked at whatever the status.
-fn parse_token_answer(status: u16, body: &[u8]) -> Result<TokenSet, UpstreamError> {
-    let raw: Result<RawToken, _> = serde_json::from_slice(body);
-    match (status, raw) {
-        (
-            _,
-            Ok(RawToken {
-                error: Some(ref e), ..
-            }),
-        ) if (200..500).contains(&status) => Err(UpstreamError::Rejected {
-            error: sanitize_code(e),
-        }),
-        (200..=299, Ok(mut t)) => {
-            let access = t
-                .access_token
-                .take()
-                .filter(|a| !a.is_empty())
-                .ok_or_else(|| {
-                    UpstreamError::Unavailable("its answer has no access_token".into())
-                })?;
-            let token_type = t
-                .token_type
-                .take()
-                .filter(|s| {
-                    !s.is_empty()
-                        && s.len() <= 32
-                        && s.bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-                })
-                .ok_or_else(|| {
-                    UpstreamError::Unavailable("its answer has no usable token_type".into())
-                })?;
-            let expires_in = match &t.expires_in {
-                None | Some(serde_json::Value::Null) => None,
-                Some(serde_json::Value::Number(n)) => {
-                    n.as_i64().filter(|n| *n >= 0).map(Some).ok_or_else(|| {
-                        UpstreamError::Unavailable(
-                            "its expires_in is not a positive integer".into(),
-                        )
-                    })?
-                }
-                Some(serde_json::Value::String(s)) => Some(s.parse::<i64>().map_err(|_| {
-                    UpstreamError::Unavailable("its expires_in is not a positive integer".into())
-                })?),
-                Some(_) => {
-                    return Err(UpstreamError::Unavailable(
-                        "its expires_in is not a number".into(),
-                    ))
-                }
-            };
-            Ok(TokenSet {
-                access_token: SecretString::new(access),
-                token_type,
-                expires_in,
-                refresh_token: t
-                    .refresh_token
-                    .take()
-                    .filter(|r| !r.is_empty())
-                    .map(SecretString::new),
-                scope: t.scope.take().map(|s| {
-                    s.split([' ', ','])
-                        .filter(|x| !x.is_empty())
-                        .map(str::to_owned)
-                        .collect()
-                }),
-            })
-        }
-        (200..=299, Err(_)) => Err(UpstreamError::Unavailable("its answer is not JSON".into())),
-        (400..=499, _) => Err(UpstreamError::Rejected {
-            error: format!("http_{status}"),
-        }),
-        (s, _) => Err(UpstreamError::Unavailable(format!("it answered HTTP {s}"))),
-    }
-}
-
-/// RFC 8414 section 3.1: the well-known segment goes between the host and
-/// the issuer's path; OpenID Connect discovery appends it.
-fn discovery_urls(issuer: &str) -> Result<Vec<String>, UpstreamError> {
-    let u = url::Url::parse(issuer)
-        .map_err(|_| UpstreamError::Config("the issuer is not a URL".into()))?;
-    let path = u.path().trim_end_matches('/');
-    let origin = u.origin().ascii_serialization();
-    Ok(vec![
-        format!("{origin}/.well-known/oauth-authorization-server{path}"),
-        format!(
-            "{}/.well-known/openid-configuration",
-            issuer.trim_end_matches('/')
-        ),
-    ])
-}
-
-fn parse_metadata(issuer: &str, body: &[u8]) -> Result<Endpoints, UpstreamError> {
-    #[derive(Deserialize)]
-    struct Meta {
-        issuer: String,
-        authorization_endpoint: String,
-        token_endpoint: String,
-        #[serde(default)]
-        revocation_endpoint: Option<String>,
-        #[serde(default)]
-        userinfo_endpoint: Option<String>,
-        #[serde(default)]
-        authorization_response_iss_parameter_supported: bool,
-    }
-    let m: Meta = serde_json::from_slice(body)
-        .map_err(|_| UpstreamError::Unavailable("the discovery document is malformed".into()))?;
-    // RFC 8414 section 3.3: the issuer in the document must be identical.
-    if m.issuer != issuer {
-        return Err(UpstreamError::Config(
-            "the discovery document names another issuer".into(),
-        ));
-    }
-    let ok = |u: &str| url::Url::parse(u).is_ok_and(|u| secure_or_loopback(&u));
-    for u in [
-        Some(&m.authorization_endpoint),
-        Some(&m.token_endpoint),
-        m.revocation_endpoint.as_ref(),
-        m.userinfo_endpoint.as_ref(),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        if !ok(u) {
-            return Err(UpstreamError::Config(
-                "the discovery document has an endpoint that is not https".into(),
-            ));
-        }
-    }
-    Ok(Endpoints {
-        authorization: m.authorization_endpoint,
-        token: m.token_endpoint,
-        revocation: m.revocation_endpoint,
-        userinfo: m.userinfo_endpoint,
-        sends_iss: m.authorization_response_iss_parameter_supported,
-    })
-}
-
 /// Every configured provider, by name.
 #[derive(Debug, Default)]
 pub struct Providers {
@@ -753,6 +434,3 @@ impl Providers {
         self.by_name.keys().map(String::as_str)
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -249,6 +249,16 @@ async fn freeze_and_rotate_work_offline_through_the_store() {
     assert_eq!(code, 0, "{out}");
     let (code, _) = cli(&b, &["status"]);
     assert_eq!(code, 3, "status says not running");
+    // Offline actions are audited as the admin socket's are.
+    let events: Vec<String> = b
+        .audit_lines()
+        .iter()
+        .map(|e| e["event"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        events.ends_with(&["admin.frozen".to_owned(), "keys.rotated".to_owned()]),
+        "the offline freeze and key rotation write their events: {events:?}"
+    );
     b.restart();
     match b
         .derive(

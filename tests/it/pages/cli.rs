@@ -96,6 +96,26 @@ async fn users_add_while_running_and_while_stopped() {
     assert!(out.contains("\"running\":false"), "{out}");
     let (ok, _, _) = users_add(&b, "alice", "a new password", &["--replace"]);
     assert!(ok);
+    // The offline adds are audited like the running instance's.
+    let offline: Vec<(String, String)> = b
+        .audit_lines()
+        .iter()
+        .filter(|e| e["event"] == "users.added")
+        .map(|e| {
+            (
+                e["person_sub"].as_str().unwrap().to_owned(),
+                e["outcome"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        offline[1..],
+        [
+            ("bob".to_owned(), "added".to_owned()),
+            ("alice".to_owned(), "replaced".to_owned())
+        ],
+        "every offline users add writes its event"
+    );
     b.restart();
     assert_eq!(sign_in(&b, "bob", "bobs long password").await, 303);
     assert_eq!(

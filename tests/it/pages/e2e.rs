@@ -869,7 +869,7 @@ scopes = ["openid", "profile", "read:org"]
     assert_eq!(a.account_id, "octo-alice");
     assert_eq!(
         a.status,
-        credbroker::pages::links::AccountStatus::NeedsReconnect
+        credbroker::vault::AccountStatus::ReconnectRequired
     );
     assert_eq!(
         link_of(&refused(derive().await), "reconnect_required").1,
@@ -899,7 +899,7 @@ scopes = ["openid", "profile", "read:org"]
     assert!(peer.access_token_live(t.access_token.expose()).await);
     assert_eq!(
         account().unwrap().status,
-        credbroker::pages::links::AccountStatus::Active
+        credbroker::vault::AccountStatus::Active
     );
 
     // (e) An allow link left for 31 minutes has expired: the same 404

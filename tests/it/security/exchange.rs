@@ -421,7 +421,7 @@ async fn issued_token_claims_are_exact() {
 }
 
 fn allow_only_another_uid(text: String) -> String {
-    let me = credbroker::api::peer::current_uid();
+    let me = credbroker::unix::current_uid();
     let other = if me == 65534 { 65533 } else { 65534 };
     text.replacen(
         "[socket]\n",

@@ -75,12 +75,21 @@ async fn code_flow_with_pkce_refresh_rotation_and_revocation() {
         back["iss"], peer.issuer,
         "RFC 9207 iss is sent by this provider"
     );
-    p.check_callback_iss(Some(&back["iss"])).unwrap();
+    // The RFC 9207 check the pages run on a provider's callback.
+    let iss_check = |got: Option<&str>| {
+        credbroker::oauth::check_callback_iss(p.config().issuer.as_deref(), ep.sends_iss, got)
+    };
     assert!(
-        p.check_callback_iss(Some("https://other-provider.example"))
-            .is_err(),
+        iss_check(Some("https://other-provider.example")).is_err(),
         "mix-up: another issuer"
     );
+    if ep.sends_iss {
+        assert!(
+            iss_check(None).is_err(),
+            "iss dropped by a provider that sends it"
+        );
+    }
+    iss_check(Some(&back["iss"])).unwrap();
 
     // A wrong verifier is refused (the provider enforces PKCE).
     let wrong = p

@@ -619,7 +619,7 @@ pub struct OtherUser {
 
 /// The other user, or why there is none here.
 pub fn other_user_or_why() -> Result<OtherUser, String> {
-    if credbroker::api::peer::current_uid() != 0 {
+    if credbroker::unix::current_uid() != 0 {
         return Err("not root, so no switching to another uid".into());
     }
     let u = nix::unistd::User::from_name("nobody")

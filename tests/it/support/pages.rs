@@ -16,13 +16,13 @@ use std::sync::{Arc, Mutex};
 
 use credbroker::clock::ManualClock;
 use credbroker::pages::links::{
-    AccountStatus, AccountVault, AccountView, AllowanceView, AuthorizationRequest, BackendError,
-    BoxFuture, Disconnected, Link, LinkKind, LinkRecords, ProviderFlow, ProviderGrant,
-    ProviderInfo, Services,
+    AccountVault, AccountView, AllowanceView, AuthorizationRequest, BackendError, BoxFuture,
+    Disconnected, Link, LinkKind, LinkRecords, ProviderFlow, ProviderGrant, ProviderInfo, Services,
 };
 use credbroker::pages::{Options, PageLimits};
 use credbroker::secret::SecretString;
 use credbroker::subject::Person;
+use credbroker::vault::AccountStatus;
 
 pub const AGENT: &str = "repo-helper";
 
@@ -479,7 +479,7 @@ pub struct Setup {
     /// Listen here instead of an ephemeral port (when a peer must know the
     /// pages' URL before they start).
     pub listen: Option<SocketAddr>,
-    /// Keep the connected-services side `server::build` made (the real
+    /// Keep the connected-services side `app::build` made (the real
     /// link store, vault and provider clients, as configured) instead of
     /// the fake: for end-to-end tests that want the in-process clock.
     pub real_services: bool,
@@ -511,7 +511,7 @@ pub struct PagesServer {
     pub addr: SocketAddr,
     pub clock: Arc<ManualClock>,
     pub fake: Arc<Fake>,
-    pub inst: credbroker::server::Instance,
+    pub inst: credbroker::app::Instance,
     pub issuer: String,
     pub ca_pem: Option<PathBuf>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
@@ -627,7 +627,7 @@ impl PagesServer {
         std::fs::write(&config, text).unwrap();
         let cfg = credbroker::config::Config::load(&config).unwrap();
         let clock = ManualClock::new(now());
-        let mut inst = credbroker::server::build(cfg.clone(), clock.clone())
+        let mut inst = credbroker::app::build(cfg.clone(), clock.clone())
             .await
             .unwrap();
         let fake = Fake::new(&provider_base);
@@ -645,8 +645,8 @@ impl PagesServer {
             },
         ));
         tokio::spawn(serve_fake_provider(provider_listener, fake.clone()));
-        let api = credbroker::api::peer::bind(&cfg.socket.path, 0o750, 0o660, None).unwrap();
-        let admin = credbroker::api::peer::bind(&cfg.admin_socket, 0o700, 0o600, None).unwrap();
+        let api = credbroker::unix::bind(&cfg.socket.path, 0o750, 0o660, None).unwrap();
+        let admin = credbroker::unix::bind(&cfg.admin_socket, 0o700, 0o600, None).unwrap();
         let listeners = credbroker::server::Listeners {
             api,
             admin,

@@ -191,10 +191,17 @@ timeout = "{timeout}"
                         .unwrap();
                     let back = self.peer.authorize(&req.url, account).await;
                     assert_eq!(back["state"], *req.state.expose());
-                    parts
+                    // The RFC 9207 check the pages run on the callback.
+                    let sends_iss = parts
                         .provider
-                        .check_callback_iss(back.get("iss").map(String::as_str))
-                        .unwrap();
+                        .cached_endpoints()
+                        .is_some_and(|e| e.sends_iss);
+                    credbroker::oauth::check_callback_iss(
+                        parts.provider.config().issuer.as_deref(),
+                        sends_iss,
+                        back.get("iss").map(String::as_str),
+                    )
+                    .unwrap();
                     credbroker::connect::complete_connect(
                         &parts.vault,
                         &parts.links,

@@ -21,7 +21,7 @@ fn token_answers_are_classified() {
     let gh = br#"{"error":"bad_verification_code","error_description":"The code passed is incorrect or expired."}"#;
     assert_eq!(
         parse_token_answer(200, gh).unwrap_err(),
-        UpstreamError::Rejected {
+        OAuthError::Rejected {
             error: "bad_verification_code".into()
         }
     );
@@ -39,14 +39,14 @@ fn token_answers_are_classified() {
         ),
     ] {
         let e = parse_token_answer(status, body).unwrap_err();
-        assert!(matches!(e, UpstreamError::Unavailable(_)), "{status} {e:?}");
+        assert!(matches!(e, OAuthError::Unavailable(_)), "{status} {e:?}");
         assert!(!e.is_invalid_grant());
     }
     // An error code is sanitised before it reaches a log.
     let weird = parse_token_answer(400, br#"{"error":"invalid_grant\n<script>"}"#).unwrap_err();
     assert_eq!(
         weird,
-        UpstreamError::Rejected {
+        OAuthError::Rejected {
             error: "invalid_grantscript".into()
         }
     );
@@ -55,14 +55,14 @@ fn token_answers_are_classified() {
 #[test]
 fn discovery_urls_follow_rfc8414_and_oidc() {
     assert_eq!(
-        discovery_urls("https://id.example").unwrap(),
+        discovery_urls("https://id.example", Use::Provider).unwrap(),
         [
             "https://id.example/.well-known/oauth-authorization-server",
             "https://id.example/.well-known/openid-configuration"
         ]
     );
     assert_eq!(
-        discovery_urls("https://id.example/tenant/1").unwrap()[0],
+        discovery_urls("https://id.example/tenant/1", Use::Provider).unwrap()[0],
         "https://id.example/.well-known/oauth-authorization-server/tenant/1"
     );
 }
@@ -79,7 +79,7 @@ fn discovery_document_must_name_the_same_issuer_and_https_endpoints() {
             "https://id.example",
             doc("https://evil.example", "https://id.example/token").as_bytes()
         ),
-        Err(UpstreamError::Config(_))
+        Err(OAuthError::Config(_))
     ));
     assert!(parse_metadata(
         "https://id.example",
@@ -93,4 +93,73 @@ fn discovery_document_must_name_the_same_issuer_and_https_endpoints() {
     .unwrap();
     assert_eq!(e.token, "https://id.example/token");
     assert_eq!(e.revocation, None);
+}
+
+#[test]
+fn sign_in_discovery_is_openid_only() {
+    assert_eq!(
+        discovery_urls("https://id.example/", Use::SignIn { nonce: "n" }).unwrap(),
+        ["https://id.example/.well-known/openid-configuration"]
+    );
+}
+
+#[test]
+fn callback_iss_is_checked_the_one_production_way() {
+    let iss = Some("https://id.example");
+    // Mix-up: another server's issuer, or any issuer for a server that has
+    // none configured.
+    assert!(check_callback_iss(iss, false, Some("https://other.example")).is_err());
+    assert!(check_callback_iss(None, false, Some("https://id.example")).is_err());
+    // A server that says it always sends iss must send it.
+    assert!(check_callback_iss(iss, true, None).is_err());
+    // Positive controls.
+    assert!(check_callback_iss(iss, true, iss).is_ok());
+    assert!(check_callback_iss(iss, false, None).is_ok());
+    assert!(check_callback_iss(None, false, None).is_ok());
+}
+
+#[test]
+fn only_a_sign_in_sends_a_nonce() {
+    let p = AuthorizationParams {
+        client_id: "c",
+        redirect_uri: "https://b.example/cb",
+        scope: "",
+        state: "s",
+        code_challenge: "ch",
+        extra: &[],
+    };
+    let has_nonce = |how| {
+        authorization_url("https://id.example/auth", how, &p)
+            .unwrap()
+            .query_pairs()
+            .any(|(k, _)| k == "nonce")
+    };
+    assert!(!has_nonce(Use::Provider));
+    assert!(has_nonce(Use::SignIn { nonce: "n0" }));
+}
+
+#[test]
+fn a_provider_code_answer_does_not_complete_a_sign_in() {
+    let provider_answer =
+        br#"{"access_token":"at-canary","token_type":"Bearer","expires_in":3600}"#;
+    let e = parse_code_answer(200, provider_answer, Use::SignIn { nonce: "n0" }).unwrap_err();
+    assert!(matches!(e, OAuthError::Unavailable(_)), "{e:?}");
+    // Positive control: the same answer completes a provider connection.
+    assert!(matches!(
+        parse_code_answer(200, provider_answer, Use::Provider),
+        Ok(CodeAnswer::Tokens(_))
+    ));
+}
+
+#[test]
+fn a_sign_in_answer_does_not_complete_a_provider_connection() {
+    let sign_in_answer = br#"{"id_token":"eyJ.eyJ.sig"}"#;
+    let e = parse_code_answer(200, sign_in_answer, Use::Provider).unwrap_err();
+    assert!(matches!(e, OAuthError::Unavailable(_)), "{e:?}");
+    // Positive control: the same answer completes a sign-in (its ID token
+    // is then validated, nonce included, by the pages).
+    assert!(matches!(
+        parse_code_answer(200, sign_in_answer, Use::SignIn { nonce: "n0" }),
+        Ok(CodeAnswer::IdToken(_))
+    ));
 }

@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
-use super::Policy;
 use crate::events::Event;
 use crate::exchange::Broker;
+use crate::policy::Policy;
 
 /// How often the file's metadata is polled.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
-use super::{Link, Links};
+use crate::connect::{Link, Links};
 use crate::pages::links::{
     self as pl, AccountVault, AuthorizationRequest, BackendError, BoxFuture, Disconnected,
     LinkRecords, ProviderFlow, ProviderGrant, ProviderInfo, Services,
@@ -15,7 +15,7 @@ use crate::pages::links::{
 use crate::secret::SecretString;
 use crate::subject::Person;
 use crate::upstream::{AccountInfo, Providers, TokenSet, UpstreamError};
-use crate::vault::{AccountStatus, Vault, VaultError};
+use crate::vault::{Vault, VaultError};
 
 /// How long the scopes of an authorization request are remembered for its
 /// code exchange (providers may omit `scope` when they granted what was
@@ -160,10 +160,7 @@ impl AccountVault for Backend {
             out.push(pl::AccountView {
                 display_name: a.account_name,
                 account_id: a.account_id,
-                status: match a.status {
-                    AccountStatus::Active => pl::AccountStatus::Active,
-                    AccountStatus::ReconnectRequired => pl::AccountStatus::NeedsReconnect,
-                },
+                status: a.status,
                 service: a.service,
                 allowances,
             });
@@ -245,9 +242,10 @@ impl AccountVault for Backend {
             let provider = self.providers.get(service).map(|p| p.as_ref());
             // The person asked for it to go: delete even if the provider
             // could not be reached, and say it was only deleted here.
-            let r = super::disconnect_account(&self.vault, provider, person, service, true)
-                .await
-                .map_err(unavailable)?;
+            let r =
+                crate::connect::disconnect_account(&self.vault, provider, person, service, true)
+                    .await
+                    .map_err(unavailable)?;
             if !r.deleted {
                 return Err(BackendError::NotFound);
             }
@@ -363,5 +361,116 @@ impl ProviderFlow for Backend {
             }
             Ok(true)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::connect::{LinkKind, LinkRequest};
+    use crate::pages::links::{AccountVault, BackendError, LinkRecords};
+    use crate::secret::SecretBytes;
+    use crate::store::{SledStore, Store};
+
+    fn alice() -> Person {
+        Person {
+            iss: "https://idp.example".into(),
+            sub: "alice".into(),
+        }
+    }
+
+    fn env() -> (tempfile::TempDir, Arc<dyn Store>, Links) {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join("data")).unwrap());
+        let key = Links::derive_key(&SecretBytes::new(vec![7; 32]));
+        let links = Links::new(store.clone(), &key, "https://broker.example/");
+        (dir, store, links)
+    }
+
+    fn req<'a>(p: &'a Person, kind: LinkKind, scopes: &'a [String]) -> LinkRequest<'a> {
+        LinkRequest {
+            person: p,
+            agent: "repo-helper",
+            service: "github",
+            kind,
+            scopes,
+            policy_hash: "ph",
+        }
+    }
+
+    /// The pages' view of the real side: links by code and by id, accounts by
+    /// their name at the provider, and allowances only on the person's own
+    /// account.
+    #[test]
+    fn backend_serves_the_pages_traits() {
+        let (dir, store, links) = env();
+        let vault =
+            Arc::new(crate::vault::Vault::open(store.clone(), &dir.path().join("vk")).unwrap());
+        let links = Arc::new(links);
+        let clock: crate::clock::SharedClock = crate::clock::ManualClock::new(1000);
+        let b = Backend::new(
+            vault.clone(),
+            links.clone(),
+            Arc::new(crate::upstream::Providers::default()),
+            clock,
+        );
+        let p = alice();
+        let repo = vec!["repo".to_string()];
+        let l = links
+            .open_link(&req(&p, LinkKind::Connect, &repo), 1000)
+            .unwrap();
+        let seen = b.resolve(&l.code, 1001).unwrap().unwrap();
+        assert_eq!(
+            (seen.id.as_str(), seen.person.sub.as_str()),
+            (l.link.id.as_str(), "alice")
+        );
+        assert_eq!(b.get(&l.link.id, 1001).unwrap().unwrap().scopes, repo);
+        assert!(b.get("not-an-id", 1001).unwrap().is_none());
+
+        // No provider named `github` here: storing refuses; the vault can still
+        // be filled directly and is then listed.
+        let tokens = crate::upstream::TokenSet {
+            access_token: SecretString::new("at".into()),
+            token_type: "Bearer".into(),
+            expires_in: None,
+            refresh_token: None,
+            scope: Some(repo.clone()),
+        };
+        let grant = crate::pages::links::ProviderGrant {
+            account_id: "42".into(),
+            display_name: "octo".into(),
+            scopes: repo.clone(),
+            access_token: SecretString::new("at".into()),
+            token_type: "Bearer".into(),
+            refresh_token: None,
+            expires_at: None,
+        };
+        assert!(matches!(
+            b.store_account(&p, "github", grant, 1000),
+            Err(BackendError::NotFound)
+        ));
+        let who = crate::upstream::AccountInfo {
+            id: "42".into(),
+            name: "octo".into(),
+        };
+        vault
+            .connect_account(&p, "github", "gh", &who, &tokens, &repo, 1000)
+            .unwrap();
+        assert!(matches!(
+            b.allow(&p, "github", "41", "repo-helper", &repo, 1002),
+            Err(BackendError::NotFound)
+        ));
+        b.allow(&p, "github", "42", "repo-helper", &repo, 1002)
+            .unwrap();
+        let accounts = b.accounts(&p).unwrap();
+        assert_eq!(accounts[0].display_name, "octo");
+        assert_eq!(accounts[0].allowances[0].agent, "repo-helper");
+
+        b.close(&l.link.id, 1003).unwrap();
+        assert!(b.resolve(&l.code, 1004).unwrap().is_none());
+        assert!(matches!(
+            b.close(&l.link.id, 1005),
+            Err(BackendError::NotFound)
+        ));
     }
 }

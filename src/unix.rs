@@ -1,5 +1,10 @@
-//! The local socket's boundary: its directory and mode, stale sockets, and
-//! the peer uid allow-list (`SO_PEERCRED`).
+//! Unix helpers that several modules share: the process's own uid, and
+//! preparing a local socket (its directory and mode, group, stale sockets).
+//! A leaf: it imports no other module of the crate, so `config` (the
+//! default allow-list), `server` (binding the sockets, the admin socket's
+//! uid check) and the CLI can all use it without importing `api`. The peer
+//! uid allow-list itself (`SO_PEERCRED`) is checked in `server`'s accept
+//! loop, before a byte of the request is read.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::Path;

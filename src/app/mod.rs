@@ -1,0 +1,273 @@
+//! The composition root: builds an instance from a validated config and
+//! wires its parts together. Everything that needs to know about several
+//! parts at once lives here, so the parts themselves import one way:
+//!
+//! - [`Instance`], [`build`], [`StartError`]: start-up (the accept loops are
+//!   in `server`, which runs an instance this module built).
+//! - [`backend`]: the pages' connected-services traits implemented on the
+//!   link records, the vault and the providers.
+//! - [`reload`]: hot reload of the policy file into the running broker.
+
+pub mod backend;
+pub mod reload;
+
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::exchange::Broker;
+use crate::seal::Sealer;
+
+pub use backend::Backend;
+
+/// Errors starting an instance.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Config.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// Policy.
+    #[error(transparent)]
+    Policy(#[from] crate::policy::PolicyError),
+    /// Store.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// Keys.
+    #[error("signing keys: {0}")]
+    Mint(#[from] crate::mint::MintError),
+    /// Secret files.
+    #[error("{what}: {source}")]
+    Secret {
+        /// Which secret.
+        what: &'static str,
+        /// Error.
+        source: std::io::Error,
+    },
+    /// Sealing key.
+    #[error("master key: {0}")]
+    Seal(#[from] crate::seal::SealError),
+    /// The vault (keys, records).
+    #[error("vault: {0}")]
+    Vault(#[from] crate::vault::VaultError),
+    /// A provider (client secret file).
+    #[error(transparent)]
+    Upstream(#[from] crate::upstream::UpstreamError),
+    /// The policy names a service the config does not define.
+    #[error("the policy's service resources name {0:?}, which has no [providers.{0}] table in the config")]
+    UnknownService(String),
+    /// Subject-token issuers.
+    #[error(transparent)]
+    Subject(#[from] crate::subject::SetupError),
+    /// Sockets.
+    #[error(transparent)]
+    Socket(#[from] crate::unix::SocketError),
+    /// Other I/O.
+    #[error("{0}")]
+    Io(String),
+    /// The policy is for another agent.
+    #[error("the policy is written for agent {policy:?} but this instance serves {config:?}")]
+    AgentMismatch {
+        /// In the policy.
+        policy: String,
+        /// In the config.
+        config: String,
+    },
+}
+
+/// Everything an instance runs with.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    /// The broker.
+    pub broker: Arc<Broker>,
+    /// The sealer for keys at rest.
+    pub sealer: Arc<Sealer>,
+    /// Connected accounts and allowances.
+    pub vault: Arc<crate::vault::Vault>,
+    /// Connect-link records.
+    pub links: Arc<crate::connect::Links>,
+    /// Third-party providers.
+    pub providers: Arc<crate::upstream::Providers>,
+    /// The public listener's bound address, once bound.
+    pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
+    /// The browser pages on the public listener.
+    pub pages: Arc<crate::pages::Pages>,
+}
+
+impl From<crate::public::TlsError> for StartError {
+    // The same messages as when `public` returned `StartError` itself.
+    fn from(e: crate::public::TlsError) -> Self {
+        match e {
+            crate::public::TlsError::KeyFile(source) => StartError::Secret {
+                what: "public.tls_key",
+                source,
+            },
+            crate::public::TlsError::Invalid(m) => StartError::Io(m),
+        }
+    }
+}
+
+impl From<&Broker> for crate::pages::Deps {
+    /// The four parts of the broker the pages use: the config's names, the
+    /// clock, the store and the audit sink.
+    fn from(b: &Broker) -> Self {
+        crate::pages::Deps {
+            issuer: b.config.issuer.clone(),
+            agent: b.config.agent.clone(),
+            trusted_issuers: b.config.trusted_issuers.clone(),
+            clock: b.clock.clone(),
+            store: b.store.clone(),
+            audit: b.audit.clone(),
+        }
+    }
+}
+
+impl From<Arc<Broker>> for crate::pages::Deps {
+    fn from(b: Arc<Broker>) -> Self {
+        crate::pages::Deps::from(&*b)
+    }
+}
+
+impl Instance {
+    /// The admin socket's handles: only what its commands need.
+    pub fn admin_handles(&self) -> crate::admin::Handles {
+        crate::admin::Handles {
+            broker: self.broker.clone(),
+            sealer: self.sealer.clone(),
+            vault: self.vault.clone(),
+            providers: self.providers.clone(),
+            public_addr: self.public_addr.clone(),
+        }
+    }
+}
+
+/// Builds an instance from a validated config: opens the store, loads or
+/// creates the signing key, loads the policy and the trusted issuers.
+pub async fn build(
+    config: Config,
+    clock: crate::clock::SharedClock,
+) -> Result<Instance, StartError> {
+    let policy = crate::policy::Policy::load(&config.policy)?;
+    if policy.agent != config.agent {
+        return Err(StartError::AgentMismatch {
+            policy: policy.agent,
+            config: config.agent,
+        });
+    }
+    let providers = Arc::new(crate::upstream::Providers::from_config(&config)?);
+    if let Some(missing) = policy
+        .services()
+        .into_iter()
+        .find(|s| providers.get(s).is_none())
+    {
+        return Err(StartError::UnknownService(missing.to_string()));
+    }
+    let master = crate::config::read_secret_file(&config.master_key_file).map_err(|source| {
+        StartError::Secret {
+            what: "keys.master_key_file",
+            source,
+        }
+    })?;
+    let sealer = Arc::new(Sealer::new(&master, &[])?);
+    let store: Arc<dyn crate::store::Store> =
+        Arc::new(crate::store::SledStore::open(&config.store)?);
+    let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
+    let vault = Arc::new(crate::vault::Vault::open(
+        store.clone(),
+        &config.vault_key_dir,
+    )?);
+    let links = Arc::new(crate::connect::Links::new(
+        store.clone(),
+        &crate::connect::Links::derive_key(&master),
+        &config.issuer,
+    ));
+    let minter = Arc::new(crate::mint::Minter::new(
+        config.issuer.clone(),
+        config.agent.clone(),
+        ring,
+    ));
+    // Our own tokens are never accepted as subject tokens; the check reads
+    // the live key ring, so a rotated key is known at once.
+    let m = minter.clone();
+    let subjects = crate::subject::Validator::new(
+        &config.trusted_issuers,
+        Box::new(move |kid| m.is_own_kid(kid)),
+    )
+    .await?;
+    let key_sets = subjects.key_sets();
+    let nonces = if config.dpop.require_nonce {
+        let mut key = vec![0u8; 32];
+        aws_lc_rs::rand::fill(&mut key).map_err(|_| StartError::Io("random".into()))?;
+        Some(crate::dpop::Nonces::new(&crate::secret::SecretBytes::new(
+            key,
+        )))
+    } else {
+        None
+    };
+    let proofs = crate::dpop::Validator::new(
+        config.dpop.algs.clone(),
+        config.dpop.replay_capacity,
+        nonces,
+    );
+    let audit = crate::events::Audit::open(&config.audit_log)
+        .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?;
+    let connected = Arc::new(crate::exchange::Connected {
+        vault: vault.clone(),
+        links: links.clone(),
+        providers: providers.clone(),
+    });
+    let broker = Arc::new(
+        Broker::new(
+            config,
+            policy,
+            subjects,
+            proofs,
+            minter,
+            audit,
+            crate::metrics::Metrics::new(),
+            store,
+            clock,
+        )
+        .with_connected(connected),
+    );
+    // Providers found by discovery: learn their endpoints now (bounded),
+    // so the pages can build authorization URLs; a failure is retried by
+    // housekeeping and on the first refresh.
+    for name in providers.names() {
+        if let Some(p) = providers.get(name) {
+            if p.cached_endpoints().is_none() {
+                match tokio::time::timeout(p.config().timeout, p.endpoints()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(provider = %name, error = %e, "provider discovery failed; will retry")
+                    }
+                    Err(_) => {
+                        tracing::warn!(provider = %name, "provider discovery timed out; will retry")
+                    }
+                }
+            }
+        }
+    }
+    let backend = Backend::new(
+        vault.clone(),
+        links.clone(),
+        providers.clone(),
+        broker.clock.clone(),
+    );
+    let pages = Arc::new(crate::pages::Pages::new(
+        broker.clone(),
+        sealer.clone(),
+        crate::pages::Options {
+            services: backend.services(),
+            key_sets,
+            ..crate::pages::Options::default()
+        },
+    ));
+    Ok(Instance {
+        broker,
+        sealer,
+        vault,
+        links,
+        providers,
+        public_addr: Arc::default(),
+        pages,
+    })
+}

@@ -1,0 +1,204 @@
+//! The command definitions (clap): what each command takes. What each one
+//! does is in the sibling modules, one function per command.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// credbroker: a credential broker sidecar for AI agents.
+#[derive(Debug, Parser)]
+#[command(name = "credbroker", version, about, long_about = None, after_help = super::exit::HELP)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_parser = ["text", "json"], default_value = "text")]
+    pub(super) log_format: String,
+    #[command(subcommand)]
+    pub(super) command: Command,
+}
+
+/// One subcommand.
+#[derive(Debug, Subcommand)]
+pub(super) enum Command {
+    /// Create (or reuse) a quick-start directory and serve from it.
+    Quickstart {
+        /// The directory.
+        #[arg(long, default_value = "./credbroker-quickstart")]
+        dir: PathBuf,
+        /// Public listener address.
+        #[arg(long, default_value = "127.0.0.1:8440")]
+        listen: String,
+    },
+    /// Serve with a configuration file.
+    Serve {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Print a subject token from the quick start's dev issuer (development only).
+    SubjectToken {
+        /// The quick-start directory.
+        #[arg(long, default_value = "./credbroker-quickstart")]
+        dir: PathBuf,
+        /// The person's name (`sub`).
+        #[arg(long)]
+        sub: String,
+        /// Lifetime, e.g. 1h, 15m.
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+    },
+    /// Ask a running broker for a token, with a DPoP proof.
+    Derive {
+        /// The broker's socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The broker's public issuer URL (base of the proof's htu).
+        #[arg(long, default_value = "http://127.0.0.1:8440")]
+        issuer: String,
+        /// The person's subject token.
+        #[arg(long)]
+        subject_token: String,
+        /// The tool call.
+        #[command(flatten)]
+        call: crate::policy::cli::CallArgs,
+        /// The tool's DPoP key (PKCS#8 PEM, 0600); created there if it does
+        /// not exist. Without it a new key is made and saved to a new file
+        /// whose path is printed.
+        #[arg(long)]
+        dpop_key: Option<PathBuf>,
+    },
+    /// Show a running instance's status (through the admin socket). Exits 0
+    /// when ready, 1 when running but not ready, 3 when not running.
+    Status {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Emergency freeze: deny every derive until lifted.
+    Freeze {
+        /// on or off.
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Signing keys.
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
+    },
+    /// Connected accounts (through the admin socket; the store directly
+    /// when no instance runs).
+    Accounts {
+        #[command(subcommand)]
+        action: AccountsAction,
+    },
+    /// Policy files: check, test, explain, diff (see policy/README.md).
+    Policy {
+        #[command(subcommand)]
+        command: crate::policy::cli::PolicyCommand,
+    },
+    /// Local accounts for the pages (sign-in paired with the broker's own
+    /// issuer, as in the quick start).
+    Users {
+        #[command(subcommand)]
+        action: UsersAction,
+    },
+    /// Make a DPoP proof with a key (for scripts and tests).
+    Proof {
+        /// The key (PKCS#8 PEM).
+        #[arg(long)]
+        key: PathBuf,
+        /// HTTP method.
+        #[arg(long, default_value = "GET")]
+        method: String,
+        /// Request URL.
+        #[arg(long)]
+        url: String,
+        /// The access token, for `ath`.
+        #[arg(long)]
+        access_token: Option<String>,
+    },
+}
+
+/// `credbroker accounts ...`.
+#[derive(Debug, Subcommand)]
+pub(super) enum AccountsAction {
+    /// List connected accounts with the agents allowed to use them, and
+    /// report records that do not decrypt.
+    List {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Only this person (`sub`).
+        #[arg(long)]
+        person: Option<String>,
+        /// The person's issuer (default: the only trusted issuer).
+        #[arg(long)]
+        issuer: Option<String>,
+    },
+    /// Revoke an account's tokens at the provider (RFC 7009, where it can)
+    /// and delete it with its allowances.
+    Disconnect {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The person (`sub`).
+        #[arg(long)]
+        person: String,
+        /// The person's issuer (default: the only trusted issuer).
+        #[arg(long)]
+        issuer: Option<String>,
+        /// The service.
+        #[arg(long)]
+        service: String,
+        /// Delete even if revocation at the provider fails.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// `credbroker keys ...`.
+#[derive(Debug, Subcommand)]
+pub(super) enum KeysAction {
+    /// Add a new signing key and make it active; the old one stays in the JWKS
+    /// until its tokens have expired.
+    Rotate {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Re-encrypt the vault under a new key. Resumable: an interrupted run
+    /// (or one stopped by --limit) continues where it stopped, and old keys
+    /// keep decrypting until it reports `done`.
+    RotateVault {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Re-wrap at most this many records in this run.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+}
+
+/// `credbroker users ...`.
+#[derive(Debug, Subcommand)]
+pub(super) enum UsersAction {
+    /// Add a local account. Prompts for the password twice (not echoed).
+    /// Local account NAME is the person (broker issuer, NAME): in the quick
+    /// start, the same person as subject tokens with `sub` NAME.
+    Add {
+        /// The account name.
+        name: String,
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Read the password from the first line of standard input (for
+        /// scripts and tests) instead of prompting.
+        #[arg(long)]
+        password_stdin: bool,
+        /// Set a new password for an existing account (and clear its lockout).
+        #[arg(long)]
+        replace: bool,
+    },
+}

@@ -1,0 +1,131 @@
+//! The command line: `credbroker quickstart | serve | subject-token | derive
+//! | proof | status | freeze | keys | accounts | users | policy`. `main.rs`
+//! only calls [`main`].
+//!
+//! - `args`: the command definitions (clap).
+//! - `exit`: the exit codes, by name, as `--help` lists them.
+//! - `instance`: `serve` and `quickstart` (running an instance).
+//! - `operator`: `status`, `freeze`, `keys`, `accounts`, `users`; each
+//!   through the admin socket, or on the store when no instance runs
+//!   (`online`: that pattern, written once), calling [`crate::ops`].
+//! - `tools`: `derive`, `proof`, `subject-token`.
+//! - `quickstart`: the quick start's templates and dev subject tokens.
+//! - `keyfile`: PKCS#8 PEM key files.
+
+mod args;
+mod exit;
+mod instance;
+mod keyfile;
+mod online;
+mod operator;
+mod quickstart;
+mod tools;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+pub use args::Cli;
+pub use exit::Exit;
+pub use keyfile::{load_pem_key, pem_pkcs8};
+pub use quickstart::{dev_subject_token, quickstart_files, QUICKSTART_POLICY};
+
+use args::{AccountsAction, Command, KeysAction, UsersAction};
+
+/// What a command returns: its exit code, or an error printed as
+/// `error: ...` with [`Exit::Failed`].
+type Res = Result<Exit, Box<dyn std::error::Error>>;
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour codes only for a terminal, never into log files or journald.
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+/// Runs the command line.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return Exit::Failed.into();
+        }
+    };
+    match rt.block_on(run(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            Exit::Failed.into()
+        }
+    }
+}
+
+/// Hands each command to its function.
+async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let exit = match cmd {
+        // `policy` has its own exit codes (see policy/README.md).
+        Command::Policy { command } => return Ok(crate::policy::cli::run(command)),
+        Command::Quickstart { dir, listen } => instance::quickstart(&dir, &listen).await,
+        Command::Serve { config } => instance::serve(&config).await,
+        Command::SubjectToken { dir, sub, ttl } => tools::subject_token(&dir, &sub, &ttl),
+        Command::Derive {
+            socket,
+            issuer,
+            subject_token,
+            call,
+            dpop_key,
+        } => tools::derive(socket, &issuer, &subject_token, &call, dpop_key).await,
+        Command::Proof {
+            key,
+            method,
+            url,
+            access_token,
+        } => tools::proof(&key, &method, &url, access_token.as_deref()),
+        Command::Status { config } => operator::status(&config).await,
+        Command::Freeze { state, config } => operator::freeze(&config, &state).await,
+        Command::Keys { action } => match action {
+            KeysAction::Rotate { config } => operator::rotate_keys(&config).await,
+            KeysAction::RotateVault { config, limit } => {
+                operator::rotate_vault(&config, limit).await
+            }
+        },
+        Command::Accounts { action } => match action {
+            AccountsAction::List {
+                config,
+                person,
+                issuer,
+            } => operator::list_accounts(&config, person, issuer).await,
+            AccountsAction::Disconnect {
+                config,
+                person,
+                issuer,
+                service,
+                force,
+            } => operator::disconnect(&config, person, issuer, &service, force).await,
+        },
+        Command::Users {
+            action:
+                UsersAction::Add {
+                    name,
+                    config,
+                    password_stdin,
+                    replace,
+                },
+        } => operator::add_user(&name, &config, password_stdin, replace).await,
+    }?;
+    Ok(exit.into())
+}

@@ -1,0 +1,261 @@
+//! The operator's commands: `status`, `freeze`, `keys`, `accounts`,
+//! `users`. Each goes to the running instance or, when none runs, calls the
+//! same [`crate::ops`] action on the store ([`super::online::reach`]).
+
+use std::path::Path;
+
+use crate::config::Config;
+use crate::ops;
+use crate::secret::SecretString;
+use crate::subject::Person;
+
+use super::exit::Exit;
+use super::online::{admin_call, reach, Reached};
+use super::Res;
+
+/// `credbroker status`: the running instance's status; never opens the
+/// store.
+pub(super) async fn status(config: &Path) -> Res {
+    let cfg = Config::load(config)?;
+    match admin_call(&cfg.admin_socket, "GET", "/status", "").await {
+        Ok((_, body)) => {
+            println!("{body}");
+            let ready =
+                serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|v| v["ready"] == true);
+            Ok(Exit::ok_if(ready, Exit::Failed))
+        }
+        Err(_) => {
+            println!("{}", serde_json::json!({"running": false}));
+            Ok(Exit::NotRunning)
+        }
+    }
+}
+
+/// `credbroker freeze on|off`.
+pub(super) async fn freeze(config: &Path, state: &str) -> Res {
+    let cfg = Config::load(config)?;
+    match reach(&cfg, "POST", "/freeze", state).await? {
+        Reached::Instance { status, body } => {
+            println!("{body}");
+            Ok(Exit::ok_if(status == 200, Exit::Failed))
+        }
+        Reached::Stopped(off) => {
+            let frozen = ops::freeze(off.target(), off.recorder(), state == "on")?;
+            println!(
+                "{}",
+                serde_json::json!({"frozen": frozen, "running": false})
+            );
+            Ok(Exit::Ok)
+        }
+    }
+}
+
+/// `credbroker keys rotate`.
+pub(super) async fn rotate_keys(config: &Path) -> Res {
+    let cfg = Config::load(config)?;
+    match reach(&cfg, "POST", "/keys/rotate", "").await? {
+        Reached::Instance { status, body } => {
+            println!("{body}");
+            Ok(Exit::ok_if(status == 200, Exit::Failed))
+        }
+        Reached::Stopped(off) => {
+            let sealer = off.sealer(&cfg)?;
+            let kid = ops::rotate_keys(off.target(), &sealer, off.recorder())?;
+            println!(
+                "{}",
+                serde_json::json!({"active_kid": kid, "running": false})
+            );
+            Ok(Exit::Ok)
+        }
+    }
+}
+
+/// `credbroker keys rotate-vault`: resumable; exits [`Exit::Unfinished`]
+/// until every record is under the current key.
+pub(super) async fn rotate_vault(config: &Path, limit: Option<usize>) -> Res {
+    let cfg = Config::load(config)?;
+    let body = limit.map(|l| l.to_string()).unwrap_or_default();
+    let report = match reach(&cfg, "POST", "/vault/rotate", &body).await? {
+        Reached::Instance { status, body } => {
+            println!("{body}");
+            if status != 200 {
+                return Ok(Exit::Failed);
+            }
+            serde_json::from_str::<serde_json::Value>(&body)?
+        }
+        Reached::Stopped(off) => {
+            let report = ops::rotate_vault(&off.vault(&cfg)?, limit, off.recorder())?;
+            let report = serde_json::to_value(report)?;
+            println!("{report}");
+            report
+        }
+    };
+    if report["done"] == true {
+        eprintln!(
+            "vault rotation done; the key files of retired_keys in {} may now be removed",
+            cfg.vault_key_dir.display()
+        );
+        Ok(Exit::Ok)
+    } else {
+        eprintln!(
+            "vault rotation not finished; run the command again to resume (old keys still decrypt)"
+        );
+        Ok(Exit::Unfinished)
+    }
+}
+
+/// The person's issuer: given, or the config's only trusted issuer.
+fn person_issuer(
+    cfg: &Config,
+    given: Option<String>,
+) -> Result<String, Box<dyn std::error::Error>> {
+    match given {
+        Some(i) => Ok(i),
+        None if cfg.trusted_issuers.len() == 1 => Ok(cfg.trusted_issuers[0].issuer.clone()),
+        None => Err("several trusted issuers: name the person's with --issuer".into()),
+    }
+}
+
+/// `credbroker accounts list`: exits [`Exit::Unreadable`] when some
+/// records do not decrypt.
+pub(super) async fn list_accounts(
+    config: &Path,
+    person: Option<String>,
+    issuer: Option<String>,
+) -> Res {
+    let cfg = Config::load(config)?;
+    let person = match person {
+        Some(sub) => Some(Person {
+            iss: person_issuer(&cfg, issuer)?,
+            sub,
+        }),
+        None => None,
+    };
+    let path = match &person {
+        Some(p) => format!(
+            "/accounts?{}",
+            form_urlencoded::Serializer::new(String::new())
+                .append_pair("person_iss", &p.iss)
+                .append_pair("person_sub", &p.sub)
+                .finish()
+        ),
+        None => "/accounts".to_string(),
+    };
+    let v = match reach(&cfg, "GET", &path, "").await? {
+        Reached::Instance { status: 200, body } => {
+            serde_json::from_str::<serde_json::Value>(&body)?
+        }
+        Reached::Instance { body, .. } => {
+            println!("{body}");
+            return Ok(Exit::Failed);
+        }
+        Reached::Stopped(off) => {
+            let mut v = ops::list_accounts(&off.vault(&cfg)?, person.as_ref())?;
+            v["running"] = false.into();
+            v
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    let unreadable = v["unreadable"].as_array().is_some_and(|u| !u.is_empty());
+    Ok(Exit::ok_if(!unreadable, Exit::Unreadable))
+}
+
+/// `credbroker accounts disconnect`: exits [`Exit::Failed`] when nothing
+/// was deleted.
+pub(super) async fn disconnect(
+    config: &Path,
+    person: String,
+    issuer: Option<String>,
+    service: &str,
+    force: bool,
+) -> Res {
+    let cfg = Config::load(config)?;
+    let person = Person {
+        iss: person_issuer(&cfg, issuer)?,
+        sub: person,
+    };
+    let body = serde_json::json!({
+        "person_iss": person.iss,
+        "person_sub": person.sub,
+        "service": service,
+        "force": force,
+    });
+    let report = match reach(&cfg, "POST", "/accounts/disconnect", &body.to_string()).await? {
+        Reached::Instance { status: 200, body } => {
+            serde_json::from_str::<serde_json::Value>(&body)?
+        }
+        Reached::Instance { body, .. } => {
+            println!("{body}");
+            return Ok(Exit::Failed);
+        }
+        Reached::Stopped(off) => {
+            let providers = crate::upstream::Providers::from_config(&cfg)?;
+            let vault = off.vault(&cfg)?;
+            let r = ops::disconnect(&vault, &providers, &person, service, force, off.recorder())
+                .await?;
+            let mut v = serde_json::to_value(r)?;
+            v["running"] = false.into();
+            v
+        }
+    };
+    println!("{report}");
+    eprintln!("{}", report["message"].as_str().unwrap_or_default());
+    Ok(Exit::ok_if(report["deleted"] == true, Exit::Failed))
+}
+
+/// The new password: from the first line of stdin, or prompted twice.
+fn read_new_password(from_stdin: bool) -> Result<SecretString, Box<dyn std::error::Error>> {
+    if from_stdin {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+        let pw = SecretString::new(line.trim_end_matches(['\n', '\r']).to_string());
+        zeroize::Zeroize::zeroize(&mut line);
+        return Ok(pw);
+    }
+    let first = SecretString::new(rpassword::prompt_password("Password: ")?);
+    let second = SecretString::new(rpassword::prompt_password("Password again: ")?);
+    if first.expose() != second.expose() {
+        return Err("the passwords differ; nothing was changed".into());
+    }
+    Ok(first)
+}
+
+/// `credbroker users add`: a local account for the pages.
+pub(super) async fn add_user(name: &str, config: &Path, from_stdin: bool, replace: bool) -> Res {
+    use crate::pages::users::{valid_name, UserError, MAX_PASSWORD, MIN_PASSWORD};
+    let cfg = Config::load(config)?;
+    if !cfg
+        .trusted_issuers
+        .iter()
+        .any(|i| i.sign_in == crate::config::SignIn::Local)
+    {
+        eprintln!("note: no trusted issuer is paired with local sign-in in {}; this account cannot sign in until one is", config.display());
+    }
+    // Checked before the prompt, so a bad name does not cost a password.
+    if !valid_name(name) {
+        return Err(UserError::BadName.into());
+    }
+    let password = read_new_password(from_stdin)?;
+    if !(MIN_PASSWORD..=MAX_PASSWORD).contains(&password.expose().len()) {
+        return Err(UserError::BadPassword.into());
+    }
+    let body = SecretString::new(
+        serde_json::json!({"name": name, "password": password.expose(), "replace": replace})
+            .to_string(),
+    );
+    match reach(&cfg, "POST", "/users", body.expose()).await? {
+        Reached::Instance { status: 200, body } => {
+            println!("{body}");
+            Ok(Exit::Ok)
+        }
+        Reached::Instance { body, .. } => {
+            eprintln!("error: {body}");
+            Ok(Exit::Failed)
+        }
+        Reached::Stopped(off) => {
+            ops::add_user(off.store.as_ref(), name, &password, replace, off.recorder())?;
+            println!("{}", serde_json::json!({"user": name, "running": false}));
+            Ok(Exit::Ok)
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! `[[trusted_issuers]]`: who may vouch for the person, and how the pages
+//! sign that person in.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use super::raw::{RawIssuer, RawSignIn};
+use super::Check;
+use crate::grammar::secure_or_loopback;
+use crate::jose::Alg;
+
+/// How the pages sign in the person that an issuer's `sub` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignIn {
+    /// OIDC at the same issuer.
+    Oidc {
+        /// Our client id at the IdP.
+        client_id: String,
+        /// Its secret, in a 0600 file.
+        client_secret_file: Option<PathBuf>,
+    },
+    /// Local accounts; only for the broker's own issuer.
+    Local,
+}
+
+/// Where an issuer's keys come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JwksSource {
+    /// A pinned JWKS file.
+    File(PathBuf),
+    /// A JWKS URI (https, or http on loopback).
+    Uri(String),
+}
+
+/// One trusted subject-token issuer.
+#[derive(Debug, Clone)]
+pub struct IssuerConfig {
+    /// `iss`, compared exactly.
+    pub issuer: String,
+    /// Expected `aud` (default: the agent's name).
+    pub audience: String,
+    /// Its keys.
+    pub jwks: JwksSource,
+    /// Allowed `alg`s.
+    pub algs: Vec<Alg>,
+    /// Allowed `typ` header values (access tokens, not ID tokens).
+    pub token_types: Vec<String>,
+    /// Claims that must be present.
+    pub required_claims: Vec<String>,
+    /// The paired sign-in source.
+    pub sign_in: SignIn,
+}
+
+/// Validates `[[trusted_issuers]]`: at least one, each well formed and
+/// paired with a sign-in source, none listed twice. `own_issuer` is the
+/// broker's (validated) issuer, `agent` the default audience.
+pub(super) fn trusted_issuers(
+    raw: Vec<RawIssuer>,
+    own_issuer: &str,
+    agent: &str,
+    check: &mut Check<'_>,
+) -> Vec<IssuerConfig> {
+    if raw.is_empty() {
+        check.bad(
+            "trusted_issuers",
+            "at least one trusted subject-token issuer is needed",
+        );
+    }
+    let issuers: Vec<IssuerConfig> = raw
+        .into_iter()
+        .enumerate()
+        .map(|(i, ti)| trusted_issuer(i, ti, own_issuer, agent, check))
+        .collect();
+    let mut seen = HashSet::new();
+    for (i, ti) in issuers.iter().enumerate() {
+        if !seen.insert(ti.issuer.clone()) {
+            check.bad(
+                &format!("trusted_issuers[{i}].issuer"),
+                "an issuer is listed twice",
+            );
+        }
+    }
+    issuers
+}
+
+/// Validates one `[[trusted_issuers]]` entry, the `i`th.
+fn trusted_issuer(
+    i: usize,
+    ti: RawIssuer,
+    own_issuer: &str,
+    agent: &str,
+    check: &mut Check<'_>,
+) -> IssuerConfig {
+    let key = |k: &str| format!("trusted_issuers[{i}].{k}");
+    let iss_url = url::Url::parse(&ti.issuer).ok();
+    if !iss_url.as_ref().is_some_and(secure_or_loopback) {
+        check.bad(
+            &key("issuer"),
+            "must be an https URL (http only on loopback)",
+        );
+    }
+    let jwks = match (ti.jwks_file, ti.jwks_uri) {
+        (Some(f), None) => JwksSource::File(check.rel(&f)),
+        (None, Some(u)) => {
+            if !url::Url::parse(&u).is_ok_and(|u| secure_or_loopback(&u)) {
+                check.bad(
+                    &key("jwks_uri"),
+                    "must be an https URL (http only on loopback)",
+                );
+            }
+            JwksSource::Uri(u)
+        }
+        _ => {
+            check.bad(
+                &key("jwks_file"),
+                "give exactly one of jwks_file or jwks_uri",
+            );
+            JwksSource::File(PathBuf::new())
+        }
+    };
+    let algs = check.algs(&key("algs"), ti.algs, vec![Alg::ES256, Alg::RS256]);
+    let sign_in = sign_in(ti.sign_in, &ti.issuer, own_issuer, &key, check);
+    let token_types = ti.token_types.unwrap_or_else(|| vec!["at+jwt".into()]);
+    if token_types
+        .iter()
+        .any(|t| t.eq_ignore_ascii_case("dpop+jwt"))
+    {
+        check.bad(&key("token_types"), "DPoP proofs are never subject tokens");
+    }
+    IssuerConfig {
+        issuer: ti.issuer,
+        audience: ti.audience.unwrap_or_else(|| agent.to_string()),
+        jwks,
+        algs,
+        token_types,
+        required_claims: ti.required_claims.unwrap_or_default(),
+        sign_in,
+    }
+}
+
+/// Validates an issuer's `sign_in`: local only for the broker's own
+/// issuer, OIDC with a client id.
+fn sign_in(
+    raw: Option<RawSignIn>,
+    issuer: &str,
+    own_issuer: &str,
+    key: &dyn Fn(&str) -> String,
+    check: &mut Check<'_>,
+) -> SignIn {
+    let Some(s) = raw else {
+        check.bad(&key("sign_in"), "every trusted issuer must be paired with a sign-in source (kind = \"oidc\" or \"local\")");
+        return SignIn::Local;
+    };
+    match (s.kind.as_str(), s.client_id, s.client_secret_file) {
+        ("local", None, None) => {
+            if issuer.trim_end_matches('/') != own_issuer {
+                check.bad(
+                    &key("sign_in"),
+                    "local sign-in pairs only with the broker's own issuer",
+                );
+            }
+            SignIn::Local
+        }
+        ("local", _, _) => {
+            check.bad(
+                &key("sign_in"),
+                "local sign-in takes no client_id or client_secret_file",
+            );
+            SignIn::Local
+        }
+        ("oidc", Some(client_id), client_secret_file) => SignIn::Oidc {
+            client_id,
+            client_secret_file: client_secret_file.map(|p| check.rel(&p)),
+        },
+        ("oidc", None, _) => {
+            check.bad(&key("sign_in.client_id"), "OIDC sign-in needs a client_id");
+            SignIn::Local
+        }
+        _ => {
+            check.bad(&key("sign_in.kind"), "must be \"oidc\" or \"local\"");
+            SignIn::Local
+        }
+    }
+}

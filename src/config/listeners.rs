@@ -1,0 +1,92 @@
+//! `[socket]`, `[public]` and `[admin]`: where the broker listens.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::raw::{RawAdmin, RawPublic, RawSocket};
+use super::{parse_duration, Check};
+
+/// The orchestrator socket.
+#[derive(Debug, Clone)]
+pub struct SocketConfig {
+    /// Socket path; its directory is created 0750.
+    pub path: PathBuf,
+    /// Group owning the directory and the socket (the orchestrator's).
+    pub group: Option<String>,
+    /// Peer uids allowed to connect (`SO_PEERCRED`).
+    pub allowed_uids: Vec<u32>,
+    /// Open connections at most.
+    pub max_connections: usize,
+    /// Time allowed to send a request's headers, and then its body.
+    pub header_timeout: Duration,
+}
+
+/// The public TCP listener.
+#[derive(Debug, Clone)]
+pub struct PublicConfig {
+    /// Address to bind.
+    pub listen: SocketAddr,
+    /// Certificate chain and key (PEM); plain HTTP only on loopback.
+    pub tls: Option<(PathBuf, PathBuf)>,
+}
+
+/// Validates `[socket]`.
+pub(super) fn socket(raw: RawSocket, check: &mut Check<'_>) -> SocketConfig {
+    let header_timeout = match raw.header_timeout.as_deref() {
+        None => Duration::from_secs(5),
+        Some(s) => parse_duration(s)
+            .filter(|d| !d.is_zero())
+            .unwrap_or_else(|| {
+                check.bad("socket.header_timeout", "must be a duration such as \"5s\"");
+                Duration::from_secs(5)
+            }),
+    };
+    // Default allow-list: only the broker's own uid (quick start, tests).
+    let allowed_uids = raw
+        .allowed_uids
+        .unwrap_or_else(|| vec![crate::unix::current_uid()]);
+    if allowed_uids.is_empty() {
+        check.bad("socket.allowed_uids", "must list at least one uid");
+    }
+    SocketConfig {
+        path: check.rel(&raw.path),
+        group: raw.group,
+        allowed_uids,
+        max_connections: raw.max_connections.unwrap_or(512),
+        header_timeout,
+    }
+}
+
+/// Validates `[public]`: plain HTTP only on loopback.
+pub(super) fn public(raw: Option<RawPublic>, check: &mut Check<'_>) -> Option<PublicConfig> {
+    let p = raw?;
+    let Ok(listen) = p.listen.parse::<SocketAddr>() else {
+        check.bad("public.listen", "must be an address such as 127.0.0.1:8440");
+        return None;
+    };
+    let tls = match (p.tls_cert, p.tls_key) {
+        (Some(c), Some(k)) => Some((check.rel(&c), check.rel(&k))),
+        (None, None) => None,
+        _ => {
+            check.bad("public.tls_cert", "tls_cert and tls_key go together");
+            None
+        }
+    };
+    if tls.is_none() && !listen.ip().is_loopback() {
+        check.bad(
+            "public.listen",
+            "plain HTTP is allowed only on loopback; set tls_cert and tls_key",
+        );
+    }
+    Some(PublicConfig { listen, tls })
+}
+
+/// The admin socket's path: `[admin] socket`, else `admin.sock` beside the
+/// config.
+pub(super) fn admin_socket(raw: Option<RawAdmin>, check: &Check<'_>) -> PathBuf {
+    raw.map_or_else(
+        || check.rel(Path::new("admin.sock")),
+        |a| check.rel(&a.socket),
+    )
+}

@@ -1,0 +1,313 @@
+//! Configuration: raw TOML -> validated [`Config`], in two stages.
+//!
+//! Stage one ([`raw`]) deserializes into raw structs and collects *every*
+//! unknown key with its path (through `serde_ignored`, so that one run
+//! reports them all, where `deny_unknown_fields` would stop at the first).
+//! Stage two checks the values, one section function per table, and
+//! collects every problem. Messages name keys and positions, never values:
+//! a secret pasted into the wrong key must not end up in a log.
+//!
+//! Secrets are never inline: the config names files (mode 0600) that hold
+//! them ([`read_secret_file`]). Relative paths are resolved against the
+//! config file's directory.
+//!
+//! Files: `raw` (stage one), `listeners` (`[socket]`, `[public]`,
+//! `[admin]`), `issuers` (`[[trusted_issuers]]`), `providers`
+//! (`[providers.<name>]`), `secret_files`; this file holds the validated
+//! [`Config`] and the order in which the sections are checked.
+
+mod issuers;
+mod listeners;
+mod providers;
+mod raw;
+mod secret_files;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use issuers::{IssuerConfig, JwksSource, SignIn};
+pub use listeners::{PublicConfig, SocketConfig};
+pub use providers::{
+    AccountLookup, ClientAuth, Endpoints, ProviderConfig, GITHUB_AUTHORIZE, GITHUB_TOKEN,
+    GITHUB_USER_API,
+};
+pub use secret_files::{read_secret_file, write_secret_file};
+
+use crate::diagnostics::{key_at, parse_toml, Problem};
+use crate::grammar::secure_or_loopback;
+use crate::jose::Alg;
+use raw::{RawConfig, RawDpop, RawLimits};
+
+/// Errors loading the config: all problems found, each with its place.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// One or more problems in the file.
+    #[error("{}", format_problems(.0))]
+    Invalid(Vec<Problem>),
+}
+
+fn format_problems(p: &[Problem]) -> String {
+    let mut s = format!("{} problem(s) in the configuration:", p.len());
+    for x in p {
+        s.push_str("\n  ");
+        s.push_str(&x.to_string());
+    }
+    s
+}
+
+/// Parses `"300s"`, `"5m"`, `"1h"`, `"250ms"`.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = num.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => n.checked_mul(60).map(Duration::from_secs),
+        "h" => n.checked_mul(3600).map(Duration::from_secs),
+        _ => None,
+    }
+}
+
+/// The validated configuration of one instance.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this was read from.
+    pub file: PathBuf,
+    /// The one agent this instance serves (docs/DESIGN.md section 2).
+    pub agent: String,
+    /// The public issuer URL: `iss` of minted tokens, base of `htu`.
+    pub issuer: String,
+    /// The policy file.
+    pub policy: PathBuf,
+    /// The store directory.
+    pub store: PathBuf,
+    /// Audit events (JSON lines); `None` = `<store>/audit.jsonl`.
+    pub audit_log: PathBuf,
+    /// The orchestrator socket.
+    pub socket: SocketConfig,
+    /// The admin socket.
+    pub admin_socket: PathBuf,
+    /// The public listener, if any.
+    pub public: Option<PublicConfig>,
+    /// File holding the 32-byte key that encrypts keys at rest (0600).
+    pub master_key_file: PathBuf,
+    /// DPoP settings.
+    pub dpop: DpopConfig,
+    /// Rate limits.
+    pub limits: LimitsConfig,
+    /// Trusted subject-token issuers.
+    pub trusted_issuers: Vec<IssuerConfig>,
+    /// Directory of the vault's key files (each 32 bytes, mode 0600).
+    pub vault_key_dir: PathBuf,
+    /// Third-party services people can connect, by name.
+    pub providers: BTreeMap<String, ProviderConfig>,
+}
+
+/// DPoP settings.
+#[derive(Debug, Clone)]
+pub struct DpopConfig {
+    /// Require server nonces (RFC 9449 section 8).
+    pub require_nonce: bool,
+    /// Accepted proof algorithms.
+    pub algs: Vec<Alg>,
+    /// Capacity of the `jti` replay cache; full = refuse.
+    pub replay_capacity: usize,
+}
+
+/// Rate limits (governor).
+#[derive(Debug, Clone)]
+pub struct LimitsConfig {
+    /// Derives per second per peer uid.
+    pub per_peer_per_second: u32,
+    /// Derives per second per (person, tool).
+    pub per_person_tool_per_second: u32,
+    /// Burst size of both.
+    pub burst: u32,
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::parse(path, &text)
+    }
+
+    /// Validates config text; `path` names it in messages and anchors
+    /// relative paths. Sections are checked in the order of the file's
+    /// documentation, and their problems are reported in that order.
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = parse_toml(path, text).map_err(ConfigError::Invalid)?;
+        let mut check = Check::new(path, text);
+        agent(&raw.agent, &mut check);
+        let issuer = own_issuer(&raw.issuer, &mut check);
+        let socket = listeners::socket(raw.socket, &mut check);
+        let public = listeners::public(raw.public, &mut check);
+        let dpop = dpop(raw.dpop, &mut check);
+        let limits = limits(&raw.limits, &mut check);
+        let trusted_issuers =
+            issuers::trusted_issuers(raw.trusted_issuers, &issuer, &raw.agent, &mut check);
+        let providers = providers::providers(raw.providers, &issuer, &mut check);
+        if !check.problems.is_empty() {
+            return Err(ConfigError::Invalid(check.problems));
+        }
+        let store = check.rel(&raw.store);
+        Ok(Config {
+            file: path.to_owned(),
+            agent: raw.agent,
+            issuer,
+            policy: check.rel(&raw.policy),
+            audit_log: raw
+                .audit_log
+                .map_or_else(|| store.join("audit.jsonl"), |p| check.rel(&p)),
+            admin_socket: listeners::admin_socket(raw.admin, &check),
+            store,
+            socket,
+            public,
+            master_key_file: check.rel(&raw.keys.master_key_file),
+            dpop,
+            limits,
+            trusted_issuers,
+            vault_key_dir: match raw.vault {
+                Some(v) => check.rel(&v.key_dir),
+                // Beside the master key, in its own directory.
+                None => check
+                    .rel(&raw.keys.master_key_file)
+                    .parent()
+                    .map_or_else(|| check.rel(Path::new("vault-keys")), |d| d.join("vault")),
+            },
+            providers,
+        })
+    }
+}
+
+/// Stage two's state over one file: where relative paths are anchored, and
+/// every problem found so far, each placed at its key.
+struct Check<'a> {
+    file: &'a Path,
+    text: &'a str,
+    base: &'a Path,
+    problems: Vec<Problem>,
+}
+
+impl<'a> Check<'a> {
+    fn new(file: &'a Path, text: &'a str) -> Check<'a> {
+        Check {
+            file,
+            text,
+            base: file.parent().unwrap_or(Path::new(".")),
+            problems: Vec::new(),
+        }
+    }
+
+    /// Reports a problem at `key` (a dotted path); the message names no value.
+    fn bad(&mut self, key: &str, message: &str) {
+        self.problems.push(Problem {
+            at: key_at(self.file, self.text, key),
+            key: Some(key.to_string()),
+            message: message.to_string(),
+        });
+    }
+
+    /// `p` anchored at the config file's directory, unless absolute.
+    fn rel(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_owned()
+        } else {
+            self.base.join(p)
+        }
+    }
+
+    /// An `algs` list: each a supported algorithm, at least one; `default`
+    /// when the key is absent.
+    fn algs(&mut self, key: &str, v: Option<Vec<String>>, default: Vec<Alg>) -> Vec<Alg> {
+        let Some(list) = v else {
+            return default;
+        };
+        let mut out = Vec::new();
+        for a in &list {
+            match Alg::parse(a) {
+                Ok(a) => out.push(a),
+                Err(_) => self.bad(key, "unsupported algorithm (ES256, RS256, PS256)"),
+            }
+        }
+        if out.is_empty() {
+            self.bad(key, "must list at least one algorithm");
+        }
+        out
+    }
+}
+
+/// Validates `agent`: a name without control characters.
+fn agent(agent: &str, check: &mut Check<'_>) {
+    if agent.is_empty() || agent.chars().any(|c| c.is_control()) {
+        check.bad(
+            "agent",
+            "must be a non-empty name without control characters",
+        );
+    }
+}
+
+/// Validates `issuer` and returns it without its trailing slash (`iss` and
+/// `htu` are built from it); empty if invalid.
+fn own_issuer(raw: &str, check: &mut Check<'_>) -> String {
+    match url::Url::parse(raw) {
+        Ok(u) if secure_or_loopback(&u) && u.query().is_none() && u.fragment().is_none() => {
+            raw.trim_end_matches('/').to_string()
+        }
+        _ => {
+            check.bad(
+                "issuer",
+                "must be an https URL (http only on loopback), without query or fragment",
+            );
+            String::new()
+        }
+    }
+}
+
+/// Validates `[dpop]`.
+fn dpop(raw: RawDpop, check: &mut Check<'_>) -> DpopConfig {
+    let algs = check.algs("dpop.algs", raw.algs, vec![Alg::ES256]);
+    let replay_capacity = raw.replay_capacity.unwrap_or(200_000);
+    if replay_capacity < 16 {
+        check.bad("dpop.replay_capacity", "must be at least 16");
+    }
+    DpopConfig {
+        require_nonce: raw.require_nonce,
+        algs,
+        replay_capacity,
+    }
+}
+
+/// Validates `[limits]`.
+fn limits(raw: &RawLimits, check: &mut Check<'_>) -> LimitsConfig {
+    let limits = LimitsConfig {
+        per_peer_per_second: raw.per_peer_per_second.unwrap_or(20_000),
+        per_person_tool_per_second: raw.per_person_tool_per_second.unwrap_or(1_000),
+        burst: raw.burst.unwrap_or(2_000),
+    };
+    if limits.per_peer_per_second == 0
+        || limits.per_person_tool_per_second == 0
+        || limits.burst == 0
+    {
+        check.bad("limits", "rates and burst must be positive");
+    }
+    limits
+}
+
+#[cfg(test)]
+mod provider_tests;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,324 @@
+//! `[providers.<name>]`: the third-party services people can connect,
+//! and the GitHub preset.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::raw::{RawAccountLookup, RawProvider};
+use super::{parse_duration, Check};
+use crate::grammar::{secure_or_loopback, valid_scope_token};
+
+/// How credbroker authenticates to a provider's token endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// HTTP Basic with the client id and secret (RFC 6749 section 2.3.1).
+    Basic,
+    /// `client_id` and `client_secret` in the form body.
+    Post,
+    /// A public client: `client_id` only (PKCE carries the proof).
+    None,
+}
+
+/// A provider's endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoints {
+    /// Authorization endpoint (browser).
+    pub authorization: String,
+    /// Token endpoint.
+    pub token: String,
+    /// RFC 7009 revocation endpoint, if the provider has one.
+    pub revocation: Option<String>,
+    /// OIDC userinfo endpoint, if any.
+    pub userinfo: Option<String>,
+    /// Whether the provider always sends `iss` on its authorization
+    /// response (RFC 9207 `authorization_response_iss_parameter_supported`).
+    pub sends_iss: bool,
+}
+
+/// How to learn the name of the account at the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccountLookup {
+    /// Claims of the OIDC userinfo answer.
+    Userinfo {
+        /// Claim holding the stable account id (default `sub`).
+        id_claim: String,
+        /// Claim holding the display name (default `preferred_username`).
+        name_claim: String,
+    },
+    /// A JSON API called with the access token.
+    Api {
+        /// The URL.
+        url: String,
+        /// Field holding the stable account id.
+        id_field: String,
+        /// Field holding the display name.
+        name_field: String,
+    },
+}
+
+/// One third-party service (an OAuth 2.0 / OpenID Connect provider).
+#[derive(Debug, Clone)]
+pub struct ProviderConfig {
+    /// Its name (the policy's `service`).
+    pub name: String,
+    /// The name people know it by, for messages and pages.
+    pub display_name: String,
+    /// The provider's issuer: discovery (RFC 8414 / OIDC) when endpoints
+    /// are not all given, and the RFC 9207 `iss` check.
+    pub issuer: Option<String>,
+    /// Endpoints given in the config; `None` = discover from `issuer`.
+    pub endpoints: Option<Endpoints>,
+    /// Our client id at the provider.
+    pub client_id: String,
+    /// File holding the client secret (mode 0600), if any.
+    pub client_secret_file: Option<PathBuf>,
+    /// Token endpoint authentication.
+    pub client_auth: ClientAuth,
+    /// The one redirect URI registered for this provider.
+    pub redirect_uri: String,
+    /// Scopes asked for when connecting, besides those a tool needs.
+    pub scopes: Vec<String>,
+    /// Whether the provider accepts a narrower `scope` on refresh.
+    pub narrow_on_refresh: bool,
+    /// How to read the account's id and name.
+    pub account: AccountLookup,
+    /// Bound on each call to the provider.
+    pub timeout: Duration,
+}
+
+/// The GitHub preset: GitHub's OAuth app endpoints. GitHub accepts PKCE
+/// S256 without enforcing it, so `state` is always sent and checked; it has
+/// no RFC 7009 revocation endpoint and does not narrow on refresh.
+pub const GITHUB_AUTHORIZE: &str = "https://github.com/login/oauth/authorize";
+/// GitHub's token endpoint.
+pub const GITHUB_TOKEN: &str = "https://github.com/login/oauth/access_token";
+/// GitHub's user API (account id `id`, name `login`).
+pub const GITHUB_USER_API: &str = "https://api.github.com/user";
+
+/// Validates `[providers.<name>]`: the providers that validate, by name.
+pub(super) fn providers(
+    raw: BTreeMap<String, RawProvider>,
+    own_issuer: &str,
+    check: &mut Check<'_>,
+) -> BTreeMap<String, ProviderConfig> {
+    let mut providers = BTreeMap::new();
+    for (name, rp) in raw {
+        if let Some(p) = provider(&name, rp, own_issuer, check) {
+            providers.insert(name, p);
+        }
+    }
+    providers
+}
+
+/// Validates one `[providers.<name>]` table; `None` if it has a problem
+/// (each one reported through `check`).
+fn provider(
+    name: &str,
+    rp: RawProvider,
+    own_issuer: &str,
+    check: &mut Check<'_>,
+) -> Option<ProviderConfig> {
+    let key = |k: &str| format!("providers.{name}.{k}");
+    let before = check.problems.len();
+    let mut fail = |k: &str, m: &str| check.bad(&key(k), m);
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        fail(
+            "name",
+            "a provider name is letters, digits, - and _ (it appears in URLs and the policy)",
+        );
+    }
+    let url_ok = |u: &str| {
+        url::Url::parse(u).is_ok_and(|u| secure_or_loopback(&u) && u.fragment().is_none())
+    };
+    let github = match rp.preset.as_deref() {
+        None => false,
+        Some("github") => true,
+        Some(_) => {
+            fail("preset", "the only preset is \"github\"");
+            false
+        }
+    };
+    for (k, v) in [
+        ("issuer", &rp.issuer),
+        ("authorization_endpoint", &rp.authorization_endpoint),
+        ("token_endpoint", &rp.token_endpoint),
+        ("revocation_endpoint", &rp.revocation_endpoint),
+        ("userinfo_endpoint", &rp.userinfo_endpoint),
+    ] {
+        if v.as_deref().is_some_and(|u| !url_ok(u)) {
+            fail(
+                k,
+                "must be an https URL (http only on loopback), without fragment",
+            );
+        }
+    }
+    let (auth_default, token_default) = if github {
+        (
+            Some(GITHUB_AUTHORIZE.to_string()),
+            Some(GITHUB_TOKEN.to_string()),
+        )
+    } else {
+        (None, None)
+    };
+    let authorization = rp.authorization_endpoint.or(auth_default);
+    let token = rp.token_endpoint.or(token_default);
+    let endpoints = match (authorization, token) {
+        (Some(authorization), Some(token)) => Some(Endpoints {
+            authorization,
+            token,
+            revocation: rp.revocation_endpoint,
+            userinfo: rp.userinfo_endpoint,
+            // Explicit endpoints: `iss` is checked when sent, not required.
+            sends_iss: false,
+        }),
+        (None, None) if rp.issuer.is_some() => None,
+        _ => {
+            fail(
+                "token_endpoint",
+                "give authorization_endpoint and token_endpoint, or only issuer (for RFC 8414 / OpenID Connect discovery)",
+            );
+            None
+        }
+    };
+    let client_auth = match rp.token_endpoint_auth.as_deref() {
+        None if github => ClientAuth::Post,
+        None if rp.client_secret_file.is_none() => ClientAuth::None,
+        None | Some("client_secret_basic") => ClientAuth::Basic,
+        Some("client_secret_post") => ClientAuth::Post,
+        Some("none") => ClientAuth::None,
+        Some(_) => {
+            fail(
+                "token_endpoint_auth",
+                "must be client_secret_basic, client_secret_post or none",
+            );
+            ClientAuth::Basic
+        }
+    };
+    if client_auth != ClientAuth::None && rp.client_secret_file.is_none() {
+        fail(
+            "client_secret_file",
+            "a confidential client needs its secret in a file (mode 0600)",
+        );
+    }
+    if rp.client_id.is_empty() || rp.client_id.chars().any(char::is_control) {
+        fail("client_id", "must be non-empty, without control characters");
+    }
+    let redirect_uri = match rp.redirect_uri {
+        Some(u) => {
+            if !url_ok(&u) || u.contains('?') {
+                fail(
+                    "redirect_uri",
+                    "must be an https URL (http only on loopback) without query or fragment",
+                );
+            }
+            u
+        }
+        // The pages serve the provider callback at `/callback/{name}`.
+        None => format!("{own_issuer}/callback/{name}"),
+    };
+    let mut scopes = Vec::new();
+    for s in rp.scopes.unwrap_or_default() {
+        if !valid_scope_token(&s) {
+            fail(
+                "scopes",
+                "a scope must be a non-empty token without spaces or quotes",
+            );
+        } else if !scopes.contains(&s) {
+            scopes.push(s);
+        }
+    }
+    let account = match rp.account {
+        Some(RawAccountLookup {
+            url: Some(u),
+            id_field,
+            name_field,
+            userinfo_id_claim: None,
+            userinfo_name_claim: None,
+        }) => {
+            if !url_ok(&u) {
+                fail(
+                    "account.url",
+                    "must be an https URL (http only on loopback)",
+                );
+            }
+            AccountLookup::Api {
+                url: u,
+                id_field: id_field.unwrap_or_else(|| "id".into()),
+                name_field: name_field.unwrap_or_else(|| "login".into()),
+            }
+        }
+        Some(RawAccountLookup {
+            url: None,
+            id_field: None,
+            name_field: None,
+            userinfo_id_claim,
+            userinfo_name_claim,
+        }) => AccountLookup::Userinfo {
+            id_claim: userinfo_id_claim.unwrap_or_else(|| "sub".into()),
+            name_claim: userinfo_name_claim.unwrap_or_else(|| "preferred_username".into()),
+        },
+        Some(_) => {
+            fail("account", "give either url (with id_field, name_field) or userinfo_id_claim / userinfo_name_claim");
+            AccountLookup::Userinfo {
+                id_claim: "sub".into(),
+                name_claim: "preferred_username".into(),
+            }
+        }
+        None if github => AccountLookup::Api {
+            url: GITHUB_USER_API.into(),
+            id_field: "id".into(),
+            name_field: "login".into(),
+        },
+        None => AccountLookup::Userinfo {
+            id_claim: "sub".into(),
+            name_claim: "preferred_username".into(),
+        },
+    };
+    if matches!(account, AccountLookup::Userinfo { .. })
+        && endpoints.as_ref().is_some_and(|e| e.userinfo.is_none())
+    {
+        fail("userinfo_endpoint", "the account's name is read from userinfo: give userinfo_endpoint, or account.url for an API");
+    }
+    let timeout = match rp.timeout.as_deref() {
+        None => Duration::from_secs(10),
+        Some(t) => match parse_duration(t) {
+            Some(d) if !d.is_zero() && d <= Duration::from_secs(60) => d,
+            _ => {
+                fail(
+                    "timeout",
+                    "must be a duration between 1ms and 60s, such as \"10s\"",
+                );
+                Duration::from_secs(10)
+            }
+        },
+    };
+    if check.problems.len() > before {
+        return None;
+    }
+    Some(ProviderConfig {
+        name: name.to_string(),
+        display_name: rp.display_name.unwrap_or_else(|| {
+            if github {
+                "GitHub".into()
+            } else {
+                name.to_string()
+            }
+        }),
+        issuer: rp.issuer,
+        endpoints,
+        client_id: rp.client_id,
+        client_secret_file: rp.client_secret_file.map(|p| check.rel(&p)),
+        client_auth,
+        redirect_uri,
+        scopes,
+        narrow_on_refresh: rp.narrow_on_refresh.unwrap_or(false),
+        account,
+        timeout,
+    })
+}

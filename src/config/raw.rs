@@ -1,0 +1,170 @@
+//! Stage one: the file as serde reads it. Every key is optional or
+//! defaulted where the validated stage has a default, and no key is
+//! rejected here: unknown keys are collected by `serde_ignored` (see
+//! `diagnostics::parse_toml`), so that one run reports them all.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawConfig {
+    pub(super) agent: String,
+    pub(super) issuer: String,
+    pub(super) policy: PathBuf,
+    pub(super) store: PathBuf,
+    #[serde(default)]
+    pub(super) audit_log: Option<PathBuf>,
+    pub(super) socket: RawSocket,
+    #[serde(default)]
+    pub(super) admin: Option<RawAdmin>,
+    #[serde(default)]
+    pub(super) public: Option<RawPublic>,
+    pub(super) keys: RawKeys,
+    #[serde(default)]
+    pub(super) dpop: RawDpop,
+    #[serde(default)]
+    pub(super) limits: RawLimits,
+    #[serde(default)]
+    pub(super) trusted_issuers: Vec<RawIssuer>,
+    #[serde(default)]
+    pub(super) vault: Option<RawVault>,
+    #[serde(default)]
+    pub(super) providers: BTreeMap<String, RawProvider>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawVault {
+    pub(super) key_dir: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawProvider {
+    #[serde(default)]
+    pub(super) preset: Option<String>,
+    #[serde(default)]
+    pub(super) display_name: Option<String>,
+    #[serde(default)]
+    pub(super) issuer: Option<String>,
+    #[serde(default)]
+    pub(super) authorization_endpoint: Option<String>,
+    #[serde(default)]
+    pub(super) token_endpoint: Option<String>,
+    #[serde(default)]
+    pub(super) revocation_endpoint: Option<String>,
+    #[serde(default)]
+    pub(super) userinfo_endpoint: Option<String>,
+    pub(super) client_id: String,
+    #[serde(default)]
+    pub(super) client_secret_file: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) token_endpoint_auth: Option<String>,
+    #[serde(default)]
+    pub(super) redirect_uri: Option<String>,
+    #[serde(default)]
+    pub(super) scopes: Option<Vec<String>>,
+    #[serde(default)]
+    pub(super) narrow_on_refresh: Option<bool>,
+    #[serde(default)]
+    pub(super) account: Option<RawAccountLookup>,
+    #[serde(default)]
+    pub(super) timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawAccountLookup {
+    #[serde(default)]
+    pub(super) userinfo_id_claim: Option<String>,
+    #[serde(default)]
+    pub(super) userinfo_name_claim: Option<String>,
+    #[serde(default)]
+    pub(super) url: Option<String>,
+    #[serde(default)]
+    pub(super) id_field: Option<String>,
+    #[serde(default)]
+    pub(super) name_field: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawSocket {
+    pub(super) path: PathBuf,
+    #[serde(default)]
+    pub(super) group: Option<String>,
+    #[serde(default)]
+    pub(super) allowed_uids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub(super) max_connections: Option<usize>,
+    #[serde(default)]
+    pub(super) header_timeout: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawAdmin {
+    pub(super) socket: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawPublic {
+    pub(super) listen: String,
+    #[serde(default)]
+    pub(super) tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) tls_key: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawKeys {
+    pub(super) master_key_file: PathBuf,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct RawDpop {
+    #[serde(default)]
+    pub(super) require_nonce: bool,
+    #[serde(default)]
+    pub(super) algs: Option<Vec<String>>,
+    #[serde(default)]
+    pub(super) replay_capacity: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct RawLimits {
+    #[serde(default)]
+    pub(super) per_peer_per_second: Option<u32>,
+    #[serde(default)]
+    pub(super) per_person_tool_per_second: Option<u32>,
+    #[serde(default)]
+    pub(super) burst: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawIssuer {
+    pub(super) issuer: String,
+    #[serde(default)]
+    pub(super) audience: Option<String>,
+    #[serde(default)]
+    pub(super) jwks_file: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) jwks_uri: Option<String>,
+    #[serde(default)]
+    pub(super) algs: Option<Vec<String>>,
+    #[serde(default)]
+    pub(super) token_types: Option<Vec<String>>,
+    #[serde(default)]
+    pub(super) required_claims: Option<Vec<String>>,
+    #[serde(default)]
+    pub(super) sign_in: Option<RawSignIn>,
+}
+
+/// A plain struct rather than a tagged enum: serde buffers a tagged enum's
+/// content, so `serde_ignored` would never see a misspelt key inside it, and
+/// an unknown `kind` would be echoed in serde's message.
+#[derive(Debug, Deserialize)]
+pub(super) struct RawSignIn {
+    pub(super) kind: String,
+    #[serde(default)]
+    pub(super) client_id: Option<String>,
+    #[serde(default)]
+    pub(super) client_secret_file: Option<PathBuf>,
+}

@@ -1,0 +1,433 @@
+//! Operator actions, each written once: freeze, signing-key rotation, vault
+//! rotation, adding a local user, disconnecting an account, listing
+//! accounts. Each function makes its store change and records its audit
+//! event together, so the admin socket (a running instance) and the command
+//! line (no instance runs, [`Offline`]) cannot drift apart: an action that
+//! changes state is audited whichever way it ran.
+//!
+//! An action on a stopped instance opens the store itself, and refuses to
+//! run as anyone but the store directory's owner ([`check_owner`]): run as
+//! root it would create an audit file, store files and lock files that the
+//! broker's user can no longer open.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::events::{Audit, Event};
+use crate::exchange::Broker;
+use crate::seal::Sealer;
+use crate::store::Store;
+use crate::subject::Person;
+use crate::vault::Vault;
+
+/// Errors of an operator action.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// Signing keys.
+    #[error("signing keys: {0}")]
+    Mint(#[from] crate::mint::MintError),
+    /// The vault (keys, records).
+    #[error("vault: {0}")]
+    Vault(#[from] crate::vault::VaultError),
+    /// A local user was refused (bad name or password, or it exists).
+    #[error(transparent)]
+    User(#[from] crate::pages::users::UserError),
+    /// Disconnecting an account failed.
+    #[error(transparent)]
+    Disconnect(#[from] crate::connect::CompleteError),
+    /// The blocking task running the action failed.
+    #[error("the {0} task failed")]
+    Task(&'static str),
+    /// Run by another user than the store's owner (see [`check_owner`]).
+    #[error("{0}")]
+    NotOwner(String),
+    /// Opening the store, the audit log or a key file with no instance.
+    #[error("{what} {}: {source}", path.display())]
+    Open {
+        /// What was opened.
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// Error.
+        source: std::io::Error,
+    },
+    /// The sealing key.
+    #[error("master key: {0}")]
+    Seal(#[from] crate::seal::SealError),
+}
+
+/// Where an action's audit event goes: the running broker's sink, or the
+/// audit file opened by [`Offline`].
+#[derive(Debug, Clone, Copy)]
+pub struct Recorder<'a> {
+    /// The audit sink.
+    pub audit: &'a Audit,
+    /// The agent this instance serves (every event names it).
+    pub agent: &'a str,
+    /// The clock.
+    pub clock: &'a dyn Clock,
+}
+
+impl<'a> Recorder<'a> {
+    /// The running broker's recorder.
+    pub fn of(broker: &'a Broker) -> Recorder<'a> {
+        Recorder {
+            audit: &broker.audit,
+            agent: &broker.config.agent,
+            clock: broker.clock.as_ref(),
+        }
+    }
+
+    /// Records one event. The store change it reports has already happened
+    /// and cannot be undone, so a failing sink is logged, not returned (as
+    /// the admin socket always did).
+    fn record<'e>(&self, event: &'e str, fill: impl FnOnce(&mut Event<'e>))
+    where
+        'a: 'e,
+    {
+        let mut e = Event::new(self.clock.now(), event, self.agent);
+        fill(&mut e);
+        if let Err(err) = self.audit.record(&e) {
+            tracing::error!(error = %err, event, "the audit event was not written");
+        }
+    }
+}
+
+/// The state an action changes: a running instance's broker (which also
+/// holds it in memory), or the store of an instance that is not running.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    /// A running instance.
+    Running(&'a Broker),
+    /// No instance runs: the store itself.
+    Stopped(&'a dyn Store),
+}
+
+/// Sets or lifts the emergency freeze. Returns whether derives are frozen
+/// afterwards (a running instance may also be frozen by its policy).
+pub fn freeze(target: Target<'_>, rec: Recorder<'_>, on: bool) -> Result<bool, OpError> {
+    let frozen = match target {
+        Target::Running(b) => {
+            b.set_frozen(on)?;
+            tracing::warn!(frozen = on, "emergency freeze changed by the admin socket");
+            b.is_frozen()
+        }
+        Target::Stopped(store) => {
+            crate::exchange::persist_frozen(store, on)?;
+            on
+        }
+    };
+    rec.record(if on { "admin.frozen" } else { "admin.unfrozen" }, |e| {
+        e.outcome = Some(if on { "frozen" } else { "unfrozen" });
+    });
+    Ok(frozen)
+}
+
+/// Adds a signing key and makes it active (the old one stays published
+/// until its tokens have expired). Returns the new active key id.
+pub fn rotate_keys(
+    target: Target<'_>,
+    sealer: &Sealer,
+    rec: Recorder<'_>,
+) -> Result<String, OpError> {
+    let kid = match target {
+        Target::Running(b) => b.rotate_keys(sealer)?,
+        Target::Stopped(store) => crate::mint::rotate(store, sealer, rec.clock.now())?
+            .active
+            .kid
+            .clone(),
+    };
+    rec.record("keys.rotated", |e| e.outcome = Some("rotated"));
+    Ok(kid)
+}
+
+/// Re-wraps up to `limit` vault records under the current vault key
+/// (resumable: run again until the report says done).
+pub fn rotate_vault(
+    vault: &Vault,
+    limit: Option<usize>,
+    rec: Recorder<'_>,
+) -> Result<crate::vault::RotationReport, OpError> {
+    let report = vault.rotate(limit)?;
+    rec.record("vault.rotated", |e| {
+        e.outcome = Some(if report.done { "done" } else { "in_progress" });
+    });
+    Ok(report)
+}
+
+/// Adds (or, with `replace`, resets) a local account for the pages.
+pub fn add_user(
+    store: &dyn Store,
+    name: &str,
+    password: &crate::secret::SecretString,
+    replace: bool,
+    rec: Recorder<'_>,
+) -> Result<(), OpError> {
+    crate::pages::users::add(store, name, password, replace, rec.clock.now())?;
+    rec.record("users.added", |e| {
+        e.person_sub = Some(name);
+        e.outcome = Some(if replace { "replaced" } else { "added" });
+    });
+    Ok(())
+}
+
+/// Revokes an account's tokens at its provider (RFC 7009) where it can,
+/// and deletes the account with its allowances (even if revocation failed
+/// when `force`).
+pub async fn disconnect(
+    vault: &Vault,
+    providers: &crate::upstream::Providers,
+    person: &Person,
+    service: &str,
+    force: bool,
+    rec: Recorder<'_>,
+) -> Result<crate::connect::DisconnectReport, OpError> {
+    let provider = providers.get(service).map(|p| p.as_ref());
+    let report =
+        crate::connect::disconnect_account(vault, provider, person, service, force).await?;
+    rec.record("account.disconnected", |e| {
+        e.person_iss = Some(&person.iss);
+        e.person_sub = Some(&person.sub);
+        e.service = Some(service);
+        e.outcome = Some(if report.deleted { "deleted" } else { "kept" });
+        e.reason = Some(report.revocation);
+    });
+    Ok(report)
+}
+
+/// The connected accounts (one person's, or all) with their allowances,
+/// and the records that do not open (reported, never served). No token.
+/// A read: no event.
+pub fn list_accounts(vault: &Vault, person: Option<&Person>) -> Result<serde_json::Value, OpError> {
+    let mut list = Vec::new();
+    for a in vault.accounts(person)? {
+        let p = Person {
+            iss: a.person_iss.clone(),
+            sub: a.person_sub.clone(),
+        };
+        let allowances = vault.allowances(&p, &a.service)?;
+        let mut v = serde_json::to_value(&a).unwrap_or_default();
+        v["allowances"] = serde_json::to_value(allowances).unwrap_or_default();
+        list.push(v);
+    }
+    let unreadable: Vec<serde_json::Value> = vault
+        .verify_all()?
+        .into_iter()
+        .filter(|(iss, sub, _, _)| person.is_none_or(|p| p.iss == *iss && p.sub == *sub))
+        .map(|(iss, sub, service, problem)| {
+            serde_json::json!({"person_iss": iss, "person_sub": sub, "service": service, "problem": problem})
+        })
+        .collect();
+    Ok(serde_json::json!({"accounts": list, "unreadable": unreadable}))
+}
+
+/// What an action needs when no instance runs: the store and the audit
+/// file, opened by the store's owner only.
+#[derive(Debug)]
+pub struct Offline {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// The audit file.
+    pub audit: Audit,
+    /// The agent (for the events).
+    pub agent: String,
+    clock: crate::clock::SystemClock,
+}
+
+impl Offline {
+    /// Checks that this process runs as the store's owner, then opens the
+    /// store and the audit file.
+    pub fn open(cfg: &Config) -> Result<Offline, OpError> {
+        check_owner(&cfg.store, crate::unix::current_uid())?;
+        let store: Arc<dyn Store> = Arc::new(crate::store::SledStore::open(&cfg.store)?);
+        let audit = Audit::open(&cfg.audit_log).map_err(|source| OpError::Open {
+            what: "audit log",
+            path: cfg.audit_log.clone(),
+            source,
+        })?;
+        Ok(Offline {
+            store,
+            audit,
+            agent: cfg.agent.clone(),
+            clock: crate::clock::SystemClock,
+        })
+    }
+
+    /// The recorder for this run's events.
+    pub fn recorder(&self) -> Recorder<'_> {
+        Recorder {
+            audit: &self.audit,
+            agent: &self.agent,
+            clock: &self.clock,
+        }
+    }
+
+    /// The store as an action's target.
+    pub fn target(&self) -> Target<'_> {
+        Target::Stopped(self.store.as_ref())
+    }
+
+    /// Opens the vault on this store.
+    pub fn vault(&self, cfg: &Config) -> Result<Vault, OpError> {
+        Ok(Vault::open(self.store.clone(), &cfg.vault_key_dir)?)
+    }
+
+    /// The sealer of the signing keys at rest (from the master key file).
+    pub fn sealer(&self, cfg: &Config) -> Result<Sealer, OpError> {
+        let master = crate::config::read_secret_file(&cfg.master_key_file).map_err(|source| {
+            OpError::Open {
+                what: "master key file",
+                path: cfg.master_key_file.clone(),
+                source,
+            }
+        })?;
+        Ok(Sealer::new(&master, &[])?)
+    }
+}
+
+/// Refuses unless `uid` owns the store directory (or, before the store
+/// exists, the nearest directory above it that does: the one the store
+/// would be created in).
+pub fn check_owner(store_dir: &Path, uid: u32) -> Result<(), OpError> {
+    use std::os::unix::fs::MetadataExt;
+    let mut dir = store_dir.to_path_buf();
+    let meta = loop {
+        match std::fs::metadata(&dir) {
+            Ok(m) => break m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // An empty parent is the current directory.
+                dir = match dir.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                    _ => PathBuf::from("."),
+                };
+            }
+            Err(source) => {
+                return Err(OpError::Open {
+                    what: "store directory",
+                    path: dir,
+                    source,
+                })
+            }
+        }
+    };
+    match owner_mismatch(&dir, meta.uid(), uid) {
+        Some(message) => Err(OpError::NotOwner(message)),
+        None => Ok(()),
+    }
+}
+
+/// The refusal's sentence when `current` is not `owner` (names the
+/// directory, its owner and the current user, by name where known).
+fn owner_mismatch(dir: &Path, owner: u32, current: u32) -> Option<String> {
+    if owner == current {
+        return None;
+    }
+    Some(format!(
+        "the store directory {} belongs to {}, but this command runs as {}: run it as the store's owner \
+         (an offline action run as another user would leave files the broker cannot open)",
+        dir.display(),
+        user_name(owner),
+        user_name(current),
+    ))
+}
+
+fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+        Ok(Some(u)) => format!("{} (uid {uid})", u.name),
+        _ => format!("uid {uid}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_offline_action_by_another_user_than_the_stores_owner_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = crate::unix::current_uid();
+        let other = me.wrapping_add(4242);
+        let Err(OpError::NotOwner(message)) = check_owner(dir.path(), other) else {
+            panic!("another user was let through");
+        };
+        assert!(
+            message.contains(&dir.path().display().to_string()),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!("uid {me}")),
+            "names the owner: {message}"
+        );
+        assert!(
+            message.contains(&format!("uid {other}")),
+            "names the user: {message}"
+        );
+        // Before the store exists, the directory it would be created in counts.
+        assert!(matches!(
+            check_owner(&dir.path().join("data/store"), other),
+            Err(OpError::NotOwner(_))
+        ));
+        // Positive control: the owner may.
+        check_owner(dir.path(), me).unwrap();
+        check_owner(&dir.path().join("data/store"), me).unwrap();
+    }
+
+    fn offline(dir: &Path) -> (Arc<dyn Store>, Audit) {
+        let store: Arc<dyn Store> =
+            Arc::new(crate::store::SledStore::open(&dir.join("data")).unwrap());
+        (store, Audit::open(&dir.join("audit.jsonl")).unwrap())
+    }
+
+    fn events(dir: &Path) -> Vec<String> {
+        std::fs::read_to_string(dir.join("audit.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["event"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn offline_freeze_rotation_and_users_are_audited() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, audit) = offline(dir.path());
+        let clock = crate::clock::SystemClock;
+        let rec = Recorder {
+            audit: &audit,
+            agent: "a",
+            clock: &clock,
+        };
+        assert!(freeze(Target::Stopped(store.as_ref()), rec, true).unwrap());
+        // One owner of the flag: what the offline freeze wrote is what the
+        // broker reads at start-up.
+        assert!(crate::exchange::stored_frozen(store.as_ref()));
+        assert!(!freeze(Target::Stopped(store.as_ref()), rec, false).unwrap());
+        assert!(!crate::exchange::stored_frozen(store.as_ref()));
+        let sealer = Sealer::new(&crate::secret::SecretBytes::new(vec![7u8; 32]), &[]).unwrap();
+        crate::mint::load_or_create(store.as_ref(), &sealer, clock.now()).unwrap();
+        let kid = rotate_keys(Target::Stopped(store.as_ref()), &sealer, rec).unwrap();
+        assert!(!kid.is_empty());
+        let pw = crate::secret::SecretString::new("a long enough password".into());
+        add_user(store.as_ref(), "alice", &pw, false, rec).unwrap();
+        // A refused action writes no event.
+        assert!(add_user(store.as_ref(), "alice", &pw, false, rec).is_err());
+        assert_eq!(
+            events(dir.path()),
+            [
+                "admin.frozen",
+                "admin.unfrozen",
+                "keys.rotated",
+                "users.added"
+            ]
+        );
+    }
+}

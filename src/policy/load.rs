@@ -1,0 +1,394 @@
+//! Loading a policy file: the raw TOML shapes and the section checks that
+//! turn them into a [`Policy`](super::Policy), reporting every problem at
+//! its position and in file order.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{canonical_resource, Delivery, PolicyError, Resource, Source, Tool, MAX_TTL};
+use crate::diagnostics::{key_span, line_col, offset_at, Problem};
+use crate::grammar::valid_scope_token;
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawPolicy {
+    pub(super) agent: Spanned<String>,
+    #[serde(default)]
+    pub(super) frozen: bool,
+    #[serde(default)]
+    pub(super) steps: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    pub(super) resources: BTreeMap<String, RawResource>,
+    #[serde(default)]
+    pub(super) tools: BTreeMap<String, RawTool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawResource {
+    source: Spanned<String>,
+    #[serde(default)]
+    ttl: Option<Spanned<String>>,
+    /// For `source = "service"`: the provider's name in the config.
+    #[serde(default)]
+    service: Option<Spanned<String>>,
+    /// For `source = "service"`: how the token reaches the tool.
+    #[serde(default)]
+    delivery: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawTool {
+    resource: Spanned<String>,
+    #[serde(default)]
+    scopes: Vec<Spanned<String>>,
+    steps: Spanned<Vec<Spanned<String>>>,
+    #[serde(default)]
+    ttl: Option<Spanned<String>>,
+}
+
+/// Whether `s` is a valid name: non-empty, at most 256 characters, no
+/// whitespace or control characters. (Counted in characters, as JSON Schema's
+/// `maxLength` counts, so the loader and the schema agree.)
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars().count() <= 256
+        && !s.chars().any(|c| c.is_control() || c.is_whitespace())
+}
+
+/// Parses a policy lifetime: a whole number of seconds or minutes without a
+/// leading zero, from `"1s"` to `"300s"` (`"5m"`). Stricter than the config's
+/// durations on purpose: a sub-second ttl would mint tokens that are already
+/// expired, and one spelling per value keeps reviews and the schema simple.
+pub(crate) fn parse_policy_ttl(s: &str) -> Result<Duration, &'static str> {
+    const SHAPE: &str = "must be a whole number of seconds or minutes such as \"60s\" or \"5m\"";
+    const LONG: &str = "is longer than the 300s maximum";
+    let Some(i) = s.find(|c: char| !c.is_ascii_digit()) else {
+        return Err(SHAPE);
+    };
+    let (num, unit) = s.split_at(i);
+    if num.is_empty() || num.starts_with('0') || !matches!(unit, "s" | "m") {
+        return Err(SHAPE);
+    }
+    // More than four digits is over the maximum in either unit (and would
+    // not fit the arithmetic below without care).
+    if num.len() > 4 {
+        return Err(LONG);
+    }
+    let n: u64 = num.parse().map_err(|_| SHAPE)?;
+    let d = Duration::from_secs(if unit == "m" { n * 60 } else { n });
+    if d > MAX_TTL {
+        return Err(LONG);
+    }
+    Ok(d)
+}
+
+/// Validates the keys of a `source = "service"` resource: a provider name,
+/// and `delivery` written out (docs/DESIGN.md section 2: handing the provider's
+/// bearer token to a tool is never a default).
+fn service_source(
+    r: &RawResource,
+) -> Result<Source, (std::ops::Range<usize>, &'static str, &'static str)> {
+    let service = match &r.service {
+        None => {
+            return Err((
+                r.source.span(),
+                "service",
+                "a service resource must name its provider: service = \"<name of a [providers.<name>] table in the config>\"",
+            ))
+        }
+        Some(s) if !valid_name(s.get_ref()) => {
+            return Err((s.span(), "service", "must be a provider name without spaces or control characters"))
+        }
+        Some(s) => s.get_ref().clone(),
+    };
+    let delivery = match &r.delivery {
+        None => {
+            return Err((
+                r.source.span(),
+                "delivery",
+                "a service resource must say how the token reaches the tool; the only choice today is delivery = \"provider_token\" (the provider's bearer token is handed to the tool, unbound and not narrowed to one call)",
+            ))
+        }
+        Some(d) if d.get_ref() == "provider_token" => Delivery::ProviderToken,
+        Some(d) => return Err((d.span(), "delivery", "must be \"provider_token\" (the egress proxy comes later)")),
+    };
+    Ok(Source::Service { service, delivery })
+}
+
+/// The policy's text: UTF-8 and not empty (an empty file would load as a
+/// policy that denies everything, which is never what was meant).
+pub(super) fn policy_text<'a>(path: &Path, bytes: &'a [u8]) -> Result<&'a str, PolicyError> {
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let (l, c) = line_col(
+                &String::from_utf8_lossy(&bytes[..e.valid_up_to()]),
+                e.valid_up_to(),
+            );
+            return Err(PolicyError::Invalid(vec![Problem {
+                at: format!("{}:{l}:{c}", path.display()),
+                key: None,
+                message: "the file is not UTF-8".into(),
+            }]));
+        }
+    };
+    if text.trim().is_empty() {
+        return Err(PolicyError::Invalid(vec![Problem {
+            at: format!("{}:1:1", path.display()),
+            key: None,
+            message: "the policy is empty (an empty policy would deny everything; write `agent = ...` and the tools)".into(),
+        }]));
+    }
+    Ok(text)
+}
+
+/// The validation pass over one policy file: every problem found so far,
+/// each placed at the span it is about.
+pub(super) struct Check<'a> {
+    path: &'a Path,
+    text: &'a str,
+    pub(super) problems: Vec<Problem>,
+}
+
+impl<'a> Check<'a> {
+    pub(super) fn new(path: &'a Path, text: &'a str) -> Check<'a> {
+        Check {
+            path,
+            text,
+            problems: Vec::new(),
+        }
+    }
+
+    /// `agent`: a name.
+    pub(super) fn agent(&mut self, agent: &Spanned<String>) {
+        if !valid_name(agent.get_ref()) {
+            self.bad(
+                agent.span(),
+                "agent".into(),
+                "must be a name without spaces or control characters",
+            );
+        }
+    }
+
+    /// Reports a problem at `span`; the message names no value.
+    fn bad(&mut self, span: Range<usize>, key: String, message: &str) {
+        self.problems.push(Problem {
+            at: offset_at(self.path, self.text, span.start),
+            key: Some(key),
+            message: message.to_string(),
+        });
+    }
+
+    /// A `ttl` key, if present and valid.
+    fn ttl(&mut self, t: &Option<Spanned<String>>, key: String) -> Option<Duration> {
+        let t = t.as_ref()?;
+        match parse_policy_ttl(t.get_ref()) {
+            Ok(d) => Some(d),
+            Err(message) => {
+                self.bad(t.span(), key, message);
+                None
+            }
+        }
+    }
+
+    /// A list of step names under `key`: each valid, none twice.
+    fn steps(&mut self, list: &[Spanned<String>], key: &str) -> BTreeSet<String> {
+        let mut set = BTreeSet::new();
+        for s in list {
+            if !valid_name(s.get_ref()) {
+                self.bad(
+                    s.span(),
+                    key.to_string(),
+                    "step names must not contain spaces or control characters",
+                );
+            } else if !set.insert(s.get_ref().clone()) {
+                self.bad(s.span(), key.to_string(), "step listed twice");
+            }
+        }
+        set
+    }
+
+    /// The top-level `steps = [...]` declaration.
+    pub(super) fn declared_steps(
+        &mut self,
+        list: &Spanned<Vec<Spanned<String>>>,
+    ) -> BTreeSet<String> {
+        if list.get_ref().is_empty() {
+            self.bad(list.span(), "steps".into(), "declares no step, so every tool would be unreachable; list the orchestrator's steps or remove `steps`");
+        }
+        self.steps(list.get_ref(), "steps")
+    }
+
+    /// `[resources]`: the valid ones by canonical identifier, and the
+    /// canonical identifiers of every key that parses, valid or not (a tool
+    /// naming an invalid one is not reported twice).
+    pub(super) fn resources(
+        &mut self,
+        raw: &BTreeMap<String, RawResource>,
+    ) -> (BTreeMap<String, Resource>, BTreeSet<String>) {
+        let mut resources = BTreeMap::new();
+        let mut declared = BTreeSet::new();
+        for (id, r) in raw {
+            let span = key_span(self.text, "resources", id);
+            // Debug quoting escapes control characters, so a key never prints raw.
+            let key = format!("resources.{id:?}");
+            let canonical = match canonical_resource(id) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.bad(span, key, &format!("is not a usable resource URI: {e}"));
+                    continue;
+                }
+            };
+            declared.insert(canonical.clone());
+            let Some(source) = self.source(r, &key) else {
+                continue;
+            };
+            let ttl = self.ttl(&r.ttl, format!("{key}.ttl")).unwrap_or(MAX_TTL);
+            if resources.contains_key(&canonical) {
+                self.bad(
+                    span,
+                    key,
+                    "the same resource is declared twice (after normalisation)",
+                );
+                continue;
+            }
+            resources.insert(
+                canonical.clone(),
+                Resource {
+                    id: id.clone(),
+                    canonical,
+                    source,
+                    ttl,
+                },
+            );
+        }
+        (resources, declared)
+    }
+
+    /// A resource's `source` and the keys that go with it.
+    fn source(&mut self, r: &RawResource, key: &str) -> Option<Source> {
+        match r.source.get_ref().as_str() {
+            "self" => {
+                let mut ok = true;
+                for (field, v) in [("service", &r.service), ("delivery", &r.delivery)] {
+                    if let Some(v) = v {
+                        self.bad(
+                            v.span(),
+                            format!("{key}.{field}"),
+                            "only a resource with source = \"service\" takes this key",
+                        );
+                        ok = false;
+                    }
+                }
+                ok.then_some(Source::SelfIssued)
+            }
+            "service" => match service_source(r) {
+                Ok(s) => Some(s),
+                Err((span, field, message)) => {
+                    self.bad(span, format!("{key}.{field}"), message);
+                    None
+                }
+            },
+            "exchange" => {
+                self.bad(
+                    r.source.span(),
+                    format!("{key}.source"),
+                    "source \"exchange\" is not available yet",
+                );
+                None
+            }
+            _ => {
+                self.bad(
+                    r.source.span(),
+                    format!("{key}.source"),
+                    "must be \"self\" or \"service\"",
+                );
+                None
+            }
+        }
+    }
+
+    /// `[tools]`: the valid ones by name.
+    pub(super) fn tools(
+        &mut self,
+        raw: &BTreeMap<String, RawTool>,
+        resources: &BTreeMap<String, Resource>,
+        declared: &BTreeSet<String>,
+    ) -> BTreeMap<String, Tool> {
+        let mut tools = BTreeMap::new();
+        for (name, t) in raw {
+            if let Some(tool) = self.tool(name, t, resources, declared) {
+                tools.insert(name.clone(), tool);
+            }
+        }
+        tools
+    }
+
+    /// One `[tools."name"]` table. On a bad resource the other keys are
+    /// still checked, so one run reports every problem of the tool.
+    fn tool(
+        &mut self,
+        name: &str,
+        t: &RawTool,
+        resources: &BTreeMap<String, Resource>,
+        declared: &BTreeSet<String>,
+    ) -> Option<Tool> {
+        let key = format!("tools.{name:?}");
+        if !valid_name(name) {
+            self.bad(
+                key_span(self.text, "tools", name),
+                key.clone(),
+                "tool names must not contain spaces or control characters",
+            );
+        }
+        let resource = match canonical_resource(t.resource.get_ref()) {
+            Ok(c) if resources.contains_key(&c) => Some(c),
+            // Declared but invalid: its own error is already reported.
+            Ok(c) if declared.contains(&c) => None,
+            Ok(_) => {
+                self.bad(
+                    t.resource.span(),
+                    format!("{key}.resource"),
+                    "names a resource that is not declared under [resources]",
+                );
+                None
+            }
+            Err(e) => {
+                self.bad(
+                    t.resource.span(),
+                    format!("{key}.resource"),
+                    &format!("is not a usable resource URI: {e}"),
+                );
+                None
+            }
+        };
+        let mut scopes = BTreeSet::new();
+        for s in &t.scopes {
+            if !valid_scope_token(s.get_ref()) {
+                self.bad(s.span(), format!("{key}.scopes"), "a scope must be a non-empty token without spaces or quotes (RFC 6749 section 3.3)");
+            } else if !scopes.insert(s.get_ref().clone()) {
+                self.bad(s.span(), format!("{key}.scopes"), "scope listed twice");
+            }
+        }
+        if t.steps.get_ref().is_empty() {
+            self.bad(
+                t.steps.span(),
+                format!("{key}.steps"),
+                "lists no step, so the tool could never be used; remove the tool or name its steps",
+            );
+        }
+        let steps = self.steps(t.steps.get_ref(), &format!("{key}.steps"));
+        let ttl = self.ttl(&t.ttl, format!("{key}.ttl"));
+        Some(Tool {
+            name: name.to_string(),
+            resource: resource?,
+            scopes,
+            steps,
+            ttl,
+        })
+    }
+}
