@@ -4,7 +4,8 @@
 //! loader on what is valid: on every fixture, every example, the quick-start
 //! policy, and a generated matrix of names, scopes, lifetimes and URIs.
 //!
-//! Needs `python3` (>= 3.11) with `jsonschema`: `scripts/install-test-deps`.
+//! Needs `.venv/bin/python` (>= 3.11) with `jsonschema`, which
+//! `scripts/install-test-deps` installs there (never in the system Python).
 // Test helpers panic loudly, like the tests they serve (clippy.toml allows
 // unwrap/expect in #[test] functions only).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,16 +21,17 @@ fn repo(rel: &str) -> PathBuf {
 }
 
 const INSTALL: &str =
-    "run scripts/install-test-deps (it installs python3 >= 3.11 and the PyPI package jsonschema)";
+    "run scripts/install-test-deps (it installs the PyPI package jsonschema into .venv, for python3 >= 3.11)";
 
 /// The schema's verdict on each file: valid, and the errors if not.
 fn schema_verdicts(files: &[PathBuf]) -> BTreeMap<PathBuf, (bool, Vec<String>)> {
-    let out = Command::new("python3")
+    let py = repo(".venv/bin/python");
+    let out = Command::new(&py)
         .arg(repo("tests/peers/validate_policy_schema.py"))
         .arg(repo("proto/policy.schema.json"))
         .args(files)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run python3 ({e}): {INSTALL}"));
+        .unwrap_or_else(|e| panic!("cannot run {} ({e}): {INSTALL}", py.display()));
     let stderr = String::from_utf8_lossy(&out.stderr);
     match out.status.code() {
         Some(0) => {}
