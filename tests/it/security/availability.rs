@@ -589,7 +589,7 @@ async fn rate_limit_per_person_and_tool_with_retry_after() {
 }
 
 fn per_peer_limit_two_peers(text: String) -> String {
-    let me = credbroker::unix::current_uid();
+    let me = credbroker::internals::unix::current_uid();
     let socket = match other_user_or_why().ok() {
         Some(o) => format!(
             "[socket]\nallowed_uids = [{me}, {}]\ngroup = \"{}\"\n",
@@ -687,7 +687,7 @@ async fn slow_body_after_complete_headers_dropped_at_the_timeout() {
 }
 
 fn refuse_our_uid(text: String) -> String {
-    let me = credbroker::unix::current_uid();
+    let me = credbroker::internals::unix::current_uid();
     let other = if me == 65534 { 65533 } else { 65534 };
     text.replacen(
         "[socket]\n",
