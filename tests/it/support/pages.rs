@@ -520,7 +520,7 @@ pub(crate) struct PagesServer {
     pub issuer: String,
     pub ca_pem: Option<PathBuf>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), String>>>,
 }
 
 impl PagesServer {
@@ -665,7 +665,7 @@ impl PagesServer {
                 let _ = rx.await;
             })
             .await
-            .unwrap();
+            .map_err(|e| e.to_string())
         });
         PagesServer {
             dir,
@@ -735,8 +735,14 @@ impl PagesServer {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
+        // The server must end, and end cleanly: an error or a panic while
+        // serving (or shutting down) fails the test that stopped it.
         if let Some(t) = self.task.take() {
-            let _ = t.await;
+            let r = tokio::time::timeout(std::time::Duration::from_secs(30), t)
+                .await
+                .expect("the in-process server stops within 30 s of the shutdown signal");
+            r.expect("the in-process server task panicked")
+                .expect("the in-process server ended with an error");
         }
     }
 }
