@@ -14,7 +14,7 @@
 //!
 //! Nothing is fsync'd: the invariant holds against kill -9 and a crash of
 //! the process (the kernel has the bytes), not against power loss, which may
-//! drop the last events (docs/OPERATIONS.md, "Audit log").
+//! drop the last events (docs/ARCHITECTURE.md, "The audit log").
 //!
 //! Names coming from requests are escaped by the JSON encoder, and
 //! [`escape_line_breaks`] escapes what a viewer may split lines on (U+0085,
@@ -189,9 +189,9 @@ impl Sink for File {
 
 struct Writer {
     sink: Box<dyn Sink>,
-    /// Set when a partial line could not be cut away: the length to cut
-    /// back to before anything else is written.
-    torn_from: Option<u64>,
+    /// Set when a partial line could not be cut away: how many bytes of it
+    /// end the file, to cut before anything else is written.
+    torn: Option<u64>,
 }
 
 /// The audit sink: an append-only JSON-lines file (mode 0600).
@@ -202,8 +202,9 @@ pub struct Audit {
     writable: AtomicBool,
     /// Bytes of a torn tail removed at open, if any.
     repaired: Option<u64>,
-    /// Keys [`Audit::opaque`].
-    key: hmac::Key,
+    /// Keys [`Audit::opaque`] (boxed: the key schedule is large, and an
+    /// `Audit` travels by value in `ops::Offline`).
+    key: Box<hmac::Key>,
 }
 
 impl std::fmt::Debug for Audit {
@@ -245,20 +246,17 @@ impl Audit {
         let _ = aws_lc_rs::rand::fill(&mut random);
         Audit {
             path: path.to_path_buf(),
-            writer: Mutex::new(Writer {
-                sink,
-                torn_from: None,
-            }),
+            writer: Mutex::new(Writer { sink, torn: None }),
             writable: AtomicBool::new(true),
             repaired: None,
-            key: hmac::Key::new(hmac::HMAC_SHA256, &random),
+            key: Box::new(hmac::Key::new(hmac::HMAC_SHA256, &random)),
         }
     }
 
     /// Keys [`Audit::opaque`] with `key` (from [`Audit::derive_key`]), so
     /// HMACs stay comparable across restarts of the instance.
     pub fn with_value_key(mut self, key: &SecretBytes) -> Audit {
-        self.key = hmac::Key::new(hmac::HMAC_SHA256, key.expose());
+        self.key = Box::new(hmac::Key::new(hmac::HMAC_SHA256, key.expose()));
         self
     }
 
@@ -331,18 +329,20 @@ impl Audit {
     }
 }
 
-/// Appends `line` whole, or leaves the sink as it was.
+/// Appends `line` whole, or leaves the sink as it was. The success path
+/// is one `write`: the end is read (`fstat`) only to cut a partial line,
+/// as the current end less the bytes written (the file is `O_APPEND`, so
+/// they are its tail).
 fn write_line(w: &mut Writer, line: &[u8]) -> std::io::Result<()> {
-    if let Some(len) = w.torn_from {
-        w.sink.truncate(len).map_err(|e| {
+    if let Some(partial) = w.torn {
+        cut_tail(w.sink.as_mut(), partial).map_err(|e| {
             std::io::Error::new(
                 e.kind(),
                 format!("a partial line from an earlier failed write cannot be removed: {e}"),
             )
         })?;
-        w.torn_from = None;
+        w.torn = None;
     }
-    let start = w.sink.end()?;
     let mut done = 0;
     let failure = loop {
         if done == line.len() {
@@ -357,10 +357,11 @@ fn write_line(w: &mut Writer, line: &[u8]) -> std::io::Result<()> {
     };
     // Cut back what a short write left; if even that fails, remember it so
     // that no later event is glued onto the partial line.
-    let moved = done > 0 || w.sink.end().map_or(true, |end| end != start);
-    if moved {
-        if let Err(t) = w.sink.truncate(start) {
-            w.torn_from = Some(start);
+    if done > 0 {
+        // `done` is at most the line's length.
+        let partial = done as u64;
+        if let Err(t) = cut_tail(w.sink.as_mut(), partial) {
+            w.torn = Some(partial);
             return Err(std::io::Error::new(
                 failure.kind(),
                 format!("{failure}; the partial line could not be removed yet: {t}"),
@@ -368,6 +369,12 @@ fn write_line(w: &mut Writer, line: &[u8]) -> std::io::Result<()> {
         }
     }
     Err(failure)
+}
+
+/// Removes the last `partial` bytes.
+fn cut_tail(sink: &mut dyn Sink, partial: u64) -> std::io::Result<()> {
+    let end = sink.end()?;
+    sink.truncate(end.saturating_sub(partial))
 }
 
 /// Cuts a tail not ending in `\n` back to the last `\n` (or to empty);
