@@ -421,7 +421,7 @@ fn needs_escape(c: char) -> bool {
 /// Escapes, as `\uXXXX`, what [`needs_escape`] names in a JSON text. JSON's
 /// structure is ASCII, so these only occur inside strings, where the escape
 /// means the same character: the line still parses to the same event.
-pub fn escape_line_breaks(json: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn escape_line_breaks(json: &str) -> std::borrow::Cow<'_, str> {
     if json.is_ascii() || !json.chars().any(needs_escape) {
         return std::borrow::Cow::Borrowed(json);
     }

@@ -32,7 +32,7 @@ fn parse_lines(path: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-async fn derive(b: &TestBroker, k: &credbroker::jose::Es256Key) -> Answer {
+async fn derive(b: &TestBroker, k: &credbroker::internals::jose::Es256Key) -> Answer {
     b.derive(
         k,
         &b.subject_token("alice"),
