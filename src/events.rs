@@ -320,7 +320,10 @@ impl Audit {
     /// Writes one event as one whole line, or nothing (see the module doc).
     pub fn record(&self, e: &Event<'_>) -> Result<(), AuditError> {
         let json = serde_json::to_string(e).map_err(|e| AuditError(e.to_string()))?;
-        let mut line = escape_line_breaks(&json).into_owned().into_bytes();
+        let mut line = match escape_line_breaks(&json) {
+            std::borrow::Cow::Borrowed(_) => json.into_bytes(),
+            std::borrow::Cow::Owned(escaped) => escaped.into_bytes(),
+        };
         line.push(b'\n');
         let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         let result = write_line(&mut w, &line);
