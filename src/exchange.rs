@@ -424,10 +424,28 @@ impl Broker {
         let mut e = Event::new(now, kind, &self.config.agent);
         e.person_iss = ctx.person.as_ref().map(|p| p.iss.as_str());
         e.person_sub = ctx.person.as_ref().map(|p| p.sub.as_str());
-        e.step = Some(&req.step);
-        e.tool = Some(&req.tool);
-        e.resource = Some(&req.resource);
-        e.scope = req.scope.as_deref();
+        // A request value goes in clear only when the policy declares it (a
+        // secret a client put in a bad request must not reach the log).
+        if policy.declares_step(&req.step) {
+            e.step = Some(&req.step);
+        } else {
+            e.undeclared("step", self.audit.opaque(&req.step));
+        }
+        match policy.tools.get_key_value(&req.tool) {
+            Some((name, _)) => e.tool = Some(name),
+            None => e.undeclared("tool", self.audit.opaque(&req.tool)),
+        }
+        match policy.declared_resource(&req.resource) {
+            Some(canonical) => e.resource = Some(canonical),
+            None => e.undeclared("resource", self.audit.opaque(&req.resource)),
+        }
+        if let Some(scope) = req.scope.as_deref() {
+            if policy.declares_scope(scope) {
+                e.scope = Some(scope);
+            } else {
+                e.undeclared("scope", self.audit.opaque(scope));
+            }
+        }
         e.outcome = Some(outcome);
         e.reason = reason;
         e.policy_hash = Some(&policy.hash);
