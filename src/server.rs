@@ -224,7 +224,7 @@ pub async fn run(
                         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || kb.refresh_keys(&ks)).await {
                             tracing::warn!(error = %e, "reloading the signing key ring failed; the current keys stay in use");
                         }
-                        if let Some(c) = b.connected() {
+                        if let Some(c) = b.connected_services() {
                             c.vault.housekeeping();
                             for name in c.providers.names() {
                                 if let Some(p) = c.providers.get(name).filter(|p| p.cached_endpoints().is_none()) {
