@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use crate::support::broker::{prepare, serve_expect_exit, Opts, TestBroker};
-use credbroker::jose::Es256Key;
+use credbroker::internals::jose::Es256Key;
 
 const GITHUB: &str = "[providers.github]\npreset = \"github\"\nclient_id = \"Iv1\"\nclient_secret_file = \"keys/gh\"\n";
 
