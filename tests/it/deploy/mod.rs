@@ -1,3 +1,4 @@
 //! What `deploy/` relies on: the broker starts in the layouts the shipped
 //! systemd unit and Kubernetes manifest give it.
+mod manifest;
 mod vault_keys;
