@@ -1,4 +1,5 @@
 //! What `deploy/` relies on: the broker starts in the layouts the shipped
 //! systemd unit and Kubernetes manifest give it.
+mod layout;
 mod manifest;
 mod vault_keys;
