@@ -2,4 +2,5 @@
 //! systemd unit and Kubernetes manifest give it.
 mod layout;
 mod manifest;
+mod systemd;
 mod vault_keys;
