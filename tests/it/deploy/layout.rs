@@ -222,12 +222,19 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
         &script,
     ]));
 
+    // The binary where the image puts it: a checkout under a 0700
+    // directory (what `mktemp -d` makes) is out of reach of uids 1000/1001.
+    let exe = at("/usr/local/bin/credbroker");
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    std::fs::copy(bin(), &exe).unwrap();
+    mode(&exe, 0o755);
+
     // The broker, as the manifest's container runs.
     let config_path = etc.join("credbroker.toml");
     let log = r.join("broker.log");
     let mut child = Command::new("setpriv")
         .args(["--reuid=1000", "--regid=1000", "--groups=2000,3000", "--"])
-        .arg(bin())
+        .arg(&exe)
         .args(["serve", "--config"])
         .arg(&config_path)
         .stdout(Stdio::null())
@@ -254,7 +261,7 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
     // Readiness, as the exec probe runs it (the broker's uid).
     let status = Command::new("setpriv")
         .args(["--reuid=1000", "--regid=1000", "--groups=2000,3000", "--"])
-        .arg(bin())
+        .arg(&exe)
         .args(["status", "--config"])
         .arg(&config_path)
         .output()
@@ -265,7 +272,7 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
     mode(keydir.path(), 0o777);
     let derive = Command::new("setpriv")
         .args(["--reuid=1001", "--regid=1001", "--groups=2000,3000", "--"])
-        .arg(bin())
+        .arg(&exe)
         .args(["derive", "--socket"])
         .arg(&sock)
         .args(["--issuer", &dev_issuer, "--subject-token", &subject])
@@ -284,7 +291,7 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
     // Negative: a uid outside the socket group cannot reach the socket.
     let other = Command::new("setpriv")
         .args(["--reuid=1002", "--regid=1002", "--clear-groups", "--"])
-        .arg(bin())
+        .arg(&exe)
         .args(["derive", "--socket"])
         .arg(&sock)
         .args(["--issuer", &dev_issuer, "--subject-token", &subject])
