@@ -27,26 +27,73 @@ pub struct Listeners {
     pub admin: UnixListener,
     /// The public TCP listener (metadata, JWKS, pages).
     pub public: Option<TcpListener>,
+    /// The socket files and directories binding created, removed again if
+    /// the start fails after binding ([`Listeners::abandon`]).
+    pub created: crate::unix::Created,
 }
 
-/// Binds the listeners named in the config.
+impl Listeners {
+    /// Closes the listeners and removes what binding them created: a start
+    /// that fails after binding leaves nothing behind.
+    pub fn abandon(self) {
+        let Listeners {
+            api,
+            admin,
+            public,
+            mut created,
+        } = self;
+        drop((api, admin, public));
+        created.remove_all();
+    }
+}
+
+/// Binds the listeners named in the config: the public port first (a busy
+/// port then fails before any socket file exists), then the sockets. On an
+/// error, whatever was created is removed again; the message names the
+/// config file and the key.
 pub async fn bind(config: &Config) -> Result<Listeners, StartError> {
-    let api = crate::unix::bind(
+    let file = config.file.display().to_string();
+    let public = match &config.public {
+        Some(p) => Some(TcpListener::bind(p.listen).await.map_err(|e| {
+            StartError::Io(format!(
+                "{file}: public.listen: cannot listen on {}: {e}",
+                p.listen
+            ))
+        })?),
+        None => None,
+    };
+    let mut created = crate::unix::Created::default();
+    let sock = |key: &'static str| {
+        let file = file.clone();
+        move |source| StartError::Listener { file, key, source }
+    };
+    let api = match crate::unix::bind(
         &config.socket.path,
         0o750,
         0o660,
         config.socket.group.as_deref(),
-    )?;
-    let admin = crate::unix::bind(&config.admin_socket, 0o700, 0o600, None)?;
-    let public = match &config.public {
-        Some(p) => Some(
-            TcpListener::bind(p.listen)
-                .await
-                .map_err(|e| StartError::Io(format!("public listener {}: {e}", p.listen)))?,
-        ),
-        None => None,
+        &mut created,
+    ) {
+        Ok(l) => l,
+        Err(e) => {
+            created.remove_all();
+            return Err(sock("socket.path")(e));
+        }
     };
-    Ok(Listeners { api, admin, public })
+    let admin = match crate::unix::bind(&config.admin_socket, 0o700, 0o600, None, &mut created) {
+        Ok(l) => l,
+        Err(e) => {
+            drop(api);
+            created.remove_all();
+            return Err(sock("admin.socket")(e));
+        }
+    };
+    Ok(Listeners {
+        api,
+        admin,
+        public,
+        created,
+    })
 }
 
 fn http1(header_timeout: Duration) -> hyper::server::conn::http1::Builder {

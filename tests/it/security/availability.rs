@@ -201,6 +201,14 @@ fn small_connection_cap(text: String) -> String {
     )
 }
 
+fn small_connection_cap_1s(text: String) -> String {
+    text.replacen(
+        "[socket]\n",
+        "[socket]\nheader_timeout = \"1s\"\nmax_connections = 32\n",
+        1,
+    )
+}
+
 fn metric_value(metrics: &str, name_and_labels: &str) -> u64 {
     metrics
         .lines()
@@ -683,7 +691,7 @@ async fn slow_body_after_complete_headers_dropped_at_the_timeout() {
     // Headers arrive at once, the body never does (R.U.D.Y.): the header
     // timeout has ended, so only a deadline on the body frees the slot.
     let b = TestBroker::start_with(Opts {
-        edit_config: Some(small_connection_cap),
+        edit_config: Some(small_connection_cap_1s),
         ..Opts::default()
     });
     let k = key();

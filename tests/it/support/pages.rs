@@ -645,12 +645,16 @@ impl PagesServer {
             },
         ));
         tokio::spawn(serve_fake_provider(provider_listener, fake.clone()));
-        let api = credbroker::unix::bind(&cfg.socket.path, 0o750, 0o660, None).unwrap();
-        let admin = credbroker::unix::bind(&cfg.admin_socket, 0o700, 0o600, None).unwrap();
+        let mut created = credbroker::unix::Created::default();
+        let api =
+            credbroker::unix::bind(&cfg.socket.path, 0o750, 0o660, None, &mut created).unwrap();
+        let admin =
+            credbroker::unix::bind(&cfg.admin_socket, 0o700, 0o600, None, &mut created).unwrap();
         let listeners = credbroker::server::Listeners {
             api,
             admin,
             public: Some(listener),
+            created,
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let i2 = inst.clone();
