@@ -1,5 +1,6 @@
 //! What an operator sees and does: audit, metrics, the admin socket, and the
 //! README walkthrough.
 mod admin;
+mod audit;
 mod startup;
 mod walkthrough;

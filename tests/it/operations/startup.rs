@@ -108,7 +108,7 @@ fn master_key_of_the_wrong_length_names_file_and_key() {
     let (dir, config) = prepare(&Opts::default());
     let key = dir.path().join("keys/master.key");
     std::fs::remove_file(&key).unwrap();
-    credbroker::config::write_secret_file(&key, &[7u8; 31]).unwrap();
+    credbroker::internals::config::write_secret_file(&key, &[7u8; 31]).unwrap();
     let err = refused(&config);
     assert!(
         err.contains(&config.display().to_string())

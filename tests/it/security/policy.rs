@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::support::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// Derives with an arbitrary step/tool/resource/scope for alice.
 fn ask(b: &TestBroker, step: &str, tool: &str, resource: &str, scope: Option<&str>) -> HttpAnswer {
@@ -255,11 +255,26 @@ async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
         0,
         "no broken version was loaded"
     );
-    assert!(b
+    // One derive.issued event per token issued (the first derive and every
+    // notes.read of the load), each under the good policy's hash.
+    let issued: Vec<Value> = b
         .audit_lines()
-        .iter()
+        .into_iter()
         .filter(|e| e["event"] == "derive.issued")
-        .all(|e| e["policy_hash"] == good_hash));
+        .collect();
+    let answered = answers
+        .iter()
+        .filter(|(_, a)| matches!(a, credbroker::client::Answer::Issued(_)))
+        .count();
+    assert!(
+        answered > 0,
+        "the load got no token while the file was rewritten"
+    );
+    assert_eq!(issued.len(), 1 + answered, "{issued:?}");
+    assert!(
+        issued.iter().all(|e| e["policy_hash"] == good_hash),
+        "{issued:?}"
+    );
     // Positive control: a good new version is taken, atomically, with its hash.
     std::fs::write(
         &path,
@@ -384,20 +399,27 @@ async fn wildcards_globs_and_dot_segments_never_match() {
             &format!("resource {resource:?}"),
         );
     }
+    // A URI that only looks like the policy's: a well-formed other name is
+    // denied as another resource; one with a query is not a resource at all.
+    ask(
+        &b,
+        "summarize",
+        "notes.read",
+        "http://127.0.0.1:9090/note?",
+        None,
+    )
+    .assert_refused(400, "invalid_target", "resource with an empty query");
     for resource in [
         "http://127.0.0.1:9090/*",
-        "http://127.0.0.1:9090/note?",
         "http://127.0.0.1:9090/notes/",
         "http://127.0.0.1:9090/notes/sub",
         "http://127.0.0.1:9091/notes",
     ] {
-        let r = ask(&b, "summarize", "notes.read", resource, None);
-        assert!(
-            r.status == 403 || r.status == 400,
-            "resource {resource:?}: {}",
-            r.raw
+        denied(
+            &ask(&b, "summarize", "notes.read", resource, None),
+            "resource_mismatch",
+            &format!("resource {resource:?}"),
         );
-        assert!(r.json().get("access_token").is_none());
     }
     ask(&b, "summarize", "notes.read", RESOURCE, None).assert_issued("exact names");
     b.derive_ok(&key()).await;
@@ -451,11 +473,14 @@ async fn tool_asked_for_in_a_step_its_policy_does_not_list() {
         let r = ask(&b, step, tool, RESOURCE, None);
         denied(&r, "step_not_allowed", &format!("{tool} in {step}"));
     }
+    // One event per refusal, each with the reason (an empty or unreadable
+    // audit log must not pass).
     let events = b.audit_lines();
+    assert_eq!(events.len(), 4, "{events:?}");
     assert!(
-        events
-            .iter()
-            .all(|e| e["outcome"] == "denied" && e["reason"] == "step_not_allowed"),
+        events.iter().all(|e| e["event"] == "derive.denied"
+            && e["outcome"] == "denied"
+            && e["reason"] == "step_not_allowed"),
         "{events:?}"
     );
     // Positive controls: the same tools in their listed steps.
