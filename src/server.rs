@@ -577,3 +577,40 @@ pub async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {},
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Admit, Conns};
+    use std::sync::atomic::Ordering;
+
+    fn id(a: Admit) -> u64 {
+        match a {
+            Admit::Yes { id, .. } => id,
+            Admit::Full => panic!("refused"),
+        }
+    }
+
+    #[test]
+    fn at_the_cap_the_oldest_idle_connection_of_the_busiest_uid_is_shed() {
+        let c = Conns::default();
+        let other = id(c.admit(2, 4)); // the other uid's idle connection, oldest of all
+        let busy = c.admit(1, 4);
+        let Admit::Yes { in_flight, .. } = &busy else {
+            panic!("refused")
+        };
+        in_flight.fetch_add(1, Ordering::SeqCst); // a request in the handler
+        let busy = id(busy);
+        let idle = id(c.admit(1, 4));
+        id(c.admit(1, 4));
+        // Full: uid 1 holds 3; its oldest idle one goes, not the other uid's
+        // (older) one, nor the one with a request in flight.
+        id(c.admit(1, 4));
+        let live = |i| c.lock().live.contains_key(&i);
+        assert!(!live(idle) && live(other) && live(busy));
+        // Positive control: when every slot is in flight, a new one is refused.
+        for e in c.lock().live.values() {
+            e.in_flight.store(1, Ordering::SeqCst);
+        }
+        assert!(matches!(c.admit(1, 4), Admit::Full));
+    }
+}
