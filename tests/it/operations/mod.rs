@@ -3,4 +3,5 @@
 mod admin;
 mod audit;
 mod key_rotation;
+mod startup;
 mod walkthrough;
