@@ -401,7 +401,7 @@ fn id_expected(reauth: bool) -> oidc::Expected<'static> {
         client_id: ID_CLIENT,
         algs: &[Alg::ES256],
         nonce: ID_NONCE,
-        reauth,
+        max_age_sent: reauth,
         now: NOW,
     }
 }

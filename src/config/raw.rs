@@ -167,4 +167,6 @@ pub(super) struct RawSignIn {
     pub(super) client_id: Option<String>,
     #[serde(default)]
     pub(super) client_secret_file: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) display_name: Option<String>,
 }
