@@ -162,6 +162,24 @@ pub struct Account {
     pub csrf: String,
 }
 
+/// Asks before an account is disconnected.
+#[derive(Template)]
+#[template(path = "confirm_disconnect.html")]
+pub struct ConfirmDisconnect {
+    /// Header.
+    pub who: Option<Who>,
+    /// Provider name (`GitHub`).
+    pub provider: String,
+    /// The account's name at the provider.
+    pub display_name: String,
+    /// Service key (form field).
+    pub service: String,
+    /// Account id (form field).
+    pub account_id: String,
+    /// CSRF token.
+    pub csrf: String,
+}
+
 /// Renders a template; a template that fails to render (it cannot, short of
 /// a formatting bug) becomes a fixed text rather than a panic.
 pub fn render(t: &impl Template) -> String {
