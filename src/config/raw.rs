@@ -46,6 +46,8 @@ pub(super) struct RawProvider {
     #[serde(default)]
     pub(super) display_name: Option<String>,
     #[serde(default)]
+    pub(super) grant_endpoint: Option<String>,
+    #[serde(default)]
     pub(super) issuer: Option<String>,
     #[serde(default)]
     pub(super) authorization_endpoint: Option<String>,

@@ -34,6 +34,7 @@ fn config(peer: &OidcPeer, dir: &std::path::Path, timeout: Duration) -> Provider
             name_claim: "preferred_username".into(),
         },
         timeout,
+        grant_endpoint: None,
     }
 }
 
@@ -242,6 +243,7 @@ fn client_secret_file_readable_by_others_is_refused() {
             name_claim: "name".into(),
         },
         timeout: Duration::from_secs(1),
+        grant_endpoint: None,
     };
     let path = cfg.client_secret_file.clone().unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();

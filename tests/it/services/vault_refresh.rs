@@ -85,6 +85,7 @@ fn provider(peer: &OidcPeer, dir: &std::path::Path) -> Provider {
             name_claim: "preferred_username".into(),
         },
         timeout: Duration::from_secs(3),
+        grant_endpoint: None,
     })
     .unwrap()
 }
