@@ -92,6 +92,12 @@ pub struct ProviderConfig {
     /// `https://api.github.com/applications/{client_id}/grant`
     /// (`grant_endpoint` overrides it, e.g. for GitHub Enterprise Server).
     pub grant_endpoint: Option<String>,
+    /// How long a provider token without a lifetime (no `expires_in`) is
+    /// served before a fresh check with the provider
+    /// (`recheck_unexpiring_token_after`, default 1 hour, 1 minute to 24
+    /// hours): a refresh when there is a refresh token, else a look-up of
+    /// the account with the token (a refused token means reconnect).
+    pub recheck_unexpiring_token_after: Duration,
 }
 
 /// The GitHub preset: GitHub's OAuth app endpoints. GitHub accepts PKCE
@@ -307,6 +313,19 @@ fn provider(
             }
         },
     };
+    let recheck_unexpiring_token_after = match rp.recheck_unexpiring_token_after.as_deref() {
+        None => Duration::from_secs(3600),
+        Some(t) => match parse_duration(t) {
+            Some(d) if d >= Duration::from_secs(60) && d <= Duration::from_secs(86_400) => d,
+            _ => {
+                fail(
+                    "recheck_unexpiring_token_after",
+                    "must be a duration between 1m and 24h, such as \"1h\"",
+                );
+                Duration::from_secs(3600)
+            }
+        },
+    };
     let grant_endpoint = match rp.grant_endpoint {
         Some(u) if github => {
             if !url::Url::parse(&u).is_ok_and(|x| secure_or_loopback(&x)) {
@@ -335,6 +354,7 @@ fn provider(
     }
     Some(ProviderConfig {
         grant_endpoint,
+        recheck_unexpiring_token_after,
         name: name.to_string(),
         display_name: rp.display_name.unwrap_or_else(|| {
             if github {

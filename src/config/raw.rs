@@ -72,6 +72,8 @@ pub(super) struct RawProvider {
     pub(super) account: Option<RawAccountLookup>,
     #[serde(default)]
     pub(super) timeout: Option<String>,
+    #[serde(default)]
+    pub(super) recheck_unexpiring_token_after: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

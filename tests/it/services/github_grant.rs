@@ -15,7 +15,7 @@ use credbroker::secret::SecretString;
 use credbroker::store::{SledStore, Store};
 use credbroker::subject::Person;
 use credbroker::upstream::{AccountInfo, Provider, TokenSet};
-use credbroker::vault::Vault;
+use credbroker::vault::{TokenOutcome, TokenRequest, Vault};
 
 const CLIENT_ID: &str = "Iv1.standin";
 const CLIENT_SECRET: &str = "github-client-secret-canary";
@@ -67,6 +67,23 @@ async fn standin(live: Arc<Mutex<Vec<String>>>, seen: Seen) -> String {
                             let ok = method == "DELETE"
                                 && path == format!("/applications/{CLIENT_ID}/grant")
                                 && auth == basic;
+                            if method == "GET" && path == "/user" {
+                                let live = auth
+                                    .strip_prefix("Bearer ")
+                                    .is_some_and(|t| live.lock().unwrap().iter().any(|x| x == t));
+                                let (status, body) = if live {
+                                    (200, r#"{"id":1001,"login":"octo-alice"}"#)
+                                } else {
+                                    (401, r#"{"message":"Bad credentials"}"#)
+                                };
+                                return Ok::<_, std::convert::Infallible>(
+                                    hyper::Response::builder()
+                                        .status(status)
+                                        .header("content-type", "application/json")
+                                        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                                        .unwrap(),
+                                );
+                            }
                             let status = match token {
                                 Some(t) if ok => {
                                     let mut l = live.lock().unwrap();
@@ -118,6 +135,36 @@ fn base64_std(s: &str) -> String {
     out
 }
 
+fn github(base: &str, dir: &std::path::Path) -> Provider {
+    Provider::new(ProviderConfig {
+        name: "github".into(),
+        display_name: "GitHub".into(),
+        issuer: None,
+        endpoints: Some(Endpoints {
+            authorization: format!("{base}/login/oauth/authorize"),
+            token: format!("{base}/login/oauth/access_token"),
+            revocation: None,
+            userinfo: None,
+            sends_iss: false,
+        }),
+        client_id: CLIENT_ID.into(),
+        client_secret_file: Some(secret_file(dir, "gh.secret", CLIENT_SECRET)),
+        client_auth: ClientAuth::Post,
+        redirect_uri: "http://127.0.0.1:9/callback/github".into(),
+        scopes: vec![],
+        narrow_on_refresh: false,
+        account: AccountLookup::Api {
+            url: format!("{base}/user"),
+            id_field: "id".into(),
+            name_field: "login".into(),
+        },
+        timeout: Duration::from_secs(5),
+        grant_endpoint: Some(format!("{base}/applications/{CLIENT_ID}/grant")),
+        recheck_unexpiring_token_after: Duration::from_secs(3600),
+    })
+    .unwrap()
+}
+
 fn alice() -> Person {
     Person {
         iss: "https://idp.example".into(),
@@ -156,32 +203,7 @@ async fn github_disconnect_deletes_the_application_grant_and_says_so() {
     let live = Arc::new(Mutex::new(Vec::<String>::new()));
     let seen: Seen = Arc::default();
     let base = standin(live.clone(), seen.clone()).await;
-    let p = Provider::new(ProviderConfig {
-        name: "github".into(),
-        display_name: "GitHub".into(),
-        issuer: None,
-        endpoints: Some(Endpoints {
-            authorization: format!("{base}/login/oauth/authorize"),
-            token: format!("{base}/login/oauth/access_token"),
-            revocation: None,
-            userinfo: None,
-            sends_iss: false,
-        }),
-        client_id: CLIENT_ID.into(),
-        client_secret_file: Some(secret_file(dir.path(), "gh.secret", CLIENT_SECRET)),
-        client_auth: ClientAuth::Post,
-        redirect_uri: "http://127.0.0.1:9/callback/github".into(),
-        scopes: vec![],
-        narrow_on_refresh: false,
-        account: AccountLookup::Api {
-            url: format!("{base}/user"),
-            id_field: "id".into(),
-            name_field: "login".into(),
-        },
-        timeout: Duration::from_secs(5),
-        grant_endpoint: Some(format!("{base}/applications/{CLIENT_ID}/grant")),
-    })
-    .unwrap();
+    let p = github(&base, dir.path());
     let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join("data")).unwrap());
     let vault = Vault::open(store, &dir.path().join("keys/vault")).unwrap();
     connect(&vault, &p);
@@ -237,4 +259,95 @@ async fn github_disconnect_deletes_the_application_grant_and_says_so() {
     );
     // The secret and the token stay out of the report.
     assert!(!r.message.contains(CLIENT_SECRET) && !r.message.contains(TOKEN));
+}
+
+/// A GitHub token has no lifetime (no `expires_in`) and no refresh token:
+/// it is served without asking GitHub for `recheck_unexpiring_token_after`
+/// (1 hour by default), then checked with the user API before it is
+/// served again; a token GitHub no longer accepts makes the account
+/// "reconnect required" instead of being served forever.
+#[tokio::test]
+async fn a_token_without_a_lifetime_is_rechecked_after_the_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = Arc::new(Mutex::new(vec![TOKEN.to_string()]));
+    let seen: Seen = Arc::default();
+    let base = standin(live.clone(), seen.clone()).await;
+    let p = github(&base, dir.path());
+    assert_eq!(
+        p.config().recheck_unexpiring_token_after,
+        Duration::from_secs(3600)
+    );
+    let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join("data")).unwrap());
+    let vault = Vault::open(store, &dir.path().join("keys/vault")).unwrap();
+    connect(&vault, &p);
+    let t0 = crate::support::now();
+    let clock = credbroker::clock::ManualClock::new(t0 + 10);
+    let person = alice();
+    let scopes = vec!["repo".to_string()];
+    let req = TokenRequest {
+        person: &person,
+        service: "github",
+        scopes: &scopes,
+    };
+    let user_calls = || {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|x| x.1 == "/user")
+            .count()
+    };
+    let served = |o: TokenOutcome| match o {
+        TokenOutcome::Token(t) => {
+            assert_eq!(t.access_token.expose(), TOKEN);
+            assert_eq!(t.expires_at, None);
+        }
+        other => panic!("not served: {other:?}"),
+    };
+    // Within the cap: served as stored, GitHub is not asked.
+    served(
+        vault
+            .provider_token(&p, &req, clock.as_ref())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(user_calls(), 0);
+    // Past the cap: checked with GitHub once, then served again for an hour.
+    clock.set(t0 + 3600 + 5);
+    served(
+        vault
+            .provider_token(&p, &req, clock.as_ref())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(user_calls(), 1, "a fresh check with the provider");
+    clock.set(t0 + 3600 + 600);
+    served(
+        vault
+            .provider_token(&p, &req, clock.as_ref())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(user_calls(), 1, "the check restarts the cap");
+    // GitHub no longer accepts it (revoked there): past the cap, the
+    // account needs reconnecting; nothing is served.
+    live.lock().unwrap().clear();
+    clock.set(t0 + 2 * 3600 + 10);
+    assert!(matches!(
+        vault
+            .provider_token(&p, &req, clock.as_ref())
+            .await
+            .unwrap(),
+        TokenOutcome::Reconnect
+    ));
+    assert_eq!(user_calls(), 2);
+    // Positive control: connected again, the new token is served.
+    live.lock().unwrap().push(TOKEN.into());
+    connect(&vault, &p);
+    clock.set(crate::support::now() + 10);
+    served(
+        vault
+            .provider_token(&p, &req, clock.as_ref())
+            .await
+            .unwrap(),
+    );
 }
