@@ -20,13 +20,13 @@ use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{self, EcdsaKeyPair, KeyPair, UnparsedPublicKey};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 
-use credbroker::cli::{load_pem_key, quickstart_files};
-use credbroker::clock::{Clock, SystemClock};
-use credbroker::config::Config;
-use credbroker::dpop::{self, Expect};
-use credbroker::exchange::{DeriveRequest, Endpoint};
-use credbroker::jose::Es256Key;
-use credbroker::secret::SecretString;
+use credbroker::internals::cli::{load_pem_key, quickstart_files};
+use credbroker::internals::clock::{Clock, SystemClock};
+use credbroker::internals::config::Config;
+use credbroker::internals::dpop::{self, Expect};
+use credbroker::internals::exchange::{DeriveRequest, Endpoint};
+use credbroker::internals::jose::Es256Key;
+use credbroker::internals::secret::SecretString;
 
 /// About the size of a minted token's signing input.
 const MESSAGE: [u8; 600] = [b'a'; 600];
@@ -67,7 +67,11 @@ fn dpop_validate(c: &mut Criterion) {
     let htu = "http://127.0.0.1:8440/v1/derive";
     let now = SystemClock.now();
     // Large enough for every iteration criterion runs: a full cache refuses.
-    let v = dpop::Validator::new(vec![credbroker::jose::Alg::ES256], 20_000_000, None);
+    let v = dpop::Validator::new(
+        vec![credbroker::internals::jose::Alg::ES256],
+        20_000_000,
+        None,
+    );
     let expect = Expect {
         method: "POST",
         htu,
@@ -141,7 +145,7 @@ fn subject_validate(c: &mut Criterion) {
     let (dir, cfg) = quickstart();
     let issuer = DevIssuer::new(dir.path(), &cfg);
     let v = rt
-        .block_on(credbroker::subject::Validator::new(
+        .block_on(credbroker::internals::subject::Validator::new(
             &cfg.trusted_issuers,
             Box::new(|_| false),
         ))
@@ -176,9 +180,9 @@ fn broker_derive(c: &mut Criterion) {
         .unwrap();
     let (dir, cfg) = quickstart();
     let issuer = DevIssuer::new(dir.path(), &cfg);
-    let clock: credbroker::clock::SharedClock = Arc::new(SystemClock);
+    let clock: credbroker::internals::clock::SharedClock = Arc::new(SystemClock);
     let inst = rt
-        .block_on(credbroker::app::build(cfg.clone(), clock))
+        .block_on(credbroker::internals::app::build(cfg.clone(), clock))
         .unwrap();
     let broker = inst.broker.clone();
     let htu = broker.htu(Endpoint::Derive).to_owned();

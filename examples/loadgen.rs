@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::signature::{self, EcdsaKeyPair, KeyPair, UnparsedPublicKey};
 use clap::Parser;
-use credbroker::jose::Es256Key;
+use credbroker::internals::jose::Es256Key;
 
 #[derive(Parser, Debug)]
 #[command(about = "Load generator for a credbroker orchestrator socket")]
@@ -234,7 +234,7 @@ impl Load {
             .as_secs() as i64;
         (0..n)
             .map(|_| {
-                let proof = credbroker::dpop::make_proof(&self.key, "POST", &self.htu, now, None, None).unwrap();
+                let proof = credbroker::internals::dpop::make_proof(&self.key, "POST", &self.htu, now, None, None).unwrap();
                 format!(
                     "POST /v1/derive HTTP/1.1\r\nhost: credbroker\r\ncontent-type: application/json\r\n\
                      dpop: {proof}\r\ncontent-length: {}\r\n\r\n{}",

@@ -23,7 +23,7 @@
 //!
 //! Who the person is: the MCP client sends the person's access token as
 //! `Authorization: Bearer` on every HTTP request (MCP authorization). The
-//! server verifies it with `credbroker::subject` (issuer, keys, `alg`,
+//! server verifies it with `credbroker::internals::subject` (issuer, keys, `alg`,
 //! `typ` `at+jwt`, audience = the agent, lifetime; ID tokens and
 //! sender-constrained tokens refused) and takes (`iss`, `sub`) from it, never
 //! from tool arguments. The same token is the subject token of the derive:
@@ -55,10 +55,10 @@ use bytes::Bytes;
 use clap::Parser;
 use credbroker::client::mcp::{self, Binding, RequestState, StateKey};
 use credbroker::client::{Answer, Client, DeriveParams, Refusal, Token};
-use credbroker::config::{IssuerConfig, JwksSource, SignIn};
-use credbroker::jose::{self, Alg, Es256Key};
-use credbroker::secret::{SecretBytes, SecretString};
-use credbroker::subject::{Person, Validator};
+use credbroker::internals::config::{IssuerConfig, JwksSource, SignIn};
+use credbroker::internals::jose::{self, Alg, Es256Key};
+use credbroker::internals::secret::{SecretBytes, SecretString};
+use credbroker::internals::subject::{Person, Validator};
 use http::{Request, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
@@ -165,7 +165,7 @@ struct Inner {
 struct RepoServer(Arc<Inner>);
 
 fn now() -> i64 {
-    credbroker::clock::Clock::now(&credbroker::clock::SystemClock)
+    credbroker::internals::clock::Clock::now(&credbroker::internals::clock::SystemClock)
 }
 
 fn tool_def() -> Tool {
@@ -366,12 +366,17 @@ impl RepoServer {
         let mut req = me.http.get(&me.api_url);
         if token.token_type.eq_ignore_ascii_case("dpop") {
             let htu = me.api_url.split(['?', '#']).next().unwrap_or(&me.api_url);
-            let proof =
-                match credbroker::dpop::make_proof(&me.dpop_key, "GET", htu, now(), Some(at), None)
-                {
-                    Ok(p) => p,
-                    Err(_) => return text_error("Could not make a DPoP proof."),
-                };
+            let proof = match credbroker::internals::dpop::make_proof(
+                &me.dpop_key,
+                "GET",
+                htu,
+                now(),
+                Some(at),
+                None,
+            ) {
+                Ok(p) => p,
+                Err(_) => return text_error("Could not make a DPoP proof."),
+            };
             req = req
                 .header("authorization", format!("DPoP {at}"))
                 .header("dpop", proof);

@@ -39,7 +39,7 @@ use tokio::net::TcpListener;
 /// Command-line arguments.
 #[derive(Debug, Parser)]
 #[command(about = "An example resource server that accepts credbroker tokens")]
-pub struct Args {
+pub(crate) struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:9090")]
     pub listen: SocketAddr,
@@ -57,7 +57,7 @@ pub struct Args {
 
 /// The server's state: the verifier and where it is reached.
 #[derive(Debug)]
-pub struct App {
+pub(crate) struct App {
     verifier: Verifier,
     /// Scheme, host and port clients use, taken from the audience: it is the
     /// name the broker minted the token for, and the `htu` of the client's
@@ -70,7 +70,7 @@ pub struct App {
 
 impl App {
     /// Loads the keys (from the file, or from the issuer's metadata).
-    pub async fn new(args: &Args) -> Result<App, Box<dyn std::error::Error>> {
+    pub(crate) async fn new(args: &Args) -> Result<App, Box<dyn std::error::Error>> {
         let aud = url::Url::parse(&args.audience)?;
         let verifier = match &args.jwks_file {
             Some(file) => Verifier::from_jwks(&args.issuer, &args.audience, &std::fs::read(file)?)?,
@@ -84,7 +84,7 @@ impl App {
     }
 
     /// Answers one request.
-    pub async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>> {
+    pub(crate) async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>> {
         let path = req.uri().path();
         if path != self.path && !path.starts_with(&format!("{}/", self.path)) {
             return json(
@@ -200,7 +200,7 @@ fn json(status: StatusCode, body: &impl serde::Serialize) -> Response<Full<Bytes
 }
 
 /// Serves HTTP/1.1 on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, app: Arc<App>) -> std::io::Result<()> {
+pub(crate) async fn serve(listener: TcpListener, app: Arc<App>) -> std::io::Result<()> {
     loop {
         let (stream, _) = listener.accept().await?;
         let app = app.clone();

@@ -41,7 +41,7 @@ pub struct Handles {
 
 /// Why an admin request failed.
 #[derive(Debug, thiserror::Error)]
-pub enum AdminError {
+pub(crate) enum AdminError {
     /// No such route.
     #[error("no such admin route")]
     NotFound,
@@ -54,7 +54,7 @@ pub enum AdminError {
 }
 
 /// Maps every admin error to its answer, in one place.
-pub fn error_response(err: &AdminError) -> Response<Body> {
+pub(crate) fn error_response(err: &AdminError) -> Response<Body> {
     use crate::pages::users::UserError;
     let (status, code) = match err {
         AdminError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
@@ -91,7 +91,7 @@ async fn capped_body(req: Request<hyper::body::Incoming>, cap: usize) -> Result<
 }
 
 /// Readiness: store answers, keys loaded, policy loaded.
-pub fn readiness(b: &Broker) -> serde_json::Value {
+pub(crate) fn readiness(b: &Broker) -> serde_json::Value {
     let store = b.store.is_healthy();
     let keys = !b.minter.ring().active.kid.is_empty();
     let policy = !b.policy.load().hash.is_empty();
@@ -104,7 +104,7 @@ pub fn readiness(b: &Broker) -> serde_json::Value {
 }
 
 /// Status for `credbroker status`.
-pub fn status(h: &Handles) -> serde_json::Value {
+pub(crate) fn status(h: &Handles) -> serde_json::Value {
     let b = &h.broker;
     let p = b.policy.load();
     serde_json::json!({
@@ -125,7 +125,7 @@ pub fn status(h: &Handles) -> serde_json::Value {
 /// The body of `POST /accounts/disconnect`.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DisconnectRequest {
+pub(crate) struct DisconnectRequest {
     /// The person's issuer.
     pub person_iss: String,
     /// The person's subject.
@@ -154,7 +154,7 @@ fn person_from_query(query: Option<&str>) -> Option<crate::subject::Person> {
 }
 
 /// Handles one admin request.
-pub async fn handle(h: Handles, req: Request<hyper::body::Incoming>) -> Response<Body> {
+pub(crate) async fn handle(h: Handles, req: Request<hyper::body::Incoming>) -> Response<Body> {
     match route(&h, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),

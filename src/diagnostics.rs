@@ -32,7 +32,7 @@ impl fmt::Display for Problem {
 }
 
 /// Converts a byte offset into 1-based `line:column`.
-pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let offset = offset.min(text.len());
     let before = &text[..offset];
     let line = before.matches('\n').count() + 1;
@@ -41,7 +41,7 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
 }
 
 /// Where byte `offset` of `text` is, as `file:line:column`.
-pub fn offset_at(file: &Path, text: &str, offset: usize) -> String {
+pub(crate) fn offset_at(file: &Path, text: &str, offset: usize) -> String {
     let (l, c) = line_col(text, offset);
     format!("{}:{l}:{c}", file.display())
 }
@@ -51,7 +51,7 @@ pub fn offset_at(file: &Path, text: &str, offset: usize) -> String {
 /// too (``invalid type: integer `5` ``, ``unknown variant `x` ``); those are
 /// removed as well, except in messages that name a key (``missing field
 /// `agent` ``).
-pub fn redact_values(msg: &str) -> String {
+pub(crate) fn redact_values(msg: &str) -> String {
     let names_a_key = [
         "missing field",
         "duplicate field",
@@ -87,7 +87,7 @@ pub fn redact_values(msg: &str) -> String {
 
 /// Parses TOML text into `T`, collecting unknown keys and type errors as
 /// problems with positions.
-pub fn parse_toml<T: serde::de::DeserializeOwned>(
+pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
     file: &Path,
     text: &str,
 ) -> Result<T, Vec<Problem>> {
@@ -152,7 +152,7 @@ fn dotted(key: &str) -> String {
 /// `file:line:column`: table headers and array-of-tables indexes are
 /// followed, so a key is not confused with one of the same name in another
 /// table. Falls back to the closest enclosing table or key, then to the file.
-pub fn key_at(file: &Path, text: &str, path: &str) -> String {
+pub(crate) fn key_at(file: &Path, text: &str, path: &str) -> String {
     match find_key(text, path) {
         Some((l, c)) => format!("{}:{l}:{c}", file.display()),
         None => file.display().to_string(),
@@ -161,7 +161,7 @@ pub fn key_at(file: &Path, text: &str, path: &str) -> String {
 
 /// Where the top-level key `key` (before any table header) starts in
 /// `text`, as `file:line:column`; the start of the file if not found.
-pub fn top_key_at(file: &Path, text: &str, key: &str) -> String {
+pub(crate) fn top_key_at(file: &Path, text: &str, key: &str) -> String {
     let (l, c) = find_key(text, key).unwrap_or((1, 1));
     format!("{}:{l}:{c}", file.display())
 }
@@ -226,7 +226,7 @@ fn find_key(text: &str, path: &str) -> Option<(usize, usize)> {
 /// Map keys carry no span through serde, so they are found in the text: by
 /// the usual spellings first, then by parsing each table header, which also
 /// finds keys written with escapes or single quotes.
-pub fn key_span(text: &str, table: &str, key: &str) -> Range<usize> {
+pub(crate) fn key_span(text: &str, table: &str, key: &str) -> Range<usize> {
     let quoted = format!("{table}.\"{key}\"");
     let bare = format!("{table}.{key}");
     let mut offset = 0;
@@ -269,7 +269,7 @@ pub fn key_span(text: &str, table: &str, key: &str) -> Range<usize> {
 }
 
 /// Where `[table."key"]` starts in `text`, as `file:line:column`.
-pub fn table_at(file: &Path, text: &str, table: &str, key: &str) -> String {
+pub(crate) fn table_at(file: &Path, text: &str, table: &str, key: &str) -> String {
     offset_at(file, text, key_span(text, table, key).start)
 }
 

@@ -122,7 +122,9 @@ pub enum DeriveError {
         /// Seconds to wait.
         retry_after: u64,
     },
-    /// Something we depend on is unavailable (replay cache full, keys).
+    /// This instance cannot serve a service-backed grant: connected services
+    /// are not configured, or the policy names a service with no provider
+    /// (a reload can); nothing issued.
     #[error("temporarily unavailable: {0}")]
     Unavailable(&'static str),
     /// The person must open a link first (connect, allow, reconnect).
@@ -260,6 +262,9 @@ pub fn persist_frozen(store: &dyn Store, on: bool) -> Result<(), crate::store::S
 
 impl Broker {
     /// Assembles a broker from its parts.
+    // reason: one argument per part, each named and typed; the composition
+    // root (`app`) is the one caller, and a struct of the same nine fields
+    // would only move the list.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: Config,
@@ -403,6 +408,8 @@ impl Broker {
         }
     }
 
+    // reason: the fields every derive event carries, borrowed from the
+    // request's parts; a private helper with call sites in this file only.
     #[allow(clippy::too_many_arguments)]
     fn event<'a>(
         &'a self,
@@ -702,6 +709,8 @@ impl Broker {
     }
 
     /// Opens (or finds) the link and builds the refusal that carries it.
+    // reason: what the link record needs, each from a different step of the
+    // derive; a private helper with call sites in this file only.
     #[allow(clippy::too_many_arguments)]
     fn link_refusal(
         &self,
@@ -775,6 +784,7 @@ impl Broker {
 mod snapshot_tests {
     //! The derive decides on one policy snapshot, and everything it
     //! records names that snapshot, even when a reload lands meanwhile.
+    // reason: test code, where a panic is the failure report.
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use std::os::unix::fs::PermissionsExt;

@@ -6,7 +6,7 @@
 //! these shapes uses the same definition.
 
 /// Whether `s` is a valid scope token (RFC 6749 section 3.3).
-pub fn valid_scope_token(s: &str) -> bool {
+pub(crate) fn valid_scope_token(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 256
         && s.bytes()
@@ -16,11 +16,11 @@ pub fn valid_scope_token(s: &str) -> bool {
 /// A requested `scope` that is not a space-separated list of scope tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("scope must be scope tokens separated by single spaces")]
-pub struct InvalidScope;
+pub(crate) struct InvalidScope;
 
 /// Splits a requested `scope` string. `Err` if it is not a valid
 /// space-separated list of scope tokens.
-pub fn parse_scope(s: &str) -> Result<Vec<String>, InvalidScope> {
+pub(crate) fn parse_scope(s: &str) -> Result<Vec<String>, InvalidScope> {
     let v: Vec<String> = s.split(' ').map(str::to_owned).collect();
     if v.iter().all(|t| valid_scope_token(t)) {
         Ok(v)
@@ -40,7 +40,7 @@ fn is_loopback_url(u: &url::Url) -> bool {
 
 /// Whether `u` is https, or http on a loopback host, and carries no
 /// credentials (secrets are never inline; an issuer URL ends up in `iss`).
-pub fn secure_or_loopback(u: &url::Url) -> bool {
+pub(crate) fn secure_or_loopback(u: &url::Url) -> bool {
     u.username().is_empty()
         && u.password().is_none()
         && (u.scheme() == "https" || (u.scheme() == "http" && is_loopback_url(u)))

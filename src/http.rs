@@ -11,10 +11,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 
 /// The response body type of every handler.
-pub type Body = Full<Bytes>;
+pub(crate) type Body = Full<Bytes>;
 
 /// A JSON response with `Cache-Control: no-store`.
-pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
+pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
     // Serialising a `Value` cannot fail (its map keys are strings); the
     // empty fallback only keeps this total.
     let bytes = serde_json::to_vec(body).unwrap_or_default();
@@ -33,7 +33,7 @@ pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<B
 /// A fresh correlation id (16 hex digits) for an unexpected error: the
 /// caller logs it with the cause and shows the client only the id, so an
 /// operator can find the cause and the client learns no internals.
-pub fn correlation_id() -> String {
+pub(crate) fn correlation_id() -> String {
     let mut id = [0u8; 8];
     // Without randomness the id is all zeros: still a valid answer, and the
     // log line next to it still carries the cause.
@@ -43,7 +43,7 @@ pub fn correlation_id() -> String {
 
 /// Why a request body was not read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum BodyError {
+pub(crate) enum BodyError {
     /// `Content-Length` is not a number.
     #[error("bad Content-Length")]
     BadLength,
@@ -58,7 +58,11 @@ pub enum BodyError {
 /// Reads a request body of at most `max` bytes: an announced
 /// `Content-Length` over the cap is refused before a byte is read, and the
 /// body itself is cut off at the cap (a chunked body announces nothing).
-pub async fn read_capped<B>(headers: &HeaderMap, body: B, max: usize) -> Result<Bytes, BodyError>
+pub(crate) async fn read_capped<B>(
+    headers: &HeaderMap,
+    body: B,
+    max: usize,
+) -> Result<Bytes, BodyError>
 where
     B: hyper::body::Body + Send,
     B::Data: Send,

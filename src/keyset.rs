@@ -21,10 +21,10 @@ use arc_swap::ArcSwap;
 use crate::jose::JwkSet;
 
 /// The shortest time (seconds) between two refetches of one key set.
-pub const MIN_REFETCH_INTERVAL: i64 = 60;
+pub(crate) const MIN_REFETCH_INTERVAL: i64 = 60;
 
 /// The size cap the broker itself uses for an IdP's JWKS document.
-pub const MAX_ISSUER_JWKS: usize = 256 * 1024;
+pub(crate) const MAX_ISSUER_JWKS: usize = 256 * 1024;
 
 /// Why keys could not be fetched. Carries no response bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -43,7 +43,7 @@ pub enum KeySetError {
 /// Builds the HTTP client used for key and metadata documents: rustls,
 /// bounded timeouts, no redirects (a redirect could move a pinned URI to a
 /// host the operator never named).
-pub fn http_client() -> reqwest::Client {
+pub(crate) fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .connect_timeout(Duration::from_secs(3))
@@ -58,7 +58,7 @@ pub fn http_client() -> reqwest::Client {
 /// GET `uri`: a success status and a body of at most `cap` bytes, read in
 /// chunks so that an oversized answer is dropped as soon as it passes the
 /// cap, whatever its `Content-Length` said.
-pub async fn get_capped(
+pub(crate) async fn get_capped(
     http: &reqwest::Client,
     uri: &str,
     cap: usize,

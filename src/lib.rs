@@ -9,76 +9,81 @@
 //! checks it); the embedding modules (`verify`, `client`) use the
 //! building blocks above them.
 //!
-//! - [`cli`]: the command line; starts an instance or acts on a stopped one.
-//! - [`app`]: the composition root: builds an instance and wires its parts.
-//! - [`server`]: binds the listeners, runs the accept loops, shuts down.
-//! - [`admin`]: the admin socket (status, freeze, key rotation, accounts).
-//! - [`ops`]: the operator actions (freeze, rotations, users, accounts),
+//! - `cli`: the command line; starts an instance or acts on a stopped one.
+//! - `app`: the composition root: builds an instance and wires its parts.
+//! - `server`: binds the listeners, runs the accept loops, shuts down.
+//! - `admin`: the admin socket (status, freeze, key rotation, accounts).
+//! - `ops`: the operator actions (freeze, rotations, users, accounts),
 //!   each written once for the admin socket and the offline command line.
-//! - [`public`]: the public listener: metadata, JWKS, then the pages.
-//! - [`pages`]: the browser pages: sign-in, connect links, the account page.
-//! - [`api`]: the orchestrator socket: parsing and the one error mapping.
-//! - [`exchange`]: the derive pipeline, the only place that decides.
-//! - [`subject`]: subject tokens from trusted issuers; who the person is.
-//! - [`policy`]: the policy file and its decisions.
-//! - [`dpop`]: DPoP proofs, replay cache, nonces.
-//! - [`mint`]: signing keys, minted tokens, JWKS, rotation.
-//! - [`connect`]: connect-link records behind a refusal's `connect_uri`.
-//! - [`vault`]: connected accounts, allowances, provider tokens at rest.
-//! - [`upstream`]: the third-party providers (presets, account look-up,
+//! - `public`: the public listener: metadata, JWKS, then the pages.
+//! - `pages`: the browser pages: sign-in, connect links, the account page.
+//! - `api`: the orchestrator socket: parsing and the one error mapping.
+//! - `exchange`: the derive pipeline, the only place that decides.
+//! - `subject`: subject tokens from trusted issuers; who the person is.
+//! - `policy`: the policy file and its decisions.
+//! - `dpop`: DPoP proofs, replay cache, nonces.
+//! - `mint`: signing keys, minted tokens, JWKS, rotation.
+//! - `connect`: connect-link records behind a refusal's `connect_uri`.
+//! - `vault`: connected accounts, allowances, provider tokens at rest.
+//! - `upstream`: the third-party providers (presets, account look-up,
 //!   refresh, revocation) on the one OAuth client.
-//! - [`oauth`]: the one OAuth client of the sign-in and the provider
+//! - `oauth`: the one OAuth client of the sign-in and the provider
 //!   connections (discovery, PKCE, code exchange, RFC 9207 `iss`).
-//! - [`keyset`]: one cached JWKS per issuer (pinned or fetched).
-//! - [`events`]: audit events.
-//! - [`metrics`]: Prometheus metrics.
-//! - [`store`]: storage (sled) behind a small trait.
-//! - [`seal`]: encryption at rest.
-//! - [`config`]: the validated instance config.
-//! - [`diagnostics`]: TOML problems and their positions (config and policy).
-//! - [`grammar`]: protocol grammar (scope tokens, https-or-loopback URLs).
-//! - [`http`]: HTTP helpers every listener shares (body, JSON, body cap).
-//! - [`unix`]: Unix helpers (own uid, socket binding).
-//! - [`jose`]: JWS, JWK and base64url building blocks.
-//! - [`secret`]: secret types (redacted, zeroized).
-//! - [`clock`]: the injected clock.
+//! - `keyset`: one cached JWKS per issuer (pinned or fetched).
+//! - `events`: audit events.
+//! - `metrics`: Prometheus metrics.
+//! - `store`: storage (sled) behind a small trait.
+//! - `seal`: encryption at rest.
+//! - `config`: the validated instance config.
+//! - `diagnostics`: TOML problems and their positions (config and policy).
+//! - `grammar`: protocol grammar (scope tokens, https-or-loopback URLs).
+//! - `http`: HTTP helpers every listener shares (body, JSON, body cap).
+//! - `unix`: Unix helpers (own uid, socket binding).
+//! - `jose`: JWS, JWK and base64url building blocks.
+//! - `secret`: secret types (redacted, zeroized).
+//! - `clock`: the injected clock.
 //! - [`verify`]: the resource-server side, for embedding.
 //! - [`client`]: a client for the socket, for embedding.
-//! - [`fuzzing`]: the parsers' surface for the fuzz targets (hidden).
+//! - `fuzzing`: the parsers' surface for the fuzz targets.
+//!
+//! Only [`verify`] and [`client`] are public; the rest is internal, reached
+//! by the tests, fuzz targets, examples and benches through one hidden
+//! `internals` module that is not a stable API.
 
 #![forbid(unsafe_code)]
 
-pub mod admin;
-pub mod api;
-pub mod app;
-pub mod cli;
+mod admin;
+mod api;
+mod app;
+mod cli;
 pub mod client;
-pub mod clock;
-pub mod config;
-pub mod connect;
-pub mod diagnostics;
-pub mod dpop;
-pub mod events;
-pub mod exchange;
+mod clock;
+mod config;
+mod connect;
+mod diagnostics;
+mod dpop;
+mod events;
+mod exchange;
+mod fuzzing;
+mod grammar;
+mod http;
 #[doc(hidden)]
-pub mod fuzzing;
-pub mod grammar;
-pub mod http;
-pub mod jose;
-pub mod keyset;
-pub mod metrics;
-pub mod mint;
-pub mod oauth;
-pub mod ops;
-pub mod pages;
-pub mod policy;
-pub mod public;
-pub mod seal;
-pub mod secret;
-pub mod server;
-pub mod store;
-pub mod subject;
-pub mod unix;
-pub mod upstream;
-pub mod vault;
+pub mod internals;
+mod jose;
+mod keyset;
+mod metrics;
+mod mint;
+mod oauth;
+mod ops;
+mod pages;
+mod policy;
+mod public;
+mod seal;
+mod secret;
+mod server;
+mod store;
+mod subject;
+mod unix;
+mod upstream;
+mod vault;
 pub mod verify;

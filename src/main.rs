@@ -1,5 +1,5 @@
 //! The `credbroker` binary: parses the command line and calls the library.
 
 fn main() -> std::process::ExitCode {
-    credbroker::cli::main()
+    credbroker::internals::cli::main()
 }

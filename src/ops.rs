@@ -24,7 +24,7 @@ use crate::vault::Vault;
 
 /// Errors of an operator action.
 #[derive(Debug, thiserror::Error)]
-pub enum OpError {
+pub(crate) enum OpError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
@@ -39,7 +39,7 @@ pub enum OpError {
     User(#[from] crate::pages::users::UserError),
     /// Disconnecting an account failed.
     #[error(transparent)]
-    Disconnect(#[from] crate::connect::CompleteError),
+    Disconnect(#[from] crate::connect::DisconnectError),
     /// The blocking task running the action failed.
     #[error("the {0} task failed")]
     Task(&'static str),
@@ -64,7 +64,7 @@ pub enum OpError {
 /// Where an action's audit event goes: the running broker's sink, or the
 /// audit file opened by [`Offline`].
 #[derive(Debug, Clone, Copy)]
-pub struct Recorder<'a> {
+pub(crate) struct Recorder<'a> {
     /// The audit sink.
     pub audit: &'a Audit,
     /// The agent this instance serves (every event names it).
@@ -75,7 +75,7 @@ pub struct Recorder<'a> {
 
 impl<'a> Recorder<'a> {
     /// The running broker's recorder.
-    pub fn of(broker: &'a Broker) -> Recorder<'a> {
+    pub(crate) fn of(broker: &'a Broker) -> Recorder<'a> {
         Recorder {
             audit: &broker.audit,
             agent: &broker.config.agent,
@@ -101,7 +101,7 @@ impl<'a> Recorder<'a> {
 /// The state an action changes: a running instance's broker (which also
 /// holds it in memory), or the store of an instance that is not running.
 #[derive(Debug, Clone, Copy)]
-pub enum Target<'a> {
+pub(crate) enum Target<'a> {
     /// A running instance.
     Running(&'a Broker),
     /// No instance runs: the store itself.
@@ -110,7 +110,7 @@ pub enum Target<'a> {
 
 /// Sets or lifts the emergency freeze. Returns whether derives are frozen
 /// afterwards (a running instance may also be frozen by its policy).
-pub fn freeze(target: Target<'_>, rec: Recorder<'_>, on: bool) -> Result<bool, OpError> {
+pub(crate) fn freeze(target: Target<'_>, rec: Recorder<'_>, on: bool) -> Result<bool, OpError> {
     let frozen = match target {
         Target::Running(b) => {
             b.set_frozen(on)?;
@@ -130,7 +130,7 @@ pub fn freeze(target: Target<'_>, rec: Recorder<'_>, on: bool) -> Result<bool, O
 
 /// Adds a signing key and makes it active (the old one stays published
 /// until its tokens have expired). Returns the new active key id.
-pub fn rotate_keys(
+pub(crate) fn rotate_keys(
     target: Target<'_>,
     sealer: &Sealer,
     rec: Recorder<'_>,
@@ -148,7 +148,7 @@ pub fn rotate_keys(
 
 /// Re-wraps up to `limit` vault records under the current vault key
 /// (resumable: run again until the report says done).
-pub fn rotate_vault(
+pub(crate) fn rotate_vault(
     vault: &Vault,
     limit: Option<usize>,
     rec: Recorder<'_>,
@@ -161,7 +161,7 @@ pub fn rotate_vault(
 }
 
 /// Adds (or, with `replace`, resets) a local account for the pages.
-pub fn add_user(
+pub(crate) fn add_user(
     store: &dyn Store,
     name: &str,
     password: &crate::secret::SecretString,
@@ -179,7 +179,7 @@ pub fn add_user(
 /// Revokes an account's tokens at its provider (RFC 7009) where it can,
 /// and deletes the account with its allowances (even if revocation failed
 /// when `force`).
-pub async fn disconnect(
+pub(crate) async fn disconnect(
     vault: &Vault,
     providers: &crate::upstream::Providers,
     person: &Person,
@@ -203,7 +203,10 @@ pub async fn disconnect(
 /// The connected accounts (one person's, or all) with their allowances,
 /// and the records that do not open (reported, never served). No token.
 /// A read: no event.
-pub fn list_accounts(vault: &Vault, person: Option<&Person>) -> Result<serde_json::Value, OpError> {
+pub(crate) fn list_accounts(
+    vault: &Vault,
+    person: Option<&Person>,
+) -> Result<serde_json::Value, OpError> {
     let mut list = Vec::new();
     for a in vault.accounts(person)? {
         let p = Person {
@@ -229,7 +232,7 @@ pub fn list_accounts(vault: &Vault, person: Option<&Person>) -> Result<serde_jso
 /// What an action needs when no instance runs: the store and the audit
 /// file, opened by the store's owner only.
 #[derive(Debug)]
-pub struct Offline {
+pub(crate) struct Offline {
     /// The store.
     pub store: Arc<dyn Store>,
     /// The audit file.
@@ -242,7 +245,7 @@ pub struct Offline {
 impl Offline {
     /// Checks that this process runs as the store's owner, then opens the
     /// store and the audit file.
-    pub fn open(cfg: &Config) -> Result<Offline, OpError> {
+    pub(crate) fn open(cfg: &Config) -> Result<Offline, OpError> {
         check_owner(&cfg.store, crate::unix::current_uid())?;
         let store: Arc<dyn Store> = Arc::new(crate::store::SledStore::open(&cfg.store)?);
         let audit = Audit::open(&cfg.audit_log).map_err(|source| OpError::Open {
@@ -259,7 +262,7 @@ impl Offline {
     }
 
     /// The recorder for this run's events.
-    pub fn recorder(&self) -> Recorder<'_> {
+    pub(crate) fn recorder(&self) -> Recorder<'_> {
         Recorder {
             audit: &self.audit,
             agent: &self.agent,
@@ -268,17 +271,17 @@ impl Offline {
     }
 
     /// The store as an action's target.
-    pub fn target(&self) -> Target<'_> {
+    pub(crate) fn target(&self) -> Target<'_> {
         Target::Stopped(self.store.as_ref())
     }
 
     /// Opens the vault on this store.
-    pub fn vault(&self, cfg: &Config) -> Result<Vault, OpError> {
+    pub(crate) fn vault(&self, cfg: &Config) -> Result<Vault, OpError> {
         Ok(Vault::open(self.store.clone(), &cfg.vault_key_dir)?)
     }
 
     /// The sealer of the signing keys at rest (from the master key file).
-    pub fn sealer(&self, cfg: &Config) -> Result<Sealer, OpError> {
+    pub(crate) fn sealer(&self, cfg: &Config) -> Result<Sealer, OpError> {
         let master = crate::config::read_secret_file(&cfg.master_key_file).map_err(|source| {
             OpError::Open {
                 what: "master key file",
@@ -293,7 +296,7 @@ impl Offline {
 /// Refuses unless `uid` owns the store directory (or, before the store
 /// exists, the nearest directory above it that does: the one the store
 /// would be created in).
-pub fn check_owner(store_dir: &Path, uid: u32) -> Result<(), OpError> {
+pub(crate) fn check_owner(store_dir: &Path, uid: u32) -> Result<(), OpError> {
     use std::os::unix::fs::MetadataExt;
     let mut dir = store_dir.to_path_buf();
     let meta = loop {

@@ -37,7 +37,7 @@ pub enum TlsError {
 }
 
 /// Builds a rustls acceptor from PEM files.
-pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
+pub(crate) fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor, TlsError> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
@@ -55,7 +55,7 @@ pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsAcceptor
 }
 
 /// RFC 8414 metadata for this instance.
-pub fn metadata(broker: &Broker) -> serde_json::Value {
+pub(crate) fn metadata(broker: &Broker) -> serde_json::Value {
     let iss = &broker.config.issuer;
     serde_json::json!({
         "issuer": iss,
@@ -80,7 +80,7 @@ fn with_cache(mut r: Response<Body>, cache: &'static str) -> Response<Body> {
 }
 
 /// Handles one public request from `client`.
-pub async fn handle<B>(
+pub(crate) async fn handle<B>(
     broker: Arc<Broker>,
     pages: Arc<Pages>,
     req: Request<B>,
@@ -115,7 +115,7 @@ where
 }
 
 /// Serves the public listener until shutdown.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     broker: Arc<Broker>,

@@ -19,9 +19,15 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::clock::{SharedClock, SystemClock};
-use crate::dpop::{self, DpopError};
-use crate::jose::{self, Alg, JoseError, JwkSet};
+use crate::dpop;
+use crate::jose::{self, Alg, JwkSet};
+
+// What the verifier's public signatures mention, re-exported so that an
+// embedder needs nothing but this module (the modules they live in are
+// internal): the error sources, and the clock to inject.
+pub use crate::clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use crate::dpop::DpopError;
+pub use crate::jose::JoseError;
 use crate::keyset::{self, Refetch, RemoteKeySet};
 
 /// Token size cap.
@@ -115,8 +121,10 @@ struct TokenClaims {
     jti: String,
 }
 
-/// What a verified request carries.
+/// What a verified request carries. Non-exhaustive: later versions add
+/// fields (what the request was approved for), so match it with `..`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Verified {
     /// The person's `sub`.
     pub sub: String,
@@ -311,3 +319,6 @@ impl Verifier {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,3 +1,3 @@
 #![no_main]
-// The input goes to credbroker::fuzzing, which holds the invariants.
-libfuzzer_sys::fuzz_target!(|data: &[u8]| { credbroker::fuzzing::provider_metadata(data); });
+// The input goes to credbroker::internals::fuzzing, which holds the invariants.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| { credbroker::internals::fuzzing::provider_metadata(data); });

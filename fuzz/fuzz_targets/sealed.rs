@@ -1,3 +1,3 @@
 #![no_main]
-// The input goes to credbroker::fuzzing, which holds the invariants.
-libfuzzer_sys::fuzz_target!(|data: &[u8]| { credbroker::fuzzing::sealed(data); });
+// The input goes to credbroker::internals::fuzzing, which holds the invariants.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| { credbroker::internals::fuzzing::sealed(data); });

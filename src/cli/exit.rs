@@ -40,7 +40,7 @@ impl From<Exit> for ExitCode {
 }
 
 /// The exit codes as `--help` lists them.
-pub const HELP: &str = "\
+pub(super) const HELP: &str = "\
 Exit codes:
   0  done (status: running and ready)
   1  failed, or refused by the instance (status: running but not ready; accounts disconnect: nothing deleted)

@@ -3,7 +3,7 @@
 //! ```no_run
 //! # async fn f() -> Result<(), credbroker::client::ClientError> {
 //! use credbroker::client::{Client, DeriveParams};
-//! let key = credbroker::jose::Es256Key::generate().map_err(|e| credbroker::client::ClientError::Proof(e.to_string()))?.0;
+//! let key = credbroker::client::Es256Key::generate().map_err(|e| credbroker::client::ClientError::Proof(e.to_string()))?.0;
 //! let client = Client::new("/run/credbroker/credbroker.sock", "https://broker.example");
 //! let answer = client.derive(&DeriveParams {
 //!     subject_token: "eyJ...", step: "summarize_inbox", tool: "mail.read",
@@ -20,10 +20,13 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 
-use crate::jose::Es256Key;
-
 pub mod mcp;
-use crate::secret::SecretString;
+
+// What the client's public signatures mention, re-exported so that an
+// embedder needs nothing but this module (the modules they live in are
+// internal).
+pub use crate::jose::{Es256Key, JoseError};
+pub use crate::secret::{SecretBytes, SecretString};
 
 /// Client errors (transport, not refusals: a refusal is an [`Answer`]).
 #[derive(Debug, thiserror::Error)]

@@ -175,7 +175,7 @@ pub fn default_display_name(issuer: &str) -> String {
 }
 
 /// A name to show on a page: short, and nothing that could break a line.
-pub fn valid_display_name(n: &str) -> bool {
+pub(super) fn valid_display_name(n: &str) -> bool {
     let len = n.chars().count();
     (1..=60).contains(&len) && !n.chars().any(char::is_control) && !n.trim().is_empty()
 }

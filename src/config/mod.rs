@@ -91,7 +91,8 @@ pub struct Config {
     pub policy: PathBuf,
     /// The store directory.
     pub store: PathBuf,
-    /// Audit events (JSON lines); `None` = `<store>/audit.jsonl`.
+    /// Audit events (JSON lines): the configured path, resolved against the
+    /// config file's directory, or `<store>/audit.jsonl` when unset.
     pub audit_log: PathBuf,
     /// The orchestrator socket.
     pub socket: SocketConfig,

@@ -26,10 +26,7 @@ use crate::secret::{SecretBytes, SecretString};
 use crate::store::{tuple_key, Store, StoreError, Tree};
 use crate::subject::Person;
 
-pub use flow::{
-    complete_allow, complete_connect, disconnect_account, scopes_to_request, CompleteError,
-    DisconnectReport,
-};
+pub use flow::{disconnect_account, DisconnectError, DisconnectReport};
 
 /// How long a link stays open.
 pub const LINK_TTL: i64 = 30 * 60;

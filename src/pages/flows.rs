@@ -247,8 +247,11 @@ mod tests {
     fn state_is_single_use_sealed_and_expires() {
         let (_d, st, sealer) = setup();
         let state = start(&st, &sealer, "sess", flow(), 100).unwrap();
-        // Nothing readable in the store.
-        for (k, v) in st.scan_prefix(Tree::PageFlows, b"").unwrap() {
+        // Nothing readable in the store, which does hold the flow (a scan
+        // of an empty tree would find nothing readable either).
+        let rows = st.scan_prefix(Tree::PageFlows, b"").unwrap();
+        assert_eq!(rows.len(), 1, "the started flow is stored");
+        for (k, v) in rows {
             for needle in [&b"v-canary"[..], b"n-canary", state.expose().as_bytes()] {
                 assert!(!v.windows(needle.len()).any(|w| w == needle));
                 assert!(!k.windows(needle.len()).any(|w| w == needle));

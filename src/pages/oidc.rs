@@ -189,6 +189,8 @@ impl Oidc {
     }
 
     /// The URL that starts a sign-in at `issuer`.
+    // reason: the sign-in's own values (state, nonce, PKCE challenge) are
+    // secrets passed one by one so none is stored longer than the call.
     #[allow(clippy::too_many_arguments)]
     pub async fn authorization_url(
         &self,
@@ -242,6 +244,8 @@ impl Oidc {
     }
 
     /// Redeems an authorization code and validates the ID token.
+    // reason: the same secrets as `authorization_url`, plus the code and the
+    // time of the check; passed one by one for the same reason.
     #[allow(clippy::too_many_arguments)]
     pub async fn redeem(
         &self,
@@ -699,23 +703,87 @@ mod tests {
                 false,
             ),
         ];
+        // Each case is refused by its own check, not by whichever comes
+        // first.
+        let reason = |name: &str| match name {
+            "wrong nonce" => "nonce",
+            "no nonce" | "aud as object" | "exp as string" | "sub as number" => "claims",
+            "wrong iss" => "iss",
+            "wrong aud" => "aud",
+            "several aud, no azp" | "azp of another client" => "azp",
+            "expired" => "expired",
+            "iat in the future" => "issued in the future",
+            "empty sub" => "sub",
+            "auth_time missing with max_age" => "auth_time missing",
+            "auth_time 16 min old with max_age" => "auth_time older than max_age",
+            "typ at+jwt" | "typ dpop+jwt" => "typ is not JWT",
+            "signed by another key" => "signature",
+            other => panic!("no expected reason for {other}"),
+        };
+        let n = cases.len();
         for (name, token, reauth) in cases {
-            assert!(
-                validate_id_token(&token, &keys, &expect(reauth)).is_err(),
-                "{name} accepted"
+            assert_eq!(
+                validate_id_token(&token, &keys, &expect(reauth)).err(),
+                Some(OidcError::IdToken(reason(name))),
+                "{name}"
             );
         }
-        // alg none and HS256 with the public key as secret.
-        let b = |v: serde_json::Value| jose::b64e(v.to_string().as_bytes());
-        let none = format!("{}.{}.", b(json!({"alg": "none"})), b(good()));
-        assert!(validate_id_token(&none, &keys, &expect(false)).is_err());
-        let hs = format!(
-            "{}.{}.{}",
-            b(json!({"alg": "HS256", "kid": k.kid})),
-            b(good()),
-            jose::b64e(b"sig")
+        assert_eq!(n, 17, "every case ran");
+        // alg none and HS256 keyed with the public key: the good token's
+        // header (typ JWT, the key's kid) with only `alg` changed, so the
+        // refusal can only come from the alg check.
+        let (good_header, _) = ok.split_once('.').unwrap();
+        let mut header: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(&jose::b64d(good_header, "header").unwrap()).unwrap();
+        assert_eq!(header["typ"], "JWT");
+        assert_eq!(header["kid"], json!(k.kid));
+        let assemble = |header: &serde_json::Map<String, serde_json::Value>,
+                        sign: &dyn Fn(&[u8]) -> Vec<u8>| {
+            let input = format!(
+                "{}.{}",
+                jose::b64e(&serde_json::to_vec(header).unwrap()),
+                jose::b64e(&serde_json::to_vec(&good()).unwrap())
+            );
+            let sig = sign(input.as_bytes());
+            format!("{input}.{}", jose::b64e(&sig))
+        };
+        let es256 = |m: &[u8]| k.sign_raw(m).unwrap();
+        // Positive control of the assembly: alg ES256 is accepted.
+        let same = assemble(&header, &es256);
+        assert_eq!(
+            validate_id_token(&same, &keys, &expect(true)).unwrap().sub,
+            "u-123"
         );
-        assert!(validate_id_token(&hs, &keys, &expect(false)).is_err());
+        header.insert("alg".into(), json!("none"));
+        // With the key's real ES256 signature (a validator that fell back to
+        // the key's own algorithm would accept it)...
+        assert_eq!(
+            validate_id_token(&assemble(&header, &es256), &keys, &expect(true)).err(),
+            Some(OidcError::IdToken("alg")),
+            "alg none, signed"
+        );
+        // ...and unsigned: the empty third part is refused as malformed.
+        assert_eq!(
+            validate_id_token(&assemble(&header, &|_| Vec::new()), &keys, &expect(true)).err(),
+            Some(OidcError::IdToken("malformed")),
+            "alg none, unsigned"
+        );
+        // A real HMAC keyed with the public key, as an attacker holding the
+        // JWKS would make it.
+        header.insert("alg".into(), json!("HS256"));
+        let published = serde_json::to_vec(&json!({"keys": [k.public_jwk]})).unwrap();
+        for secret in [serde_json::to_vec(&k.public_jwk).unwrap(), published] {
+            let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, &secret);
+            let hs = assemble(&header, &|m| {
+                aws_lc_rs::hmac::sign(&key, m).as_ref().to_vec()
+            });
+            assert_eq!(
+                validate_id_token(&hs, &keys, &expect(true)).err(),
+                Some(OidcError::IdToken("alg")),
+                "HS256 keyed with {}",
+                String::from_utf8_lossy(&secret)
+            );
+        }
         // Without max_age, a missing auth_time is accepted (the session then
         // counts as not recently signed in).
         let no_at = sign(

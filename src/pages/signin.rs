@@ -50,6 +50,9 @@ fn session_or_new(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Result<(Session, bool),
     }
 }
 
+// reason: the page's inputs (session, status, where to return, the
+// re-authentication flag, the error and the name typed so far); a private
+// renderer whose callers each pass a different mix.
 #[allow(clippy::too_many_arguments)]
 fn render_page(
     p: &Pages,

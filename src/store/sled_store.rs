@@ -35,10 +35,16 @@ impl SledStore {
                 }
                 e => backend(e),
             })?;
-        // sled creates its files with the process umask; tighten them.
+        // sled creates its files with the process umask; tighten them
+        // (its `blobs` directory too, which must stay a usable directory).
         if let Ok(entries) = std::fs::read_dir(dir.join("db")) {
             for e in entries.flatten() {
-                let _ = std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o600));
+                let mode = if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    0o700
+                } else {
+                    0o600
+                };
+                let _ = std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(mode));
             }
         }
         let _ = std::fs::set_permissions(dir.join("db"), std::fs::Permissions::from_mode(0o700));

@@ -371,6 +371,9 @@ impl Vault {
     /// `requested_scopes` is what was asked for, used when the provider does
     /// not say what it granted. Returns the previous account id, if any, so
     /// a caller can tell a reconnect to another account.
+    // reason: each argument is a distinct fact of one connection (who,
+    // which service and provider, the account, its tokens, the scopes
+    // asked for, when); the callers have them from different places.
     #[allow(clippy::too_many_arguments)]
     pub fn connect_account(
         &self,

@@ -145,9 +145,11 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                 first = await s.call_tool(TOOL, args, allow_input_required=True)
                 out["calls"].append({"result": dump_result(first)})
                 state = getattr(first, "request_state", None)
-                if state is None:
-                    return out
-                key = next(iter(first.input_requests or {"none": None}))
+                if not state or not first.input_requests:
+                    # Nothing to tamper with: fail loudly, so the test cannot
+                    # pass on zero attempts.
+                    raise SystemExit(f"tamper: the first answer has no requestState or input requests: {json.dumps(out)}")
+                key = next(iter(first.input_requests))
                 responses = {key: {"action": "accept"}}
                 body, _, tag = state.partition(".")
                 flipped = body[:-1] + ("A" if body[-1] != "A" else "B")

@@ -1,5 +1,5 @@
 //! Replays every committed fuzz corpus file (`fuzz/corpus/<target>/*`)
-//! through the same `credbroker::fuzzing` functions the fuzz targets call,
+//! through the same `credbroker::internals::fuzzing` functions the fuzz targets call,
 //! so `cargo test` catches a regression on any input a fuzzer once found,
 //! without libFuzzer.
 //!
@@ -16,9 +16,9 @@
 
 use std::path::{Path, PathBuf};
 
-use credbroker::dpop::make_proof;
-use credbroker::fuzzing::{self, HTU, NOW};
-use credbroker::jose::{b64e, Es256Key};
+use credbroker::internals::dpop::make_proof;
+use credbroker::internals::fuzzing::{self, HTU, NOW};
+use credbroker::internals::jose::{b64e, Es256Key};
 
 fn corpus_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus")
@@ -316,7 +316,7 @@ fn seeds() -> Vec<Seed> {
 
     // ---- dpop_signed: the claims of a proof that is then signed.
     let nonce = fuzzing::nonce();
-    let ath = credbroker::jose::sha256_b64(fuzzing::ACCESS_TOKEN.as_bytes());
+    let ath = credbroker::internals::jose::sha256_b64(fuzzing::ACCESS_TOKEN.as_bytes());
     let j = |v: serde_json::Value| serde_json::to_vec(&v).unwrap();
     add("dpop_signed", "ok-claims", j(claims("s1")));
     add(
@@ -391,7 +391,7 @@ fn seeds() -> Vec<Seed> {
     );
 
     // ---- policy.
-    let qs = credbroker::cli::QUICKSTART_POLICY;
+    let qs = credbroker::internals::cli::QUICKSTART_POLICY;
     add("policy", "ok-quickstart.toml", qs.as_bytes().to_vec());
     add(
         "policy",
@@ -555,7 +555,7 @@ steps = ["call"]
 
     // ---- config.
     let dir = tempfile::tempdir().unwrap();
-    let cfg = credbroker::cli::quickstart_files(dir.path(), "127.0.0.1:8440").unwrap();
+    let cfg = credbroker::internals::cli::quickstart_files(dir.path(), "127.0.0.1:8440").unwrap();
     let text = std::fs::read_to_string(cfg).unwrap();
     add("config", "ok-quickstart.toml", text.clone().into_bytes());
     add(
@@ -934,8 +934,11 @@ sign_in = { kind = "oidc", client_id = "credbroker" }
     // ---- sealed: stored records for Sealer::open.
     let sealer = fuzzing::sealer().unwrap();
     let one = |k: [u8; 32]| {
-        credbroker::seal::Sealer::new(&credbroker::secret::SecretBytes::new(k.to_vec()), &[])
-            .unwrap()
+        credbroker::internals::seal::Sealer::new(
+            &credbroker::internals::secret::SecretBytes::new(k.to_vec()),
+            &[],
+        )
+        .unwrap()
     };
     let rec = sealer.seal(fuzzing::SEAL_AAD, b"a secret").unwrap();
     add("sealed", "ok-current-key", rec.clone());

@@ -52,7 +52,7 @@ sign_in = {{ kind = "oidc", client_id = "credbroker" }}
 
 fn claims(token: &str) -> serde_json::Value {
     let p = token.split('.').nth(1).unwrap();
-    serde_json::from_slice(&credbroker::jose::b64d(p, "p").unwrap()).unwrap()
+    serde_json::from_slice(&credbroker::internals::jose::b64d(p, "p").unwrap()).unwrap()
 }
 
 #[tokio::test]
@@ -111,7 +111,7 @@ async fn idp_access_tokens_are_subject_tokens_and_id_tokens_are_not() {
     let rs = login(&mut idp, "bob", "urn:credbroker:agent:repo-helper:rsa");
     let rs_at = rs["access_token"].as_str().unwrap();
     let header: serde_json::Value = serde_json::from_slice(
-        &credbroker::jose::b64d(rs_at.split('.').next().unwrap(), "h").unwrap(),
+        &credbroker::internals::jose::b64d(rs_at.split('.').next().unwrap(), "h").unwrap(),
     )
     .unwrap();
     assert_eq!(header["alg"], "RS256");

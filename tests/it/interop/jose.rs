@@ -302,7 +302,7 @@ fn tamper_payload(token: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credbroker_proofs_and_thumbprints_verify_in_jose() {
     require_peers();
-    let (key, pkcs8) = credbroker::jose::Es256Key::generate().unwrap();
+    let (key, pkcs8) = credbroker::internals::jose::Es256Key::generate().unwrap();
     let url = "http://127.0.0.1:9090/notes";
 
     // Thumbprints agree both ways: of our key as jose computes it, and of
@@ -312,12 +312,13 @@ async fn credbroker_proofs_and_thumbprints_verify_in_jose() {
         .unwrap();
     assert_eq!(v["jkt"], key.thumbprint());
     let theirs = jose_key().await;
-    let ours = credbroker::jose::Jwk::from_value(&theirs["public_jwk"]).unwrap();
+    let ours = credbroker::internals::jose::Jwk::from_value(&theirs["public_jwk"]).unwrap();
     assert_eq!(ours.thumbprint, theirs["jkt"].as_str().unwrap());
 
     // A proof from `dpop::make_proof`, checked by jose with the embedded key.
     let at = "eyJhbGciOiJFUzI1NiJ9.e30.sig";
-    let proof = credbroker::dpop::make_proof(&key, "GET", url, now(), Some(at), None).unwrap();
+    let proof =
+        credbroker::internals::dpop::make_proof(&key, "GET", url, now(), Some(at), None).unwrap();
     let check = |access_token: &str| json!({"proof": proof, "htm": "GET", "htu": url, "access_token": access_token});
     // Negative first: jose finds an ath over another token wrong...
     assert_eq!(
@@ -336,9 +337,9 @@ async fn credbroker_proofs_and_thumbprints_verify_in_jose() {
     // A proof from the CLI (`credbroker proof`), as a shell script makes one.
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("tool.pem");
-    credbroker::config::write_secret_file(
+    credbroker::internals::config::write_secret_file(
         &key_file,
-        credbroker::cli::pem_pkcs8(pkcs8.expose()).as_bytes(),
+        credbroker::internals::cli::pem_pkcs8(pkcs8.expose()).as_bytes(),
     )
     .unwrap();
     let out = std::process::Command::new(bin())

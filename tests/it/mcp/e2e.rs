@@ -88,7 +88,7 @@ impl Service {
 struct Env {
     idp: NodePeer,
     _idp_cfg: tempfile::NamedTempFile,
-    _service: Service,
+    service: Service,
     broker: TestBroker,
     api: RepoApi,
     server: McpServer,
@@ -139,9 +139,14 @@ async fn env() -> Env {
 
     let secrets = tempfile::tempdir().unwrap();
     let pages_secret_file = secrets.path().join("idp-secret");
-    credbroker::config::write_secret_file(&pages_secret_file, pages_secret.as_bytes()).unwrap();
+    credbroker::internals::config::write_secret_file(&pages_secret_file, pages_secret.as_bytes())
+        .unwrap();
     let service_secret_file = secrets.path().join("acme-secret");
-    credbroker::config::write_secret_file(&service_secret_file, service_secret.as_bytes()).unwrap();
+    credbroker::internals::config::write_secret_file(
+        &service_secret_file,
+        service_secret.as_bytes(),
+    )
+    .unwrap();
     let broker = TestBroker::start_with(Opts {
         policy: Some(policy()),
         public_listen: Some(public.to_string()),
@@ -220,7 +225,7 @@ scopes = ["openid", "profile"]
     Env {
         idp,
         _idp_cfg: idp_cfg,
-        _service: service,
+        service,
         broker,
         api,
         server,
@@ -238,6 +243,20 @@ impl Env {
         }));
         assert!(r.get("error").is_none(), "IdP login failed: {r}");
         r["tokens"]["access_token"].as_str().unwrap().to_owned()
+    }
+
+    /// Makes the next browser sign-in at the service be `account` (the
+    /// peer's `/test/browser-account`), so that each person connects a
+    /// provider account of their own.
+    async fn provider_account(&self, account: &str) {
+        let url = format!(
+            "{}/test/browser-account?account={account}",
+            self.service.issuer
+        );
+        let r = reqwest::get(&url).await.unwrap();
+        assert_eq!(r.status(), 200, "{url}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["browser_account"], account, "{v}");
     }
 
     /// The command that opens a link in `person`'s own browser profile.
@@ -293,8 +312,11 @@ fn browser_result(link: &Value) -> String {
 async fn mcp_connect_link_completed_in_chromium_in_both_protocol_versions() {
     let mut e = env().await;
 
+    // Alice and Bob connect distinct provider accounts, so that a token
+    // served to the wrong person shows in whose repositories come back.
     // 2025-11-25: -32042; the handler opens the link in Alice's browser,
     // where she signs in and connects; the manual retry gets her repositories.
+    e.provider_account("octo-alice").await;
     let alice = e.access_token("alice");
     let out = e
         .client(
@@ -314,11 +336,15 @@ async fn mcp_connect_link_completed_in_chromium_in_both_protocol_versions() {
     );
     assert!(!el["elicitationId"].as_str().unwrap().is_empty());
     assert_eq!(browser_result(&out["links"][0]), "completed", "{out}");
-    let names = repo_names(&out["calls"][1]);
-    assert!(!names.is_empty(), "{out}");
+    assert_eq!(
+        repo_names(&out["calls"][1]),
+        ["octo-alice/notes", "octo-alice/site"],
+        "{out}"
+    );
 
     // 2026-07-28: input_required; the callback opens the link in Bob's
     // browser and answers accept; the automatic retry gets his repositories.
+    e.provider_account("octo-bob").await;
     let bob = e.access_token("bob");
     let out = e
         .client(
@@ -332,7 +358,21 @@ async fn mcp_connect_link_completed_in_chromium_in_both_protocol_versions() {
     assert_eq!(links.len(), 1, "{out}");
     assert_eq!(links[0]["params"]["mode"], "url");
     assert_eq!(browser_result(&links[0]), "completed", "{out}");
-    assert!(!repo_names(&out["calls"][0]).is_empty(), "{out}");
+    assert_eq!(
+        repo_names(&out["calls"][0]),
+        ["octo-bob/notes", "octo-bob/site"],
+        "{out}"
+    );
+    // Alice, after Bob connected, still gets her own account's repositories
+    // (no link this time: she is connected).
+    let again = e
+        .client(&alice, json!({"mode": "legacy", "scenario": "call"}))
+        .await;
+    assert_eq!(
+        repo_names(&again["calls"][0]),
+        ["octo-alice/notes", "octo-alice/site"],
+        "{again}"
+    );
 
     // The API got the provider's tokens, never a person's access token, and
     // the MCP client never saw a provider token.
@@ -454,15 +494,32 @@ async fn tampered_request_state_is_refused_against_the_real_broker() {
         .await;
     let calls = out["calls"].as_array().unwrap();
     assert_eq!(calls[0]["result"]["resultType"], "input_required", "{out}");
-    for c in &calls[1..] {
-        if c["attempt"] == "genuine" {
-            // Positive control: the genuine state opens, and since Erin has
-            // not connected, the server asks again.
-            assert_eq!(c["result"]["resultType"], "input_required", "{out}");
-        } else {
-            assert_eq!(c["error"]["code"], -32602, "{}: {out}", c["attempt"]);
-        }
+    // Every named attempt ran, once: the first call plus six.
+    let by_name = |n: &str| {
+        let found: Vec<&Value> = calls.iter().filter(|c| c["attempt"] == n).collect();
+        assert_eq!(found.len(), 1, "{n}: {out}");
+        found[0]
+    };
+    let refused = [
+        "other_person",
+        "tampered_body",
+        "tampered_tag",
+        "no_tag",
+        "other_arguments",
+    ];
+    assert_eq!(calls.len(), 1 + refused.len() + 1, "{out}");
+    for n in refused {
+        let e = &by_name(n)["error"];
+        assert_eq!(e["code"], -32602, "{n}: {out}");
+        assert_eq!(e["data"]["reason"], "invalid_request_state", "{n}: {out}");
     }
+    // Positive control: the genuine state opens, and since Erin has not
+    // connected, the server asks again.
+    assert_eq!(
+        by_name("genuine")["result"]["resultType"],
+        "input_required",
+        "{out}"
+    );
 
     // The broker's refusal itself matches proto/refusal.schema.json.
     let k = key();

@@ -1,4 +1,5 @@
 //! The MCP side: the protocol files, the example server, end to end.
 mod e2e;
 mod proto;
+mod real_broker;
 mod server;

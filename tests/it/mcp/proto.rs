@@ -13,7 +13,7 @@ use credbroker::client::mcp::{
     url_elicitation_error, Binding, RequestState, StateError, StateKey, STATE_TTL,
 };
 use credbroker::client::Refusal;
-use credbroker::secret::SecretBytes;
+use credbroker::internals::secret::SecretBytes;
 use serde_json::{json, Value};
 
 fn repo(rel: &str) -> PathBuf {
@@ -189,11 +189,19 @@ fn verdicts(docs: &[(&str, Value)]) -> Vec<(String, bool, Value)> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    // One verdict per document: zip would silently drop the documents the
+    // validator said nothing about.
+    assert_eq!(lines.len(), docs.len(), "verdicts: {stdout}");
+    lines
+        .into_iter()
         .zip(docs)
         .map(|(l, (name, _))| {
             let r: Value = serde_json::from_str(l).unwrap();
+            // ...and each verdict is about the document it is paired with.
+            let file = r["file"].as_str().unwrap_or_default();
+            assert!(file.ends_with(&format!("/{name}.json")), "{name}: {l}");
             (
                 name.to_string(),
                 r["valid"].as_bool().unwrap(),

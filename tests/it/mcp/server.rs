@@ -9,8 +9,9 @@
 //! - With a scripted broker socket that refuses with a connect link: the
 //!   link is relayed as `-32042` (2025-11-25) or `input_required` with a
 //!   sealed `requestState` (2026-07-28), the retries work, and tampered or
-//!   replayed states are refused. The end-to-end flows with the real vault,
-//!   pages and a browser are in tests/mcp_e2e.rs.
+//!   replayed states are refused. The cited ones of these run on the real
+//!   broker too (`real_broker.rs`); the end-to-end flows with the real
+//!   vault, pages and a browser are in `e2e.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 use std::path::PathBuf;

@@ -66,11 +66,11 @@ async fn audit_event_per_decision_without_tokens() {
     // The jti hash matches the token's jti; the token itself is nowhere.
     let payload = t.access_token.expose().split('.').nth(1).unwrap();
     let claims: serde_json::Value =
-        serde_json::from_slice(&credbroker::jose::b64d(payload, "t").unwrap()).unwrap();
+        serde_json::from_slice(&credbroker::internals::jose::b64d(payload, "t").unwrap()).unwrap();
     let jti = claims["jti"].as_str().unwrap();
     assert_eq!(
         issued["jti_sha256"],
-        credbroker::jose::sha256_hex(jti.as_bytes())
+        credbroker::internals::jose::sha256_hex(jti.as_bytes())
     );
     let raw = std::fs::read_to_string(b.path("data/audit.jsonl")).unwrap();
     assert!(!raw.contains(t.access_token.expose()));
@@ -315,7 +315,7 @@ async fn key_rotation_keeps_old_tokens_verifiable() {
 
     let new = b.derive_ok(&k).await;
     let kid_of = |t: &str| -> String {
-        let h = credbroker::jose::b64d(t.split('.').next().unwrap(), "h").unwrap();
+        let h = credbroker::internals::jose::b64d(t.split('.').next().unwrap(), "h").unwrap();
         serde_json::from_slice::<serde_json::Value>(&h).unwrap()["kid"]
             .as_str()
             .unwrap()
@@ -326,7 +326,7 @@ async fn key_rotation_keeps_old_tokens_verifiable() {
     let v = credbroker::verify::Verifier::from_jwks(&b.issuer, RESOURCE, &after_bytes).unwrap();
     for t in [&old, &new] {
         let url = "http://127.0.0.1:9090/notes";
-        let proof = credbroker::dpop::make_proof(
+        let proof = credbroker::internals::dpop::make_proof(
             &k,
             "GET",
             url,

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::support::pages::*;
-use credbroker::pages::links::LinkKind;
+use credbroker::internals::pages::links::LinkKind;
 use serde_json::json;
 
 const PW: &str = "correct horse battery";
@@ -370,9 +370,12 @@ async fn oidc_sign_in_at_oidc_provider_in_chromium() {
         ..Setup::default()
     })
     .await;
-    credbroker::config::write_secret_file(&s.dir.path().join("idp-secret"), secret.as_bytes())
-        .unwrap();
-    let person = credbroker::subject::Person {
+    credbroker::internals::config::write_secret_file(
+        &s.dir.path().join("idp-secret"),
+        secret.as_bytes(),
+    )
+    .unwrap();
+    let person = credbroker::internals::subject::Person {
         iss: issuer.clone(),
         sub: "alice".into(),
     };

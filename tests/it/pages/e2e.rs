@@ -32,7 +32,7 @@ use crate::support::oidc::{secret_file, OidcPeer};
 use crate::support::services::{issued, refused, ProviderOpts, ServiceEnv, SERVICE};
 use crate::support::{free_loopback_addr, key, NodePeer};
 use credbroker::client::{Answer, DeriveParams, Refusal};
-use credbroker::jose::Es256Key;
+use credbroker::internals::jose::Es256Key;
 use serde_json::{json, Value};
 
 const AGENT_RESOURCE: &str = "urn:credbroker:agent:repo-helper";
@@ -60,7 +60,7 @@ fn events(env: &ServiceEnv, name: &str) -> Vec<Value> {
 
 /// A code of the right shape that no link has.
 fn unknown_code() -> String {
-    credbroker::jose::b64e(&crate::support::random_bytes(32))
+    credbroker::internals::jose::b64e(&crate::support::random_bytes(32))
 }
 
 fn local_sign_in(name: &str, password: &str) -> Vec<Value> {
@@ -765,16 +765,17 @@ scopes = ["openid", "profile", "read:org"]
     let k = key();
     // Proofs carry the broker's (moved) time.
     let derive = || {
-        let proof = credbroker::dpop::make_proof(
+        let proof = credbroker::internals::dpop::make_proof(
             &k,
             "POST",
             &format!("{}/v1/derive", s.issuer),
-            credbroker::clock::Clock::now(s.clock.as_ref()),
+            credbroker::internals::clock::Clock::now(s.clock.as_ref()),
             None,
             None,
         )
         .unwrap();
-        let subject = credbroker::cli::dev_subject_token(s.dir.path(), "alice", 4 * 3600).unwrap();
+        let subject =
+            credbroker::internals::cli::dev_subject_token(s.dir.path(), "alice", 4 * 3600).unwrap();
         let client = &client;
         async move {
             client
@@ -877,7 +878,7 @@ scopes = ["openid", "profile", "read:org"]
     assert_eq!(a.account_id, "octo-alice");
     assert_eq!(
         a.status,
-        credbroker::vault::AccountStatus::ReconnectRequired
+        credbroker::internals::vault::AccountStatus::ReconnectRequired
     );
     assert_eq!(
         link_of(&refused(derive().await), "reconnect_required").1,
@@ -907,7 +908,7 @@ scopes = ["openid", "profile", "read:org"]
     assert!(peer.access_token_live(t.access_token.expose()).await);
     assert_eq!(
         account().unwrap().status,
-        credbroker::vault::AccountStatus::Active
+        credbroker::internals::vault::AccountStatus::Active
     );
 
     // (e) An allow link left for 31 minutes has expired: the same 404
@@ -940,6 +941,8 @@ scopes = ["openid", "profile", "read:org"]
         )
         .await;
     assert_eq!(r[0]["sha256"], r[2]["sha256"]);
+    // Two bodies were hashed (not two missing hashes compared).
+    assert_eq!(r[0]["sha256"].as_str().map(str::len), Some(64), "{r:?}");
     // Positive control: the agent asks again and gets a new link, which
     // works.
     let (allow2, allow2_id) = link_of(&refused(derive().await), "allow_required");

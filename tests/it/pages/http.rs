@@ -8,8 +8,8 @@ use std::net::IpAddr;
 use std::time::Instant;
 
 use crate::support::pages::*;
-use credbroker::pages::links::LinkKind;
-use credbroker::pages::PageLimits;
+use credbroker::internals::pages::links::LinkKind;
+use credbroker::internals::pages::PageLimits;
 
 const PW: &str = "correct horse battery";
 
@@ -409,7 +409,11 @@ async fn unknown_expired_declined_replaced_and_used_codes_get_the_same_404() {
     let t0 = now();
     s.clock.set(t0);
 
-    async fn get(pages: &credbroker::pages::Pages, path: &str, ip: IpAddr) -> (u16, bytes::Bytes) {
+    async fn get(
+        pages: &credbroker::internals::pages::Pages,
+        path: &str,
+        ip: IpAddr,
+    ) -> (u16, bytes::Bytes) {
         use http_body_util::BodyExt;
         let req = http::Request::get(path)
             .body(http_body_util::Full::new(bytes::Bytes::new()))
@@ -425,7 +429,7 @@ async fn unknown_expired_declined_replaced_and_used_codes_get_the_same_404() {
     aws_lc_rs::rand::fill(&mut b).unwrap();
     let (st, reference) = get(
         &pages,
-        &format!("/connect/{}", credbroker::jose::b64e(&b)),
+        &format!("/connect/{}", credbroker::internals::jose::b64e(&b)),
         ip,
     )
     .await;
@@ -436,7 +440,7 @@ async fn unknown_expired_declined_replaced_and_used_codes_get_the_same_404() {
         .fake
         .issue(&alice, "gitlab", LinkKind::Connect, &[], t0 - 3600);
     let (declined, declined_id) = s.fake.issue(&alice, "github", LinkKind::Connect, &[], t0);
-    use credbroker::pages::links::LinkRecords;
+    use credbroker::internals::pages::links::LinkRecords;
     s.fake.decline(&declined_id, t0).unwrap();
     let (replaced, _) = s.fake.issue(&alice, "github", LinkKind::Connect, &[], t0);
     let (open, open_id) = s.fake.issue(&alice, "github", LinkKind::Allow, &[], t0);
@@ -475,7 +479,7 @@ async fn unknown_expired_declined_replaced_and_used_codes_get_the_same_404() {
     let mut random_ns = Vec::with_capacity(n as usize);
     for i in 0..n {
         aws_lc_rs::rand::fill(&mut b).unwrap();
-        let path = format!("/connect/{}", credbroker::jose::b64e(&b));
+        let path = format!("/connect/{}", credbroker::internals::jose::b64e(&b));
         let ip = IpAddr::from([10, (i >> 16) as u8, (i >> 8) as u8, i as u8]);
         let t = Instant::now();
         let (st, body) = get(&pages, &path, ip).await;
@@ -912,15 +916,23 @@ async fn sign_in_issues_a_fresh_session_id() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    // Only hashes are in the store.
+    // Only hashes are in the store: the signed-in session is there, under
+    // the SHA-256 of its id (so the scan below has something to look at),
+    // and no key or record holds the id itself.
     let id = after.split_once('=').unwrap().1;
-    for (k, v) in credbroker::store::Store::scan_prefix(
+    let rows = credbroker::internals::store::Store::scan_prefix(
         s.inst.broker.store.as_ref(),
-        credbroker::store::Tree::Sessions,
+        credbroker::internals::store::Tree::Sessions,
         b"",
     )
-    .unwrap()
-    {
+    .unwrap();
+    let hashed = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, id.as_bytes());
+    assert!(
+        rows.iter().any(|(k, _)| k.as_slice() == hashed.as_ref()),
+        "no session stored under the hash of the new id ({} rows)",
+        rows.len()
+    );
+    for (k, v) in rows {
         assert!(
             !String::from_utf8_lossy(&k).contains(id) && !String::from_utf8_lossy(&v).contains(id)
         );

@@ -5,3 +5,4 @@ mod cli;
 mod e2e;
 mod http;
 mod oidc;
+mod real_services;

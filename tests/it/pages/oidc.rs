@@ -11,9 +11,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::support::pages::*;
-use credbroker::jose::Es256Key;
-use credbroker::pages::links::LinkKind;
-use credbroker::subject::Person;
+use credbroker::internals::jose::Es256Key;
+use credbroker::internals::pages::links::LinkKind;
+use credbroker::internals::subject::Person;
 
 const CLIENT_ID: &str = "credbroker-pages";
 const CLIENT_SECRET: &str = "idp-client-secret-canary";
@@ -152,9 +152,9 @@ async fn serve_idp(listener: tokio::net::TcpListener, idp: Arc<Idp>) {
                                     r#"{"error":"invalid_grant"}"#.into(),
                                 ));
                             };
-                            let pkce_ok =
-                                credbroker::jose::sha256_b64(f["code_verifier"].as_bytes())
-                                    == aq["code_challenge"];
+                            let pkce_ok = credbroker::internals::jose::sha256_b64(
+                                f["code_verifier"].as_bytes(),
+                            ) == aq["code_challenge"];
                             if !pkce_ok || f["redirect_uri"] != aq["redirect_uri"] {
                                 return Ok(resp(400, &[], r#"{"error":"invalid_grant"}"#.into()));
                             }
@@ -218,7 +218,8 @@ async fn setup() -> (PagesServer, Arc<Idp>) {
     .await;
     // The secret file is read when needed (mode 0600).
     let p = s.dir.path().join("idp-secret");
-    credbroker::config::write_secret_file(&p, format!("{CLIENT_SECRET}\n").as_bytes()).unwrap();
+    credbroker::internals::config::write_secret_file(&p, format!("{CLIENT_SECRET}\n").as_bytes())
+        .unwrap();
     (s, idp)
 }
 
@@ -508,7 +509,7 @@ async fn refused_callbacks_are_recorded_within_a_budget_and_offer_a_restart() {
         "127.0.0.1",
         "who sent it"
     );
-    let budget = credbroker::pages::limits::SIGNIN_FAILED_PER_MINUTE as usize;
+    let budget = credbroker::internals::pages::limits::SIGNIN_FAILED_PER_MINUTE as usize;
     for _ in 0..budget + 20 {
         c.get(s.url("/signin/callback?state=x"))
             .send()
@@ -566,8 +567,11 @@ async fn a_link_sign_in_at_oidc_provider_signs_in_once() {
         ..Setup::default()
     })
     .await;
-    credbroker::config::write_secret_file(&s.dir.path().join("idp-secret"), secret.as_bytes())
-        .unwrap();
+    credbroker::internals::config::write_secret_file(
+        &s.dir.path().join("idp-secret"),
+        secret.as_bytes(),
+    )
+    .unwrap();
     let person = Person {
         iss: issuer.clone(),
         sub: "alice".into(),

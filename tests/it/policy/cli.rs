@@ -32,7 +32,7 @@ fn policy(dir: &Path, args: &[&str]) -> (i32, String) {
 }
 
 fn short_hash(path: &Path) -> String {
-    credbroker::jose::sha256_hex(&std::fs::read(path).unwrap())[..12].to_string()
+    credbroker::internals::jose::sha256_hex(&std::fs::read(path).unwrap())[..12].to_string()
 }
 
 /// A temp dir holding copies of the examples, so paths in messages are short.
@@ -267,7 +267,7 @@ fn check_github_example_warns_about_provider_tokens() {
     let (code, out) = policy(d.path(), &["check", "repo-helper-github.toml"]);
     assert_eq!(code, 0, "{out}");
     assert!(
-        out.contains(credbroker::policy::lint::PROVIDER_TOKEN_WARNING),
+        out.contains(credbroker::internals::policy::lint::PROVIDER_TOKEN_WARNING),
         "provider_token must be warned about:\n{out}"
     );
     assert_eq!(

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 use credbroker::client::Answer;
-use credbroker::jose::sha256_hex;
+use credbroker::internals::jose::sha256_hex;
 
 /// A good version `i`: `notes.read` everywhere, a probe tool that only
 /// version `i` has, and `notes.audit` last, whose `ttl` line ends the file:
@@ -131,7 +131,7 @@ async fn wait_async(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) 
 
 async fn issued(
     b: &TestBroker,
-    k: &credbroker::jose::Es256Key,
+    k: &credbroker::internals::jose::Es256Key,
     subject: &str,
     tool: &str,
 ) -> Result<i64, String> {
@@ -299,7 +299,7 @@ async fn reload_under_load_never_answers_from_a_broken_policy() {
                 let bytes = broken(*kind, version + 100);
                 forbidden.insert(sha256_hex(&bytes));
                 assert!(
-                    credbroker::policy::Policy::parse(std::path::Path::new("x"), &bytes)
+                    credbroker::internals::policy::Policy::parse(std::path::Path::new("x"), &bytes)
                         .map(|p| p.agent != "repo-helper" || bytes.len() > 1024 * 1024)
                         .unwrap_or(true),
                     "{kind:?} must be a version the broker refuses"
@@ -457,7 +457,7 @@ steps = ["apply_confirmed"]
 
 async fn refused(
     b: &TestBroker,
-    k: &credbroker::jose::Es256Key,
+    k: &credbroker::internals::jose::Es256Key,
     s: &str,
     step: &str,
     tool: &str,
@@ -632,7 +632,7 @@ async fn reload_refuses_a_policy_for_another_agent_and_a_frozen_file_freezes() {
     let b = TestBroker::start();
     let k = key();
     let start = b.policy_hash();
-    let other = credbroker::cli::QUICKSTART_POLICY
+    let other = credbroker::internals::cli::QUICKSTART_POLICY
         .replace("agent = \"repo-helper\"", "agent = \"mail-agent\"");
     b.replace_policy(other.as_bytes());
     b.sighup();
@@ -655,7 +655,7 @@ async fn reload_refuses_a_policy_for_another_agent_and_a_frozen_file_freezes() {
     b.derive_ok(&k).await;
 
     // A reloaded `frozen = true` denies everything, and says so.
-    let frozen = credbroker::cli::QUICKSTART_POLICY.replace(
+    let frozen = credbroker::internals::cli::QUICKSTART_POLICY.replace(
         "agent = \"repo-helper\"",
         "agent = \"repo-helper\"\nfrozen = true",
     );
@@ -688,7 +688,7 @@ async fn reload_refuses_a_policy_for_another_agent_and_a_frozen_file_freezes() {
         .unwrap();
     assert_eq!(reloaded["policy_hash"], fh.as_str());
     // Positive control: unfreezing by reload works again.
-    b.replace_policy(credbroker::cli::QUICKSTART_POLICY.as_bytes());
+    b.replace_policy(credbroker::internals::cli::QUICKSTART_POLICY.as_bytes());
     b.sighup();
     wait_until(Duration::from_secs(10), "the unfrozen policy", || {
         b.policy_hash() == start

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use credbroker::policy::Policy;
+use credbroker::internals::policy::Policy;
 
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
@@ -205,7 +205,7 @@ fn loader_and_schema_agree_on_the_fixtures() {
 fn examples_and_quickstart_policy_are_valid() {
     let dir = tempfile::tempdir().unwrap();
     let quick = dir.path().join("quickstart.toml");
-    std::fs::write(&quick, credbroker::cli::QUICKSTART_POLICY).unwrap();
+    std::fs::write(&quick, credbroker::internals::cli::QUICKSTART_POLICY).unwrap();
     let mut files = vec![quick];
     for e in std::fs::read_dir(repo("policy/examples")).unwrap() {
         let p = e.unwrap().path();

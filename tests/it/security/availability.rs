@@ -547,7 +547,7 @@ async fn rate_limit_per_person_and_tool_with_retry_after() {
 }
 
 fn per_peer_limit_two_peers(text: String) -> String {
-    let me = credbroker::unix::current_uid();
+    let me = credbroker::internals::unix::current_uid();
     let socket = match other_user() {
         Some(o) => format!(
             "[socket]\nallowed_uids = [{me}, {}]\ngroup = \"{}\"\n",
@@ -646,7 +646,7 @@ async fn slow_body_after_complete_headers_dropped_at_the_timeout() {
 }
 
 fn refuse_our_uid(text: String) -> String {
-    let me = credbroker::unix::current_uid();
+    let me = credbroker::internals::unix::current_uid();
     let other = if me == 65534 { 65533 } else { 65534 };
     text.replacen(
         "[socket]\n",

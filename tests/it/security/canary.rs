@@ -13,9 +13,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::support::*;
-use credbroker::dpop::make_proof;
-use credbroker::jose::b64e;
-use credbroker::secret::{SecretBytes, SecretString};
+use credbroker::internals::dpop::make_proof;
+use credbroker::internals::jose::b64e;
+use credbroker::internals::secret::{SecretBytes, SecretString};
 use serde_json::json;
 
 /// Every canary starts with this; no legitimate output contains it.
@@ -116,13 +116,13 @@ async fn no_secret_in_logs_events_metrics_error_bodies_or_store() {
     let (dir, config) = prepare(&Opts::default());
     let master = dir.path().join("keys/master.key");
     std::fs::remove_file(&master).unwrap();
-    credbroker::config::write_secret_file(&master, MASTER).unwrap();
+    credbroker::internals::config::write_secret_file(&master, MASTER).unwrap();
     let mut b = TestBroker::spawn(dir, config, Some("debug"));
     let mut w = Watch::default();
     for s in pem_secrets(&std::fs::read_to_string(b.path("keys/dev-issuer.pem")).unwrap()) {
         w.secret(&s);
     }
-    let dev = credbroker::cli::load_pem_key(&b.path("keys/dev-issuer.pem")).unwrap();
+    let dev = credbroker::internals::cli::load_pem_key(&b.path("keys/dev-issuer.pem")).unwrap();
     let k = key();
 
     // Good derives: canaries in the subject token's claims and in the
@@ -160,11 +160,14 @@ async fn no_secret_in_logs_events_metrics_error_bodies_or_store() {
     w.secret(&p);
     let base_form = |st: &str| {
         vec![
-            ("grant_type", credbroker::api::TOKEN_EXCHANGE.to_string()),
+            (
+                "grant_type",
+                credbroker::internals::api::TOKEN_EXCHANGE.to_string(),
+            ),
             ("subject_token", st.to_string()),
             (
                 "subject_token_type",
-                credbroker::api::ACCESS_TOKEN_TYPE.to_string(),
+                credbroker::internals::api::ACCESS_TOKEN_TYPE.to_string(),
             ),
             ("resource", RESOURCE.to_string()),
             ("step", "summarize".to_string()),
@@ -395,7 +398,7 @@ async fn config_errors_never_echo_a_misplaced_secret() {
             !stderr.contains(MARK),
             "{what}: the value was echoed: {stderr}"
         );
-        let err = credbroker::config::Config::parse(&config, &text).unwrap_err();
+        let err = credbroker::internals::config::Config::parse(&config, &text).unwrap_err();
         assert!(!format!("{err} {err:?}").contains(MARK), "{what}: {err:?}");
     }
     // Positive control: the original config serves.
@@ -415,7 +418,7 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
     // Requests, parsed the way the socket parses them.
     let subject = format!("{CLAIM}.{CLAIM}.{CLAIM}");
     let body = json!({"subject_token": subject, "step": "s", "tool": "t", "resource": RESOURCE});
-    let req = credbroker::api::parse_json(
+    let req = credbroker::internals::api::parse_json(
         body.to_string().as_bytes(),
         Some(SecretString::new(JTI.into())),
         0,
@@ -428,35 +431,44 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
         "{rendered}"
     );
     let form = form(&[
-        ("grant_type", credbroker::api::TOKEN_EXCHANGE),
+        ("grant_type", credbroker::internals::api::TOKEN_EXCHANGE),
         ("subject_token", &subject),
-        ("subject_token_type", credbroker::api::ACCESS_TOKEN_TYPE),
+        (
+            "subject_token_type",
+            credbroker::internals::api::ACCESS_TOKEN_TYPE,
+        ),
         ("resource", RESOURCE),
         ("step", "s"),
         ("tool", "t"),
     ]);
-    let req = credbroker::api::parse_form(form.as_bytes(), Some(SecretString::new(JTI.into())), 0)
-        .unwrap();
+    let req = credbroker::internals::api::parse_form(
+        form.as_bytes(),
+        Some(SecretString::new(JTI.into())),
+        0,
+    )
+    .unwrap();
     assert_redacted("DeriveRequest (form)", format!("{req:?}"));
     // Errors of the request parsers, quoting nothing they were given.
     let mut bad = body.clone();
     bad[FIELD] = json!(FIELD);
-    let e = credbroker::api::parse_json(bad.to_string().as_bytes(), None, 0).unwrap_err();
+    let e =
+        credbroker::internals::api::parse_json(bad.to_string().as_bytes(), None, 0).unwrap_err();
     assert_redacted("DeriveError (unknown member)", format!("{e} {e:?}"));
     let e =
-        credbroker::api::parse_form(format!("grant_type={FIELD}").as_bytes(), None, 0).unwrap_err();
+        credbroker::internals::api::parse_form(format!("grant_type={FIELD}").as_bytes(), None, 0)
+            .unwrap_err();
     assert_redacted("DeriveError (grant_type)", format!("{e} {e:?}"));
-    let e = credbroker::api::error_response(&e);
+    let e = credbroker::internals::api::error_response(&e);
     assert_redacted("error response", format!("{e:?}"));
 
     // Answers and tokens.
     let token: credbroker::client::Token = serde_json::from_value(json!({
-        "access_token": CLAIM, "token_type": "DPoP", "issued_token_type": credbroker::api::ACCESS_TOKEN_TYPE,
+        "access_token": CLAIM, "token_type": "DPoP", "issued_token_type": credbroker::internals::api::ACCESS_TOKEN_TYPE,
         "expires_in": 300, "scope": "s",
     }))
     .unwrap();
     assert_redacted("client::Token", format!("{token:?}"));
-    let issued = credbroker::exchange::Issued {
+    let issued = credbroker::internals::exchange::Issued {
         access_token: SecretString::new(CLAIM.into()),
         expires_in: Some(1),
         scope: "s".into(),
@@ -464,7 +476,7 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
         sender_constrained: false,
     };
     assert_redacted("exchange::Issued", format!("{issued:?}"));
-    let minted = credbroker::mint::Minted {
+    let minted = credbroker::internals::mint::Minted {
         token: SecretString::new(CLAIM.into()),
         jti: "j".into(),
     };
@@ -479,7 +491,7 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
     );
 
     // Keys.
-    let (es, pkcs8) = credbroker::jose::Es256Key::generate().unwrap();
+    let (es, pkcs8) = credbroker::internals::jose::Es256Key::generate().unwrap();
     let rendered = format!("{es:?}");
     for enc in [hex::encode(pkcs8.expose()), b64e(pkcs8.expose())] {
         assert!(
@@ -488,23 +500,28 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
         );
     }
     assert!(rendered.contains(&es.kid));
-    let sealer = credbroker::seal::Sealer::new(&SecretBytes::new(MASTER.to_vec()), &[]).unwrap();
+    let sealer =
+        credbroker::internals::seal::Sealer::new(&SecretBytes::new(MASTER.to_vec()), &[]).unwrap();
     let rendered = format!("{sealer:?}");
     assert_redacted("Sealer", rendered.clone());
     assert!(
         !rendered.contains(&hex::encode(MASTER)) && !rendered.contains(&b64e(MASTER)),
         "{rendered}"
     );
-    let nonces = credbroker::dpop::Nonces::new(&SecretBytes::new(MASTER.to_vec()));
+    let nonces = credbroker::internals::dpop::Nonces::new(&SecretBytes::new(MASTER.to_vec()));
     assert_redacted("Nonces", format!("{nonces:?}"));
 
     // Errors of the JOSE, DPoP and resource-server layers, fed canaries.
-    let e = credbroker::jose::parse(&subject, 16 * 1024).unwrap_err();
+    let e = credbroker::internals::jose::parse(&subject, 16 * 1024).unwrap_err();
     assert_redacted("JoseError", format!("{e} {e:?}"));
     let k = key();
-    let v = credbroker::dpop::Validator::new(vec![credbroker::jose::Alg::ES256], 64, None);
+    let v = credbroker::internals::dpop::Validator::new(
+        vec![credbroker::internals::jose::Alg::ES256],
+        64,
+        None,
+    );
     let mut pc = json!({"jti": JTI, "htm": "POST", "htu": HTU, "iat": now()});
-    let expect = credbroker::dpop::Expect {
+    let expect = credbroker::internals::dpop::Expect {
         method: "POST",
         htu: "http://b.example/v1/derive",
         access_token: None,
@@ -521,7 +538,7 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
         .expect("positive control: the proof is valid");
     let e = v.validate(&p, &expect).unwrap_err();
     assert_redacted("DpopError (replay)", format!("{e} {e:?}"));
-    let d = credbroker::exchange::DeriveError::Proof(e, None);
+    let d = credbroker::internals::exchange::DeriveError::Proof(e, None);
     assert_redacted("DeriveError::Proof", format!("{d} {d:?}"));
     let rs = credbroker::verify::Verifier::from_jwks(
         "http://b.example",
@@ -552,11 +569,13 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
 
     // Subject-token errors, from the validator the binary uses.
     let (dir, config) = prepare(&Opts::default());
-    let cfg = credbroker::config::Config::load(&config).unwrap();
-    let subjects = credbroker::subject::Validator::new(&cfg.trusted_issuers, Box::new(|_| false))
-        .await
-        .unwrap();
-    let dev = credbroker::cli::load_pem_key(&dir.path().join("keys/dev-issuer.pem")).unwrap();
+    let cfg = credbroker::internals::config::Config::load(&config).unwrap();
+    let subjects =
+        credbroker::internals::subject::Validator::new(&cfg.trusted_issuers, Box::new(|_| false))
+            .await
+            .unwrap();
+    let dev =
+        credbroker::internals::cli::load_pem_key(&dir.path().join("keys/dev-issuer.pem")).unwrap();
     let claims = json!({"iss": cfg.issuer, "sub": "alice", "aud": CLAIM, "exp": now() + 60, "canary": CLAIM});
     let h = json!({"alg": "ES256", "typ": "at+jwt", "kid": dev.kid});
     for st in [
@@ -566,11 +585,11 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
     ] {
         let e = subjects.validate(&st, now()).await.unwrap_err();
         assert_redacted("SubjectError", format!("{e} {e:?}"));
-        let d = credbroker::exchange::DeriveError::Subject(e);
+        let d = credbroker::internals::exchange::DeriveError::Subject(e);
         assert_redacted("DeriveError::Subject", format!("{d} {d:?}"));
     }
     // Positive control: the validator accepts a good token from that issuer.
-    let good = credbroker::cli::dev_subject_token(dir.path(), "alice", 60).unwrap();
+    let good = credbroker::internals::cli::dev_subject_token(dir.path(), "alice", 60).unwrap();
     assert_eq!(
         subjects.validate(&good, now()).await.unwrap().0.person.sub,
         "alice"

@@ -9,7 +9,7 @@
 
 use crate::support::*;
 use credbroker::client::{Answer, DeriveParams};
-use credbroker::dpop::{make_proof, DpopError};
+use credbroker::internals::dpop::{make_proof, DpopError};
 use credbroker::verify::{Presented, Verifier, VerifyError};
 use serde_json::json;
 
@@ -173,11 +173,11 @@ async fn dpop_proof_jwk_private_symmetric_off_curve_or_mismatched() {
     let k = key();
     let good = proof_jwk(&k);
     let mut with_d = good.clone();
-    with_d["d"] = json!(credbroker::jose::b64e(&random_bytes(32)));
+    with_d["d"] = json!(credbroker::internals::jose::b64e(&random_bytes(32)));
     let mut off_curve = good.clone();
-    let mut y = credbroker::jose::b64d(good["y"].as_str().unwrap(), "y").unwrap();
+    let mut y = credbroker::internals::jose::b64d(good["y"].as_str().unwrap(), "y").unwrap();
     y[31] ^= 1;
-    off_curve["y"] = json!(credbroker::jose::b64e(&y));
+    off_curve["y"] = json!(credbroker::internals::jose::b64e(&y));
     let mut p384 = good.clone();
     p384["crv"] = json!("P-384");
     let mut alg_rs = good.clone();
@@ -196,7 +196,7 @@ async fn dpop_proof_jwk_private_symmetric_off_curve_or_mismatched() {
         ("private key (d)", with_d),
         (
             "oct key",
-            json!({"kty": "oct", "k": credbroker::jose::b64e(&random_bytes(32))}),
+            json!({"kty": "oct", "k": credbroker::internals::jose::b64e(&random_bytes(32))}),
         ),
         ("not an object", json!("a string")),
         ("an array", json!([good.clone()])),
@@ -409,7 +409,7 @@ async fn dpop_nonce_missing_or_stale_when_required() {
 
     // Stale nonces: an old time bucket under the server's own tag, one
     // from a bucket long past, garbage, and the nonce of another instance.
-    let raw = credbroker::jose::b64d(&fresh, "nonce").unwrap();
+    let raw = credbroker::internals::jose::b64d(&fresh, "nonce").unwrap();
     assert!(raw.len() > 8, "nonce = bucket || tag");
     let bucket = i64::from_be_bytes(raw[..8].try_into().unwrap());
     let mut old = (bucket - 2).to_be_bytes().to_vec();
@@ -423,8 +423,14 @@ async fn dpop_nonce_missing_or_stale_when_required() {
         .expect("other's nonce")
         .to_string();
     for (what, nonce) in [
-        ("nonce of an older bucket", credbroker::jose::b64e(&old)),
-        ("random nonce", credbroker::jose::b64e(&random_bytes(24))),
+        (
+            "nonce of an older bucket",
+            credbroker::internals::jose::b64e(&old),
+        ),
+        (
+            "random nonce",
+            credbroker::internals::jose::b64e(&random_bytes(24)),
+        ),
         ("nonce of another instance", foreign),
         ("empty nonce", String::new()),
     ] {
@@ -448,15 +454,18 @@ fn dpop_nonce_from_two_buckets_ago_is_stale() {
     // A genuinely stale nonce needs the server's key and up to 60 s of
     // waiting; the running binary's nonces are checked above, the time
     // rule here, with the same type the binary uses.
-    let n = credbroker::dpop::Nonces::new(&credbroker::secret::SecretBytes::new(random_bytes(32)));
+    let n = credbroker::internals::dpop::Nonces::new(
+        &credbroker::internals::secret::SecretBytes::new(random_bytes(32)),
+    );
     let t = 1_800_000_000;
     let nonce = n.issue(t);
     assert!(n.check(&nonce, t));
     assert!(n.check(&nonce, t + 30), "valid in the next bucket");
     assert!(!n.check(&nonce, t + 60), "stale two buckets later");
     assert!(!n.check(&nonce, t - 30), "not valid before it was issued");
-    let other =
-        credbroker::dpop::Nonces::new(&credbroker::secret::SecretBytes::new(random_bytes(32)));
+    let other = credbroker::internals::dpop::Nonces::new(
+        &credbroker::internals::secret::SecretBytes::new(random_bytes(32)),
+    );
     assert!(!other.check(&nonce, t), "bound to the key that made it");
 }
 
@@ -497,7 +506,7 @@ async fn resource_server_proof_without_ath_or_ath_of_another_token() {
         "ath of another token"
     );
     let mut c = claims_of(&no_ath);
-    c["ath"] = json!(credbroker::jose::sha256_hex(token.as_bytes()));
+    c["ath"] = json!(credbroker::internals::jose::sha256_hex(token.as_bytes()));
     c["jti"] = json!("hex-ath");
     assert_eq!(
         present(&proof_with(&k, json!({}), &c)),
@@ -665,7 +674,15 @@ async fn dpop_replay_cache_full_refuses_rather_than_forgets() {
     }
     let r = full.expect("64 proofs fitted in a cache of 16");
     r.assert_refused(503, "temporarily_unavailable", "replay cache full");
-    assert!(served.len() <= 16);
+    // At least one proof was served before the refusal (none would make the
+    // replay checks below vacuous), and never more than the capacity. The
+    // count is not exactly 16: the cache is sharded (16 shards of one entry
+    // here) and a full shard refuses, so the first collision refuses.
+    assert!(
+        (1..=16).contains(&served.len()),
+        "proofs served before the cache was full: {}",
+        served.len()
+    );
     // Every proof already served is still remembered.
     for p in &served {
         derive_with(&b, p).assert_refused(

@@ -6,12 +6,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::support::*;
-use credbroker::api::{ACCESS_TOKEN_TYPE, JWT_TOKEN_TYPE, TOKEN_EXCHANGE};
-use credbroker::dpop::make_proof;
+use credbroker::internals::api::{ACCESS_TOKEN_TYPE, JWT_TOKEN_TYPE, TOKEN_EXCHANGE};
+use credbroker::internals::dpop::make_proof;
 use credbroker::verify::{Presented, Verifier};
 use serde_json::json;
 
-fn token_proof(b: &TestBroker, k: &credbroker::jose::Es256Key) -> String {
+fn token_proof(b: &TestBroker, k: &credbroker::internals::jose::Es256Key) -> String {
     make_proof(k, "POST", &format!("{}/token", b.issuer), now(), None, None).unwrap()
 }
 
@@ -229,11 +229,11 @@ async fn subject_token_expired_forged_untrusted_or_revoked() {
     // revocation a self-contained JWT has); a token it signed is refused.
     let old_token = b.subject_token("alice");
     derive(&b, &old_token).assert_issued("before the key is revoked");
-    let (new_key, pkcs8) = credbroker::jose::Es256Key::generate().unwrap();
+    let (new_key, pkcs8) = credbroker::internals::jose::Es256Key::generate().unwrap();
     std::fs::remove_file(b.path("keys/dev-issuer.pem")).unwrap();
-    credbroker::config::write_secret_file(
+    credbroker::internals::config::write_secret_file(
         &b.path("keys/dev-issuer.pem"),
-        credbroker::cli::pem_pkcs8(pkcs8.expose()).as_bytes(),
+        credbroker::internals::cli::pem_pkcs8(pkcs8.expose()).as_bytes(),
     )
     .unwrap();
     std::fs::write(
@@ -421,7 +421,7 @@ async fn issued_token_claims_are_exact() {
 }
 
 fn allow_only_another_uid(text: String) -> String {
-    let me = credbroker::unix::current_uid();
+    let me = credbroker::internals::unix::current_uid();
     let other = if me == 65534 { 65533 } else { 65534 };
     text.replacen(
         "[socket]\n",

@@ -7,7 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::support::*;
-use credbroker::jose::{b64d, b64e, Es256Key};
+use credbroker::internals::jose::{b64d, b64e, Es256Key};
 use serde_json::json;
 
 /// Derives the known-good request with `subject` and a fresh valid proof.
@@ -106,7 +106,7 @@ fn base64_std(bytes: &[u8]) -> String {
 #[tokio::test]
 async fn subject_token_alg_none_with_signature() {
     let b = TestBroker::start();
-    let dev = credbroker::cli::load_pem_key(&b.path("keys/dev-issuer.pem")).unwrap();
+    let dev = credbroker::internals::cli::load_pem_key(&b.path("keys/dev-issuer.pem")).unwrap();
     let claims = b.subject_claims("mallory");
     for alg in ["none", "None", "NONE", "nOnE"] {
         let h = json!({"alg": alg, "typ": "at+jwt", "kid": dev.kid});
@@ -195,7 +195,7 @@ async fn subject_token_jku_x5u_x5c_jwk_headers_ignored() {
     listener.set_nonblocking(true).unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let attacker = key();
-    let dev = credbroker::cli::load_pem_key(&b.path("keys/dev-issuer.pem")).unwrap();
+    let dev = credbroker::internals::cli::load_pem_key(&b.path("keys/dev-issuer.pem")).unwrap();
     let claims = b.subject_claims("mallory");
     let fake_cert = base64_std(b"not really a certificate, but the broker must not even look");
     let pointers = [
@@ -234,7 +234,7 @@ async fn subject_token_jku_x5u_x5c_jwk_headers_ignored() {
 #[tokio::test]
 async fn subject_token_huge_deeply_nested_or_with_iat_1e400() {
     let mut b = TestBroker::start();
-    let dev = credbroker::cli::load_pem_key(&b.path("keys/dev-issuer.pem")).unwrap();
+    let dev = credbroker::internals::cli::load_pem_key(&b.path("keys/dev-issuer.pem")).unwrap();
     let header = format!(r#"{{"alg":"ES256","typ":"at+jwt","kid":"{}"}}"#, dev.kid);
 
     // 1 MB token: the body cap answers before anything is parsed.
@@ -250,7 +250,7 @@ async fn subject_token_huge_deeply_nested_or_with_iat_1e400() {
     let r = with_subject(&b, &b.subject_with(&claims));
     r.assert_refused(400, "invalid_request", "20 KB subject token");
     // The same size cap on the RFC 8693 form.
-    let p = credbroker::dpop::make_proof(
+    let p = credbroker::internals::dpop::make_proof(
         &key(),
         "POST",
         &format!("{}/token", b.issuer),
@@ -262,9 +262,12 @@ async fn subject_token_huge_deeply_nested_or_with_iat_1e400() {
     let big = b.subject_with(&claims);
     b.post_token(
         &[
-            ("grant_type", credbroker::api::TOKEN_EXCHANGE),
+            ("grant_type", credbroker::internals::api::TOKEN_EXCHANGE),
             ("subject_token", &big),
-            ("subject_token_type", credbroker::api::ACCESS_TOKEN_TYPE),
+            (
+                "subject_token_type",
+                credbroker::internals::api::ACCESS_TOKEN_TYPE,
+            ),
             ("resource", RESOURCE),
             ("step", "summarize"),
             ("tool", "notes.read"),
@@ -371,7 +374,7 @@ async fn subject_token_huge_deeply_nested_or_with_iat_1e400() {
 #[tokio::test]
 async fn subject_token_with_crit_header() {
     let b = TestBroker::start();
-    let dev = credbroker::cli::load_pem_key(&b.path("keys/dev-issuer.pem")).unwrap();
+    let dev = credbroker::internals::cli::load_pem_key(&b.path("keys/dev-issuer.pem")).unwrap();
     let claims = b.subject_claims("alice");
     for (what, extra) in [
         (

@@ -1,4 +1,5 @@
 //! Attack and bad-input cases against the running binary, by group.
+mod at_rest;
 mod availability;
 mod canary;
 mod dpop;

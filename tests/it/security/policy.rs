@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::support::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// Derives with an arbitrary step/tool/resource/scope for alice.
 fn ask(b: &TestBroker, step: &str, tool: &str, resource: &str, scope: Option<&str>) -> HttpAnswer {
@@ -255,11 +255,26 @@ async fn broken_policy_reload_under_load_keeps_the_last_good_policy() {
         0,
         "no broken version was loaded"
     );
-    assert!(b
+    // One derive.issued event per token issued (the first derive and every
+    // notes.read of the load), each under the good policy's hash.
+    let issued: Vec<Value> = b
         .audit_lines()
-        .iter()
+        .into_iter()
         .filter(|e| e["event"] == "derive.issued")
-        .all(|e| e["policy_hash"] == good_hash));
+        .collect();
+    let answered = answers
+        .iter()
+        .filter(|(_, a)| matches!(a, credbroker::client::Answer::Issued(_)))
+        .count();
+    assert!(
+        answered > 0,
+        "the load got no token while the file was rewritten"
+    );
+    assert_eq!(issued.len(), 1 + answered, "{issued:?}");
+    assert!(
+        issued.iter().all(|e| e["policy_hash"] == good_hash),
+        "{issued:?}"
+    );
     // Positive control: a good new version is taken, atomically, with its hash.
     std::fs::write(
         &path,
@@ -451,11 +466,14 @@ async fn tool_asked_for_in_a_step_its_policy_does_not_list() {
         let r = ask(&b, step, tool, RESOURCE, None);
         denied(&r, "step_not_allowed", &format!("{tool} in {step}"));
     }
+    // One event per refusal, each with the reason (an empty or unreadable
+    // audit log must not pass).
     let events = b.audit_lines();
+    assert_eq!(events.len(), 4, "{events:?}");
     assert!(
-        events
-            .iter()
-            .all(|e| e["outcome"] == "denied" && e["reason"] == "step_not_allowed"),
+        events.iter().all(|e| e["event"] == "derive.denied"
+            && e["outcome"] == "denied"
+            && e["reason"] == "step_not_allowed"),
         "{events:?}"
     );
     // Positive controls: the same tools in their listed steps.

@@ -139,7 +139,7 @@ async fn ciphertext_copied_into_another_record_is_reported_and_not_served() {
         let parts = env.open_parts();
         let store = parts.vault.store().clone();
         let recs = store
-            .scan_prefix(credbroker::store::Tree::Accounts, b"")
+            .scan_prefix(credbroker::internals::store::Tree::Accounts, b"")
             .unwrap();
         let find = |sub: &str| {
             recs.iter()
@@ -154,7 +154,7 @@ async fn ciphertext_copied_into_another_record_is_reported_and_not_served() {
         m["sealed"] = a["sealed"].clone();
         store
             .put(
-                credbroker::store::Tree::Accounts,
+                credbroker::internals::store::Tree::Accounts,
                 &mk,
                 &serde_json::to_vec(&m).unwrap(),
             )

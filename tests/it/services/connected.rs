@@ -1,6 +1,6 @@
 //! The `service` source end to end: the real broker binary, a real OAuth
 //! provider (oidc-provider) as the third-party service, and the link
-//! finished the way the pages will finish it.
+//! finished through the real pages over HTTP.
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -188,20 +188,32 @@ async fn revoked_grant_becomes_reconnect_required_and_is_not_retried() {
     let r3 = refused(env.derive(&k, "alice", "acme.org").await);
     assert_eq!(r3.reason.as_deref(), Some("reconnect_required"));
     assert_ne!(r3.connect_uri, allow.connect_uri);
-    // ...and its old code no longer resolves.
-    env.broker.stop();
-    {
-        let parts = env.open_parts();
-        let old = allow
-            .connect_uri
-            .as_deref()
-            .unwrap()
-            .rsplit('/')
-            .next()
-            .unwrap();
-        assert!(parts.links.resolve(old, now()).unwrap().is_none());
-    }
-    env.broker.restart();
+    // ...and its old code no longer opens a page, while the new one does
+    // (it asks to sign in).
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let page = |uri: &str| {
+        let url = format!(
+            "{}{}",
+            env.broker.public,
+            &uri[uri.find("/connect/").unwrap()..]
+        );
+        let browser = browser.clone();
+        async move { browser.get(url).send().await.unwrap() }
+    };
+    assert_eq!(
+        page(allow.connect_uri.as_deref().unwrap()).await.status(),
+        404
+    );
+    let open = page(r3.connect_uri.as_deref().unwrap()).await;
+    assert!(
+        open.status().is_redirection()
+            && crate::support::services::location(&open).starts_with("/signin"),
+        "{}",
+        open.status()
+    );
 
     // Positive control: reconnecting (same account) makes derives work again.
     env.peer.set_access_ttl(3600).await;

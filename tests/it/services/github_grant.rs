@@ -10,12 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::support::oidc::secret_file;
-use credbroker::config::{AccountLookup, ClientAuth, Endpoints, ProviderConfig};
-use credbroker::secret::SecretString;
-use credbroker::store::{SledStore, Store};
-use credbroker::subject::Person;
-use credbroker::upstream::{AccountInfo, Provider, TokenSet};
-use credbroker::vault::{TokenOutcome, TokenRequest, Vault};
+use credbroker::internals::config::{AccountLookup, ClientAuth, Endpoints, ProviderConfig};
+use credbroker::internals::secret::SecretString;
+use credbroker::internals::store::{SledStore, Store};
+use credbroker::internals::subject::Person;
+use credbroker::internals::upstream::{AccountInfo, Provider, TokenSet};
+use credbroker::internals::vault::{TokenOutcome, TokenRequest, Vault};
 
 const CLIENT_ID: &str = "Iv1.standin";
 const CLIENT_SECRET: &str = "github-client-secret-canary";
@@ -210,9 +210,15 @@ async fn github_disconnect_deletes_the_application_grant_and_says_so() {
 
     // GitHub knows no grant for the token (already revoked there): the
     // report says it was not deleted there, and the account is kept.
-    let r = credbroker::connect::disconnect_account(&vault, Some(&p), &alice(), "github", false)
-        .await
-        .unwrap();
+    let r = credbroker::internals::connect::disconnect_account(
+        &vault,
+        Some(&p),
+        &alice(),
+        "github",
+        false,
+    )
+    .await
+    .unwrap();
     assert_eq!(r.revocation, "failed", "{}", r.message);
     assert!(!r.deleted);
     assert!(
@@ -225,9 +231,15 @@ async fn github_disconnect_deletes_the_application_grant_and_says_so() {
     // Positive control: a live grant is deleted, the report says exactly
     // that, and the account is deleted here.
     live.lock().unwrap().push(TOKEN.into());
-    let r = credbroker::connect::disconnect_account(&vault, Some(&p), &alice(), "github", false)
-        .await
-        .unwrap();
+    let r = credbroker::internals::connect::disconnect_account(
+        &vault,
+        Some(&p),
+        &alice(),
+        "github",
+        false,
+    )
+    .await
+    .unwrap();
     assert_eq!(r.revocation, "revoked", "{}", r.message);
     assert!(r.deleted);
     assert!(
@@ -281,7 +293,7 @@ async fn a_token_without_a_lifetime_is_rechecked_after_the_cap() {
     let vault = Vault::open(store, &dir.path().join("keys/vault")).unwrap();
     connect(&vault, &p);
     let t0 = crate::support::now();
-    let clock = credbroker::clock::ManualClock::new(t0 + 10);
+    let clock = credbroker::internals::clock::ManualClock::new(t0 + 10);
     let person = alice();
     let scopes = vec!["repo".to_string()];
     let req = TokenRequest {

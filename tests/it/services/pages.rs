@@ -5,25 +5,8 @@
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support::services::{issued, refused, ServiceEnv};
+use crate::support::services::{hidden, issued, location, refused, ServiceEnv};
 use crate::support::*;
-
-fn hidden(html: &str, name: &str) -> String {
-    let marker = format!("name=\"{name}\" value=\"");
-    let i = html
-        .find(&marker)
-        .unwrap_or_else(|| panic!("no {name} in {html}"))
-        + marker.len();
-    let j = html[i..].find('"').unwrap() + i;
-    html[i..j].to_string()
-}
-
-fn location(r: &reqwest::Response) -> String {
-    r.headers()
-        .get("location")
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default()
-}
 
 /// The browser: opens `path` on the pages, signing in as `name` when asked.
 async fn open_signed_in(
@@ -33,43 +16,7 @@ async fn open_signed_in(
     name: &str,
     password: &str,
 ) -> String {
-    let base = &env.broker.public;
-    let first = c.get(format!("{base}{path}")).send().await.unwrap();
-    if first.status() == 200 {
-        return first.text().await.unwrap();
-    }
-    assert!(first.status().is_redirection(), "{}", first.status());
-    let page = c
-        .get(format!(
-            "{base}/signin?return_to={}",
-            url::form_urlencoded::byte_serialize(path.as_bytes()).collect::<String>()
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(page.status(), 200);
-    let html = page.text().await.unwrap();
-    let r = c
-        .post(format!("{base}/signin"))
-        .header("sec-fetch-site", "same-origin")
-        .form(&[
-            ("csrf", hidden(&html, "csrf").as_str()),
-            ("return_to", path),
-            ("username", name),
-            ("password", password),
-        ])
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        r.status().is_redirection(),
-        "sign-in: {} {}",
-        r.status(),
-        r.text().await.unwrap()
-    );
-    let page = c.get(format!("{base}{path}")).send().await.unwrap();
-    assert_eq!(page.status(), 200);
-    page.text().await.unwrap()
+    crate::support::services::open_signed_in(c, &env.broker.public, path, name, password).await
 }
 
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! The provider client (`credbroker::upstream`) against a real OAuth
+//! The provider client (`credbroker::internals::upstream`) against a real OAuth
 //! provider: authorization URL with PKCE and state, code exchange, account
 //! name, refresh with rotation, revocation, discovery, and failures that
 //! must stay bounded.
@@ -8,8 +8,8 @@
 use std::time::{Duration, Instant};
 
 use crate::support::oidc::{secret_file, OidcPeer, CLIENT_ID};
-use credbroker::config::{AccountLookup, ClientAuth, Endpoints, ProviderConfig};
-use credbroker::upstream::{Provider, Revocation, UpstreamError};
+use credbroker::internals::config::{AccountLookup, ClientAuth, Endpoints, ProviderConfig};
+use credbroker::internals::upstream::{Provider, Revocation, UpstreamError};
 
 const REDIRECT: &str = "http://127.0.0.1:9/connect/callback/acme";
 
@@ -62,7 +62,7 @@ async fn code_flow_with_pkce_refresh_rotation_and_revocation() {
     assert_eq!(q["code_challenge_method"], "S256");
     assert_eq!(
         q["code_challenge"],
-        credbroker::upstream::pkce_challenge(req.verifier.expose())
+        credbroker::internals::upstream::pkce_challenge(req.verifier.expose())
     );
     assert_eq!(q["state"], *req.state.expose());
     assert_eq!(q["redirect_uri"], REDIRECT);
@@ -79,7 +79,11 @@ async fn code_flow_with_pkce_refresh_rotation_and_revocation() {
     );
     // The RFC 9207 check the pages run on a provider's callback.
     let iss_check = |got: Option<&str>| {
-        credbroker::oauth::check_callback_iss(p.config().issuer.as_deref(), ep.sends_iss, got)
+        credbroker::internals::oauth::check_callback_iss(
+            p.config().issuer.as_deref(),
+            ep.sends_iss,
+            got,
+        )
     };
     assert!(
         iss_check(Some("https://other-provider.example")).is_err(),

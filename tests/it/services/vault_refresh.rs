@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::oidc::{secret_file, OidcPeer, CLIENT_ID};
-use credbroker::clock::SystemClock;
-use credbroker::config::{AccountLookup, ClientAuth, ProviderConfig};
-use credbroker::store::{SledStore, Store, StoreError, Tree};
-use credbroker::subject::Person;
-use credbroker::upstream::Provider;
-use credbroker::vault::{AccountStatus, TokenOutcome, TokenRequest, Vault, VaultError};
+use credbroker::internals::clock::SystemClock;
+use credbroker::internals::config::{AccountLookup, ClientAuth, ProviderConfig};
+use credbroker::internals::store::{SledStore, Store, StoreError, Tree};
+use credbroker::internals::subject::Person;
+use credbroker::internals::upstream::Provider;
+use credbroker::internals::vault::{AccountStatus, TokenOutcome, TokenRequest, Vault, VaultError};
 
 const REDIRECT: &str = "http://127.0.0.1:9/connect/callback/acme";
 

@@ -12,15 +12,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use credbroker::client::{Answer, Client, DeriveParams};
-use credbroker::jose::Es256Key;
+use credbroker::internals::jose::Es256Key;
 
 use super::{form, now, random_bytes};
 
-pub const RESOURCE: &str = "http://127.0.0.1:9090/notes";
+pub(crate) const RESOURCE: &str = "http://127.0.0.1:9090/notes";
 
 /// Options for a test broker.
 #[derive(Default, Clone)]
-pub struct Opts {
+pub(crate) struct Opts {
     /// Replace the quick-start policy with this text.
     pub policy: Option<String>,
     /// Extra TOML appended to the config (new tables only).
@@ -38,7 +38,7 @@ pub struct Opts {
 }
 
 /// A running broker.
-pub struct TestBroker {
+pub(crate) struct TestBroker {
     pub dir: tempfile::TempDir,
     pub child: Child,
     pub config: PathBuf,
@@ -53,15 +53,15 @@ pub struct TestBroker {
     pub log_level: String,
 }
 
-pub fn bin() -> PathBuf {
+pub(crate) fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_credbroker"))
 }
 
 /// Writes the quick-start files (with `opts` applied) into a new temp dir
 /// without starting anything; returns the dir and the config path.
-pub fn prepare(opts: &Opts) -> (tempfile::TempDir, PathBuf) {
+pub(crate) fn prepare(opts: &Opts) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = credbroker::cli::quickstart_files(
+    let config = credbroker::internals::cli::quickstart_files(
         dir.path(),
         opts.public_listen.as_deref().unwrap_or("127.0.0.1:0"),
     )
@@ -81,7 +81,10 @@ pub fn prepare(opts: &Opts) -> (tempfile::TempDir, PathBuf) {
 /// Runs `credbroker serve --config <config>` and expects it to exit on its
 /// own (a refused start); returns its exit status and its stderr. Panics if
 /// it is still running after `timeout`.
-pub fn serve_expect_exit(config: &Path, timeout: Duration) -> (std::process::ExitStatus, String) {
+pub(crate) fn serve_expect_exit(
+    config: &Path,
+    timeout: Duration,
+) -> (std::process::ExitStatus, String) {
     let mut child = Command::new(bin())
         .args(["serve", "--config"])
         .arg(config)
@@ -112,19 +115,23 @@ pub fn serve_expect_exit(config: &Path, timeout: Duration) -> (std::process::Exi
 }
 
 impl TestBroker {
-    pub fn start() -> TestBroker {
+    pub(crate) fn start() -> TestBroker {
         TestBroker::start_with(Opts::default())
     }
 
     /// Writes the quick-start files into a temp dir and serves them.
-    pub fn start_with(opts: Opts) -> TestBroker {
+    pub(crate) fn start_with(opts: Opts) -> TestBroker {
         let (dir, config) = prepare(&opts);
         TestBroker::spawn(dir, config, opts.log.as_deref())
     }
 
     /// Serves files already written by [`prepare`] (and possibly altered
     /// since); panics if the broker does not become ready.
-    pub fn spawn(dir: tempfile::TempDir, config: PathBuf, log_level: Option<&str>) -> TestBroker {
+    pub(crate) fn spawn(
+        dir: tempfile::TempDir,
+        config: PathBuf,
+        log_level: Option<&str>,
+    ) -> TestBroker {
         let log = dir.path().join("broker.log");
         let logf = std::fs::File::create(&log).unwrap();
         let child = Command::new(bin())
@@ -135,7 +142,7 @@ impl TestBroker {
             .stderr(logf)
             .spawn()
             .expect("spawn credbroker");
-        let cfg = credbroker::config::Config::load(&config).expect("config");
+        let cfg = credbroker::internals::config::Config::load(&config).expect("config");
         let mut b = TestBroker {
             socket: cfg.socket.path.clone(),
             admin: cfg.admin_socket.clone(),
@@ -152,7 +159,7 @@ impl TestBroker {
     }
 
     /// Restarts the process on the same directory.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.stop();
         let logf = std::fs::OpenOptions::new()
             .append(true)
@@ -190,43 +197,45 @@ impl TestBroker {
         }
     }
 
-    pub fn path(&self, rel: &str) -> PathBuf {
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
 
     /// A subject token from the dev issuer.
-    pub fn subject_token(&self, sub: &str) -> String {
-        credbroker::cli::dev_subject_token(self.dir.path(), sub, 3600).unwrap()
+    pub(crate) fn subject_token(&self, sub: &str) -> String {
+        credbroker::internals::cli::dev_subject_token(self.dir.path(), sub, 3600).unwrap()
     }
 
     /// Signs arbitrary claims/header with the dev issuer key.
-    pub fn sign_as_dev_issuer(
+    pub(crate) fn sign_as_dev_issuer(
         &self,
         header: serde_json::Value,
         claims: &serde_json::Value,
     ) -> String {
-        let key = credbroker::cli::load_pem_key(&self.path("keys/dev-issuer.pem")).unwrap();
+        let key =
+            credbroker::internals::cli::load_pem_key(&self.path("keys/dev-issuer.pem")).unwrap();
         let mut h = header.as_object().cloned().unwrap_or_default();
         h.entry("kid").or_insert_with(|| key.kid.clone().into());
         key.sign_jws(h, claims).unwrap()
     }
 
-    pub fn client(&self) -> Client {
+    pub(crate) fn client(&self) -> Client {
         Client::new(&self.socket, &self.issuer)
     }
 
     /// The htu for `/v1/derive`.
-    pub fn htu(&self) -> String {
+    pub(crate) fn htu(&self) -> String {
         format!("{}/v1/derive", self.issuer)
     }
 
     /// A valid proof for `/v1/derive`.
-    pub fn proof(&self, key: &Es256Key) -> String {
-        credbroker::dpop::make_proof(key, "POST", &self.htu(), now(), None, None).unwrap()
+    pub(crate) fn proof(&self, key: &Es256Key) -> String {
+        credbroker::internals::dpop::make_proof(key, "POST", &self.htu(), now(), None, None)
+            .unwrap()
     }
 
     /// Derives with a fresh proof.
-    pub async fn derive(
+    pub(crate) async fn derive(
         &self,
         key: &Es256Key,
         subject: &str,
@@ -251,7 +260,7 @@ impl TestBroker {
     }
 
     /// The known-good request: alice, summarize, notes.read.
-    pub async fn derive_ok(&self, key: &Es256Key) -> credbroker::client::Token {
+    pub(crate) async fn derive_ok(&self, key: &Es256Key) -> credbroker::client::Token {
         match self
             .derive(
                 key,
@@ -270,28 +279,28 @@ impl TestBroker {
 
     /// Sends raw bytes on the orchestrator socket; returns what came back
     /// until the server closed or `timeout` passed.
-    pub fn raw(&self, bytes: &[u8], timeout: Duration) -> String {
+    pub(crate) fn raw(&self, bytes: &[u8], timeout: Duration) -> String {
         raw_unix(&self.socket, bytes, timeout)
     }
 
     /// GET on the admin socket.
-    pub fn admin_get(&self, path: &str) -> std::io::Result<(u16, String)> {
+    pub(crate) fn admin_get(&self, path: &str) -> std::io::Result<(u16, String)> {
         admin_request(&self.admin, "GET", path, "")
     }
 
-    pub fn admin_post(&self, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+    pub(crate) fn admin_post(&self, path: &str, body: &str) -> std::io::Result<(u16, String)> {
         admin_request(&self.admin, "POST", path, body)
     }
 
-    pub fn metrics(&self) -> String {
+    pub(crate) fn metrics(&self) -> String {
         self.admin_get("/metrics").unwrap().1
     }
 
-    pub fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    pub fn audit_lines(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn audit_lines(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(self.path("data/audit.jsonl"))
             .unwrap_or_default()
             .lines()
@@ -300,7 +309,7 @@ impl TestBroker {
     }
 
     /// Sends SIGHUP: the broker reloads its policy file.
-    pub fn sighup(&self) {
+    pub(crate) fn sighup(&self) {
         let ok = Command::new("kill")
             .arg("-HUP")
             .arg(self.child.id().to_string())
@@ -310,7 +319,7 @@ impl TestBroker {
     }
 
     /// The hash of the policy the running broker decides with.
-    pub fn policy_hash(&self) -> String {
+    pub(crate) fn policy_hash(&self) -> String {
         let (_, body) = self.admin_get("/status").unwrap();
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         v["policy_hash"].as_str().unwrap().to_string()
@@ -318,14 +327,14 @@ impl TestBroker {
 
     /// Replaces the policy file atomically (a temp file renamed over it), as
     /// a deployment should.
-    pub fn replace_policy(&self, text: &[u8]) {
+    pub(crate) fn replace_policy(&self, text: &[u8]) {
         let tmp = self.path("policy.toml.tmp");
         std::fs::write(&tmp, text).unwrap();
         std::fs::rename(&tmp, self.path("policy.toml")).unwrap();
     }
 
     /// The value of a metric without labels (or with exactly `labels`).
-    pub fn metric(&self, name_and_labels: &str) -> Option<f64> {
+    pub(crate) fn metric(&self, name_and_labels: &str) -> Option<f64> {
         self.metrics()
             .lines()
             .find_map(|l| {
@@ -336,17 +345,17 @@ impl TestBroker {
     }
 
     /// Whether the process is still running (no crash, no exit).
-    pub fn is_running(&mut self) -> bool {
+    pub(crate) fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
     }
 
     /// The broker's process id.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Resident memory of the broker in KiB (from /proc).
-    pub fn rss_kib(&self) -> u64 {
+    pub(crate) fn rss_kib(&self) -> u64 {
         let status =
             std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
         status
@@ -357,24 +366,24 @@ impl TestBroker {
     }
 
     /// SIGKILL and reap: no clean shutdown, so the socket files stay behind.
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// Sends raw bytes on the orchestrator socket and parses the answer.
-    pub fn http(&self, bytes: &[u8]) -> HttpAnswer {
+    pub(crate) fn http(&self, bytes: &[u8]) -> HttpAnswer {
         HttpAnswer::parse(&self.raw(bytes, Duration::from_secs(10)))
     }
 
     /// `POST /v1/derive` with a JSON body (any JSON, for malformed cases)
     /// and an optional `DPoP` header.
-    pub fn post_derive(&self, body: &serde_json::Value, proof: Option<&str>) -> HttpAnswer {
+    pub(crate) fn post_derive(&self, body: &serde_json::Value, proof: Option<&str>) -> HttpAnswer {
         self.http(&http_derive(&body.to_string(), proof, ""))
     }
 
     /// `POST /token` with a form body built from `pairs`.
-    pub fn post_token(&self, pairs: &[(&str, &str)], proof: Option<&str>) -> HttpAnswer {
+    pub(crate) fn post_token(&self, pairs: &[(&str, &str)], proof: Option<&str>) -> HttpAnswer {
         let body = form(pairs);
         let dpop = proof.map(|p| format!("dpop: {p}\r\n")).unwrap_or_default();
         let req = format!(
@@ -385,37 +394,37 @@ impl TestBroker {
     }
 
     /// The JSON body of the known-good derive request, with `subject`.
-    pub fn good_body(&self, subject: &str) -> serde_json::Value {
+    pub(crate) fn good_body(&self, subject: &str) -> serde_json::Value {
         serde_json::json!({
             "subject_token": subject, "step": "summarize", "tool": "notes.read", "resource": RESOURCE,
         })
     }
 
     /// The claims of a valid proof for `/v1/derive` (to tamper with).
-    pub fn proof_claims(&self) -> serde_json::Value {
+    pub(crate) fn proof_claims(&self) -> serde_json::Value {
         serde_json::json!({
-            "jti": credbroker::jose::b64e(&random_bytes(16)),
+            "jti": credbroker::internals::jose::b64e(&random_bytes(16)),
             "htm": "POST", "htu": self.htu(), "iat": now(),
         })
     }
 
     /// The claims of a valid dev-issuer subject token for `sub` (to tamper with).
-    pub fn subject_claims(&self, sub: &str) -> serde_json::Value {
+    pub(crate) fn subject_claims(&self, sub: &str) -> serde_json::Value {
         let n = now();
         serde_json::json!({
             "iss": self.issuer, "sub": sub, "aud": "repo-helper", "iat": n, "exp": n + 3600,
-            "jti": credbroker::jose::b64e(&random_bytes(12)),
+            "jti": credbroker::internals::jose::b64e(&random_bytes(12)),
         })
     }
 
     /// A subject token signed by the dev issuer with the usual header
     /// (`typ` `at+jwt`, the dev key's `kid`) and `claims`.
-    pub fn subject_with(&self, claims: &serde_json::Value) -> String {
+    pub(crate) fn subject_with(&self, claims: &serde_json::Value) -> String {
         self.sign_as_dev_issuer(serde_json::json!({"typ": "at+jwt"}), claims)
     }
 
     /// The published JWKS (from the public listener).
-    pub async fn jwks(&self) -> Vec<u8> {
+    pub(crate) async fn jwks(&self) -> Vec<u8> {
         reqwest::get(format!("{}/.well-known/jwks.json", self.public))
             .await
             .unwrap()
@@ -426,7 +435,7 @@ impl TestBroker {
     }
 
     /// SIGTERM and wait.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if self.child.try_wait().unwrap().is_some() {
             return;
         }
@@ -453,7 +462,7 @@ impl Drop for TestBroker {
     }
 }
 
-pub fn raw_unix(path: &Path, bytes: &[u8], timeout: Duration) -> String {
+pub(crate) fn raw_unix(path: &Path, bytes: &[u8], timeout: Duration) -> String {
     let mut s = StdUnixStream::connect(path).expect("connect");
     s.set_read_timeout(Some(timeout)).unwrap();
     s.set_write_timeout(Some(timeout)).unwrap();
@@ -498,7 +507,7 @@ fn admin_request(
 }
 
 /// A JSON derive request as raw HTTP bytes.
-pub fn http_derive(body: &str, proof: Option<&str>, extra_headers: &str) -> Vec<u8> {
+pub(crate) fn http_derive(body: &str, proof: Option<&str>, extra_headers: &str) -> Vec<u8> {
     let dpop = proof.map(|p| format!("dpop: {p}\r\n")).unwrap_or_default();
     format!(
         "POST /v1/derive HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{dpop}{extra_headers}content-length: {}\r\nconnection: close\r\n\r\n{body}",
@@ -508,7 +517,7 @@ pub fn http_derive(body: &str, proof: Option<&str>, extra_headers: &str) -> Vec<
 }
 
 /// The status code of a raw HTTP answer.
-pub fn status_of(raw: &str) -> u16 {
+pub(crate) fn status_of(raw: &str) -> u16 {
     raw.split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
@@ -517,7 +526,7 @@ pub fn status_of(raw: &str) -> u16 {
 
 /// A parsed raw HTTP/1.1 answer.
 #[derive(Debug, Clone)]
-pub struct HttpAnswer {
+pub(crate) struct HttpAnswer {
     /// Status code (0 if nothing came back).
     pub status: u16,
     /// Headers, names lower-cased.
@@ -529,7 +538,7 @@ pub struct HttpAnswer {
 }
 
 impl HttpAnswer {
-    pub fn parse(raw: &str) -> HttpAnswer {
+    pub(crate) fn parse(raw: &str) -> HttpAnswer {
         let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw, ""));
         let mut lines = head.split("\r\n");
         let status = lines
@@ -550,7 +559,7 @@ impl HttpAnswer {
     }
 
     /// The first value of header `name`.
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         let name = name.to_ascii_lowercase();
         self.headers
             .iter()
@@ -559,12 +568,12 @@ impl HttpAnswer {
     }
 
     /// The body as JSON (Null if it is not JSON).
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
     }
 
     /// The OAuth `error` code of the body.
-    pub fn error(&self) -> String {
+    pub(crate) fn error(&self) -> String {
         self.json()["error"]
             .as_str()
             .unwrap_or_default()
@@ -573,7 +582,7 @@ impl HttpAnswer {
 
     /// Asserts a refusal with `status` and `error`; `what` names the case.
     #[track_caller]
-    pub fn assert_refused(&self, status: u16, error: &str, what: &str) {
+    pub(crate) fn assert_refused(&self, status: u16, error: &str, what: &str) {
         assert_eq!(
             (self.status, self.error().as_str()),
             (status, error),
@@ -588,7 +597,7 @@ impl HttpAnswer {
 
     /// Asserts a token was issued; returns it.
     #[track_caller]
-    pub fn assert_issued(&self, what: &str) -> String {
+    pub(crate) fn assert_issued(&self, what: &str) -> String {
         assert_eq!(
             self.status, 200,
             "{what}: expected a token, got {}",
@@ -604,15 +613,15 @@ impl HttpAnswer {
 /// Another local user (`nobody`) that tests can act as, when this process
 /// runs as root and can switch to it; `None` otherwise.
 #[derive(Debug, Clone)]
-pub struct OtherUser {
+pub(crate) struct OtherUser {
     pub uid: u32,
     pub gid: u32,
     /// The name of its primary group (for `socket.group`).
     pub group: String,
 }
 
-pub fn other_user() -> Option<OtherUser> {
-    if credbroker::unix::current_uid() != 0 {
+pub(crate) fn other_user() -> Option<OtherUser> {
+    if credbroker::internals::unix::current_uid() != 0 {
         return None;
     }
     let u = nix::unistd::User::from_name("nobody").ok()??;
@@ -628,14 +637,14 @@ impl OtherUser {
     /// Runs `credbroker derive` as this user against `b`'s socket for alice's
     /// known-good request, with a DPoP key in a directory this user owns.
     /// Returns the exit code and stdout + stderr.
-    pub fn derive(&self, b: &TestBroker, subject: &str) -> (i32, String) {
+    pub(crate) fn derive(&self, b: &TestBroker, subject: &str) -> (i32, String) {
         use std::os::unix::process::CommandExt;
         let dir = tempfile::tempdir().unwrap();
         let key_path = dir.path().join("dpop.pem");
         let (_, pkcs8) = Es256Key::generate().unwrap();
-        credbroker::config::write_secret_file(
+        credbroker::internals::config::write_secret_file(
             &key_path,
-            credbroker::cli::pem_pkcs8(pkcs8.expose()).as_bytes(),
+            credbroker::internals::cli::pem_pkcs8(pkcs8.expose()).as_bytes(),
         )
         .unwrap();
         std::os::unix::fs::chown(dir.path(), Some(self.uid), Some(self.gid)).unwrap();

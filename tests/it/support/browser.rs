@@ -12,7 +12,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 /// The browsers of a test.
-pub struct Browsers {
+pub(crate) struct Browsers {
     child: Child,
     stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
@@ -23,7 +23,7 @@ pub struct Browsers {
 
 /// Fails loudly when chromium or the npm peers are missing: the browser
 /// tests must never pass by being skipped.
-pub fn require_browser() -> PathBuf {
+pub(crate) fn require_browser() -> PathBuf {
     let peers = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers");
     assert!(
         Path::new("/usr/bin/chromium").exists(),
@@ -38,7 +38,7 @@ pub fn require_browser() -> PathBuf {
 
 impl Browsers {
     /// Starts the driver (browsers open on first use).
-    pub async fn start() -> Browsers {
+    pub(crate) async fn start() -> Browsers {
         let peers = require_browser();
         let profiles = tempfile::tempdir().unwrap();
         let shots = std::env::var_os("CREDBROKER_SCREENSHOTS")
@@ -91,7 +91,7 @@ impl Browsers {
     /// Runs `steps` in `who`'s browser (opened on first use); returns each
     /// step's result (`url`, `status`, `sha256` of the body for
     /// navigations). Panics with the page's text when a step fails.
-    pub async fn steps(&mut self, who: &str, steps: Value) -> Vec<Value> {
+    pub(crate) async fn steps(&mut self, who: &str, steps: Value) -> Vec<Value> {
         let r = self.call(&json!({"browser": who, "steps": steps})).await;
         if r["ok"] != true {
             panic!(
@@ -109,13 +109,13 @@ impl Browsers {
     }
 
     /// Closes `who`'s browser (the profile stays until the end of the test).
-    pub async fn close(&mut self, who: &str) {
+    pub(crate) async fn close(&mut self, who: &str) {
         let r = self.call(&json!({ "close": who })).await;
         assert_eq!(r["ok"], true);
     }
 
     /// Closes every browser and waits for the driver to exit.
-    pub async fn finish(mut self) {
+    pub(crate) async fn finish(mut self) {
         drop(self.stdin);
         let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
     }

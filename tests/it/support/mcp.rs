@@ -26,7 +26,7 @@ fn root() -> PathBuf {
 
 /// Builds the example (a no-op when fresh) and returns its path. `cargo test
 /// --test it` does not build examples by itself.
-pub fn example_binary() -> PathBuf {
+pub(crate) fn example_binary() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_credbroker"));
     // Build it where the test's own binaries are (same profile).
@@ -53,7 +53,7 @@ pub fn example_binary() -> PathBuf {
 }
 
 /// The Python interpreter of .venv; fails loudly when the SDK is missing.
-pub fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     let py = root().join(".venv/bin/python");
     let ok = py.exists()
         && Command::new(&py)
@@ -72,7 +72,7 @@ pub fn python() -> PathBuf {
 }
 
 /// A running example MCP server.
-pub struct McpServer {
+pub(crate) struct McpServer {
     child: Child,
     /// `http://127.0.0.1:PORT/mcp`.
     pub url: String,
@@ -80,7 +80,7 @@ pub struct McpServer {
 }
 
 /// What the example server is started with.
-pub struct McpServerOpts<'a> {
+pub(crate) struct McpServerOpts<'a> {
     pub socket: &'a Path,
     pub broker_issuer: &'a str,
     pub trusted_issuer: &'a str,
@@ -97,13 +97,13 @@ pub struct McpServerOpts<'a> {
     pub state_ttl: Option<i64>,
 }
 
-pub enum Jwks<'a> {
+pub(crate) enum Jwks<'a> {
     File(&'a Path),
     Uri(&'a str),
 }
 
 impl McpServer {
-    pub fn start(o: &McpServerOpts<'_>, log_dir: &Path) -> McpServer {
+    pub(crate) fn start(o: &McpServerOpts<'_>, log_dir: &Path) -> McpServer {
         let bin = example_binary();
         let log = log_dir.join("mcp-server.log");
         let mut cmd = Command::new(bin);
@@ -147,7 +147,7 @@ impl McpServer {
         }
     }
 
-    pub fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -161,7 +161,7 @@ impl Drop for McpServer {
 
 /// Runs tests/mcp/mcp_client.py with `spec` (token given as a file) and
 /// returns its JSON line.
-pub fn python_client(dir: &Path, token: &str, mut spec: Value) -> Value {
+pub(crate) fn python_client(dir: &Path, token: &str, mut spec: Value) -> Value {
     let py = python();
     let n = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -201,7 +201,7 @@ pub fn python_client(dir: &Path, token: &str, mut spec: Value) -> Value {
 
 /// One request the repository API received.
 #[derive(Debug, Clone)]
-pub struct ApiHit {
+pub(crate) struct ApiHit {
     pub authorization: Option<String>,
     pub dpop: Option<String>,
     pub path: String,
@@ -232,20 +232,20 @@ impl Clone for Checker {
 /// A repository API on a loopback port. `check` decides who the caller is
 /// from the request (and its full URL), or refuses it; the answer lists that
 /// person's repositories.
-pub struct RepoApi {
+pub(crate) struct RepoApi {
     pub url: String,
     pub hits: Arc<Mutex<Vec<ApiHit>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl RepoApi {
-    pub async fn start(path: &str, check: Arc<Check>) -> RepoApi {
+    pub(crate) async fn start(path: &str, check: Arc<Check>) -> RepoApi {
         RepoApi::serve(path, Checker::Sync(check)).await
     }
 
     /// The same with a check that may ask someone else (e.g. the provider's
     /// userinfo endpoint), given the headers and the full URL.
-    pub async fn start_async(path: &str, check: Arc<AsyncCheck>) -> RepoApi {
+    pub(crate) async fn start_async(path: &str, check: Arc<AsyncCheck>) -> RepoApi {
         RepoApi::serve(path, Checker::Async(check)).await
     }
 
@@ -309,7 +309,7 @@ impl RepoApi {
         RepoApi { url, hits, task }
     }
 
-    pub fn hits(&self) -> Vec<ApiHit> {
+    pub(crate) fn hits(&self) -> Vec<ApiHit> {
         self.hits.lock().unwrap().clone()
     }
 }
@@ -322,7 +322,7 @@ impl Drop for RepoApi {
 
 /// How the scripted broker answers one person.
 #[derive(Debug, Clone, Default)]
-pub struct StubAnswer {
+pub(crate) struct StubAnswer {
     /// 400 `invalid_grant` with this link (`connect_uri`, `connect_id`,
     /// `connect_message`) until `connected_when` exists.
     pub link: Option<(String, String, String)>,
@@ -334,7 +334,7 @@ pub struct StubAnswer {
 
 /// One derive the scripted broker received.
 #[derive(Debug, Clone)]
-pub struct StubHit {
+pub(crate) struct StubHit {
     pub body: Value,
     pub dpop: Option<String>,
 }
@@ -344,7 +344,7 @@ pub struct StubHit {
 /// example server has verified it) from `answers`, and records the requests.
 /// It tests the MCP server's relaying on its own; the end-to-end tests use
 /// the real broker.
-pub struct StubBroker {
+pub(crate) struct StubBroker {
     pub socket: PathBuf,
     pub answers: Arc<Mutex<HashMap<String, StubAnswer>>>,
     pub hits: Arc<Mutex<Vec<StubHit>>>,
@@ -352,7 +352,7 @@ pub struct StubBroker {
 }
 
 impl StubBroker {
-    pub async fn start(dir: &Path) -> StubBroker {
+    pub(crate) async fn start(dir: &Path) -> StubBroker {
         let socket = dir.join("stub-broker.sock");
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let answers: Arc<Mutex<HashMap<String, StubAnswer>>> = Arc::default();
@@ -378,7 +378,7 @@ impl StubBroker {
                             let sub = body["subject_token"]
                                 .as_str()
                                 .and_then(|t| t.split('.').nth(1))
-                                .and_then(|p| credbroker::jose::b64d(p, "p").ok())
+                                .and_then(|p| credbroker::internals::jose::b64d(p, "p").ok())
                                 .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
                                 .and_then(|c| c["sub"].as_str().map(str::to_owned))
                                 .unwrap_or_default();
@@ -434,11 +434,11 @@ impl StubBroker {
         }
     }
 
-    pub fn set(&self, sub: &str, a: StubAnswer) {
+    pub(crate) fn set(&self, sub: &str, a: StubAnswer) {
         self.answers.lock().unwrap().insert(sub.to_owned(), a);
     }
 
-    pub fn hits(&self) -> Vec<StubHit> {
+    pub(crate) fn hits(&self) -> Vec<StubHit> {
         self.hits.lock().unwrap().clone()
     }
 }
@@ -450,7 +450,7 @@ impl Drop for StubBroker {
 }
 
 /// Every string value anywhere in `v`.
-pub fn all_strings(v: &Value) -> Vec<String> {
+pub(crate) fn all_strings(v: &Value) -> Vec<String> {
     match v {
         Value::String(s) => vec![s.clone()],
         Value::Array(a) => a.iter().flat_map(all_strings).collect(),

@@ -15,25 +15,25 @@
 // helpers they call; here too a failure should panic loudly.
 #![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
-pub mod broker;
-pub mod browser;
-pub mod jose;
-pub mod mcp;
-pub mod oidc;
-pub mod pages;
-pub mod peers;
-pub mod services;
+pub(crate) mod broker;
+pub(crate) mod browser;
+pub(crate) mod jose;
+pub(crate) mod mcp;
+pub(crate) mod oidc;
+pub(crate) mod pages;
+pub(crate) mod peers;
+pub(crate) mod services;
 
 // The common helpers are reached as `support::X` (and glob-imported) by most
 // tests, whichever file they live in.
-pub use broker::*;
-pub use jose::*;
-pub use peers::*;
+pub(crate) use broker::*;
+pub(crate) use jose::*;
+pub(crate) use peers::*;
 
 use std::time::{Duration, Instant};
 
 /// Polls `f` every 20 ms until it is true; panics naming `what` after `timeout`.
-pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+pub(crate) fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -41,7 +41,7 @@ pub fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-pub fn now() -> i64 {
+pub(crate) fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -51,13 +51,13 @@ pub fn now() -> i64 {
 /// A loopback address with a port that was free a moment ago (the listener
 /// is closed before returning, so another process could take it: a small race
 /// that only tests needing a real issuer URL accept).
-pub fn free_loopback_addr() -> String {
+pub(crate) fn free_loopback_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     l.local_addr().expect("local addr").to_string()
 }
 
 /// `application/x-www-form-urlencoded` from pairs.
-pub fn form(pairs: &[(&str, &str)]) -> String {
+pub(crate) fn form(pairs: &[(&str, &str)]) -> String {
     let mut s = form_urlencoded::Serializer::new(String::new());
     for (k, v) in pairs {
         s.append_pair(k, v);
@@ -65,7 +65,7 @@ pub fn form(pairs: &[(&str, &str)]) -> String {
     s.finish()
 }
 
-pub fn random_bytes(n: usize) -> Vec<u8> {
+pub(crate) fn random_bytes(n: usize) -> Vec<u8> {
     let mut b = vec![0u8; n];
     aws_lc_rs::rand::fill(&mut b).unwrap();
     b

@@ -7,10 +7,10 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-pub const CLIENT_ID: &str = "credbroker-test";
+pub(crate) const CLIENT_ID: &str = "credbroker-test";
 
 /// A running provider.
-pub struct OidcPeer {
+pub(crate) struct OidcPeer {
     child: Child,
     pub issuer: String,
     pub client_secret: String,
@@ -24,7 +24,7 @@ fn peers_dir() -> PathBuf {
 
 impl OidcPeer {
     /// Starts the provider with one confidential client.
-    pub fn start(client_secret: &str, redirect_uri: &str) -> OidcPeer {
+    pub(crate) fn start(client_secret: &str, redirect_uri: &str) -> OidcPeer {
         let dir = peers_dir();
         assert!(
             dir.join("node_modules/oidc-provider").is_dir(),
@@ -75,27 +75,27 @@ impl OidcPeer {
     }
 
     /// Lifetime of access tokens issued from now on.
-    pub async fn set_access_ttl(&self, secs: i64) {
+    pub(crate) async fn set_access_ttl(&self, secs: i64) {
         self.control(&format!("/test/ttl?seconds={secs}")).await;
     }
 
     /// Token endpoint behaviour: ok, hang, 500, badjson.
-    pub async fn set_token_mode(&self, mode: &str) {
+    pub(crate) async fn set_token_mode(&self, mode: &str) {
         self.control(&format!("/test/mode?token={mode}")).await;
     }
 
     /// Counters: authorization_code, refresh_token (successful grants),
     /// revocations, token_requests.
-    pub async fn stats(&self) -> serde_json::Value {
+    pub(crate) async fn stats(&self) -> serde_json::Value {
         self.control("/test/stats").await
     }
 
-    pub async fn refreshes(&self) -> u64 {
+    pub(crate) async fn refreshes(&self) -> u64 {
         self.stats().await["refresh_token"].as_u64().unwrap()
     }
 
     /// Every access and refresh token value issued so far.
-    pub async fn issued_tokens(&self) -> Vec<String> {
+    pub(crate) async fn issued_tokens(&self) -> Vec<String> {
         let v = self.control("/test/issued").await;
         let mut out = Vec::new();
         for k in ["access_tokens", "refresh_tokens"] {
@@ -111,13 +111,13 @@ impl OidcPeer {
 
     /// Revokes every grant of `account` at the provider (as a person would
     /// on the provider's settings page).
-    pub async fn revoke_account(&self, account: &str) {
+    pub(crate) async fn revoke_account(&self, account: &str) {
         self.control(&format!("/test/revoke-account?account={account}"))
             .await;
     }
 
     /// Refresh tokens of `account` that still work.
-    pub async fn live_refresh_tokens(&self, account: &str) -> u64 {
+    pub(crate) async fn live_refresh_tokens(&self, account: &str) -> u64 {
         self.control(&format!("/test/live?account={account}")).await["live_refresh_tokens"]
             .as_u64()
             .unwrap()
@@ -125,14 +125,14 @@ impl OidcPeer {
 
     /// The account a browser is signed in as at the provider from now on
     /// (a browser sends no `login_hint`).
-    pub async fn set_browser_account(&self, account: &str) {
+    pub(crate) async fn set_browser_account(&self, account: &str) {
         self.control(&format!("/test/browser-account?account={account}"))
             .await;
     }
 
     /// Whether `token` is an access token the provider would still accept
     /// (not revoked, not expired).
-    pub async fn access_token_live(&self, token: &str) -> bool {
+    pub(crate) async fn access_token_live(&self, token: &str) -> bool {
         let mut u = url::Url::parse(&format!("{}/test/access-token-live", self.issuer)).unwrap();
         u.query_pairs_mut().append_pair("token", token);
         let v: serde_json::Value = self.http.get(u).send().await.unwrap().json().await.unwrap();
@@ -140,7 +140,7 @@ impl OidcPeer {
     }
 
     /// Whether `token` is a refresh token the provider would still accept.
-    pub async fn refresh_token_live(&self, token: &str) -> bool {
+    pub(crate) async fn refresh_token_live(&self, token: &str) -> bool {
         let url = format!("{}/test/refresh-token-live?token={}", self.issuer, token);
         let v: serde_json::Value = self
             .http
@@ -157,7 +157,11 @@ impl OidcPeer {
     /// Plays the browser: opens `auth_url` signed in as `account`, lets the
     /// provider's interaction grant what is asked, and returns the query of
     /// the final redirect to the redirect URI (code, state, iss).
-    pub async fn authorize(&self, auth_url: &str, account: &str) -> BTreeMap<String, String> {
+    pub(crate) async fn authorize(
+        &self,
+        auth_url: &str,
+        account: &str,
+    ) -> BTreeMap<String, String> {
         let mut url = url::Url::parse(auth_url).unwrap();
         url.query_pairs_mut().append_pair("login_hint", account);
         let mut jar: BTreeMap<String, String> = BTreeMap::new();
@@ -204,7 +208,7 @@ impl OidcPeer {
     }
 
     /// Stops the provider (its port then refuses connections).
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -217,9 +221,9 @@ impl Drop for OidcPeer {
 }
 
 /// Writes a 0600 secret file (replacing one of the same name).
-pub fn secret_file(dir: &Path, name: &str, content: &str) -> PathBuf {
+pub(crate) fn secret_file(dir: &Path, name: &str, content: &str) -> PathBuf {
     let p = dir.join(name);
     let _ = std::fs::remove_file(&p);
-    credbroker::config::write_secret_file(&p, content.as_bytes()).unwrap();
+    credbroker::internals::config::write_secret_file(&p, content.as_bytes()).unwrap();
     p
 }

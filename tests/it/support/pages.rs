@@ -3,8 +3,12 @@
 //! (link records, vault, provider) kept in memory, a fake provider that
 //! approves at once over HTTP, and an HTTP client with a cookie store.
 //!
-//! The fake is for tests only: it stands in for the `connect`, `vault` and
-//! `upstream` modules until they are wired to `pages::links`.
+//! The fake is for tests only: it stands in for the real connected-services
+//! side (`connect::Backend` over the link store, the vault and the provider
+//! clients) where a test sets link states and provider accounts directly.
+//! What the fake shows is the pages' own behaviour; the cases the threat
+//! model cites for the link store and the provider also run with the real
+//! side (`Setup::real_services`, tests/it/pages/real_services.rs).
 //!
 //! Used as `crate::support::pages` (the pages tests glob-import it).
 #![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
@@ -14,19 +18,19 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use credbroker::clock::ManualClock;
-use credbroker::pages::links::{
+use credbroker::internals::clock::ManualClock;
+use credbroker::internals::pages::links::{
     AccountVault, AccountView, AllowanceView, AuthorizationRequest, BackendError, BoxFuture,
     Disconnected, Link, LinkKind, LinkRecords, ProviderFlow, ProviderGrant, ProviderInfo, Services,
 };
-use credbroker::pages::{Options, PageLimits};
-use credbroker::secret::SecretString;
-use credbroker::subject::Person;
-use credbroker::vault::AccountStatus;
+use credbroker::internals::pages::{Options, PageLimits};
+use credbroker::internals::secret::SecretString;
+use credbroker::internals::subject::Person;
+use credbroker::internals::vault::AccountStatus;
 
-pub const AGENT: &str = "repo-helper";
+pub(crate) const AGENT: &str = "repo-helper";
 
-pub fn now() -> i64 {
+pub(crate) fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -34,11 +38,11 @@ pub fn now() -> i64 {
 }
 
 fn b64(b: &[u8]) -> String {
-    credbroker::jose::b64e(b)
+    credbroker::internals::jose::b64e(b)
 }
 
 fn sha(s: &str) -> String {
-    credbroker::jose::sha256_b64(s.as_bytes())
+    credbroker::internals::jose::sha256_b64(s.as_bytes())
 }
 
 fn random_code() -> String {
@@ -48,7 +52,7 @@ fn random_code() -> String {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinkState {
+pub(crate) enum LinkState {
     Open,
     Closed,
     Declined,
@@ -73,21 +77,21 @@ struct State {
 
 /// The fake connected-services side.
 #[derive(Debug)]
-pub struct Fake {
+pub(crate) struct Fake {
     st: Mutex<State>,
     /// The fake provider's base URL (`http://127.0.0.1:PORT`).
     pub provider_base: String,
 }
 
 impl Fake {
-    pub fn new(provider_base: &str) -> Arc<Fake> {
+    pub(crate) fn new(provider_base: &str) -> Arc<Fake> {
         Arc::new(Fake {
             st: Mutex::new(State::default()),
             provider_base: provider_base.to_string(),
         })
     }
 
-    pub fn services(self: &Arc<Self>) -> Services {
+    pub(crate) fn services(self: &Arc<Self>) -> Services {
         Services {
             links: self.clone(),
             vault: self.clone(),
@@ -97,7 +101,7 @@ impl Fake {
 
     /// Issues (or returns the open) link for (person, agent, service); a new
     /// kind replaces the open link. Returns (code, id).
-    pub fn issue(
+    pub(crate) fn issue(
         &self,
         person: &Person,
         service: &str,
@@ -131,16 +135,16 @@ impl Fake {
         (code, id)
     }
 
-    pub fn link_state(&self, id: &str) -> LinkState {
+    pub(crate) fn link_state(&self, id: &str) -> LinkState {
         self.st.lock().unwrap().links[id].2
     }
 
-    pub fn set_next_account(&self, id: &str, name: &str) {
+    pub(crate) fn set_next_account(&self, id: &str, name: &str) {
         self.st.lock().unwrap().next_account = Some((id.into(), name.into()));
     }
 
     /// Adds a connected account directly (for allow links and the account page).
-    pub fn add_account(
+    pub(crate) fn add_account(
         &self,
         person: &Person,
         service: &str,
@@ -166,7 +170,7 @@ impl Fake {
         ));
     }
 
-    pub fn accounts_of(&self, person: &Person) -> Vec<AccountView> {
+    pub(crate) fn accounts_of(&self, person: &Person) -> Vec<AccountView> {
         self.st
             .lock()
             .unwrap()
@@ -177,16 +181,16 @@ impl Fake {
             .collect()
     }
 
-    pub fn exchanges(&self) -> usize {
+    pub(crate) fn exchanges(&self) -> usize {
         self.st.lock().unwrap().exchanges
     }
 
-    pub fn revoked_at_provider(&self) -> Vec<String> {
+    pub(crate) fn revoked_at_provider(&self) -> Vec<String> {
         self.st.lock().unwrap().revoked_at_provider.clone()
     }
 
     /// The provider's consent: returns an authorization code for `state`.
-    pub fn approve(&self, state: &str) -> Option<String> {
+    pub(crate) fn approve(&self, state: &str) -> Option<String> {
         let mut st = self.st.lock().unwrap();
         let (challenge, redirect_uri) = st.pending.remove(state)?;
         let code = format!("pc_{}", random_code());
@@ -405,7 +409,7 @@ impl ProviderFlow for Fake {
 
 /// Serves the fake provider's authorization endpoint: it approves at once
 /// and redirects to the redirect URI with a code, the state and `iss`.
-pub async fn serve_fake_provider(listener: tokio::net::TcpListener, fake: Arc<Fake>) {
+pub(crate) async fn serve_fake_provider(listener: tokio::net::TcpListener, fake: Arc<Fake>) {
     use hyper::service::service_fn;
     use hyper_util::rt::TokioIo;
     loop {
@@ -470,7 +474,7 @@ pub async fn serve_fake_provider(listener: tokio::net::TcpListener, fake: Arc<Fa
 
 /// How to start a test instance.
 #[derive(Clone)]
-pub struct Setup {
+pub(crate) struct Setup {
     pub limits: PageLimits,
     /// Serve https with a self-signed certificate (issuer https://...).
     pub tls: bool,
@@ -505,13 +509,13 @@ impl Default for Setup {
 }
 
 /// An instance running in this process.
-pub struct PagesServer {
+pub(crate) struct PagesServer {
     pub dir: tempfile::TempDir,
     pub base: String,
     pub addr: SocketAddr,
     pub clock: Arc<ManualClock>,
     pub fake: Arc<Fake>,
-    pub inst: credbroker::app::Instance,
+    pub inst: credbroker::internals::app::Instance,
     pub issuer: String,
     pub ca_pem: Option<PathBuf>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
@@ -519,11 +523,11 @@ pub struct PagesServer {
 }
 
 impl PagesServer {
-    pub async fn start() -> PagesServer {
+    pub(crate) async fn start() -> PagesServer {
         PagesServer::start_with(Setup::default()).await
     }
 
-    pub async fn start_with(setup: Setup) -> PagesServer {
+    pub(crate) async fn start_with(setup: Setup) -> PagesServer {
         let listener = tokio::net::TcpListener::bind(
             setup
                 .listen
@@ -536,7 +540,7 @@ impl PagesServer {
         let provider_base = format!("http://{}", provider_listener.local_addr().unwrap());
         let dir = tempfile::tempdir().unwrap();
         let listen = addr.to_string();
-        let config = credbroker::cli::quickstart_files(dir.path(), &listen).unwrap();
+        let config = credbroker::internals::cli::quickstart_files(dir.path(), &listen).unwrap();
         let mut text = std::fs::read_to_string(&config).unwrap();
         let mut ca_pem = None;
         if setup.tls {
@@ -625,13 +629,13 @@ impl PagesServer {
             text = edit(text);
         }
         std::fs::write(&config, text).unwrap();
-        let cfg = credbroker::config::Config::load(&config).unwrap();
+        let cfg = credbroker::internals::config::Config::load(&config).unwrap();
         let clock = ManualClock::new(now());
-        let mut inst = credbroker::app::build(cfg.clone(), clock.clone())
+        let mut inst = credbroker::internals::app::build(cfg.clone(), clock.clone())
             .await
             .unwrap();
         let fake = Fake::new(&provider_base);
-        inst.pages = Arc::new(credbroker::pages::Pages::new(
+        inst.pages = Arc::new(credbroker::internals::pages::Pages::new(
             inst.broker.clone(),
             inst.sealer.clone(),
             Options {
@@ -645,9 +649,10 @@ impl PagesServer {
             },
         ));
         tokio::spawn(serve_fake_provider(provider_listener, fake.clone()));
-        let api = credbroker::unix::bind(&cfg.socket.path, 0o750, 0o660, None).unwrap();
-        let admin = credbroker::unix::bind(&cfg.admin_socket, 0o700, 0o600, None).unwrap();
-        let listeners = credbroker::server::Listeners {
+        let api = credbroker::internals::unix::bind(&cfg.socket.path, 0o750, 0o660, None).unwrap();
+        let admin =
+            credbroker::internals::unix::bind(&cfg.admin_socket, 0o700, 0o600, None).unwrap();
+        let listeners = credbroker::internals::server::Listeners {
             api,
             admin,
             public: Some(listener),
@@ -655,7 +660,7 @@ impl PagesServer {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let i2 = inst.clone();
         let task = tokio::spawn(async move {
-            credbroker::server::run(i2, listeners, async {
+            credbroker::internals::server::run(i2, listeners, async {
                 let _ = rx.await;
             })
             .await
@@ -676,15 +681,15 @@ impl PagesServer {
     }
 
     /// The broker's own issuer (local accounts' persons).
-    pub fn person(&self, name: &str) -> Person {
+    pub(crate) fn person(&self, name: &str) -> Person {
         Person {
             iss: self.issuer.clone(),
             sub: name.to_string(),
         }
     }
 
-    pub fn add_user(&self, name: &str, password: &str) {
-        credbroker::pages::users::add(
+    pub(crate) fn add_user(&self, name: &str, password: &str) {
+        credbroker::internals::pages::users::add(
             self.inst.broker.store.as_ref(),
             name,
             &SecretString::new(password.into()),
@@ -695,7 +700,7 @@ impl PagesServer {
     }
 
     /// A browser-like client: cookie store, no automatic redirects.
-    pub fn client(&self) -> reqwest::Client {
+    pub(crate) fn client(&self) -> reqwest::Client {
         let mut b = reqwest::Client::builder()
             .cookie_store(true)
             .redirect(reqwest::redirect::Policy::none());
@@ -706,11 +711,11 @@ impl PagesServer {
         b.build().unwrap()
     }
 
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
 
-    pub fn audit_lines(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn audit_lines(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(self.dir.path().join("data/audit.jsonl"))
             .unwrap_or_default()
             .lines()
@@ -718,14 +723,14 @@ impl PagesServer {
             .collect()
     }
 
-    pub fn events(&self, name: &str) -> Vec<serde_json::Value> {
+    pub(crate) fn events(&self, name: &str) -> Vec<serde_json::Value> {
         self.audit_lines()
             .into_iter()
             .filter(|e| e["event"] == name)
             .collect()
     }
 
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
@@ -736,12 +741,12 @@ impl PagesServer {
 }
 
 /// The value of `name="csrf"` in a page.
-pub fn csrf_of(html: &str) -> String {
+pub(crate) fn csrf_of(html: &str) -> String {
     hidden(html, "csrf").expect("page has a CSRF token")
 }
 
 /// The value of a hidden input.
-pub fn hidden(html: &str, name: &str) -> Option<String> {
+pub(crate) fn hidden(html: &str, name: &str) -> Option<String> {
     let marker = format!("name=\"{name}\" value=\"");
     let i = html.find(&marker)? + marker.len();
     let j = html[i..].find('"')? + i;
@@ -749,7 +754,7 @@ pub fn hidden(html: &str, name: &str) -> Option<String> {
 }
 
 /// The `Location` of a redirect.
-pub fn location(r: &reqwest::Response) -> String {
+pub(crate) fn location(r: &reqwest::Response) -> String {
     r.headers()
         .get("location")
         .map(|v| v.to_str().unwrap().to_string())
@@ -758,7 +763,7 @@ pub fn location(r: &reqwest::Response) -> String {
 
 /// Signs in with a local account through the form; returns the final
 /// response after following the redirect once.
-pub async fn sign_in(
+pub(crate) async fn sign_in(
     s: &PagesServer,
     c: &reqwest::Client,
     return_to: &str,
@@ -785,6 +790,6 @@ pub async fn sign_in(
         .unwrap()
 }
 
-pub fn urlenc(s: &str) -> String {
+pub(crate) fn urlenc(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 
 /// A Node.js peer from `tests/peers/` (oidc-provider, jose checks), talked to
 /// with one JSON line per command on stdin/stdout.
-pub struct NodePeer {
+pub(crate) struct NodePeer {
     child: Child,
     stdin: std::process::ChildStdin,
     stdout: std::io::BufReader<std::process::ChildStdout>,
@@ -18,7 +18,7 @@ pub struct NodePeer {
 
 /// The directory of the Node.js peers; fails loudly when they are not
 /// installed (the tests must never pass silently without their peers).
-pub fn peers_dir() -> PathBuf {
+pub(crate) fn peers_dir() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers");
     assert!(
         dir.join("node_modules/oidc-provider").is_dir() && dir.join("node_modules/jose").is_dir(),
@@ -29,7 +29,7 @@ pub fn peers_dir() -> PathBuf {
 
 impl NodePeer {
     /// Starts `node tests/peers/SCRIPT ARGS...` and reads its first line.
-    pub fn start(script: &str, args: &[&str]) -> NodePeer {
+    pub(crate) fn start(script: &str, args: &[&str]) -> NodePeer {
         use std::io::BufRead;
         let dir = peers_dir();
         let mut child = Command::new("node")
@@ -56,7 +56,7 @@ impl NodePeer {
     }
 
     /// Sends one command and reads one JSON answer.
-    pub fn call(&mut self, cmd: &serde_json::Value) -> serde_json::Value {
+    pub(crate) fn call(&mut self, cmd: &serde_json::Value) -> serde_json::Value {
         use std::io::BufRead;
         writeln!(self.stdin, "{cmd}").unwrap();
         let mut line = String::new();
@@ -73,7 +73,7 @@ impl Drop for NodePeer {
 }
 
 /// Starts oidc-provider with `config` (see tests/peers/oidc-provider.mjs).
-pub fn oidc_provider(config: &serde_json::Value) -> (NodePeer, tempfile::NamedTempFile) {
+pub(crate) fn oidc_provider(config: &serde_json::Value) -> (NodePeer, tempfile::NamedTempFile) {
     let f = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(f.path(), config.to_string()).unwrap();
     let p = NodePeer::start("oidc-provider.mjs", &[f.path().to_str().unwrap()]);

@@ -1,14 +1,14 @@
 //! A broker with a connected service (`acme`, played by the oidc-provider
-//! peer), and a stand-in for the pages: finishing a link the way the
-//! browser routes will, through the library (`connect::resolve`,
-//! `upstream`, `connect::complete_connect`), while the broker is stopped
-//! (sled is single-process).
+//! peer), and a person's browser on its pages: links are finished over
+//! HTTP through the real pages (sign-in with a local account, the link's
+//! button, the provider, the pages' callback), the path production takes.
 
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use credbroker::client::Answer;
-use credbroker::jose::Es256Key;
+use credbroker::internals::jose::Es256Key;
 
 use super::oidc::{secret_file, OidcPeer, CLIENT_ID};
 use super::{Opts, TestBroker};
@@ -16,11 +16,11 @@ use super::{Opts, TestBroker};
 /// The redirect URI the pages use for `acme`: `{issuer}/callback/acme`
 /// (test brokers have the issuer `http://127.0.0.1:0`; the tests call the
 /// real address themselves).
-pub const REDIRECT: &str = "http://127.0.0.1:0/callback/acme";
-pub const SERVICE: &str = "https://api.acme.example";
+pub(crate) const REDIRECT: &str = "http://127.0.0.1:0/callback/acme";
+pub(crate) const SERVICE: &str = "https://api.acme.example";
 
 /// The quick-start policy plus the `acme` service resource and two tools.
-pub fn policy() -> String {
+pub(crate) fn policy() -> String {
     format!(
         r#"{}
 [resources."{SERVICE}"]
@@ -38,21 +38,25 @@ resource = "{SERVICE}"
 scopes = ["read:org"]
 steps = ["triage"]
 "#,
-        credbroker::cli::QUICKSTART_POLICY
+        credbroker::internals::cli::QUICKSTART_POLICY
     )
 }
 
 /// Broker + provider.
-pub struct ServiceEnv {
+pub(crate) struct ServiceEnv {
     pub peer: OidcPeer,
     pub broker: TestBroker,
     pub client_secret: String,
     secrets: tempfile::TempDir,
+    /// One browser (cookie jar) per person.
+    browsers: HashMap<String, reqwest::Client>,
+    /// The local accounts made on the pages.
+    users: HashSet<String>,
 }
 
 /// Options of the `acme` provider table.
 #[derive(Clone)]
-pub struct ProviderOpts {
+pub(crate) struct ProviderOpts {
     pub narrow_on_refresh: bool,
     pub timeout: &'static str,
     pub log: Option<String>,
@@ -77,11 +81,11 @@ impl Default for ProviderOpts {
 }
 
 impl ServiceEnv {
-    pub fn start() -> ServiceEnv {
+    pub(crate) fn start() -> ServiceEnv {
         ServiceEnv::start_with(ProviderOpts::default())
     }
 
-    pub fn start_with(p: ProviderOpts) -> ServiceEnv {
+    pub(crate) fn start_with(p: ProviderOpts) -> ServiceEnv {
         let mut r = [0u8; 12];
         aws_lc_rs::rand::fill(&mut r).unwrap();
         let client_secret = format!("client-secret-canary-{}", hex::encode(r));
@@ -120,15 +124,17 @@ timeout = "{timeout}"
             broker,
             client_secret,
             secrets,
+            browsers: HashMap::new(),
+            users: HashSet::new(),
         }
     }
 
-    pub fn secret_path(&self) -> PathBuf {
+    pub(crate) fn secret_path(&self) -> PathBuf {
         self.secrets.path().join("acme.secret")
     }
 
     /// A derive for a service tool in step `triage`.
-    pub async fn derive(&self, key: &Es256Key, sub: &str, tool: &str) -> Answer {
+    pub(crate) async fn derive(&self, key: &Es256Key, sub: &str, tool: &str) -> Answer {
         self.broker
             .derive(
                 key,
@@ -141,98 +147,197 @@ timeout = "{timeout}"
             .await
     }
 
-    /// Opens the store the way the pages' handlers will reach it (the
-    /// broker must be stopped).
-    pub fn open_parts(&self) -> Parts {
-        let cfg = credbroker::config::Config::load(&self.broker.config).unwrap();
-        let store: Arc<dyn credbroker::store::Store> =
-            Arc::new(credbroker::store::SledStore::open(&cfg.store).unwrap());
-        let vault = credbroker::vault::Vault::open(store.clone(), &cfg.vault_key_dir).unwrap();
-        let master = credbroker::config::read_secret_file(&cfg.master_key_file).unwrap();
-        let links = credbroker::connect::Links::new(
-            store,
-            &credbroker::connect::Links::derive_key(&master),
-            &cfg.issuer,
-        );
-        let providers = credbroker::upstream::Providers::from_config(&cfg).unwrap();
-        Parts {
-            vault,
-            links,
-            provider: providers.get("acme").unwrap().clone(),
-        }
+    /// Opens the store offline, as an operator (or someone with write
+    /// access to the store) would: the broker must be stopped (sled is
+    /// single-process).
+    pub(crate) fn open_parts(&self) -> Parts {
+        let cfg = credbroker::internals::config::Config::load(&self.broker.config).unwrap();
+        let store: Arc<dyn credbroker::internals::store::Store> =
+            Arc::new(credbroker::internals::store::SledStore::open(&cfg.store).unwrap());
+        let vault = credbroker::internals::vault::Vault::open(store, &cfg.vault_key_dir).unwrap();
+        Parts { vault }
     }
 
-    /// Plays the pages for the link in `connect_uri`: the person `sub`
-    /// opens it, signs in at the provider as `account`, and the broker
-    /// stores the account and the allowance. Restarts the broker.
-    pub async fn play_pages(&mut self, connect_uri: &str, sub: &str, account: &str) {
-        self.broker.stop();
-        {
-            let parts = self.open_parts();
-            let code = connect_uri.rsplit('/').next().unwrap();
-            let now = super::now();
-            let link = parts
-                .links
-                .resolve(code, now)
-                .unwrap()
-                .expect("the link resolves");
-            assert_eq!(link.person_sub, sub, "check 3: same person as the link's");
-            match link.kind {
-                credbroker::connect::LinkKind::Allow => {
-                    credbroker::connect::complete_allow(&parts.vault, &parts.links, &link, now)
-                        .unwrap();
-                }
-                _ => {
-                    let scopes = credbroker::connect::scopes_to_request(&parts.provider, &link);
-                    let req = parts
-                        .provider
-                        .authorization_request(&scopes, &[])
-                        .await
-                        .unwrap();
-                    let back = self.peer.authorize(&req.url, account).await;
-                    assert_eq!(back["state"], *req.state.expose());
-                    // The RFC 9207 check the pages run on the callback.
-                    let sends_iss = parts
-                        .provider
-                        .cached_endpoints()
-                        .is_some_and(|e| e.sends_iss);
-                    credbroker::oauth::check_callback_iss(
-                        parts.provider.config().issuer.as_deref(),
-                        sends_iss,
-                        back.get("iss").map(String::as_str),
-                    )
-                    .unwrap();
-                    credbroker::connect::complete_connect(
-                        &parts.vault,
-                        &parts.links,
-                        &parts.provider,
-                        &link,
-                        &back["code"],
-                        req.verifier.expose(),
-                        now,
-                    )
-                    .await
-                    .unwrap();
-                }
-            }
-            assert!(
-                parts.links.resolve(code, now).unwrap().is_none(),
-                "a finished link is closed"
-            );
+    /// The browser of person `sub`: an HTTP client with its own cookie jar
+    /// that does not follow redirects (kept across calls, as a browser
+    /// keeps its session).
+    pub(crate) fn browser(&mut self, sub: &str) -> reqwest::Client {
+        self.browsers
+            .entry(sub.to_string())
+            .or_insert_with(|| {
+                reqwest::Client::builder()
+                    .cookie_store(true)
+                    .redirect(reqwest::redirect::Policy::none())
+                    .build()
+                    .unwrap()
+            })
+            .clone()
+    }
+
+    /// The local account of person `sub` on the pages, made through the
+    /// admin socket the first time (a local account's person is the dev
+    /// issuer's `sub`, the person of the subject tokens of [`Self::derive`]).
+    pub(crate) fn local_user(&mut self, sub: &str) -> String {
+        let password = format!("{sub}'s own test password");
+        if self.users.insert(sub.to_string()) {
+            let body = serde_json::json!({"name": sub, "password": password}).to_string();
+            let (status, answer) = self.broker.admin_post("/users", &body).unwrap();
+            assert_eq!(status, 200, "adding the local account {sub}: {answer}");
         }
-        self.broker.restart();
+        password
+    }
+
+    /// The browser of `sub` opens `path` on the pages, signing in with its
+    /// local account when the pages ask; returns the page.
+    pub(crate) async fn open_signed_in(&mut self, path: &str, sub: &str) -> String {
+        let password = self.local_user(sub);
+        let c = self.browser(sub);
+        open_signed_in(&c, &self.broker.public, path, sub, &password).await
+    }
+
+    /// Finishes the link in `connect_uri` through the real pages over HTTP,
+    /// as the person's browser would: `sub` opens it (signing in with a
+    /// local account), presses the button of the link's kind, signs in at
+    /// the provider as `account` (for connect and reconnect links), and
+    /// the provider's answer goes to the pages' callback. The pages and the
+    /// broker's own checks decide; the broker keeps running.
+    pub(crate) async fn play_pages(&mut self, connect_uri: &str, sub: &str, account: &str) {
+        let path = &connect_uri[connect_uri.find("/connect/").expect("a connect URI")..];
+        let html = self.open_signed_in(path, sub).await;
+        let c = self.browser(sub);
+        let base = self.broker.public.clone();
+        let csrf = hidden(&html, "csrf");
+        let mut form = vec![("csrf", csrf.as_str())];
+        // The page offers the action of the link's kind; an allow link
+        // lists the person's connected accounts (the first is checked).
+        let chosen;
+        if html.contains("name=\"action\" value=\"allow\"") {
+            chosen = hidden(&html, "account");
+            form.extend([("action", "allow"), ("account", chosen.as_str())]);
+        } else if html.contains("name=\"action\" value=\"reconnect\"") {
+            form.push(("action", "reconnect"));
+        } else {
+            form.push(("action", "connect"));
+        }
+        let go = c
+            .post(format!("{base}{path}"))
+            .header("sec-fetch-site", "same-origin")
+            .form(&form)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            go.status().is_redirection(),
+            "the link's button: {} {}",
+            go.status(),
+            go.text().await.unwrap()
+        );
+        let mut next = location(&go);
+        if next.starts_with(&self.peer.issuer) {
+            // To the provider and back to the pages' callback, with
+            // whatever the provider put in the answer.
+            let back = self.peer.authorize(&next, account).await;
+            let query = url::form_urlencoded::Serializer::new(String::new())
+                .extend_pairs(back.iter())
+                .finish();
+            let done = c
+                .get(format!("{base}/callback/acme?{query}"))
+                .send()
+                .await
+                .unwrap();
+            assert!(
+                done.status().is_redirection(),
+                "the provider callback: {} {}",
+                done.status(),
+                done.text().await.unwrap()
+            );
+            next = location(&done);
+        }
+        assert!(
+            ["/done/connected", "/done/reconnected", "/done/allowed"].contains(&next.as_str()),
+            "the link was not finished: {next}"
+        );
     }
 }
 
-/// The store-level parts the pages use.
-pub struct Parts {
-    pub vault: credbroker::vault::Vault,
-    pub links: credbroker::connect::Links,
-    pub provider: Arc<credbroker::upstream::Provider>,
+/// The value of the first `name="{name}" value="..."` in a page.
+pub(crate) fn hidden(html: &str, name: &str) -> String {
+    let marker = format!("name=\"{name}\" value=\"");
+    let i = html
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no {name} in {html}"))
+        + marker.len();
+    let j = html[i..].find('"').unwrap() + i;
+    html[i..j].to_string()
+}
+
+/// The `Location` of a redirect (empty when there is none).
+pub(crate) fn location(r: &reqwest::Response) -> String {
+    r.headers()
+        .get("location")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// The browser `c` opens `path` on the pages at `base`, signing in as
+/// `name` through the local sign-in form when asked; returns the page.
+pub(crate) async fn open_signed_in(
+    c: &reqwest::Client,
+    base: &str,
+    path: &str,
+    name: &str,
+    password: &str,
+) -> String {
+    let first = c.get(format!("{base}{path}")).send().await.unwrap();
+    if first.status() == 200 {
+        return first.text().await.unwrap();
+    }
+    assert!(
+        first.status().is_redirection(),
+        "{path}: {} {}",
+        first.status(),
+        first.text().await.unwrap()
+    );
+    let page = c
+        .get(format!(
+            "{base}/signin?return_to={}",
+            url::form_urlencoded::byte_serialize(path.as_bytes()).collect::<String>()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let html = page.text().await.unwrap();
+    let r = c
+        .post(format!("{base}/signin"))
+        .header("sec-fetch-site", "same-origin")
+        .form(&[
+            ("csrf", hidden(&html, "csrf").as_str()),
+            ("return_to", path),
+            ("username", name),
+            ("password", password),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        r.status().is_redirection(),
+        "sign-in: {} {}",
+        r.status(),
+        r.text().await.unwrap()
+    );
+    let page = c.get(format!("{base}{path}")).send().await.unwrap();
+    assert_eq!(page.status(), 200, "{path} after sign-in");
+    page.text().await.unwrap()
+}
+
+/// The store-level parts an operator reaches offline.
+pub(crate) struct Parts {
+    pub vault: credbroker::internals::vault::Vault,
 }
 
 /// The refusal, or a panic naming what was issued.
-pub fn refused(a: Answer) -> credbroker::client::Refusal {
+pub(crate) fn refused(a: Answer) -> credbroker::client::Refusal {
     match a {
         Answer::Refused(r) => r,
         Answer::Issued(t) => panic!("expected a refusal, got a token of type {}", t.token_type),
@@ -240,7 +345,7 @@ pub fn refused(a: Answer) -> credbroker::client::Refusal {
 }
 
 /// The token, or a panic with the refusal.
-pub fn issued(a: Answer) -> credbroker::client::Token {
+pub(crate) fn issued(a: Answer) -> credbroker::client::Token {
     match a {
         Answer::Issued(t) => t,
         Answer::Refused(r) => panic!("expected a token, got {r:?}"),

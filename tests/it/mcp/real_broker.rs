@@ -1,0 +1,342 @@
+//! The behaviours of `server.rs` that the threat model cites, run against
+//! the real broker too (the scripted socket there reads `sub` without
+//! checks and answers what it was told): the example MCP server derives on
+//! the real broker's socket, whose policy has a `service` resource played
+//! by oidc-provider (tests/peers/oauth-service.mjs); links are real links,
+//! finished, when a test finishes one, through the real pages over HTTP
+//! (`ServiceEnv::play_pages`); the repository API believes a token only
+//! when the provider's userinfo endpoint does.
+//!
+//! - an unfinished or declined link asks again (the same link) and
+//!   connects nothing; finishing the page makes the next round work;
+//! - an expired `requestState` never reaches the broker;
+//! - a client without URL elicitation gets the broker's link as text;
+//! - an API answer that echoes the provider's token is withheld.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::support::mcp::*;
+use crate::support::services::{refused, ServiceEnv, SERVICE};
+use crate::support::*;
+use serde_json::{json, Value};
+
+async fn py(dir: PathBuf, token: String, spec: Value) -> Value {
+    tokio::task::spawn_blocking(move || python_client(&dir, &token, spec))
+        .await
+        .unwrap()
+}
+
+/// The repository API: lists `{account}/notes` and `{account}/site` for
+/// the provider account whose token the provider's userinfo endpoint
+/// accepts.
+async fn provider_checked_api(env: &ServiceEnv) -> RepoApi {
+    let userinfo = format!("{}/me", env.peer.issuer);
+    RepoApi::start_async(
+        "/user/repos",
+        Arc::new(move |headers: http::HeaderMap, _url| {
+            let userinfo = userinfo.clone();
+            Box::pin(async move {
+                let auth = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .ok_or("no token")?
+                    .to_owned();
+                let r = reqwest::Client::new()
+                    .get(&userinfo)
+                    .header("authorization", auth)
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !r.status().is_success() {
+                    return Err(format!("provider says {}", r.status()));
+                }
+                let me: Value = r.json().await.map_err(|e| e.to_string())?;
+                me["sub"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| "no sub".into())
+            })
+        }),
+    )
+    .await
+}
+
+/// The example MCP server on the real broker's socket, for `acme.issues`.
+fn mcp_server(env: &ServiceEnv, api: &RepoApi, state_ttl: Option<i64>) -> McpServer {
+    let jwks = env.broker.path("dev-issuer-jwks.json");
+    McpServer::start(
+        &McpServerOpts {
+            socket: &env.broker.socket,
+            broker_issuer: &env.broker.issuer,
+            trusted_issuer: &env.broker.issuer,
+            jwks: Jwks::File(&jwks),
+            audience: "repo-helper",
+            step: "triage",
+            tool: "acme.issues",
+            resource: SERVICE,
+            api_url: &api.url,
+            service: "acme",
+            scope: None,
+            state_ttl,
+        },
+        env.broker.dir.path(),
+    )
+}
+
+fn repo_names(call: &Value) -> Vec<String> {
+    call["result"]["structuredContent"]["repositories"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no repositories in {call}"))
+        .iter()
+        .map(|r| r["full_name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The derives the broker decided (its audit events).
+fn derives(env: &ServiceEnv) -> usize {
+    env.broker
+        .audit_lines()
+        .iter()
+        .filter(|e| {
+            e["event"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("derive."))
+        })
+        .count()
+}
+
+/// The accounts the broker holds.
+fn accounts(env: &ServiceEnv) -> Vec<Value> {
+    let (status, body) = env.broker.admin_get("/accounts").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["accounts"].as_array().unwrap().clone()
+}
+
+/// An opener that opens nothing that connects.
+fn does_not_complete() -> Value {
+    json!(["sh", "-c", "echo '{\"touched\": false}'"])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unfinished_or_declined_link_asks_again_and_connects_nothing_on_the_real_broker() {
+    let mut env = ServiceEnv::start();
+    let api = provider_checked_api(&env).await;
+    let server = mcp_server(&env, &api, None);
+    let dir = env.broker.dir.path().to_owned();
+    let alice = env.broker.subject_token("alice");
+    // 2026-07-28: accepted but the page was not completed -> asked again,
+    // with the same link; then declined -> a tool error, no repositories.
+    let out = py(
+        dir.clone(),
+        alice.clone(),
+        json!({"url": server.url, "mode": "auto", "scenario": "flow",
+        "open": does_not_complete(), "answers": ["accept", "decline"]}),
+    )
+    .await;
+    let links = out["links"].as_array().unwrap();
+    assert_eq!(links.len(), 2, "the retry got the elicitation again: {out}");
+    let url = links[0]["params"]["url"].as_str().unwrap().to_owned();
+    assert_eq!(links[1]["params"]["url"], url.as_str(), "the same link");
+    let res = &out["calls"][0]["result"];
+    assert_eq!(res["isError"], true, "{out}");
+    assert!(res["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("declined"));
+    // 2025-11-25: the same, by hand.
+    let out = py(
+        dir.clone(),
+        alice.clone(),
+        json!({"url": server.url, "mode": "legacy", "scenario": "flow",
+        "open": does_not_complete(), "answers": ["accept", "decline"]}),
+    )
+    .await;
+    let calls = out["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{out}");
+    for c in calls {
+        assert_eq!(c["error"]["code"], -32042, "{out}");
+        assert_eq!(
+            c["error"]["data"]["elicitations"][0]["url"],
+            url.as_str(),
+            "{out}"
+        );
+    }
+    // Nothing connected, nothing reached the API; the link the broker
+    // hands out is still that one.
+    assert!(accounts(&env).is_empty(), "{:?}", accounts(&env));
+    assert!(api.hits().is_empty(), "nothing reached the API");
+    let r = refused(env.derive(&key(), "alice", "acme.issues").await);
+    assert_eq!(r.connect_uri.as_deref(), Some(url.as_str()));
+
+    // Positive control: the person finishes the page; the next round
+    // returns her repositories at the provider.
+    env.play_pages(&url, "alice", "octo-alice").await;
+    let out = py(
+        dir,
+        alice,
+        json!({"url": server.url, "mode": "auto", "scenario": "call"}),
+    )
+    .await;
+    assert_eq!(
+        repo_names(&out["calls"][0]),
+        ["octo-alice/notes", "octo-alice/site"],
+        "{out}"
+    );
+    assert_eq!(accounts(&env).len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn expired_request_state_is_refused_on_the_real_broker() {
+    let env = ServiceEnv::start();
+    let api = provider_checked_api(&env).await;
+    let server = mcp_server(&env, &api, Some(3));
+    let alice = env.broker.subject_token("alice");
+    let dir = env.broker.dir.path().to_owned();
+    let before = derives(&env);
+    // The genuine state, retried after its lifetime: refused, no derive.
+    let out = py(
+        dir.clone(),
+        alice.clone(),
+        json!({"url": server.url, "mode": "auto",
+        "scenario": "tamper", "only_genuine": true, "sleep": 4.5}),
+    )
+    .await;
+    let calls = out["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{out}");
+    assert_eq!(calls[0]["result"]["resultType"], "input_required", "{out}");
+    assert_eq!(calls[1]["attempt"], "genuine");
+    assert_eq!(calls[1]["error"]["code"], -32602, "{out}");
+    assert_eq!(
+        calls[1]["error"]["message"],
+        "Invalid or expired requestState"
+    );
+    assert_eq!(
+        derives(&env) - before,
+        1,
+        "only the first call reached the broker"
+    );
+    assert!(server.log_text().contains("requestState has expired"));
+    // Positive control: retried at once, the state opens and the broker is
+    // asked again (Alice has not connected, so it asks for the link again).
+    let out = py(
+        dir,
+        alice,
+        json!({"url": server.url, "mode": "auto",
+        "scenario": "tamper", "only_genuine": true}),
+    )
+    .await;
+    assert_eq!(
+        out["calls"][1]["result"]["resultType"], "input_required",
+        "{out}"
+    );
+    assert_eq!(derives(&env) - before, 3, "both calls reached the broker");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn form_only_client_gets_the_link_as_text_on_the_real_broker() {
+    let mut env = ServiceEnv::start();
+    let api = provider_checked_api(&env).await;
+    let server = mcp_server(&env, &api, None);
+    let alice = env.broker.subject_token("alice");
+    // The link and its message, as the broker hands them out.
+    let r = refused(env.derive(&key(), "alice", "acme.issues").await);
+    let link = r.connect_uri.clone().unwrap();
+    let message = r.connect_message.clone().unwrap();
+    for mode in ["legacy", "auto"] {
+        // No elicitation_callback: the Python client declares no URL mode.
+        let out = py(
+            env.broker.dir.path().to_owned(),
+            alice.clone(),
+            json!({"url": server.url, "mode": mode,
+            "scenario": "call", "elicitation": false}),
+        )
+        .await;
+        let res = &out["calls"][0]["result"];
+        assert_eq!(res["isError"], true, "{mode}: {out}");
+        let text = res["content"][0]["text"].as_str().unwrap();
+        assert!(
+            text.starts_with(&message) && text.ends_with(&link),
+            "{mode}: {text}"
+        );
+    }
+    // Positive control: once the link is finished, the same client gets
+    // the repositories.
+    env.play_pages(&link, "alice", "octo-alice").await;
+    let out = py(
+        env.broker.dir.path().to_owned(),
+        alice,
+        json!({"url": server.url, "mode": "auto",
+        "scenario": "call", "elicitation": false}),
+    )
+    .await;
+    assert_eq!(
+        repo_names(&out["calls"][0]),
+        ["octo-alice/notes", "octo-alice/site"],
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn api_answer_echoing_the_provider_token_is_withheld_on_the_real_broker() {
+    let mut env = ServiceEnv::start();
+    let r = refused(env.derive(&key(), "alice", "acme.issues").await);
+    env.play_pages(r.connect_uri.as_deref().unwrap(), "alice", "octo-alice")
+        .await;
+    // An API that puts the bearer token into its answer.
+    let echo = RepoApi::start(
+        "/user/repos",
+        Arc::new(|req, _| {
+            let auth = req
+                .headers()
+                .get("authorization")
+                .unwrap()
+                .to_str()
+                .unwrap();
+            Ok(auth.trim_start_matches("Bearer ").to_owned())
+        }),
+    )
+    .await;
+    let alice = env.broker.subject_token("alice");
+    let dir = env.broker.dir.path().to_owned();
+    let server = mcp_server(&env, &echo, None);
+    let out = py(
+        dir.clone(),
+        alice.clone(),
+        json!({"url": server.url, "mode": "auto", "scenario": "call"}),
+    )
+    .await;
+    let res = &out["calls"][0]["result"];
+    assert_eq!(res["isError"], true, "{out}");
+    assert!(res["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("withheld"));
+    assert_eq!(echo.hits().len(), 1, "the API was called");
+    let issued = env.peer.issued_tokens().await;
+    assert!(!issued.is_empty(), "the provider issued tokens");
+    let strings = all_strings(&out);
+    for t in &issued {
+        assert!(
+            !strings.iter().any(|s| s.contains(t.as_str())),
+            "a provider token reached the MCP client"
+        );
+    }
+    drop(server);
+    // Positive control: an API that does not echo it is passed through.
+    let honest = provider_checked_api(&env).await;
+    let server = mcp_server(&env, &honest, None);
+    let out = py(
+        dir,
+        alice,
+        json!({"url": server.url, "mode": "auto", "scenario": "call"}),
+    )
+    .await;
+    assert_eq!(
+        repo_names(&out["calls"][0]),
+        ["octo-alice/notes", "octo-alice/site"],
+        "{out}"
+    );
+}

@@ -1,0 +1,335 @@
+//! C4, C5 and C7 with the real connected-services side instead of the
+//! in-memory fake of `http.rs`: an instance run in-process (so its clock
+//! can be moved) with the link store, vault and provider client that
+//! `server::build` makes, links made by real refusals on the socket, and
+//! oidc-provider (tests/peers/oauth-service.mjs, which requires PKCE) as
+//! the service. The pages are driven over HTTP.
+//!
+//! - every kind of dead code (unknown, expired, declined, replaced, used,
+//!   one character off, malformed) gets the same bytes as a random code,
+//!   and the link store holds a link under SHA-256 of its code, never the
+//!   code;
+//! - an authorization code of one flow sent back with the `state` of
+//!   another flow of the same person (code injection) is exchanged with
+//!   the other flow's verifier, and the provider's PKCE check refuses it;
+//!   nothing is connected; the same code with its own `state` connects.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
+
+use std::collections::BTreeMap;
+
+use credbroker::client::{Answer, DeriveParams};
+use credbroker::internals::clock::Clock;
+use credbroker::internals::store::Tree;
+
+use crate::support::oidc::{secret_file, OidcPeer};
+use crate::support::pages::{PagesServer, Setup};
+use crate::support::services::{hidden, location, open_signed_in, refused, SERVICE};
+use crate::support::*;
+
+const PW: &str = "a long local test password";
+
+struct World {
+    s: PagesServer,
+    peer: OidcPeer,
+    base: String,
+    _secrets: tempfile::TempDir,
+}
+
+async fn world() -> World {
+    let addr = free_loopback_addr();
+    let base = format!("http://{addr}");
+    let client_secret = format!(
+        "client-secret-canary-{}",
+        hex::encode(crate::support::random_bytes(12))
+    );
+    let peer = OidcPeer::start(&client_secret, &format!("{base}/callback/acme"));
+    let secrets = tempfile::tempdir().unwrap();
+    let secret = secret_file(secrets.path(), "acme.secret", &client_secret);
+    let policy = secrets.path().join("policy.toml");
+    std::fs::write(&policy, crate::support::services::policy()).unwrap();
+    let provider = format!(
+        r#"
+[providers.acme]
+display_name = "Acme"
+issuer = "{issuer}"
+client_id = "{client}"
+client_secret_file = "{secret}"
+scopes = ["openid", "profile", "read:org"]
+"#,
+        issuer = peer.issuer,
+        client = crate::support::oidc::CLIENT_ID,
+        secret = secret.display(),
+    );
+    let policy_line = format!("policy = \"{}\"", policy.display());
+    let s = PagesServer::start_with(Setup {
+        listen: Some(addr.parse().unwrap()),
+        real_services: true,
+        edit_config: Some(std::sync::Arc::new(move |text: String| {
+            assert!(text.contains("policy = \"policy.toml\""));
+            text.replace("policy = \"policy.toml\"", &policy_line) + &provider
+        })),
+        ..Setup::default()
+    })
+    .await;
+    World {
+        s,
+        peer,
+        base,
+        _secrets: secrets,
+    }
+}
+
+impl World {
+    /// A derive by `sub`'s agent for `tool`, at the instance's (moved) time.
+    async fn derive(&self, sub: &str, tool: &str) -> Answer {
+        let now = self.s.clock.now();
+        let proof = credbroker::internals::dpop::make_proof(
+            &key(),
+            "POST",
+            &format!("{}/v1/derive", self.s.issuer),
+            now,
+            None,
+            None,
+        )
+        .unwrap();
+        let subject =
+            credbroker::internals::cli::dev_subject_token(self.s.dir.path(), sub, 4 * 3600)
+                .unwrap();
+        credbroker::client::Client::new(&self.s.inst.broker.config.socket.path, &self.s.issuer)
+            .derive_with_proof(
+                &DeriveParams {
+                    subject_token: &subject,
+                    step: "triage",
+                    tool,
+                    resource: SERVICE,
+                    scope: None,
+                },
+                &proof,
+            )
+            .await
+            .unwrap()
+    }
+
+    /// The code of the link a refusal hands out.
+    async fn link_code(&self, sub: &str, tool: &str) -> String {
+        let r = refused(self.derive(sub, tool).await);
+        let uri = r.connect_uri.unwrap();
+        uri.rsplit('/').next().unwrap().to_string()
+    }
+
+    fn browser(&self) -> reqwest::Client {
+        reqwest::Client::builder()
+            .cookie_store(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
+    }
+
+    /// `sub`'s browser, signed in with a new local account, on the link
+    /// page; returns the page.
+    async fn open(&self, c: &reqwest::Client, code: &str, sub: &str) -> String {
+        self.s.add_user(sub, PW);
+        open_signed_in(c, &self.base, &format!("/connect/{code}"), sub, PW).await
+    }
+
+    /// Presses the link page's connect button: the provider's
+    /// authorization URL the pages redirect to.
+    async fn press_connect(&self, c: &reqwest::Client, code: &str, html: &str) -> String {
+        let go = c
+            .post(format!("{}/connect/{code}", self.base))
+            .header("sec-fetch-site", "same-origin")
+            .form(&[
+                ("csrf", hidden(html, "csrf").as_str()),
+                ("action", "connect"),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert!(go.status().is_redirection(), "{}", go.status());
+        let to = location(&go);
+        assert!(to.starts_with(&self.peer.issuer), "{to}");
+        to
+    }
+
+    async fn callback(
+        &self,
+        c: &reqwest::Client,
+        q: &BTreeMap<String, String>,
+    ) -> reqwest::Response {
+        let query = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(q.iter())
+            .finish();
+        c.get(format!("{}/callback/acme?{query}", self.base))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    fn accounts(&self, sub: &str) -> usize {
+        self.s
+            .inst
+            .pages
+            .services()
+            .vault
+            .accounts(&self.s.person(sub))
+            .unwrap()
+            .len()
+    }
+}
+
+/// Status and body of `GET /connect/{code}` for a browser without a session.
+async fn get(w: &World, code: &str) -> (u16, bytes::Bytes) {
+    let r = w
+        .browser()
+        .get(format!("{}/connect/{code}", w.base))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.bytes().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_codes_of_every_kind_get_the_same_404_from_the_real_link_store() {
+    let w = world().await;
+    let (st, reference) = get(&w, &credbroker::internals::jose::b64e(&random_bytes(32))).await;
+    assert_eq!(st, 404);
+
+    // Expired: carol's link, 31 minutes later.
+    let expired = w.link_code("carol", "acme.issues").await;
+    w.s.clock.advance(31 * 60);
+    // Replaced: alice's link for `repo`, replaced when her agent also asks
+    // for `read:org` (a link for both).
+    let replaced = w.link_code("alice", "acme.issues").await;
+    let used = w.link_code("alice", "acme.org").await;
+    assert_ne!(replaced, used);
+    // Declined: bob declines his.
+    let declined = w.link_code("bob", "acme.issues").await;
+    let bob = w.browser();
+    let html = w.open(&bob, &declined, "bob").await;
+    let r = bob
+        .post(format!("{}/connect/{declined}", w.base))
+        .header("sec-fetch-site", "same-origin")
+        .form(&[
+            ("csrf", hidden(&html, "csrf").as_str()),
+            ("action", "decline"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(location(&r), "/done/declined");
+    // Used: alice finishes hers.
+    let alice = w.browser();
+    let html = w.open(&alice, &used, "alice").await;
+    let to = w.press_connect(&alice, &used, &html).await;
+    let back = w.peer.authorize(&to, "octo-alice").await;
+    let done = w.callback(&alice, &back).await;
+    assert_eq!(location(&done), "/done/connected");
+    // Open: dave's, for the positive control and a code one character off.
+    let open = w.link_code("dave", "acme.issues").await;
+    let mut one_off = open.clone().into_bytes();
+    one_off[42] = if one_off[42] == b'A' { b'B' } else { b'A' };
+    let one_off = String::from_utf8(one_off).unwrap();
+
+    for (what, code) in [
+        ("expired", expired.as_str()),
+        ("declined", declined.as_str()),
+        ("replaced by a link for more scope", replaced.as_str()),
+        ("used", used.as_str()),
+        ("one character off an open code", one_off.as_str()),
+        ("malformed", "not-a-code"),
+        ("too long", &format!("{open}A")),
+    ] {
+        let (st, body) = get(&w, code).await;
+        assert_eq!(st, 404, "{what}");
+        assert_eq!(body, reference, "{what}: byte-identical");
+    }
+    // 200 random codes: the same bytes.
+    for i in 0..200 {
+        let (st, body) = get(&w, &credbroker::internals::jose::b64e(&random_bytes(32))).await;
+        assert_eq!((st, &body), (404, &reference), "random code {i}");
+    }
+    // Positive control: the open code is not a 404 (no session: sign in).
+    let r = w
+        .browser()
+        .get(format!("{}/connect/{open}", w.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert!(location(&r).starts_with("/signin"), "{}", location(&r));
+
+    // Look-up by hash: the record of the open link is stored under SHA-256
+    // of its code; neither the code nor its bytes are anywhere in the
+    // link records.
+    let code_bytes = credbroker::internals::jose::b64d(&open, "code").unwrap();
+    let hash = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &code_bytes);
+    let records = credbroker::internals::store::Store::scan_prefix(
+        w.s.inst.broker.store.as_ref(),
+        Tree::Links,
+        b"",
+    )
+    .unwrap();
+    assert!(
+        records.iter().any(|(k, _)| k.as_slice() == hash.as_ref()),
+        "the open link is stored under SHA-256 of its code"
+    );
+    let contains = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|x| x == needle);
+    for (k, v) in &records {
+        for hay in [k, v] {
+            assert!(!contains(hay, open.as_bytes()) && !contains(hay, &code_bytes));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_of_another_flow_fails_the_providers_pkce_check_and_connects_nothing() {
+    let w = world().await;
+    let code = w.link_code("alice", "acme.issues").await;
+    let alice = w.browser();
+    let html = w.open(&alice, &code, "alice").await;
+    // Two flows from the same link in the same session: two states, two
+    // verifiers.
+    let first = w.press_connect(&alice, &code, &html).await;
+    let second = w.press_connect(&alice, &code, &html).await;
+    let q = |u: &str| -> BTreeMap<String, String> {
+        url::Url::parse(u)
+            .unwrap()
+            .query_pairs()
+            .into_owned()
+            .collect()
+    };
+    assert_ne!(q(&first)["state"], q(&second)["state"]);
+    assert_ne!(q(&first)["code_challenge"], q(&second)["code_challenge"]);
+    let back_first = w.peer.authorize(&first, "octo-alice").await;
+    let back_second = w.peer.authorize(&second, "octo-alice").await;
+    let stats = w.peer.stats().await;
+
+    // The first flow's code with the second flow's state: the pages send
+    // the second flow's verifier, and the provider refuses it.
+    let mut injected = back_first.clone();
+    injected.insert("state".into(), back_second["state"].clone());
+    let r = w.callback(&alice, &injected).await;
+    assert_eq!(r.status(), 502, "{}", r.text().await.unwrap());
+    let after = w.peer.stats().await;
+    assert_eq!(
+        after["token_requests"].as_u64().unwrap(),
+        stats["token_requests"].as_u64().unwrap() + 1,
+        "the code was sent to the provider"
+    );
+    assert_eq!(
+        after["authorization_code"], stats["authorization_code"],
+        "the provider granted nothing"
+    );
+    assert_eq!(w.accounts("alice"), 0, "nothing connected");
+
+    // Positive control: the same code with its own state (its own
+    // verifier) connects.
+    let r = w.callback(&alice, &back_first).await;
+    assert_eq!(location(&r), "/done/connected");
+    assert_eq!(w.accounts("alice"), 1);
+    let after = w.peer.stats().await;
+    assert_eq!(
+        after["authorization_code"].as_u64().unwrap(),
+        stats["authorization_code"].as_u64().unwrap() + 1
+    );
+}
