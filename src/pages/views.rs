@@ -13,7 +13,8 @@ pub const CSS: &str = include_str!("templates/credbroker.css");
 pub struct Who {
     /// Name to show.
     pub display: String,
-    /// Where they signed in (issuer URL).
+    /// Where they signed in: the sign-in source's `display_name` (by
+    /// default the issuer's host).
     pub issuer: String,
     /// CSRF token for the sign-out form.
     pub csrf: String,
