@@ -402,6 +402,7 @@ fn id_expected(reauth: bool) -> oidc::Expected<'static> {
         algs: &[Alg::ES256],
         nonce: ID_NONCE,
         max_age_sent: reauth,
+        reauth,
         now: NOW,
     }
 }

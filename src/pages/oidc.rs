@@ -255,6 +255,7 @@ impl Oidc {
         redirect_uri: &str,
         nonce: &SecretString,
         max_age_sent: bool,
+        reauth: bool,
         now: i64,
     ) -> Result<Identity, OidcError> {
         let rp = self.rp(issuer)?;
@@ -304,6 +305,7 @@ impl Oidc {
             algs: &rp.algs,
             nonce: nonce.expose(),
             max_age_sent,
+            reauth,
             now,
         };
         let jws = jose::parse(id_token.expose(), MAX_ID_TOKEN)
@@ -336,8 +338,14 @@ pub struct Expected<'a> {
     pub algs: &'a [Alg],
     /// The `nonce` sent.
     pub nonce: &'a str,
-    /// Whether `max_age` was sent: then `auth_time` is required and recent.
+    /// Whether `max_age` was sent: then `auth_time` is required (OpenID
+    /// Connect Core 3.1.2.1).
     pub max_age_sent: bool,
+    /// Whether the person was asked to sign in again (`prompt=login`): then
+    /// `auth_time` must also be within `max_age`. Without it, an older
+    /// `auth_time` still signs the person in, and the link's own 15-minute
+    /// check sends them to sign in again with `prompt=login`.
+    pub reauth: bool,
     /// Now.
     pub now: i64,
 }
@@ -427,11 +435,11 @@ pub fn validate_id_token(
             return Err(OidcError::IdToken("auth_time in the future"));
         }
     }
-    if e.max_age_sent {
-        // OIDC Core 3.1.2.1: with max_age, auth_time is required; and the
-        // IdP must have signed the person in again within it.
+    if e.max_age_sent || e.reauth {
+        // OIDC Core 3.1.2.1: with max_age, auth_time is required; and after
+        // prompt=login the IdP must have signed the person in again.
         match c.auth_time {
-            Some(t) if e.now - t <= MAX_AGE + SKEW => {}
+            Some(t) if !e.reauth || e.now - t <= MAX_AGE + SKEW => {}
             Some(_) => return Err(OidcError::IdToken("auth_time older than max_age")),
             None => return Err(OidcError::NoAuthTime),
         }
@@ -481,6 +489,7 @@ mod tests {
             algs: &[Alg::ES256],
             nonce: "n0",
             max_age_sent,
+            reauth: max_age_sent,
             now: NOW,
         }
     }

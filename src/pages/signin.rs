@@ -355,8 +355,8 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
         nonce,
         verifier,
         return_to,
+        reauth,
         max_age,
-        ..
     } = &taken.flow
     else {
         return expired_flow(p, &ctx, "state_of_another_flow");
@@ -401,6 +401,7 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
             &redirect_uri(p),
             &SecretString::new(nonce.clone()),
             *max_age,
+            *reauth,
             ctx.now,
         )
         .await
