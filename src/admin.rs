@@ -90,16 +90,21 @@ async fn capped_body(req: Request<hyper::body::Incoming>, cap: usize) -> Result<
         .map_err(|_| AdminError::BadBody("the body is unreadable or too large"))
 }
 
-/// Readiness: store answers, keys loaded, policy loaded.
+/// Readiness: store answers, keys loaded, policy loaded, and the audit log
+/// writable (no event, no token: a broker that cannot audit refuses every
+/// derive). The audit check is the last write's outcome; after a failure it
+/// tries again by recording `audit.recovered` (see [`crate::events::Audit::probe`]).
 pub(crate) fn readiness(b: &Broker) -> serde_json::Value {
     let store = b.store.is_healthy();
     let keys = !b.minter.ring().active.kid.is_empty();
     let policy = !b.policy.load().hash.is_empty();
+    let audit = b.audit.probe(b.clock.now(), &b.config.agent);
     serde_json::json!({
-        "ready": store && keys && policy,
+        "ready": store && keys && policy && audit,
         "store": store,
         "keys": keys,
         "policy": policy,
+        "audit": audit,
     })
 }
 

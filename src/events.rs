@@ -2,16 +2,52 @@
 //! released. A failed write fails the derive (fail closed). Events carry a
 //! SHA-256 of the token's `jti`, never a token, proof, code or key.
 //!
-//! Names coming from requests are escaped by the JSON encoder, so control
-//! characters cannot forge lines.
+//! The file stays readable line by line whatever happens to a write:
+//! - a failed or short write (a full disk, a file-size limit) is truncated
+//!   back to where the file ended before it, so no partial line is left for
+//!   the next event to be glued onto;
+//! - a torn tail found at open (a power loss, or a writer older than this
+//!   rule) is truncated away before the first new write, and an
+//!   `audit.repaired` event says how many bytes went. The torn bytes were
+//!   never a recorded event: a token or link is released only after its
+//!   line was written whole.
+//!
+//! Nothing is fsync'd: the invariant holds against kill -9 and a crash of
+//! the process (the kernel has the bytes), not against power loss, which may
+//! drop the last events (docs/ARCHITECTURE.md, "The audit log").
+//!
+//! Names coming from requests are escaped by the JSON encoder, and
+//! [`escape_line_breaks`] escapes what a viewer may split lines on (U+0085,
+//! U+2028, U+2029 and the other C1 controls) or reorder text with (the
+//! bidirectional overrides), so no value can forge a line. A request value
+//! the policy does not declare is never written in clear: see
+//! [`Audit::opaque`].
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use aws_lc_rs::hmac;
 use serde::Serialize;
+
+use crate::secret::SecretBytes;
+
+/// A request value the policy does not declare, as it is recorded: its
+/// length and an HMAC under the instance's audit key, never the value (a
+/// prefix could be the secret itself, and an unkeyed hash of a guessable
+/// value can be confirmed). Equal values give equal HMACs within an
+/// instance, so repeated attempts can still be correlated.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Opaque {
+    /// Length in bytes.
+    pub len: usize,
+    /// HMAC-SHA-256 (hex) under the audit key.
+    pub hmac_sha256: String,
+}
 
 /// One audit event.
 #[derive(Debug, Serialize)]
@@ -75,6 +111,13 @@ pub struct Event<'a> {
     /// scopes on refresh (`false`: the provider's broader token went out).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub narrowed: Option<bool>,
+    /// Request values (`resource`, `step`, `tool`, `scope`) the policy does
+    /// not declare, by field name: recorded as [`Opaque`], never in clear.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub undeclared: Option<BTreeMap<&'static str, Opaque>>,
+    /// For `audit.repaired`: how many bytes of a torn tail were removed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub removed_bytes: Option<u64>,
 }
 
 impl<'a> Event<'a> {
@@ -101,7 +144,16 @@ impl<'a> Event<'a> {
             opener_iss: None,
             opener_sub: None,
             client_addr: None,
+            undeclared: None,
+            removed_bytes: None,
         }
+    }
+
+    /// Records `field` as an undeclared value (see [`Opaque`]).
+    pub fn undeclared(&mut self, field: &'static str, value: Opaque) {
+        self.undeclared
+            .get_or_insert_with(BTreeMap::new)
+            .insert(field, value);
     }
 }
 
@@ -110,33 +162,282 @@ impl<'a> Event<'a> {
 #[error("audit sink failed: {0}")]
 pub struct AuditError(String);
 
+/// Where the lines go: the audit file, or a unit test's stand-in that
+/// fails the way a full disk does.
+pub trait Sink: Send {
+    /// The current length: where the next line starts.
+    fn end(&mut self) -> std::io::Result<u64>;
+    /// Appends with one `write` call, which may write only part of `buf`.
+    fn append(&mut self, buf: &[u8]) -> std::io::Result<usize>;
+    /// Cuts the sink back to `len` bytes.
+    fn truncate(&mut self, len: u64) -> std::io::Result<()>;
+}
+
+impl Sink for File {
+    fn end(&mut self) -> std::io::Result<u64> {
+        // fstat, not a remembered offset: a `copytruncate` rotation or an
+        // operator action appending to the same file moves the end.
+        Ok(self.metadata()?.len())
+    }
+    fn append(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        Write::write(self, buf)
+    }
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.set_len(len)
+    }
+}
+
+struct Writer {
+    sink: Box<dyn Sink>,
+    /// Set when a partial line could not be cut away: how many bytes of it
+    /// end the file, to cut before anything else is written.
+    torn: Option<u64>,
+}
+
 /// The audit sink: an append-only JSON-lines file (mode 0600).
-#[derive(Debug)]
 pub struct Audit {
-    file: Mutex<File>,
+    path: PathBuf,
+    writer: Mutex<Writer>,
+    /// The last write's outcome (readiness).
+    writable: AtomicBool,
+    /// Bytes of a torn tail removed at open, if any.
+    repaired: Option<u64>,
+    /// Keys [`Audit::opaque`] (boxed: the key schedule is large, and an
+    /// `Audit` travels by value in `ops::Offline`).
+    key: Box<hmac::Key>,
+}
+
+impl std::fmt::Debug for Audit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Audit")
+            .field("path", &self.path)
+            .field("writable", &self.writable.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Audit {
-    /// Opens (or creates) the audit file.
+    /// Opens (or creates) the audit file and cuts away a torn tail (see the
+    /// module doc); [`Audit::record_repair`] then records that it did.
+    /// Until [`Audit::with_value_key`] is called, undeclared values are
+    /// keyed by a random per-process key.
     pub fn open(path: &Path) -> std::io::Result<Audit> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
             .mode(0o600)
             .open(path)?;
-        Ok(Audit {
-            file: Mutex::new(file),
-        })
+        let removed = repair_torn_tail(&mut file)?;
+        let mut audit = Audit::with_sink(path, Box::new(file));
+        audit.repaired = (removed > 0).then_some(removed);
+        Ok(audit)
     }
 
-    /// Writes one event as one line, in one `write` call.
+    /// An audit writer on any sink (unit tests inject faults with this).
+    pub fn with_sink(path: &Path, sink: Box<dyn Sink>) -> Audit {
+        let mut random = [0u8; 32];
+        // A failed RNG leaves a zero key: values are still not in clear,
+        // only guessable ones become confirmable. aws-lc's RNG does not fail
+        // on Linux short of a broken kernel.
+        let _ = aws_lc_rs::rand::fill(&mut random);
+        Audit {
+            path: path.to_path_buf(),
+            writer: Mutex::new(Writer { sink, torn: None }),
+            writable: AtomicBool::new(true),
+            repaired: None,
+            key: Box::new(hmac::Key::new(hmac::HMAC_SHA256, &random)),
+        }
+    }
+
+    /// Keys [`Audit::opaque`] with `key` (from [`Audit::derive_key`]), so
+    /// HMACs stay comparable across restarts of the instance.
+    pub fn with_value_key(mut self, key: &SecretBytes) -> Audit {
+        self.key = Box::new(hmac::Key::new(hmac::HMAC_SHA256, key.expose()));
+        self
+    }
+
+    /// The audit value key, derived from the master key under its own label
+    /// (the same scheme as the connect-link key): it never leaves memory.
+    pub fn derive_key(master: &SecretBytes) -> SecretBytes {
+        let k = hmac::Key::new(hmac::HMAC_SHA256, master.expose());
+        SecretBytes::new(
+            hmac::sign(&k, b"credbroker audit value key v1")
+                .as_ref()
+                .to_vec(),
+        )
+    }
+
+    /// How an undeclared request value is recorded.
+    pub fn opaque(&self, value: &str) -> Opaque {
+        Opaque {
+            len: value.len(),
+            hmac_sha256: hex::encode(hmac::sign(&self.key, value.as_bytes())),
+        }
+    }
+
+    /// Bytes of a torn tail removed when the file was opened.
+    pub fn repaired(&self) -> Option<u64> {
+        self.repaired
+    }
+
+    /// Records `audit.repaired` if a torn tail was removed at open (the
+    /// caller knows the agent and the time).
+    pub fn record_repair(&self, time: i64, agent: &str) -> Result<(), AuditError> {
+        let Some(removed) = self.repaired else {
+            return Ok(());
+        };
+        tracing::warn!(
+            path = %self.path.display(),
+            removed_bytes = removed,
+            "the audit log ended in a torn line; it was cut back to the last whole event"
+        );
+        let mut e = Event::new(time, "audit.repaired", agent);
+        e.reason = Some("torn_tail_truncated");
+        e.removed_bytes = Some(removed);
+        self.record(&e)
+    }
+
+    /// Whether the last write succeeded.
+    pub fn is_writable(&self) -> bool {
+        self.writable.load(Ordering::SeqCst)
+    }
+
+    /// Readiness: true if the last write succeeded; after a failure, tries
+    /// again by recording `audit.recovered` (a failed try leaves nothing).
+    pub fn probe(&self, time: i64, agent: &str) -> bool {
+        if self.is_writable() {
+            return true;
+        }
+        let mut e = Event::new(time, "audit.recovered", agent);
+        e.reason = Some("the audit log is writable again");
+        self.record(&e).is_ok()
+    }
+
+    /// Writes one event as one whole line, or nothing (see the module doc).
     pub fn record(&self, e: &Event<'_>) -> Result<(), AuditError> {
-        let mut line = serde_json::to_vec(e).map_err(|e| AuditError(e.to_string()))?;
+        let json = serde_json::to_string(e).map_err(|e| AuditError(e.to_string()))?;
+        let mut line = match escape_line_breaks(&json) {
+            std::borrow::Cow::Borrowed(_) => json.into_bytes(),
+            std::borrow::Cow::Owned(escaped) => escaped.into_bytes(),
+        };
         line.push(b'\n');
-        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        f.write_all(&line).map_err(|e| AuditError(e.to_string()))
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let result = write_line(&mut w, &line);
+        self.writable.store(result.is_ok(), Ordering::SeqCst);
+        result.map_err(|err| AuditError(format!("{}: {err}", self.path.display())))
     }
 }
+
+/// Appends `line` whole, or leaves the sink as it was. The success path
+/// is one `write`: the end is read (`fstat`) only to cut a partial line,
+/// as the current end less the bytes written (the file is `O_APPEND`, so
+/// they are its tail).
+fn write_line(w: &mut Writer, line: &[u8]) -> std::io::Result<()> {
+    if let Some(partial) = w.torn {
+        cut_tail(w.sink.as_mut(), partial).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("a partial line from an earlier failed write cannot be removed: {e}"),
+            )
+        })?;
+        w.torn = None;
+    }
+    let mut done = 0;
+    let failure = loop {
+        if done == line.len() {
+            return Ok(());
+        }
+        match w.sink.append(&line[done..]) {
+            Ok(0) => break std::io::Error::from(std::io::ErrorKind::WriteZero),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break e,
+        }
+    };
+    // Cut back what a short write left; if even that fails, remember it so
+    // that no later event is glued onto the partial line.
+    if done > 0 {
+        // `done` is at most the line's length.
+        let partial = done as u64;
+        if let Err(t) = cut_tail(w.sink.as_mut(), partial) {
+            w.torn = Some(partial);
+            return Err(std::io::Error::new(
+                failure.kind(),
+                format!("{failure}; the partial line could not be removed yet: {t}"),
+            ));
+        }
+    }
+    Err(failure)
+}
+
+/// Removes the last `partial` bytes.
+fn cut_tail(sink: &mut dyn Sink, partial: u64) -> std::io::Result<()> {
+    let end = sink.end()?;
+    sink.truncate(end.saturating_sub(partial))
+}
+
+/// Cuts a tail not ending in `\n` back to the last `\n` (or to empty);
+/// returns how many bytes went.
+fn repair_torn_tail(file: &mut File) -> std::io::Result<u64> {
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(0);
+    }
+    let mut keep = 0;
+    let mut pos = len;
+    let mut buf = vec![0u8; 64 * 1024];
+    'scan: while pos > 0 {
+        let n = (buf.len() as u64).min(pos);
+        let from = pos - n;
+        file.seek(SeekFrom::Start(from))?;
+        // `n` is at most the buffer's length, so it fits in usize.
+        let chunk = &mut buf[..n as usize];
+        file.read_exact(chunk)?;
+        if let Some(i) = chunk.iter().rposition(|&b| b == b'\n') {
+            keep = from + i as u64 + 1;
+            break 'scan;
+        }
+        pos = from;
+    }
+    if keep < len {
+        file.set_len(keep)?;
+    }
+    Ok(len - keep)
+}
+
+/// Characters a viewer may treat as a line break (NEL U+0085 and the other
+/// C1 controls, U+2028, U+2029) or that reorder how a line is shown (the
+/// bidirectional embeddings, overrides and isolates), plus DEL.
+fn needs_escape(c: char) -> bool {
+    matches!(c,
+        '\u{7f}'..='\u{9f}'
+        | '\u{2028}'
+        | '\u{2029}'
+        | '\u{202a}'..='\u{202e}'
+        | '\u{2066}'..='\u{2069}')
+}
+
+/// Escapes, as `\uXXXX`, what [`needs_escape`] names in a JSON text. JSON's
+/// structure is ASCII, so these only occur inside strings, where the escape
+/// means the same character: the line still parses to the same event.
+pub(crate) fn escape_line_breaks(json: &str) -> std::borrow::Cow<'_, str> {
+    if json.is_ascii() || !json.chars().any(needs_escape) {
+        return std::borrow::Cow::Borrowed(json);
+    }
+    let mut out = String::with_capacity(json.len() + 16);
+    for c in json.chars() {
+        if needs_escape(c) {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests;

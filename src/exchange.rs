@@ -240,7 +240,7 @@ pub struct Broker {
     /// `issuer + "/v1/derive"` and `issuer + "/token"`, normalised for `htu`.
     htu: [String; 2],
     /// Connected services: vault, links, providers (`service` resources).
-    connected: Option<Arc<Connected>>,
+    connected_services: Option<Arc<ConnectedServices>>,
 }
 
 /// The store key of the emergency freeze: this module is its one owner
@@ -300,19 +300,19 @@ impl Broker {
             store,
             clock,
             htu,
-            connected: None,
+            connected_services: None,
         }
     }
 
     /// Adds connected services (the `service` source).
-    pub fn with_connected(mut self, c: Arc<Connected>) -> Broker {
-        self.connected = Some(c);
+    pub fn with_connected_services(mut self, c: Arc<ConnectedServices>) -> Broker {
+        self.connected_services = Some(c);
         self
     }
 
     /// The connected services, if configured.
-    pub fn connected(&self) -> Option<&Arc<Connected>> {
-        self.connected.as_ref()
+    pub fn connected_services(&self) -> Option<&Arc<ConnectedServices>> {
+        self.connected_services.as_ref()
     }
 
     /// The `htu` a proof must carry for `endpoint`.
@@ -424,10 +424,28 @@ impl Broker {
         let mut e = Event::new(now, kind, &self.config.agent);
         e.person_iss = ctx.person.as_ref().map(|p| p.iss.as_str());
         e.person_sub = ctx.person.as_ref().map(|p| p.sub.as_str());
-        e.step = Some(&req.step);
-        e.tool = Some(&req.tool);
-        e.resource = Some(&req.resource);
-        e.scope = req.scope.as_deref();
+        // A request value goes in clear only when the policy declares it (a
+        // secret a client put in a bad request must not reach the log).
+        if policy.declares_step(&req.step) {
+            e.step = Some(&req.step);
+        } else {
+            e.undeclared("step", self.audit.opaque(&req.step));
+        }
+        match policy.tools.get_key_value(&req.tool) {
+            Some((name, _)) => e.tool = Some(name),
+            None => e.undeclared("tool", self.audit.opaque(&req.tool)),
+        }
+        match policy.declared_resource(&req.resource) {
+            Some(canonical) => e.resource = Some(canonical),
+            None => e.undeclared("resource", self.audit.opaque(&req.resource)),
+        }
+        if let Some(scope) = req.scope.as_deref() {
+            if policy.declares_scope(scope) {
+                e.scope = Some(scope);
+            } else {
+                e.undeclared("scope", self.audit.opaque(scope));
+            }
+        }
         e.outcome = Some(outcome);
         e.reason = reason;
         e.policy_hash = Some(&policy.hash);
@@ -568,7 +586,7 @@ struct Ctx {
 
 /// Connected services: what the `service` source needs.
 #[derive(Debug)]
-pub struct Connected {
+pub struct ConnectedServices {
     /// Accounts and allowances.
     pub vault: Arc<crate::vault::Vault>,
     /// Connect links.
@@ -606,7 +624,7 @@ impl Broker {
         now: i64,
         ctx: &mut Ctx,
     ) -> Result<(Issued, String), DeriveError> {
-        let Some(conn) = self.connected.as_ref() else {
+        let Some(conn) = self.connected_services.as_ref() else {
             return Err(DeriveError::Unavailable(
                 "connected services are not configured on this instance",
             ));
@@ -714,7 +732,7 @@ impl Broker {
     #[allow(clippy::too_many_arguments)]
     fn link_refusal(
         &self,
-        conn: &Connected,
+        conn: &ConnectedServices,
         provider: &crate::upstream::Provider,
         person: &subject::Person,
         service: &str,

@@ -150,7 +150,7 @@ pub fn nonce() -> String {
 /// DPoP validation past the signature: `data` is taken as the claims of a
 /// proof that is then signed with a valid key and header, so the fuzzer
 /// reaches the claim checks (`htm`, `htu` normalisation, `iat`, `jti`,
-/// `ath`, nonce) that [`dpop`] can only reach with a forged signature.
+/// `ath`, nonce) that `dpop` can only reach with a forged signature.
 /// Checked twice: as the broker checks it, and as a resource server does
 /// (with `ath` over [`ACCESS_TOKEN`], `cnf.jkt` and a nonce). Accepted =
 /// either accepts it.
@@ -463,7 +463,7 @@ pub fn id_token(data: &[u8]) -> bool {
 const TOKEN_STATUSES: [u16; 6] = [200, 201, 302, 400, 401, 503];
 
 /// The provider's token-endpoint answer (`oauth::parse_token_answer`),
-/// with the same body under each status of [`TOKEN_STATUSES`]. Only a 2xx
+/// with the same body under each status of `TOKEN_STATUSES`. Only a 2xx
 /// answer yields tokens, with a non-empty access token, a short
 /// `token_type` of token characters and a non-negative lifetime; an
 /// `error` code is passed on sanitised. Accepted = the 200 answer yields

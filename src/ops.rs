@@ -253,6 +253,14 @@ impl Offline {
             path: cfg.audit_log.clone(),
             source,
         })?;
+        let clock = crate::clock::SystemClock;
+        audit
+            .record_repair(crate::clock::Clock::now(&clock), &cfg.agent)
+            .map_err(|e| OpError::Open {
+                what: "audit log",
+                path: cfg.audit_log.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
         Ok(Offline {
             store,
             audit,

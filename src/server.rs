@@ -217,7 +217,7 @@ pub async fn run(
                 tokio::select! {
                     _ = tick.tick() => {
                         b.limits.housekeeping();
-                        if let Some(c) = b.connected() {
+                        if let Some(c) = b.connected_services() {
                             c.vault.housekeeping();
                             for name in c.providers.names() {
                                 if let Some(p) = c.providers.get(name).filter(|p| p.cached_endpoints().is_none()) {

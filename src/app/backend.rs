@@ -9,8 +9,8 @@ use dashmap::DashMap;
 
 use crate::connect::{Link, Links};
 use crate::pages::links::{
-    self as pl, AccountVault, AuthorizationRequest, BackendError, BoxFuture, Disconnected,
-    LinkRecords, ProviderFlow, ProviderGrant, ProviderInfo, Services,
+    self as pl, AccountVault, AuthorizationRequest, BackendError, BoxFuture, ConnectedServices,
+    Disconnected, LinkRecords, ProviderFlow, ProviderGrant, ProviderInfo,
 };
 use crate::secret::SecretString;
 use crate::subject::Person;
@@ -83,8 +83,8 @@ impl Backend {
     }
 
     /// The three trait objects the pages take.
-    pub fn services(self: &Arc<Self>) -> Services {
-        Services {
+    pub fn services(self: &Arc<Self>) -> ConnectedServices {
+        ConnectedServices {
             links: self.clone(),
             vault: self.clone(),
             providers: self.clone(),

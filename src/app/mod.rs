@@ -208,8 +208,13 @@ pub async fn build(
         nonces,
     );
     let audit = crate::events::Audit::open(&config.audit_log)
+        .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?
+        .with_value_key(&crate::events::Audit::derive_key(&master));
+    // A torn tail was cut at open; say so before the first new event.
+    audit
+        .record_repair(clock.now(), &config.agent)
         .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?;
-    let connected = Arc::new(crate::exchange::Connected {
+    let connected = Arc::new(crate::exchange::ConnectedServices {
         vault: vault.clone(),
         links: links.clone(),
         providers: providers.clone(),
@@ -226,7 +231,7 @@ pub async fn build(
             store,
             clock,
         )
-        .with_connected(connected),
+        .with_connected_services(connected),
     );
     // Providers found by discovery: learn their endpoints now (bounded),
     // so the pages can build authorization URLs; a failure is retried by

@@ -137,7 +137,7 @@ impl Reloader {
         // start-up too); otherwise its derives could never work.
         let known = |s: &str| {
             self.broker
-                .connected()
+                .connected_services()
                 .is_some_and(|c| c.providers.get(s).is_some())
         };
         if let Some(missing) = policy.services().into_iter().find(|s| !known(s)) {

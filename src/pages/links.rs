@@ -8,7 +8,7 @@
 //!   use them; store an account, allow an agent, revoke, disconnect.
 //! - [`ProviderFlow`]: the provider's authorization URL and the code exchange.
 //!
-//! [`Services::none`] is what an instance has when no connected service is
+//! [`ConnectedServices::none`] is what an instance has when no connected service is
 //! configured: no code resolves (every link gets the 404 page) and the
 //! account page lists nothing. It is a real state, not a stub: an instance
 //! without `service` resources has no links to serve.
@@ -239,7 +239,7 @@ pub trait ProviderFlow: Send + Sync + Debug {
 
 /// The connected-services side as the pages use it.
 #[derive(Debug, Clone)]
-pub struct Services {
+pub struct ConnectedServices {
     /// Link records.
     pub links: Arc<dyn LinkRecords>,
     /// The vault.
@@ -248,11 +248,11 @@ pub struct Services {
     pub providers: Arc<dyn ProviderFlow>,
 }
 
-impl Services {
+impl ConnectedServices {
     /// No connected service configured: no link resolves, no account exists.
-    pub fn none() -> Services {
+    pub fn none() -> ConnectedServices {
         let n = Arc::new(NoServices);
-        Services {
+        ConnectedServices {
             links: n.clone(),
             vault: n.clone(),
             providers: n,

@@ -54,7 +54,7 @@ use crate::seal::Sealer;
 use crate::store::Store;
 
 pub use limits::PageLimits;
-pub use links::Services;
+pub use links::ConnectedServices;
 pub use session::Lifetimes;
 
 /// How the pages are set up (defaults suit production).
@@ -65,7 +65,7 @@ pub struct Options {
     /// Session lifetimes.
     pub lifetimes: Lifetimes,
     /// The connected-services side.
-    pub services: Services,
+    pub services: ConnectedServices,
     /// The trusted issuers' key sets, by issuer (from
     /// `subject::Validator::key_sets`), so that an IdP that is both a
     /// subject-token issuer and a sign-in source has one JWKS cache. An
@@ -78,7 +78,7 @@ impl Default for Options {
         Options {
             limits: PageLimits::default(),
             lifetimes: Lifetimes::default(),
-            services: Services::none(),
+            services: ConnectedServices::none(),
             key_sets: HashMap::new(),
         }
     }
@@ -122,7 +122,7 @@ const SWEEP_EVERY: i64 = 300;
 pub struct Pages {
     deps: Deps,
     sealer: Arc<Sealer>,
-    services: Services,
+    services: ConnectedServices,
     sessions: session::Sessions,
     limiters: limits::Limiters,
     oidc: oidc::Oidc,
@@ -212,7 +212,7 @@ impl Pages {
     }
 
     /// The connected-services side these pages use.
-    pub fn services(&self) -> &Services {
+    pub fn services(&self) -> &ConnectedServices {
         &self.services
     }
 

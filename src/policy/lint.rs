@@ -162,7 +162,7 @@ fn unused_resource(policy: &Policy, resource: &Resource, warn: &mut Warn<'_>) {
     }
 }
 
-/// The warning for `delivery = "provider_token"` (see [`risky_source`]).
+/// The warning for `delivery = "provider_token"` (see `risky_source`).
 pub const PROVIDER_TOKEN_WARNING: &str = "delivery = \"provider_token\" hands the provider's bearer token to the tool: it is not narrowed to this resource, not bound to the tool's key, and lives as long as the provider decides";
 /// The hint that goes with [`PROVIDER_TOKEN_WARNING`].
 pub const PROVIDER_TOKEN_HINT: &str = "prefer delivery = \"proxy\" once the egress proxy exists; keep the tools on this resource to the fewest steps and scopes";

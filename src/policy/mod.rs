@@ -343,6 +343,30 @@ impl Policy {
         Ok(Checked { resource, scope })
     }
 
+    /// Whether `step` is a name this policy declares (in `steps`, or in a
+    /// tool's steps): the audit log writes only such names in clear.
+    pub fn declares_step(&self, step: &str) -> bool {
+        self.declared_steps
+            .as_ref()
+            .is_some_and(|s| s.contains(step))
+            || self.tools.values().any(|t| t.steps.contains(step))
+    }
+
+    /// The canonical form of `resource` if it names a declared resource.
+    pub fn declared_resource(&self, resource: &str) -> Option<&str> {
+        let canonical = canonical_resource(resource).ok()?;
+        self.resources
+            .get_key_value(canonical.as_str())
+            .map(|(k, _)| k.as_str())
+    }
+
+    /// Whether every token of `scope` (space-separated) is a scope some
+    /// tool declares.
+    pub fn declares_scope(&self, scope: &str) -> bool {
+        let mut tokens = scope.split(' ').peekable();
+        tokens.peek().is_some() && tokens.all(|s| self.tools.values().any(|t| t.scopes.contains(s)))
+    }
+
     /// Judges a request from its raw fields as the derive pipeline does:
     /// [`Policy::prelude`] (without the admin freeze, which is not the
     /// file's), then [`Policy::decide`].

@@ -10,6 +10,48 @@ use super::{Store, StoreError, Tree};
 #[derive(Debug)]
 pub struct SledStore {
     db: sled::Db,
+    // Declared after `db`, so dropped after it (fields drop in order).
+    _closed: WaitForRelease,
+}
+
+/// Makes dropping a [`SledStore`] mean "closed": waits until sled has
+/// released its lock on the database file.
+///
+/// sled 0.34's `Db::drop` returns while its I/O threads may still hold a
+/// clone of the locked file for a moment (the write that a flush waited for
+/// has completed, but the task that did it has not yet dropped its handle;
+/// spacejam/sled#1234, #1289). A store reopened at once in the same process
+/// (a restart in-process, or a test) then failed with `Locked` now and then.
+/// The condition is observable: the lock is free once our own exclusive
+/// non-blocking `flock` on the file succeeds.
+#[derive(Debug)]
+struct WaitForRelease {
+    file: std::path::PathBuf,
+}
+
+impl Drop for WaitForRelease {
+    fn drop(&mut self) {
+        use nix::fcntl::{Flock, FlockArg};
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let Ok(f) = std::fs::File::open(&self.file) else {
+                return;
+            };
+            match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+                // Released: ours is dropped at once (unlocked and closed).
+                Ok(_released) => return,
+                Err((_, nix::errno::Errno::EWOULDBLOCK))
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err((_, e)) => {
+                    tracing::warn!(error = %e, file = %self.file.display(), "the store's lock was not released on close");
+                    return;
+                }
+            }
+        }
+    }
 }
 
 fn backend(e: sled::Error) -> StoreError {
@@ -48,7 +90,13 @@ impl SledStore {
             }
         }
         let _ = std::fs::set_permissions(dir.join("db"), std::fs::Permissions::from_mode(0o700));
-        Ok(SledStore { db })
+        Ok(SledStore {
+            db,
+            _closed: WaitForRelease {
+                // The file sled locks (its `Config::db_path`).
+                file: dir.join("db").join("db"),
+            },
+        })
     }
 
     fn tree(&self, t: Tree) -> Result<sled::Tree, StoreError> {

@@ -132,12 +132,20 @@ async function liveRefreshTokens(account) {
 async function control(req, res, url) {
   const q = url.searchParams;
   switch (url.pathname) {
-    case '/test/ttl':
-      accessTtl = Number(q.get('seconds'));
+    case '/test/ttl': {
+      // A control that cannot do what it was asked says so (400), so a
+      // test never runs against a provider left as it was.
+      const secs = Number(q.get('seconds'));
+      if (!Number.isInteger(secs) || secs < 1) return json(res, 400, { error: 'bad_seconds' });
+      accessTtl = secs;
       return json(res, 200, { access_token_ttl: accessTtl });
-    case '/test/mode':
-      tokenMode = q.get('token') || 'ok';
+    }
+    case '/test/mode': {
+      const mode = q.get('token') || 'ok';
+      if (!['ok', 'hang', '500', 'badjson'].includes(mode)) return json(res, 400, { error: 'unknown_mode' });
+      tokenMode = mode;
       return json(res, 200, { token: tokenMode });
+    }
     case '/test/stats':
       return json(res, 200, { ...stats, access_token_ttl: accessTtl, mode: tokenMode });
     case '/test/issued':

@@ -208,8 +208,16 @@ if (process.argv[2] === '--serve') {
   });
   rl.on('close', () => {
     queue.then(async () => {
-      for (const b of browsers.values()) await b.context.close().catch(() => {});
-      process.exit(0);
+      // A browser that cannot be closed is reported in the exit status,
+      // which the test checks (support/browser.rs, finish).
+      let failed = 0;
+      for (const b of browsers.values()) {
+        await b.context.close().catch((e) => {
+          failed += 1;
+          console.error(`closing a browser failed: ${e.message ?? e}`);
+        });
+      }
+      process.exit(failed ? 1 : 0);
     });
   });
 } else {

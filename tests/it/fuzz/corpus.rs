@@ -85,6 +85,43 @@ fn replay_committed_corpus() {
     assert!(replayed >= fuzzing::TARGETS.len() * 2);
 }
 
+/// The fuzz crate builds one binary per target of `credbroker::fuzzing`,
+/// no more and no fewer, each a file under `fuzz/fuzz_targets/`:
+/// `scripts/fuzz-smoke` runs what `cargo fuzz list` names and fails unless
+/// that is exactly `fuzzing::TARGETS`, so a target missing here would never
+/// be fuzzed.
+#[test]
+fn fuzz_crate_builds_every_target() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let mut bins: Vec<String> = manifest
+        .split("[[bin]]")
+        .skip(1)
+        .map(|b| {
+            let name = b
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("name = "))
+                .expect("a [[bin]] has a name");
+            let name = name.trim_matches('"').to_string();
+            let path = format!("path = \"fuzz_targets/{name}.rs\"");
+            assert!(b.contains(&path), "[[bin]] {name}: expected {path}");
+            assert!(root.join(format!("fuzz_targets/{name}.rs")).is_file());
+            name
+        })
+        .collect();
+    bins.sort();
+    let mut targets: Vec<String> = fuzzing::TARGETS.iter().map(|t| t.to_string()).collect();
+    targets.sort();
+    assert!(!targets.is_empty());
+    assert_eq!(
+        bins, targets,
+        "fuzz/Cargo.toml's [[bin]]s vs fuzzing::TARGETS"
+    );
+    for t in fuzzing::TARGETS {
+        assert!(fuzzing::run(t, b"").is_some(), "fuzzing::run knows {t}");
+    }
+}
+
 /// The same functions on inputs built here, so a broken seed generator (or
 /// a stale committed seed) shows as a failing assertion, not silence.
 #[test]

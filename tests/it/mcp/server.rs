@@ -686,6 +686,7 @@ async fn form_only_client_gets_the_link_as_text() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn expired_request_state_is_refused() {
+    let _serial = crate::support::serial().await;
     let s = stub_setup_with(Some(3)).await;
     s.alice_needs_to_connect();
     let alice = s.b.subject_token("alice");

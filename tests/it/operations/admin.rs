@@ -79,7 +79,16 @@ async fn audit_event_per_decision_without_tokens() {
         "the jti itself is not in the audit log, only its hash"
     );
     assert_eq!(lines[1]["reason"], "step_not_allowed");
-    assert_eq!(lines[2]["tool"], evil_tool);
+    // An undeclared tool is recorded as its length and a keyed hash only.
+    assert!(lines[2].get("tool").is_none(), "{}", lines[2]);
+    assert_eq!(lines[2]["undeclared"]["tool"]["len"], evil_tool.len());
+    assert_eq!(
+        lines[2]["undeclared"]["tool"]["hmac_sha256"]
+            .as_str()
+            .unwrap()
+            .len(),
+        64
+    );
     assert_eq!(lines[2]["reason"], "tool_not_allowed");
 }
 

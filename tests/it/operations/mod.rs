@@ -1,4 +1,5 @@
 //! What an operator sees and does: audit, metrics, the admin socket, and the
 //! README walkthrough.
 mod admin;
+mod audit;
 mod walkthrough;

@@ -74,8 +74,11 @@ async fn users_add_while_running_and_while_stopped() {
     assert!(err.contains("already exists"), "{err}");
     let (ok, _, err) = users_add(&b, "bob", "short", &[]);
     assert!(!ok && err.contains("8 to 1024"), "{err}");
-    let (ok, _, _) = users_add(&b, "bob smith", "long enough pw", &[]);
-    assert!(!ok);
+    let (ok, _, err) = users_add(&b, "bob smith", "long enough pw", &[]);
+    assert!(
+        !ok && err.contains("a user name is 1 to 64 characters"),
+        "a name with a space is refused for its name: {err}"
+    );
     // The password never reaches the log or the events.
     assert!(!b.log_text().contains("correct horse battery"));
     assert!(!std::fs::read_to_string(b.path("data/audit.jsonl"))

@@ -4,7 +4,8 @@
 //! loader on what is valid: on every fixture, every example, the quick-start
 //! policy, and a generated matrix of names, scopes, lifetimes and URIs.
 //!
-//! Needs `python3` (>= 3.11) with `jsonschema`: `scripts/install-test-deps`.
+//! Needs `.venv/bin/python` (>= 3.11) with `jsonschema`, which
+//! `scripts/install-test-deps` installs there (never in the system Python).
 // Test helpers panic loudly, like the tests they serve (clippy.toml allows
 // unwrap/expect in #[test] functions only).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,16 +21,17 @@ fn repo(rel: &str) -> PathBuf {
 }
 
 const INSTALL: &str =
-    "run scripts/install-test-deps (it installs python3 >= 3.11 and the PyPI package jsonschema)";
+    "run scripts/install-test-deps (it installs the PyPI package jsonschema into .venv, for python3 >= 3.11)";
 
 /// The schema's verdict on each file: valid, and the errors if not.
 fn schema_verdicts(files: &[PathBuf]) -> BTreeMap<PathBuf, (bool, Vec<String>)> {
-    let out = Command::new("python3")
+    let py = repo(".venv/bin/python");
+    let out = Command::new(&py)
         .arg(repo("tests/peers/validate_policy_schema.py"))
         .arg(repo("proto/policy.schema.json"))
         .args(files)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run python3 ({e}): {INSTALL}"));
+        .unwrap_or_else(|e| panic!("cannot run {} ({e}): {INSTALL}", py.display()));
     let stderr = String::from_utf8_lossy(&out.stderr);
     match out.status.code() {
         Some(0) => {}
@@ -59,7 +61,9 @@ fn schema_verdicts(files: &[PathBuf]) -> BTreeMap<PathBuf, (bool, Vec<String>)> 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Loader {
     Valid,
-    Invalid,
+    /// Refused by the loader, with an error containing this text (the
+    /// reason the fixture is named after, not just any refusal).
+    Invalid(&'static str),
     /// Valid once the `service` source exists; until then refused only for
     /// it (see [`needs_connected_services`]).
     ValidWithConnectedServices,
@@ -77,16 +81,22 @@ fn needs_connected_services(err: &str) -> bool {
 fn loader_agrees(path: &Path, expect: Loader) -> Result<(), String> {
     match (Policy::load(path), expect) {
         (Ok(_), Loader::Valid | Loader::ValidWithConnectedServices) => Ok(()),
-        (Err(e), Loader::Invalid) => {
-            let _ = e;
-            Ok(())
+        (Err(e), Loader::Invalid(reason)) => {
+            let e = e.to_string();
+            if e.contains(reason) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "the loader refuses it, but not for {reason:?}: {e}"
+                ))
+            }
         }
         (Err(e), Loader::ValidWithConnectedServices)
             if needs_connected_services(&e.to_string()) =>
         {
             Ok(())
         }
-        (Ok(_), Loader::Invalid) => Err("the loader accepts it".into()),
+        (Ok(_), Loader::Invalid(_)) => Err("the loader accepts it".into()),
         (Err(e), _) => Err(format!("the loader refuses it: {e}")),
     }
 }
@@ -102,46 +112,166 @@ const FIXTURES: &[(&str, Loader, bool, &str)] = &[
     ("minimal_agent_only", Valid, true, ""),
     ("non_ascii_tool_name", Valid, true, ""),
     ("tool_resource_in_other_spelling", Valid, true, ""),
-    ("default_allow_key_is_refused", Invalid, false, ""),
-    ("empty_file", Invalid, false, ""),
-    ("exchange_source", Invalid, false, ""),
-    ("frozen_as_string", Invalid, false, ""),
-    ("missing_agent", Invalid, false, ""),
-    ("misspelled_scopes_key", Invalid, false, ""),
-    ("not_utf8", Invalid, false, ""),
-    ("plain_http_to_remote_host", Invalid, false, ""),
-    ("relative_resource", Invalid, false, ""),
-    ("resource_with_dot_segments", Invalid, false, ""),
-    ("resource_with_encoded_dots", Invalid, false, ""),
-    ("resource_with_fragment", Invalid, false, ""),
-    ("resource_with_query", Invalid, false, ""),
-    ("resource_with_userinfo", Invalid, false, ""),
-    ("scope_listed_twice", Invalid, false, ""),
-    ("scope_with_space", Invalid, false, ""),
-    ("self_source_with_delivery", Invalid, false, ""),
-    ("service_source_without_delivery", Invalid, false, ""),
-    ("step_name_with_space", Invalid, false, ""),
-    ("steps_declared_empty", Invalid, false, ""),
-    ("tool_name_with_nul", Invalid, false, ""),
-    ("tool_name_with_trailing_space", Invalid, false, ""),
-    ("tool_with_empty_steps", Invalid, false, ""),
-    ("tool_without_steps", Invalid, false, ""),
-    ("ttl_in_hours", Invalid, false, ""),
-    ("ttl_longer_than_five_minutes", Invalid, false, ""),
-    ("ttl_six_minutes", Invalid, false, ""),
-    ("ttl_subsecond", Invalid, false, ""),
-    ("ttl_with_leading_zero", Invalid, false, ""),
-    ("ttl_zero", Invalid, false, ""),
-    ("unterminated_string", Invalid, false, ""),
+    (
+        "default_allow_key_is_refused",
+        Invalid("default: unknown key"),
+        false,
+        "",
+    ),
+    ("empty_file", Invalid("the policy is empty"), false, ""),
+    (
+        "exchange_source",
+        Invalid("source \"exchange\" is not available yet"),
+        false,
+        "",
+    ),
+    ("frozen_as_string", Invalid("expected a boolean"), false, ""),
+    ("missing_agent", Invalid("missing field `agent`"), false, ""),
+    (
+        "misspelled_scopes_key",
+        Invalid("tools.t.scope: unknown key"),
+        false,
+        "",
+    ),
+    ("not_utf8", Invalid("the file is not UTF-8"), false, ""),
+    (
+        "plain_http_to_remote_host",
+        Invalid("must be https (http only on loopback)"),
+        false,
+        "",
+    ),
+    (
+        "relative_resource",
+        Invalid("not an absolute URI"),
+        false,
+        "",
+    ),
+    (
+        "resource_with_dot_segments",
+        Invalid("contains dot segments"),
+        false,
+        "",
+    ),
+    (
+        "resource_with_encoded_dots",
+        Invalid("contains dot segments"),
+        false,
+        "",
+    ),
+    (
+        "resource_with_fragment",
+        Invalid("has a fragment"),
+        false,
+        "",
+    ),
+    ("resource_with_query", Invalid("has a query"), false, ""),
+    ("resource_with_userinfo", Invalid("has userinfo"), false, ""),
+    (
+        "scope_listed_twice",
+        Invalid("scope listed twice"),
+        false,
+        "",
+    ),
+    (
+        "scope_with_space",
+        Invalid("a scope must be a non-empty token"),
+        false,
+        "",
+    ),
+    (
+        "self_source_with_delivery",
+        Invalid("only a resource with source = \"service\" takes this key"),
+        false,
+        "",
+    ),
+    (
+        "service_source_without_delivery",
+        Invalid("a service resource must say how the token reaches the tool"),
+        false,
+        "",
+    ),
+    (
+        "step_name_with_space",
+        Invalid("step names must not contain spaces"),
+        false,
+        "",
+    ),
+    (
+        "steps_declared_empty",
+        Invalid("steps: declares no step"),
+        false,
+        "",
+    ),
+    (
+        "tool_name_with_nul",
+        Invalid("tool names must not contain spaces or control characters"),
+        false,
+        "",
+    ),
+    (
+        "tool_name_with_trailing_space",
+        Invalid("tool names must not contain spaces or control characters"),
+        false,
+        "",
+    ),
+    ("tool_with_empty_steps", Invalid("lists no step"), false, ""),
+    (
+        "tool_without_steps",
+        Invalid("missing field `steps`"),
+        false,
+        "",
+    ),
+    (
+        "ttl_in_hours",
+        Invalid("must be a whole number of seconds or minutes"),
+        false,
+        "",
+    ),
+    (
+        "ttl_longer_than_five_minutes",
+        Invalid("is longer than the 300s maximum"),
+        false,
+        "",
+    ),
+    (
+        "ttl_six_minutes",
+        Invalid("is longer than the 300s maximum"),
+        false,
+        "",
+    ),
+    (
+        "ttl_subsecond",
+        Invalid("must be a whole number of seconds or minutes"),
+        false,
+        "",
+    ),
+    (
+        "ttl_with_leading_zero",
+        Invalid("must be a whole number of seconds or minutes"),
+        false,
+        "",
+    ),
+    (
+        "ttl_zero",
+        Invalid("must be a whole number of seconds or minutes"),
+        false,
+        "",
+    ),
+    (
+        "unterminated_string",
+        Invalid("invalid basic string"),
+        false,
+        "",
+    ),
     (
         "tool_resource_not_declared",
-        Invalid,
+        Invalid("names a resource that is not declared under [resources]"),
         true,
         "a schema cannot check that a tool's resource is declared under resources",
     ),
     (
         "resource_declared_twice_after_normalisation",
-        Invalid,
+        Invalid("the same resource is declared twice"),
         true,
         "a schema cannot compare URIs after RFC 3986 normalisation",
     ),
@@ -183,7 +313,7 @@ fn loader_and_schema_agree_on_the_fixtures() {
         if let Err(e) = loader_agrees(path, *loader) {
             wrong.push(format!("{name}: expected {loader:?}, but {e}"));
         }
-        let loader_valid = *loader != Invalid;
+        let loader_valid = !matches!(loader, Invalid(_));
         if loader_valid != *schema {
             // Differences are allowed only where the loader is the stricter
             // one, and only with a reason.

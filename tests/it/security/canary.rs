@@ -595,3 +595,119 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
         "alice"
     );
 }
+
+/// docs/SECURITY-CASES.md L3b and L3c: a secret a client puts in a request's
+/// `resource`, `step`, `tool` or `scope` is not copied into the audit log;
+/// such a value is recorded as its length and a keyed HMAC, and a Unicode
+/// line separator in it is escaped. Declared names stay in clear.
+#[tokio::test]
+async fn secrets_in_step_tool_resource_and_scope_stay_out_of_the_audit_log() {
+    use credbroker::client::Answer;
+    let b = TestBroker::start();
+    let k = key();
+    let subject = b.subject_token("alice");
+    let in_query = format!("{RESOURCE}?access_token={MARK}-resource-query");
+    let cases: [(&str, &str, &str, String, Option<&str>); 6] = [
+        (
+            "resource",
+            "summarize",
+            "notes.read",
+            in_query.clone(),
+            None,
+        ),
+        (
+            "resource",
+            "summarize",
+            "notes.read",
+            format!("https://{MARK}-host.example/notes"),
+            None,
+        ),
+        (
+            "step",
+            "CANARY-step\u{2028}{\"event\":\"derive.issued\"}",
+            "notes.read",
+            RESOURCE.to_string(),
+            None,
+        ),
+        (
+            "tool",
+            "summarize",
+            "CANARY-tool\u{2029}\u{85}",
+            RESOURCE.to_string(),
+            None,
+        ),
+        (
+            "scope",
+            "summarize",
+            "notes.read",
+            RESOURCE.to_string(),
+            Some("notes.read CANARY-scope"),
+        ),
+        // The same secret again: the same HMAC, so a repeat is visible.
+        (
+            "resource",
+            "summarize",
+            "notes.read",
+            in_query.clone(),
+            None,
+        ),
+    ];
+    let mut seen = Vec::new();
+    for (field, step, tool, resource, scope) in &cases {
+        let before = b.audit_lines().len();
+        let r = b.derive(&k, &subject, step, tool, resource, *scope).await;
+        assert!(matches!(r, Answer::Refused(_)), "{field}: not refused");
+        let lines = b.audit_lines();
+        assert_eq!(lines.len(), before + 1, "{field}: one event per refusal");
+        let e = lines.last().unwrap().clone();
+        assert_eq!(e["event"], "derive.denied", "{e}");
+        assert!(e.get(*field).is_none(), "{field} written in clear: {e}");
+        let value = match *field {
+            "resource" => resource.as_str(),
+            "step" => step,
+            "tool" => tool,
+            _ => scope.unwrap(),
+        };
+        let o = &e["undeclared"][*field];
+        assert_eq!(o["len"], value.len(), "{e}");
+        assert_eq!(o["hmac_sha256"].as_str().unwrap().len(), 64, "{e}");
+        // The declared fields of the same request are still in clear.
+        if *field != "tool" {
+            assert_eq!(e["tool"], "notes.read", "{e}");
+        }
+        if *field != "step" {
+            assert_eq!(e["step"], "summarize", "{e}");
+        }
+        if *field != "resource" {
+            assert_eq!(e["resource"], RESOURCE, "{e}");
+        }
+        seen.push(o["hmac_sha256"].clone());
+    }
+    assert_eq!(seen[0], seen[5], "the same value, the same HMAC");
+    assert_ne!(seen[0], seen[1]);
+    // Positive control: a good derive names its declared fields in clear.
+    b.derive_ok(&k).await;
+    let last = b.audit_lines().pop().unwrap();
+    assert_eq!(last["event"], "derive.issued");
+    assert_eq!(
+        (
+            &last["step"],
+            &last["tool"],
+            &last["resource"],
+            &last["scope"]
+        ),
+        (
+            &json!("summarize"),
+            &json!("notes.read"),
+            &json!(RESOURCE),
+            &json!("notes.read")
+        )
+    );
+    assert!(last.get("undeclared").is_none(), "{last}");
+    let raw = std::fs::read_to_string(b.path("data/audit.jsonl")).unwrap();
+    assert!(!raw.contains(MARK), "a canary reached the audit log: {raw}");
+    for c in ['\u{2028}', '\u{2029}', '\u{85}'] {
+        assert!(!raw.contains(c), "{c:?} written raw");
+    }
+    assert_eq!(raw.lines().count(), cases.len() + 1, "no forged line");
+}

@@ -354,15 +354,21 @@ impl TestBroker {
         self.child.id()
     }
 
-    /// Resident memory of the broker in KiB (from /proc).
+    /// Resident memory of the broker in KiB (from /proc). Fails the test
+    /// when it cannot be read: a reading of 0 would make every "memory stays
+    /// bounded" check pass.
     pub(crate) fn rss_kib(&self) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
-        status
+        let path = format!("/proc/{}/status", self.pid());
+        let status = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {path} ({e}): the memory checks cannot run"));
+        let kib: u64 = status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
+            .unwrap_or_else(|| panic!("{path} has no readable VmRSS line"));
+        // Even an idle broker maps more than a megabyte.
+        assert!(kib > 1024, "{path}: VmRSS {kib} KiB is not a real reading");
+        kib
     }
 
     /// SIGKILL and reap: no clean shutdown, so the socket files stay behind.
@@ -620,17 +626,52 @@ pub(crate) struct OtherUser {
     pub group: String,
 }
 
-pub(crate) fn other_user() -> Option<OtherUser> {
+/// The other user, or why there is none here.
+pub(crate) fn other_user_or_why() -> Result<OtherUser, String> {
     if credbroker::internals::unix::current_uid() != 0 {
-        return None;
+        return Err("not root, so no switching to another uid".into());
     }
-    let u = nix::unistd::User::from_name("nobody").ok()??;
-    let g = nix::unistd::Group::from_gid(u.gid).ok()??;
-    Some(OtherUser {
+    let u = nix::unistd::User::from_name("nobody")
+        .ok()
+        .flatten()
+        .ok_or("no user `nobody` on this machine")?;
+    let g = nix::unistd::Group::from_gid(u.gid)
+        .ok()
+        .flatten()
+        .ok_or("the primary group of `nobody` does not exist")?;
+    Ok(OtherUser {
         uid: u.uid.as_raw(),
         gid: u.gid.as_raw(),
         group: g.name,
     })
+}
+
+/// The other user, for a test that can show `what` only with one. Without
+/// it the half of the test that needs it cannot run: under `CI=true` that
+/// fails the test (a skip there would pass unseen); elsewhere it prints
+/// what was not shown and returns `None`.
+pub(crate) fn other_user(what: &str) -> Option<OtherUser> {
+    match other_user_or_why() {
+        Ok(u) => Some(u),
+        Err(why) => {
+            crate::support::not_shown(what, &why);
+            None
+        }
+    }
+}
+
+/// A copy of the binary (a hard link where possible) in `dir`, a directory
+/// the other user owns under `/tmp`: the build's own copy may sit in a
+/// clone that only its owner can enter (a 0700 `mktemp -d`), where exec as
+/// `nobody` fails with EACCES.
+fn bin_in(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let to = dir.join("credbroker");
+    if std::fs::hard_link(bin(), &to).is_err() {
+        std::fs::copy(bin(), &to).expect("copy the binary for the other user");
+    }
+    std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+    to
 }
 
 impl OtherUser {
@@ -639,7 +680,12 @@ impl OtherUser {
     /// Returns the exit code and stdout + stderr.
     pub(crate) fn derive(&self, b: &TestBroker, subject: &str) -> (i32, String) {
         use std::os::unix::process::CommandExt;
-        let dir = tempfile::tempdir().unwrap();
+        // Under /tmp, not $TMPDIR: every directory on the way must be one
+        // this user can enter.
+        let dir = tempfile::Builder::new()
+            .prefix("credbroker-other-user.")
+            .tempdir_in("/tmp")
+            .unwrap();
         let key_path = dir.path().join("dpop.pem");
         let (_, pkcs8) = Es256Key::generate().unwrap();
         credbroker::internals::config::write_secret_file(
@@ -649,7 +695,7 @@ impl OtherUser {
         .unwrap();
         std::os::unix::fs::chown(dir.path(), Some(self.uid), Some(self.gid)).unwrap();
         std::os::unix::fs::chown(&key_path, Some(self.uid), Some(self.gid)).unwrap();
-        let out = Command::new(bin())
+        let out = Command::new(bin_in(dir.path()))
             .uid(self.uid)
             .gid(self.gid)
             .current_dir(dir.path())

@@ -117,6 +117,12 @@ impl Browsers {
     /// Closes every browser and waits for the driver to exit.
     pub(crate) async fn finish(mut self) {
         drop(self.stdin);
-        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+        // The driver exits 0 once its input ends and every browser closed;
+        // anything else (a crash, an error on close) fails the test.
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the browser driver exits within 30 s of its input ending")
+            .expect("wait for the browser driver");
+        assert!(status.success(), "the browser driver exited with {status}");
     }
 }

@@ -41,6 +41,39 @@ pub(crate) fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> b
     }
 }
 
+/// Whether this run is CI's (`CI=true`), where nothing may be skipped.
+pub(crate) fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// A part of a test that cannot run on this machine (`why`): under `CI=true`
+/// it fails the test, since a skip there would pass unseen; elsewhere it
+/// prints what was not shown, so a local run says what it did not check.
+#[track_caller]
+pub(crate) fn not_shown(what: &str, why: &str) {
+    assert!(
+        !under_ci(),
+        "CI=true and this cannot be shown here ({why}): {what}"
+    );
+    eprintln!("NOT SHOWN ({why}): {what}");
+}
+
+/// Runs the timing-sensitive tests one at a time within this binary:
+/// tests that measure how long the broker takes, or hold hundreds of
+/// connections, would otherwise measure each other on a 2-core machine.
+/// Hold the guard for the whole test (`let _serial = serial().await;`); a
+/// panicking test releases it (tokio's mutex does not poison).
+pub(crate) async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
+}
+
+/// [`serial`] for a test that is not async.
+pub(crate) fn serial_blocking() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.blocking_lock()
+}
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 pub(crate) fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

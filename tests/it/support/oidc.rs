@@ -63,25 +63,33 @@ impl OidcPeer {
         }
     }
 
+    /// Calls a `/test/...` control route. A route the peer does not know
+    /// answers 404, and a control that did nothing must fail the test, not
+    /// leave the provider as it was.
     async fn control(&self, path: &str) -> serde_json::Value {
-        self.http
+        let r = self
+            .http
             .get(format!("{}{path}", self.issuer))
             .send()
             .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+            .unwrap();
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 200, "provider control {path}: {text}");
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("provider control {path} answered non-JSON ({e}): {text}"))
     }
 
     /// Lifetime of access tokens issued from now on.
     pub(crate) async fn set_access_ttl(&self, secs: i64) {
-        self.control(&format!("/test/ttl?seconds={secs}")).await;
+        let v = self.control(&format!("/test/ttl?seconds={secs}")).await;
+        assert_eq!(v["access_token_ttl"], secs, "the provider took the ttl");
     }
 
     /// Token endpoint behaviour: ok, hang, 500, badjson.
     pub(crate) async fn set_token_mode(&self, mode: &str) {
-        self.control(&format!("/test/mode?token={mode}")).await;
+        let v = self.control(&format!("/test/mode?token={mode}")).await;
+        assert_eq!(v["token"], mode, "the provider took the mode");
     }
 
     /// Counters: authorization_code, refresh_token (successful grants),

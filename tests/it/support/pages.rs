@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use credbroker::internals::clock::ManualClock;
 use credbroker::internals::pages::links::{
     AccountVault, AccountView, AllowanceView, AuthorizationRequest, BackendError, BoxFuture,
-    Disconnected, Link, LinkKind, LinkRecords, ProviderFlow, ProviderGrant, ProviderInfo, Services,
+    ConnectedServices, Disconnected, Link, LinkKind, LinkRecords, ProviderFlow, ProviderGrant,
+    ProviderInfo,
 };
 use credbroker::internals::pages::{Options, PageLimits};
 use credbroker::internals::secret::SecretString;
@@ -91,8 +92,8 @@ impl Fake {
         })
     }
 
-    pub(crate) fn services(self: &Arc<Self>) -> Services {
-        Services {
+    pub(crate) fn services(self: &Arc<Self>) -> ConnectedServices {
+        ConnectedServices {
             links: self.clone(),
             vault: self.clone(),
             providers: self.clone(),
@@ -519,7 +520,7 @@ pub(crate) struct PagesServer {
     pub issuer: String,
     pub ca_pem: Option<PathBuf>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), String>>>,
 }
 
 impl PagesServer {
@@ -664,7 +665,7 @@ impl PagesServer {
                 let _ = rx.await;
             })
             .await
-            .unwrap();
+            .map_err(|e| e.to_string())
         });
         PagesServer {
             dir,
@@ -734,8 +735,14 @@ impl PagesServer {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
+        // The server must end, and end cleanly: an error or a panic while
+        // serving (or shutting down) fails the test that stopped it.
         if let Some(t) = self.task.take() {
-            let _ = t.await;
+            let r = tokio::time::timeout(std::time::Duration::from_secs(30), t)
+                .await
+                .expect("the in-process server stops within 30 s of the shutdown signal");
+            r.expect("the in-process server task panicked")
+                .expect("the in-process server ended with an error");
         }
     }
 }
