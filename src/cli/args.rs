@@ -137,8 +137,10 @@ pub(super) enum AccountsAction {
         #[arg(long)]
         issuer: Option<String>,
     },
-    /// Revoke an account's tokens at the provider (RFC 7009, where it can)
-    /// and delete it with its allowances.
+    /// Revoke an account's tokens at the provider (RFC 7009 where it has a
+    /// revocation endpoint; GitHub's application grant API for the GitHub
+    /// preset) and delete it with its allowances; the answer's `message`
+    /// says what was revoked and what was not.
     Disconnect {
         /// The config file.
         #[arg(long, short)]

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use issuers::{IssuerConfig, JwksSource, SignIn};
+pub use issuers::{default_display_name, IssuerConfig, JwksSource, SignIn};
 pub use listeners::{PublicConfig, SocketConfig};
 pub use providers::{
     AccountLookup, ClientAuth, Endpoints, ProviderConfig, GITHUB_AUTHORIZE, GITHUB_TOKEN,
