@@ -210,6 +210,7 @@ pub async fn run(
         let b = broker.clone();
         let links = instance.links.clone();
         let pages = instance.pages.clone();
+        let sealer = instance.sealer.clone();
         let mut rx = rx.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(30));
@@ -217,6 +218,12 @@ pub async fn run(
                 tokio::select! {
                     _ = tick.tick() => {
                         b.limits.housekeeping();
+                        // A scheduled key rotation activates here once due
+                        // (the ring is store I/O and decryption).
+                        let (kb, ks) = (b.clone(), sealer.clone());
+                        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || kb.refresh_keys(&ks)).await {
+                            tracing::warn!(error = %e, "reloading the signing key ring failed; the current keys stay in use");
+                        }
                         if let Some(c) = b.connected_services() {
                             c.vault.housekeeping();
                             for name in c.providers.names() {

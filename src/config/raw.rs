@@ -116,6 +116,8 @@ pub(super) struct RawPublic {
 #[derive(Debug, Deserialize)]
 pub(super) struct RawKeys {
     pub(super) master_key_file: PathBuf,
+    #[serde(default)]
+    pub(super) activation_delay: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
