@@ -23,6 +23,7 @@ plain JSON the Rust test asserts on.
 from __future__ import annotations
 
 import json
+import time
 import subprocess
 import sys
 from typing import Any
@@ -170,6 +171,21 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                 if spec.get("sleep"):
                     # Let the state expire first.
                     await anyio.sleep(float(spec["sleep"]))
+                if spec.get("poll_expiry"):
+                    # Retry the genuine state until it is refused (its
+                    # lifetime ran out), within the given bound in seconds;
+                    # each attempt is recorded with the time since the state
+                    # was issued.
+                    issued = time.monotonic()
+                    while True:
+                        n = len(out["calls"])
+                        await attempt("genuine", s, state, args)
+                        out["calls"][n]["elapsed"] = time.monotonic() - issued
+                        if "error" in out["calls"][n]:
+                            return out
+                        if time.monotonic() - issued > float(spec["poll_expiry"]):
+                            raise SystemExit(f"poll_expiry: the state was never refused: {json.dumps(out)}")
+                        await anyio.sleep(0.2)
                 if spec.get("other_token_file"):
                     # Another person replays this person's state with their own token.
                     other = open(spec["other_token_file"], encoding="utf-8").read().strip()

@@ -691,25 +691,41 @@ async fn expired_request_state_is_refused() {
     s.alice_needs_to_connect();
     let alice = s.b.subject_token("alice");
     let dir = s.b.dir.path().to_owned();
-    // The genuine state, retried after its lifetime: refused, no derive.
+    // The genuine state, retried until it is refused: accepted while it
+    // lives (each retry asks again), refused once its 3 s lifetime is over,
+    // and the refused retry never reaches the broker. Bounds are relative
+    // to the lifetime (whole seconds: refused after at least 2 s, within
+    // three lifetimes), not a fixed sleep.
+    let ttl = 3.0;
     let out = py(
         dir.clone(),
         alice.clone(),
         json!({"url": s.server.url, "mode": "auto",
-        "scenario": "tamper", "only_genuine": true, "sleep": 4.5}),
+        "scenario": "tamper", "only_genuine": true, "poll_expiry": 3.0 * ttl}),
     )
     .await;
     let calls = out["calls"].as_array().unwrap();
     assert_eq!(calls[0]["result"]["resultType"], "input_required", "{out}");
-    assert_eq!(calls[1]["attempt"], "genuine");
-    assert_eq!(calls[1]["error"]["code"], -32602, "{out}");
+    let (refused, accepted) = calls[1..].split_last().unwrap();
+    assert!(!accepted.is_empty(), "the state was never accepted: {out}");
+    for a in accepted {
+        assert_eq!(a["attempt"], "genuine");
+        assert_eq!(a["result"]["resultType"], "input_required", "{out}");
+    }
+    assert_eq!(refused["attempt"], "genuine");
+    assert_eq!(refused["error"]["code"], -32602, "{out}");
     assert_eq!(
-        calls[1]["error"]["message"],
+        refused["error"]["message"],
         "Invalid or expired requestState"
+    );
+    let at = refused["elapsed"].as_f64().unwrap();
+    assert!(
+        at >= ttl - 1.0,
+        "refused after {at} s, before its {ttl} s lifetime: {out}"
     );
     assert_eq!(
         s.stub.hits().len(),
-        1,
+        1 + accepted.len(),
         "an expired state never reaches the broker"
     );
     assert!(s.server.log_text().contains("requestState has expired"));
