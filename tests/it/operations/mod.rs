@@ -2,4 +2,5 @@
 //! README walkthrough.
 mod admin;
 mod audit;
+mod contract;
 mod walkthrough;
