@@ -418,6 +418,17 @@ pub async fn handle(
     };
     match result {
         Ok(issued) => issued_response(&issued),
+        // The one answer that needs the request's endpoint: say which `htu`
+        // this socket expects (the issuer URL plus the path, public in the
+        // metadata), never the one the proof carried.
+        Err(DeriveError::Proof(DpopError::Htu, _)) => oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_dpop_proof",
+            &format!(
+                "htu does not match the request URL: this endpoint expects htu {} (the issuer URL plus the path)",
+                broker.htu(endpoint)
+            ),
+        ),
         Err(e) => error_response(&e),
     }
 }
