@@ -48,6 +48,21 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SocketError + '_ {
     }
 }
 
+/// The gid of `group`: a group name, or else a number (as chown(1) reads
+/// it), which need not be in /etc/group: a container image often has no
+/// entry for the pod's supplemental group.
+fn resolve_group(group: &str) -> Result<nix::unistd::Gid, SocketError> {
+    if let Some(g) = nix::unistd::Group::from_name(group).ok().flatten() {
+        return Ok(g.gid);
+    }
+    match group.parse::<u32>() {
+        Ok(n) if !group.is_empty() && group.bytes().all(|b| b.is_ascii_digit()) => {
+            Ok(nix::unistd::Gid::from_raw(n))
+        }
+        _ => Err(SocketError::NoGroup(group.to_string())),
+    }
+}
+
 /// Creates the socket directory (mode `dir_mode`, group `group`), removes a
 /// stale socket without following symlinks, binds, and sets the socket mode.
 pub fn bind(
@@ -71,13 +86,7 @@ pub fn bind(
     }
     let gid = match group {
         None => None,
-        Some(g) => Some(
-            nix::unistd::Group::from_name(g)
-                .ok()
-                .flatten()
-                .ok_or_else(|| SocketError::NoGroup(g.to_string()))?
-                .gid,
-        ),
+        Some(g) => Some(resolve_group(g)?),
     };
     if let Some(gid) = gid {
         nix::unistd::chown(dir, None, Some(gid)).map_err(|e| io(dir)(e.into()))?;
@@ -101,4 +110,43 @@ pub fn bind(
         nix::unistd::chown(path, None, Some(gid)).map_err(|e| io(path)(e.into()))?;
     }
     Ok(listener)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn numeric_socket_group_without_a_group_entry_is_accepted() {
+        // A gid with no /etc/group entry (as in a container image) that the
+        // process may still chown to: root may use any; others only their
+        // own groups, so use our primary gid when not root.
+        let gid = if current_uid() == 0 {
+            4_000_017
+        } else {
+            nix::unistd::getgid().as_raw()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sock/s.sock");
+        let l = bind(&path, 0o750, 0o660, Some(&gid.to_string())).unwrap();
+        let meta = std::fs::metadata(path.parent().unwrap()).unwrap();
+        assert_eq!(meta.gid(), gid);
+        assert_eq!(std::fs::metadata(&path).unwrap().gid(), gid);
+        drop(l);
+        // Negative: a name that is neither a group nor a number is refused,
+        // named in the message.
+        let err = bind(
+            &dir.path().join("b/s.sock"),
+            0o750,
+            0o660,
+            Some("no-such-group-x1"),
+        )
+        .unwrap_err();
+        assert_eq!(err.to_string(), "group no-such-group-x1 does not exist");
+        // ... nor is a number with a sign.
+        assert!(matches!(
+            bind(&dir.path().join("c/s.sock"), 0o750, 0o660, Some("+5")),
+            Err(SocketError::NoGroup(_))
+        ));
+    }
 }

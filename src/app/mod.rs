@@ -170,9 +170,12 @@ pub async fn build(
     let store: Arc<dyn crate::store::Store> =
         Arc::new(crate::store::SledStore::open(&config.store)?);
     let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
-    let vault = Arc::new(crate::vault::Vault::open(
+    // No provider, no vault key: the key directory is made only when a
+    // provider could need it (deploy/ keeps it on a writable path anyway).
+    let vault = Arc::new(crate::vault::Vault::open_for(
         store.clone(),
         &config.vault_key_dir,
+        !config.providers.is_empty(),
     )?);
     let links = Arc::new(crate::connect::Links::new(
         store.clone(),

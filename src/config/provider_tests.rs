@@ -93,5 +93,5 @@ fn the_example_deployment_config_loads_with_its_providers() {
     let text = include_str!("../../deploy/credbroker.example.toml");
     let c = Config::parse(Path::new("/etc/credbroker/credbroker.toml"), text).unwrap();
     assert_eq!(c.providers["github"].display_name, "GitHub");
-    assert_eq!(c.vault_key_dir, Path::new("/etc/credbroker/keys/vault"));
+    assert_eq!(c.vault_key_dir, Path::new("/var/lib/credbroker/vault-keys"));
 }

@@ -55,6 +55,10 @@ pub struct VaultKeys {
     ids: Mutex<Vec<String>>,
     counter: Mutex<Counter>,
     cap: u64,
+    /// No key exists yet and none was made (no provider is configured): the
+    /// sealer holds a throw-away key and every seal or rotation is refused,
+    /// so nothing is ever sealed under a key that is not on disk.
+    unused: bool,
 }
 
 impl std::fmt::Debug for VaultKeys {
@@ -76,7 +80,15 @@ fn read_dir_keys(dir: &Path) -> Result<Vec<(String, SecretBytes)>, VaultError> {
     let mut out = Vec::new();
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        // Absent, or a component of the path is a file: no keys there.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            return Ok(out)
+        }
         Err(e) => return Err(io("cannot read the vault key directory", dir, e)),
     };
     for e in entries {
@@ -161,16 +173,20 @@ fn build_sealer(keys: &[(String, SecretBytes)], current: &str) -> Result<Sealer,
 impl VaultKeys {
     /// Loads the keys of `dir`. With no key state in the store yet, the
     /// first key is created, but only while `vault_empty` (a vault with
-    /// records and no keys is an error, never a fresh start).
+    /// records and no keys is an error, never a fresh start). With
+    /// `create` false (no provider is configured) nothing is created: the
+    /// directory is neither made nor written, and the keys refuse to seal.
     pub fn load(
         store: &dyn Store,
         dir: &Path,
         vault_empty: bool,
         cap: u64,
+        create: bool,
     ) -> Result<VaultKeys, VaultError> {
         let mut keys = read_dir_keys(dir)?;
         let state = match read_state(store)? {
             Some(s) => s,
+            None if !create && keys.is_empty() && vault_empty => return Self::unused(dir, cap),
             None => {
                 if !vault_empty {
                     return Err(VaultError::Keys(format!(
@@ -211,7 +227,39 @@ impl VaultKeys {
                 reserved: used,
             }),
             cap,
+            unused: false,
         })
+    }
+
+    fn unused(dir: &Path, cap: u64) -> Result<VaultKeys, VaultError> {
+        // A random key kept in memory only; `count_seal` and
+        // `begin_rotation` refuse before it could seal anything.
+        let mut bytes = vec![0u8; 32];
+        aws_lc_rs::rand::fill(&mut bytes)
+            .map_err(|_| VaultError::Keys("no randomness for a vault key".into()))?;
+        let sealer = Sealer::new(&SecretBytes::new(bytes), &[])
+            .map_err(|_| VaultError::Keys("vault key".into()))?;
+        Ok(VaultKeys {
+            dir: dir.to_owned(),
+            sealer: ArcSwap::from_pointee(sealer),
+            ids: Mutex::new(Vec::new()),
+            counter: Mutex::new(Counter {
+                used: 0,
+                reserved: 0,
+            }),
+            cap,
+            unused: true,
+        })
+    }
+
+    fn refuse_unused(&self) -> Result<(), VaultError> {
+        if self.unused {
+            return Err(VaultError::Keys(format!(
+                "no provider is configured, so no vault key was created in {}; configure a provider and restart",
+                self.dir.display()
+            )));
+        }
+        Ok(())
     }
 
     /// The sealer (current key seals, every loaded key opens).
@@ -236,6 +284,7 @@ impl VaultKeys {
 
     /// Counts one seal under the current key; refuses past the cap.
     pub fn count_seal(&self, store: &dyn Store) -> Result<(), VaultError> {
+        self.refuse_unused()?;
         let mut c = self.counter.lock().unwrap_or_else(|p| p.into_inner());
         if c.used >= self.cap {
             return Err(VaultError::KeyExhausted(self.current()));
@@ -254,6 +303,7 @@ impl VaultKeys {
     /// state with `rotating = true`. A new key is written (and synced)
     /// before the store names it, and it seals from then on.
     pub fn begin_rotation(&self, store: &dyn Store) -> Result<KeyState, VaultError> {
+        self.refuse_unused()?;
         if let Some(s) = read_state(store)? {
             if s.rotating {
                 return Ok(s);

@@ -275,14 +275,34 @@ impl Vault {
         Vault::open_with_cap(store, key_dir, DEFAULT_SEAL_CAP)
     }
 
+    /// Like [`Vault::open`], but with `providers_configured` false no key
+    /// is created (nor its directory): a broker without providers never
+    /// seals, so its key directory may sit on a path it cannot write.
+    pub fn open_for(
+        store: Arc<dyn Store>,
+        key_dir: &Path,
+        providers_configured: bool,
+    ) -> Result<Vault, VaultError> {
+        Vault::open_inner(store, key_dir, DEFAULT_SEAL_CAP, providers_configured)
+    }
+
     /// Like [`Vault::open`] with a custom per-key encryption cap (tests).
     pub fn open_with_cap(
         store: Arc<dyn Store>,
         key_dir: &Path,
         cap: u64,
     ) -> Result<Vault, VaultError> {
+        Vault::open_inner(store, key_dir, cap, true)
+    }
+
+    fn open_inner(
+        store: Arc<dyn Store>,
+        key_dir: &Path,
+        cap: u64,
+        create: bool,
+    ) -> Result<Vault, VaultError> {
         let empty = store.scan_prefix(Tree::Accounts, b"")?.is_empty();
-        let keys = VaultKeys::load(store.as_ref(), key_dir, empty, cap)?;
+        let keys = VaultKeys::load(store.as_ref(), key_dir, empty, cap, create)?;
         Ok(Vault {
             store,
             keys,

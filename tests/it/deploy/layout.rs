@@ -1,0 +1,331 @@
+//! The layout harness: deploy/kubernetes.yaml reproduced on this machine as
+//! the kubelet lays it out (no kubelet or container runtime runs here), then
+//! the real binary started in it as the manifest's non-root uid and one
+//! derive made as the orchestrator's uid, so that a manifest whose layout the
+//! broker refuses fails CI. Reproduced: emptyDir roots root-owned 0777 with
+//! the fsGroup's setgid, the Secret's `..data` symlinks with `defaultMode`
+//! and the fsGroup, the ConfigMap's `..data` symlinks 0444, the init
+//! container's copy (run as its uid with `setpriv`), the containers' uids,
+//! gids and supplemental groups. Replaced: the absolute paths are moved under
+//! a temp root, the public listener binds a free loopback port with a
+//! throw-away certificate, and the organisation's IdP is the quick start's
+//! dev issuer (the manifest's IdP is not reachable from CI).
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::broker::{bin, prepare, Opts};
+
+const MANIFEST: &str = include_str!("../../../deploy/kubernetes.yaml");
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn chown(p: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+}
+
+fn mode(p: &Path, m: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+}
+
+/// An emptyDir as the kubelet makes it: root-owned 0777, with fsGroup the
+/// group and setgid.
+fn empty_dir(p: &Path, fs_group: u32) {
+    std::fs::create_dir_all(p).unwrap();
+    chown(p, 0, fs_group);
+    mode(p, 0o2777);
+}
+
+/// A Secret or ConfigMap volume: files in a timestamped directory, `..data`
+/// pointing at it, and each key a symlink through `..data`.
+fn projected(p: &Path, files: &[(&str, Vec<u8>)], file_mode: u32, gid: u32) {
+    let ts = p.join("..2026_12_01_00_00_00.000000001");
+    std::fs::create_dir_all(&ts).unwrap();
+    for (name, bytes) in files {
+        let f = ts.join(name);
+        std::fs::write(&f, bytes).unwrap();
+        chown(&f, 0, gid);
+        mode(&f, file_mode);
+        symlink(format!("..data/{name}"), p.join(name)).unwrap();
+    }
+    symlink(ts.file_name().unwrap(), p.join("..data")).unwrap();
+    chown(p, 0, gid);
+    mode(p, 0o1777);
+}
+
+fn block(key: &str) -> String {
+    let mut lines = MANIFEST
+        .lines()
+        .skip_while(|l| l.trim() != format!("{key}: |"));
+    let head = lines.next().expect("key present");
+    let indent = head.len() - head.trim_start().len();
+    lines
+        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
+        .map(|l| l.get(indent + 2..).unwrap_or("").to_string() + "\n")
+        .collect()
+}
+
+#[tokio::test]
+async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
+    if !nix::unistd::Uid::effective().is_root() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the layout harness needs root (chown, setpriv) and CI runs as root"
+        );
+        eprintln!("SKIP kubernetes_manifest_layout_starts_and_derives_as_non_root: needs root to lay out other users' files");
+        return;
+    }
+    // The ids the manifest names.
+    for needle in [
+        "fsGroup: 3000",
+        "supplementalGroups: [2000]",
+        "runAsUser: 1000\n            runAsGroup: 1000",
+        "runAsUser: 1001\n            runAsGroup: 1001",
+        "secretName: credbroker-keys   # master.key, tls.crt, tls.key, idp-client-secret\n            defaultMode: 0440",
+    ] {
+        assert!(MANIFEST.contains(needle), "deploy/kubernetes.yaml no longer has {needle:?}");
+    }
+    let addr = crate::support::free_loopback_addr();
+    let (qs, _qs_config) = prepare(&Opts {
+        public_listen: Some(addr.clone()),
+        ..Opts::default()
+    });
+    let dev_issuer = format!("http://{addr}");
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    mode(r, 0o755);
+    let at = |p: &str| r.join(p.trim_start_matches('/'));
+
+    // The ConfigMap: the manifest's config with paths under the temp root.
+    let mut config = block("credbroker.toml");
+    for prefix in ["/run/", "/var/lib/credbroker", "/etc/credbroker"] {
+        config = config.replace(
+            &format!("\"{prefix}"),
+            &format!("\"{}/{}", r.display(), prefix.trim_start_matches('/')),
+        );
+    }
+    config = config.replace("listen = \"0.0.0.0:8443\"", &format!("listen = \"{addr}\""));
+    // The dev issuer pairs with local sign-in only as the broker's own.
+    config = config.replace(
+        "issuer = \"https://broker.example.com\"",
+        &format!("issuer = \"{dev_issuer}\""),
+    );
+    let idp = config.find("[[trusted_issuers]]").unwrap();
+    let vault = config.find("[vault]").unwrap();
+    config.replace_range(
+        idp..vault,
+        &format!(
+            "[[trusted_issuers]]\nissuer = \"{dev_issuer}\"\njwks_file = \"{}\"\nalgs = [\"ES256\"]\nsign_in = {{ kind = \"local\" }}\n\n",
+            at("/etc/credbroker/dev-issuer-jwks.json").display()
+        ),
+    );
+    let etc = at("/etc/credbroker");
+    std::fs::create_dir_all(&etc).unwrap();
+    projected(
+        &etc,
+        &[
+            ("credbroker.toml", config.into_bytes()),
+            (
+                "policy.toml",
+                std::fs::read(qs.path().join("policy.toml")).unwrap(),
+            ),
+            (
+                "dev-issuer-jwks.json",
+                std::fs::read(qs.path().join("dev-issuer-jwks.json")).unwrap(),
+            ),
+        ],
+        0o444,
+        0,
+    );
+
+    // The Secret, 0440 with the fsGroup, and a throw-away certificate.
+    let tls = tempfile::tempdir().unwrap();
+    run(Command::new("openssl")
+        .current_dir(tls.path())
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "k.pem",
+            "-out",
+            "c.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+        ])
+        .stderr(Stdio::piped()));
+    let secrets_in = r.join("secrets-in");
+    std::fs::create_dir_all(&secrets_in).unwrap();
+    projected(
+        &secrets_in,
+        &[
+            (
+                "master.key",
+                std::fs::read(qs.path().join("keys/master.key")).unwrap(),
+            ),
+            ("tls.crt", std::fs::read(tls.path().join("c.pem")).unwrap()),
+            ("tls.key", std::fs::read(tls.path().join("k.pem")).unwrap()),
+            ("idp-client-secret", b"client-secret".to_vec()),
+        ],
+        0o440,
+        3000,
+    );
+    for d in [
+        "/run/credbroker",
+        "/run/credbroker-admin",
+        "/run/credbroker-secrets",
+        "/var/lib/credbroker",
+    ] {
+        empty_dir(&at(d), 3000);
+    }
+
+    // The init container, as the manifest runs it (its shell loop).
+    let script = MANIFEST
+        .split("- >-\n")
+        .nth(1)
+        .unwrap()
+        .split("securityContext:")
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace("\"/in/", &format!("\"{}/", secrets_in.display()))
+        .replace(
+            "\"/out/",
+            &format!("\"{}/", at("/run/credbroker-secrets").display()),
+        );
+    run(Command::new("setpriv").args([
+        "--reuid=1000",
+        "--regid=1000",
+        "--groups=2000,3000",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]));
+
+    // The binary where the image puts it: a checkout under a 0700
+    // directory (what `mktemp -d` makes) is out of reach of uids 1000/1001.
+    let exe = at("/usr/local/bin/credbroker");
+    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+    std::fs::copy(bin(), &exe).unwrap();
+    mode(&exe, 0o755);
+
+    // The broker, as the manifest's container runs.
+    let config_path = etc.join("credbroker.toml");
+    let log = r.join("broker.log");
+    let mut child = Command::new("setpriv")
+        .args(["--reuid=1000", "--regid=1000", "--groups=2000,3000", "--"])
+        .arg(&exe)
+        .args(["serve", "--config"])
+        .arg(&config_path)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let sock = at("/run/credbroker/sock/credbroker.sock");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sock.exists() {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!(
+                "the broker exited ({st}) in the manifest's layout: {}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no socket: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Readiness, as the exec probe runs it (the broker's uid).
+    let status = Command::new("setpriv")
+        .args(["--reuid=1000", "--regid=1000", "--groups=2000,3000", "--"])
+        .arg(&exe)
+        .args(["status", "--config"])
+        .arg(&config_path)
+        .output()
+        .unwrap();
+    // One derive, as the orchestrator (uid 1001, gid 1001, socket group 2000).
+    let subject = credbroker::internals::cli::dev_subject_token(qs.path(), "alice", 300).unwrap();
+    let keydir = tempfile::tempdir().unwrap();
+    mode(keydir.path(), 0o777);
+    let derive = Command::new("setpriv")
+        .args(["--reuid=1001", "--regid=1001", "--groups=2000,3000", "--"])
+        .arg(&exe)
+        .args(["derive", "--socket"])
+        .arg(&sock)
+        .args(["--issuer", &dev_issuer, "--subject-token", &subject])
+        .args([
+            "--step",
+            "answer_question",
+            "--tool",
+            "notes.read",
+            "--resource",
+            "http://127.0.0.1:9090/notes",
+        ])
+        .arg("--dpop-key")
+        .arg(keydir.path().join("tool.pem"))
+        .output()
+        .unwrap();
+    // Negative: a uid outside the socket group cannot reach the socket.
+    let other = Command::new("setpriv")
+        .args(["--reuid=1002", "--regid=1002", "--clear-groups", "--"])
+        .arg(&exe)
+        .args(["derive", "--socket"])
+        .arg(&sock)
+        .args(["--issuer", &dev_issuer, "--subject-token", &subject])
+        .args([
+            "--step",
+            "answer_question",
+            "--tool",
+            "notes.read",
+            "--resource",
+            "http://127.0.0.1:9090/notes",
+        ])
+        .arg("--dpop-key")
+        .arg(keydir.path().join("other.pem"))
+        .output()
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let logs = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        status.status.success(),
+        "credbroker status: {status:?}\n{logs}"
+    );
+    assert!(
+        derive.status.success(),
+        "derive as the orchestrator: {}{}\n{logs}",
+        String::from_utf8_lossy(&derive.stdout),
+        String::from_utf8_lossy(&derive.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&derive.stdout).contains("access_token"),
+        "{derive:?}"
+    );
+    assert!(
+        !other.status.success(),
+        "uid 1002 outside the socket group derived: {other:?}"
+    );
+}

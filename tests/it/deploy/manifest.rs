@@ -1,0 +1,86 @@
+//! deploy/kubernetes.yaml read as the kubelet would lay it out: its
+//! ConfigMap's config parses with the real parser, and every path the config
+//! names lies in a volume the broker container mounts (writable where the
+//! broker writes, the copied secrets where it reads keys). The schema itself
+//! is checked by kubernetes-validate in scripts/check-deploy.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use std::path::Path;
+
+use credbroker::internals::config::Config;
+
+const MANIFEST: &str = include_str!("../../../deploy/kubernetes.yaml");
+
+/// The block scalar under `key: |` (indented deeper than the key).
+fn block(text: &str, key: &str) -> String {
+    let mut lines = text.lines().skip_while(|l| l.trim() != format!("{key}: |"));
+    let head = lines.next().expect("key present");
+    let indent = head.len() - head.trim_start().len();
+    lines
+        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
+        .map(|l| l.get(indent + 2..).unwrap_or("").to_string() + "\n")
+        .collect()
+}
+
+/// The `mountPath`s of the container named `name` (up to the next `- name:`
+/// at the containers' indentation).
+fn mounts(name: &str) -> Vec<(String, bool)> {
+    let start = MANIFEST
+        .find(&format!("        - name: {name}\n          image:"))
+        .expect("container present");
+    let rest = &MANIFEST[start + 10..];
+    let end = rest.find("\n        - name: ").unwrap_or(rest.len());
+    let body = &rest[..end];
+    let lines: Vec<&str> = body.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if let Some(p) = l.trim().strip_prefix("mountPath: ") {
+            let ro = lines
+                .get(i + 1)
+                .is_some_and(|n| n.trim() == "readOnly: true");
+            out.push((p.to_string(), ro));
+        }
+    }
+    out
+}
+
+fn mount_of(path: &Path, mounts: &[(String, bool)]) -> Option<(String, bool)> {
+    mounts
+        .iter()
+        .filter(|(m, _)| path.starts_with(m))
+        .max_by_key(|(m, _)| m.len())
+        .cloned()
+}
+
+#[test]
+fn kubernetes_manifest_config_parses_and_every_path_is_mounted_as_needed() {
+    assert!(MANIFEST.contains("  replicas: 1\n  strategy:\n    type: Recreate\n"));
+    assert!(MANIFEST.contains("seccompProfile:\n          type: RuntimeDefault"));
+    let text = block(MANIFEST, "credbroker.toml");
+    let cfg = Config::parse(Path::new("/etc/credbroker/credbroker.toml"), &text)
+        .unwrap_or_else(|e| panic!("deploy/kubernetes.yaml credbroker.toml: {e}"));
+    assert_eq!(cfg.socket.group.as_deref(), Some("2000"));
+    assert!(MANIFEST.contains("supplementalGroups: [2000]"));
+    let broker = mounts("credbroker");
+    let orchestrator = mounts("orchestrator");
+    // Written by the broker: on a writable mount, never the root filesystem.
+    for p in [&cfg.store, &cfg.vault_key_dir, &cfg.socket.path] {
+        let (m, ro) =
+            mount_of(p, &broker).unwrap_or_else(|| panic!("{} is in no volume", p.display()));
+        assert!(!ro, "{} is on the read-only mount {m}", p.display());
+    }
+    // The socket's own directory is the broker's, inside the shared emptyDir,
+    // not the emptyDir's (root-owned) root.
+    let sock_dir = cfg.socket.path.parent().unwrap();
+    assert!(orchestrator
+        .iter()
+        .any(|(m, _)| sock_dir.parent() == Some(Path::new(m))));
+    // Keys are read from the init container's 0600 copies, not the Secret.
+    let (m, _) = mount_of(&cfg.master_key_file, &broker).unwrap();
+    assert_eq!(m, "/run/credbroker-secrets");
+    assert!(
+        !orchestrator.iter().any(|(o, _)| o == &m),
+        "the orchestrator mounts the secrets"
+    );
+    assert!(mount_of(&cfg.master_key_file, &orchestrator).is_none());
+}

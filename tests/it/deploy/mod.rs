@@ -1,0 +1,6 @@
+//! What `deploy/` relies on: the broker starts in the layouts the shipped
+//! systemd unit and Kubernetes manifest give it.
+mod layout;
+mod manifest;
+mod systemd;
+mod vault_keys;
