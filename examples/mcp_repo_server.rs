@@ -617,6 +617,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         required_claims: vec![],
         // Not used here: the pages of the broker sign people in.
         sign_in: SignIn::Local,
+        display_name: String::new(),
     };
     let validator = Validator::new(std::slice::from_ref(&issuer_cfg), Box::new(|_| false)).await?;
 

@@ -2,7 +2,7 @@
 //! containers in a pod share TCP loopback, so loopback is no boundary).
 //!
 //! `GET /metrics`, `GET /readyz`, `GET /status`, `POST /freeze` (`on` or
-//! `off` in the body), `POST /keys/rotate`, `POST /users` (a local account
+//! `off` in the body), `POST /keys/rotate` (body empty, or `emergency`), `POST /users` (a local account
 //! for the pages: `{"name", "password", "replace"}`), `POST /vault/rotate`
 //! (optional body: the most records to re-wrap in this call), `GET /accounts`
 //! (optional query `person_iss`, `person_sub`), `POST /accounts/disconnect`
@@ -108,6 +108,19 @@ pub(crate) fn readiness(b: &Broker) -> serde_json::Value {
     })
 }
 
+/// The answer to a key rotation (admin socket and offline CLI alike).
+pub(crate) fn rotation_json(r: &crate::mint::Rotation, running: bool) -> serde_json::Value {
+    serde_json::json!({
+        "kid": r.kid,
+        "added": r.added,
+        "emergency": r.emergency,
+        "activates_at": r.activates_at,
+        "active_kid": r.ring.active.kid,
+        "withdrawn": r.withdrawn,
+        "running": running,
+    })
+}
+
 /// Status for `credbroker status`.
 pub(crate) fn status(h: &Handles) -> serde_json::Value {
     let b = &h.broker;
@@ -120,6 +133,9 @@ pub(crate) fn status(h: &Handles) -> serde_json::Value {
         "policy_tools": p.tools.len(),
         "active_kid": b.minter.ring().active.kid,
         "published_keys": b.minter.ring().published.len(),
+        "published_kids": b.minter.ring().published_kids(b.clock.now()),
+        "next_kid": b.minter.ring().next.as_ref().map(|p| p.kid.clone()),
+        "next_activates_at": b.minter.ring().next.as_ref().map(|p| p.activates_at),
         "replay_cache_entries": b.proofs.replay_cache().len(),
         "subject_cache_entries": b.subjects.cache_len(),
         "ready": readiness(b)["ready"],
@@ -203,8 +219,14 @@ async fn route(
             ok(serde_json::json!({"frozen": frozen}))
         }
         (Method::POST, "/keys/rotate") => {
-            let kid = crate::ops::rotate_keys(Target::Running(b), &h.sealer, Recorder::of(b))?;
-            ok(serde_json::json!({"active_kid": kid}))
+            let emergency = match capped_body(req, 64).await?.trim_ascii() {
+                b"" => false,
+                b"emergency" => true,
+                _ => return Err(AdminError::BadBody("the body must be empty or emergency")),
+            };
+            let kind = crate::mint::RotationKind::new(emergency, b.config.key_activation_delay);
+            let r = crate::ops::rotate_keys(Target::Running(b), &h.sealer, Recorder::of(b), kind)?;
+            ok(rotation_json(&r, true))
         }
         (Method::POST, "/vault/rotate") => {
             let body = capped_body(req, 64).await?;

@@ -118,6 +118,9 @@ pub struct Event<'a> {
     /// For `audit.repaired`: how many bytes of a torn tail were removed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub removed_bytes: Option<u64>,
+    /// For `keys.rotated`: the rotated-in signing key's `kid` (public).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kid: Option<String>,
 }
 
 impl<'a> Event<'a> {
@@ -146,6 +149,7 @@ impl<'a> Event<'a> {
             client_addr: None,
             undeclared: None,
             removed_bytes: None,
+            kid: None,
         }
     }
 

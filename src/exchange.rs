@@ -343,12 +343,29 @@ impl Broker {
         }
     }
 
-    /// Rotates the signing key.
-    pub fn rotate_keys(&self, sealer: &crate::seal::Sealer) -> Result<String, mint::MintError> {
-        let ring = mint::rotate(self.store.as_ref(), sealer, self.clock.now())?;
-        let kid = ring.active.kid.clone();
+    /// Rotates the signing key (one compare-and-swap of the key ring, see
+    /// [`mint::rotate`]) and puts the new ring in use: a scheduled rotation
+    /// publishes the new key now and activates it after its delay; an
+    /// emergency one activates it at once and withdraws every other key.
+    pub fn rotate_keys(
+        &self,
+        sealer: &crate::seal::Sealer,
+        kind: mint::RotationKind,
+    ) -> Result<mint::Rotation, mint::MintError> {
+        let r = mint::rotate(self.store.as_ref(), sealer, self.clock.now(), kind)?;
+        self.minter.set_ring(r.ring.clone());
+        Ok(r)
+    }
+
+    /// Reloads the key ring from the store and applies a due activation
+    /// (the housekeeping tick; also picks up a rotation by another process).
+    pub fn refresh_keys(&self, sealer: &crate::seal::Sealer) -> Result<(), mint::MintError> {
+        let ring = mint::load_or_create(self.store.as_ref(), sealer, self.clock.now())?;
+        if ring.active.kid != self.minter.ring().active.kid {
+            tracing::info!(kid = %ring.active.kid, "signing key now active");
+        }
         self.minter.set_ring(ring);
-        Ok(kid)
+        Ok(())
     }
 
     /// Runs one derive and records its outcome (event, metrics).

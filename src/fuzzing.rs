@@ -401,6 +401,7 @@ fn id_expected(reauth: bool) -> oidc::Expected<'static> {
         client_id: ID_CLIENT,
         algs: &[Alg::ES256],
         nonce: ID_NONCE,
+        max_age_sent: reauth,
         reauth,
         now: NOW,
     }

@@ -46,6 +46,11 @@ pub mod exchange {
     pub use crate::exchange::*;
 }
 
+/// The `failpoint` module's `pub` items.
+pub mod failpoint {
+    pub use crate::failpoint::*;
+}
+
 /// The `fuzzing` module's `pub` items.
 pub mod fuzzing {
     pub use crate::fuzzing::*;

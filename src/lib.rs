@@ -45,6 +45,7 @@
 //! - [`verify`]: the resource-server side, for embedding.
 //! - [`client`]: a client for the socket, for embedding.
 //! - `fuzzing`: the parsers' surface for the fuzz targets.
+//! - `failpoint`: crash points for fault tests (`failpoints` feature only).
 //!
 //! Only [`verify`] and [`client`] are public; the rest is internal, reached
 //! by the tests, fuzz targets, examples and benches through one hidden
@@ -64,6 +65,7 @@ mod diagnostics;
 mod dpop;
 mod events;
 mod exchange;
+mod failpoint;
 mod fuzzing;
 mod grammar;
 mod http;

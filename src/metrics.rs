@@ -33,6 +33,13 @@ pub struct Metrics {
     pub frozen: IntGauge,
     /// Requests refused by rate limits, by limit.
     pub rate_limited: IntCounterVec,
+    /// Connections closed unread on a Unix socket, by socket (`api`,
+    /// `admin`) and reason (`uid`: the peer uid is not allowed; `cap`: every
+    /// slot holds a request in flight).
+    pub connections_refused: IntCounterVec,
+    /// Idle connections closed to make room for a new one at the cap, by
+    /// socket.
+    pub connections_shed: IntCounterVec,
 }
 
 /// A gauge vector whose only label is replaced on each set (policy hash).
@@ -113,6 +120,20 @@ impl Metrics {
             Opts::new("rate_limited_total", "Requests refused by a rate limit"),
             &["limit"],
         ));
+        let connections_refused = must(IntCounterVec::new(
+            Opts::new(
+                "connections_refused_total",
+                "Unix-socket connections closed unread, by socket and reason",
+            ),
+            &["socket", "reason"],
+        ));
+        let connections_shed = must(IntCounterVec::new(
+            Opts::new(
+                "connections_shed_total",
+                "Idle Unix-socket connections closed to make room at the connection cap",
+            ),
+            &["socket"],
+        ));
         for c in [
             Box::new(derives.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(latency.clone()),
@@ -125,6 +146,8 @@ impl Metrics {
             Box::new(policy_reload_failures.clone()),
             Box::new(frozen.clone()),
             Box::new(rate_limited.clone()),
+            Box::new(connections_refused.clone()),
+            Box::new(connections_shed.clone()),
         ] {
             must(registry.register(c));
         }
@@ -141,6 +164,8 @@ impl Metrics {
             policy_reload_failures,
             frozen,
             rate_limited,
+            connections_refused,
+            connections_shed,
         }
     }
 

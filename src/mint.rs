@@ -2,22 +2,61 @@
 //! sealed at rest), RFC 9068 access tokens bound to a DPoP key, the JWKS, and
 //! key rotation.
 //!
-//! Rotation adds a key and makes it active; the old public key stays in the
-//! JWKS until every token it signed has expired (`MAX_TTL` + a minute).
+//! The key ring is ONE store record (`signing_keys/ring/v1`) holding every
+//! key, each sealed under the master key and marked `next`, `active` or
+//! `retired` with its times. It changes only by compare-and-swap of the
+//! whole record, so a crash leaves either the old ring or the new one, never
+//! a mix (the PostgreSQL backend's `UPDATE ... WHERE value =` has the same
+//! shape). Invariants, checked on every load: exactly one `active` key, at
+//! most one `next`, and the JWKS holds every key that may have signed a
+//! token not yet expired.
+//!
+//! A rotation publishes the new key first (`next`, in the JWKS) and makes it
+//! active only [`ACTIVATION_DELAY`] later: a resource server that fetched
+//! the JWKS just before the rotation may keep it for [`JWKS_MAX_AGE`], and
+//! one that refetched for an unknown `kid` does not refetch again for
+//! [`crate::verify::JWKS_REFRESH_INTERVAL`]. Activation is a pure function
+//! of the record and the time ([`advance`]), applied (and written back) at
+//! start, on the housekeeping tick, and by any process that loads the ring.
+//! The key it replaces is retired at the activation time and stays published
+//! for [`RETIRED_KEY_GRACE`]. An emergency rotation (suspected compromise)
+//! activates the new key at once and withdraws every other key from the
+//! JWKS: tokens they signed stop verifying, and a resource server that
+//! fetched the JWKS less than a minute ago rejects the new `kid` until it
+//! refetches.
 
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
+use crate::failpoint;
 use crate::jose::{self, Es256Key, JoseError};
 use crate::policy::MAX_TTL;
 use crate::seal::{SealError, Sealer};
 use crate::secret::SecretString;
 use crate::store::{Store, StoreError, Tree};
 
-/// How long a retired key stays published.
+/// How long a retired key stays published: the longest token lifetime plus
+/// a minute of clock skew.
 pub const RETIRED_KEY_GRACE: i64 = MAX_TTL.as_secs() as i64 + 60;
+/// The JWKS document's `Cache-Control: max-age` (seconds).
+pub const JWKS_MAX_AGE: i64 = 60;
+/// The JWKS document's `Cache-Control` header (its `max-age` is
+/// [`JWKS_MAX_AGE`]; a unit test keeps the two equal).
+pub const JWKS_CACHE_CONTROL: &str = "public, max-age=60";
+/// How long a rotated-in key is published before it signs (seconds): the
+/// JWKS cache lifetime plus the resource servers' refetch interval, so that
+/// every resource server has the new key before the first token it signs.
+/// `[keys] activation_delay` overrides it.
+pub const ACTIVATION_DELAY: i64 = JWKS_MAX_AGE + crate::verify::JWKS_REFRESH_INTERVAL;
+/// The key of the ring record in [`Tree::SigningKeys`]. `/` cannot occur in
+/// a `kid` (a base64url thumbprint), so it never meets a legacy per-key
+/// record.
+const RING_KEY: &[u8] = b"ring/v1";
+/// Compare-and-swap attempts before giving up (another process keeps
+/// writing the ring).
+const CAS_ATTEMPTS: usize = 16;
 
 /// Errors of the minting layer.
 #[derive(Debug, thiserror::Error)]
@@ -34,23 +73,136 @@ pub enum MintError {
     /// A key record is malformed.
     #[error("signing key record is malformed")]
     Record,
+    /// The ring record breaks an invariant (the cause is named).
+    #[error("signing key ring (store tree signing_keys, record ring/v1): {0}")]
+    Ring(&'static str),
+    /// Other writers kept changing the ring.
+    #[error("signing key ring (store tree signing_keys, record ring/v1): changed by another process {CAS_ATTEMPTS} times in a row; try again")]
+    Contended,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct KeyRecord {
+/// A key's place in the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyState {
+    /// Published, not yet signing; becomes active at `activates_at`.
+    Next,
+    /// Signs new tokens (exactly one).
+    Active,
+    /// No longer signs; published until `retired_at + RETIRED_KEY_GRACE`.
+    Retired,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RingKey {
     kid: String,
     created: i64,
-    #[serde(default)]
-    retired: Option<i64>,
+    state: KeyState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    activates_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    retired_at: Option<i64>,
+    /// The PKCS#8 key sealed under the master key (AAD `signing_keys/<kid>`).
     sealed: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RingRecord {
+    /// Bumped on every write (makes every new record differ from the old).
+    generation: u64,
+    keys: Vec<RingKey>,
+}
+
+impl RingRecord {
+    fn check(&self) -> Result<(), MintError> {
+        let count = |s| self.keys.iter().filter(|k| k.state == s).count();
+        if count(KeyState::Active) != 1 {
+            return Err(MintError::Ring("not exactly one active key"));
+        }
+        if count(KeyState::Next) > 1 {
+            return Err(MintError::Ring("more than one next key"));
+        }
+        for k in &self.keys {
+            match k.state {
+                KeyState::Next if k.activates_at.is_none() => {
+                    return Err(MintError::Ring("a next key has no activates_at"))
+                }
+                KeyState::Retired if k.retired_at.is_none() => {
+                    return Err(MintError::Ring("a retired key has no retired_at"))
+                }
+                _ => {}
+            }
+        }
+        let mut kids: Vec<&str> = self.keys.iter().map(|k| k.kid.as_str()).collect();
+        kids.sort_unstable();
+        if kids.windows(2).any(|w| w[0] == w[1]) {
+            return Err(MintError::Ring("a kid appears twice"));
+        }
+        Ok(())
+    }
+
+    fn bytes(&self) -> Result<Vec<u8>, MintError> {
+        serde_json::to_vec(self).map_err(|_| MintError::Record)
+    }
+}
+
+/// The ring's state at `now`: a `next` key whose time has come becomes
+/// active (the active key retires at that same time), and retired keys past
+/// their grace are dropped. Pure, so every process computes the same ring
+/// from the same record. Returns `None` if nothing changes.
+fn advance(rec: &RingRecord, now: i64) -> Option<RingRecord> {
+    let mut out = rec.clone();
+    if let Some(at) = out
+        .keys
+        .iter()
+        .find(|k| k.state == KeyState::Next)
+        .and_then(|k| k.activates_at)
+        .filter(|at| *at <= now)
+    {
+        for k in &mut out.keys {
+            match k.state {
+                KeyState::Active => {
+                    k.state = KeyState::Retired;
+                    k.retired_at = Some(at);
+                }
+                KeyState::Next => {
+                    k.state = KeyState::Active;
+                    k.activates_at = None;
+                }
+                KeyState::Retired => {}
+            }
+        }
+    }
+    out.keys.retain(|k| {
+        k.state != KeyState::Retired || k.retired_at.is_some_and(|r| r + RETIRED_KEY_GRACE > now)
+    });
+    if out == *rec {
+        return None;
+    }
+    out.generation += 1;
+    Some(out)
+}
+
+/// A key waiting to become active.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingKey {
+    /// Its `kid` (already in the JWKS).
+    pub kid: String,
+    /// When it starts signing.
+    pub activates_at: i64,
+}
+
 /// The keys: the active signer and every public key still published.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct KeyRing {
     /// Signs new tokens.
     pub active: Arc<Es256Key>,
-    /// Public JWKs published (active first), with their retirement time.
+    /// The key published ahead of its activation, if a rotation is pending.
+    pub next: Option<PendingKey>,
+    /// Public JWKs published (active first, then next, then retired), with
+    /// their retirement time.
     pub published: Vec<(serde_json::Value, Option<i64>)>,
 }
 
@@ -65,94 +217,315 @@ impl KeyRing {
             .collect();
         serde_json::json!({ "keys": keys })
     }
+
+    /// The `kid`s published at `now`, in JWKS order.
+    pub fn published_kids(&self, now: i64) -> Vec<String> {
+        self.published
+            .iter()
+            .filter(|(_, r)| r.is_none_or(|r| r + RETIRED_KEY_GRACE > now))
+            .filter_map(|(k, _)| k.get("kid").and_then(|v| v.as_str()).map(str::to_owned))
+            .collect()
+    }
 }
 
 fn aad(kid: &str) -> Vec<u8> {
     format!("signing_keys/{kid}").into_bytes()
 }
 
-fn load_ring(store: &dyn Store, sealer: &Sealer) -> Result<Option<KeyRing>, MintError> {
-    let mut records: Vec<KeyRecord> = store
-        .scan_prefix(Tree::SigningKeys, b"")?
-        .into_iter()
-        .map(|(_, v)| serde_json::from_slice(&v).map_err(|_| MintError::Record))
-        .collect::<Result<_, _>>()?;
-    records.sort_by_key(|r| std::cmp::Reverse(r.created));
-    let Some(active_rec) = records.iter().find(|r| r.retired.is_none()) else {
-        return Ok(None);
-    };
-    let sealed = jose::b64d(&active_rec.sealed, "key record").map_err(|_| MintError::Record)?;
-    let der = sealer.open(&aad(&active_rec.kid), &sealed)?;
-    let active = Arc::new(Es256Key::from_pkcs8(der.expose())?);
-    if active.kid != active_rec.kid {
+fn open_key(sealer: &Sealer, kid: &str, sealed: &str) -> Result<Es256Key, MintError> {
+    let sealed = jose::b64d(sealed, "key record").map_err(|_| MintError::Record)?;
+    let der = sealer.open(&aad(kid), &sealed)?;
+    let key = Es256Key::from_pkcs8(der.expose())?;
+    if key.kid != kid {
         return Err(MintError::Record);
     }
-    let mut published = vec![(active.public_jwk.clone(), None)];
-    for r in records.iter().filter(|r| r.retired.is_some()) {
-        let sealed = jose::b64d(&r.sealed, "key record").map_err(|_| MintError::Record)?;
-        let der = sealer.open(&aad(&r.kid), &sealed)?;
-        let k = Es256Key::from_pkcs8(der.expose())?;
-        published.push((k.public_jwk.clone(), r.retired));
-    }
-    Ok(Some(KeyRing { active, published }))
+    Ok(key)
 }
 
-fn store_new_key(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<String, MintError> {
-    let (key, pkcs8) = Es256Key::generate()?;
-    let sealed = sealer.seal(&aad(&key.kid), pkcs8.expose())?;
-    let rec = KeyRecord {
-        kid: key.kid.clone(),
-        created: now,
-        retired: None,
-        sealed: jose::b64e(&sealed),
-    };
-    let bytes = serde_json::to_vec(&rec).map_err(|_| MintError::Record)?;
-    store.put(Tree::SigningKeys, key.kid.as_bytes(), &bytes)?;
-    Ok(key.kid)
-}
-
-/// Loads the key ring, generating the first key if there is none.
-pub fn load_or_create(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<KeyRing, MintError> {
-    if let Some(r) = load_ring(store, sealer)? {
-        return Ok(r);
-    }
-    store_new_key(store, sealer, now)?;
-    load_ring(store, sealer)?.ok_or(MintError::Record)
-}
-
-/// Rotates: a new active key; the previous active key is retired at `now`
-/// and stays published for [`RETIRED_KEY_GRACE`]. Keys retired longer ago
-/// than that are deleted. Returns the new ring.
-pub fn rotate(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<KeyRing, MintError> {
-    let records: Vec<(Vec<u8>, KeyRecord)> = store
-        .scan_prefix(Tree::SigningKeys, b"")?
-        .into_iter()
-        .map(|(k, v)| {
-            Ok((
-                k,
-                serde_json::from_slice(&v).map_err(|_| MintError::Record)?,
-            ))
-        })
-        .collect::<Result<_, MintError>>()?;
-    // The new key is written first: a crash in between leaves two active
-    // keys, and the newest wins on load, which is safe.
-    store_new_key(
-        store,
-        sealer,
-        now.max(records.iter().map(|r| r.1.created + 1).max().unwrap_or(now)),
-    )?;
-    for (k, mut rec) in records {
-        match rec.retired {
-            None => {
-                rec.retired = Some(now);
-                let bytes = serde_json::to_vec(&rec).map_err(|_| MintError::Record)?;
-                store.put(Tree::SigningKeys, &k, &bytes)?;
+fn open_ring(rec: &RingRecord, sealer: &Sealer) -> Result<KeyRing, MintError> {
+    rec.check()?;
+    let mut active = None;
+    let mut next = None;
+    let mut published = Vec::new();
+    let mut retired = Vec::new();
+    for k in &rec.keys {
+        let key = open_key(sealer, &k.kid, &k.sealed)?;
+        match k.state {
+            KeyState::Active => active = Some(key),
+            KeyState::Next => {
+                next = Some((
+                    key.public_jwk.clone(),
+                    PendingKey {
+                        kid: k.kid.clone(),
+                        activates_at: k.activates_at.unwrap_or(i64::MAX),
+                    },
+                ))
             }
-            Some(r) if r + RETIRED_KEY_GRACE <= now => store.delete(Tree::SigningKeys, &k)?,
-            Some(_) => {}
+            KeyState::Retired => retired.push((key.public_jwk.clone(), k.retired_at)),
         }
     }
-    load_ring(store, sealer)?.ok_or(MintError::Record)
+    let active = Arc::new(active.ok_or(MintError::Ring("not exactly one active key"))?);
+    published.push((active.public_jwk.clone(), None));
+    let next = next.map(|(jwk, p)| {
+        published.push((jwk, None));
+        p
+    });
+    published.extend(retired);
+    Ok(KeyRing {
+        active,
+        next,
+        published,
+    })
+}
+
+fn new_key(sealer: &Sealer, now: i64, state: KeyState) -> Result<RingKey, MintError> {
+    let (key, pkcs8) = Es256Key::generate()?;
+    let sealed = sealer.seal(&aad(&key.kid), pkcs8.expose())?;
+    Ok(RingKey {
+        kid: key.kid.clone(),
+        created: now,
+        state,
+        activates_at: None,
+        retired_at: None,
+        sealed: jose::b64e(&sealed),
+    })
+}
+
+/// The ring record as stored (its bytes, for the compare-and-swap).
+fn read_ring(store: &dyn Store) -> Result<Option<(Vec<u8>, RingRecord)>, MintError> {
+    let Some(raw) = store.get(Tree::SigningKeys, RING_KEY)? else {
+        return Ok(None);
+    };
+    let rec: RingRecord =
+        serde_json::from_slice(&raw).map_err(|_| MintError::Ring("the record does not parse"))?;
+    rec.check()?;
+    Ok(Some((raw, rec)))
+}
+
+/// A per-key record of the layout before the ring (one record per `kid`).
+#[derive(Debug, Deserialize)]
+struct LegacyKeyRecord {
+    kid: String,
+    created: i64,
+    #[serde(default)]
+    retired: Option<i64>,
+    sealed: String,
+}
+
+fn legacy_entries(store: &dyn Store) -> Result<Vec<Vec<u8>>, MintError> {
+    Ok(store
+        .scan_prefix(Tree::SigningKeys, b"")?
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k != RING_KEY)
+        .collect())
+}
+
+/// The first ring: the per-key records of an existing install (so it keeps
+/// its keys), or one new key. Of the legacy records, the newest unretired one
+/// stays active; any other unretired one (left by a rotation that crashed
+/// between its two writes, and possibly signing until now) is retired now,
+/// so it stays published for the grace period.
+fn first_ring(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<RingRecord, MintError> {
+    let mut legacy: Vec<LegacyKeyRecord> = store
+        .scan_prefix(Tree::SigningKeys, b"")?
+        .into_iter()
+        .filter(|(k, _)| k != RING_KEY)
+        .map(|(_, v)| serde_json::from_slice(&v).map_err(|_| MintError::Record))
+        .collect::<Result<_, _>>()?;
+    legacy.sort_by_key(|r| std::cmp::Reverse(r.created));
+    let mut keys = Vec::new();
+    let mut have_active = false;
+    for r in legacy {
+        // Each must still open: a ring is never built from keys it cannot use.
+        open_key(sealer, &r.kid, &r.sealed)?;
+        let (state, retired_at) = match r.retired {
+            None if !have_active => {
+                have_active = true;
+                (KeyState::Active, None)
+            }
+            None => (KeyState::Retired, Some(now)),
+            Some(t) if t + RETIRED_KEY_GRACE > now => (KeyState::Retired, Some(t)),
+            Some(_) => continue,
+        };
+        keys.push(RingKey {
+            kid: r.kid,
+            created: r.created,
+            state,
+            activates_at: None,
+            retired_at,
+            sealed: r.sealed,
+        });
+    }
+    if !have_active {
+        keys.insert(0, new_key(sealer, now, KeyState::Active)?);
+    }
+    let rec = RingRecord {
+        generation: 1,
+        keys,
+    };
+    rec.check()?;
+    Ok(rec)
+}
+
+/// Loads the key ring at `now`: creates it on first start (migrating the
+/// per-key records of an older install), applies a due activation and
+/// writes it back. Called at start, on the housekeeping tick, and by any
+/// process that opens the store.
+pub fn load_or_create(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<KeyRing, MintError> {
+    for _ in 0..CAS_ATTEMPTS {
+        let Some((raw, rec)) = read_ring(store)? else {
+            let rec = first_ring(store, sealer, now)?;
+            failpoint::hit("keys.migrate.before_write");
+            if !store.compare_and_swap(Tree::SigningKeys, RING_KEY, None, Some(&rec.bytes()?))? {
+                continue;
+            }
+            failpoint::hit("keys.migrate.after_write");
+            continue;
+        };
+        // Leftovers of the migration (a crash after the ring was written):
+        // the ring already holds them, so they go.
+        for k in legacy_entries(store)? {
+            store.delete(Tree::SigningKeys, &k)?;
+        }
+        let Some(next) = advance(&rec, now) else {
+            return open_ring(&rec, sealer);
+        };
+        let ring = open_ring(&next, sealer)?;
+        failpoint::hit("keys.activate.before_write");
+        if !store.compare_and_swap(
+            Tree::SigningKeys,
+            RING_KEY,
+            Some(&raw),
+            Some(&next.bytes()?),
+        )? {
+            continue;
+        }
+        failpoint::hit("keys.activate.after_write");
+        if let Some(p) = rec.keys.iter().find(|k| k.state == KeyState::Next) {
+            if next
+                .keys
+                .iter()
+                .any(|k| k.kid == p.kid && k.state == KeyState::Active)
+            {
+                tracing::info!(kid = %p.kid, "signing key activated");
+            }
+        }
+        return Ok(ring);
+    }
+    Err(MintError::Contended)
+}
+
+/// How to rotate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RotationKind {
+    /// Publish a new key now, activate it after the delay (seconds).
+    Scheduled {
+        /// Seconds between publication and activation.
+        activation_delay: i64,
+    },
+    /// Suspected compromise: the new key signs at once and every other key
+    /// leaves the JWKS (tokens they signed stop verifying).
+    Emergency,
+}
+
+impl RotationKind {
+    /// An emergency rotation, or a scheduled one with this delay (seconds).
+    pub fn new(emergency: bool, activation_delay: i64) -> RotationKind {
+        if emergency {
+            RotationKind::Emergency
+        } else {
+            RotationKind::Scheduled { activation_delay }
+        }
+    }
+}
+
+/// What a rotation did.
+#[derive(Debug)]
+pub struct Rotation {
+    /// The rotated-in key.
+    pub kid: String,
+    /// Whether this call created it (false: a scheduled rotation was
+    /// already pending, and this call reports that key instead of adding a
+    /// second one).
+    pub added: bool,
+    /// When it signs (`now` for an emergency rotation).
+    pub activates_at: i64,
+    /// The keys an emergency rotation withdrew from the JWKS.
+    pub withdrawn: Vec<String>,
+    /// Whether it was an emergency rotation.
+    pub emergency: bool,
+    /// The ring after the rotation.
+    pub ring: KeyRing,
+}
+
+/// Rotates the signing key with one compare-and-swap of the ring. A
+/// scheduled rotation while one is pending adds nothing and reports the
+/// pending key, so a retried `credbroker keys rotate` never adds two keys.
+pub fn rotate(
+    store: &dyn Store,
+    sealer: &Sealer,
+    now: i64,
+    kind: RotationKind,
+) -> Result<Rotation, MintError> {
+    for _ in 0..CAS_ATTEMPTS {
+        // Start from the ring as it is now (migrated, due activation applied).
+        load_or_create(store, sealer, now)?;
+        let Some((raw, rec)) = read_ring(store)? else {
+            return Err(MintError::Ring("missing after it was created"));
+        };
+        let (new, kid, activates_at, withdrawn) = match kind {
+            RotationKind::Scheduled { activation_delay } => {
+                if let Some(p) = rec.keys.iter().find(|k| k.state == KeyState::Next) {
+                    let ring = open_ring(&rec, sealer)?;
+                    return Ok(Rotation {
+                        kid: p.kid.clone(),
+                        added: false,
+                        activates_at: p.activates_at.unwrap_or(now),
+                        withdrawn: Vec::new(),
+                        emergency: false,
+                        ring,
+                    });
+                }
+                let at = now + activation_delay.max(0);
+                let mut k = new_key(sealer, now, KeyState::Next)?;
+                k.activates_at = Some(at);
+                let kid = k.kid.clone();
+                let mut new = rec.clone();
+                new.generation += 1;
+                new.keys.push(k);
+                (new, kid, at, Vec::new())
+            }
+            RotationKind::Emergency => {
+                let k = new_key(sealer, now, KeyState::Active)?;
+                let kid = k.kid.clone();
+                let withdrawn = rec.keys.iter().map(|k| k.kid.clone()).collect();
+                let new = RingRecord {
+                    generation: rec.generation + 1,
+                    keys: vec![k],
+                };
+                (new, kid, now, withdrawn)
+            }
+        };
+        new.check()?;
+        failpoint::hit("keys.rotate.before_write");
+        if !store.compare_and_swap(Tree::SigningKeys, RING_KEY, Some(&raw), Some(&new.bytes()?))? {
+            continue;
+        }
+        failpoint::hit("keys.rotate.after_write");
+        // A zero delay activates now (a second write, through the same path
+        // as the tick).
+        let ring = load_or_create(store, sealer, now)?;
+        return Ok(Rotation {
+            kid,
+            added: true,
+            activates_at,
+            withdrawn,
+            emergency: kind == RotationKind::Emergency,
+            ring,
+        });
+    }
+    Err(MintError::Contended)
 }
 
 /// What to put in a minted token.
@@ -278,5 +651,222 @@ impl Minter {
             token: SecretString::new(token),
             jti,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SledStore;
+
+    fn setup() -> (tempfile::TempDir, SledStore, Sealer) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&dir.path().join("data")).unwrap();
+        let sealer = Sealer::new(&crate::secret::SecretBytes::new(vec![7u8; 32]), &[]).unwrap();
+        (dir, store, sealer)
+    }
+
+    const T0: i64 = 1_800_000_000;
+
+    #[test]
+    fn jwks_cache_control_names_the_max_age() {
+        assert_eq!(
+            JWKS_CACHE_CONTROL,
+            format!("public, max-age={JWKS_MAX_AGE}")
+        );
+        assert_eq!(ACTIVATION_DELAY, 120);
+    }
+
+    #[test]
+    fn scheduled_rotation_publishes_first_and_activates_after_the_delay() {
+        let (_d, store, sealer) = setup();
+        let ring = load_or_create(&store, &sealer, T0).unwrap();
+        let old = ring.active.kid.clone();
+        let kind = RotationKind::Scheduled {
+            activation_delay: ACTIVATION_DELAY,
+        };
+        let r = rotate(&store, &sealer, T0 + 10, kind).unwrap();
+        assert!(r.added);
+        assert_eq!(r.activates_at, T0 + 10 + ACTIVATION_DELAY);
+        // Published, not signing.
+        assert_eq!(r.ring.active.kid, old);
+        assert_eq!(
+            r.ring.published_kids(T0 + 10),
+            vec![old.clone(), r.kid.clone()]
+        );
+        // A second rotate while pending adds nothing and names the same key.
+        let again = rotate(&store, &sealer, T0 + 20, kind).unwrap();
+        assert!(!again.added);
+        assert_eq!(again.kid, r.kid);
+        assert_eq!(again.ring.published.len(), 2);
+        // One second early: still the old key.
+        let ring = load_or_create(&store, &sealer, r.activates_at - 1).unwrap();
+        assert_eq!(ring.active.kid, old);
+        // Due: the new key signs, the old one is published for the grace.
+        let ring = load_or_create(&store, &sealer, r.activates_at).unwrap();
+        assert_eq!(ring.active.kid, r.kid);
+        assert!(ring.next.is_none());
+        let until = r.activates_at + RETIRED_KEY_GRACE;
+        assert_eq!(
+            ring.published_kids(until - 1),
+            vec![r.kid.clone(), old.clone()]
+        );
+        assert_eq!(ring.published_kids(until), vec![r.kid.clone()]);
+        // The activation was written: a reader at that time sees it too.
+        let (_, rec) = read_ring(&store).unwrap().unwrap();
+        assert_eq!(
+            rec.keys
+                .iter()
+                .map(|k| (k.kid.clone(), k.state))
+                .collect::<Vec<_>>(),
+            vec![
+                (old.clone(), KeyState::Retired),
+                (r.kid.clone(), KeyState::Active)
+            ]
+        );
+        // Past the grace the retired key leaves the record.
+        let ring = load_or_create(&store, &sealer, until).unwrap();
+        assert_eq!(ring.published.len(), 1);
+        // And a new rotation is possible again.
+        assert!(rotate(&store, &sealer, until, kind).unwrap().added);
+    }
+
+    #[test]
+    fn emergency_rotation_activates_at_once_and_withdraws_every_other_key() {
+        let (_d, store, sealer) = setup();
+        let old = load_or_create(&store, &sealer, T0)
+            .unwrap()
+            .active
+            .kid
+            .clone();
+        let kind = RotationKind::Scheduled {
+            activation_delay: ACTIVATION_DELAY,
+        };
+        let pending = rotate(&store, &sealer, T0, kind).unwrap().kid;
+        let r = rotate(&store, &sealer, T0 + 1, RotationKind::Emergency).unwrap();
+        assert!(r.added);
+        assert_eq!(r.ring.active.kid, r.kid);
+        assert_eq!(r.ring.published_kids(T0 + 1), vec![r.kid.clone()]);
+        assert_eq!(r.withdrawn, vec![old, pending]);
+    }
+
+    #[test]
+    fn zero_delay_activates_in_the_same_call() {
+        let (_d, store, sealer) = setup();
+        let old = load_or_create(&store, &sealer, T0)
+            .unwrap()
+            .active
+            .kid
+            .clone();
+        let kind = RotationKind::Scheduled {
+            activation_delay: 0,
+        };
+        let r = rotate(&store, &sealer, T0, kind).unwrap();
+        assert_eq!(r.ring.active.kid, r.kid);
+        assert_eq!(r.ring.published_kids(T0), vec![r.kid.clone(), old]);
+    }
+
+    fn legacy(store: &SledStore, sealer: &Sealer, created: i64, retired: Option<i64>) -> String {
+        let (key, pkcs8) = Es256Key::generate().unwrap();
+        let sealed = sealer.seal(&aad(&key.kid), pkcs8.expose()).unwrap();
+        let rec = serde_json::json!({
+            "kid": key.kid, "created": created, "retired": retired, "sealed": jose::b64e(&sealed),
+        });
+        store
+            .put(
+                Tree::SigningKeys,
+                key.kid.as_bytes(),
+                &serde_json::to_vec(&rec).unwrap(),
+            )
+            .unwrap();
+        key.kid.clone()
+    }
+
+    #[test]
+    fn per_key_records_migrate_into_one_ring_and_keep_every_signing_key() {
+        let (_d, store, sealer) = setup();
+        // The shape a crash between the two writes of the old rotate left:
+        // two unretired keys, plus one retired recently and one long ago.
+        let gone = legacy(&store, &sealer, T0 - 10_000, Some(T0 - 5_000));
+        let retired = legacy(&store, &sealer, T0 - 100, Some(T0 - 50));
+        let old_active = legacy(&store, &sealer, T0 - 40, None);
+        let newest = legacy(&store, &sealer, T0 - 30, None);
+        let ring = load_or_create(&store, &sealer, T0).unwrap();
+        assert_eq!(ring.active.kid, newest);
+        let kids = ring.published_kids(T0);
+        assert_eq!(
+            kids,
+            vec![newest.clone(), old_active.clone(), retired.clone()]
+        );
+        assert!(!kids.contains(&gone));
+        // The old active key (which may have signed until now) stays
+        // published for the whole grace from now.
+        assert!(ring
+            .published_kids(T0 + RETIRED_KEY_GRACE - 1)
+            .contains(&old_active));
+        // Only the ring record is left.
+        let keys: Vec<Vec<u8>> = store
+            .scan_prefix(Tree::SigningKeys, b"")
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(keys, vec![RING_KEY.to_vec()]);
+        // Loading again changes nothing.
+        let again = load_or_create(&store, &sealer, T0).unwrap();
+        assert_eq!(again.published_kids(T0), kids);
+    }
+
+    #[test]
+    fn a_ring_breaking_an_invariant_is_refused_with_its_cause() {
+        let (_d, store, sealer) = setup();
+        load_or_create(&store, &sealer, T0).unwrap();
+        let (_, mut rec) = read_ring(&store).unwrap().unwrap();
+        rec.keys[0].state = KeyState::Retired;
+        rec.keys[0].retired_at = Some(T0);
+        store
+            .put(Tree::SigningKeys, RING_KEY, &rec.bytes().unwrap())
+            .unwrap();
+        let err = load_or_create(&store, &sealer, T0).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "signing key ring (store tree signing_keys, record ring/v1): not exactly one active key"
+        );
+        // Positive control: the intact record loads.
+        rec.keys[0].state = KeyState::Active;
+        rec.keys[0].retired_at = None;
+        store
+            .put(Tree::SigningKeys, RING_KEY, &rec.bytes().unwrap())
+            .unwrap();
+        assert!(load_or_create(&store, &sealer, T0).is_ok());
+    }
+
+    #[test]
+    fn a_lost_compare_and_swap_is_retried_on_the_new_ring() {
+        let (_d, store, sealer) = setup();
+        load_or_create(&store, &sealer, T0).unwrap();
+        let (raw, rec) = read_ring(&store).unwrap().unwrap();
+        // Another process rotated in between: the stale CAS must fail.
+        let kind = RotationKind::Scheduled {
+            activation_delay: ACTIVATION_DELAY,
+        };
+        let r = rotate(&store, &sealer, T0, kind).unwrap();
+        let mut stale = rec.clone();
+        stale.generation += 1;
+        assert!(!store
+            .compare_and_swap(
+                Tree::SigningKeys,
+                RING_KEY,
+                Some(&raw),
+                Some(&stale.bytes().unwrap())
+            )
+            .unwrap());
+        assert_eq!(
+            load_or_create(&store, &sealer, T0)
+                .unwrap()
+                .next
+                .map(|p| p.kid),
+            Some(r.kid)
+        );
     }
 }

@@ -128,22 +128,42 @@ pub(crate) fn freeze(target: Target<'_>, rec: Recorder<'_>, on: bool) -> Result<
     Ok(frozen)
 }
 
-/// Adds a signing key and makes it active (the old one stays published
-/// until its tokens have expired). Returns the new active key id.
+/// Rotates the signing key with one compare-and-swap of the key ring
+/// ([`crate::mint::rotate`]): a scheduled rotation publishes the new key now
+/// and activates it after its delay (a second call while one is pending adds
+/// nothing and reports the pending key); an emergency rotation activates it
+/// at once and withdraws every other key. Logs the new `kid`, and its audit
+/// event names it.
 pub(crate) fn rotate_keys(
     target: Target<'_>,
     sealer: &Sealer,
     rec: Recorder<'_>,
-) -> Result<String, OpError> {
-    let kid = match target {
-        Target::Running(b) => b.rotate_keys(sealer)?,
-        Target::Stopped(store) => crate::mint::rotate(store, sealer, rec.clock.now())?
-            .active
-            .kid
-            .clone(),
+    kind: crate::mint::RotationKind,
+) -> Result<crate::mint::Rotation, OpError> {
+    let r = match target {
+        Target::Running(b) => b.rotate_keys(sealer, kind)?,
+        Target::Stopped(store) => crate::mint::rotate(store, sealer, rec.clock.now(), kind)?,
     };
-    rec.record("keys.rotated", |e| e.outcome = Some("rotated"));
-    Ok(kid)
+    tracing::info!(
+        kid = %r.kid,
+        added = r.added,
+        activates_at = r.activates_at,
+        emergency = r.emergency,
+        withdrawn = ?r.withdrawn,
+        "signing key rotated"
+    );
+    let outcome = if !r.added {
+        "already_pending"
+    } else if r.emergency {
+        "emergency"
+    } else {
+        "scheduled"
+    };
+    rec.record("keys.rotated", |e| {
+        e.outcome = Some(outcome);
+        e.kid = Some(r.kid.clone());
+    });
+    Ok(r)
 }
 
 /// Re-wraps up to `limit` vault records under the current vault key
@@ -425,8 +445,9 @@ mod tests {
         assert!(!crate::exchange::stored_frozen(store.as_ref()));
         let sealer = Sealer::new(&crate::secret::SecretBytes::new(vec![7u8; 32]), &[]).unwrap();
         crate::mint::load_or_create(store.as_ref(), &sealer, clock.now()).unwrap();
-        let kid = rotate_keys(Target::Stopped(store.as_ref()), &sealer, rec).unwrap();
-        assert!(!kid.is_empty());
+        let kind = crate::mint::RotationKind::new(false, crate::mint::ACTIVATION_DELAY);
+        let r = rotate_keys(Target::Stopped(store.as_ref()), &sealer, rec, kind).unwrap();
+        assert!(r.added && !r.kid.is_empty());
         let pw = crate::secret::SecretString::new("a long enough password".into());
         add_user(store.as_ref(), "alice", &pw, false, rec).unwrap();
         // A refused action writes no event.

@@ -125,8 +125,9 @@ where
                 StatusCode::OK,
                 &broker.minter.ring().jwks(broker.clock.now()),
             ),
-            // Short, so that rotated keys are seen quickly.
-            "public, max-age=60",
+            // Short, so that rotated keys are seen quickly; the rotation
+            // delay counts on it (mint::ACTIVATION_DELAY).
+            crate::mint::JWKS_CACHE_CONTROL,
         ),
         (true, "/healthz") => {
             let mut r = Response::new(Full::new(Bytes::from_static(b"ok\n")));

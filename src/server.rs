@@ -5,6 +5,7 @@
 //! socket and port 0 and call it in-process.
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,26 +27,73 @@ pub struct Listeners {
     pub admin: UnixListener,
     /// The public TCP listener (metadata, JWKS, pages).
     pub public: Option<TcpListener>,
+    /// The socket files and directories binding created, removed again if
+    /// the start fails after binding ([`Listeners::abandon`]).
+    pub created: crate::unix::Created,
 }
 
-/// Binds the listeners named in the config.
+impl Listeners {
+    /// Closes the listeners and removes what binding them created: a start
+    /// that fails after binding leaves nothing behind.
+    pub fn abandon(self) {
+        let Listeners {
+            api,
+            admin,
+            public,
+            mut created,
+        } = self;
+        drop((api, admin, public));
+        created.remove_all();
+    }
+}
+
+/// Binds the listeners named in the config: the public port first (a busy
+/// port then fails before any socket file exists), then the sockets. On an
+/// error, whatever was created is removed again; the message names the
+/// config file and the key.
 pub async fn bind(config: &Config) -> Result<Listeners, StartError> {
-    let api = crate::unix::bind(
+    let file = config.file.display().to_string();
+    let public = match &config.public {
+        Some(p) => Some(TcpListener::bind(p.listen).await.map_err(|e| {
+            StartError::Io(format!(
+                "{file}: public.listen: cannot listen on {}: {e}",
+                p.listen
+            ))
+        })?),
+        None => None,
+    };
+    let mut created = crate::unix::Created::default();
+    let sock = |key: &'static str| {
+        let file = file.clone();
+        move |source| StartError::Listener { file, key, source }
+    };
+    let api = match crate::unix::bind(
         &config.socket.path,
         0o750,
         0o660,
         config.socket.group.as_deref(),
-    )?;
-    let admin = crate::unix::bind(&config.admin_socket, 0o700, 0o600, None)?;
-    let public = match &config.public {
-        Some(p) => Some(
-            TcpListener::bind(p.listen)
-                .await
-                .map_err(|e| StartError::Io(format!("public listener {}: {e}", p.listen)))?,
-        ),
-        None => None,
+        &mut created,
+    ) {
+        Ok(l) => l,
+        Err(e) => {
+            created.remove_all();
+            return Err(sock("socket.path")(e));
+        }
     };
-    Ok(Listeners { api, admin, public })
+    let admin = match crate::unix::bind(&config.admin_socket, 0o700, 0o600, None, &mut created) {
+        Ok(l) => l,
+        Err(e) => {
+            drop(api);
+            created.remove_all();
+            return Err(sock("admin.socket")(e));
+        }
+    };
+    Ok(Listeners {
+        api,
+        admin,
+        public,
+        created,
+    })
 }
 
 fn http1(header_timeout: Duration) -> hyper::server::conn::http1::Builder {
@@ -61,27 +109,195 @@ fn http1(header_timeout: Duration) -> hyper::server::conn::http1::Builder {
     b
 }
 
-/// Serves one Unix listener: checks each peer's uid before reading a byte,
-/// caps connections, and hands requests to `handler`.
-async fn serve_unix<H, F>(
-    listener: UnixListener,
+/// The live connections of one Unix listener, so that at the cap an idle
+/// one can be closed to make room (docs/ARCHITECTURE.md, "Connections").
+#[derive(Default)]
+struct Conns {
+    inner: std::sync::Mutex<ConnsInner>,
+}
+
+#[derive(Default)]
+struct ConnsInner {
+    next_id: u64,
+    live: std::collections::HashMap<u64, ConnEntry>,
+}
+
+struct ConnEntry {
+    uid: u32,
+    /// Requests in the handler right now; 0 means idle (waiting for a
+    /// request's head, or between keep-alive requests).
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    /// Told to close after the request in flight (if any).
+    shed: Arc<tokio::sync::Notify>,
+}
+
+/// Why a connection could not be admitted.
+enum Admit {
+    /// Admitted, possibly after shedding an idle connection.
+    Yes {
+        id: u64,
+        shed: Arc<tokio::sync::Notify>,
+        in_flight: Arc<std::sync::atomic::AtomicUsize>,
+        shed_one: bool,
+    },
+    /// Every slot holds a request in flight.
+    Full,
+}
+
+impl Conns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ConnsInner> {
+        // A panic while holding this lock leaves only counters behind.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Admits a connection from `uid`. At the cap, the oldest idle
+    /// connection of the uid holding the most connections is told to close
+    /// first: a flood of idle connections then sheds its own, whichever uid
+    /// it comes from, and a connection with a request in flight is never
+    /// closed under it.
+    fn admit(&self, uid: u32, cap: usize) -> Admit {
+        let mut g = self.lock();
+        let mut shed_one = false;
+        if g.live.len() >= cap {
+            let mut per_uid: std::collections::HashMap<u32, usize> = Default::default();
+            for e in g.live.values() {
+                *per_uid.entry(e.uid).or_default() += 1;
+            }
+            let victim = g
+                .live
+                .iter()
+                .filter(|(_, e)| e.in_flight.load(Ordering::SeqCst) == 0)
+                .max_by_key(|(id, e)| (per_uid.get(&e.uid).copied(), std::cmp::Reverse(**id)))
+                .map(|(id, _)| *id);
+            match victim.and_then(|id| g.live.remove(&id)) {
+                Some(v) => {
+                    v.shed.notify_one();
+                    shed_one = true;
+                }
+                None => return Admit::Full,
+            }
+        }
+        let id = g.next_id;
+        g.next_id += 1;
+        let shed = Arc::new(tokio::sync::Notify::new());
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        g.live.insert(
+            id,
+            ConnEntry {
+                uid,
+                in_flight: in_flight.clone(),
+                shed: shed.clone(),
+            },
+        );
+        Admit::Yes {
+            id,
+            shed,
+            in_flight,
+            shed_one,
+        }
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().live.remove(&id);
+    }
+
+    fn len(&self) -> usize {
+        self.lock().live.len()
+    }
+}
+
+/// Marks a connection busy while a request is in the handler (also when
+/// the request future is dropped).
+struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+
+impl InFlight {
+    fn new(n: Arc<std::sync::atomic::AtomicUsize>) -> InFlight {
+        n.fetch_add(1, Ordering::SeqCst);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One WARN line per `every` for refused peers, with the count of the
+/// refusals it stands for; the `connections_refused_total` metric counts
+/// each one. A refused uid can open thousands of connections a second.
+struct RefusalLog {
+    every: Duration,
+    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl RefusalLog {
+    fn new(every: Duration) -> RefusalLog {
+        RefusalLog {
+            every,
+            state: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    /// Counts one refusal; returns `Some(n)` when a line should be logged
+    /// now, `n` being the refusals not yet logged (this one included).
+    fn note(&self, now: std::time::Instant) -> Option<u64> {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        g.1 += 1;
+        match g.0 {
+            Some(last) if now.duration_since(last) < self.every => None,
+            _ => {
+                let n = g.1;
+                *g = (Some(now), 0);
+                Some(n)
+            }
+        }
+    }
+}
+
+/// How one Unix listener is served.
+struct UnixServe {
+    /// `api` or `admin`: the metric label and the log field.
+    name: &'static str,
     allowed: Arc<Vec<u32>>,
     max_conn: usize,
     header_timeout: Duration,
+    metrics: crate::metrics::Metrics,
+}
+
+/// Serves one Unix listener: checks each peer's uid before reading a byte,
+/// caps connections (shedding idle ones at the cap), and hands requests to
+/// `handler`.
+async fn serve_unix<H, F>(
+    listener: UnixListener,
+    opts: UnixServe,
     handler: H,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) where
     H: Fn(u32, hyper::Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = hyper::Response<crate::http::Body>> + Send + 'static,
 {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(max_conn));
+    let UnixServe {
+        name,
+        allowed,
+        max_conn,
+        header_timeout,
+        metrics,
+    } = opts;
+    let conns = Arc::new(Conns::default());
+    // Connection tasks still running, awaited (bounded) at shutdown.
+    let mut tasks = tokio::task::JoinSet::new();
     // Refused peers are answered for a moment each; cap how many at once so
     // a flood from a refused uid cannot pile up tasks and descriptors.
     let refusals = Arc::new(Semaphore::new(64));
+    let refusal_log = RefusalLog::new(Duration::from_secs(10));
+    let cap_log = RefusalLog::new(Duration::from_secs(10));
+    let own_uid = crate::unix::current_uid();
     let builder = http1(header_timeout);
     let mut shutdown = shutdown;
     loop {
+        // Reap finished connection tasks so the set stays small.
+        while tasks.try_join_next().is_some() {}
         let (stream, _) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(s) => s,
@@ -98,10 +314,27 @@ async fn serve_unix<H, F>(
             Err(_) => continue,
         };
         if !allowed.contains(&uid) {
-            tracing::warn!(
-                peer_uid = uid,
-                "connection refused: peer uid not in the allow-list"
-            );
+            metrics
+                .connections_refused
+                .with_label_values(&[name, "uid"])
+                .inc();
+            if let Some(n) = refusal_log.note(std::time::Instant::now()) {
+                if uid == own_uid {
+                    tracing::warn!(
+                        socket = name,
+                        peer_uid = uid,
+                        refused_since_last_line = n,
+                        "connection refused: peer uid not in the allow-list (it is the broker's own uid: a socket.allowed_uids list that is set must name it to allow it)"
+                    );
+                } else {
+                    tracing::warn!(
+                        socket = name,
+                        peer_uid = uid,
+                        refused_since_last_line = n,
+                        "connection refused: peer uid not in the allow-list"
+                    );
+                }
+            }
             // Nothing from this peer is parsed; it gets a fixed answer (if a
             // refusal slot is free, else none) and the connection is closed.
             let Ok(refusal) = refusals.clone().try_acquire_owned() else {
@@ -139,23 +372,82 @@ async fn serve_unix<H, F>(
             });
             continue;
         }
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            tracing::warn!("connection refused: connection cap reached");
-            continue;
+        let (id, shed, in_flight) = match conns.admit(uid, max_conn) {
+            Admit::Yes {
+                id,
+                shed,
+                in_flight,
+                shed_one,
+            } => {
+                if shed_one {
+                    metrics.connections_shed.with_label_values(&[name]).inc();
+                }
+                (id, shed, in_flight)
+            }
+            Admit::Full => {
+                metrics
+                    .connections_refused
+                    .with_label_values(&[name, "cap"])
+                    .inc();
+                if let Some(n) = cap_log.note(std::time::Instant::now()) {
+                    tracing::warn!(
+                        socket = name,
+                        max_connections = max_conn,
+                        refused_since_last_line = n,
+                        "connection refused: every connection slot holds a request in flight"
+                    );
+                }
+                continue;
+            }
         };
         let handler = handler.clone();
+        let n = in_flight.clone();
         let svc = service_fn(move |req| {
             let handler = handler.clone();
-            async move { Ok::<_, std::convert::Infallible>(handler(uid, req).await) }
+            let busy = InFlight::new(n.clone());
+            async move {
+                let _busy = busy;
+                Ok::<_, std::convert::Infallible>(handler(uid, req).await)
+            }
         });
+        let c = conns.clone();
+        let mut stop = shutdown.clone();
         let conn = builder.serve_connection(TokioIo::new(stream), svc);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _ = conn.await;
-            drop(permit);
+        tasks.spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            // Shed or shut down: an idle connection closes at once, one with
+            // a request in flight after its answer (hyper's graceful close).
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = shed.notified() => {
+                    // hyper closes an idle connection at once but lets one
+                    // halfway through a request head run to the header
+                    // timeout: a head that has not reached the handler in a
+                    // moment is dropped unanswered, a request in the handler
+                    // gets its answer first.
+                    conn.as_mut().graceful_shutdown();
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                            if in_flight.load(Ordering::SeqCst) > 0 {
+                                let _ = conn.as_mut().await;
+                            }
+                        }
+                    }
+                }
+                _ = stop.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.as_mut().await;
+                }
+            }
+            c.remove(id);
         });
     }
-    let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    tracing::debug!(socket = name, left = conns.len(), "listener stopped");
 }
 
 /// Runs an instance on bound listeners until `shutdown` resolves.
@@ -174,19 +466,27 @@ pub async fn run(
     let b = broker.clone();
     let api = tokio::spawn(serve_unix(
         listeners.api,
-        allowed,
-        cfg.socket.max_connections,
-        cfg.socket.header_timeout,
+        UnixServe {
+            name: "api",
+            allowed,
+            max_conn: cfg.socket.max_connections,
+            header_timeout: cfg.socket.header_timeout,
+            metrics: broker.metrics.clone(),
+        },
         move |uid, req| crate::api::handle(b.clone(), uid, req),
         rx.clone(),
     ));
     let handles = instance.admin_handles();
     let admin = tokio::spawn(serve_unix(
         listeners.admin,
-        // Only the broker's own user may use the admin socket.
-        Arc::new(vec![crate::unix::current_uid()]),
-        16,
-        cfg.socket.header_timeout,
+        UnixServe {
+            name: "admin",
+            // Only the broker's own user may use the admin socket.
+            allowed: Arc::new(vec![crate::unix::current_uid()]),
+            max_conn: 16,
+            header_timeout: cfg.socket.header_timeout,
+            metrics: broker.metrics.clone(),
+        },
         move |_uid, req| crate::admin::handle(handles.clone(), req),
         rx.clone(),
     ));
@@ -210,6 +510,7 @@ pub async fn run(
         let b = broker.clone();
         let links = instance.links.clone();
         let pages = instance.pages.clone();
+        let sealer = instance.sealer.clone();
         let mut rx = rx.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(30));
@@ -217,6 +518,12 @@ pub async fn run(
                 tokio::select! {
                     _ = tick.tick() => {
                         b.limits.housekeeping();
+                        // A scheduled key rotation activates here once due
+                        // (the ring is store I/O and decryption).
+                        let (kb, ks) = (b.clone(), sealer.clone());
+                        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || kb.refresh_keys(&ks)).await {
+                            tracing::warn!(error = %e, "reloading the signing key ring failed; the current keys stay in use");
+                        }
                         if let Some(c) = b.connected_services() {
                             c.vault.housekeeping();
                             for name in c.providers.names() {
@@ -275,5 +582,42 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {},
         _ = tokio::signal::ctrl_c() => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Admit, Conns};
+    use std::sync::atomic::Ordering;
+
+    fn id(a: Admit) -> u64 {
+        match a {
+            Admit::Yes { id, .. } => id,
+            Admit::Full => panic!("refused"),
+        }
+    }
+
+    #[test]
+    fn at_the_cap_the_oldest_idle_connection_of_the_busiest_uid_is_shed() {
+        let c = Conns::default();
+        let other = id(c.admit(2, 4)); // the other uid's idle connection, oldest of all
+        let busy = c.admit(1, 4);
+        let Admit::Yes { in_flight, .. } = &busy else {
+            panic!("refused")
+        };
+        in_flight.fetch_add(1, Ordering::SeqCst); // a request in the handler
+        let busy = id(busy);
+        let idle = id(c.admit(1, 4));
+        id(c.admit(1, 4));
+        // Full: uid 1 holds 3; its oldest idle one goes, not the other uid's
+        // (older) one, nor the one with a request in flight.
+        id(c.admit(1, 4));
+        let live = |i| c.lock().live.contains_key(&i);
+        assert!(!live(idle) && live(other) && live(busy));
+        // Positive control: when every slot is in flight, a new one is refused.
+        for e in c.lock().live.values() {
+            e.in_flight.store(1, Ordering::SeqCst);
+        }
+        assert!(matches!(c.admit(1, 4), Admit::Full));
     }
 }

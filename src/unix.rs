@@ -36,6 +36,16 @@ pub enum SocketError {
     /// The directory is unsafe (symlink, or owned by another user).
     #[error("socket directory {0} is a symlink or owned by another user")]
     UnsafeDir(String),
+    /// The directory to create the socket directory in is unsafe.
+    #[error(
+        "{dir}, where the socket directory would be created, {why}; refusing to create it there"
+    )]
+    UnsafeParent {
+        /// The parent directory.
+        dir: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// The group does not exist.
     #[error("group {0} does not exist")]
     NoGroup(String),
@@ -63,31 +73,91 @@ fn resolve_group(group: &str) -> Result<nix::unistd::Gid, SocketError> {
     }
 }
 
-/// Creates the socket directory (mode `dir_mode`, group `group`), removes a
-/// stale socket without following symlinks, binds, and sets the socket mode.
+/// Paths a start created, removed again if the start fails (sockets first,
+/// then the directories, innermost last created first).
+#[derive(Debug, Default)]
+pub struct Created(Vec<std::path::PathBuf>);
+
+impl Created {
+    /// Removes every path recorded, newest first; best effort.
+    pub fn remove_all(&mut self) {
+        while let Some(p) = self.0.pop() {
+            let _ = match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.is_dir() => std::fs::remove_dir(&p),
+                _ => std::fs::remove_file(&p),
+            };
+        }
+    }
+}
+
+/// Refuses a parent directory that others could use to swap the socket
+/// directory: a symlink, or writable by others without the sticky bit.
+fn check_parent(parent: &Path) -> Result<(), SocketError> {
+    let unsafe_parent = |why| SocketError::UnsafeParent {
+        dir: parent.display().to_string(),
+        why,
+    };
+    let meta = match std::fs::symlink_metadata(parent) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(unsafe_parent("does not exist"))
+        }
+        Err(e) => return Err(io(parent)(e)),
+    };
+    if meta.file_type().is_symlink() {
+        return Err(unsafe_parent("is a symlink"));
+    }
+    if !meta.is_dir() {
+        return Err(unsafe_parent("is not a directory"));
+    }
+    let mode = meta.permissions().mode();
+    if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+        return Err(unsafe_parent(
+            "is writable by others without the sticky bit",
+        ));
+    }
+    Ok(())
+}
+
+/// Binds a Unix socket at `path`. The socket directory (the path's parent)
+/// is the broker's own: when missing it is created (one level, mode
+/// `dir_mode`, group `group`) in a parent that must be safe (not a symlink,
+/// not writable by others without the sticky bit); when present it must be
+/// a real directory owned by this user. A stale socket is removed without
+/// following symlinks; the socket gets mode `sock_mode`. What was created is
+/// recorded in `created`.
 pub fn bind(
     path: &Path,
     dir_mode: u32,
     sock_mode: u32,
     group: Option<&str>,
+    created: &mut Created,
 ) -> Result<tokio::net::UnixListener, SocketError> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    if !dir.exists() {
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
-            .map_err(io(dir))?;
+    let gid = group.map(resolve_group).transpose()?;
+    match std::fs::symlink_metadata(dir) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            check_parent(
+                dir.parent()
+                    .filter(|d| !d.as_os_str().is_empty())
+                    .unwrap_or(Path::new(".")),
+            )?;
+            std::fs::create_dir(dir).map_err(io(dir))?;
+            created.0.push(dir.to_owned());
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
+                .map_err(io(dir))?;
+            tracing::info!(dir = %dir.display(), mode = format!("{dir_mode:o}"), group = group.unwrap_or("-"), "created the socket directory");
+        }
+        Err(e) => return Err(io(dir)(e)),
     }
     let meta = std::fs::symlink_metadata(dir).map_err(io(dir))?;
-    if meta.file_type().is_symlink() || meta.uid() != current_uid() {
+    if meta.file_type().is_symlink() || !meta.is_dir() || meta.uid() != current_uid() {
         return Err(SocketError::UnsafeDir(dir.display().to_string()));
     }
-    let gid = match group {
-        None => None,
-        Some(g) => Some(resolve_group(g)?),
-    };
     if let Some(gid) = gid {
         nix::unistd::chown(dir, None, Some(gid)).map_err(|e| io(dir)(e.into()))?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
@@ -105,6 +175,7 @@ pub fn bind(
         Err(e) => return Err(io(path)(e)),
     }
     let listener = tokio::net::UnixListener::bind(path).map_err(io(path))?;
+    created.0.push(path.to_owned());
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(sock_mode)).map_err(io(path))?;
     if let Some(gid) = gid {
         nix::unistd::chown(path, None, Some(gid)).map_err(|e| io(path)(e.into()))?;
@@ -128,7 +199,14 @@ mod tests {
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sock/s.sock");
-        let l = bind(&path, 0o750, 0o660, Some(&gid.to_string())).unwrap();
+        let l = bind(
+            &path,
+            0o750,
+            0o660,
+            Some(&gid.to_string()),
+            &mut Created::default(),
+        )
+        .unwrap();
         let meta = std::fs::metadata(path.parent().unwrap()).unwrap();
         assert_eq!(meta.gid(), gid);
         assert_eq!(std::fs::metadata(&path).unwrap().gid(), gid);
@@ -140,12 +218,19 @@ mod tests {
             0o750,
             0o660,
             Some("no-such-group-x1"),
+            &mut Created::default(),
         )
         .unwrap_err();
         assert_eq!(err.to_string(), "group no-such-group-x1 does not exist");
         // ... nor is a number with a sign.
         assert!(matches!(
-            bind(&dir.path().join("c/s.sock"), 0o750, 0o660, Some("+5")),
+            bind(
+                &dir.path().join("c/s.sock"),
+                0o750,
+                0o660,
+                Some("+5"),
+                &mut Created::default()
+            ),
             Err(SocketError::NoGroup(_))
         ));
     }

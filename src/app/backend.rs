@@ -346,6 +346,17 @@ impl ProviderFlow for Backend {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let p = self.providers.get(service).ok_or(BackendError::NotFound)?;
+            if p.revokes_the_grant() {
+                // GitHub: deleting the grant ends every token under it.
+                return match p
+                    .delete_grant(grant.access_token.expose())
+                    .await
+                    .map_err(upstream_err)?
+                {
+                    crate::upstream::Revocation::Revoked => Ok(true),
+                    crate::upstream::Revocation::NotSupported => Ok(false),
+                };
+            }
             // The refresh token first: revoking it ends the grant at most
             // providers, access tokens included.
             let tokens = grant

@@ -60,16 +60,31 @@ pub enum StartError {
     /// Sockets.
     #[error(transparent)]
     Socket(#[from] crate::unix::SocketError),
+    /// A socket of the config could not be bound.
+    #[error("{file}: {key}: {source}")]
+    Listener {
+        /// The config file.
+        file: String,
+        /// The key naming the socket.
+        key: &'static str,
+        /// Why.
+        source: crate::unix::SocketError,
+    },
     /// Other I/O.
     #[error("{0}")]
     Io(String),
     /// The policy is for another agent.
-    #[error("the policy is written for agent {policy:?} but this instance serves {config:?}")]
-    AgentMismatch {
-        /// In the policy.
-        policy: String,
-        /// In the config.
-        config: String,
+    #[error("{0}")]
+    AgentMismatch(String),
+    /// A value of the config that cannot be used, named by file and key.
+    #[error("{file}: {key}: {detail}")]
+    At {
+        /// The config file.
+        file: String,
+        /// The key.
+        key: &'static str,
+        /// What is wrong (never a secret's value).
+        detail: String,
     },
 }
 
@@ -145,12 +160,31 @@ pub async fn build(
     config: Config,
     clock: crate::clock::SharedClock,
 ) -> Result<Instance, StartError> {
+    let file = config.file.display().to_string();
     let policy = crate::policy::Policy::load(&config.policy)?;
     if policy.agent != config.agent {
-        return Err(StartError::AgentMismatch {
-            policy: policy.agent,
-            config: config.agent,
-        });
+        let text = std::fs::read_to_string(&config.policy).unwrap_or_default();
+        return Err(StartError::AgentMismatch(agent_mismatch(
+            &config.policy,
+            &text,
+            &policy.agent,
+            &file,
+            &config.agent,
+        )));
+    }
+    // A store path that is not a directory fails here, before anything is
+    // created, with the key that names it.
+    if let Ok(m) = std::fs::metadata(&config.store) {
+        if !m.is_dir() {
+            return Err(StartError::At {
+                file,
+                key: "store",
+                detail: format!(
+                    "{} exists and is not a directory (the store is a directory)",
+                    config.store.display()
+                ),
+            });
+        }
     }
     let providers = Arc::new(crate::upstream::Providers::from_config(&config)?);
     if let Some(missing) = policy
@@ -166,7 +200,15 @@ pub async fn build(
             source,
         }
     })?;
-    let sealer = Arc::new(Sealer::new(&master, &[])?);
+    let sealer = Arc::new(Sealer::new(&master, &[]).map_err(|e| StartError::At {
+        file: config.file.display().to_string(),
+        key: "keys.master_key_file",
+        detail: format!(
+            "{}: {e} (it holds {} bytes; make one with `head -c 32 /dev/urandom`)",
+            config.master_key_file.display(),
+            master.expose().len()
+        ),
+    })?);
     let store: Arc<dyn crate::store::Store> =
         Arc::new(crate::store::SledStore::open(&config.store)?);
     let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
@@ -278,4 +320,31 @@ pub async fn build(
         public_addr: Arc::default(),
         pages,
     })
+}
+
+/// The message for a policy written for another agent, shared with reload:
+/// the policy file with the line:col of its `agent` key, and the config
+/// file's `agent`.
+pub fn agent_mismatch(
+    policy_file: &std::path::Path,
+    policy_text: &str,
+    policy_agent: &str,
+    config_file: &str,
+    config_agent: &str,
+) -> String {
+    let at = policy_text
+        .lines()
+        .enumerate()
+        .find_map(|(i, l)| {
+            let rest = l.trim_start().strip_prefix("agent")?;
+            rest.trim_start().starts_with('=').then(|| {
+                let col = l.find('=').map_or(1, |c| c + 1);
+                format!(":{}:{}", i + 1, col + 1)
+            })
+        })
+        .unwrap_or_default();
+    format!(
+        "{}{at}: agent: the policy is written for agent {policy_agent:?}, but {config_file} `agent` is {config_agent:?}",
+        policy_file.display()
+    )
 }

@@ -127,9 +127,12 @@ impl Reloader {
             Err(e) => return self.fail(trigger, ("invalid", e.to_string())),
         };
         if policy.agent != self.broker.config.agent {
-            let detail = format!(
-                "the policy is written for agent {:?} but this instance serves {:?}",
-                policy.agent, self.broker.config.agent
+            let detail = super::agent_mismatch(
+                &self.path,
+                &String::from_utf8_lossy(&first),
+                &policy.agent,
+                &self.broker.config.file.display().to_string(),
+                &self.broker.config.agent,
             );
             return self.fail(trigger, ("agent_mismatch", detail));
         }

@@ -137,8 +137,10 @@ pub(super) enum AccountsAction {
         #[arg(long)]
         issuer: Option<String>,
     },
-    /// Revoke an account's tokens at the provider (RFC 7009, where it can)
-    /// and delete it with its allowances.
+    /// Revoke an account's tokens at the provider (RFC 7009 where it has a
+    /// revocation endpoint; GitHub's application grant API for the GitHub
+    /// preset) and delete it with its allowances; the answer's `message`
+    /// says what was revoked and what was not.
     Disconnect {
         /// The config file.
         #[arg(long, short)]
@@ -161,12 +163,22 @@ pub(super) enum AccountsAction {
 /// `credbroker keys ...`.
 #[derive(Debug, Subcommand)]
 pub(super) enum KeysAction {
-    /// Add a new signing key and make it active; the old one stays in the JWKS
-    /// until its tokens have expired.
+    /// Publish a new signing key in the JWKS now and make it active after
+    /// `[keys] activation_delay` (default 120 s: the JWKS cache lifetime plus
+    /// the resource servers' refetch interval); the old key then stays in the
+    /// JWKS until its tokens have expired. While a rotation is pending, running
+    /// this again adds no key and reports the pending one.
     Rotate {
         /// The config file.
         #[arg(long, short)]
         config: PathBuf,
+        /// Suspected key compromise: the new key signs at once and every other
+        /// key leaves the JWKS. What that costs resource servers: every token
+        /// signed before stops verifying (callers must derive again), and a
+        /// resource server that fetched the JWKS less than a minute ago rejects
+        /// the new kid until it refetches.
+        #[arg(long)]
+        emergency: bool,
     },
     /// Re-encrypt the vault under a new key. Resumable: an interrupted run
     /// (or one stopped by --limit) continues where it stopped, and old keys

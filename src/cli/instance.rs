@@ -21,8 +21,16 @@ async fn start(
     cfg: &Config,
 ) -> Result<(crate::app::Instance, crate::server::Listeners), crate::app::StartError> {
     let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
-    let inst = crate::app::build(cfg.clone(), clock).await?;
+    // Bind first: a busy port or an unusable socket path fails before the
+    // store and the keys exist, and a later failure removes the sockets.
     let listeners = crate::server::bind(cfg).await?;
+    let inst = match crate::app::build(cfg.clone(), clock).await {
+        Ok(i) => i,
+        Err(e) => {
+            listeners.abandon();
+            return Err(e);
+        }
+    };
     if let Some(addr) = listeners.public.as_ref().and_then(|l| l.local_addr().ok()) {
         tracing::info!(%addr, "public listener bound");
         inst.public_addr.set(addr).ok();

@@ -98,7 +98,9 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
         Command::Status { config } => operator::status(&config).await,
         Command::Freeze { state, config } => operator::freeze(&config, &state).await,
         Command::Keys { action } => match action {
-            KeysAction::Rotate { config } => operator::rotate_keys(&config).await,
+            KeysAction::Rotate { config, emergency } => {
+                operator::rotate_keys(&config, emergency).await
+            }
             KeysAction::RotateVault { config, limit } => {
                 operator::rotate_vault(&config, limit).await
             }

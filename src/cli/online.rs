@@ -26,16 +26,34 @@ pub(super) enum Reached {
 }
 
 /// Sends the command to the admin socket, or opens the store when no
-/// instance answers there.
+/// instance listens there (no socket file, or nobody accepting on it).
+///
+/// Any other failure (the instance died while handling the request) leaves
+/// it open whether the command took effect, so it is an error and never a
+/// second, offline run: that is how an interrupted `keys rotate` once added
+/// two keys and reported one.
 pub(super) async fn reach(
     cfg: &Config,
     method: &str,
     path: &str,
     body: &str,
 ) -> Result<Reached, Box<dyn std::error::Error>> {
+    if let Err(e) = std::os::unix::net::UnixStream::connect(&cfg.admin_socket) {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+        ) {
+            return Ok(Reached::Stopped(Offline::open(cfg)?));
+        }
+    }
     match admin_call(&cfg.admin_socket, method, path, body).await {
         Ok((status, body)) => Ok(Reached::Instance { status, body }),
-        Err(_) => Ok(Reached::Stopped(Offline::open(cfg)?)),
+        Err(e) => Err(format!(
+            "admin socket {}: {method} {path}: {e}; the instance may or may not have \
+             carried it out: run `credbroker status` before trying again",
+            cfg.admin_socket.display()
+        )
+        .into()),
     }
 }
 

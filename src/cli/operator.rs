@@ -50,21 +50,20 @@ pub(super) async fn freeze(config: &Path, state: &str) -> Res {
     }
 }
 
-/// `credbroker keys rotate`.
-pub(super) async fn rotate_keys(config: &Path) -> Res {
+/// `credbroker keys rotate [--emergency]`.
+pub(super) async fn rotate_keys(config: &Path, emergency: bool) -> Res {
     let cfg = Config::load(config)?;
-    match reach(&cfg, "POST", "/keys/rotate", "").await? {
+    let body = if emergency { "emergency" } else { "" };
+    match reach(&cfg, "POST", "/keys/rotate", body).await? {
         Reached::Instance { status, body } => {
             println!("{body}");
             Ok(Exit::ok_if(status == 200, Exit::Failed))
         }
         Reached::Stopped(off) => {
             let sealer = off.sealer(&cfg)?;
-            let kid = ops::rotate_keys(off.target(), &sealer, off.recorder())?;
-            println!(
-                "{}",
-                serde_json::json!({"active_kid": kid, "running": false})
-            );
+            let kind = crate::mint::RotationKind::new(emergency, cfg.key_activation_delay);
+            let r = ops::rotate_keys(off.target(), &sealer, off.recorder(), kind)?;
+            println!("{}", crate::admin::rotation_json(&r, false));
             Ok(Exit::Ok)
         }
     }

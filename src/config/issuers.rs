@@ -49,6 +49,10 @@ pub struct IssuerConfig {
     pub required_claims: Vec<String>,
     /// The paired sign-in source.
     pub sign_in: SignIn,
+    /// The sign-in source's name on the pages (`sign_in.display_name`):
+    /// the sign-in button, and beside the person's name wherever the pages
+    /// name them. Default: the issuer URL's host.
+    pub display_name: String,
 }
 
 /// Validates `[[trusted_issuers]]`: at least one, each well formed and
@@ -119,6 +123,22 @@ fn trusted_issuer(
         }
     };
     let algs = check.algs(&key("algs"), ti.algs, vec![Alg::ES256, Alg::RS256]);
+    let display_name = ti
+        .sign_in
+        .as_ref()
+        .and_then(|s| s.display_name.clone())
+        .map_or_else(
+            || default_display_name(&ti.issuer),
+            |n| {
+                if !valid_display_name(&n) {
+                    check.bad(
+                        &key("sign_in.display_name"),
+                        "must be 1 to 60 characters, without control characters",
+                    );
+                }
+                n
+            },
+        );
     let sign_in = sign_in(ti.sign_in, &ti.issuer, own_issuer, &key, check);
     let token_types = ti.token_types.unwrap_or_else(|| vec!["at+jwt".into()]);
     if token_types
@@ -135,7 +155,29 @@ fn trusted_issuer(
         token_types,
         required_claims: ti.required_claims.unwrap_or_default(),
         sign_in,
+        display_name,
     }
+}
+
+/// The name a sign-in source has without `display_name`: its host (and
+/// port), which is what a person can check in the address bar.
+pub fn default_display_name(issuer: &str) -> String {
+    url::Url::parse(issuer)
+        .ok()
+        .and_then(|u| {
+            let host = u.host_str()?.to_string();
+            Some(match u.port() {
+                Some(p) => format!("{host}:{p}"),
+                None => host,
+            })
+        })
+        .unwrap_or_else(|| issuer.to_string())
+}
+
+/// A name to show on a page: short, and nothing that could break a line.
+pub(super) fn valid_display_name(n: &str) -> bool {
+    let len = n.chars().count();
+    (1..=60).contains(&len) && !n.chars().any(char::is_control) && !n.trim().is_empty()
 }
 
 /// Validates an issuer's `sign_in`: local only for the broker's own

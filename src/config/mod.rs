@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use issuers::{IssuerConfig, JwksSource, SignIn};
+pub use issuers::{default_display_name, IssuerConfig, JwksSource, SignIn};
 pub use listeners::{PublicConfig, SocketConfig};
 pub use providers::{
     AccountLookup, ClientAuth, Endpoints, ProviderConfig, GITHUB_AUTHORIZE, GITHUB_TOKEN,
@@ -102,6 +102,9 @@ pub struct Config {
     pub public: Option<PublicConfig>,
     /// File holding the 32-byte key that encrypts keys at rest (0600).
     pub master_key_file: PathBuf,
+    /// Seconds a rotated-in signing key is published before it signs
+    /// (`[keys] activation_delay`, default [`crate::mint::ACTIVATION_DELAY`]).
+    pub key_activation_delay: i64,
     /// DPoP settings.
     pub dpop: DpopConfig,
     /// Rate limits.
@@ -178,6 +181,12 @@ impl Config {
             socket,
             public,
             master_key_file: check.rel(&raw.keys.master_key_file),
+            // Capped at a day: a longer wait is a typo, and the cap keeps
+            // the sum with a Unix time far from overflow.
+            key_activation_delay: raw
+                .keys
+                .activation_delay
+                .map_or(crate::mint::ACTIVATION_DELAY, |d| d.min(86_400) as i64),
             dpop,
             limits,
             trusted_issuers,

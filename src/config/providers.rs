@@ -85,6 +85,19 @@ pub struct ProviderConfig {
     pub account: AccountLookup,
     /// Bound on each call to the provider.
     pub timeout: Duration,
+    /// GitHub's application grant API, used on disconnect instead of RFC
+    /// 7009 (GitHub has no revocation endpoint): `DELETE` with basic auth
+    /// of client id and secret and `{"access_token": ...}`, which deletes
+    /// the grant and every token issued under it. The preset's default is
+    /// `https://api.github.com/applications/{client_id}/grant`
+    /// (`grant_endpoint` overrides it, e.g. for GitHub Enterprise Server).
+    pub grant_endpoint: Option<String>,
+    /// How long a provider token without a lifetime (no `expires_in`) is
+    /// served before a fresh check with the provider
+    /// (`recheck_unexpiring_token_after`, default 1 hour, 1 minute to 24
+    /// hours): a refresh when there is a refresh token, else a look-up of
+    /// the account with the token (a refused token means reconnect).
+    pub recheck_unexpiring_token_after: Duration,
 }
 
 /// The GitHub preset: GitHub's OAuth app endpoints. GitHub accepts PKCE
@@ -95,6 +108,8 @@ pub const GITHUB_AUTHORIZE: &str = "https://github.com/login/oauth/authorize";
 pub const GITHUB_TOKEN: &str = "https://github.com/login/oauth/access_token";
 /// GitHub's user API (account id `id`, name `login`).
 pub const GITHUB_USER_API: &str = "https://api.github.com/user";
+/// GitHub's API base: the application grant API is under it.
+pub(super) const GITHUB_API: &str = "https://api.github.com";
 
 /// Validates `[providers.<name>]`: the providers that validate, by name.
 pub(super) fn providers(
@@ -298,10 +313,48 @@ fn provider(
             }
         },
     };
+    let recheck_unexpiring_token_after = match rp.recheck_unexpiring_token_after.as_deref() {
+        None => Duration::from_secs(3600),
+        Some(t) => match parse_duration(t) {
+            Some(d) if d >= Duration::from_secs(60) && d <= Duration::from_secs(86_400) => d,
+            _ => {
+                fail(
+                    "recheck_unexpiring_token_after",
+                    "must be a duration between 1m and 24h, such as \"1h\"",
+                );
+                Duration::from_secs(3600)
+            }
+        },
+    };
+    let grant_endpoint = match rp.grant_endpoint {
+        Some(u) if github => {
+            if !url::Url::parse(&u).is_ok_and(|x| secure_or_loopback(&x)) {
+                fail(
+                    "grant_endpoint",
+                    "must be an https URL (http only on loopback)",
+                );
+            }
+            Some(u)
+        }
+        Some(_) => {
+            fail(
+                "grant_endpoint",
+                "only the github preset has an application grant API (others revoke with revocation_endpoint, RFC 7009)",
+            );
+            None
+        }
+        None if github => Some(format!(
+            "{GITHUB_API}/applications/{}/grant",
+            url::form_urlencoded::byte_serialize(rp.client_id.as_bytes()).collect::<String>()
+        )),
+        None => None,
+    };
     if check.problems.len() > before {
         return None;
     }
     Some(ProviderConfig {
+        grant_endpoint,
+        recheck_unexpiring_token_after,
         name: name.to_string(),
         display_name: rp.display_name.unwrap_or_else(|| {
             if github {

@@ -46,6 +46,8 @@ pub(super) struct RawProvider {
     #[serde(default)]
     pub(super) display_name: Option<String>,
     #[serde(default)]
+    pub(super) grant_endpoint: Option<String>,
+    #[serde(default)]
     pub(super) issuer: Option<String>,
     #[serde(default)]
     pub(super) authorization_endpoint: Option<String>,
@@ -70,6 +72,8 @@ pub(super) struct RawProvider {
     pub(super) account: Option<RawAccountLookup>,
     #[serde(default)]
     pub(super) timeout: Option<String>,
+    #[serde(default)]
+    pub(super) recheck_unexpiring_token_after: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -116,6 +120,8 @@ pub(super) struct RawPublic {
 #[derive(Debug, Deserialize)]
 pub(super) struct RawKeys {
     pub(super) master_key_file: PathBuf,
+    #[serde(default)]
+    pub(super) activation_delay: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -167,4 +173,6 @@ pub(super) struct RawSignIn {
     pub(super) client_id: Option<String>,
     #[serde(default)]
     pub(super) client_secret_file: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) display_name: Option<String>,
 }

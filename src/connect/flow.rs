@@ -53,8 +53,43 @@ pub async fn disconnect_account(
             "not_supported",
             format!("service {service} is no longer configured, so its tokens could not be revoked; revoke the grant at the provider"),
         ),
+        (Ok(tokens), Some(p)) if p.revokes_the_grant() => {
+            // GitHub: one call deletes the grant, and with it every token
+            // issued under it (access and refresh).
+            let name = p.display_name();
+            match tokens.iter().find(|(_, hint)| *hint == "access_token") {
+                None => (
+                    "failed",
+                    format!("no access token was stored, so the grant at {name} could not be deleted; revoke it in your {name} settings"),
+                ),
+                Some((token, _)) => match p.delete_grant(token.expose()).await {
+                    Ok(crate::upstream::Revocation::Revoked) => (
+                        "revoked",
+                        format!("revoked at {name}: the application grant was deleted, so every token {name} issued to credbroker for this account (access and refresh) stopped working"),
+                    ),
+                    Ok(crate::upstream::Revocation::NotSupported) => (
+                        "not_supported",
+                        format!("{name} has no grant API configured; revoke the grant in your {name} settings"),
+                    ),
+                    Err(e) => (
+                        "failed",
+                        format!("the grant at {name} was not deleted ({e}); revoke it in your {name} settings"),
+                    ),
+                },
+            }
+        }
         (Ok(tokens), Some(p)) => {
-            let mut outcome = ("revoked", format!("revoked at {}", p.display_name()));
+            // Which kinds were revoked (refresh first, then access tokens).
+            let mut kinds: Vec<String> = tokens.iter().map(|(_, h)| h.replace('_', " ")).collect();
+            kinds.dedup();
+            let mut outcome = (
+                "revoked",
+                format!(
+                    "revoked at {}: the {} (RFC 7009)",
+                    p.display_name(),
+                    kinds.join(" and the ")
+                ),
+            );
             for (token, hint) in &tokens {
                 match p.revoke(token.expose(), hint).await {
                     Ok(crate::upstream::Revocation::Revoked) => {}

@@ -110,12 +110,37 @@ fn own_account<'f>(
     Ok((s, person, service, account))
 }
 
-/// `POST /account/disconnect` (`service`, `account`).
+/// `POST /account/disconnect` (`service`, `account`): without `confirm=1`
+/// a page that asks first (nothing changes); with it, disconnects and says
+/// what was done (revoked at the provider, or deleted here only).
 pub async fn disconnect(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response<Body> {
     let (s, person, service, account) = match own_account(p, ctx, h, form) {
         Ok(x) => x,
         Err(r) => return r,
     };
+    let name = p
+        .services
+        .providers
+        .provider(service)
+        .map_or_else(|| service.to_string(), |i| i.display_name);
+    let account_name = match p.services.vault.accounts(&person) {
+        Ok(list) => list
+            .into_iter()
+            .find(|a| a.service == service && a.account_id == account)
+            .map_or_else(|| account.to_string(), |a| a.display_name),
+        Err(e) => return p.internal("vault", &e),
+    };
+    if form.get("confirm") != Some("1") {
+        let page = views::ConfirmDisconnect {
+            who: p.who(&s),
+            provider: name,
+            display_name: account_name,
+            service: service.to_string(),
+            account_id: account.to_string(),
+            csrf: s.csrf().expose().clone(),
+        };
+        return html(StatusCode::OK, views::render(&page));
+    }
     let outcome = match p.services.vault.disconnect(&person, service, account).await {
         Ok(o) => o,
         Err(e) => {
@@ -137,27 +162,26 @@ pub async fn disconnect(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Resp
         Disconnected::DeletedOnly => "deleted_not_revoked",
     });
     p.audit(&e);
-    match outcome {
-        Disconnected::Revoked => redirect("/account"),
-        Disconnected::DeletedOnly => {
-            let name = p
-                .services
-                .providers
-                .provider(service)
-                .map_or_else(|| service.to_string(), |i| i.display_name);
-            let page = views::Message {
-                who: p.who(&s),
-                title: "Disconnected here".into(),
-                paragraphs: vec![
-                    "credbroker deleted this account's tokens, and no agent can use it through credbroker any more.".into(),
-                    format!("{name} does not let credbroker revoke its access: to be sure, also remove the access in your {name} settings."),
-                ],
-                reference: None,
-                next: Some(("/account".into(), "Back to your accounts".into())),
-            };
-            html(StatusCode::OK, views::render(&page))
-        }
-    }
+    let paragraphs = match outcome {
+        Disconnected::Revoked => vec![
+            format!("{name} revoked credbroker's access to {account_name}, and credbroker deleted its tokens. No agent can use this account through credbroker any more."),
+        ],
+        Disconnected::DeletedOnly => vec![
+            format!("credbroker deleted the tokens of {account_name}, and no agent can use it through credbroker any more."),
+            format!("{name} did not revoke credbroker's access (it offers no way to, or did not answer): to be sure, also remove the access in your {name} settings."),
+        ],
+    };
+    let page = views::Message {
+        who: p.who(&s),
+        title: match outcome {
+            Disconnected::Revoked => format!("Disconnected, and revoked at {name}"),
+            Disconnected::DeletedOnly => "Disconnected here, not revoked there".into(),
+        },
+        paragraphs,
+        reference: None,
+        next: Some(("/account".into(), "Back to your accounts".into())),
+    };
+    html(StatusCode::OK, views::render(&page))
 }
 
 /// `POST /account/revoke` (`service`, `account`, `agent`).

@@ -42,8 +42,8 @@ fn checks(
     code: &str,
     csrf: Option<Option<&str>>,
 ) -> Result<Passed, Response<Body>> {
-    if !p.limiters.lookup(ctx.client) {
-        return Err(p.too_many());
+    if let Err(wait) = p.limiters.lookup(ctx.client) {
+        return Err(p.too_many(wait));
     }
     // 1. Known code, still open. A string of the wrong shape cannot be a
     // code; answering it without a look-up tells nothing the format does not.
@@ -79,7 +79,7 @@ fn checks(
         p.audit(&e);
         let page = views::OtherPerson {
             who: p.who(&session),
-            you: session.record.display.clone().unwrap_or(person.sub),
+            you: p.person_label(&session.record),
         };
         return Err(html(StatusCode::FORBIDDEN, views::render(&page)));
     }
@@ -147,7 +147,7 @@ pub async fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Response<Bo
         kind: link.kind.as_str(),
         agent: link.agent.clone(),
         service_name: name,
-        you: session.record.display.clone().unwrap_or(person.sub),
+        you: p.person_label(&session.record),
         scopes: link.scopes.clone(),
         accounts,
         code: code.to_string(),
@@ -294,8 +294,8 @@ pub async fn provider_callback(
     service_seg: &str,
     mut q: Form,
 ) -> Response<Body> {
-    if !p.limiters.lookup(ctx.client) {
-        return p.too_many();
+    if let Err(wait) = p.limiters.lookup(ctx.client) {
+        return p.too_many(wait);
     }
     let service: String =
         match url::form_urlencoded::parse(format!("s={service_seg}").as_bytes()).next() {

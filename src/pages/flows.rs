@@ -34,8 +34,13 @@ pub enum Flow {
         verifier: String,
         /// Where to go after sign-in (already allow-listed).
         return_to: String,
-        /// Whether `max_age`/`prompt=login` was asked for.
+        /// Whether `prompt=login` was asked for (signing in again).
         reauth: bool,
+        /// Whether `max_age` was sent: then the ID token must carry a
+        /// recent `auth_time` (OpenID Connect Core 3.1.2.1). Records
+        /// written before the field existed read as `reauth`'s value.
+        #[serde(default)]
+        max_age: bool,
     },
     /// Connecting a service for a link.
     Provider {
@@ -57,10 +62,16 @@ impl std::fmt::Debug for Flow {
     // Verifiers and nonces never reach a log.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Flow::SignIn { issuer, reauth, .. } => f
+            Flow::SignIn {
+                issuer,
+                reauth,
+                max_age,
+                ..
+            } => f
                 .debug_struct("Flow::SignIn")
                 .field("issuer", issuer)
                 .field("reauth", reauth)
+                .field("max_age", max_age)
                 .finish_non_exhaustive(),
             Flow::Provider {
                 link_id, service, ..
@@ -159,12 +170,14 @@ pub fn take(
             verifier,
             return_to,
             reauth,
+            max_age,
         } => Flow::SignIn {
             issuer: issuer.clone(),
             nonce: nonce.clone(),
             verifier: verifier.clone(),
             return_to: return_to.clone(),
             reauth: *reauth,
+            max_age: *max_age || *reauth,
         },
         Flow::Provider {
             link_id,
@@ -226,6 +239,7 @@ mod tests {
             verifier: "v-canary".into(),
             return_to: "/account".into(),
             reauth: false,
+            max_age: false,
         }
     }
 

@@ -135,6 +135,12 @@ pub struct Pages {
     secure_cookie: bool,
     /// The broker's own issuer when local accounts sign people in.
     local_issuer: Option<String>,
+    /// Each sign-in source's name, by issuer (with and without a trailing
+    /// `/`, as persons carry it either way).
+    sources: HashMap<String, String>,
+    /// Caps `signin.failed` events and their log lines (a flood of refused
+    /// sign-ins must not fill the audit log).
+    failed_budget: limits::EventBudget,
     not_found: Bytes,
     last_sweep: AtomicI64,
 }
@@ -173,6 +179,14 @@ impl Pages {
             .find(|i| i.sign_in == SignInConfig::Local)
             .map(|i| i.issuer.trim_end_matches('/').to_string());
         let not_found = Bytes::from(views::render(&views::NotFound { who: None }));
+        let mut sources = HashMap::new();
+        for i in &deps.trusted_issuers {
+            sources.insert(i.issuer.clone(), i.display_name.clone());
+            sources.insert(
+                i.issuer.trim_end_matches('/').to_string(),
+                i.display_name.clone(),
+            );
+        }
         Pages {
             oidc: oidc::Oidc::new(&deps.trusted_issuers, &options.key_sets),
             sessions: session::Sessions::new(options.lifetimes),
@@ -188,6 +202,8 @@ impl Pages {
             base,
             origin,
             local_issuer,
+            sources,
+            failed_budget: limits::EventBudget::new(limits::SIGNIN_FAILED_PER_MINUTE),
             not_found,
             last_sweep: AtomicI64::new(0),
             deps,
@@ -326,6 +342,73 @@ impl Pages {
         )
     }
 
+    /// A text page with a link onward (`next` = (href, label)).
+    pub fn message_next(
+        &self,
+        status: StatusCode,
+        who: Option<views::Who>,
+        title: &str,
+        paragraphs: &[&str],
+        next: (&str, &str),
+    ) -> Response<Body> {
+        http::html(
+            status,
+            views::render(&views::Message {
+                who,
+                title: title.to_string(),
+                paragraphs: paragraphs.iter().map(|p| p.to_string()).collect(),
+                reference: None,
+                next: Some((next.0.to_string(), next.1.to_string())),
+            }),
+        )
+    }
+
+    /// The name of the sign-in source of `issuer` (its `display_name`, by
+    /// default the issuer's host).
+    pub fn source_name(&self, issuer: &str) -> String {
+        self.sources
+            .get(issuer)
+            .cloned()
+            .unwrap_or_else(|| crate::config::default_display_name(issuer))
+    }
+
+    /// The signed-in person as the pages name them: their name and where
+    /// they signed in (two sources may each have an `alice`).
+    pub fn person_label(&self, r: &session::Record) -> String {
+        let name = r
+            .display
+            .clone()
+            .or_else(|| r.sub.clone())
+            .unwrap_or_default();
+        match &r.iss {
+            Some(iss) => format!("{name} (signed in at {})", self.source_name(iss)),
+            None => name,
+        }
+    }
+
+    /// Records a `signin.failed` event and logs it, within the budget: past
+    /// [`limits::SIGNIN_FAILED_PER_MINUTE`] a minute, events are counted
+    /// and the count is logged once the minute is over.
+    pub fn signin_failed(&self, e: &Event<'_>) {
+        let (admit, suppressed) = self.failed_budget.admit(e.time);
+        if let Some(n) = suppressed {
+            tracing::warn!(
+                suppressed = n,
+                "pages: {n} signin.failed events over the budget of {} a minute were not written",
+                limits::SIGNIN_FAILED_PER_MINUTE
+            );
+        }
+        if admit {
+            tracing::warn!(
+                reason = e.reason.unwrap_or(""),
+                issuer = e.person_iss.unwrap_or(""),
+                client = e.client_addr.as_deref().unwrap_or(""),
+                "pages: sign-in refused"
+            );
+            self.audit(e);
+        }
+    }
+
     /// A 500 page with a correlation id that is also logged; the browser
     /// never sees the cause.
     pub fn internal(&self, what: &str, err: &dyn std::fmt::Display) -> Response<Body> {
@@ -343,16 +426,26 @@ impl Pages {
         )
     }
 
-    /// 429.
-    pub fn too_many(&self) -> Response<Body> {
+    /// 429, with `Retry-After` = the seconds until the limiter would admit
+    /// this client again.
+    pub fn too_many(&self, retry_after: limits::RetryAfter) -> Response<Body> {
+        let secs = retry_after.0;
+        let wait = if secs == 1 {
+            "Wait a second and try again.".to_string()
+        } else {
+            format!("Wait {secs} seconds and try again.")
+        };
         let mut r = self.message(
             StatusCode::TOO_MANY_REQUESTS,
             None,
             "Too many requests",
-            &["Too many requests came from your network. Wait a minute and try again."],
+            &[
+                "Too many requests came from your network address (people who share it, as in an office, share its limit).",
+                wait.as_str(),
+            ],
         );
         r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         r
     }
 
@@ -397,7 +490,7 @@ impl Pages {
         let r = &s.record;
         Some(views::Who {
             display: r.display.clone().or_else(|| r.sub.clone())?,
-            issuer: r.iss.clone()?,
+            issuer: self.source_name(r.iss.as_deref()?),
             csrf: s.csrf().expose().clone(),
         })
     }
@@ -446,6 +539,13 @@ impl Pages {
     pub fn housekeeping(&self) {
         self.limiters.housekeeping();
         let now = self.deps.clock.now();
+        if let Some(n) = self.failed_budget.flush(now) {
+            tracing::warn!(
+                suppressed = n,
+                "pages: {n} signin.failed events over the budget of {} a minute were not written",
+                limits::SIGNIN_FAILED_PER_MINUTE
+            );
+        }
         if now - self.last_sweep.load(Ordering::Relaxed) < SWEEP_EVERY {
             return;
         }

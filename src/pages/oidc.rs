@@ -5,8 +5,12 @@
 //! - Discovery (`/.well-known/openid-configuration`), whose `issuer` must be
 //!   the configured one exactly; endpoints must be https (http on loopback).
 //! - Authorization code with PKCE S256, a single-use `state` bound to the
-//!   browser session (see `flows`), and a `nonce`; `max_age=900` and
-//!   `prompt=login` when the person must sign in again.
+//!   browser session (see `flows`), and a `nonce`; `max_age=900` on every
+//!   sign-in that leads to a link (the link's page needs a recent
+//!   `auth_time`, docs/DESIGN.md section 5), and `prompt=login` too when the
+//!   person must sign in again. Once `max_age` is sent, `auth_time` is
+//!   required (OpenID Connect Core 3.1.2.1): an ID token without it is an
+//!   IdP error ([`OidcError::NoAuthTime`]), never a second sign-in.
 //! - RFC 9207: an `iss` on the callback must be the issuer; when the IdP
 //!   says it always sends one, a callback without it is refused.
 //! - The ID token is checked in the order of `jose`: size -> parts ->
@@ -59,6 +63,11 @@ pub enum OidcError {
     /// The ID token is not acceptable.
     #[error("ID token refused: {0}")]
     IdToken(&'static str),
+    /// `max_age` was sent, and the ID token has no `auth_time` (OpenID
+    /// Connect Core 3.1.2.1 makes it required then): the IdP, or its client
+    /// registration, does not honour `max_age`.
+    #[error("ID token refused: max_age was sent and auth_time is missing")]
+    NoAuthTime,
 }
 
 /// Who signed in.
@@ -190,12 +199,21 @@ impl Oidc {
         state: &SecretString,
         nonce: &SecretString,
         code_challenge: &str,
+        max_age: bool,
         reauth: bool,
     ) -> Result<url::Url, OidcError> {
         let rp = self.rp(issuer)?;
         let m = self.metadata(rp).await?;
-        let max_age = MAX_AGE.to_string();
-        let reauth_params = [("max_age", max_age.as_str()), ("prompt", "login")];
+        let age = MAX_AGE.to_string();
+        let with_max_age = [("max_age", age.as_str())];
+        let reauth_params = [("max_age", age.as_str()), ("prompt", "login")];
+        let extra: &[(&str, &str)] = if reauth {
+            &reauth_params
+        } else if max_age {
+            &with_max_age
+        } else {
+            &[]
+        };
         oauth::authorization_url(
             &m.authorization,
             oauth::Use::SignIn {
@@ -207,7 +225,7 @@ impl Oidc {
                 scope: "openid profile email",
                 state: state.expose(),
                 code_challenge,
-                extra: if reauth { &reauth_params } else { &[] },
+                extra,
             },
         )
         .map_err(|_| OidcError::Discovery("authorization_endpoint"))
@@ -236,6 +254,7 @@ impl Oidc {
         verifier: &SecretString,
         redirect_uri: &str,
         nonce: &SecretString,
+        max_age_sent: bool,
         reauth: bool,
         now: i64,
     ) -> Result<Identity, OidcError> {
@@ -285,6 +304,7 @@ impl Oidc {
             client_id: &rp.client_id,
             algs: &rp.algs,
             nonce: nonce.expose(),
+            max_age_sent,
             reauth,
             now,
         };
@@ -318,7 +338,13 @@ pub struct Expected<'a> {
     pub algs: &'a [Alg],
     /// The `nonce` sent.
     pub nonce: &'a str,
-    /// Whether `max_age` was sent: then `auth_time` is required and recent.
+    /// Whether `max_age` was sent: then `auth_time` is required (OpenID
+    /// Connect Core 3.1.2.1).
+    pub max_age_sent: bool,
+    /// Whether the person was asked to sign in again (`prompt=login`): then
+    /// `auth_time` must also be within `max_age`. Without it, an older
+    /// `auth_time` still signs the person in, and the link's own 15-minute
+    /// check sends them to sign in again with `prompt=login`.
     pub reauth: bool,
     /// Now.
     pub now: i64,
@@ -409,13 +435,13 @@ pub fn validate_id_token(
             return Err(OidcError::IdToken("auth_time in the future"));
         }
     }
-    if e.reauth {
-        // OIDC Core 3.1.2.1: with max_age, auth_time is required; and the
-        // IdP must have signed the person in again within it.
+    if e.max_age_sent || e.reauth {
+        // OIDC Core 3.1.2.1: with max_age, auth_time is required; and after
+        // prompt=login the IdP must have signed the person in again.
         match c.auth_time {
-            Some(t) if e.now - t <= MAX_AGE + SKEW => {}
+            Some(t) if !e.reauth || e.now - t <= MAX_AGE + SKEW => {}
             Some(_) => return Err(OidcError::IdToken("auth_time older than max_age")),
-            None => return Err(OidcError::IdToken("auth_time missing")),
+            None => return Err(OidcError::NoAuthTime),
         }
     }
     let display = [c.preferred_username, c.email, c.name]
@@ -456,13 +482,14 @@ mod tests {
         k.sign_jws(h, claims).unwrap()
     }
 
-    fn expect(reauth: bool) -> Expected<'static> {
+    fn expect(max_age_sent: bool) -> Expected<'static> {
         Expected {
             issuer: ISS,
             client_id: "credbroker",
             algs: &[Alg::ES256],
             nonce: "n0",
-            reauth,
+            max_age_sent,
+            reauth: max_age_sent,
             now: NOW,
         }
     }
@@ -486,6 +513,7 @@ mod tests {
                 client_id: "credbroker".into(),
                 client_secret_file: None,
             },
+            display_name: "IdP".into(),
         };
         let shared = Arc::new(RemoteKeySet::remote(
             &format!("{ISS}/jwks"),

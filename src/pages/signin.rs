@@ -36,9 +36,10 @@ fn session_or_new(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Result<(Session, bool),
     match p.session(h, ctx.now) {
         Ok(Some(s)) => Ok((s, false)),
         Ok(None) => {
-            // Creating a session is a durable write: limit it per address.
-            if !p.limiters.lookup(ctx.client) {
-                return Err(p.too_many());
+            // Creating a session is a durable write: limit it per address
+            // (a limit of its own: page views are not code look-ups).
+            if let Err(wait) = p.limiters.new_session(ctx.client) {
+                return Err(p.too_many(wait));
             }
             p.sessions
                 .create_anonymous(p.deps.store.as_ref(), ctx.now)
@@ -90,10 +91,7 @@ fn render_page(
             if reauth {
                 q.append_pair("reauth", "1");
             }
-            let label = url::Url::parse(&iss)
-                .ok()
-                .and_then(|u| u.host_str().map(str::to_owned))
-                .unwrap_or_else(|| iss.clone());
+            let label = p.source_name(&iss);
             views::OidcChoice {
                 label,
                 href: format!("/signin/oidc?{}", q.finish()),
@@ -153,11 +151,11 @@ fn sign_in(p: &Pages, old: &Session, record: Record, return_to: &str) -> Respons
 
 /// `POST /signin`: local accounts.
 pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Response<Body> {
-    if !p.limiters.signin(ctx.client) {
+    if let Err(wait) = p.limiters.signin(ctx.client) {
         let mut e = p.event(&ctx, "signin.failed");
         e.reason = Some("rate_limited");
-        p.audit(&e);
-        return p.too_many();
+        p.signin_failed(&e);
+        return p.too_many(wait);
     }
     let s = match p.session(h, ctx.now) {
         Ok(Some(s)) => s,
@@ -201,7 +199,7 @@ pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Respon
             users::Verdict::Unknown => "unknown_user",
             _ => "wrong_password",
         });
-        p.audit(&e);
+        p.signin_failed(&e);
         return render_page(
             p,
             &s,
@@ -236,14 +234,20 @@ fn redirect_uri(p: &Pages) -> String {
 /// `GET /signin/oidc?issuer=...&return_to=...&reauth=1`: starts the
 /// authorization code flow at the IdP.
 pub async fn oidc_start(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Response<Body> {
-    if !p.limiters.signin(ctx.client) {
-        return p.too_many();
+    if let Err(wait) = p.limiters.signin(ctx.client) {
+        return p.too_many(wait);
     }
     let Some(issuer) = q.get("issuer").filter(|i| p.oidc.has(i)).map(str::to_owned) else {
         return p.not_found();
     };
     let return_to = return_to_of(q);
     let reauth = q.get("reauth") == Some("1");
+    // A sign-in that leads to a link sends `max_age`: the link's page needs
+    // a sign-in within it (check 4 of `connect`), and an IdP asked for
+    // `max_age` must send `auth_time` (OpenID Connect Core 3.1.2.1). Without
+    // it an IdP that leaves `auth_time` out by default (oidc-provider) would
+    // have the person sign in twice in a row.
+    let max_age = reauth || leads_to_link(&return_to);
     let (s, new) = match session_or_new(p, ctx, h) {
         Ok(x) => x,
         Err(r) => return r,
@@ -259,6 +263,7 @@ pub async fn oidc_start(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Respons
         verifier: verifier.expose().clone(),
         return_to,
         reauth,
+        max_age,
     };
     let state = match flows::start(
         p.deps.store.as_ref(),
@@ -278,6 +283,7 @@ pub async fn oidc_start(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Respons
             &state,
             &nonce,
             &challenge,
+            max_age,
             reauth,
         )
         .await
@@ -300,33 +306,48 @@ pub async fn oidc_start(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Respons
     r
 }
 
-fn expired_flow(p: &Pages) -> Response<Body> {
-    p.message(
+/// Whether a sign-in that returns to `return_to` leads to a link's page.
+pub fn leads_to_link(return_to: &str) -> bool {
+    return_to.starts_with("/connect/")
+}
+
+/// A refused sign-in callback whose flow is unknown (no `state`, a spent or
+/// expired one, one started in another browser): recorded (rate-limited),
+/// logged, and answered with a way to start again.
+fn expired_flow(p: &Pages, ctx: &Ctx, reason: &'static str) -> Response<Body> {
+    let mut e = p.event(ctx, "signin.failed");
+    e.reason = Some(reason);
+    p.signin_failed(&e);
+    p.message_next(
         StatusCode::BAD_REQUEST,
         None,
         "This sign-in has expired",
-        &["It was already used, took too long, or was started in another browser. Nothing was changed. Start again from the page you were on."],
+        &["It was already used, took too long, or was started in another browser. Nothing was changed."],
+        ("/signin", "Start again"),
     )
 }
 
 /// `GET /signin/callback?code=...&state=...[&iss=...]`.
 pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> Response<Body> {
-    if !p.limiters.signin(ctx.client) {
-        return p.too_many();
+    if let Err(wait) = p.limiters.signin(ctx.client) {
+        return p.too_many(wait);
     }
     let store = p.deps.store.as_ref();
     let Some(state) = q.get("state").map(str::to_owned) else {
-        return expired_flow(p);
+        return expired_flow(p, &ctx, "no_state");
     };
     // Taking the state spends it, whatever happens next.
     let taken = match flows::take(store, &p.sealer, &state, ctx.now) {
         Ok(Some(t)) => t,
-        Ok(None) => return expired_flow(p),
+        // Unknown, expired or already used (a replayed callback).
+        Ok(None) => return expired_flow(p, &ctx, "state_unknown"),
         Err(e) => return p.internal("flow", &e),
     };
     let s = match p.session(h, ctx.now) {
         Ok(Some(s)) if s.key_hex() == taken.session => s,
-        Ok(_) => return expired_flow(p),
+        // Another browser's callback: the login-CSRF shape (someone makes
+        // this browser finish a sign-in they started).
+        Ok(_) => return expired_flow(p, &ctx, "state_of_another_session"),
         Err(e) => return p.internal("session", &e),
     };
     let flows::Flow::SignIn {
@@ -335,20 +356,27 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
         verifier,
         return_to,
         reauth,
+        max_age,
     } = &taken.flow
     else {
-        return expired_flow(p);
+        return expired_flow(p, &ctx, "state_of_another_flow");
     };
+    // Starting again goes back to the same page (the flow's `return_to`
+    // was allow-listed when the flow began).
+    let again = signin_path(return_to, false);
+    let source = p.source_name(issuer);
     let fail = |reason: &'static str| {
         let mut e = p.event(&ctx, "signin.failed");
         e.person_iss = Some(issuer);
         e.reason = Some(reason);
-        p.audit(&e);
-        p.message(
+        p.signin_failed(&e);
+        let text = format!("{source} did not confirm who you are. Nothing was changed.");
+        p.message_next(
             StatusCode::BAD_REQUEST,
             None,
             "Sign-in failed",
-            &["Your organisation's sign-in service did not confirm who you are. Nothing was changed. Start again from the page you were on."],
+            &[text.as_str()],
+            (again.as_str(), "Start again"),
         )
     };
     if q.get("error").is_some() {
@@ -372,12 +400,33 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
             &SecretString::new(verifier.clone()),
             &redirect_uri(p),
             &SecretString::new(nonce.clone()),
+            *max_age,
             *reauth,
             ctx.now,
         )
         .await
     {
         Ok(i) => i,
+        Err(super::oidc::OidcError::NoAuthTime) => {
+            // Not a sign-in loop: sending the person back would ask the
+            // same IdP the same way and get the same answer.
+            tracing::warn!(issuer = %issuer, "pages: OIDC sign-in refused: max_age was sent and the ID token has no auth_time (OpenID Connect Core 3.1.2.1); the IdP client must allow max_age");
+            let mut e = p.event(&ctx, "signin.failed");
+            e.person_iss = Some(issuer);
+            e.reason = Some("auth_time_missing");
+            p.signin_failed(&e);
+            let text = format!("{source} signed you in but did not say when (its answer has no auth_time), and this page needs a sign-in from the last 15 minutes. Nothing was changed.");
+            return p.message_next(
+                StatusCode::BAD_GATEWAY,
+                None,
+                "Your sign-in service sent an incomplete answer",
+                &[
+                    text.as_str(),
+                    "Signing in again will not help. Tell your administrator: the sign-in service must send auth_time when max_age is asked for (OpenID Connect Core 3.1.2.1).",
+                ],
+                (again.as_str(), "Start again"),
+            );
+        }
         Err(e) => {
             tracing::warn!(issuer = %issuer, error = %e, "pages: OIDC sign-in refused");
             return fail(match e {

@@ -13,7 +13,8 @@ pub const CSS: &str = include_str!("templates/credbroker.css");
 pub struct Who {
     /// Name to show.
     pub display: String,
-    /// Where they signed in (issuer URL).
+    /// Where they signed in: the sign-in source's `display_name` (by
+    /// default the issuer's host).
     pub issuer: String,
     /// CSRF token for the sign-out form.
     pub csrf: String,
@@ -158,6 +159,24 @@ pub struct Account {
     pub who: Option<Who>,
     /// Accounts.
     pub accounts: Vec<AccountRow>,
+    /// CSRF token.
+    pub csrf: String,
+}
+
+/// Asks before an account is disconnected.
+#[derive(Template)]
+#[template(path = "confirm_disconnect.html")]
+pub struct ConfirmDisconnect {
+    /// Header.
+    pub who: Option<Who>,
+    /// Provider name (`GitHub`).
+    pub provider: String,
+    /// The account's name at the provider.
+    pub display_name: String,
+    /// Service key (form field).
+    pub service: String,
+    /// Account id (form field).
+    pub account_id: String,
     /// CSRF token.
     pub csrf: String,
 }

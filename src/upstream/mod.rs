@@ -349,6 +349,57 @@ impl Provider {
         }
     }
 
+    /// Whether disconnecting deletes the application grant (GitHub) rather
+    /// than revoking tokens one by one (RFC 7009).
+    pub fn revokes_the_grant(&self) -> bool {
+        self.cfg.grant_endpoint.is_some()
+    }
+
+    /// Deletes the application grant that `access_token` was issued under
+    /// (GitHub's `DELETE /applications/{client_id}/grant`, basic auth of
+    /// client id and secret, body `{"access_token": ...}`): every token of
+    /// that grant, access and refresh, stops working. `NotSupported` when
+    /// the provider has no grant API. A 404 means GitHub knows no grant for
+    /// that token (already revoked there, or the token expired): an error,
+    /// so the report says so rather than "revoked".
+    pub async fn delete_grant(&self, access_token: &str) -> Result<Revocation, UpstreamError> {
+        let Some(url) = self.cfg.grant_endpoint.as_deref() else {
+            return Ok(Revocation::NotSupported);
+        };
+        let Some(secret) = &self.secret else {
+            return Err(UpstreamError::Config(format!(
+                "providers.{}.client_secret_file: GitHub's grant API needs the client secret",
+                self.cfg.name
+            )));
+        };
+        let mut body = serde_json::json!({ "access_token": access_token }).to_string();
+        let sent = self
+            .client
+            .http()
+            .delete(url)
+            .basic_auth(&self.cfg.client_id, Some(secret.expose()))
+            .header("accept", "application/vnd.github+json")
+            .header("x-github-api-version", "2022-11-28")
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await;
+        body.zeroize();
+        let resp = sent.map_err(|e| oauth::unavailable(&e))?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(Revocation::Revoked),
+            404 => Err(UpstreamError::Rejected {
+                error: "no_grant_for_this_token".into(),
+            }),
+            s @ 400..=499 => Err(UpstreamError::Rejected {
+                error: format!("http_{s}"),
+            }),
+            s => Err(UpstreamError::Unavailable(format!(
+                "the grant API answered HTTP {s}"
+            ))),
+        }
+    }
+
     /// The account's id and name at the provider, read with its access token.
     pub async fn account_info(&self, access_token: &str) -> Result<AccountInfo, UpstreamError> {
         let (url, id_field, name_field) = match &self.cfg.account {

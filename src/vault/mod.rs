@@ -179,6 +179,11 @@ struct AccessEntry {
     token_type: String,
     /// Unix time it expires, when the provider said.
     expires_at: Option<i64>,
+    /// Unix time it was obtained or last checked with the provider (what
+    /// caps a token without `expires_at`). Records written before the
+    /// field existed have none: their token is checked on next use.
+    #[serde(default)]
+    checked_at: Option<i64>,
 }
 
 /// The sealed part of an account record. Plain strings only inside this
@@ -213,6 +218,7 @@ impl Tokens {
             access_token: t.access_token.expose().clone(),
             token_type: t.token_type.clone(),
             expires_at: t.expires_in.map(|s| now.saturating_add(s)),
+            checked_at: Some(now),
         });
     }
 }

@@ -91,8 +91,17 @@ impl Locks {
     }
 }
 
-fn fresh(e: &AccessEntry, now: i64) -> bool {
-    e.expires_at.is_none_or(|t| t > now + REFRESH_MARGIN)
+/// Whether a stored token may be served without asking the provider: one
+/// with a lifetime until `REFRESH_MARGIN` before it ends; one without
+/// (no `expires_in`) for `recheck` seconds after it was obtained or last
+/// checked.
+fn fresh(e: &AccessEntry, now: i64, recheck: i64) -> bool {
+    match e.expires_at {
+        Some(t) => t > now + REFRESH_MARGIN,
+        None => e
+            .checked_at
+            .is_some_and(|c| c <= now.saturating_add(60) && now - c < recheck),
+    }
 }
 
 fn token(e: &AccessEntry, narrowed: bool, refreshed: bool) -> ServiceToken {
@@ -128,6 +137,8 @@ impl Vault {
         if rec.status == AccountStatus::ReconnectRequired {
             return Ok(TokenOutcome::Reconnect);
         }
+        let recheck = i64::try_from(provider.config().recheck_unexpiring_token_after.as_secs())
+            .unwrap_or(3600);
         let narrow =
             provider.config().narrow_on_refresh && scope_key(r.scopes) != scope_key(&rec.scopes);
         let skey = if narrow {
@@ -137,7 +148,7 @@ impl Vault {
         };
         {
             let tokens = self.open_tokens(&key, &rec)?;
-            if let Some(e) = tokens.entry(&skey).filter(|e| fresh(e, now)) {
+            if let Some(e) = tokens.entry(&skey).filter(|e| fresh(e, now, recheck)) {
                 return Ok(TokenOutcome::Token(token(e, narrow, false)));
             }
         }
@@ -163,13 +174,62 @@ impl Vault {
         if let Some(e) = tokens.entry(&skey) {
             let refreshed_meanwhile =
                 rec.generation != seen_generation && e.expires_at.is_none_or(|t| t > now);
-            if fresh(e, now) || refreshed_meanwhile {
+            if fresh(e, now, recheck) || refreshed_meanwhile {
                 return Ok(TokenOutcome::Token(token(e, narrow, false)));
             }
         }
         if let Some((at, why)) = &guard.last_failure {
             if *at >= waiting_since {
                 return Ok(TokenOutcome::Unavailable(why.clone()));
+            }
+        }
+        if tokens.refresh_token.is_none() {
+            let unexpiring = tokens
+                .entry(&skey)
+                .filter(|e| e.expires_at.is_none())
+                .map(|e| {
+                    (
+                        SecretString::new(e.access_token.clone()),
+                        e.token_type.clone(),
+                    )
+                });
+            if let Some((access, token_type)) = unexpiring {
+                // No lifetime and nothing to refresh with: the fresh check
+                // is the account look-up with the token itself.
+                return match provider.account_info(access.expose()).await {
+                    Ok(who) if who.id == rec.account_id => {
+                        let now = clock.now();
+                        if let Some(e) = tokens.access.iter_mut().find(|e| e.scope_key == skey) {
+                            e.checked_at = Some(now);
+                        }
+                        let mut next = rec.clone();
+                        next.sealed = self.seal(&key, &tokens)?;
+                        next.generation = rec.generation + 1;
+                        next.updated = now;
+                        // Losing the race to another write only means the
+                        // next use checks again.
+                        let _ = self.swap(&key, Some(&raw), &next)?;
+                        guard.last_failure = None;
+                        Ok(TokenOutcome::Token(ServiceToken {
+                            access_token: access,
+                            token_type,
+                            expires_at: None,
+                            narrowed: narrow,
+                            refreshed: false,
+                        }))
+                    }
+                    Ok(_) | Err(crate::upstream::UpstreamError::Rejected { .. }) => {
+                        tracing::warn!(service = %r.service, "the provider no longer accepts the token (it has no lifetime); the account needs reconnecting");
+                        self.mark_reconnect(r.person, r.service, clock.now())?;
+                        Ok(TokenOutcome::Reconnect)
+                    }
+                    Err(e) => {
+                        let why = e.to_string();
+                        tracing::warn!(service = %r.service, error = %why, "the check of a token without a lifetime failed");
+                        guard.last_failure = Some((Instant::now(), why.clone()));
+                        Ok(TokenOutcome::Unavailable(why))
+                    }
+                };
             }
         }
         let Some(refresh_token) = tokens.refresh_token.clone().map(SecretString::new) else {

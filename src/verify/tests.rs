@@ -39,6 +39,7 @@ fn setup() -> Rs {
     let signer = Arc::new(key());
     let ring = KeyRing {
         active: signer.clone(),
+        next: None,
         published: vec![(signer.public_jwk.clone(), None)],
     };
     // The JWKS document exactly as the broker publishes it.
@@ -79,6 +80,7 @@ fn scopes() -> Vec<String> {
 fn mint_as(rs: &Rs, issuer: &str, edit: impl FnOnce(&mut Claims<'_>)) -> String {
     let ring = KeyRing {
         active: rs.signer.clone(),
+        next: None,
         published: vec![(rs.signer.public_jwk.clone(), None)],
     };
     let minter = Minter::new(issuer.to_owned(), "repo-helper".to_owned(), ring);

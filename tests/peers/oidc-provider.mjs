@@ -22,6 +22,12 @@
 //   {"cmd":"login", "user":"alice", "password":"...", "client_id":..., "client_secret":...,
 //    "redirect_uri":..., "scope":"openid offline_access ...", "resource":"..."}
 //      -> {"code":..., "tokens": {...token endpoint response...}}
+//   {"cmd":"authorize", "url":..., "redirect_uri":..., "user":"alice", "password":"...", "browser":"b1"}
+//      -> {"location": ...the redirect back to redirect_uri (code, state, iss)...}
+//      follows an authorization URL that a relying party (the pages) made,
+//      through the login and consent forms, keeping the IdP's cookies per
+//      "browser" (a second request from the same browser reuses its IdP
+//      session, as a real browser's would).
 //   {"cmd":"jwks"} -> the provider's public JWKS
 //   {"cmd":"age_next_login", "user":"alice", "seconds":960} -> {"ok":true}
 //      the next time `user` signs in, the IdP records the sign-in as made
@@ -160,31 +166,16 @@ function cookieJar() {
   };
 }
 
-// Drives authorization code + PKCE through the dev login and consent forms.
-async function login({ user, password, client_id, client_secret, redirect_uri, scope, resource }) {
-  const verifier = randomBytes(32).toString('base64url');
-  const challenge = createHash('sha256').update(verifier).digest('base64url');
-  const state = randomBytes(8).toString('hex');
-  const jar = cookieJar();
-  const auth = new URL(`${issuer}/auth`);
-  for (const [k, v] of Object.entries({
-    client_id, response_type: 'code', redirect_uri, scope, state,
-    code_challenge: challenge, code_challenge_method: 'S256', prompt: 'consent',
-  })) auth.searchParams.set(k, v);
-  if (resource) auth.searchParams.set('resource', resource);
-  let url = auth.toString();
-  let code;
-  for (let i = 0; i < 12 && !code; i++) {
+// Follows an authorization request through the dev login and consent
+// forms, as a browser would; returns the redirect back to `redirect_uri`.
+async function drive(start, jar, user, password, redirect_uri) {
+  let url = start;
+  for (let i = 0; i < 12; i++) {
     const res = await fetch(url, { redirect: 'manual', headers: { cookie: jar.header() } });
     jar.take(res);
     if (res.status >= 300 && res.status < 400) {
       const next = new URL(res.headers.get('location'), url);
-      if (next.toString().startsWith(redirect_uri)) {
-        if (next.searchParams.get('state') !== state) throw new Error('state mismatch');
-        code = next.searchParams.get('code');
-        if (!code) throw new Error(`authorization failed: ${next.search}`);
-        break;
-      }
+      if (next.toString().startsWith(redirect_uri)) return next;
       url = next.toString();
       continue;
     }
@@ -204,6 +195,28 @@ async function login({ user, password, client_id, client_secret, redirect_uri, s
     jar.take(post);
     url = new URL(post.headers.get('location'), url).toString();
   }
+  throw new Error(`no redirect to ${redirect_uri} after 12 steps`);
+}
+
+// Browsers, one cookie jar each (the IdP's session), by name.
+const browsers = new Map();
+
+// Drives authorization code + PKCE through the dev login and consent forms.
+async function login({ user, password, client_id, client_secret, redirect_uri, scope, resource }) {
+  const verifier = randomBytes(32).toString('base64url');
+  const challenge = createHash('sha256').update(verifier).digest('base64url');
+  const state = randomBytes(8).toString('hex');
+  const jar = cookieJar();
+  const auth = new URL(`${issuer}/auth`);
+  for (const [k, v] of Object.entries({
+    client_id, response_type: 'code', redirect_uri, scope, state,
+    code_challenge: challenge, code_challenge_method: 'S256', prompt: 'consent',
+  })) auth.searchParams.set(k, v);
+  if (resource) auth.searchParams.set('resource', resource);
+  const back = await drive(auth.toString(), jar, user, password, redirect_uri);
+  if (back.searchParams.get('state') !== state) throw new Error('state mismatch');
+  const code = back.searchParams.get('code');
+  if (!code) throw new Error(`authorization failed: ${back.search}`);
   const body = new URLSearchParams({ grant_type: 'authorization_code', code, redirect_uri, code_verifier: verifier });
   if (resource) body.set('resource', resource);
   const headers = { 'content-type': 'application/x-www-form-urlencoded' };
@@ -221,6 +234,12 @@ rl.on('line', async (line) => {
   try {
     const cmd = JSON.parse(line);
     if (cmd.cmd === 'login') console.log(JSON.stringify(await login(cmd)));
+    else if (cmd.cmd === 'authorize') {
+      const b = String(cmd.browser ?? 'default');
+      if (!browsers.has(b)) browsers.set(b, cookieJar());
+      const back = await drive(cmd.url, browsers.get(b), cmd.user, cmd.password, cmd.redirect_uri);
+      console.log(JSON.stringify({ location: back.toString() }));
+    }
     else if (cmd.cmd === 'jwks') console.log(JSON.stringify(publicJwks));
     else if (cmd.cmd === 'age_next_login') {
       aged.set(String(cmd.user), Number(cmd.seconds));

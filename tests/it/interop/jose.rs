@@ -107,6 +107,9 @@ async fn jose_proof(key: &Value, htm: &str, htu: &str, access_token: Option<&str
 fn broker() -> TestBroker {
     TestBroker::start_with(Opts {
         public_listen: Some(free_loopback_addr()),
+        // A rotation here activates at once (the resource servers under
+        // test refetch on an unknown kid, which is what is being tested).
+        edit_config: Some(|t| t.replace("[keys]\n", "[keys]\nactivation_delay = 0\n")),
         ..Opts::default()
     })
 }

@@ -300,17 +300,47 @@ async fn freeze_and_rotate_work_offline_through_the_store() {
 
 #[tokio::test]
 async fn key_rotation_keeps_old_tokens_verifiable() {
-    let b = TestBroker::start();
+    // Three seconds between publication and activation, so the test can
+    // see both steps; activation happens at the restart (at start).
+    let mut b = TestBroker::start_with(Opts {
+        edit_config: Some(|t| t.replace("[keys]\n", "[keys]\nactivation_delay = 3\n")),
+        ..Opts::default()
+    });
     let k = key();
     let old = b.derive_ok(&k).await;
     let jwks_url = format!("{}/.well-known/jwks.json", b.public);
     let before: serde_json::Value = reqwest::get(&jwks_url).await.unwrap().json().await.unwrap();
     let (code, out) = cli(&b, &["keys", "rotate"]);
     assert_eq!(code, 0, "{out}");
-    let new_kid = serde_json::from_str::<serde_json::Value>(&out).unwrap()["active_kid"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let out: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let new_kid = out["kid"].as_str().unwrap().to_owned();
+    assert_eq!(out["added"], true);
+    // Running it again while the rotation is pending adds no key.
+    let (code, again) = cli(&b, &["keys", "rotate"]);
+    assert_eq!(code, 0, "{again}");
+    let again: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(
+        (again["kid"].as_str(), again["added"].as_bool()),
+        (Some(new_kid.as_str()), Some(false))
+    );
+    // Published first, not yet signing.
+    assert_eq!(out["active_kid"], before["keys"][0]["kid"]);
+    let published: serde_json::Value = reqwest::get(&jwks_url).await.unwrap().json().await.unwrap();
+    assert_eq!(published["keys"][0]["kid"], before["keys"][0]["kid"]);
+    assert_eq!(published["keys"][1]["kid"], new_kid.as_str());
+    // The audit event names the new kid.
+    assert!(
+        b.audit_lines()
+            .iter()
+            .any(|e| e["event"] == "keys.rotated" && e["kid"] == new_kid.as_str()),
+        "{:?}",
+        b.audit_lines()
+    );
+    let wait = out["activates_at"].as_i64().unwrap() - now() + 1;
+    std::thread::sleep(std::time::Duration::from_secs(wait.max(0) as u64));
+    b.restart();
+    // The public port is new after a restart.
+    let jwks_url = format!("{}/.well-known/jwks.json", b.public);
     let after_bytes = reqwest::get(&jwks_url)
         .await
         .unwrap()

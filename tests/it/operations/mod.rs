@@ -3,4 +3,6 @@
 mod admin;
 mod audit;
 mod contract;
+mod key_rotation;
+mod startup;
 mod walkthrough;

@@ -408,6 +408,11 @@ async fn org_idp_account_page_disconnect_replaced_link_and_stale_idp_sign_in() {
         "alice",
         json!([
             {"click": "form[action='/account/disconnect'] button"},
+            // The page asks first, then says what was done.
+            {"expect_text": "Disconnect Acme"},
+            {"click": "form[action='/account/disconnect'] button.danger"},
+            {"expect_text": "Disconnected, and revoked at"},
+            {"click": "a.button[href='/account']"},
             {"expect_url": w.url("/account")},
             {"expect_text": "You have no connected accounts"},
         ]),
@@ -666,6 +671,9 @@ async fn quick_start_local_accounts_forwarded_links_connect_account_page_and_rep
             // Disconnect: revoked at Acme.
             {"goto": q.url("/account")},
             {"click": "form[action='/account/disconnect'] button"},
+            {"click": "form[action='/account/disconnect'] button.danger"},
+            {"expect_text": "Disconnected, and revoked at Acme"},
+            {"click": "a.button[href='/account']"},
             {"expect_text": "You have no connected accounts"},
         ]),
     )

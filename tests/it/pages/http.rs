@@ -559,6 +559,44 @@ async fn code_lookups_are_rate_limited_per_client_address() {
     assert_eq!(pages.handle(req(), b).await.status(), 404);
 }
 
+/// `/signin` page views (each one from a fresh browser makes a session)
+/// do not use up the code look-ups of the address, and `Retry-After` is
+/// the wait until the look-up bucket admits the client again (one second
+/// at 60 a minute), not a fixed minute.
+#[tokio::test]
+async fn signin_page_views_spare_code_lookups_and_retry_after_is_the_real_wait() {
+    let s = PagesServer::start_with(Setup {
+        limits: PageLimits {
+            lookups_per_minute: 60,
+            lookup_burst: 2,
+            ..Setup::default().limits
+        },
+        ..Setup::default()
+    })
+    .await;
+    let pages = s.inst.pages.clone();
+    let a: IpAddr = "192.0.2.20".parse().unwrap();
+    let get = |path: String| {
+        http::Request::get(path)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    for _ in 0..10 {
+        let r = pages.handle(get("/signin".into()), a).await;
+        assert_eq!(r.status(), 200, "sign-in page views are not look-ups");
+    }
+    let code = || format!("/connect/{}", "A".repeat(43));
+    for _ in 0..2 {
+        assert_eq!(pages.handle(get(code()), a).await.status(), 404);
+    }
+    let r = pages.handle(get(code()), a).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1", "the bucket's real wait");
+    // Positive control: after that wait the client is admitted again.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(pages.handle(get(code()), a).await.status(), 404);
+}
+
 #[tokio::test]
 async fn five_checks_in_order_with_local_accounts() {
     let s = PagesServer::start().await;
@@ -1425,7 +1463,7 @@ async fn account_page_lists_accounts_and_disconnects_and_revokes() {
     assert_eq!(gh.allowances.len(), 1);
     assert_eq!(gh.allowances[0].agent, AGENT);
     assert_eq!(s.events("allowance.revoked")[0]["agent"], "triage-bot");
-    // Disconnect: revoked at the provider.
+    // Disconnect asks first: nothing changes on one click.
     let r = c
         .post(s.url("/account/disconnect"))
         .form(&[
@@ -1436,7 +1474,41 @@ async fn account_page_lists_accounts_and_disconnects_and_revokes() {
         .send()
         .await
         .unwrap();
-    assert_eq!(location(&r), "/account");
+    assert_eq!(r.status(), 200);
+    let html = r.text().await.unwrap();
+    assert!(html.contains("Disconnect GitHub: octo-alice?"), "{html}");
+    assert!(html.contains("name=\"confirm\" value=\"1\""));
+    assert!(s.fake.revoked_at_provider().is_empty(), "not yet");
+    assert!(s.events("account.disconnected").is_empty());
+    assert!(s
+        .fake
+        .accounts_of(&alice)
+        .iter()
+        .any(|a| a.account_id == "1001"));
+    // Confirmed: revoked at the provider, and the page says so.
+    let r = c
+        .post(s.url("/account/disconnect"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("service", "github"),
+            ("account", "1001"),
+            ("confirm", "1"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let html = r.text().await.unwrap();
+    assert!(
+        html.contains("Disconnected, and revoked at GitHub"),
+        "{html}"
+    );
+    assert!(
+        html.contains("GitHub revoked credbroker&#39;s access to octo-alice")
+            || html.contains("GitHub revoked credbroker&#x27;s access to octo-alice")
+            || html.contains("GitHub revoked credbroker's access to octo-alice"),
+        "{html}"
+    );
     assert_eq!(s.fake.revoked_at_provider(), ["1001"]);
     assert!(s
         .fake
@@ -1450,6 +1522,7 @@ async fn account_page_lists_accounts_and_disconnects_and_revokes() {
             ("csrf", csrf.as_str()),
             ("service", "gitlab"),
             ("account", "77"),
+            ("confirm", "1"),
         ])
         .send()
         .await
@@ -1477,11 +1550,12 @@ async fn account_page_lists_accounts_and_disconnects_and_revokes() {
             ("csrf", csrf.as_str()),
             ("service", "github"),
             ("account", "1003"),
+            ("confirm", "1"),
         ])
         .send()
         .await
         .unwrap();
-    assert_eq!(location(&r), "/account");
+    assert_eq!(r.status(), 200);
     let html = c
         .get(s.url("/account"))
         .send()

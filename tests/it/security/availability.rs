@@ -200,6 +200,25 @@ async fn idle_keep_alive_connection_closed_at_the_header_timeout() {
 }
 
 fn small_connection_cap(text: String) -> String {
+    // The default 5 s header timeout: the flood must not make a derive wait
+    // for it. When root, the other local user is allowed too (and in the
+    // socket's group, so the file system lets it in).
+    let me = credbroker::internals::unix::current_uid();
+    let (uids, group) = match other_user_or_why() {
+        Ok(o) => (
+            format!("[{me}, {}]", o.uid),
+            format!("group = \"{}\"\n", o.group),
+        ),
+        Err(_) => (format!("[{me}]"), String::new()),
+    };
+    text.replacen(
+        "[socket]\n",
+        &format!("[socket]\n{group}allowed_uids = {uids}\nmax_connections = 32\n"),
+        1,
+    )
+}
+
+fn small_connection_cap_1s(text: String) -> String {
     text.replacen(
         "[socket]\n",
         "[socket]\nheader_timeout = \"1s\"\nmax_connections = 32\n",
@@ -207,44 +226,92 @@ fn small_connection_cap(text: String) -> String {
     )
 }
 
-#[tokio::test]
-async fn connection_flood_beyond_the_cap_refused_then_recovers() {
+fn metric_value(metrics: &str, name_and_labels: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name_and_labels)?.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connection_flood_at_the_cap_sheds_idle_connections_not_derives() {
+    // One uid (ours: the orchestrator's own, so a per-uid cap would not
+    // help) holds every connection slot idle: half send nothing, half a
+    // partial request head. New derives from this uid and from another
+    // allowed uid are served at once, not after the 5 s header timeout,
+    // and the oldest idle connections are the ones closed.
     let b = TestBroker::start_with(Opts {
         edit_config: Some(small_connection_cap),
         ..Opts::default()
     });
     let _serial = serial().await;
     let k = key();
-    let fds_before = open_fds(b.pid());
-    let held: Vec<StdUnixStream> = (0..32)
-        .map(|_| StdUnixStream::connect(&b.socket).unwrap())
+    let mut held: Vec<StdUnixStream> = (0..32)
+        .map(|i| {
+            let mut s = StdUnixStream::connect(&b.socket).unwrap();
+            if i % 2 == 1 {
+                s.write_all(b"POST /v1/derive HTTP/1.1\r\nhost: x\r\n")
+                    .unwrap();
+            }
+            s
+        })
         .collect();
-    // The broker has accepted all 32 (each holds a descriptor there).
-    wait_until(
-        Duration::from_secs(5),
-        "the broker to hold 32 connections",
-        || open_fds(b.pid()) >= fds_before + 32,
-    );
-    // Over the cap: closed at once, without an answer and without waiting.
+    std::thread::sleep(Duration::from_millis(300));
     let t = Instant::now();
-    let (r, closed) = exchange(&b, &http_derive("{}", None, ""), Duration::from_secs(3));
+    b.derive_ok(&k).await;
+    b.derive_ok(&k).await;
+    let ours = t.elapsed();
     assert!(
-        closed && r.status == 0 && t.elapsed() < Duration::from_secs(1),
-        "{closed} {:?} {}",
-        t.elapsed(),
-        r.raw
+        ours < Duration::from_secs(2),
+        "two derives from the flooding uid took {ours:?} behind 32 idle connections"
     );
-    // The held connections are dropped at the header timeout (each read
-    // ends in the server's close); then the slots are free again.
-    for mut s in held {
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut out = Vec::new();
-        let closed = match s.read_to_end(&mut out) {
-            Ok(_) => true,
-            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
-        };
-        assert!(closed, "a held connection was never dropped");
+    // Each derive's client closes its connection afterwards, so the slot
+    // the first one took is free again: fill the table up once more.
+    for _ in 0..2 {
+        held.push(StdUnixStream::connect(&b.socket).unwrap());
     }
+    std::thread::sleep(Duration::from_millis(200));
+    if let Some(other) = other_user("a derive from another allowed uid served during the flood") {
+        let t = Instant::now();
+        let (code, out) = other.derive(&b, &b.subject_token("alice"));
+        assert_eq!(code, 0, "the other allowed uid was not served: {out}");
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "the other allowed uid waited {:?}",
+            t.elapsed()
+        );
+    }
+    // The oldest held connections were the ones closed (at once, not at
+    // the header timeout); the newest are still open.
+    let closed = |s: &mut StdUnixStream| {
+        // Short: the 5 s header timeout must not be what closed them.
+        s.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Ok(0) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        }
+    };
+    let states: Vec<bool> = held.iter_mut().map(closed).collect();
+    assert!(
+        states[0] && states[1],
+        "the oldest idle connections are still open: {states:?}"
+    );
+    assert!(
+        !states[31] && !states[33],
+        "the newest idle connections were closed: {states:?}"
+    );
+    let m = b.metrics();
+    let shed = metric_value(&m, "credbroker_connections_shed_total{socket=\"api\"}");
+    assert!(shed >= 2, "shed {shed}: {m}");
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "everything above ran behind the header timeout"
+    );
+    drop(held);
+    // Positive control: with the flood gone, derives are served as ever.
     b.derive_ok(&k).await;
 }
 
@@ -650,7 +717,7 @@ async fn slow_body_after_complete_headers_dropped_at_the_timeout() {
     // timeout has ended, so only a deadline on the body frees the slot.
     let _serial = serial().await;
     let b = TestBroker::start_with(Opts {
-        edit_config: Some(small_connection_cap),
+        edit_config: Some(small_connection_cap_1s),
         ..Opts::default()
     });
     let k = key();
@@ -743,6 +810,23 @@ async fn flood_from_a_refused_uid_stays_bounded() {
         peak - baseline
     );
     drop(held);
+    // One WARN line stands for many refusals (at most one per 10 s), and it
+    // says the refused uid is the broker's own; the metric counts each one.
+    let log = b.log_text();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("peer uid not in the allow-list"))
+        .count();
+    assert!(
+        (1..=2).contains(&lines),
+        "{lines} WARN lines for 600 refused connections: {log}"
+    );
+    assert!(log.contains("the broker's own uid"), "{log}");
+    let refused = metric_value(
+        &b.metrics(),
+        "credbroker_connections_refused_total{reason=\"uid\",socket=\"api\"}",
+    );
+    assert!(refused >= 600, "refusals counted: {refused}");
     // Once the peers are gone, the refusals end and their descriptors close.
     wait_until(
         Duration::from_secs(10),

@@ -69,6 +69,14 @@ async fn list_and_disconnect_revoke_at_the_provider_then_delete() {
     assert_eq!(code, 0, "{v} {stderr}");
     assert_eq!(v["revocation"], "revoked");
     assert_eq!(v["deleted"], true);
+    // It says exactly what was revoked at the provider.
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("revoked at Acme: the refresh token and the access token (RFC 7009)"),
+        "{v}"
+    );
     assert_eq!(
         env.peer.live_refresh_tokens("octo-alice").await,
         0,

@@ -2,6 +2,7 @@
 //! accounts CLI, and the whole connect loop.
 mod accounts_cli;
 mod connected;
+mod github_grant;
 mod pages;
 mod upstream_client;
 mod vault_refresh;

@@ -34,6 +34,8 @@ fn config(peer: &OidcPeer, dir: &std::path::Path, timeout: Duration) -> Provider
             name_claim: "preferred_username".into(),
         },
         timeout,
+        grant_endpoint: None,
+        recheck_unexpiring_token_after: Duration::from_secs(3600),
     }
 }
 
@@ -268,6 +270,8 @@ fn client_secret_file_readable_by_others_is_refused() {
             name_claim: "name".into(),
         },
         timeout: Duration::from_secs(1),
+        grant_endpoint: None,
+        recheck_unexpiring_token_after: Duration::from_secs(3600),
     };
     let path = cfg.client_secret_file.clone().unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -85,6 +85,8 @@ fn provider(peer: &OidcPeer, dir: &std::path::Path) -> Provider {
             name_claim: "preferred_username".into(),
         },
         timeout: Duration::from_secs(3),
+        grant_endpoint: None,
+        recheck_unexpiring_token_after: Duration::from_secs(3600),
     })
     .unwrap()
 }

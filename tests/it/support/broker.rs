@@ -132,11 +132,24 @@ impl TestBroker {
         config: PathBuf,
         log_level: Option<&str>,
     ) -> TestBroker {
+        TestBroker::spawn_with_env(dir, config, log_level, &[])
+    }
+
+    /// [`TestBroker::spawn`] with extra environment for this first process
+    /// only ([`TestBroker::restart`] starts without it), e.g. an armed
+    /// failpoint.
+    pub(crate) fn spawn_with_env(
+        dir: tempfile::TempDir,
+        config: PathBuf,
+        log_level: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> TestBroker {
         let log = dir.path().join("broker.log");
         let logf = std::fs::File::create(&log).unwrap();
         let child = Command::new(bin())
             .args(["serve", "--config"])
             .arg(&config)
+            .envs(env.iter().copied())
             .env("RUST_LOG", log_level.unwrap_or("info"))
             .stdout(Stdio::null())
             .stderr(logf)

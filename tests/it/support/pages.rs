@@ -650,13 +650,18 @@ impl PagesServer {
             },
         ));
         tokio::spawn(serve_fake_provider(provider_listener, fake.clone()));
-        let api = credbroker::internals::unix::bind(&cfg.socket.path, 0o750, 0o660, None).unwrap();
+        let mut created = credbroker::internals::unix::Created::default();
+        let api =
+            credbroker::internals::unix::bind(&cfg.socket.path, 0o750, 0o660, None, &mut created)
+                .unwrap();
         let admin =
-            credbroker::internals::unix::bind(&cfg.admin_socket, 0o700, 0o600, None).unwrap();
+            credbroker::internals::unix::bind(&cfg.admin_socket, 0o700, 0o600, None, &mut created)
+                .unwrap();
         let listeners = credbroker::internals::server::Listeners {
             api,
             admin,
             public: Some(listener),
+            created,
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let i2 = inst.clone();

@@ -1,0 +1,289 @@
+//! Key rotation under crashes: the process is stopped at each named write
+//! of a rotation (deterministic failpoints, `failpoints` feature) and, as a
+//! second check, by kill -9 at random moments around `POST /keys/rotate`.
+//! After every restart: every key published before the crash is still
+//! published, exactly one key is active, and a token minted before the crash
+//! still verifies against the new JWKS.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use credbroker::internals::jose::{self, Alg, JwkSet};
+
+use crate::support::*;
+
+/// The `kid`s of a JWKS document.
+fn kids(jwks: &[u8]) -> BTreeSet<String> {
+    let v: serde_json::Value = serde_json::from_slice(jwks).unwrap();
+    v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["kid"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Whether `token`'s signature verifies with the key its `kid` names in
+/// `jwks`.
+fn verifies(token: &str, jwks: &[u8]) -> bool {
+    let jws = jose::parse(token, 8 * 1024).unwrap();
+    let set = JwkSet::from_json(jwks).unwrap();
+    set.select(jws.header.kid.as_deref(), Alg::ES256)
+        .is_some_and(|k| k.verify(Alg::ES256, &jws).is_ok())
+}
+
+fn status(b: &TestBroker) -> serde_json::Value {
+    let (code, body) = b.admin_get("/status").unwrap();
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// The invariants after a restart, given what was published and a token
+/// minted before the crash. Returns the new JWKS.
+async fn check_invariants(
+    b: &TestBroker,
+    before: &BTreeSet<String>,
+    token: &str,
+    what: &str,
+) -> Vec<u8> {
+    let jwks = b.jwks().await;
+    let now = kids(&jwks);
+    assert!(
+        before.is_subset(&now),
+        "{what}: keys published before the crash are gone: before {before:?}, after {now:?}"
+    );
+    assert!(
+        now.len() <= before.len() + 1,
+        "{what}: one rotation added more than one key: before {before:?}, after {now:?}"
+    );
+    let st = status(b);
+    let active = st["active_kid"].as_str().unwrap();
+    assert!(
+        now.contains(active),
+        "{what}: the active key {active} is not published"
+    );
+    assert!(
+        verifies(token, &jwks),
+        "{what}: a token minted before the crash no longer verifies"
+    );
+    // Positive control: a token minted now verifies too.
+    let fresh = b.derive_ok(&key()).await;
+    assert!(
+        verifies(fresh.access_token.expose(), &jwks),
+        "{what}: a fresh token does not verify"
+    );
+    jwks
+}
+
+fn with_delay_zero(t: String) -> String {
+    t.replace("[keys]\n", "[keys]\nactivation_delay = 0\n")
+}
+
+#[cfg(feature = "failpoints")]
+mod failpoints {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    use std::time::Instant;
+
+    use super::*;
+
+    /// Waits for the child to die and checks that it was the failpoint
+    /// (SIGABRT), not something else, that stopped it.
+    fn expect_abort(b: &mut TestBroker, point: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(st) = b.child.try_wait().unwrap() {
+                assert_eq!(st.signal(), Some(6), "{point}: expected an abort, got {st}");
+                assert!(
+                    b.log_text()
+                        .contains(&format!("failpoint {point}: aborting")),
+                    "{point}: not stopped at the failpoint:\n{}",
+                    b.log_text()
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{point}: the failpoint was never reached"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `POST /keys/rotate` on the admin socket, the process stopped at
+    /// `point`, then restarted.
+    async fn crash_online(point: &str, edit: Option<fn(String) -> String>) {
+        let (dir, config) = prepare(&Opts {
+            edit_config: edit,
+            ..Opts::default()
+        });
+        let mut b = TestBroker::spawn_with_env(
+            dir,
+            config,
+            None,
+            &[(credbroker::internals::failpoint::ENV, point)],
+        );
+        let token = b.derive_ok(&key()).await;
+        let before = kids(&b.jwks().await);
+        // The answer never comes: the process aborts at the point.
+        assert!(
+            !matches!(b.admin_post("/keys/rotate", ""), Ok((200, _))),
+            "{point}: rotate answered"
+        );
+        expect_abort(&mut b, point);
+        b.restart();
+        let jwks = check_invariants(&b, &before, token.access_token.expose(), point).await;
+        // Positive control: rotation works after the crash, and the next
+        // rotation still keeps every key published.
+        let (code, out) = b.admin_post("/keys/rotate", "").unwrap();
+        assert_eq!(code, 200, "{point}: {out}");
+        let kid = serde_json::from_str::<serde_json::Value>(&out).unwrap()["kid"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let after = kids(&b.jwks().await);
+        assert!(
+            after.contains(&kid),
+            "{point}: the rotated-in key is not published"
+        );
+        assert!(
+            kids(&jwks).is_subset(&after),
+            "{point}: rotation dropped a key"
+        );
+    }
+
+    #[tokio::test]
+    async fn crash_at_each_write_of_an_online_rotation_keeps_every_published_key() {
+        // Scheduled rotation (publish only): its one write.
+        crash_online("keys.rotate.before_write", None).await;
+        crash_online("keys.rotate.after_write", None).await;
+        // With no activation delay the same call also activates: the
+        // second write.
+        crash_online("keys.activate.before_write", Some(with_delay_zero)).await;
+        crash_online("keys.activate.after_write", Some(with_delay_zero)).await;
+    }
+
+    fn cli_rotate(config: &std::path::Path, point: Option<&str>) -> std::process::Output {
+        let mut c = Command::new(bin());
+        c.args(["keys", "rotate", "--config"]).arg(config);
+        if let Some(p) = point {
+            c.env(credbroker::internals::failpoint::ENV, p);
+        }
+        c.stdin(Stdio::null()).output().unwrap()
+    }
+
+    /// `credbroker keys rotate` with no broker running (the store opened
+    /// directly), interrupted at `point`, then run again: it must not add
+    /// two keys and report one.
+    #[tokio::test]
+    async fn interrupted_offline_rotate_never_adds_two_keys_and_reports_one() {
+        for point in ["keys.rotate.before_write", "keys.rotate.after_write"] {
+            let mut b = TestBroker::start();
+            let token = b.derive_ok(&key()).await;
+            let before = kids(&b.jwks().await);
+            b.stop();
+            let out = cli_rotate(&b.config, Some(point));
+            assert_eq!(out.status.signal(), Some(6), "{point}: {out:?}");
+            let out = cli_rotate(&b.config, None);
+            assert!(out.status.success(), "{point}: {out:?}");
+            let answer: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let kid = answer["kid"].as_str().unwrap().to_owned();
+            // After the write, the key was there: the retry reports it
+            // and adds nothing; before it, the retry adds the one key.
+            assert_eq!(
+                answer["added"].as_bool(),
+                Some(point == "keys.rotate.before_write"),
+                "{point}: {answer}"
+            );
+            b.restart();
+            let jwks = check_invariants(&b, &before, token.access_token.expose(), point).await;
+            let after = kids(&jwks);
+            assert_eq!(
+                after.len(),
+                before.len() + 1,
+                "{point}: {before:?} -> {after:?}"
+            );
+            assert!(
+                after.contains(&kid),
+                "{point}: the reported kid is not the one added"
+            );
+        }
+    }
+
+    /// A scheduled rotation that falls due while the broker is down
+    /// activates at the next start; a crash at that write leaves a broker
+    /// that starts again with every key.
+    #[tokio::test]
+    async fn crash_while_activating_at_start_keeps_every_published_key() {
+        for point in ["keys.activate.before_write", "keys.activate.after_write"] {
+            let mut b = TestBroker::start_with(Opts {
+                edit_config: Some(|t| t.replace("[keys]\n", "[keys]\nactivation_delay = 1\n")),
+                ..Opts::default()
+            });
+            let token = b.derive_ok(&key()).await;
+            let (code, out) = b.admin_post("/keys/rotate", "").unwrap();
+            assert_eq!(code, 200, "{out}");
+            let next = serde_json::from_str::<serde_json::Value>(&out).unwrap()["kid"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let before = kids(&b.jwks().await);
+            assert!(before.contains(&next), "published before activation");
+            b.stop();
+            std::thread::sleep(Duration::from_millis(1100));
+            let started = Command::new(bin())
+                .args(["serve", "--config"])
+                .arg(&b.config)
+                .env(credbroker::internals::failpoint::ENV, point)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .output()
+                .unwrap();
+            assert_eq!(started.status.signal(), Some(6), "{point}: {started:?}");
+            b.restart();
+            check_invariants(&b, &before, token.access_token.expose(), point).await;
+            assert_eq!(
+                status(&b)["active_kid"],
+                next.as_str(),
+                "{point}: activated"
+            );
+        }
+    }
+}
+
+/// The second check: kill -9 at varying moments around `POST /keys/rotate`
+/// (each rotation writes twice: publish, then activate, as the delay is 0).
+#[tokio::test]
+async fn kill_9_around_key_rotation_keeps_every_published_key() {
+    let mut b = TestBroker::start_with(Opts {
+        edit_config: Some(with_delay_zero),
+        ..Opts::default()
+    });
+    for i in 0..12u64 {
+        let token = b.derive_ok(&key()).await;
+        let before = kids(&b.jwks().await);
+        let admin = b.admin.clone();
+        let rotating = std::thread::spawn(move || {
+            let _ = std::os::unix::net::UnixStream::connect(&admin).and_then(|mut s| {
+                use std::io::Write;
+                s.write_all(
+                    b"POST /keys/rotate HTTP/1.1\r\nhost: a\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+                )
+            });
+        });
+        // From before the request lands to after it is done.
+        std::thread::sleep(Duration::from_micros(i * 700));
+        b.kill9();
+        rotating.join().unwrap();
+        b.restart();
+        check_invariants(
+            &b,
+            &before,
+            token.access_token.expose(),
+            &format!("kill after {} us", i * 700),
+        )
+        .await;
+    }
+}

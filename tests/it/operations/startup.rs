@@ -1,0 +1,161 @@
+//! Refused starts: each message names the file and the key (line:col where
+//! it applies), and a failed start leaves nothing it created behind. The
+//! socket-directory rule: the broker creates its own socket directories and
+//! refuses an unsafe parent (docs/ARCHITECTURE.md, "Start-up").
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::support::*;
+
+fn set_key(config: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(config).unwrap();
+    assert!(text.contains(from), "{from} not in {text}");
+    std::fs::write(config, text.replacen(from, to, 1)).unwrap();
+}
+
+fn refused(config: &Path) -> String {
+    let (status, stderr) = serve_expect_exit(config, Duration::from_secs(20));
+    assert!(!status.success(), "the start was not refused: {stderr}");
+    stderr
+}
+
+#[test]
+fn busy_public_port_refused_by_key_and_leaves_no_socket_files() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let (dir, config) = prepare(&Opts {
+        public_listen: Some(addr.clone()),
+        ..Opts::default()
+    });
+    set_key(
+        &config,
+        "path = \"credbroker.sock\"",
+        "path = \"run/credbroker.sock\"",
+    );
+    let err = refused(&config);
+    assert!(
+        err.contains(&config.display().to_string())
+            && err.contains("public.listen")
+            && err.contains(&addr),
+        "{err}"
+    );
+    for left in ["run/credbroker.sock", "run", "admin.sock", "data"] {
+        assert!(
+            !dir.path().join(left).exists(),
+            "the refused start left {left} behind: {err}"
+        );
+    }
+    // Positive control: with the port free, the same files serve.
+    drop(busy);
+    let mut b = TestBroker::spawn(dir, config, None);
+    assert!(b.socket.exists() && b.is_running());
+}
+
+#[test]
+fn socket_directory_created_by_the_broker_and_unsafe_parent_refused() {
+    let (dir, config) = prepare(&Opts::default());
+    set_key(
+        &config,
+        "path = \"credbroker.sock\"",
+        "path = \"run/api/credbroker.sock\"",
+    );
+    set_key(
+        &config,
+        "socket = \"admin.sock\"",
+        "socket = \"run/admin/admin.sock\"",
+    );
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    // A parent anyone may write to (no sticky bit): refused, naming the key.
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = refused(&config);
+    assert!(
+        err.contains(&config.display().to_string())
+            && err.contains("socket.path")
+            && err.contains("writable by others without the sticky bit"),
+        "{err}"
+    );
+    assert!(
+        !run.join("api").exists() && !dir.path().join("data").exists(),
+        "{err}"
+    );
+    // A symlinked parent: refused too.
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::fs::remove_dir(&run).unwrap();
+    std::os::unix::fs::symlink(&real, &run).unwrap();
+    let err = refused(&config);
+    assert!(
+        err.contains("socket.path") && err.contains("is a symlink"),
+        "{err}"
+    );
+    // Positive control: a safe parent; the broker makes both directories.
+    std::fs::remove_file(&run).unwrap();
+    std::fs::create_dir(&run).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let b = TestBroker::spawn(dir, config, None);
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&run.join("api")), 0o750);
+    assert_eq!(mode(&run.join("admin")), 0o700);
+    assert!(b.log_text().contains("created the socket directory"));
+}
+
+#[test]
+fn master_key_of_the_wrong_length_names_file_and_key() {
+    let (dir, config) = prepare(&Opts::default());
+    let key = dir.path().join("keys/master.key");
+    std::fs::remove_file(&key).unwrap();
+    credbroker::internals::config::write_secret_file(&key, &[7u8; 31]).unwrap();
+    let err = refused(&config);
+    assert!(
+        err.contains(&config.display().to_string())
+            && err.contains("keys.master_key_file")
+            && err.contains("32 bytes")
+            && err.contains("31 bytes"),
+        "{err}"
+    );
+    assert!(!dir.path().join("data").exists(), "{err}");
+}
+
+#[test]
+fn policy_for_another_agent_names_both_files_and_line_col() {
+    let (dir, config) = prepare(&Opts::default());
+    let policy = dir.path().join("policy.toml");
+    let text = std::fs::read_to_string(&policy).unwrap();
+    let line = text
+        .lines()
+        .position(|l| l.trim_start().starts_with("agent"))
+        .unwrap()
+        + 1;
+    std::fs::write(
+        &policy,
+        text.replacen("agent = \"repo-helper\"", "agent = \"other-agent\"", 1),
+    )
+    .unwrap();
+    let err = refused(&config);
+    assert!(
+        err.contains(&format!("{}:{line}:", policy.display()))
+            && err.contains("agent")
+            && err.contains("other-agent")
+            && err.contains(&config.display().to_string()),
+        "{err}"
+    );
+}
+
+#[test]
+fn store_path_that_is_a_file_names_the_key() {
+    let (dir, config) = prepare(&Opts::default());
+    std::fs::write(dir.path().join("data"), b"not a directory").unwrap();
+    let err = refused(&config);
+    assert!(
+        err.contains(&config.display().to_string())
+            && err.contains("store")
+            && err.contains("not a directory")
+            && !err.contains("os error 17"),
+        "{err}"
+    );
+    assert!(!dir.path().join("credbroker.sock").exists(), "{err}");
+}
