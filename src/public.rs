@@ -73,10 +73,35 @@ pub(crate) fn metadata(broker: &Broker) -> serde_json::Value {
     })
 }
 
-fn with_cache(mut r: Response<Body>, cache: &'static str) -> Response<Body> {
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
+/// One cache policy for the two public documents: cacheable by anyone for
+/// `max-age` seconds. `json_response` marks answers `no-store` with
+/// `Pragma: no-cache`; a cacheable document drops the `Pragma`, so no
+/// cache sees two contradicting policies.
+fn with_cache(mut r: Response<Body>, max_age: &'static str) -> Response<Body> {
+    let h = r.headers_mut();
+    h.remove(header::PRAGMA);
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static(max_age));
     r
+}
+
+/// The metadata document with its cache policy (public listener and
+/// orchestrator socket answer the same).
+pub(crate) fn metadata_response(broker: &Broker) -> Response<Body> {
+    with_cache(
+        json_response(StatusCode::OK, &metadata(broker)),
+        "public, max-age=300",
+    )
+}
+
+/// A HEAD answer: the GET answer's status and headers (`Content-Length`
+/// included), no body.
+pub(crate) fn head_of(r: Response<Body>) -> Response<Body> {
+    let (mut parts, body) = r.into_parts();
+    let len = hyper::body::Body::size_hint(&body).exact().unwrap_or(0);
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    Response::from_parts(parts, Full::new(Bytes::new()))
 }
 
 /// Handles one public request from `client`.
@@ -91,12 +116,11 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    match (req.method(), req.uri().path()) {
-        (&Method::GET, "/.well-known/oauth-authorization-server") => with_cache(
-            json_response(StatusCode::OK, &metadata(&broker)),
-            "public, max-age=300",
-        ),
-        (&Method::GET, "/.well-known/jwks.json") => with_cache(
+    let head = req.method() == Method::HEAD;
+    let get = head || req.method() == Method::GET;
+    let answer = match (get, req.uri().path()) {
+        (true, "/.well-known/oauth-authorization-server") => metadata_response(&broker),
+        (true, "/.well-known/jwks.json") => with_cache(
             json_response(
                 StatusCode::OK,
                 &broker.minter.ring().jwks(broker.clock.now()),
@@ -105,13 +129,32 @@ where
             // delay counts on it (mint::ACTIVATION_DELAY).
             crate::mint::JWKS_CACHE_CONTROL,
         ),
-        (&Method::GET, "/healthz") => {
+        (true, "/healthz") => {
             let mut r = Response::new(Full::new(Bytes::from_static(b"ok\n")));
             r.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
             r
         }
-        _ => pages.handle(req, client).await,
+        // RFC 8414 requires `token_endpoint` in the metadata, and its URL
+        // is the `htu` base of proofs, so both endpoints are named under the
+        // issuer; they are served only on the orchestrator's socket. A
+        // client that tries them here gets an OAuth error that says so, not
+        // the pages' HTML 404.
+        (_, path @ ("/token" | "/v1/derive")) => json_response(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({
+                "error": "invalid_request",
+                "error_description": format!(
+                    "{path} is served on the orchestrator's Unix socket (socket.path in the broker's config), not on the public listener"
+                ),
+            }),
+        ),
+        _ => return pages.handle(req, client).await,
+    };
+    if head {
+        head_of(answer)
+    } else {
+        answer
     }
 }
 

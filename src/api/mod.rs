@@ -350,6 +350,15 @@ pub async fn handle(
         );
     }
     let endpoint = match (req.method(), req.uri().path()) {
+        // The same metadata as the public listener, so an orchestrator that
+        // only reaches the socket can discover `token_endpoint` and the
+        // DPoP algorithms.
+        (&Method::GET, "/.well-known/oauth-authorization-server") => {
+            return crate::public::metadata_response(&broker)
+        }
+        (&Method::HEAD, "/.well-known/oauth-authorization-server") => {
+            return crate::public::head_of(crate::public::metadata_response(&broker))
+        }
         (&Method::POST, "/v1/derive") => Endpoint::Derive,
         (&Method::POST, "/token") => Endpoint::Token,
         (_, "/v1/derive" | "/token") => {
@@ -366,7 +375,7 @@ pub async fn handle(
             return oauth_error(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "unknown path; use POST /v1/derive or POST /token",
+                "unknown path; use POST /v1/derive, POST /token or GET /.well-known/oauth-authorization-server",
             )
         }
     };
@@ -409,6 +418,17 @@ pub async fn handle(
     };
     match result {
         Ok(issued) => issued_response(&issued),
+        // The one answer that needs the request's endpoint: say which `htu`
+        // this socket expects (the issuer URL plus the path, public in the
+        // metadata), never the one the proof carried.
+        Err(DeriveError::Proof(DpopError::Htu, _)) => oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_dpop_proof",
+            &format!(
+                "htu does not match the request URL: this endpoint expects htu {} (the issuer URL plus the path)",
+                broker.htu(endpoint)
+            ),
+        ),
         Err(e) => error_response(&e),
     }
 }

@@ -97,10 +97,12 @@ pub struct Refusal {
     /// OAuth error code.
     pub error: String,
     /// Policy reason, when denied.
-    #[serde(default)]
+    // Members the server did not send are not printed as `null` (the CLI
+    // prints a refusal as this struct's JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Human text.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_description: Option<String>,
     /// `DPoP-Nonce` to retry with, for `use_dpop_nonce`.
     #[serde(skip)]
@@ -282,4 +284,27 @@ pub fn parse_answer(raw: RawAnswer) -> Result<Answer, ClientError> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
     Ok(Answer::Refused(r))
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    #![allow(clippy::unwrap_used)] // tests may panic
+    use super::Refusal;
+
+    #[test]
+    fn refusal_prints_only_the_members_the_server_sent() {
+        let r: Refusal = serde_json::from_str(r#"{"error":"invalid_request"}"#).unwrap();
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"{"error":"invalid_request"}"#
+        );
+        // Positive control: members that were sent are printed.
+        let r: Refusal = serde_json::from_str(
+            r#"{"error":"access_denied","reason":"frozen","error_description":"d"}"#,
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["reason"], "frozen");
+        assert_eq!(v["error_description"], "d");
+    }
 }

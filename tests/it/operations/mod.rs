@@ -2,6 +2,7 @@
 //! README walkthrough.
 mod admin;
 mod audit;
+mod contract;
 mod key_rotation;
 mod startup;
 mod walkthrough;

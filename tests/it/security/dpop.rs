@@ -271,6 +271,15 @@ async fn dpop_proof_htu_of_another_host_or_path() {
             &format!("htu {htu}"),
         );
     }
+    // The refusal names the htu this endpoint expects, and echoes nothing
+    // of the proof (its htu included).
+    let mut c = b.proof_claims();
+    c["htu"] = json!("http://evil.example/v1/derive");
+    let r = derive_with(&b, &proof_with(&k, json!({}), &c));
+    r.assert_refused(400, "invalid_dpop_proof", "htu of another host");
+    let d = r.json()["error_description"].as_str().unwrap().to_string();
+    assert!(d.contains(&format!("expects htu {}", b.htu())), "{d}");
+    assert!(!d.contains("evil.example"), "{d}");
     // Accepted: a query or fragment is not part of htu, and servers SHOULD
     // apply RFC 3986 syntax-based normalisation (RFC 9449 section 4.3).
     for htu in [
