@@ -45,3 +45,6 @@ pub(crate) fn secure_or_loopback(u: &url::Url) -> bool {
         && u.password().is_none()
         && (u.scheme() == "https" || (u.scheme() == "http" && is_loopback_url(u)))
 }
+
+/// The RFC 8693 token-exchange grant type (RFC 8693 section 2.1).
+pub const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";

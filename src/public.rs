@@ -63,7 +63,7 @@ pub(crate) fn metadata(broker: &Broker) -> serde_json::Value {
         // Reached over the local socket only; it is also the htu base of
         // DPoP proofs sent to the socket.
         "token_endpoint": format!("{iss}/token"),
-        "grant_types_supported": [crate::api::TOKEN_EXCHANGE],
+        "grant_types_supported": [crate::grammar::TOKEN_EXCHANGE],
         "token_endpoint_auth_methods_supported": ["none"],
         "dpop_signing_alg_values_supported":
             broker.config.dpop.algs.iter().map(|a| a.as_str()).collect::<Vec<_>>(),

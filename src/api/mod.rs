@@ -19,8 +19,9 @@ use crate::secret::SecretString;
 /// Request bodies larger than this are refused with 413.
 pub const MAX_BODY: usize = 64 * 1024;
 
-/// The RFC 8693 grant type.
-pub const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+/// The RFC 8693 grant type (defined in `grammar`, which the public
+/// listener's metadata also reads).
+pub use crate::grammar::TOKEN_EXCHANGE;
 /// RFC 8693 token type for access tokens.
 pub const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
 /// RFC 8693 token type for JWTs.
