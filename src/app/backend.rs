@@ -378,36 +378,9 @@ impl ProviderFlow for Backend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::connect::{LinkKind, LinkRequest};
+    use crate::connect::tests::{alice, env, req};
+    use crate::connect::LinkKind;
     use crate::pages::links::{AccountVault, BackendError, LinkRecords};
-    use crate::secret::SecretBytes;
-    use crate::store::{SledStore, Store};
-
-    fn alice() -> Person {
-        Person {
-            iss: "https://idp.example".into(),
-            sub: "alice".into(),
-        }
-    }
-
-    fn env() -> (tempfile::TempDir, Arc<dyn Store>, Links) {
-        let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join("data")).unwrap());
-        let key = Links::derive_key(&SecretBytes::new(vec![7; 32]));
-        let links = Links::new(store.clone(), &key, "https://broker.example/");
-        (dir, store, links)
-    }
-
-    fn req<'a>(p: &'a Person, kind: LinkKind, scopes: &'a [String]) -> LinkRequest<'a> {
-        LinkRequest {
-            person: p,
-            agent: "repo-helper",
-            service: "github",
-            kind,
-            scopes,
-            policy_hash: "ph",
-        }
-    }
 
     /// The pages' view of the real side: links by code and by id, accounts by
     /// their name at the provider, and allowances only on the person's own

@@ -375,4 +375,4 @@ impl Links {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -1,14 +1,16 @@
 use super::*;
 use crate::store::SledStore;
 
-fn alice() -> Person {
+/// The person of these tests (shared with `app::backend`'s tests).
+pub(crate) fn alice() -> Person {
     Person {
         iss: "https://idp.example".into(),
         sub: "alice".into(),
     }
 }
 
-fn env() -> (tempfile::TempDir, Arc<dyn Store>, Links) {
+/// A link store on a fresh sled store.
+pub(crate) fn env() -> (tempfile::TempDir, Arc<dyn Store>, Links) {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join("data")).unwrap());
     let key = Links::derive_key(&SecretBytes::new(vec![7; 32]));
@@ -16,7 +18,8 @@ fn env() -> (tempfile::TempDir, Arc<dyn Store>, Links) {
     (dir, store, links)
 }
 
-fn req<'a>(p: &'a Person, kind: LinkKind, scopes: &'a [String]) -> LinkRequest<'a> {
+/// A link request of `kind` for `p`.
+pub(crate) fn req<'a>(p: &'a Person, kind: LinkKind, scopes: &'a [String]) -> LinkRequest<'a> {
     LinkRequest {
         person: p,
         agent: "repo-helper",
