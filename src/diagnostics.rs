@@ -95,9 +95,13 @@ pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
         Ok(d) => d,
         Err(e) => return Err(vec![toml_problem(file, text, &e)]),
     };
-    let mut unknown = Vec::new();
-    let parsed: Result<T, _> =
-        serde_ignored::deserialize(de, |path| unknown.push(path.to_string()));
+    let mut unknown: Vec<String> = Vec::new();
+    // serde_path_to_error names the key of a value of the wrong type or
+    // range (`limits.max_connections`), which toml's own error leaves out.
+    let parsed: Result<T, serde_path_to_error::Error<_>> = {
+        let mut record = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+        serde_path_to_error::deserialize(serde_ignored::Deserializer::new(de, &mut record))
+    };
     let mut problems: Vec<Problem> = unknown
         .into_iter()
         .map(|k| Problem {
@@ -110,7 +114,13 @@ pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
         Ok(v) if problems.is_empty() => Ok(v),
         Ok(_) => Err(problems),
         Err(e) => {
-            problems.push(toml_problem(file, text, &e));
+            let path = e.path().to_string();
+            let mut problem = toml_problem(file, text, e.inner());
+            // `.` is the path of the document itself (an error with no key).
+            if path != "." && !path.is_empty() {
+                problem.key = Some(path);
+            }
+            problems.push(problem);
             Err(problems)
         }
     }

@@ -330,6 +330,36 @@ fn type_errors_carry_file_line_and_column() {
     parse(BASE).unwrap();
 }
 
+/// A value of the wrong type or range names its key (serde's own message
+/// says only "invalid type ... expected usize"), with file, line and column.
+#[test]
+fn type_and_range_errors_name_their_key() {
+    for (value, what) in [("\"many\"", "invalid type"), ("-1", "invalid value")] {
+        let text = insert_after(
+            BASE,
+            "path = \"credbroker.sock\"",
+            &format!("max_connections = {value}"),
+        );
+        let p = problems(&text);
+        assert_eq!(p.len(), 1, "{p:#?}");
+        assert_eq!(
+            p[0].key.as_deref(),
+            Some("socket.max_connections"),
+            "{p:#?}"
+        );
+        let line = line_of(&text, "max_connections");
+        assert_eq!(p[0].at, format!("{FILE}:{line}:19"), "{p:#?}");
+        let shown = p[0].to_string();
+        assert!(
+            shown.contains("socket.max_connections") && shown.contains(what),
+            "{shown}"
+        );
+    }
+    // Positive control: a valid number is accepted under the same key.
+    let text = insert_after(BASE, "path = \"credbroker.sock\"", "max_connections = 7");
+    assert_eq!(parse(&text).unwrap().socket.max_connections, 7);
+}
+
 #[test]
 fn validation_problems_are_all_reported_with_their_positions() {
     let text = replace(BASE, "agent = \"repo-helper\"", "agent = \"\"");

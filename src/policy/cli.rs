@@ -186,18 +186,35 @@ const TOOL_KEYS: &[&str] = &["resource", "scopes", "steps", "ttl"];
 
 /// A hint for a loader problem, chosen by the kind of key it is about, so
 /// that new loader messages get a sensible hint without editing this table.
+/// The hint for a TOML syntax error or a value of the wrong type.
+const TOML_HINT: &str =
+    "the file is not valid TOML here, or a value has the wrong type; check quotes, brackets and commas";
+
 fn hint(p: &Problem) -> String {
+    // serde's own messages get the same hint whether or not the key is
+    // known (the loader names the key of a missing field or a bad value).
+    if p.message.contains("missing field") {
+        return "add the required key; see policy/README.md for the keys of each table".into();
+    }
+    let type_error = [
+        "invalid type",
+        "invalid value",
+        "invalid length",
+        "unknown variant",
+    ]
+    .iter()
+    .any(|m| p.message.starts_with(m));
+    if type_error {
+        return TOML_HINT.into();
+    }
     let Some(key) = &p.key else {
-        if p.message.contains("missing field") {
-            return "add the required key; see policy/README.md for the keys of each table".into();
-        }
         if p.message.contains("empty") {
             return "start with agent = \"<the broker's agent>\", then declare [resources.\"...\"] and [tools.\"...\"]".into();
         }
         if p.message.contains("UTF-8") {
             return "save the file as UTF-8".into();
         }
-        return "the file is not valid TOML here, or a value has the wrong type; check quotes, brackets and commas".into();
+        return TOML_HINT.into();
     };
     if p.message == "unknown key" {
         return unknown_key_hint(key);

@@ -529,7 +529,7 @@ fn explain_refuses_a_broken_policy() {
     assert_eq!(code, 1);
     assert_eq!(
         out,
-        "broken.toml:2:10: error: invalid type: integer `…`, expected a boolean\n  \
+        "broken.toml:2:10: error: frozen: invalid type: integer `…`, expected a boolean\n  \
          hint: the file is not valid TOML here, or a value has the wrong type; check quotes, brackets and commas\n"
     );
 }
@@ -643,7 +643,7 @@ fn diff_refuses_a_broken_version() {
     assert_eq!(code, 1);
     assert_eq!(
         out,
-        "broken.toml:2:1: error: missing field `resource`\n  \
+        "broken.toml:2:1: error: tools.t: missing field `resource`\n  \
          hint: add the required key; see policy/README.md for the keys of each table\n"
     );
 }
