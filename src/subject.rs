@@ -132,8 +132,11 @@ impl std::fmt::Debug for Validator {
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     /// A pinned JWKS file could not be read or parsed.
-    #[error("trusted issuer {issuer}: JWKS file {path}: {reason}")]
+    #[error("trusted_issuers[{index}].jwks_file: {path}: {reason} (trusted issuer {issuer})")]
     JwksFile {
+        /// The issuer's place in the config's `trusted_issuers` list, so the
+        /// message names the key.
+        index: usize,
         /// Issuer.
         issuer: String,
         /// File.
@@ -152,16 +155,18 @@ impl Validator {
     ) -> Result<Validator, SetupError> {
         let http = keyset::http_client();
         let mut map = HashMap::new();
-        for cfg in issuers {
+        for (index, cfg) in issuers.iter().enumerate() {
             let keys = match &cfg.jwks {
                 JwksSource::File(p) => {
                     let bytes = std::fs::read(p).map_err(|e| SetupError::JwksFile {
+                        index,
                         issuer: cfg.issuer.clone(),
                         path: p.display().to_string(),
                         reason: e.to_string(),
                     })?;
                     RemoteKeySet::pinned(JwkSet::from_json(&bytes).map_err(|e| {
                         SetupError::JwksFile {
+                            index,
                             issuer: cfg.issuer.clone(),
                             path: p.display().to_string(),
                             reason: e.to_string(),

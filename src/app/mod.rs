@@ -54,9 +54,14 @@ pub enum StartError {
     /// The policy names a service the config does not define.
     #[error("the policy's service resources name {0:?}, which has no [providers.{0}] table in the config")]
     UnknownService(String),
-    /// Subject-token issuers.
-    #[error(transparent)]
-    Subject(#[from] crate::subject::SetupError),
+    /// Subject-token issuers (a pinned JWKS file, named by its key).
+    #[error("{file}: {source}")]
+    Subject {
+        /// The config file.
+        file: String,
+        /// Why.
+        source: crate::subject::SetupError,
+    },
     /// Sockets.
     #[error(transparent)]
     Socket(#[from] crate::unix::SocketError),
@@ -236,7 +241,11 @@ pub async fn build(
         &config.trusted_issuers,
         Box::new(move |kid| m.is_own_kid(kid)),
     )
-    .await?;
+    .await
+    .map_err(|source| StartError::Subject {
+        file: config.file.display().to_string(),
+        source,
+    })?;
     let key_sets = subjects.key_sets();
     let nonces = if config.dpop.require_nonce {
         let mut key = vec![0u8; 32];

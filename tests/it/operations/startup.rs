@@ -121,6 +121,25 @@ fn master_key_of_the_wrong_length_names_file_and_key() {
 }
 
 #[test]
+fn missing_jwks_file_names_the_config_file_and_the_key() {
+    let (dir, config) = prepare(&Opts::default());
+    let jwks = dir.path().join("dev-issuer-jwks.json");
+    let kept = std::fs::read(&jwks).unwrap();
+    std::fs::remove_file(&jwks).unwrap();
+    let err = refused(&config);
+    assert!(
+        err.contains(&config.display().to_string())
+            && err.contains("trusted_issuers[0].jwks_file")
+            && err.contains(&jwks.display().to_string()),
+        "{err}"
+    );
+    // Positive control: with the file back, the same config serves.
+    std::fs::write(&jwks, kept).unwrap();
+    let mut b = TestBroker::spawn(dir, config, None);
+    assert!(b.socket.exists() && b.is_running());
+}
+
+#[test]
 fn policy_for_another_agent_names_both_files_and_line_col() {
     let (dir, config) = prepare(&Opts::default());
     let policy = dir.path().join("policy.toml");
