@@ -211,6 +211,14 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
         .replace(
             "\"/out/",
             &format!("\"{}/", at("/run/credbroker-secrets").display()),
+        )
+        .replace(
+            " /run/credbroker/sock",
+            &format!(" {}", at("/run/credbroker/sock").display()),
+        )
+        .replace(
+            " /run/credbroker-admin/admin",
+            &format!(" {}", at("/run/credbroker-admin/admin").display()),
         );
     run(Command::new("setpriv").args([
         "--reuid=1000",
