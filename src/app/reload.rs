@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
-use crate::events::Event;
+use crate::events::{Event, Kind};
 use crate::exchange::Broker;
 use crate::policy::Policy;
 
@@ -161,7 +161,7 @@ impl Reloader {
         b.metrics.policy_loaded_time.set(now as f64);
         b.metrics.frozen.set(i64::from(b.is_frozen()));
         tracing::info!(trigger = trigger.as_str(), policy_hash = %hash, tools, "policy reloaded");
-        let mut e = Event::new(now, "policy.reloaded", &b.config.agent);
+        let mut e = Event::new(now, Kind::PolicyReloaded, &b.config.agent);
         e.outcome = Some("reloaded");
         e.reason = Some(trigger.as_str());
         e.policy_hash = Some(&hash);
@@ -185,7 +185,7 @@ impl Reloader {
             kept_policy_hash = %current.hash,
             "policy reload failed; the last good policy stays in force"
         );
-        let mut e = Event::new(b.clock.now(), "policy.reload_failed", &b.config.agent);
+        let mut e = Event::new(b.clock.now(), Kind::PolicyReloadFailed, &b.config.agent);
         e.outcome = Some("kept_last_good");
         e.reason = Some(reason);
         // The hash of the policy that keeps deciding.
