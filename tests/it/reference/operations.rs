@@ -86,11 +86,11 @@ fn compare_names(what: &str, doc: &[String], code: &BTreeSet<String>) -> Vec<Str
     let mut problems = Vec::new();
     for n in code.difference(&doc_set) {
         problems.push(format!(
-            "{n}: a {what} of the code, missing from docs/OPERATIONS.md"
+            "{n}: in the code ({what}), missing from docs/OPERATIONS.md"
         ));
     }
     for n in doc_set.difference(code) {
-        problems.push(format!("{n}: a documented {what} the code does not have"));
+        problems.push(format!("{n}: documented ({what}), not in the code"));
     }
     if doc_set.len() != doc.len() {
         problems.push(format!("a {what} is documented twice: {doc:?}"));
@@ -248,16 +248,16 @@ fn every_event_type_and_field_is_documented_and_every_documented_one_exists() {
         &kinds
     )
     .iter()
-    .any(|p| p.starts_with("policy.reload_failed: a event type of the code, missing")));
+    .any(|p| p.starts_with("policy.reload_failed: in the code (event type), missing")));
     let mut extra = doc_kinds.clone();
     extra.push("token.leaked".into());
     assert!(compare_names("event type", &extra, &kinds)
         .iter()
-        .any(|p| p == "token.leaked: a documented event type the code does not have"));
+        .any(|p| p == "token.leaked: documented (event type), not in the code"));
     assert!(
         compare_names("event field", &without(&doc_fields, "kid"), &fields)
             .iter()
-            .any(|p| p.starts_with("kid: a event field of the code, missing"))
+            .any(|p| p.starts_with("kid: in the code (event field), missing"))
     );
     let mut listed = rows.clone();
     listed[0][1].push_str(", `access_token`");
@@ -272,7 +272,7 @@ fn every_event_type_and_field_is_documented_and_every_documented_one_exists() {
     extra.push("token".into());
     assert!(compare_names("event field", &extra, &fields)
         .iter()
-        .any(|p| p == "token: a documented event field the code does not have"));
+        .any(|p| p == "token: documented (event field), not in the code"));
 }
 
 /// The field names an event row lists that are not fields: its second
