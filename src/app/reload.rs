@@ -59,6 +59,45 @@ impl Trigger {
     }
 }
 
+/// Why a reload was refused: the `reason` of `policy.reload_failed`, of
+/// the WARN line and of [`ReloadOutcome::Failed`]. `docs/OPERATIONS.md`
+/// lists each (tested against [`Refusal::ALL`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The file cannot be read.
+    Unreadable,
+    /// Larger than [`MAX_POLICY_BYTES`].
+    TooLarge,
+    /// Not a valid policy.
+    Invalid,
+    /// Written for another agent.
+    AgentMismatch,
+    /// A `service` resource names a service the config does not define.
+    UnknownService,
+}
+
+impl Refusal {
+    /// Every reason.
+    pub const ALL: [Refusal; 5] = [
+        Refusal::Unreadable,
+        Refusal::TooLarge,
+        Refusal::Invalid,
+        Refusal::AgentMismatch,
+        Refusal::UnknownService,
+    ];
+
+    /// Its name in events and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Unreadable => "unreadable",
+            Refusal::TooLarge => "too_large",
+            Refusal::Invalid => "invalid",
+            Refusal::AgentMismatch => "agent_mismatch",
+            Refusal::UnknownService => "unknown_service",
+        }
+    }
+}
+
 /// The result of one reload attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReloadOutcome {
@@ -73,8 +112,8 @@ pub enum ReloadOutcome {
     Changing,
     /// Refused; the last good policy stays.
     Failed {
-        /// `unreadable`, `too_large`, `invalid`, `agent_mismatch` or
-        /// `unknown_service`.
+        /// A [`Refusal`]'s name: `unreadable`, `too_large`, `invalid`,
+        /// `agent_mismatch` or `unknown_service`.
         reason: &'static str,
         /// What was wrong (positions and keys, never values).
         detail: String,
@@ -124,7 +163,7 @@ impl Reloader {
         }
         let policy = match Policy::parse(&self.path, &first) {
             Ok(p) => p,
-            Err(e) => return self.fail(trigger, ("invalid", e.to_string())),
+            Err(e) => return self.fail(trigger, (Refusal::Invalid, e.to_string())),
         };
         if policy.agent != self.broker.config.agent {
             let detail = super::agent_mismatch(
@@ -134,7 +173,7 @@ impl Reloader {
                 &self.broker.config.file.display().to_string(),
                 &self.broker.config.agent,
             );
-            return self.fail(trigger, ("agent_mismatch", detail));
+            return self.fail(trigger, (Refusal::AgentMismatch, detail));
         }
         // A `service` resource must name a configured provider (checked at
         // start-up too); otherwise its derives could never work.
@@ -145,7 +184,7 @@ impl Reloader {
         };
         if let Some(missing) = policy.services().into_iter().find(|s| !known(s)) {
             let detail = format!("the policy names service {missing:?}, which has no [providers.{missing}] table in the config");
-            return self.fail(trigger, ("unknown_service", detail));
+            return self.fail(trigger, (Refusal::UnknownService, detail));
         }
         self.apply(trigger, policy)
     }
@@ -174,7 +213,8 @@ impl Reloader {
         ReloadOutcome::Reloaded { hash }
     }
 
-    fn fail(&self, trigger: Trigger, (reason, detail): (&'static str, String)) -> ReloadOutcome {
+    fn fail(&self, trigger: Trigger, (refusal, detail): (Refusal, String)) -> ReloadOutcome {
+        let reason = refusal.as_str();
         let b = &self.broker;
         b.metrics.policy_reload_failures.inc();
         let current = b.policy.load_full();
@@ -198,18 +238,26 @@ impl Reloader {
 }
 
 /// Reads at most [`MAX_POLICY_BYTES`]; a larger file is an error.
-async fn read_capped(path: &Path) -> Result<Vec<u8>, (&'static str, String)> {
-    let file = tokio::fs::File::open(path)
-        .await
-        .map_err(|e| ("unreadable", format!("cannot read {}: {e}", path.display())))?;
+async fn read_capped(path: &Path) -> Result<Vec<u8>, (Refusal, String)> {
+    let file = tokio::fs::File::open(path).await.map_err(|e| {
+        (
+            Refusal::Unreadable,
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
     let mut buf = Vec::new();
     file.take(MAX_POLICY_BYTES + 1)
         .read_to_end(&mut buf)
         .await
-        .map_err(|e| ("unreadable", format!("cannot read {}: {e}", path.display())))?;
+        .map_err(|e| {
+            (
+                Refusal::Unreadable,
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
     if buf.len() as u64 > MAX_POLICY_BYTES {
         return Err((
-            "too_large",
+            Refusal::TooLarge,
             format!("{} is larger than {MAX_POLICY_BYTES} bytes", path.display()),
         ));
     }

@@ -1,10 +1,12 @@
 //! `docs/OPERATIONS.md` against the code: the metric table against the
 //! registry (names, types, labels), the event table against
-//! `events::Kind::ALL`, and the field table against the fields an `Event`
-//! serializes, each in both directions.
+//! `events::Kind::ALL`, the field table against the fields an `Event`
+//! serializes, and the reload reasons against `app::reload::Refusal::ALL`,
+//! each in both directions.
 
 use std::collections::BTreeSet;
 
+use credbroker::internals::app::reload::Refusal;
 use credbroker::internals::events::{Event, Kind, Opaque};
 use credbroker::internals::metrics::{MetricInfo, Metrics};
 
@@ -301,4 +303,32 @@ fn unknown_fields_listed(rows: &[Vec<String>], fields: &BTreeSet<String>) -> Vec
         }
     }
     problems
+}
+
+#[test]
+fn every_policy_reload_reason_is_documented_and_every_documented_one_exists() {
+    let text = read_doc("OPERATIONS.md");
+    let code: BTreeSet<String> = Refusal::ALL
+        .iter()
+        .map(|r| r.as_str().to_string())
+        .collect();
+    let doc = doc_names(&text, "Reason");
+    assert!(code.len() >= 5 && doc.len() >= 5, "{code:?} / {doc:?}");
+    let problems = compare_names("reload reason", &doc, &code);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // A page that drifted fails, both ways.
+    let dropped: Vec<String> = doc
+        .iter()
+        .filter(|r| *r != "unknown_service")
+        .cloned()
+        .collect();
+    assert!(compare_names("reload reason", &dropped, &code)
+        .iter()
+        .any(|p| p.starts_with("unknown_service: in the code (reload reason), missing")));
+    let mut extra = doc.clone();
+    extra.push("busy".into());
+    assert!(compare_names("reload reason", &extra, &code)
+        .iter()
+        .any(|p| p == "busy: documented (reload reason), not in the code"));
 }
