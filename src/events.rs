@@ -134,10 +134,10 @@ pub struct Event<'a> {
 // reason: the proxy handler (issue 11) writes these; it lands after the
 // shared shapes.
 #[allow(dead_code)]
-pub(crate) const PROXY_REQUEST: &str = "proxy.request";
+pub(crate) const PROXY_REQUEST: Kind = Kind::ProxyRequest;
 /// The event written when a proxied call is over (its status and sizes).
 #[allow(dead_code)]
-pub(crate) const PROXY_COMPLETED: &str = "proxy.completed";
+pub(crate) const PROXY_COMPLETED: Kind = Kind::ProxyCompleted;
 
 /// What the two proxy events say about one call. Never a token, a proof,
 /// the concrete path or the query in clear: the path goes in as a hash,

@@ -74,16 +74,20 @@ pub enum Refusal {
     AgentMismatch,
     /// A `service` resource names a service the config does not define.
     UnknownService,
+    /// A `delivery = "proxy"` resource breaks the proxy address rule, or
+    /// its provider has no `api_base`.
+    ProxyAddress,
 }
 
 impl Refusal {
     /// Every reason.
-    pub const ALL: [Refusal; 5] = [
+    pub const ALL: [Refusal; 6] = [
         Refusal::Unreadable,
         Refusal::TooLarge,
         Refusal::Invalid,
         Refusal::AgentMismatch,
         Refusal::UnknownService,
+        Refusal::ProxyAddress,
     ];
 
     /// Its name in events and logs.
@@ -94,6 +98,7 @@ impl Refusal {
             Refusal::Invalid => "invalid",
             Refusal::AgentMismatch => "agent_mismatch",
             Refusal::UnknownService => "unknown_service",
+            Refusal::ProxyAddress => "proxy_address",
         }
     }
 }
@@ -113,7 +118,7 @@ pub enum ReloadOutcome {
     /// Refused; the last good policy stays.
     Failed {
         /// A [`Refusal`]'s name: `unreadable`, `too_large`, `invalid`,
-        /// `agent_mismatch` or `unknown_service`.
+        /// `agent_mismatch`, `unknown_service` or `proxy_address`.
         reason: &'static str,
         /// What was wrong (positions and keys, never values).
         detail: String,
@@ -187,7 +192,7 @@ impl Reloader {
             return self.fail(trigger, (Refusal::UnknownService, detail));
         }
         if let Some(detail) = super::proxy_problem(&policy, &self.broker.config) {
-            return self.fail(trigger, ("proxy_address", detail));
+            return self.fail(trigger, (Refusal::ProxyAddress, detail));
         }
         self.apply(trigger, policy)
     }

@@ -70,6 +70,10 @@ kinds! {
     AuditRepaired = "audit.repaired",
     /// The audit log is writable again after a failure.
     AuditRecovered = "audit.recovered",
+    /// A proxied call is about to go upstream (written before it goes).
+    ProxyRequest = "proxy.request",
+    /// A proxied call is over.
+    ProxyCompleted = "proxy.completed",
 }
 
 impl serde::Serialize for Kind {

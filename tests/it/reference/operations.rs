@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use credbroker::internals::app::reload::Refusal;
-use credbroker::internals::events::{Event, Kind, Opaque};
+use credbroker::internals::events::{Event, Kind, Opaque, ProxyCall};
 use credbroker::internals::metrics::{MetricInfo, Metrics};
 
 use super::{only_code, read_doc, table_rows};
@@ -100,9 +100,10 @@ fn compare_names(what: &str, doc: &[String], code: &BTreeSet<String>) -> Vec<Str
     problems
 }
 
-/// Every field an event can carry, as serialized. The struct literal names
-/// every field without `..`, so a field added to `Event` does not compile
-/// here until it is added (and then the page must list it).
+/// Every field an event can carry, as serialized, and the members of
+/// `proxy`. The struct literals name every field without `..`, so a field
+/// added to `Event` or `ProxyCall` does not compile here until it is added
+/// (and then the page must list it).
 fn event_fields() -> BTreeSet<String> {
     let e = Event {
         time: 1,
@@ -138,11 +139,29 @@ fn event_fields() -> BTreeSet<String> {
         ),
         removed_bytes: Some(1),
         kid: Some("a".into()),
+        proxy: Some(ProxyCall {
+            method: "GET",
+            route: Some("a"),
+            path_sha256: "a".into(),
+            upstream_status: Some(200),
+            bytes_up: Some(1),
+            bytes_down: Some(1),
+            duration_ms: Some(1),
+        }),
     };
-    match serde_json::to_value(&e).unwrap() {
-        serde_json::Value::Object(m) => m.keys().cloned().collect(),
-        other => panic!("an event is an object: {other}"),
+    let serde_json::Value::Object(m) = serde_json::to_value(&e).unwrap() else {
+        panic!("an event is an object");
+    };
+    let mut fields = BTreeSet::new();
+    for (k, v) in m {
+        // A member that is an object of fixed members lists them as
+        // `field.member`; `undeclared` is keyed by request field names.
+        if let (serde_json::Value::Object(inner), false) = (&v, k == "undeclared") {
+            fields.extend(inner.keys().map(|i| format!("{k}.{i}")));
+        }
+        fields.insert(k);
     }
+    fields
 }
 
 /// The metrics a registry renders once every labelled metric has a value:
