@@ -134,10 +134,11 @@ def start_broker(
     extra_config: str = "",
     extra_policy: str = "",
     resource_port: int | None = None,
+    broker_port: int | None = None,
 ) -> QuickstartBroker:
     """Runs `credbroker quickstart` once to write its files (stopped as soon
     as it answers), applies the edits, then serves them."""
-    port = free_port()
+    port = broker_port or free_port()
     rport = resource_port or free_port()
     d = tmp / "qs"
     b = QuickstartBroker(d, port, f"http://127.0.0.1:{rport}/notes")
