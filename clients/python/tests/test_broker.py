@@ -19,6 +19,7 @@ import httpx
 import pytest
 from conftest import QuickstartBroker
 from joserfc import jwt
+from joserfc.errors import BadSignatureError
 from joserfc.jwk import KeySet
 
 from credbroker import (
@@ -70,16 +71,20 @@ def test_derive_issues_a_token_that_joserfc_verifies_bound_to_the_key(
     assert issued.expires_at is not None and before + 299 <= issued.expires_at <= time.time() + 301
     tok = jwt.decode(issued.token, jwks(broker), algorithms=["ES256"])
     assert tok.header["typ"] == "at+jwt"
-    c = tok.claims
-    assert c["iss"] == broker.issuer
-    assert c["aud"] == broker.resource
-    assert c["sub"] == "alice"
-    assert c["cnf"] == {"jkt": key.thumbprint}
-    assert c["act"]["tool"] == "notes.read"
+    jwt.JWTClaimsRegistry(
+        iss={"essential": True, "value": broker.issuer},
+        aud={"essential": True, "value": broker.resource},
+        exp={"essential": True},
+    ).validate(tok.claims)
+    claims = tok.claims
+    assert claims["sub"] == "alice"
+    assert claims["cnf"] == {"jkt": key.thumbprint}
+    assert claims["act"]["tool"] == "notes.read"
     # Negative control: the same verification fails with a key set that
     # lacks the broker's key, so the check above could have failed.
-    other = KeySet.import_key_set({"keys": [ToolKey.generate().public_jwk | {"kid": tok.header["kid"]}]})
-    with pytest.raises(Exception, match="signature"):
+    stranger: dict[str, Any] = {**ToolKey.generate().public_jwk, "kid": tok.header["kid"]}
+    other = KeySet.import_key_set({"keys": [stranger]})
+    with pytest.raises(BadSignatureError):
         jwt.decode(issued.token, other, algorithms=["ES256"])
 
 
@@ -191,7 +196,7 @@ def other_api_version(tmp_path: Path) -> Iterator[Path]:
     seen: list[str] = []
 
     class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             seen.append(self.path)
             body = json.dumps(
                 {
@@ -210,7 +215,7 @@ def other_api_version(tmp_path: Path) -> Iterator[Path]:
             self.end_headers()
             self.wfile.write(body)
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             seen.append(self.path)
             self.send_response(500)
             self.end_headers()

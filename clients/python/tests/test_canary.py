@@ -6,7 +6,7 @@ the secrets appears in the log records, a repr, or an exception's text."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -22,7 +22,11 @@ class Capture(logging.Handler):
         self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        extra = {k: v for k, v in record.__dict__.items() if k not in logging.LogRecord("", 0, "", 0, "", (), None).__dict__}
+        extra = {
+            k: v
+            for k, v in record.__dict__.items()
+            if k not in logging.LogRecord("", 0, "", 0, "", (), None).__dict__
+        }
         self.lines.append(f"{record.name} {record.getMessage()} {extra!r}")
 
 
@@ -57,6 +61,7 @@ def test_no_token_key_or_proof_in_logs_reprs_or_exceptions(
     with Broker(broker.socket) as c:
         issued = c.derive(subject, "summarize", "notes.read", broker.resource, key=key)
         shown += [repr(issued), str(issued), repr(c), repr(key), str(key)]
+        bad: Callable[[], object]
         for bad in (
             lambda: c.derive(subject, "summarize", "notes.delete", broker.resource, key=key),
             lambda: c.derive(subject + "x", "summarize", "notes.read", broker.resource, key=key),
@@ -67,7 +72,9 @@ def test_no_token_key_or_proof_in_logs_reprs_or_exceptions(
                 shown += [str(e), repr(e), repr(e.args)]
     auth = DPoPAuth(issued, key)
     shown.append(repr(auth))
-    with httpx.Client(auth=auth, event_hooks={"request": [lambda r: proofs.append(r.headers["dpop"])]}) as http:
+    with httpx.Client(
+        auth=auth, event_hooks={"request": [lambda r: proofs.append(r.headers["dpop"])]}
+    ) as http:
         r = http.get(notes.url)
         assert r.status_code == 200
     try:

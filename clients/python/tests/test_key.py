@@ -89,8 +89,10 @@ def test_thumbprint_is_rfc_7638() -> None:
 
 def test_proof_has_htu_without_query_or_fragment_ath_and_nonce() -> None:
     k = ToolKey.generate()
-    p = k.proof("GET", "https://Api.example:8443/notes/1?page=2#top", access_token="abc", nonce="n-1")
-    obj = jws.deserialize_compact(p, ECKey.import_key(k.public_jwk), algorithms=["ES256"])
+    p = k.proof(
+        "GET", "https://Api.example:8443/notes/1?page=2#top", access_token="abc", nonce="n-1"
+    )
+    obj = jws.deserialize_compact(p, ECKey.import_key(dict(k.public_jwk)), algorithms=["ES256"])
     h = obj.headers()
     assert h["typ"] == "dpop+jwt" and h["alg"] == "ES256"
     assert set(h["jwk"]) == {"kty", "crv", "x", "y"}  # public only: no "d"

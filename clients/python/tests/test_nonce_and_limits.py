@@ -21,7 +21,10 @@ from credbroker import Broker, RateLimited, ToolKey
 def strict(tmp_module: Path) -> Iterator[QuickstartBroker]:
     b = start_broker(
         tmp_module,
-        extra_config="\n[dpop]\nrequire_nonce = true\n\n[limits]\nper_person_tool_per_second = 1\nburst = 3\n",
+        extra_config=(
+            "\n[dpop]\nrequire_nonce = true\n"
+            "\n[limits]\nper_person_tool_per_second = 1\nburst = 3\n"
+        ),
     )
     yield b
     b.stop()

@@ -68,7 +68,7 @@ def test_dpop_auth_refuses_tokens_not_bound_to_its_key(
     bearer = Issued("opaque-provider-token", "Bearer", False, 3600, None, "repo")
     with pytest.raises(NotSenderConstrained, match="bearer"):
         DPoPAuth(bearer, key)
-    with pytest.raises(NotSenderConstrained, match="no cnf.jkt"):
+    with pytest.raises(NotSenderConstrained, match=r"no cnf\.jkt"):
         DPoPAuth("opaque-provider-token", key)
     thief = ToolKey.generate()
     with pytest.raises(NotSenderConstrained, match="another key"):

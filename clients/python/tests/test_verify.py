@@ -20,7 +20,6 @@ import httpx
 import pytest
 from conftest import QuickstartBroker, free_port, start_broker
 from joserfc import jws
-from joserfc.jwk import ECKey
 
 from credbroker import Broker, DPoPAuth, Issued, ToolKey
 from credbroker.verify import Principal, Verifier, VerifyError
@@ -60,7 +59,10 @@ def b64(v: bytes) -> str:
 
 def parts(token: str) -> tuple[dict[str, Any], dict[str, Any], str]:
     h, p, s = token.split(".")
-    pad = lambda x: x + "=" * (-len(x) % 4)  # noqa: E731
+
+    def pad(x: str) -> str:
+        return x + "=" * (-len(x) % 4)
+
     return (
         json.loads(base64.urlsafe_b64decode(pad(h))),
         json.loads(base64.urlsafe_b64decode(pad(p))),
@@ -68,7 +70,9 @@ def parts(token: str) -> tuple[dict[str, Any], dict[str, Any], str]:
     )
 
 
-def reencode(token: str, header: dict[str, Any] | None = None, claims: dict[str, Any] | None = None) -> str:
+def reencode(
+    token: str, header: dict[str, Any] | None = None, claims: dict[str, Any] | None = None
+) -> str:
     h, c, s = parts(token)
     h2 = b64(json.dumps(header if header is not None else h).encode())
     c2 = b64(json.dumps(claims if claims is not None else c).encode())
@@ -111,11 +115,18 @@ def test_every_hostile_request_is_refused_and_a_good_one_still_passes(
     v, clock, key, issued = setup
     tok = issued.token
     now = clock()
-    good = lambda: key.proof("GET", PY_RESOURCE, access_token=tok, now=now)  # noqa: E731
+
+    def good() -> str:
+        return key.proof("GET", PY_RESOURCE, access_token=tok, now=now)
 
     def ok() -> Principal:
         who = call(v, tok, good())
-        assert (who.sub, who.agent, who.tool, who.scopes) == ("alice", "repo-helper", "py.read", ("notes.read",))
+        assert (who.sub, who.agent, who.tool, who.scopes) == (
+            "alice",
+            "repo-helper",
+            "py.read",
+            ("notes.read",),
+        )
         return who
 
     ok()
@@ -134,7 +145,9 @@ def test_every_hostile_request_is_refused_and_a_good_one_still_passes(
     ok()
     # A valid proof from another key (a stolen token with the thief's key).
     thief = ToolKey.generate()
-    refused("invalid_dpop_proof", lambda: call(v, tok, thief.proof("GET", PY_RESOURCE, tok, now=now)))
+    refused(
+        "invalid_dpop_proof", lambda: call(v, tok, thief.proof("GET", PY_RESOURCE, tok, now=now))
+    )
     ok()
     # Another method, path, host, port, scheme; `get` is not GET.
     for m, u in [
@@ -147,13 +160,20 @@ def test_every_hostile_request_is_refused_and_a_good_one_still_passes(
     ]:
         refused("invalid_dpop_proof", lambda m=m, u=u: call(v, tok, key.proof(m, u, tok, now=now)))
     # ... while the query is ignored and the host's case and default port normalised.
-    call(v, tok, key.proof("GET", PY_RESOURCE + "?page=3", tok, now=now), url=PY_RESOURCE + "?page=2")
+    call(
+        v, tok, key.proof("GET", PY_RESOURCE + "?page=3", tok, now=now), url=PY_RESOURCE + "?page=2"
+    )
     # ath over another token, or none.
-    refused("invalid_dpop_proof", lambda: call(v, tok, key.proof("GET", PY_RESOURCE, "other", now=now)))
+    refused(
+        "invalid_dpop_proof", lambda: call(v, tok, key.proof("GET", PY_RESOURCE, "other", now=now))
+    )
     refused("invalid_dpop_proof", lambda: call(v, tok, key.proof("GET", PY_RESOURCE, now=now)))
     # iat 61 s off either way (60 s is accepted).
     for off in (-61, 61):
-        refused("invalid_dpop_proof", lambda off=off: call(v, tok, key.proof("GET", PY_RESOURCE, tok, now=now + off)))
+        refused(
+            "invalid_dpop_proof",
+            lambda off=off: call(v, tok, key.proof("GET", PY_RESOURCE, tok, now=now + off)),
+        )
     for off in (-60, 60):
         call(v, tok, key.proof("GET", PY_RESOURCE, tok, now=now + off))
     ok()
@@ -162,12 +182,16 @@ def test_every_hostile_request_is_refused_and_a_good_one_still_passes(
     priv = dict(h, jwk=key._key.as_dict(private=True))
     forged = jws.serialize_compact(priv, json.dumps(c), key._key, algorithms=["ES256"])
     refused("invalid_dpop_proof", lambda: call(v, tok, forged))
-    as_jwt = jws.serialize_compact(dict(h, typ="JWT"), json.dumps(c), key._key, algorithms=["ES256"])
+    as_jwt = jws.serialize_compact(
+        dict(h, typ="JWT"), json.dumps(c), key._key, algorithms=["ES256"]
+    )
     refused("invalid_dpop_proof", lambda: call(v, tok, as_jwt))
     ok()
 
 
-def test_hostile_tokens_are_refused(setup: tuple[Verifier, Clock, ToolKey, Issued], b: QuickstartBroker) -> None:
+def test_hostile_tokens_are_refused(
+    setup: tuple[Verifier, Clock, ToolKey, Issued], b: QuickstartBroker
+) -> None:
     v, clock, key, issued = setup
     tok = issued.token
     now = clock()
@@ -190,12 +214,25 @@ def test_hostile_tokens_are_refused(setup: tuple[Verifier, Clock, ToolKey, Issue
     refused("invalid_token", lambda: with_proof(reencode(tok, header=dict(h, kid="nope"))))
     flipped = sig[:-2] + ("AA" if sig[-2:] != "AA" else "BA")
     refused("invalid_token", lambda: with_proof(tok.rsplit(".", 1)[0] + "." + flipped))
-    refused("invalid_token", lambda: with_proof(reencode(tok, claims=dict(c, scope="notes.read notes.delete"))))
+    refused(
+        "invalid_token",
+        lambda: with_proof(reencode(tok, claims=dict(c, scope="notes.read notes.delete"))),
+    )
     # Another audience or issuer (a verifier configured for them refuses it too).
     other_aud = Verifier(b.issuer, "http://127.0.0.1:1/notes", jwks, clock=clock)
-    refused("invalid_token", lambda: other_aud.verify("GET", PY_RESOURCE, f"DPoP {tok}", [key.proof("GET", PY_RESOURCE, tok, now=now)]))
+    refused(
+        "invalid_token",
+        lambda: other_aud.verify(
+            "GET", PY_RESOURCE, f"DPoP {tok}", [key.proof("GET", PY_RESOURCE, tok, now=now)]
+        ),
+    )
     other_iss = Verifier("http://127.0.0.1:1", PY_RESOURCE, jwks, clock=clock)
-    refused("invalid_token", lambda: other_iss.verify("GET", PY_RESOURCE, f"DPoP {tok}", [key.proof("GET", PY_RESOURCE, tok, now=now)]))
+    refused(
+        "invalid_token",
+        lambda: other_iss.verify(
+            "GET", PY_RESOURCE, f"DPoP {tok}", [key.proof("GET", PY_RESOURCE, tok, now=now)]
+        ),
+    )
     # After exp (with the skew), and one second before it.
     clock.t = c["exp"] + 5
     refused("invalid_token", lambda: call(v, tok, key.proof("GET", PY_RESOURCE, tok, now=clock.t)))
@@ -219,7 +256,7 @@ class NonceServer:
         outer = self
 
         class H(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 try:
                     who = verifier.verify(
                         "GET",
@@ -235,7 +272,9 @@ class NonceServer:
                     return
                 self.answer(200, {"sub": who.sub, "tool": who.tool}, None, fresh=False)
 
-            def answer(self, status: int, body: dict[str, Any], challenge: str | None, fresh: bool) -> None:
+            def answer(
+                self, status: int, body: dict[str, Any], challenge: str | None, fresh: bool
+            ) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 if challenge:
@@ -274,7 +313,10 @@ def test_dpop_auth_answers_a_resource_servers_nonce_challenge(b: QuickstartBroke
         # Negative control: a proof without a nonce is challenged, with a nonce.
         r = httpx.get(
             PY_RESOURCE,
-            headers={"Authorization": f"DPoP {issued.token}", "DPoP": key.proof("GET", PY_RESOURCE, issued.token)},
+            headers={
+                "Authorization": f"DPoP {issued.token}",
+                "DPoP": key.proof("GET", PY_RESOURCE, issued.token),
+            },
         )
         assert r.status_code == 401 and 'error="use_dpop_nonce"' in r.headers["www-authenticate"]
         assert r.headers["dpop-nonce"]
