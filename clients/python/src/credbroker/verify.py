@@ -85,9 +85,10 @@ def _proof(d: str) -> VerifyError:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who the request is for: the person is (``subject_iss``, ``sub``)."""
+    """Who the request is for: the person is (``subject_iss``, ``sub``);
+    ``subject_iss`` is absent only from tokens of brokers that predate it."""
 
-    subject_iss: str
+    subject_iss: str | None
     sub: str
     agent: str
     tool: str | None
@@ -280,7 +281,9 @@ class Verifier:
             raise _token("the token is empty or larger than 8 KiB")
         header, claims = _split(token, _token, "token")
         # 3: the header, against allow-lists.
-        if header.get("typ") != "at+jwt":
+        # typ compares case-insensitively (RFC 7515 section 4.1.9), as in Rust.
+        typ = header.get("typ")
+        if not isinstance(typ, str) or typ.lower() != "at+jwt":
             raise _token("typ is not at+jwt")
         if header.get("alg") != "ES256":
             raise _token("alg is not ES256")
@@ -299,10 +302,11 @@ class Verifier:
         jkt = cnf.get("jkt") if isinstance(cnf, dict) else None
         agent = act.get("sub") if isinstance(act, dict) else None
         tool = act.get("tool") if isinstance(act, dict) else None
-        if not all(isinstance(v, str) for v in (iss, sub, aud, subject_iss, jkt, agent, scope)):
-            raise _token(
-                "iss, sub, aud, subject_iss, cnf.jkt, act.sub or scope is missing or not a string"
-            )
+        token_jti = claims.get("jti")
+        if not all(isinstance(v, str) for v in (iss, sub, aud, token_jti, jkt, agent, scope)):
+            raise _token("iss, sub, aud, jti, cnf.jkt, act.sub or scope is missing or not a string")
+        if subject_iss is not None and not isinstance(subject_iss, str):
+            raise _token("subject_iss is not a string")
         if not all(type(v) is int for v in (iat, exp)):
             raise _token("iat or exp is not an integer")
         if tool is not None and not isinstance(tool, str):
@@ -367,6 +371,7 @@ class Verifier:
             raise _proof("the proof is signed by another key than the token is bound to")
         # 18: replay, recorded only now.
         self._replay.check_and_record(jkt, jti, now, now + PROOF_WINDOW + SKEW)
-        assert isinstance(subject_iss, str) and isinstance(sub, str)  # noqa: S101 - narrowed above
+        assert subject_iss is None or isinstance(subject_iss, str)  # noqa: S101 - narrowed above
+        assert isinstance(sub, str)  # noqa: S101 - narrowed above
         assert isinstance(agent, str)  # noqa: S101 - narrowed above
         return Principal(subject_iss, sub, agent, tool, tuple(scope.split()), jkt, exp)
