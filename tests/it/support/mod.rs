@@ -58,6 +58,53 @@ pub(crate) fn not_shown(what: &str, why: &str) {
     eprintln!("NOT SHOWN ({why}): {what}");
 }
 
+/// A size-limited tmpfs mounted at a directory (created), unmounted on
+/// drop: a disk that fills up, or a file system that turns read-only.
+pub(crate) struct Tmpfs(pub(crate) std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts one of `size` (mode 0700) at `dir`, or `None` where mounting
+    /// is not allowed (not root, or no mount namespace for it).
+    pub(crate) fn mount(dir: &std::path::Path, size: &str) -> Option<Tmpfs> {
+        Tmpfs::mount_with(dir, &format!("size={size},mode=0700"))
+    }
+
+    /// Mounts one with the `mount -o` options `opts`.
+    pub(crate) fn mount_with(dir: &std::path::Path, opts: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir.to_path_buf()))
+    }
+
+    /// Remounts it read-only, or writable again; panics if that fails.
+    pub(crate) fn set_read_only(&self, read_only: bool) {
+        let opts = if read_only {
+            "remount,ro"
+        } else {
+            "remount,rw"
+        };
+        let status = std::process::Command::new("mount")
+            .args(["-o", opts])
+            .arg(&self.0)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -o {opts} {}", self.0.display());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
 /// Runs the timing-sensitive tests one at a time within this binary:
 /// tests that measure how long the broker takes, or hold hundreds of
 /// connections, would otherwise measure each other on a 2-core machine.
