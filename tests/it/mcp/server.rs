@@ -748,19 +748,7 @@ async fn api_answer_echoing_the_provider_token_is_withheld() {
     let b = TestBroker::start();
     let stub = StubBroker::start(b.dir.path()).await;
     // An API that puts the bearer token into its answer.
-    let echo = RepoApi::start(
-        "/user/repos",
-        Arc::new(|req, _| {
-            let auth = req
-                .headers()
-                .get("authorization")
-                .unwrap()
-                .to_str()
-                .unwrap();
-            Ok(auth.trim_start_matches("Bearer ").to_owned())
-        }),
-    )
-    .await;
+    let echo = RepoApi::token_echoing().await;
     let honest = RepoApi::start("/user/repos", Arc::new(|_, _| Ok("alice".into()))).await;
     let jwks = b.path("dev-issuer-jwks.json");
     let start = |api: &RepoApi| {

@@ -249,6 +249,59 @@ impl RepoApi {
         RepoApi::serve(path, Checker::Async(check)).await
     }
 
+    /// `/user/repos` believing a token only when the provider's userinfo
+    /// endpoint (`{issuer}/me`) does, and listing the repositories of that
+    /// provider account (its `sub`).
+    pub(crate) async fn provider_checked(issuer: &str) -> RepoApi {
+        let userinfo = format!("{issuer}/me");
+        RepoApi::start_async(
+            "/user/repos",
+            Arc::new(move |headers: http::HeaderMap, _url| {
+                let userinfo = userinfo.clone();
+                Box::pin(async move {
+                    let auth = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .ok_or("no token")?
+                        .to_owned();
+                    let r = reqwest::Client::new()
+                        .get(&userinfo)
+                        .header("authorization", auth)
+                        .send()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if !r.status().is_success() {
+                        return Err(format!("provider says {}", r.status()));
+                    }
+                    let me: Value = r.json().await.map_err(|e| e.to_string())?;
+                    me["sub"]
+                        .as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| "no sub".into())
+                })
+            }),
+        )
+        .await
+    }
+
+    /// `/user/repos` that puts the caller's bearer token into its answer
+    /// (an API that echoes the token, which the MCP server must withhold).
+    pub(crate) async fn token_echoing() -> RepoApi {
+        RepoApi::start(
+            "/user/repos",
+            Arc::new(|req, _| {
+                let auth = req
+                    .headers()
+                    .get("authorization")
+                    .unwrap()
+                    .to_str()
+                    .unwrap();
+                Ok(auth.trim_start_matches("Bearer ").to_owned())
+            }),
+        )
+        .await
+    }
+
     async fn serve(path: &str, check: Checker) -> RepoApi {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
