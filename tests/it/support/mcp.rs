@@ -199,6 +199,35 @@ pub(crate) fn python_client(dir: &Path, token: &str, mut spec: Value) -> Value {
         .unwrap_or_else(|_| panic!("Python client printed {stdout}\n{stderr}"))
 }
 
+/// Checks what `mcp_client.py`'s `poll_expiry` run returned for a
+/// requestState of `ttl` seconds: the first call asks for input, every
+/// retry while the state lives is accepted (and asks again), and the last
+/// is refused as an invalid or expired requestState, no earlier than the
+/// lifetime less a second (the states carry whole seconds). Returns how
+/// many retries were accepted, each of which reached the broker.
+pub(crate) fn polled_expiry(out: &Value, ttl: f64) -> usize {
+    let calls = out["calls"].as_array().unwrap();
+    assert_eq!(calls[0]["result"]["resultType"], "input_required", "{out}");
+    let (refused, accepted) = calls[1..].split_last().unwrap();
+    assert!(!accepted.is_empty(), "the state was never accepted: {out}");
+    for a in accepted {
+        assert_eq!(a["attempt"], "genuine");
+        assert_eq!(a["result"]["resultType"], "input_required", "{out}");
+    }
+    assert_eq!(refused["attempt"], "genuine");
+    assert_eq!(refused["error"]["code"], -32602, "{out}");
+    assert_eq!(
+        refused["error"]["message"],
+        "Invalid or expired requestState"
+    );
+    let at = refused["elapsed"].as_f64().unwrap();
+    assert!(
+        at >= ttl - 1.0,
+        "refused after {at} s, before its {ttl} s lifetime: {out}"
+    );
+    accepted.len()
+}
+
 /// One request the repository API received.
 #[derive(Debug, Clone)]
 pub(crate) struct ApiHit {
