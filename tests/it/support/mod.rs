@@ -41,6 +41,15 @@ pub(crate) fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> b
     }
 }
 
+/// The slack a time bound gets on this machine: four times a baseline
+/// measured in the same test (the same work without the wait the bound is
+/// about, on the same broker), and at least 1 s. A loaded machine that
+/// makes the baseline slow widens the bound with it; a regression that
+/// waits for a timeout or never finishes still lands past it.
+pub(crate) fn slack(baseline: Duration) -> Duration {
+    std::cmp::max(Duration::from_secs(1), 4 * baseline)
+}
+
 /// Whether this run is CI's (`CI=true`), where nothing may be skipped.
 pub(crate) fn under_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
