@@ -687,11 +687,7 @@ async fn dpop_replay_cache_full_refuses_rather_than_forgets() {
     // sharded, but the capacity counts over all shards, so two proofs that
     // fall in one shard do not refuse early (none served would also make
     // the replay checks below vacuous).
-    assert_eq!(
-        served.len(),
-        16,
-        "proofs served before the cache was full"
-    );
+    assert_eq!(served.len(), 16, "proofs served before the cache was full");
     // Every proof already served is still remembered.
     for p in &served {
         derive_with(&b, p).assert_refused(
