@@ -203,7 +203,7 @@ impl Demo {
     fn check_request<'a>(
         &self,
         q: &'a HashMap<String, String>,
-    ) -> Result<[(&'static str, &'a str); 5], Response<Body>> {
+    ) -> Result<[(&'static str, &'a str); 7], Response<Body>> {
         let get = |k: &str| q.get(k).map(String::as_str).unwrap_or("");
         if get("client_id") != self.opts.client_id || get("redirect_uri") != self.opts.redirect_uri
         {
@@ -227,6 +227,8 @@ impl Demo {
             ));
         }
         Ok([
+            ("response_type", get("response_type")),
+            ("code_challenge_method", get("code_challenge_method")),
             ("client_id", get("client_id")),
             ("redirect_uri", get("redirect_uri")),
             ("state", get("state")),
@@ -254,7 +256,7 @@ impl Demo {
                 r#"<p><label><input type="radio" name="account" value="{login}"{checked}> {label} (<code>{login}</code>)</label></p>"#
             ));
         }
-        let scope = fields[4].1;
+        let scope = q.get("scope").map(String::as_str).unwrap_or("");
         let body = format!(
             r#"<h2>credbroker wants to use your demo account</h2>
 <p>It asks for: <code>{scope}</code></p>

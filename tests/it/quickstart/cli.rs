@@ -82,6 +82,14 @@ async fn serve_refuses_the_quickstart_demo_service() {
     let cwd = q.stop();
     let dir = cwd.path().join("credbroker-quickstart");
     let config = dir.join("credbroker.toml");
+    // The killed quick start left its socket file; a start would replace it.
+    let socket = || {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(dir.join("credbroker.sock"))
+            .map(|m| m.ino())
+            .ok()
+    };
+    let before = socket();
     let (code, err) = run_expect_exit(cwd.path(), &["serve", "--config", config.to_str().unwrap()]);
     assert_eq!(code, 1, "{err}");
     assert!(
@@ -91,10 +99,7 @@ async fn serve_refuses_the_quickstart_demo_service() {
             && err.contains("only `credbroker quickstart` runs"),
         "{err}"
     );
-    assert!(
-        !dir.join("credbroker.sock").exists(),
-        "serve bound its socket"
-    );
+    assert_eq!(socket(), before, "serve bound its socket");
     // Positive control: without the demo provider and its tool, the same
     // config serves.
     let text = std::fs::read_to_string(&config).unwrap();
