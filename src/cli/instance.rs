@@ -164,11 +164,13 @@ Next steps, in another terminal (the README's walkthrough):
     Ok(Exit::Ok)
 }
 
+/// Each quick-start person's name, and the password made for them by this
+/// run (to be printed once), `None` when the account already existed.
+type Accounts = Vec<(&'static str, Option<crate::secret::SecretString>)>;
+
 /// The quick start's two people, as local accounts: made (with a
-/// generated password, returned to be printed once) when missing.
-fn local_accounts(
-    inst: &crate::app::Instance,
-) -> Result<Vec<(&'static str, Option<crate::secret::SecretString>)>, Box<dyn std::error::Error>> {
+/// generated password) when missing.
+fn local_accounts(inst: &crate::app::Instance) -> Result<Accounts, Box<dyn std::error::Error>> {
     let store = inst.broker.store.as_ref();
     let mut out = Vec::new();
     for name in ["alice", "bob"] {
