@@ -128,3 +128,57 @@ async fn serve_refuses_the_quickstart_demo_service() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derive_print_prints_one_member_raw_or_names_the_members() {
+    let q = Quickstart::start().await;
+    let token = q.subject_token("alice");
+    let socket = q.socket();
+    let derive = |tool: &str, resource: &str, member: &str| {
+        q.cli(&[
+            "derive",
+            "--socket",
+            socket.to_str().unwrap(),
+            "--issuer",
+            &q.issuer,
+            "--subject-token",
+            &token,
+            "--step",
+            "summarize",
+            "--tool",
+            tool,
+            "--resource",
+            resource,
+            "--dpop-key",
+            "tool-key.pem",
+            "--print",
+            member,
+        ])
+    };
+    // A member the answer lacks: exit 1, only the names on stderr, no token.
+    let (code, out, err) = derive("notes.read", RESOURCE, "refresh_token");
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(out, "");
+    assert!(
+        err.contains("--print refresh_token") && err.contains("access_token, "),
+        "{err}"
+    );
+    assert!(!err.contains("eyJ"), "a token was printed: {err}");
+    // Positive control: the member, raw (no quotes, one line).
+    let (code, out, err) = derive("notes.read", RESOURCE, "access_token");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("eyJ") && out.trim_end().split('.').count() == 3,
+        "{out}"
+    );
+    let (code, out, _) = derive("notes.read", RESOURCE, "expires_in");
+    assert_eq!(code, 0);
+    assert!(out.trim().parse::<u64>().unwrap() <= 300, "{out}");
+    // A refusal keeps its exit code 2 while printing the member.
+    let (code, out, err) = derive("demo.notes", &q.demo_api(), "connect_uri");
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        out.trim().starts_with(&format!("{}/connect/", q.issuer)),
+        "{out}"
+    );
+}
