@@ -22,7 +22,6 @@
 //! logged but fixed words and the demo account's name.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -468,11 +467,12 @@ impl Demo {
 
 /// Serves the demo service on `listener` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, demo: Arc<Demo>) {
-    let addr: Option<SocketAddr> = listener.local_addr().ok();
-    tracing::info!(
-        addr = ?addr,
-        "demo service (quick start only, not a real provider) listening"
-    );
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(
+            %addr,
+            "demo service (quick start only, not a real provider) listening"
+        );
+    }
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
