@@ -557,12 +557,26 @@ impl Broker {
                 DeriveError::Proof(e, nonce)
             })?;
 
-        if let policy::Source::Service { service, .. } = &grant.resource.source {
-            return self
+        if let policy::Source::Service { service, delivery } = &grant.resource.source {
+            let served = self
                 .derive_service(policy, &subject, &grant, service, now, ctx)
-                .await;
+                .await?;
+            match delivery {
+                policy::Delivery::ProviderToken => return Ok(served),
+                // The egress proxy: every check of the service source has
+                // passed (account, allowance, a live provider token,
+                // refreshed if it was near expiry), and the provider's token
+                // stays here (dropped, so zeroized). The tool gets an
+                // ordinary credbroker token for the proxy address, minted
+                // below exactly like a `self` token.
+                policy::Delivery::Proxy => {
+                    drop(served);
+                    ctx.narrowed = None;
+                }
+            }
         }
-        // Source: self. Lifetime = min(policy ttl, 300 s, subject's life).
+        // Source: self (or the proxy). Lifetime = min(policy ttl, 300 s,
+        // subject's life).
         let exp = (now + grant.ttl.as_secs() as i64).min(subject.exp);
         if exp <= now {
             return Err(DeriveError::Subject(SubjectError::Expired));
@@ -575,6 +589,7 @@ impl Broker {
                 aud: &grant.resource.id,
                 scopes: &grant.scopes,
                 tool: &req.tool,
+                step: Some(&req.step),
                 jkt: &valid.jkt,
                 iat: now,
                 exp,

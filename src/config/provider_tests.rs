@@ -106,6 +106,8 @@ fn quickstart_demo_preset_fills_its_endpoints_under_its_issuer_and_is_flagged() 
     assert_eq!(e.authorization, "http://127.0.0.1:8441/authorize");
     assert_eq!(e.token, "http://127.0.0.1:8441/token");
     assert_eq!(p.client_auth, ClientAuth::None, "a public client: PKCE");
+    // Its API's origin, for the egress proxy.
+    assert_eq!(p.api_base.as_deref(), Some("http://127.0.0.1:8441"));
     assert!(
         matches!(&p.account, AccountLookup::Api { url, .. } if url == "http://127.0.0.1:8441/api/me")
     );
@@ -128,4 +130,46 @@ fn quickstart_demo_preset_fills_its_endpoints_under_its_issuer_and_is_flagged() 
     // An ordinary provider is not the demo.
     let c = parse("[providers.github]\npreset = \"github\"\nclient_id = \"Iv1\"\nclient_secret_file = \"keys/gh\"\n").unwrap();
     assert_eq!(c.quickstart_demo, None);
+}
+
+#[test]
+fn api_base_is_an_origin_and_the_github_preset_fills_it() {
+    let c = parse("[providers.github]\npreset = \"github\"\nclient_id = \"Iv1\"\nclient_secret_file = \"keys/gh\"\n").unwrap();
+    assert_eq!(
+        c.providers["github"].api_base.as_deref(),
+        Some("https://api.github.com")
+    );
+    let base = |b: &str| {
+        parse(&format!(
+            "[providers.acme]\nissuer = \"https://idp.acme.example\"\nclient_id = \"x\"\napi_base = \"{b}\"\n"
+        ))
+    };
+    for bad in [
+        "http://api.acme.example",
+        "https://api.acme.example/v1",
+        "https://api.acme.example/?a=1",
+        "https://user@api.acme.example",
+        "not a url",
+    ] {
+        let e = base(bad).unwrap_err();
+        assert!(
+            e.iter()
+                .any(|p| p.key.as_deref() == Some("providers.acme.api_base")),
+            "{bad}: {e:?}"
+        );
+        assert!(!e.iter().any(|p| p.message.contains(bad)), "echoes {bad}");
+    }
+    // Positive controls: https, and http on loopback.
+    assert_eq!(
+        base("https://api.acme.example/").unwrap().providers["acme"]
+            .api_base
+            .as_deref(),
+        Some("https://api.acme.example")
+    );
+    assert_eq!(
+        base("http://127.0.0.1:8080").unwrap().providers["acme"]
+            .api_base
+            .as_deref(),
+        Some("http://127.0.0.1:8080")
+    );
 }
