@@ -72,7 +72,13 @@ pub(super) fn prepare(
         .transpose()?;
     let config = dir.join(QS_CONFIG);
     if config.exists() {
-        let cfg = Config::load(&config)?;
+        let cfg = Config::load(&config).map_err(|e| {
+            format!(
+                "{e}\nthis quick-start directory cannot be reused as it is: remove {} to \
+                 start afresh, or give another --dir",
+                dir.display()
+            )
+        })?;
         let made_for = cfg.public.as_ref().map(|p| p.listen);
         if let (Some(want), Some(have)) = (listen, made_for) {
             if want != have {

@@ -34,6 +34,21 @@ async fn quickstart_listen_on_all_interfaces_is_refused_before_writing() {
             "{flag} {value} wrote the directory"
         );
     }
+    // A directory an older version wrote for 0.0.0.0 (a config that does
+    // not load) is not reused silently: the message says what to do.
+    let old = tempfile::tempdir().unwrap();
+    credbroker::internals::cli::quickstart_files(
+        &old.path().join("credbroker-quickstart"),
+        &format!("0.0.0.0:{port}"),
+    )
+    .unwrap();
+    let (code, err) = run_expect_exit(old.path(), &["quickstart"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("public.listen")
+            && err.contains("cannot be reused as it is: remove credbroker-quickstart"),
+        "{err}"
+    );
     // Positive control: a loopback address with a port starts.
     let q = Quickstart::start_in(cwd, &free_loopback_addr(), &free_loopback_addr()).await;
     assert!(q.config().exists());
