@@ -14,6 +14,7 @@ mod operations;
 mod pages;
 mod policy;
 mod quickstart;
+mod reference;
 mod security;
 mod services;
 mod support;
