@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -207,6 +208,66 @@ def start_resource_server(b: QuickstartBroker, tmp: Path) -> ResourceServer:
 
     poll("resource_server listening", up)
     return ResourceServer(b.resource, proc, log)
+
+
+SERVICE = "https://api.acme.example"
+
+
+@pytest.fixture(scope="module")
+def acme(tmp_module: Path) -> Iterator[QuickstartBroker]:
+    """A broker with the service `acme` (played by the oidc-provider peer in
+    tests/peers, on loopback) and the tool `acme.issues` in step `triage`;
+    nobody has connected an account yet."""
+    peers = REPO / "tests" / "peers"
+    if not (peers / "node_modules" / "oidc-provider").is_dir():
+        pytest.fail("tests/peers/node_modules is missing: run scripts/install-test-deps")
+    secret = f"client-secret-canary-{secrets.token_hex(12)}"
+    port = free_port()
+    provider = subprocess.Popen(
+        [
+            "node",
+            str(peers / "oauth-service.mjs"),
+            "--client-id",
+            "credbroker-test",
+            "--client-secret",
+            secret,
+            "--redirect-uri",
+            f"http://127.0.0.1:{port}/callback/acme",
+        ],
+        cwd=peers,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert provider.stdout is not None
+    issuer = json.loads(provider.stdout.readline())["issuer"]
+    secret_file = tmp_module / "acme.secret"
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, secret.encode())
+    os.close(fd)
+    policy = f"""
+[resources."{SERVICE}"]
+source = "service"
+service = "acme"
+delivery = "provider_token"
+
+[tools."acme.issues"]
+resource = "{SERVICE}"
+scopes = ["read:org"]
+steps = ["triage"]
+"""
+    config = f"""
+[providers.acme]
+display_name = "Acme"
+issuer = "{issuer}"
+client_id = "credbroker-test"
+client_secret_file = "{secret_file}"
+scopes = ["openid", "profile", "read:org"]
+"""
+    b = start_broker(tmp_module, extra_config=config, extra_policy=policy, broker_port=port)
+    yield b
+    b.stop()
+    provider.terminate()
+    provider.wait(timeout=10)
 
 
 def read_json(path: Path) -> object:
