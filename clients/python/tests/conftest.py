@@ -68,6 +68,7 @@ class QuickstartBroker:
 
     dir: Path
     port: int
+    demo_port: int
     resource: str
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(init=False)
@@ -87,10 +88,25 @@ class QuickstartBroker:
     def config(self) -> Path:
         return self.dir / "credbroker.toml"
 
+    def quickstart(self) -> list[str]:
+        """The quick start's command for this directory; its first run
+        writes the files, later runs serve them as they are now (edits
+        included), with the quick start's demo service on its own port."""
+        return [
+            str(broker_bin()),
+            "quickstart",
+            "--dir",
+            str(self.dir),
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--demo-listen",
+            f"127.0.0.1:{self.demo_port}",
+        ]
+
     def serve(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [str(broker_bin()), "serve", "--config", str(self.config)],
+                self.quickstart(),
                 stdout=log,
                 stderr=log,
                 env={**os.environ, "RUST_LOG": "info"},
@@ -138,19 +154,22 @@ def start_broker(
     broker_port: int | None = None,
 ) -> QuickstartBroker:
     """Runs `credbroker quickstart` once to write its files (stopped as soon
-    as it answers), applies the edits, then serves them."""
+    as it answers), applies the edits, then runs it again on them."""
     port = broker_port or free_port()
     rport = resource_port or free_port()
     d = tmp / "qs"
-    b = QuickstartBroker(d, port, f"http://127.0.0.1:{rport}/notes")
-    with open(tmp / "quickstart.log", "wb") as log:
-        qs = subprocess.Popen(
-            [str(broker_bin()), "quickstart", "--dir", str(d), "--listen", f"127.0.0.1:{port}"],
-            stdout=log,
-            stderr=log,
-        )
+    b = QuickstartBroker(d, port, free_port(), f"http://127.0.0.1:{rport}/notes")
+    log_path = tmp / "quickstart.log"
+    with open(log_path, "wb") as log:
+        qs = subprocess.Popen(b.quickstart(), stdout=log, stderr=log)
+
+    def first_run_answers() -> bool:
+        if qs.poll() is not None:
+            raise AssertionError(f"the quick start exited: {log_path.read_text()[-3000:]}")
+        return _socket_answers(d / "credbroker.sock")
+
     try:
-        poll("the quick start answering", lambda: _socket_answers(d / "credbroker.sock"))
+        poll("the quick start answering", first_run_answers)
     finally:
         qs.send_signal(signal.SIGTERM)
         qs.wait(timeout=10)
