@@ -1,12 +1,15 @@
 // @credbroker/client/mcp builds the messages of proto/mcp/ for each protocol
-// version: the 2025-11-25 error with the SDK's own UrlElicitationRequiredError,
-// and the 2026-07-28 input_required result whose requestState is sealed
-// (AES-256-GCM JWE) for this server, the person, the call and a lifetime.
+// version: the 2025-11-25 error with @modelcontextprotocol/sdk's own
+// UrlElicitationRequiredError, and the 2026-07-28 input_required result
+// (what @modelcontextprotocol/server's builder makes) whose requestState is
+// sealed (AES-256-GCM JWE) for this server, the person, the call and a lifetime.
 
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { test } from "node:test";
 import { ErrorCode, UrlElicitationRequiredError } from "@modelcontextprotocol/sdk/types.js";
+import { inputRequired as serverInputRequired, isInputRequiredResult } from "@modelcontextprotocol/server";
+import type { InputRequiredResult as ServerInputRequiredResult } from "@modelcontextprotocol/server";
 
 import { LinkRequired, refusal } from "../src/index.js";
 import { REQUEST_STATE_REJECTED, RequestStateRejected, RequestStateSealer, linkAnswer, urlElicitationError } from "../src/mcp.js";
@@ -101,4 +104,25 @@ test("2026-07-28: input_required as in proto/mcp, with a sealed requestState", a
   now = 1795960000;
   assert.deepEqual(Object.keys((await linkAnswer(link(), "2026-07-28", { sealer, person, call })).inputRequests), ["connect"]);
   assert.ok(String(sealer).includes("key=[REDACTED]"));
+});
+
+test("2026-07-28: the result is what @modelcontextprotocol/server's own builder makes", async () => {
+  const sealer = new RequestStateSealer(RequestStateSealer.generateKey(), { server: "https://mcp.example.com/mcp" });
+  const err = link();
+  const ours = await linkAnswer(err, "2026-07-28", { sealer, person, call, name: "connect_github" });
+  // That SDK recognises it. (Its InputRequest type still asks for the
+  // 2025-era elicitationId, which its own elicitUrl builder leaves out, as
+  // the 2026-07-28 shape does; so the builder's result is cast, and so is ours.)
+  assert.ok(isInputRequiredResult(ours as unknown as ServerInputRequiredResult));
+  const theirs = serverInputRequired({
+    inputRequests: { connect_github: serverInputRequired.elicitUrl({ url: err.link.uri, message: `${err.link.message} ${err.link.uri}` }) },
+    requestState: ours.requestState,
+  });
+  assert.deepEqual(JSON.parse(JSON.stringify(ours)), JSON.parse(JSON.stringify(theirs)));
+  // Negative control: the same comparison sees a changed URL.
+  const other = serverInputRequired({
+    inputRequests: { connect_github: serverInputRequired.elicitUrl({ url: `${err.link.uri}x`, message: "m" }) },
+    requestState: ours.requestState,
+  });
+  assert.notDeepEqual(JSON.parse(JSON.stringify(ours)), JSON.parse(JSON.stringify(other)));
 });
