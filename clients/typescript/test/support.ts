@@ -10,7 +10,7 @@
 
 import { spawn, execFileSync } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
-import { appendFileSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync, closeSync } from "node:fs";
+import { existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync, closeSync } from "node:fs";
 import { request } from "node:http";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
@@ -124,6 +124,33 @@ export class QuickstartBroker {
   }
 }
 
+/** A TOML file as its top-level part and its `[table]` sections, in order. */
+function sections(text: string): string[] {
+  return text.split(/^(?=\[)/m);
+}
+
+/**
+ * The quick start's files without its built-in demo service, which only
+ * `credbroker quickstart` runs (`serve` refuses its preset): the
+ * `[providers.demo]` table, the resources with `service = "demo"` and the
+ * tools on those resources. Everything else is kept as written.
+ */
+export function withoutDemoService(config: string, policy: string): [string, string] {
+  const cfg = sections(config).filter((s) => !s.startsWith("[providers.demo]"));
+  const demo = new Set<string>();
+  for (const s of sections(policy)) {
+    const m = /^\[resources\."([^"]+)"\]/.exec(s);
+    if (m?.[1] && /^service = "demo"$/m.test(s)) demo.add(m[1]);
+  }
+  const pol = sections(policy).filter((s) => {
+    const res = /^\[resources\."([^"]+)"\]/.exec(s)?.[1];
+    if (res !== undefined) return !demo.has(res);
+    const used = /^\[tools\.[^\n]*\n(?:[^\n]*\n)*?resource = "([^"]+)"/m.exec(s)?.[1];
+    return used === undefined || !demo.has(used);
+  });
+  return [cfg.join(""), pol.join("")];
+}
+
 export interface StartOptions {
   extraConfig?: string;
   extraPolicy?: string;
@@ -148,8 +175,9 @@ export async function startBroker(tmp: string, opts: StartOptions = {}): Promise
     await stop(qs);
   }
   const policy = join(d, "policy.toml");
-  writeFileSync(policy, readFileSync(policy, "utf8").replaceAll("http://127.0.0.1:9090/notes", b.resource) + (opts.extraPolicy ?? ""));
-  appendFileSync(b.config, opts.extraConfig ?? "");
+  const [config, pol] = withoutDemoService(readFileSync(b.config, "utf8"), readFileSync(policy, "utf8"));
+  writeFileSync(policy, pol.replaceAll("http://127.0.0.1:9090/notes", b.resource) + (opts.extraPolicy ?? ""));
+  writeFileSync(b.config, config + (opts.extraConfig ?? ""));
   await b.serve();
   return b;
 }
