@@ -41,7 +41,7 @@ function same(a: string, b: string): boolean {
   return x.length === y.length && timingSafeEqual(x, y);
 }
 
-/** A `fetch` that signs every request; `nonce` is the last server nonce seen. */
+/** A `fetch` that signs every request (what {@link dpopFetch} returns). */
 export type DPoPFetch = typeof fetch;
 
 /**
