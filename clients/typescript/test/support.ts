@@ -164,10 +164,13 @@ export interface StartOptions {
 export async function startBroker(tmp: string, opts: StartOptions = {}): Promise<QuickstartBroker> {
   const port = opts.brokerPort ?? (await freePort());
   const rport = await freePort();
+  // The demo service's default port is fixed: a free one, so that parallel
+  // runs do not collide (its files are dropped before serving anyway).
+  const demoPort = await freePort();
   const d = join(tmp, "qs");
   const b = new QuickstartBroker(d, port, `http://127.0.0.1:${rport}/notes`);
   const fd = openSync(join(tmp, "quickstart.log"), "w");
-  const qs = spawn(brokerBin(), ["quickstart", "--dir", d, "--listen", `127.0.0.1:${port}`], { stdio: ["ignore", fd, fd] });
+  const qs = spawn(brokerBin(), ["quickstart", "--dir", d, "--listen", `127.0.0.1:${port}`, "--demo-listen", `127.0.0.1:${demoPort}`], { stdio: ["ignore", fd, fd] });
   closeSync(fd);
   try {
     await poll("the quick start answering", () => socketAnswers(join(d, "credbroker.sock")));
