@@ -33,6 +33,12 @@ pub enum Tree {
     /// Single-use `state` records of sign-in and provider flows, keyed by
     /// SHA-256 of the `state`, sealed.
     PageFlows,
+    /// Step-up approval records, by SHA-256 of the approval code.
+    Approvals,
+    /// The approval of each call: call hash (hex) -> approval id.
+    ApprovalIndex,
+    /// Approvals per (person, agent), to cap the open ones.
+    ApprovalPerson,
 }
 
 impl Tree {
@@ -48,6 +54,9 @@ impl Tree {
             Tree::Sessions => "sessions",
             Tree::LocalUsers => "local_users",
             Tree::PageFlows => "page_flows",
+            Tree::Approvals => "approvals",
+            Tree::ApprovalIndex => "approval_index",
+            Tree::ApprovalPerson => "approval_person",
         }
     }
 }
