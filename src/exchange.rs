@@ -160,6 +160,10 @@ pub enum DeriveError {
     /// The person declined this call.
     #[error("approval_declined")]
     ApprovalDeclined,
+    /// Too many approvals already wait for this person from this agent,
+    /// or they are asked too fast: no new link.
+    #[error("too many open approvals")]
+    TooManyApprovals,
     /// A service's provider did not answer usably in time; nothing issued.
     #[error("the provider of service {service} is unavailable")]
     UpstreamUnavailable {
@@ -191,6 +195,7 @@ impl DeriveError {
             DeriveError::InvalidDetails(_) => "invalid_authorization_details",
             DeriveError::ApprovalRequired(_) => "approval_required",
             DeriveError::ApprovalDeclined => "approval_declined",
+            DeriveError::TooManyApprovals => "too_many_open_approvals",
             DeriveError::UpstreamUnavailable { .. } => "upstream_unavailable",
             DeriveError::Vault(_) => "vault_error",
             DeriveError::Internal(_) => "internal_error",
@@ -738,7 +743,7 @@ impl Broker {
                         .rate_limited
                         .with_label_values(&["approvals"])
                         .inc();
-                    DeriveError::RateLimited { retry_after: 60 }
+                    DeriveError::TooManyApprovals
                 }
                 e => DeriveError::Internal(format!("approvals: {e}")),
             })?;

@@ -144,6 +144,22 @@ pub fn error_response(err: &DeriveError) -> Response<Body> {
                 "error_description": "the person declined this call; ask again only with other details",
             }),
         ),
+        DeriveError::TooManyApprovals => {
+            let mut r = json_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                &serde_json::json!({
+                    "error": "rate_limited",
+                    "reason": "too_many_open_approvals",
+                    "error_description": format!(
+                        "{} approvals already wait for this person from this agent, or they were asked too fast; no new link was made until the person answers one or they expire",
+                        crate::approve::MAX_OPEN
+                    ),
+                }),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+            r
+        }
         DeriveError::UpstreamUnavailable { service } => {
             let mut r = json_response(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -225,6 +225,11 @@ impl Pages {
         &self.services
     }
 
+    /// The approval records these pages use.
+    pub fn approvals(&self) -> &Arc<dyn approvals::ApprovalRecords> {
+        &self.approvals
+    }
+
     /// The cookie name in use (`__Host-credbroker`, or the dev fallback).
     pub fn cookie_name(&self) -> &'static str {
         self.cookie_name

@@ -149,3 +149,57 @@ pub(crate) fn ec_thumbprint(jwk: &serde_json::Value) -> String {
     );
     credbroker::internals::jose::b64e(&sha2::Sha256::digest(canonical.as_bytes()))
 }
+
+fn jose_peers_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
+}
+
+/// Fails the test (never skips it) when the peers are not installed.
+pub(crate) fn require_peers() {
+    let help =
+        "run `scripts/install-test-deps` (installs node if missing, then `npm ci` in tests/peers)";
+    match std::process::Command::new("node").arg("--version").output() {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!("`node --version` failed ({}): {help}", o.status),
+        Err(e) => panic!("node is not installed ({e}): {help}"),
+    }
+    let jose = jose_peers_dir().join("node_modules/jose/package.json");
+    assert!(jose.exists(), "{} is missing: {help}", jose.display());
+}
+
+/// Runs `tests/peers/jose/<script>.mjs` with `input` on stdin. `Ok` is the
+/// script's answer, `Err` is jose's (or the script's) refusal code; node
+/// itself failing fails the test.
+pub(crate) async fn jose(script: &str, input: serde_json::Value) -> Result<serde_json::Value, String> {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new("node")
+        .arg(jose_peers_dir().join("jose").join(format!("{script}.mjs")))
+        .current_dir(jose_peers_dir())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn node");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.to_string().as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("node timed out")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match out.status.code() {
+        Some(0) => Ok(serde_json::from_str(&stdout).expect("jose script prints JSON")),
+        Some(2) => {
+            let v: serde_json::Value = serde_json::from_str(&stdout).expect("jose refusal is JSON");
+            Err(v["error"].as_str().unwrap().to_owned())
+        }
+        _ => panic!(
+            "node {script}.mjs failed ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
