@@ -393,10 +393,10 @@ impl Approvals {
     /// How many approvals wait for `person` from `agent` at `now`.
     fn open_count(&self, person: &Person, agent: &str, now: i64) -> Result<usize, ApproveError> {
         let mut n = 0;
-        for (_, id) in self
-            .store
-            .scan_prefix(Tree::ApprovalPerson, &Approvals::person_prefix(person, agent))?
-        {
+        for (_, id) in self.store.scan_prefix(
+            Tree::ApprovalPerson,
+            &Approvals::person_prefix(person, agent),
+        )? {
             let id = String::from_utf8(id).map_err(|_| ApproveError::Corrupt)?;
             if let Some((_, a)) = self.load(&id)? {
                 if a.state == State::Pending && a.expires > now {
@@ -487,10 +487,12 @@ impl Approvals {
                 expires: now + PENDING_TTL,
             };
             let value = serde_json::to_vec(&a).map_err(|_| ApproveError::Corrupt)?;
-            self.store.put(Tree::Approvals, &self.record_key(&a.id), &value)?;
+            self.store
+                .put(Tree::Approvals, &self.record_key(&a.id), &value)?;
             let mut pkey = Approvals::person_prefix(call.person, call.agent);
             pkey.extend_from_slice(&tuple_key(&[&a.id]));
-            self.store.put(Tree::ApprovalPerson, &pkey, a.id.as_bytes())?;
+            self.store
+                .put(Tree::ApprovalPerson, &pkey, a.id.as_bytes())?;
             if self.store.compare_and_swap(
                 Tree::ApprovalIndex,
                 hash.as_bytes(),
@@ -516,7 +518,8 @@ impl Approvals {
         let mut pkey = Approvals::person_prefix(&a.person(), &a.agent);
         pkey.extend_from_slice(&tuple_key(&[&a.id]));
         self.store.delete(Tree::ApprovalPerson, &pkey)?;
-        self.store.delete(Tree::Approvals, &self.record_key(&a.id))?;
+        self.store
+            .delete(Tree::Approvals, &self.record_key(&a.id))?;
         Ok(())
     }
 
@@ -536,8 +539,12 @@ impl Approvals {
     /// Closes a pending approval that could not be recorded (no event, no
     /// link), so that the next ask makes a new one.
     pub fn discard(&self, a: &Approval) -> Result<(), ApproveError> {
-        self.store
-            .compare_and_swap(Tree::ApprovalIndex, a.call.as_bytes(), Some(a.id.as_bytes()), None)?;
+        self.store.compare_and_swap(
+            Tree::ApprovalIndex,
+            a.call.as_bytes(),
+            Some(a.id.as_bytes()),
+            None,
+        )?;
         self.remove_record(a)
     }
 
@@ -571,7 +578,12 @@ impl Approvals {
     /// The person's answer to pending approval `id`: granted (with its
     /// window from `now`) or declined. `None` if it is no longer pending
     /// (answered in another tab, expired): nothing changes.
-    pub fn answer(&self, id: &str, approve: bool, now: i64) -> Result<Option<Approval>, ApproveError> {
+    pub fn answer(
+        &self,
+        id: &str,
+        approve: bool,
+        now: i64,
+    ) -> Result<Option<Approval>, ApproveError> {
         let Some((bytes, a)) = self.load(id)? else {
             return Ok(None);
         };

@@ -331,11 +331,13 @@ impl Verifier {
             let key = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, c.jti.as_bytes());
             let mut k = [0u8; 32];
             k.copy_from_slice(key.as_ref());
-            self.used.insert(k, c.exp + SKEW, now).map_err(|e| match e {
-                DpopError::Replay => VerifyError::AlreadyUsed,
-                // Fail closed: no room to remember it, so not accepted.
-                other => VerifyError::Proof(other),
-            })?;
+            self.used
+                .insert(k, c.exp + SKEW, now)
+                .map_err(|e| match e {
+                    DpopError::Replay => VerifyError::AlreadyUsed,
+                    // Fail closed: no room to remember it, so not accepted.
+                    other => VerifyError::Proof(other),
+                })?;
         }
         Ok(Verified {
             sub: c.sub,

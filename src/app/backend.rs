@@ -403,7 +403,11 @@ impl crate::pages::approvals::ApprovalRecords for ApprovalBackend {
         code: &SecretString,
         now: i64,
     ) -> Result<Option<crate::pages::approvals::ApprovalView>, BackendError> {
-        let Some(a) = self.approvals.resolve(code.expose(), now).map_err(unavailable)? else {
+        let Some(a) = self
+            .approvals
+            .resolve(code.expose(), now)
+            .map_err(unavailable)?
+        else {
             return Ok(None);
         };
         Ok(Some(crate::pages::approvals::ApprovalView {

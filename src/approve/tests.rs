@@ -22,7 +22,12 @@ fn alice() -> Person {
     }
 }
 
-fn call<'a>(p: &'a Person, details: Option<&'a Value>, jkt: &'a str, scopes: &'a [String]) -> Call<'a> {
+fn call<'a>(
+    p: &'a Person,
+    details: Option<&'a Value>,
+    jkt: &'a str,
+    scopes: &'a [String],
+) -> Call<'a> {
     Call {
         person: p,
         agent: "mail-agent",
@@ -73,19 +78,61 @@ fn same_call_same_link_other_call_other_link() {
     let scopes = vec!["mail.send".to_string()];
     let d1 = json!([{"type": "mail", "to": ["bob@example.com"]}]);
     let d2 = json!([{"type": "mail", "to": ["eve@example.com"]}]);
-    let first = pending(a.lookup(&call(&p, Some(&d1), "k1", &scopes), Mode::EachCall, vec![], "h", 1000).unwrap());
+    let first = pending(
+        a.lookup(
+            &call(&p, Some(&d1), "k1", &scopes),
+            Mode::EachCall,
+            vec![],
+            "h",
+            1000,
+        )
+        .unwrap(),
+    );
     assert!(first.fresh);
-    let again = pending(a.lookup(&call(&p, Some(&d1), "k1", &scopes), Mode::EachCall, vec![], "h", 1001).unwrap());
+    let again = pending(
+        a.lookup(
+            &call(&p, Some(&d1), "k1", &scopes),
+            Mode::EachCall,
+            vec![],
+            "h",
+            1001,
+        )
+        .unwrap(),
+    );
     assert!(!again.fresh);
     assert_eq!(again.approval.id, first.approval.id);
     assert_eq!(again.code.expose(), first.code.expose());
-    let other = pending(a.lookup(&call(&p, Some(&d2), "k1", &scopes), Mode::EachCall, vec![], "h", 1002).unwrap());
+    let other = pending(
+        a.lookup(
+            &call(&p, Some(&d2), "k1", &scopes),
+            Mode::EachCall,
+            vec![],
+            "h",
+            1002,
+        )
+        .unwrap(),
+    );
     assert_ne!(other.approval.id, first.approval.id);
-    let other_key = pending(a.lookup(&call(&p, Some(&d1), "k2", &scopes), Mode::EachCall, vec![], "h", 1003).unwrap());
+    let other_key = pending(
+        a.lookup(
+            &call(&p, Some(&d1), "k2", &scopes),
+            Mode::EachCall,
+            vec![],
+            "h",
+            1003,
+        )
+        .unwrap(),
+    );
     assert_ne!(other_key.approval.id, first.approval.id);
     // The code resolves to its own record only while pending.
-    assert_eq!(a.resolve(first.code.expose(), 1004).unwrap().unwrap().id, first.approval.id);
-    assert!(a.resolve(first.code.expose(), 1000 + PENDING_TTL).unwrap().is_none());
+    assert_eq!(
+        a.resolve(first.code.expose(), 1004).unwrap().unwrap().id,
+        first.approval.id
+    );
+    assert!(a
+        .resolve(first.code.expose(), 1000 + PENDING_TTL)
+        .unwrap()
+        .is_none());
 }
 
 #[test]
@@ -100,7 +147,9 @@ fn each_call_grant_is_redeemed_once() {
     // A second answer changes nothing; the code no longer resolves.
     assert!(a.answer(&i.approval.id, false, 1011).unwrap().is_none());
     assert!(a.resolve(i.code.expose(), 1011).unwrap().is_none());
-    assert!(matches!(a.lookup(&c, Mode::EachCall, vec![], "h", 1012).unwrap(), Lookup::Granted(g) if g.id == i.approval.id));
+    assert!(
+        matches!(a.lookup(&c, Mode::EachCall, vec![], "h", 1012).unwrap(), Lookup::Granted(g) if g.id == i.approval.id)
+    );
     // Redeemed: the next derive of the same call needs a new approval.
     let next = pending(a.lookup(&c, Mode::EachCall, vec![], "h", 1013).unwrap());
     assert!(next.fresh);
@@ -117,7 +166,10 @@ fn per_step_grant_covers_until_its_ttl_and_decline_holds() {
     let i = pending(a.lookup(&c, mode, vec![], "h", 1000).unwrap());
     a.answer(&i.approval.id, true, 1000).unwrap().unwrap();
     for t in [1001, 1050, 1119] {
-        assert!(matches!(a.lookup(&c, mode, vec![], "h", t).unwrap(), Lookup::Granted(_)));
+        assert!(matches!(
+            a.lookup(&c, mode, vec![], "h", t).unwrap(),
+            Lookup::Granted(_)
+        ));
     }
     assert!(pending(a.lookup(&c, mode, vec![], "h", 1120).unwrap()).fresh);
     // Another step is another call.
@@ -129,7 +181,10 @@ fn per_step_grant_covers_until_its_ttl_and_decline_holds() {
     let c = call(&p, Some(&d), "k1", &scopes);
     let i = pending(a.lookup(&c, Mode::EachCall, vec![], "h", 2000).unwrap());
     a.answer(&i.approval.id, false, 2001).unwrap().unwrap();
-    assert!(matches!(a.lookup(&c, Mode::EachCall, vec![], "h", 2002).unwrap(), Lookup::Declined(_)));
+    assert!(matches!(
+        a.lookup(&c, Mode::EachCall, vec![], "h", 2002).unwrap(),
+        Lookup::Declined(_)
+    ));
     assert!(a.resolve(i.code.expose(), 2002).unwrap().is_none());
 }
 
@@ -140,16 +195,58 @@ fn open_approvals_are_capped_per_person_and_agent() {
     let scopes = vec![];
     let keys: Vec<String> = (0..=MAX_OPEN).map(|i| format!("k{i}")).collect();
     for k in &keys[..MAX_OPEN] {
-        pending(a.lookup(&call(&p, None, k, &scopes), Mode::EachCall, vec![], "h", 1000).unwrap());
+        pending(
+            a.lookup(
+                &call(&p, None, k, &scopes),
+                Mode::EachCall,
+                vec![],
+                "h",
+                1000,
+            )
+            .unwrap(),
+        );
     }
     assert!(matches!(
-        a.lookup(&call(&p, None, &keys[MAX_OPEN], &scopes), Mode::EachCall, vec![], "h", 1001),
+        a.lookup(
+            &call(&p, None, &keys[MAX_OPEN], &scopes),
+            Mode::EachCall,
+            vec![],
+            "h",
+            1001
+        ),
         Err(ApproveError::TooManyOpen)
     ));
     // Another person is not held back by Alice's.
-    let bob = Person { iss: p.iss.clone(), sub: "bob".into() };
-    assert!(pending(a.lookup(&call(&bob, None, "k0", &scopes), Mode::EachCall, vec![], "h", 1001).unwrap()).fresh);
+    let bob = Person {
+        iss: p.iss.clone(),
+        sub: "bob".into(),
+    };
+    assert!(
+        pending(
+            a.lookup(
+                &call(&bob, None, "k0", &scopes),
+                Mode::EachCall,
+                vec![],
+                "h",
+                1001
+            )
+            .unwrap()
+        )
+        .fresh
+    );
     // Once hers expire, Alice can be asked again.
-    assert!(pending(a.lookup(&call(&p, None, &keys[MAX_OPEN], &scopes), Mode::EachCall, vec![], "h", 1000 + PENDING_TTL).unwrap()).fresh);
+    assert!(
+        pending(
+            a.lookup(
+                &call(&p, None, &keys[MAX_OPEN], &scopes),
+                Mode::EachCall,
+                vec![],
+                "h",
+                1000 + PENDING_TTL
+            )
+            .unwrap()
+        )
+        .fresh
+    );
     assert!(a.sweep(1000 + PENDING_TTL).unwrap() >= MAX_OPEN);
 }

@@ -32,7 +32,10 @@ fn find(p: &Pages, ctx: Ctx, code: &str) -> Option<Result<ApprovalView, Response
     if !is_code_shaped(code) {
         return None;
     }
-    match p.approvals.resolve(&SecretString::new(code.to_string()), ctx.now) {
+    match p
+        .approvals
+        .resolve(&SecretString::new(code.to_string()), ctx.now)
+    {
         Ok(Some(a)) if a.expires > ctx.now => Some(match p.limiters.lookup(ctx.client) {
             Ok(()) => Ok(a),
             Err(wait) => Err(p.too_many(wait)),
@@ -52,7 +55,12 @@ fn unavailable(p: &Pages, e: &dyn std::fmt::Display) -> Response<Body> {
     )
 }
 
-fn event<'a>(p: &'a Pages, ctx: &Ctx, name: &'a str, a: &'a ApprovalView) -> crate::events::Event<'a> {
+fn event<'a>(
+    p: &'a Pages,
+    ctx: &Ctx,
+    name: &'a str,
+    a: &'a ApprovalView,
+) -> crate::events::Event<'a> {
     let mut e = p.event(ctx, name);
     e.person_iss = Some(&a.person.iss);
     e.person_sub = Some(&a.person.sub);
@@ -178,7 +186,11 @@ pub fn act(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, form: &Form) -> Optio
         Ok(false) => return Some(p.not_found()),
         Err(e) => return Some(unavailable(p, &e)),
     }
-    let name = if approve { "approval.granted" } else { "approval.declined" };
+    let name = if approve {
+        "approval.granted"
+    } else {
+        "approval.declined"
+    };
     p.audit(&event(p, &ctx, name, &a));
     Some(redirect(if approve {
         "/done/approved"

@@ -61,7 +61,11 @@ pub trait ApprovalRecords: Send + Sync + Debug {
 pub struct NoApprovals;
 
 impl ApprovalRecords for NoApprovals {
-    fn resolve(&self, _code: &SecretString, _now: i64) -> Result<Option<ApprovalView>, BackendError> {
+    fn resolve(
+        &self,
+        _code: &SecretString,
+        _now: i64,
+    ) -> Result<Option<ApprovalView>, BackendError> {
         Ok(None)
     }
     fn answer(&self, _id: &str, _approve: bool, _now: i64) -> Result<bool, BackendError> {

@@ -71,7 +71,9 @@ fn an_approval_tool_loads_with_its_declared_fields() {
     let p = load(&per_step).unwrap();
     assert_eq!(
         p.tools["mail.send"].approval,
-        Some(Approval::PerStep { ttl: Duration::from_secs(900) })
+        Some(Approval::PerStep {
+            ttl: Duration::from_secs(900)
+        })
     );
 }
 
@@ -99,12 +101,21 @@ fn bad_approval_declarations_name_file_key_and_cause() {
     let unknown = MAIL.replace("\"each_call\"", "\"always\"");
     assert!(refused(&unknown, "tools.\"mail.send\".approval").contains("each_call"));
     let nested = MAIL.replace("kind = \"integer\"", "kind = \"object\"");
-    assert!(refused(&nested, "tools.\"mail.send\".authorization_details.\"mail\".\"size\".kind")
-        .contains("no nested objects"));
+    assert!(refused(
+        &nested,
+        "tools.\"mail.send\".authorization_details.\"mail\".\"size\".kind"
+    )
+    .contains("no nested objects"));
     let type_field = MAIL.replace("size = {", "type = {");
-    refused(&type_field, "tools.\"mail.send\".authorization_details.\"mail\".\"type\"");
+    refused(
+        &type_field,
+        "tools.\"mail.send\".authorization_details.\"mail\".\"type\"",
+    );
     let no_label = MAIL.replace("label = \"Subject\"", "label = \" \"");
-    refused(&no_label, "tools.\"mail.send\".authorization_details.\"mail\".\"subject\".label");
+    refused(
+        &no_label,
+        "tools.\"mail.send\".authorization_details.\"mail\".\"subject\".label",
+    );
     let required_without_types = MAIL
         .split("[tools.\"mail.send\".authorization_details.mail]")
         .next()
@@ -126,17 +137,38 @@ fn details_are_checked_against_the_declarations() {
     assert_eq!(details::check(t, Some(&good)).unwrap(), Some(good.clone()));
     // A hidden `bcc` is refused, not dropped.
     let bcc = json!([{"type": "mail", "to": ["bob@example.com"], "bcc": ["eve@example.com"]}]);
-    assert!(matches!(details::check(t, Some(&bcc)), Err(details::DetailsError::Undeclared { index: 0, .. })));
+    assert!(matches!(
+        details::check(t, Some(&bcc)),
+        Err(details::DetailsError::Undeclared { index: 0, .. })
+    ));
     let nested = json!([{"type": "mail", "to": [{"a": 1}]}]);
-    assert!(matches!(details::check(t, Some(&nested)), Err(details::DetailsError::Kind { .. })));
+    assert!(matches!(
+        details::check(t, Some(&nested)),
+        Err(details::DetailsError::Kind { .. })
+    ));
     let float = json!([{"type": "mail", "to": ["b"], "size": 1.5}]);
-    assert!(matches!(details::check(t, Some(&float)), Err(details::DetailsError::Kind { .. })));
+    assert!(matches!(
+        details::check(t, Some(&float)),
+        Err(details::DetailsError::Kind { .. })
+    ));
     let missing = json!([{"type": "mail", "subject": "Hi"}]);
-    assert!(matches!(details::check(t, Some(&missing)), Err(details::DetailsError::Required { .. })));
+    assert!(matches!(
+        details::check(t, Some(&missing)),
+        Err(details::DetailsError::Required { .. })
+    ));
     let other_type = json!([{"type": "payment", "to": ["b"]}]);
-    assert_eq!(details::check(t, Some(&other_type)), Err(details::DetailsError::Type(0)));
-    assert_eq!(details::check(t, Some(&json!({"type": "mail"}))), Err(details::DetailsError::Shape));
-    assert_eq!(details::check(t, Some(&json!([]))), Err(details::DetailsError::Shape));
+    assert_eq!(
+        details::check(t, Some(&other_type)),
+        Err(details::DetailsError::Type(0))
+    );
+    assert_eq!(
+        details::check(t, Some(&json!({"type": "mail"}))),
+        Err(details::DetailsError::Shape)
+    );
+    assert_eq!(
+        details::check(t, Some(&json!([]))),
+        Err(details::DetailsError::Shape)
+    );
     assert_eq!(details::check(t, None), Err(details::DetailsError::Missing));
     // Only the fields marked log_in_clear are loggable.
     let logged = details::loggable(t, &good);

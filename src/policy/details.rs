@@ -75,7 +75,9 @@ fn expected(kind: FieldKind) -> &'static str {
 fn kind_ok(kind: FieldKind, v: &Value) -> bool {
     match (kind, v) {
         (FieldKind::String, Value::String(_)) => true,
-        (FieldKind::Strings, Value::Array(a)) => a.len() <= MAX_LIST && a.iter().all(Value::is_string),
+        (FieldKind::Strings, Value::Array(a)) => {
+            a.len() <= MAX_LIST && a.iter().all(Value::is_string)
+        }
         (FieldKind::Integer, Value::Number(n)) => n
             .as_i64()
             .is_some_and(|i| (-MAX_SAFE_INTEGER..=MAX_SAFE_INTEGER).contains(&i)),

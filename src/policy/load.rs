@@ -91,7 +91,8 @@ fn valid_name(s: &str) -> bool {
 fn valid_detail_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
 }
 
 /// Parses a policy lifetime: a whole number of seconds or minutes without a
@@ -103,7 +104,11 @@ pub(crate) fn parse_policy_ttl(s: &str) -> Result<Duration, &'static str> {
 }
 
 /// [`parse_policy_ttl`]'s grammar with another maximum (`approval_ttl`).
-fn parse_duration_upto(s: &str, max: Duration, long: &'static str) -> Result<Duration, &'static str> {
+fn parse_duration_upto(
+    s: &str,
+    max: Duration,
+    long: &'static str,
+) -> Result<Duration, &'static str> {
     const SHAPE: &str = "must be a whole number of seconds or minutes such as \"60s\" or \"5m\"";
     let long_msg = long;
     let Some(i) = s.find(|c: char| !c.is_ascii_digit()) else {
@@ -461,7 +466,11 @@ impl<'a> Check<'a> {
         };
         let Some(a) = &t.approval else {
             if let Some((_, span)) = ttl {
-                self.bad(span, format!("{key}.approval_ttl"), "only a tool with approval = \"per_step\" takes an approval_ttl");
+                self.bad(
+                    span,
+                    format!("{key}.approval_ttl"),
+                    "only a tool with approval = \"per_step\" takes an approval_ttl",
+                );
                 return None;
             }
             return Some(None);
@@ -478,14 +487,22 @@ impl<'a> Check<'a> {
                 return None;
             }
             _ => {
-                self.bad(a.span(), format!("{key}.approval"), "must be \"each_call\" or \"per_step\"");
+                self.bad(
+                    a.span(),
+                    format!("{key}.approval"),
+                    "must be \"each_call\" or \"per_step\"",
+                );
                 return None;
             }
         };
         // A provider's bearer token leaves the broker whole: nothing could
         // tie it to the one call the person approved.
         if let Some(Resource {
-            source: Source::Service { delivery: Delivery::ProviderToken, .. },
+            source:
+                Source::Service {
+                    delivery: Delivery::ProviderToken,
+                    ..
+                },
             ..
         }) = resource
         {
@@ -503,12 +520,20 @@ impl<'a> Check<'a> {
             let tkey = format!("{key}.authorization_details.{ty:?}");
             let span = key_span(self.text, &format!("{key}.authorization_details"), ty);
             if !valid_detail_name(ty) {
-                self.bad(span.clone(), tkey.clone(), "a type name must be 1 to 64 ASCII letters, digits, '_', '-', '.' or ':'");
+                self.bad(
+                    span.clone(),
+                    tkey.clone(),
+                    "a type name must be 1 to 64 ASCII letters, digits, '_', '-', '.' or ':'",
+                );
                 ok = false;
                 continue;
             }
             if fields.is_empty() {
-                self.bad(span.clone(), tkey.clone(), "declares no field; declare every field the person must see");
+                self.bad(
+                    span.clone(),
+                    tkey.clone(),
+                    "declares no field; declare every field the person must see",
+                );
                 ok = false;
             }
             let mut declared = BTreeMap::new();
@@ -530,7 +555,10 @@ impl<'a> Check<'a> {
                     }
                 };
                 let label = f.label.get_ref().trim();
-                if label.is_empty() || label.chars().count() > 128 || label.chars().any(char::is_control) {
+                if label.is_empty()
+                    || label.chars().count() > 128
+                    || label.chars().any(char::is_control)
+                {
                     self.bad(f.label.span(), format!("{fkey}.label"), "must be 1 to 128 characters without control characters: it is what the person reads");
                     ok = false;
                     continue;
@@ -548,7 +576,11 @@ impl<'a> Check<'a> {
             out.insert(ty.clone(), DetailType { fields: declared });
         }
         if t.require_authorization_details && t.authorization_details.is_empty() {
-            self.bad(t.resource.span(), format!("{key}.require_authorization_details"), "requires authorization_details but declares no type under authorization_details");
+            self.bad(
+                t.resource.span(),
+                format!("{key}.require_authorization_details"),
+                "requires authorization_details but declares no type under authorization_details",
+            );
             ok = false;
         }
         ok.then_some(out)

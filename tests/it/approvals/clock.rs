@@ -41,10 +41,26 @@ impl Local {
     }
 
     /// A derive through the real pipeline, on the moved clock.
-    async fn derive(&self, k: &Es256Key, tool: &str, step: &str, details: &Value) -> Result<Issued, DeriveError> {
+    async fn derive(
+        &self,
+        k: &Es256Key,
+        tool: &str,
+        step: &str,
+        details: &Value,
+    ) -> Result<Issued, DeriveError> {
         let b = &self.s.inst.broker;
-        let proof = credbroker::internals::dpop::make_proof(k, "POST", b.htu(Endpoint::Derive), self.now(), None, None).unwrap();
-        let subject = credbroker::internals::cli::dev_subject_token(self.s.dir.path(), "alice", 4 * 3600).unwrap();
+        let proof = credbroker::internals::dpop::make_proof(
+            k,
+            "POST",
+            b.htu(Endpoint::Derive),
+            self.now(),
+            None,
+            None,
+        )
+        .unwrap();
+        let subject =
+            credbroker::internals::cli::dev_subject_token(self.s.dir.path(), "alice", 4 * 3600)
+                .unwrap();
         b.derive(DeriveRequest {
             subject_token: SecretString::new(subject),
             step: step.into(),
@@ -60,7 +76,13 @@ impl Local {
     }
 
     /// The approval link of a refused derive: (path, id).
-    async fn link(&self, k: &Es256Key, tool: &str, step: &str, details: &Value) -> (String, String) {
+    async fn link(
+        &self,
+        k: &Es256Key,
+        tool: &str,
+        step: &str,
+        details: &Value,
+    ) -> (String, String) {
         match self.derive(k, tool, step, details).await {
             Err(DeriveError::ApprovalRequired(l)) => {
                 let uri = l.uri.expose().clone();
@@ -99,7 +121,10 @@ impl Local {
     async fn approve(&self, path: &str) {
         let (status, page) = self.open(path).await;
         assert_eq!(status, 200, "{page}");
-        assert_eq!(self.press(path, &csrf_of(&page), "approve").await, (303, "/done/approved".to_string()));
+        assert_eq!(
+            self.press(path, &csrf_of(&page), "approve").await,
+            (303, "/done/approved".to_string())
+        );
     }
 }
 
@@ -120,16 +145,30 @@ async fn approval_link_expires_unanswered_and_an_unredeemed_grant_lapses() {
     assert_eq!(status, 200);
     let csrf = csrf_of(&page);
     l.s.clock.advance(10 * 60);
-    assert_eq!(l.open(&path).await.0, 404, "an expired link is the 404 page");
-    assert_eq!(l.press(&path, &csrf, "approve").await.0, 404, "and cannot be approved");
+    assert_eq!(
+        l.open(&path).await.0,
+        404,
+        "an expired link is the 404 page"
+    );
+    assert_eq!(
+        l.press(&path, &csrf, "approve").await.0,
+        404,
+        "and cannot be approved"
+    );
     assert!(l.s.events("approval.granted").is_empty());
     let (new_path, new_id) = l.link(&k, "mail.send", "send_reply", &call).await;
-    assert_ne!((new_path.as_str(), new_id.as_str()), (path.as_str(), id.as_str()));
+    assert_ne!(
+        (new_path.as_str(), new_id.as_str()),
+        (path.as_str(), id.as_str())
+    );
 
     // Positive control: the new link approves; redeemed within 5 minutes.
     l.approve(&new_path).await;
     l.s.clock.advance(4 * 60 + 59);
-    let t = l.derive(&k, "mail.send", "send_reply", &call).await.expect("redeemed in time");
+    let t = l
+        .derive(&k, "mail.send", "send_reply", &call)
+        .await
+        .expect("redeemed in time");
     assert!(t.expires_in.unwrap() <= 60);
 
     // A grant left unredeemed for 5 minutes lapses: a new approval is asked.
@@ -151,13 +190,25 @@ async fn per_step_approval_covers_the_step_until_its_ttl() {
     let d = json!([{"type": "deploy", "env": "staging", "commit": "abc123"}]);
     let (p, _) = l.link(&k, "deploy.run", "release", &d).await;
     l.approve(&p).await;
-    l.derive(&k, "deploy.run", "release", &d).await.expect("covered at once");
+    l.derive(&k, "deploy.run", "release", &d)
+        .await
+        .expect("covered at once");
     l.s.clock.advance(14 * 60);
-    let t = l.derive(&k, "deploy.run", "release", &d).await.expect("covered after 14 minutes");
-    assert!(t.expires_in.unwrap() <= 60, "capped by the approval's end: {:?}", t.expires_in);
+    let t = l
+        .derive(&k, "deploy.run", "release", &d)
+        .await
+        .expect("covered after 14 minutes");
+    assert!(
+        t.expires_in.unwrap() <= 60,
+        "capped by the approval's end: {:?}",
+        t.expires_in
+    );
     l.s.clock.advance(60);
     let (p2, _) = l.link(&k, "deploy.run", "release", &d).await;
-    assert_ne!(p2, p, "after approval_ttl the same call needs a new approval");
+    assert_ne!(
+        p2, p,
+        "after approval_ttl the same call needs a new approval"
+    );
     l.s.stop().await;
 }
 
@@ -172,14 +223,22 @@ async fn frozen_broker_offers_and_grants_no_approval() {
     l.s.inst.broker.set_frozen(true).unwrap();
     let (status, page) = l.open(&p).await;
     assert_eq!(status, 200);
-    assert!(page.contains("frozen") && !page.contains("value=\"approve\""), "{page}");
+    assert!(
+        page.contains("frozen") && !page.contains("value=\"approve\""),
+        "{page}"
+    );
     let csrf = csrf_of(&page);
     assert_eq!(l.press(&p, &csrf, "approve").await.0, 503);
     assert!(l.s.events("approval.granted").is_empty());
-    assert!(matches!(l.derive(&k, "mail.send", "send_reply", &call).await, Err(DeriveError::Denied(_))));
+    assert!(matches!(
+        l.derive(&k, "mail.send", "send_reply", &call).await,
+        Err(DeriveError::Denied(_))
+    ));
     l.s.inst.broker.set_frozen(false).unwrap();
     l.approve(&p).await;
-    l.derive(&k, "mail.send", "send_reply", &call).await.expect("approved after the freeze");
+    l.derive(&k, "mail.send", "send_reply", &call)
+        .await
+        .expect("approved after the freeze");
     l.s.stop().await;
 }
 
@@ -193,7 +252,10 @@ async fn each_call_token_is_accepted_once_by_verify() {
     let call = mail("Once");
     let (p, id) = l.link(&k, "mail.send", "send_reply", &call).await;
     l.approve(&p).await;
-    let t = l.derive(&k, "mail.send", "send_reply", &call).await.unwrap();
+    let t = l
+        .derive(&k, "mail.send", "send_reply", &call)
+        .await
+        .unwrap();
     let jwks = l.s.inst.broker.minter.ring().jwks(l.now()).to_string();
     let clock: credbroker::verify::SharedClock = Arc::new(credbroker::verify::SystemClock);
     let v = credbroker::verify::Verifier::from_jwks(&l.s.issuer, MAIL, jwks.as_bytes())
@@ -203,16 +265,35 @@ async fn each_call_token_is_accepted_once_by_verify() {
     let auth = format!("DPoP {token}");
     let url = "https://mail.example/api/send";
     let proof = |htu: &str| {
-        credbroker::internals::dpop::make_proof(&k, "POST", htu, crate::support::now(), Some(&token), None).unwrap()
+        credbroker::internals::dpop::make_proof(
+            &k,
+            "POST",
+            htu,
+            crate::support::now(),
+            Some(&token),
+            None,
+        )
+        .unwrap()
     };
     let present = |p: &str| {
-        v.verify(&credbroker::verify::Presented { method: "POST", url, authorization: Some(&auth), dpop: &[p] })
+        v.verify(&credbroker::verify::Presented {
+            method: "POST",
+            url,
+            authorization: Some(&auth),
+            dpop: &[p],
+        })
     };
-    assert!(present(&proof("https://mail.example/api/other")).is_err(), "a proof for another URL");
+    assert!(
+        present(&proof("https://mail.example/api/other")).is_err(),
+        "a proof for another URL"
+    );
     let ok = present(&proof(url)).expect("first use");
     assert!(ok.single_use);
     assert_eq!(ok.approval_id.as_deref(), Some(id.as_str()));
     assert_eq!(ok.authorization_details.as_ref(), Some(&call));
-    assert_eq!(present(&proof(url)), Err(credbroker::verify::VerifyError::AlreadyUsed));
+    assert_eq!(
+        present(&proof(url)),
+        Err(credbroker::verify::VerifyError::AlreadyUsed)
+    );
     l.s.stop().await;
 }

@@ -139,4 +139,3 @@ pub(crate) fn idp_sign_in(idp: &str, name: &str, password: &str) -> Vec<Value> {
         json!({"click_if": "input[name=prompt][value=consent] ~ button[type=submit]"}),
     ]
 }
-

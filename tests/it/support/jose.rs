@@ -170,7 +170,10 @@ pub(crate) fn require_peers() {
 /// Runs `tests/peers/jose/<script>.mjs` with `input` on stdin. `Ok` is the
 /// script's answer, `Err` is jose's (or the script's) refusal code; node
 /// itself failing fails the test.
-pub(crate) async fn jose(script: &str, input: serde_json::Value) -> Result<serde_json::Value, String> {
+pub(crate) async fn jose(
+    script: &str,
+    input: serde_json::Value,
+) -> Result<serde_json::Value, String> {
     use tokio::io::AsyncWriteExt;
     let mut child = tokio::process::Command::new("node")
         .arg(jose_peers_dir().join("jose").join(format!("{script}.mjs")))
@@ -202,4 +205,3 @@ pub(crate) async fn jose(script: &str, input: serde_json::Value) -> Result<serde
         ),
     }
 }
-
