@@ -131,6 +131,46 @@ pub struct Event<'a> {
     /// `{entry}.{type}.{field}` -> value; every other value stays out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub details_in_clear: Option<serde_json::Map<String, serde_json::Value>>,
+    /// For [`PROXY_REQUEST`] and [`PROXY_COMPLETED`]: the proxied call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxyCall<'a>>,
+}
+
+/// The event written before a proxied call goes upstream (no event, no
+/// call).
+// reason: the proxy handler (issue 11) writes these; it lands after the
+// shared shapes.
+#[allow(dead_code)]
+pub(crate) const PROXY_REQUEST: &str = "proxy.request";
+/// The event written when a proxied call is over (its status and sizes).
+#[allow(dead_code)]
+pub(crate) const PROXY_COMPLETED: &str = "proxy.completed";
+
+/// What the two proxy events say about one call. Never a token, a proof,
+/// the concrete path or the query in clear: the path goes in as a hash,
+/// the route as the policy's template.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ProxyCall<'a> {
+    /// The request method.
+    pub method: &'a str,
+    /// The route template that matched, as the policy writes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<&'a str>,
+    /// SHA-256 (hex) of the raw path.
+    pub path_sha256: String,
+    /// The provider's status (completed only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_status: Option<u16>,
+    /// Request body bytes sent upstream (completed only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_up: Option<u64>,
+    /// Response body bytes sent to the tool (completed only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_down: Option<u64>,
+    /// Milliseconds from the request to the end of the answer (completed
+    /// only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
 }
 
 impl<'a> Event<'a> {
@@ -163,6 +203,7 @@ impl<'a> Event<'a> {
             approval_id: None,
             details_sha256: None,
             details_in_clear: None,
+            proxy: None,
         }
     }
 

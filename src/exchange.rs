@@ -624,10 +624,23 @@ impl Broker {
                 DeriveError::Proof(e, nonce)
             })?;
 
-        if let policy::Source::Service { service, .. } = &grant.resource.source {
-            return self
+        if let policy::Source::Service { service, delivery } = &grant.resource.source {
+            let served = self
                 .derive_service(policy, &subject, &grant, service, now, ctx)
-                .await;
+                .await?;
+            match delivery {
+                policy::Delivery::ProviderToken => return Ok(served),
+                // The egress proxy: every check of the service source has
+                // passed (account, allowance, a live provider token,
+                // refreshed if it was near expiry), and the provider's token
+                // stays here (dropped, so zeroized). The tool gets an
+                // ordinary credbroker token for the proxy address, minted
+                // below exactly like a `self` token.
+                policy::Delivery::Proxy => {
+                    drop(served);
+                    ctx.narrowed = None;
+                }
+            }
         }
         // The person's approval of this very call, when the tool needs it.
         let mut exp_cap = now + grant.ttl.as_secs() as i64;
@@ -654,7 +667,8 @@ impl Broker {
             approval_id = Some(a.id);
         }
         ctx.approval_id = approval_id.clone();
-        // Source: self. Lifetime = min(policy ttl, 300 s, subject's life).
+        // Source: self (or the proxy). Lifetime = min(policy ttl, 300 s,
+        // subject's life, the approval's end).
         let exp = exp_cap.min(subject.exp);
         if exp <= now {
             return Err(DeriveError::Subject(SubjectError::Expired));
@@ -667,6 +681,7 @@ impl Broker {
                 aud: &grant.resource.id,
                 scopes: &grant.scopes,
                 tool: &req.tool,
+                step: Some(&req.step),
                 jkt: &valid.jkt,
                 iat: now,
                 exp,

@@ -54,6 +54,10 @@ pub enum StartError {
     /// The policy names a service the config does not define.
     #[error("the policy's service resources name {0:?}, which has no [providers.{0}] table in the config")]
     UnknownService(String),
+    /// A `delivery = "proxy"` resource that breaks the proxy address rule,
+    /// or whose provider has no `api_base` (the message names the file).
+    #[error("{0}")]
+    Proxy(String),
     /// Subject-token issuers (a pinned JWKS file, named by its key).
     #[error("{file}: {source}")]
     Subject {
@@ -199,6 +203,7 @@ pub async fn build(
     {
         return Err(StartError::UnknownService(missing.to_string()));
     }
+    proxy_problem(&policy, &config).map_or(Ok(()), |m| Err(StartError::Proxy(m)))?;
     let master = crate::config::read_secret_file(&config.master_key_file).map_err(|source| {
         StartError::Secret {
             what: "keys.master_key_file",
@@ -369,4 +374,37 @@ pub fn agent_mismatch(
         "{}{at}: agent: the policy is written for agent {policy_agent:?}, but {config_file} `agent` is {config_agent:?}",
         policy_file.display()
     )
+}
+
+/// What is wrong with the policy's proxy resources given this config, if
+/// anything (start-up and reload): the proxy address rule
+/// (`Policy::check_proxy_addresses`), and a provider with an `api_base` for
+/// each of them. The message names the policy file, or the config file and
+/// the key.
+pub(crate) fn proxy_problem(
+    policy: &crate::policy::Policy,
+    config: &crate::config::Config,
+) -> Option<String> {
+    if let Err(m) = policy.check_proxy_addresses(&config.issuer) {
+        return Some(format!("{}: {m}", config.policy.display()));
+    }
+    for r in policy.resources.values() {
+        if let crate::policy::Source::Service {
+            service,
+            delivery: crate::policy::Delivery::Proxy,
+        } = &r.source
+        {
+            let has_base = config
+                .providers
+                .get(service)
+                .is_some_and(|p| p.api_base.is_some());
+            if !has_base {
+                return Some(format!(
+                    "{}: providers.{service}.api_base: the policy serves service {service:?} through the proxy (delivery = \"proxy\"), so its provider needs api_base, the origin the proxy may call",
+                    config.file.display()
+                ));
+            }
+        }
+    }
+    None
 }

@@ -147,6 +147,9 @@ impl Reloader {
             let detail = format!("the policy names service {missing:?}, which has no [providers.{missing}] table in the config");
             return self.fail(trigger, ("unknown_service", detail));
         }
+        if let Some(detail) = super::proxy_problem(&policy, &self.broker.config) {
+            return self.fail(trigger, ("proxy_address", detail));
+        }
         self.apply(trigger, policy)
     }
 
