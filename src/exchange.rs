@@ -17,7 +17,7 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::dpop::{self, DpopError};
-use crate::events::{Audit, Event};
+use crate::events::{Audit, Event, Kind};
 use crate::metrics::Metrics;
 use crate::mint::{self, Minter};
 use crate::policy::{self, DenyReason, Policy, ResourceError};
@@ -450,7 +450,8 @@ impl Broker {
         // locks every shard, which a derive should not pay for.
         match result {
             Ok((issued, jti)) => {
-                let mut e = self.event(now, &req, &policy, &ctx, "derive.issued", "issued", None);
+                let mut e =
+                    self.event(now, &req, &policy, &ctx, Kind::DeriveIssued, "issued", None);
                 e.scope = Some(&issued.scope);
                 e.jti_sha256 = Some(crate::jose::sha256_hex(jti.as_bytes()));
                 e.narrowed = ctx.narrowed;
@@ -466,7 +467,7 @@ impl Broker {
                     &req,
                     &policy,
                     &ctx,
-                    "derive.denied",
+                    Kind::DeriveDenied,
                     "denied",
                     Some(err.reason()),
                 );
@@ -487,7 +488,7 @@ impl Broker {
         req: &'a DeriveRequest,
         policy: &'a Policy,
         ctx: &'a Ctx,
-        kind: &'a str,
+        kind: Kind,
         outcome: &'a str,
         reason: Option<&'a str>,
     ) -> Event<'a> {
@@ -707,7 +708,7 @@ impl Broker {
     fn approval_event<'a>(
         &'a self,
         now: i64,
-        name: &'a str,
+        name: Kind,
         call: &crate::approve::Call<'a>,
         policy: &'a Policy,
         a: &'a crate::approve::Approval,
@@ -769,7 +770,7 @@ impl Broker {
         match found {
             Lookup::Granted(a) => {
                 if a.mode == Mode::EachCall {
-                    let e = self.approval_event(now, "approval.redeemed", call, policy, &a);
+                    let e = self.approval_event(now, Kind::ApprovalRedeemed, call, policy, &a);
                     // No record, no token: the grant is already used up,
                     // so a failure here fails closed.
                     self.audit
@@ -786,7 +787,7 @@ impl Broker {
                 let a = &issued.approval;
                 ctx.approval_id = Some(a.id.clone());
                 if issued.fresh {
-                    let mut e = self.approval_event(now, "approval.requested", call, policy, a);
+                    let mut e = self.approval_event(now, Kind::ApprovalRequested, call, policy, a);
                     let scope = a.scopes.join(" ");
                     e.scope = Some(&scope);
                     e.details_in_clear = in_clear;
@@ -999,7 +1000,7 @@ impl Broker {
             Err(e) => return DeriveError::Internal(format!("connect link: {e}")),
         };
         if issued.fresh {
-            let mut e = Event::new(now, "connect.link_issued", agent);
+            let mut e = Event::new(now, Kind::ConnectLinkIssued, agent);
             e.person_iss = Some(&person.iss);
             e.person_sub = Some(&person.sub);
             e.service = Some(service);

@@ -58,7 +58,7 @@ fn unavailable(p: &Pages, e: &dyn std::fmt::Display) -> Response<Body> {
 fn event<'a>(
     p: &'a Pages,
     ctx: &Ctx,
-    name: &'a str,
+    name: crate::events::Kind,
     a: &'a ApprovalView,
 ) -> crate::events::Event<'a> {
     let mut e = p.event(ctx, name);
@@ -85,7 +85,12 @@ fn checked(
         Err(r) => return Some(Err(r)),
     };
     let session = person_checks(p, ctx, h, code, csrf, &a.person, |_, opener| {
-        let mut e = event(p, &ctx, "approval.opened_by_other_person", &a);
+        let mut e = event(
+            p,
+            &ctx,
+            crate::events::Kind::ApprovalOpenedByOtherPerson,
+            &a,
+        );
         e.opener_iss = Some(&opener.iss);
         e.opener_sub = Some(&opener.sub);
         p.audit(&e);
@@ -187,9 +192,9 @@ pub fn act(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, form: &Form) -> Optio
         Err(e) => return Some(unavailable(p, &e)),
     }
     let name = if approve {
-        "approval.granted"
+        crate::events::Kind::ApprovalGranted
     } else {
-        "approval.declined"
+        crate::events::Kind::ApprovalDeclined
     };
     p.audit(&event(p, &ctx, name, &a));
     Some(redirect(if approve {

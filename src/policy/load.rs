@@ -73,7 +73,6 @@ pub(super) struct RawTool {
     allow_every_path_for_this_tool: Option<Spanned<bool>>,
 }
 
-
 /// One declared field of an `authorization_details` type.
 #[derive(Debug, Deserialize)]
 pub(super) struct RawField {
