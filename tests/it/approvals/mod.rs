@@ -8,9 +8,12 @@
 //! - [`clock`]: the same pages in-process, where the clock can be moved:
 //!   expired links and windows, the freeze, and single use at a resource
 //!   server (`credbroker::verify`).
+//! - [`mcp`]: the example MCP server relays an approval link in both MCP
+//!   versions, unchanged from a connect link.
 
 mod browser;
 mod clock;
+mod mcp;
 
 /// The policy under test: `mail.send` needs an approval for each call and
 /// declares what the person sees; `deploy.run` is approved per step.
