@@ -177,3 +177,31 @@ fn details_are_checked_against_the_declarations() {
     // Positive control again after the refusals.
     assert!(details::check(t, Some(&good)).unwrap().is_some());
 }
+
+#[test]
+fn diff_shows_a_dropped_approval_as_access_gained() {
+    let old = load(MAIL).unwrap();
+    let dropped = load(&MAIL.replace("approval = \"each_call\"\n", "")).unwrap();
+    let r = diff::diff(&old, &dropped);
+    assert!(
+        r.gained
+            .iter()
+            .any(|g| g.contains("`each_call` approval -> no approval")),
+        "{r:?}"
+    );
+    let back = diff::diff(&dropped, &old);
+    assert!(
+        back.lost
+            .iter()
+            .any(|l| l.contains("no approval -> `each_call` approval")),
+        "{back:?}"
+    );
+    let bcc = MAIL.replace(
+        "size = {",
+        "bcc = { kind = \"strings\", label = \"Hidden copies\" }\nsize = {",
+    );
+    let r = diff::diff(&old, &load(&bcc).unwrap());
+    assert!(r.gained.iter().any(|g| g.contains("`bcc`")), "{r:?}");
+    // Positive control: the same file shows no change of access.
+    assert!(diff::diff(&old, &load(MAIL).unwrap()).access_unchanged());
+}

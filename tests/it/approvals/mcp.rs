@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::support::claims_of;
 use crate::support::mcp::*;
 use crate::support::services::{ProviderOpts, ServiceEnv};
-use crate::support::claims_of;
 use serde_json::{json, Value};
 
 async fn py(dir: PathBuf, token: String, spec: Value) -> Value {
@@ -119,7 +119,11 @@ approval = "each_call"
     .await;
     for c in out["calls"].as_array().unwrap() {
         assert_eq!(c["error"]["code"], -32042, "{out}");
-        assert_eq!(c["error"]["data"]["elicitations"][0]["url"], url.as_str(), "{out}");
+        assert_eq!(
+            c["error"]["data"]["elicitations"][0]["url"],
+            url.as_str(),
+            "{out}"
+        );
     }
     assert!(api.hits().is_empty(), "nothing reached the API unapproved");
 

@@ -260,8 +260,13 @@ timeout = "{timeout}"
             next = location(&done);
         }
         assert!(
-            ["/done/connected", "/done/reconnected", "/done/allowed", "/done/approved"]
-                .contains(&next.as_str()),
+            [
+                "/done/connected",
+                "/done/reconnected",
+                "/done/allowed",
+                "/done/approved"
+            ]
+            .contains(&next.as_str()),
             "the link was not finished: {next}"
         );
     }
