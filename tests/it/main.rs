@@ -14,6 +14,7 @@ mod mcp;
 mod operations;
 mod pages;
 mod policy;
+mod quickstart;
 mod reference;
 mod security;
 mod services;
