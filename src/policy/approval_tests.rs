@@ -205,3 +205,21 @@ fn diff_shows_a_dropped_approval_as_access_gained() {
     // Positive control: the same file shows no change of access.
     assert!(diff::diff(&old, &load(MAIL).unwrap()).access_unchanged());
 }
+
+#[test]
+fn check_warns_about_an_approval_without_required_details() {
+    let text = MAIL.replace("require_authorization_details = true\n", "");
+    let p = load(&text).unwrap();
+    let w = lint::lint(Path::new(FILE), &text, &p);
+    assert!(
+        w.iter()
+            .any(|w| w.key == "tools.\"mail.send\""
+                && w.message.contains("without seeing what it does")),
+        "{w:?}"
+    );
+    // Positive control: with required details, no such warning.
+    let p = load(MAIL).unwrap();
+    assert!(!lint::lint(Path::new(FILE), MAIL, &p)
+        .iter()
+        .any(|w| w.message.contains("without seeing what it does")));
+}
