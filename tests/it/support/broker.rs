@@ -314,11 +314,7 @@ impl TestBroker {
     }
 
     pub(crate) fn audit_lines(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.path("data/audit.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
-            .collect()
+        super::read_audit(&self.path("data/audit.jsonl"))
     }
 
     /// Sends SIGHUP: the broker reloads its policy file.
