@@ -40,6 +40,12 @@ pub struct Metrics {
     /// Idle connections closed to make room for a new one at the cap, by
     /// socket.
     pub connections_shed: IntCounterVec,
+    /// Proxied calls by service, tool (names from the policy, else
+    /// `other`) and outcome (a fixed set: the proxy's reasons).
+    pub proxy_requests: IntCounterVec,
+    /// Proxied call latency in seconds (to the end of the answer), by
+    /// service.
+    pub proxy_latency: HistogramVec,
 }
 
 /// A gauge vector whose only label is replaced on each set (policy hash).
@@ -134,8 +140,25 @@ impl Metrics {
             ),
             &["socket"],
         ));
+        let proxy_requests = must(IntCounterVec::new(
+            Opts::new(
+                "proxy_requests_total",
+                "Proxied calls by service, tool and outcome",
+            ),
+            &["service", "tool", "outcome"],
+        ));
+        let proxy_latency = must(HistogramVec::new(
+            HistogramOpts::new(
+                "proxy_duration_seconds",
+                "Proxied call latency, to the end of the answer",
+            )
+            .buckets(vec![0.001, 0.005, 0.025, 0.1, 0.5, 2.0, 10.0, 30.0]),
+            &["service"],
+        ));
         for c in [
-            Box::new(derives.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(proxy_requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(proxy_latency.clone()),
+            Box::new(derives.clone()),
             Box::new(latency.clone()),
             Box::new(replay_cache_entries.clone()),
             Box::new(replay_cache_capacity.clone()),
@@ -166,6 +189,8 @@ impl Metrics {
             rate_limited,
             connections_refused,
             connections_shed,
+            proxy_requests,
+            proxy_latency,
         }
     }
 
