@@ -64,8 +64,12 @@ pub(crate) struct ProviderOpts {
     /// redirect URI is the pages' real callback, so a browser can finish
     /// the flow. Default: port 0 and the [`REDIRECT`] placeholder.
     pub public_listen: Option<String>,
-    /// More config (e.g. a trusted issuer with OIDC sign-in).
+    /// More config (e.g. a trusted issuer with OIDC sign-in). Appended
+    /// right after the `[providers.acme]` table, so leading keys land in it
+    /// (`api_base = ...`).
     pub extra_config: String,
+    /// Replaces [`policy()`].
+    pub policy: Option<String>,
 }
 
 impl Default for ProviderOpts {
@@ -76,6 +80,7 @@ impl Default for ProviderOpts {
             log: None,
             public_listen: None,
             extra_config: String::new(),
+            policy: None,
         }
     }
 }
@@ -113,7 +118,7 @@ timeout = "{timeout}"
             timeout = p.timeout,
         ) + &p.extra_config;
         let broker = TestBroker::start_with(Opts {
-            policy: Some(policy()),
+            policy: Some(p.policy.clone().unwrap_or_else(policy)),
             extra_config: extra,
             log: p.log.clone(),
             public_listen: p.public_listen.clone(),
