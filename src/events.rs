@@ -36,6 +36,9 @@ use serde::Serialize;
 
 use crate::secret::SecretBytes;
 
+mod kind;
+pub use kind::Kind;
+
 /// A request value the policy does not declare, as it is recorded: its
 /// length and an HMAC under the instance's audit key, never the value (a
 /// prefix could be the secret itself, and an unkeyed hash of a guessable
@@ -54,8 +57,8 @@ pub struct Opaque {
 pub struct Event<'a> {
     /// Unix time.
     pub time: i64,
-    /// `derive.issued`, `derive.denied`, `policy.reloaded`, ...
-    pub event: &'a str,
+    /// Its type (`derive.issued`, `policy.reloaded`, ...: see [`Kind`]).
+    pub event: Kind,
     /// The instance's agent.
     pub agent: &'a str,
     /// The person's issuer, when known.
@@ -128,9 +131,9 @@ pub struct Event<'a> {
 
 /// The event written before a proxied call goes upstream (no event, no
 /// call).
-pub(crate) const PROXY_REQUEST: &str = "proxy.request";
+pub(crate) const PROXY_REQUEST: Kind = Kind::ProxyRequest;
 /// The event written when a proxied call is over (its status and sizes).
-pub(crate) const PROXY_COMPLETED: &str = "proxy.completed";
+pub(crate) const PROXY_COMPLETED: Kind = Kind::ProxyCompleted;
 
 /// What the two proxy events say about one call. Never a token, a proof,
 /// the concrete path or the query in clear: the path goes in as a hash,
@@ -161,7 +164,7 @@ pub struct ProxyCall<'a> {
 
 impl<'a> Event<'a> {
     /// An event of `kind` for `agent` at `time`, other fields empty.
-    pub fn new(time: i64, event: &'a str, agent: &'a str) -> Event<'a> {
+    pub fn new(time: i64, event: Kind, agent: &'a str) -> Event<'a> {
         Event {
             time,
             event,
@@ -336,7 +339,7 @@ impl Audit {
             removed_bytes = removed,
             "the audit log ended in a torn line; it was cut back to the last whole event"
         );
-        let mut e = Event::new(time, "audit.repaired", agent);
+        let mut e = Event::new(time, Kind::AuditRepaired, agent);
         e.reason = Some("torn_tail_truncated");
         e.removed_bytes = Some(removed);
         self.record(&e)
@@ -353,7 +356,7 @@ impl Audit {
         if self.is_writable() {
             return true;
         }
-        let mut e = Event::new(time, "audit.recovered", agent);
+        let mut e = Event::new(time, Kind::AuditRecovered, agent);
         e.reason = Some("the audit log is writable again");
         self.record(&e).is_ok()
     }

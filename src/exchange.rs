@@ -17,7 +17,7 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::dpop::{self, DpopError};
-use crate::events::{Audit, Event};
+use crate::events::{Audit, Event, Kind};
 use crate::metrics::Metrics;
 use crate::mint::{self, Minter};
 use crate::policy::{self, DenyReason, Policy, ResourceError};
@@ -421,7 +421,8 @@ impl Broker {
         // locks every shard, which a derive should not pay for.
         match result {
             Ok((issued, jti)) => {
-                let mut e = self.event(now, &req, &policy, &ctx, "derive.issued", "issued", None);
+                let mut e =
+                    self.event(now, &req, &policy, &ctx, Kind::DeriveIssued, "issued", None);
                 e.scope = Some(&issued.scope);
                 e.jti_sha256 = Some(crate::jose::sha256_hex(jti.as_bytes()));
                 e.narrowed = ctx.narrowed;
@@ -437,7 +438,7 @@ impl Broker {
                     &req,
                     &policy,
                     &ctx,
-                    "derive.denied",
+                    Kind::DeriveDenied,
                     "denied",
                     Some(err.reason()),
                 );
@@ -458,7 +459,7 @@ impl Broker {
         req: &'a DeriveRequest,
         policy: &'a Policy,
         ctx: &'a Ctx,
-        kind: &'a str,
+        kind: Kind,
         outcome: &'a str,
         reason: Option<&'a str>,
     ) -> Event<'a> {
@@ -837,7 +838,7 @@ impl Broker {
             Err(e) => return DeriveError::Internal(format!("connect link: {e}")),
         };
         if issued.fresh {
-            let mut e = Event::new(now, "connect.link_issued", agent);
+            let mut e = Event::new(now, Kind::ConnectLinkIssued, agent);
             e.person_iss = Some(&person.iss);
             e.person_sub = Some(&person.sub);
             e.service = Some(service);

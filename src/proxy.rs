@@ -430,7 +430,7 @@ impl Proxy {
             .map_or("other", |(k, _)| k.as_str())
     }
 
-    fn event<'c>(&'c self, c: &'c Call<'_>, kind: &'c str) -> Event<'c> {
+    fn event<'c>(&'c self, c: &'c Call<'_>, kind: crate::events::Kind) -> Event<'c> {
         let b = &self.broker;
         let mut e = Event::new(b.clock.now(), kind, &b.config.agent);
         e.person_iss = c.who.subject_iss.as_deref();

@@ -1,11 +1,41 @@
 //! Storage: a small key-value [`Store`] trait with named trees, so that the
-//! embedded sled backend and a later PostgreSQL backend (a table of
+//! embedded sled backend and the PostgreSQL backend (a table of
 //! `(tree, key, value)` with compare-and-swap by `UPDATE ... WHERE value =`)
 //! serve the same callers. Callers above this layer never touch sled.
 //!
 //! Every write returns only once it is durable (the sled backend flushes),
 //! so an acknowledged write survives a crash.
+//!
+//! ## The shape, and why it stays synchronous
+//!
+//! The trait has three groups of operations:
+//! - **records** (`get`, `put`, `delete`, `scan_prefix`, `compare_and_swap`):
+//!   values that live until deleted;
+//! - **expiring entries** (`insert_expiring`, `get_expiring`,
+//!   `replace_expiring`, `sweep_expired`), only in the trees for which
+//!   [`Tree::expires`] is true: replay checks (`INSERT ... ON CONFLICT DO
+//!   NOTHING` on a shared store) and leases. The expiry is computed by the
+//!   **store's** clock (the database's on PostgreSQL), so replicas whose
+//!   clocks differ still agree on who holds a lease;
+//! - **changes** (`watch`): a counter per tree that moves when a record of
+//!   that tree changes, in this process or (on a shared store) in another
+//!   instance. Callers that cache a record in memory (the freeze flag, the
+//!   key ring) re-read it when the counter moves, and on their own tick as a
+//!   backstop, so a lost notification delays a change but never loses it.
+//!
+//! The trait is synchronous, and its callers (vault, links, sessions, key
+//! ring) are too: every operation is one short statement, and the domain code
+//! above it reads as straight-line code. A backend whose operations wait on
+//! the network must therefore never park a runtime worker: the PostgreSQL
+//! backend runs its queries on its own runtime and, when called from a
+//! worker of a multi-thread runtime, waits inside
+//! `tokio::task::block_in_place`, so the worker's other tasks (every `self`
+//! derive, which needs no store) move to another thread while it waits. Each
+//! operation is bounded by the backend's statement timeout, and a full pool
+//! fails at once with [`StoreError::Unavailable`] instead of queueing.
 
+#[doc(hidden)]
+pub mod contract;
 mod sled_store;
 
 pub use sled_store::SledStore;
@@ -33,7 +63,28 @@ pub enum Tree {
     /// Single-use `state` records of sign-in and provider flows, keyed by
     /// SHA-256 of the `state`, sealed.
     PageFlows,
+    /// Expiring: one entry per accepted proof where a replay must be refused
+    /// on every instance sharing the store (the egress proxy's `jti`s).
+    Replay,
+    /// Expiring: leases (who may refresh an account now), held by one
+    /// instance and lost if it stops renewing them.
+    Leases,
 }
+
+/// Every tree, in a fixed order (for copies between stores and for tests).
+pub const ALL_TREES: [Tree; 11] = [
+    Tree::SigningKeys,
+    Tree::State,
+    Tree::Accounts,
+    Tree::Allowances,
+    Tree::Links,
+    Tree::LinkIndex,
+    Tree::Sessions,
+    Tree::LocalUsers,
+    Tree::PageFlows,
+    Tree::Replay,
+    Tree::Leases,
+];
 
 impl Tree {
     /// The tree's name in the backend.
@@ -48,7 +99,20 @@ impl Tree {
             Tree::Sessions => "sessions",
             Tree::LocalUsers => "local_users",
             Tree::PageFlows => "page_flows",
+            Tree::Replay => "replay",
+            Tree::Leases => "leases",
         }
+    }
+
+    /// Whether the tree holds expiring entries (written only with the
+    /// `*_expiring` operations) instead of records.
+    pub fn expires(self) -> bool {
+        matches!(self, Tree::Replay | Tree::Leases)
+    }
+
+    /// The tree's position in [`ALL_TREES`].
+    pub fn index(self) -> usize {
+        self as usize
     }
 }
 
@@ -61,6 +125,16 @@ pub enum StoreError {
     /// The store is held by another process.
     #[error("the store at {0} is in use by another process (is an instance running? use the admin socket)")]
     Locked(String),
+    /// The store cannot answer now (a shared store unreachable, slow past
+    /// its statement timeout, or its pool exhausted). Callers fail closed
+    /// with a temporary refusal, and retrying later may succeed.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// An operation was used on a tree of the other kind (records vs
+    /// expiring entries): a programming error, refused instead of mixing
+    /// encodings.
+    #[error("tree {0} does not support this operation")]
+    WrongTree(&'static str),
 }
 
 /// A record key made of length-prefixed parts (`u16` big-endian length, then
@@ -97,7 +171,8 @@ pub fn split_tuple_key(mut key: &[u8]) -> Option<Vec<String>> {
 /// A key and its value, as returned by scans.
 pub type Entry = (Vec<u8>, Vec<u8>);
 
-/// A durable key-value store with named trees.
+/// A durable key-value store with named trees (see the module docs for the
+/// three groups of operations).
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// Reads one value.
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
@@ -118,4 +193,94 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     ) -> Result<bool, StoreError>;
     /// Whether the store answers (readiness).
     fn is_healthy(&self) -> bool;
+
+    /// Inserts an expiring entry that lives for `ttl` by the store's clock,
+    /// only if `key` has no live entry (an expired one counts as absent and
+    /// is replaced). Returns whether it inserted: `false` means a live entry
+    /// exists (a replay; a lease someone else holds). Atomic: of two callers
+    /// racing on one key, on any number of instances, exactly one inserts.
+    fn insert_expiring(
+        &self,
+        tree: Tree,
+        key: &[u8],
+        value: &[u8],
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// Reads a live expiring entry (`None` if absent or expired).
+    fn get_expiring(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Replaces a live expiring entry whose value equals `expected`: with
+    /// `Some((value, ttl))` it is renewed (a lease's holder extending it),
+    /// with `None` it is deleted (released). Returns whether it matched;
+    /// an expired entry never matches, so a holder whose lease lapsed cannot
+    /// renew what a successor may already hold.
+    fn replace_expiring(
+        &self,
+        tree: Tree,
+        key: &[u8],
+        expected: &[u8],
+        new: Option<(&[u8], std::time::Duration)>,
+    ) -> Result<bool, StoreError>;
+
+    /// Deletes the expired entries of `tree`; returns how many. Safe to run
+    /// from several instances at once.
+    fn sweep_expired(&self, tree: Tree) -> Result<usize, StoreError>;
+
+    /// A counter that moves when a record of `tree` changes (a write by this
+    /// process, or by another instance on a shared store). The value itself
+    /// means nothing; callers re-read what they cache when it changes.
+    fn watch(&self, tree: Tree) -> tokio::sync::watch::Receiver<u64>;
+}
+
+/// Refuses a record operation on an expiring tree, and the reverse.
+pub(crate) fn check_tree(tree: Tree, expiring: bool) -> Result<(), StoreError> {
+    if tree.expires() == expiring {
+        Ok(())
+    } else {
+        Err(StoreError::WrongTree(tree.name()))
+    }
+}
+
+/// The change counters of one process, one per tree (for backends whose
+/// writers are all in this process, and as the local half of a shared
+/// backend's notifications).
+#[derive(Debug)]
+pub(crate) struct Watchers {
+    senders: Vec<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Watchers {
+    pub(crate) fn new() -> Watchers {
+        Watchers {
+            senders: ALL_TREES
+                .iter()
+                .map(|_| tokio::sync::watch::channel(0).0)
+                .collect(),
+        }
+    }
+
+    /// Moves `tree`'s counter.
+    pub(crate) fn bump(&self, tree: Tree) {
+        self.senders[tree.index()].send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    pub(crate) fn subscribe(&self, tree: Tree) -> tokio::sync::watch::Receiver<u64> {
+        self.senders[tree.index()].subscribe()
+    }
+}
+
+/// Encodes an expiring entry for backends that keep it in one value: the
+/// expiry (Unix milliseconds, big-endian) and then the value.
+pub(crate) fn encode_expiring(expires_ms: u64, value: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + value.len());
+    v.extend_from_slice(&expires_ms.to_be_bytes());
+    v.extend_from_slice(value);
+    v
+}
+
+/// Splits [`encode_expiring`]'s form into the expiry and the value.
+pub(crate) fn decode_expiring(raw: &[u8]) -> Option<(u64, &[u8])> {
+    let (head, value) = raw.split_at_checked(8)?;
+    Some((u64::from_be_bytes(head.try_into().ok()?), value))
 }

@@ -4,12 +4,18 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use super::{Store, StoreError, Tree};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::{check_tree, decode_expiring, encode_expiring, Store, StoreError, Tree, Watchers};
 
 /// A sled database in a directory of mode 0700.
+///
+/// sled is single-process (it locks its file), so every writer is in this
+/// process and [`Store::watch`] is complete with in-process counters.
 #[derive(Debug)]
 pub struct SledStore {
     db: sled::Db,
+    watchers: Watchers,
     // Declared after `db`, so dropped after it (fields drop in order).
     _closed: WaitForRelease,
 }
@@ -92,6 +98,7 @@ impl SledStore {
         let _ = std::fs::set_permissions(dir.join("db"), std::fs::Permissions::from_mode(0o700));
         Ok(SledStore {
             db,
+            watchers: Watchers::new(),
             _closed: WaitForRelease {
                 // The file sled locks (its `Config::db_path`).
                 file: dir.join("db").join("db"),
@@ -106,10 +113,34 @@ impl SledStore {
     fn flush(&self) -> Result<(), StoreError> {
         self.db.flush().map(|_| ()).map_err(backend)
     }
+
+    /// Flushes a write to `tree` and tells its watchers.
+    fn written(&self, tree: Tree) -> Result<(), StoreError> {
+        self.flush()?;
+        self.watchers.bump(tree);
+        Ok(())
+    }
+}
+
+/// The store's clock for expiring entries, in Unix milliseconds.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn expiry(ttl: Duration) -> u64 {
+    now_ms().saturating_add(ttl.as_millis() as u64)
+}
+
+/// The value of an expiring entry if it is still live at `now`.
+fn live(raw: &[u8], now: u64) -> Option<&[u8]> {
+    decode_expiring(raw).and_then(|(exp, v)| (exp > now).then_some(v))
 }
 
 impl Store for SledStore {
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        check_tree(tree, false)?;
         Ok(self
             .tree(tree)?
             .get(key)
@@ -118,16 +149,19 @@ impl Store for SledStore {
     }
 
     fn put(&self, tree: Tree, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        check_tree(tree, false)?;
         self.tree(tree)?.insert(key, value).map_err(backend)?;
-        self.flush()
+        self.written(tree)
     }
 
     fn delete(&self, tree: Tree, key: &[u8]) -> Result<(), StoreError> {
+        check_tree(tree, false)?;
         self.tree(tree)?.remove(key).map_err(backend)?;
-        self.flush()
+        self.written(tree)
     }
 
     fn scan_prefix(&self, tree: Tree, prefix: &[u8]) -> Result<Vec<super::Entry>, StoreError> {
+        check_tree(tree, false)?;
         self.tree(tree)?
             .scan_prefix(prefix)
             .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(backend))
@@ -141,19 +175,107 @@ impl Store for SledStore {
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<bool, StoreError> {
+        check_tree(tree, false)?;
         let swapped = self
             .tree(tree)?
             .compare_and_swap(key, expected, new)
             .map_err(backend)?
             .is_ok();
         if swapped {
-            self.flush()?;
+            self.written(tree)?;
         }
         Ok(swapped)
     }
 
     fn is_healthy(&self) -> bool {
         self.db.was_recovered() || self.db.size_on_disk().is_ok()
+    }
+
+    fn insert_expiring(
+        &self,
+        tree: Tree,
+        key: &[u8],
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        check_tree(tree, true)?;
+        let t = self.tree(tree)?;
+        let new = encode_expiring(expiry(ttl), value);
+        loop {
+            let current = t.get(key).map_err(backend)?;
+            if current
+                .as_deref()
+                .is_some_and(|raw| live(raw, now_ms()).is_some())
+            {
+                return Ok(false);
+            }
+            // Replace exactly what was read (absent, or expired): if another
+            // thread got there first, read again.
+            if t.compare_and_swap(key, current, Some(new.as_slice()))
+                .map_err(backend)?
+                .is_ok()
+            {
+                self.written(tree)?;
+                return Ok(true);
+            }
+        }
+    }
+
+    fn get_expiring(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        check_tree(tree, true)?;
+        let raw = self.tree(tree)?.get(key).map_err(backend)?;
+        Ok(raw.and_then(|raw| live(&raw, now_ms()).map(<[u8]>::to_vec)))
+    }
+
+    fn replace_expiring(
+        &self,
+        tree: Tree,
+        key: &[u8],
+        expected: &[u8],
+        new: Option<(&[u8], Duration)>,
+    ) -> Result<bool, StoreError> {
+        check_tree(tree, true)?;
+        let t = self.tree(tree)?;
+        let Some(current) = t.get(key).map_err(backend)? else {
+            return Ok(false);
+        };
+        if live(&current, now_ms()) != Some(expected) {
+            return Ok(false);
+        }
+        let replacement = new.map(|(v, ttl)| encode_expiring(expiry(ttl), v));
+        let swapped = t
+            .compare_and_swap(key, Some(current), replacement)
+            .map_err(backend)?
+            .is_ok();
+        if swapped {
+            self.written(tree)?;
+        }
+        Ok(swapped)
+    }
+
+    fn sweep_expired(&self, tree: Tree) -> Result<usize, StoreError> {
+        check_tree(tree, true)?;
+        let t = self.tree(tree)?;
+        let now = now_ms();
+        let mut removed = 0;
+        for entry in t.iter() {
+            let (k, raw) = entry.map_err(backend)?;
+            if live(&raw, now).is_none()
+                && t.compare_and_swap(&k, Some(raw), None::<&[u8]>)
+                    .map_err(backend)?
+                    .is_ok()
+            {
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            self.written(tree)?;
+        }
+        Ok(removed)
+    }
+
+    fn watch(&self, tree: Tree) -> tokio::sync::watch::Receiver<u64> {
+        self.watchers.subscribe(tree)
     }
 }
 
@@ -186,5 +308,32 @@ mod tests {
         assert_eq!(s.get(Tree::State, b"b/1").unwrap(), None);
         let mode = std::fs::metadata(dir.path()).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
+    }
+
+    #[test]
+    fn the_store_contract_holds_on_sled() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStore::open(dir.path()).unwrap();
+        crate::store::contract::run_all(&s);
+        crate::store::contract::run_concurrent(std::sync::Arc::new(s));
+    }
+
+    #[test]
+    fn expiring_entries_survive_a_reopen_until_they_expire() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SledStore::open(dir.path()).unwrap();
+            assert!(s
+                .insert_expiring(Tree::Replay, b"j", b"1", Duration::from_secs(60))
+                .unwrap());
+        }
+        let s = SledStore::open(dir.path()).unwrap();
+        assert!(!s
+            .insert_expiring(Tree::Replay, b"j", b"1", Duration::from_secs(60))
+            .unwrap());
+        assert_eq!(
+            s.get_expiring(Tree::Replay, b"j").unwrap().as_deref(),
+            Some(&b"1"[..])
+        );
     }
 }

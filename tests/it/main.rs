@@ -14,6 +14,7 @@ mod operations;
 mod pages;
 mod policy;
 mod proxy;
+mod reference;
 mod security;
 mod services;
 mod support;

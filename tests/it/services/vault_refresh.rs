@@ -63,6 +63,35 @@ impl Store for FailingStore {
         self.check()?;
         self.inner.compare_and_swap(t, k, e, n)
     }
+    fn insert_expiring(
+        &self,
+        t: Tree,
+        k: &[u8],
+        v: &[u8],
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        self.check()?;
+        self.inner.insert_expiring(t, k, v, ttl)
+    }
+    fn get_expiring(&self, t: Tree, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get_expiring(t, k)
+    }
+    fn replace_expiring(
+        &self,
+        t: Tree,
+        k: &[u8],
+        e: &[u8],
+        n: Option<(&[u8], std::time::Duration)>,
+    ) -> Result<bool, StoreError> {
+        self.check()?;
+        self.inner.replace_expiring(t, k, e, n)
+    }
+    fn sweep_expired(&self, t: Tree) -> Result<usize, StoreError> {
+        self.inner.sweep_expired(t)
+    }
+    fn watch(&self, t: Tree) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.watch(t)
+    }
     fn is_healthy(&self) -> bool {
         true
     }
