@@ -117,6 +117,24 @@ pub(crate) struct EchoGuard {
     pending: Vec<u8>,
 }
 
+/// Whether `needle` (not empty) occurs in `hay`: candidates are found by
+/// the first byte, so a large answer is scanned about once.
+fn find(hay: &[u8], needle: &[u8]) -> bool {
+    let Some(&first) = needle.first() else {
+        return false;
+    };
+    let mut from = 0;
+    while let Some(p) = hay[from..].iter().position(|&b| b == first) {
+        let start = from + p;
+        match hay.get(start..start + needle.len()) {
+            None => return false,
+            Some(w) if w == needle => return true,
+            Some(_) => from = start + 1,
+        }
+    }
+    false
+}
+
 /// A provider token was found in the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Echo;
@@ -139,9 +157,7 @@ impl EchoGuard {
 
     /// Whether `bytes` holds one of the secrets.
     pub(crate) fn contains(&self, bytes: &[u8]) -> bool {
-        self.needles
-            .iter()
-            .any(|n| bytes.len() >= n.len() && bytes.windows(n.len()).any(|w| w == n.as_slice()))
+        self.needles.iter().any(|n| find(bytes, n))
     }
 
     /// Takes the next chunk; returns what can be released.
@@ -358,6 +374,44 @@ impl Proxy {
         Ok(v)
     }
 
+    /// Records the proof's `jti` (with the key it is bound to) in the
+    /// store's replay tree for as long as the proof could be accepted;
+    /// a second use anywhere is a replay. A store that cannot answer fails
+    /// the call closed.
+    fn first_use(&self, proof: &str, jkt: &str) -> Result<(), Refusal> {
+        let jti = crate::jose::parse(proof, crate::dpop::MAX_PROOF_LEN)
+            .ok()
+            .and_then(|j| serde_json::from_slice::<serde_json::Value>(&j.payload).ok())
+            .and_then(|v| v.get("jti").and_then(|j| j.as_str()).map(str::to_string))
+            .ok_or(Refusal::Token(VerifyError::Proof(
+                crate::dpop::DpopError::Replay,
+            )))?;
+        let mut key = jti.into_bytes();
+        key.push(0);
+        key.extend_from_slice(jkt.as_bytes());
+        let key = crate::jose::sha256_hex(&key);
+        // Either side of now, plus the verifier's skew.
+        let window = std::time::Duration::from_secs((2 * crate::dpop::IAT_WINDOW + 10) as u64);
+        match self.broker.store.insert_expiring(
+            crate::store::Tree::Replay,
+            key.as_bytes(),
+            b"1",
+            window,
+        ) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Refusal::Token(VerifyError::Proof(
+                crate::dpop::DpopError::Replay,
+            ))),
+            Err(e) => {
+                tracing::error!(error = %e, "the replay store failed; proxied call refused");
+                Err(Refusal::Unavailable(
+                    "replay_store_unavailable",
+                    "the proof's replay check could not be made; retry later",
+                ))
+            }
+        }
+    }
+
     /// Handles one request under `/proxy/`.
     pub(crate) async fn handle<B>(self: &Arc<Self>, req: Request<B>) -> Response<ProxyBody>
     where
@@ -552,6 +606,11 @@ impl Proxy {
                 dpop: &dpop,
             })
             .map_err(|e| (None, Refusal::Token(e)))?;
+        // The verifier's replay cache is this instance's; the store's is
+        // every instance's (a replicated store): a proof is used once.
+        if let [proof] = dpop[..] {
+            self.first_use(proof, &who.jkt).map_err(|r| (None, r))?;
+        }
         let policy = b.policy.load_full();
         let resource = canonical_resource(&audience).unwrap_or(audience);
         let mut call = Call {

@@ -57,9 +57,9 @@ pub(crate) struct ProxyEnv {
 }
 
 impl ProxyEnv {
-    /// Starts everything and connects alice's `octo-alice` account through
+    /// Starts everything (`timeout` is `proxy.timeout`) and connects alice's `octo-alice` account through
     /// the real pages, so derives for the proxy are issued.
-    pub(crate) async fn start() -> ProxyEnv {
+    pub(crate) async fn start(timeout: &str) -> ProxyEnv {
         let api_listener = ApiStandin::bind();
         let other_listener = ApiStandin::bind();
         let api_base = format!("http://{}", api_listener.local_addr().unwrap());
@@ -67,7 +67,9 @@ impl ProxyEnv {
         let mut env = ServiceEnv::start_with(ProviderOpts {
             policy: Some(proxy_policy(READ_ROUTES)),
             // Leading keys land in [providers.acme]; then the proxy's table.
-            extra_config: format!("api_base = \"{api_base}\"\n\n[proxy]\ntimeout = \"2s\"\n"),
+            extra_config: format!(
+                "api_base = \"{api_base}\"\n\n[proxy]\ntimeout = \"{timeout}\"\n"
+            ),
             ..ProviderOpts::default()
         });
         let http = reqwest::Client::builder()
@@ -146,11 +148,11 @@ impl ProxyEnv {
         t.access_token.expose().clone()
     }
 
-    /// A proof for `method` on `path` (no query) under the issuer.
+    /// A proof for `method` on `path` (no query) under the issuer, made
+    /// by the embedding client's proof builder, as a tool would.
     pub(crate) fn proof(&self, token: &str, method: &str, path: &str) -> String {
         let htu = format!("{}{path}", self.env.broker.issuer);
-        credbroker::internals::dpop::make_proof(&self.key, method, &htu, now(), Some(token), None)
-            .unwrap()
+        credbroker::client::proof(&self.key, method, &htu, Some(token)).unwrap()
     }
 
     /// The tool's call: `path_and_query` under `/proxy/acme`, with the
@@ -208,7 +210,7 @@ pub(crate) async fn refusal(r: reqwest::Response) -> (u16, serde_json::Value) {
 
 #[tokio::test]
 async fn allowed_calls_are_served_and_the_provider_token_never_leaves_the_broker() {
-    let p = ProxyEnv::start().await;
+    let p = ProxyEnv::start("30s").await;
     let read = p.token("acme.read", "triage").await;
     let claims = claims_of(&read);
     assert_eq!(claims["aud"], PROXY, "aud is the proxy address");

@@ -40,9 +40,10 @@ async fn raw_get(p: &ProxyEnv, token: &str, path: &str, extra: &str) -> (u16, St
 
 #[tokio::test]
 async fn each_refusal_then_its_positive_control() {
-    let p = ProxyEnv::start().await;
+    let mut p = ProxyEnv::start("2s").await;
     let read = p.token("acme.read", "triage").await;
-    let calls = || p.api.records().len();
+    let api = p.api.records.clone();
+    let calls = move || api.lock().unwrap().len();
 
     // A bearer token: 401 invalid_token with a DPoP challenge.
     let proof = p.proof(&read, "GET", "/proxy/acme/user");
@@ -89,6 +90,19 @@ async fn each_refusal_then_its_positive_control() {
         .to_str()
         .unwrap()
         .contains("invalid_dpop_proof"));
+    // The store remembers it too: after a restart (a fresh in-memory
+    // cache, as another instance sharing the store has), it is still used.
+    p.env.broker.restart();
+    let r = p
+        .send(
+            "GET",
+            "/proxy/acme/user",
+            &format!("DPoP {read}"),
+            &proof,
+            None,
+        )
+        .await;
+    assert_eq!(refusal(r).await.1["reason"], "invalid_dpop_proof");
     // A proof for another URL, and for another method.
     let other_url = p.proof(&read, "GET", "/proxy/acme/repos/o/r/issues");
     let r = p
