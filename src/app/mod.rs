@@ -163,8 +163,10 @@ impl Instance {
     }
 }
 
-/// Builds an instance from a validated config: opens the store, loads or
-/// creates the signing key, loads the policy and the trusted issuers.
+/// Builds an instance from a validated config: loads the policy and the
+/// trusted issuers (reading their pinned JWKS files) first, then opens the
+/// store and loads or creates the signing key, so a start refused for a
+/// bad file creates no store and no key.
 pub async fn build(
     config: Config,
     clock: crate::clock::SharedClock,
@@ -219,6 +221,23 @@ pub async fn build(
             master.expose().len()
         ),
     })?);
+    // The trusted issuers, and so their pinned JWKS files, before the store
+    // is opened or a key created: a missing or broken file then leaves
+    // nothing behind. Our own tokens are never accepted as subject tokens;
+    // until the minter exists (it needs the store) every kid counts as ours,
+    // which refuses rather than accepts, and nothing validates before
+    // start-up ends anyway.
+    let own_minter: Arc<std::sync::OnceLock<Arc<crate::mint::Minter>>> = Arc::default();
+    let m = own_minter.clone();
+    let subjects = crate::subject::Validator::new(
+        &config.trusted_issuers,
+        Box::new(move |kid| m.get().is_none_or(|m| m.is_own_kid(kid))),
+    )
+    .await
+    .map_err(|source| StartError::Subject {
+        file: config.file.display().to_string(),
+        source,
+    })?;
     let store: Arc<dyn crate::store::Store> =
         Arc::new(crate::store::SledStore::open(&config.store)?);
     let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
@@ -239,18 +258,9 @@ pub async fn build(
         config.agent.clone(),
         ring,
     ));
-    // Our own tokens are never accepted as subject tokens; the check reads
-    // the live key ring, so a rotated key is known at once.
-    let m = minter.clone();
-    let subjects = crate::subject::Validator::new(
-        &config.trusted_issuers,
-        Box::new(move |kid| m.is_own_kid(kid)),
-    )
-    .await
-    .map_err(|source| StartError::Subject {
-        file: config.file.display().to_string(),
-        source,
-    })?;
+    // The validator was built before the store (above); from here on its
+    // own-key check reads the live key ring, so a rotated key is known at once.
+    let _ = own_minter.set(minter.clone());
     let key_sets = subjects.key_sets();
     let nonces = if config.dpop.require_nonce {
         let mut key = vec![0u8; 32];

@@ -14,6 +14,7 @@ mod operations;
 mod pages;
 mod policy;
 mod proxy;
+mod quickstart;
 mod reference;
 mod security;
 mod services;
