@@ -57,9 +57,9 @@ pub(crate) struct ProxyEnv {
 }
 
 impl ProxyEnv {
-    /// Starts everything (`timeout` is `proxy.timeout`) and connects alice's `octo-alice` account through
+    /// Starts everything (`proxy_keys` go in the `[proxy]` table) and connects alice's `octo-alice` account through
     /// the real pages, so derives for the proxy are issued.
-    pub(crate) async fn start(timeout: &str) -> ProxyEnv {
+    pub(crate) async fn start(proxy_keys: &str) -> ProxyEnv {
         let api_listener = ApiStandin::bind();
         let other_listener = ApiStandin::bind();
         let api_base = format!("http://{}", api_listener.local_addr().unwrap());
@@ -67,9 +67,7 @@ impl ProxyEnv {
         let mut env = ServiceEnv::start_with(ProviderOpts {
             policy: Some(proxy_policy(READ_ROUTES)),
             // Leading keys land in [providers.acme]; then the proxy's table.
-            extra_config: format!(
-                "api_base = \"{api_base}\"\n\n[proxy]\ntimeout = \"{timeout}\"\n"
-            ),
+            extra_config: format!("api_base = \"{api_base}\"\n\n[proxy]\n{proxy_keys}\n"),
             ..ProviderOpts::default()
         });
         let http = reqwest::Client::builder()
@@ -210,7 +208,7 @@ pub(crate) async fn refusal(r: reqwest::Response) -> (u16, serde_json::Value) {
 
 #[tokio::test]
 async fn allowed_calls_are_served_and_the_provider_token_never_leaves_the_broker() {
-    let p = ProxyEnv::start("30s").await;
+    let p = ProxyEnv::start("").await;
     let read = p.token("acme.read", "triage").await;
     let claims = claims_of(&read);
     assert_eq!(claims["aud"], PROXY, "aud is the proxy address");

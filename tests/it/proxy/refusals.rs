@@ -40,7 +40,10 @@ async fn raw_get(p: &ProxyEnv, token: &str, path: &str, extra: &str) -> (u16, St
 
 #[tokio::test]
 async fn each_refusal_then_its_positive_control() {
-    let mut p = ProxyEnv::start("2s").await;
+    let mut p = ProxyEnv::start(
+        "timeout = \"2s\"\nmax_request_body = 1024\nmax_concurrent_per_service = 1",
+    )
+    .await;
     let read = p.token("acme.read", "triage").await;
     let api = p.api.records.clone();
     let calls = move || api.lock().unwrap().len();
@@ -258,9 +261,39 @@ async fn each_refusal_then_its_positive_control() {
     assert!(tokens.iter().all(|t| !answers.contains(t.as_str())));
     assert_eq!(p.call(&read, "GET", "/user", None).await.status(), 200);
 
-    // A hanging upstream: 504 within the 2 s timeout (plus slack).
+    // A body over proxy.max_request_body: 413, nothing sent.
+    let before = calls();
+    let r = p
+        .call(&write, "POST", "/repos/o/r/pulls", Some(vec![b' '; 2000]))
+        .await;
+    assert_eq!(refusal(r).await, (413, refusal_413()));
+    assert_eq!(calls(), before);
+    let r = p
+        .call(&write, "POST", "/repos/o/r/pulls", Some(vec![b' '; 1000]))
+        .await;
+    assert_eq!(r.status(), 201);
+
+    // A hanging upstream: 504 within the 2 s timeout (plus slack); while it
+    // hangs, the service's one slot (max_concurrent_per_service = 1) is
+    // taken, so another call gets 503 service_busy.
     let started = Instant::now();
-    let r = p.call(&read, "GET", "/hang", None).await;
+    let hanging = {
+        let proof = p.proof(&read, "GET", "/proxy/acme/hang");
+        let rb = p
+            .http
+            .get(format!("{}/proxy/acme/hang", p.env.broker.public))
+            .header("authorization", format!("DPoP {read}"))
+            .header("dpop", proof);
+        tokio::spawn(rb.send())
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !p.api.records().iter().any(|r| r.path == "/hang") {
+        assert!(Instant::now() < deadline, "the hanging call never went upstream");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = p.call(&read, "GET", "/user", None).await;
+    assert_eq!(refusal(r).await.1["reason"], "service_busy");
+    let r = hanging.await.unwrap().unwrap();
     let took = started.elapsed();
     assert_eq!(refusal(r).await.1["reason"], "upstream_timeout");
     assert!(
@@ -318,6 +351,14 @@ async fn each_refusal_then_its_positive_control() {
     let page = env.open_signed_in("/account", "alice").await;
     assert!(page.contains("Access stopped working"), "{page}");
     let _ = PROXY;
+}
+
+fn refusal_413() -> serde_json::Value {
+    serde_json::json!({
+        "error": "invalid_request",
+        "reason": "request_too_large",
+        "error_description": "the request body is larger than the proxy's cap of 1024 bytes (proxy.max_request_body); nothing was sent",
+    })
 }
 
 fn refusal_body(reason: &str) -> serde_json::Value {
