@@ -187,6 +187,8 @@ enum Refusal {
     NotFound,
     /// 401 with a DPoP challenge.
     Token(VerifyError),
+    /// 401 `use_dpop_nonce` with a fresh nonce (`[dpop] require_nonce`).
+    UseNonce(String),
     /// 403 with a reason (the policy).
     Forbidden(&'static str),
     /// 413: the body is over the cap.
@@ -210,6 +212,7 @@ impl Refusal {
             Refusal::NotFound => "not_a_proxy_address",
             Refusal::Token(VerifyError::Proof(_)) => "invalid_dpop_proof",
             Refusal::Token(_) => "invalid_token",
+            Refusal::UseNonce(_) => "use_dpop_nonce",
             Refusal::Forbidden(r) => r,
             Refusal::TooLarge(_) => "request_too_large",
             Refusal::RateLimited(_) => "rate_limited",
@@ -247,6 +250,22 @@ impl Refusal {
                 let mut r = plain(StatusCode::UNAUTHORIZED, error, e.to_string());
                 if let Ok(v) = HeaderValue::from_str(&e.challenge()) {
                     r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+                }
+                r
+            }
+            Refusal::UseNonce(nonce) => {
+                let mut r = plain(
+                    StatusCode::UNAUTHORIZED,
+                    "use_dpop_nonce",
+                    "a fresh DPoP nonce is required: sign a new proof with the DPoP-Nonce of this answer".into(),
+                );
+                let h = r.headers_mut();
+                h.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("DPoP error=\"use_dpop_nonce\", algs=\"ES256\""),
+                );
+                if let Ok(v) = HeaderValue::from_str(nonce) {
+                    h.insert("dpop-nonce", v);
                 }
                 r
             }
@@ -374,15 +393,30 @@ impl Proxy {
         Ok(v)
     }
 
-    /// Records the proof's `jti` (with the key it is bound to) in the
+    /// Checks the proof's nonce when nonces are required, then records the
+    /// proof's `jti` (with the key it is bound to) in the
     /// store's replay tree for as long as the proof could be accepted;
     /// a second use anywhere is a replay. A store that cannot answer fails
     /// the call closed.
     fn first_use(&self, proof: &str, jkt: &str) -> Result<(), Refusal> {
-        let jti = crate::jose::parse(proof, crate::dpop::MAX_PROOF_LEN)
+        let claims = crate::jose::parse(proof, crate::dpop::MAX_PROOF_LEN)
             .ok()
             .and_then(|j| serde_json::from_slice::<serde_json::Value>(&j.payload).ok())
-            .and_then(|v| v.get("jti").and_then(|j| j.as_str()).map(str::to_string))
+            .unwrap_or_default();
+        // The nonce rule of the socket (`[dpop] require_nonce`) holds here
+        // too; the verifier resource servers use knows no nonces.
+        let now = self.broker.clock.now();
+        let nonce = claims.get("nonce").and_then(|n| n.as_str());
+        if !self.broker.proofs.nonce_ok(nonce, now) {
+            return Err(match self.broker.proofs.fresh_nonce(now) {
+                Some(n) => Refusal::UseNonce(n),
+                None => Refusal::Token(VerifyError::Proof(crate::dpop::DpopError::UseNonce)),
+            });
+        }
+        let jti = claims
+            .get("jti")
+            .and_then(|j| j.as_str())
+            .map(str::to_string)
             .ok_or(Refusal::Token(VerifyError::Proof(
                 crate::dpop::DpopError::Replay,
             )))?;

@@ -368,3 +368,41 @@ async fn allowed_calls_are_served_and_the_provider_token_never_leaves_the_broker
     );
     assert!(p.other.records().is_empty());
 }
+
+#[tokio::test]
+async fn nonce_is_asked_for_when_the_broker_requires_nonces() {
+    // `[dpop] require_nonce` holds on the proxy as on the socket.
+    let p = ProxyEnv::start("\n[dpop]\nrequire_nonce = true").await;
+    let read = p.token("acme.read", "triage").await;
+    let r = p.call(&read, "GET", "/user", None).await;
+    assert_eq!(r.status(), 401);
+    assert!(r.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .contains("error=\"use_dpop_nonce\""));
+    let nonce = r.headers()["dpop-nonce"].to_str().unwrap().to_string();
+    assert_eq!(refusal(r).await.1["reason"], "use_dpop_nonce");
+    assert!(p.api.records().is_empty(), "nothing went upstream");
+    // Positive control: a new proof with the nonce is served.
+    let htu = format!("{}/proxy/acme/user", p.env.broker.issuer);
+    let proof = credbroker::internals::dpop::make_proof(
+        &p.key,
+        "GET",
+        &htu,
+        now(),
+        Some(&read),
+        Some(&nonce),
+    )
+    .unwrap();
+    let r = p
+        .send(
+            "GET",
+            "/proxy/acme/user",
+            &format!("DPoP {read}"),
+            &proof,
+            None,
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(p.api.records().len(), 1);
+}

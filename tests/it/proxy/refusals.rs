@@ -288,7 +288,10 @@ async fn each_refusal_then_its_positive_control() {
     };
     let deadline = Instant::now() + Duration::from_secs(5);
     while !p.api.records().iter().any(|r| r.path == "/hang") {
-        assert!(Instant::now() < deadline, "the hanging call never went upstream");
+        assert!(
+            Instant::now() < deadline,
+            "the hanging call never went upstream"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let r = p.call(&read, "GET", "/user", None).await;
