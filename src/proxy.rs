@@ -587,7 +587,14 @@ impl Proxy {
             && service
                 .bytes()
                 .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_');
-        if !valid_service {
+        // Only a configured provider has a proxy address: the set of
+        // verifiers (one per address) stays bounded by the config, whatever
+        // names requests carry. A service the policy no longer proxies is
+        // still known here, so its callers get the policy's 403.
+        let known = b
+            .connected_services()
+            .is_some_and(|c| c.providers.get(service).is_some());
+        if !valid_service || !known {
             return Err((None, Refusal::NotFound));
         }
         let rest = &path[PREFIX.len() + service.len()..];

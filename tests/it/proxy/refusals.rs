@@ -189,6 +189,10 @@ async fn each_refusal_then_its_positive_control() {
         assert_eq!(status, 400, "{trick}: {text}");
         assert!(text.contains("invalid_path"), "{trick}: {text}");
     }
+    // A service that has no provider in the config has no proxy address.
+    let (status, text) = raw_get(&p, &read, "/proxy/nope/user", "").await;
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("not_a_proxy_address"), "{text}");
     // Absolute form, CONNECT, TRACE, Upgrade.
     let abs = format!("{}/proxy/acme/user", p.env.broker.public);
     let (status, _) = raw_get(&p, &read, &abs, "").await;
