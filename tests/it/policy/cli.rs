@@ -259,23 +259,33 @@ fn check_agent_must_match() {
     );
 }
 
-/// The GitHub example uses the `service` source: it loads, and `check` warns
-/// about `delivery = "provider_token"` (an error with `--deny-warnings`).
+/// The GitHub example uses the egress proxy: it loads without a warning.
+/// The same policy with `delivery = "provider_token"` (and no routes) is
+/// warned about, an error with `--deny-warnings`.
 #[test]
-fn check_github_example_warns_about_provider_tokens() {
+fn check_github_example_passes_and_provider_tokens_are_warned_about() {
     let d = workdir();
-    let (code, out) = policy(d.path(), &["check", "repo-helper-github.toml"]);
+    let (code, out) = policy(
+        d.path(),
+        &["check", "--deny-warnings", "repo-helper-github.toml"],
+    );
+    assert_eq!(code, 0, "{out}");
+    let text = std::fs::read_to_string(d.path().join("repo-helper-github.toml")).unwrap();
+    let bearer: String = text
+        .replace("delivery = \"proxy\"", "delivery = \"provider_token\"")
+        .lines()
+        .filter(|l| !l.starts_with("routes") && !l.starts_with("  \"GET") && *l != "]")
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(d.path().join("bearer.toml"), bearer).unwrap();
+    let (code, out) = policy(d.path(), &["check", "bearer.toml"]);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains(credbroker::internals::policy::lint::PROVIDER_TOKEN_WARNING),
         "provider_token must be warned about:\n{out}"
     );
     assert_eq!(
-        policy(
-            d.path(),
-            &["check", "--deny-warnings", "repo-helper-github.toml"]
-        )
-        .0,
+        policy(d.path(), &["check", "--deny-warnings", "bearer.toml"]).0,
         2
     );
 }

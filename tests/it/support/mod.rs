@@ -16,6 +16,7 @@
 // helpers they call; here too a failure should panic loudly.
 #![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+pub(crate) mod api_standin;
 pub(crate) mod broker;
 pub(crate) mod browser;
 pub(crate) mod jose;
