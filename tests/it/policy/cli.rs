@@ -689,7 +689,7 @@ fn check_against_the_broker_config_catches_an_unknown_service_and_agent() {
     assert_eq!(code, 1, "{out}");
     assert!(
         out.starts_with(&format!(
-            "repo-helper-github.toml:27:1: error: resources.\"https://api.github.com/\".service: \
+            "repo-helper-github.toml:26:1: error: resources.\"https://broker.example.com/proxy/github\".service: \
              service \"github\" has no [providers.github] table in {c}: the broker refuses this \
              policy at start-up and on reload\n  hint: name a service the broker config has a \
              [providers.NAME] table for, or add that table to the config first\n"
@@ -724,10 +724,21 @@ fn check_against_the_broker_config_catches_an_unknown_service_and_agent() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("broken-broker.toml"), "{out}");
     // Positive control: the same policy naming acme passes against it.
+    // (Its proxy address is this broker's issuer followed by /proxy/acme.)
+    let cfg_text = std::fs::read_to_string(&config).unwrap();
+    let issuer = cfg_text
+        .lines()
+        .find_map(|l| l.strip_prefix("issuer = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .expect("the broker config names its issuer");
     let text = std::fs::read_to_string(d.path().join("repo-helper-github.toml")).unwrap();
     std::fs::write(
         d.path().join("repo-helper-acme.toml"),
-        text.replace("service = \"github\"", "service = \"acme\""),
+        text.replace("service = \"github\"", "service = \"acme\"")
+            .replace(
+                "https://broker.example.com/proxy/github",
+                &format!("{issuer}/proxy/acme"),
+            ),
     )
     .unwrap();
     let (code, out) = policy(d.path(), &["check", "--config", c, "repo-helper-acme.toml"]);
