@@ -179,14 +179,18 @@ pub async fn build(
     }
     // A store path that is not a directory fails here, before anything is
     // created, with the key that names it.
-    if let Ok(m) = std::fs::metadata(&config.store) {
+    if let Some(m) = config
+        .store
+        .sled_dir()
+        .and_then(|d| std::fs::metadata(d).ok())
+    {
         if !m.is_dir() {
             return Err(StartError::At {
                 file,
                 key: "store",
                 detail: format!(
                     "{} exists and is not a directory (the store is a directory)",
-                    config.store.display()
+                    config.store.sled_dir().unwrap_or(std::path::Path::new("")).display()
                 ),
             });
         }
@@ -214,8 +218,7 @@ pub async fn build(
             master.expose().len()
         ),
     })?);
-    let store: Arc<dyn crate::store::Store> =
-        Arc::new(crate::store::SledStore::open(&config.store)?);
+    let store: Arc<dyn crate::store::Store> = config.store.open()?;
     let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
     // No provider, no vault key: the key directory is made only when a
     // provider could need it (deploy/ keeps it on a writable path anyway).

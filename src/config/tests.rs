@@ -79,7 +79,7 @@ fn valid_config_parses_with_defaults() {
     // The trailing slash is dropped: `iss` and `htu` are built from it.
     assert_eq!(c.issuer, "https://broker.example");
     assert_eq!(c.policy, dir.join("policy.toml"));
-    assert_eq!(c.store, dir.join("data"));
+    assert_eq!(c.store.sled_dir(), Some(dir.join("data").as_path()));
     assert_eq!(c.audit_log, dir.join("data/audit.jsonl"));
     assert_eq!(c.admin_socket, dir.join("admin.sock"));
     assert_eq!(c.master_key_file, dir.join("keys/master.key"));
@@ -105,7 +105,10 @@ fn valid_config_parses_with_defaults() {
     );
     // Absolute paths stay as written.
     let abs = replace(BASE, "store = \"data\"", "store = \"/var/lib/cb\"");
-    assert_eq!(parse(&abs).unwrap().store, Path::new("/var/lib/cb"));
+    assert_eq!(
+        parse(&abs).unwrap().store.sled_dir(),
+        Some(Path::new("/var/lib/cb"))
+    );
 }
 
 // ------------------------------------------------------------ unknown keys
@@ -742,7 +745,10 @@ fn unreadable_config_is_an_error_naming_the_file() {
     assert!(err.to_string().contains("nope.toml"));
     let good = dir.path().join("credbroker.toml");
     std::fs::write(&good, BASE).unwrap();
-    assert_eq!(Config::load(&good).unwrap().store, dir.path().join("data"));
+    assert_eq!(
+        Config::load(&good).unwrap().store.sled_dir(),
+        Some(dir.path().join("data").as_path())
+    );
 }
 
 // ------------------------------------------------------------ secret files

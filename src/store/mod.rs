@@ -36,9 +36,40 @@
 
 #[doc(hidden)]
 pub mod contract;
+mod postgres;
 mod sled_store;
 
+pub use postgres::{Migrate, PgSettings, PgStore};
 pub use sled_store::SledStore;
+
+/// Which backend a config selects: `store = "<dir>"` (sled, one instance)
+/// or a `[postgres]` table (shared by replicas).
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The embedded store in this directory.
+    Sled(std::path::PathBuf),
+    /// A PostgreSQL database.
+    Postgres(PgSettings),
+}
+
+impl Backend {
+    /// The sled directory, if this is sled.
+    pub fn sled_dir(&self) -> Option<&std::path::Path> {
+        match self {
+            Backend::Sled(d) => Some(d),
+            Backend::Postgres(_) => None,
+        }
+    }
+
+    /// Opens the store (for PostgreSQL: checks or migrates the schema and
+    /// starts listening for changes).
+    pub fn open(&self) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+        Ok(match self {
+            Backend::Sled(d) => std::sync::Arc::new(SledStore::open(d)?),
+            Backend::Postgres(s) => std::sync::Arc::new(PgStore::open(s)?),
+        })
+    }
+}
 
 /// The trees (tables) of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

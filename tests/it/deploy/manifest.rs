@@ -64,7 +64,8 @@ fn kubernetes_manifest_config_parses_and_every_path_is_mounted_as_needed() {
     let broker = mounts("credbroker");
     let orchestrator = mounts("orchestrator");
     // Written by the broker: on a writable mount, never the root filesystem.
-    for p in [&cfg.store, &cfg.vault_key_dir, &cfg.socket.path] {
+    let sled_dir = cfg.store.sled_dir().unwrap().to_path_buf();
+    for p in [&sled_dir, &cfg.vault_key_dir, &cfg.socket.path] {
         let (m, ro) =
             mount_of(p, &broker).unwrap_or_else(|| panic!("{} is in no volume", p.display()));
         assert!(!ro, "{} is on the read-only mount {m}", p.display());
