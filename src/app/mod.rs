@@ -190,7 +190,11 @@ pub async fn build(
                 key: "store",
                 detail: format!(
                     "{} exists and is not a directory (the store is a directory)",
-                    config.store.sled_dir().unwrap_or(std::path::Path::new("")).display()
+                    config
+                        .store
+                        .sled_dir()
+                        .unwrap_or(std::path::Path::new(""))
+                        .display()
                 ),
             });
         }

@@ -60,7 +60,10 @@ fn duration(v: Option<&str>, key: &str, default: Duration, check: &mut Check<'_>
         None => default,
         Some(Some(d)) if d >= Duration::from_millis(100) && d <= Duration::from_secs(300) => d,
         Some(_) => {
-            check.bad(key, "must be a duration between 100ms and 300s, such as \"5s\"");
+            check.bad(
+                key,
+                "must be a duration between 100ms and 300s, such as \"5s\"",
+            );
             default
         }
     }

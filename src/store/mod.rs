@@ -36,9 +36,11 @@
 
 #[doc(hidden)]
 pub mod contract;
+mod copy;
 mod postgres;
 mod sled_store;
 
+pub use copy::{copy, CopyError, CopyReport};
 pub use postgres::{Migrate, PgSettings, PgStore};
 pub use sled_store::SledStore;
 

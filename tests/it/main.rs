@@ -15,4 +15,5 @@ mod pages;
 mod policy;
 mod security;
 mod services;
+mod store;
 mod support;

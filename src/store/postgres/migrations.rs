@@ -55,10 +55,7 @@ pub(crate) struct SchemaState {
 /// Reads the schema's version (0 when nothing was ever migrated).
 pub(crate) async fn state(client: &Client) -> Result<SchemaState, StoreError> {
     let exists: bool = client
-        .query_one(
-            "SELECT to_regclass('schema_migrations') IS NOT NULL",
-            &[],
-        )
+        .query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[])
         .await
         .map_err(pg_error)?
         .get(0);

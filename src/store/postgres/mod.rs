@@ -114,9 +114,24 @@ pub(crate) fn pg_error(e: tokio_postgres::Error) -> StoreError {
                 StoreError::Backend(text)
             }
         }
-        // Without a server error: I/O, a closed connection, a connect
-        // timeout. Its text names no value.
-        None => StoreError::Unavailable(e.to_string()),
+        // Without a server error: I/O, a closed connection or a connect
+        // timeout are Unavailable; a client-side failure (a parameter that
+        // does not encode, a column that does not decode) is a bug, not an
+        // outage. The driver's text names no value.
+        None => {
+            let text = e.to_string();
+            let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
+            if e.is_closed()
+                || io
+                || text.starts_with("error connecting")
+                || text.starts_with("timeout")
+                || text.starts_with("error communicating")
+            {
+                StoreError::Unavailable(text)
+            } else {
+                StoreError::Backend(text)
+            }
+        }
     }
 }
 
@@ -310,17 +325,20 @@ impl PgStore {
         let size = self.settings.pool_size;
         // Migrations may take longer than one statement: bounded by the
         // connect timeout plus a minute, not by the statement timeout.
-        self.block(Duration::from_secs(60) + self.settings.connect_timeout, async move {
-            let mut c = pool.get().await.map_err(|e| pool_error(e, size))?;
-            // The session's statement timeout does not apply to DDL here.
-            c.batch_execute("SET statement_timeout = 0")
-                .await
-                .map_err(pg_error)?;
-            let applied = migrations::migrate(&mut c).await;
-            // Do not hand this session back with its timeout lifted.
-            let _ = c.batch_execute("RESET statement_timeout").await;
-            applied
-        })
+        self.block(
+            Duration::from_secs(60) + self.settings.connect_timeout,
+            async move {
+                let mut c = pool.get().await.map_err(|e| pool_error(e, size))?;
+                // The session's statement timeout does not apply to DDL here.
+                c.batch_execute("SET statement_timeout = 0")
+                    .await
+                    .map_err(pg_error)?;
+                let applied = migrations::migrate(&mut c).await;
+                // Do not hand this session back with its timeout lifted.
+                let _ = c.batch_execute("RESET statement_timeout").await;
+                applied
+            },
+        )
     }
 
     /// The schema as found in the database.
@@ -334,7 +352,11 @@ impl PgStore {
     /// How many rows (records and expiring entries) `tree` holds, for
     /// `store copy`'s verification.
     pub fn count(&self, tree: Tree) -> Result<u64, StoreError> {
-        let table = if tree.expires() { "expiring" } else { "records" };
+        let table = if tree.expires() {
+            "expiring"
+        } else {
+            "records"
+        };
         let sql = format!("SELECT count(*) FROM {table} WHERE tree = $1");
         self.run("count", move |c| async move {
             let row = c.query_one(&sql, &[&tree.name()]).await.map_err(pg_error)?;
@@ -357,7 +379,7 @@ impl PgStore {
         self.run("copy an expiring entry", move |c| async move {
             c.execute(
                 "INSERT INTO expiring (tree, key, value, expires_at) \
-                 VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond') \
+                 VALUES ($1, $2, $3, now() + $4::bigint * interval '1 millisecond') \
                  ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at",
                 &[&tree.name(), &key, &value, &ms],
             )
@@ -708,7 +730,7 @@ impl Store for PgStore {
             "insert an expiring entry",
             tree,
             "INSERT INTO expiring (tree, key, value, expires_at) \
-             VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond') \
+             VALUES ($1, $2, $3, now() + $4::bigint * interval '1 millisecond') \
              ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at \
              WHERE expiring.expires_at <= now()",
             Params::new(tree, &[key, value]).with_ms(ttl),
@@ -737,7 +759,7 @@ impl Store for PgStore {
             Some((value, ttl)) => self.write(
                 "renew an expiring entry",
                 tree,
-                "UPDATE expiring SET value = $4, expires_at = now() + $5 * interval '1 millisecond' \
+                "UPDATE expiring SET value = $4, expires_at = now() + $5::bigint * interval '1 millisecond' \
                  WHERE tree = $1 AND key = $2 AND value = $3 AND expires_at > now()",
                 Params::new(tree, &[key, expected, value]).with_ms(ttl),
             )?,

@@ -1,0 +1,190 @@
+//! PostgreSQL crashing, stopping and running out of connections: no
+//! acknowledged write is lost, operations fail closed with `Unavailable`
+//! within the statement timeout, and the same store recovers when the
+//! server returns.
+
+use std::time::{Duration, Instant};
+
+use credbroker::internals::store::{PgStore, Store, StoreError, Tree};
+
+use crate::support::postgres::{cluster_or_not_shown, database};
+
+/// Retries `op` until it succeeds (the pool drops connections the restart
+/// broke, one failure each), for at most `limit`.
+fn until_ok<T>(limit: Duration, mut op: impl FnMut() -> Result<T, StoreError>) -> T {
+    let start = Instant::now();
+    loop {
+        match op() {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(
+                    matches!(e, StoreError::Unavailable(_)),
+                    "a broken connection is Unavailable, got {e:?}"
+                );
+                assert!(start.elapsed() < limit, "no recovery within {limit:?}: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+#[test]
+fn acknowledged_writes_survive_a_postgres_crash() {
+    let Some(cluster) = cluster_or_not_shown("durability across a PostgreSQL crash") else {
+        return;
+    };
+    let _exclusive = cluster.exclusive();
+    let db = database(cluster, "durability");
+    let store = PgStore::open(&db.settings()).unwrap();
+    for i in 0..50u32 {
+        store
+            .put(Tree::Accounts, format!("k{i}").as_bytes(), &i.to_be_bytes())
+            .unwrap();
+    }
+    assert!(store
+        .compare_and_swap(Tree::LinkIndex, b"open", None, Some(b"link-1"))
+        .unwrap());
+    assert!(store
+        .insert_expiring(Tree::Replay, b"jti", b"1", Duration::from_secs(600))
+        .unwrap());
+    // Killed without a checkpoint: only what was on disk at the
+    // acknowledgement survives.
+    cluster.restart_immediate();
+    let reopened = PgStore::open(&db.settings()).unwrap();
+    let all = reopened.scan_prefix(Tree::Accounts, b"k").unwrap();
+    assert_eq!(all.len(), 50, "every acknowledged put is there");
+    assert_eq!(
+        reopened.get(Tree::LinkIndex, b"open").unwrap().as_deref(),
+        Some(&b"link-1"[..])
+    );
+    assert!(
+        !reopened
+            .insert_expiring(Tree::Replay, b"jti", b"2", Duration::from_secs(600))
+            .unwrap(),
+        "the replay entry survived: the replay is refused"
+    );
+    // The store opened before the crash recovers on its own.
+    let v = until_ok(Duration::from_secs(10), || store.get(Tree::Accounts, b"k7"));
+    assert_eq!(v.as_deref(), Some(&7u32.to_be_bytes()[..]));
+}
+
+#[test]
+fn postgres_stopped_fails_closed_within_the_statement_timeout_then_recovers() {
+    let Some(cluster) = cluster_or_not_shown("PostgreSQL stopped and started again") else {
+        return;
+    };
+    let _exclusive = cluster.exclusive();
+    let db = database(cluster, "stopped");
+    let settings = db.settings();
+    let store = PgStore::open(&settings).unwrap();
+    store.put(Tree::State, b"before", b"1").unwrap();
+    assert!(store.is_healthy());
+    cluster.stop();
+    // Every kind of operation: refused as Unavailable, within the
+    // statement timeout (plus scheduling slack), never an answer.
+    let ops: Vec<(&str, Box<dyn Fn() -> Result<(), StoreError>>)> = vec![
+        (
+            "get",
+            Box::new(|| store.get(Tree::State, b"before").map(drop)),
+        ),
+        ("put", Box::new(|| store.put(Tree::State, b"during", b"x"))),
+        (
+            "compare_and_swap",
+            Box::new(|| {
+                store
+                    .compare_and_swap(Tree::State, b"cas", None, Some(b"x"))
+                    .map(drop)
+            }),
+        ),
+        (
+            "insert_expiring",
+            Box::new(|| {
+                store
+                    .insert_expiring(Tree::Replay, b"j", b"x", Duration::from_secs(60))
+                    .map(drop)
+            }),
+        ),
+    ];
+    for (name, op) in &ops {
+        let start = Instant::now();
+        let r = op();
+        let took = start.elapsed();
+        assert!(
+            matches!(r, Err(StoreError::Unavailable(_))),
+            "{name} with PostgreSQL stopped: {r:?}"
+        );
+        assert!(
+            took <= settings.statement_timeout + Duration::from_millis(500),
+            "{name} answered after {took:?}"
+        );
+    }
+    assert!(!store.is_healthy(), "unhealthy while stopped");
+    cluster.start_again();
+    // The same store, not reopened: recovers.
+    until_ok(Duration::from_secs(10), || {
+        store.put(Tree::State, b"after", b"2")
+    });
+    assert_eq!(
+        store.get(Tree::State, b"before").unwrap().as_deref(),
+        Some(&b"1"[..])
+    );
+    assert!(store.is_healthy());
+    assert_eq!(
+        store.get(Tree::State, b"during").unwrap(),
+        None,
+        "a refused write did not happen"
+    );
+}
+
+#[test]
+fn a_full_pool_answers_at_once() {
+    let Some(cluster) = cluster_or_not_shown("a full PostgreSQL pool") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let db = database(cluster, "pool");
+    let mut settings = db.settings();
+    settings.pool_size = 1;
+    settings.statement_timeout = Duration::from_secs(3);
+    let store = PgStore::open(&settings).unwrap();
+    store.put(Tree::State, b"row", b"0").unwrap();
+    // Another session holds the table, so the one pooled connection waits
+    // in the server.
+    let mut holder = db
+        .cluster
+        .psql(
+            &db.name,
+            "BEGIN; LOCK TABLE records IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(2); COMMIT;",
+        )
+        .spawn()
+        .unwrap();
+    crate::support::wait_until(Duration::from_secs(5), "the lock is held", || {
+        db.sql("SELECT count(*) FROM pg_locks WHERE relation = 'records'::regclass AND mode = 'AccessExclusiveLock' AND granted")
+            == "1"
+    });
+    std::thread::scope(|s| {
+        let blocked = s.spawn(|| store.put(Tree::State, b"row", b"1"));
+        // The blocked put holds the only connection once it waits for the
+        // lock.
+        crate::support::wait_until(Duration::from_secs(5), "the put waits", || {
+            db.sql("SELECT count(*) FROM pg_locks WHERE relation = 'records'::regclass AND NOT granted")
+                == "1"
+        });
+        let start = Instant::now();
+        let r = store.get(Tree::State, b"row");
+        let took = start.elapsed();
+        assert!(
+            matches!(&r, Err(StoreError::Unavailable(m)) if m.contains("pool")),
+            "a full pool: {r:?}"
+        );
+        assert!(took < Duration::from_millis(200), "answered after {took:?}");
+        // Positive control: once the lock is released, the put lands and
+        // the pool serves again.
+        blocked.join().unwrap().unwrap();
+    });
+    assert!(holder.wait().unwrap().success());
+    assert_eq!(
+        store.get(Tree::State, b"row").unwrap().as_deref(),
+        Some(&b"1"[..])
+    );
+}
