@@ -221,6 +221,9 @@ pub struct Broker {
     pub policy: ArcSwap<Policy>,
     /// The emergency freeze set at run time (admin), persisted in the store.
     frozen: AtomicBool,
+    /// A freeze set here whose write to the store failed: it holds until
+    /// lifted here, whatever the store says (see [`Broker::reload_frozen`]).
+    freeze_unpersisted: AtomicBool,
     /// Subject-token validation.
     pub subjects: subject::Validator,
     /// DPoP proof validation.
@@ -292,6 +295,7 @@ impl Broker {
             config,
             policy: ArcSwap::from_pointee(policy),
             frozen: AtomicBool::new(frozen),
+            freeze_unpersisted: AtomicBool::new(false),
             subjects,
             proofs,
             minter,
@@ -325,6 +329,24 @@ impl Broker {
         self.frozen.load(Ordering::SeqCst) || self.policy.load().frozen
     }
 
+    /// Re-reads the freeze from the store, where another instance sharing
+    /// it (a replica) or an offline `credbroker freeze` may have changed
+    /// it; called when the store's `State` tree changes. A store that does
+    /// not answer changes nothing, and a freeze this instance could not
+    /// persist is kept (it fails closed).
+    pub fn reload_frozen(&self) {
+        let Ok(v) = self.store.get(Tree::State, FROZEN_KEY) else {
+            return;
+        };
+        let on = v.as_deref() == Some(b"1") || self.freeze_unpersisted.load(Ordering::SeqCst);
+        if self.frozen.swap(on, Ordering::SeqCst) != on {
+            tracing::warn!(frozen = on, "the emergency freeze changed in the store");
+        }
+        self.metrics
+            .frozen
+            .set(i64::from(on || self.policy.load().frozen));
+    }
+
     /// Sets or lifts the emergency freeze; persisted before it takes effect
     /// when lifting, and after it takes effect when setting (so a failing
     /// store can never keep a freeze from applying).
@@ -332,9 +354,12 @@ impl Broker {
         if on {
             self.frozen.store(true, Ordering::SeqCst);
             self.metrics.frozen.set(1);
-            persist_frozen(self.store.as_ref(), true)
+            let r = persist_frozen(self.store.as_ref(), true);
+            self.freeze_unpersisted.store(r.is_err(), Ordering::SeqCst);
+            r
         } else {
             persist_frozen(self.store.as_ref(), false)?;
+            self.freeze_unpersisted.store(false, Ordering::SeqCst);
             self.frozen.store(false, Ordering::SeqCst);
             self.metrics
                 .frozen

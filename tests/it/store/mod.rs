@@ -6,3 +6,4 @@ mod contract;
 mod faults;
 mod migrations;
 mod processes;
+mod replicas;

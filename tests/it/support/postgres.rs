@@ -388,3 +388,30 @@ impl Database {
         self.cluster.sql(&self.name, sql)
     }
 }
+
+/// `n` instances of one agent on `db` (replicas): each from its own
+/// quick-start directory (its own sockets and audit file), all with the
+/// first one's master key, dev issuer and policy, and one issuer URL.
+pub(crate) fn replicas(db: &Database, n: usize) -> Vec<super::TestBroker> {
+    let mut out: Vec<super::TestBroker> = Vec::new();
+    for i in 0..n {
+        let (dir, config) = super::prepare(&super::Opts::default());
+        if let Some(first) = out.first() {
+            for f in [
+                "keys/master.key",
+                "keys/dev-issuer.pem",
+                "dev-issuer-jwks.json",
+                "policy.toml",
+            ] {
+                std::fs::copy(first.path(f), dir.path().join(f)).unwrap();
+            }
+        }
+        let text = std::fs::read_to_string(&config).unwrap();
+        assert!(text.contains("store = \"data\"\n"));
+        let text = text.replace("store = \"data\"\n", "audit_log = \"audit.jsonl\"\n");
+        std::fs::write(&config, format!("{text}\n{}", db.config_toml("auto"))).unwrap();
+        eprintln!("replica {i}: {}", dir.path().display());
+        out.push(super::TestBroker::spawn(dir, config, None));
+    }
+    out
+}
