@@ -204,6 +204,9 @@ pub fn split_tuple_key(mut key: &[u8]) -> Option<Vec<String>> {
 /// A key and its value, as returned by scans.
 pub type Entry = (Vec<u8>, Vec<u8>);
 
+/// A live expiring entry: its key, its value and its remaining lifetime.
+pub type LiveExpiring = (Vec<u8>, Vec<u8>, std::time::Duration);
+
 /// A durable key-value store with named trees (see the module docs for the
 /// three groups of operations).
 pub trait Store: Send + Sync + std::fmt::Debug {

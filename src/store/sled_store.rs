@@ -116,10 +116,7 @@ impl SledStore {
 
     /// The live expiring entries of `tree` with their remaining lifetimes
     /// (for `store copy`).
-    pub fn live_expiring(
-        &self,
-        tree: Tree,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>, Duration)>, StoreError> {
+    pub fn live_expiring(&self, tree: Tree) -> Result<Vec<super::LiveExpiring>, StoreError> {
         check_tree(tree, true)?;
         let now = now_ms();
         let mut out = Vec::new();

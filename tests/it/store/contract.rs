@@ -1,4 +1,6 @@
 //! `store::contract` against a real PostgreSQL server.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

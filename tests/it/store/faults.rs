@@ -2,6 +2,8 @@
 //! acknowledged write is lost, operations fail closed with `Unavailable`
 //! within the statement timeout, and the same store recovers when the
 //! server returns.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 
@@ -82,7 +84,8 @@ fn postgres_stopped_fails_closed_within_the_statement_timeout_then_recovers() {
     cluster.stop();
     // Every kind of operation: refused as Unavailable, within the
     // statement timeout (plus scheduling slack), never an answer.
-    let ops: Vec<(&str, Box<dyn Fn() -> Result<(), StoreError>>)> = vec![
+    type Op<'a> = Box<dyn Fn() -> Result<(), StoreError> + 'a>;
+    let ops: Vec<(&str, Op<'_>)> = vec![
         (
             "get",
             Box::new(|| store.get(Tree::State, b"before").map(drop)),

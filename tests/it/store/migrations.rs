@@ -1,6 +1,8 @@
 //! The schema's versions: a migration run twice changes nothing, an older
 //! schema is migrated only when the config allows it, and a schema made
 //! for a newer binary is refused with a message saying what to do.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use credbroker::internals::store::{Migrate, PgStore, StoreError};
 

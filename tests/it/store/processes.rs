@@ -1,6 +1,8 @@
 //! Races between two processes on one database: compare-and-swap loses no
 //! update and an expiring insert has exactly one winner. The parent runs
 //! this test binary twice more, each time running only the worker below.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 

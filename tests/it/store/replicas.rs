@@ -2,6 +2,8 @@
 //! the real binary: one key ring (identical JWKS, a rotation seen by every
 //! replica), and a freeze on one replica holding on the others within a
 //! second.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -38,6 +40,9 @@ async fn refused(b: &TestBroker, key: &Es256Key) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the gate between this binary's PostgreSQL tests (other test
+// threads), never taken by another task of this runtime.
+#[allow(clippy::await_holding_lock)]
 async fn replicas_share_the_key_ring_and_the_freeze() {
     let Some(cluster) = cluster_or_not_shown("replicas on one PostgreSQL database") else {
         return;

@@ -224,6 +224,9 @@ impl Cluster {
     }
 
     /// Stops the server and removes its directory when this process ends.
+    // The watchdog is meant to outlive this process (it waits for our
+    // exit): it is never waited for.
+    #[allow(clippy::zombie_processes)]
     fn watchdog(&self) {
         let pg_ctl = match &self.run_as {
             Some((uid, gid)) => format!(
