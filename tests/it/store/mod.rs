@@ -3,6 +3,7 @@
 //! show: races between processes, durability across a server crash, the
 //! schema's versions, and failing closed while the server is away.
 mod contract;
+mod copy;
 mod faults;
 mod migrations;
 mod processes;
