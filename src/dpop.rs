@@ -6,6 +6,7 @@
 //! and the key bound to the token's `cnf.jkt`).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use serde::Deserialize;
@@ -119,12 +120,21 @@ pub fn normalize_htu(u: &str) -> Option<String> {
 }
 
 /// A bounded `jti` replay cache. Entries live until their proof could no
-/// longer pass the `iat` check; when the cache is full of live entries,
-/// `insert` fails and the request is refused.
+/// longer pass the `iat` check; when the whole cache is full of live
+/// entries, `insert` fails and the request is refused.
+///
+/// The entries are spread over shards (by the key's first byte) so that
+/// concurrent derives rarely wait for one lock; the capacity is counted
+/// over all shards together, so a shard that happens to hold more than its
+/// share does not refuse while the cache has room.
 #[derive(Debug)]
 pub struct ReplayCache {
     shards: Vec<Mutex<Shard>>,
-    per_shard: usize,
+    capacity: usize,
+    /// Entries in every shard's `seen`, changed only under that shard's
+    /// lock; a slot is reserved here before an entry is added, so the
+    /// total never passes `capacity`.
+    live: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -133,43 +143,88 @@ struct Shard {
     order: VecDeque<([u8; 32], i64)>,
 }
 
-impl ReplayCache {
-    /// A cache holding `capacity` live entries, rounded up to a multiple of
-    /// the number of shards (at most 16). A shard that is full refuses.
-    pub fn new(capacity: usize) -> ReplayCache {
-        // Fewer shards for a tiny cache, so that its capacity is exact.
-        let n = capacity.clamp(1, 16);
-        ReplayCache {
-            shards: (0..n).map(|_| Mutex::new(Shard::default())).collect(),
-            per_shard: capacity.div_ceil(n).max(1),
-        }
-    }
-
-    /// Records `key` until `expires`. `Err(Replay)` if it is already there,
-    /// `Err(ReplayCacheFull)` if there is no room.
-    pub fn insert(&self, key: [u8; 32], expires: i64, now: i64) -> Result<(), DpopError> {
-        let shard = &self.shards[key[0] as usize % self.shards.len()];
-        let mut s = shard.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some(&(k, exp)) = s.order.front() {
+impl Shard {
+    /// Drops the expired entries at the front of the insertion order;
+    /// returns how many were removed from `seen`.
+    fn expire_front(&mut self, now: i64) -> usize {
+        let mut removed = 0;
+        while let Some(&(k, exp)) = self.order.front() {
             if exp > now {
                 break;
             }
-            s.order.pop_front();
-            if s.seen.get(&k) == Some(&exp) {
-                s.seen.remove(&k);
+            self.order.pop_front();
+            if self.seen.get(&k) == Some(&exp) {
+                self.seen.remove(&k);
+                removed += 1;
             }
         }
+        removed
+    }
+
+    /// Drops every expired entry. Expiry times are not in insertion order
+    /// (`iat` may be ahead of now), so expired entries can sit behind a
+    /// live one at the front; this costs a scan, done only when full.
+    fn expire_all(&mut self, now: i64) -> usize {
+        let before = self.seen.len();
+        self.seen.retain(|_, exp| *exp > now);
+        self.order.retain(|(_, exp)| *exp > now);
+        before - self.seen.len()
+    }
+}
+
+impl ReplayCache {
+    /// A cache holding at most `capacity` live entries (at least 1) in
+    /// all, whichever shards they fall in.
+    pub fn new(capacity: usize) -> ReplayCache {
+        let capacity = capacity.max(1);
+        ReplayCache {
+            shards: (0..capacity.min(16))
+                .map(|_| Mutex::new(Shard::default()))
+                .collect(),
+            capacity,
+            live: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self, i: usize) -> std::sync::MutexGuard<'_, Shard> {
+        // A panic while holding a shard leaves only entries behind.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes one slot of the capacity, if one is free.
+    fn reserve(&self) -> bool {
+        self.live
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.capacity).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Records `key` until `expires`. `Err(Replay)` if it is already there,
+    /// `Err(ReplayCacheFull)` if the whole cache holds `capacity` live
+    /// entries.
+    pub fn insert(&self, key: [u8; 32], expires: i64, now: i64) -> Result<(), DpopError> {
+        let i = key[0] as usize % self.shards.len();
+        let mut s = self.lock(i);
+        let freed = s.expire_front(now);
+        self.live.fetch_sub(freed, Ordering::SeqCst);
         if s.seen.contains_key(&key) {
             return Err(DpopError::Replay);
         }
-        if s.seen.len() >= self.per_shard {
-            // Expiry times are not in insertion order (`iat` may be ahead of
-            // now), so expired entries can sit behind a live one at the
-            // front. Reclaim them before refusing; this costs a scan only
-            // when the shard is full.
-            s.seen.retain(|_, exp| *exp > now);
-            s.order.retain(|(_, exp)| *exp > now);
-            if s.seen.len() >= self.per_shard {
+        if !self.reserve() {
+            // Full: reclaim expired entries everywhere before refusing.
+            // One shard lock at a time (ours released first), so two
+            // inserts sweeping at once cannot deadlock.
+            drop(s);
+            for j in 0..self.shards.len() {
+                let freed = self.lock(j).expire_all(now);
+                self.live.fetch_sub(freed, Ordering::SeqCst);
+            }
+            s = self.lock(i);
+            if s.seen.contains_key(&key) {
+                return Err(DpopError::Replay);
+            }
+            if !self.reserve() {
                 return Err(DpopError::ReplayCacheFull);
             }
         }
@@ -180,10 +235,7 @@ impl ReplayCache {
 
     /// Live entries (for the metric).
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).seen.len())
-            .sum()
+        self.live.load(Ordering::SeqCst)
     }
 
     /// Whether the cache holds nothing.
@@ -193,7 +245,7 @@ impl ReplayCache {
 
     /// The total capacity.
     pub fn capacity(&self) -> usize {
-        self.per_shard * self.shards.len()
+        self.capacity
     }
 }
 

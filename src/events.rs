@@ -36,6 +36,9 @@ use serde::Serialize;
 
 use crate::secret::SecretBytes;
 
+mod kind;
+pub use kind::Kind;
+
 /// A request value the policy does not declare, as it is recorded: its
 /// length and an HMAC under the instance's audit key, never the value (a
 /// prefix could be the secret itself, and an unkeyed hash of a guessable
@@ -54,8 +57,8 @@ pub struct Opaque {
 pub struct Event<'a> {
     /// Unix time.
     pub time: i64,
-    /// `derive.issued`, `derive.denied`, `policy.reloaded`, ...
-    pub event: &'a str,
+    /// Its type (`derive.issued`, `policy.reloaded`, ...: see [`Kind`]).
+    pub event: Kind,
     /// The instance's agent.
     pub agent: &'a str,
     /// The person's issuer, when known.
@@ -121,11 +124,51 @@ pub struct Event<'a> {
     /// For `keys.rotated`: the rotated-in signing key's `kid` (public).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kid: Option<String>,
+    /// For [`PROXY_REQUEST`] and [`PROXY_COMPLETED`]: the proxied call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxyCall<'a>>,
+}
+
+/// The event written before a proxied call goes upstream (no event, no
+/// call).
+// reason: the proxy handler (issue 11) writes these; it lands after the
+// shared shapes.
+#[allow(dead_code)]
+pub(crate) const PROXY_REQUEST: Kind = Kind::ProxyRequest;
+/// The event written when a proxied call is over (its status and sizes).
+#[allow(dead_code)]
+pub(crate) const PROXY_COMPLETED: Kind = Kind::ProxyCompleted;
+
+/// What the two proxy events say about one call. Never a token, a proof,
+/// the concrete path or the query in clear: the path goes in as a hash,
+/// the route as the policy's template.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ProxyCall<'a> {
+    /// The request method.
+    pub method: &'a str,
+    /// The route template that matched, as the policy writes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<&'a str>,
+    /// SHA-256 (hex) of the raw path.
+    pub path_sha256: String,
+    /// The provider's status (completed only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_status: Option<u16>,
+    /// Request body bytes sent upstream (completed only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_up: Option<u64>,
+    /// Response body bytes sent to the tool (completed only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_down: Option<u64>,
+    /// Milliseconds from the request to the end of the answer (completed
+    /// only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
 }
 
 impl<'a> Event<'a> {
     /// An event of `kind` for `agent` at `time`, other fields empty.
-    pub fn new(time: i64, event: &'a str, agent: &'a str) -> Event<'a> {
+    pub fn new(time: i64, event: Kind, agent: &'a str) -> Event<'a> {
         Event {
             time,
             event,
@@ -150,6 +193,7 @@ impl<'a> Event<'a> {
             undeclared: None,
             removed_bytes: None,
             kid: None,
+            proxy: None,
         }
     }
 
@@ -299,7 +343,7 @@ impl Audit {
             removed_bytes = removed,
             "the audit log ended in a torn line; it was cut back to the last whole event"
         );
-        let mut e = Event::new(time, "audit.repaired", agent);
+        let mut e = Event::new(time, Kind::AuditRepaired, agent);
         e.reason = Some("torn_tail_truncated");
         e.removed_bytes = Some(removed);
         self.record(&e)
@@ -316,7 +360,7 @@ impl Audit {
         if self.is_writable() {
             return true;
         }
-        let mut e = Event::new(time, "audit.recovered", agent);
+        let mut e = Event::new(time, Kind::AuditRecovered, agent);
         e.reason = Some("the audit log is writable again");
         self.record(&e).is_ok()
     }

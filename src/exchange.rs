@@ -17,7 +17,7 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use crate::clock::SharedClock;
 use crate::config::Config;
 use crate::dpop::{self, DpopError};
-use crate::events::{Audit, Event};
+use crate::events::{Audit, Event, Kind};
 use crate::metrics::Metrics;
 use crate::mint::{self, Minter};
 use crate::policy::{self, DenyReason, Policy, ResourceError};
@@ -422,7 +422,8 @@ impl Broker {
         // locks every shard, which a derive should not pay for.
         match result {
             Ok((issued, jti)) => {
-                let mut e = self.event(now, &req, &policy, &ctx, "derive.issued", "issued", None);
+                let mut e =
+                    self.event(now, &req, &policy, &ctx, Kind::DeriveIssued, "issued", None);
                 e.scope = Some(&issued.scope);
                 e.jti_sha256 = Some(crate::jose::sha256_hex(jti.as_bytes()));
                 e.narrowed = ctx.narrowed;
@@ -438,7 +439,7 @@ impl Broker {
                     &req,
                     &policy,
                     &ctx,
-                    "derive.denied",
+                    Kind::DeriveDenied,
                     "denied",
                     Some(err.reason()),
                 );
@@ -459,7 +460,7 @@ impl Broker {
         req: &'a DeriveRequest,
         policy: &'a Policy,
         ctx: &'a Ctx,
-        kind: &'a str,
+        kind: Kind,
         outcome: &'a str,
         reason: Option<&'a str>,
     ) -> Event<'a> {
@@ -582,12 +583,26 @@ impl Broker {
                 DeriveError::Proof(e, nonce)
             })?;
 
-        if let policy::Source::Service { service, .. } = &grant.resource.source {
-            return self
+        if let policy::Source::Service { service, delivery } = &grant.resource.source {
+            let served = self
                 .derive_service(policy, &subject, &grant, service, now, ctx)
-                .await;
+                .await?;
+            match delivery {
+                policy::Delivery::ProviderToken => return Ok(served),
+                // The egress proxy: every check of the service source has
+                // passed (account, allowance, a live provider token,
+                // refreshed if it was near expiry), and the provider's token
+                // stays here (dropped, so zeroized). The tool gets an
+                // ordinary credbroker token for the proxy address, minted
+                // below exactly like a `self` token.
+                policy::Delivery::Proxy => {
+                    drop(served);
+                    ctx.narrowed = None;
+                }
+            }
         }
-        // Source: self. Lifetime = min(policy ttl, 300 s, subject's life).
+        // Source: self (or the proxy). Lifetime = min(policy ttl, 300 s,
+        // subject's life).
         let exp = (now + grant.ttl.as_secs() as i64).min(subject.exp);
         if exp <= now {
             return Err(DeriveError::Subject(SubjectError::Expired));
@@ -600,6 +615,7 @@ impl Broker {
                 aud: &grant.resource.id,
                 scopes: &grant.scopes,
                 tool: &req.tool,
+                step: Some(&req.step),
                 jkt: &valid.jkt,
                 iat: now,
                 exp,
@@ -799,7 +815,7 @@ impl Broker {
             Err(e) => return DeriveError::Internal(format!("connect link: {e}")),
         };
         if issued.fresh {
-            let mut e = Event::new(now, "connect.link_issued", agent);
+            let mut e = Event::new(now, Kind::ConnectLinkIssued, agent);
             e.person_iss = Some(&person.iss);
             e.person_sub = Some(&person.sub);
             e.service = Some(service);

@@ -41,6 +41,11 @@ pub mod dpop {
     pub use crate::dpop::*;
 }
 
+/// The `events` module's `pub` items.
+pub mod events {
+    pub use crate::events::*;
+}
+
 /// The `exchange` module's `pub` items.
 pub mod exchange {
     pub use crate::exchange::*;
@@ -59,6 +64,11 @@ pub mod fuzzing {
 /// The `jose` module's `pub` items.
 pub mod jose {
     pub use crate::jose::*;
+}
+
+/// The `metrics` module's `pub` items.
+pub mod metrics {
+    pub use crate::metrics::*;
 }
 
 /// The `mint` module's `pub` items.

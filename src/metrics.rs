@@ -2,6 +2,8 @@
 //! policy (tools) and fixed sets (outcomes, reasons); anything else is
 //! `other`, so the number of series stays bounded whatever clients send.
 
+use prometheus::core::Collector;
+use prometheus::proto::MetricType;
 use prometheus::{
     Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
     Registry, TextEncoder,
@@ -42,6 +44,22 @@ pub struct Metrics {
     pub connections_shed: IntCounterVec,
 }
 
+/// The namespace the registry puts before every name.
+const PREFIX: &str = "credbroker";
+
+/// One metric of [`Metrics::catalogue`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricInfo {
+    /// The exposed name (`credbroker_derives_total`).
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    /// Its label names, in order.
+    pub labels: Vec<String>,
+    /// Its help text.
+    pub help: String,
+}
+
 /// A gauge vector whose only label is replaced on each set (policy hash).
 #[derive(Debug, Clone)]
 pub struct IntGaugeVecWrapper(prometheus::IntGaugeVec);
@@ -69,8 +87,8 @@ impl Default for Metrics {
 impl Metrics {
     /// Registers every metric.
     pub fn new() -> Metrics {
-        let registry = Registry::new_custom(Some("credbroker".into()), None)
-            .unwrap_or_else(|_| Registry::new());
+        let registry =
+            Registry::new_custom(Some(PREFIX.into()), None).unwrap_or_else(|_| Registry::new());
         let derives = must(IntCounterVec::new(
             Opts::new(
                 "derives_total",
@@ -134,24 +152,7 @@ impl Metrics {
             ),
             &["socket"],
         ));
-        for c in [
-            Box::new(derives.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(latency.clone()),
-            Box::new(replay_cache_entries.clone()),
-            Box::new(replay_cache_capacity.clone()),
-            Box::new(subject_cache_hits.clone()),
-            Box::new(subject_cache_misses.clone()),
-            Box::new(policy_info.0.clone()),
-            Box::new(policy_loaded_time.clone()),
-            Box::new(policy_reload_failures.clone()),
-            Box::new(frozen.clone()),
-            Box::new(rate_limited.clone()),
-            Box::new(connections_refused.clone()),
-            Box::new(connections_shed.clone()),
-        ] {
-            must(registry.register(c));
-        }
-        Metrics {
+        let metrics = Metrics {
             registry,
             derives,
             latency,
@@ -166,7 +167,61 @@ impl Metrics {
             rate_limited,
             connections_refused,
             connections_shed,
+        };
+        for c in metrics.collectors() {
+            must(metrics.registry.register(c));
         }
+        metrics
+    }
+
+    /// Every metric, as registered: the one list that both registration
+    /// and [`Metrics::catalogue`] read.
+    fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.derives.clone()),
+            Box::new(self.latency.clone()),
+            Box::new(self.replay_cache_entries.clone()),
+            Box::new(self.replay_cache_capacity.clone()),
+            Box::new(self.subject_cache_hits.clone()),
+            Box::new(self.subject_cache_misses.clone()),
+            Box::new(self.policy_info.0.clone()),
+            Box::new(self.policy_loaded_time.clone()),
+            Box::new(self.policy_reload_failures.clone()),
+            Box::new(self.frozen.clone()),
+            Box::new(self.rate_limited.clone()),
+            Box::new(self.connections_refused.clone()),
+            Box::new(self.connections_shed.clone()),
+        ]
+    }
+
+    /// Name, type, labels and help of every registered metric, whether or
+    /// not it has a value yet (a labelled metric is absent from
+    /// [`Metrics::render`] until its first label set). `docs/OPERATIONS.md`
+    /// is tested against this.
+    pub fn catalogue(&self) -> Vec<MetricInfo> {
+        let mut out = Vec::new();
+        for c in self.collectors() {
+            let labels: Vec<String> = c
+                .desc()
+                .iter()
+                .flat_map(|d| d.variable_labels.iter().cloned())
+                .collect();
+            for family in c.collect() {
+                out.push(MetricInfo {
+                    name: format!("{PREFIX}_{}", family.name()),
+                    kind: match family.get_field_type() {
+                        MetricType::COUNTER => "counter",
+                        MetricType::GAUGE => "gauge",
+                        MetricType::HISTOGRAM => "histogram",
+                        MetricType::SUMMARY => "summary",
+                        MetricType::UNTYPED => "untyped",
+                    },
+                    labels: labels.clone(),
+                    help: family.help().to_string(),
+                });
+            }
+        }
+        out
     }
 
     /// The Prometheus text exposition.

@@ -541,6 +541,10 @@ pub struct Claims<'a> {
     pub scopes: &'a [String],
     /// The tool.
     pub tool: &'a str,
+    /// The orchestrator's step the token was derived in (`act.step`): the
+    /// egress proxy checks it against the route on every call, and a
+    /// resource server may (docs/RESOURCE-SERVERS.md).
+    pub step: Option<&'a str>,
     /// The DPoP key thumbprint.
     pub jkt: &'a str,
     /// Issued at.
@@ -553,6 +557,8 @@ pub struct Claims<'a> {
 struct Act<'a> {
     sub: &'a str,
     tool: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -639,6 +645,7 @@ impl Minter {
             act: Act {
                 sub: &self.agent,
                 tool: c.tool,
+                step: c.step,
             },
             cnf: Cnf { jkt: c.jkt },
             client_id: &self.agent,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::events::{Audit, Event};
+use crate::events::{Audit, Event, Kind};
 use crate::exchange::Broker;
 use crate::seal::Sealer;
 use crate::store::Store;
@@ -86,14 +86,14 @@ impl<'a> Recorder<'a> {
     /// Records one event. The store change it reports has already happened
     /// and cannot be undone, so a failing sink is logged, not returned (as
     /// the admin socket always did).
-    fn record<'e>(&self, event: &'e str, fill: impl FnOnce(&mut Event<'e>))
+    fn record<'e>(&self, event: Kind, fill: impl FnOnce(&mut Event<'e>))
     where
         'a: 'e,
     {
         let mut e = Event::new(self.clock.now(), event, self.agent);
         fill(&mut e);
         if let Err(err) = self.audit.record(&e) {
-            tracing::error!(error = %err, event, "the audit event was not written");
+            tracing::error!(error = %err, event = event.as_str(), "the audit event was not written");
         }
     }
 }
@@ -122,9 +122,16 @@ pub(crate) fn freeze(target: Target<'_>, rec: Recorder<'_>, on: bool) -> Result<
             on
         }
     };
-    rec.record(if on { "admin.frozen" } else { "admin.unfrozen" }, |e| {
-        e.outcome = Some(if on { "frozen" } else { "unfrozen" });
-    });
+    rec.record(
+        if on {
+            Kind::AdminFrozen
+        } else {
+            Kind::AdminUnfrozen
+        },
+        |e| {
+            e.outcome = Some(if on { "frozen" } else { "unfrozen" });
+        },
+    );
     Ok(frozen)
 }
 
@@ -159,7 +166,7 @@ pub(crate) fn rotate_keys(
     } else {
         "scheduled"
     };
-    rec.record("keys.rotated", |e| {
+    rec.record(Kind::KeysRotated, |e| {
         e.outcome = Some(outcome);
         e.kid = Some(r.kid.clone());
     });
@@ -174,7 +181,7 @@ pub(crate) fn rotate_vault(
     rec: Recorder<'_>,
 ) -> Result<crate::vault::RotationReport, OpError> {
     let report = vault.rotate(limit)?;
-    rec.record("vault.rotated", |e| {
+    rec.record(Kind::VaultRotated, |e| {
         e.outcome = Some(if report.done { "done" } else { "in_progress" });
     });
     Ok(report)
@@ -189,7 +196,7 @@ pub(crate) fn add_user(
     rec: Recorder<'_>,
 ) -> Result<(), OpError> {
     crate::pages::users::add(store, name, password, replace, rec.clock.now())?;
-    rec.record("users.added", |e| {
+    rec.record(Kind::UsersAdded, |e| {
         e.person_sub = Some(name);
         e.outcome = Some(if replace { "replaced" } else { "added" });
     });
@@ -210,7 +217,7 @@ pub(crate) async fn disconnect(
     let provider = providers.get(service).map(|p| p.as_ref());
     let report =
         crate::connect::disconnect_account(vault, provider, person, service, force).await?;
-    rec.record("account.disconnected", |e| {
+    rec.record(Kind::AccountDisconnected, |e| {
         e.person_iss = Some(&person.iss);
         e.person_sub = Some(&person.sub);
         e.service = Some(service);

@@ -450,6 +450,20 @@ async fn serve_unix<H, F>(
     tracing::debug!(socket = name, left = conns.len(), "listener stopped");
 }
 
+/// How often housekeeping runs (rate-limit buckets, vault refresh, expired
+/// links, provider discovery retries).
+const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(30);
+
+/// How often the key ring is reloaded, so a scheduled rotation activates
+/// (and one made by another process is picked up): a quarter of
+/// `[keys] activation_delay`, between 1 s and the housekeeping period. The
+/// default delay (120 s) gives 30 s, so a key activates at most 30 s late;
+/// a short delay (tests) is not stretched by a long tick.
+fn key_refresh_period(activation_delay: i64) -> Duration {
+    let quarter = u64::try_from(activation_delay.max(0) / 4).unwrap_or(0);
+    Duration::from_secs(quarter).clamp(Duration::from_secs(1), HOUSEKEEPING_PERIOD)
+}
+
 /// Runs an instance on bound listeners until `shutdown` resolves.
 pub async fn run(
     instance: Instance,
@@ -512,18 +526,22 @@ pub async fn run(
         let pages = instance.pages.clone();
         let sealer = instance.sealer.clone();
         let mut rx = rx.clone();
+        let key_period = key_refresh_period(cfg.key_activation_delay);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(30));
+            let mut tick = tokio::time::interval(HOUSEKEEPING_PERIOD);
+            let mut key_tick = tokio::time::interval(key_period);
             loop {
                 tokio::select! {
-                    _ = tick.tick() => {
-                        b.limits.housekeeping();
+                    _ = key_tick.tick() => {
                         // A scheduled key rotation activates here once due
                         // (the ring is store I/O and decryption).
                         let (kb, ks) = (b.clone(), sealer.clone());
                         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || kb.refresh_keys(&ks)).await {
                             tracing::warn!(error = %e, "reloading the signing key ring failed; the current keys stay in use");
                         }
+                    }
+                    _ = tick.tick() => {
+                        b.limits.housekeeping();
                         if let Some(c) = b.connected_services() {
                             c.vault.housekeeping();
                             for name in c.providers.names() {
@@ -616,8 +634,20 @@ pub async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::{Admit, Conns};
+    use super::{key_refresh_period, Admit, Conns};
     use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    #[test]
+    fn key_refresh_period_is_30_s_for_the_default_delay_and_follows_a_short_one() {
+        let s = Duration::from_secs;
+        assert_eq!(key_refresh_period(crate::mint::ACTIVATION_DELAY), s(30));
+        assert_eq!(key_refresh_period(86_400), s(30));
+        assert_eq!(key_refresh_period(8), s(2));
+        assert_eq!(key_refresh_period(2), s(1));
+        assert_eq!(key_refresh_period(0), s(1));
+        assert_eq!(key_refresh_period(-5), s(1));
+    }
 
     fn id(a: Admit) -> u64 {
         match a {

@@ -101,6 +101,8 @@ struct Act {
     sub: String,
     #[serde(default)]
     tool: Option<String>,
+    #[serde(default)]
+    step: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -136,6 +138,9 @@ pub struct Verified {
     pub agent: String,
     /// The tool (`act.tool`).
     pub tool: String,
+    /// The orchestrator's step the token was derived in (`act.step`), when
+    /// the token names one (tokens from before this claim do not).
+    pub step: Option<String>,
     /// The bound key.
     pub jkt: String,
     /// Expiry.
@@ -313,6 +318,7 @@ impl Verifier {
                 .collect(),
             agent: c.act.sub,
             tool: c.act.tool.unwrap_or_default(),
+            step: c.act.step,
             jkt: valid.jkt,
             exp: c.exp,
             jti: c.jti,

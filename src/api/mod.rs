@@ -1,7 +1,8 @@
 //! The orchestrator's socket: HTTP/1.1 over a Unix socket.
 //!
 //! `POST /v1/derive` (JSON) and `POST /token` (RFC 8693 form) feed the same
-//! pipeline. Requests carrying `Origin` are refused (no browser may reach
+//! pipeline; `GET /v1/info` tells a client library what it needs to build
+//! proofs and which API version it speaks to. Requests carrying `Origin` are refused (no browser may reach
 //! the socket); bodies are capped before parsing; every error is mapped to
 //! its HTTP answer in [`error_response`], and nowhere else.
 
@@ -26,6 +27,30 @@ pub use crate::grammar::TOKEN_EXCHANGE;
 pub const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
 /// RFC 8693 token type for JWTs.
 pub const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
+
+/// The socket API's version, answered by `GET /v1/info`. A client library
+/// refuses to work with a broker whose version it does not know. Members
+/// are only ever added to the info document; a change that breaks a client
+/// gets a new version.
+pub const API_VERSION: &str = "1";
+
+/// `GET /v1/info`: the API version, the broker's version, the issuer, both
+/// `htu`s and the DPoP rules, so that a client needs only the socket path.
+fn info_response(broker: &Broker) -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        &serde_json::json!({
+            "api_version": API_VERSION,
+            "broker_version": env!("CARGO_PKG_VERSION"),
+            "issuer": broker.config.issuer,
+            "derive_htu": broker.htu(Endpoint::Derive),
+            "token_htu": broker.htu(Endpoint::Token),
+            "dpop_signing_alg_values_supported":
+                broker.config.dpop.algs.iter().map(|a| a.as_str()).collect::<Vec<_>>(),
+            "dpop_nonce_required": broker.config.dpop.require_nonce,
+        }),
+    )
+}
 
 fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
     json_response(
@@ -360,8 +385,20 @@ pub async fn handle(
         (&Method::HEAD, "/.well-known/oauth-authorization-server") => {
             return crate::public::head_of(crate::public::metadata_response(&broker))
         }
+        (&Method::GET, "/v1/info") => return info_response(&broker),
+        (&Method::HEAD, "/v1/info") => return crate::public::head_of(info_response(&broker)),
         (&Method::POST, "/v1/derive") => Endpoint::Derive,
         (&Method::POST, "/token") => Endpoint::Token,
+        (_, "/v1/info") => {
+            let mut r = oauth_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request",
+                "use GET",
+            );
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return r;
+        }
         (_, "/v1/derive" | "/token") => {
             let mut r = oauth_error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -376,7 +413,7 @@ pub async fn handle(
             return oauth_error(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                "unknown path; use POST /v1/derive, POST /token or GET /.well-known/oauth-authorization-server",
+                "unknown path; use POST /v1/derive, POST /token, GET /v1/info or GET /.well-known/oauth-authorization-server",
             )
         }
     };

@@ -54,6 +54,10 @@ pub enum StartError {
     /// The policy names a service the config does not define.
     #[error("the policy's service resources name {0:?}, which has no [providers.{0}] table in the config")]
     UnknownService(String),
+    /// A `delivery = "proxy"` resource that breaks the proxy address rule,
+    /// or whose provider has no `api_base` (the message names the file).
+    #[error("{0}")]
+    Proxy(String),
     /// Subject-token issuers (a pinned JWKS file, named by its key).
     #[error("{file}: {source}")]
     Subject {
@@ -159,8 +163,10 @@ impl Instance {
     }
 }
 
-/// Builds an instance from a validated config: opens the store, loads or
-/// creates the signing key, loads the policy and the trusted issuers.
+/// Builds an instance from a validated config: loads the policy and the
+/// trusted issuers (reading their pinned JWKS files) first, then opens the
+/// store and loads or creates the signing key, so a start refused for a
+/// bad file creates no store and no key.
 pub async fn build(
     config: Config,
     clock: crate::clock::SharedClock,
@@ -207,6 +213,7 @@ pub async fn build(
     {
         return Err(StartError::UnknownService(missing.to_string()));
     }
+    proxy_problem(&policy, &config).map_or(Ok(()), |m| Err(StartError::Proxy(m)))?;
     let master = crate::config::read_secret_file(&config.master_key_file).map_err(|source| {
         StartError::Secret {
             what: "keys.master_key_file",
@@ -222,6 +229,23 @@ pub async fn build(
             master.expose().len()
         ),
     })?);
+    // The trusted issuers, and so their pinned JWKS files, before the store
+    // is opened or a key created: a missing or broken file then leaves
+    // nothing behind. Our own tokens are never accepted as subject tokens;
+    // until the minter exists (it needs the store) every kid counts as ours,
+    // which refuses rather than accepts, and nothing validates before
+    // start-up ends anyway.
+    let own_minter: Arc<std::sync::OnceLock<Arc<crate::mint::Minter>>> = Arc::default();
+    let m = own_minter.clone();
+    let subjects = crate::subject::Validator::new(
+        &config.trusted_issuers,
+        Box::new(move |kid| m.get().is_none_or(|m| m.is_own_kid(kid))),
+    )
+    .await
+    .map_err(|source| StartError::Subject {
+        file: config.file.display().to_string(),
+        source,
+    })?;
     let store: Arc<dyn crate::store::Store> = config.store.open()?;
     let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
     // No provider, no vault key: the key directory is made only when a
@@ -241,18 +265,9 @@ pub async fn build(
         config.agent.clone(),
         ring,
     ));
-    // Our own tokens are never accepted as subject tokens; the check reads
-    // the live key ring, so a rotated key is known at once.
-    let m = minter.clone();
-    let subjects = crate::subject::Validator::new(
-        &config.trusted_issuers,
-        Box::new(move |kid| m.is_own_kid(kid)),
-    )
-    .await
-    .map_err(|source| StartError::Subject {
-        file: config.file.display().to_string(),
-        source,
-    })?;
+    // The validator was built before the store (above); from here on its
+    // own-key check reads the live key ring, so a rotated key is known at once.
+    let _ = own_minter.set(minter.clone());
     let key_sets = subjects.key_sets();
     let nonces = if config.dpop.require_nonce {
         let mut key = vec![0u8; 32];
@@ -363,4 +378,37 @@ pub fn agent_mismatch(
         "{}{at}: agent: the policy is written for agent {policy_agent:?}, but {config_file} `agent` is {config_agent:?}",
         policy_file.display()
     )
+}
+
+/// What is wrong with the policy's proxy resources given this config, if
+/// anything (start-up and reload): the proxy address rule
+/// (`Policy::check_proxy_addresses`), and a provider with an `api_base` for
+/// each of them. The message names the policy file, or the config file and
+/// the key.
+pub(crate) fn proxy_problem(
+    policy: &crate::policy::Policy,
+    config: &crate::config::Config,
+) -> Option<String> {
+    if let Err(m) = policy.check_proxy_addresses(&config.issuer) {
+        return Some(format!("{}: {m}", config.policy.display()));
+    }
+    for r in policy.resources.values() {
+        if let crate::policy::Source::Service {
+            service,
+            delivery: crate::policy::Delivery::Proxy,
+        } = &r.source
+        {
+            let has_base = config
+                .providers
+                .get(service)
+                .is_some_and(|p| p.api_base.is_some());
+            if !has_base {
+                return Some(format!(
+                    "{}: providers.{service}.api_base: the policy serves service {service:?} through the proxy (delivery = \"proxy\"), so its provider needs api_base, the origin the proxy may call",
+                    config.file.display()
+                ));
+            }
+        }
+    }
+    None
 }

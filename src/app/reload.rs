@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
-use crate::events::Event;
+use crate::events::{Event, Kind};
 use crate::exchange::Broker;
 use crate::policy::Policy;
 
@@ -59,6 +59,50 @@ impl Trigger {
     }
 }
 
+/// Why a reload was refused: the `reason` of `policy.reload_failed`, of
+/// the WARN line and of [`ReloadOutcome::Failed`]. `docs/OPERATIONS.md`
+/// lists each (tested against [`Refusal::ALL`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The file cannot be read.
+    Unreadable,
+    /// Larger than [`MAX_POLICY_BYTES`].
+    TooLarge,
+    /// Not a valid policy.
+    Invalid,
+    /// Written for another agent.
+    AgentMismatch,
+    /// A `service` resource names a service the config does not define.
+    UnknownService,
+    /// A `delivery = "proxy"` resource breaks the proxy address rule, or
+    /// its provider has no `api_base`.
+    ProxyAddress,
+}
+
+impl Refusal {
+    /// Every reason.
+    pub const ALL: [Refusal; 6] = [
+        Refusal::Unreadable,
+        Refusal::TooLarge,
+        Refusal::Invalid,
+        Refusal::AgentMismatch,
+        Refusal::UnknownService,
+        Refusal::ProxyAddress,
+    ];
+
+    /// Its name in events and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Unreadable => "unreadable",
+            Refusal::TooLarge => "too_large",
+            Refusal::Invalid => "invalid",
+            Refusal::AgentMismatch => "agent_mismatch",
+            Refusal::UnknownService => "unknown_service",
+            Refusal::ProxyAddress => "proxy_address",
+        }
+    }
+}
+
 /// The result of one reload attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReloadOutcome {
@@ -73,8 +117,8 @@ pub enum ReloadOutcome {
     Changing,
     /// Refused; the last good policy stays.
     Failed {
-        /// `unreadable`, `too_large`, `invalid`, `agent_mismatch` or
-        /// `unknown_service`.
+        /// A [`Refusal`]'s name: `unreadable`, `too_large`, `invalid`,
+        /// `agent_mismatch`, `unknown_service` or `proxy_address`.
         reason: &'static str,
         /// What was wrong (positions and keys, never values).
         detail: String,
@@ -124,7 +168,7 @@ impl Reloader {
         }
         let policy = match Policy::parse(&self.path, &first) {
             Ok(p) => p,
-            Err(e) => return self.fail(trigger, ("invalid", e.to_string())),
+            Err(e) => return self.fail(trigger, (Refusal::Invalid, e.to_string())),
         };
         if policy.agent != self.broker.config.agent {
             let detail = super::agent_mismatch(
@@ -134,7 +178,7 @@ impl Reloader {
                 &self.broker.config.file.display().to_string(),
                 &self.broker.config.agent,
             );
-            return self.fail(trigger, ("agent_mismatch", detail));
+            return self.fail(trigger, (Refusal::AgentMismatch, detail));
         }
         // A `service` resource must name a configured provider (checked at
         // start-up too); otherwise its derives could never work.
@@ -145,7 +189,10 @@ impl Reloader {
         };
         if let Some(missing) = policy.services().into_iter().find(|s| !known(s)) {
             let detail = format!("the policy names service {missing:?}, which has no [providers.{missing}] table in the config");
-            return self.fail(trigger, ("unknown_service", detail));
+            return self.fail(trigger, (Refusal::UnknownService, detail));
+        }
+        if let Some(detail) = super::proxy_problem(&policy, &self.broker.config) {
+            return self.fail(trigger, (Refusal::ProxyAddress, detail));
         }
         self.apply(trigger, policy)
     }
@@ -161,7 +208,7 @@ impl Reloader {
         b.metrics.policy_loaded_time.set(now as f64);
         b.metrics.frozen.set(i64::from(b.is_frozen()));
         tracing::info!(trigger = trigger.as_str(), policy_hash = %hash, tools, "policy reloaded");
-        let mut e = Event::new(now, "policy.reloaded", &b.config.agent);
+        let mut e = Event::new(now, Kind::PolicyReloaded, &b.config.agent);
         e.outcome = Some("reloaded");
         e.reason = Some(trigger.as_str());
         e.policy_hash = Some(&hash);
@@ -174,7 +221,8 @@ impl Reloader {
         ReloadOutcome::Reloaded { hash }
     }
 
-    fn fail(&self, trigger: Trigger, (reason, detail): (&'static str, String)) -> ReloadOutcome {
+    fn fail(&self, trigger: Trigger, (refusal, detail): (Refusal, String)) -> ReloadOutcome {
+        let reason = refusal.as_str();
         let b = &self.broker;
         b.metrics.policy_reload_failures.inc();
         let current = b.policy.load_full();
@@ -185,7 +233,7 @@ impl Reloader {
             kept_policy_hash = %current.hash,
             "policy reload failed; the last good policy stays in force"
         );
-        let mut e = Event::new(b.clock.now(), "policy.reload_failed", &b.config.agent);
+        let mut e = Event::new(b.clock.now(), Kind::PolicyReloadFailed, &b.config.agent);
         e.outcome = Some("kept_last_good");
         e.reason = Some(reason);
         // The hash of the policy that keeps deciding.
@@ -198,18 +246,26 @@ impl Reloader {
 }
 
 /// Reads at most [`MAX_POLICY_BYTES`]; a larger file is an error.
-async fn read_capped(path: &Path) -> Result<Vec<u8>, (&'static str, String)> {
-    let file = tokio::fs::File::open(path)
-        .await
-        .map_err(|e| ("unreadable", format!("cannot read {}: {e}", path.display())))?;
+async fn read_capped(path: &Path) -> Result<Vec<u8>, (Refusal, String)> {
+    let file = tokio::fs::File::open(path).await.map_err(|e| {
+        (
+            Refusal::Unreadable,
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
     let mut buf = Vec::new();
     file.take(MAX_POLICY_BYTES + 1)
         .read_to_end(&mut buf)
         .await
-        .map_err(|e| ("unreadable", format!("cannot read {}: {e}", path.display())))?;
+        .map_err(|e| {
+            (
+                Refusal::Unreadable,
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
     if buf.len() as u64 > MAX_POLICY_BYTES {
         return Err((
-            "too_large",
+            Refusal::TooLarge,
             format!("{} is larger than {MAX_POLICY_BYTES} bytes", path.display()),
         ));
     }

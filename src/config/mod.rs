@@ -13,7 +13,9 @@
 //!
 //! Files: `raw` (stage one), `listeners` (`[socket]`, `[public]`,
 //! `[admin]`), `issuers` (`[[trusted_issuers]]`), `providers`
-//! (`[providers.<name>]`), `secret_files`; this file holds the validated
+//! (`[providers.<name>]`), `secret_files`, `reference` (the accepted keys,
+//! read from `raw`, which `docs/CONFIGURATION.md` is tested against); this
+//! file holds the validated
 //! [`Config`] and the order in which the sections are checked.
 
 mod issuers;
@@ -21,6 +23,7 @@ mod listeners;
 mod postgres;
 mod providers;
 mod raw;
+mod reference;
 mod secret_files;
 
 use std::collections::BTreeMap;
@@ -33,6 +36,7 @@ pub use providers::{
     AccountLookup, ClientAuth, Endpoints, ProviderConfig, GITHUB_AUTHORIZE, GITHUB_TOKEN,
     GITHUB_USER_API,
 };
+pub use reference::{accepted_keys, AcceptedKey};
 pub use secret_files::{read_secret_file, write_secret_file};
 
 use crate::diagnostics::{key_at, parse_toml, Problem};

@@ -95,3 +95,45 @@ fn the_example_deployment_config_loads_with_its_providers() {
     assert_eq!(c.providers["github"].display_name, "GitHub");
     assert_eq!(c.vault_key_dir, Path::new("/var/lib/credbroker/vault-keys"));
 }
+
+#[test]
+fn api_base_is_an_origin_and_the_github_preset_fills_it() {
+    let c = parse("[providers.github]\npreset = \"github\"\nclient_id = \"Iv1\"\nclient_secret_file = \"keys/gh\"\n").unwrap();
+    assert_eq!(
+        c.providers["github"].api_base.as_deref(),
+        Some("https://api.github.com")
+    );
+    let base = |b: &str| {
+        parse(&format!(
+            "[providers.acme]\nissuer = \"https://idp.acme.example\"\nclient_id = \"x\"\napi_base = \"{b}\"\n"
+        ))
+    };
+    for bad in [
+        "http://api.acme.example",
+        "https://api.acme.example/v1",
+        "https://api.acme.example/?a=1",
+        "https://user@api.acme.example",
+        "not a url",
+    ] {
+        let e = base(bad).unwrap_err();
+        assert!(
+            e.iter()
+                .any(|p| p.key.as_deref() == Some("providers.acme.api_base")),
+            "{bad}: {e:?}"
+        );
+        assert!(!e.iter().any(|p| p.message.contains(bad)), "echoes {bad}");
+    }
+    // Positive controls: https, and http on loopback.
+    assert_eq!(
+        base("https://api.acme.example/").unwrap().providers["acme"]
+            .api_base
+            .as_deref(),
+        Some("https://api.acme.example")
+    );
+    assert_eq!(
+        base("http://127.0.0.1:8080").unwrap().providers["acme"]
+            .api_base
+            .as_deref(),
+        Some("http://127.0.0.1:8080")
+    );
+}

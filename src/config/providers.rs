@@ -98,6 +98,28 @@ pub struct ProviderConfig {
     /// hours): a refresh when there is a refresh token, else a look-up of
     /// the account with the token (a refused token means reconnect).
     pub recheck_unexpiring_token_after: Duration,
+    /// The origin the egress proxy sends this service's calls to
+    /// (`api_base`, scheme, host and port only, https except on loopback;
+    /// the GitHub preset's is `https://api.github.com`). `None`: the
+    /// service cannot be used with `delivery = "proxy"`.
+    pub api_base: Option<String>,
+}
+
+/// Validates an `api_base`: an origin (no path other than `/`, no query,
+/// fragment or credentials), https except on loopback. Returns it without a
+/// trailing slash.
+pub(crate) fn parse_api_base(u: &str) -> Result<String, &'static str> {
+    const MSG: &str = "must be an origin such as \"https://api.example.com\": https (http only on loopback), no path, query, fragment or credentials";
+    let parsed = url::Url::parse(u).map_err(|_| MSG)?;
+    if !secure_or_loopback(&parsed)
+        || parsed.path() != "/"
+        || parsed.query().is_some()
+        || parsed.fragment().is_some()
+        || parsed.host().is_none()
+    {
+        return Err(MSG);
+    }
+    Ok(parsed.as_str().trim_end_matches('/').to_string())
 }
 
 /// The GitHub preset: GitHub's OAuth app endpoints. GitHub accepts PKCE
@@ -349,10 +371,22 @@ fn provider(
         )),
         None => None,
     };
+    let api_base = match rp.api_base.as_deref() {
+        Some(u) => match parse_api_base(u) {
+            Ok(b) => Some(b),
+            Err(m) => {
+                fail("api_base", m);
+                None
+            }
+        },
+        None if github => Some(GITHUB_API.to_string()),
+        None => None,
+    };
     if check.problems.len() > before {
         return None;
     }
     Some(ProviderConfig {
+        api_base,
         grant_endpoint,
         recheck_unexpiring_token_after,
         name: name.to_string(),

@@ -106,6 +106,9 @@ pub(super) struct RawProvider {
     pub(super) timeout: Option<String>,
     #[serde(default)]
     pub(super) recheck_unexpiring_token_after: Option<String>,
+    /// The origin the egress proxy may call for this service.
+    #[serde(default)]
+    pub(super) api_base: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

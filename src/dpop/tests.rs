@@ -735,28 +735,87 @@ fn expired_entries_behind_a_longer_lived_one_are_reclaimed() {
     // Expiry times are not in insertion order (iat may be up to 60 s ahead),
     // so an entry that expires late must not keep expired entries behind it
     // counted as live.
-    let c = ReplayCache::new(32);
-    assert_eq!(c.capacity(), 32);
-    // These keys share a shard (same first byte modulo 16).
+    let c = ReplayCache::new(2);
+    assert_eq!(c.capacity(), 2);
+    // These keys share a shard (same first byte modulo the 2 shards).
     let (k1, k2, k3) = ([0u8; 32], [16u8; 32], [32u8; 32]);
     c.insert(k1, NOW + 121, NOW).unwrap();
     c.insert(k2, NOW + 61, NOW).unwrap();
     assert_eq!(c.insert(k3, NOW + 61, NOW), Err(DpopError::ReplayCacheFull));
     assert_eq!(c.insert(k1, NOW + 123, NOW + 62), Err(DpopError::Replay));
     c.insert(k3, NOW + 123, NOW + 62).unwrap();
+    assert_eq!(c.len(), 2);
+}
+
+#[test]
+fn a_full_shard_does_not_refuse_while_the_whole_cache_has_room() {
+    // 32 slots over 16 shards: before, each shard held 2 and refused the
+    // third entry that fell in it although 30 slots were free.
+    let c = ReplayCache::new(32);
+    assert_eq!(c.capacity(), 32);
+    // Same shard: first byte 0, 16, 32, ... (modulo 16).
+    for i in 0..5u8 {
+        c.insert([i * 16; 32], NOW + 61, NOW)
+            .unwrap_or_else(|e| panic!("entry {i} of one shard refused with room left: {e:?}"));
+    }
+    // The rest of the capacity, in other shards.
+    let mut n = 5;
+    for first in 1..=255u8 {
+        if n == 32 {
+            break;
+        }
+        if first % 16 == 0 {
+            continue;
+        }
+        c.insert([first; 32], NOW + 61, NOW).unwrap();
+        n += 1;
+    }
+    assert_eq!(c.len(), 32);
+    // The whole cache is full of live entries: refused, whichever shard.
+    let mut other = [0u8; 32];
+    other[0] = 0;
+    other[1] = 1;
+    assert_eq!(
+        c.insert(other, NOW + 61, NOW),
+        Err(DpopError::ReplayCacheFull)
+    );
+    other[0] = 7;
+    assert_eq!(
+        c.insert(other, NOW + 61, NOW),
+        Err(DpopError::ReplayCacheFull)
+    );
+    // Positive control: once they expire there is room again, also in a
+    // shard that held none of them (the other shards' expired entries are
+    // reclaimed before refusing).
+    let c = ReplayCache::new(32);
+    for i in 0..32u8 {
+        let mut k = [0u8; 32];
+        (k[0], k[1]) = (1 + i % 15, i);
+        c.insert(k, NOW + 61, NOW).unwrap();
+    }
+    assert_eq!(
+        c.insert([0; 32], NOW + 61, NOW),
+        Err(DpopError::ReplayCacheFull)
+    );
+    c.insert([0; 32], NOW + 123, NOW + 62).unwrap();
+    assert_eq!(c.len(), 1);
 }
 
 #[test]
 fn replay_cache_capacity_is_honoured() {
-    for cap in [1, 2, 15, 16, 200_000] {
-        let c = ReplayCache::new(cap);
-        assert!(c.capacity() >= cap, "{cap}");
-        // Never more than one extra slot per shard.
-        assert!(c.capacity() < cap + 16, "{cap}");
+    for cap in [1, 2, 15, 16, 17, 200_000] {
+        assert_eq!(ReplayCache::new(cap).capacity(), cap);
     }
-    assert_eq!(ReplayCache::new(1).capacity(), 1);
-    assert_eq!(ReplayCache::new(16).capacity(), 16);
     assert_eq!(ReplayCache::new(0).capacity(), 1);
+    // Exactly `cap` entries fit, spread however they fall.
+    let c = ReplayCache::new(17);
+    for i in 0..17u8 {
+        c.insert([i; 32], NOW + 61, NOW).unwrap();
+    }
+    assert_eq!(
+        c.insert([17; 32], NOW + 61, NOW),
+        Err(DpopError::ReplayCacheFull)
+    );
 }
 
 #[test]

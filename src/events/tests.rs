@@ -44,7 +44,7 @@ impl Sink for Disk {
 }
 
 fn event(tool: &str) -> Event<'_> {
-    let mut e = Event::new(1, "derive.issued", "agent");
+    let mut e = Event::new(1, Kind::DeriveIssued, "agent");
     e.tool = Some(tool);
     e
 }

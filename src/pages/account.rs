@@ -153,7 +153,7 @@ pub async fn disconnect(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Resp
             );
         }
     };
-    let mut e = p.event(&ctx, "account.disconnected");
+    let mut e = p.event(&ctx, crate::events::Kind::AccountDisconnected);
     e.person_iss = Some(&person.iss);
     e.person_sub = Some(&person.sub);
     e.service = Some(service);
@@ -211,7 +211,7 @@ pub async fn revoke(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response
             &["Nothing was changed. Try again in a moment."],
         );
     }
-    let mut e = p.event(&ctx, "allowance.revoked");
+    let mut e = p.event(&ctx, crate::events::Kind::AllowanceRevoked);
     e.person_iss = Some(&person.iss);
     e.person_sub = Some(&person.sub);
     e.service = Some(service);

@@ -73,7 +73,12 @@ fn checks(
         return Err(redirect(&signin_path(&return_to, false)));
     };
     if person != link.person {
-        let mut e = link_event(p, &ctx, "connect.opened_by_other_person", &link);
+        let mut e = link_event(
+            p,
+            &ctx,
+            crate::events::Kind::ConnectOpenedByOtherPerson,
+            &link,
+        );
         e.opener_iss = Some(&person.iss);
         e.opener_sub = Some(&person.sub);
         p.audit(&e);
@@ -171,7 +176,7 @@ pub async fn act(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, form: Form) -> 
             if let Err(e) = p.services.links.decline(&link.id, ctx.now) {
                 return unavailable(p, &e);
             }
-            let e = link_event(p, &ctx, "connect.declined", &link);
+            let e = link_event(p, &ctx, crate::events::Kind::ConnectDeclined, &link);
             p.audit(&e);
             redirect("/done/declined")
         }
@@ -222,7 +227,7 @@ fn completed(p: &Pages, ctx: Ctx, link: &Link, done: &str) -> Response<Body> {
         // The allowance is recorded; a link left open only expires later.
         tracing::warn!(error = %e, "pages: link not closed");
     }
-    let mut e = link_event(p, &ctx, "connect.completed", link);
+    let mut e = link_event(p, &ctx, crate::events::Kind::ConnectCompleted, link);
     let scope = link.scopes.join(" ");
     e.scope = Some(&scope);
     p.audit(&e);
@@ -455,7 +460,7 @@ async fn different_account(
     {
         tracing::warn!(service = %link.service, error = %e, "pages: the grant of a refused account was not revoked");
     }
-    let e = link_event(p, &ctx, "connect.different_account", link);
+    let e = link_event(p, &ctx, crate::events::Kind::ConnectDifferentAccount, link);
     p.audit(&e);
     let seg: String = url::form_urlencoded::byte_serialize(link.service.as_bytes()).collect();
     redirect(&format!("/done/other-account/{seg}"))
@@ -538,7 +543,7 @@ pub fn done(p: &Pages, ctx: Ctx, h: &HeaderMap, what: &str) -> Response<Body> {
 fn link_event<'a>(
     p: &'a Pages,
     ctx: &Ctx,
-    name: &'a str,
+    name: crate::events::Kind,
     link: &'a Link,
 ) -> crate::events::Event<'a> {
     let mut e = p.event(ctx, name);

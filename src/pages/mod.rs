@@ -48,7 +48,7 @@ use bytes::Bytes;
 
 use crate::clock::SharedClock;
 use crate::config::{IssuerConfig, SignIn as SignInConfig};
-use crate::events::{Audit, Event};
+use crate::events::{Audit, Event, Kind};
 use crate::http::Body;
 use crate::seal::Sealer;
 use crate::store::Store;
@@ -519,12 +519,12 @@ impl Pages {
     /// no secret is released by a page).
     pub fn audit(&self, e: &Event<'_>) {
         if let Err(err) = self.deps.audit.record(e) {
-            tracing::error!(event = e.event, error = %err, "pages: audit event not written");
+            tracing::error!(event = e.event.as_str(), error = %err, "pages: audit event not written");
         }
     }
 
     /// A new event at `now` for this instance's agent.
-    pub fn event<'a>(&'a self, ctx: &Ctx, name: &'a str) -> Event<'a> {
+    pub fn event(&self, ctx: &Ctx, name: Kind) -> Event<'_> {
         let mut e = Event::new(ctx.now, name, &self.deps.agent);
         e.client_addr = Some(ctx.client.to_string());
         e

@@ -152,7 +152,7 @@ fn sign_in(p: &Pages, old: &Session, record: Record, return_to: &str) -> Respons
 /// `POST /signin`: local accounts.
 pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Response<Body> {
     if let Err(wait) = p.limiters.signin(ctx.client) {
-        let mut e = p.event(&ctx, "signin.failed");
+        let mut e = p.event(&ctx, crate::events::Kind::SigninFailed);
         e.reason = Some("rate_limited");
         p.signin_failed(&e);
         return p.too_many(wait);
@@ -189,7 +189,7 @@ pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Respon
     };
     let known = !matches!(verdict, users::Verdict::Unknown);
     if verdict != users::Verdict::Ok {
-        let mut e = p.event(&ctx, "signin.failed");
+        let mut e = p.event(&ctx, crate::events::Kind::SigninFailed);
         e.person_iss = Some(&issuer);
         // An unknown name is not a person: it is not recorded.
         e.person_sub = known.then_some(name.as_str());
@@ -210,7 +210,7 @@ pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Respon
             Some(&name),
         );
     }
-    let mut e = p.event(&ctx, "signin.succeeded");
+    let mut e = p.event(&ctx, crate::events::Kind::SigninSucceeded);
     e.person_iss = Some(&issuer);
     e.person_sub = Some(&name);
     e.reason = Some("local");
@@ -315,7 +315,7 @@ pub fn leads_to_link(return_to: &str) -> bool {
 /// expired one, one started in another browser): recorded (rate-limited),
 /// logged, and answered with a way to start again.
 fn expired_flow(p: &Pages, ctx: &Ctx, reason: &'static str) -> Response<Body> {
-    let mut e = p.event(ctx, "signin.failed");
+    let mut e = p.event(ctx, crate::events::Kind::SigninFailed);
     e.reason = Some(reason);
     p.signin_failed(&e);
     p.message_next(
@@ -366,7 +366,7 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
     let again = signin_path(return_to, false);
     let source = p.source_name(issuer);
     let fail = |reason: &'static str| {
-        let mut e = p.event(&ctx, "signin.failed");
+        let mut e = p.event(&ctx, crate::events::Kind::SigninFailed);
         e.person_iss = Some(issuer);
         e.reason = Some(reason);
         p.signin_failed(&e);
@@ -411,7 +411,7 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
             // Not a sign-in loop: sending the person back would ask the
             // same IdP the same way and get the same answer.
             tracing::warn!(issuer = %issuer, "pages: OIDC sign-in refused: max_age was sent and the ID token has no auth_time (OpenID Connect Core 3.1.2.1); the IdP client must allow max_age");
-            let mut e = p.event(&ctx, "signin.failed");
+            let mut e = p.event(&ctx, crate::events::Kind::SigninFailed);
             e.person_iss = Some(issuer);
             e.reason = Some("auth_time_missing");
             p.signin_failed(&e);
@@ -435,7 +435,7 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
             });
         }
     };
-    let mut e = p.event(&ctx, "signin.succeeded");
+    let mut e = p.event(&ctx, crate::events::Kind::SigninSucceeded);
     e.person_iss = Some(issuer);
     e.person_sub = Some(&identity.sub);
     e.reason = Some("oidc");
@@ -467,7 +467,7 @@ pub async fn signout(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Respons
         return p.internal("session", &e);
     }
     if let Some(person) = s.record.person() {
-        let mut e = p.event(&ctx, "signout");
+        let mut e = p.event(&ctx, crate::events::Kind::Signout);
         e.person_iss = Some(&person.iss);
         e.person_sub = Some(&person.sub);
         p.audit(&e);

@@ -48,6 +48,7 @@ pub fn lint(path: &Path, text: &str, policy: &Policy) -> Vec<Warning> {
         many_steps(tool, &mut warn);
         unreachable(policy, tool, &mut warn);
         glob_names(tool, &mut warn);
+        overlapping_routes(policy, tool, &mut warn);
     }
     for resource in policy.resources.values() {
         let at = table_at(path, text, "resources", &resource.id);
@@ -165,7 +166,7 @@ fn unused_resource(policy: &Policy, resource: &Resource, warn: &mut Warn<'_>) {
 /// The warning for `delivery = "provider_token"` (see `risky_source`).
 pub const PROVIDER_TOKEN_WARNING: &str = "delivery = \"provider_token\" hands the provider's bearer token to the tool: it is not narrowed to this resource, not bound to the tool's key, and lives as long as the provider decides";
 /// The hint that goes with [`PROVIDER_TOKEN_WARNING`].
-pub const PROVIDER_TOKEN_HINT: &str = "prefer delivery = \"proxy\" once the egress proxy exists; keep the tools on this resource to the fewest steps and scopes";
+pub const PROVIDER_TOKEN_HINT: &str = "prefer delivery = \"proxy\" (the provider's token stays in the broker and each call is narrowed to the tool's routes, docs/PROXY.md); keep the tools on this resource to the fewest steps and scopes";
 
 /// Warnings that come with a token source. Every source must be matched
 /// here, so a new one cannot be added without deciding what to warn about.
@@ -177,6 +178,35 @@ fn risky_source(resource: &Resource, warn: &mut Warn<'_>) {
             delivery: crate::policy::Delivery::ProviderToken,
             ..
         } => warn(PROVIDER_TOKEN_WARNING.into(), PROVIDER_TOKEN_HINT),
+        // The token stays in the broker; calls are narrowed to routes.
+        Source::Service {
+            delivery: crate::policy::Delivery::Proxy,
+            ..
+        } => {}
+    }
+}
+
+/// Two tools whose routes on the same proxy resource can match the same
+/// call: each can make the other's call, which the reviewer should know.
+/// Reported at the second tool, with a path both match.
+fn overlapping_routes(policy: &Policy, tool: &Tool, warn: &mut Warn<'_>) {
+    for other in policy.tools.values() {
+        if other.name >= tool.name || other.resource != tool.resource {
+            continue;
+        }
+        for a in &tool.routes {
+            for b in &other.routes {
+                if let Some(path) = a.overlap(b) {
+                    warn(
+                        format!(
+                            "route {:?} overlaps route {:?} of tool {:?}: both allow {} {path}",
+                            a.text, b.text, other.name, a.method
+                        ),
+                        "make the routes disjoint, or accept that each tool can make the other's call",
+                    );
+                }
+            }
+        }
     }
 }
 

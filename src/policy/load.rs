@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::route::Route;
 use super::{canonical_resource, Delivery, PolicyError, Resource, Source, Tool, MAX_TTL};
 use crate::diagnostics::{key_span, line_col, offset_at, Problem};
 use crate::grammar::valid_scope_token;
@@ -48,6 +49,13 @@ pub(super) struct RawTool {
     steps: Spanned<Vec<Spanned<String>>>,
     #[serde(default)]
     ttl: Option<Spanned<String>>,
+    /// For a tool on a `delivery = "proxy"` resource: its routes, each a
+    /// string or a `{ route, steps }` table.
+    #[serde(default)]
+    routes: Option<Spanned<Vec<toml::Value>>>,
+    /// The explicit opt-in for a route that allows every path.
+    #[serde(default)]
+    allow_every_path_for_this_tool: Option<Spanned<bool>>,
 }
 
 /// Whether `s` is a valid name: non-empty, at most 256 characters, no
@@ -110,11 +118,12 @@ fn service_source(
             return Err((
                 r.source.span(),
                 "delivery",
-                "a service resource must say how the token reaches the tool; the only choice today is delivery = \"provider_token\" (the provider's bearer token is handed to the tool, unbound and not narrowed to one call)",
+                "a service resource must say how the token reaches the tool: delivery = \"proxy\" (the provider's token stays in the broker; the tool calls the service through the proxy) or delivery = \"provider_token\" (the provider's bearer token is handed to the tool, unbound and not narrowed to one call)",
             ))
         }
         Some(d) if d.get_ref() == "provider_token" => Delivery::ProviderToken,
-        Some(d) => return Err((d.span(), "delivery", "must be \"provider_token\" (the egress proxy comes later)")),
+        Some(d) if d.get_ref() == "proxy" => Delivery::Proxy,
+        Some(d) => return Err((d.span(), "delivery", "must be \"proxy\" or \"provider_token\"")),
     };
     Ok(Source::Service { service, delivery })
 }
@@ -247,6 +256,28 @@ impl<'a> Check<'a> {
             let Some(source) = self.source(r, &key) else {
                 continue;
             };
+            // The origin is checked against the issuer where the config is
+            // known (`Policy::check_proxy_addresses`); the path is the
+            // file's own business.
+            if let Source::Service {
+                service,
+                delivery: Delivery::Proxy,
+            } = &source
+            {
+                let want = super::proxy_path(service);
+                if url::Url::parse(&canonical)
+                    .map(|u| u.path().to_string())
+                    .ok()
+                    != Some(want.clone())
+                {
+                    self.bad(
+                        span,
+                        key,
+                        &format!("a delivery = \"proxy\" resource is the broker's proxy address for the service: its issuer followed by {want}"),
+                    );
+                    continue;
+                }
+            }
             let ttl = self.ttl(&r.ttl, format!("{key}.ttl")).unwrap_or(MAX_TTL);
             if resources.contains_key(&canonical) {
                 self.bad(
@@ -383,12 +414,137 @@ impl<'a> Check<'a> {
         }
         let steps = self.steps(t.steps.get_ref(), &format!("{key}.steps"));
         let ttl = self.ttl(&t.ttl, format!("{key}.ttl"));
+        let proxied = resource.as_ref().and_then(|r| resources.get(r)).map(|r| {
+            matches!(
+                r.source,
+                Source::Service {
+                    delivery: Delivery::Proxy,
+                    ..
+                }
+            )
+        });
+        let routes = self.routes(t, &key, proxied, &steps);
         Some(Tool {
             name: name.to_string(),
             resource: resource?,
             scopes,
             steps,
             ttl,
+            routes,
         })
+    }
+}
+
+impl Check<'_> {
+    /// A tool's `routes` (and its opt-in for a route that allows every
+    /// path). `proxied`: whether its resource is a proxy resource (`None`
+    /// when the resource itself is in error). A proxy tool must list at
+    /// least one route; any other tool none.
+    fn routes(
+        &mut self,
+        t: &RawTool,
+        key: &str,
+        proxied: Option<bool>,
+        tool_steps: &BTreeSet<String>,
+    ) -> Vec<Route> {
+        let every_path_ok = t
+            .allow_every_path_for_this_tool
+            .as_ref()
+            .is_some_and(|b| *b.get_ref());
+        let Some(list) = &t.routes else {
+            if proxied == Some(true) {
+                self.bad(
+                    t.resource.span(),
+                    format!("{key}.routes"),
+                    "a tool on a delivery = \"proxy\" resource must list the calls it may make: routes = [\"GET /path/{var}\", ...]",
+                );
+            }
+            if let Some(b) = &t.allow_every_path_for_this_tool {
+                self.bad(
+                    b.span(),
+                    format!("{key}.allow_every_path_for_this_tool"),
+                    "only a tool with routes takes this key",
+                );
+            }
+            return Vec::new();
+        };
+        if proxied == Some(false) {
+            self.bad(
+                list.span(),
+                format!("{key}.routes"),
+                "only a tool on a source = \"service\", delivery = \"proxy\" resource takes routes",
+            );
+            return Vec::new();
+        }
+        if list.get_ref().is_empty() {
+            self.bad(list.span(), format!("{key}.routes"), "lists no route, so the tool could never make a call; name its routes or remove the tool");
+        }
+        let mut out: Vec<Route> = Vec::new();
+        for (i, v) in list.get_ref().iter().enumerate() {
+            let at = format!("{key}.routes[{i}]");
+            let (text, steps) = match v {
+                toml::Value::String(s) => (s.clone(), None),
+                toml::Value::Table(tbl) => {
+                    let unknown = tbl.keys().find(|k| *k != "route" && *k != "steps");
+                    let text = tbl.get("route").and_then(|r| r.as_str());
+                    let steps = tbl.get("steps").map(|s| {
+                        s.as_array().and_then(|a| {
+                            a.iter()
+                                .map(|x| x.as_str().map(str::to_string))
+                                .collect::<Option<BTreeSet<String>>>()
+                        })
+                    });
+                    match (unknown, text, steps) {
+                        (None, Some(text), None) => (text.to_string(), None),
+                        (None, Some(text), Some(Some(steps))) if !steps.is_empty() => {
+                            (text.to_string(), Some(steps))
+                        }
+                        _ => {
+                            self.bad(list.span(), at, "a route table is { route = \"METHOD /path\", steps = [\"<step>\", ...] } (steps, when given, not empty)");
+                            continue;
+                        }
+                    }
+                }
+                _ => {
+                    self.bad(
+                        list.span(),
+                        at,
+                        "a route is a string \"METHOD /path\" or a table { route, steps }",
+                    );
+                    continue;
+                }
+            };
+            let route = match Route::parse(&text, steps) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.bad(list.span(), at, &format!("{e}"));
+                    continue;
+                }
+            };
+            if let Some(s) = &route.steps {
+                if let Some(missing) = s.iter().find(|s| !tool_steps.contains(*s)) {
+                    self.bad(
+                        list.span(),
+                        at,
+                        &format!("can never match: the route names step {missing:?}, which is not one of the tool's steps"),
+                    );
+                    continue;
+                }
+            }
+            if route.allows_every_path() && !every_path_ok {
+                self.bad(
+                    list.span(),
+                    at,
+                    "allows every path of the service; list the calls the tool makes, or opt in by name with allow_every_path_for_this_tool = true",
+                );
+                continue;
+            }
+            if out.iter().any(|r| r.text == route.text) {
+                self.bad(list.span(), at, "route listed twice");
+                continue;
+            }
+            out.push(route);
+        }
+        out
     }
 }

@@ -21,6 +21,7 @@ pub mod diff;
 pub mod explain;
 pub mod lint;
 mod load;
+pub mod route;
 mod uri;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -89,6 +90,11 @@ pub enum Delivery {
     /// be narrowed to one call or bound to the tool's key, so the policy
     /// must say so explicitly (`delivery = "provider_token"`).
     ProviderToken,
+    /// The egress proxy (docs/PROXY.md): the provider's token stays in the
+    /// broker; the tool gets a credbroker token whose audience is the proxy
+    /// address `{issuer}/proxy/{service}` and calls the routes its policy
+    /// entry lists through it.
+    Proxy,
 }
 
 impl Delivery {
@@ -96,6 +102,7 @@ impl Delivery {
     pub fn as_str(self) -> &'static str {
         match self {
             Delivery::ProviderToken => "provider_token",
+            Delivery::Proxy => "proxy",
         }
     }
 }
@@ -126,6 +133,9 @@ pub struct Tool {
     pub steps: BTreeSet<String>,
     /// Its own lifetime cap, if lower than the resource's.
     pub ttl: Option<Duration>,
+    /// For a tool on a `delivery = "proxy"` resource: the calls it may make
+    /// through the proxy (empty for any other tool).
+    pub routes: Vec<route::Route>,
 }
 
 /// A loaded, validated policy.
@@ -451,6 +461,121 @@ impl Policy {
             scopes,
             ttl,
         })
+    }
+}
+
+/// Why the current policy refuses a proxied call (the proxy's 403s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteDenial {
+    /// The policy (file) is frozen.
+    Frozen,
+    /// The token's tool is no longer in the policy.
+    ToolNotAllowed,
+    /// The tool no longer has this resource with `delivery = "proxy"`.
+    ResourceMismatch,
+    /// No route of the tool matches the method and path.
+    RouteNotAllowed,
+    /// A route matches, but not in the token's step.
+    StepNotAllowed,
+}
+
+impl RouteDenial {
+    /// The `reason` value on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteDenial::Frozen => "frozen",
+            RouteDenial::ToolNotAllowed => "tool_not_allowed",
+            RouteDenial::ResourceMismatch => "resource_mismatch",
+            RouteDenial::RouteNotAllowed => "route_not_allowed",
+            RouteDenial::StepNotAllowed => "step_not_allowed",
+        }
+    }
+}
+
+/// The path of the proxy address of `service` under the issuer.
+pub fn proxy_path(service: &str) -> String {
+    format!("/proxy/{service}")
+}
+
+impl Policy {
+    /// Judges one proxied call against this (the current) policy: the
+    /// token's `tool` must still use the proxy `resource` (canonical), one
+    /// of its routes must match `method` and the raw `path`, and that route
+    /// must allow the token's `step` (and the policy the step). Returns the
+    /// matching route.
+    pub fn proxy_route(
+        &self,
+        tool: &str,
+        step: &str,
+        resource: &str,
+        method: &str,
+        path: &str,
+    ) -> Result<&route::Route, RouteDenial> {
+        if self.frozen {
+            return Err(RouteDenial::Frozen);
+        }
+        let t = self.tools.get(tool).ok_or(RouteDenial::ToolNotAllowed)?;
+        let proxied = self.resources.get(&t.resource).is_some_and(|r| {
+            matches!(
+                r.source,
+                Source::Service {
+                    delivery: Delivery::Proxy,
+                    ..
+                }
+            )
+        });
+        if t.resource != resource || !proxied {
+            return Err(RouteDenial::ResourceMismatch);
+        }
+        let mut matched = t
+            .routes
+            .iter()
+            .filter(|r| r.matches(method, path))
+            .peekable();
+        if matched.peek().is_none() {
+            return Err(RouteDenial::RouteNotAllowed);
+        }
+        let step_ok = t.steps.contains(step)
+            && self
+                .declared_steps
+                .as_ref()
+                .is_none_or(|d| d.contains(step));
+        matched
+            .find(|r| step_ok && r.allows_step(step))
+            .ok_or(RouteDenial::StepNotAllowed)
+    }
+
+    /// The proxy address rule, checked where the issuer is known (start-up
+    /// and reload): a `delivery = "proxy"` resource is exactly
+    /// `{issuer}/proxy/{service}`, and no other resource lies under
+    /// `{issuer}/proxy/`. `Err` names the resource and the rule.
+    pub fn check_proxy_addresses(&self, issuer: &str) -> Result<(), String> {
+        let issuer = canonical_resource(issuer).unwrap_or_else(|_| issuer.to_string());
+        let base = format!("{}/proxy/", issuer.trim_end_matches('/'));
+        for r in self.resources.values() {
+            match &r.source {
+                Source::Service {
+                    service,
+                    delivery: Delivery::Proxy,
+                } => {
+                    let want = format!("{}{}", issuer.trim_end_matches('/'), proxy_path(service));
+                    if r.canonical != want {
+                        return Err(format!(
+                            "resources.{:?}: a delivery = \"proxy\" resource must be the proxy address {want:?} (the broker's issuer, /proxy/, the service name)",
+                            r.id
+                        ));
+                    }
+                }
+                _ if r.canonical.starts_with(&base) => {
+                    return Err(format!(
+                        "resources.{:?}: addresses under {base:?} are the broker's proxy; only a source = \"service\" resource with delivery = \"proxy\" may be there",
+                        r.id
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }
 

@@ -65,6 +65,7 @@ fn claims<'a>(rs: &'a Rs, scopes: &'a [String]) -> Claims<'a> {
         aud: AUD,
         scopes,
         tool: "notes.read",
+        step: Some("triage"),
         jkt: rs.tool.thumbprint(),
         iat: NOW,
         exp: NOW + 300,
@@ -160,6 +161,7 @@ impl Rs {
         assert_eq!(who.subject_iss.as_deref(), Some("https://idp.example"));
         assert_eq!(who.scopes, scopes(), "{what}");
         assert_eq!(who.jkt, self.tool.thumbprint(), "{what}");
+        assert_eq!(who.step.as_deref(), Some("triage"), "{what}");
         who
     }
 }

@@ -13,6 +13,7 @@ mod mcp;
 mod operations;
 mod pages;
 mod policy;
+mod reference;
 mod security;
 mod services;
 mod store;

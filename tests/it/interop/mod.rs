@@ -2,3 +2,4 @@
 //! IdP's subject tokens.
 mod idp_subject_tokens;
 mod jose;
+mod vectors;

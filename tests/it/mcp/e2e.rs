@@ -21,7 +21,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 
 use crate::support::mcp::*;
 use crate::support::*;
@@ -176,35 +175,7 @@ scopes = ["openid", "profile"]
 
     // The repository API believes a token only when the provider's userinfo
     // endpoint does, and lists the repositories of that provider account.
-    let userinfo = format!("{}/me", service.issuer);
-    let api = RepoApi::start_async(
-        "/user/repos",
-        Arc::new(move |headers: http::HeaderMap, _url| {
-            let userinfo = userinfo.clone();
-            Box::pin(async move {
-                let auth = headers
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok())
-                    .ok_or("no token")?
-                    .to_owned();
-                let r = reqwest::Client::new()
-                    .get(&userinfo)
-                    .header("authorization", auth)
-                    .send()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if !r.status().is_success() {
-                    return Err(format!("provider says {}", r.status()));
-                }
-                let me: Value = r.json().await.map_err(|e| e.to_string())?;
-                me["sub"]
-                    .as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| "no sub".into())
-            })
-        }),
-    )
-    .await;
+    let api = RepoApi::provider_checked(&service.issuer).await;
     let server = McpServer::start(
         &McpServerOpts {
             socket: &broker.socket,

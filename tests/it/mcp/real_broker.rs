@@ -15,7 +15,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use crate::support::mcp::*;
 use crate::support::services::{refused, ServiceEnv, SERVICE};
@@ -32,35 +31,7 @@ async fn py(dir: PathBuf, token: String, spec: Value) -> Value {
 /// the provider account whose token the provider's userinfo endpoint
 /// accepts.
 async fn provider_checked_api(env: &ServiceEnv) -> RepoApi {
-    let userinfo = format!("{}/me", env.peer.issuer);
-    RepoApi::start_async(
-        "/user/repos",
-        Arc::new(move |headers: http::HeaderMap, _url| {
-            let userinfo = userinfo.clone();
-            Box::pin(async move {
-                let auth = headers
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok())
-                    .ok_or("no token")?
-                    .to_owned();
-                let r = reqwest::Client::new()
-                    .get(&userinfo)
-                    .header("authorization", auth)
-                    .send()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                if !r.status().is_success() {
-                    return Err(format!("provider says {}", r.status()));
-                }
-                let me: Value = r.json().await.map_err(|e| e.to_string())?;
-                me["sub"]
-                    .as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| "no sub".into())
-            })
-        }),
-    )
-    .await
+    RepoApi::provider_checked(&env.peer.issuer).await
 }
 
 /// The example MCP server on the real broker's socket, for `acme.issues`.
@@ -196,27 +167,25 @@ async fn expired_request_state_is_refused_on_the_real_broker() {
     let alice = env.broker.subject_token("alice");
     let dir = env.broker.dir.path().to_owned();
     let before = derives(&env);
-    // The genuine state, retried after its lifetime: refused, no derive.
+    // The genuine state, retried until it is refused (polled, not a fixed
+    // sleep): each retry while it lives reaches the broker, which asks for
+    // the link again; once its 3 s lifetime is over it is refused and that
+    // retry never reaches the broker. Bounds are relative to the lifetime
+    // (whole seconds: refused after at least 2 s, within three lifetimes).
+    let ttl = 3.0;
     let out = py(
         dir.clone(),
         alice.clone(),
         json!({"url": server.url, "mode": "auto",
-        "scenario": "tamper", "only_genuine": true, "sleep": 4.5}),
+        "scenario": "tamper", "only_genuine": true, "poll_expiry": 3.0 * ttl}),
     )
     .await;
-    let calls = out["calls"].as_array().unwrap();
-    assert_eq!(calls.len(), 2, "{out}");
-    assert_eq!(calls[0]["result"]["resultType"], "input_required", "{out}");
-    assert_eq!(calls[1]["attempt"], "genuine");
-    assert_eq!(calls[1]["error"]["code"], -32602, "{out}");
+    let accepted = polled_expiry(&out, ttl);
+    let after_poll = derives(&env);
     assert_eq!(
-        calls[1]["error"]["message"],
-        "Invalid or expired requestState"
-    );
-    assert_eq!(
-        derives(&env) - before,
-        1,
-        "only the first call reached the broker"
+        after_poll - before,
+        1 + accepted,
+        "the first call and each accepted retry reached the broker, the refused one did not"
     );
     assert!(server.log_text().contains("requestState has expired"));
     // Positive control: retried at once, the state opens and the broker is
@@ -232,7 +201,11 @@ async fn expired_request_state_is_refused_on_the_real_broker() {
         out["calls"][1]["result"]["resultType"], "input_required",
         "{out}"
     );
-    assert_eq!(derives(&env) - before, 3, "both calls reached the broker");
+    assert_eq!(
+        derives(&env) - after_poll,
+        2,
+        "both calls reached the broker"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -286,19 +259,7 @@ async fn api_answer_echoing_the_provider_token_is_withheld_on_the_real_broker() 
     env.play_pages(r.connect_uri.as_deref().unwrap(), "alice", "octo-alice")
         .await;
     // An API that puts the bearer token into its answer.
-    let echo = RepoApi::start(
-        "/user/repos",
-        Arc::new(|req, _| {
-            let auth = req
-                .headers()
-                .get("authorization")
-                .unwrap()
-                .to_str()
-                .unwrap();
-            Ok(auth.trim_start_matches("Bearer ").to_owned())
-        }),
-    )
-    .await;
+    let echo = RepoApi::token_echoing().await;
     let alice = env.broker.subject_token("alice");
     let dir = env.broker.dir.path().to_owned();
     let server = mcp_server(&env, &echo, None);

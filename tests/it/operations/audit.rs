@@ -7,8 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use crate::support::*;
 use credbroker::client::Answer;
@@ -49,30 +48,6 @@ fn readyz(b: &TestBroker) -> (u16, serde_json::Value) {
     (code, serde_json::from_str(&body).unwrap())
 }
 
-/// A size-limited tmpfs, unmounted on drop.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    /// Mounts one at `dir` (created), or `None` where mounting is not
-    /// allowed (not root, or no mount namespace for it).
-    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
-        std::fs::create_dir_all(dir).unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700")])
-            .arg("tmpfs")
-            .arg(dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then(|| Tmpfs(dir.to_path_buf()))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 /// Fills the file system holding `path` until a write fails.
 fn fill(path: &Path) {
     let mut f = std::fs::File::create(path).unwrap();
@@ -95,7 +70,10 @@ async fn disk_full_in_the_middle_of_a_line_leaves_no_partial_line_and_readyz_fol
         ..Opts::default()
     });
     let Some(fs) = Tmpfs::mount(&dir.path().join("auditfs"), "256k") else {
-        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        not_shown(
+            "a disk that fills in the middle of an audit line",
+            "cannot mount a tmpfs here (needs root)",
+        );
         return;
     };
     let audit = fs.0.join("audit.jsonl");

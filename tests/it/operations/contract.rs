@@ -144,3 +144,51 @@ fn the_socket_serves_the_metadata_too() {
     assert_eq!(r.status, 404, "{}", r.raw);
     assert_eq!(r.json()["error"], "not_found", "{}", r.raw);
 }
+
+/// The exact shape a client library relies on (the Python and TypeScript
+/// libraries read it): members are only ever added, so this test lists
+/// every one and fails on a missing, renamed or retyped member.
+#[test]
+fn the_socket_info_tells_a_client_the_api_version_issuer_htus_and_dpop_rules() {
+    use crate::support::broker::Opts;
+    let b = TestBroker::start();
+    let r = socket_get(&b, "GET", "/v1/info");
+    assert_eq!(r.status, 200, "{}", r.raw);
+    assert!(
+        r.header("content-type")
+            .unwrap()
+            .starts_with("application/json"),
+        "{}",
+        r.raw
+    );
+    let iss = b.issuer.as_str();
+    assert_eq!(
+        r.json(),
+        serde_json::json!({
+            "api_version": "1",
+            "broker_version": env!("CARGO_PKG_VERSION"),
+            "issuer": iss,
+            "derive_htu": format!("{iss}/v1/derive"),
+            "token_htu": format!("{iss}/token"),
+            "dpop_signing_alg_values_supported": ["ES256"],
+            "dpop_nonce_required": false,
+        })
+    );
+    let head = socket_get(&b, "HEAD", "/v1/info");
+    assert_eq!(head.status, 200, "{}", head.raw);
+    assert!(head.body.is_empty(), "{}", head.raw);
+    // Another method is refused with the methods it takes.
+    let post = b.http(
+        b"POST /v1/info HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+    );
+    assert_eq!(post.status, 405, "{}", post.raw);
+    assert_eq!(post.header("allow"), Some("GET, HEAD"));
+    // A broker that requires nonces says so.
+    let strict = TestBroker::start_with(Opts {
+        extra_config: "\n[dpop]\nrequire_nonce = true\n".into(),
+        ..Opts::default()
+    });
+    let r = socket_get(&strict, "GET", "/v1/info");
+    assert_eq!(r.status, 200, "{}", r.raw);
+    assert_eq!(r.json()["dpop_nonce_required"], true, "{}", r.raw);
+}

@@ -81,6 +81,64 @@ fn with_delay_zero(t: String) -> String {
     t.replace("[keys]\n", "[keys]\nactivation_delay = 0\n")
 }
 
+/// A scheduled rotation activates in a running broker, without a restart,
+/// on the key ring's tick once `[keys] activation_delay` has passed: until
+/// then the new key is only published. The tick is a quarter of the delay
+/// (at least 1 s, at most 30 s: `server::key_refresh_period`), so with a 4 s
+/// delay the key is active within a second or so of falling due; with the
+/// 30 s housekeeping tick alone it took up to 30 s.
+#[tokio::test]
+async fn scheduled_rotation_activates_on_the_tick_of_a_running_broker() {
+    const DELAY: u64 = 4;
+    let b = TestBroker::start_with(Opts {
+        edit_config: Some(|t| t.replace("[keys]\n", "[keys]\nactivation_delay = 4\n")),
+        ..Opts::default()
+    });
+    let kid_of = |token: &str| jose::parse(token, 8 * 1024).unwrap().header.kid.unwrap();
+    let old = status(&b)["active_kid"].as_str().unwrap().to_owned();
+    let (code, out) = b.admin_post("/keys/rotate", "").unwrap();
+    let rotated = std::time::Instant::now();
+    assert_eq!(code, 200, "{out}");
+    let next = serde_json::from_str::<serde_json::Value>(&out).unwrap()["kid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(next, old);
+    assert!(kids(&b.jwks().await).contains(&next), "published at once");
+    // Before the delay the old key still signs.
+    let early = b.derive_ok(&key()).await;
+    if rotated.elapsed() < Duration::from_secs(DELAY - 1) {
+        assert_eq!(kid_of(early.access_token.expose()), old, "activated early");
+        assert_eq!(status(&b)["active_kid"], old.as_str());
+    }
+    // Polled, with a deadline of the delay plus two ticks plus a slack
+    // far below the 30 s that the housekeeping tick would take.
+    let deadline = Duration::from_secs(DELAY + 2 + 6);
+    while status(&b)["active_kid"] != next.as_str() {
+        assert!(
+            rotated.elapsed() < deadline,
+            "the key scheduled {DELAY} s ahead was not active after {:?}",
+            rotated.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        rotated.elapsed() >= Duration::from_secs(DELAY - 1),
+        "active after {:?}, before its {DELAY} s delay",
+        rotated.elapsed()
+    );
+    // Positive control: a token minted now is signed by the new key, and
+    // both it and the one signed before verify against the JWKS, which
+    // still publishes the old key.
+    let jwks = b.jwks().await;
+    let late = b.derive_ok(&key()).await;
+    assert_eq!(kid_of(late.access_token.expose()), next);
+    assert!(kids(&jwks).contains(&old), "the old key is still published");
+    assert!(verifies(late.access_token.expose(), &jwks));
+    assert!(verifies(early.access_token.expose(), &jwks));
+    assert!(b.log_text().contains("signing key now active"));
+}
+
 #[cfg(feature = "failpoints")]
 mod failpoints {
     use std::os::unix::process::ExitStatusExt;

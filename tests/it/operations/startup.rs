@@ -104,6 +104,62 @@ fn socket_directory_created_by_the_broker_and_unsafe_parent_refused() {
 }
 
 #[test]
+fn socket_path_on_a_read_only_file_system_names_file_key_and_cause() {
+    let (dir, config) = prepare(&Opts::default());
+    // Outside the broker's directory, so the broker's files are removed
+    // before the file system is unmounted.
+    let mnt = tempfile::tempdir().unwrap();
+    let Some(fs) = Tmpfs::mount_with(&mnt.path().join("ro"), "size=64k,mode=0755") else {
+        not_shown(
+            "a socket path on a read-only file system",
+            "cannot mount a tmpfs here (needs root)",
+        );
+        return;
+    };
+    std::fs::create_dir(fs.0.join("run")).unwrap();
+    std::fs::set_permissions(fs.0.join("run"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    fs.set_read_only(true);
+    // The socket's directory exists on the read-only file system (binding
+    // fails), and one that does not yet (creating it fails).
+    for sock in [
+        fs.0.join("run/credbroker.sock"),
+        fs.0.join("new/credbroker.sock"),
+    ] {
+        let sock = sock.display();
+        let text = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(
+            &config,
+            text.replacen(
+                "path = \"credbroker.sock\"",
+                &format!("path = \"{sock}\""),
+                1,
+            ),
+        )
+        .unwrap();
+        let err = refused(&config);
+        assert!(
+            err.contains(&config.display().to_string())
+                && err.contains("socket.path")
+                && err.contains("Read-only file system"),
+            "{sock}: {err}"
+        );
+        assert!(!dir.path().join("data").exists(), "{sock}: {err}");
+        assert!(!fs.0.join("new").exists());
+        std::fs::write(&config, text).unwrap();
+    }
+    // Positive control: the same path, writable again, serves.
+    fs.set_read_only(false);
+    set_key(
+        &config,
+        "path = \"credbroker.sock\"",
+        &format!("path = \"{}\"", fs.0.join("run/credbroker.sock").display()),
+    );
+    let mut b = TestBroker::spawn(dir, config, None);
+    assert!(b.socket.starts_with(&fs.0) && b.socket.exists() && b.is_running());
+    b.stop();
+}
+
+#[test]
 fn master_key_of_the_wrong_length_names_file_and_key() {
     let (dir, config) = prepare(&Opts::default());
     let key = dir.path().join("keys/master.key");
@@ -133,10 +189,15 @@ fn missing_jwks_file_names_the_config_file_and_the_key() {
             && err.contains(&jwks.display().to_string()),
         "{err}"
     );
-    // Positive control: with the file back, the same config serves.
+    // Refused before the store is opened: no store directory, so no key
+    // ring was created for a start that could not serve.
+    assert!(!dir.path().join("data").exists(), "{err}");
+    // Positive control: with the file back, the same config serves, and
+    // now the store and its key ring exist.
     std::fs::write(&jwks, kept).unwrap();
     let mut b = TestBroker::spawn(dir, config, None);
     assert!(b.socket.exists() && b.is_running());
+    assert!(b.path("data").is_dir());
 }
 
 #[test]

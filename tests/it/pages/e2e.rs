@@ -28,7 +28,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::support::browser::Browsers;
-use crate::support::oidc::{secret_file, OidcPeer};
+use crate::support::oidc::secret_file;
 use crate::support::services::{issued, refused, ProviderOpts, ServiceEnv, SERVICE};
 use crate::support::{free_loopback_addr, key, NodePeer};
 use credbroker::client::{Answer, DeriveParams, Refusal};
@@ -724,41 +724,12 @@ async fn quick_start_local_accounts_forwarded_links_connect_account_page_and_rep
 /// process so that the broker's clock can be moved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_stale_sign_in_reconnect_as_another_account_and_expired_code() {
-    use crate::support::pages::{PagesServer, Setup};
-    let addr = free_loopback_addr();
-    let base = format!("http://{addr}");
-    let mut r = [0u8; 12];
-    aws_lc_rs::rand::fill(&mut r).unwrap();
-    let client_secret = format!("client-secret-canary-{}", hex::encode(r));
-    let peer = OidcPeer::start(&client_secret, &format!("{base}/callback/acme"));
-    let secrets = tempfile::tempdir().unwrap();
-    let secret = secret_file(secrets.path(), "acme.secret", &client_secret);
-    let policy = secrets.path().join("policy.toml");
-    std::fs::write(&policy, crate::support::services::policy()).unwrap();
-    let provider = format!(
-        r#"
-[providers.acme]
-display_name = "Acme"
-issuer = "{issuer}"
-client_id = "{client}"
-client_secret_file = "{secret}"
-scopes = ["openid", "profile", "read:org"]
-"#,
-        issuer = peer.issuer,
-        client = crate::support::oidc::CLIENT_ID,
-        secret = secret.display(),
-    );
-    let policy_line = format!("policy = \"{}\"", policy.display());
-    let s = PagesServer::start_with(Setup {
-        listen: Some(addr.parse().unwrap()),
-        real_services: true,
-        edit_config: Some(std::sync::Arc::new(move |text: String| {
-            assert!(text.contains("policy = \"policy.toml\""));
-            text.replace("policy = \"policy.toml\"", &policy_line) + &provider
-        })),
-        ..Setup::default()
-    })
-    .await;
+    let crate::support::pages::RealServices {
+        s,
+        peer,
+        base,
+        _secrets,
+    } = crate::support::pages::real_services_world().await;
     s.add_user("alice", ALICE_PW);
     let alice = s.person("alice");
     let client = credbroker::client::Client::new(&s.inst.broker.config.socket.path, &s.issuer);

@@ -21,65 +21,13 @@ use credbroker::client::{Answer, DeriveParams};
 use credbroker::internals::clock::Clock;
 use credbroker::internals::store::Tree;
 
-use crate::support::oidc::{secret_file, OidcPeer};
-use crate::support::pages::{PagesServer, Setup};
+use crate::support::pages::{real_services_world as world, RealServices};
 use crate::support::services::{hidden, location, open_signed_in, refused, SERVICE};
 use crate::support::*;
 
 const PW: &str = "a long local test password";
 
-struct World {
-    s: PagesServer,
-    peer: OidcPeer,
-    base: String,
-    _secrets: tempfile::TempDir,
-}
-
-async fn world() -> World {
-    let addr = free_loopback_addr();
-    let base = format!("http://{addr}");
-    let client_secret = format!(
-        "client-secret-canary-{}",
-        hex::encode(crate::support::random_bytes(12))
-    );
-    let peer = OidcPeer::start(&client_secret, &format!("{base}/callback/acme"));
-    let secrets = tempfile::tempdir().unwrap();
-    let secret = secret_file(secrets.path(), "acme.secret", &client_secret);
-    let policy = secrets.path().join("policy.toml");
-    std::fs::write(&policy, crate::support::services::policy()).unwrap();
-    let provider = format!(
-        r#"
-[providers.acme]
-display_name = "Acme"
-issuer = "{issuer}"
-client_id = "{client}"
-client_secret_file = "{secret}"
-scopes = ["openid", "profile", "read:org"]
-"#,
-        issuer = peer.issuer,
-        client = crate::support::oidc::CLIENT_ID,
-        secret = secret.display(),
-    );
-    let policy_line = format!("policy = \"{}\"", policy.display());
-    let s = PagesServer::start_with(Setup {
-        listen: Some(addr.parse().unwrap()),
-        real_services: true,
-        edit_config: Some(std::sync::Arc::new(move |text: String| {
-            assert!(text.contains("policy = \"policy.toml\""));
-            text.replace("policy = \"policy.toml\"", &policy_line) + &provider
-        })),
-        ..Setup::default()
-    })
-    .await;
-    World {
-        s,
-        peer,
-        base,
-        _secrets: secrets,
-    }
-}
-
-impl World {
+impl RealServices {
     /// A derive by `sub`'s agent for `tool`, at the instance's (moved) time.
     async fn derive(&self, sub: &str, tool: &str) -> Answer {
         let now = self.s.clock.now();
@@ -178,7 +126,7 @@ impl World {
 }
 
 /// Status and body of `GET /connect/{code}` for a browser without a session.
-async fn get(w: &World, code: &str) -> (u16, bytes::Bytes) {
+async fn get(w: &RealServices, code: &str) -> (u16, bytes::Bytes) {
     let r = w
         .browser()
         .get(format!("{}/connect/{code}", w.base))

@@ -161,6 +161,7 @@ fn github(base: &str, dir: &std::path::Path) -> Provider {
         timeout: Duration::from_secs(5),
         grant_endpoint: Some(format!("{base}/applications/{CLIENT_ID}/grant")),
         recheck_unexpiring_token_after: Duration::from_secs(3600),
+        api_base: None,
     })
     .unwrap()
 }

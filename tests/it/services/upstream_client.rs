@@ -36,6 +36,7 @@ fn config(peer: &OidcPeer, dir: &std::path::Path, timeout: Duration) -> Provider
         timeout,
         grant_endpoint: None,
         recheck_unexpiring_token_after: Duration::from_secs(3600),
+        api_base: None,
     }
 }
 
@@ -272,6 +273,7 @@ fn client_secret_file_readable_by_others_is_refused() {
         timeout: Duration::from_secs(1),
         grant_endpoint: None,
         recheck_unexpiring_token_after: Duration::from_secs(3600),
+        api_base: None,
     };
     let path = cfg.client_secret_file.clone().unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();

@@ -116,6 +116,7 @@ fn provider(peer: &OidcPeer, dir: &std::path::Path) -> Provider {
         timeout: Duration::from_secs(3),
         grant_endpoint: None,
         recheck_unexpiring_token_after: Duration::from_secs(3600),
+        api_base: None,
     })
     .unwrap()
 }

@@ -199,6 +199,35 @@ pub(crate) fn python_client(dir: &Path, token: &str, mut spec: Value) -> Value {
         .unwrap_or_else(|_| panic!("Python client printed {stdout}\n{stderr}"))
 }
 
+/// Checks what `mcp_client.py`'s `poll_expiry` run returned for a
+/// requestState of `ttl` seconds: the first call asks for input, every
+/// retry while the state lives is accepted (and asks again), and the last
+/// is refused as an invalid or expired requestState, no earlier than the
+/// lifetime less a second (the states carry whole seconds). Returns how
+/// many retries were accepted, each of which reached the broker.
+pub(crate) fn polled_expiry(out: &Value, ttl: f64) -> usize {
+    let calls = out["calls"].as_array().unwrap();
+    assert_eq!(calls[0]["result"]["resultType"], "input_required", "{out}");
+    let (refused, accepted) = calls[1..].split_last().unwrap();
+    assert!(!accepted.is_empty(), "the state was never accepted: {out}");
+    for a in accepted {
+        assert_eq!(a["attempt"], "genuine");
+        assert_eq!(a["result"]["resultType"], "input_required", "{out}");
+    }
+    assert_eq!(refused["attempt"], "genuine");
+    assert_eq!(refused["error"]["code"], -32602, "{out}");
+    assert_eq!(
+        refused["error"]["message"],
+        "Invalid or expired requestState"
+    );
+    let at = refused["elapsed"].as_f64().unwrap();
+    assert!(
+        at >= ttl - 1.0,
+        "refused after {at} s, before its {ttl} s lifetime: {out}"
+    );
+    accepted.len()
+}
+
 /// One request the repository API received.
 #[derive(Debug, Clone)]
 pub(crate) struct ApiHit {
@@ -247,6 +276,59 @@ impl RepoApi {
     /// userinfo endpoint), given the headers and the full URL.
     pub(crate) async fn start_async(path: &str, check: Arc<AsyncCheck>) -> RepoApi {
         RepoApi::serve(path, Checker::Async(check)).await
+    }
+
+    /// `/user/repos` believing a token only when the provider's userinfo
+    /// endpoint (`{issuer}/me`) does, and listing the repositories of that
+    /// provider account (its `sub`).
+    pub(crate) async fn provider_checked(issuer: &str) -> RepoApi {
+        let userinfo = format!("{issuer}/me");
+        RepoApi::start_async(
+            "/user/repos",
+            Arc::new(move |headers: http::HeaderMap, _url| {
+                let userinfo = userinfo.clone();
+                Box::pin(async move {
+                    let auth = headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .ok_or("no token")?
+                        .to_owned();
+                    let r = reqwest::Client::new()
+                        .get(&userinfo)
+                        .header("authorization", auth)
+                        .send()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    if !r.status().is_success() {
+                        return Err(format!("provider says {}", r.status()));
+                    }
+                    let me: Value = r.json().await.map_err(|e| e.to_string())?;
+                    me["sub"]
+                        .as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| "no sub".into())
+                })
+            }),
+        )
+        .await
+    }
+
+    /// `/user/repos` that puts the caller's bearer token into its answer
+    /// (an API that echoes the token, which the MCP server must withhold).
+    pub(crate) async fn token_echoing() -> RepoApi {
+        RepoApi::start(
+            "/user/repos",
+            Arc::new(|req, _| {
+                let auth = req
+                    .headers()
+                    .get("authorization")
+                    .unwrap()
+                    .to_str()
+                    .unwrap();
+                Ok(auth.trim_start_matches("Bearer ").to_owned())
+            }),
+        )
+        .await
     }
 
     async fn serve(path: &str, check: Checker) -> RepoApi {

@@ -43,6 +43,15 @@ pub(crate) fn wait_until(timeout: Duration, what: &str, mut f: impl FnMut() -> b
     }
 }
 
+/// The slack a time bound gets on this machine: four times a baseline
+/// measured in the same test (the same work without the wait the bound is
+/// about, on the same broker), and at least 1 s. A loaded machine that
+/// makes the baseline slow widens the bound with it; a regression that
+/// waits for a timeout or never finishes still lands past it.
+pub(crate) fn slack(baseline: Duration) -> Duration {
+    std::cmp::max(Duration::from_secs(1), 4 * baseline)
+}
+
 /// Whether this run is CI's (`CI=true`), where nothing may be skipped.
 pub(crate) fn under_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
@@ -58,6 +67,53 @@ pub(crate) fn not_shown(what: &str, why: &str) {
         "CI=true and this cannot be shown here ({why}): {what}"
     );
     eprintln!("NOT SHOWN ({why}): {what}");
+}
+
+/// A size-limited tmpfs mounted at a directory (created), unmounted on
+/// drop: a disk that fills up, or a file system that turns read-only.
+pub(crate) struct Tmpfs(pub(crate) std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts one of `size` (mode 0700) at `dir`, or `None` where mounting
+    /// is not allowed (not root, or no mount namespace for it).
+    pub(crate) fn mount(dir: &std::path::Path, size: &str) -> Option<Tmpfs> {
+        Tmpfs::mount_with(dir, &format!("size={size},mode=0700"))
+    }
+
+    /// Mounts one with the `mount -o` options `opts`.
+    pub(crate) fn mount_with(dir: &std::path::Path, opts: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir.to_path_buf()))
+    }
+
+    /// Remounts it read-only, or writable again; panics if that fails.
+    pub(crate) fn set_read_only(&self, read_only: bool) {
+        let opts = if read_only {
+            "remount,ro"
+        } else {
+            "remount,rw"
+        };
+        let status = std::process::Command::new("mount")
+            .args(["-o", opts])
+            .arg(&self.0)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -o {opts} {}", self.0.display());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
 }
 
 /// Runs the timing-sensitive tests one at a time within this binary:

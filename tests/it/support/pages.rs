@@ -509,6 +509,65 @@ impl Default for Setup {
     }
 }
 
+/// An in-process instance with its real connected-services side and one
+/// provider, `acme`, played by oidc-provider (tests/peers/oauth-service.mjs,
+/// which requires PKCE) on a loopback port the pages know before they
+/// start; the policy is `services::policy()`.
+pub(crate) struct RealServices {
+    pub s: PagesServer,
+    pub peer: crate::support::oidc::OidcPeer,
+    /// The pages' base URL (`http://127.0.0.1:port`).
+    pub base: String,
+    /// The client secret and policy files, kept while the instance runs.
+    pub _secrets: tempfile::TempDir,
+}
+
+/// Starts a [`RealServices`].
+pub(crate) async fn real_services_world() -> RealServices {
+    use crate::support::oidc::{secret_file, OidcPeer};
+    let addr = crate::support::free_loopback_addr();
+    let base = format!("http://{addr}");
+    let client_secret = format!(
+        "client-secret-canary-{}",
+        hex::encode(crate::support::random_bytes(12))
+    );
+    let peer = OidcPeer::start(&client_secret, &format!("{base}/callback/acme"));
+    let secrets = tempfile::tempdir().unwrap();
+    let secret = secret_file(secrets.path(), "acme.secret", &client_secret);
+    let policy = secrets.path().join("policy.toml");
+    std::fs::write(&policy, crate::support::services::policy()).unwrap();
+    let provider = format!(
+        r#"
+[providers.acme]
+display_name = "Acme"
+issuer = "{issuer}"
+client_id = "{client}"
+client_secret_file = "{secret}"
+scopes = ["openid", "profile", "read:org"]
+"#,
+        issuer = peer.issuer,
+        client = crate::support::oidc::CLIENT_ID,
+        secret = secret.display(),
+    );
+    let policy_line = format!("policy = \"{}\"", policy.display());
+    let s = PagesServer::start_with(Setup {
+        listen: Some(addr.parse().unwrap()),
+        real_services: true,
+        edit_config: Some(Arc::new(move |text: String| {
+            assert!(text.contains("policy = \"policy.toml\""));
+            text.replace("policy = \"policy.toml\"", &policy_line) + &provider
+        })),
+        ..Setup::default()
+    })
+    .await;
+    RealServices {
+        s,
+        peer,
+        base,
+        _secrets: secrets,
+    }
+}
+
 /// An instance running in this process.
 pub(crate) struct PagesServer {
     pub dir: tempfile::TempDir,

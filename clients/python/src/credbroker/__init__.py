@@ -1,0 +1,53 @@
+"""credbroker's Python client.
+
+- :class:`Broker` / :class:`AsyncBroker`: derive a token for one tool call
+  over the broker's Unix socket (``GET /v1/info`` tells them the rest);
+- :class:`ToolKey`: the tool's DPoP key and its proofs;
+- :class:`DPoPAuth`: an ``httpx.Auth`` that sends the token with a fresh
+  proof on every request;
+- :mod:`credbroker.errors`: the refusals, typed;
+- :mod:`credbroker.verify`: for resource servers, the token and proof checks;
+- :mod:`credbroker.mcp`: a link refusal as an MCP answer (extra ``mcp``).
+
+It speaks the broker's socket API version :data:`API_VERSION`.
+"""
+
+from .auth import DPoPAuth, NotSenderConstrained
+from .broker import API_VERSION, AsyncBroker, Broker, Info, Issued
+from .errors import (
+    AccessDenied,
+    BrokerNotRunning,
+    CredbrokerError,
+    IncompatibleBroker,
+    InvalidRequest,
+    Link,
+    LinkRequired,
+    RateLimited,
+    Refused,
+    Unavailable,
+    UnexpectedAnswer,
+)
+from .key import KeyFileError, ToolKey
+
+__all__ = [
+    "API_VERSION",
+    "AccessDenied",
+    "AsyncBroker",
+    "Broker",
+    "BrokerNotRunning",
+    "CredbrokerError",
+    "DPoPAuth",
+    "IncompatibleBroker",
+    "Info",
+    "InvalidRequest",
+    "Issued",
+    "KeyFileError",
+    "Link",
+    "LinkRequired",
+    "NotSenderConstrained",
+    "RateLimited",
+    "Refused",
+    "ToolKey",
+    "Unavailable",
+    "UnexpectedAnswer",
+]

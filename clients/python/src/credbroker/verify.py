@@ -1,0 +1,377 @@
+"""For resource servers written in Python: verify a credbroker token and its
+DPoP proof, with the checks of ``docs/RESOURCE-SERVERS.md`` in their order.
+
+Signatures are checked by ``joserfc``; what a generic JOSE library does not
+do (the header allow-lists, ``htm``/``htu``/``iat``/``ath``, the key binding
+and the replay cache) is here. Time comes from an injectable clock::
+
+    verifier = Verifier.from_issuer("https://broker.example", "https://notes.example/notes")
+    who = verifier.verify("GET", "https://notes.example/notes?page=2",
+                          request.headers.get("authorization"),
+                          request.headers.get_list("dpop"))
+
+On :class:`VerifyError`, answer ``e.status`` with ``WWW-Authenticate:
+e.challenge()``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from joserfc import jws
+from joserfc.errors import JoseError
+from joserfc.jwk import ECKey
+
+from .errors import CredbrokerError
+from .key import ath as ath_of
+
+MAX_TOKEN = 8 * 1024
+MAX_PROOF = 4 * 1024
+MAX_KEYS_DOCUMENT = 64 * 1024
+#: Clock skew allowed on the token's ``exp``/``iat``, in seconds.
+SKEW = 5
+#: How far a proof's ``iat`` may be from now, either way, in seconds.
+PROOF_WINDOW = 60
+#: The least time between two JWKS fetches caused by unknown ``kid``s.
+REFRESH_INTERVAL = 60.0
+
+_B64URL = re.compile(r"^[A-Za-z0-9_-]*$")
+
+
+class VerifyError(CredbrokerError):
+    """Why a request is not authenticated. ``code`` is the
+    ``WWW-Authenticate`` error (``invalid_token``, ``invalid_dpop_proof``,
+    ``use_dpop_nonce``), ``missing`` (no ``Authorization`` at all: the
+    challenge names no error), or ``keys_unavailable`` (answer 503: the
+    token may be fine)."""
+
+    def __init__(self, code: str, description: str) -> None:
+        super().__init__(f"{code}: {description}")
+        self.code = code
+        self.description = description
+
+    @property
+    def status(self) -> int:
+        """The HTTP status to answer with."""
+        return 503 if self.code == "keys_unavailable" else 401
+
+    def challenge(self) -> str | None:
+        """The ``WWW-Authenticate`` value (none for 503)."""
+        if self.code == "keys_unavailable":
+            return None
+        if self.code == "missing":
+            return 'DPoP algs="ES256"'
+        return f'DPoP error="{self.code}", algs="ES256"'
+
+
+def _token(d: str) -> VerifyError:
+    return VerifyError("invalid_token", d)
+
+
+def _proof(d: str) -> VerifyError:
+    return VerifyError("invalid_dpop_proof", d)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who the request is for: the person is (``subject_iss``, ``sub``);
+    ``subject_iss`` is absent only from tokens of brokers that predate it."""
+
+    subject_iss: str | None
+    sub: str
+    agent: str
+    tool: str | None
+    scopes: tuple[str, ...]
+    jkt: str
+    exp: int
+
+
+def _b64(part: str, err: Callable[[str], VerifyError], what: str) -> bytes:
+    if not _B64URL.match(part):
+        raise err(f"{what} is not base64url")
+    try:
+        return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+    except (ValueError, binascii.Error):
+        raise err(f"{what} is not base64url") from None
+
+
+def _split(
+    compact: str, err: Callable[[str], VerifyError], what: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    parts = compact.split(".")
+    if len(parts) != 3:
+        raise err(f"the {what} is not a compact JWS")
+    try:
+        header = json.loads(_b64(parts[0], err, f"the {what} header"))
+        claims = json.loads(_b64(parts[1], err, f"the {what} payload"))
+    except ValueError:
+        raise err(f"the {what} header or payload is not JSON") from None
+    if not isinstance(header, dict) or not isinstance(claims, dict):
+        raise err(f"the {what} header or payload is not a JSON object")
+    _b64(parts[2], err, f"the {what} signature")
+    return header, claims
+
+
+def _signed_by(compact: str, key: ECKey, err: Callable[[str], VerifyError], what: str) -> None:
+    try:
+        jws.deserialize_compact(compact, key, algorithms=["ES256"])
+    except JoseError:
+        raise err(f"the {what} signature does not verify") from None
+
+
+def _normal_url(url: str) -> tuple[str, str, int | None, str]:
+    p = urlsplit(url)
+    scheme = p.scheme.lower()
+    try:
+        port = p.port
+    except ValueError:
+        raise _proof("htu is not a URL") from None
+    if (scheme, port) in (("http", 80), ("https", 443)):
+        port = None
+    return scheme, (p.hostname or ""), port, p.path or "/"
+
+
+class ReplayCache:
+    """The (``jkt``, ``jti``) pairs seen in the proof window. Full means
+    refuse: a proof is never let through unchecked."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._seen: dict[tuple[str, str], float] = {}
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def check_and_record(self, jkt: str, jti: str, now: float, keep_until: float) -> None:
+        with self._lock:
+            if (jkt, jti) in self._seen and self._seen[(jkt, jti)] >= now:
+                raise _proof("the proof was used before (replay)")
+            if len(self._seen) >= self._capacity:
+                self._seen = {k: t for k, t in self._seen.items() if t >= now}
+            if len(self._seen) >= self._capacity:
+                raise VerifyError(
+                    "keys_unavailable", "the DPoP replay cache is full; retry shortly"
+                )
+            self._seen[(jkt, jti)] = keep_until
+
+
+class Verifier:
+    """Verifies requests for one audience (your resource URI) from one
+    issuer. ``clock`` returns seconds since the epoch (tests inject one)."""
+
+    def __init__(
+        self,
+        issuer: str,
+        audience: str,
+        jwks: dict[str, Any],
+        *,
+        clock: Callable[[], float] = time.time,
+        replay: ReplayCache | None = None,
+        fetch_jwks: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.issuer = issuer
+        self.audience = audience
+        self._clock = clock
+        self._replay = replay or ReplayCache()
+        self._fetch = fetch_jwks
+        self._last_fetch = float("-inf")
+        self._keys = self._keys_of(jwks)
+
+    @staticmethod
+    def _keys_of(jwks: dict[str, Any]) -> dict[str, ECKey]:
+        keys: dict[str, ECKey] = {}
+        entries = jwks.get("keys") if isinstance(jwks, dict) else None
+        if not isinstance(entries, list):
+            raise VerifyError("keys_unavailable", "the JWKS has no keys list")
+        for k in entries:
+            if not isinstance(k, dict) or k.get("kty") != "EC" or k.get("crv") != "P-256":
+                continue
+            if k.get("alg", "ES256") != "ES256" or "d" in k or not isinstance(k.get("kid"), str):
+                continue
+            try:
+                keys[k["kid"]] = ECKey.import_key({n: k[n] for n in ("kty", "crv", "x", "y")})
+            except (JoseError, KeyError, ValueError):
+                continue
+        return keys
+
+    @classmethod
+    def from_issuer(
+        cls,
+        issuer: str,
+        audience: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        http: httpx.Client | None = None,
+    ) -> Verifier:
+        """Reads the issuer's RFC 8414 metadata (its ``issuer`` must be
+        ``issuer`` exactly) and the JWKS it names; unknown ``kid``s refetch
+        the JWKS, at most once a minute."""
+        client = http or httpx.Client(timeout=10.0)
+
+        def get(url: str) -> dict[str, Any]:
+            try:
+                r = client.get(url)
+            except httpx.HTTPError as e:
+                raise VerifyError("keys_unavailable", f"{url}: {type(e).__name__}") from None
+            if r.status_code != 200 or len(r.content) > MAX_KEYS_DOCUMENT:
+                raise VerifyError("keys_unavailable", f"{url}: HTTP {r.status_code}")
+            try:
+                doc = r.json()
+            except ValueError:
+                raise VerifyError("keys_unavailable", f"{url}: not JSON") from None
+            if not isinstance(doc, dict):
+                raise VerifyError("keys_unavailable", f"{url}: not a JSON object")
+            return doc
+
+        meta = get(f"{issuer}/.well-known/oauth-authorization-server")
+        if meta.get("issuer") != issuer:
+            raise VerifyError(
+                "keys_unavailable", f"the metadata names another issuer than {issuer}"
+            )
+        jwks_uri = meta.get("jwks_uri")
+        if not isinstance(jwks_uri, str):
+            raise VerifyError("keys_unavailable", "the metadata has no jwks_uri")
+        return cls(issuer, audience, get(jwks_uri), clock=clock, fetch_jwks=lambda: get(jwks_uri))
+
+    def _key(self, kid: str) -> ECKey:
+        key = self._keys.get(kid)
+        now = self._clock()
+        if key is None and self._fetch is not None and now - self._last_fetch >= REFRESH_INTERVAL:
+            self._last_fetch = now
+            self._keys = self._keys_of(self._fetch())
+            key = self._keys.get(kid)
+        if key is None:
+            raise _token("the token names a key the issuer does not publish")
+        return key
+
+    def verify(
+        self,
+        method: str,
+        url: str,
+        authorization: str | None,
+        dpop: Sequence[str],
+        *,
+        nonce: Callable[[str], bool] | None = None,
+    ) -> Principal:
+        """Checks one request. ``url`` is your configured public URL plus the
+        request's path (and query, ignored), never built from ``Host``;
+        ``dpop`` is every ``DPoP`` header value the request carried.
+
+        With ``nonce`` (RFC 9449 section 9), the proof must carry a ``nonce``
+        for which it returns true; otherwise the error is ``use_dpop_nonce``:
+        answer 401 with ``e.challenge()`` and a fresh ``DPoP-Nonce`` header."""
+        now = self._clock()
+        # 1, 2: the request.
+        if authorization is None:
+            raise VerifyError("missing", "no Authorization header")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "dpop":
+            raise _token("the token is DPoP-bound; the Authorization scheme must be DPoP")
+        token = token.strip()
+        if not token or len(token) > MAX_TOKEN:
+            raise _token("the token is empty or larger than 8 KiB")
+        header, claims = _split(token, _token, "token")
+        # 3: the header, against allow-lists.
+        # typ compares case-insensitively (RFC 7515 section 4.1.9), as in Rust.
+        typ = header.get("typ")
+        if not isinstance(typ, str) or typ.lower() != "at+jwt":
+            raise _token("typ is not at+jwt")
+        if header.get("alg") != "ES256":
+            raise _token("alg is not ES256")
+        if "crit" in header:
+            raise _token("unknown crit")
+        kid = header.get("kid")
+        if not isinstance(kid, str):
+            raise _token("no kid")
+        # 4, 5: key and signature.
+        _signed_by(token, self._key(kid), _token, "token")
+        # 6: claim types.
+        iss, sub, aud = claims.get("iss"), claims.get("sub"), claims.get("aud")
+        iat, exp, subject_iss = claims.get("iat"), claims.get("exp"), claims.get("subject_iss")
+        cnf, act = claims.get("cnf"), claims.get("act")
+        scope = claims.get("scope", "")
+        jkt = cnf.get("jkt") if isinstance(cnf, dict) else None
+        agent = act.get("sub") if isinstance(act, dict) else None
+        tool = act.get("tool") if isinstance(act, dict) else None
+        token_jti = claims.get("jti")
+        if not all(isinstance(v, str) for v in (iss, sub, aud, token_jti, jkt, agent, scope)):
+            raise _token("iss, sub, aud, jti, cnf.jkt, act.sub or scope is missing or not a string")
+        if subject_iss is not None and not isinstance(subject_iss, str):
+            raise _token("subject_iss is not a string")
+        if not all(type(v) is int for v in (iat, exp)):
+            raise _token("iat or exp is not an integer")
+        if tool is not None and not isinstance(tool, str):
+            raise _token("act.tool is not a string")
+        assert isinstance(iat, int) and isinstance(exp, int)  # noqa: S101 - narrowed above
+        assert isinstance(jkt, str) and isinstance(scope, str)  # noqa: S101 - narrowed above
+        # 7, 8, 9: issuer, audience, time.
+        if iss != self.issuer:
+            raise _token("the token is from another issuer")
+        if aud != self.audience:
+            raise _token("the token is for another audience")
+        if now >= exp + SKEW:
+            raise _token("the token has expired")
+        if iat > now + SKEW:
+            raise _token("the token is issued in the future")
+        # 10, 11: one proof, its header and signature.
+        if len(dpop) != 1:
+            raise _proof("exactly one DPoP header is needed")
+        proof = dpop[0]
+        if len(proof) > MAX_PROOF:
+            raise _proof("the proof is larger than 4 KiB")
+        ph, pc = _split(proof, _proof, "proof")
+        if ph.get("typ") != "dpop+jwt" or ph.get("alg") != "ES256" or "crit" in ph:
+            raise _proof("the proof header must have typ dpop+jwt, alg ES256 and no crit")
+        jwk = ph.get("jwk")
+        if (
+            not isinstance(jwk, dict)
+            or "d" in jwk
+            or jwk.get("kty") != "EC"
+            or jwk.get("crv") != "P-256"
+        ):
+            raise _proof("the proof's jwk is not a public EC P-256 key")
+        try:
+            pkey = ECKey.import_key({n: jwk[n] for n in ("kty", "crv", "x", "y")})
+        except (JoseError, KeyError, ValueError, TypeError):
+            raise _proof("the proof's jwk is not a usable key") from None
+        _signed_by(proof, pkey, _proof, "proof")
+        # 12-16: the proof's claims.
+        jti, htm, htu, piat = pc.get("jti"), pc.get("htm"), pc.get("htu"), pc.get("iat")
+        if (
+            not (isinstance(jti, str) and isinstance(htm, str) and isinstance(htu, str))
+            or type(piat) is not int
+        ):
+            raise _proof("jti, htm, htu (strings) and iat (integer) are required")
+        assert isinstance(piat, int)  # noqa: S101 - narrowed above
+        if htm != method:
+            raise _proof("htm is not the request method")
+        if _normal_url(htu) != _normal_url(url):
+            raise _proof("htu is not the request URL")
+        if abs(now - piat) > PROOF_WINDOW:
+            raise _proof("iat is too far from now")
+        if nonce is not None:
+            got = pc.get("nonce")
+            if not isinstance(got, str) or not nonce(got):
+                raise VerifyError("use_dpop_nonce", "a fresh server nonce is required")
+        want_ath = ath_of(token)
+        got_ath = pc.get("ath")
+        if not isinstance(got_ath, str) or not hmac.compare_digest(got_ath, want_ath):
+            raise _proof("ath does not match the token")
+        # 17: the key binding.
+        if not hmac.compare_digest(pkey.thumbprint(), jkt):
+            raise _proof("the proof is signed by another key than the token is bound to")
+        # 18: replay, recorded only now.
+        self._replay.check_and_record(jkt, jti, now, now + PROOF_WINDOW + SKEW)
+        assert subject_iss is None or isinstance(subject_iss, str)  # noqa: S101 - narrowed above
+        assert isinstance(sub, str)  # noqa: S101 - narrowed above
+        assert isinstance(agent, str)  # noqa: S101 - narrowed above
+        return Principal(subject_iss, sub, agent, tool, tuple(scope.split()), jkt, exp)

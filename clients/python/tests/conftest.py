@@ -1,0 +1,213 @@
+"""The real broker for the tests: the `credbroker` binary (debug or release,
+CREDBROKER_BIN, else target/debug/credbroker) set up by its own quick start
+in a temp directory, then served with the test's edits (a free port for the
+example resource server's audience, nonces, rate limits). One broker per test
+module (module-scoped fixtures), never per test: CI runs on two cores.
+
+Nothing here fakes the broker; the tests fail, not skip, when the binary
+is missing (scripts/test builds it first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def binary(name: str, env: str) -> Path:
+    p = Path(os.environ.get(env) or REPO / "target" / "debug" / name)
+    if not p.is_file():
+        pytest.fail(f"{p} is missing: build it first (cargo build, or set {env})")
+    return p
+
+
+def broker_bin() -> Path:
+    return binary("credbroker", "CREDBROKER_BIN")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def poll(what: str, ok: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
+def _socket_answers(path: Path) -> bool:
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), timeout=2.0) as c:
+            return c.get("http://credbroker/v1/info").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@dataclass
+class QuickstartBroker:
+    """A served quick-start directory."""
+
+    dir: Path
+    port: int
+    resource: str
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = self.dir / "broker.log"
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "credbroker.sock"
+
+    @property
+    def issuer(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def config(self) -> Path:
+        return self.dir / "credbroker.toml"
+
+    def serve(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(broker_bin()), "serve", "--config", str(self.config)],
+                stdout=log,
+                stderr=log,
+                env={**os.environ, "RUST_LOG": "info"},
+            )
+        poll(f"the broker answering on {self.socket}", lambda: self._ready())
+
+    def _ready(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"the broker exited: {self.log.read_text()[-3000:]}")
+        return _socket_answers(self.socket)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def subject_token(self, sub: str = "alice") -> str:
+        out = subprocess.run(
+            [str(broker_bin()), "subject-token", "--dir", str(self.dir), "--sub", sub],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return out.stdout.strip()
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def audit_text(self) -> str:
+        p = self.dir / "data" / "audit.jsonl"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+
+def start_broker(
+    tmp: Path,
+    *,
+    extra_config: str = "",
+    extra_policy: str = "",
+    resource_port: int | None = None,
+    broker_port: int | None = None,
+) -> QuickstartBroker:
+    """Runs `credbroker quickstart` once to write its files (stopped as soon
+    as it answers), applies the edits, then serves them."""
+    port = broker_port or free_port()
+    rport = resource_port or free_port()
+    d = tmp / "qs"
+    b = QuickstartBroker(d, port, f"http://127.0.0.1:{rport}/notes")
+    with open(tmp / "quickstart.log", "wb") as log:
+        qs = subprocess.Popen(
+            [str(broker_bin()), "quickstart", "--dir", str(d), "--listen", f"127.0.0.1:{port}"],
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        poll("the quick start answering", lambda: _socket_answers(d / "credbroker.sock"))
+    finally:
+        qs.send_signal(signal.SIGTERM)
+        qs.wait(timeout=10)
+    policy = d / "policy.toml"
+    policy.write_text(
+        policy.read_text().replace("http://127.0.0.1:9090/notes", b.resource) + extra_policy
+    )
+    with open(b.config, "a") as f:
+        f.write(extra_config)
+    b.serve()
+    return b
+
+
+@pytest.fixture(scope="module")
+def tmp_module() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="credbroker-py-") as t:
+        yield Path(t)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_module: Path) -> Iterator[QuickstartBroker]:
+    """A quick-start broker on its defaults (no nonces)."""
+    b = start_broker(tmp_module)
+    yield b
+    b.stop()
+
+
+@dataclass
+class ResourceServer:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+def start_resource_server(b: QuickstartBroker, tmp: Path) -> ResourceServer:
+    """examples/resource_server, for the broker's notes resource."""
+    exe = binary("examples/resource_server", "CREDBROKER_RESOURCE_SERVER_BIN")
+    listen = b.resource.removeprefix("http://").split("/", 1)[0]
+    log = tmp / "resource_server.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            [str(exe), "--listen", listen, "--issuer", b.issuer, "--audience", b.resource],
+            stdout=f,
+            stderr=f,
+        )
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"resource_server exited: {log.read_text()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", int(listen.split(":")[1])), 1):
+                return True
+        except OSError:
+            return False
+
+    poll("resource_server listening", up)
+    return ResourceServer(b.resource, proc, log)
+
+
+def read_json(path: Path) -> object:
+    return json.loads(path.read_text(encoding="utf-8"))

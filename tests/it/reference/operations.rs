@@ -1,0 +1,353 @@
+//! `docs/OPERATIONS.md` against the code: the metric table against the
+//! registry (names, types, labels), the event table against
+//! `events::Kind::ALL`, the field table against the fields an `Event`
+//! serializes, and the reload reasons against `app::reload::Refusal::ALL`,
+//! each in both directions.
+
+use std::collections::BTreeSet;
+
+use credbroker::internals::app::reload::Refusal;
+use credbroker::internals::events::{Event, Kind, Opaque, ProxyCall};
+use credbroker::internals::metrics::{MetricInfo, Metrics};
+
+use super::{only_code, read_doc, table_rows};
+
+/// The code spans of a cell (`` `a`, `b` ``), or none for `—`.
+fn spans(cell: &str) -> Vec<String> {
+    cell.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+/// A metric row of the page: name, type, labels.
+type DocMetric = (String, String, Vec<String>);
+
+fn doc_metrics(text: &str) -> Vec<DocMetric> {
+    table_rows(text, &["Metric", "Type", "Labels", "Meaning"])
+        .into_iter()
+        .map(|r| {
+            let name = only_code(&r[0])
+                .unwrap_or_else(|| panic!("a metric cell must be one code span: {r:?}"))
+                .to_string();
+            (name, r[1].clone(), spans(&r[2]))
+        })
+        .collect()
+}
+
+/// The first column of the tables headed `first`, each one code span.
+fn doc_names(text: &str, first: &str) -> Vec<String> {
+    table_rows(text, &[first])
+        .into_iter()
+        .map(|r| {
+            only_code(&r[0])
+                .unwrap_or_else(|| panic!("a {first} cell must be one code span: {r:?}"))
+                .to_string()
+        })
+        .collect()
+}
+
+fn compare_metrics(doc: &[DocMetric], code: &[MetricInfo]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for m in code {
+        match doc.iter().find(|d| d.0 == m.name) {
+            None => problems.push(format!(
+                "{}: registered, missing from docs/OPERATIONS.md",
+                m.name
+            )),
+            Some((_, kind, labels)) => {
+                if kind != m.kind {
+                    problems.push(format!(
+                        "{}: documented as {kind}, registered as {}",
+                        m.name, m.kind
+                    ));
+                }
+                if *labels != m.labels {
+                    problems.push(format!(
+                        "{}: documented labels {labels:?}, registered {:?}",
+                        m.name, m.labels
+                    ));
+                }
+            }
+        }
+    }
+    for d in doc {
+        if !code.iter().any(|m| m.name == d.0) {
+            problems.push(format!(
+                "{}: documented, but no such metric is registered",
+                d.0
+            ));
+        }
+    }
+    problems
+}
+
+fn compare_names(what: &str, doc: &[String], code: &BTreeSet<String>) -> Vec<String> {
+    let doc_set: BTreeSet<String> = doc.iter().cloned().collect();
+    let mut problems = Vec::new();
+    for n in code.difference(&doc_set) {
+        problems.push(format!(
+            "{n}: in the code ({what}), missing from docs/OPERATIONS.md"
+        ));
+    }
+    for n in doc_set.difference(code) {
+        problems.push(format!("{n}: documented ({what}), not in the code"));
+    }
+    if doc_set.len() != doc.len() {
+        problems.push(format!("a {what} is documented twice: {doc:?}"));
+    }
+    problems
+}
+
+/// Every field an event can carry, as serialized, and the members of
+/// `proxy`. The struct literals name every field without `..`, so a field
+/// added to `Event` or `ProxyCall` does not compile here until it is added
+/// (and then the page must list it).
+fn event_fields() -> BTreeSet<String> {
+    let e = Event {
+        time: 1,
+        event: Kind::DeriveIssued,
+        agent: "a",
+        person_iss: Some("a"),
+        person_sub: Some("a"),
+        step: Some("a"),
+        tool: Some("a"),
+        resource: Some("a"),
+        scope: Some("a"),
+        outcome: Some("a"),
+        reason: Some("a"),
+        policy_hash: Some("a"),
+        jti_sha256: Some("a".into()),
+        peer_uid: Some(1),
+        service: Some("a"),
+        connect_id: Some("a"),
+        opener_iss: Some("a"),
+        opener_sub: Some("a"),
+        client_addr: Some("a".into()),
+        narrowed: Some(true),
+        undeclared: Some(
+            [(
+                "step",
+                Opaque {
+                    len: 1,
+                    hmac_sha256: "a".into(),
+                },
+            )]
+            .into_iter()
+            .collect(),
+        ),
+        removed_bytes: Some(1),
+        kid: Some("a".into()),
+        proxy: Some(ProxyCall {
+            method: "GET",
+            route: Some("a"),
+            path_sha256: "a".into(),
+            upstream_status: Some(200),
+            bytes_up: Some(1),
+            bytes_down: Some(1),
+            duration_ms: Some(1),
+        }),
+    };
+    let serde_json::Value::Object(m) = serde_json::to_value(&e).unwrap() else {
+        panic!("an event is an object");
+    };
+    let mut fields = BTreeSet::new();
+    for (k, v) in m {
+        // A member that is an object of fixed members lists them as
+        // `field.member`; `undeclared` is keyed by request field names.
+        if let (serde_json::Value::Object(inner), false) = (&v, k == "undeclared") {
+            fields.extend(inner.keys().map(|i| format!("{k}.{i}")));
+        }
+        fields.insert(k);
+    }
+    fields
+}
+
+/// The metrics a registry renders once every labelled metric has a value:
+/// `# TYPE` lines, name and type.
+fn rendered(m: &Metrics) -> BTreeSet<(String, String)> {
+    m.derives
+        .with_label_values(&["issued", "none", "other"])
+        .inc();
+    m.latency.with_label_values(&["issued"]).observe(0.001);
+    m.policy_info.set_only("hash");
+    m.rate_limited.with_label_values(&["peer"]).inc();
+    m.connections_refused
+        .with_label_values(&["api", "uid"])
+        .inc();
+    m.connections_shed.with_label_values(&["api"]).inc();
+    m.render()
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect()
+}
+
+#[test]
+fn every_metric_is_documented_and_every_documented_metric_is_registered() {
+    let text = read_doc("OPERATIONS.md");
+    let doc = doc_metrics(&text);
+    let metrics = Metrics::new();
+    let code = metrics.catalogue();
+    // The catalogue is what the registry serves: the exposition, with every
+    // labelled metric given a value, has exactly its names and types.
+    let catalogued: BTreeSet<(String, String)> = code
+        .iter()
+        .map(|m| (m.name.clone(), m.kind.to_string()))
+        .collect();
+    assert_eq!(rendered(&metrics), catalogued);
+    assert!(code.len() >= 10 && doc.len() >= 10, "{code:?} / {doc:?}");
+    let problems = compare_metrics(&doc, &code);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // A page that drifted fails, one way at a time.
+    let dropped: Vec<DocMetric> = doc
+        .iter()
+        .filter(|d| d.0 != "credbroker_connections_shed_total")
+        .cloned()
+        .collect();
+    assert!(compare_metrics(&dropped, &code)
+        .iter()
+        .any(|p| p.starts_with("credbroker_connections_shed_total: registered, missing")));
+    let mut extra = doc.clone();
+    extra.push(("credbroker_tokens_total".into(), "counter".into(), vec![]));
+    assert!(compare_metrics(&extra, &code)
+        .iter()
+        .any(|p| p == "credbroker_tokens_total: documented, but no such metric is registered"));
+    let mut retyped = doc.clone();
+    retyped
+        .iter_mut()
+        .find(|d| d.0 == "credbroker_frozen")
+        .unwrap()
+        .1 = "counter".into();
+    assert!(compare_metrics(&retyped, &code)
+        .iter()
+        .any(|p| p.starts_with("credbroker_frozen: documented as counter")));
+    let mut relabelled = doc.clone();
+    relabelled
+        .iter_mut()
+        .find(|d| d.0 == "credbroker_derives_total")
+        .unwrap()
+        .2
+        .pop();
+    assert!(compare_metrics(&relabelled, &code)
+        .iter()
+        .any(|p| p.starts_with("credbroker_derives_total: documented labels")));
+}
+
+#[test]
+fn every_event_type_and_field_is_documented_and_every_documented_one_exists() {
+    let text = read_doc("OPERATIONS.md");
+    let kinds: BTreeSet<String> = Kind::ALL.iter().map(|k| k.as_str().to_string()).collect();
+    let fields = event_fields();
+    let doc_kinds = doc_names(&text, "Event");
+    let doc_fields = doc_names(&text, "Field");
+    // Positive control: both sides were found.
+    assert!(
+        kinds.len() >= 20 && doc_kinds.len() >= 20,
+        "{kinds:?} / {doc_kinds:?}"
+    );
+    assert!(
+        fields.len() >= 20 && doc_fields.len() >= 20,
+        "{fields:?} / {doc_fields:?}"
+    );
+    let mut problems = compare_names("event type", &doc_kinds, &kinds);
+    problems.extend(compare_names("event field", &doc_fields, &fields));
+    let rows = table_rows(&text, &["Event"]);
+    problems.extend(unknown_fields_listed(&rows, &fields));
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // A page that drifted fails, one way at a time.
+    let without = |names: &[String], n: &str| -> Vec<String> {
+        names.iter().filter(|x| *x != n).cloned().collect()
+    };
+    assert!(compare_names(
+        "event type",
+        &without(&doc_kinds, "policy.reload_failed"),
+        &kinds
+    )
+    .iter()
+    .any(|p| p.starts_with("policy.reload_failed: in the code (event type), missing")));
+    let mut extra = doc_kinds.clone();
+    extra.push("token.leaked".into());
+    assert!(compare_names("event type", &extra, &kinds)
+        .iter()
+        .any(|p| p == "token.leaked: documented (event type), not in the code"));
+    assert!(
+        compare_names("event field", &without(&doc_fields, "kid"), &fields)
+            .iter()
+            .any(|p| p.starts_with("kid: in the code (event field), missing"))
+    );
+    let mut listed = rows.clone();
+    listed[0][1].push_str(", `access_token`");
+    assert_eq!(
+        unknown_fields_listed(&listed, &fields),
+        [format!(
+            "{}: lists access_token, which is not an event field",
+            rows[0][0]
+        )]
+    );
+    let mut extra = doc_fields.clone();
+    extra.push("token".into());
+    assert!(compare_names("event field", &extra, &fields)
+        .iter()
+        .any(|p| p == "token: documented (event field), not in the code"));
+}
+
+/// The field names an event row lists that are not fields: its second
+/// cell's code spans, outside parentheses (which quote values, such as
+/// `outcome` (`issued`)).
+fn unknown_fields_listed(rows: &[Vec<String>], fields: &BTreeSet<String>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for row in rows {
+        let mut outside = String::new();
+        let mut depth = 0usize;
+        for c in row[1].chars() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                _ if depth == 0 => outside.push(c),
+                _ => {}
+            }
+        }
+        for f in spans(&outside) {
+            if !fields.contains(&f) {
+                problems.push(format!(
+                    "{}: lists {f}, which is not an event field",
+                    row[0]
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_policy_reload_reason_is_documented_and_every_documented_one_exists() {
+    let text = read_doc("OPERATIONS.md");
+    let code: BTreeSet<String> = Refusal::ALL
+        .iter()
+        .map(|r| r.as_str().to_string())
+        .collect();
+    let doc = doc_names(&text, "Reason");
+    assert!(code.len() >= 5 && doc.len() >= 5, "{code:?} / {doc:?}");
+    let problems = compare_names("reload reason", &doc, &code);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // A page that drifted fails, both ways.
+    let dropped: Vec<String> = doc
+        .iter()
+        .filter(|r| *r != "unknown_service")
+        .cloned()
+        .collect();
+    assert!(compare_names("reload reason", &dropped, &code)
+        .iter()
+        .any(|p| p.starts_with("unknown_service: in the code (reload reason), missing")));
+    let mut extra = doc.clone();
+    extra.push("busy".into());
+    assert!(compare_names("reload reason", &extra, &code)
+        .iter()
+        .any(|p| p == "busy: documented (reload reason), not in the code"));
+}
