@@ -230,6 +230,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Whether the store answers (readiness).
     fn is_healthy(&self) -> bool;
 
+    /// Whether other instances share this store (replicas on PostgreSQL):
+    /// its outage is then everyone's, and readiness does not depend on it.
+    fn is_shared(&self) -> bool {
+        false
+    }
+
     /// Inserts an expiring entry that lives for `ttl` by the store's clock,
     /// only if `key` has no live entry (an expired one counts as absent and
     /// is replaced). Returns whether it inserted: `false` means a live entry

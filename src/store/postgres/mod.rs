@@ -715,6 +715,10 @@ impl Store for PgStore {
         .is_ok()
     }
 
+    fn is_shared(&self) -> bool {
+        true
+    }
+
     fn insert_expiring(
         &self,
         tree: Tree,

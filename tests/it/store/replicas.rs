@@ -110,3 +110,47 @@ async fn replicas_share_the_key_ring_and_the_freeze() {
         assert!(old.contains(jws.header.kid.as_deref().unwrap()));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the gate between this binary's PostgreSQL tests (other test
+// threads), never taken by another task of this runtime.
+#[allow(clippy::await_holding_lock)]
+async fn self_derives_and_readiness_survive_postgres_down() {
+    let Some(cluster) = cluster_or_not_shown("a replica while PostgreSQL is down") else {
+        return;
+    };
+    let _exclusive = cluster.exclusive();
+    let db = database(cluster, "pg_down");
+    let r = replicas(&db, 1);
+    let a = &r[0];
+    let (key, _) = Es256Key::generate().unwrap();
+    a.derive_ok(&key).await;
+    let readyz = |b: &TestBroker| {
+        let (code, body) = b.admin_get("/readyz").unwrap();
+        (
+            code,
+            serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        )
+    };
+    assert_eq!(readyz(a).0, 200);
+    cluster.stop();
+    // Readiness reports the store, but does not take the replica out of
+    // the Service (every replica would leave at once), and the `self`
+    // path, which needs no store, keeps issuing.
+    let (code, body) = readyz(a);
+    assert_eq!(body["store"], false, "{body}");
+    assert_eq!(code, 200, "{body}");
+    a.derive_ok(&key).await;
+    // What needs the store fails closed: a freeze cannot be lifted
+    // without writing it.
+    let (code, _) = a.admin_post("/freeze", "off").unwrap();
+    assert_ne!(code, 200, "a write with the store down is not acknowledged");
+    cluster.start_again();
+    let start = Instant::now();
+    while readyz(a).1["store"] != true {
+        assert!(start.elapsed() < Duration::from_secs(10), "no recovery");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(a.admin_post("/freeze", "off").unwrap().0, 200);
+    a.derive_ok(&key).await;
+}
