@@ -86,6 +86,14 @@ fn settings(raw: RawPostgres, check: &mut Check<'_>) -> PgSettings {
             "is required when postgres.host is not loopback or a socket directory (give [postgres.tls] ca_file)",
         );
     }
+    let port = match raw.port.map(u16::try_from) {
+        None => 5432,
+        Some(Ok(p)) if p > 0 => p,
+        Some(_) => {
+            check.bad("postgres.port", "must be a port number (1 to 65535)");
+            5432
+        }
+    };
     let pool_size = raw.pool_size.unwrap_or(16);
     if pool_size == 0 || pool_size > 1000 {
         check.bad("postgres.pool_size", "must be between 1 and 1000");
@@ -101,7 +109,7 @@ fn settings(raw: RawPostgres, check: &mut Check<'_>) -> PgSettings {
     PgSettings {
         config_file: check.file.to_owned(),
         host,
-        port: raw.port.unwrap_or(5432),
+        port,
         database,
         user,
         password_file: raw.password_file.map(|p| check.rel(&p)),

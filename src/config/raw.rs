@@ -42,7 +42,7 @@ pub(super) struct RawPostgres {
     #[serde(default)]
     pub(super) host: Option<String>,
     #[serde(default)]
-    pub(super) port: Option<u16>,
+    pub(super) port: Option<u32>,
     #[serde(default)]
     pub(super) database: Option<String>,
     #[serde(default)]

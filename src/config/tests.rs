@@ -850,6 +850,8 @@ fn postgres_mistakes_are_named_by_key() {
     problem_for(&p, "postgres.statement_timeout");
     problem_for(&p, "postgres.migrate");
     assert!(!format!("{p:?}").contains(CANARY));
+    let p = problems(&format!("{local}port = 70000\n"));
+    problem_for(&p, "postgres.port");
     let p = problems(&local.replace("user = \"credbroker\"\n", ""));
     problem_for(&p, "postgres.user");
     let p = problems(&format!("{local}pasword = \"x\"\n"));
