@@ -5,6 +5,7 @@
 mod contract;
 mod copy;
 mod faults;
+mod links;
 mod migrations;
 mod processes;
 mod replicas;
