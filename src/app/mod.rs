@@ -163,6 +163,14 @@ impl Instance {
     }
 }
 
+/// This process's name among replicas: `<host name>/<pid>`.
+fn instance_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    format!("{host}/{}", std::process::id())
+}
+
 /// Builds an instance from a validated config: loads the policy and the
 /// trusted issuers (reading their pinned JWKS files) first, then opens the
 /// store and loads or creates the signing key, so a start refused for a
@@ -286,6 +294,14 @@ pub async fn build(
     let audit = crate::events::Audit::open(&config.audit_log)
         .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?
         .with_value_key(&crate::events::Audit::derive_key(&master));
+    // Replicas write one audit file each about one shared state: each
+    // event names the instance that wrote it (host name and process id: a
+    // pod's name in Kubernetes).
+    let audit = if store.is_shared() {
+        audit.with_instance(instance_name())
+    } else {
+        audit
+    };
     // A torn tail was cut at open; say so before the first new event.
     audit
         .record_repair(clock.now(), &config.agent)

@@ -102,6 +102,24 @@ async fn replicas_share_the_key_ring_and_the_freeze() {
         }
     }
     eprintln!("rotation on every replica after {:?}", start.elapsed());
+    // Each replica's audit file names the instance that wrote it; a sled
+    // instance's events have no such field (tests elsewhere read those).
+    let instances: BTreeSet<String> = [a, b, c]
+        .iter()
+        .map(|x| {
+            let text = std::fs::read_to_string(x.path("audit.jsonl")).unwrap();
+            let names: BTreeSet<String> = text
+                .lines()
+                .map(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    v["instance"].as_str().unwrap().to_string()
+                })
+                .collect();
+            assert_eq!(names.len(), 1, "one instance per file: {names:?}");
+            names.into_iter().next().unwrap()
+        })
+        .collect();
+    assert_eq!(instances.len(), 3, "three instances: {instances:?}");
     // Until activation the old key signs, on every replica.
     let old: BTreeSet<String> = kids(&jwks);
     for x in [a, b, c] {
