@@ -658,10 +658,26 @@ fn covers(have: &[String], want: &[String]) -> bool {
 }
 
 fn vault_error(e: crate::vault::VaultError) -> DeriveError {
+    // A shared store that does not answer (down, slow past its statement
+    // timeout, its pool full): a temporary refusal, nothing issued.
+    if let crate::vault::VaultError::Store(crate::store::StoreError::Unavailable(m)) = &e {
+        tracing::warn!(error = %m, "the store is unavailable during a derive");
+        return DeriveError::Unavailable("the store is unavailable; retry shortly");
+    }
     // An unreadable record is reported (log and the derive event's
     // reason), never served; the text holds no secret.
     tracing::error!(error = %e, "vault failure during a derive");
     DeriveError::Vault(e.to_string())
+}
+
+/// A connect-link failure during a derive: a store that does not answer
+/// is a temporary refusal, like [`vault_error`]'s.
+fn link_error(e: crate::connect::ConnectError) -> DeriveError {
+    if let crate::connect::ConnectError::Store(crate::store::StoreError::Unavailable(m)) = &e {
+        tracing::warn!(error = %m, "the store is unavailable during a derive");
+        return DeriveError::Unavailable("the store is unavailable; retry shortly");
+    }
+    DeriveError::Internal(format!("connect link: {e}"))
 }
 
 impl Broker {
@@ -812,7 +828,7 @@ impl Broker {
             now,
         ) {
             Ok(l) => l,
-            Err(e) => return DeriveError::Internal(format!("connect link: {e}")),
+            Err(e) => return link_error(e),
         };
         if issued.fresh {
             let mut e = Event::new(now, Kind::ConnectLinkIssued, agent);
@@ -979,5 +995,28 @@ client_secret_file = "acme.secret"
             .expect("a link event");
         assert_eq!(link["policy_hash"], snapshot.hash.as_str());
         assert_ne!(link["policy_hash"], reloaded.hash.as_str());
+    }
+}
+
+#[cfg(test)]
+mod store_outage_tests {
+    //! A shared store that does not answer fails a service derive closed
+    //! with a temporary refusal (503 `temporarily_unavailable`), not a 500.
+    use super::*;
+    use crate::store::StoreError;
+
+    #[test]
+    fn an_unavailable_store_is_a_temporary_refusal() {
+        let outage = || StoreError::Unavailable("get: connection refused".into());
+        let e = vault_error(crate::vault::VaultError::Store(outage()));
+        assert!(matches!(e, DeriveError::Unavailable(_)), "{e:?}");
+        assert_eq!(e.reason(), "temporarily_unavailable");
+        let e = link_error(crate::connect::ConnectError::Store(outage()));
+        assert!(matches!(e, DeriveError::Unavailable(_)), "{e:?}");
+        // Positive control: a broken record stays what it is.
+        let e = vault_error(crate::vault::VaultError::Store(StoreError::Backend(
+            "corrupt".into(),
+        )));
+        assert!(matches!(e, DeriveError::Vault(_)), "{e:?}");
     }
 }
