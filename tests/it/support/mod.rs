@@ -9,7 +9,8 @@
 //! - `pages`: the pages in-process, with a fake connected-services side;
 //! - `browser`: Chromium (playwright-core), one profile per person;
 //! - `mcp`: the example MCP server, the Python `mcp` client and fakes;
-//! - `postgres`: one PostgreSQL cluster per run, a database per test.
+//! - `postgres`: one PostgreSQL cluster per run, a database per test;
+//! - `quickstart`: the real `credbroker quickstart`, as a newcomer runs it.
 //!
 //! This file keeps the few helpers every role uses.
 // clippy's allow-unwrap-in-tests covers only #[test] functions, not the
@@ -24,6 +25,7 @@ pub(crate) mod oidc;
 pub(crate) mod pages;
 pub(crate) mod peers;
 pub(crate) mod postgres;
+pub(crate) mod quickstart;
 pub(crate) mod services;
 
 // The common helpers are reached as `support::X` (and glob-imported) by most
