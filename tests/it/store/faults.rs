@@ -191,3 +191,58 @@ fn a_full_pool_answers_at_once() {
         Some(&b"1"[..])
     );
 }
+
+#[test]
+fn tls_to_postgres_trusts_only_the_configured_ca() {
+    let Some(cluster) = cluster_or_not_shown("TLS to PostgreSQL") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let db = database(cluster, "tls");
+    // A CA that did not sign the server's certificate: refused, and the
+    // refusal names the certificate problem (nothing sent in the clear).
+    let stranger = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "k.pem",
+            "-out",
+            "ca.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=stranger",
+        ])
+        .current_dir(stranger.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let mut wrong = db.settings();
+    wrong.ca_file = Some(stranger.path().join("ca.crt"));
+    match PgStore::open(&wrong) {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("error"), "{m}"),
+        other => panic!("a server certificate from another CA was accepted: {other:?}"),
+    }
+    // Positive control: the server's CA, and the connection is TLS.
+    let mut right = db.settings();
+    right.ca_file = Some(cluster.ca_file.clone());
+    let store = PgStore::open(&right).unwrap();
+    store.put(Tree::State, b"over-tls", b"1").unwrap();
+    assert_eq!(
+        store.get(Tree::State, b"over-tls").unwrap().as_deref(),
+        Some(&b"1"[..])
+    );
+    let tls_sessions = db.sql(&format!(
+        "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+         WHERE s.ssl AND a.datname = '{}' AND a.application_name = 'credbroker'",
+        db.name
+    ));
+    assert_ne!(tls_sessions, "0", "the store's sessions use TLS");
+}

@@ -35,6 +35,9 @@ pub(crate) struct Cluster {
     pub(crate) port: u16,
     /// A 0600 file with the admin's password.
     pub(crate) password_file: PathBuf,
+    /// The CA (PEM) that signed the server's certificate (for
+    /// `127.0.0.1`): the server accepts TLS and plain TCP alike.
+    pub(crate) ca_file: PathBuf,
     password: String,
     /// `Some((uid, gid))` when the server runs as another user than this
     /// process.
@@ -105,11 +108,13 @@ impl Cluster {
                 chown(p, uid, gid);
             }
         }
+        let ca_file = make_tls_files(&root, run_as);
         let mut c = Cluster {
             root,
             bin,
             port: 0,
             password_file,
+            ca_file,
             password,
             run_as,
             gate: RwLock::new(()),
@@ -132,10 +137,14 @@ impl Cluster {
             ],
         );
         // Loopback only, no Unix socket, room for every test's pool.
-        let conf = "listen_addresses = '127.0.0.1'\nunix_socket_directories = ''\nmax_connections = 300\nfsync = on\nsynchronous_commit = on\n";
+        let conf = format!(
+            "listen_addresses = '127.0.0.1'\nunix_socket_directories = ''\nmax_connections = 300\nfsync = on\nsynchronous_commit = on\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+            c.root.join("server.crt").display(),
+            c.root.join("server.key").display()
+        );
         let conf_path = c.root.join("data").join("postgresql.conf");
         let mut text = std::fs::read_to_string(&conf_path).unwrap();
-        text.push_str(conf);
+        text.push_str(&conf);
         std::fs::write(&conf_path, text).unwrap();
         // A port free a moment ago; another process may take it first, so
         // a failed start tries another.
@@ -318,6 +327,89 @@ impl Cluster {
         .env("PGCONNECT_TIMEOUT", "5");
         cmd
     }
+}
+
+/// A CA and a server certificate for `127.0.0.1` it signed, made with the
+/// `openssl` command (a dependency of Debian's postgresql); returns the
+/// CA's path. The server's key is the server user's, 0600, as PostgreSQL
+/// demands.
+fn make_tls_files(root: &Path, run_as: Option<(u32, u32)>) -> PathBuf {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=credbroker test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ]);
+    std::fs::write(
+        root.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+    set_mode(&root.join("server.key"), 0o600);
+    if let Some((uid, gid)) = run_as {
+        for f in ["server.key", "server.crt"] {
+            chown(&root.join(f), uid, gid);
+        }
+    }
+    root.join("ca.crt")
 }
 
 fn chown(p: &Path, uid: u32, gid: u32) {
