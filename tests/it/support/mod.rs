@@ -163,3 +163,17 @@ pub(crate) fn random_bytes(n: usize) -> Vec<u8> {
     aws_lc_rs::rand::fill(&mut b).unwrap();
     b
 }
+
+/// The events of an audit log being written: every complete line must be
+/// JSON (a torn line in the middle is a defect, and fails the test), while a
+/// last line without its newline is still being written and is left out.
+pub(crate) fn read_audit(path: &std::path::Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("audit line is not JSON ({e}): {l}"))
+        })
+        .collect()
+}

@@ -488,6 +488,8 @@ pub(crate) struct Setup {
     /// link store, vault and provider clients, as configured) instead of
     /// the fake: for end-to-end tests that want the in-process clock.
     pub real_services: bool,
+    /// Replace the quick-start policy with this text.
+    pub policy: Option<String>,
 }
 
 impl Default for Setup {
@@ -505,6 +507,7 @@ impl Default for Setup {
             edit_config: None,
             listen: None,
             real_services: false,
+            policy: None,
         }
     }
 }
@@ -688,6 +691,9 @@ impl PagesServer {
         if let Some(edit) = &setup.edit_config {
             text = edit(text);
         }
+        if let Some(policy) = &setup.policy {
+            std::fs::write(dir.path().join("policy.toml"), policy).unwrap();
+        }
         std::fs::write(&config, text).unwrap();
         let cfg = credbroker::internals::config::Config::load(&config).unwrap();
         let clock = ManualClock::new(now());
@@ -705,6 +711,7 @@ impl PagesServer {
                 } else {
                     fake.services()
                 },
+                approvals: inst.pages.approvals().clone(),
                 ..Options::default()
             },
         ));
@@ -781,11 +788,7 @@ impl PagesServer {
     }
 
     pub(crate) fn audit_lines(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.dir.path().join("data/audit.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        super::read_audit(&self.dir.path().join("data/audit.jsonl"))
     }
 
     pub(crate) fn events(&self, name: &str) -> Vec<serde_json::Value> {
