@@ -99,8 +99,14 @@ pub(crate) fn readiness(b: &Broker) -> serde_json::Value {
     let keys = !b.minter.ring().active.kid.is_empty();
     let policy = !b.policy.load().hash.is_empty();
     let audit = b.audit.probe(b.clock.now(), &b.config.agent);
+    // A shared store that does not answer is down for every replica at
+    // once: were it part of readiness, every pod would leave the Service
+    // together and nothing would be served, not even `self` derives, which
+    // need no store (keys and policy are in memory). Those requests that
+    // need it fail closed with 503 on their own; readiness reports it.
+    let store_ready = store || b.store.is_shared();
     serde_json::json!({
-        "ready": store && keys && policy && audit,
+        "ready": store_ready && keys && policy && audit,
         "store": store,
         "keys": keys,
         "policy": policy,

@@ -137,6 +137,11 @@ pub struct Event<'a> {
     /// For [`PROXY_REQUEST`] and [`PROXY_COMPLETED`]: the proxied call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyCall<'a>>,
+    /// The instance that wrote it, when several share one store (replicas):
+    /// added by [`Audit::record`] from [`Audit::with_instance`]; callers
+    /// leave it empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<&'a str>,
 }
 
 /// The event written before a proxied call goes upstream (no event, no
@@ -203,6 +208,7 @@ impl<'a> Event<'a> {
             details_sha256: None,
             details_in_clear: None,
             proxy: None,
+            instance: None,
         }
     }
 
@@ -259,6 +265,8 @@ pub struct Audit {
     writable: AtomicBool,
     /// Bytes of a torn tail removed at open, if any.
     repaired: Option<u64>,
+    /// Written into every event when set (see [`Audit::with_instance`]).
+    instance: Option<String>,
     /// Keys [`Audit::opaque`] (boxed: the key schedule is large, and an
     /// `Audit` travels by value in `ops::Offline`).
     key: Box<hmac::Key>,
@@ -306,8 +314,16 @@ impl Audit {
             writer: Mutex::new(Writer { sink, torn: None }),
             writable: AtomicBool::new(true),
             repaired: None,
+            instance: None,
             key: Box::new(hmac::Key::new(hmac::HMAC_SHA256, &random)),
         }
+    }
+
+    /// Names this instance in every event it writes: for replicas, whose
+    /// audit files are each their own but describe one shared state.
+    pub fn with_instance(mut self, name: String) -> Audit {
+        self.instance = Some(name);
+        self
     }
 
     /// Keys [`Audit::opaque`] with `key` (from [`Audit::derive_key`]), so
@@ -376,7 +392,17 @@ impl Audit {
 
     /// Writes one event as one whole line, or nothing (see the module doc).
     pub fn record(&self, e: &Event<'_>) -> Result<(), AuditError> {
-        let json = serde_json::to_string(e).map_err(|e| AuditError(e.to_string()))?;
+        let mut json = serde_json::to_string(e).map_err(|e| AuditError(e.to_string()))?;
+        // The instance goes last in the object (an `Event` serializes as an
+        // object, so the text ends in `}`).
+        if let (Some(name), None) = (&self.instance, e.instance) {
+            if json.ends_with('}') {
+                json.pop();
+                json.push_str(",\"instance\":");
+                json.push_str(&serde_json::to_string(name).map_err(|e| AuditError(e.to_string()))?);
+                json.push('}');
+            }
+        }
         let mut line = match escape_line_breaks(&json) {
             std::borrow::Cow::Borrowed(_) => json.into_bytes(),
             std::borrow::Cow::Owned(escaped) => escaped.into_bytes(),

@@ -283,6 +283,9 @@ pub struct Broker {
     pub policy: ArcSwap<Policy>,
     /// The emergency freeze set at run time (admin), persisted in the store.
     frozen: AtomicBool,
+    /// A freeze set here whose write to the store failed: it holds until
+    /// lifted here, whatever the store says (see [`Broker::reload_frozen`]).
+    freeze_unpersisted: AtomicBool,
     /// Subject-token validation.
     pub subjects: subject::Validator,
     /// DPoP proof validation.
@@ -357,6 +360,7 @@ impl Broker {
             config,
             policy: ArcSwap::from_pointee(policy),
             frozen: AtomicBool::new(frozen),
+            freeze_unpersisted: AtomicBool::new(false),
             subjects,
             proofs,
             minter,
@@ -402,6 +406,24 @@ impl Broker {
         self.frozen.load(Ordering::SeqCst) || self.policy.load().frozen
     }
 
+    /// Re-reads the freeze from the store, where another instance sharing
+    /// it (a replica) or an offline `credbroker freeze` may have changed
+    /// it; called when the store's `State` tree changes. A store that does
+    /// not answer changes nothing, and a freeze this instance could not
+    /// persist is kept (it fails closed).
+    pub fn reload_frozen(&self) {
+        let Ok(v) = self.store.get(Tree::State, FROZEN_KEY) else {
+            return;
+        };
+        let on = v.as_deref() == Some(b"1") || self.freeze_unpersisted.load(Ordering::SeqCst);
+        if self.frozen.swap(on, Ordering::SeqCst) != on {
+            tracing::warn!(frozen = on, "the emergency freeze changed in the store");
+        }
+        self.metrics
+            .frozen
+            .set(i64::from(on || self.policy.load().frozen));
+    }
+
     /// Sets or lifts the emergency freeze; persisted before it takes effect
     /// when lifting, and after it takes effect when setting (so a failing
     /// store can never keep a freeze from applying).
@@ -409,9 +431,12 @@ impl Broker {
         if on {
             self.frozen.store(true, Ordering::SeqCst);
             self.metrics.frozen.set(1);
-            persist_frozen(self.store.as_ref(), true)
+            let r = persist_frozen(self.store.as_ref(), true);
+            self.freeze_unpersisted.store(r.is_err(), Ordering::SeqCst);
+            r
         } else {
             persist_frozen(self.store.as_ref(), false)?;
+            self.freeze_unpersisted.store(false, Ordering::SeqCst);
             self.frozen.store(false, Ordering::SeqCst);
             self.metrics
                 .frozen
@@ -866,10 +891,26 @@ fn covers(have: &[String], want: &[String]) -> bool {
 }
 
 fn vault_error(e: crate::vault::VaultError) -> DeriveError {
+    // A shared store that does not answer (down, slow past its statement
+    // timeout, its pool full): a temporary refusal, nothing issued.
+    if let crate::vault::VaultError::Store(crate::store::StoreError::Unavailable(m)) = &e {
+        tracing::warn!(error = %m, "the store is unavailable during a derive");
+        return DeriveError::Unavailable("the store is unavailable; retry shortly");
+    }
     // An unreadable record is reported (log and the derive event's
     // reason), never served; the text holds no secret.
     tracing::error!(error = %e, "vault failure during a derive");
     DeriveError::Vault(e.to_string())
+}
+
+/// A connect-link failure during a derive: a store that does not answer
+/// is a temporary refusal, like [`vault_error`]'s.
+fn link_error(e: crate::connect::ConnectError) -> DeriveError {
+    if let crate::connect::ConnectError::Store(crate::store::StoreError::Unavailable(m)) = &e {
+        tracing::warn!(error = %m, "the store is unavailable during a derive");
+        return DeriveError::Unavailable("the store is unavailable; retry shortly");
+    }
+    DeriveError::Internal(format!("connect link: {e}"))
 }
 
 impl Broker {
@@ -1045,7 +1086,7 @@ impl Broker {
             now,
         ) {
             Ok(l) => l,
-            Err(e) => return DeriveError::Internal(format!("connect link: {e}")),
+            Err(e) => return link_error(e),
         };
         if issued.fresh {
             let mut e = Event::new(now, Kind::ConnectLinkIssued, agent);
@@ -1213,5 +1254,28 @@ client_secret_file = "acme.secret"
             .expect("a link event");
         assert_eq!(link["policy_hash"], snapshot.hash.as_str());
         assert_ne!(link["policy_hash"], reloaded.hash.as_str());
+    }
+}
+
+#[cfg(test)]
+mod store_outage_tests {
+    //! A shared store that does not answer fails a service derive closed
+    //! with a temporary refusal (503 `temporarily_unavailable`), not a 500.
+    use super::*;
+    use crate::store::StoreError;
+
+    #[test]
+    fn an_unavailable_store_is_a_temporary_refusal() {
+        let outage = || StoreError::Unavailable("get: connection refused".into());
+        let e = vault_error(crate::vault::VaultError::Store(outage()));
+        assert!(matches!(e, DeriveError::Unavailable(_)), "{e:?}");
+        assert_eq!(e.reason(), "temporarily_unavailable");
+        let e = link_error(crate::connect::ConnectError::Store(outage()));
+        assert!(matches!(e, DeriveError::Unavailable(_)), "{e:?}");
+        // Positive control: a broken record stays what it is.
+        let e = vault_error(crate::vault::VaultError::Store(StoreError::Backend(
+            "corrupt".into(),
+        )));
+        assert!(matches!(e, DeriveError::Vault(_)), "{e:?}");
     }
 }

@@ -37,7 +37,8 @@
 //! - `keyset`: one cached JWKS per issuer (pinned or fetched).
 //! - `events`: audit events.
 //! - `metrics`: Prometheus metrics.
-//! - `store`: storage (sled) behind a small trait.
+//! - `store`: storage behind a small trait (sled for one instance,
+//!   PostgreSQL for replicas).
 //! - `seal`: encryption at rest.
 //! - `config`: the validated instance config.
 //! - `diagnostics`: TOML problems and their positions (config and policy).

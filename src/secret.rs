@@ -52,6 +52,27 @@ pub type SecretString = Secret<String>;
 /// Secret bytes (keys).
 pub type SecretBytes = Secret<Vec<u8>>;
 
+/// Reads a secret file, refusing one that group or others can read (mode
+/// must be 0600 or stricter) or that is not a regular file. Symlinks are
+/// followed and the target is checked: Kubernetes mounts secrets as links.
+pub fn read_secret_file(path: &std::path::Path) -> Result<SecretBytes, std::io::Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path)?;
+    if !meta.file_type().is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(std::io::Error::other(format!(
+            "{} must have mode 0600 (it is readable by others)",
+            path.display()
+        )));
+    }
+    Ok(SecretBytes::new(std::fs::read(path)?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

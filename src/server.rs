@@ -570,6 +570,34 @@ pub async fn run(
             }
         })
     };
+    // Changes made by other instances sharing the store (replicas on
+    // PostgreSQL): the freeze and the key ring are re-read as soon as their
+    // tree moves, instead of at the next tick (which stays the backstop
+    // for the key ring).
+    let changes = {
+        let b = broker.clone();
+        let sealer = instance.sealer.clone();
+        let mut rx = rx.clone();
+        let mut state = b.store.watch(crate::store::Tree::State);
+        let mut keys = b.store.watch(crate::store::Tree::SigningKeys);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    Ok(()) = state.changed() => {
+                        let b = b.clone();
+                        let _ = tokio::task::spawn_blocking(move || b.reload_frozen()).await;
+                    }
+                    Ok(()) = keys.changed() => {
+                        let (kb, ks) = (b.clone(), sealer.clone());
+                        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || kb.refresh_keys(&ks)).await {
+                            tracing::warn!(error = %e, "reloading the signing key ring failed; the current keys stay in use");
+                        }
+                    }
+                    _ = rx.changed() => break,
+                }
+            }
+        })
+    };
     tracing::info!(
         agent = %cfg.agent,
         socket = %cfg.socket.path.display(),
@@ -587,6 +615,7 @@ pub async fn run(
         let _ = p.await;
     }
     let _ = house.await;
+    let _ = changes.await;
     let _ = reload.await;
     let _ = std::fs::remove_file(&cfg.socket.path);
     let _ = std::fs::remove_file(&cfg.admin_socket);

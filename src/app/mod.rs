@@ -163,6 +163,14 @@ impl Instance {
     }
 }
 
+/// This process's name among replicas: `<host name>/<pid>`.
+fn instance_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    format!("{host}/{}", std::process::id())
+}
+
 /// Builds an instance from a validated config: loads the policy and the
 /// trusted issuers (reading their pinned JWKS files) first, then opens the
 /// store and loads or creates the signing key, so a start refused for a
@@ -185,14 +193,22 @@ pub async fn build(
     }
     // A store path that is not a directory fails here, before anything is
     // created, with the key that names it.
-    if let Ok(m) = std::fs::metadata(&config.store) {
+    if let Some(m) = config
+        .store
+        .sled_dir()
+        .and_then(|d| std::fs::metadata(d).ok())
+    {
         if !m.is_dir() {
             return Err(StartError::At {
                 file,
                 key: "store",
                 detail: format!(
                     "{} exists and is not a directory (the store is a directory)",
-                    config.store.display()
+                    config
+                        .store
+                        .sled_dir()
+                        .unwrap_or(std::path::Path::new(""))
+                        .display()
                 ),
             });
         }
@@ -238,8 +254,7 @@ pub async fn build(
         file: config.file.display().to_string(),
         source,
     })?;
-    let store: Arc<dyn crate::store::Store> =
-        Arc::new(crate::store::SledStore::open(&config.store)?);
+    let store: Arc<dyn crate::store::Store> = config.store.open()?;
     let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
     // No provider, no vault key: the key directory is made only when a
     // provider could need it (deploy/ keeps it on a writable path anyway).
@@ -284,6 +299,14 @@ pub async fn build(
     let audit = crate::events::Audit::open(&config.audit_log)
         .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?
         .with_value_key(&crate::events::Audit::derive_key(&master));
+    // Replicas write one audit file each about one shared state: each
+    // event names the instance that wrote it (host name and process id: a
+    // pod's name in Kubernetes).
+    let audit = if store.is_shared() {
+        audit.with_instance(instance_name())
+    } else {
+        audit
+    };
     // A torn tail was cut at open; say so before the first new event.
     audit
         .record_repair(clock.now(), &config.agent)

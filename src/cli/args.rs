@@ -118,6 +118,12 @@ pub(super) enum Command {
         #[command(subcommand)]
         action: UsersAction,
     },
+    /// The store: upgrade a PostgreSQL schema, or copy a sled store into
+    /// PostgreSQL.
+    Store {
+        #[command(subcommand)]
+        action: StoreAction,
+    },
     /// Make a DPoP proof with a key (for scripts and tests).
     Proof {
         /// The key (PKCS#8 PEM).
@@ -204,6 +210,34 @@ pub(super) enum KeysAction {
         /// Re-wrap at most this many records in this run.
         #[arg(long)]
         limit: Option<usize>,
+    },
+}
+
+/// `credbroker store ...`.
+#[derive(Debug, Subcommand)]
+pub(super) enum StoreAction {
+    /// Apply the schema migrations this binary has and the database lacks
+    /// (expand-only: instances of the previous version keep running).
+    /// Running it again when the schema is current does nothing.
+    Migrate {
+        /// The config file (with a [postgres] table).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Copy every record of a sled store into the PostgreSQL store of a
+    /// config file (sealed records stay sealed), then verify the counts.
+    /// Stop the instance that uses the sled store first.
+    Copy {
+        /// The sled store directory (the old config's `store`).
+        #[arg(long)]
+        from: PathBuf,
+        /// The config file with the [postgres] table to copy into.
+        #[arg(long)]
+        to: PathBuf,
+        /// Copy into a store that already holds records (same keys are
+        /// overwritten).
+        #[arg(long)]
+        force: bool,
     },
 }
 

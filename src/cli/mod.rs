@@ -1,5 +1,5 @@
 //! The command line: `credbroker quickstart | serve | subject-token | derive
-//! | proof | status | freeze | keys | accounts | users | policy`. `main.rs`
+//! | proof | status | freeze | keys | accounts | users | store | policy`. `main.rs`
 //! only calls [`main`].
 //!
 //! - `args`: the command definitions (clap).
@@ -8,6 +8,8 @@
 //! - `operator`: `status`, `freeze`, `keys`, `accounts`, `users`; each
 //!   through the admin socket, or on the store when no instance runs
 //!   (`online`: that pattern, written once), calling [`crate::ops`].
+//! - `store`: `store migrate` and `store copy` (the store itself, not an
+//!   instance).
 //! - `tools`: `derive`, `proof`, `subject-token`.
 //! - `quickstart`: the quick start's templates, the checks of its
 //!   addresses, and dev subject tokens.
@@ -20,6 +22,7 @@ mod keyfile;
 mod online;
 mod operator;
 mod quickstart;
+mod store;
 mod tools;
 
 use std::process::ExitCode;
@@ -31,7 +34,7 @@ pub use exit::Exit;
 pub use keyfile::{load_pem_key, pem_pkcs8};
 pub use quickstart::{demo_policy, dev_subject_token, quickstart_files, QUICKSTART_POLICY};
 
-use args::{AccountsAction, Command, KeysAction, UsersAction};
+use args::{AccountsAction, Command, KeysAction, StoreAction, UsersAction};
 
 /// What a command returns: its exit code, or an error printed as
 /// `error: ...` with [`Exit::Failed`].
@@ -148,6 +151,10 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 service,
                 force,
             } => operator::disconnect(&config, person, issuer, &service, force).await,
+        },
+        Command::Store { action } => match action {
+            StoreAction::Migrate { config } => store::migrate(&config),
+            StoreAction::Copy { from, to, force } => store::copy(&from, &to, force),
         },
         Command::Users {
             action:

@@ -20,6 +20,7 @@
 
 mod issuers;
 mod listeners;
+mod postgres;
 mod providers;
 mod raw;
 mod reference;
@@ -93,10 +94,11 @@ pub struct Config {
     pub issuer: String,
     /// The policy file.
     pub policy: PathBuf,
-    /// The store directory.
-    pub store: PathBuf,
+    /// The store: a sled directory (`store`) or PostgreSQL (`[postgres]`).
+    pub store: crate::store::Backend,
     /// Audit events (JSON lines): the configured path, resolved against the
-    /// config file's directory, or `<store>/audit.jsonl` when unset.
+    /// config file's directory, or `<store>/audit.jsonl` when unset (sled
+    /// only: with PostgreSQL it is required).
     pub audit_log: PathBuf,
     /// The orchestrator socket.
     pub socket: SocketConfig,
@@ -198,18 +200,26 @@ impl Config {
             .find(|(_, p)| p.preset.as_deref() == Some(QUICKSTART_DEMO))
             .map(|(name, _)| name.clone());
         let providers = providers::providers(raw.providers, &issuer, &mut check);
+        let store = postgres::backend(
+            raw.store.as_deref(),
+            raw.postgres,
+            raw.audit_log.is_some(),
+            &mut check,
+        );
         if !check.problems.is_empty() {
             return Err(ConfigError::Invalid(check.problems));
         }
-        let store = check.rel(&raw.store);
         Ok(Config {
             file: path.to_owned(),
             agent: raw.agent,
             issuer,
             policy: check.rel(&raw.policy),
-            audit_log: raw
-                .audit_log
-                .map_or_else(|| store.join("audit.jsonl"), |p| check.rel(&p)),
+            audit_log: match (&raw.audit_log, store.sled_dir()) {
+                (Some(p), _) => check.rel(p),
+                (None, Some(dir)) => dir.join("audit.jsonl"),
+                // Refused above: PostgreSQL needs `audit_log`.
+                (None, None) => PathBuf::new(),
+            },
             admin_socket: listeners::admin_socket(raw.admin, &check),
             store,
             socket,

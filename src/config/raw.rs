@@ -13,7 +13,10 @@ pub(super) struct RawConfig {
     pub(super) agent: String,
     pub(super) issuer: String,
     pub(super) policy: PathBuf,
-    pub(super) store: PathBuf,
+    #[serde(default)]
+    pub(super) store: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) postgres: Option<RawPostgres>,
     #[serde(default)]
     pub(super) audit_log: Option<PathBuf>,
     pub(super) socket: RawSocket,
@@ -34,6 +37,35 @@ pub(super) struct RawConfig {
     pub(super) vault: Option<RawVault>,
     #[serde(default)]
     pub(super) providers: BTreeMap<String, RawProvider>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawPostgres {
+    #[serde(default)]
+    pub(super) host: Option<String>,
+    #[serde(default)]
+    pub(super) port: Option<u32>,
+    #[serde(default)]
+    pub(super) database: Option<String>,
+    #[serde(default)]
+    pub(super) user: Option<String>,
+    #[serde(default)]
+    pub(super) password_file: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) tls: Option<RawPostgresTls>,
+    #[serde(default)]
+    pub(super) pool_size: Option<usize>,
+    #[serde(default)]
+    pub(super) statement_timeout: Option<String>,
+    #[serde(default)]
+    pub(super) connect_timeout: Option<String>,
+    #[serde(default)]
+    pub(super) migrate: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RawPostgresTls {
+    pub(super) ca_file: PathBuf,
 }
 
 #[derive(Debug, Deserialize)]

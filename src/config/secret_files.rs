@@ -3,28 +3,9 @@
 
 use std::path::Path;
 
-use crate::secret::SecretBytes;
-
-/// Reads a secret file, refusing one that group or others can read (mode
-/// must be 0600 or stricter) or that is not a regular file. Symlinks are
-/// followed and the target is checked: Kubernetes mounts secrets as links.
-pub fn read_secret_file(path: &Path) -> Result<SecretBytes, std::io::Error> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::metadata(path)?;
-    if !meta.file_type().is_file() {
-        return Err(std::io::Error::other(format!(
-            "{} is not a regular file",
-            path.display()
-        )));
-    }
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(std::io::Error::other(format!(
-            "{} must have mode 0600 (it is readable by others)",
-            path.display()
-        )));
-    }
-    Ok(SecretBytes::new(std::fs::read(path)?))
-}
+// Lives in `secret` so that lower layers (the store) can read a secret
+// file too; re-exported here, where the config's callers look for it.
+pub use crate::secret::read_secret_file;
 
 /// Writes a new secret file with mode 0600, failing if it exists.
 pub fn write_secret_file(path: &Path, data: &[u8]) -> std::io::Result<()> {

@@ -79,7 +79,7 @@ fn valid_config_parses_with_defaults() {
     // The trailing slash is dropped: `iss` and `htu` are built from it.
     assert_eq!(c.issuer, "https://broker.example");
     assert_eq!(c.policy, dir.join("policy.toml"));
-    assert_eq!(c.store, dir.join("data"));
+    assert_eq!(c.store.sled_dir(), Some(dir.join("data").as_path()));
     assert_eq!(c.audit_log, dir.join("data/audit.jsonl"));
     assert_eq!(c.admin_socket, dir.join("admin.sock"));
     assert_eq!(c.master_key_file, dir.join("keys/master.key"));
@@ -105,7 +105,10 @@ fn valid_config_parses_with_defaults() {
     );
     // Absolute paths stay as written.
     let abs = replace(BASE, "store = \"data\"", "store = \"/var/lib/cb\"");
-    assert_eq!(parse(&abs).unwrap().store, Path::new("/var/lib/cb"));
+    assert_eq!(
+        parse(&abs).unwrap().store.sled_dir(),
+        Some(Path::new("/var/lib/cb"))
+    );
 }
 
 // ------------------------------------------------------------ unknown keys
@@ -742,7 +745,10 @@ fn unreadable_config_is_an_error_naming_the_file() {
     assert!(err.to_string().contains("nope.toml"));
     let good = dir.path().join("credbroker.toml");
     std::fs::write(&good, BASE).unwrap();
-    assert_eq!(Config::load(&good).unwrap().store, dir.path().join("data"));
+    assert_eq!(
+        Config::load(&good).unwrap().store.sled_dir(),
+        Some(dir.path().join("data").as_path())
+    );
 }
 
 // ------------------------------------------------------------ secret files
@@ -775,4 +781,84 @@ fn secret_files_must_be_private_regular_files() {
     let err = read_secret_file(dir.path()).unwrap_err().to_string();
     assert!(err.contains("not a regular file"), "{err}");
     assert_eq!(read_secret_file(&path).unwrap().expose(), CANARY.as_bytes());
+}
+
+/// `BASE` on PostgreSQL instead of sled: `store` replaced by `[postgres]`
+/// (with `extra` lines in it) and an `audit_log`.
+fn on_postgres(extra: &str) -> String {
+    let text = replace(
+        BASE,
+        "store = \"data\"\n",
+        "audit_log = \"/var/log/credbroker/audit.jsonl\"\n",
+    );
+    format!("{text}\n[postgres]\nhost = \"db.internal\"\ndatabase = \"broker\"\nuser = \"credbroker\"\npassword_file = \"pg-password\"\n{extra}")
+}
+
+#[test]
+fn a_postgres_table_selects_the_shared_store() {
+    let c = parse(&on_postgres(
+        "pool_size = 8\nstatement_timeout = \"3s\"\nmigrate = \"auto\"\n[postgres.tls]\nca_file = \"pg-ca.pem\"\n",
+    ))
+    .unwrap();
+    let crate::store::Backend::Postgres(s) = &c.store else {
+        panic!("not postgres: {:?}", c.store);
+    };
+    assert_eq!(s.host, "db.internal");
+    assert_eq!(s.port, 5432);
+    assert_eq!(s.pool_size, 8);
+    assert_eq!(s.statement_timeout, Duration::from_secs(3));
+    assert_eq!(s.connect_timeout, Duration::from_secs(5));
+    assert_eq!(s.migrate, crate::store::Migrate::Auto);
+    // Secret and CA files are paths, anchored at the config's directory.
+    assert_eq!(
+        s.password_file.as_deref(),
+        Some(Path::new("/etc/credbroker/pg-password"))
+    );
+    assert_eq!(
+        s.ca_file.as_deref(),
+        Some(Path::new("/etc/credbroker/pg-ca.pem"))
+    );
+    assert_eq!(c.audit_log, Path::new("/var/log/credbroker/audit.jsonl"));
+}
+
+#[test]
+fn postgres_mistakes_are_named_by_key() {
+    // Without TLS off loopback: refused (the password would cross the
+    // network in the clear).
+    let p = problems(&on_postgres(""));
+    assert!(problem_for(&p, "postgres.tls").message.contains("loopback"));
+    // On loopback it may go without.
+    let local = on_postgres("").replace("db.internal", "127.0.0.1");
+    parse(&local).unwrap();
+    // audit_log is required (its default lives in the sled directory).
+    let p = problems(&replace(
+        &local,
+        "audit_log = \"/var/log/credbroker/audit.jsonl\"\n",
+        "",
+    ));
+    problem_for(&p, "audit_log");
+    // Both backends at once, or neither.
+    let p = problems(&format!("store = \"data\"\n{local}"));
+    problem_for(&p, "postgres");
+    let p = problems(&replace(BASE, "store = \"data\"\n", ""));
+    assert!(problem_for(&p, "store").message.contains("[postgres]"));
+    // Values out of range, each named, none echoed.
+    let p = problems(&format!(
+        "{local}pool_size = 0\nstatement_timeout = \"{CANARY}\"\nmigrate = \"{CANARY}\"\n"
+    ));
+    problem_for(&p, "postgres.pool_size");
+    problem_for(&p, "postgres.statement_timeout");
+    problem_for(&p, "postgres.migrate");
+    assert!(!format!("{p:?}").contains(CANARY));
+    let p = problems(&format!("{local}port = 70000\n"));
+    problem_for(&p, "postgres.port");
+    let p = problems(&local.replace("user = \"credbroker\"\n", ""));
+    problem_for(&p, "postgres.user");
+    let p = problems(&format!("{local}pasword = \"x\"\n"));
+    assert!(
+        p.iter()
+            .any(|x| x.key.as_deref().is_some_and(|k| k.ends_with("pasword"))
+                && x.message == "unknown key"),
+        "the misspelt key is reported: {p:?}"
+    );
 }

@@ -36,9 +36,42 @@
 
 #[doc(hidden)]
 pub mod contract;
+mod copy;
+mod postgres;
 mod sled_store;
 
+pub use copy::{copy, CopyError, CopyReport};
+pub use postgres::{Migrate, PgSettings, PgStore};
 pub use sled_store::SledStore;
+
+/// Which backend a config selects: `store = "<dir>"` (sled, one instance)
+/// or a `[postgres]` table (shared by replicas).
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The embedded store in this directory.
+    Sled(std::path::PathBuf),
+    /// A PostgreSQL database.
+    Postgres(PgSettings),
+}
+
+impl Backend {
+    /// The sled directory, if this is sled.
+    pub fn sled_dir(&self) -> Option<&std::path::Path> {
+        match self {
+            Backend::Sled(d) => Some(d),
+            Backend::Postgres(_) => None,
+        }
+    }
+
+    /// Opens the store (for PostgreSQL: checks or migrates the schema and
+    /// starts listening for changes).
+    pub fn open(&self) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+        Ok(match self {
+            Backend::Sled(d) => std::sync::Arc::new(SledStore::open(d)?),
+            Backend::Postgres(s) => std::sync::Arc::new(PgStore::open(s)?),
+        })
+    }
+}
 
 /// The trees (tables) of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -183,6 +216,9 @@ pub fn split_tuple_key(mut key: &[u8]) -> Option<Vec<String>> {
 /// A key and its value, as returned by scans.
 pub type Entry = (Vec<u8>, Vec<u8>);
 
+/// A live expiring entry: its key, its value and its remaining lifetime.
+pub type LiveExpiring = (Vec<u8>, Vec<u8>, std::time::Duration);
+
 /// A durable key-value store with named trees (see the module docs for the
 /// three groups of operations).
 pub trait Store: Send + Sync + std::fmt::Debug {
@@ -205,6 +241,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     ) -> Result<bool, StoreError>;
     /// Whether the store answers (readiness).
     fn is_healthy(&self) -> bool;
+
+    /// Whether other instances share this store (replicas on PostgreSQL):
+    /// its outage is then everyone's, and readiness does not depend on it.
+    fn is_shared(&self) -> bool {
+        false
+    }
 
     /// Inserts an expiring entry that lives for `ttl` by the store's clock,
     /// only if `key` has no live entry (an expired one counts as absent and

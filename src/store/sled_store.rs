@@ -114,6 +114,21 @@ impl SledStore {
         self.db.flush().map(|_| ()).map_err(backend)
     }
 
+    /// The live expiring entries of `tree` with their remaining lifetimes
+    /// (for `store copy`).
+    pub fn live_expiring(&self, tree: Tree) -> Result<Vec<super::LiveExpiring>, StoreError> {
+        check_tree(tree, true)?;
+        let now = now_ms();
+        let mut out = Vec::new();
+        for entry in self.tree(tree)?.iter() {
+            let (k, raw) = entry.map_err(backend)?;
+            if let Some((exp, v)) = decode_expiring(&raw).filter(|(exp, _)| *exp > now) {
+                out.push((k.to_vec(), v.to_vec(), Duration::from_millis(exp - now)));
+            }
+        }
+        Ok(out)
+    }
+
     /// Flushes a write to `tree` and tells its watchers.
     fn written(&self, tree: Tree) -> Result<(), StoreError> {
         self.flush()?;

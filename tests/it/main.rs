@@ -19,4 +19,5 @@ mod quickstart;
 mod reference;
 mod security;
 mod services;
+mod store;
 mod support;

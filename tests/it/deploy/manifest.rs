@@ -64,7 +64,8 @@ fn kubernetes_manifest_config_parses_and_every_path_is_mounted_as_needed() {
     let broker = mounts("credbroker");
     let orchestrator = mounts("orchestrator");
     // Written by the broker: on a writable mount, never the root filesystem.
-    for p in [&cfg.store, &cfg.vault_key_dir, &cfg.socket.path] {
+    let sled_dir = cfg.store.sled_dir().unwrap().to_path_buf();
+    for p in [&sled_dir, &cfg.vault_key_dir, &cfg.socket.path] {
         let (m, ro) =
             mount_of(p, &broker).unwrap_or_else(|| panic!("{} is in no volume", p.display()));
         assert!(!ro, "{} is on the read-only mount {m}", p.display());
@@ -83,4 +84,31 @@ fn kubernetes_manifest_config_parses_and_every_path_is_mounted_as_needed() {
         "the orchestrator mounts the secrets"
     );
     assert!(mount_of(&cfg.master_key_file, &orchestrator).is_none());
+}
+
+const REPLICATED: &str = include_str!("../../../deploy/kubernetes-replicated.yaml");
+
+#[test]
+fn replicated_manifest_config_parses_on_postgres_with_a_volume_per_pod() {
+    assert!(REPLICATED.contains("kind: StatefulSet\n"));
+    assert!(REPLICATED.contains("  replicas: 3\n"));
+    assert!(REPLICATED.contains("  volumeClaimTemplates:\n"));
+    let text = block(REPLICATED, "credbroker.toml");
+    let cfg = Config::parse(Path::new("/etc/credbroker/credbroker.toml"), &text)
+        .unwrap_or_else(|e| panic!("deploy/kubernetes-replicated.yaml credbroker.toml: {e}"));
+    let credbroker::internals::store::Backend::Postgres(pg) = &cfg.store else {
+        panic!("the replicated example is not on PostgreSQL");
+    };
+    // The database secrets are read from the broker-only copy of the
+    // Secret; the audit log is on the pod's own volume.
+    for p in [
+        pg.password_file.as_ref().unwrap(),
+        pg.ca_file.as_ref().unwrap(),
+    ] {
+        assert!(p.starts_with("/run/credbroker-secrets/"), "{}", p.display());
+    }
+    assert!(cfg.vault_key_dir.starts_with("/run/credbroker-secrets/"));
+    assert!(cfg.audit_log.starts_with("/var/lib/credbroker/"));
+    assert!(REPLICATED
+        .contains("            - name: state\n              mountPath: /var/lib/credbroker\n"));
 }

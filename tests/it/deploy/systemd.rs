@@ -38,8 +38,9 @@ fn systemd_unit_gives_the_example_config_every_path_and_group_it_needs() {
         .collect();
     writable.extend(runtime.iter().cloned());
     writable.extend(values("ReadWritePaths").iter().map(PathBuf::from));
+    let sled_dir = cfg.store.sled_dir().unwrap().to_path_buf();
     for (key, p) in [
-        ("store", &cfg.store),
+        ("store", &sled_dir),
         ("audit_log", &cfg.audit_log),
         ("vault.key_dir", &cfg.vault_key_dir),
         ("socket.path", &cfg.socket.path),

@@ -123,6 +123,7 @@ fn event_fields() -> BTreeSet<String> {
         service: Some("a"),
         connect_id: Some("a"),
         opener_iss: Some("a"),
+        instance: Some("a"),
         opener_sub: Some("a"),
         client_addr: Some("a".into()),
         narrowed: Some(true),

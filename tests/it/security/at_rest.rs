@@ -135,7 +135,8 @@ async fn minting_key_is_in_no_store_file_in_clear() {
     let master = credbroker::internals::config::read_secret_file(&cfg.master_key_file).unwrap();
     let sealer = credbroker::internals::seal::Sealer::new(&master, &[]).unwrap();
     let (records, der) = {
-        let store = credbroker::internals::store::SledStore::open(&cfg.store).unwrap();
+        let store =
+            credbroker::internals::store::SledStore::open(cfg.store.sled_dir().unwrap()).unwrap();
         let records = credbroker::internals::store::Store::scan_prefix(
             &store,
             credbroker::internals::store::Tree::SigningKeys,

@@ -9,6 +9,7 @@
 //! - `pages`: the pages in-process, with a fake connected-services side;
 //! - `browser`: Chromium (playwright-core), one profile per person;
 //! - `mcp`: the example MCP server, the Python `mcp` client and fakes;
+//! - `postgres`: one PostgreSQL cluster per run, a database per test;
 //! - `quickstart`: the real `credbroker quickstart`, as a newcomer runs it.
 //!
 //! This file keeps the few helpers every role uses.
@@ -24,6 +25,7 @@ pub(crate) mod mcp;
 pub(crate) mod oidc;
 pub(crate) mod pages;
 pub(crate) mod peers;
+pub(crate) mod postgres;
 pub(crate) mod quickstart;
 pub(crate) mod services;
 

@@ -160,8 +160,9 @@ timeout = "{timeout}"
     /// single-process).
     pub(crate) fn open_parts(&self) -> Parts {
         let cfg = credbroker::internals::config::Config::load(&self.broker.config).unwrap();
-        let store: Arc<dyn credbroker::internals::store::Store> =
-            Arc::new(credbroker::internals::store::SledStore::open(&cfg.store).unwrap());
+        let store: Arc<dyn credbroker::internals::store::Store> = Arc::new(
+            credbroker::internals::store::SledStore::open(cfg.store.sled_dir().unwrap()).unwrap(),
+        );
         let vault = credbroker::internals::vault::Vault::open(store, &cfg.vault_key_dir).unwrap();
         Parts { vault }
     }

@@ -1,0 +1,86 @@
+//! The schema's versions: a migration run twice changes nothing, an older
+//! schema is migrated only when the config allows it, and a schema made
+//! for a newer binary is refused with a message saying what to do.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use credbroker::internals::store::{Migrate, PgStore, StoreError};
+
+use crate::support::postgres::{cluster_or_not_shown, database};
+
+fn refusal(r: Result<PgStore, StoreError>) -> String {
+    match r {
+        Err(StoreError::Backend(m)) => m,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_migration_run_twice_applies_nothing_the_second_time() {
+    let Some(cluster) = cluster_or_not_shown("migrations run twice") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let db = database(cluster, "migrate_twice");
+    let store = PgStore::connect(&db.settings()).unwrap();
+    assert_eq!(store.schema_version().unwrap().0, 0, "an empty database");
+    let first = store.migrate().unwrap();
+    assert!(!first.is_empty(), "the first run applies the migrations");
+    let (version, _) = store.schema_version().unwrap();
+    assert_eq!(version, *first.last().unwrap());
+    assert_eq!(store.migrate().unwrap(), Vec::<i32>::new(), "second run");
+    assert_eq!(store.schema_version().unwrap().0, version);
+    assert_eq!(
+        db.sql("SELECT count(*) FROM schema_migrations"),
+        first.len().to_string(),
+        "one row per migration"
+    );
+}
+
+#[test]
+fn an_unmigrated_database_is_refused_unless_migrate_is_auto() {
+    let Some(cluster) = cluster_or_not_shown("migrate = manual refuses an old schema") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let db = database(cluster, "manual");
+    let mut manual = db.settings();
+    manual.migrate = Migrate::Manual;
+    let m = refusal(PgStore::open(&manual));
+    assert!(
+        m.contains("test.toml: postgres:")
+            && m.contains("version 0")
+            && m.contains("credbroker store migrate --config test.toml")
+            && m.contains("migrate = \"auto\""),
+        "{m}"
+    );
+    // Positive control: with "auto" the instance migrates at start, and
+    // then a manual one starts too.
+    PgStore::open(&db.settings()).unwrap();
+    PgStore::open(&manual).unwrap();
+}
+
+#[test]
+fn a_schema_made_for_a_newer_binary_is_refused_with_a_clear_message() {
+    let Some(cluster) = cluster_or_not_shown("a newer schema refused") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let db = database(cluster, "too_new");
+    PgStore::open(&db.settings()).unwrap();
+    // What a future binary's migration that old binaries cannot follow
+    // would leave.
+    db.sql("INSERT INTO schema_migrations (version, oldest_binary) VALUES (9999, '99.0.0')");
+    let m = refusal(PgStore::open(&db.settings()));
+    assert!(
+        m.contains("test.toml: postgres:")
+            && m.contains("version 9999")
+            && m.contains("needs credbroker 99.0.0 or later")
+            && m.contains(&format!("this is credbroker {}", env!("CARGO_PKG_VERSION"))),
+        "{m}"
+    );
+    // A newer schema that still admits this binary (an expand-only
+    // migration) is used: a rolling update's old replicas keep running.
+    db.sql("UPDATE schema_migrations SET oldest_binary = '0.0.1' WHERE version = 9999");
+    PgStore::open(&db.settings()).unwrap();
+}

@@ -1,0 +1,11 @@
+//! The stores: the contract every backend keeps, run against PostgreSQL
+//! (sled runs it in its unit tests), and what only a shared store has to
+//! show: races between processes, durability across a server crash, the
+//! schema's versions, and failing closed while the server is away.
+mod contract;
+mod copy;
+mod faults;
+mod links;
+mod migrations;
+mod processes;
+mod replicas;

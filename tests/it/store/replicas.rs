@@ -1,0 +1,174 @@
+//! Instances of one agent sharing one PostgreSQL database (replicas), with
+//! the real binary: one key ring (identical JWKS, a rotation seen by every
+//! replica), and a freeze on one replica holding on the others within a
+//! second.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use credbroker::client::Answer;
+use credbroker::internals::jose::Es256Key;
+
+use crate::support::postgres::{cluster_or_not_shown, database, replicas};
+use crate::support::*;
+
+fn kids(jwks: &[u8]) -> BTreeSet<String> {
+    let v: serde_json::Value = serde_json::from_slice(jwks).unwrap();
+    v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["kid"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn refused(b: &TestBroker, key: &Es256Key) -> bool {
+    matches!(
+        b.derive(
+            key,
+            &b.subject_token("alice"),
+            "summarize",
+            "notes.read",
+            RESOURCE,
+            None,
+        )
+        .await,
+        Answer::Refused(_)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the gate between this binary's PostgreSQL tests (other test
+// threads), never taken by another task of this runtime.
+#[allow(clippy::await_holding_lock)]
+async fn replicas_share_the_key_ring_and_the_freeze() {
+    let Some(cluster) = cluster_or_not_shown("replicas on one PostgreSQL database") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let db = database(cluster, "replicas");
+    let r = replicas(&db, 3);
+    let (a, b, c) = (&r[0], &r[1], &r[2]);
+    let (key, _) = Es256Key::generate().unwrap();
+
+    // One key ring: the same JWKS on every replica, and a token from any.
+    let jwks = a.jwks().await;
+    assert_eq!(kids(&jwks).len(), 1);
+    for x in [b, c] {
+        assert_eq!(kids(&x.jwks().await), kids(&jwks), "one JWKS for all");
+        x.derive_ok(&key).await;
+    }
+
+    // A freeze on B holds on A and C within a second.
+    assert_eq!(b.admin_post("/freeze", "on").unwrap().0, 200);
+    let start = Instant::now();
+    for x in [a, c] {
+        while !refused(x, &key).await {
+            assert!(
+                start.elapsed() < Duration::from_secs(1),
+                "the freeze did not reach every replica within 1 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    eprintln!("freeze on every replica after {:?}", start.elapsed());
+    // Lifted on A: B and C issue again (the positive control).
+    assert_eq!(a.admin_post("/freeze", "off").unwrap().0, 200);
+    let start = Instant::now();
+    for x in [b, c] {
+        while refused(x, &key).await {
+            assert!(start.elapsed() < Duration::from_secs(1), "lift not seen");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    // A rotation on C is published by every replica within 10 s (the
+    // activation delay, 120 s by default, is far longer, so no replica
+    // signs with a key another's JWKS lacks).
+    let (code, body) = c.admin_post("/keys/rotate", "").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let after = kids(&c.jwks().await);
+    assert_eq!(after.len(), 2, "the new key is published at once");
+    let start = Instant::now();
+    for x in [a, b] {
+        while kids(&x.jwks().await) != after {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "a replica did not publish the new key within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    eprintln!("rotation on every replica after {:?}", start.elapsed());
+    // Each replica's audit file names the instance that wrote it; a sled
+    // instance's events have no such field (tests elsewhere read those).
+    let instances: BTreeSet<String> = [a, b, c]
+        .iter()
+        .map(|x| {
+            let text = std::fs::read_to_string(x.path("audit.jsonl")).unwrap();
+            let names: BTreeSet<String> = text
+                .lines()
+                .map(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    v["instance"].as_str().unwrap().to_string()
+                })
+                .collect();
+            assert_eq!(names.len(), 1, "one instance per file: {names:?}");
+            names.into_iter().next().unwrap()
+        })
+        .collect();
+    assert_eq!(instances.len(), 3, "three instances: {instances:?}");
+    // Until activation the old key signs, on every replica.
+    let old: BTreeSet<String> = kids(&jwks);
+    for x in [a, b, c] {
+        let t = x.derive_ok(&key).await;
+        let jws = credbroker::internals::jose::parse(t.access_token.expose(), 8192).unwrap();
+        assert!(old.contains(jws.header.kid.as_deref().unwrap()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the gate between this binary's PostgreSQL tests (other test
+// threads), never taken by another task of this runtime.
+#[allow(clippy::await_holding_lock)]
+async fn self_derives_and_readiness_survive_postgres_down() {
+    let Some(cluster) = cluster_or_not_shown("a replica while PostgreSQL is down") else {
+        return;
+    };
+    let _exclusive = cluster.exclusive();
+    let db = database(cluster, "pg_down");
+    let r = replicas(&db, 1);
+    let a = &r[0];
+    let (key, _) = Es256Key::generate().unwrap();
+    a.derive_ok(&key).await;
+    let readyz = |b: &TestBroker| {
+        let (code, body) = b.admin_get("/readyz").unwrap();
+        (
+            code,
+            serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        )
+    };
+    assert_eq!(readyz(a).0, 200);
+    cluster.stop();
+    // Readiness reports the store, but does not take the replica out of
+    // the Service (every replica would leave at once), and the `self`
+    // path, which needs no store, keeps issuing.
+    let (code, body) = readyz(a);
+    assert_eq!(body["store"], false, "{body}");
+    assert_eq!(code, 200, "{body}");
+    a.derive_ok(&key).await;
+    // What needs the store fails closed: a freeze cannot be lifted
+    // without writing it.
+    let (code, _) = a.admin_post("/freeze", "off").unwrap();
+    assert_ne!(code, 200, "a write with the store down is not acknowledged");
+    cluster.start_again();
+    let start = Instant::now();
+    while readyz(a).1["store"] != true {
+        assert!(start.elapsed() < Duration::from_secs(10), "no recovery");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(a.admin_post("/freeze", "off").unwrap().0, 200);
+    a.derive_ok(&key).await;
+}
