@@ -135,6 +135,8 @@ pub(super) struct RawDpop {
     pub(super) algs: Option<Vec<String>>,
     #[serde(default)]
     pub(super) replay_capacity: Option<usize>,
+    #[serde(default)]
+    pub(super) replay_cache_bytes: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -145,6 +147,8 @@ pub(super) struct RawLimits {
     pub(super) per_person_tool_per_second: Option<u32>,
     #[serde(default)]
     pub(super) burst: Option<u32>,
+    #[serde(default)]
+    pub(super) global_per_second: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
