@@ -799,7 +799,9 @@ fn replay_cache_bytes_bound_the_global_derive_limit() {
 
     // A global limit above what the cache can check is refused, naming the
     // key and the figures.
-    let text = format!("{BASE}\n[dpop]\nreplay_cache_bytes = 1048576\n\n[limits]\nglobal_per_second = 1000\n");
+    let text = format!(
+        "{BASE}\n[dpop]\nreplay_cache_bytes = 1048576\n\n[limits]\nglobal_per_second = 1000\n"
+    );
     let p = problems(&text);
     let bad = problem_for(&p, "limits.global_per_second");
     assert!(bad.message.contains("replay cache can check"), "{bad:?}");
@@ -807,14 +809,25 @@ fn replay_cache_bytes_bound_the_global_derive_limit() {
     // The deprecated entry count cannot be combined with the bytes.
     let text = format!("{BASE}\n[dpop]\nreplay_cache_bytes = 1048576\nreplay_capacity = 1000\n");
     let p = problems(&text);
-    assert!(problem_for(&p, "dpop.replay_capacity").message.contains("deprecated"));
+    assert!(problem_for(&p, "dpop.replay_capacity")
+        .message
+        .contains("deprecated"));
     // Positive controls: a limit within the bound, and the deprecated key
     // alone, which still sets the capacity (and the bytes from it).
-    let c = parse(&format!("{BASE}\n[dpop]\nreplay_cache_bytes = 1048576\n\n[limits]\nglobal_per_second = 300\n")).unwrap();
+    let c = parse(&format!(
+        "{BASE}\n[dpop]\nreplay_cache_bytes = 1048576\n\n[limits]\nglobal_per_second = 300\n"
+    ))
+    .unwrap();
     assert_eq!(c.limits.global_per_second, 300);
-    assert_eq!(c.dpop.replay_capacity, crate::dpop::ReplayCache::capacity_for_bytes(1 << 20));
+    assert_eq!(
+        c.dpop.replay_capacity,
+        crate::dpop::ReplayCache::capacity_for_bytes(1 << 20)
+    );
     let c = parse(&format!("{BASE}\n[dpop]\nreplay_capacity = 50000\n")).unwrap();
     assert_eq!(c.dpop.replay_capacity, 50_000);
-    assert_eq!(c.dpop.replay_cache_bytes, crate::dpop::ReplayCache::new(50_000).slot_bytes());
+    assert_eq!(
+        c.dpop.replay_cache_bytes,
+        crate::dpop::ReplayCache::new(50_000).slot_bytes()
+    );
     assert_eq!(c.limits.global_per_second, max_derive_rate(50_000));
 }
