@@ -95,7 +95,7 @@ fn quickstart() -> (tempfile::TempDir, Config) {
     let mut text = std::fs::read_to_string(&path).unwrap();
     text.push_str(
         "\n[limits]\nper_peer_per_second = 1000000000\nper_person_tool_per_second = 1000000000\nburst = 1000000000\n\
-         [dpop]\nreplay_capacity = 20000000\n",
+         [dpop]\nreplay_cache_bytes = 67108864\n",
     );
     std::fs::write(&path, text).unwrap();
     let cfg = Config::load(&path).unwrap();

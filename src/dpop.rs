@@ -123,7 +123,7 @@ pub fn normalize_htu(u: &str) -> Option<String> {
 }
 
 /// Bytes of one slot of the replay cache: a 16-byte key and a 32-bit expiry.
-pub const REPLAY_SLOT_BYTES: usize = std::mem::size_of::<Slot>();
+pub const REPLAY_SLOT_BYTES: usize = 16 + 4;
 
 /// Caches of at least this many entries are split over [`SHARDS`] locks;
 /// smaller ones have one (and then the capacity is exact to the entry).
@@ -134,7 +134,7 @@ const SHARDS: usize = 16;
 /// One slot: `exp == 0` marks it empty. The key is a keyed hash, so its
 /// value says nothing about the proof, and nobody outside this process can
 /// choose which shard or slot a proof falls in.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Slot {
     key: [u8; 16],
     exp: u32,
@@ -144,7 +144,8 @@ struct Slot {
 /// proof could no longer pass the `iat` check; when the cache is full of
 /// live entries, `insert` fails and the request is refused.
 ///
-/// Every slot is allocated when the cache is made and never again: each
+/// Every slot is allocated (zeroed, so not yet resident) when the cache
+/// is made and never again: each
 /// shard is an open-addressing table (linear probing, backward-shift
 /// deletion) of 20-byte slots, so the cache's memory is its slot count
 /// times [`REPLAY_SLOT_BYTES`] whatever the derive rate, and
@@ -171,7 +172,11 @@ pub struct ReplayCache {
 
 #[derive(Debug)]
 struct Shard {
-    slots: Box<[Slot]>,
+    /// The slots, as two arrays of zeros (`calloc`): pages the cache has
+    /// not used yet are not resident, so memory grows with use up to the
+    /// budget and never past it.
+    keys: Box<[[u8; 16]]>,
+    exps: Box<[u32]>,
     /// Occupied slots (live or expired but not yet removed).
     used: usize,
     /// At most this many slots may be occupied (4/5 of them).
@@ -183,30 +188,47 @@ struct Shard {
 impl Shard {
     fn new(slots: usize) -> Shard {
         Shard {
-            slots: vec![Slot::default(); slots].into_boxed_slice(),
+            keys: vec![[0u8; 16]; slots].into_boxed_slice(),
+            exps: vec![0u32; slots].into_boxed_slice(),
             used: 0,
             max_used: (slots * 4 / 5).max(1).min(slots.saturating_sub(1)).max(1),
             swept: i64::MIN,
         }
     }
 
+    fn len(&self) -> usize {
+        self.exps.len()
+    }
+
+    fn slot(&self, i: usize) -> Slot {
+        Slot {
+            key: self.keys[i],
+            exp: self.exps[i],
+        }
+    }
+
+    fn set(&mut self, i: usize, s: Slot) {
+        self.keys[i] = s.key;
+        self.exps[i] = s.exp;
+    }
+
     fn home(&self, key: &[u8; 16]) -> usize {
         let mut h = [0u8; 8];
         h.copy_from_slice(&key[..8]);
-        (u64::from_le_bytes(h) % self.slots.len() as u64) as usize
+        (u64::from_le_bytes(h) % self.len() as u64) as usize
     }
 
     /// Empties slot `i` and moves later entries of its probe run back, so
     /// every entry stays reachable from its home slot.
     fn remove(&mut self, mut i: usize) {
-        let n = self.slots.len();
+        let n = self.len();
         let mut j = i;
         loop {
             j = (j + 1) % n;
-            if self.slots[j].exp == 0 {
+            if self.exps[j] == 0 {
                 break;
             }
-            let k = self.home(&self.slots[j].key);
+            let k = self.home(&self.keys[j]);
             // Move j into the hole at i unless its home lies cyclically in
             // (i, j]: then it must stay where it is.
             let stays = if i <= j {
@@ -215,11 +237,11 @@ impl Shard {
                 i < k || k <= j
             };
             if !stays {
-                self.slots[i] = self.slots[j];
+                self.set(i, self.slot(j));
                 i = j;
             }
         }
-        self.slots[i] = Slot::default();
+        self.set(i, Slot::default());
         self.used -= 1;
     }
 
@@ -228,8 +250,8 @@ impl Shard {
         self.swept = now;
         let mut removed = 0;
         let mut i = 0;
-        while i < self.slots.len() {
-            let s = self.slots[i];
+        while i < self.len() {
+            let s = self.slot(i);
             if s.exp != 0 && i64::from(s.exp) <= now {
                 self.remove(i);
                 removed += 1;
@@ -245,10 +267,10 @@ impl Shard {
     /// expired slot (`true`: reused, no slot taken), or the empty slot that
     /// ends its probe run.
     fn find(&self, key: &[u8; 16], now: i64) -> Result<(usize, bool), DpopError> {
-        let n = self.slots.len();
+        let n = self.len();
         let mut i = self.home(key);
         for _ in 0..n {
-            let s = &self.slots[i];
+            let s = self.slot(i);
             if s.exp == 0 {
                 return Ok((i, false));
             }
@@ -373,7 +395,7 @@ impl ReplayCache {
         }
         if let (at, true) = s.find(&key, now)? {
             // Its own expired entry: the slot and the count carry over.
-            s.slots[at].exp = exp;
+            s.exps[at] = exp;
             return Ok(());
         }
         if s.used >= s.max_used || !self.reserve() {
@@ -395,7 +417,7 @@ impl ReplayCache {
         }
         // Found again: a sweep may have moved entries since the first look.
         let (at, _) = s.find(&key, now)?;
-        s.slots[at] = Slot { key, exp };
+        s.set(at, Slot { key, exp });
         s.used += 1;
         Ok(())
     }

@@ -849,7 +849,7 @@ fn replay_cache_memory_is_fixed_by_its_byte_budget() {
     // churn it through three lifetimes at that rate. The slots never
     // change size: the memory is what the budget allowed, at any rate.
     let c = ReplayCache::with_bytes(2 << 20);
-    let slots_before: Vec<usize> = (0..c.shards.len()).map(|i| c.lock(i).slots.len()).collect();
+    let slots_before: Vec<usize> = (0..c.shards.len()).map(|i| c.lock(i).len()).collect();
     assert_eq!(slots_before.len(), SHARDS, "a 2 MiB cache is sharded");
     let cap = c.capacity();
     let per_second = cap / MAX_JTI_LIFETIME as usize;
@@ -864,7 +864,7 @@ fn replay_cache_memory_is_fixed_by_its_byte_budget() {
         t += 1;
     }
     assert!(c.len() <= cap && c.len() >= per_second * (MAX_JTI_LIFETIME as usize - 1));
-    let slots_after: Vec<usize> = (0..c.shards.len()).map(|i| c.lock(i).slots.len()).collect();
+    let slots_after: Vec<usize> = (0..c.shards.len()).map(|i| c.lock(i).len()).collect();
     assert_eq!(slots_before, slots_after);
     assert_eq!(
         c.slot_bytes(),
