@@ -853,15 +853,13 @@ fn replay_cache_memory_is_fixed_by_its_byte_budget() {
     assert_eq!(slots_before.len(), SHARDS, "a 2 MiB cache is sharded");
     let cap = c.capacity();
     let per_second = cap / MAX_JTI_LIFETIME as usize;
-    let mut t = NOW;
     let mut inserted = 0;
-    for _ in 0..3 * MAX_JTI_LIFETIME {
+    for t in NOW..NOW + 3 * MAX_JTI_LIFETIME {
         for k in random_keys(per_second) {
             c.insert(k, t + MAX_JTI_LIFETIME, t)
                 .unwrap_or_else(|e| panic!("refused at {inserted} of rate {per_second}/s: {e:?}"));
             inserted += 1;
         }
-        t += 1;
     }
     assert!(c.len() <= cap && c.len() >= per_second * (MAX_JTI_LIFETIME as usize - 1));
     let slots_after: Vec<usize> = (0..c.shards.len()).map(|i| c.lock(i).len()).collect();
