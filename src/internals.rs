@@ -36,6 +36,11 @@ pub mod connect {
     pub use crate::connect::*;
 }
 
+/// The `demo` module's `pub` items.
+pub mod demo {
+    pub use crate::demo::*;
+}
+
 /// The `dpop` module's `pub` items.
 pub mod dpop {
     pub use crate::dpop::*;

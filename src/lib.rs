@@ -10,6 +10,8 @@
 //! building blocks above them.
 //!
 //! - `cli`: the command line; starts an instance or acts on a stopped one.
+//! - `demo`: the quick start's built-in demo service (a stand-in OAuth
+//!   provider and its API, on loopback; `quickstart` only).
 //! - `app`: the composition root: builds an instance and wires its parts.
 //! - `server`: binds the listeners, runs the accept loops, shuts down.
 //! - `admin`: the admin socket (status, freeze, key rotation, accounts).
@@ -61,6 +63,7 @@ pub mod client;
 mod clock;
 mod config;
 mod connect;
+mod demo;
 mod diagnostics;
 mod dpop;
 mod events;

@@ -19,14 +19,20 @@ pub struct Cli {
 /// One subcommand.
 #[derive(Debug, Subcommand)]
 pub(super) enum Command {
-    /// Create (or reuse) a quick-start directory and serve from it.
+    /// Create (or reuse) a quick-start directory and serve from it, with
+    /// local accounts alice and bob and the built-in demo service.
     Quickstart {
         /// The directory.
-        #[arg(long, default_value = "./credbroker-quickstart")]
+        #[arg(long, default_value = "credbroker-quickstart")]
         dir: PathBuf,
-        /// Public listener address.
-        #[arg(long, default_value = "127.0.0.1:8440")]
-        listen: String,
+        /// Public listener address, on loopback (default 127.0.0.1:8440; a
+        /// reused directory keeps the address it was made for).
+        #[arg(long)]
+        listen: Option<String>,
+        /// The demo service's address, on loopback (default 127.0.0.1:8441;
+        /// a reused directory keeps the address it was made for).
+        #[arg(long)]
+        demo_listen: Option<String>,
     },
     /// Serve with a configuration file.
     Serve {
@@ -37,7 +43,7 @@ pub(super) enum Command {
     /// Print a subject token from the quick start's dev issuer (development only).
     SubjectToken {
         /// The quick-start directory.
-        #[arg(long, default_value = "./credbroker-quickstart")]
+        #[arg(long, default_value = "credbroker-quickstart")]
         dir: PathBuf,
         /// The person's name (`sub`).
         #[arg(long)]
@@ -65,6 +71,12 @@ pub(super) enum Command {
         /// whose path is printed.
         #[arg(long)]
         dpop_key: Option<PathBuf>,
+        /// Print only this member of the answer, raw (a string without its
+        /// quotes), e.g. `access_token` or `connect_uri`, for scripts
+        /// without a JSON tool. A refusal still exits 2; an answer without
+        /// the member is printed whole on standard error.
+        #[arg(long, value_name = "MEMBER")]
+        print: Option<String>,
     },
     /// Show a running instance's status (through the admin socket). Exits 0
     /// when ready, 1 when running but not ready, 3 when not running.

@@ -9,8 +9,20 @@ use super::exit::Exit;
 use super::Res;
 
 /// `credbroker serve`: serves with a config file until SIGTERM or Ctrl-C.
+/// Refuses a config that names the quick start's demo service.
 pub(super) async fn serve(config: &Path) -> Res {
     let cfg = Config::load(config)?;
+    if let Some(name) = &cfg.quickstart_demo {
+        return Err(format!(
+            "{}: providers.{name}: preset = \"{}\" is the quick start's built-in demo \
+             service, which only `credbroker quickstart` runs (it is a stand-in, not a real \
+             provider); remove [providers.{name}] and the policy's resources with \
+             service = \"{name}\" to serve this config",
+            config.display(),
+            crate::config::QUICKSTART_DEMO
+        )
+        .into());
+    }
     let (inst, listeners) = start(&cfg).await?;
     crate::server::run(inst, listeners, crate::server::shutdown_signal()).await?;
     Ok(Exit::Ok)
@@ -38,38 +50,180 @@ async fn start(
     Ok((inst, listeners))
 }
 
-/// `credbroker quickstart`: writes the quick-start directory (unless it
-/// exists), prints the next steps, and serves from it.
-pub(super) async fn quickstart(dir: &Path, listen: &str) -> Res {
-    let config = super::quickstart::quickstart_files(dir, listen)?;
+/// `credbroker quickstart`: makes the quick-start directory (or reuses
+/// it), adds local accounts alice and bob the first time, starts the demo
+/// service, prints the next steps, and serves from it.
+pub(super) async fn quickstart(dir: &Path, listen: Option<&str>, demo_listen: Option<&str>) -> Res {
+    use super::quickstart as qs;
+    let prepared = qs::prepare(dir, listen, demo_listen)?;
+    let config = prepared.config;
     let cfg = Config::load(&config)?;
+    // The demo service binds first: a busy port fails before the broker's
+    // own listeners and store are opened.
+    let demo = match (&cfg.quickstart_demo, qs::demo_addr(&cfg)) {
+        (Some(name), Some(addr)) => Some(demo_service(dir, &cfg, name, addr).await?),
+        _ => None,
+    };
     let (inst, listeners) = start(&cfg).await?;
+    let accounts = local_accounts(&inst)?;
     let d = dir.display();
     let sock = cfg.socket.path.display();
-    eprintln!(
+    let issuer = &cfg.issuer;
+    let me =
+        std::env::current_exe().map_or_else(|_| "credbroker".into(), |p| p.display().to_string());
+    let mut out = format!(
         r#"
 credbroker quick start (development only: plain HTTP on loopback, dev issuer)
-  config   {config}
+  config   {config}{made}
   socket   {sock}
   issuer   {issuer}   (metadata: {issuer}/.well-known/oauth-authorization-server)
-
-Next steps, in another terminal:
-  TOKEN=$(credbroker subject-token --dir {d} --sub alice)
-  credbroker derive --socket {sock} --issuer {issuer} --subject-token "$TOKEN" \
-      --step summarize --tool notes.read --resource http://127.0.0.1:9090/notes
-  # a sensitive tool outside its step is denied:
-  credbroker derive --socket {sock} --issuer {issuer} --subject-token "$TOKEN" \
-      --step summarize --tool notes.delete --resource http://127.0.0.1:9090/notes
-
-Pages (connect links, your accounts): {issuer}/account
-  # a local account alice is the same person as subject tokens with sub alice:
-  credbroker users add alice --config {config}
-  (plain HTTP on loopback: the session cookie is the development cookie
-  "credbroker-dev" instead of "__Host-credbroker", which needs https)
 "#,
         config = config.display(),
-        issuer = cfg.issuer,
+        made = if prepared.fresh {
+            "   (made now)"
+        } else {
+            "   (reused)"
+        },
     );
-    crate::server::run(inst, listeners, crate::server::shutdown_signal()).await?;
+    if let Some((_, demo)) = &demo {
+        out.push_str(&format!(
+            "  demo     {}   (the built-in demo service: a stand-in provider, quick start only)\n",
+            demo.issuer()
+        ));
+    }
+    out.push_str("\nLocal accounts for the pages (sign in at ");
+    out.push_str(issuer);
+    out.push_str("/account):\n");
+    for (name, password) in &accounts {
+        match password {
+            Some(p) => out.push_str(&format!(
+                "  {name:<6} password {}   (printed once: note it now)\n",
+                p.expose()
+            )),
+            None => out.push_str(&format!(
+                "  {name:<6} exists (a new password: credbroker users add {name} --replace --config {})\n",
+                config.display()
+            )),
+        }
+    }
+    out.push_str(&format!(
+        r#"
+Next steps, in another terminal (the README's walkthrough):
+  alias credbroker="{me}"
+  TOKEN=$(credbroker subject-token --dir {d} --sub alice)
+  credbroker derive --socket {sock} \
+    --issuer {issuer} --subject-token "$TOKEN" \
+    --step summarize --tool notes.read --resource http://127.0.0.1:9090/notes \
+    --dpop-key tool-key.pem
+  # a sensitive tool outside its step is denied:
+  credbroker derive --socket {sock} \
+    --issuer {issuer} --subject-token "$TOKEN" \
+    --step summarize --tool notes.delete --resource http://127.0.0.1:9090/notes \
+    --dpop-key tool-key.pem
+"#
+    ));
+    if let Some((_, demo)) = &demo {
+        out.push_str(&format!(
+            r#"  # the demo tool needs alice's demo account: the answer is a connect link
+  credbroker derive --socket {sock} \
+    --issuer {issuer} --subject-token "$TOKEN" \
+    --step summarize --tool demo.notes --resource {api} \
+    --dpop-key tool-key.pem --print connect_uri
+  # open it in a browser, sign in as alice, Connect, pick her demo account,
+  # Allow; (bob opening it changes nothing). Then the same call is issued:
+  DEMO_TOKEN=$(credbroker derive --socket {sock} \
+    --issuer {issuer} --subject-token "$TOKEN" \
+    --step summarize --tool demo.notes --resource {api} \
+    --dpop-key tool-key.pem --print access_token)
+  curl -H "Authorization: Bearer $DEMO_TOKEN" {api}/notes
+"#,
+            api = demo.api_base()
+        ));
+    } else {
+        out.push_str(
+            "\n(this directory was made without the demo service, by an older version: \
+             the connect-link walkthrough needs a new --dir)\n",
+        );
+    }
+    out.push_str(
+        r#"
+(plain HTTP on loopback: the session cookie is the development cookie
+"credbroker-dev" instead of "__Host-credbroker", which needs https)
+"#,
+    );
+    eprintln!("{out}");
+    // The banner held the passwords: gone from memory once printed.
+    zeroize::Zeroize::zeroize(&mut out);
+    drop(accounts);
+    let demo_task = demo.map(|(listener, d)| tokio::spawn(crate::demo::serve(listener, d)));
+    let res = crate::server::run(inst, listeners, crate::server::shutdown_signal()).await;
+    if let Some(t) = demo_task {
+        t.abort();
+    }
+    res?;
     Ok(Exit::Ok)
+}
+
+/// Each quick-start person's name, and the password made for them by this
+/// run (to be printed once), `None` when the account already existed.
+type Accounts = Vec<(&'static str, Option<crate::secret::SecretString>)>;
+
+/// The quick start's two people, as local accounts: made (with a
+/// generated password) when missing.
+fn local_accounts(inst: &crate::app::Instance) -> Result<Accounts, Box<dyn std::error::Error>> {
+    let store = inst.broker.store.as_ref();
+    let mut out = Vec::new();
+    for name in ["alice", "bob"] {
+        if crate::pages::users::exists(store, name)? {
+            out.push((name, None));
+            continue;
+        }
+        let mut r = [0u8; 12];
+        aws_lc_rs::rand::fill(&mut r).map_err(|_| "no randomness for a password")?;
+        let password = crate::secret::SecretString::new(crate::jose::b64e(&r));
+        zeroize::Zeroize::zeroize(&mut r);
+        crate::ops::add_user(
+            store,
+            name,
+            &password,
+            false,
+            crate::ops::Recorder::of(&inst.broker),
+        )?;
+        out.push((name, Some(password)));
+    }
+    Ok(out)
+}
+
+/// Binds the demo service at `addr` and sets it up from the quick-start
+/// directory (its key) and the config (its client and redirect URI).
+async fn demo_service(
+    dir: &Path,
+    cfg: &Config,
+    name: &str,
+    addr: std::net::SocketAddr,
+) -> Result<(tokio::net::TcpListener, Arc<crate::demo::Demo>), Box<dyn std::error::Error>> {
+    use super::quickstart as qs;
+    let provider = cfg
+        .providers
+        .get(name)
+        .ok_or("the demo provider is missing")?;
+    let key = super::keyfile::load_pem_key(&dir.join(qs::DEMO_KEY))?;
+    let issuer = format!("http://{addr}");
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        format!(
+            "the demo service cannot listen on {addr} ({e}); a directory keeps the address it was \
+             made for: stop what uses it, or give another --dir with a free --demo-listen"
+        )
+    })?;
+    let demo = crate::demo::Demo::new(
+        crate::demo::DemoOptions {
+            api_base: format!("{issuer}{}", qs::DEMO_API_PATH),
+            issuer,
+            client_id: provider.client_id.clone(),
+            redirect_uri: provider.redirect_uri.clone(),
+            key,
+        },
+        Arc::new(crate::clock::SystemClock),
+    )?;
+    Ok((listener, demo))
 }

@@ -9,7 +9,8 @@
 //!   through the admin socket, or on the store when no instance runs
 //!   (`online`: that pattern, written once), calling [`crate::ops`].
 //! - `tools`: `derive`, `proof`, `subject-token`.
-//! - `quickstart`: the quick start's templates and dev subject tokens.
+//! - `quickstart`: the quick start's templates, the checks of its
+//!   addresses, and dev subject tokens.
 //! - `keyfile`: PKCS#8 PEM key files.
 
 mod args;
@@ -28,7 +29,7 @@ use clap::Parser;
 pub use args::Cli;
 pub use exit::Exit;
 pub use keyfile::{load_pem_key, pem_pkcs8};
-pub use quickstart::{dev_subject_token, quickstart_files, QUICKSTART_POLICY};
+pub use quickstart::{demo_policy, dev_subject_token, quickstart_files, QUICKSTART_POLICY};
 
 use args::{AccountsAction, Command, KeysAction, UsersAction};
 
@@ -79,7 +80,11 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let exit = match cmd {
         // `policy` has its own exit codes (see policy/README.md).
         Command::Policy { command } => return Ok(crate::policy::cli::run(command)),
-        Command::Quickstart { dir, listen } => instance::quickstart(&dir, &listen).await,
+        Command::Quickstart {
+            dir,
+            listen,
+            demo_listen,
+        } => instance::quickstart(&dir, listen.as_deref(), demo_listen.as_deref()).await,
         Command::Serve { config } => instance::serve(&config).await,
         Command::SubjectToken { dir, sub, ttl } => tools::subject_token(&dir, &sub, &ttl),
         Command::Derive {
@@ -88,7 +93,18 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
             subject_token,
             call,
             dpop_key,
-        } => tools::derive(socket, &issuer, &subject_token, &call, dpop_key).await,
+            print,
+        } => {
+            tools::derive(
+                socket,
+                &issuer,
+                &subject_token,
+                &call,
+                dpop_key,
+                print.as_deref(),
+            )
+            .await
+        }
         Command::Proof {
             key,
             method,

@@ -1,6 +1,8 @@
 //! The quick start's templates: its directory (config, policy, keys, the
-//! dev issuer) and the dev issuer's subject tokens.
+//! dev issuer, the demo service's key), the checks of its addresses, and
+//! the dev issuer's subject tokens.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use crate::config::{write_secret_file, Config};
@@ -10,10 +12,146 @@ use super::keyfile::{load_pem_key, pem_pkcs8};
 
 /// The quick start's config file name, inside its directory.
 pub(super) const QS_CONFIG: &str = "credbroker.toml";
+/// The public listener when `--listen` is not given.
+pub(super) const DEFAULT_LISTEN: &str = "127.0.0.1:8440";
+/// The demo service when `--demo-listen` is not given.
+pub(super) const DEFAULT_DEMO_LISTEN: &str = "127.0.0.1:8441";
+/// The demo service's signing key, inside the directory.
+pub(super) const DEMO_KEY: &str = "keys/demo-service.pem";
+/// The demo provider's name (the policy's `service`).
+pub(super) const DEMO_SERVICE: &str = "demo";
+/// The demo API's path on the demo service (its base URL is the demo
+/// tool's resource and the audience of the demo's access tokens).
+pub(super) const DEMO_API_PATH: &str = "/api";
 
-/// Writes the quick-start files into `dir` unless they exist. Returns the
+/// Checks an address flag before anything is written: an IP address and
+/// a port, on loopback (the quick start serves plain HTTP with a dev
+/// issuer), and not port 0 (the issuer URL names the port).
+pub(super) fn loopback_addr(flag: &str, value: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = value.parse().map_err(|_| {
+        format!("{flag} {value}: give an IP address and a port, such as {DEFAULT_LISTEN}")
+    })?;
+    if !addr.ip().is_loopback() {
+        return Err(format!(
+            "{flag} {value}: the quick start serves plain HTTP with a development issuer, \
+             so it listens on loopback only (127.0.0.1 or [::1]); to serve on another \
+             address, write a config with [public] tls_cert and tls_key and run \
+             `credbroker serve` (see deploy/credbroker.example.toml)"
+        ));
+    }
+    if addr.port() == 0 {
+        return Err(format!(
+            "{flag} {value}: choose a port (the issuer URL, the links and the redirect \
+             URIs name it, so it cannot be picked at random)"
+        ));
+    }
+    Ok(addr)
+}
+
+/// A quick-start directory ready to serve.
+#[derive(Debug)]
+pub(super) struct Prepared {
+    /// Its config file.
+    pub(super) config: PathBuf,
+    /// Whether it was made by this run (else reused).
+    pub(super) fresh: bool,
+}
+
+/// Makes the quick-start directory, or checks that the existing one fits
+/// the flags: a directory made for another address is refused, since its
+/// issuer URL (in every token, link, session and redirect URI it made)
+/// names that address. Flags are checked before anything is written.
+pub(super) fn prepare(
+    dir: &Path,
+    listen: Option<&str>,
+    demo_listen: Option<&str>,
+) -> Result<Prepared, Box<dyn std::error::Error>> {
+    let listen = listen.map(|l| loopback_addr("--listen", l)).transpose()?;
+    let demo = demo_listen
+        .map(|l| loopback_addr("--demo-listen", l))
+        .transpose()?;
+    let config = dir.join(QS_CONFIG);
+    if config.exists() {
+        let cfg = Config::load(&config).map_err(|e| {
+            format!(
+                "{e}\nthis quick-start directory cannot be reused as it is: remove {} to \
+                 start afresh, or give another --dir",
+                dir.display()
+            )
+        })?;
+        let made_for = cfg.public.as_ref().map(|p| p.listen);
+        if let (Some(want), Some(have)) = (listen, made_for) {
+            if want != have {
+                return Err(format!(
+                    "{} was made for --listen {have} (its issuer is {}, which every token, \
+                     link and session it made names); run it with --listen {have}, or give \
+                     another --dir for {want}",
+                    config.display(),
+                    cfg.issuer
+                )
+                .into());
+            }
+        }
+        let demo_made_for = demo_addr(&cfg);
+        if let (Some(want), Some(have)) = (demo, demo_made_for) {
+            if want != have {
+                return Err(format!(
+                    "{} was made with its demo service on {have} (the demo tool's resource \
+                     and the connected demo accounts name it); run it with --demo-listen \
+                     {have}, or give another --dir for {want}",
+                    config.display()
+                )
+                .into());
+            }
+        }
+        return Ok(Prepared {
+            config,
+            fresh: false,
+        });
+    }
+    let listen = match listen {
+        Some(l) => l,
+        None => loopback_addr("--listen", DEFAULT_LISTEN)?,
+    };
+    let demo = match demo {
+        Some(d) => d,
+        None => loopback_addr("--demo-listen", DEFAULT_DEMO_LISTEN)?,
+    };
+    if demo == listen {
+        return Err(format!(
+            "--listen and --demo-listen are both {listen}: the demo service needs an address of its own"
+        )
+        .into());
+    }
+    write_files(dir, &listen.to_string(), Some(&demo.to_string()))?;
+    Ok(Prepared {
+        config,
+        fresh: true,
+    })
+}
+
+/// Where the config's demo service listens, if it has one.
+pub(super) fn demo_addr(cfg: &Config) -> Option<SocketAddr> {
+    let p = cfg.providers.get(cfg.quickstart_demo.as_deref()?)?;
+    let u = url::Url::parse(p.issuer.as_deref()?).ok()?;
+    u.socket_addrs(|| None).ok()?.into_iter().next()
+}
+
+/// Writes the quick-start files into `dir` unless they exist, without the
+/// demo service (the base every test broker starts from). Returns the
 /// config path.
 pub fn quickstart_files(dir: &Path, listen: &str) -> Result<PathBuf, Box<dyn std::error::Error>> {
+    write_files(dir, listen, None)
+}
+
+/// Writes the quick-start files into `dir` unless they exist; with
+/// `demo` (its address), also the demo service: its key, its provider
+/// table and the demo tool in the policy.
+fn write_files(
+    dir: &Path,
+    listen: &str,
+    demo: Option<&str>,
+) -> Result<PathBuf, Box<dyn std::error::Error>> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir)?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))?;
@@ -37,7 +175,25 @@ pub fn quickstart_files(dir: &Path, listen: &str) -> Result<PathBuf, Box<dyn std
         dir.join("dev-issuer-jwks.json"),
         serde_json::to_vec_pretty(&serde_json::json!({"keys": [dev.public_jwk]}))?,
     )?;
-    std::fs::write(dir.join("policy.toml"), QUICKSTART_POLICY)?;
+    let mut policy = QUICKSTART_POLICY.to_string();
+    let mut demo_table = String::new();
+    if let Some(d) = demo {
+        let (_, pkcs8) = Es256Key::generate()?;
+        write_secret_file(&dir.join(DEMO_KEY), pem_pkcs8(pkcs8.expose()).as_bytes())?;
+        policy.push_str(&demo_policy(&format!("http://{d}{DEMO_API_PATH}")));
+        demo_table = format!(
+            r#"
+# The built-in demo service: a stand-in for a provider such as GitHub (its
+# own two demo accounts, a token endpoint, a tiny API), served on loopback
+# by `credbroker quickstart` only; `credbroker serve` refuses this preset.
+[providers.{DEMO_SERVICE}]
+preset = "quickstart-demo"
+issuer = "http://{d}"
+client_id = "credbroker-quickstart"
+"#
+        );
+    }
+    std::fs::write(dir.join("policy.toml"), policy)?;
     std::fs::write(
         &config,
         format!(
@@ -68,10 +224,32 @@ issuer = "{issuer}"
 jwks_file = "dev-issuer-jwks.json"
 algs = ["ES256"]
 sign_in = {{ kind = "local" }}
-"#
+{demo_table}"#
         ),
     )?;
     Ok(config)
+}
+
+/// The demo tool's part of the quick-start policy, for the demo API at
+/// `api` (its base URL).
+pub fn demo_policy(api: &str) -> String {
+    format!(
+        r#"
+# The quick start's built-in demo service (a stand-in provider, not a real
+# one). Its tokens come from the person's connected demo account: until she
+# has connected one, a derive answers with a connect link.
+[resources."{api}"]
+source = "service"
+service = "{DEMO_SERVICE}"
+delivery = "provider_token"
+
+[tools."demo.notes"]
+resource = "{api}"
+scopes = ["{scope}"]
+steps = ["answer_question", "summarize"]
+"#,
+        scope = crate::demo::NOTES_SCOPE
+    )
 }
 
 /// The quick start's policy.

@@ -17,13 +17,15 @@ pub(super) fn subject_token(dir: &Path, sub: &str, ttl: &str) -> Res {
     Ok(Exit::Ok)
 }
 
-/// `credbroker derive`: asks a running broker for a token, with a DPoP proof.
+/// `credbroker derive`: asks a running broker for a token, with a DPoP
+/// proof; prints the answer, or only its member `print`.
 pub(super) async fn derive(
     socket: PathBuf,
     issuer: &str,
     subject_token: &str,
     call: &crate::policy::cli::CallArgs,
     key: Option<PathBuf>,
+    print: Option<&str>,
 ) -> Res {
     let key = dpop_key(key)?;
     let client = crate::client::Client::new(socket, issuer);
@@ -39,25 +41,50 @@ pub(super) async fn derive(
             &key,
         )
         .await?;
-    match answer {
-        crate::client::Answer::Issued(t) => {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "access_token": t.access_token.expose(),
-                    "token_type": t.token_type,
-                    "issued_token_type": t.issued_token_type,
-                    "expires_in": t.expires_in,
-                    "scope": t.scope,
-                })
+    let (body, exit) = match answer {
+        crate::client::Answer::Issued(t) => (
+            serde_json::json!({
+                "access_token": t.access_token.expose(),
+                "token_type": t.token_type,
+                "issued_token_type": t.issued_token_type,
+                "expires_in": t.expires_in,
+                "scope": t.scope,
+            }),
+            Exit::Ok,
+        ),
+        crate::client::Answer::Refused(r) => (serde_json::to_value(&r)?, Exit::Refused),
+    };
+    let Some(member) = print else {
+        println!("{body}");
+        return Ok(exit);
+    };
+    match body.get(member) {
+        Some(serde_json::Value::String(s)) => println!("{s}"),
+        Some(v) => println!("{v}"),
+        None => {
+            // On standard error, and only the names: a script capturing the
+            // member must not take anything else for it, and an issued
+            // answer's token is not printed where it was not asked for.
+            let names: Vec<&str> = body
+                .as_object()
+                .map(|o| o.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            let what = if exit == Exit::Ok {
+                "issued"
+            } else {
+                "refused"
+            };
+            eprintln!(
+                "error: --print {member}: the answer ({what}) has no member {member}; it has {}",
+                names.join(", ")
             );
-            Ok(Exit::Ok)
-        }
-        crate::client::Answer::Refused(r) => {
-            println!("{}", serde_json::to_string(&r)?);
-            Ok(Exit::Refused)
+            if exit == Exit::Refused {
+                eprintln!("{body}");
+            }
+            return Ok(if exit == Exit::Ok { Exit::Failed } else { exit });
         }
     }
+    Ok(exit)
 }
 
 /// `credbroker proof`: a DPoP proof made with a key file.

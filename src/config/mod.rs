@@ -33,7 +33,7 @@ pub use issuers::{default_display_name, IssuerConfig, JwksSource, SignIn};
 pub use listeners::{PublicConfig, SocketConfig};
 pub use providers::{
     AccountLookup, ClientAuth, Endpoints, ProviderConfig, GITHUB_AUTHORIZE, GITHUB_TOKEN,
-    GITHUB_USER_API,
+    GITHUB_USER_API, QUICKSTART_DEMO,
 };
 pub use reference::{accepted_keys, AcceptedKey};
 pub use secret_files::{read_secret_file, write_secret_file};
@@ -119,6 +119,10 @@ pub struct Config {
     pub vault_key_dir: PathBuf,
     /// Third-party services people can connect, by name.
     pub providers: BTreeMap<String, ProviderConfig>,
+    /// The provider (by name) that is the quick start's built-in demo
+    /// service (`preset = "quickstart-demo"`), if any: only `credbroker
+    /// quickstart` serves a config with one.
+    pub quickstart_demo: Option<String>,
 }
 
 /// DPoP settings.
@@ -189,6 +193,11 @@ impl Config {
         let limits = limits(&raw.limits, &dpop, &mut check);
         let trusted_issuers =
             issuers::trusted_issuers(raw.trusted_issuers, &issuer, &raw.agent, &mut check);
+        let quickstart_demo = raw
+            .providers
+            .iter()
+            .find(|(_, p)| p.preset.as_deref() == Some(QUICKSTART_DEMO))
+            .map(|(name, _)| name.clone());
         let providers = providers::providers(raw.providers, &issuer, &mut check);
         if !check.problems.is_empty() {
             return Err(ConfigError::Invalid(check.problems));
@@ -225,6 +234,7 @@ impl Config {
                     .map_or_else(|| check.rel(Path::new("vault-keys")), |d| d.join("vault")),
             },
             providers,
+            quickstart_demo,
         })
     }
 }

@@ -97,6 +97,42 @@ fn the_example_deployment_config_loads_with_its_providers() {
 }
 
 #[test]
+fn quickstart_demo_preset_fills_its_endpoints_under_its_issuer_and_is_flagged() {
+    let c = parse("[providers.demo]\npreset = \"quickstart-demo\"\nissuer = \"http://127.0.0.1:8441\"\nclient_id = \"cq\"\n").unwrap();
+    assert_eq!(c.quickstart_demo.as_deref(), Some("demo"));
+    let p = &c.providers["demo"];
+    assert_eq!(p.display_name, "Demo service");
+    let e = p.endpoints.as_ref().unwrap();
+    assert_eq!(e.authorization, "http://127.0.0.1:8441/authorize");
+    assert_eq!(e.token, "http://127.0.0.1:8441/token");
+    assert_eq!(p.client_auth, ClientAuth::None, "a public client: PKCE");
+    // Its API's origin, for the egress proxy.
+    assert_eq!(p.api_base.as_deref(), Some("http://127.0.0.1:8441"));
+    assert!(
+        matches!(&p.account, AccountLookup::Api { url, .. } if url == "http://127.0.0.1:8441/api/me")
+    );
+    // The demo runs on loopback only, and needs its issuer.
+    for bad in [
+        "https://demo.example",
+        "http://10.0.0.1:8441",
+        "http://127.0.0.1:8441/x",
+    ] {
+        let e = parse(&format!(
+            "[providers.demo]\npreset = \"quickstart-demo\"\nissuer = \"{bad}\"\nclient_id = \"cq\"\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.iter()
+                .any(|p| p.key.as_deref() == Some("providers.demo.issuer")),
+            "{bad}: {e:?}"
+        );
+    }
+    // An ordinary provider is not the demo.
+    let c = parse("[providers.github]\npreset = \"github\"\nclient_id = \"Iv1\"\nclient_secret_file = \"keys/gh\"\n").unwrap();
+    assert_eq!(c.quickstart_demo, None);
+}
+
+#[test]
 fn api_base_is_an_origin_and_the_github_preset_fills_it() {
     let c = parse("[providers.github]\npreset = \"github\"\nclient_id = \"Iv1\"\nclient_secret_file = \"keys/gh\"\n").unwrap();
     assert_eq!(

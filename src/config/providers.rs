@@ -133,6 +133,12 @@ pub const GITHUB_USER_API: &str = "https://api.github.com/user";
 /// GitHub's API base: the application grant API is under it.
 pub(super) const GITHUB_API: &str = "https://api.github.com";
 
+/// The preset of the quick start's built-in demo service (see
+/// `crate::demo`): its endpoints and account look-up sit under its
+/// `issuer`. Only `credbroker quickstart` runs that service; `serve`
+/// refuses a config with a provider of this preset.
+pub const QUICKSTART_DEMO: &str = "quickstart-demo";
+
 /// Validates `[providers.<name>]`: the providers that validate, by name.
 pub(super) fn providers(
     raw: BTreeMap<String, RawProvider>,
@@ -173,13 +179,38 @@ fn provider(
     let url_ok = |u: &str| {
         url::Url::parse(u).is_ok_and(|u| secure_or_loopback(&u) && u.fragment().is_none())
     };
-    let github = match rp.preset.as_deref() {
-        None => false,
-        Some("github") => true,
+    let (github, demo) = match rp.preset.as_deref() {
+        None => (false, false),
+        Some("github") => (true, false),
+        Some(QUICKSTART_DEMO) => (false, true),
         Some(_) => {
-            fail("preset", "the only preset is \"github\"");
-            false
+            fail(
+                "preset",
+                "the presets are \"github\" and \"quickstart-demo\" (the quick start's demo service)",
+            );
+            (false, false)
         }
+    };
+    // The demo service's endpoints are under its issuer.
+    let demo_base = if demo {
+        match rp.issuer.as_deref() {
+            Some(i)
+                if url::Url::parse(i).is_ok_and(|u| {
+                    u.scheme() == "http" && secure_or_loopback(&u) && u.path() == "/"
+                }) =>
+            {
+                Some(i.trim_end_matches('/').to_string())
+            }
+            _ => {
+                fail(
+                    "issuer",
+                    "the quickstart-demo preset needs issuer = \"http://127.0.0.1:PORT\" (where the quick start serves its demo service)",
+                );
+                None
+            }
+        }
+    } else {
+        None
     };
     for (k, v) in [
         ("issuer", &rp.issuer),
@@ -200,6 +231,8 @@ fn provider(
             Some(GITHUB_AUTHORIZE.to_string()),
             Some(GITHUB_TOKEN.to_string()),
         )
+    } else if let Some(b) = &demo_base {
+        (Some(format!("{b}/authorize")), Some(format!("{b}/token")))
     } else {
         (None, None)
     };
@@ -312,6 +345,11 @@ fn provider(
             id_field: "id".into(),
             name_field: "login".into(),
         },
+        None if demo => AccountLookup::Api {
+            url: format!("{}/api/me", demo_base.as_deref().unwrap_or_default()),
+            id_field: "id".into(),
+            name_field: "login".into(),
+        },
         None => AccountLookup::Userinfo {
             id_claim: "sub".into(),
             name_claim: "preferred_username".into(),
@@ -380,6 +418,8 @@ fn provider(
             }
         },
         None if github => Some(GITHUB_API.to_string()),
+        // The demo service's API is under its own origin (`/api`).
+        None if demo => demo_base.clone(),
         None => None,
     };
     if check.problems.len() > before {
@@ -393,6 +433,8 @@ fn provider(
         display_name: rp.display_name.unwrap_or_else(|| {
             if github {
                 "GitHub".into()
+            } else if demo {
+                "Demo service".into()
             } else {
                 name.to_string()
             }

@@ -13,6 +13,7 @@ mod mcp;
 mod operations;
 mod pages;
 mod policy;
+mod quickstart;
 mod reference;
 mod security;
 mod services;

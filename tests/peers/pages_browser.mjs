@@ -26,6 +26,7 @@
 //   {"expect_text": "..."}             visible text contains this
 //   {"expect_no_text": "..."}          visible text does not contain this
 //   {"fill": css, "value": "..."}      type into a field
+//   {"check": css}                     tick a checkbox or radio button
 //   {"focus": css}                     focus an element
 //   {"press": "Enter"}                 keyboard (waits for a navigation when asked: "nav": true)
 //   {"click": css}                     click and wait for the navigation
@@ -109,6 +110,7 @@ async function run(b, step) {
     return {};
   }
   if ('fill' in step) { await page.fill(step.fill, step.value); return {}; }
+  if ('check' in step) { await page.check(step.check); return {}; }
   if ('focus' in step) { await page.focus(step.focus); return {}; }
   if ('press' in step) {
     if (step.nav) {

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -67,6 +68,7 @@ class QuickstartBroker:
 
     dir: Path
     port: int
+    demo_port: int
     resource: str
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(init=False)
@@ -86,10 +88,25 @@ class QuickstartBroker:
     def config(self) -> Path:
         return self.dir / "credbroker.toml"
 
+    def quickstart(self) -> list[str]:
+        """The quick start's command for this directory; its first run
+        writes the files, later runs serve them as they are now (edits
+        included), with the quick start's demo service on its own port."""
+        return [
+            str(broker_bin()),
+            "quickstart",
+            "--dir",
+            str(self.dir),
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--demo-listen",
+            f"127.0.0.1:{self.demo_port}",
+        ]
+
     def serve(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [str(broker_bin()), "serve", "--config", str(self.config)],
+                self.quickstart(),
                 stdout=log,
                 stderr=log,
                 env={**os.environ, "RUST_LOG": "info"},
@@ -137,19 +154,22 @@ def start_broker(
     broker_port: int | None = None,
 ) -> QuickstartBroker:
     """Runs `credbroker quickstart` once to write its files (stopped as soon
-    as it answers), applies the edits, then serves them."""
+    as it answers), applies the edits, then runs it again on them."""
     port = broker_port or free_port()
     rport = resource_port or free_port()
     d = tmp / "qs"
-    b = QuickstartBroker(d, port, f"http://127.0.0.1:{rport}/notes")
-    with open(tmp / "quickstart.log", "wb") as log:
-        qs = subprocess.Popen(
-            [str(broker_bin()), "quickstart", "--dir", str(d), "--listen", f"127.0.0.1:{port}"],
-            stdout=log,
-            stderr=log,
-        )
+    b = QuickstartBroker(d, port, free_port(), f"http://127.0.0.1:{rport}/notes")
+    log_path = tmp / "quickstart.log"
+    with open(log_path, "wb") as log:
+        qs = subprocess.Popen(b.quickstart(), stdout=log, stderr=log)
+
+    def first_run_answers() -> bool:
+        if qs.poll() is not None:
+            raise AssertionError(f"the quick start exited: {log_path.read_text()[-3000:]}")
+        return _socket_answers(d / "credbroker.sock")
+
     try:
-        poll("the quick start answering", lambda: _socket_answers(d / "credbroker.sock"))
+        poll("the quick start answering", first_run_answers)
     finally:
         qs.send_signal(signal.SIGTERM)
         qs.wait(timeout=10)
@@ -207,6 +227,66 @@ def start_resource_server(b: QuickstartBroker, tmp: Path) -> ResourceServer:
 
     poll("resource_server listening", up)
     return ResourceServer(b.resource, proc, log)
+
+
+SERVICE = "https://api.acme.example"
+
+
+@pytest.fixture(scope="module")
+def acme(tmp_module: Path) -> Iterator[QuickstartBroker]:
+    """A broker with the service `acme` (played by the oidc-provider peer in
+    tests/peers, on loopback) and the tool `acme.issues` in step `triage`;
+    nobody has connected an account yet."""
+    peers = REPO / "tests" / "peers"
+    if not (peers / "node_modules" / "oidc-provider").is_dir():
+        pytest.fail("tests/peers/node_modules is missing: run scripts/install-test-deps")
+    secret = f"client-secret-canary-{secrets.token_hex(12)}"
+    port = free_port()
+    provider = subprocess.Popen(
+        [
+            "node",
+            str(peers / "oauth-service.mjs"),
+            "--client-id",
+            "credbroker-test",
+            "--client-secret",
+            secret,
+            "--redirect-uri",
+            f"http://127.0.0.1:{port}/callback/acme",
+        ],
+        cwd=peers,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert provider.stdout is not None
+    issuer = json.loads(provider.stdout.readline())["issuer"]
+    secret_file = tmp_module / "acme.secret"
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, secret.encode())
+    os.close(fd)
+    policy = f"""
+[resources."{SERVICE}"]
+source = "service"
+service = "acme"
+delivery = "provider_token"
+
+[tools."acme.issues"]
+resource = "{SERVICE}"
+scopes = ["read:org"]
+steps = ["triage"]
+"""
+    config = f"""
+[providers.acme]
+display_name = "Acme"
+issuer = "{issuer}"
+client_id = "credbroker-test"
+client_secret_file = "{secret_file}"
+scopes = ["openid", "profile", "read:org"]
+"""
+    b = start_broker(tmp_module, extra_config=config, extra_policy=policy, broker_port=port)
+    yield b
+    b.stop()
+    provider.terminate()
+    provider.wait(timeout=10)
 
 
 def read_json(path: Path) -> object:

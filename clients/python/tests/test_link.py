@@ -5,76 +5,14 @@ the broker's real connect page."""
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from conftest import REPO, QuickstartBroker, free_port, start_broker
+from conftest import SERVICE, QuickstartBroker
 
 from credbroker import AccessDenied, Broker, LinkRequired, ToolKey
 from credbroker.mcp import link_answer
-
-SERVICE = "https://api.acme.example"
-
-
-@pytest.fixture(scope="module")
-def acme(tmp_module: Path) -> Iterator[QuickstartBroker]:
-    peers = REPO / "tests" / "peers"
-    if not (peers / "node_modules" / "oidc-provider").is_dir():
-        pytest.fail("tests/peers/node_modules is missing: run scripts/install-test-deps")
-    secret = f"client-secret-canary-{secrets.token_hex(12)}"
-    port = free_port()
-    provider = subprocess.Popen(
-        [
-            "node",
-            str(peers / "oauth-service.mjs"),
-            "--client-id",
-            "credbroker-test",
-            "--client-secret",
-            secret,
-            "--redirect-uri",
-            f"http://127.0.0.1:{port}/callback/acme",
-        ],
-        cwd=peers,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    assert provider.stdout is not None
-    issuer = json.loads(provider.stdout.readline())["issuer"]
-    secret_file = tmp_module / "acme.secret"
-    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, secret.encode())
-    os.close(fd)
-    policy = f"""
-[resources."{SERVICE}"]
-source = "service"
-service = "acme"
-delivery = "provider_token"
-
-[tools."acme.issues"]
-resource = "{SERVICE}"
-scopes = ["read:org"]
-steps = ["triage"]
-"""
-    config = f"""
-[providers.acme]
-display_name = "Acme"
-issuer = "{issuer}"
-client_id = "credbroker-test"
-client_secret_file = "{secret_file}"
-scopes = ["openid", "profile", "read:org"]
-"""
-    b = start_broker(tmp_module, extra_config=config, extra_policy=policy, broker_port=port)
-    yield b
-    b.stop()
-    provider.terminate()
-    provider.wait(timeout=10)
 
 
 def test_a_service_not_yet_connected_raises_link_required(acme: QuickstartBroker) -> None:

@@ -127,6 +127,7 @@ def test_every_hostile_request_is_refused_and_a_good_one_still_passes(
             "py.read",
             ("notes.read",),
         )
+        assert who.step == "summarize"  # act.step, the step the token was derived in
         return who
 
     ok()

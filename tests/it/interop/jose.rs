@@ -22,14 +22,12 @@ mod resource_server;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::*;
 use clap::Parser;
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
 
 const AGENT: &str = "repo-helper";
 
@@ -48,41 +46,6 @@ fn require_peers() {
     }
     let jose = peers_dir().join("node_modules/jose/package.json");
     assert!(jose.exists(), "{} is missing: {help}", jose.display());
-}
-
-/// Runs `tests/peers/jose/<script>.mjs` with `input` on stdin. `Ok` is the
-/// script's answer, `Err` is jose's (or the script's) refusal code; node
-/// itself failing fails the test.
-async fn jose(script: &str, input: Value) -> Result<Value, String> {
-    let mut child = tokio::process::Command::new("node")
-        .arg(peers_dir().join("jose").join(format!("{script}.mjs")))
-        .current_dir(peers_dir())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn node");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input.to_string().as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .expect("node timed out")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    match out.status.code() {
-        Some(0) => Ok(serde_json::from_str(&stdout).expect("jose script prints JSON")),
-        Some(2) => {
-            let v: Value = serde_json::from_str(&stdout).expect("jose refusal is JSON");
-            Err(v["error"].as_str().unwrap().to_owned())
-        }
-        _ => panic!(
-            "node {script}.mjs failed ({}):\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
 }
 
 /// A tool key made by jose: `{private_jwk, public_jwk, jkt}`.

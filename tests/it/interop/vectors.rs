@@ -3,7 +3,8 @@
 //! method, URL, time) and the verdict, covering the hostile tokens and proofs
 //! of docs/RESOURCE-SERVERS.md section 5. `credbroker::verify` must reach
 //! each verdict here; `clients/python/tests/test_vectors.py` holds the Python
-//! verifier to the same file.
+//! verifier to the same file, and `clients/typescript/test/vectors.test.ts`
+//! the TypeScript one.
 //!
 //! The file is committed (signatures are randomised, so it is written once,
 //! not on every run): `CREDBROKER_WRITE_VECTORS=1 cargo test --test it

@@ -90,7 +90,7 @@ impl Drop for Child {
 }
 
 /// The quick start as a person uses it: `credbroker quickstart`, then
-/// `credbroker users add alice`, then sign in with the keyboard in chromium
+/// `credbroker users add alice --replace`, then sign in with the keyboard in chromium
 /// and see the account page.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_start_sign_in_as_local_user_in_chromium() {
@@ -106,6 +106,7 @@ async fn quick_start_sign_in_as_local_user_in_chromium() {
             .args(["quickstart", "--dir"])
             .arg(&qs)
             .args(["--listen", &listen])
+            .args(["--demo-listen", &format!("127.0.0.1:{}", free_port())])
             .stderr(log)
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -116,12 +117,20 @@ async fn quick_start_sign_in_as_local_user_in_chromium() {
         assert!(Instant::now() < deadline, "quick start did not come up");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The quick start says how to add the account (and which cookie it uses).
+    // The quick start made alice (and bob), printing a generated password.
     let printed = std::fs::read_to_string(dir.path().join("qs.log")).unwrap();
-    assert!(printed.contains("credbroker users add alice"), "{printed}");
-    // While it runs, `users add` goes through the admin socket.
+    assert!(printed.contains("alice  password "), "{printed}");
+    // While it runs, `users add` goes through the admin socket (here to
+    // set a password of the test's choosing).
     let mut add = std::process::Command::new(&bin)
-        .args(["users", "add", "alice", "--password-stdin", "--config"])
+        .args([
+            "users",
+            "add",
+            "alice",
+            "--replace",
+            "--password-stdin",
+            "--config",
+        ])
         .arg(qs.join("credbroker.toml"))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -336,7 +336,18 @@ fn examples_and_quickstart_policy_are_valid() {
     let dir = tempfile::tempdir().unwrap();
     let quick = dir.path().join("quickstart.toml");
     std::fs::write(&quick, credbroker::internals::cli::QUICKSTART_POLICY).unwrap();
-    let mut files = vec![quick];
+    // The policy `credbroker quickstart` writes: with the demo tool.
+    let with_demo = dir.path().join("quickstart-demo.toml");
+    std::fs::write(
+        &with_demo,
+        format!(
+            "{}{}",
+            credbroker::internals::cli::QUICKSTART_POLICY,
+            credbroker::internals::cli::demo_policy("http://127.0.0.1:8441/api")
+        ),
+    )
+    .unwrap();
+    let mut files = vec![quick, with_demo];
     for e in std::fs::read_dir(repo("policy/examples")).unwrap() {
         let p = e.unwrap().path();
         let name = p.file_name().unwrap().to_string_lossy().into_owned();
@@ -345,8 +356,8 @@ fn examples_and_quickstart_policy_are_valid() {
         }
     }
     assert!(
-        files.len() >= 4,
-        "the three examples and the quick start: {files:?}"
+        files.len() >= 5,
+        "the three examples and the quick start's two: {files:?}"
     );
     let verdicts = schema_verdicts(&files);
     for f in &files {

@@ -8,7 +8,8 @@
 //! - `services`: a broker with a connected service and its provider;
 //! - `pages`: the pages in-process, with a fake connected-services side;
 //! - `browser`: Chromium (playwright-core), one profile per person;
-//! - `mcp`: the example MCP server, the Python `mcp` client and fakes.
+//! - `mcp`: the example MCP server, the Python `mcp` client and fakes;
+//! - `quickstart`: the real `credbroker quickstart`, as a newcomer runs it.
 //!
 //! This file keeps the few helpers every role uses.
 // clippy's allow-unwrap-in-tests covers only #[test] functions, not the
@@ -22,6 +23,7 @@ pub(crate) mod mcp;
 pub(crate) mod oidc;
 pub(crate) mod pages;
 pub(crate) mod peers;
+pub(crate) mod quickstart;
 pub(crate) mod services;
 
 // The common helpers are reached as `support::X` (and glob-imported) by most

@@ -79,3 +79,43 @@ pub(crate) fn oidc_provider(config: &serde_json::Value) -> (NodePeer, tempfile::
     let p = NodePeer::start("oidc-provider.mjs", &[f.path().to_str().unwrap()]);
     (p, f)
 }
+
+/// Runs `tests/peers/jose/<script>.mjs` with `input` on stdin. `Ok` is the
+/// script's answer, `Err` is jose's (or the script's) refusal code; node
+/// itself failing fails the test.
+pub(crate) async fn jose(
+    script: &str,
+    input: serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let mut child = tokio::process::Command::new("node")
+        .arg(peers_dir().join("jose").join(format!("{script}.mjs")))
+        .current_dir(peers_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn node");
+    let mut stdin = child.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, input.to_string().as_bytes())
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("node timed out")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match out.status.code() {
+        Some(0) => Ok(serde_json::from_str(&stdout).expect("jose script prints JSON")),
+        Some(2) => {
+            let v: serde_json::Value = serde_json::from_str(&stdout).expect("jose refusal is JSON");
+            Err(v["error"].as_str().unwrap().to_owned())
+        }
+        _ => panic!(
+            "node {script}.mjs failed ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}

@@ -79,7 +79,8 @@ class ToolKey:
             if st.st_mode & 0o077:
                 raise KeyFileError(
                     f"tool key {p}: mode {stat.S_IMODE(st.st_mode):04o} lets its group or others "
-                    "read it; it must be 0600 (make a new key: this one may have been copied)"
+                    "read or write it; it must be 0600 "
+                    "(make a new key: this one may have been copied)"
                 )
             with os.fdopen(fd, "rb", closefd=False) as f:
                 pem = f.read(64 * 1024)

@@ -92,6 +92,9 @@ class Principal:
     sub: str
     agent: str
     tool: str | None
+    #: The orchestrator's step the token was derived in (``act.step``), when
+    #: the broker records it.
+    step: str | None
     scopes: tuple[str, ...]
     jkt: str
     exp: int
@@ -302,6 +305,7 @@ class Verifier:
         jkt = cnf.get("jkt") if isinstance(cnf, dict) else None
         agent = act.get("sub") if isinstance(act, dict) else None
         tool = act.get("tool") if isinstance(act, dict) else None
+        step = act.get("step") if isinstance(act, dict) else None
         token_jti = claims.get("jti")
         if not all(isinstance(v, str) for v in (iss, sub, aud, token_jti, jkt, agent, scope)):
             raise _token("iss, sub, aud, jti, cnf.jkt, act.sub or scope is missing or not a string")
@@ -309,8 +313,8 @@ class Verifier:
             raise _token("subject_iss is not a string")
         if not all(type(v) is int for v in (iat, exp)):
             raise _token("iat or exp is not an integer")
-        if tool is not None and not isinstance(tool, str):
-            raise _token("act.tool is not a string")
+        if not all(v is None or isinstance(v, str) for v in (tool, step)):
+            raise _token("act.tool or act.step is not a string")
         assert isinstance(iat, int) and isinstance(exp, int)  # noqa: S101 - narrowed above
         assert isinstance(jkt, str) and isinstance(scope, str)  # noqa: S101 - narrowed above
         # 7, 8, 9: issuer, audience, time.
@@ -374,4 +378,6 @@ class Verifier:
         assert subject_iss is None or isinstance(subject_iss, str)  # noqa: S101 - narrowed above
         assert isinstance(sub, str)  # noqa: S101 - narrowed above
         assert isinstance(agent, str)  # noqa: S101 - narrowed above
-        return Principal(subject_iss, sub, agent, tool, tuple(scope.split()), jkt, exp)
+        assert tool is None or isinstance(tool, str)  # noqa: S101 - narrowed above
+        assert step is None or isinstance(step, str)  # noqa: S101 - narrowed above
+        return Principal(subject_iss, sub, agent, tool, step, tuple(scope.split()), jkt, exp)

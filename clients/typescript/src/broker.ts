@@ -1,0 +1,302 @@
+/**
+ * The orchestrator's side: derive a token for one tool call over the
+ * broker's Unix socket.
+ *
+ * {@link Broker} learns what it needs from `GET /v1/info` on the socket
+ * (issuer, the `htu` of proofs, the DPoP algorithms, whether nonces are
+ * required, the API version), makes the proof, retries once when the broker
+ * asks for a nonce, and turns every refusal into its error (`errors.ts`).
+ */
+
+import { request } from "node:http";
+import { inspect } from "node:util";
+
+import { BrokerNotRunning, IncompatibleBroker, UnexpectedAnswer, refusal } from "./errors.js";
+import type { ToolKey } from "./key.js";
+
+/** The socket API version this library speaks (`api_version` of `GET /v1/info`). */
+export const API_VERSION = "1";
+
+/** What `GET /v1/info` says about the broker. */
+export interface Info {
+  readonly apiVersion: string;
+  readonly brokerVersion: string;
+  readonly issuer: string;
+  readonly deriveHtu: string;
+  readonly tokenHtu: string;
+  readonly dpopAlgs: readonly string[];
+  readonly dpopNonceRequired: boolean;
+}
+
+/**
+ * A token for one tool call. `token` is kept out of `toString`,
+ * `util.inspect` and `JSON.stringify`.
+ *
+ * `senderConstrained` is false only for a service's provider token (a bearer
+ * token, not bound to the tool's key). `expiresIn` is undefined when a
+ * provider gave no lifetime.
+ */
+export class Issued {
+  readonly #token: string;
+  readonly tokenType: string;
+  readonly senderConstrained: boolean;
+  readonly expiresIn: number | undefined;
+  /** Seconds since the epoch. */
+  readonly expiresAt: number | undefined;
+  readonly scope: string;
+  constructor(
+    token: string,
+    tokenType: string,
+    senderConstrained: boolean,
+    expiresIn: number | undefined,
+    expiresAt: number | undefined,
+    scope: string,
+  ) {
+    this.#token = token;
+    this.tokenType = tokenType;
+    this.senderConstrained = senderConstrained;
+    this.expiresIn = expiresIn;
+    this.expiresAt = expiresAt;
+    this.scope = scope;
+  }
+  /** The token itself, to send. */
+  get token(): string {
+    return this.#token;
+  }
+  toString(): string {
+    return (
+      `Issued(tokenType=${this.tokenType}, senderConstrained=${this.senderConstrained}, ` +
+      `expiresIn=${this.expiresIn}, scope=${this.scope})`
+    );
+  }
+  toJSON(): object {
+    return {
+      tokenType: this.tokenType,
+      senderConstrained: this.senderConstrained,
+      expiresIn: this.expiresIn,
+      expiresAt: this.expiresAt,
+      scope: this.scope,
+    };
+  }
+  [inspect.custom](): string {
+    return this.toString();
+  }
+}
+
+/** What a derive asks for. */
+export interface DeriveRequest {
+  /** The person's own access token. */
+  subjectToken: string;
+  /** The step the orchestrator's code is in (the model does not choose it). */
+  step: string;
+  tool: string;
+  resource: string;
+  scope?: string;
+  /** RFC 9396; sent only when given. */
+  authorizationDetails?: unknown[];
+  /** The tool's key: the token is bound to it. */
+  key: ToolKey;
+}
+
+/** Options of a {@link Broker}. */
+export interface BrokerOptions {
+  /** Milliseconds per request; default 10 000. */
+  timeoutMs?: number;
+  /** Seconds since the epoch (tests inject it). */
+  clock?: () => number;
+}
+
+interface Answer {
+  status: number;
+  headers: Record<string, string | string[] | undefined>;
+  body: Buffer;
+}
+
+const MAX_ANSWER = 1024 * 1024;
+
+function header(a: Answer, name: string): string | undefined {
+  const v = a.headers[name];
+  return Array.isArray(v) ? v[0] : v;
+}
+
+function infoOf(socket: string, a: Answer): Info {
+  if (a.status !== 200) {
+    throw new UnexpectedAnswer(
+      `GET /v1/info on socket ${socket} answered HTTP ${a.status}; ` +
+        "a broker older than socket API version 1 has no /v1/info",
+    );
+  }
+  let info: Info;
+  try {
+    const j = JSON.parse(a.body.toString("utf8")) as Record<string, unknown>;
+    const algs = j["dpop_signing_alg_values_supported"];
+    const need = ["api_version", "broker_version", "issuer", "derive_htu", "token_htu"];
+    if (need.some((k) => typeof j[k] !== "string") || !Array.isArray(algs) || typeof j["dpop_nonce_required"] !== "boolean") {
+      throw new TypeError("members");
+    }
+    info = {
+      apiVersion: String(j["api_version"]),
+      brokerVersion: String(j["broker_version"]),
+      issuer: String(j["issuer"]),
+      deriveHtu: String(j["derive_htu"]),
+      tokenHtu: String(j["token_htu"]),
+      dpopAlgs: algs.map(String),
+      dpopNonceRequired: j["dpop_nonce_required"] === true,
+    };
+  } catch {
+    throw new UnexpectedAnswer(`GET /v1/info on socket ${socket}: not the info document`);
+  }
+  if (info.apiVersion !== API_VERSION) throw new IncompatibleBroker(socket, info.apiVersion, API_VERSION);
+  if (!info.dpopAlgs.includes("ES256")) {
+    throw new UnexpectedAnswer(
+      `the broker on socket ${socket} accepts DPoP algorithms ${JSON.stringify(info.dpopAlgs)}; ` +
+        "this library signs ES256 only",
+    );
+  }
+  return info;
+}
+
+function nonceChallenge(a: Answer): string | undefined {
+  const nonce = header(a, "dpop-nonce");
+  if (a.status === 400 && nonce && (header(a, "www-authenticate") ?? "").includes("use_dpop_nonce")) return nonce;
+  // The broker also names it in the body.
+  if (a.status === 400 && nonce) {
+    try {
+      if ((JSON.parse(a.body.toString("utf8")) as { error?: unknown }).error === "use_dpop_nonce") return nonce;
+    } catch {
+      return undefined;
+    }
+  }
+  return undefined;
+}
+
+/** A client of one broker socket. */
+export class Broker {
+  /** The socket's path. */
+  readonly socket: string;
+  readonly #timeoutMs: number;
+  readonly #clock: () => number;
+  #info: Info | undefined;
+  #nonce: string | undefined;
+
+  constructor(socket: string, opts: BrokerOptions = {}) {
+    this.socket = socket;
+    this.#timeoutMs = opts.timeoutMs ?? 10_000;
+    this.#clock = opts.clock ?? (() => Date.now() / 1000);
+  }
+
+  #send(method: string, path: string, headers: Record<string, string>, body?: string): Promise<Answer> {
+    return new Promise((resolve, reject) => {
+      const req = request(
+        { socketPath: this.socket, method, path, headers: { host: "credbroker", ...headers }, timeout: this.#timeoutMs },
+        (res) => {
+          const chunks: Buffer[] = [];
+          let size = 0;
+          res.on("data", (c: Buffer) => {
+            size += c.length;
+            if (size > MAX_ANSWER) {
+              req.destroy();
+              reject(new UnexpectedAnswer(`the broker's answer to ${method} ${path} is larger than 1 MiB`));
+              return;
+            }
+            chunks.push(c);
+          });
+          res.on("end", () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
+          res.on("error", (e: NodeJS.ErrnoException) => reject(new BrokerNotRunning(this.socket, e.code ?? e.message, e.code)));
+        },
+      );
+      req.on("timeout", () => req.destroy(Object.assign(new Error("timed out"), { code: "ETIMEDOUT" })));
+      // The OS error only (its code names the cause); the request, which
+      // holds the subject token and proof, is never part of it.
+      req.on("error", (e: NodeJS.ErrnoException) => {
+        const cause = e.code === "ENOENT" ? "no such file (ENOENT)" : e.code === "ECONNREFUSED" ? "connection refused (ECONNREFUSED)" : (e.code ?? "connection failed");
+        reject(new BrokerNotRunning(this.socket, cause, e.code));
+      });
+      if (body !== undefined) req.end(body);
+      else req.end();
+    });
+  }
+
+  /** The broker's info (fetched once, then kept). */
+  async info(): Promise<Info> {
+    if (this.#info === undefined) {
+      this.#info = infoOf(this.socket, await this.#send("GET", "/v1/info", {}));
+    }
+    return this.#info;
+  }
+
+  /**
+   * A token for one call of `tool` on `resource` in `step`, bound to `key`;
+   * rejects with a {@link Refused} subclass when refused, with
+   * {@link BrokerNotRunning} when nothing answers.
+   */
+  async derive(r: DeriveRequest): Promise<Issued> {
+    const info = await this.info();
+    const body: Record<string, unknown> = {
+      subject_token: r.subjectToken,
+      step: r.step,
+      tool: r.tool,
+      resource: r.resource,
+    };
+    if (r.scope !== undefined) body["scope"] = r.scope;
+    // Only sent when given: a broker without approvals refuses the member
+    // (InvalidRequest) rather than ignoring what the caller asked for.
+    if (r.authorizationDetails !== undefined) body["authorization_details"] = r.authorizationDetails;
+    const json = JSON.stringify(body);
+    for (let attempt = 0; ; attempt++) {
+      const proof = await r.key.proof("POST", info.deriveHtu, { nonce: this.#nonce, now: this.#clock() });
+      const a = await this.#send("POST", "/v1/derive", {
+        "content-type": "application/json",
+        "content-length": String(Buffer.byteLength(json)),
+        dpop: proof,
+      }, json);
+      const nonce = nonceChallenge(a);
+      if (nonce !== undefined && attempt === 0) {
+        this.#nonce = nonce;
+        continue;
+      }
+      return this.#answer(a);
+    }
+  }
+
+  #answer(a: Answer): Issued {
+    const now = this.#clock();
+    let body: unknown;
+    try {
+      body = JSON.parse(a.body.toString("utf8"));
+    } catch {
+      throw new UnexpectedAnswer(`the broker answered HTTP ${a.status} that is not JSON`);
+    }
+    if (typeof body !== "object" || body === null || Array.isArray(body)) {
+      throw new UnexpectedAnswer(`the broker answered HTTP ${a.status} that is not a JSON object`);
+    }
+    const b = body as Record<string, unknown>;
+    if (a.status === 200) {
+      const token = b["access_token"];
+      const tokenType = b["token_type"];
+      if (typeof token !== "string" || typeof tokenType !== "string") {
+        throw new UnexpectedAnswer("the broker's token answer lacks access_token or token_type");
+      }
+      const e = b["expires_in"];
+      const expiresIn = typeof e === "number" && Number.isInteger(e) ? e : undefined;
+      return new Issued(
+        token,
+        tokenType,
+        b["sender_constrained"] !== false,
+        expiresIn,
+        expiresIn === undefined ? undefined : now + expiresIn,
+        typeof b["scope"] === "string" ? b["scope"] : "",
+      );
+    }
+    const ra = header(a, "retry-after");
+    throw refusal(a.status, b, ra && /^\d+$/.test(ra) ? Number(ra) : undefined, now);
+  }
+
+  toString(): string {
+    return `Broker(socket=${this.socket})`;
+  }
+
+  [inspect.custom](): string {
+    return this.toString();
+  }
+}

@@ -1,0 +1,37 @@
+/**
+ * credbroker's TypeScript client.
+ *
+ * - {@link Broker}: derive a token for one tool call over the broker's Unix
+ *   socket (`GET /v1/info` tells it the rest);
+ * - {@link ToolKey}: the tool's DPoP key and its proofs;
+ * - {@link dpopFetch}: a `fetch` that sends the token with a fresh proof on
+ *   every request;
+ * - the refusals, typed ({@link Refused} and its subclasses);
+ * - {@link Verifier}: for resource servers, the token and proof checks;
+ * - `@credbroker/client/mcp`: a link refusal as an MCP answer.
+ *
+ * It speaks the broker's socket API version {@link API_VERSION}.
+ */
+
+export { API_VERSION, Broker, Issued } from "./broker.js";
+export type { BrokerOptions, DeriveRequest, Info } from "./broker.js";
+export {
+  AccessDenied,
+  BrokerNotRunning,
+  CredbrokerError,
+  IncompatibleBroker,
+  InvalidRequest,
+  Link,
+  LinkRequired,
+  RateLimited,
+  Refused,
+  Unavailable,
+  UnexpectedAnswer,
+  refusal,
+} from "./errors.js";
+export { KeyFileError, ToolKey, ath, htuOf } from "./key.js";
+export type { ProofOptions, PublicJwk } from "./key.js";
+export { NotSenderConstrained, dpopFetch } from "./fetch.js";
+export type { DPoPFetch } from "./fetch.js";
+export { ReplayCache, Verifier, VerifyError } from "./verify.js";
+export type { Jwks, Principal, VerifierOptions, VerifyRequest } from "./verify.js";

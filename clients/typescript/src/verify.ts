@@ -1,0 +1,368 @@
+/**
+ * For resource servers written in TypeScript: verify a credbroker token and
+ * its DPoP proof, with the checks of `docs/RESOURCE-SERVERS.md` in their
+ * order (the same order and verdicts as the Python and Rust verifiers; the
+ * shared vectors in `tests/vectors/resource-server.json` hold all three to it).
+ *
+ * Signatures are checked by `jose`; what a generic JOSE library does not do
+ * (the header allow-lists, `htm`/`htu`/`iat`/`ath`, the key binding and the
+ * replay cache) is here. Time comes from an injectable clock.
+ */
+
+import { timingSafeEqual } from "node:crypto";
+import { calculateJwkThumbprint, compactVerify, importJWK } from "jose";
+import type { JWK } from "jose";
+
+import { CredbrokerError } from "./errors.js";
+import { ath as athOf } from "./key.js";
+
+export const MAX_TOKEN = 8 * 1024;
+export const MAX_PROOF = 4 * 1024;
+export const MAX_KEYS_DOCUMENT = 64 * 1024;
+/** Clock skew allowed on the token's `exp`/`iat`, in seconds. */
+export const SKEW = 5;
+/** How far a proof's `iat` may be from now, either way, in seconds. */
+export const PROOF_WINDOW = 60;
+/** The least time between two JWKS fetches caused by unknown `kid`s, in seconds. */
+export const REFRESH_INTERVAL = 60;
+
+const B64URL = /^[A-Za-z0-9_-]*$/;
+
+/**
+ * Why a request is not authenticated. `code` is the `WWW-Authenticate` error
+ * (`invalid_token`, `invalid_dpop_proof`, `use_dpop_nonce`), `missing` (no
+ * `Authorization` at all: the challenge names no error), or
+ * `keys_unavailable` (answer 503: the token may be fine).
+ */
+export class VerifyError extends CredbrokerError {
+  readonly code: string;
+  readonly description: string;
+  constructor(code: string, description: string) {
+    super(`${code}: ${description}`);
+    this.code = code;
+    this.description = description;
+  }
+  /** The HTTP status to answer with. */
+  get status(): number {
+    return this.code === "keys_unavailable" ? 503 : 401;
+  }
+  /** The `WWW-Authenticate` value (none for 503). */
+  challenge(): string | undefined {
+    if (this.code === "keys_unavailable") return undefined;
+    if (this.code === "missing") return 'DPoP algs="ES256"';
+    return `DPoP error="${this.code}", algs="ES256"`;
+  }
+}
+
+type Err = (d: string) => VerifyError;
+const tokenErr: Err = (d) => new VerifyError("invalid_token", d);
+const proofErr: Err = (d) => new VerifyError("invalid_dpop_proof", d);
+
+/**
+ * Who the request is for: the person is (`subjectIss`, `sub`); `subjectIss`
+ * is absent only from tokens of brokers that predate it.
+ */
+export interface Principal {
+  readonly subjectIss: string | undefined;
+  readonly sub: string;
+  readonly agent: string;
+  readonly tool: string | undefined;
+  readonly scopes: readonly string[];
+  readonly jkt: string;
+  readonly exp: number;
+}
+
+type Obj = Record<string, unknown>;
+
+function isObj(v: unknown): v is Obj {
+  return typeof v === "object" && v !== null && !Array.isArray(v);
+}
+
+function b64(part: string, err: Err, what: string): Buffer {
+  if (!B64URL.test(part) || part.length % 4 === 1) throw err(`${what} is not base64url`);
+  return Buffer.from(part, "base64url");
+}
+
+function split(compact: string, err: Err, what: string): [Obj, Obj] {
+  const parts = compact.split(".");
+  if (parts.length !== 3) throw err(`the ${what} is not a compact JWS`);
+  const [h, c, s] = parts as [string, string, string];
+  let header: unknown;
+  let claims: unknown;
+  const hb = b64(h, err, `the ${what} header`);
+  const cb = b64(c, err, `the ${what} payload`);
+  try {
+    header = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(hb));
+    claims = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(cb));
+  } catch {
+    throw err(`the ${what} header or payload is not JSON`);
+  }
+  if (!isObj(header) || !isObj(claims)) throw err(`the ${what} header or payload is not a JSON object`);
+  b64(s, err, `the ${what} signature`);
+  return [header, claims];
+}
+
+async function signedBy(compact: string, key: CryptoKey | Uint8Array, err: Err, what: string): Promise<void> {
+  try {
+    await compactVerify(compact, key, { algorithms: ["ES256"] });
+  } catch {
+    throw err(`the ${what} signature does not verify`);
+  }
+}
+
+function normalUrl(url: string): string {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    throw proofErr("htu is not a URL");
+  }
+  // WHATWG URL lower-cases scheme and host and drops a default port.
+  return JSON.stringify([u.protocol, u.hostname, u.port, u.pathname || "/"]);
+}
+
+function same(a: string, b: string): boolean {
+  const x = Buffer.from(a);
+  const y = Buffer.from(b);
+  return x.length === y.length && timingSafeEqual(x, y);
+}
+
+const isInt = (v: unknown): v is number => typeof v === "number" && Number.isInteger(v);
+
+/**
+ * The (`jkt`, `jti`) pairs seen in the proof window. Full means refuse: a
+ * proof is never let through unchecked.
+ */
+export class ReplayCache {
+  #seen = new Map<string, number>();
+  readonly #capacity: number;
+  constructor(capacity = 100_000) {
+    this.#capacity = capacity;
+  }
+  checkAndRecord(jkt: string, jti: string, now: number, keepUntil: number): void {
+    const k = JSON.stringify([jkt, jti]);
+    const t = this.#seen.get(k);
+    if (t !== undefined && t >= now) throw proofErr("the proof was used before (replay)");
+    if (this.#seen.size >= this.#capacity) {
+      for (const [key, until] of this.#seen) if (until < now) this.#seen.delete(key);
+    }
+    if (this.#seen.size >= this.#capacity) {
+      throw new VerifyError("keys_unavailable", "the DPoP replay cache is full; retry shortly");
+    }
+    this.#seen.set(k, keepUntil);
+  }
+}
+
+/** A JWKS document. */
+export interface Jwks {
+  keys: unknown[];
+}
+
+/** Options of a {@link Verifier}. */
+export interface VerifierOptions {
+  /** Seconds since the epoch (tests inject one). */
+  clock?: () => number;
+  replay?: ReplayCache;
+  /** Refetches the JWKS for an unknown `kid` (at most once a minute). */
+  fetchJwks?: () => Promise<unknown>;
+}
+
+/** One request to check. */
+export interface VerifyRequest {
+  method: string;
+  /** Your configured public URL plus the request's path (and query, ignored), never built from `Host`. */
+  url: string;
+  /** The `Authorization` header, if any. */
+  authorization: string | undefined | null;
+  /** Every `DPoP` header value the request carried. */
+  dpop: readonly string[];
+  /**
+   * RFC 9449 section 9: with it, the proof must carry a `nonce` for which it
+   * returns true; otherwise the error is `use_dpop_nonce` (answer 401 with
+   * `e.challenge()` and a fresh `DPoP-Nonce` header).
+   */
+  nonce?: (nonce: string) => boolean;
+}
+
+async function keysOf(jwks: unknown): Promise<Map<string, CryptoKey | Uint8Array>> {
+  const keys = new Map<string, CryptoKey | Uint8Array>();
+  const entries = isObj(jwks) ? jwks["keys"] : undefined;
+  if (!Array.isArray(entries)) throw new VerifyError("keys_unavailable", "the JWKS has no keys list");
+  for (const k of entries) {
+    if (!isObj(k) || k["kty"] !== "EC" || k["crv"] !== "P-256") continue;
+    if ((k["alg"] ?? "ES256") !== "ES256" || "d" in k || typeof k["kid"] !== "string") continue;
+    try {
+      const jwk: JWK = { kty: "EC", crv: "P-256", x: k["x"] as string, y: k["y"] as string };
+      keys.set(k["kid"], await importJWK(jwk, "ES256"));
+    } catch {
+      continue;
+    }
+  }
+  return keys;
+}
+
+/**
+ * Verifies requests for one audience (your resource URI) from one issuer.
+ * Make one with {@link Verifier.create} (keys given) or
+ * {@link Verifier.fromIssuer} (keys read from the issuer's metadata).
+ */
+export class Verifier {
+  readonly issuer: string;
+  readonly audience: string;
+  readonly #clock: () => number;
+  readonly #replay: ReplayCache;
+  readonly #fetch: (() => Promise<unknown>) | undefined;
+  #lastFetch = -Infinity;
+  #keys: Map<string, CryptoKey | Uint8Array>;
+
+  private constructor(issuer: string, audience: string, keys: Map<string, CryptoKey | Uint8Array>, opts: VerifierOptions) {
+    this.issuer = issuer;
+    this.audience = audience;
+    this.#keys = keys;
+    this.#clock = opts.clock ?? (() => Date.now() / 1000);
+    this.#replay = opts.replay ?? new ReplayCache();
+    this.#fetch = opts.fetchJwks;
+  }
+
+  /** A verifier with the issuer's keys `jwks`. */
+  static async create(issuer: string, audience: string, jwks: unknown, opts: VerifierOptions = {}): Promise<Verifier> {
+    return new Verifier(issuer, audience, await keysOf(jwks), opts);
+  }
+
+  /**
+   * Reads the issuer's RFC 8414 metadata (its `issuer` must be `issuer`
+   * exactly) and the JWKS it names; unknown `kid`s refetch the JWKS, at most
+   * once a minute.
+   */
+  static async fromIssuer(issuer: string, audience: string, opts: Omit<VerifierOptions, "fetchJwks"> = {}): Promise<Verifier> {
+    const get = async (url: string): Promise<Obj> => {
+      let r: Response;
+      try {
+        r = await fetch(url, { redirect: "error", signal: AbortSignal.timeout(10_000) });
+      } catch (e) {
+        throw new VerifyError("keys_unavailable", `${url}: ${(e as Error).name}`);
+      }
+      const text = await r.text();
+      if (r.status !== 200 || text.length > MAX_KEYS_DOCUMENT) throw new VerifyError("keys_unavailable", `${url}: HTTP ${r.status}`);
+      let doc: unknown;
+      try {
+        doc = JSON.parse(text);
+      } catch {
+        throw new VerifyError("keys_unavailable", `${url}: not JSON`);
+      }
+      if (!isObj(doc)) throw new VerifyError("keys_unavailable", `${url}: not a JSON object`);
+      return doc;
+    };
+    const meta = await get(`${issuer}/.well-known/oauth-authorization-server`);
+    if (meta["issuer"] !== issuer) throw new VerifyError("keys_unavailable", `the metadata names another issuer than ${issuer}`);
+    const jwksUri = meta["jwks_uri"];
+    if (typeof jwksUri !== "string") throw new VerifyError("keys_unavailable", "the metadata has no jwks_uri");
+    return Verifier.create(issuer, audience, await get(jwksUri), { ...opts, fetchJwks: () => get(jwksUri) });
+  }
+
+  async #key(kid: string): Promise<CryptoKey | Uint8Array> {
+    let key = this.#keys.get(kid);
+    const now = this.#clock();
+    if (key === undefined && this.#fetch !== undefined && now - this.#lastFetch >= REFRESH_INTERVAL) {
+      this.#lastFetch = now;
+      this.#keys = await keysOf(await this.#fetch());
+      key = this.#keys.get(kid);
+    }
+    if (key === undefined) throw tokenErr("the token names a key the issuer does not publish");
+    return key;
+  }
+
+  /** Checks one request; rejects with a {@link VerifyError}. */
+  async verify(req: VerifyRequest): Promise<Principal> {
+    const now = this.#clock();
+    // 1, 2: the request.
+    if (req.authorization === undefined || req.authorization === null) throw new VerifyError("missing", "no Authorization header");
+    const sp = req.authorization.indexOf(" ");
+    const scheme = sp < 0 ? req.authorization : req.authorization.slice(0, sp);
+    if (scheme.toLowerCase() !== "dpop") throw tokenErr("the token is DPoP-bound; the Authorization scheme must be DPoP");
+    const token = (sp < 0 ? "" : req.authorization.slice(sp + 1)).trim();
+    if (!token || token.length > MAX_TOKEN) throw tokenErr("the token is empty or larger than 8 KiB");
+    const [header, claims] = split(token, tokenErr, "token");
+    // 3: the header, against allow-lists. typ compares case-insensitively
+    // (RFC 7515 section 4.1.9), as in Rust.
+    const typ = header["typ"];
+    if (typeof typ !== "string" || typ.toLowerCase() !== "at+jwt") throw tokenErr("typ is not at+jwt");
+    if (header["alg"] !== "ES256") throw tokenErr("alg is not ES256");
+    if ("crit" in header) throw tokenErr("unknown crit");
+    const kid = header["kid"];
+    if (typeof kid !== "string") throw tokenErr("no kid");
+    // 4, 5: key and signature.
+    await signedBy(token, await this.#key(kid), tokenErr, "token");
+    // 6: claim types.
+    const { iss, sub, aud, iat, exp, jti: tokenJti } = claims;
+    const subjectIss = claims["subject_iss"];
+    const cnf = claims["cnf"];
+    const act = claims["act"];
+    const scope = "scope" in claims ? claims["scope"] : "";
+    const jkt = isObj(cnf) ? cnf["jkt"] : undefined;
+    const agent = isObj(act) ? act["sub"] : undefined;
+    const tool = isObj(act) ? act["tool"] : undefined;
+    if (![iss, sub, aud, tokenJti, jkt, agent, scope].every((v) => typeof v === "string")) {
+      throw tokenErr("iss, sub, aud, jti, cnf.jkt, act.sub or scope is missing or not a string");
+    }
+    if (subjectIss !== undefined && typeof subjectIss !== "string") throw tokenErr("subject_iss is not a string");
+    if (!isInt(iat) || !isInt(exp)) throw tokenErr("iat or exp is not an integer");
+    if (tool !== undefined && typeof tool !== "string") throw tokenErr("act.tool is not a string");
+    // 7, 8, 9: issuer, audience, time.
+    if (iss !== this.issuer) throw tokenErr("the token is from another issuer");
+    if (aud !== this.audience) throw tokenErr("the token is for another audience");
+    if (now >= exp + SKEW) throw tokenErr("the token has expired");
+    if (iat > now + SKEW) throw tokenErr("the token is issued in the future");
+    // 10, 11: one proof, its header and signature.
+    if (req.dpop.length !== 1) throw proofErr("exactly one DPoP header is needed");
+    const proof = req.dpop[0] as string;
+    if (proof.length > MAX_PROOF) throw proofErr("the proof is larger than 4 KiB");
+    const [ph, pc] = split(proof, proofErr, "proof");
+    if (ph["typ"] !== "dpop+jwt" || ph["alg"] !== "ES256" || "crit" in ph) {
+      throw proofErr("the proof header must have typ dpop+jwt, alg ES256 and no crit");
+    }
+    const jwk = ph["jwk"];
+    if (!isObj(jwk) || "d" in jwk || jwk["kty"] !== "EC" || jwk["crv"] !== "P-256") {
+      throw proofErr("the proof's jwk is not a public EC P-256 key");
+    }
+    if (typeof jwk["x"] !== "string" || typeof jwk["y"] !== "string") throw proofErr("the proof's jwk is not a usable key");
+    const pub: JWK = { kty: "EC", crv: "P-256", x: jwk["x"], y: jwk["y"] };
+    let pkey: CryptoKey | Uint8Array;
+    try {
+      pkey = await importJWK(pub, "ES256");
+    } catch {
+      throw proofErr("the proof's jwk is not a usable key");
+    }
+    await signedBy(proof, pkey, proofErr, "proof");
+    // 12-16: the proof's claims.
+    const { jti, htm, htu, iat: piat } = pc;
+    if (typeof jti !== "string" || typeof htm !== "string" || typeof htu !== "string" || !isInt(piat)) {
+      throw proofErr("jti, htm, htu (strings) and iat (integer) are required");
+    }
+    if (htm !== req.method) throw proofErr("htm is not the request method");
+    if (normalUrl(htu) !== normalUrl(req.url)) throw proofErr("htu is not the request URL");
+    if (Math.abs(now - piat) > PROOF_WINDOW) throw proofErr("iat is too far from now");
+    if (req.nonce !== undefined) {
+      const got = pc["nonce"];
+      if (typeof got !== "string" || !req.nonce(got)) throw new VerifyError("use_dpop_nonce", "a fresh server nonce is required");
+    }
+    const gotAth = pc["ath"];
+    if (typeof gotAth !== "string" || !same(gotAth, athOf(token))) throw proofErr("ath does not match the token");
+    // 17: the key binding.
+    const bound = jkt as string;
+    if (!same(await calculateJwkThumbprint(pub, "sha256"), bound)) {
+      throw proofErr("the proof is signed by another key than the token is bound to");
+    }
+    // 18: replay, recorded only now.
+    this.#replay.checkAndRecord(bound, jti, now, now + PROOF_WINDOW + SKEW);
+    return {
+      subjectIss: subjectIss as string | undefined,
+      sub: sub as string,
+      agent: agent as string,
+      tool: tool as string | undefined,
+      scopes: (scope as string).split(/\s+/).filter((s) => s !== ""),
+      jkt: bound,
+      exp,
+    };
+  }
+}

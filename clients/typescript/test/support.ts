@@ -1,0 +1,227 @@
+// The real broker for the tests: the `credbroker` binary (CREDBROKER_BIN,
+// else target/debug/credbroker) set up by its own quick start in a temp
+// directory, then served with the test's edits (a free port for the example
+// resource server's audience, nonces, rate limits). One broker per test file,
+// never per test: CI runs on two cores. The same fixtures as
+// clients/python/tests/conftest.py.
+//
+// Nothing here fakes the broker; the tests fail, not skip, when the binary
+// is missing (scripts/test builds it first).
+
+import { spawn, execFileSync } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
+import { existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync, closeSync } from "node:fs";
+import { request } from "node:http";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+/** The repository's root (this file is clients/typescript/build/test/support.js). */
+export const REPO = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..", "..", "..");
+
+export function binary(name: string, env: string): string {
+  const p = process.env[env] || join(REPO, "target", "debug", name);
+  if (!existsSync(p)) throw new Error(`${p} is missing: build it first (cargo build, or set ${env})`);
+  return p;
+}
+
+export const brokerBin = (): string => binary("credbroker", "CREDBROKER_BIN");
+
+export function freePort(): Promise<number> {
+  return new Promise((res, rej) => {
+    const s = createServer();
+    s.once("error", rej);
+    s.listen(0, "127.0.0.1", () => {
+      const a = s.address();
+      s.close(() => (typeof a === "object" && a ? res(a.port) : rej(new Error("no port"))));
+    });
+  });
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+export async function poll(what: string, ok: () => Promise<boolean> | boolean, timeoutMs = 30_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (await ok()) return;
+    await sleep(20);
+  }
+  throw new Error(`${what} did not happen within ${timeoutMs / 1000} s`);
+}
+
+function socketAnswers(path: string): Promise<boolean> {
+  return new Promise((res) => {
+    const req = request({ socketPath: path, path: "/v1/info", timeout: 2000 }, (r) => {
+      r.resume();
+      res(r.statusCode === 200);
+    });
+    req.on("error", () => res(false));
+    req.on("timeout", () => req.destroy());
+    req.end();
+  });
+}
+
+/** A temp directory removed at the end (pass `t.after` or call `rm`). */
+export function tempDir(prefix = "credbroker-ts-"): string {
+  return mkdtempSync(join(tmpdir(), prefix));
+}
+
+function stop(proc: ChildProcess | undefined): Promise<void> {
+  if (!proc || proc.exitCode !== null || proc.signalCode !== null) return Promise.resolve();
+  return new Promise((res) => {
+    const t = setTimeout(() => proc.kill("SIGKILL"), 10_000);
+    proc.once("exit", () => {
+      clearTimeout(t);
+      res();
+    });
+    proc.kill("SIGTERM");
+  });
+}
+
+/** A served quick-start directory. */
+export class QuickstartBroker {
+  proc: ChildProcess | undefined;
+  constructor(
+    readonly dir: string,
+    readonly port: number,
+    readonly resource: string,
+  ) {}
+  get socket(): string {
+    return join(this.dir, "credbroker.sock");
+  }
+  get issuer(): string {
+    return `http://127.0.0.1:${this.port}`;
+  }
+  get config(): string {
+    return join(this.dir, "credbroker.toml");
+  }
+  get log(): string {
+    return join(this.dir, "broker.log");
+  }
+  async serve(): Promise<void> {
+    const fd = openSync(this.log, "a");
+    this.proc = spawn(brokerBin(), ["serve", "--config", this.config], {
+      stdio: ["ignore", fd, fd],
+      env: { ...process.env, RUST_LOG: "info" },
+    });
+    closeSync(fd);
+    await poll(`the broker answering on ${this.socket}`, async () => {
+      if (this.proc?.exitCode !== null) throw new Error(`the broker exited: ${readFileSync(this.log, "utf8").slice(-3000)}`);
+      return socketAnswers(this.socket);
+    });
+  }
+  stop(): Promise<void> {
+    const p = stop(this.proc);
+    this.proc = undefined;
+    return p;
+  }
+  subjectToken(sub = "alice"): string {
+    return execFileSync(brokerBin(), ["subject-token", "--dir", this.dir, "--sub", sub], { encoding: "utf8" }).trim();
+  }
+  logText(): string {
+    return existsSync(this.log) ? readFileSync(this.log, "utf8") : "";
+  }
+}
+
+/** A TOML file as its top-level part and its `[table]` sections, in order. */
+function sections(text: string): string[] {
+  return text.split(/^(?=\[)/m);
+}
+
+/**
+ * The quick start's files without its built-in demo service, which only
+ * `credbroker quickstart` runs (`serve` refuses its preset): the
+ * `[providers.demo]` table, the resources with `service = "demo"` and the
+ * tools on those resources. Everything else is kept as written.
+ */
+export function withoutDemoService(config: string, policy: string): [string, string] {
+  const cfg = sections(config).filter((s) => !s.startsWith("[providers.demo]"));
+  const demo = new Set<string>();
+  for (const s of sections(policy)) {
+    const m = /^\[resources\."([^"]+)"\]/.exec(s);
+    if (m?.[1] && /^service = "demo"$/m.test(s)) demo.add(m[1]);
+  }
+  const pol = sections(policy).filter((s) => {
+    const res = /^\[resources\."([^"]+)"\]/.exec(s)?.[1];
+    if (res !== undefined) return !demo.has(res);
+    const used = /^\[tools\.[^\n]*\n(?:[^\n]*\n)*?resource = "([^"]+)"/m.exec(s)?.[1];
+    return used === undefined || !demo.has(used);
+  });
+  return [cfg.join(""), pol.join("")];
+}
+
+export interface StartOptions {
+  extraConfig?: string;
+  extraPolicy?: string;
+  brokerPort?: number;
+}
+
+/**
+ * Runs `credbroker quickstart` once to write its files (stopped as soon as
+ * it answers), applies the edits, then serves them.
+ */
+export async function startBroker(tmp: string, opts: StartOptions = {}): Promise<QuickstartBroker> {
+  const port = opts.brokerPort ?? (await freePort());
+  const rport = await freePort();
+  // The demo service's default port is fixed: a free one, so that parallel
+  // runs do not collide (its files are dropped before serving anyway).
+  const demoPort = await freePort();
+  const d = join(tmp, "qs");
+  const b = new QuickstartBroker(d, port, `http://127.0.0.1:${rport}/notes`);
+  const fd = openSync(join(tmp, "quickstart.log"), "w");
+  const qs = spawn(brokerBin(), ["quickstart", "--dir", d, "--listen", `127.0.0.1:${port}`, "--demo-listen", `127.0.0.1:${demoPort}`], { stdio: ["ignore", fd, fd] });
+  closeSync(fd);
+  try {
+    await poll("the quick start answering", () => socketAnswers(join(d, "credbroker.sock")));
+  } finally {
+    await stop(qs);
+  }
+  const policy = join(d, "policy.toml");
+  const [config, pol] = withoutDemoService(readFileSync(b.config, "utf8"), readFileSync(policy, "utf8"));
+  writeFileSync(policy, pol.replaceAll("http://127.0.0.1:9090/notes", b.resource) + (opts.extraPolicy ?? ""));
+  writeFileSync(b.config, config + (opts.extraConfig ?? ""));
+  await b.serve();
+  return b;
+}
+
+/** examples/resource_server, for the broker's notes resource. */
+export class ResourceServer {
+  constructor(
+    readonly url: string,
+    readonly proc: ChildProcess,
+  ) {}
+  stop(): Promise<void> {
+    return stop(this.proc);
+  }
+}
+
+export async function startResourceServer(b: QuickstartBroker, tmp: string): Promise<ResourceServer> {
+  const exe = binary(join("examples", "resource_server"), "CREDBROKER_RESOURCE_SERVER_BIN");
+  const listen = b.resource.replace("http://", "").split("/")[0] as string;
+  const log = join(tmp, "resource_server.log");
+  const fd = openSync(log, "w");
+  const proc = spawn(exe, ["--listen", listen, "--issuer", b.issuer, "--audience", b.resource], { stdio: ["ignore", fd, fd] });
+  closeSync(fd);
+  const port = Number(listen.split(":")[1]);
+  await poll("resource_server listening", async () => {
+    if (proc.exitCode !== null) throw new Error(`resource_server exited: ${readFileSync(log, "utf8").slice(-2000)}`);
+    return new Promise<boolean>((res) => {
+      const req = request({ host: "127.0.0.1", port, path: "/", method: "HEAD", timeout: 1000 }, (r) => {
+        r.resume();
+        res(true);
+      });
+      req.on("error", () => res(false));
+      req.end();
+    });
+  });
+  return new ResourceServer(b.resource, proc);
+}
+
+export function rm(dir: string): void {
+  rmSync(dir, { recursive: true, force: true });
+}
+
+export function readJson(path: string): unknown {
+  return JSON.parse(readFileSync(path, "utf8"));
+}
