@@ -1,10 +1,11 @@
 //! Load generator for a running broker's orchestrator socket
 //! (docs/PERFORMANCE.md; `scripts/bench-socket` starts a broker and runs it).
 //!
-//! It starts nothing itself. Every request carries a fresh DPoP proof; the
-//! proofs for a window are made before the window opens (they stay within
-//! the proof's 60 s `iat` window because windows are short), so the load
-//! generator's own signing never counts in a timed window.
+//! It starts nothing itself. Every request carries a fresh DPoP proof made
+//! during the run, with `iat` at the time the request is due (open loop) or
+//! sent (closed loop): a window of a minute outlives any proof made before
+//! it. The signing is the generator's CPU, not the broker's; in the open
+//! loop it is done before the due time, off the measured path.
 //!
 //! What it reports, all measured in the same run:
 //! - the crypto floor: one ES256 verify (key parsed, as a proof's key is)
@@ -12,12 +13,22 @@
 //! - peak derives/s: closed loop, concurrency raised until throughput stops
 //!   growing (or `--concurrency` fixed);
 //! - the broker's CPU per derive (utime + stime from `/proc/PID/stat`, so
-//!   all its threads and its kernel time), and that divided by the floor;
+//!   all its threads and its kernel time), and that divided by the floor,
+//!   at peak and in the open loop;
+//! - the broker's context switches per derive (voluntary + nonvoluntary,
+//!   summed over its threads in `/proc/PID/task/*/status`);
 //! - p50/p99/p999 latency in an open loop at `--rate` (default: half the
-//!   peak). Requests are due on a fixed schedule and latency counts from
-//!   when a request was due, not when it was sent, so a stalled broker
-//!   cannot hide its queue (no coordinated omission);
-//! - the broker's RSS (VmRSS, VmHWM from `/proc/PID/status`).
+//!   peak), from the send time and from the due time, with the generator's
+//!   own send lag beside them. Requests are due on a fixed schedule; the
+//!   due-time figure counts queueing a stalled broker would cause (no
+//!   coordinated omission), the send-time figure is the broker's answer
+//!   time alone;
+//! - the broker's RSS (VmRSS, VmHWM from `/proc/PID/status`) right after
+//!   the peak window (`--peak-duration`, 60 s for the memory target);
+//! - for each window, whether it is valid: other processes (the machine's
+//!   busy time from `/proc/stat` minus the broker's and this process's)
+//!   used under 10 % of the machine. Figures from an invalid window are
+//!   printed, marked so.
 //!
 //! Plain blocking threads and hand-written HTTP/1.1 on keep-alive
 //! connections keep the generator's own cost small: it shares the machine.
@@ -53,9 +64,14 @@ struct Args {
     tool: String,
     #[arg(long, default_value = "http://127.0.0.1:9090/notes")]
     resource: String,
-    /// Seconds per measured window (at most 45: proofs must stay fresh).
+    /// Seconds of the open-loop window (and of the peak window unless
+    /// `--peak-duration` is given).
     #[arg(long, default_value_t = 5.0)]
     duration: f64,
+    /// Seconds of the full peak window (60 for the RSS-after-a-minute
+    /// figure). Default: `--duration`.
+    #[arg(long)]
+    peak_duration: Option<f64>,
     /// Open-loop rate (derives/s). Default: half the measured peak.
     #[arg(long)]
     rate: Option<f64>,
@@ -173,6 +189,7 @@ fn machine_seconds(hz: f64) -> Option<(f64, f64)> {
 /// processes used meanwhile (a shared machine disturbs latency).
 struct Around {
     broker: Option<f64>,
+    switches: Option<u64>,
     me: Option<f64>,
     machine: Option<(f64, f64)>,
 }
@@ -181,6 +198,7 @@ impl Around {
     fn take(pid: Option<u32>, hz: f64) -> Around {
         Around {
             broker: pid.and_then(|p| cpu_seconds(p, hz)),
+            switches: pid.and_then(ctx_switches),
             me: cpu_seconds(std::process::id(), hz),
             machine: machine_seconds(hz),
         }
@@ -188,8 +206,12 @@ impl Around {
 
     /// (broker CPU seconds, share of the machine's CPU time that neither
     /// the broker nor this process used but someone else did).
-    fn since(&self, before: &Around) -> (Option<f64>, Option<f64>) {
+    fn since(&self, before: &Around) -> (Option<f64>, Option<u64>, Option<f64>) {
         let broker = self.broker.zip(before.broker).map(|(b, a)| b - a);
+        let switches = self
+            .switches
+            .zip(before.switches)
+            .map(|(b, a)| b.saturating_sub(a));
         let me = self.me.zip(before.me).map(|(b, a)| b - a);
         let others = match (self.machine, before.machine, me) {
             (Some((b1, t1)), Some((b0, t0)), Some(me)) if t1 > t0 => {
@@ -197,7 +219,39 @@ impl Around {
             }
             _ => None,
         };
-        (broker, others)
+        (broker, switches, others)
+    }
+}
+
+/// Context switches (voluntary + nonvoluntary) of every thread of `pid`.
+/// `/proc/PID/status` has the main thread's only; the tasks have each.
+fn ctx_switches(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(status) = std::fs::read_to_string(t.ok()?.path().join("status")) else {
+            continue; // the thread ended meanwhile
+        };
+        total += status
+            .lines()
+            .filter(|l| {
+                l.starts_with("voluntary_ctxt_switches:")
+                    || l.starts_with("nonvoluntary_ctxt_switches:")
+            })
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Some(total)
+}
+
+/// A window counts only when other processes used under this share of
+/// the machine (issue 17).
+const VALID_OTHERS: f64 = 0.10;
+
+fn validity(others: Option<f64>) -> &'static str {
+    match others {
+        Some(x) if x < VALID_OTHERS => "valid",
+        Some(_) => "INVALID (other processes used 10 % or more of the machine)",
+        None => "INVALID (the machine's CPU time could not be read)",
     }
 }
 
@@ -225,25 +279,26 @@ struct Load {
     body: String,
 }
 
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
 impl Load {
-    /// `n` complete requests, each with its own fresh proof.
-    fn requests(&self, n: usize) -> Vec<Vec<u8>> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs() as i64;
-        (0..n)
-            .map(|_| {
-                let proof = credbroker::internals::dpop::make_proof(&self.key, "POST", &self.htu, now, None, None).unwrap();
-                format!(
-                    "POST /v1/derive HTTP/1.1\r\nhost: credbroker\r\ncontent-type: application/json\r\n\
-                     dpop: {proof}\r\ncontent-length: {}\r\n\r\n{}",
-                    self.body.len(),
-                    self.body
-                )
-                .into_bytes()
-            })
-            .collect()
+    /// One complete request with a fresh proof dated `iat`.
+    fn request(&self, iat: i64) -> Vec<u8> {
+        let proof =
+            credbroker::internals::dpop::make_proof(&self.key, "POST", &self.htu, iat, None, None)
+                .unwrap();
+        format!(
+            "POST /v1/derive HTTP/1.1\r\nhost: credbroker\r\ncontent-type: application/json\r\n\
+             dpop: {proof}\r\ncontent-length: {}\r\n\r\n{}",
+            self.body.len(),
+            self.body
+        )
+        .into_bytes()
     }
 }
 
@@ -335,10 +390,14 @@ struct Window {
     outcomes: Outcomes,
     elapsed: f64,
     cpu: Option<f64>,
+    /// The broker's context switches in the window.
+    switches: Option<u64>,
     /// Share of the machine's CPU time used by other processes meanwhile.
     others: Option<f64>,
     /// Latency from when each request was due, microseconds (open loop).
     latencies_us: Vec<f64>,
+    /// Latency from when each request was sent, microseconds (open loop).
+    sent_us: Vec<f64>,
     /// How late each request left (timer slack, busy connections), us.
     lag_us: Vec<f64>,
 }
@@ -350,15 +409,16 @@ impl Window {
     fn cpu_per_derive_us(&self) -> Option<f64> {
         self.cpu.map(|c| c * 1e6 / self.outcomes.ok.max(1) as f64)
     }
+    fn switches_per_derive(&self) -> Option<f64> {
+        self.switches
+            .map(|n| n as f64 / self.outcomes.ok.max(1) as f64)
+    }
 }
 
-/// Closed loop: `conc` connections, each sending its next request as soon as
-/// the answer to the last one is in, until the requests run out or
-/// `duration` passes.
-fn closed_loop(load: &Load, conc: usize, duration: f64, expect_rate: f64, hz: f64) -> Window {
-    let n = ((expect_rate * duration * 1.3) as usize).max(conc * 50);
-    let reqs = Arc::new(load.requests(n));
-    let next = Arc::new(AtomicUsize::new(0));
+/// Closed loop: `conc` connections, each sending its next request (a proof
+/// made just before, dated now) as soon as the answer to the last one is
+/// in, until `duration` passes.
+fn closed_loop(load: &Arc<Load>, conc: usize, duration: f64, hz: f64) -> Window {
     let stop = Arc::new(AtomicBool::new(false));
     let conns: Vec<Conn> = (0..conc).map(|_| Conn::open(&load.args.socket)).collect();
     let before = Around::take(load.args.pid, hz);
@@ -366,13 +426,12 @@ fn closed_loop(load: &Load, conc: usize, duration: f64, expect_rate: f64, hz: f6
     let handles: Vec<_> = conns
         .into_iter()
         .map(|mut c| {
-            let (reqs, next, stop) = (reqs.clone(), next.clone(), stop.clone());
+            let (load, stop) = (load.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut o = Outcomes::default();
                 while !stop.load(Ordering::Relaxed) {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(r) = reqs.get(i) else { break };
-                    match c.call(r) {
+                    let r = load.request(unix_now() as i64);
+                    match c.call(&r) {
                         Ok((s, b)) => o.add(s, &b),
                         Err(e) => {
                             o.add(0, e.to_string().as_bytes());
@@ -384,10 +443,7 @@ fn closed_loop(load: &Load, conc: usize, duration: f64, expect_rate: f64, hz: f6
             })
         })
         .collect();
-    let deadline = start + Duration::from_secs_f64(duration);
-    while Instant::now() < deadline && next.load(Ordering::Relaxed) < reqs.len() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    std::thread::sleep(Duration::from_secs_f64(duration));
     stop.store(true, Ordering::Relaxed);
     let mut outcomes = Outcomes::default();
     let mut end = start;
@@ -396,46 +452,55 @@ fn closed_loop(load: &Load, conc: usize, duration: f64, expect_rate: f64, hz: f6
         outcomes.merge(o);
         end = end.max(t);
     }
-    let (cpu, others) = Around::take(load.args.pid, hz).since(&before);
+    let (cpu, switches, others) = Around::take(load.args.pid, hz).since(&before);
     Window {
         outcomes,
         elapsed: (end - start).as_secs_f64(),
         cpu,
+        switches,
         others,
         latencies_us: Vec::new(),
+        sent_us: Vec::new(),
         lag_us: Vec::new(),
     }
 }
 
 /// Open loop: request `i` is due at `start + i / rate`, whatever happened to
-/// the others; `conns` threads take the requests in order.
-fn open_loop(load: &Load, rate: f64, duration: f64, conns: usize, hz: f64) -> Window {
+/// the others; `conns` threads take the requests in order. Each thread
+/// makes the proof (dated the due time) before sleeping until it is due.
+fn open_loop(load: &Arc<Load>, rate: f64, duration: f64, conns: usize, hz: f64) -> Window {
     let n = (rate * duration).ceil() as usize;
-    let reqs = Arc::new(load.requests(n));
     let next = Arc::new(AtomicUsize::new(0));
-    let record = Arc::new(Mutex::new((Vec::with_capacity(n), Vec::with_capacity(n))));
+    type Record = (Vec<f64>, Vec<f64>, Vec<f64>);
+    let record: Arc<Mutex<Record>> = Arc::new(Mutex::new(Default::default()));
     let pool: Vec<Conn> = (0..conns).map(|_| Conn::open(&load.args.socket)).collect();
     let before = Around::take(load.args.pid, hz);
     // A short lead so every thread is asleep waiting when the first is due.
     let start = Instant::now() + Duration::from_millis(20);
+    let start_unix = unix_now() + 0.020;
     let handles: Vec<_> = pool
         .into_iter()
         .map(|mut c| {
-            let (reqs, next, record) = (reqs.clone(), next.clone(), record.clone());
+            let (load, next, record) = (load.clone(), next.clone(), record.clone());
             std::thread::spawn(move || {
                 let mut o = Outcomes::default();
                 let mut lat = Vec::new();
+                let mut from_send = Vec::new();
                 let mut lag = Vec::new();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(r) = reqs.get(i) else { break };
-                    let due = start + Duration::from_secs_f64(i as f64 / rate);
+                    if i >= n {
+                        break;
+                    }
+                    let offset = i as f64 / rate;
+                    let due = start + Duration::from_secs_f64(offset);
+                    let r = load.request((start_unix + offset) as i64);
                     let now = Instant::now();
                     if due > now {
                         std::thread::sleep(due - now);
                     }
                     let sent = Instant::now();
-                    match c.call(r) {
+                    match c.call(&r) {
                         Ok((s, b)) => o.add(s, &b),
                         Err(e) => {
                             o.add(0, e.to_string().as_bytes());
@@ -443,12 +508,14 @@ fn open_loop(load: &Load, rate: f64, duration: f64, conns: usize, hz: f64) -> Wi
                         }
                     }
                     let done = Instant::now();
-                    lat.push((done - due).as_secs_f64() * 1e6);
-                    lag.push((sent - due).as_secs_f64() * 1e6);
+                    lat.push(done.saturating_duration_since(due).as_secs_f64() * 1e6);
+                    from_send.push((done - sent).as_secs_f64() * 1e6);
+                    lag.push(sent.saturating_duration_since(due).as_secs_f64() * 1e6);
                 }
                 let mut rec = record.lock().unwrap();
                 rec.0.extend(lat);
-                rec.1.extend(lag);
+                rec.1.extend(from_send);
+                rec.2.extend(lag);
                 (o, Instant::now())
             })
         })
@@ -460,14 +527,16 @@ fn open_loop(load: &Load, rate: f64, duration: f64, conns: usize, hz: f64) -> Wi
         outcomes.merge(o);
         end = end.max(t);
     }
-    let (cpu, others) = Around::take(load.args.pid, hz).since(&before);
-    let (lat, lag) = std::mem::take(&mut *record.lock().unwrap());
+    let (cpu, switches, others) = Around::take(load.args.pid, hz).since(&before);
+    let (lat, sent, lag) = std::mem::take(&mut *record.lock().unwrap());
     Window {
         outcomes,
         elapsed: (end - start).as_secs_f64(),
         cpu,
+        switches,
         others,
         latencies_us: lat,
+        sent_us: sent,
         lag_us: lag,
     }
 }
@@ -501,8 +570,9 @@ fn check(w: &Window, what: &str) {
 
 fn main() {
     let args = Args::parse();
-    if !(0.5..=45.0).contains(&args.duration) {
-        eprintln!("--duration must be between 0.5 and 45 seconds (proofs must stay fresh)");
+    let peak_duration = args.peak_duration.unwrap_or(args.duration);
+    if !(0.5..=600.0).contains(&args.duration) || !(0.5..=600.0).contains(&peak_duration) {
+        eprintln!("--duration and --peak-duration must be between 0.5 and 600 seconds");
         std::process::exit(2);
     }
     let hz = clock_ticks();
@@ -511,12 +581,13 @@ fn main() {
         "tool": args.tool, "resource": args.resource,
     })
     .to_string();
-    let load = Load {
+    let load = Arc::new(Load {
         htu: format!("{}/v1/derive", args.issuer.trim_end_matches('/')),
         key: Es256Key::generate().unwrap().0,
         body,
         args,
-    };
+    });
+    let pid = load.args.pid;
 
     let (sign0, verify0) = crypto_floor_us(10_000);
     println!(
@@ -525,15 +596,14 @@ fn main() {
     );
 
     // Warm-up: the subject token gets cached, connections and allocators warm.
-    let warm = closed_loop(&load, 4, 1.0, 5000.0, hz);
+    let warm = closed_loop(&load, 4, 1.0, hz);
     check(&warm, "warm-up");
     println!("warm-up: {:.0} derives/s", warm.rate());
 
     // Peak: closed loop; raise concurrency while throughput grows > 5 %.
-    let mut expect = warm.rate().max(100.0);
     let (best_c, peak) = match load.args.concurrency {
         Some(c) => {
-            let w = closed_loop(&load, c, load.args.duration, expect, hz);
+            let w = closed_loop(&load, c, peak_duration, hz);
             check(&w, "peak");
             (c, w)
         }
@@ -541,13 +611,13 @@ fn main() {
             let mut best: Option<(usize, Window)> = None;
             let mut c = 1;
             while c <= 64 {
-                let w = closed_loop(&load, c, (load.args.duration / 2.0).max(1.0), expect, hz);
+                let w = closed_loop(&load, c, (load.args.duration / 2.0).max(1.0), hz);
                 check(&w, "peak search");
                 println!(
-                    "  closed loop, {c:>2} connections: {:.0} derives/s",
-                    w.rate()
+                    "  closed loop, {c:>2} connections: {:.0} derives/s ({})",
+                    w.rate(),
+                    validity(w.others)
                 );
-                expect = expect.max(w.rate());
                 let better = best
                     .as_ref()
                     .is_none_or(|(_, b)| w.rate() > b.rate() * 1.05);
@@ -559,17 +629,27 @@ fn main() {
             }
             let (c, _) = best.unwrap();
             // The figure is a full-length window at the best concurrency.
-            let w = closed_loop(&load, c, load.args.duration, expect, hz);
+            let w = closed_loop(&load, c, peak_duration, hz);
             check(&w, "peak");
             (c, w)
         }
     };
+    // Memory right after the longest, fastest window.
+    let rss_peak = pid.and_then(rss_kib);
     let peak_rate = peak.rate();
     println!(
-        "peak: {peak_rate:.0} derives/s (closed loop, {best_c} connections, {:.1} s; other processes used {} of the machine)",
+        "peak: {peak_rate:.0} derives/s (closed loop, {best_c} connections, {:.1} s; other processes used {} of the machine: {})",
         peak.elapsed,
-        share(peak.others)
+        share(peak.others),
+        validity(peak.others)
     );
+    if let Some((now, hwm)) = rss_peak {
+        println!(
+            "broker RSS after the peak window: {:.1} MiB (VmRSS), {:.1} MiB (VmHWM)",
+            now as f64 / 1024.0,
+            hwm as f64 / 1024.0
+        );
+    }
 
     let rate = load.args.rate.unwrap_or(peak_rate / 2.0);
     let open = open_loop(
@@ -580,29 +660,36 @@ fn main() {
         hz,
     );
     check(&open, "open loop");
-    let mut lat = open.latencies_us.clone();
-    lat.sort_by(|a, b| a.total_cmp(b));
-    let mut lag = open.lag_us.clone();
-    lag.sort_by(|a, b| a.total_cmp(b));
+    let sorted = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v
+    };
+    let (lat, sent, lag) = (
+        sorted(&open.latencies_us),
+        sorted(&open.sent_us),
+        sorted(&open.lag_us),
+    );
     println!(
-        "open loop at {rate:.0}/s for {:.1} s: {} derives ({:.0}/s achieved; other processes used {} of the machine)",
+        "open loop at {rate:.0}/s for {:.1} s: {} derives ({:.0}/s achieved; other processes used {} of the machine: {})",
         open.elapsed,
         open.outcomes.ok,
         open.rate(),
-        share(open.others)
+        share(open.others),
+        validity(open.others)
     );
-    println!(
-        "  latency from due time: p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us",
-        pct(&lat, 0.50),
-        pct(&lat, 0.99),
-        pct(&lat, 0.999),
-        lat.last().copied().unwrap_or(f64::NAN)
-    );
-    println!(
-        "  of which send lag (timer slack, busy connections): p50 {:.0} us, p99 {:.0} us",
-        pct(&lag, 0.50),
-        pct(&lag, 0.99)
-    );
+    let line = |what: &str, v: &[f64]| {
+        println!(
+            "  {what}: p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us",
+            pct(v, 0.50),
+            pct(v, 0.99),
+            pct(v, 0.999),
+            v.last().copied().unwrap_or(f64::NAN)
+        );
+    };
+    line("latency from send time", &sent);
+    line("latency from due time ", &lat);
+    line("generator's send lag  ", &lag);
 
     let (sign1, verify1) = crypto_floor_us(10_000);
     println!(
@@ -613,42 +700,67 @@ fn main() {
 
     let cpu_peak = peak.cpu_per_derive_us();
     let cpu_open = open.cpu_per_derive_us();
-    let rss = load.args.pid.and_then(rss_kib);
     if let (Some(p), Some(o)) = (cpu_peak, cpu_open) {
         println!(
-            "broker CPU per derive: {p:.1} us at peak = {:.2} x floor; {o:.1} us at half peak = {:.2} x floor (floor {floor:.1} us)",
+            "broker CPU per derive: {p:.1} us at peak = {:.2} x floor; {o:.1} us at {rate:.0}/s = {:.2} x floor (floor {floor:.1} us)",
             p / floor,
             o / floor
         );
     }
-    if let Some((now, hwm)) = rss {
+    let (sw_peak, sw_open) = (peak.switches_per_derive(), open.switches_per_derive());
+    if let (Some(p), Some(o)) = (sw_peak, sw_open) {
+        println!("broker context switches per derive: {p:.2} at peak, {o:.2} at {rate:.0}/s");
+    }
+    let rss_end = pid.and_then(rss_kib);
+    if let Some((now, hwm)) = rss_end {
         println!(
-            "broker RSS: {:.1} MiB now, {:.1} MiB peak (VmHWM)",
+            "broker RSS at the end: {:.1} MiB (VmRSS), {:.1} MiB (VmHWM)",
             now as f64 / 1024.0,
             hwm as f64 / 1024.0
         );
     }
+    let valid = peak.others.is_some_and(|x| x < VALID_OTHERS)
+        && open.others.is_some_and(|x| x < VALID_OTHERS);
+    println!(
+        "run: {}",
+        if valid {
+            "valid (other processes used under 10 % of the machine in both windows)"
+        } else {
+            "INVALID: other processes used 10 % or more of the machine in a window; do not quote these figures as the broker's"
+        }
+    );
     if load.args.json {
         let j = serde_json::json!({
+            "valid": valid,
             "floor_us": floor,
             "floor_sign_us": (sign0 + sign1) / 2.0,
             "floor_verify_us": (verify0 + verify1) / 2.0,
             "peak_per_s": peak_rate,
             "peak_connections": best_c,
+            "peak_seconds": peak.elapsed,
             "cpu_per_derive_us_peak": cpu_peak,
             "ratio_peak": cpu_peak.map(|c| c / floor),
+            "switches_per_derive_peak": sw_peak,
             "open_rate": rate,
             "cpu_per_derive_us_open": cpu_open,
             "ratio_open": cpu_open.map(|c| c / floor),
+            "switches_per_derive_open": sw_open,
+            "p50_us_from_send": pct(&sent, 0.50),
+            "p99_us_from_send": pct(&sent, 0.99),
+            "p999_us_from_send": pct(&sent, 0.999),
             "p50_us": pct(&lat, 0.50),
             "p99_us": pct(&lat, 0.99),
             "p999_us": pct(&lat, 0.999),
+            "lag_p50_us": pct(&lag, 0.50),
             "lag_p99_us": pct(&lag, 0.99),
+            "lag_p999_us": pct(&lag, 0.999),
             "refused": peak.outcomes.refused + open.outcomes.refused,
             "others_busy_peak": peak.others,
             "others_busy_open": open.others,
-            "rss_kib": rss.map(|r| r.0),
-            "hwm_kib": rss.map(|r| r.1),
+            "rss_kib_after_peak": rss_peak.map(|r| r.0),
+            "hwm_kib_after_peak": rss_peak.map(|r| r.1),
+            "rss_kib": rss_end.map(|r| r.0),
+            "hwm_kib": rss_end.map(|r| r.1),
         });
         println!("{j}");
     }

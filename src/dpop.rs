@@ -5,7 +5,6 @@
 //! token) and resource servers (section 7: a proof with `ath` over the token,
 //! and the key bound to the token's `cnf.jkt`).
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -22,6 +21,10 @@ pub const MAX_PROOF_LEN: usize = 4096;
 pub const MAX_JTI_LEN: usize = 256;
 /// Proofs whose `iat` is further than this from now are refused (seconds).
 pub const IAT_WINDOW: i64 = 60;
+/// The longest a `jti` is kept (seconds): a proof dated [`IAT_WINDOW`]
+/// ahead passes until [`IAT_WINDOW`] after its `iat`, and one second more
+/// covers the truncation of times to seconds.
+pub const MAX_JTI_LIFETIME: i64 = 2 * IAT_WINDOW + 1;
 
 /// Why a proof was refused. Messages carry no proof bytes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -119,56 +122,171 @@ pub fn normalize_htu(u: &str) -> Option<String> {
     Some(url.to_string())
 }
 
-/// A bounded `jti` replay cache. Entries live until their proof could no
-/// longer pass the `iat` check; when the whole cache is full of live
-/// entries, `insert` fails and the request is refused.
+/// Bytes of one slot of the replay cache: a 16-byte key and a 32-bit expiry.
+pub const REPLAY_SLOT_BYTES: usize = 16 + 4;
+
+/// Caches of at least this many entries are split over [`SHARDS`] locks;
+/// smaller ones have one (and then the capacity is exact to the entry).
+const SHARD_FROM: usize = 65_536;
+/// Lock shards of a large cache.
+const SHARDS: usize = 16;
+
+/// One slot: `exp == 0` marks it empty. The key is a keyed hash, so its
+/// value says nothing about the proof, and nobody outside this process can
+/// choose which shard or slot a proof falls in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Slot {
+    key: [u8; 16],
+    exp: u32,
+}
+
+/// A bounded `jti` replay cache in fixed memory. Entries live until their
+/// proof could no longer pass the `iat` check; when the cache is full of
+/// live entries, `insert` fails and the request is refused.
 ///
-/// The entries are spread over shards (by the key's first byte) so that
-/// concurrent derives rarely wait for one lock; the capacity is counted
-/// over all shards together, so a shard that happens to hold more than its
-/// share does not refuse while the cache has room.
+/// Every slot is allocated (zeroed, so not yet resident) when the cache
+/// is made and never again: each
+/// shard is an open-addressing table (linear probing, backward-shift
+/// deletion) of 20-byte slots, so the cache's memory is its slot count
+/// times [`REPLAY_SLOT_BYTES`] whatever the derive rate, and
+/// [`ReplayCache::with_bytes`] sizes it from a budget in bytes.
+///
+/// Live entries are counted over the whole cache (at most `capacity`). A
+/// large cache is split over shards by the key, each with room for 1.25
+/// times its share at a load of at most 4/5: the keys are a keyed hash, so
+/// shards fill evenly (for a 500 000-entry cache a shard's share is about
+/// 31 000 +- 180), and a shard refusing while the whole cache has room
+/// would take a deviation of over forty standard deviations.
 #[derive(Debug)]
 pub struct ReplayCache {
     shards: Vec<Mutex<Shard>>,
     capacity: usize,
-    /// Entries in every shard's `seen`, changed only under that shard's
-    /// lock; a slot is reserved here before an entry is added, so the
-    /// total never passes `capacity`.
+    /// Live entries in every shard, changed only under that shard's lock; a
+    /// slot is reserved here before an entry is added, so the total never
+    /// passes `capacity`.
     live: AtomicUsize,
+    /// Two independently keyed SipHash instances (std's `RandomState`,
+    /// keyed from the OS at start): together 128 bits of keyed hash.
+    hash: [std::collections::hash_map::RandomState; 2],
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shard {
-    seen: HashMap<[u8; 32], i64>,
-    order: VecDeque<([u8; 32], i64)>,
+    /// The slots, as two arrays of zeros (`calloc`): nothing is resident
+    /// at start, but keys land uniformly, so after a few inserts per 4 KiB
+    /// page the whole budget is; it never grows past it.
+    keys: Box<[[u8; 16]]>,
+    exps: Box<[u32]>,
+    /// Occupied slots (live or expired but not yet removed).
+    used: usize,
+    /// At most this many slots may be occupied (4/5 of them).
+    max_used: usize,
+    /// The last `now` at which expired entries were removed.
+    swept: i64,
 }
 
 impl Shard {
-    /// Drops the expired entries at the front of the insertion order;
-    /// returns how many were removed from `seen`.
-    fn expire_front(&mut self, now: i64) -> usize {
-        let mut removed = 0;
-        while let Some(&(k, exp)) = self.order.front() {
-            if exp > now {
+    fn new(slots: usize) -> Shard {
+        Shard {
+            keys: vec![[0u8; 16]; slots].into_boxed_slice(),
+            exps: vec![0u32; slots].into_boxed_slice(),
+            used: 0,
+            max_used: (slots * 4 / 5).max(1).min(slots.saturating_sub(1)).max(1),
+            swept: i64::MIN,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.exps.len()
+    }
+
+    fn slot(&self, i: usize) -> Slot {
+        Slot {
+            key: self.keys[i],
+            exp: self.exps[i],
+        }
+    }
+
+    fn set(&mut self, i: usize, s: Slot) {
+        self.keys[i] = s.key;
+        self.exps[i] = s.exp;
+    }
+
+    fn home(&self, key: &[u8; 16]) -> usize {
+        let mut h = [0u8; 8];
+        h.copy_from_slice(&key[..8]);
+        (u64::from_le_bytes(h) % self.len() as u64) as usize
+    }
+
+    /// Empties slot `i` and moves later entries of its probe run back, so
+    /// every entry stays reachable from its home slot.
+    fn remove(&mut self, mut i: usize) {
+        let n = self.len();
+        let mut j = i;
+        loop {
+            j = (j + 1) % n;
+            if self.exps[j] == 0 {
                 break;
             }
-            self.order.pop_front();
-            if self.seen.get(&k) == Some(&exp) {
-                self.seen.remove(&k);
-                removed += 1;
+            let k = self.home(&self.keys[j]);
+            // Move j into the hole at i unless its home lies cyclically in
+            // (i, j]: then it must stay where it is.
+            let stays = if i <= j {
+                i < k && k <= j
+            } else {
+                i < k || k <= j
+            };
+            if !stays {
+                self.set(i, self.slot(j));
+                i = j;
             }
+        }
+        self.set(i, Slot::default());
+        self.used -= 1;
+    }
+
+    /// Removes every expired entry; returns how many were live-counted.
+    fn sweep(&mut self, now: i64) -> usize {
+        self.swept = now;
+        let mut removed = 0;
+        let mut i = 0;
+        while i < self.len() {
+            let s = self.slot(i);
+            if s.exp != 0 && i64::from(s.exp) <= now {
+                self.remove(i);
+                removed += 1;
+                // The slot may now hold an entry moved back: look again.
+                continue;
+            }
+            i += 1;
         }
         removed
     }
 
-    /// Drops every expired entry. Expiry times are not in insertion order
-    /// (`iat` may be ahead of now), so expired entries can sit behind a
-    /// live one at the front; this costs a scan, done only when full.
-    fn expire_all(&mut self, now: i64) -> usize {
-        let before = self.seen.len();
-        self.seen.retain(|_, exp| *exp > now);
-        self.order.retain(|(_, exp)| *exp > now);
-        before - self.seen.len()
+    /// `Err(Replay)` if `key` is held and live; else where it goes: its own
+    /// expired slot (`true`: reused, no slot taken), or the empty slot that
+    /// ends its probe run.
+    fn find(&self, key: &[u8; 16], now: i64) -> Result<(usize, bool), DpopError> {
+        let n = self.len();
+        let mut i = self.home(key);
+        for _ in 0..n {
+            let s = self.slot(i);
+            if s.exp == 0 {
+                return Ok((i, false));
+            }
+            if s.key == *key {
+                // A key is held at most once: a live one is a replay, an
+                // expired one is overwritten in place.
+                return if i64::from(s.exp) > now {
+                    Err(DpopError::Replay)
+                } else {
+                    Ok((i, true))
+                };
+            }
+            i = (i + 1) % n;
+        }
+        // Unreachable while `used < slots` (kept by `max_used`).
+        Err(DpopError::ReplayCacheFull)
     }
 }
 
@@ -177,13 +295,74 @@ impl ReplayCache {
     /// all, whichever shards they fall in.
     pub fn new(capacity: usize) -> ReplayCache {
         let capacity = capacity.max(1);
+        let (shards, slots) = Self::layout(capacity);
         ReplayCache {
-            shards: (0..capacity.min(16))
-                .map(|_| Mutex::new(Shard::default()))
-                .collect(),
+            shards: (0..shards).map(|_| Mutex::new(Shard::new(slots))).collect(),
             capacity,
             live: AtomicUsize::new(0),
+            hash: Default::default(),
         }
+    }
+
+    /// The largest cache whose slots take at most `bytes` (at least one
+    /// entry).
+    pub fn with_bytes(bytes: usize) -> ReplayCache {
+        ReplayCache::new(Self::capacity_for_bytes(bytes))
+    }
+
+    /// How many entries a budget of `bytes` holds (what
+    /// [`ReplayCache::with_bytes`] makes).
+    pub fn capacity_for_bytes(bytes: usize) -> usize {
+        let slots = bytes / REPLAY_SLOT_BYTES;
+        // The layout is monotonic in the capacity: search the largest
+        // capacity whose slot count fits.
+        let (mut lo, mut hi) = (1usize, slots.max(1));
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            let (n, per) = Self::layout(mid);
+            if n * per <= slots {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
+    /// (shards, slots per shard) for `capacity` live entries: room for the
+    /// whole capacity at a load of 4/5 with one shard; with several, room
+    /// for 1.25 times a shard's share at that load.
+    fn layout(capacity: usize) -> (usize, usize) {
+        if capacity < SHARD_FROM {
+            // +1: a probe run always ends at an empty slot.
+            (1, (capacity * 5).div_ceil(4) + 1)
+        } else {
+            let share = capacity.div_ceil(SHARDS);
+            (SHARDS, (share * 25).div_ceil(16) + 1)
+        }
+    }
+
+    /// Bytes the slots take (allocated once, when the cache is made).
+    pub fn slot_bytes(&self) -> usize {
+        let (n, per) = Self::layout(self.capacity);
+        n * per * REPLAY_SLOT_BYTES
+    }
+
+    /// The cache key of a proof: 128 bits of keyed hash of the key's
+    /// thumbprint and the `jti`.
+    pub fn key(&self, jkt: &str, jti: &str) -> [u8; 16] {
+        use std::hash::{BuildHasher, Hasher};
+        let mut out = [0u8; 16];
+        for (half, state) in out.chunks_exact_mut(8).zip(&self.hash) {
+            let mut h = state.build_hasher();
+            // Lengths first: ("ab", "c") and ("a", "bc") differ.
+            h.write_usize(jkt.len());
+            h.write(jkt.as_bytes());
+            h.write_usize(jti.len());
+            h.write(jti.as_bytes());
+            half.copy_from_slice(&h.finish().to_le_bytes());
+        }
+        out
     }
 
     fn lock(&self, i: usize) -> std::sync::MutexGuard<'_, Shard> {
@@ -202,34 +381,44 @@ impl ReplayCache {
 
     /// Records `key` until `expires`. `Err(Replay)` if it is already there,
     /// `Err(ReplayCacheFull)` if the whole cache holds `capacity` live
-    /// entries.
-    pub fn insert(&self, key: [u8; 32], expires: i64, now: i64) -> Result<(), DpopError> {
-        let i = key[0] as usize % self.shards.len();
+    /// entries (or, for a sharded cache, the key's shard has no slot left).
+    pub fn insert(&self, key: [u8; 16], expires: i64, now: i64) -> Result<(), DpopError> {
+        // Expiry in 32 bits: Unix seconds up to 2106; never 0 (empty).
+        let exp = u32::try_from(expires.max(1)).unwrap_or(u32::MAX);
+        let i = usize::from(key[8]) % self.shards.len();
         let mut s = self.lock(i);
-        let freed = s.expire_front(now);
-        self.live.fetch_sub(freed, Ordering::SeqCst);
-        if s.seen.contains_key(&key) {
-            return Err(DpopError::Replay);
+        // Expired entries are removed at most once a second per shard, and
+        // only once the shard is half used: the sweep reads every slot.
+        if now > s.swept && s.used * 2 >= s.max_used {
+            let freed = s.sweep(now);
+            self.live.fetch_sub(freed, Ordering::SeqCst);
         }
-        if !self.reserve() {
+        if let (at, true) = s.find(&key, now)? {
+            // Its own expired entry: the slot and the count carry over.
+            s.exps[at] = exp;
+            return Ok(());
+        }
+        if s.used >= s.max_used || !self.reserve() {
             // Full: reclaim expired entries everywhere before refusing.
             // One shard lock at a time (ours released first), so two
             // inserts sweeping at once cannot deadlock.
             drop(s);
             for j in 0..self.shards.len() {
-                let freed = self.lock(j).expire_all(now);
+                let freed = self.lock(j).sweep(now);
                 self.live.fetch_sub(freed, Ordering::SeqCst);
             }
             s = self.lock(i);
-            if s.seen.contains_key(&key) {
-                return Err(DpopError::Replay);
-            }
-            if !self.reserve() {
+            // The sweep removed this key if it was expired: only an empty
+            // slot can come back now.
+            s.find(&key, now)?;
+            if s.used >= s.max_used || !self.reserve() {
                 return Err(DpopError::ReplayCacheFull);
             }
         }
-        s.seen.insert(key, expires);
-        s.order.push_back((key, expires));
+        // Found again: a sweep may have moved entries since the first look.
+        let (at, _) = s.find(&key, now)?;
+        s.set(at, Slot { key, exp });
+        s.used += 1;
         Ok(())
     }
 
@@ -393,12 +582,7 @@ impl Validator {
             }
         }
         // Only a proof that passed every other check may take a cache slot.
-        let mut h = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
-        h.update(jwk.thumbprint.as_bytes());
-        h.update(b"\0");
-        h.update(claims.jti.as_bytes());
-        let mut key = [0u8; 32];
-        key.copy_from_slice(h.finish().as_ref());
+        let key = self.replay.key(&jwk.thumbprint, &claims.jti);
         let expires = claims.iat.max(expect.now) + IAT_WINDOW + 1;
         self.replay.insert(key, expires, expect.now)?;
         Ok(ValidProof {

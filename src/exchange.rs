@@ -218,9 +218,14 @@ impl DeriveError {
     }
 }
 
-/// Rate limiters per peer and per (person, tool).
+/// Rate limiters: over the whole broker, per peer and per (person, tool).
 #[derive(Debug)]
 pub struct Limits {
+    /// Sized so that the replay cache never refuses below it
+    /// ([`crate::config::max_derive_rate`]): past it a derive gets 429 with
+    /// `Retry-After`, checked before anything else. None when the cache is
+    /// too small for any sustained rate (its own 503 is then the bound).
+    global: Option<governor::DefaultDirectRateLimiter>,
     per_peer: DefaultKeyedRateLimiter<u32>,
     per_person_tool: DefaultKeyedRateLimiter<(String, String, String)>,
 }
@@ -234,6 +239,8 @@ impl Limits {
     /// Limiters from config.
     pub fn new(cfg: &crate::config::LimitsConfig) -> Limits {
         Limits {
+            global: (cfg.global_per_second > 0)
+                .then(|| RateLimiter::direct(quota(cfg.global_per_second, cfg.global_per_second))),
             per_peer: RateLimiter::keyed(quota(cfg.per_peer_per_second, cfg.burst)),
             per_person_tool: RateLimiter::keyed(quota(cfg.per_person_tool_per_second, cfg.burst)),
         }
@@ -582,6 +589,15 @@ impl Broker {
         policy: &Policy,
         ctx: &mut Ctx,
     ) -> Result<(Issued, String), DeriveError> {
+        if let Some(Err(nu)) = self.limits.global.as_ref().map(|g| g.check()) {
+            self.metrics
+                .rate_limited
+                .with_label_values(&["global"])
+                .inc();
+            return Err(DeriveError::RateLimited {
+                retry_after: Limits::retry_after(&nu),
+            });
+        }
         if let Err(nu) = self.limits.per_peer.check_key(&req.peer_uid) {
             self.metrics.rate_limited.with_label_values(&["peer"]).inc();
             return Err(DeriveError::RateLimited {

@@ -333,9 +333,9 @@ impl Verifier {
             },
         )?;
         if c.single_use {
-            let key = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, c.jti.as_bytes());
-            let mut k = [0u8; 32];
-            k.copy_from_slice(key.as_ref());
+            // Keyed by the token's `jti` alone (the token is bound to one
+            // key already), in the replay cache's compact form.
+            let k = self.used.key("", &c.jti);
             self.used
                 .insert(k, c.exp + SKEW, now)
                 .map_err(|e| match e {

@@ -136,8 +136,12 @@ pub struct DpopConfig {
     pub require_nonce: bool,
     /// Accepted proof algorithms.
     pub algs: Vec<Alg>,
-    /// Capacity of the `jti` replay cache; full = refuse.
+    /// Capacity of the `jti` replay cache in entries (from
+    /// `replay_cache_bytes`, or the deprecated `replay_capacity`); full =
+    /// refuse.
     pub replay_capacity: usize,
+    /// The memory the replay cache's slots may take, in bytes.
+    pub replay_cache_bytes: usize,
 }
 
 /// `[proxy]`: the egress proxy's limits and timeouts (docs/PROXY.md).
@@ -167,6 +171,24 @@ pub struct LimitsConfig {
     pub per_person_tool_per_second: u32,
     /// Burst size of both.
     pub burst: u32,
+    /// Derives per second over the whole broker (its burst is one second's
+    /// worth). Never above what the replay cache can check: see
+    /// [`max_derive_rate`]. 0 only for a cache too small to sustain even
+    /// one derive a second (under 136 entries): then there is no global
+    /// limit and the cache's own refusal (503) is the bound.
+    pub global_per_second: u32,
+}
+
+/// The default `dpop.replay_cache_bytes`: 16 MiB.
+pub const DEFAULT_REPLAY_CACHE_BYTES: usize = 16 << 20;
+
+/// The highest sustained derive rate a replay cache of `entries` can check
+/// without refusing: a `jti` is kept up to [`crate::dpop::MAX_JTI_LIFETIME`]
+/// seconds, and the global limit's burst (one second's worth) comes on top;
+/// one tenth is left spare.
+pub fn max_derive_rate(entries: usize) -> u32 {
+    let per_second = entries as u64 * 9 / 10 / (crate::dpop::MAX_JTI_LIFETIME as u64 + 1);
+    u32::try_from(per_second).unwrap_or(u32::MAX)
 }
 
 impl Config {
@@ -190,7 +212,7 @@ impl Config {
         let socket = listeners::socket(raw.socket, &mut check);
         let public = listeners::public(raw.public, &mut check);
         let dpop = dpop(raw.dpop, &mut check);
-        let limits = limits(&raw.limits, &mut check);
+        let limits = limits(&raw.limits, &dpop, &mut check);
         let proxy = proxy(&raw.proxy, &mut check);
         let trusted_issuers =
             issuers::trusted_issuers(raw.trusted_issuers, &issuer, &raw.agent, &mut check);
@@ -336,14 +358,44 @@ fn own_issuer(raw: &str, check: &mut Check<'_>) -> String {
 /// Validates `[dpop]`.
 fn dpop(raw: RawDpop, check: &mut Check<'_>) -> DpopConfig {
     let algs = check.algs("dpop.algs", raw.algs, vec![Alg::ES256]);
-    let replay_capacity = raw.replay_capacity.unwrap_or(200_000);
-    if replay_capacity < 16 {
-        check.bad("dpop.replay_capacity", "must be at least 16");
-    }
+    // `replay_capacity` (entries) is deprecated but still honoured: the
+    // bytes are what bounds memory, so they are derived from it.
+    let (replay_capacity, replay_cache_bytes) = match (raw.replay_capacity, raw.replay_cache_bytes)
+    {
+        (Some(_), Some(_)) => {
+            check.bad(
+                "dpop.replay_capacity",
+                "is deprecated and cannot be combined with dpop.replay_cache_bytes: keep only replay_cache_bytes",
+            );
+            (16, 0)
+        }
+        (Some(n), None) => {
+            if n < 16 {
+                check.bad("dpop.replay_capacity", "must be at least 16");
+            }
+            let cache = crate::dpop::ReplayCache::new(n);
+            (n, cache.slot_bytes())
+        }
+        (None, bytes) => {
+            let bytes = bytes.unwrap_or(DEFAULT_REPLAY_CACHE_BYTES);
+            let n = crate::dpop::ReplayCache::capacity_for_bytes(bytes);
+            if n < 16 {
+                check.bad(
+                    "dpop.replay_cache_bytes",
+                    &format!(
+                        "holds fewer than 16 entries ({} bytes a slot): give at least 1024",
+                        crate::dpop::REPLAY_SLOT_BYTES
+                    ),
+                );
+            }
+            (n, bytes)
+        }
+    };
     DpopConfig {
         require_nonce: raw.require_nonce,
         algs,
         replay_capacity,
+        replay_cache_bytes,
     }
 }
 
@@ -384,8 +436,31 @@ fn proxy(raw: &RawProxy, check: &mut Check<'_>) -> ProxyConfig {
 }
 
 /// Validates `[limits]`.
-fn limits(raw: &RawLimits, check: &mut Check<'_>) -> LimitsConfig {
+fn limits(raw: &RawLimits, dpop: &DpopConfig, check: &mut Check<'_>) -> LimitsConfig {
+    // The replay cache's bound wins over every rate limit: the global limit
+    // refuses (429) before the cache would (503), never after.
+    let most = max_derive_rate(dpop.replay_capacity);
+    let global_per_second = match raw.global_per_second {
+        Some(0) => {
+            check.bad("limits.global_per_second", "must be positive");
+            most
+        }
+        Some(r) if r > most => {
+            check.bad(
+                "limits.global_per_second",
+                &format!(
+                    "is above the {most} derives/s the replay cache can check ({} entries, a jti kept up to {} s): lower it or raise dpop.replay_cache_bytes",
+                    dpop.replay_capacity,
+                    crate::dpop::MAX_JTI_LIFETIME
+                ),
+            );
+            most
+        }
+        Some(r) => r,
+        None => most,
+    };
     let limits = LimitsConfig {
+        global_per_second,
         per_peer_per_second: raw.per_peer_per_second.unwrap_or(20_000),
         per_person_tool_per_second: raw.per_person_tool_per_second.unwrap_or(1_000),
         burst: raw.burst.unwrap_or(2_000),

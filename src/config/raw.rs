@@ -169,6 +169,8 @@ pub(super) struct RawDpop {
     pub(super) algs: Option<Vec<String>>,
     #[serde(default)]
     pub(super) replay_capacity: Option<usize>,
+    #[serde(default)]
+    pub(super) replay_cache_bytes: Option<usize>,
 }
 
 /// `[proxy]`: the egress proxy's limits and timeouts.
@@ -194,6 +196,8 @@ pub(super) struct RawLimits {
     pub(super) per_person_tool_per_second: Option<u32>,
     #[serde(default)]
     pub(super) burst: Option<u32>,
+    #[serde(default)]
+    pub(super) global_per_second: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -90,7 +90,15 @@ fn valid_config_parses_with_defaults() {
     assert!(c.public.is_none());
     assert!(!c.dpop.require_nonce);
     assert_eq!(c.dpop.algs, vec![crate::jose::Alg::ES256]);
-    assert_eq!(c.dpop.replay_capacity, 200_000);
+    assert_eq!(c.dpop.replay_cache_bytes, 16 << 20);
+    assert_eq!(
+        c.dpop.replay_capacity,
+        crate::dpop::ReplayCache::capacity_for_bytes(16 << 20)
+    );
+    assert_eq!(
+        c.limits.global_per_second,
+        max_derive_rate(c.dpop.replay_capacity)
+    );
     let ti = &c.trusted_issuers[0];
     assert_eq!(ti.issuer, "https://idp.example");
     assert_eq!(ti.audience, "repo-helper");
@@ -861,4 +869,51 @@ fn postgres_mistakes_are_named_by_key() {
                 && x.message == "unknown key"),
         "the misspelt key is reported: {p:?}"
     );
+}
+
+#[test]
+fn replay_cache_bytes_bound_the_global_derive_limit() {
+    // The default global limit is the most the cache can check; 16 MiB
+    // holds over 500 000 entries, so about 3 900 derives/s.
+    let c = parse(BASE).unwrap();
+    let most = max_derive_rate(c.dpop.replay_capacity);
+    assert!((3_500..5_000).contains(&most), "{most}");
+    // A jti kept its longest, at that rate plus one second's burst, still
+    // fits in the cache: it refuses (429) before the cache could (503).
+    let worst = (u64::from(most) * (crate::dpop::MAX_JTI_LIFETIME as u64 + 1)) as usize;
+    assert!(worst <= c.dpop.replay_capacity, "{worst}");
+
+    // A global limit above what the cache can check is refused, naming the
+    // key and the figures.
+    let text = format!(
+        "{BASE}\n[dpop]\nreplay_cache_bytes = 1048576\n\n[limits]\nglobal_per_second = 1000\n"
+    );
+    let p = problems(&text);
+    let bad = problem_for(&p, "limits.global_per_second");
+    assert!(bad.message.contains("replay cache can check"), "{bad:?}");
+    assert!(bad.message.contains("dpop.replay_cache_bytes"), "{bad:?}");
+    // The deprecated entry count cannot be combined with the bytes.
+    let text = format!("{BASE}\n[dpop]\nreplay_cache_bytes = 1048576\nreplay_capacity = 1000\n");
+    let p = problems(&text);
+    assert!(problem_for(&p, "dpop.replay_capacity")
+        .message
+        .contains("deprecated"));
+    // Positive controls: a limit within the bound, and the deprecated key
+    // alone, which still sets the capacity (and the bytes from it).
+    let c = parse(&format!(
+        "{BASE}\n[dpop]\nreplay_cache_bytes = 1048576\n\n[limits]\nglobal_per_second = 300\n"
+    ))
+    .unwrap();
+    assert_eq!(c.limits.global_per_second, 300);
+    assert_eq!(
+        c.dpop.replay_capacity,
+        crate::dpop::ReplayCache::capacity_for_bytes(1 << 20)
+    );
+    let c = parse(&format!("{BASE}\n[dpop]\nreplay_capacity = 50000\n")).unwrap();
+    assert_eq!(c.dpop.replay_capacity, 50_000);
+    assert_eq!(
+        c.dpop.replay_cache_bytes,
+        crate::dpop::ReplayCache::new(50_000).slot_bytes()
+    );
+    assert_eq!(c.limits.global_per_second, max_derive_rate(50_000));
 }

@@ -722,7 +722,7 @@ fn replay_entries_expire_only_when_the_proof_could_no_longer_pass() {
     );
 
     let c = ReplayCache::new(16);
-    let key = [5u8; 32];
+    let key = [5u8; 16];
     c.insert(key, NOW + 61, NOW).unwrap();
     assert_eq!(c.insert(key, NOW + 120, NOW + 60), Err(DpopError::Replay));
     assert_eq!(c.len(), 1);
@@ -738,7 +738,7 @@ fn expired_entries_behind_a_longer_lived_one_are_reclaimed() {
     let c = ReplayCache::new(2);
     assert_eq!(c.capacity(), 2);
     // These keys share a shard (same first byte modulo the 2 shards).
-    let (k1, k2, k3) = ([0u8; 32], [16u8; 32], [32u8; 32]);
+    let (k1, k2, k3) = ([0u8; 16], [16u8; 16], [32u8; 16]);
     c.insert(k1, NOW + 121, NOW).unwrap();
     c.insert(k2, NOW + 61, NOW).unwrap();
     assert_eq!(c.insert(k3, NOW + 61, NOW), Err(DpopError::ReplayCacheFull));
@@ -755,7 +755,7 @@ fn a_full_shard_does_not_refuse_while_the_whole_cache_has_room() {
     assert_eq!(c.capacity(), 32);
     // Same shard: first byte 0, 16, 32, ... (modulo 16).
     for i in 0..5u8 {
-        c.insert([i * 16; 32], NOW + 61, NOW)
+        c.insert([i * 16; 16], NOW + 61, NOW)
             .unwrap_or_else(|e| panic!("entry {i} of one shard refused with room left: {e:?}"));
     }
     // The rest of the capacity, in other shards.
@@ -767,12 +767,12 @@ fn a_full_shard_does_not_refuse_while_the_whole_cache_has_room() {
         if first % 16 == 0 {
             continue;
         }
-        c.insert([first; 32], NOW + 61, NOW).unwrap();
+        c.insert([first; 16], NOW + 61, NOW).unwrap();
         n += 1;
     }
     assert_eq!(c.len(), 32);
     // The whole cache is full of live entries: refused, whichever shard.
-    let mut other = [0u8; 32];
+    let mut other = [0u8; 16];
     other[0] = 0;
     other[1] = 1;
     assert_eq!(
@@ -789,15 +789,15 @@ fn a_full_shard_does_not_refuse_while_the_whole_cache_has_room() {
     // reclaimed before refusing).
     let c = ReplayCache::new(32);
     for i in 0..32u8 {
-        let mut k = [0u8; 32];
+        let mut k = [0u8; 16];
         (k[0], k[1]) = (1 + i % 15, i);
         c.insert(k, NOW + 61, NOW).unwrap();
     }
     assert_eq!(
-        c.insert([0; 32], NOW + 61, NOW),
+        c.insert([0; 16], NOW + 61, NOW),
         Err(DpopError::ReplayCacheFull)
     );
-    c.insert([0; 32], NOW + 123, NOW + 62).unwrap();
+    c.insert([0; 16], NOW + 123, NOW + 62).unwrap();
     assert_eq!(c.len(), 1);
 }
 
@@ -810,12 +810,117 @@ fn replay_cache_capacity_is_honoured() {
     // Exactly `cap` entries fit, spread however they fall.
     let c = ReplayCache::new(17);
     for i in 0..17u8 {
-        c.insert([i; 32], NOW + 61, NOW).unwrap();
+        c.insert([i; 16], NOW + 61, NOW).unwrap();
     }
     assert_eq!(
-        c.insert([17; 32], NOW + 61, NOW),
+        c.insert([17; 16], NOW + 61, NOW),
         Err(DpopError::ReplayCacheFull)
     );
+}
+
+/// Keys spread as the keyed hash spreads them.
+fn random_keys(n: usize) -> Vec<[u8; 16]> {
+    let mut keys = vec![[0u8; 16]; n];
+    for k in &mut keys {
+        aws_lc_rs::rand::fill(k).unwrap();
+    }
+    keys
+}
+
+#[test]
+fn replay_cache_memory_is_fixed_by_its_byte_budget() {
+    assert_eq!(REPLAY_SLOT_BYTES, 20);
+    for bytes in [1024, 4096, 100_000, 1 << 20, 16 << 20] {
+        let c = ReplayCache::with_bytes(bytes);
+        assert!(
+            c.slot_bytes() <= bytes,
+            "{bytes} bytes: slots take {}",
+            c.slot_bytes()
+        );
+        // Not wasteful either: at least 3/5 of the budget holds entries.
+        assert!(
+            c.capacity() * REPLAY_SLOT_BYTES * 5 >= bytes * 3,
+            "{bytes} bytes: only {} entries",
+            c.capacity()
+        );
+        assert_eq!(ReplayCache::capacity_for_bytes(bytes), c.capacity());
+    }
+    // A sharded cache: fill it to its capacity, with live entries, then
+    // churn it through three lifetimes at that rate. The slots never
+    // change size: the memory is what the budget allowed, at any rate.
+    let c = ReplayCache::with_bytes(2 << 20);
+    let slots_before: Vec<usize> = (0..c.shards.len()).map(|i| c.lock(i).len()).collect();
+    assert_eq!(slots_before.len(), SHARDS, "a 2 MiB cache is sharded");
+    let cap = c.capacity();
+    let per_second = cap / MAX_JTI_LIFETIME as usize;
+    let mut inserted = 0;
+    for t in NOW..NOW + 3 * MAX_JTI_LIFETIME {
+        for k in random_keys(per_second) {
+            c.insert(k, t + MAX_JTI_LIFETIME, t)
+                .unwrap_or_else(|e| panic!("refused at {inserted} of rate {per_second}/s: {e:?}"));
+            inserted += 1;
+        }
+    }
+    assert!(c.len() <= cap && c.len() >= per_second * (MAX_JTI_LIFETIME as usize - 1));
+    let slots_after: Vec<usize> = (0..c.shards.len()).map(|i| c.lock(i).len()).collect();
+    assert_eq!(slots_before, slots_after);
+    assert_eq!(
+        c.slot_bytes(),
+        slots_after.iter().sum::<usize>() * REPLAY_SLOT_BYTES
+    );
+    // Negative: beyond the capacity it refuses (fail closed) ...
+    let c = ReplayCache::with_bytes(4096);
+    for k in random_keys(c.capacity()) {
+        c.insert(k, NOW + 61, NOW).unwrap();
+    }
+    assert_eq!(
+        c.insert(random_keys(1)[0], NOW + 61, NOW),
+        Err(DpopError::ReplayCacheFull)
+    );
+    // ... and every key it holds is still found (probe runs intact).
+    let keys = random_keys(c.capacity());
+    let c = ReplayCache::with_bytes(4096);
+    for k in &keys {
+        c.insert(*k, NOW + 61, NOW).unwrap();
+    }
+    for k in &keys {
+        assert_eq!(c.insert(*k, NOW + 61, NOW), Err(DpopError::Replay));
+    }
+}
+
+#[test]
+fn replay_entries_stay_found_while_others_are_swept_around_them() {
+    // Backward-shift deletion: removing expired entries must not cut a
+    // probe run, or a live jti would be accepted a second time.
+    let c = ReplayCache::new(1000);
+    let short = random_keys(600);
+    let long = random_keys(300);
+    for (a, b) in short.iter().zip(long.iter().chain(long.iter())) {
+        c.insert(*a, NOW + 10, NOW).unwrap();
+        let _ = c.insert(*b, NOW + 500, NOW);
+    }
+    assert_eq!(c.len(), 900);
+    // Forces a sweep of the 600 expired ones (the cache is more than half
+    // used), then every long-lived key is still a replay.
+    c.insert(random_keys(1)[0], NOW + 500, NOW + 20).unwrap();
+    assert_eq!(c.len(), 301);
+    for k in &long {
+        assert_eq!(c.insert(*k, NOW + 500, NOW + 20), Err(DpopError::Replay));
+    }
+    // Positive control: the expired ones are accepted again.
+    for k in &short {
+        c.insert(*k, NOW + 500, NOW + 20).unwrap();
+    }
+}
+
+#[test]
+fn replay_keys_are_keyed_and_separate_the_parts() {
+    let a = ReplayCache::new(16);
+    let b = ReplayCache::new(16);
+    assert_eq!(a.key("jkt", "jti"), a.key("jkt", "jti"));
+    // Another process (another key) maps the same proof elsewhere.
+    assert_ne!(a.key("jkt", "jti"), b.key("jkt", "jti"));
+    assert_ne!(a.key("ab", "c"), a.key("a", "bc"));
 }
 
 #[test]

@@ -773,6 +773,54 @@ async fn rate_limit_per_person_and_tool_with_retry_after() {
         .assert_issued("alice after Retry-After");
 }
 
+fn tiny_replay_cache(text: String) -> String {
+    // 4 096 bytes hold about 160 entries: a sustained 1 derive/s, so the
+    // derived global limit is 1/s with a burst of 1.
+    format!("{text}\n[dpop]\nreplay_cache_bytes = 4096\n")
+}
+
+#[tokio::test]
+async fn global_derive_limit_refuses_before_the_replay_cache_fills() {
+    let b = TestBroker::start_with(Opts {
+        edit_config: Some(tiny_replay_cache),
+        ..Opts::default()
+    });
+    let cache = b
+        .metric("credbroker_dpop_replay_cache_capacity")
+        .expect("capacity gauge") as usize;
+    assert!(
+        (100..200).contains(&cache),
+        "{cache} entries in 4 096 bytes"
+    );
+    let alice = b.good_body(&b.subject_token("alice"));
+    let (issued, r) = until_refused(&b, &alice, cache + 1);
+    // Refused by the global limit (429, with the wait), long before the
+    // cache's own refusal (503) and whoever asks: the limit is global.
+    assert!(issued >= 1 && issued < cache, "issued {issued} of {cache}");
+    assert_eq!(r.status, 429, "{}", r.raw);
+    assert!(r.json().get("access_token").is_none());
+    let retry: u64 = r
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&retry), "Retry-After {retry}");
+    b.post_derive(
+        &b.good_body(&b.subject_token("bob")),
+        Some(&b.proof(&key())),
+    )
+    .assert_refused(429, "rate_limited", "another person, same second");
+    // Positive control: after Retry-After a derive is served again.
+    std::thread::sleep(Duration::from_secs(retry));
+    b.post_derive(&alice, Some(&b.proof(&key())))
+        .assert_issued("alice after Retry-After");
+    assert!(
+        b.metric("credbroker_rate_limited_total{limit=\"global\"}")
+            .unwrap_or(0.0)
+            >= 2.0
+    );
+}
+
 fn per_peer_limit_two_peers(text: String) -> String {
     let me = credbroker::internals::unix::current_uid();
     let socket = match other_user_or_why().ok() {
