@@ -12,32 +12,15 @@
 //! dev issuer (the manifest's IdP is not reachable from CI).
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::broker::{bin, prepare, Opts};
+use crate::support::broker::{prepare, Opts};
+use crate::support::layout::{chown, install_binary, mode, run, throwaway_tls};
 
 const MANIFEST: &str = include_str!("../../../deploy/kubernetes.yaml");
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn chown(p: &Path, uid: u32, gid: u32) {
-    std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
-}
-
-fn mode(p: &Path, m: u32) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
-}
 
 /// An emptyDir as the kubelet makes it: root-owned 0777, with fsGroup the
 /// group and setgid.
@@ -150,27 +133,7 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
     );
 
     // The Secret, 0440 with the fsGroup, and a throw-away certificate.
-    let tls = tempfile::tempdir().unwrap();
-    run(Command::new("openssl")
-        .current_dir(tls.path())
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "k.pem",
-            "-out",
-            "c.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-        ])
-        .stderr(Stdio::piped()));
+    let (cert, key) = throwaway_tls();
     let secrets_in = r.join("secrets-in");
     std::fs::create_dir_all(&secrets_in).unwrap();
     projected(
@@ -180,8 +143,8 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
                 "master.key",
                 std::fs::read(qs.path().join("keys/master.key")).unwrap(),
             ),
-            ("tls.crt", std::fs::read(tls.path().join("c.pem")).unwrap()),
-            ("tls.key", std::fs::read(tls.path().join("k.pem")).unwrap()),
+            ("tls.crt", cert),
+            ("tls.key", key),
             ("idp-client-secret", b"client-secret".to_vec()),
         ],
         0o440,
@@ -232,10 +195,7 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
 
     // The binary where the image puts it: a checkout under a 0700
     // directory (what `mktemp -d` makes) is out of reach of uids 1000/1001.
-    let exe = at("/usr/local/bin/credbroker");
-    std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
-    std::fs::copy(bin(), &exe).unwrap();
-    mode(&exe, 0o755);
+    let exe = install_binary(r);
 
     // The broker, as the manifest's container runs.
     let config_path = etc.join("credbroker.toml");

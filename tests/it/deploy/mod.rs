@@ -3,4 +3,5 @@
 mod layout;
 mod manifest;
 mod systemd;
+mod systemd_layout;
 mod vault_keys;

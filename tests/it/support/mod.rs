@@ -21,6 +21,7 @@ pub(crate) mod api_standin;
 pub(crate) mod broker;
 pub(crate) mod browser;
 pub(crate) mod jose;
+pub(crate) mod layout;
 pub(crate) mod mcp;
 pub(crate) mod oidc;
 pub(crate) mod pages;
