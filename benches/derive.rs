@@ -197,6 +197,7 @@ fn broker_derive(c: &mut Criterion) {
         dpop: Some(SecretString::new(
             dpop::make_proof(&key, "POST", &htu, SystemClock.now(), None, None).unwrap(),
         )),
+        authorization_details: None,
         endpoint: Endpoint::Derive,
         peer_uid: 1000,
     };

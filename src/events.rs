@@ -124,6 +124,16 @@ pub struct Event<'a> {
     /// For `keys.rotated`: the rotated-in signing key's `kid` (public).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kid: Option<String>,
+    /// The step-up approval (`approval.*`, and the derive it covered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<&'a str>,
+    /// SHA-256 (hex) of the call's `authorization_details` in RFC 8785 form.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details_sha256: Option<&'a str>,
+    /// The detail fields the policy marks `log_in_clear`, as
+    /// `{entry}.{type}.{field}` -> value; every other value stays out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details_in_clear: Option<serde_json::Map<String, serde_json::Value>>,
     /// For [`PROXY_REQUEST`] and [`PROXY_COMPLETED`]: the proxied call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyCall<'a>>,
@@ -193,6 +203,9 @@ impl<'a> Event<'a> {
             undeclared: None,
             removed_bytes: None,
             kid: None,
+            approval_id: None,
+            details_sha256: None,
+            details_in_clear: None,
             proxy: None,
         }
     }

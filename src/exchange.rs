@@ -59,6 +59,9 @@ pub struct DeriveRequest {
     pub scope: Option<String>,
     /// The DPoP proof.
     pub dpop: Option<SecretString>,
+    /// RFC 9396 `authorization_details` describing the call, as sent
+    /// (checked against the tool's declarations in the pipeline).
+    pub authorization_details: Option<serde_json::Value>,
     /// Where it came in.
     pub endpoint: Endpoint,
     /// The peer uid.
@@ -81,6 +84,23 @@ pub struct Issued {
     /// Whether the token is bound to the tool's DPoP key. Provider tokens
     /// are bearer tokens: `false`.
     pub sender_constrained: bool,
+    /// The details the token carries (RFC 9396 section 7: the answer
+    /// repeats them).
+    pub authorization_details: Option<serde_json::Value>,
+}
+
+/// A refusal that carries an approval link: the same link fields as a
+/// connect refusal, so every relay works unchanged.
+#[derive(Debug)]
+pub struct ApprovalRefusal {
+    /// The URL the person opens.
+    pub uri: SecretString,
+    /// The approval id.
+    pub id: String,
+    /// Seconds the link stays open.
+    pub expires_in: i64,
+    /// A sentence for the person, naming the agent and the tool.
+    pub message: String,
 }
 
 /// A refusal that carries a connect link (docs/DESIGN.md section 4).
@@ -130,6 +150,20 @@ pub enum DeriveError {
     /// The person must open a link first (connect, allow, reconnect).
     #[error("{}", .0.kind.reason())]
     LinkRequired(Box<LinkRefusal>),
+    /// `authorization_details` the policy does not accept (RFC 9396
+    /// section 5); refused before any approval link is made.
+    #[error("invalid authorization_details: {0}")]
+    InvalidDetails(String),
+    /// The call needs its person's approval: the link to it.
+    #[error("approval_required")]
+    ApprovalRequired(Box<ApprovalRefusal>),
+    /// The person declined this call.
+    #[error("approval_declined")]
+    ApprovalDeclined,
+    /// Too many approvals already wait for this person from this agent,
+    /// or they are asked too fast: no new link.
+    #[error("too many open approvals")]
+    TooManyApprovals,
     /// A service's provider did not answer usably in time; nothing issued.
     #[error("the provider of service {service} is unavailable")]
     UpstreamUnavailable {
@@ -158,6 +192,10 @@ impl DeriveError {
             DeriveError::RateLimited { .. } => "rate_limited",
             DeriveError::Unavailable(_) => "temporarily_unavailable",
             DeriveError::LinkRequired(l) => l.kind.reason(),
+            DeriveError::InvalidDetails(_) => "invalid_authorization_details",
+            DeriveError::ApprovalRequired(_) => "approval_required",
+            DeriveError::ApprovalDeclined => "approval_declined",
+            DeriveError::TooManyApprovals => "too_many_open_approvals",
             DeriveError::UpstreamUnavailable { .. } => "upstream_unavailable",
             DeriveError::Vault(_) => "vault_error",
             DeriveError::Internal(_) => "internal_error",
@@ -241,6 +279,9 @@ pub struct Broker {
     htu: [String; 2],
     /// Connected services: vault, links, providers (`service` resources).
     connected_services: Option<Arc<ConnectedServices>>,
+    /// Step-up approvals (tools with `approval`); without them such a
+    /// tool gets nothing.
+    approvals: Option<Arc<crate::approve::Approvals>>,
 }
 
 /// The store key of the emergency freeze: this module is its one owner
@@ -301,7 +342,19 @@ impl Broker {
             clock,
             htu,
             connected_services: None,
+            approvals: None,
         }
+    }
+
+    /// Adds the approval store (tools with `approval`).
+    pub fn with_approvals(mut self, a: Arc<crate::approve::Approvals>) -> Broker {
+        self.approvals = Some(a);
+        self
+    }
+
+    /// The approval store, if configured.
+    pub fn approvals(&self) -> Option<&Arc<crate::approve::Approvals>> {
+        self.approvals.as_ref()
     }
 
     /// Adds connected services (the `service` source).
@@ -468,6 +521,8 @@ impl Broker {
         e.reason = reason;
         e.policy_hash = Some(&policy.hash);
         e.peer_uid = Some(req.peer_uid);
+        e.approval_id = ctx.approval_id.as_deref();
+        e.details_sha256 = ctx.details_sha256.as_deref();
         e
     }
 
@@ -532,6 +587,18 @@ impl Broker {
             policy::Decision::Allow(g) => g,
             policy::Decision::Deny(r) => return Err(DeriveError::Denied(r)),
         };
+        // The call's details, against the tool's declarations: refused
+        // before any approval link exists, so nothing undeclared is ever
+        // shown for approval or put in a token.
+        let tool = policy
+            .tools
+            .get(&req.tool)
+            .ok_or(DeriveError::Denied(DenyReason::ToolNotAllowed))?;
+        let details = policy::details::check(tool, req.authorization_details.as_ref())
+            .map_err(|e| DeriveError::InvalidDetails(e.to_string()))?;
+        if details.is_some() || tool.approval.is_some() {
+            ctx.details_sha256 = Some(crate::approve::details_sha256(details.as_ref()));
+        }
 
         // Proof.
         let proof = req
@@ -576,9 +643,34 @@ impl Broker {
                 }
             }
         }
+        // The person's approval of this very call, when the tool needs it.
+        let mut exp_cap = now + grant.ttl.as_secs() as i64;
+        let mut single_use = false;
+        let mut approval_id = None;
+        if let Some(mode) = tool.approval {
+            let call = crate::approve::Call {
+                person: &subject.person,
+                agent: &self.config.agent,
+                step: &req.step,
+                tool: &req.tool,
+                resource: &grant.resource.id,
+                scopes: &grant.scopes,
+                jkt: &valid.jkt,
+                details: details.as_ref(),
+            };
+            let a = self.approved(policy, tool, mode, &call, now, ctx)?;
+            if a.mode == crate::approve::Mode::EachCall {
+                single_use = true;
+                exp_cap = exp_cap.min(now + crate::approve::EACH_CALL_TOKEN_TTL);
+            }
+            // A token never outlives the approval it was minted on.
+            exp_cap = exp_cap.min(a.expires.max(now + 1));
+            approval_id = Some(a.id);
+        }
+        ctx.approval_id = approval_id.clone();
         // Source: self (or the proxy). Lifetime = min(policy ttl, 300 s,
-        // subject's life).
-        let exp = (now + grant.ttl.as_secs() as i64).min(subject.exp);
+        // subject's life, the approval's end).
+        let exp = exp_cap.min(subject.exp);
         if exp <= now {
             return Err(DeriveError::Subject(SubjectError::Expired));
         }
@@ -594,6 +686,9 @@ impl Broker {
                 jkt: &valid.jkt,
                 iat: now,
                 exp,
+                authorization_details: details.as_ref(),
+                approval_id: approval_id.as_deref(),
+                single_use,
             })
             .map_err(|e| DeriveError::Internal(e.to_string()))?;
         Ok((
@@ -603,15 +698,129 @@ impl Broker {
                 scope: grant.scopes.join(" "),
                 token_type: std::borrow::Cow::Borrowed("DPoP"),
                 sender_constrained: true,
+                authorization_details: details,
             },
             minted.jti,
         ))
+    }
+
+    /// An `approval.*` event about `a`, for the call of this derive.
+    fn approval_event<'a>(
+        &'a self,
+        now: i64,
+        name: Kind,
+        call: &crate::approve::Call<'a>,
+        policy: &'a Policy,
+        a: &'a crate::approve::Approval,
+    ) -> Event<'a> {
+        let mut e = Event::new(now, name, &self.config.agent);
+        e.person_iss = Some(call.person.iss.as_str());
+        e.person_sub = Some(call.person.sub.as_str());
+        e.step = Some(call.step);
+        e.tool = Some(call.tool);
+        e.resource = Some(call.resource);
+        e.policy_hash = Some(&policy.hash);
+        e.approval_id = Some(&a.id);
+        e.details_sha256 = Some(&a.details_sha256);
+        e.reason = Some(a.mode.as_str());
+        e
+    }
+
+    /// The approval in force for `call`, or the refusal that asks for it
+    /// (recording `approval.requested` for a new link, `approval.redeemed`
+    /// for an each_call grant this derive uses up).
+    fn approved(
+        &self,
+        policy: &Policy,
+        tool: &policy::Tool,
+        mode: policy::Approval,
+        call: &crate::approve::Call<'_>,
+        now: i64,
+        ctx: &mut Ctx,
+    ) -> Result<crate::approve::Approval, DeriveError> {
+        use crate::approve::{ApproveError, Lookup, Mode};
+        let Some(approvals) = self.approvals.as_ref() else {
+            return Err(DeriveError::Unavailable(
+                "approvals are not configured on this instance",
+            ));
+        };
+        let mode = match mode {
+            policy::Approval::EachCall => Mode::EachCall,
+            policy::Approval::PerStep { ttl } => Mode::PerStep {
+                ttl: ttl.as_secs() as i64,
+            },
+        };
+        let shown = crate::approve::shown(tool, call.details);
+        let found = approvals
+            .lookup(call, mode, shown, &policy.hash, now)
+            .map_err(|e| match e {
+                ApproveError::TooManyOpen | ApproveError::RateLimited => {
+                    self.metrics
+                        .rate_limited
+                        .with_label_values(&["approvals"])
+                        .inc();
+                    DeriveError::TooManyApprovals
+                }
+                e => DeriveError::Internal(format!("approvals: {e}")),
+            })?;
+        let in_clear = call
+            .details
+            .map(|d| policy::details::loggable(tool, d))
+            .filter(|m| !m.is_empty());
+        match found {
+            Lookup::Granted(a) => {
+                if a.mode == Mode::EachCall {
+                    let e = self.approval_event(now, Kind::ApprovalRedeemed, call, policy, &a);
+                    // No record, no token: the grant is already used up,
+                    // so a failure here fails closed.
+                    self.audit
+                        .record(&e)
+                        .map_err(|err| DeriveError::Internal(err.to_string()))?;
+                }
+                Ok(*a)
+            }
+            Lookup::Declined(a) => {
+                ctx.approval_id = Some(a.id.clone());
+                Err(DeriveError::ApprovalDeclined)
+            }
+            Lookup::Pending(issued) => {
+                let a = &issued.approval;
+                ctx.approval_id = Some(a.id.clone());
+                if issued.fresh {
+                    let mut e = self.approval_event(now, Kind::ApprovalRequested, call, policy, a);
+                    let scope = a.scopes.join(" ");
+                    e.scope = Some(&scope);
+                    e.details_in_clear = in_clear;
+                    // No record, no link.
+                    if let Err(err) = self.audit.record(&e) {
+                        if let Err(d) = approvals.discard(a) {
+                            tracing::error!(error = %d, "an unrecorded approval could not be discarded");
+                        }
+                        return Err(DeriveError::Internal(err.to_string()));
+                    }
+                }
+                let agent = &self.config.agent;
+                Err(DeriveError::ApprovalRequired(Box::new(ApprovalRefusal {
+                    uri: SecretString::new(approvals.uri(&issued.code)),
+                    id: a.id.clone(),
+                    expires_in: a.expires - now,
+                    message: format!(
+                        "The agent \"{agent}\" asks to use the tool \"{}\" on {} with the details shown on the page. Open the link to see exactly what it will do, and approve or decline it; then ask the agent to try again.",
+                        a.tool, a.resource
+                    ),
+                })))
+            }
+        }
     }
 }
 
 #[derive(Debug, Default)]
 struct Ctx {
     person: Option<subject::Person>,
+    /// The approval the derive met (redeemed, pending or declined).
+    approval_id: Option<String>,
+    /// SHA-256 of the call's details (JCS), when it has any or needs approval.
+    details_sha256: Option<String>,
     /// For provider tokens: whether the token was narrowed to the tool's
     /// scopes (`Some(false)`: the provider's broader token was handed over).
     narrowed: Option<bool>,
@@ -754,6 +963,7 @@ impl Broker {
                 scope: grant.scopes.join(" "),
                 token_type: std::borrow::Cow::Owned(t.token_type),
                 sender_constrained: false,
+                authorization_details: None,
             },
             id,
         ))
@@ -934,6 +1144,7 @@ client_secret_file = "acme.secret"
             resource: "https://api.acme.example".into(),
             scope: None,
             dpop: Some(SecretString::new(proof)),
+            authorization_details: None,
             endpoint: Endpoint::Derive,
             peer_uid: 1000,
         };

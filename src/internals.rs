@@ -16,6 +16,11 @@ pub mod app {
     pub use crate::app::*;
 }
 
+/// The `approve` module's `pub` items.
+pub mod approve {
+    pub use crate::approve::*;
+}
+
 /// The `cli` module's `pub` items.
 pub mod cli {
     pub use crate::cli::*;

@@ -26,6 +26,7 @@
 //! - `dpop`: DPoP proofs, replay cache, nonces.
 //! - `mint`: signing keys, minted tokens, JWKS, rotation.
 //! - `connect`: connect-link records behind a refusal's `connect_uri`.
+//! - `approve`: step-up approvals, a connect link for one call.
 //! - `vault`: connected accounts, allowances, provider tokens at rest.
 //! - `upstream`: the third-party providers (presets, account look-up,
 //!   refresh, revocation) on the one OAuth client.
@@ -58,6 +59,7 @@
 mod admin;
 mod api;
 mod app;
+mod approve;
 mod cli;
 pub mod client;
 mod clock;

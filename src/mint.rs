@@ -551,6 +551,14 @@ pub struct Claims<'a> {
     pub iat: i64,
     /// Expires at.
     pub exp: i64,
+    /// The call's RFC 9396 `authorization_details`, checked against the
+    /// policy (and approved, when the tool needs approval).
+    pub authorization_details: Option<&'a serde_json::Value>,
+    /// The approval the token was minted on.
+    pub approval_id: Option<&'a str>,
+    /// Whether a resource server must accept the token once only
+    /// (`each_call` approvals): the `single_use` claim.
+    pub single_use: bool,
 }
 
 #[derive(Serialize)]
@@ -579,6 +587,12 @@ struct TokenClaims<'a> {
     iat: i64,
     exp: i64,
     jti: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    authorization_details: Option<&'a serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    approval_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    single_use: bool,
 }
 
 /// A minted token.
@@ -652,6 +666,9 @@ impl Minter {
             iat: c.iat,
             exp: c.exp,
             jti: &jti,
+            authorization_details: c.authorization_details,
+            approval_id: c.approval_id,
+            single_use: c.single_use,
         };
         let token = ring.active.sign_jws(header, &claims)?;
         Ok(Minted {

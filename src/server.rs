@@ -558,6 +558,11 @@ pub async fn run(
                         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || links.sweep(now)).await {
                             tracing::warn!(error = %e, "sweeping expired connect links failed");
                         }
+                        if let Some(a) = b.approvals().cloned() {
+                            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || a.sweep(now)).await {
+                                tracing::warn!(error = %e, "sweeping ended approvals failed");
+                            }
+                        }
                         pages.housekeeping();
                     }
                     _ = rx.changed() => break,

@@ -77,6 +77,9 @@ pub enum VerifyError {
     /// The JWKS or metadata could not be fetched.
     #[error("issuer keys unavailable")]
     Keys,
+    /// A single-use token (an `each_call` approval's) presented again.
+    #[error("the token is single-use and was already used")]
+    AlreadyUsed,
 }
 
 impl VerifyError {
@@ -121,6 +124,12 @@ struct TokenClaims {
     #[serde(deserialize_with = "jose::numeric_date")]
     exp: i64,
     jti: String,
+    #[serde(default)]
+    authorization_details: Option<serde_json::Value>,
+    #[serde(default)]
+    approval_id: Option<String>,
+    #[serde(default)]
+    single_use: bool,
 }
 
 /// What a verified request carries. Non-exhaustive: later versions add
@@ -147,6 +156,16 @@ pub struct Verified {
     pub exp: i64,
     /// `jti`.
     pub jti: String,
+    /// The call's RFC 9396 `authorization_details` (section 9.1), as the
+    /// broker checked them against its policy and, for a tool that needs
+    /// approval, as the person approved them: compare them with what the
+    /// request does (docs/RESOURCE-SERVERS.md).
+    pub authorization_details: Option<serde_json::Value>,
+    /// The approval the token was minted on, if any.
+    pub approval_id: Option<String>,
+    /// Whether the token is single-use (an `each_call` approval): this
+    /// verifier accepted it for this one request and refuses it after.
+    pub single_use: bool,
 }
 
 /// An incoming request as the verifier sees it.
@@ -172,6 +191,8 @@ pub struct Verifier {
     /// `jwks_uri` ([`Verifier::from_issuer`]).
     keys: RemoteKeySet,
     proofs: dpop::Validator,
+    /// The `jti`s of single-use tokens already accepted, until they expire.
+    used: dpop::ReplayCache,
     clock: SharedClock,
 }
 
@@ -191,6 +212,7 @@ impl Verifier {
             audience: audience.to_owned(),
             keys,
             proofs: dpop::Validator::new(vec![Alg::ES256], 100_000, None),
+            used: dpop::ReplayCache::new(100_000),
             clock: Arc::new(SystemClock),
         }
     }
@@ -259,7 +281,10 @@ impl Verifier {
     }
 
     /// Verifies a request: the token (signature, `typ`, `iss`, `aud`, `exp`)
-    /// then the proof (`ath`, `cnf.jkt`, `htm`, `htu`, `iat`, replay).
+    /// then the proof (`ath`, `cnf.jkt`, `htm`, `htu`, `iat`, replay), then,
+    /// for a single-use token, that its `jti` was not accepted before (it is
+    /// recorded only once everything else passed, so a bad proof does not
+    /// use the token up).
     pub fn verify(&self, req: &Presented<'_>) -> Result<Verified, VerifyError> {
         let auth = req.authorization.ok_or(VerifyError::NoToken)?;
         let (scheme, token) = auth.split_once(' ').ok_or(VerifyError::WrongScheme)?;
@@ -307,6 +332,18 @@ impl Verifier {
                 now,
             },
         )?;
+        if c.single_use {
+            let key = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, c.jti.as_bytes());
+            let mut k = [0u8; 32];
+            k.copy_from_slice(key.as_ref());
+            self.used
+                .insert(k, c.exp + SKEW, now)
+                .map_err(|e| match e {
+                    DpopError::Replay => VerifyError::AlreadyUsed,
+                    // Fail closed: no room to remember it, so not accepted.
+                    other => VerifyError::Proof(other),
+                })?;
+        }
         Ok(Verified {
             sub: c.sub,
             subject_iss: c.subject_iss,
@@ -322,6 +359,9 @@ impl Verifier {
             jkt: valid.jkt,
             exp: c.exp,
             jti: c.jti,
+            authorization_details: c.authorization_details,
+            approval_id: c.approval_id,
+            single_use: c.single_use,
         })
     }
 }

@@ -142,6 +142,49 @@ pub fn error_response(err: &DeriveError) -> Response<Body> {
                 "connect_message": l.message,
             }),
         ),
+        DeriveError::InvalidDetails(d) => json_response(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({
+                "error": "invalid_authorization_details",
+                "error_description": d,
+            }),
+        ),
+        DeriveError::ApprovalRequired(l) => json_response(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({
+                "error": "invalid_grant",
+                "reason": "approval_required",
+                "error_description": l.message,
+                "connect_uri": l.uri.expose(),
+                "connect_id": l.id,
+                "connect_expires_in": l.expires_in,
+                "connect_message": l.message,
+            }),
+        ),
+        DeriveError::ApprovalDeclined => json_response(
+            StatusCode::FORBIDDEN,
+            &serde_json::json!({
+                "error": "access_denied",
+                "reason": "approval_declined",
+                "error_description": "the person declined this call; ask again only with other details",
+            }),
+        ),
+        DeriveError::TooManyApprovals => {
+            let mut r = json_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                &serde_json::json!({
+                    "error": "rate_limited",
+                    "reason": "too_many_open_approvals",
+                    "error_description": format!(
+                        "{} approvals already wait for this person from this agent, or they were asked too fast; no new link was made until the person answers one or they expire",
+                        crate::approve::MAX_OPEN
+                    ),
+                }),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+            r
+        }
         DeriveError::UpstreamUnavailable { service } => {
             let mut r = json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -191,6 +234,10 @@ fn issued_response(i: &Issued) -> Response<Body> {
     if let Some(e) = i.expires_in {
         body["expires_in"] = e.into();
     }
+    if let Some(d) = &i.authorization_details {
+        // RFC 9396 section 7: the answer says what the token is for.
+        body["authorization_details"] = d.clone();
+    }
     if !i.sender_constrained {
         // Say so: the tool gets a bearer token that is not bound to its
         // DPoP key (docs/DESIGN.md section 2, `delivery = "provider_token"`).
@@ -208,6 +255,9 @@ struct DeriveJson {
     resource: String,
     #[serde(default)]
     scope: Option<String>,
+    /// RFC 9396 section 3: a JSON array (checked in the pipeline).
+    #[serde(default)]
+    authorization_details: Option<serde_json::Value>,
 }
 
 /// Exactly one `DPoP` header, or `None` (the pipeline refuses a missing one).
@@ -235,7 +285,7 @@ pub fn parse_json(
 ) -> Result<DeriveRequest, DeriveError> {
     // serde's messages may quote values; answer with a fixed text.
     let j: DeriveJson = serde_json::from_slice(body).map_err(|_| {
-        bad("the body must be a JSON object with string fields subject_token, step, tool, resource and optional scope, and nothing else")
+        bad("the body must be a JSON object with string fields subject_token, step, tool, resource, optional scope and optional authorization_details (a JSON array), and nothing else")
     })?;
     Ok(DeriveRequest {
         subject_token: SecretString::new(j.subject_token),
@@ -244,6 +294,7 @@ pub fn parse_json(
         resource: j.resource,
         scope: j.scope,
         dpop,
+        authorization_details: j.authorization_details,
         endpoint: Endpoint::Derive,
         peer_uid,
     })
@@ -263,6 +314,7 @@ pub fn parse_form(
     let mut scope = None;
     let mut step = None;
     let mut tool = None;
+    let mut details = None;
     for (k, v) in form_urlencoded::parse(body) {
         let slot = match k.as_ref() {
             "resource" => {
@@ -276,6 +328,7 @@ pub fn parse_form(
             "scope" => &mut scope,
             "step" => &mut step,
             "tool" => &mut tool,
+            "authorization_details" => &mut details,
             // RFC 8693 parameters we do not support are refused, not ignored.
             "actor_token" | "actor_token_type" | "audience" => {
                 return Err(bad(
@@ -317,6 +370,14 @@ pub fn parse_form(
         0 => return Err(DeriveError::BadRequest("resource is missing".into())),
         _ => return Err(DeriveError::Target(crate::policy::ResourceError::Multiple)),
     };
+    // RFC 9396 section 6: at the token endpoint the parameter is the JSON
+    // array, JSON-encoded.
+    let authorization_details = match details {
+        None => None,
+        Some(d) => Some(serde_json::from_str(&d).map_err(|_| {
+            DeriveError::InvalidDetails("authorization_details must be a JSON array".into())
+        })?),
+    };
     Ok(DeriveRequest {
         subject_token: SecretString::new(subject_token),
         step: step.ok_or_else(|| bad("step is missing"))?,
@@ -324,6 +385,7 @@ pub fn parse_form(
         resource,
         scope,
         dpop,
+        authorization_details,
         endpoint: Endpoint::Token,
         peer_uid,
     })

@@ -375,6 +375,73 @@ impl ProviderFlow for Backend {
     }
 }
 
+/// The approval records as the pages use them, with the broker's freeze.
+pub struct ApprovalBackend {
+    approvals: Arc<crate::approve::Approvals>,
+    frozen: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for ApprovalBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApprovalBackend").finish_non_exhaustive()
+    }
+}
+
+impl ApprovalBackend {
+    /// The pages' view of `approvals`; `frozen` reads the broker's freeze.
+    pub fn new(
+        approvals: Arc<crate::approve::Approvals>,
+        frozen: Box<dyn Fn() -> bool + Send + Sync>,
+    ) -> Arc<ApprovalBackend> {
+        Arc::new(ApprovalBackend { approvals, frozen })
+    }
+}
+
+impl crate::pages::approvals::ApprovalRecords for ApprovalBackend {
+    fn resolve(
+        &self,
+        code: &SecretString,
+        now: i64,
+    ) -> Result<Option<crate::pages::approvals::ApprovalView>, BackendError> {
+        let Some(a) = self
+            .approvals
+            .resolve(code.expose(), now)
+            .map_err(unavailable)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(crate::pages::approvals::ApprovalView {
+            person: a.person(),
+            id: a.id,
+            agent: a.agent,
+            step: a.step,
+            tool: a.tool,
+            resource: a.resource,
+            scopes: a.scopes,
+            mode: a.mode.as_str(),
+            covers_secs: match a.mode {
+                crate::approve::Mode::EachCall => None,
+                crate::approve::Mode::PerStep { ttl } => Some(ttl),
+            },
+            details_sha256: a.details_sha256,
+            shown: a.shown,
+            expires: a.expires,
+        }))
+    }
+
+    fn answer(&self, id: &str, approve: bool, now: i64) -> Result<bool, BackendError> {
+        Ok(self
+            .approvals
+            .answer(id, approve, now)
+            .map_err(unavailable)?
+            .is_some())
+    }
+
+    fn frozen(&self) -> bool {
+        (self.frozen)()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -253,6 +253,11 @@ pub async fn build(
         &crate::connect::Links::derive_key(&master),
         &config.issuer,
     ));
+    let approvals = Arc::new(crate::approve::Approvals::new(
+        store.clone(),
+        &crate::approve::Approvals::derive_key(&master),
+        &config.issuer,
+    ));
     let minter = Arc::new(crate::mint::Minter::new(
         config.issuer.clone(),
         config.agent.clone(),
@@ -300,7 +305,8 @@ pub async fn build(
             store,
             clock,
         )
-        .with_connected_services(connected),
+        .with_connected_services(connected)
+        .with_approvals(approvals.clone()),
     );
     // Providers found by discovery: learn their endpoints now (bounded),
     // so the pages can build authorization URLs; a failure is retried by
@@ -326,11 +332,18 @@ pub async fn build(
         providers.clone(),
         broker.clock.clone(),
     );
+    let weak = Arc::downgrade(&broker);
+    let approval_pages = backend::ApprovalBackend::new(
+        approvals,
+        // A broker that is gone offers nothing (fail closed).
+        Box::new(move || weak.upgrade().is_none_or(|b| b.is_frozen())),
+    );
     let pages = Arc::new(crate::pages::Pages::new(
         broker.clone(),
         sealer.clone(),
         crate::pages::Options {
             services: backend.services(),
+            approvals: approval_pages,
             key_sets,
             ..crate::pages::Options::default()
         },

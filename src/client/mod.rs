@@ -82,6 +82,10 @@ pub struct Token {
     pub sender_constrained: Option<bool>,
     /// Scopes.
     pub scope: String,
+    /// The RFC 9396 details the token is for, when the request carried
+    /// them (RFC 9396 section 7).
+    #[serde(default)]
+    pub authorization_details: Option<serde_json::Value>,
 }
 
 fn secret_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SecretString, D::Error> {
@@ -251,7 +255,25 @@ impl Client {
         p: &DeriveParams<'_>,
         proof: &str,
     ) -> Result<Answer, ClientError> {
-        let body = serde_json::to_vec(p).map_err(|_| ClientError::Unexpected(0))?;
+        self.derive_with_details(p, None, proof).await
+    }
+
+    /// [`Client::derive_with_proof`] for a call described by RFC 9396
+    /// `authorization_details` (a JSON array), as a tool that needs the
+    /// person's approval sends them (docs/APPROVALS.md). An
+    /// `approval_required` refusal carries its link like a connect refusal
+    /// ([`Refusal::link`]).
+    pub async fn derive_with_details(
+        &self,
+        p: &DeriveParams<'_>,
+        authorization_details: Option<&serde_json::Value>,
+        proof: &str,
+    ) -> Result<Answer, ClientError> {
+        let mut body = serde_json::to_value(p).map_err(|_| ClientError::Unexpected(0))?;
+        if let (Some(d), Some(obj)) = (authorization_details, body.as_object_mut()) {
+            obj.insert("authorization_details".into(), d.clone());
+        }
+        let body = serde_json::to_vec(&body).map_err(|_| ClientError::Unexpected(0))?;
         let req = Request::post("/v1/derive")
             .header("host", "credbroker")
             .header("content-type", "application/json")

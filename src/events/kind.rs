@@ -74,6 +74,16 @@ kinds! {
     ProxyRequest = "proxy.request",
     /// A proxied call is over.
     ProxyCompleted = "proxy.completed",
+    /// A derive for a tool that needs approval made a new approval link.
+    ApprovalRequested = "approval.requested",
+    /// The person approved the call.
+    ApprovalGranted = "approval.granted",
+    /// The person declined the call.
+    ApprovalDeclined = "approval.declined",
+    /// A derive used an each_call approval (before its token is released).
+    ApprovalRedeemed = "approval.redeemed",
+    /// An approval link was opened by someone other than its person.
+    ApprovalOpenedByOtherPerson = "approval.opened_by_other_person",
 }
 
 impl serde::Serialize for Kind {

@@ -56,6 +56,32 @@ fn checks(
         Ok(_) => return Err(p.not_found()),
         Err(e) => return Err(unavailable(p, &e)),
     };
+    let session = person_checks(p, ctx, h, code, csrf, &link.person, |_, person| {
+        let mut e = link_event(
+            p,
+            &ctx,
+            crate::events::Kind::ConnectOpenedByOtherPerson,
+            &link,
+        );
+        e.opener_iss = Some(&person.iss);
+        e.opener_sub = Some(&person.sub);
+        p.audit(&e);
+    })?;
+    Ok(Passed { link, session })
+}
+
+/// Checks 2 to 4 for a link or an approval made for `owner` (and the CSRF
+/// token when `csrf` is given): signed in, as `owner`, recently. Another
+/// person gets the 403 page after `other_person` recorded the event.
+pub(super) fn person_checks(
+    p: &Pages,
+    ctx: Ctx,
+    h: &HeaderMap,
+    code: &str,
+    csrf: Option<Option<&str>>,
+    owner: &crate::subject::Person,
+    other_person: impl FnOnce(&Session, &crate::subject::Person),
+) -> Result<Session, Response<Body>> {
     let return_to = format!("/connect/{code}");
     // 2. Signed in.
     let session = match p.session(h, ctx.now) {
@@ -68,20 +94,12 @@ fn checks(
             return Err(p.bad_csrf());
         }
     }
-    // 3. The link's person.
+    // 3. The owner.
     let Some(person) = session.record.person() else {
         return Err(redirect(&signin_path(&return_to, false)));
     };
-    if person != link.person {
-        let mut e = link_event(
-            p,
-            &ctx,
-            crate::events::Kind::ConnectOpenedByOtherPerson,
-            &link,
-        );
-        e.opener_iss = Some(&person.iss);
-        e.opener_sub = Some(&person.sub);
-        p.audit(&e);
+    if person != *owner {
+        other_person(&session, &person);
         let page = views::OtherPerson {
             who: p.who(&session),
             you: p.person_label(&session.record),
@@ -96,7 +114,7 @@ fn checks(
     if !fresh {
         return Err(redirect(&signin_path(&return_to, true)));
     }
-    Ok(Passed { link, session })
+    Ok(session)
 }
 
 fn unavailable(p: &Pages, e: &dyn std::fmt::Display) -> Response<Body> {
@@ -118,6 +136,9 @@ fn service_name(p: &Pages, service: &str) -> String {
 
 /// `GET /connect/{code}`.
 pub async fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Response<Body> {
+    if let Some(r) = super::approval::open(p, ctx, h, code) {
+        return r;
+    }
     let Passed { link, session } = match checks(p, ctx, h, code, None) {
         Ok(x) => x,
         Err(r) => return r,
@@ -166,6 +187,9 @@ pub async fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Response<Bo
 
 /// `POST /connect/{code}`: `action` = connect, allow, reconnect or decline.
 pub async fn act(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, form: Form) -> Response<Body> {
+    if let Some(r) = super::approval::act(p, ctx, h, code, &form) {
+        return r;
+    }
     let Passed { link, session } = match checks(p, ctx, h, code, Some(form.get("csrf"))) {
         Ok(x) => x,
         Err(r) => return r,
@@ -520,6 +544,14 @@ pub fn done(p: &Pages, ctx: Ctx, h: &HeaderMap, what: &str) -> Response<Body> {
         "reconnected" => ("Reconnected", "Your account works again."),
         "allowed" => ("Allowed", "The agent may now use your account."),
         "declined" => ("Declined", "Nothing was connected or allowed."),
+        "approved" => (
+            "Approved",
+            "The agent may now make the call you approved, and only that call.",
+        ),
+        "approval-declined" => (
+            "Declined",
+            "The call was not approved; the agent cannot make it.",
+        ),
         _ => return p.not_found(),
     };
     let who = p.session(h, ctx.now).ok().flatten().and_then(|s| p.who(&s));
@@ -533,7 +565,7 @@ pub fn done(p: &Pages, ctx: Ctx, h: &HeaderMap, what: &str) -> Response<Body> {
         ],
         reference: None,
         // Offer the account page, where access can be revoked.
-        next: (what != "declined")
+        next: (what != "declined" && !what.starts_with("approv"))
             .then(|| ("/account".into(), "See your connected accounts".into())),
     });
     html(StatusCode::OK, body)

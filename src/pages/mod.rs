@@ -13,7 +13,9 @@
 //! - [`flows`]: single-use `state` records of redirect flows.
 //! - [`limits`]: rate limits per client address.
 //! - [`links`]: what the pages need from link records, vault and providers.
-//! - [`signin`], [`connect`], [`account`]: the routes.
+//! - [`approvals`]: what the pages need from the approval records.
+//! - [`signin`], [`connect`], [`approval`], [`account`]: the routes
+//!   (`/connect/{code}` serves connect links and approvals alike).
 //! - [`views`]: the HTML templates.
 //!
 //! Routes: `GET /signin`, `POST /signin`, `GET /signin/oidc`,
@@ -27,6 +29,8 @@
 #![allow(clippy::result_large_err)]
 
 pub mod account;
+pub mod approval;
+pub mod approvals;
 pub mod connect;
 pub mod flows;
 pub mod http;
@@ -66,6 +70,8 @@ pub struct Options {
     pub lifetimes: Lifetimes,
     /// The connected-services side.
     pub services: ConnectedServices,
+    /// The step-up approvals.
+    pub approvals: Arc<dyn approvals::ApprovalRecords>,
     /// The trusted issuers' key sets, by issuer (from
     /// `subject::Validator::key_sets`), so that an IdP that is both a
     /// subject-token issuer and a sign-in source has one JWKS cache. An
@@ -79,6 +85,7 @@ impl Default for Options {
             limits: PageLimits::default(),
             lifetimes: Lifetimes::default(),
             services: ConnectedServices::none(),
+            approvals: Arc::new(approvals::NoApprovals),
             key_sets: HashMap::new(),
         }
     }
@@ -123,6 +130,7 @@ pub struct Pages {
     deps: Deps,
     sealer: Arc<Sealer>,
     services: ConnectedServices,
+    approvals: Arc<dyn approvals::ApprovalRecords>,
     sessions: session::Sessions,
     limiters: limits::Limiters,
     oidc: oidc::Oidc,
@@ -192,6 +200,7 @@ impl Pages {
             sessions: session::Sessions::new(options.lifetimes),
             limiters: limits::Limiters::new(&options.limits),
             services: options.services,
+            approvals: options.approvals,
             hashing: tokio::sync::Semaphore::new(HASHING_SLOTS),
             cookie_name: if secure_cookie {
                 session::COOKIE_SECURE
@@ -214,6 +223,11 @@ impl Pages {
     /// The connected-services side these pages use.
     pub fn services(&self) -> &ConnectedServices {
         &self.services
+    }
+
+    /// The approval records these pages use.
+    pub fn approvals(&self) -> &Arc<dyn approvals::ApprovalRecords> {
+        &self.approvals
     }
 
     /// The cookie name in use (`__Host-credbroker`, or the dev fallback).

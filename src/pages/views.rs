@@ -125,6 +125,66 @@ pub struct Connect {
     pub csrf: String,
 }
 
+/// One value of a detail field, split for display (see
+/// [`super::approvals::pieces`]).
+#[derive(Debug, Clone)]
+pub struct ShownValue {
+    /// Text and named code points.
+    pub pieces: Vec<super::approvals::Piece>,
+    /// Its length in characters.
+    pub chars: usize,
+    /// Whether it is long enough to say its length.
+    pub long: bool,
+}
+
+/// One detail field on the approval page.
+#[derive(Debug, Clone)]
+pub struct ShownFieldView {
+    /// The policy's label.
+    pub label: String,
+    /// The values.
+    pub values: Vec<ShownValue>,
+}
+
+/// One detail entry on the approval page.
+#[derive(Debug, Clone)]
+pub struct ShownEntryView {
+    /// Its `type`.
+    pub kind: String,
+    /// Its fields.
+    pub fields: Vec<ShownFieldView>,
+}
+
+/// The page behind an approval link, after the five checks.
+#[derive(Template)]
+#[template(path = "approval.html")]
+pub struct ApprovalPage {
+    /// Header.
+    pub who: Option<Who>,
+    /// The agent.
+    pub agent: String,
+    /// The tool.
+    pub tool: String,
+    /// The resource.
+    pub resource: String,
+    /// The step.
+    pub step: String,
+    /// Scopes of the token.
+    pub scopes: Vec<String>,
+    /// What one approval covers, in words.
+    pub covers: String,
+    /// The signed-in person.
+    pub you: String,
+    /// The details.
+    pub entries: Vec<ShownEntryView>,
+    /// The code (the form posts back to it).
+    pub code: String,
+    /// CSRF token.
+    pub csrf: String,
+    /// Frozen: nothing is offered.
+    pub frozen: bool,
+}
+
 /// One allowance row on the account page.
 #[derive(Debug, Clone)]
 pub struct AllowanceRow {

@@ -172,6 +172,7 @@ pub fn diff(old: &Policy, new: &Policy) -> Report {
                     r.lost
                         .push(format!("{tool} scopes narrowed: - {}", list(narrower)));
                 }
+                approval_changes(&tool, ot, nt, &mut r);
                 let (ol, nl) = (old.tool_ttl(ot), new.tool_ttl(nt));
                 if nl > ol {
                     r.gained.push(format!(
@@ -222,6 +223,71 @@ pub fn diff(old: &Policy, new: &Policy) -> Report {
         }
     }
     r
+}
+
+fn approval_word(a: Option<super::Approval>) -> String {
+    match a {
+        None => "no approval".into(),
+        Some(super::Approval::EachCall) => "`each_call` approval".into(),
+        Some(super::Approval::PerStep { ttl }) => {
+            format!("`per_step` approval for {}", secs(ttl))
+        }
+    }
+}
+
+/// Step-up approvals (docs/APPROVALS.md): less approval, or more accepted
+/// details, is access gained; the reverse, access lost.
+fn approval_changes(tool: &str, ot: &Tool, nt: &Tool, r: &mut Report) {
+    use super::Approval::{EachCall, PerStep};
+    // How much one approval lets through: none < each_call < per_step by
+    // its window < no approval at all.
+    let reach = |a: Option<super::Approval>| match a {
+        Some(EachCall) => 0,
+        Some(PerStep { ttl }) => 1 + ttl.as_secs(),
+        None => u64::MAX,
+    };
+    let (o, n) = (reach(ot.approval), reach(nt.approval));
+    let what = format!(
+        "{tool} {} -> {}",
+        approval_word(ot.approval),
+        approval_word(nt.approval)
+    );
+    if n > o {
+        r.gained.push(format!("{what} (each approval covers more)"));
+    } else if n < o {
+        r.lost.push(format!("{what} (each approval covers less)"));
+    }
+    for (ty, t) in &nt.details {
+        for f in t.fields.keys() {
+            if !ot.details.get(ty).is_some_and(|o| o.fields.contains_key(f)) {
+                r.gained.push(format!(
+                    "{tool} now accepts detail field `{}` of type `{}`",
+                    shown(f),
+                    shown(ty)
+                ));
+            }
+        }
+    }
+    for (ty, t) in &ot.details {
+        for f in t.fields.keys() {
+            if !nt.details.get(ty).is_some_and(|n| n.fields.contains_key(f)) {
+                r.lost.push(format!(
+                    "{tool} no longer accepts detail field `{}` of type `{}`",
+                    shown(f),
+                    shown(ty)
+                ));
+            }
+        }
+    }
+    match (ot.require_details, nt.require_details) {
+        (true, false) => r
+            .gained
+            .push(format!("{tool} no longer requires authorization_details")),
+        (false, true) => r
+            .lost
+            .push(format!("{tool} now requires authorization_details")),
+        _ => {}
+    }
 }
 
 /// The Markdown report printed by `policy diff`.

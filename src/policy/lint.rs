@@ -49,6 +49,7 @@ pub fn lint(path: &Path, text: &str, policy: &Policy) -> Vec<Warning> {
         unreachable(policy, tool, &mut warn);
         glob_names(tool, &mut warn);
         overlapping_routes(policy, tool, &mut warn);
+        approval_without_details(tool, &mut warn);
     }
     for resource in policy.resources.values() {
         let at = table_at(path, text, "resources", &resource.id);
@@ -68,6 +69,17 @@ pub fn lint(path: &Path, text: &str, policy: &Policy) -> Vec<Warning> {
 }
 
 type Warn<'a> = dyn FnMut(String, &str) + 'a;
+
+/// A tool that needs approval but lets the call go without details: the
+/// person would approve "use the tool", not a call they can check.
+fn approval_without_details(tool: &Tool, warn: &mut Warn<'_>) {
+    if tool.approval.is_some() && !tool.require_details {
+        warn(
+            "needs approval but does not require authorization_details: the person may be asked to approve a call without seeing what it does".into(),
+            "declare the fields the person must see under authorization_details and set require_authorization_details = true",
+        );
+    }
+}
 
 fn frozen(path: &Path, text: &str, policy: &Policy, out: &mut Vec<Warning>) {
     if policy.frozen {

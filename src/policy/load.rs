@@ -11,7 +11,10 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::route::Route;
-use super::{canonical_resource, Delivery, PolicyError, Resource, Source, Tool, MAX_TTL};
+use super::{
+    canonical_resource, Approval, Delivery, DetailField, DetailType, FieldKind, PolicyError,
+    Resource, Source, Tool, MAX_APPROVAL_TTL, MAX_TTL,
+};
 use crate::diagnostics::{key_span, line_col, offset_at, Problem};
 use crate::grammar::valid_scope_token;
 
@@ -49,6 +52,18 @@ pub(super) struct RawTool {
     steps: Spanned<Vec<Spanned<String>>>,
     #[serde(default)]
     ttl: Option<Spanned<String>>,
+    /// `each_call` or `per_step` (`docs/APPROVALS.md`).
+    #[serde(default)]
+    approval: Option<Spanned<String>>,
+    /// For `per_step`: how long one approval covers the step.
+    #[serde(default)]
+    approval_ttl: Option<Spanned<String>>,
+    /// Whether a request must carry `authorization_details`.
+    #[serde(default)]
+    require_authorization_details: bool,
+    /// The RFC 9396 types the tool accepts, each with its fields.
+    #[serde(default)]
+    authorization_details: BTreeMap<String, BTreeMap<String, RawField>>,
     /// For a tool on a `delivery = "proxy"` resource: its routes, each a
     /// string or a `{ route, steps }` table.
     #[serde(default)]
@@ -56,6 +71,17 @@ pub(super) struct RawTool {
     /// The explicit opt-in for a route that allows every path.
     #[serde(default)]
     allow_every_path_for_this_tool: Option<Spanned<bool>>,
+}
+
+/// One declared field of an `authorization_details` type.
+#[derive(Debug, Deserialize)]
+pub(super) struct RawField {
+    kind: Spanned<String>,
+    #[serde(default)]
+    required: bool,
+    label: Spanned<String>,
+    #[serde(default)]
+    log_in_clear: bool,
 }
 
 /// Whether `s` is a valid name: non-empty, at most 256 characters, no
@@ -67,13 +93,32 @@ fn valid_name(s: &str) -> bool {
         && !s.chars().any(|c| c.is_control() || c.is_whitespace())
 }
 
+/// Type and field names of `authorization_details`: short ASCII, so that
+/// they sort the same by UTF-8 bytes and by UTF-16 units (RFC 8785 section
+/// 3.2.3 sorts by the latter; see `approve::canonical_details`).
+fn valid_detail_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
+}
+
 /// Parses a policy lifetime: a whole number of seconds or minutes without a
 /// leading zero, from `"1s"` to `"300s"` (`"5m"`). Stricter than the config's
 /// durations on purpose: a sub-second ttl would mint tokens that are already
 /// expired, and one spelling per value keeps reviews and the schema simple.
 pub(crate) fn parse_policy_ttl(s: &str) -> Result<Duration, &'static str> {
+    parse_duration_upto(s, MAX_TTL, "is longer than the 300s maximum")
+}
+
+/// [`parse_policy_ttl`]'s grammar with another maximum (`approval_ttl`).
+fn parse_duration_upto(
+    s: &str,
+    max: Duration,
+    long: &'static str,
+) -> Result<Duration, &'static str> {
     const SHAPE: &str = "must be a whole number of seconds or minutes such as \"60s\" or \"5m\"";
-    const LONG: &str = "is longer than the 300s maximum";
+    let long_msg = long;
     let Some(i) = s.find(|c: char| !c.is_ascii_digit()) else {
         return Err(SHAPE);
     };
@@ -84,12 +129,12 @@ pub(crate) fn parse_policy_ttl(s: &str) -> Result<Duration, &'static str> {
     // More than four digits is over the maximum in either unit (and would
     // not fit the arithmetic below without care).
     if num.len() > 4 {
-        return Err(LONG);
+        return Err(long_msg);
     }
     let n: u64 = num.parse().map_err(|_| SHAPE)?;
     let d = Duration::from_secs(if unit == "m" { n * 60 } else { n });
-    if d > MAX_TTL {
-        return Err(LONG);
+    if d > max {
+        return Err(long_msg);
     }
     Ok(d)
 }
@@ -414,6 +459,8 @@ impl<'a> Check<'a> {
         }
         let steps = self.steps(t.steps.get_ref(), &format!("{key}.steps"));
         let ttl = self.ttl(&t.ttl, format!("{key}.ttl"));
+        let details = self.detail_types(t, &key);
+        let approval = self.approval(t, &key, resource.as_deref().and_then(|r| resources.get(r)));
         let proxied = resource.as_ref().and_then(|r| resources.get(r)).map(|r| {
             matches!(
                 r.source,
@@ -430,8 +477,155 @@ impl<'a> Check<'a> {
             scopes,
             steps,
             ttl,
+            approval: approval?,
+            require_details: t.require_authorization_details,
+            details: details?,
             routes,
         })
+    }
+
+    /// `approval` and `approval_ttl`; `Some(None)` when the tool needs none,
+    /// `None` when the keys are wrong (reported).
+    fn approval(
+        &mut self,
+        t: &RawTool,
+        key: &str,
+        resource: Option<&Resource>,
+    ) -> Option<Option<Approval>> {
+        let ttl = match &t.approval_ttl {
+            None => None,
+            Some(v) => match parse_duration_upto(
+                v.get_ref(),
+                MAX_APPROVAL_TTL,
+                "is longer than the 15m maximum of an approval",
+            ) {
+                Ok(d) => Some((d, v.span())),
+                Err(m) => {
+                    self.bad(v.span(), format!("{key}.approval_ttl"), m);
+                    return None;
+                }
+            },
+        };
+        let Some(a) = &t.approval else {
+            if let Some((_, span)) = ttl {
+                self.bad(
+                    span,
+                    format!("{key}.approval_ttl"),
+                    "only a tool with approval = \"per_step\" takes an approval_ttl",
+                );
+                return None;
+            }
+            return Some(None);
+        };
+        let approval = match (a.get_ref().as_str(), ttl) {
+            ("each_call", None) => Approval::EachCall,
+            ("each_call", Some((_, span))) => {
+                self.bad(span, format!("{key}.approval_ttl"), "an each_call approval covers one call and has no approval_ttl; use approval = \"per_step\" for a time-boxed approval");
+                return None;
+            }
+            ("per_step", Some((d, _))) => Approval::PerStep { ttl: d },
+            ("per_step", None) => {
+                self.bad(a.span(), format!("{key}.approval_ttl"), "approval = \"per_step\" needs approval_ttl (how long one approval covers the step, at most \"15m\")");
+                return None;
+            }
+            _ => {
+                self.bad(
+                    a.span(),
+                    format!("{key}.approval"),
+                    "must be \"each_call\" or \"per_step\"",
+                );
+                return None;
+            }
+        };
+        // A provider's bearer token leaves the broker whole: nothing could
+        // tie it to the one call the person approved.
+        if let Some(Resource {
+            source:
+                Source::Service {
+                    delivery: Delivery::ProviderToken,
+                    ..
+                },
+            ..
+        }) = resource
+        {
+            self.bad(a.span(), format!("{key}.approval"), "cannot apply to a resource with delivery = \"provider_token\": the provider's bearer token is handed over whole and nothing binds it to the approved call");
+            return None;
+        }
+        Some(Some(approval))
+    }
+
+    /// `[tools."name".authorization_details."type"]` tables.
+    fn detail_types(&mut self, t: &RawTool, key: &str) -> Option<BTreeMap<String, DetailType>> {
+        let mut ok = true;
+        let mut out = BTreeMap::new();
+        for (ty, fields) in &t.authorization_details {
+            let tkey = format!("{key}.authorization_details.{ty:?}");
+            let span = key_span(self.text, &format!("{key}.authorization_details"), ty);
+            if !valid_detail_name(ty) {
+                self.bad(
+                    span.clone(),
+                    tkey.clone(),
+                    "a type name must be 1 to 64 ASCII letters, digits, '_', '-', '.' or ':'",
+                );
+                ok = false;
+                continue;
+            }
+            if fields.is_empty() {
+                self.bad(
+                    span.clone(),
+                    tkey.clone(),
+                    "declares no field; declare every field the person must see",
+                );
+                ok = false;
+            }
+            let mut declared = BTreeMap::new();
+            for (name, f) in fields {
+                let fkey = format!("{tkey}.{name:?}");
+                if !valid_detail_name(name) || name == "type" {
+                    self.bad(f.kind.span(), fkey.clone(), "a field name must be 1 to 64 ASCII letters, digits, '_', '-', '.' or ':', and not \"type\" (RFC 9396 section 2 reserves it)");
+                    ok = false;
+                    continue;
+                }
+                let kind = match f.kind.get_ref().as_str() {
+                    "string" => FieldKind::String,
+                    "strings" => FieldKind::Strings,
+                    "integer" => FieldKind::Integer,
+                    _ => {
+                        self.bad(f.kind.span(), format!("{fkey}.kind"), "must be \"string\", \"strings\" (a list of strings) or \"integer\" (no nested objects in this release)");
+                        ok = false;
+                        continue;
+                    }
+                };
+                let label = f.label.get_ref().trim();
+                if label.is_empty()
+                    || label.chars().count() > 128
+                    || label.chars().any(char::is_control)
+                {
+                    self.bad(f.label.span(), format!("{fkey}.label"), "must be 1 to 128 characters without control characters: it is what the person reads");
+                    ok = false;
+                    continue;
+                }
+                declared.insert(
+                    name.clone(),
+                    DetailField {
+                        kind,
+                        required: f.required,
+                        label: label.to_string(),
+                        log_in_clear: f.log_in_clear,
+                    },
+                );
+            }
+            out.insert(ty.clone(), DetailType { fields: declared });
+        }
+        if t.require_authorization_details && t.authorization_details.is_empty() {
+            self.bad(
+                t.resource.span(),
+                format!("{key}.require_authorization_details"),
+                "requires authorization_details but declares no type under authorization_details",
+            );
+            ok = false;
+        }
+        ok.then_some(out)
     }
 }
 

@@ -10,13 +10,15 @@
 //! The format is documented in `policy/README.md`; its JSON Schema is
 //! `proto/policy.schema.json`.
 //!
-//! Submodules: [`lint`] (warnings of `policy check`), [`explain`], [`diff`],
+//! Submodules: [`details`] (RFC 9396 `authorization_details` against a
+//! tool's declarations), [`lint`] (warnings of `policy check`), [`explain`], [`diff`],
 //! [`cases`] (`policy test`) and [`cli`] (the `credbroker policy` commands).
 //! Hot reload into a running broker is wiring, so it lives in `app::reload`
 //! (it swaps the broker's policy, and `exchange` already imports `policy`).
 
 pub mod cases;
 pub mod cli;
+pub mod details;
 pub mod diff;
 pub mod explain;
 pub mod lint;
@@ -120,6 +122,64 @@ pub struct Resource {
     pub ttl: Duration,
 }
 
+/// The longest an approval of `approval = "per_step"` may cover a step.
+pub const MAX_APPROVAL_TTL: Duration = Duration::from_secs(15 * 60);
+
+/// How a tool's calls are approved by the person (docs/APPROVALS.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approval {
+    /// Every derive needs an approval of its own, redeemed once.
+    EachCall,
+    /// One approval covers the same call (tool, resource, details, DPoP
+    /// key) in steps of the same name, for `ttl` from the grant.
+    PerStep {
+        /// How long from the grant.
+        ttl: Duration,
+    },
+}
+
+impl Approval {
+    /// The value written in the policy.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Approval::EachCall => "each_call",
+            Approval::PerStep { .. } => "per_step",
+        }
+    }
+}
+
+/// The value a declared `authorization_details` field takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldKind {
+    /// A JSON string.
+    String,
+    /// A JSON array of strings.
+    Strings,
+    /// A JSON integer (within ±(2^53 - 1), so that every JSON reader agrees).
+    Integer,
+}
+
+/// One declared field of an `authorization_details` type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DetailField {
+    /// Its value's kind.
+    pub kind: FieldKind,
+    /// Whether every entry of the type must carry it.
+    pub required: bool,
+    /// What the person reads next to the value on the approval page.
+    pub label: String,
+    /// Whether audit events may carry the value in clear (otherwise only
+    /// the hash of all details is recorded).
+    pub log_in_clear: bool,
+}
+
+/// One RFC 9396 `authorization_details` type a tool accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DetailType {
+    /// Every field it may carry, by name (`type` itself is implicit).
+    pub fields: BTreeMap<String, DetailField>,
+}
+
 /// A tool as the policy declares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tool {
@@ -133,6 +193,13 @@ pub struct Tool {
     pub steps: BTreeSet<String>,
     /// Its own lifetime cap, if lower than the resource's.
     pub ttl: Option<Duration>,
+    /// Whether each call must be approved by the person, and how.
+    pub approval: Option<Approval>,
+    /// Whether a request must carry `authorization_details`.
+    pub require_details: bool,
+    /// The `authorization_details` types it accepts, by `type`. Empty: a
+    /// request carrying details is refused.
+    pub details: BTreeMap<String, DetailType>,
     /// For a tool on a `delivery = "proxy"` resource: the calls it may make
     /// through the proxy (empty for any other tool).
     pub routes: Vec<route::Route>,
@@ -579,6 +646,8 @@ impl Policy {
     }
 }
 
+#[cfg(test)]
+mod approval_tests;
 #[cfg(test)]
 mod service_tests;
 #[cfg(test)]

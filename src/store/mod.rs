@@ -69,10 +69,16 @@ pub enum Tree {
     /// Expiring: leases (who may refresh an account now), held by one
     /// instance and lost if it stops renewing them.
     Leases,
+    /// Step-up approval records, by SHA-256 of the approval code.
+    Approvals,
+    /// The approval of each call: call hash (hex) -> approval id.
+    ApprovalIndex,
+    /// Approvals per (person, agent), to cap the open ones.
+    ApprovalPerson,
 }
 
 /// Every tree, in a fixed order (for copies between stores and for tests).
-pub const ALL_TREES: [Tree; 11] = [
+pub const ALL_TREES: [Tree; 14] = [
     Tree::SigningKeys,
     Tree::State,
     Tree::Accounts,
@@ -84,6 +90,9 @@ pub const ALL_TREES: [Tree; 11] = [
     Tree::PageFlows,
     Tree::Replay,
     Tree::Leases,
+    Tree::Approvals,
+    Tree::ApprovalIndex,
+    Tree::ApprovalPerson,
 ];
 
 impl Tree {
@@ -101,6 +110,9 @@ impl Tree {
             Tree::PageFlows => "page_flows",
             Tree::Replay => "replay",
             Tree::Leases => "leases",
+            Tree::Approvals => "approvals",
+            Tree::ApprovalIndex => "approval_index",
+            Tree::ApprovalPerson => "approval_person",
         }
     }
 

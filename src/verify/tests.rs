@@ -69,6 +69,9 @@ fn claims<'a>(rs: &'a Rs, scopes: &'a [String]) -> Claims<'a> {
         jkt: rs.tool.thumbprint(),
         iat: NOW,
         exp: NOW + 300,
+        authorization_details: None,
+        approval_id: None,
+        single_use: false,
     }
 }
 

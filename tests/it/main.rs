@@ -5,6 +5,7 @@
 //! Run one feature with `cargo test --test it security::`, one test with its
 //! full path (`cargo test --test it security::dpop::dpop_proof_replayed_twice`).
 
+mod approvals;
 mod deploy;
 mod docs;
 mod fuzz;

@@ -34,6 +34,14 @@
 //   {"expect_focus": css}              the focused element matches css
 //   {"viewport": [w, h]}               resize
 //   {"screenshot": "name"}             full-page PNG into screenshotDir
+//   {"dom": css}                       the textContent and innerHTML of every
+//                                      element matching css (for assertions
+//                                      on the DOM itself, not the rendering)
+//   {"set_value": css, "value": "..."} sets an input's value (hidden ones too)
+//   {"post_from": url, "action": url, "fields": {...}}
+//                                      opens url (another origin), submits a
+//                                      form with fields to action from there
+//                                      and records the answer's status
 //   {"touch": path} / {"wait_file": path}  hand-over with the test (e.g. the
 //                                      test moves its clock in between)
 // A script error or a CSP violation on any page fails the run.
@@ -142,6 +150,39 @@ async function run(b, step) {
     const path = join(b.screenshotDir, `${step.screenshot}.png`);
     await page.screenshot({ path, fullPage: true });
     return { path };
+  }
+  if ('dom' in step) {
+    // `overflow`: how far the element is wider than its box (0 when a long
+    // value folds inside it).
+    const found = await page.$$eval(step.dom, (els) => els.map((e) => ({
+      tag: e.tagName.toLowerCase(), text: e.textContent, html: e.innerHTML,
+      overflow: e.scrollWidth - e.clientWidth,
+      page_overflow: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+    })));
+    return { dom: found };
+  }
+  if ('set_value' in step) {
+    await page.$eval(step.set_value, (e, v) => { e.value = v; }, step.value);
+    return {};
+  }
+  if ('post_from' in step) {
+    await page.goto(step.post_from);
+    const [r] = await Promise.all([
+      page.waitForNavigation({ waitUntil: 'load' }),
+      page.evaluate(({ action, fields }) => {
+        const f = document.createElement('form');
+        f.method = 'post';
+        f.action = action;
+        for (const [k, v] of Object.entries(fields)) {
+          const i = document.createElement('input');
+          i.type = 'hidden'; i.name = k; i.value = v;
+          f.appendChild(i);
+        }
+        document.body.appendChild(f);
+        f.submit();
+      }, { action: step.action, fields: step.fields }),
+    ]);
+    return navigated(b, r);
   }
   if ('touch' in step) { writeFileSync(step.touch, ''); return {}; }
   if ('wait_file' in step) {

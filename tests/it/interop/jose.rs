@@ -21,7 +21,6 @@
 mod resource_server;
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,23 +29,6 @@ use clap::Parser;
 use serde_json::{json, Value};
 
 const AGENT: &str = "repo-helper";
-
-fn peers_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
-}
-
-/// Fails the test (never skips it) when the peers are not installed.
-fn require_peers() {
-    let help =
-        "run `scripts/install-test-deps` (installs node if missing, then `npm ci` in tests/peers)";
-    match std::process::Command::new("node").arg("--version").output() {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => panic!("`node --version` failed ({}): {help}", o.status),
-        Err(e) => panic!("node is not installed ({e}): {help}"),
-    }
-    let jose = peers_dir().join("node_modules/jose/package.json");
-    assert!(jose.exists(), "{} is missing: {help}", jose.display());
-}
 
 /// A tool key made by jose: `{private_jwk, public_jwk, jkt}`.
 async fn jose_key() -> Value {

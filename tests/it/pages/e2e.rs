@@ -27,16 +27,14 @@
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support::browser::Browsers;
-use crate::support::oidc::secret_file;
+use crate::support::browser::{idp_sign_in, Browsers};
+use crate::support::oidc::OrgIdp;
 use crate::support::services::{issued, refused, ProviderOpts, ServiceEnv, SERVICE};
-use crate::support::{free_loopback_addr, key, NodePeer};
+use crate::support::{free_loopback_addr, key};
 use credbroker::client::{Answer, DeriveParams, Refusal};
 use credbroker::internals::jose::Es256Key;
 use serde_json::{json, Value};
 
-const AGENT_RESOURCE: &str = "urn:credbroker:agent:repo-helper";
-const ORCHESTRATOR_SECRET: &str = "orchestrator-secret-not-a-canary";
 const ALICE_PW: &str = "alice's own password";
 const MALLORY_PW: &str = "mallory's own password";
 
@@ -71,19 +69,6 @@ fn local_sign_in(name: &str, password: &str) -> Vec<Value> {
     ]
 }
 
-/// From the pages' sign-in page: to the IdP, its login form, its consent
-/// (the first time), and back.
-fn idp_sign_in(idp: &str, name: &str, password: &str) -> Vec<Value> {
-    vec![
-        json!({"click": "a.button[href^='/signin/oidc']"}),
-        json!({"expect_url": format!("{idp}/interaction/")}),
-        json!({"fill": "input[name=login]", "value": name}),
-        json!({"fill": "input[name=password]", "value": password}),
-        json!({"click": "button[type=submit]"}),
-        json!({"click_if": "input[name=prompt][value=consent] ~ button[type=submit]"}),
-    ]
-}
-
 fn cat(parts: &[Vec<Value>]) -> Value {
     Value::Array(parts.concat())
 }
@@ -92,9 +77,7 @@ fn cat(parts: &[Vec<Value>]) -> Value {
 /// the IdP's access tokens and signs people in there.
 struct OrgWorld {
     env: ServiceEnv,
-    idp: NodePeer,
-    _idp_cfg: tempfile::NamedTempFile,
-    _secrets: tempfile::TempDir,
+    idp: OrgIdp,
     issuer: String,
     base: String,
     tokens: std::collections::HashMap<String, String>,
@@ -104,67 +87,18 @@ impl OrgWorld {
     fn start() -> OrgWorld {
         let addr = free_loopback_addr();
         let base = format!("http://{addr}");
-        let mut r = [0u8; 12];
-        aws_lc_rs::rand::fill(&mut r).unwrap();
-        let pages_secret = format!("pages-client-secret-canary-{}", hex::encode(r));
-        let (mut idp, idp_cfg) = crate::support::oidc_provider(&json!({
-            "clients": [
-                {
-                    "client_id": "orchestrator", "client_secret": ORCHESTRATOR_SECRET,
-                    "redirect_uris": ["http://127.0.0.1:1/cb"],
-                    "grant_types": ["authorization_code"], "response_types": ["code"],
-                },
-                {
-                    "client_id": "credbroker-pages", "client_secret": pages_secret,
-                    "redirect_uris": [format!("{base}/signin/callback")],
-                    "grant_types": ["authorization_code"], "response_types": ["code"],
-                    "token_endpoint_auth_method": "client_secret_basic",
-                    // Every ID token says when the person signed in.
-                    "require_auth_time": true,
-                },
-            ],
-            "resources": { AGENT_RESOURCE: {"audience": "repo-helper", "scope": "agent"} },
-            "users": { "alice": ALICE_PW, "mallory": MALLORY_PW },
-        }));
-        let issuer = idp.hello["issuer"].as_str().unwrap().to_string();
-        let secrets = tempfile::tempdir().unwrap();
-        let file = secret_file(secrets.path(), "pages.secret", &pages_secret);
+        let org = OrgIdp::start(&base, &[("alice", ALICE_PW), ("mallory", MALLORY_PW)]);
         let env = ServiceEnv::start_with(ProviderOpts {
             public_listen: Some(addr),
-            extra_config: format!(
-                r#"
-[[trusted_issuers]]
-issuer = "{issuer}"
-jwks_uri = "{issuer}/jwks"
-algs = ["ES256", "RS256"]
-sign_in = {{ kind = "oidc", client_id = "credbroker-pages", client_secret_file = "{}" }}
-"#,
-                file.display()
-            ),
+            extra_config: org.config.clone(),
             ..ProviderOpts::default()
         });
-        // The agent's subject tokens: access tokens of the IdP for the agent.
-        let mut tokens = std::collections::HashMap::new();
-        for (name, pw) in [("alice", ALICE_PW), ("mallory", MALLORY_PW)] {
-            let t = idp.call(&json!({
-                "cmd": "login", "user": name, "password": pw, "client_id": "orchestrator",
-                "client_secret": ORCHESTRATOR_SECRET, "redirect_uri": "http://127.0.0.1:1/cb",
-                "scope": "openid agent", "resource": AGENT_RESOURCE,
-            }));
-            assert!(t.get("error").is_none(), "IdP login failed: {t}");
-            tokens.insert(
-                name.to_string(),
-                t["tokens"]["access_token"].as_str().unwrap().to_string(),
-            );
-        }
         OrgWorld {
             env,
-            idp,
-            _idp_cfg: idp_cfg,
-            _secrets: secrets,
-            issuer,
+            issuer: org.issuer.clone(),
+            tokens: org.tokens.clone(),
+            idp: org,
             base,
-            tokens,
         }
     }
 
@@ -463,6 +397,7 @@ async fn org_idp_account_page_disconnect_replaced_link_and_stale_idp_sign_in() {
     // sent to sign in again first (max_age=900, prompt=login).
     let answer = w
         .idp
+        .peer
         .call(&json!({"cmd": "age_next_login", "user": "alice", "seconds": 16 * 60}));
     assert_eq!(answer["ok"], true);
     let before = events(&w.env, "signin.succeeded").len();
@@ -477,7 +412,7 @@ async fn org_idp_account_page_disconnect_replaced_link_and_stale_idp_sign_in() {
             vec![
                 json!({"expect_url": w.url("/signin?return_to=")}),
                 json!({"expect_text": "Sign in again"}),
-                json!({"expect_text": "connecting an account needs a sign-in within the last 15 minutes"}),
+                json!({"expect_text": "connecting an account or approving a call needs a sign-in within the last 15 minutes"}),
                 json!({"expect_no_text": "Connect Acme"}),
                 json!({"screenshot": "e2e-org-signin-again"}),
                 // Positive control: a fresh sign-in at the IdP, and the page.

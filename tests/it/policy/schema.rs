@@ -107,6 +107,25 @@ use Loader::*;
 /// differ, why (a schema cannot see across keys or parse a URI for real).
 const FIXTURES: &[(&str, Loader, bool, &str)] = &[
     ("declared_steps_and_ttls", Valid, true, ""),
+    ("approval_tools_with_declared_details", Valid, true, ""),
+    (
+        "approval_per_step_without_ttl",
+        Invalid("needs approval_ttl"),
+        false,
+        "",
+    ),
+    (
+        "approval_detail_field_nested",
+        Invalid("no nested objects"),
+        false,
+        "",
+    ),
+    (
+        "approval_on_provider_token",
+        Invalid("cannot apply to a resource with delivery = \"provider_token\""),
+        true,
+        "a schema cannot see the tool's resource's delivery from the tool",
+    ),
     ("frozen_policy", Valid, true, ""),
     ("loopback_http_resource", Valid, true, ""),
     ("minimal_agent_only", Valid, true, ""),

@@ -139,6 +139,9 @@ fn event_fields() -> BTreeSet<String> {
         ),
         removed_bytes: Some(1),
         kid: Some("a".into()),
+        approval_id: Some("a"),
+        details_sha256: Some("a"),
+        details_in_clear: Some([("0.t.f".to_string(), "a".into())].into_iter().collect()),
         proxy: Some(ProxyCall {
             method: "GET",
             route: Some("a"),
@@ -155,8 +158,11 @@ fn event_fields() -> BTreeSet<String> {
     let mut fields = BTreeSet::new();
     for (k, v) in m {
         // A member that is an object of fixed members lists them as
-        // `field.member`; `undeclared` is keyed by request field names.
-        if let (serde_json::Value::Object(inner), false) = (&v, k == "undeclared") {
+        // `field.member`; `undeclared` and `details_in_clear` are keyed by
+        // request field names.
+        if let (serde_json::Value::Object(inner), false) =
+            (&v, k == "undeclared" || k == "details_in_clear")
+        {
             fields.extend(inner.keys().map(|i| format!("{k}.{i}")));
         }
         fields.insert(k);

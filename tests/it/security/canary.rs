@@ -474,6 +474,7 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
         scope: "s".into(),
         token_type: "Bearer".into(),
         sender_constrained: false,
+        authorization_details: None,
     };
     assert_redacted("exchange::Issued", format!("{issued:?}"));
     let minted = credbroker::internals::mint::Minted {

@@ -126,3 +126,16 @@ impl Browsers {
         assert!(status.success(), "the browser driver exited with {status}");
     }
 }
+
+/// From the pages' sign-in page: to the IdP, its login form, its consent
+/// (the first time), and back.
+pub(crate) fn idp_sign_in(idp: &str, name: &str, password: &str) -> Vec<Value> {
+    vec![
+        json!({"click": "a.button[href^='/signin/oidc']"}),
+        json!({"expect_url": format!("{idp}/interaction/")}),
+        json!({"fill": "input[name=login]", "value": name}),
+        json!({"fill": "input[name=password]", "value": password}),
+        json!({"click": "button[type=submit]"}),
+        json!({"click_if": "input[name=prompt][value=consent] ~ button[type=submit]"}),
+    ]
+}

@@ -235,3 +235,88 @@ pub(crate) fn secret_file(dir: &Path, name: &str, content: &str) -> PathBuf {
     credbroker::internals::config::write_secret_file(&p, content.as_bytes()).unwrap();
     p
 }
+
+/// The organisation's IdP: panva's `oidc-provider` (tests/peers/oidc-provider.mjs)
+/// with two people, an orchestrator client whose access tokens (for the
+/// agent's resource) are the agent's subject tokens, and the pages' client,
+/// whose ID tokens always say when the person signed in.
+pub(crate) struct OrgIdp {
+    pub peer: super::NodePeer,
+    pub issuer: String,
+    /// The `[[trusted_issuers]]` table that trusts it and signs people in there.
+    pub config: String,
+    /// Subject tokens by person.
+    pub tokens: std::collections::HashMap<String, String>,
+    _cfg: tempfile::NamedTempFile,
+    _secrets: tempfile::TempDir,
+}
+
+/// The agent's resource at the IdP (its access tokens' audience is the agent).
+pub(crate) const AGENT_RESOURCE: &str = "urn:credbroker:agent:repo-helper";
+const ORCHESTRATOR_SECRET: &str = "orchestrator-secret-not-a-canary";
+
+impl OrgIdp {
+    /// Starts the IdP for pages served at `base`, with `users` (name,
+    /// password) who each get a subject token.
+    pub(crate) fn start(base: &str, users: &[(&str, &str)]) -> OrgIdp {
+        let mut r = [0u8; 12];
+        aws_lc_rs::rand::fill(&mut r).unwrap();
+        let pages_secret = format!("pages-client-secret-canary-{}", hex::encode(r));
+        let users_json: serde_json::Map<String, serde_json::Value> = users
+            .iter()
+            .map(|(n, p)| (n.to_string(), serde_json::Value::from(*p)))
+            .collect();
+        let (mut peer, cfg) = super::oidc_provider(&serde_json::json!({
+            "clients": [
+                {
+                    "client_id": "orchestrator", "client_secret": ORCHESTRATOR_SECRET,
+                    "redirect_uris": ["http://127.0.0.1:1/cb"],
+                    "grant_types": ["authorization_code"], "response_types": ["code"],
+                },
+                {
+                    "client_id": "credbroker-pages", "client_secret": pages_secret,
+                    "redirect_uris": [format!("{base}/signin/callback")],
+                    "grant_types": ["authorization_code"], "response_types": ["code"],
+                    "token_endpoint_auth_method": "client_secret_basic",
+                    "require_auth_time": true,
+                },
+            ],
+            "resources": { AGENT_RESOURCE: {"audience": "repo-helper", "scope": "agent"} },
+            "users": users_json,
+        }));
+        let issuer = peer.hello["issuer"].as_str().unwrap().to_string();
+        let secrets = tempfile::tempdir().unwrap();
+        let file = secret_file(secrets.path(), "pages.secret", &pages_secret);
+        let config = format!(
+            r#"
+[[trusted_issuers]]
+issuer = "{issuer}"
+jwks_uri = "{issuer}/jwks"
+algs = ["ES256", "RS256"]
+sign_in = {{ kind = "oidc", client_id = "credbroker-pages", client_secret_file = "{}" }}
+"#,
+            file.display()
+        );
+        let mut tokens = std::collections::HashMap::new();
+        for (name, pw) in users {
+            let t = peer.call(&serde_json::json!({
+                "cmd": "login", "user": name, "password": pw, "client_id": "orchestrator",
+                "client_secret": ORCHESTRATOR_SECRET, "redirect_uri": "http://127.0.0.1:1/cb",
+                "scope": "openid agent", "resource": AGENT_RESOURCE,
+            }));
+            assert!(t.get("error").is_none(), "IdP login failed: {t}");
+            tokens.insert(
+                name.to_string(),
+                t["tokens"]["access_token"].as_str().unwrap().to_string(),
+            );
+        }
+        OrgIdp {
+            peer,
+            issuer,
+            config,
+            tokens,
+            _cfg: cfg,
+            _secrets: secrets,
+        }
+    }
+}

@@ -488,6 +488,8 @@ pub(crate) struct Setup {
     /// link store, vault and provider clients, as configured) instead of
     /// the fake: for end-to-end tests that want the in-process clock.
     pub real_services: bool,
+    /// Replace the quick-start policy with this text.
+    pub policy: Option<String>,
 }
 
 impl Default for Setup {
@@ -505,6 +507,7 @@ impl Default for Setup {
             edit_config: None,
             listen: None,
             real_services: false,
+            policy: None,
         }
     }
 }
@@ -688,6 +691,9 @@ impl PagesServer {
         if let Some(edit) = &setup.edit_config {
             text = edit(text);
         }
+        if let Some(policy) = &setup.policy {
+            std::fs::write(dir.path().join("policy.toml"), policy).unwrap();
+        }
         std::fs::write(&config, text).unwrap();
         let cfg = credbroker::internals::config::Config::load(&config).unwrap();
         let clock = ManualClock::new(now());
@@ -705,6 +711,7 @@ impl PagesServer {
                 } else {
                     fake.services()
                 },
+                approvals: inst.pages.approvals().clone(),
                 ..Options::default()
             },
         ));

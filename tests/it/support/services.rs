@@ -66,6 +66,8 @@ pub(crate) struct ProviderOpts {
     pub public_listen: Option<String>,
     /// More config (e.g. a trusted issuer with OIDC sign-in).
     pub extra_config: String,
+    /// More policy (resources and tools) after the `acme` ones.
+    pub extra_policy: String,
 }
 
 impl Default for ProviderOpts {
@@ -76,6 +78,7 @@ impl Default for ProviderOpts {
             log: None,
             public_listen: None,
             extra_config: String::new(),
+            extra_policy: String::new(),
         }
     }
 }
@@ -113,7 +116,7 @@ timeout = "{timeout}"
             timeout = p.timeout,
         ) + &p.extra_config;
         let broker = TestBroker::start_with(Opts {
-            policy: Some(policy()),
+            policy: Some(policy() + &p.extra_policy),
             extra_config: extra,
             log: p.log.clone(),
             public_listen: p.public_listen.clone(),
@@ -211,7 +214,10 @@ timeout = "{timeout}"
         // The page offers the action of the link's kind; an allow link
         // lists the person's connected accounts (the first is checked).
         let chosen;
-        if html.contains("name=\"action\" value=\"allow\"") {
+        if html.contains("name=\"action\" value=\"approve\"") {
+            // A step-up approval (docs/APPROVALS.md): the call is approved.
+            form.push(("action", "approve"));
+        } else if html.contains("name=\"action\" value=\"allow\"") {
             chosen = hidden(&html, "account");
             form.extend([("action", "allow"), ("account", chosen.as_str())]);
         } else if html.contains("name=\"action\" value=\"reconnect\"") {
@@ -254,7 +260,13 @@ timeout = "{timeout}"
             next = location(&done);
         }
         assert!(
-            ["/done/connected", "/done/reconnected", "/done/allowed"].contains(&next.as_str()),
+            [
+                "/done/connected",
+                "/done/reconnected",
+                "/done/allowed",
+                "/done/approved"
+            ]
+            .contains(&next.as_str()),
             "the link was not finished: {next}"
         );
     }

@@ -1,0 +1,653 @@
+//! Step-up approvals (docs/APPROVALS.md): a connect link for one call.
+//!
+//! A tool marked `approval = "each_call" | "per_step"` gets a token only for
+//! a call its person approved on the pages. The call is named by its hash,
+//! SHA-256 over the person, agent, step, tool, resource, scopes, the DPoP
+//! key thumbprint and the SHA-256 of the `authorization_details` in RFC 8785
+//! (JCS) form: the approval index maps that hash to the one approval record
+//! of the call, so several calls may wait at once, asking again for the same
+//! call hands out the same link, and any change (a detail, another key)
+//! is another call.
+//!
+//! Records are keyed by SHA-256 of their code, as connect links are; the
+//! code is HMAC-SHA256(approval key, id), the key derived from the master
+//! key under its own label. A record moves pending -> granted -> redeemed
+//! (each_call) or pending -> declined, each move one compare-and-swap of
+//! the record, so one grant is redeemed by exactly one derive.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use aws_lc_rs::hmac;
+use base64::Engine;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::secret::{SecretBytes, SecretString};
+use crate::store::{tuple_key, Store, StoreError, Tree};
+use crate::subject::Person;
+
+/// An unanswered approval link stops resolving after this long.
+pub const PENDING_TTL: i64 = 10 * 60;
+/// A granted `each_call` approval must be redeemed within this long.
+pub const REDEEM_TTL: i64 = 5 * 60;
+/// A declined call stays declined this long (asking with other details is
+/// another call and gets its own link at once).
+pub const DECLINED_TTL: i64 = 60 * 60;
+/// Tokens minted on an `each_call` approval live at most this long.
+pub const EACH_CALL_TOKEN_TTL: i64 = 60;
+/// At most this many approvals wait for one person from one agent.
+pub const MAX_OPEN: usize = 5;
+/// New approvals per (person, agent): a burst of this many, then one a
+/// minute.
+pub const CREATE_BURST: u32 = 10;
+
+/// Errors of the approval store.
+#[derive(Debug, thiserror::Error)]
+pub enum ApproveError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A record is not what this module wrote.
+    #[error("an approval record is malformed")]
+    Corrupt,
+    /// No randomness.
+    #[error("no randomness for an approval id")]
+    Random,
+    /// Too many approvals wait for this person from this agent.
+    #[error("too many approvals are waiting for this person")]
+    TooManyOpen,
+    /// Approvals are asked too fast for this person.
+    #[error("approvals are asked too fast for this person")]
+    RateLimited,
+}
+
+/// How the approval applies (from the policy's `approval`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// One derive.
+    EachCall,
+    /// Identical derives in steps of this name, for `ttl` seconds.
+    PerStep {
+        /// Seconds from the grant.
+        ttl: i64,
+    },
+}
+
+impl Mode {
+    /// The policy's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::EachCall => "each_call",
+            Mode::PerStep { .. } => "per_step",
+        }
+    }
+}
+
+/// Where an approval is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Waiting for the person.
+    Pending,
+    /// Approved.
+    Granted,
+    /// Declined.
+    Declined,
+    /// An each_call approval used by its derive.
+    Redeemed,
+}
+
+/// One field as the page shows it: the policy's label and the values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShownField {
+    /// The policy's label.
+    pub label: String,
+    /// The values (one for a string or integer; the list for a list).
+    pub values: Vec<String>,
+}
+
+/// One `authorization_details` entry as the page shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShownEntry {
+    /// The entry's `type`.
+    pub kind: String,
+    /// Its fields in the policy's order.
+    pub fields: Vec<ShownField>,
+}
+
+/// An approval record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    /// The approval id (`connect_id` of the refusal, `approval_id` claim).
+    pub id: String,
+    /// The call hash (hex): the index key.
+    pub call: String,
+    /// The person's issuer.
+    pub person_iss: String,
+    /// The person's subject.
+    pub person_sub: String,
+    /// The agent.
+    pub agent: String,
+    /// The step.
+    pub step: String,
+    /// The tool.
+    pub tool: String,
+    /// The resource (as the policy writes it).
+    pub resource: String,
+    /// Granted scopes.
+    pub scopes: Vec<String>,
+    /// The DPoP key thumbprint of the asking derive.
+    pub jkt: String,
+    /// SHA-256 (hex) of the details in JCS form (of `[]` without details).
+    pub details_sha256: String,
+    /// The details, as checked against the policy (`Null` without).
+    pub details: Value,
+    /// What the page shows of them.
+    pub shown: Vec<ShownEntry>,
+    /// How it applies.
+    pub mode: Mode,
+    /// Where it is.
+    pub state: State,
+    /// The deciding policy's hash.
+    pub policy_hash: String,
+    /// Unix time made.
+    pub created: i64,
+    /// Unix time the current state ends (pending: the link expires;
+    /// granted: the approval can no longer be redeemed or used).
+    pub expires: i64,
+}
+
+impl Approval {
+    /// The person it was made for.
+    pub fn person(&self) -> Person {
+        Person {
+            iss: self.person_iss.clone(),
+            sub: self.person_sub.clone(),
+        }
+    }
+}
+
+/// The call a derive asks to be approved.
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    /// The person.
+    pub person: &'a Person,
+    /// The agent.
+    pub agent: &'a str,
+    /// The step.
+    pub step: &'a str,
+    /// The tool.
+    pub tool: &'a str,
+    /// The resource (as the policy writes it, the token's `aud`).
+    pub resource: &'a str,
+    /// The granted scopes (sorted).
+    pub scopes: &'a [String],
+    /// The proof's key thumbprint.
+    pub jkt: &'a str,
+    /// The checked details, if any.
+    pub details: Option<&'a Value>,
+}
+
+/// What the store says about a call.
+#[derive(Debug)]
+pub enum Lookup {
+    /// Waiting for the person: the link to hand out again (`fresh` when this
+    /// derive made it).
+    Pending(Box<Issued>),
+    /// Approved: the record (each_call: already marked redeemed by this
+    /// derive, which is the only one to get it).
+    Granted(Box<Approval>),
+    /// Declined.
+    Declined(Box<Approval>),
+}
+
+/// A pending approval with its code.
+#[derive(Debug)]
+pub struct Issued {
+    /// The record.
+    pub approval: Approval,
+    /// The link code.
+    pub code: SecretString,
+    /// Whether this derive made it (`approval.requested` is recorded once).
+    pub fresh: bool,
+}
+
+/// The approval store.
+pub struct Approvals {
+    store: Arc<dyn Store>,
+    key: hmac::Key,
+    base: String,
+    created: DefaultKeyedRateLimiter<(String, String, String)>,
+}
+
+impl std::fmt::Debug for Approvals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Approvals")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+}
+
+fn sha256(b: &[u8]) -> Vec<u8> {
+    aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, b)
+        .as_ref()
+        .to_vec()
+}
+
+/// The RFC 8785 (JCS) form of checked details. serde_json writes it for the
+/// values the policy admits: its maps sort keys by bytes, which is JCS's
+/// UTF-16 order for the ASCII names the loader allows; strings are escaped
+/// as JCS says (`\b \t \n \f \r \" \\`, other controls as lower-case
+/// `\u00xx`, everything else as it is); integers within ±(2^53 - 1) print
+/// as ECMAScript prints them; no whitespace. The tests compare it with the
+/// RFC's own examples.
+pub fn canonical_details(details: Option<&Value>) -> Vec<u8> {
+    match details {
+        // Serialising a `Value` cannot fail (string keys only).
+        Some(v) => serde_json::to_vec(v).unwrap_or_default(),
+        None => b"[]".to_vec(),
+    }
+}
+
+/// SHA-256 (hex) of [`canonical_details`].
+pub fn details_sha256(details: Option<&Value>) -> String {
+    hex::encode(sha256(&canonical_details(details)))
+}
+
+/// The call hash (hex): every part length-prefixed, so that no two calls
+/// share one.
+pub fn call_hash(c: &Call<'_>) -> String {
+    let scopes = c.scopes.join(" ");
+    let details = details_sha256(c.details);
+    hex::encode(sha256(&tuple_key(&[
+        &c.person.iss,
+        &c.person.sub,
+        c.agent,
+        c.step,
+        c.tool,
+        c.resource,
+        &scopes,
+        c.jkt,
+        &details,
+    ])))
+}
+
+/// What the page shows of checked details: per entry its type and each
+/// declared field present, with the policy's label, in the policy's order.
+pub fn shown(tool: &crate::policy::Tool, details: Option<&Value>) -> Vec<ShownEntry> {
+    let mut out = Vec::new();
+    for e in details.and_then(Value::as_array).into_iter().flatten() {
+        let Some(kind) = e.get("type").and_then(Value::as_str) else {
+            continue;
+        };
+        let Some(declared) = tool.details.get(kind) else {
+            continue;
+        };
+        let fields = declared
+            .fields
+            .iter()
+            .filter_map(|(name, f)| {
+                let values = match e.get(name)? {
+                    Value::String(s) => vec![s.clone()],
+                    Value::Array(a) => a
+                        .iter()
+                        .map(|v| v.as_str().unwrap_or_default().to_string())
+                        .collect(),
+                    other => vec![other.to_string()],
+                };
+                Some(ShownField {
+                    label: f.label.clone(),
+                    values,
+                })
+            })
+            .collect();
+        out.push(ShownEntry {
+            kind: kind.to_string(),
+            fields,
+        });
+    }
+    out
+}
+
+impl Approvals {
+    /// An approval store; `key` makes codes, `public_base` serves
+    /// `/connect/{code}`.
+    pub fn new(store: Arc<dyn Store>, key: &SecretBytes, public_base: &str) -> Approvals {
+        let quota = Quota::per_minute(NonZeroU32::MIN)
+            .allow_burst(NonZeroU32::new(CREATE_BURST).unwrap_or(NonZeroU32::MIN));
+        Approvals {
+            store,
+            key: hmac::Key::new(hmac::HMAC_SHA256, key.expose()),
+            base: public_base.trim_end_matches('/').to_string(),
+            created: RateLimiter::keyed(quota),
+        }
+    }
+
+    /// The approval key derived from the master key (its own label: an
+    /// approval code is never a connect-link code).
+    pub fn derive_key(master: &SecretBytes) -> SecretBytes {
+        let k = hmac::Key::new(hmac::HMAC_SHA256, master.expose());
+        SecretBytes::new(
+            hmac::sign(&k, b"credbroker approval-link key v1")
+                .as_ref()
+                .to_vec(),
+        )
+    }
+
+    fn code_bytes(&self, id: &str) -> Vec<u8> {
+        hmac::sign(&self.key, id.as_bytes()).as_ref().to_vec()
+    }
+
+    /// The code of approval `id`.
+    pub fn code_for(&self, id: &str) -> SecretString {
+        SecretString::new(b64().encode(self.code_bytes(id)))
+    }
+
+    /// The URL the person opens.
+    pub fn uri(&self, code: &SecretString) -> String {
+        format!("{}/connect/{}", self.base, code.expose())
+    }
+
+    fn record_key(&self, id: &str) -> Vec<u8> {
+        sha256(&self.code_bytes(id))
+    }
+
+    fn load(&self, id: &str) -> Result<Option<(Vec<u8>, Approval)>, ApproveError> {
+        match self.store.get(Tree::Approvals, &self.record_key(id))? {
+            None => Ok(None),
+            Some(v) => {
+                let a: Approval = serde_json::from_slice(&v).map_err(|_| ApproveError::Corrupt)?;
+                // The record must be the one its key names.
+                if a.id != id {
+                    return Err(ApproveError::Corrupt);
+                }
+                Ok(Some((v, a)))
+            }
+        }
+    }
+
+    /// Moves `old` (whose stored bytes are `bytes`) to `new`; whether this
+    /// call made the move.
+    fn swap(&self, bytes: &[u8], new: &Approval) -> Result<bool, ApproveError> {
+        let value = serde_json::to_vec(new).map_err(|_| ApproveError::Corrupt)?;
+        Ok(self.store.compare_and_swap(
+            Tree::Approvals,
+            &self.record_key(&new.id),
+            Some(bytes),
+            Some(&value),
+        )?)
+    }
+
+    fn person_prefix(person: &Person, agent: &str) -> Vec<u8> {
+        tuple_key(&[&person.iss, &person.sub, agent])
+    }
+
+    /// How many approvals wait for `person` from `agent` at `now`.
+    fn open_count(&self, person: &Person, agent: &str, now: i64) -> Result<usize, ApproveError> {
+        let mut n = 0;
+        for (_, id) in self.store.scan_prefix(
+            Tree::ApprovalPerson,
+            &Approvals::person_prefix(person, agent),
+        )? {
+            let id = String::from_utf8(id).map_err(|_| ApproveError::Corrupt)?;
+            if let Some((_, a)) = self.load(&id)? {
+                if a.state == State::Pending && a.expires > now {
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// The state of `call` for a derive at `now`, making a pending approval
+    /// when there is none in force. A granted each_call approval is marked
+    /// redeemed here, by one compare-and-swap: of two derives racing for it,
+    /// one gets [`Lookup::Granted`], the other a new approval.
+    // reason: the record's parts come from different steps of the derive.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lookup(
+        &self,
+        call: &Call<'_>,
+        mode: Mode,
+        shown: Vec<ShownEntry>,
+        policy_hash: &str,
+        now: i64,
+    ) -> Result<Lookup, ApproveError> {
+        let hash = call_hash(call);
+        loop {
+            let current = self.store.get(Tree::ApprovalIndex, hash.as_bytes())?;
+            if let Some(id) = current.as_deref().and_then(|v| std::str::from_utf8(v).ok()) {
+                if let Some((bytes, a)) = self.load(id)? {
+                    if a.expires > now {
+                        match a.state {
+                            State::Pending => {
+                                let code = self.code_for(&a.id);
+                                return Ok(Lookup::Pending(Box::new(Issued {
+                                    approval: a,
+                                    code,
+                                    fresh: false,
+                                })));
+                            }
+                            State::Declined => return Ok(Lookup::Declined(Box::new(a))),
+                            State::Granted if a.mode == Mode::EachCall => {
+                                let mut used = a.clone();
+                                used.state = State::Redeemed;
+                                if self.swap(&bytes, &used)? {
+                                    return Ok(Lookup::Granted(Box::new(a)));
+                                }
+                                // Another derive redeemed it first: look again.
+                                continue;
+                            }
+                            State::Granted => return Ok(Lookup::Granted(Box::new(a))),
+                            State::Redeemed => {}
+                        }
+                    }
+                }
+            }
+            // Nothing in force: a new pending approval, within the limits.
+            if self.open_count(call.person, call.agent, now)? >= MAX_OPEN {
+                return Err(ApproveError::TooManyOpen);
+            }
+            let limit_key = (
+                call.person.iss.clone(),
+                call.person.sub.clone(),
+                call.agent.to_string(),
+            );
+            if self.created.check_key(&limit_key).is_err() {
+                return Err(ApproveError::RateLimited);
+            }
+            let mut r = [0u8; 16];
+            aws_lc_rs::rand::fill(&mut r).map_err(|_| ApproveError::Random)?;
+            let a = Approval {
+                id: b64().encode(r),
+                call: hash.clone(),
+                person_iss: call.person.iss.clone(),
+                person_sub: call.person.sub.clone(),
+                agent: call.agent.to_string(),
+                step: call.step.to_string(),
+                tool: call.tool.to_string(),
+                resource: call.resource.to_string(),
+                scopes: call.scopes.to_vec(),
+                jkt: call.jkt.to_string(),
+                details_sha256: details_sha256(call.details),
+                details: call.details.cloned().unwrap_or(Value::Null),
+                shown: shown.clone(),
+                mode,
+                state: State::Pending,
+                policy_hash: policy_hash.to_string(),
+                created: now,
+                expires: now + PENDING_TTL,
+            };
+            let value = serde_json::to_vec(&a).map_err(|_| ApproveError::Corrupt)?;
+            self.store
+                .put(Tree::Approvals, &self.record_key(&a.id), &value)?;
+            let mut pkey = Approvals::person_prefix(call.person, call.agent);
+            pkey.extend_from_slice(&tuple_key(&[&a.id]));
+            self.store
+                .put(Tree::ApprovalPerson, &pkey, a.id.as_bytes())?;
+            if self.store.compare_and_swap(
+                Tree::ApprovalIndex,
+                hash.as_bytes(),
+                current.as_deref(),
+                Some(a.id.as_bytes()),
+            )? {
+                if let Some(old) = current.as_deref().and_then(|v| std::str::from_utf8(v).ok()) {
+                    self.remove(old)?;
+                }
+                let code = self.code_for(&a.id);
+                return Ok(Lookup::Pending(Box::new(Issued {
+                    approval: a,
+                    code,
+                    fresh: true,
+                })));
+            }
+            // Another derive changed the index first: drop ours, look again.
+            self.remove_record(&a)?;
+        }
+    }
+
+    fn remove_record(&self, a: &Approval) -> Result<(), ApproveError> {
+        let mut pkey = Approvals::person_prefix(&a.person(), &a.agent);
+        pkey.extend_from_slice(&tuple_key(&[&a.id]));
+        self.store.delete(Tree::ApprovalPerson, &pkey)?;
+        self.store
+            .delete(Tree::Approvals, &self.record_key(&a.id))?;
+        Ok(())
+    }
+
+    fn remove(&self, id: &str) -> Result<(), ApproveError> {
+        match self.load(id) {
+            Ok(Some((_, a))) => self.remove_record(&a),
+            Ok(None) => Ok(()),
+            // An unreadable record can never resolve: drop its key.
+            Err(ApproveError::Corrupt) => {
+                self.store.delete(Tree::Approvals, &self.record_key(id))?;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Closes a pending approval that could not be recorded (no event, no
+    /// link), so that the next ask makes a new one.
+    pub fn discard(&self, a: &Approval) -> Result<(), ApproveError> {
+        self.store.compare_and_swap(
+            Tree::ApprovalIndex,
+            a.call.as_bytes(),
+            Some(a.id.as_bytes()),
+            None,
+        )?;
+        self.remove_record(a)
+    }
+
+    /// The pending approval behind `code`, or `None` for an unknown,
+    /// malformed, expired, answered or replaced code.
+    pub fn resolve(&self, code: &str, now: i64) -> Result<Option<Approval>, ApproveError> {
+        let bytes = match (code.len(), b64().decode(code)) {
+            (43, Ok(b)) if b.len() == 32 => b,
+            _ => return Ok(None),
+        };
+        let Some(v) = self.store.get(Tree::Approvals, &sha256(&bytes))? else {
+            return Ok(None);
+        };
+        let a: Approval = serde_json::from_slice(&v).map_err(|_| ApproveError::Corrupt)?;
+        let expected = self.code_bytes(&a.id);
+        if !bool::from(subtle::ConstantTimeEq::ct_eq(
+            expected.as_slice(),
+            bytes.as_slice(),
+        )) {
+            return Ok(None);
+        }
+        if a.state != State::Pending || a.expires <= now {
+            return Ok(None);
+        }
+        match self.store.get(Tree::ApprovalIndex, a.call.as_bytes())? {
+            Some(id) if id == a.id.as_bytes() => Ok(Some(a)),
+            _ => Ok(None),
+        }
+    }
+
+    /// The person's answer to pending approval `id`: granted (with its
+    /// window from `now`) or declined. `None` if it is no longer pending
+    /// (answered in another tab, expired): nothing changes.
+    pub fn answer(
+        &self,
+        id: &str,
+        approve: bool,
+        now: i64,
+    ) -> Result<Option<Approval>, ApproveError> {
+        let Some((bytes, a)) = self.load(id)? else {
+            return Ok(None);
+        };
+        if a.state != State::Pending || a.expires <= now {
+            return Ok(None);
+        }
+        let mut next = a.clone();
+        if approve {
+            next.state = State::Granted;
+            next.expires = now
+                + match a.mode {
+                    Mode::EachCall => REDEEM_TTL,
+                    Mode::PerStep { ttl } => ttl,
+                };
+        } else {
+            next.state = State::Declined;
+            next.expires = now + DECLINED_TTL;
+        }
+        Ok(self.swap(&bytes, &next)?.then_some(next))
+    }
+
+    /// Deletes approvals whose state has ended; returns how many.
+    pub fn sweep(&self, now: i64) -> Result<usize, ApproveError> {
+        let mut n = 0;
+        for (k, v) in self.store.scan_prefix(Tree::Approvals, b"")? {
+            let a: Approval = match serde_json::from_slice(&v) {
+                Ok(a) => a,
+                Err(_) => {
+                    self.store.delete(Tree::Approvals, &k)?;
+                    n += 1;
+                    continue;
+                }
+            };
+            if a.expires <= now || a.state == State::Redeemed {
+                self.store.compare_and_swap(
+                    Tree::ApprovalIndex,
+                    a.call.as_bytes(),
+                    Some(a.id.as_bytes()),
+                    None,
+                )?;
+                self.remove_record(&a)?;
+                n += 1;
+            }
+        }
+        self.created.retain_recent();
+        Ok(n)
+    }
+
+    /// Approvals by state (for tests and `status`).
+    pub fn counts(&self) -> Result<BTreeMap<&'static str, usize>, ApproveError> {
+        let mut out = BTreeMap::new();
+        for (_, v) in self.store.scan_prefix(Tree::Approvals, b"")? {
+            let a: Approval = serde_json::from_slice(&v).map_err(|_| ApproveError::Corrupt)?;
+            let s = match a.state {
+                State::Pending => "pending",
+                State::Granted => "granted",
+                State::Declined => "declined",
+                State::Redeemed => "redeemed",
+            };
+            *out.entry(s).or_insert(0) += 1;
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;

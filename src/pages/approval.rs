@@ -1,0 +1,205 @@
+//! `/connect/{code}` for a step-up approval (docs/APPROVALS.md): the same
+//! five checks as a connect link, then the call, every declared detail with
+//! its label, and Approve or Decline.
+//!
+//! 1. Known code of a pending approval? Otherwise the connect-link routes
+//!    answer (and an unknown code gets their one 404 page).
+//! 2. Signed in? 3. The approval's person? (Another person gets the 403
+//!    page, nothing changes, and `approval.opened_by_other_person` is
+//!    recorded.) 4. Signed in within 15 minutes?
+//! 5. Only then the offer; while the broker is frozen, nothing is offered
+//!    and a POST changes nothing.
+//!
+//! Values are shown escaped (askama), each in `<bdi>`, with invisible and
+//! direction-changing code points named instead of applied, and long ones
+//! wrapped by the stylesheet, never cut.
+
+use http::{HeaderMap, Response, StatusCode};
+
+use super::approvals::{pieces, ApprovalView};
+use super::connect::person_checks;
+use super::http::{html, is_code_shaped, redirect, Form};
+use super::{views, Ctx, Pages};
+use crate::http::Body;
+use crate::secret::SecretString;
+
+/// Values longer than this many characters say their length.
+const LONG: usize = 200;
+
+/// The pending approval behind `code`, if it is one (rate-limited as link
+/// look-ups are); `None` lets the connect-link routes answer.
+fn find(p: &Pages, ctx: Ctx, code: &str) -> Option<Result<ApprovalView, Response<Body>>> {
+    if !is_code_shaped(code) {
+        return None;
+    }
+    match p
+        .approvals
+        .resolve(&SecretString::new(code.to_string()), ctx.now)
+    {
+        Ok(Some(a)) if a.expires > ctx.now => Some(match p.limiters.lookup(ctx.client) {
+            Ok(()) => Ok(a),
+            Err(wait) => Err(p.too_many(wait)),
+        }),
+        Ok(_) => None,
+        Err(e) => Some(Err(unavailable(p, &e))),
+    }
+}
+
+fn unavailable(p: &Pages, e: &dyn std::fmt::Display) -> Response<Body> {
+    tracing::warn!(error = %e, "pages: approvals unavailable");
+    p.message(
+        StatusCode::SERVICE_UNAVAILABLE,
+        None,
+        "Temporarily unavailable",
+        &["Nothing was changed. Please try again in a moment."],
+    )
+}
+
+fn event<'a>(
+    p: &'a Pages,
+    ctx: &Ctx,
+    name: crate::events::Kind,
+    a: &'a ApprovalView,
+) -> crate::events::Event<'a> {
+    let mut e = p.event(ctx, name);
+    e.person_iss = Some(&a.person.iss);
+    e.person_sub = Some(&a.person.sub);
+    e.step = Some(&a.step);
+    e.tool = Some(&a.tool);
+    e.resource = Some(&a.resource);
+    e.approval_id = Some(&a.id);
+    e.details_sha256 = Some(&a.details_sha256);
+    e.reason = Some(a.mode);
+    e
+}
+
+fn checked(
+    p: &Pages,
+    ctx: Ctx,
+    h: &HeaderMap,
+    code: &str,
+    csrf: Option<Option<&str>>,
+) -> Option<Result<(ApprovalView, super::session::Session), Response<Body>>> {
+    let a = match find(p, ctx, code)? {
+        Ok(a) => a,
+        Err(r) => return Some(Err(r)),
+    };
+    let session = person_checks(p, ctx, h, code, csrf, &a.person, |_, opener| {
+        let mut e = event(
+            p,
+            &ctx,
+            crate::events::Kind::ApprovalOpenedByOtherPerson,
+            &a,
+        );
+        e.opener_iss = Some(&opener.iss);
+        e.opener_sub = Some(&opener.sub);
+        p.audit(&e);
+    });
+    Some(session.map(|s| (a, s)))
+}
+
+fn covers(a: &ApprovalView) -> String {
+    match a.covers_secs {
+        None => "this one call only; the agent must ask again for the next one".into(),
+        Some(s) => format!(
+            "the same call, with the same details, from the same tool in steps named \"{}\", for {} minutes from your approval",
+            a.step,
+            (s + 59) / 60
+        ),
+    }
+}
+
+/// `GET /connect/{code}` when the code is an approval's.
+pub fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Option<Response<Body>> {
+    let (a, session) = match checked(p, ctx, h, code, None)? {
+        Ok(x) => x,
+        Err(r) => return Some(r),
+    };
+    let entries = a
+        .shown
+        .iter()
+        .map(|e| views::ShownEntryView {
+            kind: e.kind.clone(),
+            fields: e
+                .fields
+                .iter()
+                .map(|f| views::ShownFieldView {
+                    label: f.label.clone(),
+                    values: f
+                        .values
+                        .iter()
+                        .map(|v| {
+                            let chars = v.chars().count();
+                            views::ShownValue {
+                                pieces: pieces(v),
+                                chars,
+                                long: chars > LONG,
+                            }
+                        })
+                        .collect(),
+                })
+                .collect(),
+        })
+        .collect();
+    let page = views::ApprovalPage {
+        who: p.who(&session),
+        agent: a.agent.clone(),
+        tool: a.tool.clone(),
+        resource: a.resource.clone(),
+        step: a.step.clone(),
+        scopes: a.scopes.clone(),
+        covers: covers(&a),
+        you: p.person_label(&session.record),
+        entries,
+        code: code.to_string(),
+        csrf: session.csrf().expose().clone(),
+        frozen: p.approvals.frozen(),
+    };
+    Some(html(StatusCode::OK, views::render(&page)))
+}
+
+/// `POST /connect/{code}` when the code is an approval's: `action` =
+/// approve or decline.
+pub fn act(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, form: &Form) -> Option<Response<Body>> {
+    let (a, session) = match checked(p, ctx, h, code, Some(form.get("csrf")))? {
+        Ok(x) => x,
+        Err(r) => return Some(r),
+    };
+    let approve = match form.get("action") {
+        Some("approve") => true,
+        Some("decline") => false,
+        _ => {
+            return Some(p.message(
+                StatusCode::BAD_REQUEST,
+                p.who(&session),
+                "Request not understood",
+                &["Nothing was changed."],
+            ))
+        }
+    };
+    if approve && p.approvals.frozen() {
+        return Some(p.message(
+            StatusCode::SERVICE_UNAVAILABLE,
+            p.who(&session),
+            "Nothing can be approved now",
+            &["credbroker is frozen by its operators. Nothing was approved."],
+        ));
+    }
+    match p.approvals.answer(&a.id, approve, ctx.now) {
+        Ok(true) => {}
+        // Answered meanwhile (another tab) or expired: nothing changed.
+        Ok(false) => return Some(p.not_found()),
+        Err(e) => return Some(unavailable(p, &e)),
+    }
+    let name = if approve {
+        crate::events::Kind::ApprovalGranted
+    } else {
+        crate::events::Kind::ApprovalDeclined
+    };
+    p.audit(&event(p, &ctx, name, &a));
+    Some(redirect(if approve {
+        "/done/approved"
+    } else {
+        "/done/approval-declined"
+    }))
+}
