@@ -24,6 +24,7 @@ pub(crate) mod oidc;
 pub(crate) mod pages;
 pub(crate) mod peers;
 pub(crate) mod quickstart;
+pub(crate) mod resource;
 pub(crate) mod services;
 
 // The common helpers are reached as `support::X` (and glob-imported) by most
