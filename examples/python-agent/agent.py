@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from credbroker import AccessDenied, Broker, DPoPAuth, Issued, LinkRequired, ToolKey
 
 REPO = Path(__file__).resolve().parents[2]

@@ -48,6 +48,8 @@ fn broker() -> TestBroker {
         // A rotation here activates at once (the resource servers under
         // test refetch on an unknown kid, which is what is being tested).
         edit_config: Some(|t| t.replace("[keys]\n", "[keys]\nactivation_delay = 0\n")),
+        // One of the tokens verified in jose is notes.delete's.
+        policy: Some(policy_without_approval()),
         ..Opts::default()
     })
 }
@@ -386,9 +388,11 @@ async fn resource_server_accepts_jose_proofs_and_refuses_bearer_and_missing_proo
     let good = proof(RESOURCE).await;
     let (status, _, who) = call(&notes, Some(format!("DPoP {at}")), Some(&good)).await;
     assert_eq!(status, 200, "{who}");
+    assert_eq!(who["notes"].as_array().map(Vec::len), Some(2), "{who}");
     assert_eq!(
         who,
-        json!({"sub": "alice", "agent": AGENT, "tool": "notes.read", "scopes": ["notes.read"]})
+        json!({"sub": "alice", "agent": AGENT, "tool": "notes.read", "scopes": ["notes.read"],
+               "notes": who["notes"]})
     );
 
     // replayed_proof: the same proof again is refused; a fresh one works.

@@ -147,4 +147,3 @@ async fn python_agent_refuses_injected_delete_then_deletes_after_approval_in_chr
     assert_eq!(q.events("approval.granted").len(), 1);
     b.finish().await;
 }
-

@@ -21,13 +21,8 @@ pub(crate) async fn start_resource_server(cli: &[&str]) -> String {
     } else {
         &["--listen", "127.0.0.1:0"]
     };
-    let args = example::Args::try_parse_from(
-        ["resource_server"]
-            .iter()
-            .chain(listen)
-            .chain(cli),
-    )
-    .unwrap();
+    let args =
+        example::Args::try_parse_from(["resource_server"].iter().chain(listen).chain(cli)).unwrap();
     let app = Arc::new(example::App::new(&args).await.unwrap());
     let listener = tokio::net::TcpListener::bind(args.listen).await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
