@@ -11,8 +11,21 @@
 //!     --api-url https://api.github.com/user/repos --service github
 //! ```
 //!
-//! It prints one JSON line `{"url": "http://127.0.0.1:PORT/mcp", ...}` once it
-//! listens, then serves MCP over streamable HTTP at `/mcp` (loopback only).
+//! It prints one JSON line `{"url": "http://127.0.0.1:PORT/mcp",
+//! "protocol_versions": [...]}` once it listens, then serves MCP over
+//! streamable HTTP at `/mcp` (loopback only).
+//!
+//! Protocol versions: exactly the two of [`PROTOCOL_VERSIONS`], the list the
+//! start-up line prints and `server/discover` answers. A request that names
+//! another version (its `MCP-Protocol-Version` header, or its `_meta` in the
+//! 2026-07-28 style) is refused with `-32022` and that list; an `initialize`
+//! asking for another version is answered with 2025-11-25, as MCP's version
+//! negotiation prescribes, and a client that cannot speak it disconnects.
+//!
+//! Logs: a link code is a bearer secret until the link is used, and rmcp logs
+//! every error it sends (the `-32042` one carries the link) at `warn`, and
+//! every result at `debug`. The log writer therefore blanks the code of every
+//! `/connect/` link in every line, at every level, whatever `RUST_LOG` says.
 //!
 //! Transport: streamable HTTP, because the person's access token then comes
 //! with every request (MCP authorization), so one server serves many people
@@ -79,6 +92,14 @@ const TOOL: &str = "list_repositories";
 const MAX_API_BODY: usize = 1024 * 1024;
 /// Access tokens larger than this are refused before verification.
 const MAX_BEARER: usize = 16 * 1024;
+/// JSON answers larger than this are passed on as they are, unread (only
+/// `input_required` results are rewritten, and they are small).
+const MAX_REWRITE: usize = 64 * 1024;
+
+/// The protocol versions this server serves: printed at start-up, answered
+/// by `server/discover`, and the only ones accepted.
+const PROTOCOL_VERSIONS: &[ProtocolVersion] =
+    &[ProtocolVersion::V_2025_11_25, ProtocolVersion::V_2026_07_28];
 
 #[derive(Debug, Parser)]
 #[command(about = "Example MCP server on the credbroker sidecar")]
@@ -125,7 +146,8 @@ struct Args {
     /// The service's short name, used in the input request's key (`connect_<service>`).
     #[arg(long, default_value = "service")]
     service: String,
-    /// Lifetime of a `requestState` in seconds (at most 600).
+    /// Lifetime of a `requestState` in seconds, from 1 to 600 (anything
+    /// else is refused at start-up).
     #[arg(long, default_value_t = mcp::STATE_TTL)]
     state_ttl: i64,
     /// A file (0600) with at least 32 secret bytes for `requestState`; a random
@@ -451,6 +473,10 @@ impl ServerHandler for RepoServer {
         Ok(ListToolsResult::with_all_items(vec![tool_def()]))
     }
 
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        std::borrow::Cow::Borrowed(PROTOCOL_VERSIONS)
+    }
+
     fn get_tool(&self, name: &str) -> Option<Tool> {
         (name == TOOL).then(tool_def)
     }
@@ -572,7 +598,132 @@ impl Front {
             client,
             token: Arc::new(SecretString::new(token)),
         });
-        hyper::service::Service::call(&self.mcp, req).await
+        // rmcp checks this header only against every version it knows.
+        if let Some(v) = req.headers().get("mcp-protocol-version") {
+            let v = v.to_str().unwrap_or_default();
+            if !PROTOCOL_VERSIONS.iter().any(|p| p.as_str() == v) {
+                return Ok(unsupported_version(v));
+            }
+        }
+        let resp = hyper::service::Service::call(&self.mcp, req).await?;
+        Ok(without_elicitation_id(resp).await)
+    }
+}
+
+/// The answer to a request naming a protocol version this server does not
+/// serve: rmcp's own `-32022` error, with this server's list.
+fn unsupported_version(requested: &str) -> Response<Body> {
+    let supported: Vec<&str> = PROTOCOL_VERSIONS.iter().map(|v| v.as_str()).collect();
+    let e = ErrorData::new(
+        ErrorCode::UNSUPPORTED_PROTOCOL_VERSION,
+        "Unsupported protocol version",
+        Some(serde_json::json!({"requested": requested, "supported": supported})),
+    );
+    plain(
+        StatusCode::BAD_REQUEST,
+        &[],
+        serde_json::json!({"jsonrpc": "2.0", "id": null, "error": e}),
+    )
+}
+
+/// Protocol 2026-07-28 removed `elicitationId` from URL elicitation
+/// requests, but rmcp 3.11 always writes one (`""`) into every
+/// `input_required` result. Such results are plain JSON answers (never SSE
+/// in 2026-07-28), so the field is taken out here; every other answer
+/// passes unchanged.
+async fn without_elicitation_id(resp: Response<Body>) -> Response<Body> {
+    let json = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let small = hyper::body::Body::size_hint(resp.body())
+        .upper()
+        .is_some_and(|n| n <= MAX_REWRITE as u64);
+    if !json || !small {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = body.collect().await.map(|c| c.to_bytes());
+    let mut v: serde_json::Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(_) => return Response::from_parts(parts, Full::new(bytes).boxed()),
+    };
+    let result = &mut v["result"];
+    if result["resultType"] != "input_required" {
+        return Response::from_parts(parts, Full::new(bytes).boxed());
+    }
+    if let Some(requests) = result
+        .get_mut("inputRequests")
+        .and_then(|r| r.as_object_mut())
+    {
+        for r in requests.values_mut() {
+            if let Some(params) = r.get_mut("params").and_then(|p| p.as_object_mut()) {
+                if params.get("mode").is_some_and(|m| m == "url") {
+                    params.remove("elicitationId");
+                }
+            }
+        }
+    }
+    parts.headers.remove("content-length");
+    Response::from_parts(parts, Full::new(Bytes::from(v.to_string())).boxed())
+}
+
+/// Blanks the code of every `/connect/` link in `line`: the code is the
+/// run of base64url characters after the prefix.
+fn redact_links(line: &str) -> std::borrow::Cow<'_, str> {
+    const PREFIX: &str = "/connect/";
+    if !line.contains(PREFIX) {
+        return std::borrow::Cow::Borrowed(line);
+    }
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(i) = rest.find(PREFIX) {
+        let (head, tail) = rest.split_at(i + PREFIX.len());
+        out.push_str(head);
+        let code_len = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+            .unwrap_or(tail.len());
+        if code_len > 0 {
+            out.push_str("[REDACTED]");
+        }
+        rest = &tail[code_len..];
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
+}
+
+/// The log's writer: each event is formatted into one buffer, and written
+/// to stderr with its link codes blanked when the buffer is dropped.
+struct RedactingStderr;
+
+/// One event's bytes.
+struct EventBuffer(Vec<u8>);
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for RedactingStderr {
+    type Writer = EventBuffer;
+    fn make_writer(&'a self) -> EventBuffer {
+        EventBuffer(Vec::new())
+    }
+}
+
+impl std::io::Write for EventBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for EventBuffer {
+    fn drop(&mut self) {
+        let text = String::from_utf8_lossy(&self.0);
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr().lock(),
+            redact_links(&text).as_bytes(),
+        );
     }
 }
 
@@ -591,12 +742,31 @@ fn read_state_key(path: &std::path::Path) -> Result<StateKey, Box<dyn std::error
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
+        .with_writer(RedactingStderr)
         .init();
-    let args = Args::parse();
+    match run(Args::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    // Refused rather than shortened: a lifetime other than the one asked
+    // for would surprise whoever set it.
+    if !(1..=mcp::STATE_TTL).contains(&args.state_ttl) {
+        return Err(format!(
+            "--state-ttl {}: a requestState lives from 1 to {} seconds (ten minutes at most); give a value in that range",
+            args.state_ttl,
+            mcp::STATE_TTL
+        )
+        .into());
+    }
 
     let jwks = match (&args.jwks_uri, &args.jwks_file) {
         (Some(u), None) => JwksSource::Uri(u.clone()),
@@ -667,9 +837,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         me: me.clone(),
         trusted_issuer: args.trusted_issuer,
     });
+    let versions: Vec<&str> = PROTOCOL_VERSIONS.iter().map(|v| v.as_str()).collect();
     println!(
         "{}",
-        serde_json::json!({ "url": me, "protocol_versions": ["2025-11-25", "2026-07-28"] })
+        serde_json::json!({ "url": me, "protocol_versions": versions })
     );
 
     loop {

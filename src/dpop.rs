@@ -317,6 +317,18 @@ impl Validator {
         &self.replay
     }
 
+    /// Whether `nonce` satisfies this validator's nonce rule: always when
+    /// nonces are not required, else a nonce it issued in this or the
+    /// previous bucket (for proofs checked by another validator, such as the
+    /// egress proxy's resource-server verifier).
+    pub fn nonce_ok(&self, nonce: Option<&str>, now: i64) -> bool {
+        match (&self.nonces, nonce) {
+            (None, _) => true,
+            (Some(n), Some(v)) => n.check(v, now),
+            (Some(_), None) => false,
+        }
+    }
+
     /// A fresh nonce, when nonces are required.
     pub fn fresh_nonce(&self, now: i64) -> Option<String> {
         self.nonces.as_ref().map(|n| n.issue(now))

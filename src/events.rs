@@ -141,12 +141,8 @@ pub struct Event<'a> {
 
 /// The event written before a proxied call goes upstream (no event, no
 /// call).
-// reason: the proxy handler (issue 11) writes these; it lands after the
-// shared shapes.
-#[allow(dead_code)]
 pub(crate) const PROXY_REQUEST: Kind = Kind::ProxyRequest;
 /// The event written when a proxied call is over (its status and sizes).
-#[allow(dead_code)]
 pub(crate) const PROXY_COMPLETED: Kind = Kind::ProxyCompleted;
 
 /// What the two proxy events say about one call. Never a token, a proof,

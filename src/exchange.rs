@@ -103,6 +103,21 @@ pub struct ApprovalRefusal {
     pub message: String,
 }
 
+impl LinkRefusal {
+    /// The refusal's JSON body, the same on the socket and from the proxy.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": "invalid_grant",
+            "reason": self.kind.reason(),
+            "error_description": self.message,
+            "connect_uri": self.uri.expose(),
+            "connect_id": self.id,
+            "connect_expires_in": self.expires_in,
+            "connect_message": self.message,
+        })
+    }
+}
+
 /// A refusal that carries a connect link (docs/DESIGN.md section 4).
 #[derive(Debug)]
 pub struct LinkRefusal {
@@ -237,6 +252,15 @@ impl Limits {
         self.per_person_tool.retain_recent();
         self.per_peer.shrink_to_fit();
         self.per_person_tool.shrink_to_fit();
+    }
+
+    /// Counts one call of `tool` for the person against the
+    /// per-person-and-tool limit (derives and proxied calls share it);
+    /// `Err` holds the seconds to wait.
+    pub fn check_person_tool(&self, iss: &str, sub: &str, tool: &str) -> Result<(), u64> {
+        self.per_person_tool
+            .check_key(&(iss.to_string(), sub.to_string(), tool.to_string()))
+            .map_err(|nu| Limits::retry_after(&nu))
     }
 
     /// Keys held (for tests and metrics).
@@ -866,81 +890,16 @@ impl Broker {
         now: i64,
         ctx: &mut Ctx,
     ) -> Result<(Issued, String), DeriveError> {
-        let Some(conn) = self.connected_services.as_ref() else {
-            return Err(DeriveError::Unavailable(
-                "connected services are not configured on this instance",
-            ));
-        };
-        let Some(provider) = conn.providers.get(service) else {
-            // The loader and start-up check this; a reload could still
-            // name an unknown service. Fail closed.
-            return Err(DeriveError::Unavailable(
-                "the policy names a service that has no provider in the config",
-            ));
-        };
-        let person = &subject.person;
-        let agent = self.config.agent.as_str();
-        // The derive's own snapshot: a reload since it began must not make
-        // the link event name a policy that did not decide this request.
-        let policy_hash = policy.hash.as_str();
-        let refuse = |kind| {
-            self.link_refusal(
-                conn,
-                provider,
-                person,
+        let t = self
+            .service_token(
+                &policy.hash,
+                &subject.person,
                 service,
-                kind,
                 &grant.scopes,
-                policy_hash,
+                None,
                 now,
             )
-        };
-        let account = conn.vault.account(person, service).map_err(vault_error)?;
-        let kind = match &account {
-            None => Some(crate::connect::LinkKind::Connect),
-            Some(a)
-                if a.status == crate::vault::AccountStatus::ReconnectRequired
-                    || a.provider != provider.id()
-                    || !covers(&a.scopes, &grant.scopes) =>
-            {
-                Some(crate::connect::LinkKind::Reconnect)
-            }
-            Some(_) => match conn
-                .vault
-                .allowance(person, agent, service)
-                .map_err(vault_error)?
-            {
-                Some(al) if covers(&al.scopes, &grant.scopes) => None,
-                _ => Some(crate::connect::LinkKind::Allow),
-            },
-        };
-        if let Some(kind) = kind {
-            return Err(refuse(kind));
-        }
-        let request = crate::vault::TokenRequest {
-            person,
-            service,
-            scopes: &grant.scopes,
-        };
-        let outcome = conn
-            .vault
-            .provider_token(provider, &request, self.clock.as_ref())
-            .await
-            .map_err(vault_error)?;
-        let t = match outcome {
-            crate::vault::TokenOutcome::Token(t) => t,
-            crate::vault::TokenOutcome::NoAccount => {
-                return Err(refuse(crate::connect::LinkKind::Connect))
-            }
-            crate::vault::TokenOutcome::Reconnect => {
-                return Err(refuse(crate::connect::LinkKind::Reconnect))
-            }
-            crate::vault::TokenOutcome::Unavailable(_) => {
-                return Err(DeriveError::UpstreamUnavailable {
-                    service: service.to_string(),
-                })
-            }
-        };
+            .await?;
         ctx.narrowed = Some(t.narrowed);
         let now = self.clock.now();
         let expires_in = t.expires_at.map(|e| e - now);
@@ -967,6 +926,95 @@ impl Broker {
             },
             id,
         ))
+    }
+
+    /// The service source's checks and token, for a derive and for each
+    /// proxied call (docs/DESIGN.md section 4, step 6): the person's account
+    /// at `service` and their allowance for this agent and `scopes`, then the
+    /// stored provider token, refreshed first when near expiry (or when it is
+    /// `refused`, the token the provider just answered 401 to). Decides, in
+    /// order: no account -> `connect_required`; an account that must be
+    /// renewed (refresh refused, connected at another provider, fewer scopes
+    /// granted than needed) -> `reconnect_required`; no allowance for this
+    /// agent and these scopes -> `allow_required`. `policy_hash` is the
+    /// caller's snapshot: a reload since it began must not make the link
+    /// event name a policy that did not decide this request.
+    pub async fn service_token(
+        &self,
+        policy_hash: &str,
+        person: &subject::Person,
+        service: &str,
+        scopes: &[String],
+        refused: Option<&str>,
+        now: i64,
+    ) -> Result<crate::vault::ServiceToken, DeriveError> {
+        let Some(conn) = self.connected_services.as_ref() else {
+            return Err(DeriveError::Unavailable(
+                "connected services are not configured on this instance",
+            ));
+        };
+        let Some(provider) = conn.providers.get(service) else {
+            // The loader and start-up check this; a reload could still
+            // name an unknown service. Fail closed.
+            return Err(DeriveError::Unavailable(
+                "the policy names a service that has no provider in the config",
+            ));
+        };
+        let agent = self.config.agent.as_str();
+        let refuse = |kind| {
+            self.link_refusal(
+                conn,
+                provider,
+                person,
+                service,
+                kind,
+                scopes,
+                policy_hash,
+                now,
+            )
+        };
+        let account = conn.vault.account(person, service).map_err(vault_error)?;
+        let kind = match &account {
+            None => Some(crate::connect::LinkKind::Connect),
+            Some(a)
+                if a.status == crate::vault::AccountStatus::ReconnectRequired
+                    || a.provider != provider.id()
+                    || !covers(&a.scopes, scopes) =>
+            {
+                Some(crate::connect::LinkKind::Reconnect)
+            }
+            Some(_) => match conn
+                .vault
+                .allowance(person, agent, service)
+                .map_err(vault_error)?
+            {
+                Some(al) if covers(&al.scopes, scopes) => None,
+                _ => Some(crate::connect::LinkKind::Allow),
+            },
+        };
+        if let Some(kind) = kind {
+            return Err(refuse(kind));
+        }
+        let request = crate::vault::TokenRequest {
+            person,
+            service,
+            scopes,
+        };
+        let outcome = conn
+            .vault
+            .provider_token_refusing(provider, &request, refused, self.clock.as_ref())
+            .await
+            .map_err(vault_error)?;
+        match outcome {
+            crate::vault::TokenOutcome::Token(t) => Ok(t),
+            crate::vault::TokenOutcome::NoAccount => Err(refuse(crate::connect::LinkKind::Connect)),
+            crate::vault::TokenOutcome::Reconnect => {
+                Err(refuse(crate::connect::LinkKind::Reconnect))
+            }
+            crate::vault::TokenOutcome::Unavailable(_) => Err(DeriveError::UpstreamUnavailable {
+                service: service.to_string(),
+            }),
+        }
     }
 
     /// Opens (or finds) the link and builds the refusal that carries it.

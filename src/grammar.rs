@@ -150,9 +150,6 @@ pub(crate) fn check_path_segment(seg: &str) -> Result<(), PathError> {
     Ok(())
 }
 
-// reason: the proxy handler (issue 11) is its caller, landing after the
-// shared shapes; the unit tests below use it meanwhile.
-#[allow(dead_code)]
 /// Checks a raw request path for the egress proxy: `/`, or `/` followed by
 /// segments that each pass [`check_path_segment`].
 pub(crate) fn check_raw_path(path: &str) -> Result<(), PathError> {

@@ -18,6 +18,8 @@
 //! - `ops`: the operator actions (freeze, rotations, users, accounts),
 //!   each written once for the admin socket and the offline command line.
 //! - `public`: the public listener: metadata, JWKS, then the pages.
+//! - `proxy`: the egress proxy on the public listener: a tool's call to a
+//!   connected service, checked and forwarded with the provider's token.
 //! - `pages`: the browser pages: sign-in, connect links, the account page.
 //! - `api`: the orchestrator socket: parsing and the one error mapping.
 //! - `exchange`: the derive pipeline, the only place that decides.
@@ -84,6 +86,7 @@ mod oauth;
 mod ops;
 mod pages;
 mod policy;
+mod proxy;
 mod public;
 mod seal;
 mod secret;

@@ -42,6 +42,12 @@ pub struct Metrics {
     /// Idle connections closed to make room for a new one at the cap, by
     /// socket.
     pub connections_shed: IntCounterVec,
+    /// Proxied calls by service, tool (names from the policy, else
+    /// `other`) and outcome (a fixed set: the proxy's reasons).
+    pub proxy_requests: IntCounterVec,
+    /// Proxied call latency in seconds (to the end of the answer), by
+    /// service.
+    pub proxy_latency: HistogramVec,
 }
 
 /// The namespace the registry puts before every name.
@@ -152,6 +158,21 @@ impl Metrics {
             ),
             &["socket"],
         ));
+        let proxy_requests = must(IntCounterVec::new(
+            Opts::new(
+                "proxy_requests_total",
+                "Proxied calls by service, tool and outcome",
+            ),
+            &["service", "tool", "outcome"],
+        ));
+        let proxy_latency = must(HistogramVec::new(
+            HistogramOpts::new(
+                "proxy_duration_seconds",
+                "Proxied call latency, to the end of the answer",
+            )
+            .buckets(vec![0.001, 0.005, 0.025, 0.1, 0.5, 2.0, 10.0, 30.0]),
+            &["service"],
+        ));
         let metrics = Metrics {
             registry,
             derives,
@@ -167,6 +188,8 @@ impl Metrics {
             rate_limited,
             connections_refused,
             connections_shed,
+            proxy_requests,
+            proxy_latency,
         };
         for c in metrics.collectors() {
             must(metrics.registry.register(c));
@@ -191,6 +214,8 @@ impl Metrics {
             Box::new(self.rate_limited.clone()),
             Box::new(self.connections_refused.clone()),
             Box::new(self.connections_shed.clone()),
+            Box::new(self.proxy_requests.clone()),
+            Box::new(self.proxy_latency.clone()),
         ]
     }
 

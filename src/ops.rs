@@ -374,7 +374,8 @@ fn owner_mismatch(dir: &Path, owner: u32, current: u32) -> Option<String> {
     ))
 }
 
-fn user_name(uid: u32) -> String {
+/// `name (uid N)`, or `uid N` when no user has that uid.
+pub(crate) fn user_name(uid: u32) -> String {
     match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
         Ok(Some(u)) => format!("{} (uid {uid})", u.name),
         _ => format!("uid {uid}"),

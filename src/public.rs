@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
@@ -167,6 +167,15 @@ pub(crate) async fn serve(
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // The egress proxy's answers stream; its own budget of calls in flight
+    // (proxy.max_in_flight) keeps slow streams from taking every connection.
+    let proxy = match crate::proxy::Proxy::new(broker.clone()) {
+        Ok(p) => Arc::new(p),
+        Err(e) => {
+            tracing::error!(error = %e, "the egress proxy's HTTP client could not be built; the public listener is not served");
+            return;
+        }
+    };
     let slots = Arc::new(Semaphore::new(MAX_PUBLIC_CONNECTIONS));
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -184,11 +193,20 @@ pub(crate) async fn serve(
         };
         let b = broker.clone();
         let pg = pages.clone();
+        let px = proxy.clone();
         let client = peer.ip();
-        let svc = service_fn(move |req| {
+        let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
             let b = b.clone();
             let pg = pg.clone();
-            async move { Ok::<_, std::convert::Infallible>(handle(b, pg, req, client).await) }
+            let px = px.clone();
+            async move {
+                let answer = if req.uri().path().starts_with(crate::proxy::PREFIX) {
+                    px.handle(req).await
+                } else {
+                    handle(b, pg, req, client).await.map(Either::Left)
+                };
+                Ok::<_, std::convert::Infallible>(answer)
+            }
         });
         match &tls {
             None => {

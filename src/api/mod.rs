@@ -130,18 +130,7 @@ pub fn error_response(err: &DeriveError) -> Response<Body> {
             "temporarily_unavailable",
             what,
         ),
-        DeriveError::LinkRequired(l) => json_response(
-            StatusCode::BAD_REQUEST,
-            &serde_json::json!({
-                "error": "invalid_grant",
-                "reason": l.kind.reason(),
-                "error_description": l.message,
-                "connect_uri": l.uri.expose(),
-                "connect_id": l.id,
-                "connect_expires_in": l.expires_in,
-                "connect_message": l.message,
-            }),
-        ),
+        DeriveError::LinkRequired(l) => json_response(StatusCode::BAD_REQUEST, &l.body()),
         DeriveError::InvalidDetails(d) => json_response(
             StatusCode::BAD_REQUEST,
             &serde_json::json!({

@@ -79,7 +79,9 @@ pub(super) enum Command {
         print: Option<String>,
     },
     /// Show a running instance's status (through the admin socket). Exits 0
-    /// when ready, 1 when running but not ready, 3 when not running.
+    /// when ready, 1 when running but not ready, 3 when not running, 6 when
+    /// it cannot tell (the config does not load, or it runs as another user
+    /// than the broker's: run it as the owner of the admin socket).
     Status {
         /// The config file.
         #[arg(long, short)]
@@ -208,7 +210,9 @@ pub(super) enum KeysAction {
 /// `credbroker users ...`.
 #[derive(Debug, Subcommand)]
 pub(super) enum UsersAction {
-    /// Add a local account. Prompts for the password twice (not echoed).
+    /// Add a local account. Prompts for the password twice (not echoed) on
+    /// the terminal; without one (scripts, containers), use
+    /// --password-stdin.
     /// Local account NAME is the person (broker issuer, NAME): in the quick
     /// start, the same person as subject tokens with `sub` NAME.
     Add {

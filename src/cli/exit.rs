@@ -20,6 +20,10 @@ pub enum Exit {
     Unfinished = 4,
     /// `accounts list`: some records do not decrypt (they are listed).
     Unreadable = 5,
+    /// `status`: cannot tell whether an instance runs, and the message
+    /// says why (the config does not load, or the command runs as another
+    /// user than the broker's).
+    Unknown = 6,
 }
 
 impl Exit {
@@ -47,7 +51,8 @@ Exit codes:
   2  derive: the broker refused the token
   3  status: no instance runs
   4  keys rotate-vault: not finished, run it again to resume
-  5  accounts list: some records do not decrypt";
+  5  accounts list: some records do not decrypt
+  6  status: cannot tell (the config does not load, or another user than the broker's runs it)";
 
 #[cfg(test)]
 mod tests {
@@ -62,6 +67,7 @@ mod tests {
             Exit::NotRunning,
             Exit::Unfinished,
             Exit::Unreadable,
+            Exit::Unknown,
         ] {
             assert!(
                 HELP.contains(&format!("\n  {}  ", e as u8)),

@@ -75,11 +75,25 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// `policy check --config`: the broker config, read with the broker's own
+/// loader (so a config the broker would refuse is refused there too, with
+/// the same message).
+fn policy_broker(path: &std::path::Path) -> Result<crate::policy::cli::Broker, String> {
+    let cfg = crate::config::Config::load(path).map_err(|e| e.to_string())?;
+    Ok(crate::policy::cli::Broker {
+        file: Some(path.to_path_buf()),
+        agent: cfg.agent,
+        services: Some(cfg.providers.into_keys().collect()),
+    })
+}
+
 /// Hands each command to its function.
 async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let exit = match cmd {
         // `policy` has its own exit codes (see policy/README.md).
-        Command::Policy { command } => return Ok(crate::policy::cli::run(command)),
+        Command::Policy { command } => {
+            return Ok(crate::policy::cli::run(command, &policy_broker));
+        }
         Command::Quickstart {
             dir,
             listen,

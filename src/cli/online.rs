@@ -38,13 +38,9 @@ pub(super) async fn reach(
     path: &str,
     body: &str,
 ) -> Result<Reached, Box<dyn std::error::Error>> {
-    if let Err(e) = std::os::unix::net::UnixStream::connect(&cfg.admin_socket) {
-        if matches!(
-            e.kind(),
-            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-        ) {
-            return Ok(Reached::Stopped(Offline::open(cfg)?));
-        }
+    check_user(cfg)?;
+    if !listening(cfg) {
+        return Ok(Reached::Stopped(Offline::open(cfg)?));
     }
     match admin_call(&cfg.admin_socket, method, path, body).await {
         Ok((status, body)) => Ok(Reached::Instance { status, body }),
@@ -54,6 +50,67 @@ pub(super) async fn reach(
             cfg.admin_socket.display()
         )
         .into()),
+    }
+}
+
+/// Refuses to go on as another user than the broker's, naming who owns
+/// what: the admin socket (or the directory on its path that is closed to
+/// this user) must belong to this process's uid. The instance would refuse
+/// the connection anyway; without this the command would report
+/// `{"running":false}`, or try the store and fail on its permissions. When
+/// there is no socket, [`Offline::open`] checks the store's owner instead.
+pub(super) fn check_user(cfg: &Config) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = crate::unix::current_uid();
+    let socket = &cfg.admin_socket;
+    let (what, owner) = match std::fs::symlink_metadata(socket) {
+        Ok(m) => (format!("the admin socket {}", socket.display()), m.uid()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            // The deepest directory that can still be looked at is the one
+            // this user may not enter.
+            let closed = socket
+                .ancestors()
+                .skip(1)
+                .find_map(|d| std::fs::metadata(d).ok().map(|m| (d, m.uid())));
+            match closed {
+                Some((dir, owner)) => (
+                    format!(
+                        "the directory {} (on the way to the admin socket {}) is closed to it and",
+                        dir.display(),
+                        socket.display()
+                    ),
+                    owner,
+                ),
+                None => return Ok(()),
+            }
+        }
+        Err(_) => return Ok(()),
+    };
+    if owner == me {
+        return Ok(());
+    }
+    let name = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(owner))
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("#{owner}"), |u| u.name);
+    Err(format!(
+        "this command runs as {}, but {what} belongs to {}, the broker's user: run the command as that user \
+         (e.g. `sudo -u {name} credbroker ... --config {}`); the admin socket accepts only the broker's uid",
+        crate::ops::user_name(me),
+        crate::ops::user_name(owner),
+        cfg.file.display()
+    ))
+}
+
+/// Whether an instance listens on the admin socket: `false` when there is
+/// no socket file or nobody accepts on it.
+pub(super) fn listening(cfg: &Config) -> bool {
+    match std::os::unix::net::UnixStream::connect(&cfg.admin_socket) {
+        Ok(_) => true,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+        ),
     }
 }
 

@@ -10,25 +10,36 @@ use crate::secret::SecretString;
 use crate::subject::Person;
 
 use super::exit::Exit;
-use super::online::{admin_call, reach, Reached};
+use super::online::{admin_call, check_user, listening, reach, Reached};
 use super::Res;
 
 /// `credbroker status`: the running instance's status; never opens the
-/// store.
+/// store. Every failure to find out is [`Exit::Unknown`], never
+/// [`Exit::Failed`] (running but not ready) nor [`Exit::NotRunning`]: a
+/// probe must not read "I could not tell" as either.
 pub(super) async fn status(config: &Path) -> Res {
-    let cfg = Config::load(config)?;
-    match admin_call(&cfg.admin_socket, "GET", "/status", "").await {
-        Ok((_, body)) => {
-            println!("{body}");
-            let ready =
-                serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|v| v["ready"] == true);
-            Ok(Exit::ok_if(ready, Exit::Failed))
-        }
-        Err(_) => {
-            println!("{}", serde_json::json!({"running": false}));
-            Ok(Exit::NotRunning)
+    match status_of(config).await {
+        Ok(e) => Ok(e),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Ok(Exit::Unknown)
         }
     }
+}
+
+async fn status_of(config: &Path) -> Res {
+    let cfg = Config::load(config)?;
+    check_user(&cfg)?;
+    if !listening(&cfg) {
+        println!("{}", serde_json::json!({"running": false}));
+        return Ok(Exit::NotRunning);
+    }
+    let (_, body) = admin_call(&cfg.admin_socket, "GET", "/status", "")
+        .await
+        .map_err(|e| format!("admin socket {}: {e}", cfg.admin_socket.display()))?;
+    println!("{body}");
+    let ready = serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|v| v["ready"] == true);
+    Ok(Exit::ok_if(ready, Exit::Failed))
 }
 
 /// `credbroker freeze on|off`.
@@ -210,6 +221,13 @@ fn read_new_password(from_stdin: bool) -> Result<SecretString, Box<dyn std::erro
         let pw = SecretString::new(line.trim_end_matches(['\n', '\r']).to_string());
         zeroize::Zeroize::zeroize(&mut line);
         return Ok(pw);
+    }
+    // rpassword prompts on /dev/tty; without a controlling terminal it
+    // fails with ENXIO ("os error 6"), which says nothing of the way out.
+    if std::fs::File::open("/dev/tty").is_err() {
+        return Err("no terminal to prompt for the password on: give it on the first line of \
+             standard input with --password-stdin (e.g. `printf '%s\\n' \"$PASSWORD\" | credbroker users add NAME --config FILE --password-stdin`)"
+            .into());
     }
     let first = SecretString::new(rpassword::prompt_password("Password: ")?);
     let second = SecretString::new(rpassword::prompt_password("Password again: ")?);

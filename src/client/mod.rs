@@ -285,6 +285,21 @@ impl Client {
     }
 }
 
+/// A DPoP proof by `key` for one call to a resource server or to the
+/// broker's egress proxy (docs/PROXY.md): `method`, and `url` without its
+/// query (it becomes `htu`); `access_token` is the token the call carries
+/// (its hash becomes `ath`). Make a new one for every request.
+pub fn proof(
+    key: &Es256Key,
+    method: &str,
+    url: &str,
+    access_token: Option<&str>,
+) -> Result<String, ClientError> {
+    let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+    crate::dpop::make_proof(key, method, url, now, access_token, None)
+        .map_err(|e| ClientError::Proof(e.to_string()))
+}
+
 /// Turns a raw derive answer into an [`Answer`].
 pub fn parse_answer(raw: RawAnswer) -> Result<Answer, ClientError> {
     if raw.status == StatusCode::OK {

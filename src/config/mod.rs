@@ -32,8 +32,8 @@ use std::time::Duration;
 pub use issuers::{default_display_name, IssuerConfig, JwksSource, SignIn};
 pub use listeners::{PublicConfig, SocketConfig};
 pub use providers::{
-    AccountLookup, ClientAuth, Endpoints, ProviderConfig, GITHUB_AUTHORIZE, GITHUB_TOKEN,
-    GITHUB_USER_API, QUICKSTART_DEMO,
+    AccountLookup, ClientAuth, Endpoints, ProviderConfig, GITHUB_API, GITHUB_AUTHORIZE,
+    GITHUB_TOKEN, GITHUB_USER_API, QUICKSTART_DEMO,
 };
 pub use reference::{accepted_keys, AcceptedKey};
 pub use secret_files::{read_secret_file, write_secret_file};
@@ -41,7 +41,7 @@ pub use secret_files::{read_secret_file, write_secret_file};
 use crate::diagnostics::{key_at, parse_toml, Problem};
 use crate::grammar::secure_or_loopback;
 use crate::jose::Alg;
-use raw::{RawConfig, RawDpop, RawLimits};
+use raw::{RawConfig, RawDpop, RawLimits, RawProxy};
 
 /// Errors loading the config: all problems found, each with its place.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +113,8 @@ pub struct Config {
     pub dpop: DpopConfig,
     /// Rate limits.
     pub limits: LimitsConfig,
+    /// The egress proxy's limits and timeouts (`[proxy]`).
+    pub proxy: ProxyConfig,
     /// Trusted subject-token issuers.
     pub trusted_issuers: Vec<IssuerConfig>,
     /// Directory of the vault's key files (each 32 bytes, mode 0600).
@@ -134,6 +136,24 @@ pub struct DpopConfig {
     pub algs: Vec<Alg>,
     /// Capacity of the `jti` replay cache; full = refuse.
     pub replay_capacity: usize,
+}
+
+/// `[proxy]`: the egress proxy's limits and timeouts (docs/PROXY.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyConfig {
+    /// Largest request body forwarded (bytes; default 10 MiB): a larger one
+    /// gets 413 and nothing goes upstream.
+    pub max_request_body: u64,
+    /// Bound on connecting to the provider's API (default 5 s).
+    pub connect_timeout: Duration,
+    /// Bound on a whole proxied call, answer included (default 30 s).
+    pub timeout: Duration,
+    /// Concurrent upstream calls per service (default 64): more get 503.
+    pub max_concurrent_per_service: u32,
+    /// Proxied calls in flight on the public listener, all services
+    /// together (default 256, below the listener's connection cap), so that
+    /// slow streams never take every connection from the sign-in pages.
+    pub max_in_flight: u32,
 }
 
 /// Rate limits (governor).
@@ -169,6 +189,7 @@ impl Config {
         let public = listeners::public(raw.public, &mut check);
         let dpop = dpop(raw.dpop, &mut check);
         let limits = limits(&raw.limits, &mut check);
+        let proxy = proxy(&raw.proxy, &mut check);
         let trusted_issuers =
             issuers::trusted_issuers(raw.trusted_issuers, &issuer, &raw.agent, &mut check);
         let quickstart_demo = raw
@@ -202,6 +223,7 @@ impl Config {
                 .map_or(crate::mint::ACTIVATION_DELAY, |d| d.min(86_400) as i64),
             dpop,
             limits,
+            proxy,
             trusted_issuers,
             vault_key_dir: match raw.vault {
                 Some(v) => check.rel(&v.key_dir),
@@ -313,6 +335,42 @@ fn dpop(raw: RawDpop, check: &mut Check<'_>) -> DpopConfig {
         algs,
         replay_capacity,
     }
+}
+
+/// Validates `[proxy]`.
+fn proxy(raw: &RawProxy, check: &mut Check<'_>) -> ProxyConfig {
+    let mut duration = |key: &str, v: &Option<String>, default: u64| match v.as_deref() {
+        None => Duration::from_secs(default),
+        Some(t) => match parse_duration(t) {
+            Some(d) if !d.is_zero() && d <= Duration::from_secs(600) => d,
+            _ => {
+                check.bad(
+                    key,
+                    "must be a duration between 1ms and 10m, such as \"5s\"",
+                );
+                Duration::from_secs(default)
+            }
+        },
+    };
+    let connect_timeout = duration("proxy.connect_timeout", &raw.connect_timeout, 5);
+    let timeout = duration("proxy.timeout", &raw.timeout, 30);
+    let cfg = ProxyConfig {
+        max_request_body: raw.max_request_body.unwrap_or(10 * 1024 * 1024),
+        connect_timeout,
+        timeout,
+        max_concurrent_per_service: raw.max_concurrent_per_service.unwrap_or(64),
+        max_in_flight: raw.max_in_flight.unwrap_or(256),
+    };
+    if cfg.max_concurrent_per_service == 0 {
+        check.bad("proxy.max_concurrent_per_service", "must be at least 1");
+    }
+    if cfg.max_in_flight == 0 || cfg.max_in_flight > 1000 {
+        check.bad(
+            "proxy.max_in_flight",
+            "must be between 1 and 1000 (below the public listener's 1024 connections)",
+        );
+    }
+    cfg
 }
 
 /// Validates `[limits]`.

@@ -131,7 +131,7 @@ pub const GITHUB_TOKEN: &str = "https://github.com/login/oauth/access_token";
 /// GitHub's user API (account id `id`, name `login`).
 pub const GITHUB_USER_API: &str = "https://api.github.com/user";
 /// GitHub's API base: the application grant API is under it.
-pub(super) const GITHUB_API: &str = "https://api.github.com";
+pub const GITHUB_API: &str = "https://api.github.com";
 
 /// The preset of the quick start's built-in demo service (see
 /// `crate::demo`): its endpoints and account look-up sit under its

@@ -27,6 +27,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) limits: RawLimits,
     #[serde(default)]
+    pub(super) proxy: RawProxy,
+    #[serde(default)]
     pub(super) trusted_issuers: Vec<RawIssuer>,
     #[serde(default)]
     pub(super) vault: Option<RawVault>,
@@ -135,6 +137,21 @@ pub(super) struct RawDpop {
     pub(super) algs: Option<Vec<String>>,
     #[serde(default)]
     pub(super) replay_capacity: Option<usize>,
+}
+
+/// `[proxy]`: the egress proxy's limits and timeouts.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct RawProxy {
+    #[serde(default)]
+    pub(super) max_request_body: Option<u64>,
+    #[serde(default)]
+    pub(super) connect_timeout: Option<String>,
+    #[serde(default)]
+    pub(super) timeout: Option<String>,
+    #[serde(default)]
+    pub(super) max_concurrent_per_service: Option<u32>,
+    #[serde(default)]
+    pub(super) max_in_flight: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -32,8 +32,13 @@ pub enum PolicyCommand {
         deny_warnings: bool,
         /// Also require the files to be written for this agent (the
         /// broker's `agent`): a broker refuses a policy for another agent.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "config")]
         agent: Option<String>,
+        /// Also check the files against this broker config, as the broker
+        /// does at start-up and on reload: the config's `agent`, and a
+        /// `[providers.NAME]` table for every service a resource names.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Run a table of requests with expected decisions against a policy.
     Test {
@@ -79,15 +84,37 @@ pub struct CallArgs {
     pub scope: Option<String>,
 }
 
+/// Reads a broker config for `check --config` (given by the command line,
+/// which owns the config loader: `policy` does not depend on `config`).
+pub type ConfigReader<'a> = &'a dyn Fn(&Path) -> Result<Broker, String>;
+
 /// Runs a `policy` subcommand; returns the exit code.
-pub fn run(cmd: PolicyCommand) -> ExitCode {
+pub fn run(cmd: PolicyCommand, read_config: ConfigReader<'_>) -> ExitCode {
     let mut out = String::new();
     let code = match cmd {
         PolicyCommand::Check {
             files,
             deny_warnings,
             agent,
-        } => check(&files, deny_warnings, agent.as_deref(), &mut out),
+            config,
+        } => match (agent, config) {
+            (_, Some(config)) => match read_config(&config) {
+                Ok(b) => check(&files, deny_warnings, Some(&b), &mut out),
+                Err(e) => {
+                    out.push_str(&format!("{e}\n"));
+                    1
+                }
+            },
+            (Some(agent), None) => {
+                let b = Broker {
+                    file: None,
+                    agent,
+                    services: None,
+                };
+                check(&files, deny_warnings, Some(&b), &mut out)
+            }
+            (None, None) => check(&files, deny_warnings, None, &mut out),
+        },
         PolicyCommand::Test { file, cases } => test(&file, &cases, &mut out),
         PolicyCommand::Explain { policy, call } => match load(&policy, &mut out) {
             Some((p, text)) => {
@@ -223,6 +250,7 @@ fn hint(p: &Problem) -> String {
     match (key.starts_with("resources."), key.starts_with("tools."), last) {
         (_, _, "agent") => "the agent's name, exactly as in the broker config's `agent`".into(),
         (_, _, "ttl") => "a whole number of seconds or minutes from \"1s\" to \"300s\" (\"5m\"), e.g. ttl = \"60s\"".into(),
+        (true, _, "service") => "name a service the broker config has a [providers.NAME] table for, or add that table to the config first".into(),
         (true, _, "source") => "source = \"self\": tokens minted by credbroker for this resource".into(),
         (_, true, "resource") => "use the URI of a resource declared as [resources.\"<uri>\"] (compared in canonical form)".into(),
         (_, true, "scopes") => "scopes are RFC 6749 tokens: printable ASCII without spaces, quotes or backslashes, each listed once".into(),
@@ -256,7 +284,73 @@ fn unknown_key_hint(key: &str) -> String {
     }
 }
 
-fn check(files: &[PathBuf], deny_warnings: bool, agent: Option<&str>, out: &mut String) -> u8 {
+/// What `check` compares the policies with: the broker's `agent`, and,
+/// from a config file, the services it has providers for.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    /// The config file, when the comparison comes from one.
+    pub file: Option<PathBuf>,
+    /// The broker's `agent`.
+    pub agent: String,
+    /// The `[providers.NAME]` tables; `None` when only the agent is known.
+    pub services: Option<std::collections::BTreeSet<String>>,
+}
+
+impl Broker {
+    /// The problems of `policy` against this broker: a wrong agent, then
+    /// every service without a provider table.
+    fn problems(&self, path: &Path, text: &str, policy: &Policy) -> Vec<Problem> {
+        let config = self
+            .file
+            .as_ref()
+            .map(|f| format!(" (the `agent` of {})", f.display()))
+            .unwrap_or_default();
+        if policy.agent != self.agent {
+            return vec![Problem {
+                at: crate::diagnostics::top_key_at(path, text, "agent"),
+                key: Some("agent".into()),
+                message: format!(
+                    "the policy is for agent {:?}, not {:?}{config}",
+                    policy.agent, self.agent
+                ),
+            }];
+        }
+        let (Some(services), Some(file)) = (&self.services, &self.file) else {
+            return vec![];
+        };
+        policy
+            .resources
+            .values()
+            .filter_map(|r| match &r.source {
+                super::Source::Service { service, .. } if !services.contains(service) => {
+                    let key = format!("resources.\"{}\".service", r.id);
+                    // The finder compares table names without their quotes.
+                    let lookup = format!("resources.{}.service", r.id);
+                    Some(Problem {
+                        at: crate::diagnostics::key_at(path, text, &lookup),
+                        key: Some(key),
+                        message: format!(
+                            "service {service:?} has no [providers.{service}] table in {}: the broker refuses this policy at start-up and on reload",
+                            file.display()
+                        ),
+                    })
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// A file of `[[case]]` tables and no `agent`: the input of `policy
+/// test --cases`, which often sits beside the policies it tests.
+fn is_cases_file(bytes: &[u8]) -> bool {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|t| t.parse::<toml::Table>().ok())
+        .is_some_and(|t| t.contains_key("case") && !t.contains_key("agent"))
+}
+
+fn check(files: &[PathBuf], deny_warnings: bool, broker: Option<&Broker>, out: &mut String) -> u8 {
     let (mut errors, mut warnings) = (0usize, 0usize);
     for path in files {
         let bytes = match std::fs::read(path) {
@@ -270,6 +364,25 @@ fn check(files: &[PathBuf], deny_warnings: bool, agent: Option<&str>, out: &mut 
                 continue;
             }
         };
+        // A cases file is checked as one (a glob over a directory of
+        // policies picks up the cases beside them).
+        if is_cases_file(&bytes) {
+            match super::cases::load(path) {
+                Ok(cases) => out.push_str(&format!(
+                    "{}: ok: cases file, {} case(s) (not a policy: run it with `credbroker policy test POLICY --cases {}`)\n",
+                    path.display(),
+                    cases.len(),
+                    path.display()
+                )),
+                Err(problems) => {
+                    for p in &problems {
+                        write_problem(p, out);
+                    }
+                    errors += problems.len();
+                }
+            }
+            continue;
+        }
         let policy = match Policy::parse(path, &bytes) {
             Ok(p) => p,
             Err(e) => {
@@ -278,17 +391,13 @@ fn check(files: &[PathBuf], deny_warnings: bool, agent: Option<&str>, out: &mut 
             }
         };
         let text = String::from_utf8_lossy(&bytes);
-        if let Some(a) = agent {
-            if policy.agent != a {
-                write_problem(
-                    &Problem {
-                        at: crate::diagnostics::top_key_at(path, &text, "agent"),
-                        key: Some("agent".into()),
-                        message: format!("the policy is for agent {:?}, not {a:?}", policy.agent),
-                    },
-                    out,
-                );
-                errors += 1;
+        if let Some(b) = broker {
+            let problems = b.problems(path, &text, &policy);
+            if !problems.is_empty() {
+                for p in &problems {
+                    write_problem(p, out);
+                }
+                errors += problems.len();
                 continue;
             }
         }

@@ -172,6 +172,31 @@ pub fn diff(old: &Policy, new: &Policy) -> Report {
                     r.lost
                         .push(format!("{tool} scopes narrowed: - {}", list(narrower)));
                 }
+                // Routes (proxy tools): each with the steps it is limited to.
+                let routes = |t: &Tool| -> BTreeSet<String> {
+                    t.routes
+                        .iter()
+                        .map(|r| match &r.steps {
+                            None => r.text.clone(),
+                            Some(s) => format!(
+                                "{} (in step {})",
+                                r.text,
+                                s.iter().cloned().collect::<Vec<_>>().join(", ")
+                            ),
+                        })
+                        .collect()
+                };
+                let (or, nr) = (routes(ot), routes(nt));
+                let added: Vec<&String> = nr.difference(&or).collect();
+                if !added.is_empty() {
+                    r.gained
+                        .push(format!("{tool} routes added: + {}", list(added)));
+                }
+                let removed: Vec<&String> = or.difference(&nr).collect();
+                if !removed.is_empty() {
+                    r.lost
+                        .push(format!("{tool} routes removed: - {}", list(removed)));
+                }
                 approval_changes(&tool, ot, nt, &mut r);
                 let (ol, nl) = (old.tool_ttl(ot), new.tool_ttl(nt));
                 if nl > ol {

@@ -113,9 +113,17 @@ pub fn describe_source(source: &Source) -> String {
         Source::SelfIssued => {
             "self (minted by credbroker: ES256, DPoP-bound to the tool's key)".into()
         }
-        Source::Service { service, delivery } => format!(
-            "service {service} (the person's connected account; delivery = {}: the provider's bearer token is handed to the tool, not narrowed to this resource nor bound to the tool's key)",
-            delivery.as_str()
+        Source::Service {
+            service,
+            delivery: crate::policy::Delivery::ProviderToken,
+        } => format!(
+            "service {service} (the person's connected account; delivery = provider_token: the provider's bearer token is handed to the tool, not narrowed to this resource nor bound to the tool's key)"
+        ),
+        Source::Service {
+            service,
+            delivery: crate::policy::Delivery::Proxy,
+        } => format!(
+            "service {service} (the person's connected account; delivery = proxy: the provider's token stays in the broker; the tool gets a DPoP-bound credbroker token and calls the service through the egress proxy, on its routes only)"
         ),
     }
 }

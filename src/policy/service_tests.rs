@@ -272,3 +272,30 @@ fn overlapping_routes_of_two_tools_are_warned_with_an_example() {
     let w = lint::lint(Path::new("p.toml"), PROXY, &load(PROXY).unwrap());
     assert!(w.is_empty(), "{w:?}");
 }
+
+#[test]
+fn diff_reports_routes_added_and_removed() {
+    let old = load(PROXY).unwrap();
+    let new_text = PROXY.replace("  \"GET /user\",\n", "  \"GET /orgs/{org}\",\n");
+    let new = load(&new_text).unwrap();
+    let r = diff::diff(&old, &new);
+    assert!(
+        r.gained
+            .iter()
+            .any(|g| g.contains("routes added") && g.contains("GET /orgs/{org}")),
+        "{r:?}"
+    );
+    assert!(
+        r.lost
+            .iter()
+            .any(|l| l.contains("routes removed") && l.contains("GET /user")),
+        "{r:?}"
+    );
+    // Positive control: the same policy diffs to no change of access.
+    assert!(diff::diff(&old, &load(PROXY).unwrap()).access_unchanged());
+    // explain says what the proxy does, not what provider_token does.
+    assert!(
+        explain::describe_source(&old.resources["https://broker.example/proxy/github"].source)
+            .contains("stays in the broker")
+    );
+}

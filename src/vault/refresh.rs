@@ -41,6 +41,9 @@ pub struct ServiceToken {
     pub narrowed: bool,
     /// Whether this call refreshed it.
     pub refreshed: bool,
+    /// The account's refresh token, when it has one: never handed out; the
+    /// egress proxy's echo guard scans answers for it.
+    pub refresh_token: Option<SecretString>,
 }
 
 /// The outcome of asking for a token.
@@ -104,13 +107,19 @@ fn fresh(e: &AccessEntry, now: i64, recheck: i64) -> bool {
     }
 }
 
-fn token(e: &AccessEntry, narrowed: bool, refreshed: bool) -> ServiceToken {
+fn token(
+    e: &AccessEntry,
+    refresh_token: &Option<String>,
+    narrowed: bool,
+    refreshed: bool,
+) -> ServiceToken {
     ServiceToken {
         access_token: SecretString::new(e.access_token.clone()),
         token_type: e.token_type.clone(),
         expires_at: e.expires_at,
         narrowed,
         refreshed,
+        refresh_token: refresh_token.clone().map(SecretString::new),
     }
 }
 
@@ -129,6 +138,22 @@ impl Vault {
         r: &TokenRequest<'_>,
         clock: &dyn Clock,
     ) -> Result<TokenOutcome, VaultError> {
+        self.provider_token_refusing(provider, r, None, clock).await
+    }
+
+    /// [`Vault::provider_token`], treating `refused` (an access token the
+    /// provider has just answered 401 to) as expired: if the stored token is
+    /// still that one, it is refreshed (one at a time, as always); if another
+    /// caller refreshed meanwhile, the new token is returned. The egress
+    /// proxy's one retry after a 401.
+    pub async fn provider_token_refusing(
+        &self,
+        provider: &Provider,
+        r: &TokenRequest<'_>,
+        refused: Option<&str>,
+        clock: &dyn Clock,
+    ) -> Result<TokenOutcome, VaultError> {
+        let not_refused = |e: &AccessEntry| refused.is_none_or(|t| t != e.access_token);
         let key = account_key(r.person, r.service);
         let now = clock.now();
         let Some((_, rec)) = self.read(&key)? else {
@@ -148,8 +173,16 @@ impl Vault {
         };
         {
             let tokens = self.open_tokens(&key, &rec)?;
-            if let Some(e) = tokens.entry(&skey).filter(|e| fresh(e, now, recheck)) {
-                return Ok(TokenOutcome::Token(token(e, narrow, false)));
+            if let Some(e) = tokens
+                .entry(&skey)
+                .filter(|e| fresh(e, now, recheck) && not_refused(e))
+            {
+                return Ok(TokenOutcome::Token(token(
+                    e,
+                    &tokens.refresh_token,
+                    narrow,
+                    false,
+                )));
             }
         }
         let seen_generation = rec.generation;
@@ -174,8 +207,13 @@ impl Vault {
         if let Some(e) = tokens.entry(&skey) {
             let refreshed_meanwhile =
                 rec.generation != seen_generation && e.expires_at.is_none_or(|t| t > now);
-            if fresh(e, now, recheck) || refreshed_meanwhile {
-                return Ok(TokenOutcome::Token(token(e, narrow, false)));
+            if (fresh(e, now, recheck) || refreshed_meanwhile) && not_refused(e) {
+                return Ok(TokenOutcome::Token(token(
+                    e,
+                    &tokens.refresh_token,
+                    narrow,
+                    false,
+                )));
             }
         }
         if let Some((at, why)) = &guard.last_failure {
@@ -216,6 +254,7 @@ impl Vault {
                             expires_at: None,
                             narrowed: narrow,
                             refreshed: false,
+                            refresh_token: None,
                         }))
                     }
                     Ok(_) | Err(crate::upstream::UpstreamError::Rejected { .. }) => {
@@ -288,7 +327,12 @@ impl Vault {
         }
         guard.last_failure = None;
         match tokens.entry(&skey) {
-            Some(e) => Ok(TokenOutcome::Token(token(e, narrow, true))),
+            Some(e) => Ok(TokenOutcome::Token(token(
+                e,
+                &tokens.refresh_token,
+                narrow,
+                true,
+            ))),
             None => Ok(TokenOutcome::Unavailable(
                 "the refreshed token was not stored".into(),
             )),

@@ -14,6 +14,7 @@ mod mcp;
 mod operations;
 mod pages;
 mod policy;
+mod proxy;
 mod quickstart;
 mod reference;
 mod security;

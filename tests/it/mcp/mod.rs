@@ -3,3 +3,4 @@ mod e2e;
 mod proto;
 mod real_broker;
 mod server;
+mod wire;

@@ -48,6 +48,20 @@ fn readyz(b: &TestBroker) -> (u16, serde_json::Value) {
     (code, serde_json::from_str(&body).unwrap())
 }
 
+/// `credbroker status` on `b`: its exit code and stdout.
+fn status(b: &TestBroker) -> (i32, String) {
+    let out = std::process::Command::new(bin())
+        .args(["status", "--config"])
+        .arg(&b.config)
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 /// Fills the file system holding `path` until a write fails.
 fn fill(path: &Path) {
     let mut f = std::fs::File::create(path).unwrap();
@@ -123,12 +137,19 @@ async fn disk_full_in_the_middle_of_a_line_leaves_no_partial_line_and_readyz_fol
         "not ready while the audit log cannot be written: {body}"
     );
     assert_eq!(body["audit"], false, "{body}");
+    // `credbroker status` says so with the exit code --help gives for
+    // "running but not ready".
+    let (code, out) = status(&b);
+    assert_eq!(code, 1, "status while not ready: {out}");
+    assert!(out.contains("\"ready\":false"), "{out}");
 
     // Room again: ready again, and the next token's event is a line of its own.
     std::fs::remove_file(fs.0.join("filler")).unwrap();
     let (code, body) = readyz(&b);
     assert_eq!(code, 200, "ready again once the log can be written: {body}");
     assert_eq!(body["audit"], true, "{body}");
+    let (code, out) = status(&b);
+    assert_eq!(code, 0, "status once ready again: {out}");
     assert!(matches!(derive(&b, &k).await, Answer::Issued(_)));
     let lines = parse_lines(&audit);
     let tail: Vec<&str> = lines[before..]

@@ -4,5 +4,6 @@ mod admin;
 mod audit;
 mod contract;
 mod key_rotation;
+mod messages;
 mod startup;
 mod walkthrough;

@@ -259,23 +259,33 @@ fn check_agent_must_match() {
     );
 }
 
-/// The GitHub example uses the `service` source: it loads, and `check` warns
-/// about `delivery = "provider_token"` (an error with `--deny-warnings`).
+/// The GitHub example uses the egress proxy: it loads without a warning.
+/// The same policy with `delivery = "provider_token"` (and no routes) is
+/// warned about, an error with `--deny-warnings`.
 #[test]
-fn check_github_example_warns_about_provider_tokens() {
+fn check_github_example_passes_and_provider_tokens_are_warned_about() {
     let d = workdir();
-    let (code, out) = policy(d.path(), &["check", "repo-helper-github.toml"]);
+    let (code, out) = policy(
+        d.path(),
+        &["check", "--deny-warnings", "repo-helper-github.toml"],
+    );
+    assert_eq!(code, 0, "{out}");
+    let text = std::fs::read_to_string(d.path().join("repo-helper-github.toml")).unwrap();
+    let bearer: String = text
+        .replace("delivery = \"proxy\"", "delivery = \"provider_token\"")
+        .lines()
+        .filter(|l| !l.starts_with("routes") && !l.starts_with("  \"GET") && *l != "]")
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(d.path().join("bearer.toml"), bearer).unwrap();
+    let (code, out) = policy(d.path(), &["check", "bearer.toml"]);
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains(credbroker::internals::policy::lint::PROVIDER_TOKEN_WARNING),
         "provider_token must be warned about:\n{out}"
     );
     assert_eq!(
-        policy(
-            d.path(),
-            &["check", "--deny-warnings", "repo-helper-github.toml"]
-        )
-        .0,
+        policy(d.path(), &["check", "--deny-warnings", "bearer.toml"]).0,
         2
     );
 }
@@ -646,4 +656,125 @@ fn diff_refuses_a_broken_version() {
         "broken.toml:2:1: error: tools.t: missing field `resource`\n  \
          hint: add the required key; see policy/README.md for the keys of each table\n"
     );
+}
+
+// ------------------------------------------------------- check --config
+
+/// A broker config (the quick start's, agent `repo-helper`) with one
+/// provider, `acme`, in a temp dir that lives as long as the first value.
+fn broker_config() -> (tempfile::TempDir, PathBuf) {
+    let (dir, config) = crate::support::prepare(&crate::support::Opts::default());
+    let secret = dir.path().join("acme.secret");
+    credbroker::internals::config::write_secret_file(&secret, b"client-secret").unwrap();
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&format!(
+        "\n[providers.acme]\ndisplay_name = \"Acme\"\nissuer = \"https://idp.acme.example\"\n\
+         client_id = \"credbroker\"\nclient_secret_file = \"{}\"\nscopes = [\"openid\"]\n",
+        secret.display()
+    ));
+    std::fs::write(&config, text).unwrap();
+    (dir, config)
+}
+
+#[test]
+fn check_against_the_broker_config_catches_an_unknown_service_and_agent() {
+    let d = workdir();
+    let (_broker, config) = broker_config();
+    let c = config.to_str().unwrap();
+    // The GitHub example names service "github": this broker has only acme.
+    let (code, out) = policy(
+        d.path(),
+        &["check", "--config", c, "repo-helper-github.toml"],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "repo-helper-github.toml:27:1: error: resources.\"https://api.github.com/\".service: \
+             service \"github\" has no [providers.github] table in {c}: the broker refuses this \
+             policy at start-up and on reload\n  hint: name a service the broker config has a \
+             [providers.NAME] table for, or add that table to the config first\n"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("checked 1 file(s): 1 error(s), 0 warning(s)\n"),
+        "{out}"
+    );
+    // A policy for another agent is refused, naming the config.
+    let (code, out) = policy(d.path(), &["check", "--config", c, "mail-agent.toml"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "mail-agent.toml:10:1: error: agent: the policy is for agent \"mail-agent\", not \"repo-helper\" (the `agent` of {c})"
+        )),
+        "{out}"
+    );
+    // A config the broker would refuse is refused here, with its message.
+    let broken = d.path().join("broken-broker.toml");
+    std::fs::write(&broken, "agent = 1\n").unwrap();
+    let (code, out) = policy(
+        d.path(),
+        &[
+            "check",
+            "--config",
+            broken.to_str().unwrap(),
+            "repo-helper-github.toml",
+        ],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("broken-broker.toml"), "{out}");
+    // Positive control: the same policy naming acme passes against it.
+    let text = std::fs::read_to_string(d.path().join("repo-helper-github.toml")).unwrap();
+    std::fs::write(
+        d.path().join("repo-helper-acme.toml"),
+        text.replace("service = \"github\"", "service = \"acme\""),
+    )
+    .unwrap();
+    let (code, out) = policy(d.path(), &["check", "--config", c, "repo-helper-acme.toml"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("repo-helper-acme.toml: ok: agent repo-helper"),
+        "{out}"
+    );
+}
+
+#[test]
+fn check_of_the_examples_directory_checks_the_cases_files_as_cases() {
+    // What the README and CI run: every file of policy/examples.
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo("policy/examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    let cases = files
+        .iter()
+        .filter(|p| p.to_string_lossy().ends_with(".cases.toml"))
+        .count();
+    assert!(cases >= 1, "{files:?}");
+    let out = Command::new(bin())
+        .arg("policy")
+        .arg("check")
+        .args(&files)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("mail-agent.cases.toml: ok: cases file, ")
+            && text.contains("(not a policy: run it with `credbroker policy test POLICY --cases "),
+        "{text}"
+    );
+    assert_eq!(text.matches(": ok: ").count(), files.len(), "{text}");
+    // A broken cases file is still an error, with its position.
+    let d = workdir();
+    std::fs::write(
+        d.path().join("broken.cases.toml"),
+        "[[case]]\nname = \"x\"\nstep = \"triage\"\n",
+    )
+    .unwrap();
+    let (code, out) = policy(d.path(), &["check", "broken.cases.toml", "mail-agent.toml"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("broken.cases.toml:"), "{out}");
+    assert!(out.contains("mail-agent.toml: ok: "), "{out}");
 }

@@ -183,6 +183,10 @@ fn rendered(m: &Metrics) -> BTreeSet<(String, String)> {
         .with_label_values(&["api", "uid"])
         .inc();
     m.connections_shed.with_label_values(&["api"]).inc();
+    m.proxy_requests
+        .with_label_values(&["other", "other", "completed"])
+        .inc();
+    m.proxy_latency.with_label_values(&["other"]).observe(0.001);
     m.render()
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))

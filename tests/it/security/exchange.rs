@@ -385,6 +385,7 @@ async fn issued_token_claims_are_exact() {
             assert_eq!(c["cnf"], json!({"jkt": ec_thumbprint(&k.public_jwk)}));
             assert_eq!(c["act"]["sub"], "repo-helper");
             assert_eq!(c["act"]["tool"], "notes.read");
+            assert_eq!(c["act"]["step"], "summarize", "the step is in act");
             assert_eq!(c["client_id"], "repo-helper");
             assert!(c["exp"].as_i64().unwrap() > c["iat"].as_i64().unwrap());
             let jti = c["jti"].as_str().unwrap().to_string();

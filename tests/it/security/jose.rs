@@ -454,7 +454,8 @@ async fn subject_token_claims_of_the_wrong_type() {
         refused(&b, &b.subject_with(&c), what);
     }
     // A nested act in the subject token decides nothing: the minted token's
-    // act names this instance's agent and the tool, and nothing else.
+    // act names this instance's agent, the tool and the step, and nothing
+    // else.
     let mut c = b.subject_claims("alice");
     c["act"] = json!({"sub": "mallory-agent", "act": {"sub": "repo-helper"}});
     let token =
@@ -462,7 +463,7 @@ async fn subject_token_claims_of_the_wrong_type() {
     let minted = claims_of(&token);
     assert_eq!(
         minted["act"],
-        json!({"sub": "repo-helper", "tool": "notes.read"}),
+        json!({"sub": "repo-helper", "tool": "notes.read", "step": "summarize"}),
         "{minted}"
     );
     assert_eq!(minted["sub"], "alice");

@@ -329,11 +329,7 @@ impl TestBroker {
     }
 
     pub(crate) fn audit_lines(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.path("data/audit.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("audit line is JSON"))
-            .collect()
+        super::read_audit(&self.path("data/audit.jsonl"))
     }
 
     /// Sends SIGHUP: the broker reloads its policy file.
@@ -703,6 +699,32 @@ fn bin_in(dir: &Path) -> PathBuf {
 }
 
 impl OtherUser {
+    /// Runs the binary with `args` as this user, from a directory it owns
+    /// under `/tmp` with stdin closed. Returns the exit code, stdout and
+    /// stderr.
+    pub(crate) fn run(&self, args: &[&std::ffi::OsStr]) -> (i32, String, String) {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::Builder::new()
+            .prefix("credbroker-other-user.")
+            .tempdir_in("/tmp")
+            .unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(self.uid), Some(self.gid)).unwrap();
+        let out = Command::new(bin_in(dir.path()))
+            .uid(self.uid)
+            .gid(self.gid)
+            .current_dir(dir.path())
+            .env("RUST_LOG", "off")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run credbroker as another user");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// Runs `credbroker derive` as this user against `b`'s socket for alice's
     /// known-good request, with a DPoP key in a directory this user owns.
     /// Returns the exit code and stdout + stderr.

@@ -76,6 +76,8 @@ pub(crate) struct McpServer {
     child: Child,
     /// `http://127.0.0.1:PORT/mcp`.
     pub url: String,
+    /// Its start-up line.
+    pub hello: Value,
     pub log: PathBuf,
 }
 
@@ -104,9 +106,12 @@ pub(crate) enum Jwks<'a> {
 
 impl McpServer {
     pub(crate) fn start(o: &McpServerOpts<'_>, log_dir: &Path) -> McpServer {
-        let bin = example_binary();
-        let log = log_dir.join("mcp-server.log");
-        let mut cmd = Command::new(bin);
+        McpServer::start_with(o, log_dir, &[], "info")
+    }
+
+    /// The command line of the example for `o`, with `extra` arguments.
+    pub(crate) fn command(o: &McpServerOpts<'_>, extra: &[&str]) -> Command {
+        let mut cmd = Command::new(example_binary());
         cmd.arg("--broker-socket")
             .arg(o.socket)
             .args(["--broker-issuer", o.broker_issuer])
@@ -124,8 +129,21 @@ impl McpServer {
         if let Some(t) = o.state_ttl {
             cmd.args(["--state-ttl", &t.to_string()]);
         }
+        cmd.args(extra);
+        cmd
+    }
+
+    /// The same with `extra` arguments and `RUST_LOG` set to `log_level`.
+    pub(crate) fn start_with(
+        o: &McpServerOpts<'_>,
+        log_dir: &Path,
+        extra: &[&str],
+        log_level: &str,
+    ) -> McpServer {
+        let log = log_dir.join("mcp-server.log");
+        let mut cmd = McpServer::command(o, extra);
         let mut child = cmd
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", log_level)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -143,6 +161,7 @@ impl McpServer {
         McpServer {
             child,
             url: hello["url"].as_str().unwrap().to_owned(),
+            hello,
             log,
         }
     }
@@ -538,5 +557,151 @@ pub(crate) fn all_strings(v: &Value) -> Vec<String> {
         Value::Array(a) => a.iter().flat_map(all_strings).collect(),
         Value::Object(o) => o.values().flat_map(all_strings).collect(),
         _ => vec![],
+    }
+}
+
+/// A raw JSON-RPC client of the example's `/mcp` endpoint, for tests that
+/// check the exact bytes on the wire: no SDK in between to add, drop or
+/// normalise a member.
+pub(crate) struct RawMcp {
+    pub url: String,
+    token: String,
+    http: reqwest::Client,
+    /// `Mcp-Session-Id` after a 2025-11-25 `initialize`.
+    pub session: Option<String>,
+}
+
+/// One HTTP answer: its status and the JSON-RPC messages in its body
+/// (one for `application/json`, each `data:` line for an SSE stream).
+#[derive(Debug)]
+pub(crate) struct RawAnswer {
+    pub status: u16,
+    /// Its `Mcp-Session-Id` header.
+    pub session: Option<String>,
+    pub messages: Vec<Value>,
+}
+
+impl RawAnswer {
+    /// The answer to request `id` (a result or an error).
+    #[track_caller]
+    pub(crate) fn reply(&self, id: i64) -> &Value {
+        self.messages
+            .iter()
+            .find(|m| m["id"] == id && (m.get("result").is_some() || m.get("error").is_some()))
+            .unwrap_or_else(|| panic!("no reply to id {id}: {self:?}"))
+    }
+}
+
+/// `_meta` of a 2026-07-28 request: the version, the client's
+/// capabilities (URL elicitation declared, or form only) and its name.
+pub(crate) fn meta_2026(version: &str, url_elicitation: bool) -> Value {
+    let elicitation = if url_elicitation {
+        json!({"form": {}, "url": {}})
+    } else {
+        json!({"form": {}})
+    };
+    json!({
+        "io.modelcontextprotocol/protocolVersion": version,
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": elicitation},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-test-client", "version": "1.0.0"},
+    })
+}
+
+impl RawMcp {
+    pub(crate) fn new(url: &str, token: &str) -> RawMcp {
+        RawMcp {
+            url: url.to_owned(),
+            token: token.to_owned(),
+            http: reqwest::Client::new(),
+            session: None,
+        }
+    }
+
+    /// POSTs one JSON-RPC message with `headers`; reads the body until the
+    /// reply to its `id` arrived or the stream ended.
+    pub(crate) async fn post(&self, headers: &[(&str, &str)], body: &Value) -> RawAnswer {
+        let mut req = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.token)
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json");
+        if let Some(s) = &self.session {
+            req = req.header("mcp-session-id", s);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let mut resp = req.body(body.to_string()).send().await.unwrap();
+        let status = resp.status().as_u16();
+        let session = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let sse = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let mut text = String::new();
+        let mut messages = Vec::new();
+        let deadline = std::time::Duration::from_secs(30);
+        loop {
+            let chunk = tokio::time::timeout(deadline, resp.chunk())
+                .await
+                .expect("the MCP server answers within 30 s")
+                .unwrap();
+            let Some(c) = chunk else { break };
+            text.push_str(&String::from_utf8_lossy(&c));
+            if sse {
+                messages = text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+                    .collect();
+                let done = messages.iter().any(|m| {
+                    m.get("id") == body.get("id")
+                        && (m.get("result").is_some() || m.get("error").is_some())
+                });
+                if done {
+                    break;
+                }
+            }
+        }
+        if !sse {
+            messages = serde_json::from_str::<Value>(&text).into_iter().collect();
+        }
+        RawAnswer {
+            status,
+            session,
+            messages,
+        }
+    }
+
+    /// 2025-11-25 style: `initialize` asking for `version` (declaring URL
+    /// elicitation, or form only), then `notifications/initialized`.
+    /// Returns the `initialize` reply.
+    pub(crate) async fn initialize(&mut self, version: &str, url_elicitation: bool) -> Value {
+        let elicitation = if url_elicitation {
+            json!({"form": {}, "url": {}})
+        } else {
+            json!({"form": {}})
+        };
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": version,
+            "capabilities": {"elicitation": elicitation},
+            "clientInfo": {"name": "raw-test-client", "version": "1.0.0"},
+        }});
+        let a = self.post(&[], &init).await;
+        self.session = a.session.clone();
+        let reply = a.reply(0).clone();
+        if let Some(v) = reply["result"]["protocolVersion"].as_str() {
+            let v = v.to_owned();
+            let done = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+            let a = self.post(&[("mcp-protocol-version", &v)], &done).await;
+            assert!(a.status < 300, "notifications/initialized: {a:?}");
+        }
+        reply
     }
 }

@@ -16,6 +16,7 @@
 // helpers they call; here too a failure should panic loudly.
 #![allow(dead_code, missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
+pub(crate) mod api_standin;
 pub(crate) mod broker;
 pub(crate) mod browser;
 pub(crate) mod jose;
@@ -161,4 +162,18 @@ pub(crate) fn random_bytes(n: usize) -> Vec<u8> {
     let mut b = vec![0u8; n];
     aws_lc_rs::rand::fill(&mut b).unwrap();
     b
+}
+
+/// The events of an audit log being written: every complete line must be
+/// JSON (a torn line in the middle is a defect, and fails the test), while a
+/// last line without its newline is still being written and is left out.
+pub(crate) fn read_audit(path: &std::path::Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("audit line is not JSON ({e}): {l}"))
+        })
+        .collect()
 }

@@ -788,11 +788,7 @@ impl PagesServer {
     }
 
     pub(crate) fn audit_lines(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(self.dir.path().join("data/audit.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
+        super::read_audit(&self.dir.path().join("data/audit.jsonl"))
     }
 
     pub(crate) fn events(&self, name: &str) -> Vec<serde_json::Value> {

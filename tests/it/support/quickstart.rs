@@ -225,10 +225,8 @@ pub(crate) fn bob_opens_steps(
 
 /// The events of type `kind` in an audit log.
 pub(crate) fn audit_events(path: &Path, kind: &str) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    super::read_audit(path)
+        .into_iter()
         .filter(|e| e["event"] == kind)
         .collect()
 }

@@ -64,10 +64,14 @@ pub(crate) struct ProviderOpts {
     /// redirect URI is the pages' real callback, so a browser can finish
     /// the flow. Default: port 0 and the [`REDIRECT`] placeholder.
     pub public_listen: Option<String>,
-    /// More config (e.g. a trusted issuer with OIDC sign-in).
+    /// More config (e.g. a trusted issuer with OIDC sign-in). Appended
+    /// right after the `[providers.acme]` table, so leading keys land in it
+    /// (`api_base = ...`).
     pub extra_config: String,
     /// More policy (resources and tools) after the `acme` ones.
     pub extra_policy: String,
+    /// Replaces [`policy()`].
+    pub policy: Option<String>,
 }
 
 impl Default for ProviderOpts {
@@ -79,6 +83,7 @@ impl Default for ProviderOpts {
             public_listen: None,
             extra_config: String::new(),
             extra_policy: String::new(),
+            policy: None,
         }
     }
 }
@@ -116,7 +121,7 @@ timeout = "{timeout}"
             timeout = p.timeout,
         ) + &p.extra_config;
         let broker = TestBroker::start_with(Opts {
-            policy: Some(policy() + &p.extra_policy),
+            policy: Some(p.policy.clone().unwrap_or_else(policy) + &p.extra_policy),
             extra_config: extra,
             log: p.log.clone(),
             public_listen: p.public_listen.clone(),
