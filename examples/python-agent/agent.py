@@ -12,7 +12,8 @@ each:
    allows ``notes.delete`` here, but only with her approval of this very
    call: the broker answers with a link, the agent shows it and retries the
    derive (with backoff, for at most ``--wait`` seconds) until she approved
-   in her browser; then the tool deletes the notes.
+   in her browser; then the tool deletes the notes. If she declines, the
+   broker refuses the call and the agent stops.
 
 Run it from the repository (see README.md beside this file).
 """
@@ -134,9 +135,13 @@ def main() -> int:
         step = "cleanup_confirmed"
         say(step, f"{args.person}: now delete my notes, please")
         for tool in scripted_model("delete my notes", notes):
-            issued = derive_with_approval(
-                broker, subject, step, tool, args.resource, key, args.wait
-            )
+            try:
+                issued = derive_with_approval(
+                    broker, subject, step, tool, args.resource, key, args.wait
+                )
+            except AccessDenied as e:  # approval_declined: she said no
+                say(step, f"the broker refused {tool}: {e.error} ({e.reason}); not done")
+                return 3
             if issued is None:
                 say(
                     step,
