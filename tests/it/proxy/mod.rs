@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod refusals;
+mod retry;
 
 use credbroker::internals::jose::Es256Key;
 
