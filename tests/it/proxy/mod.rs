@@ -6,6 +6,7 @@
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod audit;
 mod refusals;
 mod retry;
 
@@ -61,6 +62,12 @@ impl ProxyEnv {
     /// Starts everything (`proxy_keys` go in the `[proxy]` table) and connects alice's `octo-alice` account through
     /// the real pages, so derives for the proxy are issued.
     pub(crate) async fn start(proxy_keys: &str) -> ProxyEnv {
+        ProxyEnv::start_with(proxy_keys, ProviderOpts::default()).await
+    }
+
+    /// [`ProxyEnv::start`] with more of the service's options (`policy` and
+    /// `extra_config` are set here).
+    pub(crate) async fn start_with(proxy_keys: &str, opts: ProviderOpts) -> ProxyEnv {
         let api_listener = ApiStandin::bind();
         let other_listener = ApiStandin::bind();
         let api_base = format!("http://{}", api_listener.local_addr().unwrap());
@@ -69,7 +76,7 @@ impl ProxyEnv {
             policy: Some(proxy_policy(READ_ROUTES)),
             // Leading keys land in [providers.acme]; then the proxy's table.
             extra_config: format!("api_base = \"{api_base}\"\n\n[proxy]\n{proxy_keys}\n"),
-            ..ProviderOpts::default()
+            ..opts
         });
         let http = reqwest::Client::builder()
             .no_proxy()
