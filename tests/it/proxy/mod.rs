@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod audit;
+mod expiry;
 mod refusals;
 mod retry;
 
@@ -65,15 +66,19 @@ impl ProxyEnv {
         ProxyEnv::start_with(proxy_keys, ProviderOpts::default()).await
     }
 
-    /// [`ProxyEnv::start`] with more of the service's options (`policy` and
-    /// `extra_config` are set here).
+    /// [`ProxyEnv::start`] with more of the service's options (`extra_config`
+    /// is set here; `policy` defaults to [`proxy_policy`] with [`READ_ROUTES`]).
     pub(crate) async fn start_with(proxy_keys: &str, opts: ProviderOpts) -> ProxyEnv {
         let api_listener = ApiStandin::bind();
         let other_listener = ApiStandin::bind();
         let api_base = format!("http://{}", api_listener.local_addr().unwrap());
         let other_base = format!("http://{}", other_listener.local_addr().unwrap());
         let mut env = ServiceEnv::start_with(ProviderOpts {
-            policy: Some(proxy_policy(READ_ROUTES)),
+            policy: Some(
+                opts.policy
+                    .clone()
+                    .unwrap_or_else(|| proxy_policy(READ_ROUTES)),
+            ),
             // Leading keys land in [providers.acme]; then the proxy's table.
             extra_config: format!("api_base = \"{api_base}\"\n\n[proxy]\n{proxy_keys}\n"),
             ..opts
