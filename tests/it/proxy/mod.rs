@@ -8,6 +8,7 @@
 
 mod audit;
 mod expiry;
+mod limits;
 mod refusals;
 mod retry;
 
