@@ -269,12 +269,15 @@ scopes = ["notes.read"]
 steps = ["answer_question", "summarize"]
 
 # Deleting notes is sensitive: only in the step the orchestrator enters after
-# the person confirmed, never while the model is free-running.
+# the person asked for a cleanup, never while the model is free-running, and
+# even there each delete waits for her approval of that very call on the
+# pages (docs/APPROVALS.md).
 [tools."notes.delete"]
 resource = "http://127.0.0.1:9090/notes"
 scopes = ["notes.delete"]
 steps = ["cleanup_confirmed"]
 ttl = "60s"
+approval = "each_call"
 "#;
 
 /// Mints a dev subject token from a quick-start directory.

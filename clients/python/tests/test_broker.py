@@ -30,6 +30,7 @@ from credbroker import (
     BrokerNotRunning,
     IncompatibleBroker,
     InvalidRequest,
+    LinkRequired,
     ToolKey,
 )
 
@@ -118,9 +119,15 @@ def test_policy_denial_raises_access_denied_with_the_reason(
         with pytest.raises(AccessDenied) as e:
             c.derive(subject, "summarize", "no.such.tool", broker.resource, key=key)
         assert e.value.reason == "tool_not_allowed"
-        # Positive control: the delete in the step meant for it is issued.
-        issued = c.derive(subject, "cleanup_confirmed", "notes.delete", broker.resource, key=key)
-        assert issued.scope == "notes.delete"
+        # In the step meant for it the policy allows the delete, and the
+        # quick start makes it wait for the person's approval of the call.
+        with pytest.raises(LinkRequired) as link:
+            c.derive(subject, "cleanup_confirmed", "notes.delete", broker.resource, key=key)
+        assert link.value.reason == "approval"
+        assert link.value.link.uri.startswith(f"{broker.issuer}/connect/")
+        # Positive control: a tool in its listed step is issued.
+        issued = c.derive(subject, "summarize", "notes.read", broker.resource, key=key)
+        assert issued.scope == "notes.read"
 
 
 def test_a_bad_subject_token_or_target_raises_invalid_request(
@@ -140,9 +147,9 @@ def test_a_bad_subject_token_or_target_raises_invalid_request(
 def test_authorization_details_are_sent_only_when_given(
     broker: QuickstartBroker, key: ToolKey
 ) -> None:
-    # Extension point for the approvals issue: this broker does not know the
-    # member yet and refuses it, rather than ignoring what was asked for.
-    # Once approvals land, this test fails here and becomes their test.
+    # The member reaches the broker: notes.read declares no details type,
+    # so the broker refuses them (RFC 9396 section 5) rather than ignoring
+    # what was asked for.
     details = [{"type": "notes", "actions": ["delete"]}]
     with Broker(broker.socket) as c:
         with pytest.raises(InvalidRequest) as e:
@@ -154,7 +161,7 @@ def test_authorization_details_are_sent_only_when_given(
                 authorization_details=details,
                 key=key,
             )
-        assert e.value.error == "invalid_request"
+        assert (e.value.status, e.value.error) == (400, "invalid_authorization_details")
         # Positive control: without it, the same call is issued.
         c.derive(broker.subject_token(), "summarize", "notes.read", broker.resource, key=key)
 

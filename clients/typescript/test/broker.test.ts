@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { after, before, test } from "node:test";
 import { createLocalJWKSet, jwtVerify } from "jose";
 
-import { API_VERSION, AccessDenied, Broker, BrokerNotRunning, IncompatibleBroker, InvalidRequest, ToolKey } from "../src/index.js";
+import { API_VERSION, AccessDenied, Broker, BrokerNotRunning, IncompatibleBroker, InvalidRequest, LinkRequired, ToolKey } from "../src/index.js";
 import { QuickstartBroker, rm, startBroker, tempDir } from "./support.js";
 
 let tmp: string;
@@ -94,9 +94,15 @@ test("a policy denial rejects with AccessDenied and its reason", async () => {
   assert.equal(e.reason, "step_not_allowed");
   assert.ok(e.description);
   await assert.rejects(c.derive({ ...base, tool: "no.such.tool" }), (e: unknown) => e instanceof AccessDenied && e.reason === "tool_not_allowed");
-  // Positive control: the delete in the step meant for it is issued.
-  const issued = await c.derive({ ...base, step: "cleanup_confirmed", tool: "notes.delete" });
-  assert.equal(issued.scope, "notes.delete");
+  // In the step meant for it the policy allows the delete, and the quick
+  // start makes it wait for the person's approval of the call.
+  await assert.rejects(
+    c.derive({ ...base, step: "cleanup_confirmed", tool: "notes.delete" }),
+    (e: unknown) => e instanceof LinkRequired && e.reason === "approval" && e.link.uri.startsWith(`${broker.issuer}/connect/`),
+  );
+  // Positive control: a tool in its listed step is issued.
+  const issued = await c.derive({ ...base, tool: "notes.read" });
+  assert.equal(issued.scope, "notes.read");
 });
 
 test("a bad subject token or target rejects with InvalidRequest", async () => {
@@ -114,13 +120,14 @@ test("a bad subject token or target rejects with InvalidRequest", async () => {
 });
 
 test("authorizationDetails are sent only when given", async () => {
-  // This broker does not know the member yet and refuses it, rather than
-  // ignoring what was asked for (the approvals issue extends it).
+  // The member reaches the broker: notes.read declares no details type, so
+  // the broker refuses them (RFC 9396 section 5) rather than ignoring what
+  // was asked for.
   const c = new Broker(broker.socket);
   const base = { subjectToken: broker.subjectToken(), step: "summarize", tool: "notes.read", resource: broker.resource, key };
   await assert.rejects(
     c.derive({ ...base, authorizationDetails: [{ type: "notes", actions: ["delete"] }] }),
-    (e: unknown) => e instanceof InvalidRequest && e.error === "invalid_request",
+    (e: unknown) => e instanceof InvalidRequest && e.status === 400 && e.error === "invalid_authorization_details",
   );
   // Positive control: without it, the same call is issued.
   await c.derive(base);

@@ -4,10 +4,8 @@
 //! verify in jose with the claims of security case X5, proofs made by
 //! credbroker verify in jose, and both agree on RFC 7638 thumbprints.
 //!
-//! The example resource server (`examples/resource_server.rs`) is included
-//! as a module and served in-process on port 0: an example is not a binary
-//! Cargo hands to integration tests, and building it from inside a test
-//! would fight the running `cargo test` for the build directory.
+//! The example resource server (`examples/resource_server.rs`) is served
+//! in-process on port 0 (`support::resource`).
 //!
 //! Needs node and `tests/peers/node_modules` (`scripts/install-test-deps`);
 //! without them these tests fail, they never pass vacuously.
@@ -16,16 +14,11 @@
 // helpers they call; here too a failure should panic loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[allow(dead_code)]
-#[path = "../../../examples/resource_server.rs"]
-mod resource_server;
-
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::resource::start_resource_server;
 use crate::support::*;
-use clap::Parser;
 use serde_json::{json, Value};
 
 const AGENT: &str = "repo-helper";
@@ -55,6 +48,8 @@ fn broker() -> TestBroker {
         // A rotation here activates at once (the resource servers under
         // test refetch on an unknown kid, which is what is being tested).
         edit_config: Some(|t| t.replace("[keys]\n", "[keys]\nactivation_delay = 0\n")),
+        // One of the tokens verified in jose is notes.delete's.
+        policy: Some(policy_without_approval()),
         ..Opts::default()
     })
 }
@@ -326,22 +321,6 @@ async fn credbroker_proofs_and_thumbprints_verify_in_jose() {
     assert_eq!(v["jkt"], key.thumbprint());
 }
 
-/// Serves `examples/resource_server.rs` in-process on a free port, as its
-/// command line would configure it. Returns its base URL.
-async fn start_resource_server(cli: &[&str]) -> String {
-    let args = resource_server::Args::try_parse_from(
-        ["resource_server", "--listen", "127.0.0.1:0"]
-            .iter()
-            .chain(cli),
-    )
-    .unwrap();
-    let app = Arc::new(resource_server::App::new(&args).await.unwrap());
-    let listener = tokio::net::TcpListener::bind(args.listen).await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(resource_server::serve(listener, app));
-    base
-}
-
 /// A request to the resource server: (status, `WWW-Authenticate`, body).
 async fn call(
     url: &str,
@@ -409,9 +388,11 @@ async fn resource_server_accepts_jose_proofs_and_refuses_bearer_and_missing_proo
     let good = proof(RESOURCE).await;
     let (status, _, who) = call(&notes, Some(format!("DPoP {at}")), Some(&good)).await;
     assert_eq!(status, 200, "{who}");
+    assert_eq!(who["notes"].as_array().map(Vec::len), Some(2), "{who}");
     assert_eq!(
         who,
-        json!({"sub": "alice", "agent": AGENT, "tool": "notes.read", "scopes": ["notes.read"]})
+        json!({"sub": "alice", "agent": AGENT, "tool": "notes.read", "scopes": ["notes.read"],
+               "notes": who["notes"]})
     );
 
     // replayed_proof: the same proof again is refused; a fresh one works.

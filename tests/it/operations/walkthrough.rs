@@ -7,7 +7,10 @@ use credbroker::client::Answer;
 
 #[tokio::test]
 async fn derive_then_deny_then_restart_keeps_keys() {
-    let mut b = TestBroker::start();
+    let mut b = TestBroker::start_with(Opts {
+        policy: Some(policy_without_approval()),
+        ..Opts::default()
+    });
     let k = key();
     let t = b.derive_ok(&k).await;
     assert_eq!(t.token_type, "DPoP");

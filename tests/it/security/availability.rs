@@ -744,6 +744,8 @@ fn until_refused(b: &TestBroker, body: &serde_json::Value, max: usize) -> (usize
 async fn rate_limit_per_person_and_tool_with_retry_after() {
     let b = TestBroker::start_with(Opts {
         edit_config: Some(per_person_tool_limit),
+        // The other tool, notes.delete, issued without waiting for approval.
+        policy: Some(policy_without_approval()),
         ..Opts::default()
     });
     let alice = b.good_body(&b.subject_token("alice"));

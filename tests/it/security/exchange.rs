@@ -297,7 +297,10 @@ async fn resource_relative_with_fragment_or_two_resources() {
 
 #[tokio::test]
 async fn derived_token_lifetime_is_min_of_policy_ttl_300s_and_subject_life() {
-    let b = TestBroker::start();
+    let b = TestBroker::start_with(Opts {
+        policy: Some(policy_without_approval()),
+        ..Opts::default()
+    });
     let k = key();
     let lifetime = |t: &str| {
         let c = claims_of(t);

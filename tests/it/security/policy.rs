@@ -463,7 +463,10 @@ steps = ["*"]
 
 #[tokio::test]
 async fn tool_asked_for_in_a_step_its_policy_does_not_list() {
-    let b = TestBroker::start();
+    let b = TestBroker::start_with(Opts {
+        policy: Some(policy_without_approval()),
+        ..Opts::default()
+    });
     for (step, tool) in [
         ("summarize", "notes.delete"),
         ("answer_question", "notes.delete"),

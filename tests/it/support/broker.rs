@@ -40,6 +40,21 @@ pub(crate) struct Opts {
     pub audit_log: Option<PathBuf>,
 }
 
+/// The quick-start policy without the approval on `notes.delete`, for the
+/// tests of steps, lifetimes and claims that need that tool issued outright
+/// (the approval itself is tested in `tests/it/approvals/` and by
+/// `examples/python-agent`).
+pub(crate) fn policy_without_approval() -> String {
+    let line = "approval = \"each_call\"\n";
+    let qs = credbroker::internals::cli::QUICKSTART_POLICY;
+    assert_eq!(
+        qs.matches(line).count(),
+        1,
+        "the quick start marks notes.delete"
+    );
+    qs.replace(line, "")
+}
+
 /// A running broker.
 pub(crate) struct TestBroker {
     pub dir: tempfile::TempDir,

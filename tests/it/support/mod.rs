@@ -27,6 +27,7 @@ pub(crate) mod pages;
 pub(crate) mod peers;
 pub(crate) mod postgres;
 pub(crate) mod quickstart;
+pub(crate) mod resource;
 pub(crate) mod services;
 
 // The common helpers are reached as `support::X` (and glob-imported) by most
