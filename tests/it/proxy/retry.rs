@@ -49,8 +49,7 @@ async fn upstream_401_refreshes_and_retries_a_get_once_and_never_a_post() {
     let audit = p.env.broker.audit_lines();
     let done = audit
         .iter()
-        .filter(|e| e["event"] == "proxy.completed")
-        .last()
+        .rfind(|e| e["event"] == "proxy.completed")
         .unwrap();
     assert_eq!(done["proxy"]["upstream_status"], 200, "{done}");
 
