@@ -6,7 +6,11 @@
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod audit;
+mod expiry;
+mod limits;
 mod refusals;
+mod retry;
 
 use credbroker::internals::jose::Es256Key;
 
@@ -60,15 +64,25 @@ impl ProxyEnv {
     /// Starts everything (`proxy_keys` go in the `[proxy]` table) and connects alice's `octo-alice` account through
     /// the real pages, so derives for the proxy are issued.
     pub(crate) async fn start(proxy_keys: &str) -> ProxyEnv {
+        ProxyEnv::start_with(proxy_keys, ProviderOpts::default()).await
+    }
+
+    /// [`ProxyEnv::start`] with more of the service's options (`extra_config`
+    /// is set here; `policy` defaults to [`proxy_policy`] with [`READ_ROUTES`]).
+    pub(crate) async fn start_with(proxy_keys: &str, opts: ProviderOpts) -> ProxyEnv {
         let api_listener = ApiStandin::bind();
         let other_listener = ApiStandin::bind();
         let api_base = format!("http://{}", api_listener.local_addr().unwrap());
         let other_base = format!("http://{}", other_listener.local_addr().unwrap());
         let mut env = ServiceEnv::start_with(ProviderOpts {
-            policy: Some(proxy_policy(READ_ROUTES)),
+            policy: Some(
+                opts.policy
+                    .clone()
+                    .unwrap_or_else(|| proxy_policy(READ_ROUTES)),
+            ),
             // Leading keys land in [providers.acme]; then the proxy's table.
             extra_config: format!("api_base = \"{api_base}\"\n\n[proxy]\n{proxy_keys}\n"),
-            ..ProviderOpts::default()
+            ..opts
         });
         let http = reqwest::Client::builder()
             .no_proxy()

@@ -16,6 +16,10 @@
 //!   body, or in a header);
 //! - `GET /redirect`: a 302 to `redirect_to` (another host);
 //! - `GET /hang`: never answers.
+//!
+//! [`ApiStandin::refuse_next_token`] makes it answer 401 to the token of
+//! the next request, and to every later request with that same token, as
+//! a provider does once it has revoked an access token.
 // Test helpers panic loudly, like the tests they serve.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -55,6 +59,7 @@ pub(crate) struct ApiStandin {
     /// `http://127.0.0.1:PORT`.
     pub base: String,
     pub records: Arc<Mutex<Vec<Record>>>,
+    refusals: Arc<Mutex<Refusals>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -62,6 +67,13 @@ impl Drop for ApiStandin {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// The tokens the stand-in refuses although the provider says they are live.
+#[derive(Default)]
+struct Refusals {
+    next: bool,
+    tokens: Vec<String>,
 }
 
 /// Bytes `i` of the download pattern.
@@ -116,12 +128,15 @@ impl ApiStandin {
         let records: Arc<Mutex<Vec<Record>>> = Arc::default();
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let rec = records.clone();
+        let refusals: Arc<Mutex<Refusals>> = Arc::default();
+        let refs = refusals.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
                 let rec = rec.clone();
+                let refs = refs.clone();
                 let http = http.clone();
                 let (intro, id, secret, to) = (
                     introspection.clone(),
@@ -132,12 +147,13 @@ impl ApiStandin {
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
                         let rec = rec.clone();
+                        let refs = refs.clone();
                         let http = http.clone();
                         let (intro, id, secret, to) =
                             (intro.clone(), id.clone(), secret.clone(), to.clone());
                         async move {
                             Ok::<_, std::convert::Infallible>(
-                                serve(req, rec, http, intro, id, secret, to).await,
+                                serve(req, rec, refs, http, intro, id, secret, to).await,
                             )
                         }
                     });
@@ -150,8 +166,15 @@ impl ApiStandin {
         ApiStandin {
             base,
             records,
+            refusals,
             task,
         }
+    }
+
+    /// Refuses, with 401, the token of the next request and every later
+    /// request carrying it.
+    pub(crate) fn refuse_next_token(&self) {
+        self.refusals.lock().unwrap().next = true;
     }
 
     /// Every request received so far.
@@ -185,9 +208,11 @@ async fn introspect(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     req: Request<hyper::body::Incoming>,
     records: Arc<Mutex<Vec<Record>>>,
+    refusals: Arc<Mutex<Refusals>>,
     http: reqwest::Client,
     intro: String,
     id: String,
@@ -206,7 +231,15 @@ async fn serve(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_string);
+    let refused = token.as_ref().is_some_and(|t| {
+        let mut r = refusals.lock().unwrap();
+        if std::mem::take(&mut r.next) {
+            r.tokens.push(t.clone());
+        }
+        r.tokens.contains(t)
+    });
     let sub = match &token {
+        Some(_) if refused => None,
         Some(t) => introspect(&http, &intro, &id, &secret, t).await,
         None => None,
     };

@@ -35,6 +35,9 @@ pub(crate) struct Opts {
     /// tests that discover keys through the issuer's metadata pass
     /// `free_loopback_addr()` here.
     pub public_listen: Option<String>,
+    /// Where the audit log goes (`audit_log`), when not `data/audit.jsonl`:
+    /// for example a small tmpfs mounted beforehand, to fill up.
+    pub audit_log: Option<PathBuf>,
 }
 
 /// The quick-start policy without the approval on `notes.delete`, for the
@@ -87,6 +90,13 @@ pub(crate) fn prepare(opts: &Opts) -> (tempfile::TempDir, PathBuf) {
     let mut text = std::fs::read_to_string(&config).unwrap();
     if let Some(edit) = opts.edit_config {
         text = edit(text);
+    }
+    if let Some(a) = &opts.audit_log {
+        text = text.replacen(
+            "store = \"data\"",
+            &format!("store = \"data\"\naudit_log = \"{}\"", a.display()),
+            1,
+        );
     }
     text.push_str(&opts.extra_config);
     std::fs::write(&config, text).unwrap();

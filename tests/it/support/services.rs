@@ -72,6 +72,8 @@ pub(crate) struct ProviderOpts {
     pub extra_policy: String,
     /// Replaces [`policy()`].
     pub policy: Option<String>,
+    /// The broker's `audit_log`, when not the default.
+    pub audit_log: Option<PathBuf>,
 }
 
 impl Default for ProviderOpts {
@@ -84,6 +86,7 @@ impl Default for ProviderOpts {
             extra_config: String::new(),
             extra_policy: String::new(),
             policy: None,
+            audit_log: None,
         }
     }
 }
@@ -125,6 +128,7 @@ timeout = "{timeout}"
             extra_config: extra,
             log: p.log.clone(),
             public_listen: p.public_listen.clone(),
+            audit_log: p.audit_log.clone(),
             ..Opts::default()
         });
         ServiceEnv {

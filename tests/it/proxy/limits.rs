@@ -1,0 +1,107 @@
+//! An unreachable API and the per-person-and-tool rate limit: each a clear
+//! answer at once, nothing half-sent, then served again.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use super::{refusal, ProxyEnv};
+
+#[tokio::test]
+async fn unreachable_api_is_502_with_its_reason_at_once() {
+    let mut p = ProxyEnv::start("").await;
+    let read = p.token("acme.read", "triage").await;
+    // A loopback port nobody listens on: bound, then closed.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let config = std::fs::read_to_string(&p.env.broker.config).unwrap();
+    let served = format!("api_base = \"{}\"", p.api.base);
+    assert!(config.contains(&served), "{config}");
+    let moved = config.replacen(&served, &format!("api_base = \"http://{closed}\""), 1);
+    std::fs::write(&p.env.broker.config, &moved).unwrap();
+    p.env.broker.restart();
+
+    let started = Instant::now();
+    let r = p.call(&read, "GET", "/user", None).await;
+    let (status, v) = refusal(r).await;
+    assert_eq!(
+        (status, v["reason"].as_str()),
+        (502, Some("upstream_unreachable")),
+        "{v}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "refused quickly, not after a timeout: {:?}",
+        started.elapsed()
+    );
+    assert!(p.api.records().is_empty());
+    let audit = p.env.broker.audit_lines();
+    assert!(
+        audit
+            .iter()
+            .any(|e| e["event"] == "proxy.completed" && e["reason"] == "upstream_unreachable"),
+        "{audit:?}"
+    );
+
+    // Positive control: the API back in the config, the same token is served.
+    std::fs::write(&p.env.broker.config, &config).unwrap();
+    p.env.broker.restart();
+    assert_eq!(p.call(&read, "GET", "/user", None).await.status(), 200);
+    assert_eq!(p.api.records().len(), 1);
+}
+
+#[tokio::test]
+async fn per_person_and_tool_rate_limit_is_429_with_retry_after() {
+    let p = ProxyEnv::start(
+        "\n[limits]\nper_peer_per_second = 10000\nper_person_tool_per_second = 1\nburst = 3\n",
+    )
+    .await;
+    let read = p.token("acme.read", "triage").await;
+    let write = p.token("acme.write", "open_pr").await;
+
+    // Calls until refused: the derives and calls of alice with acme.read
+    // share one budget.
+    let mut served = 0;
+    let limited = loop {
+        let r = p.call(&read, "GET", "/user", None).await;
+        if r.status() == 429 {
+            break r;
+        }
+        assert_eq!(r.status(), 200);
+        served += 1;
+        assert!(served < 10, "never limited");
+    };
+    let wait: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=5).contains(&wait), "Retry-After: {wait}");
+    assert_eq!(refusal(limited).await.1["reason"], "rate_limited");
+    assert_eq!(
+        p.api.records().len(),
+        served,
+        "the refused call went nowhere"
+    );
+
+    // Another tool of the same person has its own budget.
+    let r = p
+        .call(&write, "POST", "/repos/o/r/pulls", Some(b"{}".to_vec()))
+        .await;
+    assert_eq!(r.status(), 201);
+
+    // Positive control: after Retry-After, acme.read is served again.
+    let deadline = Instant::now() + Duration::from_secs(wait + 3);
+    tokio::time::sleep(Duration::from_secs(wait)).await;
+    loop {
+        let r = p.call(&read, "GET", "/user", None).await;
+        if r.status() == 200 {
+            break;
+        }
+        assert_eq!(r.status(), 429);
+        assert!(Instant::now() < deadline, "still limited after Retry-After");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
