@@ -134,7 +134,7 @@ pub struct Event<'a> {
     /// `{entry}.{type}.{field}` -> value; every other value stays out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub details_in_clear: Option<serde_json::Map<String, serde_json::Value>>,
-    /// For [`PROXY_REQUEST`] and [`PROXY_COMPLETED`]: the proxied call.
+    /// For `proxy.request` and `proxy.completed` events: the proxied call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyCall<'a>>,
     /// The instance that wrote it, when several share one store (replicas):
