@@ -19,12 +19,12 @@ use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
-use aws_lc_rs::hmac;
 use base64::Engine;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::connect::LinkCodes;
 use crate::secret::{SecretBytes, SecretString};
 use crate::store::{tuple_key, Store, StoreError, Tree};
 use crate::subject::Person;
@@ -219,15 +219,14 @@ pub struct Issued {
 /// The approval store.
 pub struct Approvals {
     store: Arc<dyn Store>,
-    key: hmac::Key,
-    base: String,
+    codes: LinkCodes,
     created: DefaultKeyedRateLimiter<(String, String, String)>,
 }
 
 impl std::fmt::Debug for Approvals {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Approvals")
-            .field("base", &self.base)
+            .field("base", &self.codes.base())
             .finish_non_exhaustive()
     }
 }
@@ -325,8 +324,7 @@ impl Approvals {
             .allow_burst(NonZeroU32::new(CREATE_BURST).unwrap_or(NonZeroU32::MIN));
         Approvals {
             store,
-            key: hmac::Key::new(hmac::HMAC_SHA256, key.expose()),
-            base: public_base.trim_end_matches('/').to_string(),
+            codes: LinkCodes::new(key, public_base),
             created: RateLimiter::keyed(quota),
         }
     }
@@ -334,26 +332,21 @@ impl Approvals {
     /// The approval key derived from the master key (its own label: an
     /// approval code is never a connect-link code).
     pub fn derive_key(master: &SecretBytes) -> SecretBytes {
-        let k = hmac::Key::new(hmac::HMAC_SHA256, master.expose());
-        SecretBytes::new(
-            hmac::sign(&k, b"credbroker approval-link key v1")
-                .as_ref()
-                .to_vec(),
-        )
+        LinkCodes::derive_key(master, b"credbroker approval-link key v1")
     }
 
     fn code_bytes(&self, id: &str) -> Vec<u8> {
-        hmac::sign(&self.key, id.as_bytes()).as_ref().to_vec()
+        self.codes.code_bytes(id)
     }
 
     /// The code of approval `id`.
     pub fn code_for(&self, id: &str) -> SecretString {
-        SecretString::new(b64().encode(self.code_bytes(id)))
+        self.codes.code_for(id)
     }
 
     /// The URL the person opens.
     pub fn uri(&self, code: &SecretString) -> String {
-        format!("{}/connect/{}", self.base, code.expose())
+        self.codes.uri(code)
     }
 
     fn record_key(&self, id: &str) -> Vec<u8> {

@@ -156,15 +156,61 @@ pub struct LinkRequest<'a> {
 /// The link store.
 pub struct Links {
     store: Arc<dyn Store>,
-    key: hmac::Key,
-    base: String,
+    codes: LinkCodes,
 }
 
 impl std::fmt::Debug for Links {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Links")
-            .field("base", &self.base)
+            .field("base", &self.codes.base)
             .finish_non_exhaustive()
+    }
+}
+
+/// The codes of links a person opens at `/connect/{code}`: an HMAC of the
+/// record's id under a key derived from the master key with a label of its
+/// own per kind of link (connect links, approvals), so every replica that
+/// shares the master key makes and recognises the same codes, and a code of
+/// one kind is never a code of the other.
+pub(crate) struct LinkCodes {
+    key: hmac::Key,
+    base: String,
+}
+
+impl LinkCodes {
+    /// `key` makes codes; `public_base` is the public issuer URL that serves
+    /// `/connect/{code}`.
+    pub(crate) fn new(key: &SecretBytes, public_base: &str) -> LinkCodes {
+        LinkCodes {
+            key: hmac::Key::new(hmac::HMAC_SHA256, key.expose()),
+            base: public_base.trim_end_matches('/').to_string(),
+        }
+    }
+
+    /// The key for `label`'s kind of link, derived from the master key.
+    pub(crate) fn derive_key(master: &SecretBytes, label: &[u8]) -> SecretBytes {
+        let k = hmac::Key::new(hmac::HMAC_SHA256, master.expose());
+        SecretBytes::new(hmac::sign(&k, label).as_ref().to_vec())
+    }
+
+    /// The raw code of record `id`.
+    pub(crate) fn code_bytes(&self, id: &str) -> Vec<u8> {
+        hmac::sign(&self.key, id.as_bytes()).as_ref().to_vec()
+    }
+
+    /// The code of record `id`, as it appears in the URL.
+    pub(crate) fn code_for(&self, id: &str) -> SecretString {
+        SecretString::new(b64().encode(self.code_bytes(id)))
+    }
+
+    /// The URL the person opens.
+    pub(crate) fn uri(&self, code: &SecretString) -> String {
+        format!("{}/connect/{}", self.base, code.expose())
+    }
+
+    /// The public issuer URL the codes are served under.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
     }
 }
 
@@ -184,34 +230,28 @@ impl Links {
     pub fn new(store: Arc<dyn Store>, link_key: &SecretBytes, public_base: &str) -> Links {
         Links {
             store,
-            key: hmac::Key::new(hmac::HMAC_SHA256, link_key.expose()),
-            base: public_base.trim_end_matches('/').to_string(),
+            codes: LinkCodes::new(link_key, public_base),
         }
     }
 
     /// The link key derived from the master key (so every replica that
     /// shares the master key makes and recognises the same codes).
     pub fn derive_key(master: &SecretBytes) -> SecretBytes {
-        let k = hmac::Key::new(hmac::HMAC_SHA256, master.expose());
-        SecretBytes::new(
-            hmac::sign(&k, b"credbroker connect-link key v1")
-                .as_ref()
-                .to_vec(),
-        )
+        LinkCodes::derive_key(master, b"credbroker connect-link key v1")
     }
 
     fn code_bytes(&self, id: &str) -> Vec<u8> {
-        hmac::sign(&self.key, id.as_bytes()).as_ref().to_vec()
+        self.codes.code_bytes(id)
     }
 
     /// The code of link `id`.
     pub fn code_for(&self, id: &str) -> SecretString {
-        SecretString::new(b64().encode(self.code_bytes(id)))
+        self.codes.code_for(id)
     }
 
     /// The URL the person opens.
     pub fn uri(&self, code: &SecretString) -> String {
-        format!("{}/connect/{}", self.base, code.expose())
+        self.codes.uri(code)
     }
 
     fn get_link(&self, hash: &[u8]) -> Result<Option<Link>, ConnectError> {
