@@ -74,9 +74,17 @@ async fn full_audit_disk_gives_503_and_nothing_reaches_the_api() {
     // Room again: the same token is served, with its event before the call.
     std::fs::remove_file(fs.0.join("filler")).unwrap();
     let r = p.call(&read, "GET", "/user", None).await;
-    assert_eq!(r.status(), 200);
+    let status = r.status();
+    assert_eq!(status, 200, "{}", r.text().await.unwrap_or_default());
     assert_eq!(p.api.records().len(), 1);
-    let events = read_audit(&audit);
+    // `proxy.completed` follows the answer's last byte.
+    let events = read_audit_until(&audit, |es| {
+        es.iter().any(|e| e["event"] == "proxy.completed")
+    })
+    .await;
     assert!(events.iter().any(|e| e["event"] == "proxy.request"));
-    assert!(events.iter().any(|e| e["event"] == "proxy.completed"));
+    assert!(
+        events.iter().any(|e| e["event"] == "proxy.completed"),
+        "{events:?}"
+    );
 }

@@ -37,13 +37,15 @@ async fn unreachable_api_is_502_with_its_reason_at_once() {
         started.elapsed()
     );
     assert!(p.api.records().is_empty());
-    let audit = p.env.broker.audit_lines();
-    assert!(
-        audit
-            .iter()
-            .any(|e| e["event"] == "proxy.completed" && e["reason"] == "upstream_unreachable"),
-        "{audit:?}"
-    );
+    let unreachable = |e: &serde_json::Value| {
+        e["event"] == "proxy.completed" && e["reason"] == "upstream_unreachable"
+    };
+    let audit = p
+        .env
+        .broker
+        .audit_lines_until(|es| es.iter().any(unreachable))
+        .await;
+    assert!(audit.iter().any(unreachable), "{audit:?}");
 
     // Positive control: the API back in the config, the same token is served.
     std::fs::write(&p.env.broker.config, &config).unwrap();

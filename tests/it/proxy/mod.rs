@@ -321,16 +321,20 @@ async fn allowed_calls_are_served_and_the_provider_token_never_leaves_the_broker
     assert_eq!(records[0].query.as_deref(), Some("state=open&page=2"));
 
     // The audit: one proxy.request before each call, one proxy.completed
-    // after, with the route template and a hash of the path, no query.
-    let audit = p.env.broker.audit_lines();
+    // after (it follows the answer's last byte, so it is waited for), with
+    // the route template and a hash of the path, no query.
+    let done =
+        |e: &serde_json::Value| e["event"] == "proxy.completed" && e["outcome"] == "completed";
+    let audit = p
+        .env
+        .broker
+        .audit_lines_until(|es| es.iter().filter(|e| done(e)).count() >= 5)
+        .await;
     let requests: Vec<_> = audit
         .iter()
         .filter(|e| e["event"] == "proxy.request")
         .collect();
-    let completed: Vec<_> = audit
-        .iter()
-        .filter(|e| e["event"] == "proxy.completed" && e["outcome"] == "completed")
-        .collect();
+    let completed: Vec<_> = audit.iter().filter(|e| done(e)).collect();
     assert_eq!((requests.len(), completed.len()), (5, 5), "{audit:?}");
     assert_eq!(
         requests[0]["proxy"]["route"],

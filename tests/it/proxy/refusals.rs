@@ -254,13 +254,14 @@ async fn each_refusal_then_its_positive_control() {
     let got = r.bytes().await;
     assert!(got.is_err(), "the answer is cut, not completed");
     let tokens = p.provider_tokens().await;
-    let audit = p.env.broker.audit_lines();
-    assert!(
-        audit
-            .iter()
-            .any(|e| e["event"] == "proxy.completed" && e["reason"] == "echo_blocked"),
-        "{audit:?}"
-    );
+    let blocked =
+        |e: &serde_json::Value| e["event"] == "proxy.completed" && e["reason"] == "echo_blocked";
+    let audit = p
+        .env
+        .broker
+        .audit_lines_until(|es| es.iter().any(blocked))
+        .await;
+    assert!(audit.iter().any(blocked), "{audit:?}");
     let answers = format!("{audit:?}");
     assert!(tokens.iter().all(|t| !answers.contains(t.as_str())));
     assert_eq!(p.call(&read, "GET", "/user", None).await.status(), 200);

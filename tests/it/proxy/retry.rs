@@ -46,7 +46,17 @@ async fn upstream_401_refreshes_and_retries_a_get_once_and_never_a_post() {
         "the retry carried a fresh one"
     );
     assert_eq!(p.env.peer.refreshes().await, refreshes + 1);
-    let audit = p.env.broker.audit_lines();
+    // The POST's completion and the GET's (written after its last byte).
+    let audit = p
+        .env
+        .broker
+        .audit_lines_until(|es| {
+            es.iter()
+                .filter(|e| e["event"] == "proxy.completed")
+                .count()
+                >= 2
+        })
+        .await;
     let done = audit
         .iter()
         .rfind(|e| e["event"] == "proxy.completed")

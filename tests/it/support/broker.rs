@@ -342,6 +342,15 @@ impl TestBroker {
         super::read_audit(&self.path("data/audit.jsonl"))
     }
 
+    /// [`TestBroker::audit_lines`] once `done` holds (see
+    /// [`super::read_audit_until`]).
+    pub(crate) async fn audit_lines_until(
+        &self,
+        done: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        super::read_audit_until(&self.path("data/audit.jsonl"), done).await
+    }
+
     /// Sends SIGHUP: the broker reloads its policy file.
     pub(crate) fn sighup(&self) {
         let ok = Command::new("kill")

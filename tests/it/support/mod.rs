@@ -161,6 +161,24 @@ pub(crate) fn form(pairs: &[(&str, &str)]) -> String {
     s.finish()
 }
 
+/// [`read_audit`] again until `done` holds of the events, for at most ten
+/// seconds; the events last read either way (the caller's assertion says
+/// what was missing). For events written after an answer went out, such as
+/// `proxy.completed`, which follows the last byte of a streamed body.
+pub(crate) async fn read_audit_until(
+    path: &std::path::Path,
+    done: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let events = read_audit(path);
+        if done(&events) || std::time::Instant::now() > deadline {
+            return events;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 pub(crate) fn random_bytes(n: usize) -> Vec<u8> {
     let mut b = vec![0u8; n];
     aws_lc_rs::rand::fill(&mut b).unwrap();
