@@ -256,10 +256,12 @@ pub async fn build(
     })?;
     let store: Arc<dyn crate::store::Store> = config.store.open()?;
     let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
-    // No provider, no vault key: the key directory is made only when a
-    // provider could need it (deploy/ keeps it on a writable path anyway).
+    // No provider, no vault key: the key record is made only when a
+    // provider could need it. The key directory is only read, to import the
+    // keys of an older install.
     let vault = Arc::new(crate::vault::Vault::open_for(
         store.clone(),
+        sealer.clone(),
         &config.vault_key_dir,
         !config.providers.is_empty(),
     )?);

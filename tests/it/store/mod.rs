@@ -9,3 +9,4 @@ mod links;
 mod migrations;
 mod processes;
 mod replicas;
+mod vault_keys;

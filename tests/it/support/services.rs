@@ -167,7 +167,12 @@ timeout = "{timeout}"
         let store: Arc<dyn credbroker::internals::store::Store> = Arc::new(
             credbroker::internals::store::SledStore::open(cfg.store.sled_dir().unwrap()).unwrap(),
         );
-        let vault = credbroker::internals::vault::Vault::open(store, &cfg.vault_key_dir).unwrap();
+        let vault = credbroker::internals::vault::Vault::open(
+            store,
+            super::config_master(&cfg),
+            &cfg.vault_key_dir,
+        )
+        .unwrap();
         Parts { vault }
     }
 
