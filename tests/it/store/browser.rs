@@ -18,7 +18,7 @@ use credbroker::client::{Answer, Refusal};
 use credbroker::internals::jose::Es256Key;
 use serde_json::json;
 
-use crate::support::browser::{idp_sign_in, Browsers};
+use crate::support::browser::{idp_sign_in, local_sign_in, Browsers};
 use crate::support::oidc::OrgIdp;
 use crate::support::postgres::{cluster_or_not_shown, database};
 use crate::support::replicas::{Forwarder, Pick, ReplicaSet};
@@ -227,5 +227,149 @@ async fn link_refused_on_a_opened_on_b_called_back_on_c_then_issued_on_a() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    browsers.finish().await;
+}
+
+/// What a page must never show: the parts of a Rust error or panic, the
+/// database's name and address, and the secrets this broker holds.
+fn assert_plain(text: &str, secrets: &[&str], what: &str) {
+    for s in secrets {
+        assert!(!text.contains(s), "{what}: a secret on the page:\n{text}");
+    }
+    for s in [
+        "panicked",
+        "backtrace",
+        ".rs:",
+        "postgres",
+        "Postgres",
+        "deadpool",
+        "error connecting",
+        "Connection refused",
+        "statement",
+    ] {
+        assert!(!text.contains(s), "{what}: {s:?} on the page:\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the gate between this binary's PostgreSQL tests (other test
+// threads), never taken by another task of this runtime.
+#[allow(clippy::await_holding_lock)]
+async fn pages_of_a_replica_without_postgres_show_a_plain_error_and_recover() {
+    let Some(cluster) = cluster_or_not_shown("the pages while PostgreSQL is down") else {
+        return;
+    };
+    let _exclusive = cluster.exclusive();
+    let db = database(cluster, "pages_pg_down");
+    let db_name = db.name.clone();
+    let set = ReplicaSet::start(Forwarder::start(), db, 1, ProviderOpts::default());
+    let a = &set.brokers[0];
+    let issuer = set.issuer.clone();
+    let (status, body) = a
+        .admin_post(
+            "/users",
+            &json!({"name": "alice", "password": ALICE_PW}).to_string(),
+        )
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let k = key();
+    let alice = a.subject_token("alice");
+    let r = refused(derive(a, &k, &alice, "acme.issues", SERVICE).await);
+    let link = r.connect_uri.clone().unwrap();
+    connect_id(&r);
+
+    // Alice signs in and sees the offer while the database is there.
+    let mut browsers = Browsers::start().await;
+    let mut steps = vec![json!({"goto": link})];
+    steps.extend(local_sign_in("alice", ALICE_PW));
+    steps.extend([
+        json!({"expect_url": link}),
+        json!({"expect_text": "Connect Acme for repo-helper"}),
+    ]);
+    browsers.steps("alice", json!(steps)).await;
+
+    let pg_password = std::fs::read_to_string(&cluster.password_file).unwrap();
+    let pg_password = pg_password.trim();
+    let address = format!("127.0.0.1:{}", cluster.port);
+    let secrets = [
+        pg_password,
+        set.provider.client_secret.as_str(),
+        db_name.as_str(),
+        address.as_str(),
+    ];
+    cluster.stop();
+    // Every page that needs the store: a plain error page, at once (the
+    // server refuses connections; a slow one is bounded by the statement
+    // timeout), for the signed-in person and for a browser without a
+    // session alike.
+    let pages = [
+        ("alice", link.clone()),
+        ("alice", format!("{issuer}/account")),
+        ("alice", format!("{issuer}/signin?return_to=%2Faccount")),
+        ("mallory", link.clone()),
+    ];
+    for (who, url) in &pages {
+        let start = Instant::now();
+        let r = browsers
+            .steps(who, json!([{"goto": url}, {"dom": "body"}]))
+            .await;
+        let took = start.elapsed();
+        let status = r[0]["status"].as_u64().unwrap();
+        let text = r[1].to_string();
+        eprintln!("{who} at {url} with the database down: {status} after {took:?}");
+        assert!(
+            status == 503 || status == 500,
+            "{who} at {url}: {status}\n{text}"
+        );
+        assert!(text.contains("try again"), "{who} at {url}: {text}");
+        assert_plain(&text, &secrets, url);
+        assert!(
+            took < Duration::from_secs(10),
+            "{who} at {url}: the error page took {took:?}"
+        );
+    }
+    // Nothing secret in what the broker logged meanwhile either.
+    let log = a.log_text();
+    for s in [pg_password, set.provider.client_secret.as_str()] {
+        assert!(!log.contains(s), "a secret in the broker's log");
+    }
+
+    // The database returns: the same pages work again without a restart,
+    // with the session made before the outage, and the link finishes.
+    cluster.start_again();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let start = Instant::now();
+    loop {
+        let r = http.get(format!("{issuer}/signin")).send().await.unwrap();
+        if r.status() == 200 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the pages did not recover within 10 s of the database's return"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("pages back {:?} after the database", start.elapsed());
+    set.provider.peer.set_browser_account("octo-alice").await;
+    browsers
+        .steps(
+            "alice",
+            json!([
+                {"goto": link},
+                {"expect_status": 200},
+                {"expect_text": "Connect Acme for repo-helper"},
+                {"click": "button[value=connect]"},
+                {"expect_url": format!("{issuer}/done/connected")},
+            ]),
+        )
+        .await;
+    let t = issued(derive(a, &k, &alice, "acme.issues", SERVICE).await);
+    assert!(
+        set.provider
+            .peer
+            .access_token_live(t.access_token.expose())
+            .await
+    );
     browsers.finish().await;
 }
