@@ -211,7 +211,7 @@ impl Config {
         let issuer = own_issuer(&raw.issuer, &mut check);
         let socket = listeners::socket(raw.socket, &mut check);
         let public = listeners::public(raw.public, &mut check);
-        let dpop = dpop(raw.dpop, &mut check);
+        let dpop = dpop(raw.dpop, raw.postgres.is_some(), &mut check);
         let limits = limits(&raw.limits, &dpop, &mut check);
         let proxy = proxy(&raw.proxy, &mut check);
         let trusted_issuers =
@@ -355,8 +355,19 @@ fn own_issuer(raw: &str, check: &mut Check<'_>) -> String {
     }
 }
 
-/// Validates `[dpop]`.
-fn dpop(raw: RawDpop, check: &mut Check<'_>) -> DpopConfig {
+/// Validates `[dpop]`. With a shared store (`[postgres]`) server nonces
+/// are on by default and cannot be turned off: replicas keep their derive
+/// replay caches each to itself, and only a nonce bound to the replica that
+/// issued it keeps a proof accepted by one replica from being accepted
+/// again by another.
+fn dpop(raw: RawDpop, shared_store: bool, check: &mut Check<'_>) -> DpopConfig {
+    if shared_store && raw.require_nonce == Some(false) {
+        check.bad(
+            "dpop.require_nonce",
+            "cannot be false with [postgres]: replicas keep their DPoP replay caches each to itself, so only server nonces bound to the replica stop a proof accepted by one replica from being replayed to another; remove the key (it defaults to true with [postgres])",
+        );
+    }
+    let require_nonce = raw.require_nonce.unwrap_or(shared_store);
     let algs = check.algs("dpop.algs", raw.algs, vec![Alg::ES256]);
     // `replay_capacity` (entries) is deprecated but still honoured: the
     // bytes are what bounds memory, so they are derived from it.
@@ -392,7 +403,7 @@ fn dpop(raw: RawDpop, check: &mut Check<'_>) -> DpopConfig {
         }
     };
     DpopConfig {
-        require_nonce: raw.require_nonce,
+        require_nonce,
         algs,
         replay_capacity,
         replay_cache_bytes,

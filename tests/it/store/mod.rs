@@ -5,6 +5,7 @@
 mod browser;
 mod contract;
 mod copy;
+mod dpop_nonces;
 mod faults;
 mod links;
 mod migrations;
