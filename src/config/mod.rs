@@ -119,7 +119,10 @@ pub struct Config {
     pub proxy: ProxyConfig,
     /// Trusted subject-token issuers.
     pub trusted_issuers: Vec<IssuerConfig>,
-    /// Directory of the vault's key files (each 32 bytes, mode 0600).
+    /// Deprecated (`[vault] key_dir`): the directory where installs made
+    /// before the vault's keys moved into the store kept them as files;
+    /// read only to import them at the first start (see
+    /// [`crate::vault::keys`]), never written.
     pub vault_key_dir: PathBuf,
     /// Third-party services people can connect, by name.
     pub providers: BTreeMap<String, ProviderConfig>,
