@@ -213,3 +213,58 @@ async fn a_vault_rotation_on_one_replica_is_readable_on_another() {
     assert_eq!(v["unreadable"], serde_json::json!([]), "{v}");
     assert!(out.status.success(), "{out:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the gate between this binary's PostgreSQL tests (other test
+// threads), never taken by another task of this runtime.
+#[allow(clippy::await_holding_lock)]
+async fn store_copy_carries_the_vault_key_record_to_postgres() {
+    let Some(cluster) = cluster_or_not_shown("store copy of the vault keys") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let db = database(cluster, "vault_keys_copy");
+    // A sled install with an account; its vault keys exist only in the store.
+    let (dir, config) = prepare(&Opts::default());
+    add_provider(&config);
+    let cfg = Config::load(&config).unwrap();
+    let vault = Vault::open(
+        cfg.store.open().unwrap(),
+        config_master(&cfg),
+        &cfg.vault_key_dir,
+    )
+    .unwrap();
+    connect(&vault, "alice");
+    drop(vault);
+    assert!(!cfg.vault_key_dir.exists());
+
+    let text = std::fs::read_to_string(&config).unwrap();
+    let pg = dir.path().join("postgres.toml");
+    std::fs::write(
+        &pg,
+        format!(
+            "{}\n{}",
+            text.replace("store = \"data\"\n", "audit_log = \"audit.jsonl\"\n"),
+            db.config_toml("auto")
+        ),
+    )
+    .unwrap();
+    let out = cli(&pg, &["store", "migrate"], None);
+    assert!(out.status.success(), "{out:?}");
+    let out = Command::new(bin())
+        .args(["store", "copy", "--from"])
+        .arg(dir.path().join("data"))
+        .arg("--to")
+        .arg(&pg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    // On PostgreSQL the account opens: the key record came along.
+    let (subs, unreadable) = list(&pg);
+    assert_eq!(subs, ["alice"]);
+    assert!(unreadable.is_empty(), "{unreadable:?}");
+    let rows = db.sql(
+        "SELECT count(*) FROM records WHERE tree = 'state' AND key = 'vault/keyring/v1'::bytea",
+    );
+    assert_eq!(rows, "1", "the record is a row of the database");
+}
