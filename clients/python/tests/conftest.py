@@ -71,6 +71,9 @@ class QuickstartBroker:
     demo_port: int
     resource: str
     proc: subprocess.Popen[bytes] | None = None
+    #: The issuer of the connected service's provider, when there is one
+    #: (the `acme` fixture's oauth-service peer).
+    service_issuer: str | None = None
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -136,6 +139,28 @@ class QuickstartBroker:
             text=True,
         )
         return out.stdout.strip()
+
+    def local_account(self, name: str, dir: Path) -> Path:
+        """Gives local account `name` (the person `sub` = name) a fresh
+        random password through the running broker, and returns the file
+        (mode 0600, in `dir`) that holds it, for a browser to sign in with."""
+        password = secrets.token_urlsafe(18)
+        path = dir / f"{name}.password"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, password.encode())
+        os.close(fd)
+        r = subprocess.run(
+            [
+                *(str(broker_bin()), "users", "add", name, "--replace"),
+                *("--config", str(self.config), "--password-stdin"),
+            ],
+            input=password + "\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        return path
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -283,6 +308,7 @@ client_secret_file = "{secret_file}"
 scopes = ["openid", "profile", "read:org"]
 """
     b = start_broker(tmp_module, extra_config=config, extra_policy=policy, broker_port=port)
+    b.service_issuer = issuer
     yield b
     b.stop()
     provider.terminate()
