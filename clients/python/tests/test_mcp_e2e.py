@@ -24,9 +24,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from conftest import REPO, QuickstartBroker, free_port, poll
+from conftest import (
+    REPO,
+    QuickstartBroker,
+    browser_of,
+    free_port,
+    poll,
+    provider_account,
+    require_browser,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -82,31 +89,6 @@ def token_file(tmp_path: Path, b: QuickstartBroker, sub: str = "alice") -> str:
     os.write(fd, b.subject_token(sub).encode())
     os.close(fd)
     return str(p)
-
-
-def require_browser() -> None:
-    if not Path("/usr/bin/chromium").exists():
-        pytest.fail("chromium is not installed: run scripts/install-test-deps")
-    if not (REPO / "tests" / "peers" / "node_modules" / "playwright-core").is_dir():
-        pytest.fail("playwright-core is not installed: run scripts/install-test-deps")
-
-
-def browser_of(tmp_path: Path, person: str, password_file: Path) -> list[str]:
-    """The command that opens a link in `person`'s own browser profile,
-    signing in with her local account when the broker asks."""
-    return [
-        "node",
-        str(REPO / "tests" / "peers" / "mcp_open_link.mjs"),
-        str(tmp_path / "browsers" / person),
-        person,
-        str(password_file),
-    ]
-
-
-def provider_account(b: QuickstartBroker, account: str) -> None:
-    """Makes the next browser sign-in at the provider be `account`."""
-    r = httpx.get(f"{b.service_issuer}/test/browser-account", params={"account": account})
-    assert r.status_code == 200 and r.json()["browser_account"] == account, r.text
 
 
 def browser_done(link: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { after, before, test } from "node:test";
 
-import { Acme, REPO, freePort, rm, tempDir } from "./support.js";
+import { Acme, REPO, browserOf as browserIn, freePort, requireBrowser, rm, tempDir } from "./support.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const PYTHON = join(REPO, ".venv", "bin", "python");
@@ -51,13 +51,8 @@ async function startServer(flavor: "sdk" | "server"): Promise<string> {
 }
 
 before(async () => {
-  for (const [what, p] of [
-    ["chromium", "/usr/bin/chromium"],
-    ["playwright-core", join(REPO, "tests", "peers", "node_modules", "playwright-core")],
-    ["the project's .venv (the Python mcp client)", PYTHON],
-  ] as const) {
-    if (!existsSync(p)) throw new Error(`${what} is missing (${p}): run scripts/install-test-deps`);
-  }
+  requireBrowser();
+  if (!existsSync(PYTHON)) throw new Error(`the project's .venv (the Python mcp client) is missing (${PYTHON}): run scripts/install-test-deps`);
   tmp = tempDir();
   acme = await Acme.start(tmp);
   urls["sdk"] = await startServer("sdk");
@@ -96,10 +91,7 @@ function tokenFile(sub: string): string {
   return p;
 }
 
-/** The command that opens a link in `person`'s own browser profile. */
-function browserOf(person: string, passwordFile: string): string[] {
-  return ["node", join(REPO, "tests", "peers", "mcp_open_link.mjs"), join(tmp, "browsers", person), person, passwordFile];
-}
+const browserOf = (person: string, passwordFile: string): string[] => browserIn(tmp, person, passwordFile);
 
 function browserDone(link: Link | undefined): string {
   const done = link?.open?.lines?.find((l) => "done" in l)?.["done"];

@@ -260,7 +260,14 @@ export class Acme {
     readonly providerIssuer: string,
   ) {}
 
-  static async start(tmp: string): Promise<Acme> {
+  /**
+   * Starts the provider and the broker. With `apiBase`, the provider's own
+   * origin is the service's API too (its userinfo endpoint, `/me`, is what
+   * the egress proxy's tests call); `extraConfig` comes after the
+   * `[providers.acme]` table; `{issuer}` in `extraPolicy` is the broker's
+   * issuer (a proxy resource is `{issuer}/proxy/acme`).
+   */
+  static async start(tmp: string, opts: { apiBase?: boolean; extraConfig?: string; extraPolicy?: string } = {}): Promise<Acme> {
     const peers = join(REPO, "tests", "peers");
     if (!existsSync(join(peers, "node_modules", "oidc-provider"))) throw new Error("tests/peers/node_modules is missing: run scripts/install-test-deps");
     const secret = `client-secret-canary-${randomBytes(12).toString("hex")}`;
@@ -293,7 +300,7 @@ delivery = "provider_token"
 resource = "${SERVICE}"
 scopes = ["read:org"]
 steps = ["triage"]
-`,
+${(opts.extraPolicy ?? "").replaceAll("{issuer}", `http://127.0.0.1:${port}`)}`,
       extraConfig: `
 [providers.acme]
 display_name = "Acme"
@@ -301,7 +308,7 @@ issuer = "${issuer}"
 client_id = "credbroker-test"
 client_secret_file = "${secretFile}"
 scopes = ["openid", "profile", "read:org"]
-`,
+${opts.apiBase ? `api_base = "${issuer}"\n` : ""}${opts.extraConfig ?? ""}`,
     });
     return new Acme(broker, provider, issuer);
   }
@@ -317,4 +324,35 @@ scopes = ["openid", "profile", "read:org"]
     await this.broker.stop();
     await stop(this.provider);
   }
+}
+
+/** Fails unless Chromium and playwright-core (tests/peers) are installed. */
+export function requireBrowser(): void {
+  for (const [what, p] of [
+    ["chromium", "/usr/bin/chromium"],
+    ["playwright-core", join(REPO, "tests", "peers", "node_modules", "playwright-core")],
+  ] as const) {
+    if (!existsSync(p)) throw new Error(`${what} is missing (${p}): run scripts/install-test-deps`);
+  }
+}
+
+/**
+ * The command that opens a link in `person`'s own browser profile (under
+ * `tmp`), signing in with her local account when the broker asks
+ * (tests/peers/mcp_open_link.mjs; the URL is appended).
+ */
+export function browserOf(tmp: string, person: string, passwordFile: string): string[] {
+  return ["node", join(REPO, "tests", "peers", "mcp_open_link.mjs"), join(tmp, "browsers", person), person, passwordFile];
+}
+
+/** Opens `url` in `person`'s browser; how it finished (`completed`, `other_person`...). */
+export function openInBrowser(tmp: string, person: string, passwordFile: string, url: string): string {
+  const [cmd, ...args] = browserOf(tmp, person, passwordFile) as [string, ...string[]];
+  const out = execFileSync(cmd, [...args, url], { encoding: "utf8", timeout: 120_000 });
+  for (const line of out.split("\n")) {
+    if (!line.startsWith("{")) continue;
+    const v = JSON.parse(line) as { done?: string };
+    if (v.done) return v.done;
+  }
+  throw new Error(`the browser did not finish: ${out.slice(-2000)}`);
 }
