@@ -62,7 +62,8 @@ class Hostile(BaseHTTPRequestHandler):
             Hostile.gone[path] = True
 
     def do_GET(self) -> None:
-        host = f"http://127.0.0.1:{self.server.server_address[1]}"
+        # The verifier asked for 127.0.0.1:<this port> (a test: no other client).
+        host = f"http://{self.headers['Host']}"
         prefix, _, rest = self.path.lstrip("/").partition("/")
         issuer = f"{host}/{prefix}"
         meta = {"issuer": issuer, "jwks_uri": f"{issuer}/jwks"}
