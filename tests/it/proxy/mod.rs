@@ -6,6 +6,7 @@
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod approvals;
 mod audit;
 mod expiry;
 mod limits;
