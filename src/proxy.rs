@@ -15,7 +15,8 @@
 //!    ([`crate::verify`]), audience = the proxy address, `htu` = the
 //!    configured issuer + the raw path (never `Host` or `X-Forwarded-*`);
 //! 4. no credential in the query;
-//! 5. the route, the step and the resource in the *current* policy;
+//! 5. the route, the step and the resource in the *current* policy, and
+//!    the route's variables bound to the token's approved details;
 //! 6. the per-person-and-tool rate limit, the per-service concurrency cap,
 //!    the request body cap;
 //! 7. the account, the allowance and a live provider token (refreshed with
@@ -272,6 +273,11 @@ impl Refusal {
                 }
                 r
             }
+            Refusal::Forbidden("details_mismatch") => plain(
+                StatusCode::FORBIDDEN,
+                "insufficient_scope",
+                "the path's variables are not the ones in the token's approved authorization_details".into(),
+            ),
             Refusal::Forbidden(_) => plain(
                 StatusCode::FORBIDDEN,
                 "insufficient_scope",
@@ -719,7 +725,18 @@ impl Proxy {
             .policy
             .proxy_route(&call.who.tool, &step, &call.resource, method, rest)
         {
-            Ok(route) => call.route = Some(route.text.clone()),
+            Ok(route) => {
+                // Where the policy binds the route's variables to the
+                // approved details, the path must be the approved one.
+                let holds = route.details_hold(rest, call.who.authorization_details.as_ref());
+                call.route = Some(route.text.clone());
+                if !holds {
+                    return Err((
+                        Some(call),
+                        Refusal::Forbidden(crate::policy::RouteDenial::DetailsMismatch.as_str()),
+                    ));
+                }
+            }
             Err(d) => return Err((Some(call), Refusal::Forbidden(d.as_str()))),
         }
         Ok(call)

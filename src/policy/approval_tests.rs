@@ -223,3 +223,85 @@ fn check_warns_about_an_approval_without_required_details() {
         .iter()
         .any(|w| w.message.contains("without seeing what it does")));
 }
+
+/// A proxy tool that needs approval, its one route given by `route`.
+fn proxied(route: &str) -> String {
+    format!(
+        r#"agent = "repo-agent"
+
+[resources."https://broker.example/proxy/github"]
+source = "service"
+service = "github"
+delivery = "proxy"
+
+[tools."repo.delete"]
+resource = "https://broker.example/proxy/github"
+scopes = ["repo"]
+steps = ["cleanup"]
+approval = "each_call"
+require_authorization_details = true
+routes = [{route}]
+
+[tools."repo.delete".authorization_details."git.repository"]
+owner = {{ kind = "string", required = true, label = "Owner" }}
+"name.full" = {{ kind = "string", required = true, label = "Repository" }}
+topics = {{ kind = "strings", label = "Topics" }}
+"#
+    )
+}
+
+#[test]
+fn route_variables_bind_to_declared_detail_fields() {
+    let p = load(&proxied(
+        r#"{ route = "DELETE /repos/{owner}/{repo}", details = { owner = "git.repository.owner", repo = "git.repository.name.full" } }"#,
+    ))
+    .unwrap();
+    let r = &p.tools["repo.delete"].routes[0];
+    let b: Vec<(&str, &str, &str)> = r
+        .details
+        .iter()
+        .map(|b| (b.var.as_str(), b.ty.as_str(), b.field.as_str()))
+        .collect();
+    assert_eq!(
+        b,
+        [
+            ("owner", "git.repository", "owner"),
+            ("repo", "git.repository", "name.full")
+        ]
+    );
+    let at = "tools.\"repo.delete\".routes[0].details";
+    for (details, key, cause) in [
+        (
+            r#"{ nope = "git.repository.owner" }"#,
+            "nope",
+            "names no variable of the route",
+        ),
+        (
+            r#"{ owner = "git.repository.bcc" }"#,
+            "owner",
+            "is not a declared field",
+        ),
+        (
+            r#"{ owner = "mail.owner" }"#,
+            "owner",
+            "is not a declared field",
+        ),
+        (
+            r#"{ owner = "git.repository.topics" }"#,
+            "owner",
+            "binds a list field",
+        ),
+        (r#"{ owner = 3 }"#, "owner", "must be a string"),
+    ] {
+        let text = proxied(&format!(
+            r#"{{ route = "DELETE /repos/{{owner}}/{{repo}}", details = {details} }}"#
+        ));
+        let shown = refused(&text, &format!("{at}.{key}"));
+        assert!(shown.contains(cause), "{shown}");
+    }
+    let shown = refused(
+        &proxied(r#"{ route = "DELETE /repos/{owner}/{repo}", details = {} }"#),
+        at,
+    );
+    assert!(shown.contains("at least one variable"), "{shown}");
+}

@@ -544,6 +544,9 @@ pub enum RouteDenial {
     RouteNotAllowed,
     /// A route matches, but not in the token's step.
     StepNotAllowed,
+    /// The route binds variables to the token's `authorization_details`,
+    /// and the path's variables are not the approved ones.
+    DetailsMismatch,
 }
 
 impl RouteDenial {
@@ -555,6 +558,7 @@ impl RouteDenial {
             RouteDenial::ResourceMismatch => "resource_mismatch",
             RouteDenial::RouteNotAllowed => "route_not_allowed",
             RouteDenial::StepNotAllowed => "step_not_allowed",
+            RouteDenial::DetailsMismatch => "details_mismatch",
         }
     }
 }

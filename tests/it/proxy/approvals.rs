@@ -145,3 +145,41 @@ async fn each_call_token_serves_exactly_one_proxied_call() {
     assert_eq!(r.status(), 200);
     assert_eq!(p.api.records().len(), 2);
 }
+
+/// Where the policy binds the route's variables to the approved details,
+/// an approved token is refused (`details_mismatch`) on a path whose
+/// variables differ, and nothing reaches the service; the approved path is
+/// then served with the same, still unspent, token.
+#[tokio::test]
+async fn approved_token_is_refused_on_a_path_other_than_the_approved_one() {
+    let mut p = start(
+        r#"{ route = "DELETE /repos/{owner}/{repo}", details = { owner = "repository.owner", repo = "repository.name" } }"#,
+    )
+    .await;
+    let token = approved_token(&mut p, &repository("octo", "hello")).await;
+    for other in ["/repos/octo/important", "/repos/mallory/hello"] {
+        let (status, body) = refusal(p.call(&token, "DELETE", other, None).await).await;
+        assert_eq!(
+            (status, body["reason"].as_str()),
+            (403, Some("details_mismatch")),
+            "{other}: {body}"
+        );
+    }
+    assert!(p.api.records().is_empty(), "nothing went upstream");
+    let audit = p
+        .env
+        .broker
+        .audit_lines_until(|es| es.iter().any(|e| e["reason"] == "details_mismatch"))
+        .await;
+    let denied = audit
+        .iter()
+        .find(|e| e["reason"] == "details_mismatch")
+        .unwrap();
+    assert_eq!(denied["proxy"]["route"], "DELETE /repos/{owner}/{repo}");
+
+    // Positive control: the approved repository.
+    let r = p.call(&token, "DELETE", "/repos/octo/hello", None).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["deleted"], "octo/hello");
+    assert_eq!(p.api.records().len(), 1);
+}
