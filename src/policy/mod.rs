@@ -180,6 +180,13 @@ pub struct DetailType {
     pub fields: BTreeMap<String, DetailField>,
 }
 
+impl DetailType {
+    /// The fields, in the order the person and a reviewer see them.
+    pub fn ordered(&self) -> impl Iterator<Item = (&String, &DetailField)> {
+        self.fields.iter()
+    }
+}
+
 /// A tool as the policy declares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tool {
