@@ -58,6 +58,9 @@ fn an_approval_tool_loads_with_its_declared_fields() {
     assert_eq!(t.approval, Some(Approval::EachCall));
     assert!(t.require_details);
     let mail = &t.details["mail"];
+    // The file's order, not the names' (size, subject, to).
+    let order: Vec<&str> = mail.ordered().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(order, ["to", "subject", "size"]);
     assert_eq!(mail.fields["to"].kind, FieldKind::Strings);
     assert!(mail.fields["to"].required);
     assert_eq!(mail.fields["subject"].label, "Subject");

@@ -542,7 +542,15 @@ steps = ["send_reply"]
             out.contains("details:  authorization_details (RFC 9396) required on every derive"),
             "{out}"
         );
-        assert!(out.contains("  - type mail: "), "{out}");
+        assert!(
+            out.contains("  - type mail: to ("),
+            "in the file's order: {out}"
+        );
+        let at = |f: &str| out.find(f).unwrap();
+        assert!(
+            at("to (") < at("subject (") && at("subject (") < at("size ("),
+            "{out}"
+        );
         for field in [
             "to (list of strings, required, label \"Recipients\")",
             "subject (string, required, label \"Subject\", logged in clear)",

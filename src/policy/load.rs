@@ -579,6 +579,8 @@ impl<'a> Check<'a> {
                 ok = false;
             }
             let mut declared = BTreeMap::new();
+            // The file's order, by the position of each field's `kind`.
+            let mut order: Vec<(usize, String)> = Vec::new();
             for (name, f) in fields {
                 let fkey = format!("{tkey}.{name:?}");
                 if !valid_detail_name(name) || name == "type" {
@@ -605,6 +607,7 @@ impl<'a> Check<'a> {
                     ok = false;
                     continue;
                 }
+                order.push((f.kind.span().start, name.clone()));
                 declared.insert(
                     name.clone(),
                     DetailField {
@@ -615,7 +618,14 @@ impl<'a> Check<'a> {
                     },
                 );
             }
-            out.insert(ty.clone(), DetailType { fields: declared });
+            order.sort();
+            out.insert(
+                ty.clone(),
+                DetailType {
+                    fields: declared,
+                    order: order.into_iter().map(|(_, n)| n).collect(),
+                },
+            );
         }
         if t.require_authorization_details && t.authorization_details.is_empty() {
             self.bad(

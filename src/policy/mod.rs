@@ -178,12 +178,19 @@ pub struct DetailField {
 pub struct DetailType {
     /// Every field it may carry, by name (`type` itself is implicit).
     pub fields: BTreeMap<String, DetailField>,
+    /// The field names in the order the policy file declares them (by
+    /// where each field's `kind` is written): serde hands the loader a
+    /// sorted map, so the file's order is recovered from the spans.
+    pub order: Vec<String>,
 }
 
 impl DetailType {
-    /// The fields, in the order the person and a reviewer see them.
+    /// The fields, in the order the policy file declares them: the order
+    /// the person and a reviewer see them in.
     pub fn ordered(&self) -> impl Iterator<Item = (&String, &DetailField)> {
-        self.fields.iter()
+        self.order
+            .iter()
+            .filter_map(|n| self.fields.get_key_value(n))
     }
 }
 
