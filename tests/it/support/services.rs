@@ -74,6 +74,13 @@ pub(crate) struct ProviderOpts {
     pub policy: Option<String>,
     /// The broker's `audit_log`, when not the default.
     pub audit_log: Option<PathBuf>,
+    /// More service names whose providers share the `acme` client: each
+    /// gets a `[providers.<name>]` table like `acme`'s (after
+    /// `extra_config`, plus `more_services_keys`), and the provider also
+    /// accepts its pages' callback (`/callback/<name>`).
+    pub more_services: Vec<&'static str>,
+    /// Keys added to each table of `more_services`.
+    pub more_services_keys: String,
 }
 
 impl Default for ProviderOpts {
@@ -87,6 +94,8 @@ impl Default for ProviderOpts {
             extra_policy: String::new(),
             policy: None,
             audit_log: None,
+            more_services: Vec::new(),
+            more_services_keys: String::new(),
         }
     }
 }
@@ -104,13 +113,21 @@ impl ServiceEnv {
             || REDIRECT.to_string(),
             |a| format!("http://{a}/callback/acme"),
         );
-        let peer = OidcPeer::start(&client_secret, &redirect);
+        let mut redirects = vec![redirect.clone()];
+        redirects.extend(
+            p.more_services
+                .iter()
+                .map(|s| redirect.replace("/callback/acme", &format!("/callback/{s}"))),
+        );
+        let redirects: Vec<&str> = redirects.iter().map(String::as_str).collect();
+        let peer = OidcPeer::start_with_redirects(&client_secret, &redirects);
         let secrets = tempfile::tempdir().unwrap();
         let file = secret_file(secrets.path(), "acme.secret", &client_secret);
-        let extra = format!(
-            r#"
-[providers.acme]
-display_name = "Acme"
+        let table = |name: &str| {
+            format!(
+                r#"
+[providers.{name}]
+display_name = "{name}"
 issuer = "{issuer}"
 client_id = "{CLIENT_ID}"
 client_secret_file = "{file}"
@@ -118,11 +135,18 @@ scopes = ["openid", "profile", "read:org"]
 narrow_on_refresh = {narrow}
 timeout = "{timeout}"
 "#,
-            issuer = peer.issuer,
-            file = file.display(),
-            narrow = p.narrow_on_refresh,
-            timeout = p.timeout,
-        ) + &p.extra_config;
+                issuer = peer.issuer,
+                file = file.display(),
+                narrow = p.narrow_on_refresh,
+                timeout = p.timeout,
+            )
+        };
+        let mut extra = table("acme").replace("display_name = \"acme\"", "display_name = \"Acme\"")
+            + &p.extra_config;
+        for name in &p.more_services {
+            extra += &table(name);
+            extra += &p.more_services_keys;
+        }
         let broker = TestBroker::start_with(Opts {
             policy: Some(p.policy.clone().unwrap_or_else(policy) + &p.extra_policy),
             extra_config: extra,
@@ -256,8 +280,16 @@ timeout = "{timeout}"
             let query = url::form_urlencoded::Serializer::new(String::new())
                 .extend_pairs(back.iter())
                 .finish();
+            // The callback of the link's service: the redirect URI the
+            // pages asked the provider for.
+            let redirect = url::Url::parse(&next)
+                .unwrap()
+                .query_pairs()
+                .find(|(k, _)| k == "redirect_uri")
+                .map(|(_, v)| url::Url::parse(&v).unwrap().path().to_string())
+                .unwrap();
             let done = c
-                .get(format!("{base}/callback/acme?{query}"))
+                .get(format!("{base}{redirect}?{query}"))
                 .send()
                 .await
                 .unwrap();
