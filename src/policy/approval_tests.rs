@@ -307,4 +307,31 @@ fn route_variables_bind_to_declared_detail_fields() {
         at,
     );
     assert!(shown.contains("at least one variable"), "{shown}");
+
+    // policy diff: dropping the binding is access gained (the route now
+    // takes any repository), adding it back access lost.
+    let unbound = load(&proxied(r#""DELETE /repos/{owner}/{repo}""#)).unwrap();
+    let r = diff::diff(&p, &unbound);
+    assert!(
+        r.gained.iter().any(|g| g.contains("routes added")
+            && g.contains("DELETE /repos/{owner}/{repo}")
+            && !g.contains("bound")),
+        "{r:?}"
+    );
+    assert!(
+        r.lost.iter().any(|l| l.contains("routes removed")
+            && l.contains("bound to details: owner = git.repository.owner")),
+        "{r:?}"
+    );
+    // The other way the unbound route is listed as removed (the bound one
+    // as added: diff compares routes as written).
+    let back = diff::diff(&unbound, &p);
+    assert!(
+        back.lost
+            .iter()
+            .any(|l| l.contains("routes removed") && !l.contains("bound")),
+        "{back:?}"
+    );
+    // Positive control: the same file is no change.
+    assert!(diff::diff(&p, &p).access_unchanged());
 }
