@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::support::oidc::{secret_file, OidcPeer, CLIENT_ID};
 use credbroker::internals::clock::SystemClock;
 use credbroker::internals::config::{AccountLookup, ClientAuth, ProviderConfig};
-use credbroker::internals::store::{SledStore, Store, StoreError, Tree};
+use credbroker::internals::store::{Fenced, Lease, SledStore, Store, StoreError, Tree};
 use credbroker::internals::subject::Person;
 use credbroker::internals::upstream::Provider;
 use credbroker::internals::vault::{AccountStatus, TokenOutcome, TokenRequest, Vault, VaultError};
@@ -63,6 +63,20 @@ impl Store for FailingStore {
         self.check()?;
         self.inner.compare_and_swap(t, k, e, n)
     }
+    fn replace_fenced(
+        &self,
+        t: Tree,
+        k: &[u8],
+        e: &[u8],
+        n: &[u8],
+        lease: Lease<'_>,
+    ) -> Result<Fenced, StoreError> {
+        self.check()?;
+        self.inner.replace_fenced(t, k, e, n, lease)
+    }
+    // The refresh lease's writes pass: the fault under test is the save of
+    // the account's tokens after the provider answered (the crash point of
+    // S2, the full disk of S3), which comes after the lease was taken.
     fn insert_expiring(
         &self,
         t: Tree,
@@ -70,7 +84,6 @@ impl Store for FailingStore {
         v: &[u8],
         ttl: std::time::Duration,
     ) -> Result<bool, StoreError> {
-        self.check()?;
         self.inner.insert_expiring(t, k, v, ttl)
     }
     fn get_expiring(&self, t: Tree, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
@@ -83,7 +96,6 @@ impl Store for FailingStore {
         e: &[u8],
         n: Option<(&[u8], std::time::Duration)>,
     ) -> Result<bool, StoreError> {
-        self.check()?;
         self.inner.replace_expiring(t, k, e, n)
     }
     fn sweep_expired(&self, t: Tree) -> Result<usize, StoreError> {
