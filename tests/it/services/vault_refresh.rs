@@ -16,7 +16,7 @@ use credbroker::internals::subject::Person;
 use credbroker::internals::upstream::Provider;
 use credbroker::internals::vault::{AccountStatus, TokenOutcome, TokenRequest, Vault, VaultError};
 
-const REDIRECT: &str = "http://127.0.0.1:9/connect/callback/acme";
+pub(crate) const REDIRECT: &str = "http://127.0.0.1:9/connect/callback/acme";
 
 /// A store whose writes fail while `fail` is set (a full disk, a read-only
 /// file system, or the moment of a crash).
@@ -110,13 +110,29 @@ impl Store for FailingStore {
 }
 
 fn provider(peer: &OidcPeer, dir: &std::path::Path) -> Provider {
+    provider_at(
+        &peer.issuer,
+        &peer.client_secret,
+        dir,
+        Duration::from_secs(3),
+    )
+}
+
+/// The provider "acme" at `issuer` (an [`OidcPeer`]), with its client
+/// secret written to a file in `dir`, every call bounded by `timeout`.
+pub(crate) fn provider_at(
+    issuer: &str,
+    client_secret: &str,
+    dir: &std::path::Path,
+    timeout: Duration,
+) -> Provider {
     Provider::new(ProviderConfig {
         name: "acme".into(),
         display_name: "Acme".into(),
-        issuer: Some(peer.issuer.clone()),
+        issuer: Some(issuer.to_string()),
         endpoints: None,
         client_id: CLIENT_ID.into(),
-        client_secret_file: Some(secret_file(dir, "acme.secret", &peer.client_secret)),
+        client_secret_file: Some(secret_file(dir, "acme.secret", client_secret)),
         client_auth: ClientAuth::Basic,
         redirect_uri: REDIRECT.into(),
         scopes: vec![],
@@ -125,7 +141,7 @@ fn provider(peer: &OidcPeer, dir: &std::path::Path) -> Provider {
             id_claim: "sub".into(),
             name_claim: "preferred_username".into(),
         },
-        timeout: Duration::from_secs(3),
+        timeout,
         grant_endpoint: None,
         recheck_unexpiring_token_after: Duration::from_secs(3600),
         api_base: None,
@@ -133,14 +149,15 @@ fn provider(peer: &OidcPeer, dir: &std::path::Path) -> Provider {
     .unwrap()
 }
 
-fn alice() -> Person {
+pub(crate) fn alice() -> Person {
     Person {
         iss: "https://idp.example".into(),
         sub: "alice".into(),
     }
 }
 
-async fn connect(peer: &OidcPeer, p: &Provider, vault: &Vault) {
+/// Connects alice's account at acme (user `octo-alice`) in `vault`.
+pub(crate) async fn connect(peer: &OidcPeer, p: &Provider, vault: &Vault) {
     let scopes = vec!["openid".to_string(), "repo".to_string()];
     let req = p.authorization_request(&scopes, &[]).await.unwrap();
     let back = peer.authorize(&req.url, "octo-alice").await;
@@ -162,7 +179,7 @@ async fn connect(peer: &OidcPeer, p: &Provider, vault: &Vault) {
         .unwrap();
 }
 
-fn repo() -> Vec<String> {
+pub(crate) fn repo() -> Vec<String> {
     vec!["repo".to_string()]
 }
 
