@@ -9,4 +9,5 @@ mod faults;
 mod links;
 mod migrations;
 mod processes;
+mod refresh;
 mod replicas;

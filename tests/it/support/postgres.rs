@@ -530,6 +530,7 @@ pub(crate) fn replicas_with(
     db: &Database,
     n: usize,
     opts: &super::Opts,
+    // Sees the whole config, `[postgres]` table included.
     edit: &dyn Fn(String) -> String,
 ) -> Vec<super::TestBroker> {
     assert!(opts.audit_log.is_none(), "replicas write audit.jsonl each");
@@ -548,8 +549,9 @@ pub(crate) fn replicas_with(
         }
         let text = std::fs::read_to_string(&config).unwrap();
         assert!(text.contains("store = \"data\"\n"));
-        let text = edit(text.replace("store = \"data\"\n", "audit_log = \"audit.jsonl\"\n"));
-        std::fs::write(&config, format!("{text}\n{}", db.config_toml("auto"))).unwrap();
+        let text = text.replace("store = \"data\"\n", "audit_log = \"audit.jsonl\"\n");
+        let text = edit(format!("{text}\n{}", db.config_toml("auto")));
+        std::fs::write(&config, text).unwrap();
         eprintln!("replica {i}: {}", dir.path().display());
         out.push(super::TestBroker::spawn(dir, config, opts.log.as_deref()));
     }
