@@ -11,20 +11,16 @@
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use credbroker::internals::clock::SystemClock;
 use credbroker::internals::store::{tuple_key, PgStore, Store, Tree};
-use credbroker::internals::vault::{lease_lifetime, TokenOutcome, TokenRequest, Vault};
+use credbroker::internals::vault::{TokenOutcome, TokenRequest, Vault};
 
 use super::vault_refresh::{alice, connect, provider_at, repo, REDIRECT};
 use crate::support::oidc::OidcPeer;
-use crate::support::postgres::{cluster_or_not_shown, database, settings_from_env};
-
-/// The provider timeout of the kill test: its lease lasts twice that.
-const SHORT_TIMEOUT: Duration = Duration::from_secs(1);
+use crate::support::postgres::{cluster_or_not_shown, database};
 
 /// Concurrent calls per instance in the race.
 const PER_INSTANCE: usize = 12;
@@ -133,128 +129,140 @@ async fn concurrent_refreshes_on_three_instances_refresh_once_at_the_provider() 
 // The pause point exists only with the `failpoints` feature (CI's tests
 // build with it).
 #[cfg(feature = "failpoints")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[allow(clippy::await_holding_lock)]
-async fn a_lease_holder_killed_mid_refresh_leaves_a_lease_that_lapses_and_another_instance_refreshes_once(
-) {
-    let Some(cluster) = cluster_or_not_shown("a killed refresh lease holder") else {
-        return;
-    };
-    let _shared = cluster.shared();
-    let db = database(cluster, "refresh_killed");
-    let dir = tempfile::tempdir().unwrap();
-    let peer = OidcPeer::start("client-secret-canary-killed", REDIRECT);
-    let p = provider_at(&peer.issuer, &peer.client_secret, dir.path(), SHORT_TIMEOUT);
-    let key_dir = dir.path().join("keys/vault");
-    let store: Arc<dyn Store> = Arc::new(PgStore::open(&db.settings()).unwrap());
-    let vault = Vault::open(store.clone(), &key_dir).unwrap();
-    peer.set_access_ttl(30).await;
-    connect(&peer, &p, &vault).await;
-    peer.set_access_ttl(3600).await;
+mod killed {
+    use std::io::{BufRead, BufReader};
+    use std::time::Instant;
 
-    // Another instance (a process of its own) starts the refresh and stops
-    // right after taking the lease.
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--ignored",
-        "--exact",
-        "services::refresh_replicas::refresh_until_the_lease_failpoint",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("CREDBROKER_FAILPOINT", "pause:vault.refresh.lease_taken")
-    .env("CREDBROKER_TEST_ISSUER", &peer.issuer)
-    .env("CREDBROKER_TEST_CLIENT_SECRET", &peer.client_secret)
-    .env("CREDBROKER_TEST_KEY_DIR", &key_dir)
-    .stdout(std::process::Stdio::null())
-    .stderr(std::process::Stdio::piped());
-    db.pass_to(&mut cmd);
-    let mut holder = cmd.spawn().unwrap();
-    let stderr = holder.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("failpoint vault.refresh.lease_taken: paused") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    if rx.recv_timeout(Duration::from_secs(60)).is_err() {
-        let _ = holder.kill();
-        panic!("the other instance never reached the lease failpoint");
-    }
-    let lease = store
-        .get_expiring(Tree::Leases, &alice_at_acme())
-        .unwrap()
-        .expect("the paused instance holds the lease");
-    let lease = String::from_utf8(lease).unwrap();
-    assert!(
-        lease.contains(&format!("/{} ", holder.id())),
-        "the lease names the holder's process: {lease}"
-    );
-    // kill -9 while it holds the lease, before it reached the provider.
-    holder.kill().unwrap();
-    let killed_at = Instant::now();
-    holder.wait().unwrap();
-    assert_eq!(
-        peer.refreshes().await,
-        0,
-        "the killed holder never refreshed"
-    );
+    use credbroker::internals::vault::lease_lifetime;
 
-    // This instance waits for the lease to lapse (no refresh while it is
-    // held), then takes it and refreshes once.
-    let out = token(&vault, &p).await;
-    let waited = killed_at.elapsed();
-    let TokenOutcome::Token(t) = out else {
-        panic!("no token after the holder died: {out:?}")
-    };
-    assert!(t.refreshed, "this instance refreshed");
-    assert_eq!(peer.refreshes().await, 1, "one refresh in all");
-    let lifetime = lease_lifetime(SHORT_TIMEOUT);
-    assert!(
-        waited < lifetime + Duration::from_secs(2),
-        "waited {waited:?}, more than the lease ({lifetime:?})"
-    );
-    eprintln!("refreshed {waited:?} after the holder was killed (lease {lifetime:?})");
-    assert_eq!(
-        store.get_expiring(Tree::Leases, &alice_at_acme()).unwrap(),
-        None,
-        "released after the refresh"
-    );
-    // And the next call uses that token without asking the provider.
-    let TokenOutcome::Token(again) = token(&vault, &p).await else {
-        panic!("no token")
-    };
-    assert!(!again.refreshed);
-    assert_eq!(again.access_token.expose(), t.access_token.expose());
-    assert_eq!(peer.refreshes().await, 1);
-}
+    use super::*;
+    use crate::support::postgres::settings_from_env;
 
-/// The instance that dies holding the lease (run only by the test above,
-/// with the failpoint armed).
-#[cfg(feature = "failpoints")]
-#[test]
-#[ignore = "run by a_lease_holder_killed_mid_refresh_leaves_a_lease_that_lapses_and_another_instance_refreshes_once"]
-fn refresh_until_the_lease_failpoint() {
-    let var = |k: &str| std::env::var(k).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    /// The provider timeout of the kill test: its lease lasts twice that.
+    const SHORT_TIMEOUT: Duration = Duration::from_secs(1);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(clippy::await_holding_lock)]
+    async fn a_lease_holder_killed_mid_refresh_leaves_a_lease_that_lapses_and_another_instance_refreshes_once(
+    ) {
+        let Some(cluster) = cluster_or_not_shown("a killed refresh lease holder") else {
+            return;
+        };
+        let _shared = cluster.shared();
+        let db = database(cluster, "refresh_killed");
         let dir = tempfile::tempdir().unwrap();
-        let p = provider_at(
-            &var("CREDBROKER_TEST_ISSUER"),
-            &var("CREDBROKER_TEST_CLIENT_SECRET"),
-            dir.path(),
-            SHORT_TIMEOUT,
+        let peer = OidcPeer::start("client-secret-canary-killed", REDIRECT);
+        let p = provider_at(&peer.issuer, &peer.client_secret, dir.path(), SHORT_TIMEOUT);
+        let key_dir = dir.path().join("keys/vault");
+        let store: Arc<dyn Store> = Arc::new(PgStore::open(&db.settings()).unwrap());
+        let vault = Vault::open(store.clone(), &key_dir).unwrap();
+        peer.set_access_ttl(30).await;
+        connect(&peer, &p, &vault).await;
+        peer.set_access_ttl(3600).await;
+
+        // Another instance (a process of its own) starts the refresh and stops
+        // right after taking the lease.
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--ignored",
+            "--exact",
+            "services::refresh_replicas::killed::refresh_until_the_lease_failpoint",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("CREDBROKER_FAILPOINT", "pause:vault.refresh.lease_taken")
+        .env("CREDBROKER_TEST_ISSUER", &peer.issuer)
+        .env("CREDBROKER_TEST_CLIENT_SECRET", &peer.client_secret)
+        .env("CREDBROKER_TEST_KEY_DIR", &key_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+        db.pass_to(&mut cmd);
+        let mut holder = cmd.spawn().unwrap();
+        let stderr = holder.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("failpoint vault.refresh.lease_taken: paused") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+            let _ = holder.kill();
+            panic!("the other instance never reached the lease failpoint");
+        }
+        let lease = store
+            .get_expiring(Tree::Leases, &alice_at_acme())
+            .unwrap()
+            .expect("the paused instance holds the lease");
+        let lease = String::from_utf8(lease).unwrap();
+        assert!(
+            lease.contains(&format!("/{} ", holder.id())),
+            "the lease names the holder's process: {lease}"
         );
-        let store: Arc<dyn Store> = Arc::new(PgStore::open(&settings_from_env()).unwrap());
-        let vault =
-            Vault::open(store, std::path::Path::new(&var("CREDBROKER_TEST_KEY_DIR"))).unwrap();
+        // kill -9 while it holds the lease, before it reached the provider.
+        holder.kill().unwrap();
+        let killed_at = Instant::now();
+        holder.wait().unwrap();
+        assert_eq!(
+            peer.refreshes().await,
+            0,
+            "the killed holder never refreshed"
+        );
+
+        // This instance waits for the lease to lapse (no refresh while it is
+        // held), then takes it and refreshes once.
         let out = token(&vault, &p).await;
-        panic!("the failpoint did not stop the refresh: {out:?}");
-    });
+        let waited = killed_at.elapsed();
+        let TokenOutcome::Token(t) = out else {
+            panic!("no token after the holder died: {out:?}")
+        };
+        assert!(t.refreshed, "this instance refreshed");
+        assert_eq!(peer.refreshes().await, 1, "one refresh in all");
+        let lifetime = lease_lifetime(SHORT_TIMEOUT);
+        assert!(
+            waited < lifetime + Duration::from_secs(2),
+            "waited {waited:?}, more than the lease ({lifetime:?})"
+        );
+        eprintln!("refreshed {waited:?} after the holder was killed (lease {lifetime:?})");
+        assert_eq!(
+            store.get_expiring(Tree::Leases, &alice_at_acme()).unwrap(),
+            None,
+            "released after the refresh"
+        );
+        // And the next call uses that token without asking the provider.
+        let TokenOutcome::Token(again) = token(&vault, &p).await else {
+            panic!("no token")
+        };
+        assert!(!again.refreshed);
+        assert_eq!(again.access_token.expose(), t.access_token.expose());
+        assert_eq!(peer.refreshes().await, 1);
+    }
+
+    /// The instance that dies holding the lease (run only by the test above,
+    /// with the failpoint armed).
+    #[test]
+    #[ignore = "run by a_lease_holder_killed_mid_refresh_leaves_a_lease_that_lapses_and_another_instance_refreshes_once"]
+    fn refresh_until_the_lease_failpoint() {
+        let var = |k: &str| std::env::var(k).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let p = provider_at(
+                &var("CREDBROKER_TEST_ISSUER"),
+                &var("CREDBROKER_TEST_CLIENT_SECRET"),
+                dir.path(),
+                SHORT_TIMEOUT,
+            );
+            let store: Arc<dyn Store> = Arc::new(PgStore::open(&settings_from_env()).unwrap());
+            let vault =
+                Vault::open(store, std::path::Path::new(&var("CREDBROKER_TEST_KEY_DIR"))).unwrap();
+            let out = token(&vault, &p).await;
+            panic!("the failpoint did not stop the refresh: {out:?}");
+        });
+    }
 }
