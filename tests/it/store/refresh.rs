@@ -4,7 +4,8 @@
 //! account is connected through the forwarder (the pages of any replica);
 //! its access token is inside the refresh margin; 200 concurrent derives
 //! spread over the three replicas' sockets then cause exactly one refresh
-//! at the provider, and every derive gets the refreshed token.
+//! at the provider, and every derive gets the refreshed token (case S13 of
+//! docs/SECURITY-CASES.md).
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
