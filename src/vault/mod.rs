@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::Zeroize;
 
 pub use keys::{KeyState, VaultKeys, DEFAULT_SEAL_CAP};
-pub use refresh::{ServiceToken, TokenOutcome, TokenRequest, REFRESH_MARGIN};
+pub use refresh::{lease_lifetime, ServiceToken, TokenOutcome, TokenRequest, REFRESH_MARGIN};
 
 use crate::seal::{SealError, Sealer};
 use crate::secret::SecretString;

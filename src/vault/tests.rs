@@ -496,6 +496,21 @@ impl Store for FailingStore {
         }
         self.inner.compare_and_swap(t, k, e, n)
     }
+    fn replace_fenced(
+        &self,
+        t: Tree,
+        k: &[u8],
+        e: &[u8],
+        n: &[u8],
+        lease: crate::store::Lease<'_>,
+    ) -> Result<crate::store::Fenced, StoreError> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend(
+                "No space left on device (os error 28)".into(),
+            ));
+        }
+        self.inner.replace_fenced(t, k, e, n, lease)
+    }
     fn insert_expiring(
         &self,
         t: Tree,

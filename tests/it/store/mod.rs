@@ -10,5 +10,6 @@ mod faults;
 mod links;
 mod migrations;
 mod processes;
+mod refresh;
 mod replicas;
 mod vault_keys;

@@ -286,79 +286,102 @@ impl ServiceEnv {
     /// the provider's answer goes to the pages' callback. The pages and the
     /// broker's own checks decide; the broker keeps running.
     pub(crate) async fn play_pages(&mut self, connect_uri: &str, sub: &str, account: &str) {
-        let path = &connect_uri[connect_uri.find("/connect/").expect("a connect URI")..];
-        let html = self.open_signed_in(path, sub).await;
+        let password = self.local_user(sub);
         let c = self.browser(sub);
-        let base = self.broker.public.clone();
-        let csrf = hidden(&html, "csrf");
-        let mut form = vec![("csrf", csrf.as_str())];
-        // The page offers the action of the link's kind; an allow link
-        // lists the person's connected accounts (the first is checked).
-        let chosen;
-        if html.contains("name=\"action\" value=\"approve\"") {
-            // A step-up approval (docs/APPROVALS.md): the call is approved.
-            form.push(("action", "approve"));
-        } else if html.contains("name=\"action\" value=\"allow\"") {
-            chosen = hidden(&html, "account");
-            form.extend([("action", "allow"), ("account", chosen.as_str())]);
-        } else if html.contains("name=\"action\" value=\"reconnect\"") {
-            form.push(("action", "reconnect"));
-        } else {
-            form.push(("action", "connect"));
-        }
-        let go = c
-            .post(format!("{base}{path}"))
-            .header("sec-fetch-site", "same-origin")
-            .form(&form)
+        play_pages_at(
+            &c,
+            &self.broker.public,
+            &self.peer,
+            connect_uri,
+            (sub, &password),
+            account,
+        )
+        .await;
+    }
+}
+
+/// [`ServiceEnv::play_pages`] with the pieces given: the browser `c`, the
+/// pages at `base` (a broker's, or a load balancer's in front of replicas),
+/// the provider `peer`, and the local account `(name, password)` of the
+/// person, who already exists.
+pub(crate) async fn play_pages_at(
+    c: &reqwest::Client,
+    base: &str,
+    peer: &OidcPeer,
+    connect_uri: &str,
+    (sub, password): (&str, &str),
+    account: &str,
+) {
+    let path = &connect_uri[connect_uri.find("/connect/").expect("a connect URI")..];
+    let html = open_signed_in(c, base, path, sub, password).await;
+    let csrf = hidden(&html, "csrf");
+    let mut form = vec![("csrf", csrf.as_str())];
+    // The page offers the action of the link's kind; an allow link
+    // lists the person's connected accounts (the first is checked).
+    let chosen;
+    if html.contains("name=\"action\" value=\"approve\"") {
+        // A step-up approval (docs/APPROVALS.md): the call is approved.
+        form.push(("action", "approve"));
+    } else if html.contains("name=\"action\" value=\"allow\"") {
+        chosen = hidden(&html, "account");
+        form.extend([("action", "allow"), ("account", chosen.as_str())]);
+    } else if html.contains("name=\"action\" value=\"reconnect\"") {
+        form.push(("action", "reconnect"));
+    } else {
+        form.push(("action", "connect"));
+    }
+    let go = c
+        .post(format!("{base}{path}"))
+        .header("sec-fetch-site", "same-origin")
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        go.status().is_redirection(),
+        "the link's button: {} {}",
+        go.status(),
+        go.text().await.unwrap()
+    );
+    let mut next = location(&go);
+    if next.starts_with(&peer.issuer) {
+        // To the provider and back to the pages' callback, with
+        // whatever the provider put in the answer.
+        let back = peer.authorize(&next, account).await;
+        let query = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(back.iter())
+            .finish();
+        // The callback of the link's service: the redirect URI the pages
+        // asked the provider for.
+        let redirect = url::Url::parse(&next)
+            .unwrap()
+            .query_pairs()
+            .find(|(k, _)| k == "redirect_uri")
+            .map(|(_, v)| url::Url::parse(&v).unwrap().path().to_string())
+            .unwrap();
+        let done = c
+            .get(format!("{base}{redirect}?{query}"))
             .send()
             .await
             .unwrap();
         assert!(
-            go.status().is_redirection(),
-            "the link's button: {} {}",
-            go.status(),
-            go.text().await.unwrap()
+            done.status().is_redirection(),
+            "the provider callback: {} {}",
+            done.status(),
+            done.text().await.unwrap()
         );
-        let mut next = location(&go);
-        if next.starts_with(&self.peer.issuer) {
-            // To the provider and back to the pages' callback, with
-            // whatever the provider put in the answer.
-            let back = self.peer.authorize(&next, account).await;
-            let query = url::form_urlencoded::Serializer::new(String::new())
-                .extend_pairs(back.iter())
-                .finish();
-            // The callback of the link's service: the redirect URI the
-            // pages asked the provider for.
-            let redirect = url::Url::parse(&next)
-                .unwrap()
-                .query_pairs()
-                .find(|(k, _)| k == "redirect_uri")
-                .map(|(_, v)| url::Url::parse(&v).unwrap().path().to_string())
-                .unwrap();
-            let done = c
-                .get(format!("{base}{redirect}?{query}"))
-                .send()
-                .await
-                .unwrap();
-            assert!(
-                done.status().is_redirection(),
-                "the provider callback: {} {}",
-                done.status(),
-                done.text().await.unwrap()
-            );
-            next = location(&done);
-        }
-        assert!(
-            [
-                "/done/connected",
-                "/done/reconnected",
-                "/done/allowed",
-                "/done/approved"
-            ]
-            .contains(&next.as_str()),
-            "the link was not finished: {next}"
-        );
+        next = location(&done);
     }
+    assert!(
+        [
+            "/done/connected",
+            "/done/reconnected",
+            "/done/allowed",
+            "/done/approved"
+        ]
+        .contains(&next.as_str()),
+        "the link was not finished: {next}"
+    );
 }
 
 /// The value of the first `name="{name}" value="..."` in a page.
