@@ -75,7 +75,7 @@ async fn concurrent_refreshes_on_three_instances_refresh_once_at_the_provider() 
                     sc.spawn(|| store.get(Tree::Accounts, b"warm-up").unwrap());
                 }
             });
-            Arc::new(Vault::open(store, &key_dir).unwrap())
+            Arc::new(Vault::open(store, crate::support::test_master(), &key_dir).unwrap())
         })
         .collect();
     // Connected with a token that is already inside the refresh margin;
@@ -155,7 +155,7 @@ mod killed {
         let p = provider_at(&peer.issuer, &peer.client_secret, dir.path(), SHORT_TIMEOUT);
         let key_dir = dir.path().join("keys/vault");
         let store: Arc<dyn Store> = Arc::new(PgStore::open(&db.settings()).unwrap());
-        let vault = Vault::open(store.clone(), &key_dir).unwrap();
+        let vault = Vault::open(store.clone(), crate::support::test_master(), &key_dir).unwrap();
         peer.set_access_ttl(30).await;
         connect(&peer, &p, &vault).await;
         peer.set_access_ttl(3600).await;
@@ -259,8 +259,14 @@ mod killed {
                 SHORT_TIMEOUT,
             );
             let store: Arc<dyn Store> = Arc::new(PgStore::open(&settings_from_env()).unwrap());
-            let vault =
-                Vault::open(store, std::path::Path::new(&var("CREDBROKER_TEST_KEY_DIR"))).unwrap();
+            // The vault's keys are the store's record, sealed under the
+            // same (test) master key as the parent's.
+            let vault = Vault::open(
+                store,
+                crate::support::test_master(),
+                std::path::Path::new(&var("CREDBROKER_TEST_KEY_DIR")),
+            )
+            .unwrap();
             let out = token(&vault, &p).await;
             panic!("the failpoint did not stop the refresh: {out:?}");
         });
