@@ -2,14 +2,40 @@
 //! each call from the credbroker sidecar and relaying the broker's connect
 //! link as a URL elicitation in the protocol version the client negotiated.
 //!
+//! It calls the service through the broker's egress proxy (docs/PROXY.md):
+//! the policy gives its tool a `service` resource with `delivery = "proxy"`,
+//! whose URI is the proxy's address `{issuer}/proxy/{service}`, and a route
+//! for the one call it makes:
+//!
+//! ```toml
+//! [resources."https://broker.example/proxy/github"]
+//! source = "service"
+//! service = "github"
+//! delivery = "proxy"
+//!
+//! [tools."github.repos"]
+//! resource = "https://broker.example/proxy/github"
+//! scopes = ["repo"]
+//! steps = ["list_repos"]
+//! routes = ["GET /user/repos"]
+//! ```
+//!
 //! ```text
 //! cargo run --example mcp_repo_server -- \
 //!     --listen 127.0.0.1:0 \
 //!     --broker-socket /run/credbroker/credbroker.sock --broker-issuer https://broker.example \
 //!     --trusted-issuer https://idp.example --jwks-uri https://idp.example/jwks --audience repo-helper \
-//!     --step list_repos --tool github.repos --resource https://api.github.com/ \
-//!     --api-url https://api.github.com/user/repos --service github
+//!     --step list_repos --tool github.repos --resource https://broker.example/proxy/github \
+//!     --api-url https://broker.example/proxy/github/user/repos --service github
 //! ```
+//!
+//! The derive gives this server a credbroker token for the proxy, bound to
+//! this server's own DPoP key and good for at most five minutes; each API
+//! call carries it with a fresh proof for exactly that method and URL. The
+//! person's GitHub token stays in the broker, which adds it upstream. An
+//! answer carrying a provider's own bearer token (a policy that still says
+//! `delivery = "provider_token"`) is refused and the token dropped unused:
+//! this server never holds one.
 //!
 //! It prints one JSON line `{"url": "http://127.0.0.1:PORT/mcp",
 //! "protocol_versions": [...]}` once it listens, then serves MCP over
@@ -40,9 +66,9 @@
 //! `typ` `at+jwt`, audience = the agent, lifetime; ID tokens and
 //! sender-constrained tokens refused) and takes (`iss`, `sub`) from it, never
 //! from tool arguments. The same token is the subject token of the derive:
-//! the sidecar checks it again. It never goes anywhere else: the third-party
-//! API gets only the token the broker derived, and that token never goes back
-//! to the MCP client (only the API's answer does).
+//! the sidecar checks it again. It never goes anywhere else: the proxy gets
+//! only the token the broker derived, and that token never goes back to the
+//! MCP client (only the API's answer does).
 //!
 //! Refusals with a link:
 //! - protocol 2025-11-25: JSON-RPC error `-32042` with the link in
@@ -134,13 +160,15 @@ struct Args {
     /// The tool name declared to the broker.
     #[arg(long)]
     tool: String,
-    /// The resource to derive a token for.
+    /// The resource to derive a token for: the proxy's address for the
+    /// service, `{broker issuer}/proxy/{service}`.
     #[arg(long)]
     resource: String,
     /// Scope to ask for (space-separated); the policy's when absent.
     #[arg(long)]
     scope: Option<String>,
-    /// The API that lists the person's repositories (GET); defaults to the resource.
+    /// The URL that lists the person's repositories (GET): the proxy's
+    /// address followed by the API's path; defaults to the resource.
     #[arg(long)]
     api_url: Option<String>,
     /// The service's short name, used in the input request's key (`connect_<service>`).
@@ -379,32 +407,34 @@ impl RepoServer {
         }
     }
 
-    /// Calls the API with the derived token (DPoP-bound tokens with a fresh
-    /// proof from this server's key; provider tokens as bearer) and returns
-    /// the API's answer, never the token.
+    /// Calls the API through the proxy with the derived token and a fresh
+    /// proof from this server's key, and returns the API's answer, never the
+    /// token. A provider's bearer token is refused unused.
     async fn call_api(&self, token: &Token, limit: Option<usize>) -> CallToolResponse {
         let me = &self.0;
-        let at = token.access_token.expose();
-        let mut req = me.http.get(&me.api_url);
-        if token.token_type.eq_ignore_ascii_case("dpop") {
-            let htu = me.api_url.split(['?', '#']).next().unwrap_or(&me.api_url);
-            let proof = match credbroker::internals::dpop::make_proof(
-                &me.dpop_key,
-                "GET",
-                htu,
-                now(),
-                Some(at),
-                None,
-            ) {
-                Ok(p) => p,
-                Err(_) => return text_error("Could not make a DPoP proof."),
-            };
-            req = req
-                .header("authorization", format!("DPoP {at}"))
-                .header("dpop", proof);
-        } else {
-            req = req.header("authorization", format!("Bearer {at}"));
+        if !token.token_type.eq_ignore_ascii_case("dpop") || token.sender_constrained == Some(false)
+        {
+            // The policy hands the provider's own token to this tool: it is
+            // not sent anywhere (the struct holding it is dropped with the
+            // answer), and the message says what to change.
+            tracing::warn!("the broker handed over a provider token; refused unused");
+            return text_error(
+                "The credential broker handed this server the service's own token; this \
+                 server calls the service only through the broker's proxy (policy: \
+                 delivery = \"proxy\" for its resource).",
+            );
         }
+        let at = token.access_token.expose();
+        let htu = me.api_url.split(['?', '#']).next().unwrap_or(&me.api_url);
+        let proof = match credbroker::client::proof(&me.dpop_key, "GET", htu, Some(at)) {
+            Ok(p) => p,
+            Err(_) => return text_error("Could not make a DPoP proof."),
+        };
+        let req = me
+            .http
+            .get(&me.api_url)
+            .header("authorization", format!("DPoP {at}"))
+            .header("dpop", proof);
         let resp = match req.header("accept", "application/json").send().await {
             Ok(r) => r,
             Err(_) => return text_error("The repository API is unreachable."),

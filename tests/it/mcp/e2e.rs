@@ -5,8 +5,10 @@
 //! oidc-provider, tests/peers/oidc-provider.mjs, which also issues the
 //! access tokens the MCP client presents) and connects the third-party
 //! service (oidc-provider again, tests/peers/oauth-service.mjs); the retry
-//! gets the provider's token and the repository API (which checks that token
-//! at the provider's userinfo endpoint) answers.
+//! gets a token for the broker's egress proxy, and the example's call goes
+//! through the proxy to the repository API (which checks the provider's
+//! token, added by the proxy, at the provider's userinfo endpoint). The
+//! example never holds the provider's token.
 //!
 //! - 2025-11-25 (`mode="legacy"`): `-32042`, the handler opens the link,
 //!   the manual retry returns the repositories;
@@ -27,7 +29,6 @@ use crate::support::*;
 use serde_json::{json, Value};
 
 const AGENT_RESOURCE: &str = "urn:credbroker:agent:repo-helper";
-const SERVICE: &str = "https://api.acme.example";
 const PAGES_CLIENT: &str = "credbroker-pages";
 const SERVICE_CLIENT: &str = "credbroker-acme";
 
@@ -94,19 +95,26 @@ struct Env {
     browsers: tempfile::TempDir,
 }
 
-fn policy() -> String {
+/// The broker's proxy address for the service, on the pages' origin `base`.
+fn proxy(base: &str) -> String {
+    format!("{base}/proxy/acme")
+}
+
+fn policy(base: &str) -> String {
+    let proxy = proxy(base);
     format!(
         r#"agent = "repo-helper"
 
-[resources."{SERVICE}"]
+[resources."{proxy}"]
 source = "service"
 service = "acme"
-delivery = "provider_token"
+delivery = "proxy"
 
 [tools."acme.repos"]
-resource = "{SERVICE}"
+resource = "{proxy}"
 scopes = ["repo"]
 steps = ["list_repos"]
+routes = ["GET /user/repos"]
 "#
     )
 }
@@ -146,8 +154,13 @@ async fn env() -> Env {
         service_secret.as_bytes(),
     )
     .unwrap();
+    // The repository API believes a token only when the provider's userinfo
+    // endpoint does, and lists the repositories of that provider account.
+    // It is the provider's api_base: only the proxy calls it.
+    let api = RepoApi::provider_checked(&service.issuer).await;
+    let api_base = api.url.trim_end_matches("/user/repos").to_owned();
     let broker = TestBroker::start_with(Opts {
-        policy: Some(policy()),
+        policy: Some(policy(&base)),
         public_listen: Some(public.to_string()),
         extra_config: format!(
             r#"
@@ -163,6 +176,7 @@ issuer = "{service}"
 client_id = "{SERVICE_CLIENT}"
 client_secret_file = "{acme}"
 scopes = ["openid", "profile"]
+api_base = "{api_base}"
 "#,
             pages = pages_secret_file.display(),
             service = service.issuer,
@@ -173,9 +187,6 @@ scopes = ["openid", "profile"]
     // Keep the secret files as long as the broker runs.
     std::mem::forget(secrets);
 
-    // The repository API believes a token only when the provider's userinfo
-    // endpoint does, and lists the repositories of that provider account.
-    let api = RepoApi::provider_checked(&service.issuer).await;
     let server = McpServer::start(
         &McpServerOpts {
             socket: &broker.socket,
@@ -185,8 +196,8 @@ scopes = ["openid", "profile"]
             audience: "repo-helper",
             step: "list_repos",
             tool: "acme.repos",
-            resource: SERVICE,
-            api_url: &api.url,
+            resource: &proxy(&base),
+            api_url: &format!("{}/user/repos", proxy(&base)),
             service: "acme",
             scope: None,
             state_ttl: None,
@@ -345,13 +356,37 @@ async fn mcp_connect_link_completed_in_chromium_in_both_protocol_versions() {
         "{again}"
     );
 
-    // The API got the provider's tokens, never a person's access token, and
-    // the MCP client never saw a provider token.
-    for h in e.api.hits() {
+    // Every call reached the API through the proxy, with the provider's
+    // token (which the API checked at the provider), never a person's
+    // access token, the example's credbroker token or its proof; neither
+    // the MCP client nor the example's log ever saw a provider token.
+    let hits = e.api.hits();
+    assert_eq!(hits.len(), 3, "{hits:?}");
+    let proxied = e.events("proxy.request");
+    assert_eq!(
+        proxied.len(),
+        3,
+        "one proxied call per API hit: {proxied:?}"
+    );
+    assert!(proxied.iter().all(|x| x["tool"] == "acme.repos"));
+    let log = e.server.log_text();
+    for h in hits {
         let auth = h.authorization.unwrap();
-        assert!(auth.starts_with("Bearer "));
-        assert!(auth != format!("Bearer {alice}") && auth != format!("Bearer {bob}"));
-        assert!(!all_strings(&out).iter().any(|s| s.contains(&auth[7..])));
+        let token = auth.strip_prefix("Bearer ").expect("the provider's scheme");
+        assert!(token != alice && token != bob);
+        assert_eq!(
+            crate::support::quickstart::jwts_issued_by(token, &e.broker.issuer),
+            0,
+            "a credbroker token went upstream"
+        );
+        assert_eq!(h.dpop, None, "the proof never goes upstream");
+        for o in [&out, &again] {
+            assert!(!all_strings(o).iter().any(|s| s.contains(token)));
+        }
+        assert!(
+            !log.contains(token),
+            "a provider token in the example's log"
+        );
     }
     assert_eq!(e.events("connect.completed").len(), 2);
 }
@@ -494,7 +529,7 @@ async fn tampered_request_state_is_refused_against_the_real_broker() {
 
     // The broker's refusal itself matches proto/refusal.schema.json.
     let k = key();
-    let body = json!({"subject_token": erin, "step": "list_repos", "tool": "acme.repos", "resource": SERVICE}).to_string();
+    let body = json!({"subject_token": erin, "step": "list_repos", "tool": "acme.repos", "resource": proxy(&e.broker.issuer)}).to_string();
     let raw = e.broker.raw(
         &http_derive(&body, Some(&e.broker.proof(&k)), ""),
         std::time::Duration::from_secs(10),

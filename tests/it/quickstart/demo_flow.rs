@@ -208,7 +208,7 @@ async fn quickstart_demo_connect_link_in_chromium() {
         )
         .unwrap();
     assert_eq!(
-        crate::support::quickstart::demo_tokens(&format!("x {forged} y"), &q.demo),
+        crate::support::quickstart::jwts_issued_by(&format!("x {forged} y"), &q.demo),
         1
     );
     let served: Vec<_> = q

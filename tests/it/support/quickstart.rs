@@ -152,7 +152,7 @@ impl Quickstart {
     /// and refresh tokens are both such JWTs).
     pub(crate) fn assert_no_demo_token(&self, text: &str, what: &str) {
         assert!(
-            demo_tokens(text, &self.demo) == 0,
+            jwts_issued_by(text, &self.demo) == 0,
             "{what} holds a token of the demo service"
         );
     }
@@ -183,7 +183,7 @@ impl Quickstart {
 }
 
 /// How many JWTs issued by `iss` appear in `text`.
-pub(crate) fn demo_tokens(text: &str, iss: &str) -> usize {
+pub(crate) fn jwts_issued_by(text: &str, iss: &str) -> usize {
     use base64::Engine as _;
     let b64url = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
     text.split(|c: char| !(b64url(c) || c == '.'))
