@@ -606,8 +606,16 @@ impl RepoServer {
         let me = &self.0;
         if !token.token_type.eq_ignore_ascii_case("dpop") || token.sender_constrained == Some(false)
         {
-            tracing::warn!("the broker handed over a bearer token; refused unused");
-            return Err("The credential broker handed this server a bearer token; it uses only DPoP-bound tokens.".into());
+            // The policy hands the provider's own token to this tool: it is
+            // not sent anywhere (the struct holding it is dropped with the
+            // answer), and the message says what to change.
+            tracing::warn!("the broker handed over a provider token; refused unused");
+            return Err(
+                "The credential broker handed this server the service's own token; \
+                 this server calls the service only through the broker's proxy (policy: \
+                 delivery = \"proxy\" for its resource)."
+                    .into(),
+            );
         }
         let at = token.access_token.expose();
         let htu = url.split(['?', '#']).next().unwrap_or(url);
@@ -632,6 +640,7 @@ impl RepoServer {
         if !status.is_success() {
             return Err(format!("The API answered HTTP {}.", status.as_u16()));
         }
+        // Read at most MAX_API_BODY, whatever the headers claim.
         let mut bytes = Vec::new();
         loop {
             match resp.chunk().await {
@@ -640,6 +649,8 @@ impl RepoServer {
                 _ => return Err("The API answered too much, or broke off.".into()),
             }
         }
+        // Whatever goes back to the MCP client must not carry the token,
+        // even if the API echoed it.
         if at.is_empty() || bytes.windows(at.len()).any(|w| w == at.as_bytes()) {
             tracing::warn!("the API echoed the token; its answer is withheld");
             return Err("The API's answer was withheld.".into());
@@ -649,71 +660,20 @@ impl RepoServer {
 
     /// Calls the API through the proxy with the derived token and a fresh
     /// proof from this server's key, and returns the API's answer, never the
-    /// token. A provider's bearer token is refused unused.
+    /// token.
     async fn call_api(&self, token: &Token, limit: Option<usize>) -> CallToolResponse {
-        let me = &self.0;
-        if !token.token_type.eq_ignore_ascii_case("dpop") || token.sender_constrained == Some(false)
-        {
-            // The policy hands the provider's own token to this tool: it is
-            // not sent anywhere (the struct holding it is dropped with the
-            // answer), and the message says what to change.
-            tracing::warn!("the broker handed over a provider token; refused unused");
-            return text_error(
-                "The credential broker handed this server the service's own token; this \
-                 server calls the service only through the broker's proxy (policy: \
-                 delivery = \"proxy\" for its resource).",
-            );
-        }
-        let at = token.access_token.expose();
-        let htu = me.api_url.split(['?', '#']).next().unwrap_or(&me.api_url);
-        let proof = match credbroker::client::proof(&me.dpop_key, "GET", htu, Some(at)) {
-            Ok(p) => p,
-            Err(_) => return text_error("Could not make a DPoP proof."),
-        };
-        let req = me
-            .http
-            .get(&me.api_url)
-            .header("authorization", format!("DPoP {at}"))
-            .header("dpop", proof);
-        let resp = match req.header("accept", "application/json").send().await {
-            Ok(r) => r,
-            Err(_) => return text_error("The repository API is unreachable."),
-        };
-        let status = resp.status();
-        if !status.is_success() {
-            return text_error(format!(
-                "The repository API answered HTTP {}.",
-                status.as_u16()
-            ));
-        }
-        // Read at most MAX_API_BODY, whatever the headers claim.
-        let mut resp = resp;
-        let mut body = Vec::new();
-        loop {
-            match resp.chunk().await {
-                Ok(Some(c)) if body.len() + c.len() <= MAX_API_BODY => body.extend_from_slice(&c),
-                Ok(None) => break,
-                _ => return text_error("The repository API answered too much, or broke off."),
-            }
-        }
-        // Whatever goes back to the MCP client must not carry the token,
-        // even if the API echoed it.
-        if at.is_empty() || body.windows(at.len()).any(|w| w == at.as_bytes()) {
-            tracing::warn!("the repository API echoed the token; its answer is withheld");
-            return text_error("The repository API's answer was withheld.");
-        }
-        let parsed: serde_json::Value = match serde_json::from_slice(&body) {
+        let parsed = match self.send(token, "GET", &self.0.api_url, None).await {
             Ok(v) => v,
-            Err(_) => return text_error("The repository API did not answer JSON."),
+            Err(why) => return text_error(why),
         };
         // Accept a bare list or {"repositories": [...]}.
         let mut repos = match parsed {
             serde_json::Value::Array(a) => a,
             serde_json::Value::Object(mut o) => match o.remove("repositories") {
                 Some(serde_json::Value::Array(a)) => a,
-                _ => return text_error("The repository API answered an unexpected shape."),
+                _ => return text_error("The API answered an unexpected shape."),
             },
-            _ => return text_error("The repository API answered an unexpected shape."),
+            _ => return text_error("The API answered an unexpected shape."),
         };
         if let Some(n) = limit {
             repos.truncate(n);
