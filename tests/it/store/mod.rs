@@ -5,8 +5,10 @@
 mod browser;
 mod contract;
 mod copy;
+mod dpop_nonces;
 mod faults;
 mod links;
 mod migrations;
 mod processes;
 mod replicas;
+mod vault_keys;
