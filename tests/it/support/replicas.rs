@@ -301,8 +301,6 @@ pub(crate) struct ReplicaSet {
     /// The forwarder's URL.
     pub issuer: String,
     pub db: Database,
-    /// The vault keys every replica reads (see [`ReplicaSet::start`]).
-    _vault_keys: tempfile::TempDir,
 }
 
 impl ReplicaSet {
@@ -336,15 +334,6 @@ impl ReplicaSet {
         // The quick-start files name the forwarder as the issuer and the
         // listener; the listener is then moved to a port of its own.
         opts.public_listen = Some(lb.addr.clone());
-        // TODO(pg-keys): remove once the vault's keys are in the store:
-        // until then each replica reads the vault keys from one directory
-        // (the first replica makes them at its start), or a replica could
-        // not read the accounts another connected.
-        let vault_keys = tempfile::tempdir().unwrap();
-        opts.extra_config.push_str(&format!(
-            "\n[vault]\nkey_dir = \"{}\"\n",
-            vault_keys.path().join("vault").display()
-        ));
         let listen = format!("\nlisten = \"{}\"\n", lb.addr);
         let pool = format!("\npool_size = {DEFAULT_POOL}\n");
         let edit = move |text: String| {
@@ -373,7 +362,6 @@ impl ReplicaSet {
             provider,
             issuer,
             db,
-            _vault_keys: vault_keys,
         }
     }
 
