@@ -8,5 +8,6 @@ mod copy;
 mod faults;
 mod links;
 mod migrations;
+mod per_replica;
 mod processes;
 mod replicas;

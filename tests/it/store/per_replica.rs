@@ -1,0 +1,79 @@
+//! What stays each replica's own on a shared store, as docs/STORE.md says:
+//! the policy file (each replica loads and reloads its own, and reports
+//! the hash of the one it decides with) and the derive rate limits (each
+//! replica counts only what it served, so N replicas admit N times the
+//! configured limit).
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use credbroker::internals::jose::sha256_hex;
+
+use crate::support::postgres::{cluster_or_not_shown, database, replicas};
+use crate::support::*;
+
+/// The hash a replica reports where an operator looks: `GET /status` on
+/// its admin socket, and its `/metrics` (`credbroker_policy_info{hash}`).
+fn reported(b: &TestBroker) -> String {
+    let hash = b.policy_hash();
+    assert_eq!(
+        b.metric(&format!("credbroker_policy_info{{hash=\"{hash}\"}}")),
+        Some(1.0),
+        "the metrics name the policy /status names"
+    );
+    hash
+}
+
+#[test]
+fn each_replica_reports_the_policy_hash_it_loaded() {
+    let Some(cluster) = cluster_or_not_shown("the policy hash of each replica") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let db = database(cluster, "policy_hash");
+    let r = replicas(&db, 2);
+    let (a, b) = (&r[0], &r[1]);
+    let first = std::fs::read(a.path("policy.toml")).unwrap();
+    let first_hash = sha256_hex(&first);
+    assert_eq!(reported(a), first_hash);
+    assert_eq!(reported(b), first_hash);
+
+    // A new policy file on B only (a rollout that reached one pod): B
+    // reloads it and says so; A, whose file did not change, keeps
+    // reporting the old one. The store does not carry policies.
+    let mut second = first.clone();
+    second.extend_from_slice(b"\n# rolled out to replica B only\n");
+    let second_hash = sha256_hex(&second);
+    assert_ne!(first_hash, second_hash);
+    b.replace_policy(&second);
+    b.sighup();
+    let start = Instant::now();
+    while b.policy_hash() != second_hash {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "replica B did not load its new policy file"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(reported(b), second_hash);
+    assert_eq!(
+        b.metric(&format!("credbroker_policy_info{{hash=\"{first_hash}\"}}")),
+        None,
+        "B's metrics no longer name the old policy"
+    );
+    assert_eq!(reported(a), first_hash, "A still decides with its own file");
+
+    // The same file on A: both report the same hash again.
+    a.replace_policy(&second);
+    a.sighup();
+    let start = Instant::now();
+    while a.policy_hash() != second_hash {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "replica A did not load its new policy file"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(reported(a), reported(b));
+}
