@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use credbroker::internals::jose::sha256_hex;
 
-use crate::support::postgres::{cluster_or_not_shown, database, replicas};
+use crate::support::postgres::{cluster_or_not_shown, database, replicas, replicas_with};
 use crate::support::*;
 
 /// The hash a replica reports where an operator looks: `GET /status` on
@@ -76,4 +76,44 @@ fn each_replica_reports_the_policy_hash_it_loaded() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(reported(a), reported(b));
+}
+
+fn per_person_tool_limit(text: String) -> String {
+    format!("{text}\n[limits]\nper_peer_per_second = 10000\nper_person_tool_per_second = 1\nburst = 2\n")
+}
+
+/// Derives until refused (at most `max` times); returns how many were
+/// issued and the refusal.
+fn until_refused(b: &TestBroker, body: &serde_json::Value, max: usize) -> (usize, HttpAnswer) {
+    let k = key();
+    for issued in 0..max {
+        let r = b.post_derive(body, Some(&b.proof(&k)));
+        if r.status != 200 {
+            return (issued, r);
+        }
+    }
+    panic!("{max} derives in a row were all served");
+}
+
+#[test]
+fn rate_limits_are_counted_per_replica() {
+    let Some(cluster) = cluster_or_not_shown("the rate limits of each replica") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let db = database(cluster, "rate_limits");
+    let r = replicas_with(&db, 2, &Opts::default(), &per_person_tool_limit);
+    let (a, b) = (&r[0], &r[1]);
+    let alice = a.good_body(&a.subject_token("alice"));
+    // A's bucket for (alice, notes.read) runs dry...
+    let (issued, refusal) = until_refused(a, &alice, 20);
+    assert!(issued >= 2, "A served its burst of 2 ({issued})");
+    assert_eq!(refusal.status, 429, "{}", refusal.raw);
+    // ...while B, which counts only what it served, still has its own:
+    // the same person and tool at the same moment are issued there.
+    let (on_b, refusal_b) = until_refused(b, &alice, 20);
+    assert!(on_b >= 2, "B served a burst of its own ({on_b})");
+    assert_eq!(refusal_b.status, 429, "B's own limit holds too");
+    // Each replica admitted its own burst: together twice the configured one.
+    assert!(issued + on_b >= 4, "{issued} + {on_b}");
 }
