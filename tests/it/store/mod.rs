@@ -6,6 +6,7 @@ mod browser;
 mod contract;
 mod copy;
 mod faults;
+mod housekeeping;
 mod links;
 mod migrations;
 mod per_replica;
