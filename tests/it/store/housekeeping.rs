@@ -1,5 +1,6 @@
 //! Housekeeping run by every replica at once: three instances' sweeps of
-//! expired page sessions and connect links on one PostgreSQL database, all
+//! expired page sessions, sign-in flows and connect links on one PostgreSQL
+//! database, all
 //! at the same moment and while new sessions keep arriving, never fail and
 //! never delete anything live.
 // Test helpers panic loudly on failure, as tests do.
@@ -8,7 +9,9 @@
 use std::sync::Arc;
 
 use credbroker::internals::connect::{LinkKind, LinkRequest, Links, LINK_TTL};
+use credbroker::internals::pages::flows::{self, Flow};
 use credbroker::internals::pages::session::{Lifetimes, Record, Session, Sessions};
+use credbroker::internals::seal::Sealer;
 use credbroker::internals::secret::SecretBytes;
 use credbroker::internals::store::{PgStore, Store, Tree};
 use credbroker::internals::subject::Person;
@@ -27,6 +30,17 @@ fn anonymous(created: i64) -> Record {
         auth_time: None,
         created,
         last_seen: created,
+    }
+}
+
+fn sign_in_flow() -> Flow {
+    Flow::SignIn {
+        issuer: "https://idp.example".into(),
+        nonce: "n".into(),
+        verifier: "v".into(),
+        return_to: "/account".into(),
+        reauth: false,
+        max_age: false,
     }
 }
 
@@ -89,6 +103,11 @@ fn housekeeping_on_every_replica_at_once_deletes_only_what_expired() {
     let live_links: Vec<String> = (0..EACH)
         .map(|i| link_of(&links[1], &alice, &format!("live-{i}"), now).0)
         .collect();
+    let sealer = Sealer::new(&SecretBytes::new(vec![9; 32]), &[]).unwrap();
+    let start_flow =
+        |at: i64| flows::start(stores[1].as_ref(), &sealer, "s", sign_in_flow(), at).unwrap();
+    let expired_flows: Vec<_> = (0..EACH).map(|_| start_flow(old)).collect();
+    let live_flows: Vec<_> = (0..EACH).map(|_| start_flow(now)).collect();
     assert_eq!(
         stores[0].scan_prefix(Tree::Sessions, b"").unwrap().len(),
         2 * EACH
@@ -100,9 +119,11 @@ fn housekeeping_on_every_replica_at_once_deletes_only_what_expired() {
         let sweepers: Vec<_> = (0..REPLICAS)
             .map(|i| {
                 let (store, links, sessions) = (stores[i].as_ref(), &links[i], &sessions);
+                let sealer = &sealer;
                 s.spawn(move || {
                     for _ in 0..3 {
                         sessions.sweep(store, now).unwrap();
+                        flows::sweep(store, sealer, now).unwrap();
                         links.sweep(now).unwrap();
                     }
                 })
@@ -153,6 +174,16 @@ fn housekeeping_on_every_replica_at_once_deletes_only_what_expired() {
     for tree in [Tree::Links, Tree::LinkIndex] {
         let left = stores[1].scan_prefix(tree, b"").unwrap().len();
         assert_eq!(left, EACH, "{tree:?}: only the live links remain");
+    }
+    let left = stores[2].scan_prefix(Tree::PageFlows, b"state/").unwrap();
+    assert_eq!(left.len(), EACH, "only the live flows remain");
+    for (i, state) in live_flows.iter().enumerate() {
+        let t = flows::take(stores[i % REPLICAS].as_ref(), &sealer, state.expose(), now).unwrap();
+        assert!(t.is_some(), "live flow {i} was swept");
+    }
+    for state in &expired_flows {
+        let t = flows::take(stores[0].as_ref(), &sealer, state.expose(), now).unwrap();
+        assert!(t.is_none());
     }
     for s in &expired_sessions {
         let id = s.id().expose().to_string();
