@@ -6,7 +6,9 @@
 //! Named points: `keys.rotate.before_write`, `keys.rotate.after_write`,
 //! `keys.activate.before_write`, `keys.activate.after_write`,
 //! `keys.migrate.before_write`, `keys.migrate.after_write` (see
-//! [`crate::mint`]).
+//! [`crate::mint`]); `vault.import.before_write`,
+//! `vault.import.after_write` (the import of an older install's vault key
+//! files, see [`crate::vault::keys`]).
 
 /// The environment variable that arms one point.
 pub const ENV: &str = "CREDBROKER_FAILPOINT";

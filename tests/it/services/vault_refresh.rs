@@ -165,7 +165,7 @@ async fn rotated_refresh_token_not_saved_becomes_reconnect_required_without_a_re
         fail: AtomicBool::new(false),
     });
     let key_dir = dir.path().join("keys/vault");
-    let vault = Vault::open(failing.clone(), &key_dir).unwrap();
+    let vault = Vault::open(failing.clone(), crate::support::test_master(), &key_dir).unwrap();
     peer.set_access_ttl(30).await;
     connect(&peer, &p, &vault).await;
     peer.set_access_ttl(3600).await;
@@ -190,7 +190,7 @@ async fn rotated_refresh_token_not_saved_becomes_reconnect_required_without_a_re
 
     // "Restart" on the store as the crash left it: the old refresh token
     // was consumed, so the provider refuses it: a typed reconnect.
-    let vault = Vault::open(sled.clone(), &key_dir).unwrap();
+    let vault = Vault::open(sled.clone(), crate::support::test_master(), &key_dir).unwrap();
     let out = vault.provider_token(&p, &req, &SystemClock).await.unwrap();
     assert!(matches!(out, TokenOutcome::Reconnect), "{out:?}");
     assert_eq!(
@@ -225,7 +225,7 @@ async fn rotated_refresh_token_is_saved_before_the_access_token_is_returned() {
     let p = provider(&peer, dir.path());
     let sled: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join("data")).unwrap());
     let key_dir = dir.path().join("keys/vault");
-    let vault = Vault::open(sled.clone(), &key_dir).unwrap();
+    let vault = Vault::open(sled.clone(), crate::support::test_master(), &key_dir).unwrap();
     peer.set_access_ttl(30).await;
     connect(&peer, &p, &vault).await;
     let person = alice();
@@ -247,7 +247,7 @@ async fn rotated_refresh_token_is_saved_before_the_access_token_is_returned() {
         assert_eq!(peer.refreshes().await, i);
         // What a crash right after the return would leave: a new process
         // reading the store sees the rotated token.
-        let fresh = Vault::open(sled.clone(), &key_dir).unwrap();
+        let fresh = Vault::open(sled.clone(), crate::support::test_master(), &key_dir).unwrap();
         let refresh_token = fresh
             .tokens_to_revoke(&person, "acme")
             .unwrap()
