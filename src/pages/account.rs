@@ -21,7 +21,7 @@ fn signed_in(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Result<(Session, Person), Re
             None => Err(redirect(&signin_path("/account", false))),
         },
         Ok(None) => Err(redirect(&signin_path("/account", false))),
-        Err(e) => Err(p.internal("session", &e)),
+        Err(e) => Err(p.store_failed("session", &e)),
     }
 }
 

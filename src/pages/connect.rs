@@ -87,7 +87,7 @@ pub(super) fn person_checks(
     let session = match p.session(h, ctx.now) {
         Ok(Some(s)) if s.record.person().is_some() => s,
         Ok(_) => return Err(redirect(&signin_path(&return_to, false))),
-        Err(e) => return Err(p.internal("session", &e)),
+        Err(e) => return Err(p.store_failed("session", &e)),
     };
     if let Some(token) = csrf {
         if !session.check_csrf(token) {
@@ -288,7 +288,7 @@ fn start_provider_flow(p: &Pages, ctx: Ctx, link: &Link, session: &Session) -> R
         ctx.now,
     ) {
         Ok(s) => s,
-        Err(e) => return p.internal("flow", &e),
+        Err(e) => return p.store_failed("flow", &e),
     };
     let req = AuthorizationRequest {
         service: &link.service,
@@ -338,12 +338,12 @@ pub async fn provider_callback(
     let taken = match flows::take(store, &p.sealer, &state, ctx.now) {
         Ok(Some(t)) => t,
         Ok(None) => return flow_failed(p, None),
-        Err(e) => return p.internal("flow", &e),
+        Err(e) => return p.store_failed("flow", &e),
     };
     let session = match p.session(h, ctx.now) {
         Ok(Some(s)) if s.key_hex() == taken.session && s.record.person().is_some() => s,
         Ok(_) => return flow_failed(p, None),
-        Err(e) => return p.internal("session", &e),
+        Err(e) => return p.store_failed("session", &e),
     };
     let who = p.who(&session);
     let flows::Flow::Provider {

@@ -55,7 +55,7 @@ use crate::config::{IssuerConfig, SignIn as SignInConfig};
 use crate::events::{Audit, Event, Kind};
 use crate::http::Body;
 use crate::seal::Sealer;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
 pub use limits::PageLimits;
 pub use links::ConnectedServices;
@@ -438,6 +438,27 @@ impl Pages {
                 next: None,
             }),
         )
+    }
+
+    /// The page for a failed store operation: while the store cannot
+    /// answer ([`StoreError::Unavailable`]: a shared store unreachable,
+    /// slow past its statement timeout, or its pool full) a 503 "try again"
+    /// page, as the link page answers, since that is an outage to wait out
+    /// and not a fault of this instance; any other store failure is an
+    /// internal error ([`Pages::internal`]).
+    pub fn store_failed(&self, what: &str, err: &StoreError) -> Response<Body> {
+        match err {
+            StoreError::Unavailable(_) => {
+                tracing::warn!(what, error = %err, "pages: store unavailable");
+                self.message(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    None,
+                    "Temporarily unavailable",
+                    &["Nothing was changed. Please try again in a moment."],
+                )
+            }
+            _ => self.internal(what, err),
+        }
     }
 
     /// 429, with `Retry-After` = the seconds until the limiter would admit

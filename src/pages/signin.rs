@@ -44,9 +44,9 @@ fn session_or_new(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Result<(Session, bool),
             p.sessions
                 .create_anonymous(p.deps.store.as_ref(), ctx.now)
                 .map(|s| (s, true))
-                .map_err(|e| p.internal("session", &e))
+                .map_err(|e| p.store_failed("session", &e))
         }
-        Err(e) => Err(p.internal("session", &e)),
+        Err(e) => Err(p.store_failed("session", &e)),
     }
 }
 
@@ -136,13 +136,13 @@ fn sign_in(p: &Pages, old: &Session, record: Record, return_to: &str) -> Respons
     let store = p.deps.store.as_ref();
     let fresh = match p.sessions.create(store, record) {
         Ok(s) => s,
-        Err(e) => return p.internal("session", &e),
+        Err(e) => return p.store_failed("session", &e),
     };
     if let Err(e) = p.sessions.delete(store, old) {
         // The old id stays valid until it expires; refuse rather than keep
         // two live sessions for one sign-in.
         let _ = p.sessions.delete(store, &fresh);
-        return p.internal("session", &e);
+        return p.store_failed("session", &e);
     }
     let mut r = redirect(return_to);
     p.set_cookie(&mut r, &fresh);
@@ -160,7 +160,7 @@ pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Respon
     let s = match p.session(h, ctx.now) {
         Ok(Some(s)) => s,
         Ok(None) => return p.bad_csrf(),
-        Err(e) => return p.internal("session", &e),
+        Err(e) => return p.store_failed("session", &e),
     };
     if !s.check_csrf(form.get("csrf")) {
         return p.bad_csrf();
@@ -183,7 +183,7 @@ pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Respon
             .await
         {
             Ok(Ok(v)) => v,
-            Ok(Err(e)) => return p.internal("users", &e),
+            Ok(Err(e)) => return p.store_failed("users", &e),
             Err(e) => return p.internal("users", &e),
         }
     };
@@ -273,7 +273,7 @@ pub async fn oidc_start(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Respons
         ctx.now,
     ) {
         Ok(st) => st,
-        Err(e) => return p.internal("flow", &e),
+        Err(e) => return p.store_failed("flow", &e),
     };
     let url = match p
         .oidc
@@ -341,14 +341,14 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
         Ok(Some(t)) => t,
         // Unknown, expired or already used (a replayed callback).
         Ok(None) => return expired_flow(p, &ctx, "state_unknown"),
-        Err(e) => return p.internal("flow", &e),
+        Err(e) => return p.store_failed("flow", &e),
     };
     let s = match p.session(h, ctx.now) {
         Ok(Some(s)) if s.key_hex() == taken.session => s,
         // Another browser's callback: the login-CSRF shape (someone makes
         // this browser finish a sign-in they started).
         Ok(_) => return expired_flow(p, &ctx, "state_of_another_session"),
-        Err(e) => return p.internal("session", &e),
+        Err(e) => return p.store_failed("session", &e),
     };
     let flows::Flow::SignIn {
         issuer,
@@ -458,13 +458,13 @@ pub async fn signout(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Respons
     let s = match p.session(h, ctx.now) {
         Ok(Some(s)) => s,
         Ok(None) => return redirect("/signin"),
-        Err(e) => return p.internal("session", &e),
+        Err(e) => return p.store_failed("session", &e),
     };
     if !s.check_csrf(form.get("csrf")) {
         return p.bad_csrf();
     }
     if let Err(e) = p.sessions.delete(p.deps.store.as_ref(), &s) {
-        return p.internal("session", &e);
+        return p.store_failed("session", &e);
     }
     if let Some(person) = s.record.person() {
         let mut e = p.event(&ctx, crate::events::Kind::Signout);

@@ -1,12 +1,18 @@
 //! The schema's versions: a migration run twice changes nothing, an older
 //! schema is migrated only when the config allows it, and a schema made
-//! for a newer binary is refused with a message saying what to do.
+//! for a newer binary is refused with a message saying what to do, while
+//! a rollback to a binary the newer schema still admits keeps serving.
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use credbroker::internals::store::{Migrate, PgStore, StoreError};
 
-use crate::support::postgres::{cluster_or_not_shown, database};
+use std::time::Duration;
+
+use credbroker::internals::jose::Es256Key;
+
+use crate::support::postgres::{cluster_or_not_shown, database, replicas};
+use crate::support::serve_expect_exit;
 
 fn refusal(r: Result<PgStore, StoreError>) -> String {
     match r {
@@ -83,4 +89,58 @@ fn a_schema_made_for_a_newer_binary_is_refused_with_a_clear_message() {
     // migration) is used: a rolling update's old replicas keep running.
     db.sql("UPDATE schema_migrations SET oldest_binary = '0.0.1' WHERE version = 9999");
     PgStore::open(&db.settings()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the gate between this binary's PostgreSQL tests (other test
+// threads), never taken by another task of this runtime.
+#[allow(clippy::await_holding_lock)]
+async fn a_rollback_to_a_binary_the_schema_still_admits_keeps_serving() {
+    let Some(cluster) = cluster_or_not_shown("a rollback onto a newer schema") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let db = database(cluster, "rollback");
+    let mut r = replicas(&db, 1);
+    let a = &mut r[0];
+    let (key, _) = Es256Key::generate().unwrap();
+    a.derive_ok(&key).await;
+    let jwks = a.jwks().await;
+    a.stop();
+
+    // What a newer binary's expand-only migration leaves behind: a column
+    // with a default on a table this binary writes, a table it does not
+    // know, and a schema version above its own.
+    db.sql(
+        "ALTER TABLE records ADD COLUMN written_by text NOT NULL DEFAULT 'newer'; \
+         CREATE TABLE newer_feature (id bigint PRIMARY KEY); \
+         INSERT INTO schema_migrations (version, oldest_binary) VALUES (9999, '99.0.0')",
+    );
+    // First as a migration that old binaries cannot follow: the real
+    // binary refuses to start, naming the versions and its config file.
+    let (status, stderr) = serve_expect_exit(&a.config, Duration::from_secs(30));
+    assert!(!status.success(), "{stderr}");
+    let config = a.config.display().to_string();
+    assert!(
+        stderr.contains(&config)
+            && stderr.contains("version 9999")
+            && stderr.contains("needs credbroker 99.0.0 or later")
+            && stderr.contains(&format!("this is credbroker {}", env!("CARGO_PKG_VERSION"))),
+        "{stderr}"
+    );
+    // Then as one that still admits this binary (the rollback the schema's
+    // oldest version allows): it starts on the newer schema, with the same
+    // key ring, issues, and writes.
+    db.sql("UPDATE schema_migrations SET oldest_binary = '0.1.0' WHERE version = 9999");
+    a.restart();
+    assert_eq!(a.jwks().await, jwks, "the key ring survived the rollback");
+    a.derive_ok(&key).await;
+    assert_eq!(a.admin_post("/freeze", "on").unwrap().0, 200);
+    assert_eq!(a.admin_post("/freeze", "off").unwrap().0, 200);
+    a.derive_ok(&key).await;
+    assert_eq!(
+        db.sql("SELECT max(version) FROM schema_migrations"),
+        "9999",
+        "the older binary migrated nothing back"
+    );
 }
