@@ -477,6 +477,9 @@ pub async fn serve(listener: tokio::net::TcpListener, demo: Arc<Demo>) {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
+        // As on the public listener: no Nagle delay between the writes of
+        // one answer.
+        let _ = stream.set_nodelay(true);
         let demo = demo.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
