@@ -2,10 +2,14 @@
 //! (sled runs it in its unit tests), and what only a shared store has to
 //! show: races between processes, durability across a server crash, the
 //! schema's versions, and failing closed while the server is away.
+mod browser;
 mod contract;
 mod copy;
+mod dpop_nonces;
 mod faults;
 mod links;
 mod migrations;
 mod processes;
+mod refresh;
 mod replicas;
+mod vault_keys;

@@ -10,6 +10,7 @@
 //! - `browser`: Chromium (playwright-core), one profile per person;
 //! - `mcp`: the example MCP server, the Python `mcp` client and fakes;
 //! - `postgres`: one PostgreSQL cluster per run, a database per test;
+//! - `replicas`: replicas on one database behind a forwarding proxy;
 //! - `quickstart`: the real `credbroker quickstart`, as a newcomer runs it.
 //!
 //! This file keeps the few helpers every role uses.
@@ -28,6 +29,7 @@ pub(crate) mod pages;
 pub(crate) mod peers;
 pub(crate) mod postgres;
 pub(crate) mod quickstart;
+pub(crate) mod replicas;
 pub(crate) mod resource;
 pub(crate) mod services;
 
@@ -177,6 +179,26 @@ pub(crate) async fn read_audit_until(
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// A master key sealer for tests that open a vault directly (without a
+/// broker's config): fixed, so a reopened vault finds its key record.
+pub(crate) fn test_master() -> std::sync::Arc<credbroker::internals::seal::Sealer> {
+    std::sync::Arc::new(
+        credbroker::internals::seal::Sealer::new(
+            &credbroker::internals::secret::SecretBytes::new(vec![0x4d; 32]),
+            &[],
+        )
+        .unwrap(),
+    )
+}
+
+/// The master key sealer of a broker's config (`keys.master_key_file`).
+pub(crate) fn config_master(
+    cfg: &credbroker::internals::config::Config,
+) -> std::sync::Arc<credbroker::internals::seal::Sealer> {
+    let key = credbroker::internals::config::read_secret_file(&cfg.master_key_file).unwrap();
+    std::sync::Arc::new(credbroker::internals::seal::Sealer::new(&key, &[]).unwrap())
 }
 
 pub(crate) fn random_bytes(n: usize) -> Vec<u8> {

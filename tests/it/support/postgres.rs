@@ -478,9 +478,39 @@ impl Database {
         )
     }
 
+    /// Passes this database to a worker process (a run of this test binary
+    /// that calls [`settings_from_env`]).
+    pub(crate) fn pass_to(&self, cmd: &mut Command) {
+        cmd.env("CREDBROKER_TEST_PG_PORT", self.cluster.port.to_string())
+            .env("CREDBROKER_TEST_PG_DB", &self.name)
+            .env(
+                "CREDBROKER_TEST_PG_PASSWORD_FILE",
+                &self.cluster.password_file,
+            );
+    }
+
     /// Runs SQL in this database (see [`Cluster::sql`]).
     pub(crate) fn sql(&self, sql: &str) -> String {
         self.cluster.sql(&self.name, sql)
+    }
+}
+
+/// In a worker process: the settings of the database its parent passed
+/// with [`Database::pass_to`] (`migrate = "manual"`: the parent migrated).
+pub(crate) fn settings_from_env() -> PgSettings {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    PgSettings {
+        config_file: PathBuf::from("test.toml"),
+        host: "127.0.0.1".into(),
+        port: var("CREDBROKER_TEST_PG_PORT").parse().unwrap(),
+        database: var("CREDBROKER_TEST_PG_DB"),
+        user: ADMIN.into(),
+        password_file: Some(var("CREDBROKER_TEST_PG_PASSWORD_FILE").into()),
+        ca_file: None,
+        pool_size: 2,
+        statement_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(5),
+        migrate: Migrate::Manual,
     }
 }
 
@@ -488,9 +518,25 @@ impl Database {
 /// quick-start directory (its own sockets and audit file), all with the
 /// first one's master key, dev issuer and policy, and one issuer URL.
 pub(crate) fn replicas(db: &Database, n: usize) -> Vec<super::TestBroker> {
+    replicas_with(db, n, &super::Opts::default(), &|text| text)
+}
+
+/// [`replicas`] from files written with `opts` (`opts.audit_log` must be
+/// unset: each replica writes `audit.jsonl` in its own directory), each
+/// config text passed through `edit` before the `[postgres]` table is added.
+/// The replicas start one after the other, so whatever the first one
+/// creates at its start (the key ring, the schema) the others find.
+pub(crate) fn replicas_with(
+    db: &Database,
+    n: usize,
+    opts: &super::Opts,
+    // Sees the whole config, `[postgres]` table included.
+    edit: &dyn Fn(String) -> String,
+) -> Vec<super::TestBroker> {
+    assert!(opts.audit_log.is_none(), "replicas write audit.jsonl each");
     let mut out: Vec<super::TestBroker> = Vec::new();
     for i in 0..n {
-        let (dir, config) = super::prepare(&super::Opts::default());
+        let (dir, config) = super::prepare(opts);
         if let Some(first) = out.first() {
             for f in [
                 "keys/master.key",
@@ -504,9 +550,10 @@ pub(crate) fn replicas(db: &Database, n: usize) -> Vec<super::TestBroker> {
         let text = std::fs::read_to_string(&config).unwrap();
         assert!(text.contains("store = \"data\"\n"));
         let text = text.replace("store = \"data\"\n", "audit_log = \"audit.jsonl\"\n");
-        std::fs::write(&config, format!("{text}\n{}", db.config_toml("auto"))).unwrap();
+        let text = edit(format!("{text}\n{}", db.config_toml("auto")));
+        std::fs::write(&config, text).unwrap();
         eprintln!("replica {i}: {}", dir.path().display());
-        out.push(super::TestBroker::spawn(dir, config, None));
+        out.push(super::TestBroker::spawn(dir, config, opts.log.as_deref()));
     }
     out
 }
