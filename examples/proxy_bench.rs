@@ -1,0 +1,1188 @@
+//! Benchmark of the egress proxy (docs/PERFORMANCE.md, "Egress proxy";
+//! issue 11). A benchmark, not a test: it measures and prints, it asserts
+//! nothing about the figures.
+//!
+//!     cargo build --release --bin credbroker --example proxy_bench
+//!     target/release/examples/proxy_bench [--rounds 6] [--calls 500] [--downloads 4]
+//!
+//! In one run it starts three processes of its own beside the load it
+//! makes, so that each one's CPU can be read from `/proc`:
+//! - an **upstream API** (this binary, `upstream`): `GET /small` (a short
+//!   JSON answer) and `GET /blob/{mib}` (that many MiB, streamed), served
+//!   only to `Authorization: Bearer` with the provider's real token, which
+//!   this process hands it on its standard input once the account is
+//!   connected (anything else gets 401);
+//! - a **plain proxy** (this binary, `plain-proxy`): hyper server and hyper
+//!   client, one upstream connection per downstream connection, bodies
+//!   streamed through untouched. No check, no copy: the floor of any HTTP
+//!   proxy on these cores;
+//! - **credbroker** itself: the release binary's `quickstart` in a temp dir,
+//!   restarted once with the upstream as the demo provider's `api_base`, a
+//!   proxy resource `{issuer}/proxy/demo` with routes for this tool, and the
+//!   rate limits raised. Alice's demo account is connected by driving the
+//!   real pages over HTTP (sign in, Connect, the demo service's Allow), as a
+//!   person would; then the tool derives a proxy token over the socket and
+//!   signs a fresh DPoP proof for every call.
+//!
+//! Then, window by window, alternating the three paths (the order turns
+//! each round): small GETs on one keep-alive connection (latency of each
+//! call, and the CPU of every process), then 10 MiB downloads. Reported:
+//! added latency p50/p99 over direct; the broker's CPU per proxied call as
+//! a multiple of the crypto floor (two ES256 verifies on aws-lc-rs timed
+//! in this run: the proof's, key parsed, and the token's, since the
+//! verifier does not cache tokens); throughput and CPU per MiB of the
+//! download on each path; the broker's VmRSS/VmHWM before and after the
+//! downloads. Each window says whether it counts: other processes used
+//! under 10 % of the machine while it ran.
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use std::convert::Infallible;
+use std::io::{BufRead, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use aws_lc_rs::rand::SystemRandom;
+use aws_lc_rs::signature::{self, EcdsaKeyPair, KeyPair, UnparsedPublicKey};
+use bytes::Bytes;
+use clap::Parser;
+use credbroker::client::{Answer, Client, DeriveParams};
+use credbroker::internals::jose::Es256Key;
+use http_body_util::{Either, Full};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+
+#[derive(Parser, Debug)]
+#[command(about = "Egress proxy benchmark: direct, plain proxy, credbroker, in one run")]
+struct Args {
+    /// The credbroker release binary.
+    #[arg(long, default_value = "target/release/credbroker")]
+    bin: PathBuf,
+    /// Rounds; each has one window per path, of small calls and then of downloads.
+    #[arg(long, default_value_t = 6)]
+    rounds: usize,
+    /// Small GETs per window.
+    #[arg(long, default_value_t = 500)]
+    calls: usize,
+    /// Downloads per large-body window.
+    #[arg(long, default_value_t = 4)]
+    downloads: usize,
+    /// Size of a download, MiB.
+    #[arg(long, default_value_t = 10)]
+    mib: usize,
+    /// Print one JSON line with the figures at the end.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() {
+    let mut argv = std::env::args().skip(1);
+    match argv.next().as_deref() {
+        Some("upstream") => return serve(upstream_role()),
+        Some("plain-proxy") => {
+            let to: SocketAddr = argv.next().expect("plain-proxy UPSTREAM").parse().unwrap();
+            return serve(plain_proxy_role(to));
+        }
+        _ => {}
+    }
+    bench(Args::parse());
+}
+
+fn serve(f: impl std::future::Future<Output = ()>) {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f);
+}
+
+// ------------------------------------------------------------ upstream
+
+/// A body of `left` bytes, sent as clones of one shared chunk.
+struct Blob {
+    chunk: Bytes,
+    left: usize,
+}
+
+impl hyper::body::Body for Blob {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let n = self.left.min(self.chunk.len());
+        self.left -= n;
+        std::task::Poll::Ready(Some(Ok(Frame::data(self.chunk.slice(..n)))))
+    }
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.left as u64)
+    }
+}
+
+type UpBody = Either<Full<Bytes>, Blob>;
+
+fn up_answer(status: StatusCode, body: UpBody) -> Response<UpBody> {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The upstream API: accepts only the tokens read from standard input.
+async fn upstream_role() {
+    let accepted: Arc<RwLock<Vec<String>>> = Arc::default();
+    let feed = accepted.clone();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(t) = line else { break };
+            feed.write().unwrap().push(t.trim().to_string());
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    println!("{}", listener.local_addr().unwrap());
+    let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+    loop {
+        let Ok((s, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = s.set_nodelay(true);
+        let (accepted, chunk) = (accepted.clone(), chunk.clone());
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let ok = req
+                    .headers()
+                    .get(hyper::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .is_some_and(|t| accepted.read().unwrap().iter().any(|a| a == t));
+                let path = req.uri().path();
+                let r = if !ok {
+                    up_answer(
+                        StatusCode::UNAUTHORIZED,
+                        Either::Left(Full::new(Bytes::from_static(b"{\"error\":\"bad token\"}"))),
+                    )
+                } else if path == "/small" {
+                    up_answer(
+                        StatusCode::OK,
+                        Either::Left(Full::new(Bytes::from_static(
+                            b"{\"id\":1001,\"login\":\"alice.demo\",\"notes\":[\"a short answer, as most API calls get\"]}",
+                        ))),
+                    )
+                } else if let Some(mib) = path
+                    .strip_prefix("/blob/")
+                    .and_then(|m| m.parse::<usize>().ok())
+                    .filter(|m| *m <= 1024)
+                {
+                    up_answer(
+                        StatusCode::OK,
+                        Either::Right(Blob {
+                            chunk: chunk.clone(),
+                            left: mib << 20,
+                        }),
+                    )
+                } else {
+                    up_answer(StatusCode::NOT_FOUND, Either::Left(Full::new(Bytes::new())))
+                };
+                async move { Ok::<_, Infallible>(r) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(s), svc)
+                .await;
+        });
+    }
+}
+
+// ------------------------------------------------------------ plain proxy
+
+/// The plain proxy: forwards each request to `to` on one upstream
+/// connection per downstream connection, bodies streamed as they come.
+async fn plain_proxy_role(to: SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    println!("{}", listener.local_addr().unwrap());
+    loop {
+        let Ok((s, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = s.set_nodelay(true);
+        tokio::spawn(async move {
+            let up = tokio::net::TcpStream::connect(to).await.unwrap();
+            let _ = up.set_nodelay(true);
+            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(up))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let sender = Arc::new(tokio::sync::Mutex::new(sender));
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let sender = sender.clone();
+                async move {
+                    let mut s = sender.lock().await;
+                    s.ready().await?;
+                    s.send_request(req).await
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(s), svc)
+                .await;
+        });
+    }
+}
+
+// ------------------------------------------------------------ /proc
+
+/// On-CPU nanoseconds of every live thread of `pid` (user and kernel),
+/// from `/proc/PID/task/*/schedstat`: nanosecond resolution, where
+/// `/proc/PID/stat` counts in clock ticks (10 ms), too coarse for short
+/// windows.
+fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// (busy, total) nanoseconds of the whole machine so far (`/proc/stat`).
+fn machine_ns(hz: f64) -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let f: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: f64 = f.iter().sum();
+    ((total - f[3] - f[4]) / hz * 1e9, total / hz * 1e9)
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// (VmRSS, VmHWM) of `pid` in KiB.
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// CPU of the processes taking part, sampled around a window.
+#[derive(Clone, Copy)]
+struct Sample {
+    broker: u64,
+    plain: u64,
+    upstream: u64,
+    me: u64,
+    machine: (f64, f64),
+}
+
+struct Pids {
+    broker: u32,
+    plain: u32,
+    upstream: u32,
+    hz: f64,
+}
+
+impl Pids {
+    fn sample(&self) -> Sample {
+        Sample {
+            broker: cpu_ns(self.broker),
+            plain: cpu_ns(self.plain),
+            upstream: cpu_ns(self.upstream),
+            me: cpu_ns(std::process::id()),
+            machine: machine_ns(self.hz),
+        }
+    }
+}
+
+/// What a window cost, per process, and the others' share of the machine.
+#[derive(Default, Clone, Copy)]
+struct Cost {
+    broker_ns: f64,
+    plain_ns: f64,
+    upstream_ns: f64,
+    others: f64,
+}
+
+fn cost(a: &Sample, b: &Sample) -> Cost {
+    let d = |x: u64, y: u64| y.saturating_sub(x) as f64;
+    let ours =
+        d(a.broker, b.broker) + d(a.plain, b.plain) + d(a.upstream, b.upstream) + d(a.me, b.me);
+    let (busy, total) = (b.machine.0 - a.machine.0, b.machine.1 - a.machine.1);
+    Cost {
+        broker_ns: d(a.broker, b.broker),
+        plain_ns: d(a.plain, b.plain),
+        upstream_ns: d(a.upstream, b.upstream),
+        others: if total > 0.0 {
+            ((busy - ours) / total).max(0.0)
+        } else {
+            1.0
+        },
+    }
+}
+
+/// A window counts only when other processes used under this share of
+/// the machine (as in examples/loadgen.rs).
+const VALID_OTHERS: f64 = 0.10;
+
+// ------------------------------------------------------------ crypto floor
+
+/// Microseconds of one ES256 verify with the public key parsed (a proof's
+/// key arrives with the proof) and of one with the key parsed once (the
+/// broker's own key, for the token), averaged over `n` each, in this
+/// thread's CPU time.
+fn crypto_floor_us(n: usize) -> (f64, f64) {
+    let rng = SystemRandom::new();
+    let doc =
+        EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+    let pair = EcdsaKeyPair::from_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, doc.as_ref())
+        .unwrap();
+    let public = pair.public_key().as_ref().to_vec();
+    let msg = [b'a'; 600];
+    let sig = pair.sign(&rng, &msg).unwrap();
+    let thread_ns = || -> u64 {
+        std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let timed = |f: &mut dyn FnMut()| -> f64 {
+        let c0 = thread_ns();
+        for _ in 0..n {
+            f();
+        }
+        (thread_ns() - c0) as f64 / 1e3 / n as f64
+    };
+    let parsed = timed(&mut || {
+        UnparsedPublicKey::new(
+            &signature::ECDSA_P256_SHA256_FIXED,
+            std::hint::black_box(&public),
+        )
+        .verify(&msg, sig.as_ref())
+        .unwrap();
+    });
+    let key =
+        aws_lc_rs::signature::ParsedPublicKey::new(&signature::ECDSA_P256_SHA256_FIXED, &public)
+            .unwrap();
+    let preparsed = timed(&mut || {
+        key.verify_sig(std::hint::black_box(&msg), sig.as_ref())
+            .unwrap();
+    });
+    (parsed, preparsed)
+}
+
+// ------------------------------------------------------------ processes
+
+/// Children started by this run; stopped (SIGTERM, then waited for) when
+/// it ends, however it ends.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            terminate(c);
+        }
+    }
+}
+
+fn terminate(c: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &c.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if c.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    let _ = c.wait();
+}
+
+/// Starts this binary in `role`; returns it and the address it printed.
+fn start_role(role: &[&str]) -> (Child, SocketAddr) {
+    let mut c = Command::new(std::env::current_exe().unwrap())
+        .args(role)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line.trim().parse().unwrap();
+    (c, addr)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ok() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn quickstart(bin: &Path, dir: &Path, listen: &str, demo: &str, log: &Path) -> Child {
+    Command::new(bin)
+        .args(["quickstart", "--dir"])
+        .arg(dir)
+        .args(["--listen", listen, "--demo-listen", demo])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+// ------------------------------------------------------------ the connect flow
+
+/// The value of the hidden input `name` in a page, HTML entities undone.
+fn hidden(html: &str, name: &str) -> Option<String> {
+    let marker = format!("name=\"{name}\" value=\"");
+    let i = html.find(&marker)? + marker.len();
+    let j = html[i..].find('"')? + i;
+    Some(
+        html[i..j]
+            .replace("&quot;", "\"")
+            .replace("&#39;", "'")
+            .replace("&#x27;", "'")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&amp;", "&"),
+    )
+}
+
+/// Alice opens her connect `link`, signs in, presses Connect and allows at
+/// the demo service: the pages' real forms, over HTTP, as a browser posts
+/// them (cookies kept, redirects followed).
+async fn connect_over_http(issuer: &str, demo: &str, link: &str, password: &str) {
+    let c = reqwest::Client::builder()
+        .cookie_store(true)
+        .no_proxy()
+        .build()
+        .unwrap();
+    let page = c.get(link).send().await.unwrap();
+    let return_to = page
+        .url()
+        .query_pairs()
+        .find(|(k, _)| k == "return_to")
+        .map(|(_, v)| v.into_owned())
+        .expect("the link asks to sign in first");
+    let html = page.text().await.unwrap();
+    let csrf = hidden(&html, "csrf").expect("the sign-in form has a CSRF token");
+    let page = c
+        .post(format!("{issuer}/signin"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("return_to", return_to.as_str()),
+            ("username", "alice"),
+            ("password", password),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.url().as_str(), link, "signed in, back on the link");
+    let html = page.text().await.unwrap();
+    let csrf = hidden(&html, "csrf").expect("the connect form has a CSRF token");
+    let action = link.strip_prefix(issuer).unwrap();
+    let page = c
+        .post(format!("{issuer}{action}"))
+        .form(&[("csrf", csrf.as_str()), ("action", "connect")])
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        page.url()
+            .as_str()
+            .starts_with(&format!("{demo}/authorize?")),
+        "Connect leads to the demo service, not {}",
+        page.url()
+    );
+    let html = page.text().await.unwrap();
+    let mut form: Vec<(String, String)> = [
+        "response_type",
+        "code_challenge_method",
+        "client_id",
+        "redirect_uri",
+        "state",
+        "code_challenge",
+        "scope",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), hidden(&html, k).unwrap_or_default()))
+    .collect();
+    form.push(("account".into(), "alice.demo".into()));
+    form.push(("decision".into(), "allow".into()));
+    let done = c
+        .post(format!("{demo}/authorize"))
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        done.url().as_str(),
+        format!("{issuer}/done/connected"),
+        "the connect flow ends on the done page"
+    );
+}
+
+// ------------------------------------------------------------ the client
+
+/// One keep-alive HTTP/1.1 connection, hand-written so that the client's
+/// own cost is small and the same on every path.
+struct Conn {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    fn open(addr: SocketAddr) -> Conn {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        Conn {
+            s,
+            buf: Vec::with_capacity(256 * 1024),
+        }
+    }
+
+    /// Sends `req`, reads the whole answer (Content-Length framed) and
+    /// returns the status and the body's length; the body is discarded
+    /// as it comes, the first 512 bytes kept in `head` for a refusal.
+    fn call(&mut self, req: &[u8], head: &mut Vec<u8>) -> std::io::Result<(u16, usize)> {
+        self.s.write_all(req)?;
+        self.buf.clear();
+        head.clear();
+        let mut chunk = vec![0u8; 256 * 1024];
+        let end = loop {
+            if let Some(p) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break p + 4;
+            }
+            let n = self.s.read(&mut chunk)?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        };
+        let text = String::from_utf8_lossy(&self.buf[..end]).to_ascii_lowercase();
+        let status: u16 = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let len: usize = text
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| std::io::Error::other("an answer without Content-Length"))?;
+        let mut got = self.buf.len() - end;
+        head.extend_from_slice(&self.buf[end..self.buf.len().min(end + 512)]);
+        while got < len {
+            let n = self.s.read(&mut chunk[..(len - got).min(256 * 1024)])?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            if head.len() < 512 {
+                head.extend_from_slice(&chunk[..n.min(512 - head.len())]);
+            }
+            got += n;
+        }
+        Ok((status, len))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path3 {
+    Direct,
+    Plain,
+    Broker,
+}
+
+const PATHS: [Path3; 3] = [Path3::Direct, Path3::Plain, Path3::Broker];
+
+impl Path3 {
+    fn name(self) -> &'static str {
+        match self {
+            Path3::Direct => "direct",
+            Path3::Plain => "plain proxy",
+            Path3::Broker => "credbroker",
+        }
+    }
+}
+
+/// What a call needs on each path.
+struct Target {
+    upstream: SocketAddr,
+    plain: SocketAddr,
+    broker: SocketAddr,
+    issuer: String,
+    provider_token: String,
+    proxy_token: String,
+    key: Es256Key,
+}
+
+impl Target {
+    fn addr(&self, p: Path3) -> SocketAddr {
+        match p {
+            Path3::Direct => self.upstream,
+            Path3::Plain => self.plain,
+            Path3::Broker => self.broker,
+        }
+    }
+
+    /// The request for `path` on `p`: the provider token on the first two,
+    /// the proxy token and a proof made now on the broker.
+    fn request(&self, p: Path3, path: &str) -> Vec<u8> {
+        match p {
+            Path3::Direct | Path3::Plain => format!(
+                "GET {path} HTTP/1.1\r\nhost: api\r\nauthorization: Bearer {}\r\n\r\n",
+                self.provider_token
+            ),
+            Path3::Broker => {
+                let htu = format!("{}/proxy/demo{path}", self.issuer);
+                let proof = credbroker::client::proof(&self.key, "GET", &htu, Some(&self.proxy_token))
+                    .unwrap();
+                format!(
+                    "GET /proxy/demo{path} HTTP/1.1\r\nhost: broker\r\nauthorization: DPoP {}\r\ndpop: {proof}\r\n\r\n",
+                    self.proxy_token
+                )
+            }
+        }
+        .into_bytes()
+    }
+}
+
+struct Window {
+    path: Path3,
+    calls: usize,
+    bytes: usize,
+    wall: f64,
+    latencies_us: Vec<f64>,
+    cost: Cost,
+    refused: usize,
+    first_refusal: Option<String>,
+}
+
+/// `n` sequential GETs of `path` on one connection, the requests (and
+/// the broker's proofs) made before the clock starts for each.
+fn window(t: &Target, pids: &Pids, p: Path3, path: &str, n: usize) -> Window {
+    let mut conn = Conn::open(t.addr(p));
+    let mut head = Vec::new();
+    let mut w = Window {
+        path: p,
+        calls: 0,
+        bytes: 0,
+        wall: 0.0,
+        latencies_us: Vec::with_capacity(n),
+        cost: Cost::default(),
+        refused: 0,
+        first_refusal: None,
+    };
+    let before = pids.sample();
+    let start = Instant::now();
+    for _ in 0..n {
+        let req = t.request(p, path);
+        let sent = Instant::now();
+        let (status, len) = conn.call(&req, &mut head).expect("the connection failed");
+        w.latencies_us.push(sent.elapsed().as_secs_f64() * 1e6);
+        if status == 200 {
+            w.calls += 1;
+            w.bytes += len;
+        } else {
+            w.refused += 1;
+            w.first_refusal.get_or_insert_with(|| {
+                format!("HTTP {status}: {}", String::from_utf8_lossy(&head))
+            });
+        }
+    }
+    w.wall = start.elapsed().as_secs_f64();
+    w.cost = cost(&before, &pids.sample());
+    w
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+fn verdict(c: &Cost) -> &'static str {
+    if c.others < VALID_OTHERS {
+        "valid"
+    } else {
+        "INVALID (others >= 10 %)"
+    }
+}
+
+async fn derive(
+    t_socket: &Path,
+    issuer: &str,
+    subject: &str,
+    tool: &str,
+    resource: &str,
+    key: &Es256Key,
+) -> Answer {
+    Client::new(t_socket, issuer)
+        .derive(
+            &DeriveParams {
+                subject_token: subject,
+                step: "summarize",
+                tool,
+                resource,
+                scope: None,
+            },
+            key,
+        )
+        .await
+        .unwrap()
+}
+
+fn issued(a: Answer, what: &str) -> String {
+    match a {
+        Answer::Issued(t) => t.access_token.expose().clone(),
+        Answer::Refused(r) => panic!("{what} refused: {:?} {:?}", r.reason, r.error_description),
+    }
+}
+
+fn bench(args: Args) {
+    let hz = clock_ticks();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut children = Children(Vec::new());
+
+    let (up, upstream) = start_role(&["upstream"]);
+    let mut up_stdin = None;
+    children.0.push(up);
+    std::mem::swap(&mut up_stdin, &mut children.0[0].stdin);
+    let mut up_stdin = up_stdin.unwrap();
+    let (plain_child, plain) = start_role(&["plain-proxy", &upstream.to_string()]);
+    children.0.push(plain_child);
+
+    // The quick start, once to write its files (and print the passwords),
+    // then again with the benchmark's additions.
+    let qs = tmp.path().join("qs");
+    let (port, demo_port) = (free_port(), free_port());
+    let (listen, demo_listen) = (
+        format!("127.0.0.1:{port}"),
+        format!("127.0.0.1:{demo_port}"),
+    );
+    let (issuer, demo) = (format!("http://{listen}"), format!("http://{demo_listen}"));
+    let log = tmp.path().join("first.log");
+    let mut first = quickstart(&args.bin, &qs, &listen, &demo_listen, &log);
+    wait_for("the first quick start's banner", || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("Next steps")
+    });
+    let printed = std::fs::read_to_string(&log).unwrap();
+    let password = printed
+        .lines()
+        .find(|l| l.trim_start().starts_with("alice ") && l.contains("password"))
+        .and_then(|l| l.split_whitespace().skip_while(|w| *w != "password").nth(1))
+        .expect("the banner prints alice's password")
+        .to_string();
+    terminate(&mut first);
+    let config = qs.join("credbroker.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let last_table = text.lines().rfind(|l| l.starts_with('[')).unwrap_or("");
+    assert_eq!(
+        last_table, "[providers.demo]",
+        "the demo provider's table ends the config"
+    );
+    let proxy = format!("{issuer}/proxy/demo");
+    std::fs::write(
+        &config,
+        format!(
+            "{text}api_base = \"http://{upstream}\"\n\n\
+             # Raised for the benchmark (examples/proxy_bench.rs).\n[limits]\n\
+             per_peer_per_second = 1000000000\nper_person_tool_per_second = 1000000000\nburst = 1000000000\n"
+        ),
+    )
+    .unwrap();
+    let policy = qs.join("policy.toml");
+    let mut p = std::fs::read_to_string(&policy).unwrap();
+    p.push_str(&format!(
+        r#"
+# Added by examples/proxy_bench.rs: the demo service through the proxy.
+[resources."{proxy}"]
+source = "service"
+service = "demo"
+delivery = "proxy"
+
+[tools."bench.proxy"]
+resource = "{proxy}"
+scopes = ["notes:read"]
+steps = ["summarize"]
+routes = ["GET /small", "GET /blob/{{mib}}"]
+"#
+    ));
+    std::fs::write(&policy, p).unwrap();
+    let serve_log = tmp.path().join("serve.log");
+    let broker = quickstart(&args.bin, &qs, &listen, &demo_listen, &serve_log);
+    let broker_pid = broker.id();
+    children.0.push(broker);
+    let socket = qs.join("credbroker.sock");
+    wait_for("the broker's socket", || {
+        socket.exists() && TcpStream::connect(&listen).is_ok()
+    });
+    let subject = String::from_utf8(
+        Command::new(&args.bin)
+            .args(["subject-token", "--dir"])
+            .arg(&qs)
+            .args(["--sub", "alice", "--ttl", "1h"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    let key = Es256Key::generate().unwrap().0;
+
+    // Connect Alice's demo account through the pages, as she would.
+    let link = match rt.block_on(derive(
+        &socket,
+        &issuer,
+        &subject,
+        "bench.proxy",
+        &proxy,
+        &key,
+    )) {
+        Answer::Refused(r) if r.reason.as_deref() == Some("connect_required") => {
+            r.connect_uri.expect("a connect link")
+        }
+        Answer::Refused(r) => panic!(
+            "unexpected refusal {:?}: {:?}",
+            r.reason, r.error_description
+        ),
+        Answer::Issued(_) => panic!("issued before any account was connected"),
+    };
+    rt.block_on(connect_over_http(&issuer, &demo, &link, &password));
+    let demo_api = format!("{demo}/api");
+    let tokens = |rt: &tokio::runtime::Runtime, key: &Es256Key| {
+        let provider = issued(
+            rt.block_on(derive(
+                &socket,
+                &issuer,
+                &subject,
+                "demo.notes",
+                &demo_api,
+                key,
+            )),
+            "the provider token (demo.notes)",
+        );
+        let proxied = issued(
+            rt.block_on(derive(
+                &socket,
+                &issuer,
+                &subject,
+                "bench.proxy",
+                &proxy,
+                key,
+            )),
+            "the proxy token (bench.proxy)",
+        );
+        (provider, proxied)
+    };
+    let (provider_token, proxy_token) = tokens(&rt, &key);
+    writeln!(up_stdin, "{provider_token}").unwrap();
+    let mut t = Target {
+        upstream,
+        plain,
+        broker: listen.parse().unwrap(),
+        issuer: issuer.clone(),
+        provider_token,
+        proxy_token,
+        key,
+    };
+    let pids = Pids {
+        broker: broker_pid,
+        plain: children.0[1].id(),
+        upstream: children.0[0].id(),
+        hz,
+    };
+    // The upstream refuses anything but the provider token (checked here
+    // once, then its control: the same call with the token is served).
+    {
+        let mut c = Conn::open(upstream);
+        let mut head = Vec::new();
+        let wrong =
+            b"GET /small HTTP/1.1\r\nhost: api\r\nauthorization: Bearer not-the-token\r\n\r\n";
+        assert_eq!(c.call(wrong, &mut head).unwrap().0, 401);
+        assert_eq!(
+            c.call(&t.request(Path3::Direct, "/small"), &mut head)
+                .unwrap()
+                .0,
+            200
+        );
+    }
+
+    println!(
+        "machine: {} cores, {}; load {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/cpuinfo")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("model name\t: "))
+            .unwrap_or("?"),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    let (fp0, fq0) = crypto_floor_us(5_000);
+    println!(
+        "crypto floor (before): verify, key parsed {fp0:.1} us; verify, key preparsed {fq0:.1} us"
+    );
+
+    // Warm-up: connections, allocators, the broker's caches.
+    for p in PATHS {
+        window(&t, &pids, p, "/small", 50);
+        window(&t, &pids, p, &format!("/blob/{}", args.mib), 1);
+    }
+
+    let refresh = |t: &mut Target, up_stdin: &mut std::process::ChildStdin| {
+        let (provider, proxied) = tokens(&rt, &t.key);
+        if provider != t.provider_token {
+            writeln!(up_stdin, "{provider}").unwrap();
+            t.provider_token = provider;
+        }
+        t.proxy_token = proxied;
+    };
+    let order = |round: usize| -> Vec<Path3> { (0..3).map(|i| PATHS[(round + i) % 3]).collect() };
+
+    let mut small: Vec<Window> = Vec::new();
+    println!("small GETs ({} per window):", args.calls);
+    for round in 0..args.rounds {
+        // A proxy token lives at most 300 s: a fresh one each round.
+        refresh(&mut t, &mut up_stdin);
+        for p in order(round) {
+            let w = window(&t, &pids, p, "/small", args.calls);
+            let mut l = w.latencies_us.clone();
+            l.sort_by(f64::total_cmp);
+            println!(
+                "  round {round} {:<11} p50 {:>6.0} us  p99 {:>6.0} us  broker {:>6.1} us/call  plain {:>5.1} us/call  others {:>3.0} %  {}",
+                p.name(),
+                pct(&l, 0.5),
+                pct(&l, 0.99),
+                w.cost.broker_ns / 1e3 / w.latencies_us.len() as f64,
+                w.cost.plain_ns / 1e3 / w.latencies_us.len() as f64,
+                w.cost.others * 100.0,
+                verdict(&w.cost)
+            );
+            small.push(w);
+        }
+    }
+    let rss_before = rss_kib(broker_pid);
+    println!(
+        "broker before the downloads: VmRSS {:.1} MiB, VmHWM {:.1} MiB",
+        rss_before.0 as f64 / 1024.0,
+        rss_before.1 as f64 / 1024.0
+    );
+    let blob = format!("/blob/{}", args.mib);
+    let mut large: Vec<Window> = Vec::new();
+    println!(
+        "downloads of {} MiB ({} per window):",
+        args.mib, args.downloads
+    );
+    for round in 0..args.rounds {
+        refresh(&mut t, &mut up_stdin);
+        for p in order(round) {
+            let w = window(&t, &pids, p, &blob, args.downloads);
+            let mib = w.bytes as f64 / (1 << 20) as f64;
+            println!(
+                "  round {round} {:<11} {:>7.0} MiB/s  broker {:>6.0} us/MiB  plain {:>6.0} us/MiB  upstream {:>5.0} us/MiB  others {:>3.0} %  {}",
+                p.name(),
+                mib / w.wall,
+                w.cost.broker_ns / 1e3 / mib.max(1e-9),
+                w.cost.plain_ns / 1e3 / mib.max(1e-9),
+                w.cost.upstream_ns / 1e3 / mib.max(1e-9),
+                w.cost.others * 100.0,
+                verdict(&w.cost)
+            );
+            large.push(w);
+        }
+    }
+    let rss_after = rss_kib(broker_pid);
+    println!(
+        "broker after the downloads: VmRSS {:.1} MiB, VmHWM {:.1} MiB",
+        rss_after.0 as f64 / 1024.0,
+        rss_after.1 as f64 / 1024.0
+    );
+    let (fp1, fq1) = crypto_floor_us(5_000);
+    println!(
+        "crypto floor (after): verify, key parsed {fp1:.1} us; verify, key preparsed {fq1:.1} us"
+    );
+    let floor = (fp0 + fq0 + fp1 + fq1) / 2.0;
+
+    for w in small.iter().chain(&large) {
+        if w.refused > 0 {
+            eprintln!(
+                "{} window: {} of {} calls refused; first: {}",
+                w.path.name(),
+                w.refused,
+                w.refused + w.calls,
+                w.first_refusal.as_deref().unwrap_or("?")
+            );
+        }
+    }
+
+    // Summaries, over every window and over the valid ones only.
+    let summary = |only_valid: bool| -> serde_json::Value {
+        fn pick(ws: &[Window], p: Path3, only_valid: bool) -> Vec<&Window> {
+            ws.iter()
+                .filter(|w| w.path == p && (!only_valid || w.cost.others < VALID_OTHERS))
+                .collect()
+        }
+        let mut out = serde_json::Map::new();
+        let lat = |p: Path3| {
+            let mut l: Vec<f64> = pick(&small, p, only_valid)
+                .iter()
+                .flat_map(|w| w.latencies_us.iter().copied())
+                .collect();
+            l.sort_by(f64::total_cmp);
+            (pct(&l, 0.5), pct(&l, 0.99), l.len())
+        };
+        let (d50, d99, _) = lat(Path3::Direct);
+        for p in PATHS {
+            let (p50, p99, n) = lat(p);
+            let ws = pick(&small, p, only_valid);
+            let calls: usize = ws.iter().map(|w| w.calls).sum();
+            let broker_us =
+                ws.iter().map(|w| w.cost.broker_ns).sum::<f64>() / 1e3 / calls.max(1) as f64;
+            let plain_us =
+                ws.iter().map(|w| w.cost.plain_ns).sum::<f64>() / 1e3 / calls.max(1) as f64;
+            let lw = pick(&large, p, only_valid);
+            let bytes: usize = lw.iter().map(|w| w.bytes).sum();
+            let mib = bytes as f64 / (1 << 20) as f64;
+            let wall: f64 = lw.iter().map(|w| w.wall).sum();
+            let per_mib = |f: fn(&Cost) -> f64| {
+                lw.iter().map(|w| f(&w.cost)).sum::<f64>() / 1e3 / mib.max(1e-9)
+            };
+            out.insert(
+                p.name().replace(' ', "_"),
+                serde_json::json!({
+                    "small_windows": ws.len(), "small_calls": n,
+                    "p50_us": p50, "p99_us": p99,
+                    "added_p50_us": p50 - d50, "added_p99_us": p99 - d99,
+                    "broker_cpu_us_per_call": broker_us, "plain_cpu_us_per_call": plain_us,
+                    "large_windows": lw.len(),
+                    "mib_per_s": mib / wall,
+                    "broker_cpu_us_per_mib": per_mib(|c| c.broker_ns),
+                    "plain_cpu_us_per_mib": per_mib(|c| c.plain_ns),
+                    "upstream_cpu_us_per_mib": per_mib(|c| c.upstream_ns),
+                }),
+            );
+        }
+        serde_json::Value::Object(out)
+    };
+    let all = summary(false);
+    let valid = summary(true);
+    let windows = small.len() + large.len();
+    let valid_windows = small
+        .iter()
+        .chain(&large)
+        .filter(|w| w.cost.others < VALID_OTHERS)
+        .count();
+    println!(
+        "crypto floor per proxied call: verify (proof, key parsed) + verify (token; the verifier caches no token) = {floor:.1} us"
+    );
+    println!("windows: {valid_windows} of {windows} valid (other processes used under 10 % of the machine)");
+    for (label, s) in [("all windows", &all), ("valid windows only", &valid)] {
+        println!("---- {label}");
+        let g = |p: &str, k: &str| s[p][k].as_f64().unwrap_or(f64::NAN);
+        for p in ["direct", "plain_proxy", "credbroker"] {
+            println!(
+                "  {p:<11} small: p50 {:>6.0} us (+{:>5.0}), p99 {:>6.0} us (+{:>5.0}) over {} windows | {} MiB: {:>6.0} MiB/s over {} windows",
+                g(p, "p50_us"),
+                g(p, "added_p50_us"),
+                g(p, "p99_us"),
+                g(p, "added_p99_us"),
+                s[p]["small_windows"],
+                args.mib,
+                g(p, "mib_per_s"),
+                s[p]["large_windows"],
+            );
+        }
+        let b = g("credbroker", "broker_cpu_us_per_call");
+        println!(
+            "  broker CPU per proxied call: {b:.1} us = {:.2} x floor; plain proxy CPU per call: {:.1} us",
+            b / floor,
+            g("plain_proxy", "plain_cpu_us_per_call")
+        );
+        println!(
+            "  CPU per MiB: credbroker {:.0} us (upstream {:.0}); plain proxy {:.0} us (upstream {:.0}); direct: upstream {:.0} us",
+            g("credbroker", "broker_cpu_us_per_mib"),
+            g("credbroker", "upstream_cpu_us_per_mib"),
+            g("plain_proxy", "plain_cpu_us_per_mib"),
+            g("plain_proxy", "upstream_cpu_us_per_mib"),
+            g("direct", "upstream_cpu_us_per_mib"),
+        );
+        println!(
+            "  throughput credbroker / plain proxy: {:.0} %; credbroker / direct: {:.0} %",
+            g("credbroker", "mib_per_s") / g("plain_proxy", "mib_per_s") * 100.0,
+            g("credbroker", "mib_per_s") / g("direct", "mib_per_s") * 100.0,
+        );
+    }
+    println!(
+        "broker memory: VmRSS {:.1} -> {:.1} MiB, VmHWM {:.1} -> {:.1} MiB across {} downloads of {} MiB",
+        rss_before.0 as f64 / 1024.0,
+        rss_after.0 as f64 / 1024.0,
+        rss_before.1 as f64 / 1024.0,
+        rss_after.1 as f64 / 1024.0,
+        args.rounds * args.downloads,
+        args.mib
+    );
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "floor_us": floor, "floor_verify_parsed_us": (fp0 + fp1) / 2.0,
+                "floor_verify_preparsed_us": (fq0 + fq1) / 2.0,
+                "windows": windows, "valid_windows": valid_windows,
+                "all": all, "valid": valid,
+                "rss_kib_before": rss_before.0, "hwm_kib_before": rss_before.1,
+                "rss_kib_after": rss_after.0, "hwm_kib_after": rss_after.1,
+            })
+        );
+    }
+    drop(children);
+}
