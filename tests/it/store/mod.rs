@@ -6,6 +6,7 @@ mod contract;
 mod copy;
 mod faults;
 mod links;
+mod load;
 mod migrations;
 mod processes;
 mod replicas;
