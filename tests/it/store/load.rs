@@ -266,3 +266,109 @@ async fn replica_killed_during_load_loses_no_acknowledged_write() {
     let (_, person, id) = all.iter().find(|(rep, _, _)| *rep == 0).unwrap();
     assert_eq!(&link_of(c, &key, person).await, id);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the gate between this binary's PostgreSQL tests (other test
+// threads), never taken by another task of this runtime.
+#[allow(clippy::await_holding_lock)]
+async fn postgres_stopped_during_load_refuses_within_the_timeout_then_recovers() {
+    let Some(cluster) = cluster_or_not_shown("PostgreSQL stopped during load") else {
+        return;
+    };
+    let _exclusive = cluster.exclusive();
+    let db = database(cluster, "pg_stop_load");
+    // The replicas' statement timeout (support::postgres: 2 s).
+    let timeout = db.settings().statement_timeout;
+    let r = replicas(&db, 2);
+    let (a, b) = (&r[0], &r[1]);
+    let key = Es256Key::generate().unwrap().0;
+    let before_outage = link_of(a, &key, "before-outage").await;
+
+    let stop = AtomicBool::new(false);
+    let window: std::sync::Mutex<Option<(Instant, Instant)>> = std::sync::Mutex::new(None);
+    let operator = async {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let down = Instant::now();
+        // pg_ctl blocks until the server is gone: off the runtime's
+        // workers, so the streams keep going meanwhile.
+        tokio::task::spawn_blocking(|| cluster.stop())
+            .await
+            .unwrap();
+        let stopped = Instant::now();
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let up = Instant::now();
+        tokio::task::spawn_blocking(|| cluster.start_again())
+            .await
+            .unwrap();
+        *window.lock().unwrap() = Some((down, up));
+        eprintln!("PostgreSQL stopped after {:?}", stopped - down);
+        // The streams run on a while after the server is back.
+        tokio::time::sleep(Duration::from_millis(3000)).await;
+        stop.store(true, Ordering::Relaxed);
+    };
+    let (sa, sb, ()) = tokio::join!(
+        stream(a, &key, 0, "a", &stop),
+        stream(b, &key, 1, "b", &stop),
+        operator
+    );
+    let (down, up) = window.lock().unwrap().unwrap();
+    let samples: Vec<&Sample> = sa.iter().chain(sb.iter()).collect();
+
+    // Throughout: every `self` derive issued (that path needs no store),
+    // and no approval call was ever answered with a token.
+    let selfs = samples.iter().filter(|s| !s.approval).count();
+    for s in &samples {
+        if s.approval {
+            assert!(
+                !matches!(s.got, Got::Issued),
+                "a token for an unapproved call: {s:?}"
+            );
+        } else {
+            assert!(matches!(s.got, Got::Issued), "a self derive: {s:?}");
+        }
+        assert!(!matches!(s.got, Got::Transport(_)), "no answer: {s:?}");
+    }
+    // While the server was away, the calls that need it were refused with
+    // 503 temporarily_unavailable, none later than the statement timeout
+    // plus slack; the others got their link.
+    let mut unavailable = 0;
+    let mut slowest = Duration::ZERO;
+    for s in samples.iter().filter(|s| s.approval) {
+        match &s.got {
+            Got::Link(_) => {}
+            Got::Refused(503, e, _) if e == "temporarily_unavailable" => {
+                assert!(
+                    s.sent + s.took > down && s.sent < up + Duration::from_secs(10),
+                    "a 503 outside the outage: {s:?}"
+                );
+                unavailable += 1;
+                slowest = slowest.max(s.took);
+            }
+            other => panic!("an approval call during the outage: {other:?} ({s:?})"),
+        }
+    }
+    eprintln!(
+        "{} requests ({selfs} self derives), {unavailable} refused 503, the slowest 503 after {slowest:?}",
+        samples.len()
+    );
+    assert!(unavailable > 0, "the outage was seen by the stream");
+    assert!(
+        slowest <= timeout + slack(Duration::from_millis(500)),
+        "a 503 took {slowest:?}, the statement timeout is {timeout:?}"
+    );
+    // Recovered without a restart: the streams' last approval calls got
+    // links again, from the same processes, and what was written before
+    // the outage is still there.
+    for (name, s) in [("A", &sa), ("B", &sb)] {
+        let last = s.iter().rev().find(|s| s.approval).unwrap();
+        assert!(
+            matches!(last.got, Got::Link(_)),
+            "{name} did not recover: {last:?}"
+        );
+    }
+    assert_eq!(link_of(b, &key, "before-outage").await, before_outage);
+    let mut r = r;
+    for x in r.iter_mut() {
+        assert!(x.is_running(), "a replica exited during the outage");
+    }
+}
