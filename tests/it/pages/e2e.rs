@@ -27,7 +27,7 @@
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support::browser::{idp_sign_in, Browsers};
+use crate::support::browser::{idp_sign_in, local_sign_in, Browsers};
 use crate::support::oidc::OrgIdp;
 use crate::support::services::{issued, refused, ProviderOpts, ServiceEnv, SERVICE};
 use crate::support::{free_loopback_addr, key};
@@ -59,14 +59,6 @@ fn events(env: &ServiceEnv, name: &str) -> Vec<Value> {
 /// A code of the right shape that no link has.
 fn unknown_code() -> String {
     credbroker::internals::jose::b64e(&crate::support::random_bytes(32))
-}
-
-fn local_sign_in(name: &str, password: &str) -> Vec<Value> {
-    vec![
-        json!({"fill": "#username", "value": name}),
-        json!({"fill": "#password", "value": password}),
-        json!({"click": "form[action='/signin'] button[type=submit]"}),
-    ]
 }
 
 fn cat(parts: &[Vec<Value>]) -> Value {

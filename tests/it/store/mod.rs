@@ -2,6 +2,7 @@
 //! (sled runs it in its unit tests), and what only a shared store has to
 //! show: races between processes, durability across a server crash, the
 //! schema's versions, and failing closed while the server is away.
+mod browser;
 mod contract;
 mod copy;
 mod faults;

@@ -1,7 +1,8 @@
 //! Instances of one agent sharing one PostgreSQL database (replicas), with
-//! the real binary: one key ring (identical JWKS, a rotation seen by every
-//! replica), and a freeze on one replica holding on the others within a
-//! second.
+//! the real binary behind a forwarding proxy (`support/replicas.rs`): one
+//! key ring (the JWKS fetched through the forwarder from each replica is
+//! identical, before and after a rotation on one of them), and a freeze on
+//! one replica holding on the others within a second.
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,7 +13,11 @@ use credbroker::client::Answer;
 use credbroker::internals::jose::Es256Key;
 
 use crate::support::postgres::{cluster_or_not_shown, database, replicas};
+use crate::support::replicas::{Forwarder, ReplicaSet};
+use crate::support::services::ProviderOpts;
 use crate::support::*;
+
+const JWKS: &str = "/.well-known/jwks.json";
 
 fn kids(jwks: &[u8]) -> BTreeSet<String> {
     let v: serde_json::Value = serde_json::from_slice(jwks).unwrap();
@@ -49,15 +54,30 @@ async fn replicas_share_the_key_ring_and_the_freeze() {
     };
     let _shared = cluster.shared();
     let db = database(cluster, "replicas");
-    let r = replicas(&db, 3);
+    let set = ReplicaSet::start(Forwarder::start(), db, 3, ProviderOpts::default());
+    let r = &set.brokers;
     let (a, b, c) = (&r[0], &r[1], &r[2]);
     let (key, _) = Es256Key::generate().unwrap();
+    // The JWKS a resource server gets through the load balancer from
+    // replica `i`: the bytes, and that replica `i` is what answered.
+    let jwks_via = |i: usize| {
+        let set = &set;
+        async move {
+            let before = set.lb.served(JWKS).len();
+            let r = set.get_via(i, JWKS).await;
+            assert_eq!(r.status(), 200);
+            let body = r.bytes().await.unwrap().to_vec();
+            let served = set.lb.served(JWKS);
+            assert_eq!((served.len(), served.last()), (before + 1, Some(&i)));
+            body
+        }
+    };
 
-    // One key ring: the same JWKS on every replica, and a token from any.
-    let jwks = a.jwks().await;
+    // One key ring: the same JWKS from every replica, and a token from any.
+    let jwks = jwks_via(0).await;
     assert_eq!(kids(&jwks).len(), 1);
-    for x in [b, c] {
-        assert_eq!(kids(&x.jwks().await), kids(&jwks), "one JWKS for all");
+    for (i, x) in [(1, b), (2, c)] {
+        assert_eq!(jwks_via(i).await, jwks, "one JWKS for all, byte for byte");
         x.derive_ok(&key).await;
     }
 
@@ -89,11 +109,12 @@ async fn replicas_share_the_key_ring_and_the_freeze() {
     // signs with a key another's JWKS lacks).
     let (code, body) = c.admin_post("/keys/rotate", "").unwrap();
     assert_eq!(code, 200, "{body}");
-    let after = kids(&c.jwks().await);
-    assert_eq!(after.len(), 2, "the new key is published at once");
+    let rotated = jwks_via(2).await;
+    assert_eq!(kids(&rotated).len(), 2, "the new key is published at once");
+    assert!(kids(&rotated).is_superset(&kids(&jwks)));
     let start = Instant::now();
-    for x in [a, b] {
-        while kids(&x.jwks().await) != after {
+    for i in [0, 1] {
+        while jwks_via(i).await != rotated {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "a replica did not publish the new key within 10 s"
@@ -102,6 +123,9 @@ async fn replicas_share_the_key_ring_and_the_freeze() {
         }
     }
     eprintln!("rotation on every replica after {:?}", start.elapsed());
+    for i in 0..3 {
+        assert_eq!(jwks_via(i).await, rotated, "one JWKS again, byte for byte");
+    }
     // Each replica's audit file names the instance that wrote it; a sled
     // instance's events have no such field (tests elsewhere read those).
     let instances: BTreeSet<String> = [a, b, c]

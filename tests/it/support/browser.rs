@@ -139,3 +139,12 @@ pub(crate) fn idp_sign_in(idp: &str, name: &str, password: &str) -> Vec<Value> {
         json!({"click_if": "input[name=prompt][value=consent] ~ button[type=submit]"}),
     ]
 }
+
+/// On the pages' sign-in page: the local account form, submitted.
+pub(crate) fn local_sign_in(name: &str, password: &str) -> Vec<Value> {
+    vec![
+        json!({"fill": "#username", "value": name}),
+        json!({"fill": "#password", "value": password}),
+        json!({"click": "form[action='/signin'] button[type=submit]"}),
+    ]
+}

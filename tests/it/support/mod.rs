@@ -10,6 +10,7 @@
 //! - `browser`: Chromium (playwright-core), one profile per person;
 //! - `mcp`: the example MCP server, the Python `mcp` client and fakes;
 //! - `postgres`: one PostgreSQL cluster per run, a database per test;
+//! - `replicas`: replicas on one database behind a forwarding proxy;
 //! - `quickstart`: the real `credbroker quickstart`, as a newcomer runs it.
 //!
 //! This file keeps the few helpers every role uses.
@@ -28,6 +29,7 @@ pub(crate) mod pages;
 pub(crate) mod peers;
 pub(crate) mod postgres;
 pub(crate) mod quickstart;
+pub(crate) mod replicas;
 pub(crate) mod resource;
 pub(crate) mod services;
 

@@ -488,9 +488,24 @@ impl Database {
 /// quick-start directory (its own sockets and audit file), all with the
 /// first one's master key, dev issuer and policy, and one issuer URL.
 pub(crate) fn replicas(db: &Database, n: usize) -> Vec<super::TestBroker> {
+    replicas_with(db, n, &super::Opts::default(), &|text| text)
+}
+
+/// [`replicas`] from files written with `opts` (`opts.audit_log` must be
+/// unset: each replica writes `audit.jsonl` in its own directory), each
+/// config text passed through `edit` before the `[postgres]` table is added.
+/// The replicas start one after the other, so whatever the first one
+/// creates at its start (the key ring, the schema) the others find.
+pub(crate) fn replicas_with(
+    db: &Database,
+    n: usize,
+    opts: &super::Opts,
+    edit: &dyn Fn(String) -> String,
+) -> Vec<super::TestBroker> {
+    assert!(opts.audit_log.is_none(), "replicas write audit.jsonl each");
     let mut out: Vec<super::TestBroker> = Vec::new();
     for i in 0..n {
-        let (dir, config) = super::prepare(&super::Opts::default());
+        let (dir, config) = super::prepare(opts);
         if let Some(first) = out.first() {
             for f in [
                 "keys/master.key",
@@ -503,10 +518,10 @@ pub(crate) fn replicas(db: &Database, n: usize) -> Vec<super::TestBroker> {
         }
         let text = std::fs::read_to_string(&config).unwrap();
         assert!(text.contains("store = \"data\"\n"));
-        let text = text.replace("store = \"data\"\n", "audit_log = \"audit.jsonl\"\n");
+        let text = edit(text.replace("store = \"data\"\n", "audit_log = \"audit.jsonl\"\n"));
         std::fs::write(&config, format!("{text}\n{}", db.config_toml("auto"))).unwrap();
         eprintln!("replica {i}: {}", dir.path().display());
-        out.push(super::TestBroker::spawn(dir, config, None));
+        out.push(super::TestBroker::spawn(dir, config, opts.log.as_deref()));
     }
     out
 }

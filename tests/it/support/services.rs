@@ -42,6 +42,65 @@ steps = ["triage"]
     )
 }
 
+/// The `acme` provider (the oidc-provider peer) with a client whose
+/// secret sits in a 0600 file, for one broker or for several replicas.
+pub(crate) struct Provider {
+    pub peer: OidcPeer,
+    pub client_secret: String,
+    /// Holds `acme.secret`.
+    pub secrets: tempfile::TempDir,
+}
+
+impl Provider {
+    /// Starts the provider with a fresh client secret (a canary, so a test
+    /// can look for it where it must not be) and `redirect` as the client's
+    /// only redirect URI.
+    pub(crate) fn start(redirect: &str) -> Provider {
+        let client_secret = format!(
+            "client-secret-canary-{}",
+            hex::encode(super::random_bytes(12))
+        );
+        let peer = OidcPeer::start(&client_secret, redirect);
+        let secrets = tempfile::tempdir().unwrap();
+        secret_file(secrets.path(), "acme.secret", &client_secret);
+        Provider {
+            peer,
+            client_secret,
+            secrets,
+        }
+    }
+}
+
+/// The broker options of `p` for the provider `peer` (its client secret
+/// in `secrets`): the `[providers.acme]` table followed by
+/// `p.extra_config`, and the policy with the `acme` tools.
+pub(crate) fn broker_opts(p: &ProviderOpts, peer: &OidcPeer, secrets: &tempfile::TempDir) -> Opts {
+    let extra = format!(
+        r#"
+[providers.acme]
+display_name = "Acme"
+issuer = "{issuer}"
+client_id = "{CLIENT_ID}"
+client_secret_file = "{file}"
+scopes = ["openid", "profile", "read:org"]
+narrow_on_refresh = {narrow}
+timeout = "{timeout}"
+"#,
+        issuer = peer.issuer,
+        file = secrets.path().join("acme.secret").display(),
+        narrow = p.narrow_on_refresh,
+        timeout = p.timeout,
+    ) + &p.extra_config;
+    Opts {
+        policy: Some(p.policy.clone().unwrap_or_else(policy) + &p.extra_policy),
+        extra_config: extra,
+        log: p.log.clone(),
+        public_listen: p.public_listen.clone(),
+        audit_log: p.audit_log.clone(),
+        ..Opts::default()
+    }
+}
+
 /// Broker + provider.
 pub(crate) struct ServiceEnv {
     pub peer: OidcPeer,
@@ -97,40 +156,16 @@ impl ServiceEnv {
     }
 
     pub(crate) fn start_with(p: ProviderOpts) -> ServiceEnv {
-        let mut r = [0u8; 12];
-        aws_lc_rs::rand::fill(&mut r).unwrap();
-        let client_secret = format!("client-secret-canary-{}", hex::encode(r));
         let redirect = p.public_listen.as_ref().map_or_else(
             || REDIRECT.to_string(),
             |a| format!("http://{a}/callback/acme"),
         );
-        let peer = OidcPeer::start(&client_secret, &redirect);
-        let secrets = tempfile::tempdir().unwrap();
-        let file = secret_file(secrets.path(), "acme.secret", &client_secret);
-        let extra = format!(
-            r#"
-[providers.acme]
-display_name = "Acme"
-issuer = "{issuer}"
-client_id = "{CLIENT_ID}"
-client_secret_file = "{file}"
-scopes = ["openid", "profile", "read:org"]
-narrow_on_refresh = {narrow}
-timeout = "{timeout}"
-"#,
-            issuer = peer.issuer,
-            file = file.display(),
-            narrow = p.narrow_on_refresh,
-            timeout = p.timeout,
-        ) + &p.extra_config;
-        let broker = TestBroker::start_with(Opts {
-            policy: Some(p.policy.clone().unwrap_or_else(policy) + &p.extra_policy),
-            extra_config: extra,
-            log: p.log.clone(),
-            public_listen: p.public_listen.clone(),
-            audit_log: p.audit_log.clone(),
-            ..Opts::default()
-        });
+        let Provider {
+            peer,
+            client_secret,
+            secrets,
+        } = Provider::start(&redirect);
+        let broker = TestBroker::start_with(broker_opts(&p, &peer, &secrets));
         ServiceEnv {
             peer,
             broker,
