@@ -359,7 +359,8 @@ impl ReplicaSet {
             .collect()
     }
 
-    /// `GET path` through the forwarder, directed at replica `i`.
+    /// `GET path` through the forwarder, directed at replica `i` (the
+    /// forwarder stays directed there).
     pub(crate) async fn get_via(&self, i: usize, path: &str) -> reqwest::Response {
         self.lb.pick(Pick::To(i));
         reqwest::Client::builder()
