@@ -2,18 +2,68 @@
 //! each call from the credbroker sidecar and relaying the broker's connect
 //! link as a URL elicitation in the protocol version the client negotiated.
 //!
+//! It calls the service through the broker's egress proxy (docs/PROXY.md):
+//! the policy gives its tool a `service` resource with `delivery = "proxy"`,
+//! whose URI is the proxy's address `{issuer}/proxy/{service}`, and a route
+//! for the one call it makes:
+//!
+//! ```toml
+//! [resources."https://broker.example/proxy/github"]
+//! source = "service"
+//! service = "github"
+//! delivery = "proxy"
+//!
+//! [tools."github.repos"]
+//! resource = "https://broker.example/proxy/github"
+//! scopes = ["repo"]
+//! steps = ["list_repos"]
+//! routes = ["GET /user/repos"]
+//! ```
+//!
 //! ```text
 //! cargo run --example mcp_repo_server -- \
 //!     --listen 127.0.0.1:0 \
 //!     --broker-socket /run/credbroker/credbroker.sock --broker-issuer https://broker.example \
 //!     --trusted-issuer https://idp.example --jwks-uri https://idp.example/jwks --audience repo-helper \
-//!     --step list_repos --tool github.repos --resource https://api.github.com/ \
-//!     --api-url https://api.github.com/user/repos --service github
+//!     --step list_repos --tool github.repos --resource https://broker.example/proxy/github \
+//!     --api-url https://broker.example/proxy/github/user/repos --service github
 //! ```
+//!
+//! The derive gives this server a credbroker token for the proxy, bound to
+//! this server's own DPoP key and good for at most five minutes; each API
+//! call carries it with a fresh proof for exactly that method and URL. The
+//! person's GitHub token stays in the broker, which adds it upstream. An
+//! answer carrying a provider's own bearer token (a policy that still says
+//! `delivery = "provider_token"`) is refused and the token dropped unused:
+//! this server never holds one.
 //!
 //! It prints one JSON line `{"url": "http://127.0.0.1:PORT/mcp",
 //! "protocol_versions": [...]}` once it listens, then serves MCP over
 //! streamable HTTP at `/mcp` (loopback only).
+//!
+//! A sensitive tool (with `--approval-tool`): `publish_repository` publishes
+//! a branch of a repository. Its broker tool needs the person's approval of
+//! each call (`approval = "each_call"`, docs/APPROVALS.md), so the derive
+//! says what the call does as RFC 9396 `authorization_details`
+//! (`[{"type": "repo_publish", "repository": ..., "branch": ...}]`). Until
+//! the person approved exactly that call, the broker answers
+//! `approval_required` with a link, which this server relays as it relays a
+//! connect link (below), under the input key `approve_publish`; the
+//! approved token (a `self` resource's, single-use, at most 60 s) goes with
+//! one `POST` to `--approval-api-url`.
+//!
+//! ```toml
+//! [tools."github.publish"]
+//! resource = "https://publish.example/api"
+//! scopes = ["repo.publish"]
+//! steps = ["list_repos"]
+//! approval = "each_call"
+//! require_authorization_details = true
+//!
+//! [tools."github.publish".authorization_details.repo_publish]
+//! repository = { kind = "string", required = true, label = "Repository", log_in_clear = true }
+//! branch = { kind = "string", required = true, label = "Branch", log_in_clear = true }
+//! ```
 //!
 //! Protocol versions: exactly the two of [`PROTOCOL_VERSIONS`], the list the
 //! start-up line prints and `server/discover` answers. A request that names
@@ -40,9 +90,9 @@
 //! `typ` `at+jwt`, audience = the agent, lifetime; ID tokens and
 //! sender-constrained tokens refused) and takes (`iss`, `sub`) from it, never
 //! from tool arguments. The same token is the subject token of the derive:
-//! the sidecar checks it again. It never goes anywhere else: the third-party
-//! API gets only the token the broker derived, and that token never goes back
-//! to the MCP client (only the API's answer does).
+//! the sidecar checks it again. It never goes anywhere else: the proxy gets
+//! only the token the broker derived, and that token never goes back to the
+//! MCP client (only the API's answer does).
 //!
 //! Refusals with a link:
 //! - protocol 2025-11-25: JSON-RPC error `-32042` with the link in
@@ -86,8 +136,14 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServerHandler;
 
-/// The one tool.
+/// The tool that lists repositories.
 const TOOL: &str = "list_repositories";
+/// The sensitive tool, offered with `--approval-tool`.
+const PUBLISH: &str = "publish_repository";
+/// The RFC 9396 type of its `authorization_details`.
+const PUBLISH_DETAILS: &str = "repo_publish";
+/// The input key of its approval link in an `input_required` result.
+const APPROVE_KEY: &str = "approve_publish";
 /// Answers from the third-party API larger than this are refused.
 const MAX_API_BODY: usize = 1024 * 1024;
 /// Access tokens larger than this are refused before verification.
@@ -134,13 +190,15 @@ struct Args {
     /// The tool name declared to the broker.
     #[arg(long)]
     tool: String,
-    /// The resource to derive a token for.
+    /// The resource to derive a token for: the proxy's address for the
+    /// service, `{broker issuer}/proxy/{service}`.
     #[arg(long)]
     resource: String,
     /// Scope to ask for (space-separated); the policy's when absent.
     #[arg(long)]
     scope: Option<String>,
-    /// The API that lists the person's repositories (GET); defaults to the resource.
+    /// The URL that lists the person's repositories (GET): the proxy's
+    /// address followed by the API's path; defaults to the resource.
     #[arg(long)]
     api_url: Option<String>,
     /// The service's short name, used in the input request's key (`connect_<service>`).
@@ -154,6 +212,23 @@ struct Args {
     /// process-local key when absent.
     #[arg(long)]
     state_key_file: Option<PathBuf>,
+    /// The broker tool of the sensitive `publish_repository` (one that needs
+    /// approval); the MCP tool is offered only with it.
+    #[arg(long, requires = "approval_resource")]
+    approval_tool: Option<String>,
+    /// Its resource (a `self` resource of the broker).
+    #[arg(long, requires = "approval_tool")]
+    approval_resource: Option<String>,
+    /// The URL the approved call is POSTed to; defaults to its resource.
+    #[arg(long, requires = "approval_tool")]
+    approval_api_url: Option<String>,
+}
+
+/// The sensitive tool's broker side.
+struct Sensitive {
+    tool: String,
+    resource: String,
+    api_url: String,
 }
 
 /// The verified caller of one HTTP request, put into the request's
@@ -181,6 +256,9 @@ struct Inner {
     api_url: String,
     input_key: String,
     state_ttl: i64,
+    /// The broker's issuer (the derive proof's `htu` base).
+    broker_issuer: String,
+    sensitive: Option<Sensitive>,
 }
 
 #[derive(Clone)]
@@ -210,6 +288,29 @@ fn tool_def() -> Tool {
     )
 }
 
+fn publish_def() -> Tool {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "repository": {"type": "string", "minLength": 1, "maxLength": 200,
+                           "description": "owner/name of the repository."},
+            "branch": {"type": "string", "minLength": 1, "maxLength": 200,
+                       "description": "The branch to publish."}
+        },
+        "required": ["repository", "branch"],
+        "additionalProperties": false
+    });
+    let schema = match schema {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    Tool::new(
+        PUBLISH,
+        "Publishes a branch of a repository. The person approves each call on the broker's pages first.",
+        Arc::new(schema),
+    )
+}
+
 fn text_error(msg: impl Into<String>) -> CallToolResponse {
     CallToolResult::error(vec![ContentBlock::text(msg.into())]).into()
 }
@@ -225,12 +326,37 @@ fn rejected_state() -> ErrorData {
     )
 }
 
+/// What every call starts from: who asks, in which protocol, and whether a
+/// retry's `requestState` said the person declined.
+struct Start {
+    caller: Caller,
+    modern: bool,
+    url_capable: bool,
+    call: String,
+    declined: bool,
+}
+
+impl Start {
+    fn binding<'a>(&'a self, me: &'a str) -> Binding<'a> {
+        Binding {
+            aud: me,
+            iss: &self.caller.person.iss,
+            sub: &self.caller.person.sub,
+            client: self.caller.client.as_deref(),
+            call: &self.call,
+        }
+    }
+}
+
 impl RepoServer {
-    async fn list(
+    /// The caller, the protocol, and a retry's state opened (any failure:
+    /// `-32602`, nothing else done), for a call whose input key is `key`.
+    fn start(
         &self,
-        request: CallToolRequestParams,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<CallToolResponse, ErrorData> {
+        request: &CallToolRequestParams,
+        ctx: &RequestContext<RoleServer>,
+        key: &str,
+    ) -> Result<Start, ErrorData> {
         let me = &self.0;
         // Identity: only from the access token the HTTP front verified.
         let caller = ctx
@@ -249,36 +375,46 @@ impl RepoServer {
 
         let args = request.arguments.clone().map(serde_json::Value::Object);
         let call = mcp::call_hash("tools/call", &request.name, args.as_ref());
-        let binding = Binding {
-            aud: &me.me,
-            iss: &caller.person.iss,
-            sub: &caller.person.sub,
-            client: caller.client.as_deref(),
-            call: &call,
+        let mut start = Start {
+            caller,
+            modern,
+            url_capable,
+            call,
+            declined: false,
         };
 
         // A retry: the state must be ours, for this person and this call,
         // and fresh, before anything else happens.
-        let mut declined = false;
         match (&request.request_state, &request.input_responses) {
             (Some(state), responses) => {
                 if !modern {
                     return Err(rejected_state());
                 }
-                if let Err(e) = me.state_key.open(state, &binding, now()) {
+                if let Err(e) = me.state_key.open(state, &start.binding(&me.me), now()) {
                     tracing::warn!(reason = %e, "requestState refused");
                     return Err(rejected_state());
                 }
                 let action = responses
                     .as_ref()
-                    .and_then(|r| r.get(&me.input_key))
+                    .and_then(|r| r.get(key))
                     .and_then(|r| r.get("action"))
                     .and_then(|a| a.as_str());
-                declined = matches!(action, Some("decline" | "cancel"));
+                start.declined = matches!(action, Some("decline" | "cancel"));
             }
             (None, Some(_)) => return Err(rejected_state()),
             (None, None) => {}
         }
+        Ok(start)
+    }
+
+    async fn list(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let me = &self.0;
+        let start = self.start(&request, &ctx, &me.input_key)?;
+        let args = request.arguments.clone().map(serde_json::Value::Object);
 
         // The only argument is `limit`: anything else (a user name, an
         // account) is refused, so that nobody mistakes an argument for the
@@ -310,7 +446,7 @@ impl RepoServer {
             .broker
             .derive(
                 &DeriveParams {
-                    subject_token: caller.token.expose(),
+                    subject_token: start.caller.token.expose(),
                     step: &me.step,
                     tool: &me.tool,
                     resource: &me.resource,
@@ -321,9 +457,7 @@ impl RepoServer {
             .await;
         match answer {
             Ok(Answer::Issued(token)) => Ok(self.call_api(&token, limit).await),
-            Ok(Answer::Refused(refusal)) => {
-                self.relay(&refusal, &binding, modern, url_capable, declined)
-            }
+            Ok(Answer::Refused(refusal)) => self.relay(&refusal, &start, &me.input_key),
             Err(e) => {
                 tracing::warn!(error = %e, "broker unreachable");
                 Ok(text_error(
@@ -333,15 +467,16 @@ impl RepoServer {
         }
     }
 
-    /// Turns a refusal into what the negotiated protocol expects.
+    /// Turns a refusal into what the negotiated protocol expects; a link
+    /// (connect or approval) goes under the input key `key`.
     fn relay(
         &self,
         refusal: &Refusal,
-        binding: &Binding<'_>,
-        modern: bool,
-        url_capable: bool,
-        declined: bool,
+        start: &Start,
+        key: &str,
     ) -> Result<CallToolResponse, ErrorData> {
+        let (modern, url_capable, declined) = (start.modern, start.url_capable, start.declined);
+        let binding = start.binding(&self.0.me);
         let Some(link) = refusal.link() else {
             // A policy denial or a bad request: nothing the person can fix
             // from here. Only the codes, never anything token-derived.
@@ -353,7 +488,7 @@ impl RepoServer {
         };
         if declined {
             return Ok(text_error(format!(
-                "Not connected: the request to open the link was declined. {}",
+                "Not done: the request to open the link was declined. {}",
                 mcp::message_with_link(&link)
             )));
         }
@@ -362,9 +497,9 @@ impl RepoServer {
             return Ok(text_error(mcp::message_with_link(&link)));
         }
         if modern {
-            let state = RequestState::with_ttl(binding, link.id, now(), self.0.state_ttl);
+            let state = RequestState::with_ttl(&binding, link.id, now(), self.0.state_ttl);
             let sealed = self.0.state_key.seal(&state);
-            let value = mcp::input_required_result(&link, &self.0.input_key, &sealed);
+            let value = mcp::input_required_result(&link, key, &sealed);
             let result: InputRequiredResult = serde_json::from_value(value)
                 .map_err(|_| ErrorData::internal_error("could not build input_required", None))?;
             Ok(result.into())
@@ -379,71 +514,166 @@ impl RepoServer {
         }
     }
 
-    /// Calls the API with the derived token (DPoP-bound tokens with a fresh
-    /// proof from this server's key; provider tokens as bearer) and returns
-    /// the API's answer, never the token.
-    async fn call_api(&self, token: &Token, limit: Option<usize>) -> CallToolResponse {
+    /// `publish_repository`: the derive describes the call, so the person
+    /// approves exactly it; the approved token goes with one POST.
+    async fn publish(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
         let me = &self.0;
-        let at = token.access_token.expose();
-        let mut req = me.http.get(&me.api_url);
-        if token.token_type.eq_ignore_ascii_case("dpop") {
-            let htu = me.api_url.split(['?', '#']).next().unwrap_or(&me.api_url);
-            let proof = match credbroker::internals::dpop::make_proof(
-                &me.dpop_key,
-                "GET",
-                htu,
-                now(),
-                Some(at),
+        let Some(sensitive) = &me.sensitive else {
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool {PUBLISH}"),
                 None,
-            ) {
-                Ok(p) => p,
-                Err(_) => return text_error("Could not make a DPoP proof."),
-            };
-            req = req
-                .header("authorization", format!("DPoP {at}"))
-                .header("dpop", proof);
-        } else {
-            req = req.header("authorization", format!("Bearer {at}"));
-        }
-        let resp = match req.header("accept", "application/json").send().await {
-            Ok(r) => r,
-            Err(_) => return text_error("The repository API is unreachable."),
+            ));
         };
-        let status = resp.status();
-        if !status.is_success() {
-            return text_error(format!(
-                "The repository API answered HTTP {}.",
-                status.as_u16()
+        let start = self.start(&request, &ctx, APPROVE_KEY)?;
+        let args = request.arguments.clone().unwrap_or_default();
+        if let Some(unknown) = args.keys().find(|k| *k != "repository" && *k != "branch") {
+            return Err(ErrorData::invalid_params(
+                format!("unknown argument {unknown}"),
+                None,
             ));
         }
+        let field = |k: &str| {
+            args.get(k)
+                .and_then(|v| v.as_str())
+                .filter(|v| !v.is_empty() && v.len() <= 200)
+                .map(str::to_owned)
+        };
+        let (Some(repository), Some(branch)) = (field("repository"), field("branch")) else {
+            return Err(ErrorData::invalid_params(
+                "repository and branch are required strings of 1 to 200 characters",
+                None,
+            ));
+        };
+        // What the person sees and approves: exactly the call's arguments.
+        let details = serde_json::json!([{
+            "type": PUBLISH_DETAILS, "repository": repository, "branch": branch,
+        }]);
+        let htu = format!("{}/v1/derive", me.broker_issuer);
+        let Ok(proof) = credbroker::client::proof(&me.dpop_key, "POST", &htu, None) else {
+            return Ok(text_error("Could not make a DPoP proof."));
+        };
+        let answer = me
+            .broker
+            .derive_with_details(
+                &DeriveParams {
+                    subject_token: start.caller.token.expose(),
+                    step: &me.step,
+                    tool: &sensitive.tool,
+                    resource: &sensitive.resource,
+                    scope: None,
+                },
+                Some(&details),
+                &proof,
+            )
+            .await;
+        match answer {
+            Ok(Answer::Issued(token)) => {
+                let body = serde_json::json!({"repository": repository, "branch": branch});
+                Ok(self
+                    .send(&token, "POST", &sensitive.api_url, Some(body))
+                    .await
+                    .map_or_else(text_error, |answer| {
+                        let out = serde_json::json!({ "published": answer });
+                        let mut r =
+                            CallToolResult::success(vec![ContentBlock::text(out.to_string())]);
+                        r.structured_content = Some(out);
+                        r.into()
+                    }))
+            }
+            Ok(Answer::Refused(refusal)) => self.relay(&refusal, &start, APPROVE_KEY),
+            Err(e) => {
+                tracing::warn!(error = %e, "broker unreachable");
+                Ok(text_error(
+                    "The credential broker is unavailable; try again later.",
+                ))
+            }
+        }
+    }
+
+    /// One call with a DPoP-bound token and a fresh proof: the API's JSON
+    /// answer, or what to tell the MCP client. The token is never in it.
+    async fn send(
+        &self,
+        token: &Token,
+        method: &str,
+        url: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value, String> {
+        let me = &self.0;
+        if !token.token_type.eq_ignore_ascii_case("dpop") || token.sender_constrained == Some(false)
+        {
+            // The policy hands the provider's own token to this tool: it is
+            // not sent anywhere (the struct holding it is dropped with the
+            // answer), and the message says what to change.
+            tracing::warn!("the broker handed over a provider token; refused unused");
+            return Err(
+                "The credential broker handed this server the service's own token; \
+                 this server calls the service only through the broker's proxy (policy: \
+                 delivery = \"proxy\" for its resource)."
+                    .into(),
+            );
+        }
+        let at = token.access_token.expose();
+        let htu = url.split(['?', '#']).next().unwrap_or(url);
+        let proof = credbroker::client::proof(&me.dpop_key, method, htu, Some(at))
+            .map_err(|_| "Could not make a DPoP proof.".to_string())?;
+        let m =
+            http::Method::from_bytes(method.as_bytes()).map_err(|_| "bad method".to_string())?;
+        let mut req = me
+            .http
+            .request(m, url)
+            .header("authorization", format!("DPoP {at}"))
+            .header("dpop", proof)
+            .header("accept", "application/json");
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let mut resp = req
+            .send()
+            .await
+            .map_err(|_| "The API is unreachable.".to_string())?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(format!("The API answered HTTP {}.", status.as_u16()));
+        }
         // Read at most MAX_API_BODY, whatever the headers claim.
-        let mut resp = resp;
-        let mut body = Vec::new();
+        let mut bytes = Vec::new();
         loop {
             match resp.chunk().await {
-                Ok(Some(c)) if body.len() + c.len() <= MAX_API_BODY => body.extend_from_slice(&c),
+                Ok(Some(c)) if bytes.len() + c.len() <= MAX_API_BODY => bytes.extend_from_slice(&c),
                 Ok(None) => break,
-                _ => return text_error("The repository API answered too much, or broke off."),
+                _ => return Err("The API answered too much, or broke off.".into()),
             }
         }
         // Whatever goes back to the MCP client must not carry the token,
         // even if the API echoed it.
-        if at.is_empty() || body.windows(at.len()).any(|w| w == at.as_bytes()) {
-            tracing::warn!("the repository API echoed the token; its answer is withheld");
-            return text_error("The repository API's answer was withheld.");
+        if at.is_empty() || bytes.windows(at.len()).any(|w| w == at.as_bytes()) {
+            tracing::warn!("the API echoed the token; its answer is withheld");
+            return Err("The API's answer was withheld.".into());
         }
-        let parsed: serde_json::Value = match serde_json::from_slice(&body) {
+        serde_json::from_slice(&bytes).map_err(|_| "The API did not answer JSON.".to_string())
+    }
+
+    /// Calls the API through the proxy with the derived token and a fresh
+    /// proof from this server's key, and returns the API's answer, never the
+    /// token.
+    async fn call_api(&self, token: &Token, limit: Option<usize>) -> CallToolResponse {
+        let parsed = match self.send(token, "GET", &self.0.api_url, None).await {
             Ok(v) => v,
-            Err(_) => return text_error("The repository API did not answer JSON."),
+            Err(why) => return text_error(why),
         };
         // Accept a bare list or {"repositories": [...]}.
         let mut repos = match parsed {
             serde_json::Value::Array(a) => a,
             serde_json::Value::Object(mut o) => match o.remove("repositories") {
                 Some(serde_json::Value::Array(a)) => a,
-                _ => return text_error("The repository API answered an unexpected shape."),
+                _ => return text_error("The API answered an unexpected shape."),
             },
-            _ => return text_error("The repository API answered an unexpected shape."),
+            _ => return text_error("The API answered an unexpected shape."),
         };
         if let Some(n) = limit {
             repos.truncate(n);
@@ -470,7 +700,11 @@ impl ServerHandler for RepoServer {
         _request: Option<PaginatedRequestParams>,
         _ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(vec![tool_def()]))
+        let mut tools = vec![tool_def()];
+        if self.0.sensitive.is_some() {
+            tools.push(publish_def());
+        }
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
@@ -478,7 +712,11 @@ impl ServerHandler for RepoServer {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        (name == TOOL).then(tool_def)
+        match name {
+            TOOL => Some(tool_def()),
+            PUBLISH if self.0.sensitive.is_some() => Some(publish_def()),
+            _ => None,
+        }
     }
 
     async fn call_tool(
@@ -486,13 +724,14 @@ impl ServerHandler for RepoServer {
         request: CallToolRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        if request.name != TOOL {
-            return Err(ErrorData::invalid_params(
+        match request.name.as_ref() {
+            TOOL => self.list(request, ctx).await,
+            PUBLISH if self.0.sensitive.is_some() => self.publish(request, ctx).await,
+            _ => Err(ErrorData::invalid_params(
                 format!("unknown tool {}", request.name),
                 None,
-            ));
+            )),
         }
-        self.list(request, ctx).await
     }
 }
 
@@ -808,6 +1047,15 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let inner = Arc::new(Inner {
         broker: Client::new(&args.broker_socket, &args.broker_issuer),
+        broker_issuer: args.broker_issuer.clone(),
+        sensitive: match (args.approval_tool, args.approval_resource) {
+            (Some(tool), Some(resource)) => Some(Sensitive {
+                api_url: args.approval_api_url.unwrap_or_else(|| resource.clone()),
+                tool,
+                resource,
+            }),
+            _ => None,
+        },
         dpop_key,
         state_key,
         http,

@@ -291,8 +291,7 @@ pub fn shown(tool: &crate::policy::Tool, details: Option<&Value>) -> Vec<ShownEn
             continue;
         };
         let fields = declared
-            .fields
-            .iter()
+            .ordered()
             .filter_map(|(name, f)| {
                 let values = match e.get(name)? {
                     Value::String(s) => vec![s.clone()],

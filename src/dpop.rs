@@ -438,10 +438,18 @@ impl ReplayCache {
     }
 }
 
-/// Stateless server nonces: `base64url(bucket || HMAC(key, bucket))`, valid
-/// in the bucket they were made in and the one after (30 s buckets).
+/// Stateless server nonces: `base64url(bucket || HMAC(key, label || bucket
+/// || instance))`, valid in the bucket they were made in and the one after
+/// (30 s buckets), and only on the instance that issued them.
+///
+/// Binding to the instance is what makes a per-replica replay cache enough
+/// when replicas share the key (it is a store record): a proof carries the
+/// nonce of the replica it was made for, so another replica, whose replay
+/// cache never saw its `jti`, refuses it with `use_dpop_nonce` instead of
+/// accepting it a second time. Checking costs one HMAC and no store access.
 pub struct Nonces {
     key: aws_lc_rs::hmac::Key,
+    instance: String,
 }
 
 impl std::fmt::Debug for Nonces {
@@ -453,10 +461,12 @@ impl std::fmt::Debug for Nonces {
 const NONCE_BUCKET: i64 = 30;
 
 impl Nonces {
-    /// Nonces under `key` (32 bytes). Replicated instances share the key.
-    pub fn new(key: &SecretBytes) -> Nonces {
+    /// Nonces under `key` (32 bytes), issued and accepted by `instance`
+    /// only (the instance name the audit events carry).
+    pub fn new(key: &SecretBytes, instance: &str) -> Nonces {
         Nonces {
             key: aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key.expose()),
+            instance: instance.to_owned(),
         }
     }
 
@@ -467,7 +477,13 @@ impl Nonces {
 
     fn make(&self, bucket: i64) -> String {
         let b = bucket.to_be_bytes();
-        let tag = aws_lc_rs::hmac::sign(&self.key, &b);
+        // The bucket has a fixed length, so the instance name after it
+        // needs no delimiter.
+        let mut ctx = aws_lc_rs::hmac::Context::with_key(&self.key);
+        ctx.update(b"credbroker dpop nonce\0");
+        ctx.update(&b);
+        ctx.update(self.instance.as_bytes());
+        let tag = ctx.sign();
         let mut raw = b.to_vec();
         raw.extend_from_slice(&tag.as_ref()[..16]);
         jose::b64e(&raw)

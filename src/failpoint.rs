@@ -6,7 +6,15 @@
 //! Named points: `keys.rotate.before_write`, `keys.rotate.after_write`,
 //! `keys.activate.before_write`, `keys.activate.after_write`,
 //! `keys.migrate.before_write`, `keys.migrate.after_write` (see
-//! [`crate::mint`]).
+//! [`crate::mint`]); `vault.import.before_write`,
+//! `vault.import.after_write` (the import of an older install's vault key
+//! files, see [`crate::vault::keys`]).
+//!
+//! Pause points: when `CREDBROKER_FAILPOINT` is `pause:<point>`, the
+//! process stops at that point (it prints `failpoint <point>: paused` to
+//! stderr and blocks the thread for good), so a test can find it there and
+//! kill it: `vault.refresh.lease_taken` (a refresh lease just taken, see
+//! [`crate::vault`]).
 
 /// The environment variable that arms one point.
 pub const ENV: &str = "CREDBROKER_FAILPOINT";
@@ -24,3 +32,21 @@ pub fn hit(point: &str) {
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_point: &str) {}
+
+/// Stops the process here for good if `ENV` is `pause:<point>` (the test
+/// that armed it kills the process).
+#[cfg(feature = "failpoints")]
+pub fn pause(point: &str) {
+    let armed = std::env::var(ENV).is_ok_and(|v| v.strip_prefix("pause:") == Some(point));
+    if armed {
+        eprintln!("failpoint {point}: paused");
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+}
+
+/// Does nothing: built without the `failpoints` feature.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn pause(_point: &str) {}

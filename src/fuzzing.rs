@@ -34,6 +34,8 @@ pub const ACCESS_TOKEN: &str = "fuzz-access-token";
 /// The key under which [`dpop_signed`]'s resource-server validator makes
 /// and checks nonces (a fixed, public, fuzz-only value).
 pub const NONCE_KEY: [u8; 32] = [7; 32];
+/// The instance name the fuzzed nonce validator issues its nonces as.
+pub const NONCE_INSTANCE: &str = "fuzz/1";
 
 /// The names of the fuzz targets, which are also the corpus directories.
 pub const TARGETS: [&str; 13] = [
@@ -144,7 +146,7 @@ pub fn signing_key() -> Option<&'static Es256Key> {
 /// The nonce that [`dpop_signed`]'s resource-server validator accepts at
 /// [`NOW`].
 pub fn nonce() -> String {
-    Nonces::new(&SecretBytes::new(NONCE_KEY.to_vec())).issue(NOW)
+    Nonces::new(&SecretBytes::new(NONCE_KEY.to_vec()), NONCE_INSTANCE).issue(NOW)
 }
 
 /// DPoP validation past the signature: `data` is taken as the claims of a
@@ -183,7 +185,7 @@ pub fn dpop_signed(data: &[u8]) -> bool {
         }
         Err(_) => false,
     };
-    let nonces = Nonces::new(&SecretBytes::new(NONCE_KEY.to_vec()));
+    let nonces = Nonces::new(&SecretBytes::new(NONCE_KEY.to_vec()), NONCE_INSTANCE);
     let rs = dpop::Validator::new(vec![Alg::ES256], 64, Some(nonces));
     let rs_expect = Expect {
         method: "GET",

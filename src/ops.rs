@@ -316,7 +316,8 @@ impl Offline {
 
     /// Opens the vault on this store.
     pub(crate) fn vault(&self, cfg: &Config) -> Result<Vault, OpError> {
-        Ok(Vault::open(self.store.clone(), &cfg.vault_key_dir)?)
+        let master = Arc::new(self.sealer(cfg)?);
+        Ok(Vault::open(self.store.clone(), master, &cfg.vault_key_dir)?)
     }
 
     /// The sealer of the signing keys at rest (from the master key file).

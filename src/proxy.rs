@@ -15,12 +15,15 @@
 //!    ([`crate::verify`]), audience = the proxy address, `htu` = the
 //!    configured issuer + the raw path (never `Host` or `X-Forwarded-*`);
 //! 4. no credential in the query;
-//! 5. the route, the step and the resource in the *current* policy;
+//! 5. the route, the step and the resource in the *current* policy, and
+//!    the route's variables bound to the token's approved details;
 //! 6. the per-person-and-tool rate limit, the per-service concurrency cap,
 //!    the request body cap;
 //! 7. the account, the allowance and a live provider token (refreshed with
 //!    the vault's single-flight refresh);
-//! 8. the `proxy.request` audit event: no event, no call.
+//! 8. a single-use token (an `each_call` approval's) is spent in the
+//!    store's replay tree, so it serves one call on every replica;
+//! 9. the `proxy.request` audit event: no event, no call.
 //!
 //! Then the call goes to `api_base` + path + query only (no proxy from the
 //! environment, no redirect followed, an allowlist of request headers), and
@@ -211,6 +214,7 @@ impl Refusal {
             Refusal::BadRequest(r, _) => r,
             Refusal::NotFound => "not_a_proxy_address",
             Refusal::Token(VerifyError::Proof(_)) => "invalid_dpop_proof",
+            Refusal::Token(VerifyError::AlreadyUsed) => "token_already_used",
             Refusal::Token(_) => "invalid_token",
             Refusal::UseNonce(_) => "use_dpop_nonce",
             Refusal::Forbidden(r) => r,
@@ -269,6 +273,11 @@ impl Refusal {
                 }
                 r
             }
+            Refusal::Forbidden("details_mismatch") => plain(
+                StatusCode::FORBIDDEN,
+                "insufficient_scope",
+                "the path's variables are not the ones in the token's approved authorization_details".into(),
+            ),
             Refusal::Forbidden(_) => plain(
                 StatusCode::FORBIDDEN,
                 "insufficient_scope",
@@ -441,6 +450,34 @@ impl Proxy {
                 Err(Refusal::Unavailable(
                     "replay_store_unavailable",
                     "the proof's replay check could not be made; retry later",
+                ))
+            }
+        }
+    }
+
+    /// Records a single-use token's `jti` in the store's replay tree until
+    /// the token expires: the first call wins, on every instance sharing
+    /// the store; a second is refused with `token_already_used`. A store
+    /// that cannot answer fails the call closed.
+    fn spend(&self, who: &Verified) -> Result<(), Refusal> {
+        let mut key = b"single_use\0".to_vec();
+        key.extend_from_slice(who.jti.as_bytes());
+        let key = crate::jose::sha256_hex(&key);
+        let left = who.exp.saturating_sub(self.broker.clock.now()).max(0) + 10;
+        let ttl = std::time::Duration::from_secs(u64::try_from(left).unwrap_or(10));
+        match self.broker.store.insert_expiring(
+            crate::store::Tree::Replay,
+            key.as_bytes(),
+            b"1",
+            ttl,
+        ) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Refusal::Token(VerifyError::AlreadyUsed)),
+            Err(e) => {
+                tracing::error!(error = %e, "the replay store failed; single-use token not accepted");
+                Err(Refusal::Unavailable(
+                    "replay_store_unavailable",
+                    "the token's single-use check could not be made; retry later",
                 ))
             }
         }
@@ -640,7 +677,7 @@ impl Proxy {
         };
         let url = format!("{}{path}", b.config.issuer);
         let who = verifier
-            .verify(&Presented {
+            .verify_unrecorded(&Presented {
                 method,
                 url: &url,
                 authorization,
@@ -688,13 +725,24 @@ impl Proxy {
             .policy
             .proxy_route(&call.who.tool, &step, &call.resource, method, rest)
         {
-            Ok(route) => call.route = Some(route.text.clone()),
+            Ok(route) => {
+                // Where the policy binds the route's variables to the
+                // approved details, the path must be the approved one.
+                let holds = route.details_hold(rest, call.who.authorization_details.as_ref());
+                call.route = Some(route.text.clone());
+                if !holds {
+                    return Err((
+                        Some(call),
+                        Refusal::Forbidden(crate::policy::RouteDenial::DetailsMismatch.as_str()),
+                    ));
+                }
+            }
             Err(d) => return Err((Some(call), Refusal::Forbidden(d.as_str()))),
         }
         Ok(call)
     }
 
-    /// Checks 6 to 8 of the module doc, then the upstream call and the
+    /// Checks 6 to 9 of the module doc, then the upstream call and the
     /// answer.
     async fn forward<'a, B>(
         self: &Arc<Self>,
@@ -809,6 +857,15 @@ impl Proxy {
             Ok(t) => t,
             Err(e) => return Err((call, Refusal::Derive(e))),
         };
+
+        // A single-use token (an each_call approval's) is spent here, once
+        // every check of the call passed: a refused call does not use it
+        // up, and no second call (on any replica) gets past this point.
+        if call.who.single_use {
+            if let Err(r) = self.spend(&call.who) {
+                return Err((call, r));
+            }
+        }
 
         // No event, no call.
         let e = self.event(&call, PROXY_REQUEST);

@@ -286,6 +286,18 @@ impl Verifier {
     /// recorded only once everything else passed, so a bad proof does not
     /// use the token up).
     pub fn verify(&self, req: &Presented<'_>) -> Result<Verified, VerifyError> {
+        self.verify_inner(req, true)
+    }
+
+    /// [`Verifier::verify`] without recording a single-use token's `jti`
+    /// here: for the broker's own proxy, which records it in the shared
+    /// store (so that no two replicas accept it) once the call passed its
+    /// policy checks too.
+    pub(crate) fn verify_unrecorded(&self, req: &Presented<'_>) -> Result<Verified, VerifyError> {
+        self.verify_inner(req, false)
+    }
+
+    fn verify_inner(&self, req: &Presented<'_>, record: bool) -> Result<Verified, VerifyError> {
         let auth = req.authorization.ok_or(VerifyError::NoToken)?;
         let (scheme, token) = auth.split_once(' ').ok_or(VerifyError::WrongScheme)?;
         if !scheme.eq_ignore_ascii_case("DPoP") {
@@ -332,7 +344,7 @@ impl Verifier {
                 now,
             },
         )?;
-        if c.single_use {
+        if c.single_use && record {
             // Keyed by the token's `jti` alone (the token is bound to one
             // key already), in the replay cache's compact form.
             let k = self.used.key("", &c.jti);

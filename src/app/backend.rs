@@ -455,8 +455,12 @@ mod tests {
     #[test]
     fn backend_serves_the_pages_traits() {
         let (dir, store, links) = env();
-        let vault =
-            Arc::new(crate::vault::Vault::open(store.clone(), &dir.path().join("vk")).unwrap());
+        let master = Arc::new(
+            crate::seal::Sealer::new(&crate::secret::SecretBytes::new(vec![7; 32]), &[]).unwrap(),
+        );
+        let vault = Arc::new(
+            crate::vault::Vault::open(store.clone(), master, &dir.path().join("vk")).unwrap(),
+        );
         let links = Arc::new(links);
         let clock: crate::clock::SharedClock = crate::clock::ManualClock::new(1000);
         let b = Backend::new(

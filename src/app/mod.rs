@@ -171,6 +171,51 @@ fn instance_name() -> String {
     format!("{host}/{}", std::process::id())
 }
 
+/// The DPoP nonce key's record (tree `State`): 32 random bytes sealed under
+/// the master key.
+const NONCE_KEY_RECORD: &[u8] = b"dpop/nonce_key/v1";
+
+/// The DPoP nonce key: one record in the store, created once by
+/// compare-and-swap (of replicas starting together, one creates it and the
+/// others read it). Nonces are bound to the instance as well
+/// ([`crate::dpop::Nonces`]), so sharing the key lets no replica accept
+/// another's nonce; it keeps the key out of each process's chance and makes
+/// it survive a restart.
+fn nonce_key(
+    store: &dyn crate::store::Store,
+    sealer: &Sealer,
+) -> Result<crate::secret::SecretBytes, StartError> {
+    use crate::store::Tree;
+    let bad = |why: &str| {
+        StartError::Io(format!(
+            "DPoP nonce key (store tree state, record dpop/nonce_key/v1): {why}"
+        ))
+    };
+    for _ in 0..4 {
+        if let Some(sealed) = store.get(Tree::State, NONCE_KEY_RECORD)? {
+            let key = sealer.open(NONCE_KEY_RECORD, &sealed).map_err(|_| {
+                bad("does not decrypt under keys.master_key_file (not the master key this store was made with, or the record was altered)")
+            })?;
+            if key.expose().len() != 32 {
+                return Err(bad("not 32 bytes"));
+            }
+            return Ok(key);
+        }
+        let mut key = vec![0u8; 32];
+        aws_lc_rs::rand::fill(&mut key).map_err(|_| bad("no randomness"))?;
+        let key = crate::secret::SecretBytes::new(key);
+        let sealed = sealer
+            .seal(NONCE_KEY_RECORD, key.expose())
+            .map_err(|_| bad("encryption failed"))?;
+        if store.compare_and_swap(Tree::State, NONCE_KEY_RECORD, None, Some(&sealed))? {
+            return Ok(key);
+        }
+    }
+    Err(bad(
+        "changed by another process while it was created; try again",
+    ))
+}
+
 /// Builds an instance from a validated config: loads the policy and the
 /// trusted issuers (reading their pinned JWKS files) first, then opens the
 /// store and loads or creates the signing key, so a start refused for a
@@ -256,10 +301,12 @@ pub async fn build(
     })?;
     let store: Arc<dyn crate::store::Store> = config.store.open()?;
     let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
-    // No provider, no vault key: the key directory is made only when a
-    // provider could need it (deploy/ keeps it on a writable path anyway).
+    // No provider, no vault key: the key record is made only when a
+    // provider could need it. The key directory is only read, to import the
+    // keys of an older install.
     let vault = Arc::new(crate::vault::Vault::open_for(
         store.clone(),
+        sealer.clone(),
         &config.vault_key_dir,
         !config.providers.is_empty(),
     )?);
@@ -282,12 +329,12 @@ pub async fn build(
     // own-key check reads the live key ring, so a rotated key is known at once.
     let _ = own_minter.set(minter.clone());
     let key_sets = subjects.key_sets();
+    let instance = instance_name();
     let nonces = if config.dpop.require_nonce {
-        let mut key = vec![0u8; 32];
-        aws_lc_rs::rand::fill(&mut key).map_err(|_| StartError::Io("random".into()))?;
-        Some(crate::dpop::Nonces::new(&crate::secret::SecretBytes::new(
-            key,
-        )))
+        Some(crate::dpop::Nonces::new(
+            &nonce_key(store.as_ref(), &sealer)?,
+            &instance,
+        ))
     } else {
         None
     };
@@ -303,7 +350,7 @@ pub async fn build(
     // event names the instance that wrote it (host name and process id: a
     // pod's name in Kubernetes).
     let audit = if store.is_shared() {
-        audit.with_instance(instance_name())
+        audit.with_instance(instance)
     } else {
         audit
     };

@@ -122,28 +122,56 @@ Next steps, in another terminal (the README's walkthrough):
     --dpop-key tool-key.pem
 "#
     ));
-    if let Some((_, demo)) = &demo {
-        out.push_str(&format!(
-            r#"  # the demo tool needs alice's demo account: the answer is a connect link
+    let demo_resource = cfg
+        .quickstart_demo
+        .as_deref()
+        .and_then(|name| demo_resource(&inst.broker.policy.load(), name));
+    match (&demo, demo_resource) {
+        (Some(_), Some((resource, crate::policy::Delivery::Proxy))) => {
+            out.push_str(&format!(
+                r#"  # the demo tool needs alice's demo account: the answer is a connect link
   credbroker derive --socket {sock} \
     --issuer {issuer} --subject-token "$TOKEN" \
-    --step summarize --tool demo.notes --resource {api} \
+    --step summarize --tool demo.notes --resource {resource} \
     --dpop-key tool-key.pem --print connect_uri
   # open it in a browser, sign in as alice, Connect, pick her demo account,
-  # Allow; (bob opening it changes nothing). Then the same call is issued:
-  DEMO_TOKEN=$(credbroker derive --socket {sock} \
+  # Allow; (bob opening it changes nothing). Then the same call is issued: a
+  # token for the broker's proxy, bound to the tool's key (the demo
+  # service's own token stays in the broker), and the call goes through it:
+  DEMO_AT=$(credbroker derive --socket {sock} \
     --issuer {issuer} --subject-token "$TOKEN" \
-    --step summarize --tool demo.notes --resource {api} \
+    --step summarize --tool demo.notes --resource {resource} \
     --dpop-key tool-key.pem --print access_token)
-  curl -H "Authorization: Bearer $DEMO_TOKEN" {api}/notes
+  URL={resource}{notes}
+  PROOF=$(credbroker proof --key tool-key.pem --method GET --url "$URL" --access-token "$DEMO_AT")
+  curl -H "Authorization: DPoP $DEMO_AT" -H "DPoP: $PROOF" "$URL"
 "#,
-            api = demo.api_base()
-        ));
-    } else {
-        out.push_str(
+                notes = qs::DEMO_NOTES_PATH
+            ));
+        }
+        (Some(_), Some((resource, crate::policy::Delivery::ProviderToken))) => {
+            // A directory made before the demo went through the proxy: it
+            // still serves as it was written (its connected accounts and
+            // policy are the person's), and the banner says what differs.
+            out.push_str(&format!(
+                r#"  # the demo tool needs alice's demo account: the answer is a connect link
+  credbroker derive --socket {sock} \
+    --issuer {issuer} --subject-token "$TOKEN" \
+    --step summarize --tool demo.notes --resource {resource} \
+    --dpop-key tool-key.pem --print connect_uri
+
+(this directory was made by an older version: its demo tool hands the demo
+service's own token to the tool, delivery = "provider_token" in {policy};
+the walkthrough now calls the demo service through the broker's proxy, where
+that token stays in the broker: give a new --dir to follow it)
+"#,
+                policy = cfg.policy.display()
+            ));
+        }
+        _ => out.push_str(
             "\n(this directory was made without the demo service, by an older version: \
              the connect-link walkthrough needs a new --dir)\n",
-        );
+        ),
     }
     out.push_str(
         r#"
@@ -162,6 +190,20 @@ Next steps, in another terminal (the README's walkthrough):
     }
     res?;
     Ok(Exit::Ok)
+}
+
+/// The resource of the demo tool in `policy` (the first `service`
+/// resource of the demo provider `name`) and how it is delivered.
+fn demo_resource(
+    policy: &crate::policy::Policy,
+    name: &str,
+) -> Option<(String, crate::policy::Delivery)> {
+    policy.resources.values().find_map(|r| match &r.source {
+        crate::policy::Source::Service { service, delivery } if service == name => {
+            Some((r.id.clone(), *delivery))
+        }
+        _ => None,
+    })
 }
 
 /// Each quick-start person's name, and the password made for them by this

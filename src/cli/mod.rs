@@ -32,7 +32,9 @@ use clap::Parser;
 pub use args::Cli;
 pub use exit::Exit;
 pub use keyfile::{load_pem_key, pem_pkcs8};
-pub use quickstart::{demo_policy, dev_subject_token, quickstart_files, QUICKSTART_POLICY};
+pub use quickstart::{
+    demo_policy, demo_proxy, dev_subject_token, quickstart_files, QUICKSTART_POLICY,
+};
 
 use args::{AccountsAction, Command, KeysAction, StoreAction, UsersAction};
 

@@ -102,7 +102,7 @@ pub(super) async fn rotate_vault(config: &Path, limit: Option<usize>) -> Res {
     };
     if report["done"] == true {
         eprintln!(
-            "vault rotation done; the key files of retired_keys in {} may now be removed",
+            "vault rotation done; the keys of retired_keys seal nothing now (they stay in the store's vault key record; any copy of them in {} from before the record is no longer read)",
             cfg.vault_key_dir.display()
         );
         Ok(Exit::Ok)

@@ -20,9 +20,12 @@ pub(super) const DEFAULT_DEMO_LISTEN: &str = "127.0.0.1:8441";
 pub(super) const DEMO_KEY: &str = "keys/demo-service.pem";
 /// The demo provider's name (the policy's `service`).
 pub(super) const DEMO_SERVICE: &str = "demo";
-/// The demo API's path on the demo service (its base URL is the demo
-/// tool's resource and the audience of the demo's access tokens).
+/// The demo API's path on the demo service (its base URL is the audience
+/// of the demo's access tokens; the proxy forwards `{issuer}/proxy/demo`
+/// + path to the demo's origin, so the tool's calls name this path too).
 pub(super) const DEMO_API_PATH: &str = "/api";
+/// The one call the demo tool may make through the proxy.
+pub(super) const DEMO_NOTES_PATH: &str = "/api/notes";
 
 /// Checks an address flag before anything is written: an IP address and
 /// a port, on loopback (the quick start serves plain HTTP with a dev
@@ -180,7 +183,7 @@ fn write_files(
     if let Some(d) = demo {
         let (_, pkcs8) = Es256Key::generate()?;
         write_secret_file(&dir.join(DEMO_KEY), pem_pkcs8(pkcs8.expose()).as_bytes())?;
-        policy.push_str(&demo_policy(&format!("http://{d}{DEMO_API_PATH}")));
+        policy.push_str(&demo_policy(&issuer));
         demo_table = format!(
             r#"
 # The built-in demo service: a stand-in for a provider such as GitHub (its
@@ -230,24 +233,36 @@ sign_in = {{ kind = "local" }}
     Ok(config)
 }
 
-/// The demo tool's part of the quick-start policy, for the demo API at
-/// `api` (its base URL).
-pub fn demo_policy(api: &str) -> String {
+/// The demo tool's resource for a broker whose issuer is `issuer`: the
+/// egress proxy's address for the demo service.
+pub fn demo_proxy(issuer: &str) -> String {
+    format!("{issuer}/proxy/{DEMO_SERVICE}")
+}
+
+/// The demo tool's part of the quick-start policy, for a broker whose
+/// issuer is `issuer`: the demo service is used through the egress proxy,
+/// so its token never leaves the broker.
+pub fn demo_policy(issuer: &str) -> String {
     format!(
         r#"
 # The quick start's built-in demo service (a stand-in provider, not a real
-# one). Its tokens come from the person's connected demo account: until she
-# has connected one, a derive answers with a connect link.
-[resources."{api}"]
+# one), used through the broker's egress proxy (docs/PROXY.md): the demo
+# service's token for the person's connected account stays in the broker;
+# the tool gets a credbroker token bound to its key, for this address, and
+# may make only the calls its routes list. Until the person has connected
+# a demo account, a derive answers with a connect link.
+[resources."{proxy}"]
 source = "service"
 service = "{DEMO_SERVICE}"
-delivery = "provider_token"
+delivery = "proxy"
 
 [tools."demo.notes"]
-resource = "{api}"
+resource = "{proxy}"
 scopes = ["{scope}"]
 steps = ["answer_question", "summarize"]
+routes = ["GET {DEMO_NOTES_PATH}"]
 "#,
+        proxy = demo_proxy(issuer),
         scope = crate::demo::NOTES_SCOPE
     )
 }

@@ -119,7 +119,10 @@ pub struct Config {
     pub proxy: ProxyConfig,
     /// Trusted subject-token issuers.
     pub trusted_issuers: Vec<IssuerConfig>,
-    /// Directory of the vault's key files (each 32 bytes, mode 0600).
+    /// Deprecated (`[vault] key_dir`): the directory where installs made
+    /// before the vault's keys moved into the store kept them as files;
+    /// read only to import them at the first start (see
+    /// [`crate::vault::keys`]), never written.
     pub vault_key_dir: PathBuf,
     /// Third-party services people can connect, by name.
     pub providers: BTreeMap<String, ProviderConfig>,
@@ -211,7 +214,7 @@ impl Config {
         let issuer = own_issuer(&raw.issuer, &mut check);
         let socket = listeners::socket(raw.socket, &mut check);
         let public = listeners::public(raw.public, &mut check);
-        let dpop = dpop(raw.dpop, &mut check);
+        let dpop = dpop(raw.dpop, raw.postgres.is_some(), &mut check);
         let limits = limits(&raw.limits, &dpop, &mut check);
         let proxy = proxy(&raw.proxy, &mut check);
         let trusted_issuers =
@@ -355,8 +358,19 @@ fn own_issuer(raw: &str, check: &mut Check<'_>) -> String {
     }
 }
 
-/// Validates `[dpop]`.
-fn dpop(raw: RawDpop, check: &mut Check<'_>) -> DpopConfig {
+/// Validates `[dpop]`. With a shared store (`[postgres]`) server nonces
+/// are on by default and cannot be turned off: replicas keep their derive
+/// replay caches each to itself, and only a nonce bound to the replica that
+/// issued it keeps a proof accepted by one replica from being accepted
+/// again by another.
+fn dpop(raw: RawDpop, shared_store: bool, check: &mut Check<'_>) -> DpopConfig {
+    if shared_store && raw.require_nonce == Some(false) {
+        check.bad(
+            "dpop.require_nonce",
+            "cannot be false with [postgres]: replicas keep their DPoP replay caches each to itself, so only server nonces bound to the replica stop a proof accepted by one replica from being replayed to another; remove the key (it defaults to true with [postgres])",
+        );
+    }
+    let require_nonce = raw.require_nonce.unwrap_or(shared_store);
     let algs = check.algs("dpop.algs", raw.algs, vec![Alg::ES256]);
     // `replay_capacity` (entries) is deprecated but still honoured: the
     // bytes are what bounds memory, so they are derived from it.
@@ -392,7 +406,7 @@ fn dpop(raw: RawDpop, check: &mut Check<'_>) -> DpopConfig {
         }
     };
     DpopConfig {
-        require_nonce: raw.require_nonce,
+        require_nonce,
         algs,
         replay_capacity,
         replay_cache_bytes,

@@ -163,8 +163,9 @@ pub(super) struct RawKeys {
 
 #[derive(Debug, Default, Deserialize)]
 pub(super) struct RawDpop {
+    /// `None`: not given (on with `[postgres]`, off otherwise).
     #[serde(default)]
-    pub(super) require_nonce: bool,
+    pub(super) require_nonce: Option<bool>,
     #[serde(default)]
     pub(super) algs: Option<Vec<String>>,
     #[serde(default)]

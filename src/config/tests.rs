@@ -917,3 +917,39 @@ fn replay_cache_bytes_bound_the_global_derive_limit() {
     );
     assert_eq!(c.limits.global_per_second, max_derive_rate(50_000));
 }
+
+#[test]
+fn postgres_turns_dpop_nonces_on_and_refuses_them_off() {
+    let local = on_postgres("").replace("db.internal", "127.0.0.1");
+    // Not given: on with a shared store, off with sled.
+    assert!(parse(&local).unwrap().dpop.require_nonce);
+    assert!(!parse(BASE).unwrap().dpop.require_nonce);
+    // Turned off with [postgres]: refused, naming the file, the key and why.
+    let off = local.replace(
+        "\n[postgres]\n",
+        "\n[dpop]\nrequire_nonce = false\n\n[postgres]\n",
+    );
+    let p = problems(&off);
+    let problem = problem_for(&p, "dpop.require_nonce");
+    let shown = problem.to_string();
+    assert!(
+        shown.contains("credbroker.toml")
+            && shown.contains("dpop.require_nonce")
+            && shown.contains("[postgres]")
+            && shown.contains("replay"),
+        "{shown}"
+    );
+    // Positive controls: on with [postgres], and off with sled.
+    assert!(
+        parse(&off.replace("require_nonce = false", "require_nonce = true"))
+            .unwrap()
+            .dpop
+            .require_nonce
+    );
+    assert!(
+        !parse(&format!("{BASE}\n[dpop]\nrequire_nonce = false\n"))
+            .unwrap()
+            .dpop
+            .require_nonce
+    );
+}

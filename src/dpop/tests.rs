@@ -612,7 +612,7 @@ fn d14_proof_by_a_key_other_than_the_bound_one_is_refused() {
 // ---------------------------------------------------------------- D15
 
 fn nonces() -> Nonces {
-    Nonces::new(&SecretBytes::new(vec![42u8; 32]))
+    Nonces::new(&SecretBytes::new(vec![42u8; 32]), "host-a/101")
 }
 
 #[test]
@@ -640,9 +640,17 @@ fn d15_nonce_required_missing_stale_or_foreign_is_refused() {
             .unwrap_err(),
         DpopError::UseNonce
     );
-    // A nonce made under another key, and garbage.
-    let foreign = Nonces::new(&SecretBytes::new(vec![7u8; 32])).issue(NOW);
-    for bad in [foreign.as_str(), "", "nonce", &stale[..stale.len() - 1]] {
+    // A nonce made under another key, one made under the same key by
+    // another instance (a replica sharing the key record), and garbage.
+    let foreign = Nonces::new(&SecretBytes::new(vec![7u8; 32]), "host-a/101").issue(NOW);
+    let other_replica = Nonces::new(&SecretBytes::new(vec![42u8; 32]), "host-b/101").issue(NOW);
+    for bad in [
+        foreign.as_str(),
+        other_replica.as_str(),
+        "",
+        "nonce",
+        &stale[..stale.len() - 1],
+    ] {
         assert_eq!(
             v.validate(&proof_with(Some(bad), "j1"), &expect(NOW))
                 .unwrap_err(),

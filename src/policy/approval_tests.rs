@@ -58,6 +58,9 @@ fn an_approval_tool_loads_with_its_declared_fields() {
     assert_eq!(t.approval, Some(Approval::EachCall));
     assert!(t.require_details);
     let mail = &t.details["mail"];
+    // The file's order, not the names' (size, subject, to).
+    let order: Vec<&str> = mail.ordered().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(order, ["to", "subject", "size"]);
     assert_eq!(mail.fields["to"].kind, FieldKind::Strings);
     assert!(mail.fields["to"].required);
     assert_eq!(mail.fields["subject"].label, "Subject");
@@ -222,4 +225,113 @@ fn check_warns_about_an_approval_without_required_details() {
     assert!(!lint::lint(Path::new(FILE), MAIL, &p)
         .iter()
         .any(|w| w.message.contains("without seeing what it does")));
+}
+
+/// A proxy tool that needs approval, its one route given by `route`.
+fn proxied(route: &str) -> String {
+    format!(
+        r#"agent = "repo-agent"
+
+[resources."https://broker.example/proxy/github"]
+source = "service"
+service = "github"
+delivery = "proxy"
+
+[tools."repo.delete"]
+resource = "https://broker.example/proxy/github"
+scopes = ["repo"]
+steps = ["cleanup"]
+approval = "each_call"
+require_authorization_details = true
+routes = [{route}]
+
+[tools."repo.delete".authorization_details."git.repository"]
+owner = {{ kind = "string", required = true, label = "Owner" }}
+"name.full" = {{ kind = "string", required = true, label = "Repository" }}
+topics = {{ kind = "strings", label = "Topics" }}
+"#
+    )
+}
+
+#[test]
+fn route_variables_bind_to_declared_detail_fields() {
+    let p = load(&proxied(
+        r#"{ route = "DELETE /repos/{owner}/{repo}", details = { owner = "git.repository.owner", repo = "git.repository.name.full" } }"#,
+    ))
+    .unwrap();
+    let r = &p.tools["repo.delete"].routes[0];
+    let b: Vec<(&str, &str, &str)> = r
+        .details
+        .iter()
+        .map(|b| (b.var.as_str(), b.ty.as_str(), b.field.as_str()))
+        .collect();
+    assert_eq!(
+        b,
+        [
+            ("owner", "git.repository", "owner"),
+            ("repo", "git.repository", "name.full")
+        ]
+    );
+    let at = "tools.\"repo.delete\".routes[0].details";
+    for (details, key, cause) in [
+        (
+            r#"{ nope = "git.repository.owner" }"#,
+            "nope",
+            "names no variable of the route",
+        ),
+        (
+            r#"{ owner = "git.repository.bcc" }"#,
+            "owner",
+            "is not a declared field",
+        ),
+        (
+            r#"{ owner = "mail.owner" }"#,
+            "owner",
+            "is not a declared field",
+        ),
+        (
+            r#"{ owner = "git.repository.topics" }"#,
+            "owner",
+            "binds a list field",
+        ),
+        (r#"{ owner = 3 }"#, "owner", "must be a string"),
+    ] {
+        let text = proxied(&format!(
+            r#"{{ route = "DELETE /repos/{{owner}}/{{repo}}", details = {details} }}"#
+        ));
+        let shown = refused(&text, &format!("{at}.{key}"));
+        assert!(shown.contains(cause), "{shown}");
+    }
+    let shown = refused(
+        &proxied(r#"{ route = "DELETE /repos/{owner}/{repo}", details = {} }"#),
+        at,
+    );
+    assert!(shown.contains("at least one variable"), "{shown}");
+
+    // policy diff: dropping the binding is access gained (the route now
+    // takes any repository), adding it back access lost.
+    let unbound = load(&proxied(r#""DELETE /repos/{owner}/{repo}""#)).unwrap();
+    let r = diff::diff(&p, &unbound);
+    assert!(
+        r.gained.iter().any(|g| g.contains("routes added")
+            && g.contains("DELETE /repos/{owner}/{repo}")
+            && !g.contains("bound")),
+        "{r:?}"
+    );
+    assert!(
+        r.lost.iter().any(|l| l.contains("routes removed")
+            && l.contains("bound to details: owner = git.repository.owner")),
+        "{r:?}"
+    );
+    // The other way the unbound route is listed as removed (the bound one
+    // as added: diff compares routes as written).
+    let back = diff::diff(&unbound, &p);
+    assert!(
+        back.lost
+            .iter()
+            .any(|l| l.contains("routes removed") && !l.contains("bound")),
+        "{back:?}"
+    );
+    // Positive control: the same file is no change.
+    assert!(diff::diff(&p, &p).access_unchanged());
 }

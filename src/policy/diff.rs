@@ -172,17 +172,30 @@ pub fn diff(old: &Policy, new: &Policy) -> Report {
                     r.lost
                         .push(format!("{tool} scopes narrowed: - {}", list(narrower)));
                 }
-                // Routes (proxy tools): each with the steps it is limited to.
+                // Routes (proxy tools): each with the steps it is limited to
+                // and its variables bound to approved details, so that a
+                // dropped binding shows as the unbound route gained.
                 let routes = |t: &Tool| -> BTreeSet<String> {
                     t.routes
                         .iter()
-                        .map(|r| match &r.steps {
-                            None => r.text.clone(),
-                            Some(s) => format!(
-                                "{} (in step {})",
-                                r.text,
-                                s.iter().cloned().collect::<Vec<_>>().join(", ")
-                            ),
+                        .map(|r| {
+                            let mut d = match &r.steps {
+                                None => r.text.clone(),
+                                Some(s) => format!(
+                                    "{} (in step {})",
+                                    r.text,
+                                    s.iter().cloned().collect::<Vec<_>>().join(", ")
+                                ),
+                            };
+                            if !r.details.is_empty() {
+                                let b: Vec<String> = r
+                                    .details
+                                    .iter()
+                                    .map(|b| format!("{} = {}.{}", b.var, b.ty, b.field))
+                                    .collect();
+                                d.push_str(&format!(" (bound to details: {})", b.join(", ")));
+                            }
+                            d
                         })
                         .collect()
                 };

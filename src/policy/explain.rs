@@ -10,7 +10,9 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::{canonical_resource, DenyReason, Outcome, Policy, Source, MAX_TTL};
+use super::{
+    canonical_resource, Approval, DenyReason, FieldKind, Outcome, Policy, Source, Tool, MAX_TTL,
+};
 use crate::diagnostics::{table_at, top_key_at};
 use crate::grammar::parse_scope;
 
@@ -40,6 +42,11 @@ pub struct Explanation {
     pub grant: Option<String>,
     /// Near misses: close names, the steps a tool has, the tools of a step.
     pub near_misses: Vec<String>,
+    /// When the tool needs its person's approval, how (docs/APPROVALS.md).
+    pub approval: Option<String>,
+    /// The tool's declared `authorization_details`: whether required, then
+    /// one line per type with its fields in the policy's order.
+    pub details: Vec<String>,
 }
 
 impl Explanation {
@@ -69,6 +76,15 @@ impl Explanation {
         let _ = writeln!(s, "why:      {}", self.why);
         if let Some(g) = &self.grant {
             let _ = writeln!(s, "grant:    {g}");
+        }
+        if let Some(a) = &self.approval {
+            let _ = writeln!(s, "approval: {a}");
+        }
+        if let Some((first, types)) = self.details.split_first() {
+            let _ = writeln!(s, "details:  {first}");
+            for t in types {
+                let _ = writeln!(s, "  - {t}");
+            }
         }
         if !self.near_misses.is_empty() {
             s.push_str("near misses:\n");
@@ -155,8 +171,14 @@ pub fn explain(path: &Path, text: &str, policy: &Policy, q: &Query<'_>) -> Expla
         why: String::new(),
         grant: None,
         near_misses: Vec::new(),
+        approval: None,
+        details: Vec::new(),
     };
     let tool = policy.tools.get(q.tool);
+    if let Some(t) = tool {
+        e.approval = t.approval.map(describe_approval);
+        e.details = describe_details(t);
+    }
     match &outcome {
         Outcome::Deny(DenyReason::Frozen) => {
             e.rule = Some(format!(
@@ -322,6 +344,57 @@ pub fn explain(path: &Path, text: &str, policy: &Policy, q: &Query<'_>) -> Expla
     e
 }
 
+/// What an approval mode means for the tool's derives.
+fn describe_approval(a: Approval) -> String {
+    match a {
+        Approval::EachCall => "each_call: every derive waits for the person to approve that exact call (tool, resource, scopes, details, DPoP key) on the approval page; the token lives at most 60s and is single-use".into(),
+        Approval::PerStep { ttl } => format!(
+            "per_step, approval_ttl {}: one approval by the person covers the same call (tool, resource, scopes, details, DPoP key) in steps of the same name for {} from the grant; tokens never outlive it",
+            secs(ttl),
+            secs(ttl)
+        ),
+    }
+}
+
+/// The tool's declared `authorization_details`, for a reviewer: empty when
+/// it declares none (a request with details is then refused).
+fn describe_details(t: &Tool) -> Vec<String> {
+    if t.details.is_empty() {
+        return Vec::new();
+    }
+    let mut out = vec![format!(
+        "authorization_details (RFC 9396) {}; a field not declared here is refused (invalid_authorization_details)",
+        if t.require_details {
+            "required on every derive"
+        } else {
+            "optional"
+        }
+    )];
+    for (ty, d) in &t.details {
+        let fields: Vec<String> = d
+            .ordered()
+            .map(|(name, f)| {
+                let kind = match f.kind {
+                    FieldKind::String => "string",
+                    FieldKind::Strings => "list of strings",
+                    FieldKind::Integer => "integer",
+                };
+                let mut attrs = vec![kind.to_string()];
+                if f.required {
+                    attrs.push("required".into());
+                }
+                attrs.push(format!("label {:?}", f.label));
+                if f.log_in_clear {
+                    attrs.push("logged in clear".into());
+                }
+                format!("{} ({})", shown(name), attrs.join(", "))
+            })
+            .collect();
+        out.push(format!("type {}: {}", shown(ty), fields.join("; ")));
+    }
+    out
+}
+
 fn quoted(s: &str) -> String {
     format!("{s:?}")
 }
@@ -412,6 +485,102 @@ fn distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const APPROVALS: &str = r#"agent = "a"
+
+[resources."https://mail.example/api"]
+source = "self"
+
+[tools."mail.send"]
+resource = "https://mail.example/api"
+scopes = ["mail.send"]
+steps = ["send_reply"]
+approval = "each_call"
+require_authorization_details = true
+
+[tools."mail.send".authorization_details.mail]
+to = { kind = "strings", required = true, label = "Recipients" }
+subject = { kind = "string", required = true, label = "Subject", log_in_clear = true }
+size = { kind = "integer", label = "Size" }
+
+[tools."deploy.run"]
+resource = "https://mail.example/api"
+scopes = ["deploy"]
+steps = ["release"]
+approval = "per_step"
+approval_ttl = "10m"
+
+[tools."deploy.run".authorization_details.deploy]
+env = { kind = "string", required = true, label = "Environment" }
+
+[tools."mail.read"]
+resource = "https://mail.example/api"
+scopes = ["mail.read"]
+steps = ["send_reply"]
+"#;
+
+    fn explained(step: &str, tool: &str) -> String {
+        let p = Policy::parse(Path::new("p.toml"), APPROVALS.as_bytes()).unwrap();
+        let q = Query {
+            step,
+            tool,
+            resource: "https://mail.example/api",
+            scope: None,
+        };
+        explain(Path::new("p.toml"), APPROVALS, &p, &q).render(&q)
+    }
+
+    #[test]
+    fn explain_says_when_a_tool_needs_approval_and_what_it_declares() {
+        let out = explained("send_reply", "mail.send");
+        assert!(out.contains("decision: allow"), "{out}");
+        assert!(
+            out.contains("approval: each_call: every derive waits"),
+            "{out}"
+        );
+        assert!(
+            out.contains("details:  authorization_details (RFC 9396) required on every derive"),
+            "{out}"
+        );
+        assert!(
+            out.contains("  - type mail: to ("),
+            "in the file's order: {out}"
+        );
+        let at = |f: &str| out.find(f).unwrap();
+        assert!(
+            at("to (") < at("subject (") && at("subject (") < at("size ("),
+            "{out}"
+        );
+        for field in [
+            "to (list of strings, required, label \"Recipients\")",
+            "subject (string, required, label \"Subject\", logged in clear)",
+            "size (integer, label \"Size\")",
+        ] {
+            assert!(out.contains(field), "{field}: {out}");
+        }
+        let out = explained("release", "deploy.run");
+        assert!(
+            out.contains("approval: per_step, approval_ttl 600s: one approval"),
+            "{out}"
+        );
+        assert!(
+            out.contains("details:  authorization_details (RFC 9396) optional"),
+            "{out}"
+        );
+        assert!(
+            out.contains("  - type deploy: env (string, required, label \"Environment\")"),
+            "{out}"
+        );
+        // Said also when the request is denied for another reason.
+        assert!(explained("release", "mail.send").contains("approval: each_call"));
+        // Positive control: a tool without approval or details says neither.
+        let out = explained("send_reply", "mail.read");
+        assert!(out.contains("decision: allow"), "{out}");
+        assert!(
+            !out.contains("approval:") && !out.contains("details:"),
+            "{out}"
+        );
+    }
 
     #[test]
     fn near_miss_kinds() {

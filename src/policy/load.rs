@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::route::Route;
+use super::route::{DetailBinding, Route};
 use super::{
     canonical_resource, Approval, Delivery, DetailField, DetailType, FieldKind, PolicyError,
     Resource, Source, Tool, MAX_APPROVAL_TTL, MAX_TTL,
@@ -470,7 +470,7 @@ impl<'a> Check<'a> {
                 }
             )
         });
-        let routes = self.routes(t, &key, proxied, &steps);
+        let routes = self.routes(t, &key, proxied, &steps, details.as_ref());
         Some(Tool {
             name: name.to_string(),
             resource: resource?,
@@ -579,6 +579,8 @@ impl<'a> Check<'a> {
                 ok = false;
             }
             let mut declared = BTreeMap::new();
+            // The file's order, by the position of each field's `kind`.
+            let mut order: Vec<(usize, String)> = Vec::new();
             for (name, f) in fields {
                 let fkey = format!("{tkey}.{name:?}");
                 if !valid_detail_name(name) || name == "type" {
@@ -605,6 +607,7 @@ impl<'a> Check<'a> {
                     ok = false;
                     continue;
                 }
+                order.push((f.kind.span().start, name.clone()));
                 declared.insert(
                     name.clone(),
                     DetailField {
@@ -615,7 +618,14 @@ impl<'a> Check<'a> {
                     },
                 );
             }
-            out.insert(ty.clone(), DetailType { fields: declared });
+            order.sort();
+            out.insert(
+                ty.clone(),
+                DetailType {
+                    fields: declared,
+                    order: order.into_iter().map(|(_, n)| n).collect(),
+                },
+            );
         }
         if t.require_authorization_details && t.authorization_details.is_empty() {
             self.bad(
@@ -640,6 +650,7 @@ impl Check<'_> {
         key: &str,
         proxied: Option<bool>,
         tool_steps: &BTreeSet<String>,
+        declared: Option<&BTreeMap<String, DetailType>>,
     ) -> Vec<Route> {
         let every_path_ok = t
             .allow_every_path_for_this_tool
@@ -676,10 +687,14 @@ impl Check<'_> {
         let mut out: Vec<Route> = Vec::new();
         for (i, v) in list.get_ref().iter().enumerate() {
             let at = format!("{key}.routes[{i}]");
+            let mut bindings = None;
             let (text, steps) = match v {
                 toml::Value::String(s) => (s.clone(), None),
                 toml::Value::Table(tbl) => {
-                    let unknown = tbl.keys().find(|k| *k != "route" && *k != "steps");
+                    bindings = tbl.get("details");
+                    let unknown = tbl
+                        .keys()
+                        .find(|k| !["route", "steps", "details"].contains(&k.as_str()));
                     let text = tbl.get("route").and_then(|r| r.as_str());
                     let steps = tbl.get("steps").map(|s| {
                         s.as_array().and_then(|a| {
@@ -694,7 +709,7 @@ impl Check<'_> {
                             (text.to_string(), Some(steps))
                         }
                         _ => {
-                            self.bad(list.span(), at, "a route table is { route = \"METHOD /path\", steps = [\"<step>\", ...] } (steps, when given, not empty)");
+                            self.bad(list.span(), at, "a route table is { route = \"METHOD /path\", steps = [\"<step>\", ...], details = { <variable> = \"<type>.<field>\", ... } } (steps, when given, not empty)");
                             continue;
                         }
                     }
@@ -708,7 +723,7 @@ impl Check<'_> {
                     continue;
                 }
             };
-            let route = match Route::parse(&text, steps) {
+            let mut route = match Route::parse(&text, steps) {
                 Ok(r) => r,
                 Err(e) => {
                     self.bad(list.span(), at, &format!("{e}"));
@@ -723,6 +738,12 @@ impl Check<'_> {
                         &format!("can never match: the route names step {missing:?}, which is not one of the tool's steps"),
                     );
                     continue;
+                }
+            }
+            if let Some(b) = bindings {
+                match self.bindings(b, &route, declared, &at, list.span()) {
+                    Some(b) => route.details = b,
+                    None => continue,
                 }
             }
             if route.allows_every_path() && !every_path_ok {
@@ -740,5 +761,72 @@ impl Check<'_> {
             out.push(route);
         }
         out
+    }
+
+    /// A route table's `details = { <variable> = "<type>.<field>", ... }`:
+    /// each key a variable of the route, each value a declared `string` or
+    /// `integer` field of one of the tool's `authorization_details` types
+    /// (type and field names may hold `.`, so the one split that names a
+    /// declared field is taken). `None` after reporting every bad entry.
+    fn bindings(
+        &mut self,
+        v: &toml::Value,
+        route: &Route,
+        declared: Option<&BTreeMap<String, DetailType>>,
+        at: &str,
+        span: Range<usize>,
+    ) -> Option<Vec<DetailBinding>> {
+        let Some(tbl) = v.as_table().filter(|t| !t.is_empty()) else {
+            self.bad(span, format!("{at}.details"), "must be a table { <route variable> = \"<type>.<field>\", ... } naming at least one variable");
+            return None;
+        };
+        let mut out = Vec::new();
+        let mut ok = true;
+        for (var, target) in tbl {
+            let key = format!("{at}.details.{var}");
+            if !route.has_variable(var) {
+                self.bad(
+                    span.clone(),
+                    key,
+                    "names no variable of the route; bind the route's own {variables}",
+                );
+                ok = false;
+                continue;
+            }
+            let Some(target) = target.as_str() else {
+                self.bad(span.clone(), key, "must be a string \"<type>.<field>\"");
+                ok = false;
+                continue;
+            };
+            let found: Vec<(&String, &DetailField)> = target
+                .match_indices('.')
+                .filter_map(|(i, _)| {
+                    let (ty, field) = (&target[..i], &target[i + 1..]);
+                    declared?
+                        .get_key_value(ty)
+                        .and_then(|(t, d)| d.fields.get(field).map(|f| (t, f)))
+                })
+                .collect();
+            match found[..] {
+                [(ty, f)] if f.kind != FieldKind::Strings => out.push(DetailBinding {
+                    var: var.clone(),
+                    ty: ty.clone(),
+                    field: target[ty.len() + 1..].to_string(),
+                }),
+                [_] => {
+                    self.bad(span.clone(), key, "binds a list field (kind = \"strings\"): a route variable can only equal a string or integer field");
+                    ok = false;
+                }
+                [] => {
+                    self.bad(span.clone(), key, &format!("{target:?} is not a declared field of the tool: write \"<type>.<field>\" naming a field under authorization_details"));
+                    ok = false;
+                }
+                _ => {
+                    self.bad(span.clone(), key, &format!("{target:?} names more than one declared field (type and field names both hold '.'); rename one"));
+                    ok = false;
+                }
+            }
+        }
+        ok.then_some(out)
     }
 }

@@ -178,6 +178,20 @@ pub struct DetailField {
 pub struct DetailType {
     /// Every field it may carry, by name (`type` itself is implicit).
     pub fields: BTreeMap<String, DetailField>,
+    /// The field names in the order the policy file declares them (by
+    /// where each field's `kind` is written): serde hands the loader a
+    /// sorted map, so the file's order is recovered from the spans.
+    pub order: Vec<String>,
+}
+
+impl DetailType {
+    /// The fields, in the order the policy file declares them: the order
+    /// the person and a reviewer see them in.
+    pub fn ordered(&self) -> impl Iterator<Item = (&String, &DetailField)> {
+        self.order
+            .iter()
+            .filter_map(|n| self.fields.get_key_value(n))
+    }
 }
 
 /// A tool as the policy declares it.
@@ -544,6 +558,9 @@ pub enum RouteDenial {
     RouteNotAllowed,
     /// A route matches, but not in the token's step.
     StepNotAllowed,
+    /// The route binds variables to the token's `authorization_details`,
+    /// and the path's variables are not the approved ones.
+    DetailsMismatch,
 }
 
 impl RouteDenial {
@@ -555,6 +572,7 @@ impl RouteDenial {
             RouteDenial::ResourceMismatch => "resource_mismatch",
             RouteDenial::RouteNotAllowed => "route_not_allowed",
             RouteDenial::StepNotAllowed => "step_not_allowed",
+            RouteDenial::DetailsMismatch => "details_mismatch",
         }
     }
 }

@@ -39,6 +39,44 @@ pub struct Route {
     pub segments: Vec<Segment>,
     /// The steps the route is limited to (`None` = every step of its tool).
     pub steps: Option<BTreeSet<String>>,
+    /// Route variables bound to fields of the token's approved
+    /// `authorization_details` (empty: the path is not tied to them).
+    pub details: Vec<DetailBinding>,
+}
+
+/// A route variable that must equal a field of the token's
+/// `authorization_details` (written `var = "type.field"` in the route
+/// table's `details`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DetailBinding {
+    /// The route variable.
+    pub var: String,
+    /// The `authorization_details` type.
+    pub ty: String,
+    /// The field of that type (a `string` or `integer` field).
+    pub field: String,
+}
+
+/// Whether `b` is kept as it is in a path segment: RFC 3986 `pchar`
+/// without percent-escapes (unreserved, sub-delims, `:` and `@`).
+fn plain_pchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@".contains(&b)
+}
+
+/// `value` as a path carries it: every byte that is not a plain `pchar`
+/// percent-encoded in uppercase hex (`/` kept when `keep_slash`, for a
+/// multi-segment variable). The proxy never decodes a path, so a value is
+/// compared in this one encoded form.
+pub fn encode_value(value: &str, keep_slash: bool) -> String {
+    let mut out = String::with_capacity(value.len());
+    for &b in value.as_bytes() {
+        if plain_pchar(b) || (keep_slash && b == b'/') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Why a route does not parse, or could never match.
@@ -128,6 +166,69 @@ impl Route {
             method: method.to_string(),
             segments,
             steps,
+            details: Vec::new(),
+        })
+    }
+
+    /// Whether the template has a variable `name` (one- or multi-segment).
+    pub fn has_variable(&self, name: &str) -> bool {
+        self.segments
+            .iter()
+            .any(|s| matches!(s, Segment::One(n) | Segment::Rest(n) if n == name))
+    }
+
+    /// The raw values of the template's variables in `path` (which must
+    /// match the route): a multi-segment variable's value keeps its `/`.
+    fn variables<'p>(&self, path: &'p str) -> Vec<(&str, &'p str)> {
+        let rest = path.strip_prefix('/').unwrap_or(path);
+        let mut out = Vec::new();
+        let mut at = 0;
+        for seg in &self.segments {
+            let tail = rest.get(at..).unwrap_or_default();
+            let end = match seg {
+                Segment::Rest(_) => tail.len(),
+                _ => tail.find('/').unwrap_or(tail.len()),
+            };
+            if let Segment::One(n) | Segment::Rest(n) = seg {
+                out.push((n.as_str(), &tail[..end]));
+            }
+            at += end + 1;
+        }
+        out
+    }
+
+    /// Whether the raw `path` (matched by this route) agrees with the
+    /// token's `details` on every bound variable: for each type the route
+    /// binds, one entry of that type whose bound fields equal, in their
+    /// encoded form ([`encode_value`]), the path's variables. A route
+    /// without bindings holds for any details; a route with bindings never
+    /// holds for a token without details.
+    pub fn details_hold(&self, path: &str, details: Option<&serde_json::Value>) -> bool {
+        if self.details.is_empty() {
+            return true;
+        }
+        let Some(entries) = details.and_then(|d| d.as_array()) else {
+            return false;
+        };
+        let vars = self.variables(path);
+        let value_of = |var: &str| vars.iter().find(|(n, _)| *n == var).map(|(_, v)| *v);
+        let types: BTreeSet<&str> = self.details.iter().map(|b| b.ty.as_str()).collect();
+        types.into_iter().all(|ty| {
+            entries.iter().any(|e| {
+                e.get("type").and_then(|t| t.as_str()) == Some(ty)
+                    && self.details.iter().filter(|b| b.ty == ty).all(|b| {
+                        let multi = self
+                            .segments
+                            .iter()
+                            .any(|s| matches!(s, Segment::Rest(n) if *n == b.var));
+                        let want = match e.get(&b.field) {
+                            Some(serde_json::Value::String(s)) => encode_value(s, multi),
+                            Some(serde_json::Value::Number(n)) if n.is_i64() => n.to_string(),
+                            _ => return false,
+                        };
+                        value_of(&b.var) == Some(want.as_str())
+                    })
+            })
         })
     }
 
@@ -247,6 +348,43 @@ mod tests {
         assert!(!r("GET /").matches("GET", "/user"));
         assert!(r("GET /{all...}").allows_every_path());
         assert!(!c.allows_every_path());
+    }
+
+    #[test]
+    fn bound_variables_must_equal_the_details() {
+        let mut d = r("DELETE /repos/{owner}/{repo}/{path...}");
+        let bind = |var: &str, field: &str| DetailBinding {
+            var: var.into(),
+            ty: "repository".into(),
+            field: field.into(),
+        };
+        d.details = vec![
+            bind("owner", "owner"),
+            bind("repo", "name"),
+            bind("path", "path"),
+        ];
+        let details = serde_json::json!([
+            {"type": "other", "owner": "mallory"},
+            {"type": "repository", "owner": "octo", "name": "hello world", "path": "a/b.md"}
+        ]);
+        let path = "/repos/octo/hello%20world/a/b.md";
+        assert!(d.matches("DELETE", path));
+        assert!(d.details_hold(path, Some(&details)));
+        for other in [
+            "/repos/mallory/hello%20world/a/b.md",
+            "/repos/octo/hello%20world/a/c.md",
+            "/repos/octo/hello world/a/b.md",
+            "/repos/octo/hello%2520world/a/b.md",
+        ] {
+            assert!(!d.details_hold(other, Some(&details)), "{other}");
+        }
+        assert!(!d.details_hold(path, None), "no details, no match");
+        assert!(!d.details_hold(path, Some(&serde_json::json!([{"type": "other"}]))));
+        assert!(
+            r("GET /user").details_hold("/user", None),
+            "no binding, no constraint"
+        );
+        assert_eq!(encode_value("a/b c~é", false), "a%2Fb%20c~%C3%A9");
     }
 
     #[test]

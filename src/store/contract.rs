@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Store, StoreError, Tree};
+use super::{Fenced, Lease, Store, StoreError, Tree};
 
 /// Runs every single-threaded property against `store`.
 pub fn run_all(store: &dyn Store) {
@@ -23,6 +23,7 @@ pub fn run_all(store: &dyn Store) {
     trees_of_the_other_kind_are_refused(store, &ns);
     expiring_entries(store, &ns);
     leases_renew_only_while_held(store, &ns);
+    fenced_replace_needs_the_live_lease(store, &ns);
     sweep_removes_only_expired(store, &ns);
     watch_moves_on_change(store, &ns);
 }
@@ -31,7 +32,8 @@ pub fn run_all(store: &dyn Store) {
 pub fn run_concurrent(store: Arc<dyn Store>) {
     let ns = namespace();
     compare_and_swap_races_lose_no_update(store.clone(), &ns);
-    insert_expiring_races_have_one_winner(store, &ns);
+    insert_expiring_races_have_one_winner(store.clone(), &ns);
+    a_lapsed_holder_never_writes_after_its_successor_read(store, &ns);
 }
 
 /// A key prefix unique to this run.
@@ -269,6 +271,102 @@ fn leases_renew_only_while_held(s: &dyn Store, ns: &str) {
     assert_eq!(s.get_expiring(Tree::Leases, &k).unwrap(), None);
 }
 
+fn lease<'a>(k: &'a [u8], holder: &'a [u8]) -> Lease<'a> {
+    Lease {
+        tree: Tree::Leases,
+        key: k,
+        holder,
+    }
+}
+
+fn fenced_replace_needs_the_live_lease(s: &dyn Store, ns: &str) {
+    let (r, l) = (key(ns, "fenced-record"), key(ns, "fenced-lease"));
+    let long = Duration::from_secs(60);
+    s.put(Tree::Accounts, &r, b"v0").unwrap();
+    assert_eq!(
+        s.replace_fenced(Tree::Accounts, &r, b"v0", b"x", lease(&l, b"holder-a"))
+            .unwrap(),
+        Fenced::LeaseLost,
+        "fenced: no lease, no write"
+    );
+    assert!(s
+        .insert_expiring(Tree::Leases, &l, b"holder-a", Duration::from_millis(300))
+        .unwrap());
+    assert_eq!(
+        s.replace_fenced(Tree::Accounts, &r, b"v0", b"x", lease(&l, b"holder-b"))
+            .unwrap(),
+        Fenced::LeaseLost,
+        "fenced: another holder's value does not pass"
+    );
+    assert_eq!(
+        s.replace_fenced(Tree::Accounts, &r, b"other", b"x", lease(&l, b"holder-a"))
+            .unwrap(),
+        Fenced::Changed,
+        "fenced: the holder, but the record is not what it expected"
+    );
+    assert_eq!(
+        s.get(Tree::Accounts, &r).unwrap().as_deref(),
+        Some(&b"v0"[..]),
+        "fenced: refused writes changed nothing"
+    );
+    assert_eq!(
+        s.replace_fenced(Tree::Accounts, &r, b"v0", b"v1", lease(&l, b"holder-a"))
+            .unwrap(),
+        Fenced::Swapped,
+        "fenced: the holder writes"
+    );
+    wait_until("fenced: the lease lapses", Duration::from_secs(5), || {
+        s.get_expiring(Tree::Leases, &l).unwrap().is_none()
+    });
+    assert_eq!(
+        s.replace_fenced(Tree::Accounts, &r, b"v1", b"late", lease(&l, b"holder-a"))
+            .unwrap(),
+        Fenced::LeaseLost,
+        "fenced: a lapsed holder's late save is refused"
+    );
+    assert!(s
+        .insert_expiring(Tree::Leases, &l, b"holder-b", long)
+        .unwrap());
+    assert_eq!(
+        s.replace_fenced(Tree::Accounts, &r, b"v1", b"late", lease(&l, b"holder-a"))
+            .unwrap(),
+        Fenced::LeaseLost,
+        "fenced: refused once a successor holds it"
+    );
+    assert_eq!(
+        s.replace_fenced(Tree::Accounts, &r, b"v1", b"v2", lease(&l, b"holder-b"))
+            .unwrap(),
+        Fenced::Swapped,
+        "fenced: the successor writes"
+    );
+    assert_eq!(
+        s.get(Tree::Accounts, &r).unwrap().as_deref(),
+        Some(&b"v2"[..])
+    );
+    assert!(matches!(
+        s.replace_fenced(Tree::Leases, &r, b"v2", b"x", lease(&l, b"holder-b")),
+        Err(StoreError::WrongTree(_))
+    ));
+    assert!(matches!(
+        s.replace_fenced(
+            Tree::Accounts,
+            &r,
+            b"v2",
+            b"x",
+            Lease {
+                tree: Tree::State,
+                key: &l,
+                holder: b"holder-b"
+            }
+        ),
+        Err(StoreError::WrongTree(_))
+    ));
+    assert!(s
+        .replace_expiring(Tree::Leases, &l, b"holder-b", None)
+        .unwrap());
+    s.delete(Tree::Accounts, &r).unwrap();
+}
+
 fn sweep_removes_only_expired(s: &dyn Store, ns: &str) {
     let short = key(ns, "sweep-short");
     let long = key(ns, "sweep-long");
@@ -371,6 +469,87 @@ fn insert_expiring_races_have_one_winner(s: Arc<dyn Store>, ns: &str) {
             1,
             "insert race: exactly one winner (round {round})"
         );
+    }
+}
+
+/// A holder writes as fast as it can while its short lease lapses, and a
+/// successor takes the lease over, reads the record and writes: the
+/// successor's write must always find what it read (had the old holder
+/// written after the takeover, it would find `Changed`), and the old holder
+/// must stop with `LeaseLost`.
+fn a_lapsed_holder_never_writes_after_its_successor_read(s: Arc<dyn Store>, ns: &str) {
+    for round in 0..10 {
+        let r = key(ns, &format!("takeover-record-{round}"));
+        let l = key(ns, &format!("takeover-lease-{round}"));
+        s.put(Tree::Accounts, &r, b"0").unwrap();
+        // The old holder writes once under a long lease (so this does not
+        // depend on the machine's speed), then its lease is cut short.
+        assert!(s
+            .insert_expiring(Tree::Leases, &l, b"old", Duration::from_secs(60))
+            .unwrap());
+        assert_eq!(
+            s.replace_fenced(Tree::Accounts, &r, b"0", b"old-first", lease(&l, b"old"))
+                .unwrap(),
+            Fenced::Swapped,
+            "takeover: the holder writes while it holds the lease"
+        );
+        assert!(s
+            .replace_expiring(
+                Tree::Leases,
+                &l,
+                b"old",
+                Some((b"old", Duration::from_millis(50)))
+            )
+            .unwrap());
+        let (old_writes, successor) = std::thread::scope(|sc| {
+            let old = sc.spawn(|| {
+                let mut writes = 0u32;
+                loop {
+                    let cur = s.get(Tree::Accounts, &r).unwrap().unwrap();
+                    let next = format!("old-{writes}");
+                    match s
+                        .replace_fenced(
+                            Tree::Accounts,
+                            &r,
+                            &cur,
+                            next.as_bytes(),
+                            lease(&l, b"old"),
+                        )
+                        .unwrap()
+                    {
+                        Fenced::Swapped => writes += 1,
+                        Fenced::Changed => {
+                            panic!("takeover: only the old holder writes while it holds")
+                        }
+                        Fenced::LeaseLost => return writes,
+                    }
+                }
+            });
+            let new = sc.spawn(|| {
+                while !s
+                    .insert_expiring(Tree::Leases, &l, b"new", Duration::from_secs(60))
+                    .unwrap()
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let seen = s.get(Tree::Accounts, &r).unwrap().unwrap();
+                s.replace_fenced(Tree::Accounts, &r, &seen, b"new", lease(&l, b"new"))
+                    .unwrap()
+            });
+            (old.join().unwrap(), new.join().unwrap())
+        });
+        assert_eq!(
+            successor,
+            Fenced::Swapped,
+            "takeover: the old holder wrote after its successor read (round {round})"
+        );
+        eprintln!("takeover round {round}: the old holder wrote {old_writes} more times");
+        assert_eq!(
+            s.get(Tree::Accounts, &r).unwrap().as_deref(),
+            Some(&b"new"[..])
+        );
+        s.delete(Tree::Accounts, &r).unwrap();
+        assert!(s.replace_expiring(Tree::Leases, &l, b"new", None).unwrap());
     }
 }
 

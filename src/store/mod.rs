@@ -9,8 +9,9 @@
 //! ## The shape, and why it stays synchronous
 //!
 //! The trait has three groups of operations:
-//! - **records** (`get`, `put`, `delete`, `scan_prefix`, `compare_and_swap`):
-//!   values that live until deleted;
+//! - **records** (`get`, `put`, `delete`, `scan_prefix`, `compare_and_swap`,
+//!   and `replace_fenced`, a compare-and-swap that also requires a lease to
+//!   be held): values that live until deleted;
 //! - **expiring entries** (`insert_expiring`, `get_expiring`,
 //!   `replace_expiring`, `sweep_expired`), only in the trees for which
 //!   [`Tree::expires`] is true: replay checks (`INSERT ... ON CONFLICT DO
@@ -219,6 +220,31 @@ pub type Entry = (Vec<u8>, Vec<u8>);
 /// A live expiring entry: its key, its value and its remaining lifetime.
 pub type LiveExpiring = (Vec<u8>, Vec<u8>, std::time::Duration);
 
+/// A lease named by its expiring tree and key, and the value its holder
+/// wrote there (the holder's name and a random fencing token).
+#[derive(Debug, Clone, Copy)]
+pub struct Lease<'a> {
+    /// The expiring tree it lives in ([`Tree::Leases`]).
+    pub tree: Tree,
+    /// Its key.
+    pub key: &'a [u8],
+    /// The value the holder inserted.
+    pub holder: &'a [u8],
+}
+
+/// How a [`Store::replace_fenced`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// The lease was held and the record replaced.
+    Swapped,
+    /// The lease was held, but the record no longer equals the expected
+    /// value: nothing written (read again and retry while holding it).
+    Changed,
+    /// The lease is not held with this value (it expired, and perhaps a
+    /// successor holds it now): nothing written, and nothing may be.
+    LeaseLost,
+}
+
 /// A durable key-value store with named trees (see the module docs for the
 /// three groups of operations).
 pub trait Store: Send + Sync + std::fmt::Debug {
@@ -239,6 +265,21 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<bool, StoreError>;
+    /// Replaces `key`'s value with `new` only if it currently equals
+    /// `expected` **and** `lease` is live and holds `lease.holder`, both in
+    /// one atomic step: a lease holder whose lease lapsed (and whose
+    /// successor may hold it now) cannot write, even if its write was
+    /// already on its way when the lease expired. A successor taking the
+    /// lease meanwhile waits for this step, so it then reads what it wrote.
+    fn replace_fenced(
+        &self,
+        tree: Tree,
+        key: &[u8],
+        expected: &[u8],
+        new: &[u8],
+        lease: Lease<'_>,
+    ) -> Result<Fenced, StoreError>;
+
     /// Whether the store answers (readiness).
     fn is_healthy(&self) -> bool;
 

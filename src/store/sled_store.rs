@@ -6,7 +6,11 @@ use std::path::Path;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::{check_tree, decode_expiring, encode_expiring, Store, StoreError, Tree, Watchers};
+use sled::Transactional;
+
+use super::{
+    check_tree, decode_expiring, encode_expiring, Fenced, Lease, Store, StoreError, Tree, Watchers,
+};
 
 /// A sled database in a directory of mode 0700.
 ///
@@ -200,6 +204,46 @@ impl Store for SledStore {
             self.written(tree)?;
         }
         Ok(swapped)
+    }
+
+    fn replace_fenced(
+        &self,
+        tree: Tree,
+        key: &[u8],
+        expected: &[u8],
+        new: &[u8],
+        lease: Lease<'_>,
+    ) -> Result<Fenced, StoreError> {
+        check_tree(tree, false)?;
+        check_tree(lease.tree, true)?;
+        let (records, leases) = (self.tree(tree)?, self.tree(lease.tree)?);
+        // A sled transaction excludes every other write of this process
+        // (its concurrency control), and sled is single-process: the lease
+        // check and the swap are one step.
+        let outcome = (&records, &leases)
+            .transaction(|(r, l)| {
+                let held = l
+                    .get(lease.key)?
+                    .is_some_and(|raw| live(&raw, now_ms()) == Some(lease.holder));
+                if !held {
+                    return Ok(Fenced::LeaseLost);
+                }
+                if r.get(key)?.as_deref() != Some(expected) {
+                    return Ok(Fenced::Changed);
+                }
+                r.insert(key, new)?;
+                Ok(Fenced::Swapped)
+            })
+            .map_err(|e: sled::transaction::TransactionError<()>| match e {
+                sled::transaction::TransactionError::Storage(e) => backend(e),
+                sled::transaction::TransactionError::Abort(()) => {
+                    StoreError::Backend("fenced replace aborted".into())
+                }
+            })?;
+        if outcome == Fenced::Swapped {
+            self.written(tree)?;
+        }
+        Ok(outcome)
     }
 
     fn is_healthy(&self) -> bool {

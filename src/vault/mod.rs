@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::Zeroize;
 
 pub use keys::{KeyState, VaultKeys, DEFAULT_SEAL_CAP};
-pub use refresh::{ServiceToken, TokenOutcome, TokenRequest, REFRESH_MARGIN};
+pub use refresh::{lease_lifetime, ServiceToken, TokenOutcome, TokenRequest, REFRESH_MARGIN};
 
 use crate::seal::{SealError, Sealer};
 use crate::secret::SecretString;
@@ -48,8 +48,8 @@ pub enum VaultError {
         /// Why (no secret in it).
         reason: String,
     },
-    /// The store names a current key whose file is missing.
-    #[error("vault key {0} is missing from the key directory (file {0}.key)")]
+    /// The current key is not among the loaded keys.
+    #[error("vault key {0} is missing (not in the vault key record, nor in the key directory as {0}.key)")]
     KeyMissing(String),
     /// Key files or key state are unusable.
     #[error("{0}")]
@@ -276,39 +276,52 @@ pub struct Vault {
 }
 
 impl Vault {
-    /// Opens the vault over `store` with the keys in `key_dir`.
-    pub fn open(store: Arc<dyn Store>, key_dir: &Path) -> Result<Vault, VaultError> {
-        Vault::open_with_cap(store, key_dir, DEFAULT_SEAL_CAP)
+    /// Opens the vault over `store`, its keys sealed under `master` (the
+    /// keys of an older install are imported from `key_dir`).
+    pub fn open(
+        store: Arc<dyn Store>,
+        master: Arc<Sealer>,
+        key_dir: &Path,
+    ) -> Result<Vault, VaultError> {
+        Vault::open_with_cap(store, master, key_dir, DEFAULT_SEAL_CAP)
     }
 
     /// Like [`Vault::open`], but with `providers_configured` false no key
-    /// is created (nor its directory): a broker without providers never
-    /// seals, so its key directory may sit on a path it cannot write.
+    /// is created: a broker without providers never seals.
     pub fn open_for(
         store: Arc<dyn Store>,
+        master: Arc<Sealer>,
         key_dir: &Path,
         providers_configured: bool,
     ) -> Result<Vault, VaultError> {
-        Vault::open_inner(store, key_dir, DEFAULT_SEAL_CAP, providers_configured)
+        Vault::open_inner(
+            store,
+            master,
+            key_dir,
+            DEFAULT_SEAL_CAP,
+            providers_configured,
+        )
     }
 
     /// Like [`Vault::open`] with a custom per-key encryption cap (tests).
     pub fn open_with_cap(
         store: Arc<dyn Store>,
+        master: Arc<Sealer>,
         key_dir: &Path,
         cap: u64,
     ) -> Result<Vault, VaultError> {
-        Vault::open_inner(store, key_dir, cap, true)
+        Vault::open_inner(store, master, key_dir, cap, true)
     }
 
     fn open_inner(
         store: Arc<dyn Store>,
+        master: Arc<Sealer>,
         key_dir: &Path,
         cap: u64,
         create: bool,
     ) -> Result<Vault, VaultError> {
         let empty = store.scan_prefix(Tree::Accounts, b"")?.is_empty();
-        let keys = VaultKeys::load(store.as_ref(), key_dir, empty, cap, create)?;
+        let keys = VaultKeys::load(store.as_ref(), master, key_dir, empty, cap, create)?;
         Ok(Vault {
             store,
             keys,
@@ -327,10 +340,12 @@ impl Vault {
     }
 
     fn seal(&self, key: &[u8], tokens: &Tokens) -> Result<String, VaultError> {
+        // A rotation another replica made is taken in before sealing.
+        let sealer = self.keys.fresh_sealer(self.store.as_ref())?;
         self.keys.count_seal(self.store.as_ref())?;
         let mut plain =
             serde_json::to_vec(tokens).map_err(|_| VaultError::Corrupt("encode".into()))?;
-        let sealed = self.keys.sealer().seal(&aad(Tree::Accounts, key), &plain);
+        let sealed = sealer.seal(&aad(Tree::Accounts, key), &plain);
         plain.zeroize();
         let sealed = sealed.map_err(|_| VaultError::Keys("encryption failed".into()))?;
         Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sealed))
@@ -344,13 +359,19 @@ impl Vault {
         let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(&rec.sealed)
             .map_err(|_| unreadable("the sealed field is not base64url".into()))?;
-        let plain = self
-            .keys
-            .sealer()
-            .open(&aad(Tree::Accounts, key), &bytes)
+        let open = |s: &Sealer| s.open(&aad(Tree::Accounts, key), &bytes);
+        let mut opened = open(&self.keys.sealer());
+        // Sealed under a key another replica added since this one loaded
+        // the key record: take the record in and try once more.
+        if matches!(opened, Err(SealError::UnknownKey(_)))
+            && self.keys.reload(self.store.as_ref())?
+        {
+            opened = open(&self.keys.sealer());
+        }
+        let plain = opened
             .map_err(|e| match e {
                 SealError::UnknownKey(id) => unreadable(format!(
-                    "it was sealed with key {id}, which is not in the key directory"
+                    "it was sealed with key {id}, which is not in the vault key record (store tree state, record vault/keyring/v1)"
                 )),
                 _ => unreadable(
                     "it does not decrypt (tampered with, truncated, or copied from another record)"
@@ -658,7 +679,7 @@ impl Vault {
             }
         }
         if report.remaining == 0 && report.unreadable.is_empty() {
-            self.keys.finish_rotation(self.store.as_ref())?;
+            self.keys.finish_rotation(self.store.as_ref(), &current)?;
             report.done = true;
             report.retired_keys = self
                 .keys

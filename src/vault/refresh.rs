@@ -1,32 +1,113 @@
 //! A usable provider token for a connected account, refreshed first when it
 //! expires within [`REFRESH_MARGIN`] seconds.
 //!
-//! One refresh at a time per account: a per-account async mutex. Derives
-//! that find the token expiring queue on it; the first refreshes, and the
-//! others, once they hold the mutex, re-read the record and use the token
-//! it saved (the record's generation changed), so a refresh token is never
-//! sent twice. When the refresh they waited for failed for lack of the
-//! provider, they share that failure instead of trying again one by one.
+//! One refresh at a time per account, on two levels:
+//! - **in this process**, a per-account async mutex. Derives that find the
+//!   token expiring queue on it; the first refreshes, and the others, once
+//!   they hold the mutex, re-read the record and use the token it saved (the
+//!   record's generation changed). When the refresh they waited for failed
+//!   for lack of the provider, they share that failure instead of trying
+//!   again one by one;
+//! - **across instances sharing the store** (replicas on PostgreSQL), a
+//!   lease in [`Tree::Leases`], taken by the mutex's holder before it reads
+//!   the record it may refresh. Its value names this instance and a fresh
+//!   random fencing token; its expiry is the store's clock (the database's),
+//!   and it lives [`lease_lifetime`]: longer than the provider's whole
+//!   timeout, so a holder that is alive finishes (or gives up) before it
+//!   lapses, and a holder that died leaves a lease that lapses on its own
+//!   and is then taken by the next caller. An instance that finds the lease
+//!   held polls the record until the holder's tokens appear (and uses them)
+//!   or the lease is free, never longer than one lease lifetime.
 //!
-//! A rotated refresh token is saved (durably, by compare-and-swap) before
-//! any access token is returned; if it cannot be saved, nothing is returned.
-//! If the provider refuses the refresh (`invalid_grant`), the account is
-//! marked for reconnection, so later derives answer `reconnect_required`
-//! without calling the provider again (no retry loop).
+//! A rotated refresh token is saved (durably) before any access token is
+//! returned, by [`Store::replace_fenced`]: a compare-and-swap on the record
+//! that also requires the lease to be still held with this fencing token.
+//! A holder whose lease lapsed (paused, partitioned) therefore cannot
+//! overwrite what its successor saved; it returns nothing. If the tokens
+//! cannot be saved, nothing is returned. If the provider refuses the
+//! refresh (`invalid_grant`), the account is marked for reconnection, so
+//! later derives answer `reconnect_required` without calling the provider
+//! again (no retry loop).
+//!
+//! On a store of one instance (sled) the lease costs a local write and is
+//! always free when the mutex is held.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
 use super::{account_key, scope_key, AccessEntry, AccountStatus, Vault, VaultError};
 use crate::clock::Clock;
 use crate::secret::SecretString;
+use crate::store::{Fenced, Lease, Store, Tree};
 use crate::subject::Person;
 use crate::upstream::Provider;
 
 /// Refresh when the token expires within this many seconds.
 pub const REFRESH_MARGIN: i64 = 60;
+
+/// The shortest refresh lease, whatever the provider's timeout.
+const MIN_LEASE: Duration = Duration::from_secs(1);
+
+/// How often an instance waiting for another instance's refresh of the
+/// same account looks at the record again.
+const LEASE_POLL: Duration = Duration::from_millis(25);
+
+/// How long a refresh lease lasts: twice the provider's `timeout` (at least
+/// [`MIN_LEASE`]). The holder's provider call is bounded by `timeout` as a
+/// whole (connect, send, the answer), and the second `timeout` covers the
+/// store's reads and the fenced save around it, so a live holder is done
+/// before its lease lapses. One that is slower anyway (a pause, a stalled
+/// store) finds its save refused by the fence and returns nothing.
+pub fn lease_lifetime(provider_timeout: Duration) -> Duration {
+    provider_timeout.saturating_mul(2).max(MIN_LEASE)
+}
+
+/// A held refresh lease; released when dropped (a failed release only
+/// means it lapses at its expiry).
+struct HeldLease<'a> {
+    store: &'a dyn Store,
+    key: &'a [u8],
+    holder: Vec<u8>,
+}
+
+impl HeldLease<'_> {
+    fn lease(&self) -> Lease<'_> {
+        Lease {
+            tree: Tree::Leases,
+            key: self.key,
+            holder: &self.holder,
+        }
+    }
+}
+
+impl Drop for HeldLease<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self
+            .store
+            .replace_expiring(Tree::Leases, self.key, &self.holder, None)
+        {
+            tracing::warn!(error = %e, "a refresh lease was not released; it lapses at its expiry");
+        }
+    }
+}
+
+/// A lease value: this instance (`<host name>/<pid>`) and 16 random bytes,
+/// the fencing token that tells this holding from every other.
+fn lease_holder() -> Result<Vec<u8>, VaultError> {
+    let mut token = [0u8; 16];
+    aws_lc_rs::rand::fill(&mut token)
+        .map_err(|_| VaultError::Keys("the system random generator failed".into()))?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    Ok(format!(
+        "{}/{} {}",
+        host.trim(),
+        std::process::id(),
+        hex::encode(token)
+    )
+    .into_bytes())
+}
 
 /// A provider token ready to hand over.
 #[derive(Debug)]
@@ -124,6 +205,21 @@ fn token(
 }
 
 impl Vault {
+    /// Writes `rec` if the stored bytes are still `expected` and `lease` is
+    /// still held (see [`Store::replace_fenced`]).
+    fn swap_fenced(
+        &self,
+        key: &[u8],
+        expected: &[u8],
+        rec: &super::AccountRecord,
+        lease: &HeldLease<'_>,
+    ) -> Result<Fenced, VaultError> {
+        let v = serde_json::to_vec(rec).map_err(|_| VaultError::Corrupt("encode".into()))?;
+        Ok(self
+            .store
+            .replace_fenced(Tree::Accounts, key, expected, &v, lease.lease())?)
+    }
+
     /// Drops refresh mutexes that are not in use (call periodically).
     pub fn housekeeping(&self) {
         self.refresh.housekeeping();
@@ -196,6 +292,60 @@ impl Vault {
                 "waited too long for another refresh of this account".into(),
             ));
         };
+        // A token saved since we looked (by this process or another
+        // instance) is used as it is, if it has not expired.
+        let usable = |e: &AccessEntry, generation: u64, now: i64| {
+            let refreshed_meanwhile =
+                generation != seen_generation && e.expires_at.is_none_or(|t| t > now);
+            (fresh(e, now, recheck) || refreshed_meanwhile) && not_refused(e)
+        };
+
+        // Across instances: the account's lease, or else the tokens its
+        // holder saves. Waiting is bounded by one lease lifetime: by then
+        // the holder has released it or it has lapsed.
+        let ttl = lease_lifetime(provider.config().timeout);
+        let holder = lease_holder()?;
+        let give_up = Instant::now() + ttl + LEASE_POLL;
+        let lease = loop {
+            if self
+                .store
+                .insert_expiring(Tree::Leases, &key, &holder, ttl)?
+            {
+                break HeldLease {
+                    store: self.store.as_ref(),
+                    key: &key,
+                    holder,
+                };
+            }
+            let now = clock.now();
+            let Some((_, rec)) = self.read(&key)? else {
+                return Ok(TokenOutcome::NoAccount);
+            };
+            if rec.status == AccountStatus::ReconnectRequired {
+                return Ok(TokenOutcome::Reconnect);
+            }
+            let tokens = self.open_tokens(&key, &rec)?;
+            if let Some(e) = tokens
+                .entry(&skey)
+                .filter(|e| usable(e, rec.generation, now))
+            {
+                return Ok(TokenOutcome::Token(token(
+                    e,
+                    &tokens.refresh_token,
+                    narrow,
+                    false,
+                )));
+            }
+            if Instant::now() >= give_up {
+                return Ok(TokenOutcome::Unavailable(
+                    "waited too long for another instance's refresh of this account".into(),
+                ));
+            }
+            tokio::time::sleep(LEASE_POLL).await;
+        };
+        crate::failpoint::pause("vault.refresh.lease_taken");
+
+        // Under the lease: read what the previous holder left.
         let now = clock.now();
         let Some((raw, rec)) = self.read(&key)? else {
             return Ok(TokenOutcome::NoAccount);
@@ -204,17 +354,16 @@ impl Vault {
             return Ok(TokenOutcome::Reconnect);
         }
         let mut tokens = self.open_tokens(&key, &rec)?;
-        if let Some(e) = tokens.entry(&skey) {
-            let refreshed_meanwhile =
-                rec.generation != seen_generation && e.expires_at.is_none_or(|t| t > now);
-            if (fresh(e, now, recheck) || refreshed_meanwhile) && not_refused(e) {
-                return Ok(TokenOutcome::Token(token(
-                    e,
-                    &tokens.refresh_token,
-                    narrow,
-                    false,
-                )));
-            }
+        if let Some(e) = tokens
+            .entry(&skey)
+            .filter(|e| usable(e, rec.generation, now))
+        {
+            return Ok(TokenOutcome::Token(token(
+                e,
+                &tokens.refresh_token,
+                narrow,
+                false,
+            )));
         }
         if let Some((at, why)) = &guard.last_failure {
             if *at >= waiting_since {
@@ -309,8 +458,18 @@ impl Vault {
             next.sealed = self.seal(&key, &tokens)?;
             next.generation = rec.generation + 1;
             next.updated = now;
-            if self.swap(&key, Some(&raw), &next)? {
-                break;
+            match self.swap_fenced(&key, &raw, &next, &lease)? {
+                Fenced::Swapped => break,
+                Fenced::LeaseLost => {
+                    // Another instance may hold the lease now and spend
+                    // the refresh token itself: ours must not be saved
+                    // over its tokens, and nothing is handed out.
+                    tracing::warn!(service = %r.service, "the refresh lease lapsed before the new tokens were saved; they are dropped");
+                    return Ok(TokenOutcome::Unavailable(
+                        "the refresh took longer than its lease".into(),
+                    ));
+                }
+                Fenced::Changed => {}
             }
             // Changed under us (a re-wrap by a rotation): merge into the
             // current record if it is still the same account.

@@ -43,8 +43,38 @@ impl Env {
         self.dir.path().join("keys/vault")
     }
     fn vault(&self) -> Vault {
-        Vault::open(self.store.clone(), &self.key_dir()).unwrap()
+        self.open().unwrap()
     }
+    fn open(&self) -> Result<Vault, VaultError> {
+        Vault::open(self.store.clone(), master(), &self.key_dir())
+    }
+}
+
+fn master() -> Arc<Sealer> {
+    Arc::new(Sealer::new(&crate::secret::SecretBytes::new(vec![9; 32]), &[]).unwrap())
+}
+
+/// Makes `e` look like an install from before the key record: the vault's
+/// one key as a 0600 file in the key directory, the store naming it
+/// current (`vault/keys`), and no record. Returns the key id.
+fn as_legacy_install(e: &Env, key: &[u8]) -> String {
+    let id = Sealer::new(&crate::secret::SecretBytes::new(key.to_vec()), &[])
+        .unwrap()
+        .current_key_id();
+    std::fs::create_dir_all(e.key_dir()).unwrap();
+    let file = e.key_dir().join(format!("{id}.key"));
+    if !file.exists() {
+        crate::config::write_secret_file(&file, key).unwrap();
+    }
+    e.store.delete(Tree::State, b"vault/keyring/v1").unwrap();
+    e.store
+        .put(
+            Tree::State,
+            b"vault/keys",
+            format!(r#"{{"current":"{id}","rotating":false}}"#).as_bytes(),
+        )
+        .unwrap();
+    id
 }
 
 fn connect(v: &Vault, sub: &str, access: &str) {
@@ -174,28 +204,93 @@ fn flipped_bit_in_sealed_tokens_is_refused() {
 }
 
 #[test]
-fn key_files_are_0600_in_a_0700_directory() {
+fn keys_of_an_older_install_are_imported_from_the_key_directory() {
+    let e = Env::new();
+    // An older install: accounts sealed under a key file.
+    let key = [5u8; 32];
+    let id = as_legacy_install(&e, &key);
+    let v = e.vault();
+    assert_eq!(v.keys().current(), id, "the file's key is current");
+    connect(&v, "alice", "at-a");
+    drop(v);
+    // The store is back to the old layout (record gone), accounts intact.
+    as_legacy_install(&e, &key);
+    // A key file readable by others is refused at the import, naming it.
+    let file = e.key_dir().join(format!("{id}.key"));
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = e.open().unwrap_err();
+    assert!(
+        err.to_string().contains("0600") && err.to_string().contains(&id),
+        "{err}"
+    );
+    assert!(e
+        .store
+        .get(Tree::State, b"vault/keyring/v1")
+        .unwrap()
+        .is_none());
+    // Positive control: with the mode fixed the import runs, and after it
+    // the account opens without the file (the record holds the key).
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    drop(e.vault());
+    std::fs::remove_file(&file).unwrap();
+    let v = e.vault();
+    let t = v.tokens_to_revoke(&person("alice"), "github").unwrap();
+    assert!(t.iter().any(|(s, _)| s.expose() == "at-a"));
+    assert_eq!(v.keys().loaded(), vec![id]);
+}
+
+#[test]
+fn a_new_vault_writes_no_key_file_and_the_record_needs_the_master_key() {
     let e = Env::new();
     let v = e.vault();
     connect(&v, "alice", "at");
-    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode(&e.key_dir()), 0o700);
-    let files: Vec<_> = std::fs::read_dir(e.key_dir())
+    assert!(!e.key_dir().exists(), "a key directory was made");
+    let raw = e
+        .store
+        .get(Tree::State, b"vault/keyring/v1")
         .unwrap()
-        .map(|f| f.unwrap().path())
-        .collect();
-    assert_eq!(files.len(), 1);
-    assert_eq!(mode(&files[0]), 0o600);
-    // A key file readable by others is refused at open.
-    std::fs::set_permissions(&files[0], std::fs::Permissions::from_mode(0o644)).unwrap();
+        .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    assert!(text.contains(&v.keys().current()), "{text}");
     drop(v);
-    let err = Vault::open(e.store.clone(), &e.key_dir()).unwrap_err();
-    assert!(err.to_string().contains("0600"), "{err}");
-    std::fs::set_permissions(&files[0], std::fs::Permissions::from_mode(0o600)).unwrap();
+    // Another master key cannot open the record, and the error says which
+    // setting to look at.
+    let other = Arc::new(Sealer::new(&crate::secret::SecretBytes::new(vec![1; 32]), &[]).unwrap());
+    let err = Vault::open(e.store.clone(), other, &e.key_dir()).unwrap_err();
+    assert!(
+        err.to_string().contains("keys.master_key_file")
+            && err.to_string().contains("vault/keyring/v1"),
+        "{err}"
+    );
+    // Positive control: the right one opens it.
     assert!(e
         .vault()
         .tokens_to_revoke(&person("alice"), "github")
         .is_ok());
+}
+
+#[test]
+fn two_vaults_on_one_store_share_a_rotation() {
+    // Two replicas, as two vaults over one store.
+    let e = Env::new();
+    let a = e.vault();
+    let b = e.vault();
+    connect(&a, "x", "at-x");
+    assert!(b.tokens_to_revoke(&person("x"), "github").is_ok());
+    let r = a.rotate(None).unwrap();
+    assert!(r.done, "{r:?}");
+    connect(&a, "y", "at-y");
+    // B opens what A sealed under the key A added (it reloads the record
+    // when it meets the unknown key id).
+    let t = b.tokens_to_revoke(&person("y"), "github").unwrap();
+    assert!(t.iter().any(|(s, _)| s.expose() == "at-y"));
+    // ... and seals under it from then on.
+    connect(&b, "z", "at-z");
+    assert_eq!(
+        b.account(&person("z"), "github").unwrap().unwrap().key_id,
+        Some(r.current_key.clone())
+    );
+    assert!(a.tokens_to_revoke(&person("z"), "github").is_ok());
 }
 
 #[test]
@@ -252,9 +347,6 @@ fn rotation_interrupted_half_way_resumes_and_old_keys_open_until_done() {
         .iter()
         .all(|a| a.key_id.as_deref() == Some(new.as_str())));
     assert!(!v.keys().state(e.store.as_ref()).unwrap().unwrap().rotating);
-
-    // The retired key can now go: everything still opens.
-    std::fs::remove_file(e.key_dir().join(format!("{old}.key"))).unwrap();
     drop(v);
     let v = e.vault();
     for s in ["a", "b", "c", "d", "e"] {
@@ -263,34 +355,23 @@ fn rotation_interrupted_half_way_resumes_and_old_keys_open_until_done() {
 }
 
 #[test]
-fn old_key_deleted_too_early_gives_an_explicit_error() {
+fn an_import_without_the_current_key_file_gives_an_explicit_error() {
     let e = Env::new();
-    let v = e.vault();
-    connect(&v, "a", "at-a");
-    connect(&v, "b", "at-b");
-    let old = v.keys().current();
-    v.rotate(Some(1)).unwrap();
-    drop(v);
-    std::fs::remove_file(e.key_dir().join(format!("{old}.key"))).unwrap();
-    let v = e.vault();
-    let bad = v.verify_all().unwrap();
-    assert_eq!(bad.len(), 1);
+    let id = as_legacy_install(&e, &[6u8; 32]);
+    connect(&e.vault(), "a", "at-a");
+    as_legacy_install(&e, &[6u8; 32]);
+    let file = e.key_dir().join(format!("{id}.key"));
+    let saved = std::fs::read(&file).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let err = e.open().unwrap_err();
     assert!(
-        bad[0].3.contains(&old),
-        "the error names the missing key: {}",
-        bad[0].3
+        err.to_string().contains(&id)
+            && err.to_string().contains(&e.key_dir().display().to_string()),
+        "the error names the key and the directory: {err}"
     );
-    // The rotation cannot finish while a record is unreadable, and says so.
-    let r = v.rotate(None).unwrap();
-    assert!(!r.done);
-    assert_eq!(r.unreadable.len(), 1);
-    // Positive control: the record re-wrapped before the deletion opens.
-    assert_eq!(v.accounts(None).unwrap().len(), 2);
-    let ok = ["a", "b"]
-        .iter()
-        .filter(|s| v.tokens_to_revoke(&person(s), "github").is_ok())
-        .count();
-    assert_eq!(ok, 1);
+    // Positive control: with the file restored, the import runs.
+    crate::config::write_secret_file(&file, &saved).unwrap();
+    assert!(e.vault().tokens_to_revoke(&person("a"), "github").is_ok());
 }
 
 #[test]
@@ -299,25 +380,33 @@ fn a_vault_with_records_and_no_keys_does_not_start_fresh() {
     let v = e.vault();
     connect(&v, "a", "at-a");
     drop(v);
-    let current = std::fs::read_dir(e.key_dir())
+    let saved = e
+        .store
+        .get(Tree::State, b"vault/keyring/v1")
         .unwrap()
-        .next()
+        .unwrap();
+    e.store.delete(Tree::State, b"vault/keyring/v1").unwrap();
+    let err = e.open().unwrap_err();
+    assert!(
+        err.to_string().contains("holds records but no key state"),
+        "{err:?}"
+    );
+    assert!(e
+        .store
+        .get(Tree::State, b"vault/keyring/v1")
         .unwrap()
-        .unwrap()
-        .path();
-    let saved = std::fs::read(&current).unwrap();
-    std::fs::remove_file(&current).unwrap();
-    let err = Vault::open(e.store.clone(), &e.key_dir()).unwrap_err();
-    assert!(matches!(err, VaultError::KeyMissing(_)), "{err:?}");
-    // Positive control: with the key restored, it opens.
-    crate::config::write_secret_file(&current, &saved).unwrap();
+        .is_none());
+    // Positive control: with the record restored, it opens.
+    e.store
+        .put(Tree::State, b"vault/keyring/v1", &saved)
+        .unwrap();
     assert!(e.vault().tokens_to_revoke(&person("a"), "github").is_ok());
 }
 
 #[test]
 fn per_key_encryption_cap_refuses_then_rotation_resets_it() {
     let e = Env::new();
-    let v = Vault::open_with_cap(e.store.clone(), &e.key_dir(), 3).unwrap();
+    let v = Vault::open_with_cap(e.store.clone(), master(), &e.key_dir(), 3).unwrap();
     connect(&v, "a", "1");
     connect(&v, "b", "2");
     connect(&v, "c", "3");
@@ -349,7 +438,7 @@ fn per_key_encryption_cap_refuses_then_rotation_resets_it() {
         )
         .is_err());
     drop(v);
-    let v = Vault::open_with_cap(e.store.clone(), &e.key_dir(), 10).unwrap();
+    let v = Vault::open_with_cap(e.store.clone(), master(), &e.key_dir(), 10).unwrap();
     v.connect_account(
         &person("d"),
         "github",
@@ -407,6 +496,21 @@ impl Store for FailingStore {
         }
         self.inner.compare_and_swap(t, k, e, n)
     }
+    fn replace_fenced(
+        &self,
+        t: Tree,
+        k: &[u8],
+        e: &[u8],
+        n: &[u8],
+        lease: crate::store::Lease<'_>,
+    ) -> Result<crate::store::Fenced, StoreError> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Backend(
+                "No space left on device (os error 28)".into(),
+            ));
+        }
+        self.inner.replace_fenced(t, k, e, n, lease)
+    }
     fn insert_expiring(
         &self,
         t: Tree,
@@ -456,7 +560,7 @@ fn full_disk_fails_writes_cleanly_and_keeps_existing_records() {
         inner: e.store.clone(),
         fail: AtomicBool::new(false),
     });
-    let v = Vault::open(fs.clone(), &e.key_dir()).unwrap();
+    let v = Vault::open(fs.clone(), master(), &e.key_dir()).unwrap();
     connect(&v, "a", "at-a");
     fs.fail.store(true, Ordering::SeqCst);
     let err = v

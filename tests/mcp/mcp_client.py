@@ -9,6 +9,7 @@ SPEC: {
   "token_file": "...",            # the person's access token (a file, never argv)
   "mode": "legacy" | "auto",      # 2025-11-25 via initialize | 2026-07-28 via server/discover
   "scenario": "call" | "flow" | "tamper",
+  "tool": "list_repositories",    # the tool to call (optional; that one by default)
   "arguments": {...},             # tool arguments (optional)
   "elicitation": true,            # set an elicitation_callback (URL capability); default true
   "open": ["cmd", "arg", ...],    # run with the URL appended when a link must be opened
@@ -102,10 +103,11 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
             tools = await client.list_tools()
             out["tools"] = [t.name for t in tools.tools]
             args = spec.get("arguments")
+            tool = spec.get("tool", TOOL)
             scenario = spec["scenario"]
             if scenario == "call":
                 try:
-                    r = await client.call_tool(TOOL, args)
+                    r = await client.call_tool(tool, args)
                     out["calls"].append({"result": dump_result(r)})
                 except MCPError as e:
                     out["calls"].append({"error": dump_error(e)})
@@ -115,7 +117,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                 # the server keeps asking and the answers say to go on.
                 for _ in range(4):
                     try:
-                        r = await client.call_tool(TOOL, args)
+                        r = await client.call_tool(tool, args)
                         out["calls"].append({"result": dump_result(r)})
                         break
                     except MCPError as e:
@@ -136,14 +138,14 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                 # 2026-07-28: input_required goes to the callback, and the
                 # client retries by itself with the echoed requestState.
                 try:
-                    r = await client.call_tool(TOOL, args)
+                    r = await client.call_tool(tool, args)
                     out["calls"].append({"result": dump_result(r)})
                 except MCPError as e:
                     out["calls"].append({"error": dump_error(e)})
             elif scenario == "tamper":
                 # Drive the rounds by hand to alter what the client echoes.
                 s = client.session
-                first = await s.call_tool(TOOL, args, allow_input_required=True)
+                first = await s.call_tool(tool, args, allow_input_required=True)
                 out["calls"].append({"result": dump_result(first)})
                 state = getattr(first, "request_state", None)
                 if not state or not first.input_requests:
@@ -163,7 +165,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
                 }
                 async def attempt(name: str, sess: Any, st: str, a: Any) -> None:
                     try:
-                        r = await sess.call_tool(TOOL, a, input_responses=responses, request_state=st, allow_input_required=True)
+                        r = await sess.call_tool(tool, a, input_responses=responses, request_state=st, allow_input_required=True)
                         out["calls"].append({"attempt": name, "result": dump_result(r)})
                     except MCPError as e:
                         out["calls"].append({"attempt": name, "error": dump_error(e)})

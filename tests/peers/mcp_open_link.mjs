@@ -1,18 +1,27 @@
 // The person in tests/it/mcp/e2e.rs: opens a connect link that an MCP client
 // was given, in Debian's chromium (playwright-core, no downloaded browser),
 // in that person's own browser profile, and does what a person would:
-// signs in at the organisation's IdP as PERSON when asked, and presses the
-// page's main button (connect, allow or reconnect). Never decides anything
-// from the URL: it only reacts to the pages it is shown.
+// signs in as PERSON when asked (at the organisation's IdP, or with a local
+// account's password on the broker's own sign-in form when PASSWORD_FILE is
+// given: the quick start, clients/python/tests/test_mcp_e2e.py), and presses
+// the page's main button (connect, allow or reconnect). Never decides
+// anything from the URL: it only reacts to the pages it is shown.
 //
-//   node mcp_open_link.mjs PROFILE_DIR PERSON URL
+//   node mcp_open_link.mjs PROFILE_DIR PERSON [PASSWORD_FILE] URL
+//
+// (The MCP client appends the URL, so it comes last; the password is read
+// from a file, never taken from the command line.)
 //
 // Prints one JSON line per step, then {"done": "completed" | "other_person"
 // | "not_found" | "stuck", "url", "status", "text"}. Exit code 0 unless the
 // browser itself failed.
+import { readFileSync } from 'node:fs';
 import { chromium } from 'playwright-core';
 
-const [profile, person, url] = process.argv.slice(2);
+const args = process.argv.slice(2);
+const [profile, person] = args;
+const url = args[args.length - 1];
+const passwordFile = args.length === 4 ? args[2] : null;
 const context = await chromium.launchPersistentContext(profile, {
   executablePath: '/usr/bin/chromium',
   headless: true,
@@ -34,12 +43,20 @@ try {
   for (let i = 0; i < 16; i++) {
     const text = await page.innerText('body').catch(() => '');
     const here = page.url();
-    if (text.includes('Go back to your agent')) { done = 'completed'; break; }
-    if (text.includes('made for another account')) { done = 'other_person'; break; }
+    // The 404 page also says to go back to the agent: the status first.
     if (status === 404) { done = 'not_found'; break; }
+    if (text.includes('Go back to your agent: it continues')) { done = 'completed'; break; }
+    if (text.includes('made for another account')) { done = 'other_person'; break; }
     if (await page.$('a.button[href^="/signin/oidc"]')) {
       out({ at: here, action: 'sign in at the IdP' });
       await clickAndWait('a.button[href^="/signin/oidc"]');
+    } else if (passwordFile && await page.$('form[action="/signin"] input[name=password]')) {
+      out({ at: here, action: `local sign-in as ${person}` });
+      if (await page.$('form[action="/signin"] input[name=username]:not([readonly])')) {
+        await page.fill('form[action="/signin"] input[name=username]', person);
+      }
+      await page.fill('form[action="/signin"] input[name=password]', readFileSync(passwordFile, 'utf8').trim());
+      await clickAndWait('form[action="/signin"] button[type=submit]');
     } else if (await page.$('input[name=login]')) {
       out({ at: here, action: `IdP login as ${person}` });
       await page.fill('input[name=login]', person);

@@ -2,7 +2,7 @@
 // integration tests: panva's oidc-provider on a loopback port, playing the
 // part of a service such as GitHub. Never for production.
 //
-// Usage: node oauth-service.mjs --client-id ID --client-secret SECRET --redirect-uri URI
+// Usage: node oauth-service.mjs --client-id ID --client-secret SECRET --redirect-uri URI [--redirect-uri URI ...]
 // Prints one JSON line {"issuer": "...", "port": N} once it listens.
 //
 // What it offers:
@@ -27,7 +27,11 @@ const arg = (name, dflt) => {
 };
 const clientId = arg('client-id', 'credbroker-test');
 const clientSecret = arg('client-secret');
-const redirectUri = arg('redirect-uri');
+// --redirect-uri may be given more than once (one per service name that
+// shares this client).
+const redirectUris = process.argv.flatMap((a, i) =>
+  a === '--redirect-uri' && process.argv[i + 1] ? [process.argv[i + 1]] : []);
+const redirectUri = redirectUris[0];
 if (!clientSecret || !redirectUri) {
   console.error('--client-secret and --redirect-uri are required');
   process.exit(2);
@@ -52,7 +56,7 @@ const provider = new Provider(issuer, {
   clients: [{
     client_id: clientId,
     client_secret: clientSecret,
-    redirect_uris: [redirectUri],
+    redirect_uris: redirectUris,
     grant_types: ['authorization_code', 'refresh_token'],
     response_types: ['code'],
     token_endpoint_auth_method: 'client_secret_basic',

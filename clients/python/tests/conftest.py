@@ -71,6 +71,9 @@ class QuickstartBroker:
     demo_port: int
     resource: str
     proc: subprocess.Popen[bytes] | None = None
+    #: The issuer of the connected service's provider, when there is one
+    #: (the `acme` fixture's oauth-service peer).
+    service_issuer: str | None = None
     log: Path = field(init=False)
 
     def __post_init__(self) -> None:
@@ -136,6 +139,28 @@ class QuickstartBroker:
             text=True,
         )
         return out.stdout.strip()
+
+    def local_account(self, name: str, dir: Path) -> Path:
+        """Gives local account `name` (the person `sub` = name) a fresh
+        random password through the running broker, and returns the file
+        (mode 0600, in `dir`) that holds it, for a browser to sign in with."""
+        password = secrets.token_urlsafe(18)
+        path = dir / f"{name}.password"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, password.encode())
+        os.close(fd)
+        r = subprocess.run(
+            [
+                *(str(broker_bin()), "users", "add", name, "--replace"),
+                *("--config", str(self.config), "--password-stdin"),
+            ],
+            input=password + "\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        return path
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -232,11 +257,30 @@ def start_resource_server(b: QuickstartBroker, tmp: Path) -> ResourceServer:
 SERVICE = "https://api.acme.example"
 
 
-@pytest.fixture(scope="module")
-def acme(tmp_module: Path) -> Iterator[QuickstartBroker]:
-    """A broker with the service `acme` (played by the oidc-provider peer in
+@dataclass
+class Service:
+    """The `acme` service's provider (the oauth-service peer) and the broker
+    that uses it."""
+
+    broker: QuickstartBroker
+    provider: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        self.broker.stop()
+        self.provider.terminate()
+        self.provider.wait(timeout=10)
+
+
+def start_acme(
+    tmp: Path, *, extra_config: str = "", extra_policy: str = "", api_base: bool = False
+) -> Service:
+    """A broker with the service `acme` (played by the oauth-service peer in
     tests/peers, on loopback) and the tool `acme.issues` in step `triage`;
-    nobody has connected an account yet."""
+    nobody has connected an account yet. With `api_base`, the provider's
+    own origin is the service's API too (its userinfo endpoint, `/me`, is
+    what the egress proxy's tests call). `extra_config` comes after the
+    `[providers.acme]` table; `{issuer}` in `extra_policy` is the broker's
+    issuer (a proxy resource is `{issuer}/proxy/acme`)."""
     peers = REPO / "tests" / "peers"
     if not (peers / "node_modules" / "oidc-provider").is_dir():
         pytest.fail("tests/peers/node_modules is missing: run scripts/install-test-deps")
@@ -259,7 +303,7 @@ def acme(tmp_module: Path) -> Iterator[QuickstartBroker]:
     )
     assert provider.stdout is not None
     issuer = json.loads(provider.stdout.readline())["issuer"]
-    secret_file = tmp_module / "acme.secret"
+    secret_file = tmp / "acme.secret"
     fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, secret.encode())
     os.close(fd)
@@ -282,11 +326,62 @@ client_id = "credbroker-test"
 client_secret_file = "{secret_file}"
 scopes = ["openid", "profile", "read:org"]
 """
-    b = start_broker(tmp_module, extra_config=config, extra_policy=policy, broker_port=port)
-    yield b
-    b.stop()
-    provider.terminate()
-    provider.wait(timeout=10)
+    if api_base:
+        config += f'api_base = "{issuer}"\n'
+    b = start_broker(
+        tmp,
+        extra_config=config + extra_config,
+        extra_policy=policy + extra_policy.replace("{issuer}", f"http://127.0.0.1:{port}"),
+        broker_port=port,
+    )
+    b.service_issuer = issuer
+    return Service(b, provider)
+
+
+@pytest.fixture(scope="module")
+def acme(tmp_module: Path) -> Iterator[QuickstartBroker]:
+    """A broker with the service `acme` (see :func:`start_acme`)."""
+    s = start_acme(tmp_module)
+    yield s.broker
+    s.stop()
+
+
+def require_browser() -> None:
+    if not Path("/usr/bin/chromium").exists():
+        pytest.fail("chromium is not installed: run scripts/install-test-deps")
+    if not (REPO / "tests" / "peers" / "node_modules" / "playwright-core").is_dir():
+        pytest.fail("playwright-core is not installed: run scripts/install-test-deps")
+
+
+def browser_of(tmp_path: Path, person: str, password_file: Path) -> list[str]:
+    """The command that opens a link in `person`'s own browser profile,
+    signing in with her local account when the broker asks."""
+    return [
+        "node",
+        str(REPO / "tests" / "peers" / "mcp_open_link.mjs"),
+        str(tmp_path / "browsers" / person),
+        person,
+        str(password_file),
+    ]
+
+
+def provider_account(b: QuickstartBroker, account: str) -> None:
+    """Makes the next browser sign-in at the provider be `account`."""
+    r = httpx.get(f"{b.service_issuer}/test/browser-account", params={"account": account})
+    assert r.status_code == 200 and r.json()["browser_account"] == account, r.text
+
+
+def open_in_browser(tmp: Path, person: str, password_file: Path, url: str) -> str:
+    """Opens `url` in `person`'s browser as mcp_client.py's opener does;
+    returns how the browser finished (`completed`, `other_person`...)."""
+    r = subprocess.run(
+        [*browser_of(tmp, person, password_file), url], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    for line in r.stdout.splitlines():
+        if line.startswith("{") and "done" in json.loads(line):
+            return str(json.loads(line)["done"])
+    raise AssertionError(f"the browser did not finish: {r.stdout[-2000:]}")
 
 
 def read_json(path: Path) -> object:

@@ -3,7 +3,11 @@ tool derives a token for a connected service with credbroker's AsyncBroker
 and answers a link refusal with credbroker.mcp.link_answer, for
 tests/test_mcp_e2e.py.
 
-    python mcp_link_server.py PORT SOCKET ISSUER DEV_ISSUER_JWKS
+    python mcp_link_server.py PORT SOCKET ISSUER DEV_ISSUER_JWKS [PROVIDER_ISSUER]
+
+With PROVIDER_ISSUER (the oauth-service peer playing the service), the tool
+shows that the token it was issued is real: it asks the provider's userinfo
+endpoint whose token it is and answers with that account, never the token.
 
 The person is the MCP client's verified bearer token (a quick-start subject
 token, checked here against the dev issuer's JWKS); that token goes to the
@@ -17,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import uvicorn
 from joserfc import jwt
 from joserfc.errors import JoseError
@@ -36,6 +41,7 @@ SERVICE = "https://api.acme.example"
 
 def main() -> None:
     port, socket, issuer, jwks_file = sys.argv[1:5]
+    provider = sys.argv[5] if len(sys.argv) > 5 else None
     keys = KeySet.import_key_set(json.loads(Path(jwks_file).read_text()))
 
     class DevIssuerTokens:
@@ -90,7 +96,17 @@ def main() -> None:
             issued = await broker.derive(person.token, "triage", "acme.issues", SERVICE, key=key)
         except LinkRequired as e:
             return link_answer(e, ctx.protocol_version, name="connect_acme")
-        return f"issued a {issued.token_type} token for {issued.scope}"
+        said = f"issued a {issued.token_type} token for {issued.scope}"
+        if provider is None:
+            return said
+        async with httpx.AsyncClient(timeout=10) as http:
+            meta = (await http.get(f"{provider}/.well-known/openid-configuration")).json()
+            r = await http.get(
+                meta["userinfo_endpoint"], headers={"Authorization": f"Bearer {issued.token}"}
+            )
+        if r.status_code != 200:
+            return f"{said}; the provider refused it ({r.status_code})"
+        return f"{said}; the provider account is {r.json()['sub']}"
 
     uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=int(port), log_level="warning")
 

@@ -33,5 +33,5 @@ export { KeyFileError, ToolKey, ath, htuOf } from "./key.js";
 export type { ProofOptions, PublicJwk } from "./key.js";
 export { NotSenderConstrained, dpopFetch } from "./fetch.js";
 export type { DPoPFetch } from "./fetch.js";
-export { ReplayCache, Verifier, VerifyError } from "./verify.js";
+export { FETCH_TIMEOUT_MS, MAX_KEYS_DOCUMENT, ReplayCache, Verifier, VerifyError } from "./verify.js";
 export type { Jwks, Principal, VerifierOptions, VerifyRequest } from "./verify.js";

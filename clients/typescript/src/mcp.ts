@@ -37,13 +37,33 @@ export function linkText(err: LinkRequired): string {
   return `${err.link.message} ${err.link.uri}`;
 }
 
-/** The `-32042` error for protocol 2025-11-25, to throw from a tool handler. */
-export function urlElicitationError(err: LinkRequired): UrlElicitationRequiredError {
+/** One URL elicitation of the `-32042` error (both SDKs' shape). */
+export interface UrlElicitation {
+  mode: "url";
+  elicitationId: string;
+  url: string;
+  message: string;
+}
+
+/**
+ * The constructor of an SDK's `UrlElicitationRequiredError`: each SDK turns
+ * only its own class into the `-32042` error, and any other thrown error
+ * into a tool result with `isError` (the link would reach the client as
+ * text, not as an elicitation). `@modelcontextprotocol/sdk`'s is the
+ * default; a server on `@modelcontextprotocol/server` serving 2025-era
+ * clients passes that package's `UrlElicitationRequiredError`.
+ */
+export type UrlElicitationErrorClass<E extends Error = Error> = new (elicitations: UrlElicitation[], message?: string) => E;
+
+/**
+ * The `-32042` error for protocol 2025-11-25, to throw from a tool handler,
+ * as an instance of `errorClass` (default: `@modelcontextprotocol/sdk`'s).
+ */
+export function urlElicitationError(err: LinkRequired): UrlElicitationRequiredError;
+export function urlElicitationError<E extends Error>(err: LinkRequired, errorClass: UrlElicitationErrorClass<E>): E;
+export function urlElicitationError(err: LinkRequired, errorClass: UrlElicitationErrorClass = UrlElicitationRequiredError): Error {
   const text = linkText(err);
-  return new UrlElicitationRequiredError(
-    [{ mode: "url", elicitationId: err.link.id, url: err.link.uri, message: text }],
-    text,
-  );
+  return new errorClass([{ mode: "url", elicitationId: err.link.id, url: err.link.uri, message: text }], text);
 }
 
 /** The person, as the MCP client's verified access token names them. */
@@ -250,13 +270,18 @@ export async function inputRequired(
  * `protocolVersion`: throws the `-32042` error for 2025-11-25 (and when the
  * version is unknown: the older answer, which every URL-capable client
  * reads); returns the `input_required` result for 2026-07-28 and later.
+ * On `@modelcontextprotocol/server`, pass its `UrlElicitationRequiredError`
+ * as `seal.errorClass`, or its legacy fallback answers the 2025-era
+ * client with an `isError` text result instead of the `-32042` error.
  */
 export async function linkAnswer(
   err: LinkRequired,
   protocolVersion: string | undefined,
-  seal: { sealer: RequestStateSealer; person: Person; call: Call; name?: string },
+  seal: { sealer: RequestStateSealer; person: Person; call: Call; name?: string; errorClass?: UrlElicitationErrorClass },
 ): Promise<InputRequiredResult> {
   // Protocol versions are ISO dates: string order is date order.
-  if (protocolVersion === undefined || protocolVersion < INPUT_REQUIRED_VERSION) throw urlElicitationError(err);
+  if (protocolVersion === undefined || protocolVersion < INPUT_REQUIRED_VERSION) {
+    throw urlElicitationError(err, seal.errorClass ?? UrlElicitationRequiredError);
+  }
   return inputRequired(err, seal.sealer, seal.person, seal.call, seal.name);
 }

@@ -19,6 +19,57 @@ import { ath as athOf } from "./key.js";
 export const MAX_TOKEN = 8 * 1024;
 export const MAX_PROOF = 4 * 1024;
 export const MAX_KEYS_DOCUMENT = 64 * 1024;
+/** Milliseconds one metadata or JWKS fetch may take in all. */
+export const FETCH_TIMEOUT_MS = 10_000;
+
+/**
+ * GET `url`: 200 only, no redirect followed, at most
+ * {@link MAX_KEYS_DOCUMENT} bytes read (the body is read chunk by chunk and
+ * the read cancelled at the first chunk over), `timeoutMs` in all.
+ */
+async function cappedGet(url: string, timeoutMs: number): Promise<string> {
+  const signal = AbortSignal.timeout(timeoutMs);
+  const failed = (e: unknown): VerifyError =>
+    e instanceof VerifyError
+      ? e
+      : new VerifyError("keys_unavailable", signal.aborted ? `${url}: not read within ${timeoutMs} ms` : `${url}: ${(e as Error).name}`);
+  let r: Response;
+  try {
+    r = await fetch(url, { redirect: "manual", signal });
+  } catch (e) {
+    throw failed(e);
+  }
+  const tooLarge = new VerifyError("keys_unavailable", `${url}: larger than ${MAX_KEYS_DOCUMENT} bytes`);
+  if (r.status !== 200) {
+    await r.body?.cancel().catch(() => undefined);
+    throw new VerifyError("keys_unavailable", `${url}: HTTP ${r.status}`);
+  }
+  const declared = Number(r.headers.get("content-length") ?? "");
+  if (Number.isFinite(declared) && declared > MAX_KEYS_DOCUMENT) {
+    await r.body?.cancel().catch(() => undefined);
+    throw tooLarge;
+  }
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  const reader = r.body?.getReader();
+  try {
+    for (;;) {
+      if (reader === undefined) break;
+      const { done, value } = await reader.read();
+      if (done) break;
+      size += value.byteLength;
+      if (size > MAX_KEYS_DOCUMENT) {
+        await reader.cancel().catch(() => undefined);
+        throw tooLarge;
+      }
+      chunks.push(value);
+    }
+  } catch (e) {
+    await reader?.cancel().catch(() => undefined);
+    throw failed(e);
+  }
+  return Buffer.concat(chunks).toString("utf8");
+}
 /** Clock skew allowed on the token's `exp`/`iat`, in seconds. */
 export const SKEW = 5;
 /** How far a proof's `iat` may be from now, either way, in seconds. */
@@ -233,17 +284,21 @@ export class Verifier {
    * Reads the issuer's RFC 8414 metadata (its `issuer` must be `issuer`
    * exactly) and the JWKS it names; unknown `kid`s refetch the JWKS, at most
    * once a minute.
+   *
+   * What it reads from the network is capped while it reads: each document
+   * at most {@link MAX_KEYS_DOCUMENT} bytes (after any content decoding; the
+   * read stops at the first chunk over), redirects refused, and each fetch
+   * given `opts.timeoutMs` (default {@link FETCH_TIMEOUT_MS}) in all,
+   * headers and body.
    */
-  static async fromIssuer(issuer: string, audience: string, opts: Omit<VerifierOptions, "fetchJwks"> = {}): Promise<Verifier> {
+  static async fromIssuer(
+    issuer: string,
+    audience: string,
+    opts: Omit<VerifierOptions, "fetchJwks"> & { timeoutMs?: number } = {},
+  ): Promise<Verifier> {
+    const timeoutMs = opts.timeoutMs ?? FETCH_TIMEOUT_MS;
     const get = async (url: string): Promise<Obj> => {
-      let r: Response;
-      try {
-        r = await fetch(url, { redirect: "error", signal: AbortSignal.timeout(10_000) });
-      } catch (e) {
-        throw new VerifyError("keys_unavailable", `${url}: ${(e as Error).name}`);
-      }
-      const text = await r.text();
-      if (r.status !== 200 || text.length > MAX_KEYS_DOCUMENT) throw new VerifyError("keys_unavailable", `${url}: HTTP ${r.status}`);
+      const text = await cappedGet(url, timeoutMs);
       let doc: unknown;
       try {
         doc = JSON.parse(text);

@@ -4,71 +4,24 @@
 // the broker's real connect page.
 
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import type { ChildProcess } from "node:child_process";
-import { randomBytes } from "node:crypto";
-import { existsSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
-import { createInterface } from "node:readline";
 import { after, before, test } from "node:test";
 
 import { AccessDenied, Broker, LinkRequired, ToolKey } from "../src/index.js";
-import { REPO, QuickstartBroker, freePort, rm, startBroker, tempDir } from "./support.js";
+import { Acme, SERVICE, rm, tempDir } from "./support.js";
+import type { QuickstartBroker } from "./support.js";
 
-const SERVICE = "https://api.acme.example";
 let tmp: string;
+let service: Acme;
 let acme: QuickstartBroker;
-let provider: ChildProcess;
 
 before(async () => {
   tmp = tempDir();
-  const peers = join(REPO, "tests", "peers");
-  if (!existsSync(join(peers, "node_modules", "oidc-provider"))) throw new Error("tests/peers/node_modules is missing: run scripts/install-test-deps");
-  const secret = `client-secret-canary-${randomBytes(12).toString("hex")}`;
-  const port = await freePort();
-  provider = spawn(
-    "node",
-    [join(peers, "oauth-service.mjs"), "--client-id", "credbroker-test", "--client-secret", secret, "--redirect-uri", `http://127.0.0.1:${port}/callback/acme`],
-    { cwd: peers, stdio: ["ignore", "pipe", "ignore"] },
-  );
-  const first = await new Promise<string>((res, rej) => {
-    const rl = createInterface({ input: provider.stdout! });
-    rl.once("line", (l) => {
-      rl.close();
-      res(l);
-    });
-    provider.once("exit", (c) => rej(new Error(`oauth-service exited ${c}`)));
-  });
-  const issuer = (JSON.parse(first) as { issuer: string }).issuer;
-  const secretFile = join(tmp, "acme.secret");
-  writeFileSync(secretFile, secret, { mode: 0o600, flag: "wx" });
-  acme = await startBroker(tmp, {
-    brokerPort: port,
-    extraPolicy: `
-[resources."${SERVICE}"]
-source = "service"
-service = "acme"
-delivery = "provider_token"
-
-[tools."acme.issues"]
-resource = "${SERVICE}"
-scopes = ["read:org"]
-steps = ["triage"]
-`,
-    extraConfig: `
-[providers.acme]
-display_name = "Acme"
-issuer = "${issuer}"
-client_id = "credbroker-test"
-client_secret_file = "${secretFile}"
-scopes = ["openid", "profile", "read:org"]
-`,
-  });
+  service = await Acme.start(tmp);
+  acme = service.broker;
 });
 
 after(async () => {
-  await acme?.stop();
-  provider?.kill("SIGTERM");
+  await service?.stop();
   rm(tmp);
 });
 

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { test } from "node:test";
 import { ErrorCode, UrlElicitationRequiredError } from "@modelcontextprotocol/sdk/types.js";
-import { inputRequired as serverInputRequired, isInputRequiredResult } from "@modelcontextprotocol/server";
+import { UrlElicitationRequiredError as ServerUrlElicitationRequiredError, inputRequired as serverInputRequired, isInputRequiredResult } from "@modelcontextprotocol/server";
 import type { InputRequiredResult as ServerInputRequiredResult } from "@modelcontextprotocol/server";
 
 import { LinkRequired, refusal } from "../src/index.js";
@@ -53,6 +53,15 @@ test("2025-11-25: the -32042 URL elicitation error of the SDK, as in proto/mcp",
   for (const v of ["2025-11-25", undefined]) {
     await assert.rejects(linkAnswer(link(), v, { sealer, person, call }), UrlElicitationRequiredError);
   }
+  // With @modelcontextprotocol/server's class, the same error as that
+  // package's own (which alone it turns into -32042), same fields.
+  const theirs = urlElicitationError(link(), ServerUrlElicitationRequiredError);
+  assert.ok(theirs instanceof ServerUrlElicitationRequiredError && !(theirs instanceof UrlElicitationRequiredError));
+  assert.deepEqual({ code: theirs.code, data: theirs.data }, { code: want["code"], data: want["data"] });
+  await assert.rejects(
+    linkAnswer(link(), "2025-11-25", { sealer, person, call, errorClass: ServerUrlElicitationRequiredError }),
+    ServerUrlElicitationRequiredError,
+  );
 });
 
 test("2026-07-28: input_required as in proto/mcp, with a sealed requestState", async () => {

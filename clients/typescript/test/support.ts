@@ -13,6 +13,8 @@ import type { ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync, closeSync } from "node:fs";
 import { request } from "node:http";
 import { createServer } from "node:net";
+import { createInterface } from "node:readline";
+import { randomBytes } from "node:crypto";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -115,6 +117,21 @@ export class QuickstartBroker {
     const p = stop(this.proc);
     this.proc = undefined;
     return p;
+  }
+  /**
+   * Gives local account `name` (the person `sub` = name) a fresh random
+   * password through the running broker, and returns the file (mode 0600,
+   * in `dir`) that holds it, for a browser to sign in with.
+   */
+  localAccount(name: string, dir: string): string {
+    const password = randomBytes(18).toString("base64url");
+    const path = join(dir, `${name}.password`);
+    writeFileSync(path, password, { mode: 0o600, flag: "wx" });
+    execFileSync(brokerBin(), ["users", "add", name, "--replace", "--config", this.config, "--password-stdin"], {
+      input: `${password}\n`,
+      stdio: ["pipe", "ignore", "pipe"],
+    });
+    return path;
   }
   subjectToken(sub = "alice"): string {
     return execFileSync(brokerBin(), ["subject-token", "--dir", this.dir, "--sub", sub], { encoding: "utf8" }).trim();
@@ -224,4 +241,118 @@ export function rm(dir: string): void {
 
 export function readJson(path: string): unknown {
   return JSON.parse(readFileSync(path, "utf8"));
+}
+
+/** The connected service of the link and MCP tests. */
+export const SERVICE = "https://api.acme.example";
+
+/**
+ * A broker with the service `acme` (played by the oauth-service peer in
+ * tests/peers, on loopback) and the tool `acme.issues` in step `triage`;
+ * nobody has connected an account yet. The same fixture as the Python
+ * tests' `acme`.
+ */
+export class Acme {
+  constructor(
+    readonly broker: QuickstartBroker,
+    readonly provider: ChildProcess,
+    /** The provider's issuer (its /test/* controls live there). */
+    readonly providerIssuer: string,
+  ) {}
+
+  /**
+   * Starts the provider and the broker. With `apiBase`, the provider's own
+   * origin is the service's API too (its userinfo endpoint, `/me`, is what
+   * the egress proxy's tests call); `extraConfig` comes after the
+   * `[providers.acme]` table; `{issuer}` in `extraPolicy` is the broker's
+   * issuer (a proxy resource is `{issuer}/proxy/acme`).
+   */
+  static async start(tmp: string, opts: { apiBase?: boolean; extraConfig?: string; extraPolicy?: string } = {}): Promise<Acme> {
+    const peers = join(REPO, "tests", "peers");
+    if (!existsSync(join(peers, "node_modules", "oidc-provider"))) throw new Error("tests/peers/node_modules is missing: run scripts/install-test-deps");
+    const secret = `client-secret-canary-${randomBytes(12).toString("hex")}`;
+    const port = await freePort();
+    const provider = spawn(
+      "node",
+      [join(peers, "oauth-service.mjs"), "--client-id", "credbroker-test", "--client-secret", secret, "--redirect-uri", `http://127.0.0.1:${port}/callback/acme`],
+      { cwd: peers, stdio: ["ignore", "pipe", "ignore"] },
+    );
+    const first = await new Promise<string>((res, rej) => {
+      const rl = createInterface({ input: provider.stdout! });
+      rl.once("line", (l) => {
+        rl.close();
+        res(l);
+      });
+      provider.once("exit", (c) => rej(new Error(`oauth-service exited ${c}`)));
+    });
+    const issuer = (JSON.parse(first) as { issuer: string }).issuer;
+    const secretFile = join(tmp, "acme.secret");
+    writeFileSync(secretFile, secret, { mode: 0o600, flag: "wx" });
+    const broker = await startBroker(tmp, {
+      brokerPort: port,
+      extraPolicy: `
+[resources."${SERVICE}"]
+source = "service"
+service = "acme"
+delivery = "provider_token"
+
+[tools."acme.issues"]
+resource = "${SERVICE}"
+scopes = ["read:org"]
+steps = ["triage"]
+${(opts.extraPolicy ?? "").replaceAll("{issuer}", `http://127.0.0.1:${port}`)}`,
+      extraConfig: `
+[providers.acme]
+display_name = "Acme"
+issuer = "${issuer}"
+client_id = "credbroker-test"
+client_secret_file = "${secretFile}"
+scopes = ["openid", "profile", "read:org"]
+${opts.apiBase ? `api_base = "${issuer}"\n` : ""}${opts.extraConfig ?? ""}`,
+    });
+    return new Acme(broker, provider, issuer);
+  }
+
+  /** Makes the next browser sign-in at the provider be `account`. */
+  async providerAccount(account: string): Promise<void> {
+    const r = await fetch(`${this.providerIssuer}/test/browser-account?account=${encodeURIComponent(account)}`);
+    const v = (await r.json()) as { browser_account?: string };
+    if (r.status !== 200 || v.browser_account !== account) throw new Error(`browser-account: ${r.status} ${JSON.stringify(v)}`);
+  }
+
+  async stop(): Promise<void> {
+    await this.broker.stop();
+    await stop(this.provider);
+  }
+}
+
+/** Fails unless Chromium and playwright-core (tests/peers) are installed. */
+export function requireBrowser(): void {
+  for (const [what, p] of [
+    ["chromium", "/usr/bin/chromium"],
+    ["playwright-core", join(REPO, "tests", "peers", "node_modules", "playwright-core")],
+  ] as const) {
+    if (!existsSync(p)) throw new Error(`${what} is missing (${p}): run scripts/install-test-deps`);
+  }
+}
+
+/**
+ * The command that opens a link in `person`'s own browser profile (under
+ * `tmp`), signing in with her local account when the broker asks
+ * (tests/peers/mcp_open_link.mjs; the URL is appended).
+ */
+export function browserOf(tmp: string, person: string, passwordFile: string): string[] {
+  return ["node", join(REPO, "tests", "peers", "mcp_open_link.mjs"), join(tmp, "browsers", person), person, passwordFile];
+}
+
+/** Opens `url` in `person`'s browser; how it finished (`completed`, `other_person`...). */
+export function openInBrowser(tmp: string, person: string, passwordFile: string, url: string): string {
+  const [cmd, ...args] = browserOf(tmp, person, passwordFile) as [string, ...string[]];
+  const out = execFileSync(cmd, [...args, url], { encoding: "utf8", timeout: 120_000 });
+  for (const line of out.split("\n")) {
+    if (!line.startsWith("{")) continue;
+    const v = JSON.parse(line) as { done?: string };
+    if (v.done) return v.done;
+  }
+  throw new Error(`the browser did not finish: ${out.slice(-2000)}`);
 }

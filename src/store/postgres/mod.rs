@@ -37,7 +37,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 use tokio_postgres::{AsyncMessage, NoTls};
 
-use super::{check_tree, Entry, Store, StoreError, Tree, Watchers, ALL_TREES};
+use super::{check_tree, Entry, Fenced, Lease, Store, StoreError, Tree, Watchers, ALL_TREES};
 
 /// The channel of change notifications.
 const CHANNEL: &str = "credbroker_changes";
@@ -705,6 +705,46 @@ impl Store for PgStore {
             }
         };
         Ok(n == 1)
+    }
+
+    fn replace_fenced(
+        &self,
+        tree: Tree,
+        key: &[u8],
+        expected: &[u8],
+        new: &[u8],
+        lease: Lease<'_>,
+    ) -> Result<Fenced, StoreError> {
+        check_tree(tree, false)?;
+        check_tree(lease.tree, true)?;
+        // One statement. `FOR SHARE` locks the lease row while the update
+        // runs: a successor's takeover (the `ON CONFLICT DO UPDATE` of
+        // `insert_expiring`) waits for this statement, and one that got
+        // there first has changed the row, which the lock's re-check then
+        // excludes. The clock is the database's, as for the lease itself.
+        let (t, lt) = (tree.name(), lease.tree.name());
+        let bytes: Vec<Vec<u8>> = [key, expected, new, lease.key, lease.holder]
+            .iter()
+            .map(|b| b.to_vec())
+            .collect();
+        let (held, swapped) = self.run("fenced compare-and-swap", move |c| async move {
+            let row = c
+                .query_one(
+                    "WITH lease AS (                        SELECT 1 FROM expiring                        WHERE tree = $5 AND key = $6 AND value = $7 AND expires_at > clock_timestamp()                        FOR SHARE                      ), swapped AS (                        UPDATE records SET value = $4                        WHERE tree = $1 AND key = $2 AND value = $3 AND EXISTS (SELECT 1 FROM lease)                        RETURNING 1                      )                      SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM swapped)",
+                    &[&t, &bytes[0], &bytes[1], &bytes[2], &lt, &bytes[3], &bytes[4]],
+                )
+                .await
+                .map_err(pg_error)?;
+            Ok((row.get::<_, bool>(0), row.get::<_, bool>(1)))
+        })?;
+        Ok(match (held, swapped) {
+            (_, true) => {
+                self.watchers.bump(tree);
+                Fenced::Swapped
+            }
+            (true, false) => Fenced::Changed,
+            (false, false) => Fenced::LeaseLost,
+        })
     }
 
     fn is_healthy(&self) -> bool {

@@ -297,3 +297,31 @@ async fn each_call_token_is_accepted_once_by_verify() {
     );
     l.s.stop().await;
 }
+
+/// The page shows the fields in the order the policy file declares them
+/// (to, subject, body), not in the order of their names (body, subject, to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_page_shows_fields_in_the_policys_order() {
+    let l = Local::start().await;
+    let k = key();
+    let call = json!([{
+        "type": "mail",
+        "body": "Hello Bob",
+        "subject": "Ordered",
+        "to": ["bob@example.com"]
+    }]);
+    let (path, _) = l.link(&k, "mail.send", "send_reply", &call).await;
+    let (status, page) = l.open(&path).await;
+    assert_eq!(status, 200, "{page}");
+    let at = |label: &str| {
+        page.find(label)
+            .unwrap_or_else(|| panic!("{label} not on the page: {page}"))
+    };
+    assert!(
+        at("Recipients") < at("Subject") && at("Subject") < at("Message"),
+        "{page}"
+    );
+    // And each value is on the page, after its label.
+    assert!(at("Message") < at("Hello Bob"));
+    l.s.stop().await;
+}

@@ -5,8 +5,10 @@
 //! oidc-provider, tests/peers/oidc-provider.mjs, which also issues the
 //! access tokens the MCP client presents) and connects the third-party
 //! service (oidc-provider again, tests/peers/oauth-service.mjs); the retry
-//! gets the provider's token and the repository API (which checks that token
-//! at the provider's userinfo endpoint) answers.
+//! gets a token for the broker's egress proxy, and the example's call goes
+//! through the proxy to the repository API (which checks the provider's
+//! token, added by the proxy, at the provider's userinfo endpoint). The
+//! example never holds the provider's token.
 //!
 //! - 2025-11-25 (`mode="legacy"`): `-32042`, the handler opens the link,
 //!   the manual retry returns the repositories;
@@ -16,7 +18,11 @@
 //! - both again with the link opened in another signed-in person's
 //!   browser: the refusal page, the retry gets the elicitation again, and
 //!   nothing is connected;
-//! - a tampered `requestState` is refused.
+//! - a tampered `requestState` is refused;
+//! - the sensitive tool `publish_repository`: refused before approval (the
+//!   approval link relayed like a connect link, in both versions, and
+//!   nothing reaches the API), approved in Chromium by the right person,
+//!   and the retry served once with a token carrying the approved details.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 use std::path::{Path, PathBuf};
@@ -27,7 +33,6 @@ use crate::support::*;
 use serde_json::{json, Value};
 
 const AGENT_RESOURCE: &str = "urn:credbroker:agent:repo-helper";
-const SERVICE: &str = "https://api.acme.example";
 const PAGES_CLIENT: &str = "credbroker-pages";
 const SERVICE_CLIENT: &str = "credbroker-acme";
 
@@ -90,25 +95,80 @@ struct Env {
     service: Service,
     broker: TestBroker,
     api: RepoApi,
+    /// The sensitive tool's API (a `self` resource of the broker).
+    publish: RepoApi,
     server: McpServer,
     browsers: tempfile::TempDir,
 }
 
-fn policy() -> String {
+/// The broker's proxy address for the service, on the pages' origin `base`.
+fn proxy(base: &str) -> String {
+    format!("{base}/proxy/acme")
+}
+
+fn policy(base: &str, publish: &str) -> String {
+    let proxy = proxy(base);
     format!(
         r#"agent = "repo-helper"
 
-[resources."{SERVICE}"]
+[resources."{proxy}"]
 source = "service"
 service = "acme"
-delivery = "provider_token"
+delivery = "proxy"
 
 [tools."acme.repos"]
-resource = "{SERVICE}"
+resource = "{proxy}"
 scopes = ["repo"]
 steps = ["list_repos"]
+routes = ["GET /user/repos"]
+
+[resources."{publish}"]
+source = "self"
+
+[tools."acme.publish"]
+resource = "{publish}"
+scopes = ["repo.publish"]
+steps = ["list_repos"]
+approval = "each_call"
+require_authorization_details = true
+
+[tools."acme.publish".authorization_details.repo_publish]
+repository = {{ kind = "string", required = true, label = "Repository", log_in_clear = true }}
+branch = {{ kind = "string", required = true, label = "Branch", log_in_clear = true }}
 "#
     )
+}
+
+/// The sensitive tool's API: it serves only a DPoP token with a proof,
+/// minted on an approval, single-use, whose details name `octo/site` and
+/// `main`; it answers for the person the token names.
+async fn publish_api() -> RepoApi {
+    RepoApi::start(
+        "/publish",
+        std::sync::Arc::new(|req: &http::Request<hyper::body::Incoming>, _url: &str| {
+            let auth = req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .ok_or("no token")?;
+            let token = auth.strip_prefix("DPoP ").ok_or("not a DPoP token")?;
+            if req.headers().get("dpop").is_none() || req.method() != http::Method::POST {
+                return Err("no proof, or not a POST".into());
+            }
+            let c = crate::support::claims_of(token);
+            let d = &c["authorization_details"][0];
+            if !c["approval_id"].is_string()
+                || c["single_use"] != true
+                || d["type"] != "repo_publish"
+                || d["repository"] != "octo/site"
+                || d["branch"] != "main"
+            {
+                return Err("not the approved call".into());
+            }
+            Ok(c["sub"].as_str().unwrap_or_default().to_owned())
+        }),
+    )
+    .await
 }
 
 async fn env() -> Env {
@@ -146,8 +206,14 @@ async fn env() -> Env {
         service_secret.as_bytes(),
     )
     .unwrap();
+    // The repository API believes a token only when the provider's userinfo
+    // endpoint does, and lists the repositories of that provider account.
+    // It is the provider's api_base: only the proxy calls it.
+    let api = RepoApi::provider_checked(&service.issuer).await;
+    let api_base = api.url.trim_end_matches("/user/repos").to_owned();
+    let publish = publish_api().await;
     let broker = TestBroker::start_with(Opts {
-        policy: Some(policy()),
+        policy: Some(policy(&base, &publish.url)),
         public_listen: Some(public.to_string()),
         extra_config: format!(
             r#"
@@ -163,6 +229,7 @@ issuer = "{service}"
 client_id = "{SERVICE_CLIENT}"
 client_secret_file = "{acme}"
 scopes = ["openid", "profile"]
+api_base = "{api_base}"
 "#,
             pages = pages_secret_file.display(),
             service = service.issuer,
@@ -173,10 +240,7 @@ scopes = ["openid", "profile"]
     // Keep the secret files as long as the broker runs.
     std::mem::forget(secrets);
 
-    // The repository API believes a token only when the provider's userinfo
-    // endpoint does, and lists the repositories of that provider account.
-    let api = RepoApi::provider_checked(&service.issuer).await;
-    let server = McpServer::start(
+    let server = McpServer::start_with(
         &McpServerOpts {
             socket: &broker.socket,
             broker_issuer: &broker.issuer,
@@ -185,13 +249,20 @@ scopes = ["openid", "profile"]
             audience: "repo-helper",
             step: "list_repos",
             tool: "acme.repos",
-            resource: SERVICE,
-            api_url: &api.url,
+            resource: &proxy(&base),
+            api_url: &format!("{}/user/repos", proxy(&base)),
             service: "acme",
             scope: None,
             state_ttl: None,
         },
         broker.dir.path(),
+        &[
+            "--approval-tool",
+            "acme.publish",
+            "--approval-resource",
+            &publish.url,
+        ],
+        "info",
     );
     Env {
         idp,
@@ -199,6 +270,7 @@ scopes = ["openid", "profile"]
         service,
         broker,
         api,
+        publish,
         server,
         browsers: tempfile::tempdir().unwrap(),
     }
@@ -345,13 +417,37 @@ async fn mcp_connect_link_completed_in_chromium_in_both_protocol_versions() {
         "{again}"
     );
 
-    // The API got the provider's tokens, never a person's access token, and
-    // the MCP client never saw a provider token.
-    for h in e.api.hits() {
+    // Every call reached the API through the proxy, with the provider's
+    // token (which the API checked at the provider), never a person's
+    // access token, the example's credbroker token or its proof; neither
+    // the MCP client nor the example's log ever saw a provider token.
+    let hits = e.api.hits();
+    assert_eq!(hits.len(), 3, "{hits:?}");
+    let proxied = e.events("proxy.request");
+    assert_eq!(
+        proxied.len(),
+        3,
+        "one proxied call per API hit: {proxied:?}"
+    );
+    assert!(proxied.iter().all(|x| x["tool"] == "acme.repos"));
+    let log = e.server.log_text();
+    for h in hits {
         let auth = h.authorization.unwrap();
-        assert!(auth.starts_with("Bearer "));
-        assert!(auth != format!("Bearer {alice}") && auth != format!("Bearer {bob}"));
-        assert!(!all_strings(&out).iter().any(|s| s.contains(&auth[7..])));
+        let token = auth.strip_prefix("Bearer ").expect("the provider's scheme");
+        assert!(token != alice && token != bob);
+        assert_eq!(
+            crate::support::quickstart::jwts_issued_by(token, &e.broker.issuer),
+            0,
+            "a credbroker token went upstream"
+        );
+        assert_eq!(h.dpop, None, "the proof never goes upstream");
+        for o in [&out, &again] {
+            assert!(!all_strings(o).iter().any(|s| s.contains(token)));
+        }
+        assert!(
+            !log.contains(token),
+            "a provider token in the example's log"
+        );
     }
     assert_eq!(e.events("connect.completed").len(), 2);
 }
@@ -494,7 +590,7 @@ async fn tampered_request_state_is_refused_against_the_real_broker() {
 
     // The broker's refusal itself matches proto/refusal.schema.json.
     let k = key();
-    let body = json!({"subject_token": erin, "step": "list_repos", "tool": "acme.repos", "resource": SERVICE}).to_string();
+    let body = json!({"subject_token": erin, "step": "list_repos", "tool": "acme.repos", "resource": proxy(&e.broker.issuer)}).to_string();
     let raw = e.broker.raw(
         &http_derive(&body, Some(&e.broker.proof(&k)), ""),
         std::time::Duration::from_secs(10),
@@ -512,4 +608,115 @@ async fn tampered_request_state_is_refused_against_the_real_broker() {
         .unwrap();
     let verdict: Value = serde_json::from_slice(&v.stdout).unwrap();
     assert_eq!(verdict["valid"], true, "{verdict}\n{refusal}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mcp_sensitive_tool_waits_for_the_persons_approval_in_chromium_in_both_versions() {
+    let mut e = env().await;
+    let args = json!({"repository": "octo/site", "branch": "main"});
+    let alice = e.access_token("alice");
+    let not_opened = json!(["sh", "-c", "echo '{\"touched\": false}'"]);
+
+    // The tool is listed; before any approval the call is refused with the
+    // approval link, relayed as a connect link is: 2025-11-25 -32042 ...
+    let out = e
+        .client(
+            &alice,
+            json!({"mode": "legacy", "scenario": "flow", "tool": "publish_repository",
+            "arguments": args, "open": not_opened, "answers": ["decline"]}),
+        )
+        .await;
+    assert!(
+        out["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t == "publish_repository"),
+        "{out}"
+    );
+    let first = &out["calls"][0]["error"];
+    assert_eq!(first["code"], -32042, "{out}\n{}", e.server.log_text());
+    let link = first["data"]["elicitations"][0]["url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        link.starts_with(&format!("{}/connect/", e.broker.issuer)),
+        "{link}"
+    );
+    // ... and 2026-07-28 input_required under its own key, the same link
+    // (the same call asks for the same approval); declined -> a tool error.
+    let out = e
+        .client(
+            &alice,
+            json!({"mode": "auto", "scenario": "flow", "tool": "publish_repository",
+            "arguments": args, "open": not_opened, "answers": ["decline"]}),
+        )
+        .await;
+    let links = out["links"].as_array().unwrap();
+    assert_eq!(links.len(), 1, "{out}");
+    assert_eq!(links[0]["params"]["url"], link.as_str(), "{out}");
+    assert_eq!(out["calls"][0]["result"]["isError"], true, "{out}");
+    assert!(
+        e.publish.hits().is_empty(),
+        "nothing reached the API unapproved"
+    );
+    let requested = e.events("approval.requested");
+    assert_eq!(requested.len(), 1, "{requested:?}");
+
+    // Mallory opening Alice's approval link in her own browser changes
+    // nothing: the retry is still refused with the same link.
+    let out = e
+        .client(
+            &alice,
+            json!({"mode": "legacy", "scenario": "flow", "tool": "publish_repository",
+            "arguments": args, "open": e.browser_of("mallory"), "answers": ["accept", "decline"]}),
+        )
+        .await;
+    assert_eq!(browser_result(&out["links"][0]), "other_person", "{out}");
+    let calls = out["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{out}");
+    assert!(calls.iter().all(|c| c["error"]["code"] == -32042), "{out}");
+    assert_eq!(e.events("approval.opened_by_other_person").len(), 1);
+    assert!(e.events("approval.granted").is_empty());
+    assert!(e.publish.hits().is_empty());
+
+    // Positive control: Alice opens it in her browser (signs in at the IdP,
+    // reads the call, presses Approve); the client's automatic retry is
+    // served, with a token carrying the approved details.
+    let out = e
+        .client(
+            &alice,
+            json!({"mode": "auto", "scenario": "flow", "tool": "publish_repository",
+            "arguments": args, "open": e.browser_of("alice"), "answers": ["accept"]}),
+        )
+        .await;
+    let links = out["links"].as_array().unwrap();
+    assert_eq!(links.len(), 1, "{out}");
+    assert_eq!(links[0]["params"]["url"], link.as_str());
+    assert_eq!(browser_result(&links[0]), "completed", "{out}");
+    let lines = links[0]["open"]["lines"].to_string();
+    assert!(lines.contains("press approve"), "{lines}");
+    assert_eq!(e.events("approval.granted").len(), 1);
+    let res = &out["calls"][0]["result"];
+    assert_eq!(res["isError"], false, "{out}\n{}", e.server.log_text());
+    assert_eq!(
+        res["structuredContent"]["published"]["repositories"][0]["full_name"], "alice/notes",
+        "{out}"
+    );
+    assert_eq!(e.publish.hits().len(), 1);
+    assert_eq!(e.events("approval.redeemed").len(), 1);
+    // Each call needs its own approval: the same call again is refused
+    // with a new link, and nothing more reaches the API.
+    let out = e
+        .client(
+            &alice,
+            json!({"mode": "legacy", "scenario": "call", "tool": "publish_repository",
+            "arguments": args}),
+        )
+        .await;
+    let again = &out["calls"][0]["error"];
+    assert_eq!(again["code"], -32042, "{out}");
+    assert_ne!(again["data"]["elicitations"][0]["url"], link.as_str());
+    assert_eq!(e.publish.hits().len(), 1);
 }

@@ -11,13 +11,16 @@
 //!   connects nothing; finishing the page makes the next round work;
 //! - an expired `requestState` never reaches the broker;
 //! - a client without URL elicitation gets the broker's link as text;
-//! - an API answer that echoes the provider's token is withheld.
+//! - an API answer that echoes the provider's token is withheld (by the
+//!   proxy's echo guard: the example calls the service through the proxy).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::support::mcp::*;
-use crate::support::services::{refused, ServiceEnv, SERVICE};
+use crate::support::services::{refused, ProviderOpts, ServiceEnv};
 use crate::support::*;
 use serde_json::{json, Value};
 
@@ -27,16 +30,118 @@ async fn py(dir: PathBuf, token: String, spec: Value) -> Value {
         .unwrap()
 }
 
-/// The repository API: lists `{account}/notes` and `{account}/site` for
-/// the provider account whose token the provider's userinfo endpoint
-/// accepts.
-async fn provider_checked_api(env: &ServiceEnv) -> RepoApi {
-    RepoApi::provider_checked(&env.peer.issuer).await
+/// The repository API behind the proxy, and how it answers.
+struct Api {
+    api: RepoApi,
+    /// The provider's userinfo endpoint, known once the provider runs.
+    userinfo: Arc<Mutex<String>>,
+    /// When set, the API puts the caller's token into its answer.
+    echo: Arc<AtomicBool>,
 }
 
-/// The example MCP server on the real broker's socket, for `acme.issues`.
-fn mcp_server(env: &ServiceEnv, api: &RepoApi, state_ttl: Option<i64>) -> McpServer {
+/// The repository API: lists `{account}/notes` and `{account}/site` for
+/// the provider account whose token the provider's userinfo endpoint
+/// accepts (or, with `echo`, answers the token itself as the account).
+async fn repo_api() -> Api {
+    let userinfo = Arc::new(Mutex::new(String::new()));
+    let echo = Arc::new(AtomicBool::new(false));
+    let (u, e) = (userinfo.clone(), echo.clone());
+    let api = RepoApi::start_async(
+        "/user/repos",
+        Arc::new(move |headers: http::HeaderMap, _url| {
+            let userinfo = u.lock().unwrap().clone();
+            let echo = e.load(Ordering::SeqCst);
+            Box::pin(async move {
+                let auth = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .ok_or("no token")?
+                    .to_owned();
+                if echo {
+                    return Ok(auth.trim_start_matches("Bearer ").to_owned());
+                }
+                let r = reqwest::Client::new()
+                    .get(&userinfo)
+                    .header("authorization", auth)
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !r.status().is_success() {
+                    return Err(format!("provider says {}", r.status()));
+                }
+                let me: Value = r.json().await.map_err(|e| e.to_string())?;
+                me["sub"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| "no sub".into())
+            })
+        }),
+    )
+    .await;
+    Api {
+        api,
+        userinfo,
+        echo,
+    }
+}
+
+/// The broker with the `acme` service behind its egress proxy: the tool
+/// `acme.issues` has the resource `{issuer}/proxy/acme` and the one route
+/// `GET /user/repos`, and the provider's `api_base` is the repository API
+/// (started first, since the config names it).
+async fn proxied_env() -> (ServiceEnv, Api) {
+    let api = repo_api().await;
+    let public = free_loopback_addr();
+    let proxy = format!("http://{public}/proxy/acme");
+    let origin = api.api.url.trim_end_matches("/user/repos").to_owned();
+    let env = ServiceEnv::start_with(ProviderOpts {
+        public_listen: Some(public),
+        extra_config: format!("api_base = \"{origin}\"\n"),
+        policy: Some(format!(
+            r#"{}
+[resources."{proxy}"]
+source = "service"
+service = "acme"
+delivery = "proxy"
+
+[tools."acme.issues"]
+resource = "{proxy}"
+scopes = ["repo"]
+steps = ["triage"]
+routes = ["GET /user/repos"]
+"#,
+            credbroker::internals::cli::QUICKSTART_POLICY
+        )),
+        ..ProviderOpts::default()
+    });
+    *api.userinfo.lock().unwrap() = format!("{}/me", env.peer.issuer);
+    (env, api)
+}
+
+/// The proxy address of the env's broker.
+fn proxy_of(env: &ServiceEnv) -> String {
+    format!("{}/proxy/acme", env.broker.issuer)
+}
+
+/// A derive for `acme.issues` through the proxy resource.
+async fn derive(env: &ServiceEnv, sub: &str) -> credbroker::client::Answer {
+    env.broker
+        .derive(
+            &key(),
+            &env.broker.subject_token(sub),
+            "triage",
+            "acme.issues",
+            &proxy_of(env),
+            None,
+        )
+        .await
+}
+
+/// The example MCP server on the real broker's socket, for `acme.issues`,
+/// calling the repository API through the broker's proxy.
+fn mcp_server(env: &ServiceEnv, state_ttl: Option<i64>) -> McpServer {
     let jwks = env.broker.path("dev-issuer-jwks.json");
+    let proxy = proxy_of(env);
     McpServer::start(
         &McpServerOpts {
             socket: &env.broker.socket,
@@ -46,8 +151,8 @@ fn mcp_server(env: &ServiceEnv, api: &RepoApi, state_ttl: Option<i64>) -> McpSer
             audience: "repo-helper",
             step: "triage",
             tool: "acme.issues",
-            resource: SERVICE,
-            api_url: &api.url,
+            resource: &proxy,
+            api_url: &format!("{proxy}/user/repos"),
             service: "acme",
             scope: None,
             state_ttl,
@@ -93,9 +198,8 @@ fn does_not_complete() -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn unfinished_or_declined_link_asks_again_and_connects_nothing_on_the_real_broker() {
-    let mut env = ServiceEnv::start();
-    let api = provider_checked_api(&env).await;
-    let server = mcp_server(&env, &api, None);
+    let (mut env, api) = proxied_env().await;
+    let server = mcp_server(&env, None);
     let dir = env.broker.dir.path().to_owned();
     let alice = env.broker.subject_token("alice");
     // 2026-07-28: accepted but the page was not completed -> asked again,
@@ -138,8 +242,8 @@ async fn unfinished_or_declined_link_asks_again_and_connects_nothing_on_the_real
     // Nothing connected, nothing reached the API; the link the broker
     // hands out is still that one.
     assert!(accounts(&env).is_empty(), "{:?}", accounts(&env));
-    assert!(api.hits().is_empty(), "nothing reached the API");
-    let r = refused(env.derive(&key(), "alice", "acme.issues").await);
+    assert!(api.api.hits().is_empty(), "nothing reached the API");
+    let r = refused(derive(&env, "alice").await);
     assert_eq!(r.connect_uri.as_deref(), Some(url.as_str()));
 
     // Positive control: the person finishes the page; the next round
@@ -161,9 +265,8 @@ async fn unfinished_or_declined_link_asks_again_and_connects_nothing_on_the_real
 
 #[tokio::test(flavor = "multi_thread")]
 async fn expired_request_state_is_refused_on_the_real_broker() {
-    let env = ServiceEnv::start();
-    let api = provider_checked_api(&env).await;
-    let server = mcp_server(&env, &api, Some(3));
+    let (env, _api) = proxied_env().await;
+    let server = mcp_server(&env, Some(3));
     let alice = env.broker.subject_token("alice");
     let dir = env.broker.dir.path().to_owned();
     let before = derives(&env);
@@ -210,12 +313,11 @@ async fn expired_request_state_is_refused_on_the_real_broker() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn form_only_client_gets_the_link_as_text_on_the_real_broker() {
-    let mut env = ServiceEnv::start();
-    let api = provider_checked_api(&env).await;
-    let server = mcp_server(&env, &api, None);
+    let (mut env, _api) = proxied_env().await;
+    let server = mcp_server(&env, None);
     let alice = env.broker.subject_token("alice");
     // The link and its message, as the broker hands them out.
-    let r = refused(env.derive(&key(), "alice", "acme.issues").await);
+    let r = refused(derive(&env, "alice").await);
     let link = r.connect_uri.clone().unwrap();
     let message = r.connect_message.clone().unwrap();
     for mode in ["legacy", "auto"] {
@@ -254,15 +356,17 @@ async fn form_only_client_gets_the_link_as_text_on_the_real_broker() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn api_answer_echoing_the_provider_token_is_withheld_on_the_real_broker() {
-    let mut env = ServiceEnv::start();
-    let r = refused(env.derive(&key(), "alice", "acme.issues").await);
+    let (mut env, api) = proxied_env().await;
+    let r = refused(derive(&env, "alice").await);
     env.play_pages(r.connect_uri.as_deref().unwrap(), "alice", "octo-alice")
         .await;
-    // An API that puts the bearer token into its answer.
-    let echo = RepoApi::token_echoing().await;
+    // The API puts the token it got (the provider's, added by the proxy)
+    // into its answer: the proxy's echo guard stops it, and the example
+    // passes on only the status.
+    api.echo.store(true, Ordering::SeqCst);
     let alice = env.broker.subject_token("alice");
     let dir = env.broker.dir.path().to_owned();
-    let server = mcp_server(&env, &echo, None);
+    let server = mcp_server(&env, None);
     let out = py(
         dir.clone(),
         alice.clone(),
@@ -271,24 +375,33 @@ async fn api_answer_echoing_the_provider_token_is_withheld_on_the_real_broker() 
     .await;
     let res = &out["calls"][0]["result"];
     assert_eq!(res["isError"], true, "{out}");
-    assert!(res["content"][0]["text"]
-        .as_str()
-        .unwrap()
-        .contains("withheld"));
-    assert_eq!(echo.hits().len(), 1, "the API was called");
+    assert!(
+        res["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("HTTP 502"),
+        "{out}"
+    );
+    let hits = api.api.hits();
+    assert_eq!(hits.len(), 1, "the API was called through the proxy");
     let issued = env.peer.issued_tokens().await;
     assert!(!issued.is_empty(), "the provider issued tokens");
     let strings = all_strings(&out);
+    let log = server.log_text();
     for t in &issued {
         assert!(
             !strings.iter().any(|s| s.contains(t.as_str())),
             "a provider token reached the MCP client"
         );
+        assert!(
+            !log.contains(t.as_str()),
+            "a provider token in the example's log"
+        );
     }
-    drop(server);
-    // Positive control: an API that does not echo it is passed through.
-    let honest = provider_checked_api(&env).await;
-    let server = mcp_server(&env, &honest, None);
+    // Positive control: the same API, no longer echoing, is served, and it
+    // saw the provider's token only (never the credbroker token or the
+    // example's proof).
+    api.echo.store(false, Ordering::SeqCst);
     let out = py(
         dir,
         alice,
@@ -299,5 +412,18 @@ async fn api_answer_echoing_the_provider_token_is_withheld_on_the_real_broker() 
         repo_names(&out["calls"][0]),
         ["octo-alice/notes", "octo-alice/site"],
         "{out}"
+    );
+    for h in api.api.hits() {
+        let auth = h.authorization.unwrap();
+        let bearer = auth.strip_prefix("Bearer ").expect("the provider's scheme");
+        assert!(issued.iter().any(|t| t == bearer), "not a provider token");
+        assert_eq!(h.dpop, None, "the proof never goes upstream");
+    }
+    assert!(
+        env.broker
+            .audit_lines()
+            .iter()
+            .any(|e| e["event"] == "proxy.request" && e["tool"] == "acme.issues"),
+        "the calls went through the proxy"
     );
 }

@@ -316,11 +316,14 @@ async fn access_token_is_verified_and_identity_never_comes_from_arguments() {
         hit.dpop.is_some(),
         "the derive carries the MCP server's own proof"
     );
-    // The provider token went to the API as a bearer token and nowhere else.
+    // The derived token went to the API (the proxy, in production) with
+    // this server's proof, and nowhere else.
+    let hit = api.hits().pop().unwrap();
     assert_eq!(
-        api.hits().pop().unwrap().authorization.as_deref(),
-        Some("Bearer gho_alice_provider_token")
+        hit.authorization.as_deref(),
+        Some("DPoP gho_alice_provider_token")
     );
+    assert!(hit.dpop.is_some(), "a proof with the call");
     assert!(!all_strings(&out)
         .iter()
         .any(|s| s.contains("gho_alice_provider_token")));
@@ -372,8 +375,8 @@ async fn stub_setup_with(state_ttl: Option<i64>) -> StubSetup {
                 .get("authorization")
                 .and_then(|v| v.to_str().ok())
             {
-                Some("Bearer gho_alice") => Ok("alice".into()),
-                Some("Bearer gho_bob") => Ok("bob".into()),
+                Some("DPoP gho_alice") => Ok("alice".into()),
+                Some("DPoP gho_bob") => Ok("bob".into()),
                 _ => Err("bad token".into()),
             }
         }),
@@ -419,6 +422,7 @@ impl StubSetup {
                 link: Some((self.link_uri.clone(), "lnk_alice".into(), LINK_MSG.into())),
                 connected_when: Some(marker.clone()),
                 token: Some("gho_alice".into()),
+                ..Default::default()
             },
         );
         marker
@@ -792,4 +796,89 @@ async fn api_answer_echoing_the_provider_token_is_withheld() {
         ["alice/notes", "alice/site"],
         "{out}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn provider_bearer_token_from_the_broker_is_refused_unused() {
+    let b = TestBroker::start();
+    let stub = StubBroker::start(b.dir.path()).await;
+    let api = RepoApi::start("/user/repos", Arc::new(|_, _| Ok("alice".into()))).await;
+    let jwks = b.path("dev-issuer-jwks.json");
+    let server = McpServer::start(
+        &McpServerOpts {
+            socket: &stub.socket,
+            broker_issuer: &b.issuer,
+            trusted_issuer: &b.issuer,
+            jwks: Jwks::File(&jwks),
+            audience: AGENT,
+            step: "list_repos",
+            tool: "repos.list",
+            resource: &format!("{}/proxy/repos", b.issuer),
+            api_url: &api.url,
+            service: "repos",
+            scope: None,
+            state_ttl: None,
+        },
+        b.dir.path(),
+    );
+    // The broker answers with a provider's own bearer token (a policy with
+    // delivery = "provider_token"): the example sends it nowhere.
+    stub.set(
+        "alice",
+        StubAnswer {
+            token: Some("gho_handed_over_secret".into()),
+            provider_token: true,
+            ..Default::default()
+        },
+    );
+    let alice = b.subject_token("alice");
+    let dir = b.dir.path().to_owned();
+    for mode in ["legacy", "auto"] {
+        let out = py(
+            dir.clone(),
+            alice.clone(),
+            json!({"url": server.url, "mode": mode, "scenario": "call"}),
+        )
+        .await;
+        let res = &out["calls"][0]["result"];
+        assert_eq!(res["isError"], true, "{mode}: {out}");
+        assert!(
+            res["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .contains("delivery = \"proxy\""),
+            "{mode}: {out}"
+        );
+        assert!(!all_strings(&out)
+            .iter()
+            .any(|s| s.contains("gho_handed_over_secret")));
+    }
+    assert!(api.hits().is_empty(), "the provider token went nowhere");
+    assert!(!server.log_text().contains("gho_handed_over_secret"));
+    // Positive control: a DPoP-bound token (what the broker answers for a
+    // proxy resource) is used, with this server's proof.
+    stub.set(
+        "alice",
+        StubAnswer {
+            token: Some("proxy_token_for_alice".into()),
+            ..Default::default()
+        },
+    );
+    let out = py(
+        dir,
+        alice,
+        json!({"url": server.url, "mode": "auto", "scenario": "call"}),
+    )
+    .await;
+    assert_eq!(
+        repo_names(&out["calls"][0]),
+        ["alice/notes", "alice/site"],
+        "{out}"
+    );
+    let hit = api.hits().pop().unwrap();
+    assert_eq!(
+        hit.authorization.as_deref(),
+        Some("DPoP proxy_token_for_alice")
+    );
+    assert!(hit.dpop.is_some());
 }

@@ -56,7 +56,7 @@ async fn wire_setup(log_level: &str) -> Wire {
                 .get("authorization")
                 .and_then(|v| v.to_str().ok())
             {
-                Some("Bearer gho_alice") => Ok("alice".into()),
+                Some("DPoP gho_alice") => Ok("alice".into()),
                 _ => Err("bad token".into()),
             }
         }),
@@ -71,6 +71,7 @@ async fn wire_setup(log_level: &str) -> Wire {
             link: Some((s("connect_uri"), s("connect_id"), s("connect_message"))),
             connected_when: Some(connected.clone()),
             token: Some("gho_alice".into()),
+            ..Default::default()
         },
     );
     let key_file = b.path("state.key");

@@ -362,7 +362,7 @@ fn examples_and_quickstart_policy_are_valid() {
         format!(
             "{}{}",
             credbroker::internals::cli::QUICKSTART_POLICY,
-            credbroker::internals::cli::demo_policy("http://127.0.0.1:8441/api")
+            credbroker::internals::cli::demo_policy("http://127.0.0.1:8440")
         ),
     )
     .unwrap();

@@ -6,6 +6,8 @@
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod approvals;
+mod audience;
 mod audit;
 mod expiry;
 mod limits;
@@ -82,6 +84,8 @@ impl ProxyEnv {
             ),
             // Leading keys land in [providers.acme]; then the proxy's table.
             extra_config: format!("api_base = \"{api_base}\"\n\n[proxy]\n{proxy_keys}\n"),
+            // Other services call the same stand-in.
+            more_services_keys: format!("api_base = \"{api_base}\"\n"),
             ..opts
         });
         let http = reqwest::Client::builder()

@@ -190,10 +190,69 @@ async fn derive_print_prints_one_member_raw_or_names_the_members() {
     assert_eq!(code, 0);
     assert!(out.trim().parse::<u64>().unwrap() <= 300, "{out}");
     // A refusal keeps its exit code 2 while printing the member.
-    let (code, out, err) = derive("demo.notes", &q.demo_api(), "connect_uri");
+    let (code, out, err) = derive("demo.notes", &q.demo_proxy(), "connect_uri");
     assert_eq!(code, 2, "{err}");
     assert!(
         out.trim().starts_with(&format!("{}/connect/", q.issuer)),
         "{out}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quickstart_made_by_an_older_version_still_serves_and_says_what_differs() {
+    let q = Quickstart::start().await;
+    let (listen, demo) = (q.listen.clone(), q.demo_listen.clone());
+    let printed = q.printed();
+    assert!(printed.contains("/proxy/demo/api/notes"), "{printed}");
+    assert!(!printed.contains("older version"), "{printed}");
+    let cwd = q.stop();
+    // The demo tool as an older binary wrote it: the demo API's own
+    // address, delivering the demo service's token.
+    let policy = cwd.path().join("credbroker-quickstart/policy.toml");
+    let text = std::fs::read_to_string(&policy).unwrap();
+    let cut = text
+        .find("\n# The quick start's built-in demo service")
+        .unwrap();
+    let api = format!("http://{demo}/api");
+    std::fs::write(
+        &policy,
+        format!(
+            "{}\n[resources.\"{api}\"]\nsource = \"service\"\nservice = \"demo\"\n\
+             delivery = \"provider_token\"\n\n[tools.\"demo.notes\"]\nresource = \"{api}\"\n\
+             scopes = [\"notes:read\"]\nsteps = [\"answer_question\", \"summarize\"]\n",
+            &text[..cut]
+        ),
+    )
+    .unwrap();
+    let q = Quickstart::start_in(cwd, &listen, &demo).await;
+    let printed = q.printed();
+    assert!(
+        printed.contains("made by an older version")
+            && printed.contains("delivery = \"provider_token\"")
+            && printed.contains("give a new --dir"),
+        "{printed}"
+    );
+    assert!(!printed.contains("/proxy/demo/api/notes"), "{printed}");
+    // It still serves: the old demo tool answers with a connect link.
+    let (code, out, err) = q.cli(&[
+        "derive",
+        "--socket",
+        q.socket().to_str().unwrap(),
+        "--issuer",
+        &q.issuer,
+        "--subject-token",
+        &q.subject_token("alice"),
+        "--step",
+        "summarize",
+        "--tool",
+        "demo.notes",
+        "--resource",
+        &api,
+        "--dpop-key",
+        "tool-key.pem",
+        "--print",
+        "connect_uri",
+    ]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.starts_with(&format!("{}/connect/", q.issuer)), "{out}");
 }

@@ -1,8 +1,10 @@
 //! The quick start's demo connect flow end to end, in Chromium, against the
 //! real `credbroker quickstart` binary and its built-in demo service: the
 //! demo tool is refused with a connect link; Bob opening Alice's link
-//! changes nothing; Alice connects her demo account; the retry is issued;
-//! the token verifies in npm `jose` and the demo API takes it.
+//! changes nothing; Alice connects her demo account; the retry is issued
+//! a credbroker token for the broker's proxy (it verifies in npm `jose`),
+//! and the tool's call through the proxy is served the demo notes, while
+//! the demo service's own token appears in no answer, log or event.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 use credbroker::client::{Answer, Client, DeriveParams};
@@ -20,7 +22,7 @@ async fn derive_demo(q: &Quickstart, key: &Es256Key, sub: &str) -> Answer {
                 subject_token: &q.subject_token(sub),
                 step: "summarize",
                 tool: "demo.notes",
-                resource: &q.demo_api(),
+                resource: &q.demo_proxy(),
                 scope: None,
             },
             key,
@@ -103,59 +105,118 @@ async fn quickstart_demo_connect_link_in_chromium() {
     assert_eq!(listed["accounts"].as_array().unwrap().len(), 1, "{listed}");
     assert_eq!(accounts_of(&q, "bob")["accounts"], json!([]));
 
-    // 4. The retry is issued: the demo service's own token, which jose
-    //    verifies against the demo's JWKS and the demo API accepts.
+    // 4. The retry is issued: not the demo service's token but a
+    //    credbroker token for the proxy, bound to the tool's key, which
+    //    jose verifies against the broker's keys.
     let Answer::Issued(t) = derive_demo(&q, &key, "alice").await else {
         panic!("the retry after connecting was refused");
     };
     assert_eq!(t.scope, "notes:read");
+    assert_eq!(t.token_type, "DPoP");
+    assert_eq!(t.sender_constrained, None, "a DPoP-bound token");
+    let at = t.access_token.expose().to_string();
     let v = jose(
         "verify-token",
-        json!({
-            "token": t.access_token.expose(), "issuer": q.demo, "audience": q.demo_api(),
-            "jwks_uri": format!("{}/jwks", q.demo),
-            "required_claims": ["iss", "sub", "aud", "exp", "iat", "jti", "client_id", "scope"],
-        }),
+        json!({"token": at, "issuer": q.issuer, "audience": q.demo_proxy()}),
     )
     .await
-    .unwrap_or_else(|e| panic!("jose refused the demo token: {e}"));
-    assert_eq!(v["claims"]["sub"], "1001", "Alice's demo account");
-    assert_eq!(v["claims"]["client_id"], "credbroker-quickstart");
+    .unwrap_or_else(|e| panic!("jose refused the proxy token: {e}"));
+    assert_eq!(v["claims"]["act"]["tool"], "demo.notes");
+    assert_eq!(v["claims"]["act"]["step"], "summarize");
+    assert_eq!(v["claims"]["cnf"]["jkt"], key.thumbprint());
+    q.assert_no_demo_token(&at, "the derive answer's token");
+
+    // 5. The tool's call through the proxy, with a fresh proof for exactly
+    //    this method and URL: served the notes of Alice's demo account.
     let http = reqwest::Client::new();
-    let notes = http
-        .get(format!("{}/notes", q.demo_api()))
-        .bearer_auth(t.access_token.expose())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(notes.status(), 200);
-    let notes: serde_json::Value = notes.json().await.unwrap();
-    assert_eq!(notes["account"], "alice.demo");
-    // Negative, then its control above: the demo API takes only its own
-    // tokens, so a token the broker minted for another resource is refused.
-    let own = Client::new(q.socket(), &q.issuer)
-        .derive(
-            &DeriveParams {
-                subject_token: &q.subject_token("alice"),
-                step: "summarize",
-                tool: "notes.read",
-                resource: RESOURCE,
-                scope: None,
-            },
-            &key,
-        )
-        .await
-        .unwrap();
-    let Answer::Issued(minted) = own else {
-        panic!("notes.read refused")
+    let url = format!("{}/api/notes", q.demo_proxy());
+    let call = |proof: String, scheme: &'static str| {
+        http.get(&url)
+            .header("authorization", format!("{scheme} {at}"))
+            .header("dpop", proof)
+            .send()
     };
-    let refused = http
-        .get(format!("{}/notes", q.demo_api()))
-        .bearer_auth(minted.access_token.expose())
+    let proof = || credbroker::client::proof(&key, "GET", &url, Some(&at)).unwrap();
+    let served = call(proof(), "DPoP").await.unwrap();
+    assert_eq!(served.status(), 200);
+    let headers = format!("{:?}", served.headers());
+    let body = served.text().await.unwrap();
+    let notes: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(notes["account"], "alice.demo", "{body}");
+    q.assert_no_demo_token(&headers, "the proxied answer's headers");
+    q.assert_no_demo_token(&body, "the proxied answer's body");
+
+    // Negatives, each with its control after: the same token as a bearer
+    // token is refused by the proxy; another call than the tool's route is
+    // refused; the token is useless at the demo API itself, which takes
+    // only its own tokens.
+    let bearer = http.get(&url).bearer_auth(&at).send().await.unwrap();
+    assert_eq!(bearer.status(), 401);
+    let me = format!("{}/api/me", q.demo_proxy());
+    let other = http
+        .get(&me)
+        .header("authorization", format!("DPoP {at}"))
+        .header(
+            "dpop",
+            credbroker::client::proof(&key, "GET", &me, Some(&at)).unwrap(),
+        )
         .send()
         .await
         .unwrap();
-    assert_eq!(refused.status(), 401);
+    assert_eq!(other.status(), 403);
+    let other: serde_json::Value = other.json().await.unwrap();
+    assert_eq!(other["reason"], "route_not_allowed", "{other}");
+    let direct = http
+        .get(format!("{}/notes", q.demo_api()))
+        .bearer_auth(&at)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(direct.status(), 401);
+    assert_eq!(call(proof(), "DPoP").await.unwrap().status(), 200);
+
+    // The whole answer as the CLI prints it, the quick start's log and its
+    // audit log: no demo token anywhere. The detector's own control: a JWT
+    // with the demo's issuer is found.
+    let (code, out, err) = q.cli(&[
+        "derive",
+        "--socket",
+        q.socket().to_str().unwrap(),
+        "--issuer",
+        &q.issuer,
+        "--subject-token",
+        &q.subject_token("alice"),
+        "--step",
+        "summarize",
+        "--tool",
+        "demo.notes",
+        "--resource",
+        &q.demo_proxy(),
+        "--dpop-key",
+        "tool-key.pem",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("access_token"), "{out}");
+    q.assert_no_demo_token(&out, "the CLI's derive answer");
+    q.assert_no_demo_token(&q.printed(), "the quick start's log");
+    let audit = std::fs::read_to_string(q.dir.join("data/audit.jsonl")).unwrap();
+    q.assert_no_demo_token(&audit, "the audit log");
+    let forged = key
+        .sign_jws(
+            serde_json::Map::new(),
+            &json!({"iss": q.demo, "sub": "1001"}),
+        )
+        .unwrap();
+    assert_eq!(
+        crate::support::quickstart::jwts_issued_by(&format!("x {forged} y"), &q.demo),
+        1
+    );
+    let served: Vec<_> = q
+        .events("proxy.request")
+        .into_iter()
+        .filter(|e| e["tool"] == "demo.notes")
+        .collect();
+    assert_eq!(served.len(), 2, "the two allowed calls: {served:?}");
 
     // Bob's own agent still gets a link for Bob: Alice's account is hers.
     let Answer::Refused(for_bob) = derive_demo(&q, &key, "bob").await else {

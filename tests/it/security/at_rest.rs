@@ -1,6 +1,6 @@
 //! S6 and the key at rest, on the files a running broker leaves behind:
 //! every directory of the store (`data/`, the audit log in it) and of the
-//! keys (`keys/`, the vault's keys) is 0700 and every file 0600; the
+//! keys (`keys/`) is 0700 and every file 0600; the
 //! minting key is in no store file in clear (its PKCS#8 document, that
 //! document in base64 or base64url, the private scalar, the scalar as a
 //! JWK's `d`).
@@ -84,7 +84,7 @@ async fn store_key_and_audit_files_are_0600_in_0700_directories() {
     }
     assert!(bad.is_empty(), "{bad:#?}");
     // Positive control: the walk saw the files that hold the secrets (the
-    // sled files, the audit log, the master key, the vault's key, the dev
+    // sled files, the audit log, the master key, the dev
     // issuer's key), so a wrong mode on any of them would have shown.
     let names: Vec<String> = files
         .iter()
@@ -102,8 +102,7 @@ async fn store_key_and_audit_files_are_0600_in_0700_directories() {
             "{expected} not walked: {names:?}"
         );
     }
-    // The quick start configures no provider, so no vault key is created
-    // (vault keys exist only with a provider): none may be walked either.
+    // The vault's keys are sealed in the store, never files.
     assert!(
         !names.iter().any(|n| n.starts_with("keys/vault/")),
         "a vault key without a provider: {names:?}"

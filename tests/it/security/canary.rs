@@ -509,7 +509,8 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
         !rendered.contains(&hex::encode(MASTER)) && !rendered.contains(&b64e(MASTER)),
         "{rendered}"
     );
-    let nonces = credbroker::internals::dpop::Nonces::new(&SecretBytes::new(MASTER.to_vec()));
+    let nonces =
+        credbroker::internals::dpop::Nonces::new(&SecretBytes::new(MASTER.to_vec()), "host/1");
     assert_redacted("Nonces", format!("{nonces:?}"));
 
     // Errors of the JOSE, DPoP and resource-server layers, fed canaries.

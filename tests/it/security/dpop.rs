@@ -463,9 +463,8 @@ fn dpop_nonce_from_two_buckets_ago_is_stale() {
     // A genuinely stale nonce needs the server's key and up to 60 s of
     // waiting; the running binary's nonces are checked above, the time
     // rule here, with the same type the binary uses.
-    let n = credbroker::internals::dpop::Nonces::new(
-        &credbroker::internals::secret::SecretBytes::new(random_bytes(32)),
-    );
+    let key = credbroker::internals::secret::SecretBytes::new(random_bytes(32));
+    let n = credbroker::internals::dpop::Nonces::new(&key, "host-a/7");
     let t = 1_800_000_000;
     let nonce = n.issue(t);
     assert!(n.check(&nonce, t));
@@ -474,8 +473,15 @@ fn dpop_nonce_from_two_buckets_ago_is_stale() {
     assert!(!n.check(&nonce, t - 30), "not valid before it was issued");
     let other = credbroker::internals::dpop::Nonces::new(
         &credbroker::internals::secret::SecretBytes::new(random_bytes(32)),
+        "host-a/7",
     );
     assert!(!other.check(&nonce, t), "bound to the key that made it");
+    let other_replica = credbroker::internals::dpop::Nonces::new(&key, "host-b/7");
+    assert!(
+        !other_replica.check(&nonce, t),
+        "bound to the instance that made it"
+    );
+    assert!(n.check(&nonce, t), "positive control");
 }
 
 /// A resource server for the broker's notes resource.

@@ -206,7 +206,12 @@ async fn github_disconnect_deletes_the_application_grant_and_says_so() {
     let base = standin(live.clone(), seen.clone()).await;
     let p = github(&base, dir.path());
     let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join("data")).unwrap());
-    let vault = Vault::open(store, &dir.path().join("keys/vault")).unwrap();
+    let vault = Vault::open(
+        store,
+        crate::support::test_master(),
+        &dir.path().join("keys/vault"),
+    )
+    .unwrap();
     connect(&vault, &p);
 
     // GitHub knows no grant for the token (already revoked there): the
@@ -291,7 +296,12 @@ async fn a_token_without_a_lifetime_is_rechecked_after_the_cap() {
         Duration::from_secs(3600)
     );
     let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join("data")).unwrap());
-    let vault = Vault::open(store, &dir.path().join("keys/vault")).unwrap();
+    let vault = Vault::open(
+        store,
+        crate::support::test_master(),
+        &dir.path().join("keys/vault"),
+    )
+    .unwrap();
     connect(&vault, &p);
     let t0 = crate::support::now();
     let clock = credbroker::internals::clock::ManualClock::new(t0 + 10);

@@ -4,5 +4,6 @@ mod accounts_cli;
 mod connected;
 mod github_grant;
 mod pages;
+mod refresh_replicas;
 mod upstream_client;
 mod vault_refresh;

@@ -11,12 +11,12 @@ use std::time::Duration;
 use crate::support::oidc::{secret_file, OidcPeer, CLIENT_ID};
 use credbroker::internals::clock::SystemClock;
 use credbroker::internals::config::{AccountLookup, ClientAuth, ProviderConfig};
-use credbroker::internals::store::{SledStore, Store, StoreError, Tree};
+use credbroker::internals::store::{Fenced, Lease, SledStore, Store, StoreError, Tree};
 use credbroker::internals::subject::Person;
 use credbroker::internals::upstream::Provider;
 use credbroker::internals::vault::{AccountStatus, TokenOutcome, TokenRequest, Vault, VaultError};
 
-const REDIRECT: &str = "http://127.0.0.1:9/connect/callback/acme";
+pub(crate) const REDIRECT: &str = "http://127.0.0.1:9/connect/callback/acme";
 
 /// A store whose writes fail while `fail` is set (a full disk, a read-only
 /// file system, or the moment of a crash).
@@ -63,6 +63,20 @@ impl Store for FailingStore {
         self.check()?;
         self.inner.compare_and_swap(t, k, e, n)
     }
+    fn replace_fenced(
+        &self,
+        t: Tree,
+        k: &[u8],
+        e: &[u8],
+        n: &[u8],
+        lease: Lease<'_>,
+    ) -> Result<Fenced, StoreError> {
+        self.check()?;
+        self.inner.replace_fenced(t, k, e, n, lease)
+    }
+    // The refresh lease's writes pass: the fault under test is the save of
+    // the account's tokens after the provider answered (the crash point of
+    // S2, the full disk of S3), which comes after the lease was taken.
     fn insert_expiring(
         &self,
         t: Tree,
@@ -70,7 +84,6 @@ impl Store for FailingStore {
         v: &[u8],
         ttl: std::time::Duration,
     ) -> Result<bool, StoreError> {
-        self.check()?;
         self.inner.insert_expiring(t, k, v, ttl)
     }
     fn get_expiring(&self, t: Tree, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
@@ -83,7 +96,6 @@ impl Store for FailingStore {
         e: &[u8],
         n: Option<(&[u8], std::time::Duration)>,
     ) -> Result<bool, StoreError> {
-        self.check()?;
         self.inner.replace_expiring(t, k, e, n)
     }
     fn sweep_expired(&self, t: Tree) -> Result<usize, StoreError> {
@@ -98,13 +110,29 @@ impl Store for FailingStore {
 }
 
 fn provider(peer: &OidcPeer, dir: &std::path::Path) -> Provider {
+    provider_at(
+        &peer.issuer,
+        &peer.client_secret,
+        dir,
+        Duration::from_secs(3),
+    )
+}
+
+/// The provider "acme" at `issuer` (an [`OidcPeer`]), with its client
+/// secret written to a file in `dir`, every call bounded by `timeout`.
+pub(crate) fn provider_at(
+    issuer: &str,
+    client_secret: &str,
+    dir: &std::path::Path,
+    timeout: Duration,
+) -> Provider {
     Provider::new(ProviderConfig {
         name: "acme".into(),
         display_name: "Acme".into(),
-        issuer: Some(peer.issuer.clone()),
+        issuer: Some(issuer.to_string()),
         endpoints: None,
         client_id: CLIENT_ID.into(),
-        client_secret_file: Some(secret_file(dir, "acme.secret", &peer.client_secret)),
+        client_secret_file: Some(secret_file(dir, "acme.secret", client_secret)),
         client_auth: ClientAuth::Basic,
         redirect_uri: REDIRECT.into(),
         scopes: vec![],
@@ -113,7 +141,7 @@ fn provider(peer: &OidcPeer, dir: &std::path::Path) -> Provider {
             id_claim: "sub".into(),
             name_claim: "preferred_username".into(),
         },
-        timeout: Duration::from_secs(3),
+        timeout,
         grant_endpoint: None,
         recheck_unexpiring_token_after: Duration::from_secs(3600),
         api_base: None,
@@ -121,14 +149,15 @@ fn provider(peer: &OidcPeer, dir: &std::path::Path) -> Provider {
     .unwrap()
 }
 
-fn alice() -> Person {
+pub(crate) fn alice() -> Person {
     Person {
         iss: "https://idp.example".into(),
         sub: "alice".into(),
     }
 }
 
-async fn connect(peer: &OidcPeer, p: &Provider, vault: &Vault) {
+/// Connects alice's account at acme (user `octo-alice`) in `vault`.
+pub(crate) async fn connect(peer: &OidcPeer, p: &Provider, vault: &Vault) {
     let scopes = vec!["openid".to_string(), "repo".to_string()];
     let req = p.authorization_request(&scopes, &[]).await.unwrap();
     let back = peer.authorize(&req.url, "octo-alice").await;
@@ -150,7 +179,7 @@ async fn connect(peer: &OidcPeer, p: &Provider, vault: &Vault) {
         .unwrap();
 }
 
-fn repo() -> Vec<String> {
+pub(crate) fn repo() -> Vec<String> {
     vec!["repo".to_string()]
 }
 
@@ -165,7 +194,7 @@ async fn rotated_refresh_token_not_saved_becomes_reconnect_required_without_a_re
         fail: AtomicBool::new(false),
     });
     let key_dir = dir.path().join("keys/vault");
-    let vault = Vault::open(failing.clone(), &key_dir).unwrap();
+    let vault = Vault::open(failing.clone(), crate::support::test_master(), &key_dir).unwrap();
     peer.set_access_ttl(30).await;
     connect(&peer, &p, &vault).await;
     peer.set_access_ttl(3600).await;
@@ -190,7 +219,7 @@ async fn rotated_refresh_token_not_saved_becomes_reconnect_required_without_a_re
 
     // "Restart" on the store as the crash left it: the old refresh token
     // was consumed, so the provider refuses it: a typed reconnect.
-    let vault = Vault::open(sled.clone(), &key_dir).unwrap();
+    let vault = Vault::open(sled.clone(), crate::support::test_master(), &key_dir).unwrap();
     let out = vault.provider_token(&p, &req, &SystemClock).await.unwrap();
     assert!(matches!(out, TokenOutcome::Reconnect), "{out:?}");
     assert_eq!(
@@ -225,7 +254,7 @@ async fn rotated_refresh_token_is_saved_before_the_access_token_is_returned() {
     let p = provider(&peer, dir.path());
     let sled: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join("data")).unwrap());
     let key_dir = dir.path().join("keys/vault");
-    let vault = Vault::open(sled.clone(), &key_dir).unwrap();
+    let vault = Vault::open(sled.clone(), crate::support::test_master(), &key_dir).unwrap();
     peer.set_access_ttl(30).await;
     connect(&peer, &p, &vault).await;
     let person = alice();
@@ -247,7 +276,7 @@ async fn rotated_refresh_token_is_saved_before_the_access_token_is_returned() {
         assert_eq!(peer.refreshes().await, i);
         // What a crash right after the return would leave: a new process
         // reading the store sees the rotated token.
-        let fresh = Vault::open(sled.clone(), &key_dir).unwrap();
+        let fresh = Vault::open(sled.clone(), crate::support::test_master(), &key_dir).unwrap();
         let refresh_token = fresh
             .tokens_to_revoke(&person, "acme")
             .unwrap()

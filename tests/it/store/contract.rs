@@ -20,6 +20,10 @@ fn the_store_contract_holds_on_postgres() {
     // The racing properties run 8 threads at once: a pool of 4 would
     // answer the others "busy" (as it must, see faults.rs).
     settings.pool_size = 16;
+    // Nothing here is about timeouts (faults.rs is): generous ones, so a
+    // loaded machine cannot fail a property that holds.
+    settings.statement_timeout = std::time::Duration::from_secs(15);
+    settings.connect_timeout = std::time::Duration::from_secs(15);
     let store = PgStore::open(&settings).unwrap();
     contract::run_all(&store);
     contract::run_concurrent(Arc::new(store));

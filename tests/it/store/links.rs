@@ -23,6 +23,9 @@ fn two_replicas_refusing_at_once_hand_out_the_same_link() {
     let db = database(cluster, "links");
     let mut settings = db.settings();
     settings.pool_size = 8;
+    // Not a timeout test (faults.rs is): room for a loaded machine.
+    settings.statement_timeout = std::time::Duration::from_secs(15);
+    settings.connect_timeout = std::time::Duration::from_secs(15);
     let key = Links::derive_key(&SecretBytes::new(vec![7; 32]));
     let replicas: Vec<Links> = (0..2)
         .map(|_| {

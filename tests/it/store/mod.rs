@@ -5,9 +5,12 @@
 mod browser;
 mod contract;
 mod copy;
+mod dpop_nonces;
 mod faults;
 mod links;
 mod load;
 mod migrations;
 mod processes;
+mod refresh;
 mod replicas;
+mod vault_keys;

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use credbroker::internals::store::{Migrate, PgSettings, PgStore, Store, Tree};
+use credbroker::internals::store::{PgStore, Store, Tree};
 
 use crate::support::postgres::{cluster_or_not_shown, database};
 
@@ -28,20 +28,16 @@ fn cas_and_insert_races_between_two_processes() {
     let exe = std::env::current_exe().unwrap();
     let workers: Vec<_> = (0..2)
         .map(|_| {
-            std::process::Command::new(&exe)
-                .args([
-                    "--ignored",
-                    "--exact",
-                    "store::processes::race_worker",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env("CREDBROKER_TEST_PG_PORT", cluster.port.to_string())
-                .env("CREDBROKER_TEST_PG_DB", &db.name)
-                .env("CREDBROKER_TEST_PG_PASSWORD_FILE", &cluster.password_file)
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.args([
+                "--ignored",
+                "--exact",
+                "store::processes::race_worker",
+                "--nocapture",
+                "--test-threads=1",
+            ]);
+            db.pass_to(&mut cmd);
+            cmd.stdout(std::process::Stdio::piped()).spawn().unwrap()
         })
         .collect();
     let mut wins = 0;
@@ -68,27 +64,7 @@ fn cas_and_insert_races_between_two_processes() {
 #[test]
 #[ignore = "run by cas_and_insert_races_between_two_processes"]
 fn race_worker() {
-    let port: u16 = std::env::var("CREDBROKER_TEST_PG_PORT")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let settings = PgSettings {
-        config_file: "test.toml".into(),
-        host: "127.0.0.1".into(),
-        port,
-        database: std::env::var("CREDBROKER_TEST_PG_DB").unwrap(),
-        user: crate::support::postgres::ADMIN.into(),
-        password_file: Some(
-            std::env::var("CREDBROKER_TEST_PG_PASSWORD_FILE")
-                .unwrap()
-                .into(),
-        ),
-        ca_file: None,
-        pool_size: 2,
-        statement_timeout: Duration::from_secs(5),
-        connect_timeout: Duration::from_secs(5),
-        migrate: Migrate::Manual,
-    };
+    let settings = crate::support::postgres::settings_from_env();
     let store = PgStore::open(&settings).unwrap();
     let mut wins = 0;
     for round in 0..ROUNDS {

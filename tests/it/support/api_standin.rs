@@ -278,6 +278,9 @@ async fn serve(
             "repo": format!("{o}/{r}"),
             "query": parts.uri.query(),
         })),
+        ("DELETE", ["repos", o, r]) => json(serde_json::json!({
+            "deleted": format!("{o}/{r}"),
+        })),
         ("POST", ["repos", _, _, "pulls"]) => {
             let mut r = json(serde_json::json!({
                 "received": body.len(),

@@ -332,8 +332,8 @@ impl RepoApi {
         .await
     }
 
-    /// `/user/repos` that puts the caller's bearer token into its answer
-    /// (an API that echoes the token, which the MCP server must withhold).
+    /// `/user/repos` that puts the caller's token into its answer (an API
+    /// that echoes the token, which the MCP server must withhold).
     pub(crate) async fn token_echoing() -> RepoApi {
         RepoApi::start(
             "/user/repos",
@@ -344,7 +344,7 @@ impl RepoApi {
                     .unwrap()
                     .to_str()
                     .unwrap();
-                Ok(auth.trim_start_matches("Bearer ").to_owned())
+                Ok(auth.split_once(' ').map_or(auth, |(_, t)| t).to_owned())
             }),
         )
         .await
@@ -429,8 +429,13 @@ pub(crate) struct StubAnswer {
     pub link: Option<(String, String, String)>,
     /// The file whose existence means "the person connected".
     pub connected_when: Option<PathBuf>,
-    /// 200 with this provider token once connected (or when there is no link).
+    /// 200 with this token once connected (or when there is no link): a
+    /// DPoP-bound token, as the broker answers for a proxy resource.
     pub token: Option<String>,
+    /// Answer `token` as a provider's own bearer token instead (`token_type`
+    /// Bearer, `sender_constrained: false`), as for `delivery =
+    /// "provider_token"`.
+    pub provider_token: bool,
 }
 
 /// One derive the scripted broker received.
@@ -489,12 +494,19 @@ impl StubBroker {
                             let connected = a.link.is_none()
                                 || a.connected_when.as_ref().is_some_and(|f| f.exists());
                             let (status, body) = match (&a.link, &a.token) {
-                                (_, Some(t)) if connected => (
+                                (_, Some(t)) if connected && a.provider_token => (
                                     200,
                                     json!({
                                         "access_token": t, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
                                         "token_type": "Bearer", "expires_in": 3600, "scope": "repo",
                                         "sender_constrained": false,
+                                    }),
+                                ),
+                                (_, Some(t)) if connected => (
+                                    200,
+                                    json!({
+                                        "access_token": t, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+                                        "token_type": "DPoP", "expires_in": 300, "scope": "repo",
                                     }),
                                 ),
                                 (Some((uri, id, message)), _) => (

@@ -181,6 +181,26 @@ pub(crate) async fn read_audit_until(
     }
 }
 
+/// A master key sealer for tests that open a vault directly (without a
+/// broker's config): fixed, so a reopened vault finds its key record.
+pub(crate) fn test_master() -> std::sync::Arc<credbroker::internals::seal::Sealer> {
+    std::sync::Arc::new(
+        credbroker::internals::seal::Sealer::new(
+            &credbroker::internals::secret::SecretBytes::new(vec![0x4d; 32]),
+            &[],
+        )
+        .unwrap(),
+    )
+}
+
+/// The master key sealer of a broker's config (`keys.master_key_file`).
+pub(crate) fn config_master(
+    cfg: &credbroker::internals::config::Config,
+) -> std::sync::Arc<credbroker::internals::seal::Sealer> {
+    let key = credbroker::internals::config::read_secret_file(&cfg.master_key_file).unwrap();
+    std::sync::Arc::new(credbroker::internals::seal::Sealer::new(&key, &[]).unwrap())
+}
+
 pub(crate) fn random_bytes(n: usize) -> Vec<u8> {
     let mut b = vec![0u8; n];
     aws_lc_rs::rand::fill(&mut b).unwrap();

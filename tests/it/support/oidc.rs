@@ -15,6 +15,8 @@ pub(crate) struct OidcPeer {
     pub issuer: String,
     pub client_secret: String,
     pub redirect_uri: String,
+    /// Every redirect URI of the client (the first is `redirect_uri`).
+    redirect_uris: Vec<String>,
     http: reqwest::Client,
 }
 
@@ -25,6 +27,14 @@ fn peers_dir() -> PathBuf {
 impl OidcPeer {
     /// Starts the provider with one confidential client.
     pub(crate) fn start(client_secret: &str, redirect_uri: &str) -> OidcPeer {
+        OidcPeer::start_with_redirects(client_secret, &[redirect_uri])
+    }
+
+    /// [`OidcPeer::start`] with a client that has several redirect URIs
+    /// (one per service name that shares it); the first is
+    /// [`OidcPeer::redirect_uri`].
+    pub(crate) fn start_with_redirects(client_secret: &str, redirect_uris: &[&str]) -> OidcPeer {
+        let redirect_uri = redirect_uris[0];
         let dir = peers_dir();
         assert!(
             dir.join("node_modules/oidc-provider").is_dir(),
@@ -32,14 +42,8 @@ impl OidcPeer {
         );
         let mut child = Command::new("node")
             .arg(dir.join("oauth-service.mjs"))
-            .args([
-                "--client-id",
-                CLIENT_ID,
-                "--client-secret",
-                client_secret,
-                "--redirect-uri",
-                redirect_uri,
-            ])
+            .args(["--client-id", CLIENT_ID, "--client-secret", client_secret])
+            .args(redirect_uris.iter().flat_map(|u| ["--redirect-uri", u]))
             .current_dir(&dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -56,6 +60,7 @@ impl OidcPeer {
             issuer: v["issuer"].as_str().unwrap().to_string(),
             client_secret: client_secret.to_string(),
             redirect_uri: redirect_uri.to_string(),
+            redirect_uris: redirect_uris.iter().map(|u| u.to_string()).collect(),
             http: reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
@@ -204,7 +209,11 @@ impl OidcPeer {
                 .unwrap()
                 .to_string();
             let next = url.join(&loc).unwrap();
-            if next.as_str().starts_with(&self.redirect_uri) {
+            if self
+                .redirect_uris
+                .iter()
+                .any(|r| next.as_str().starts_with(r.as_str()))
+            {
                 return next
                     .query_pairs()
                     .map(|(k, v)| (k.into_owned(), v.into_owned()))

@@ -478,9 +478,39 @@ impl Database {
         )
     }
 
+    /// Passes this database to a worker process (a run of this test binary
+    /// that calls [`settings_from_env`]).
+    pub(crate) fn pass_to(&self, cmd: &mut Command) {
+        cmd.env("CREDBROKER_TEST_PG_PORT", self.cluster.port.to_string())
+            .env("CREDBROKER_TEST_PG_DB", &self.name)
+            .env(
+                "CREDBROKER_TEST_PG_PASSWORD_FILE",
+                &self.cluster.password_file,
+            );
+    }
+
     /// Runs SQL in this database (see [`Cluster::sql`]).
     pub(crate) fn sql(&self, sql: &str) -> String {
         self.cluster.sql(&self.name, sql)
+    }
+}
+
+/// In a worker process: the settings of the database its parent passed
+/// with [`Database::pass_to`] (`migrate = "manual"`: the parent migrated).
+pub(crate) fn settings_from_env() -> PgSettings {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    PgSettings {
+        config_file: PathBuf::from("test.toml"),
+        host: "127.0.0.1".into(),
+        port: var("CREDBROKER_TEST_PG_PORT").parse().unwrap(),
+        database: var("CREDBROKER_TEST_PG_DB"),
+        user: ADMIN.into(),
+        password_file: Some(var("CREDBROKER_TEST_PG_PASSWORD_FILE").into()),
+        ca_file: None,
+        pool_size: 2,
+        statement_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(5),
+        migrate: Migrate::Manual,
     }
 }
 
@@ -500,6 +530,7 @@ pub(crate) fn replicas_with(
     db: &Database,
     n: usize,
     opts: &super::Opts,
+    // Sees the whole config, `[postgres]` table included.
     edit: &dyn Fn(String) -> String,
 ) -> Vec<super::TestBroker> {
     assert!(opts.audit_log.is_none(), "replicas write audit.jsonl each");
@@ -518,8 +549,9 @@ pub(crate) fn replicas_with(
         }
         let text = std::fs::read_to_string(&config).unwrap();
         assert!(text.contains("store = \"data\"\n"));
-        let text = edit(text.replace("store = \"data\"\n", "audit_log = \"audit.jsonl\"\n"));
-        std::fs::write(&config, format!("{text}\n{}", db.config_toml("auto"))).unwrap();
+        let text = text.replace("store = \"data\"\n", "audit_log = \"audit.jsonl\"\n");
+        let text = edit(format!("{text}\n{}", db.config_toml("auto")));
+        std::fs::write(&config, text).unwrap();
         eprintln!("replica {i}: {}", dir.path().display());
         out.push(super::TestBroker::spawn(dir, config, opts.log.as_deref()));
     }

@@ -135,9 +135,26 @@ impl Quickstart {
         self.dir.join("credbroker.toml")
     }
 
-    /// The demo tool's resource (the demo API's base URL).
+    /// The demo API's base URL on the demo service itself (the audience of
+    /// the demo's own tokens; the tool never calls it directly).
     pub(crate) fn demo_api(&self) -> String {
         format!("{}/api", self.demo)
+    }
+
+    /// The demo tool's resource: the broker's proxy address for the demo
+    /// service.
+    pub(crate) fn demo_proxy(&self) -> String {
+        credbroker::internals::cli::demo_proxy(&self.issuer)
+    }
+
+    /// Panics if `text` (`what`, for the message) holds a token the demo
+    /// service signed: any JWT whose `iss` is the demo service (its access
+    /// and refresh tokens are both such JWTs).
+    pub(crate) fn assert_no_demo_token(&self, text: &str, what: &str) {
+        assert!(
+            jwts_issued_by(text, &self.demo) == 0,
+            "{what} holds a token of the demo service"
+        );
     }
 
     /// The audit events of type `kind` so far.
@@ -163,6 +180,23 @@ impl Quickstart {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     }
+}
+
+/// How many JWTs issued by `iss` appear in `text`.
+pub(crate) fn jwts_issued_by(text: &str, iss: &str) -> usize {
+    use base64::Engine as _;
+    let b64url = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    text.split(|c: char| !(b64url(c) || c == '.'))
+        .filter(|w| w.starts_with("eyJ"))
+        .filter_map(|w| {
+            let parts: Vec<&str> = w.split('.').collect();
+            let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(parts.get(1)?)
+                .ok()?;
+            serde_json::from_slice::<serde_json::Value>(&payload).ok()
+        })
+        .filter(|claims| claims["iss"] == iss)
+        .count()
 }
 
 /// Browser steps: sign in on the pages' form as `name`.

@@ -287,6 +287,9 @@ fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
+/// The pool size of [`super::postgres::Database::config_toml`].
+const DEFAULT_POOL: usize = 4;
+
 /// The replicas, their provider and the forwarder in front of them.
 pub(crate) struct ReplicaSet {
     /// By index: A, B, C.
@@ -298,8 +301,6 @@ pub(crate) struct ReplicaSet {
     /// The forwarder's URL.
     pub issuer: String,
     pub db: Database,
-    /// The vault keys every replica reads (see [`ReplicaSet::start`]).
-    _vault_keys: tempfile::TempDir,
 }
 
 impl ReplicaSet {
@@ -310,6 +311,22 @@ impl ReplicaSet {
     /// `public_listen` and `audit_log` are the harness's). Each replica's
     /// public listener is on a port of its own; the issuer URL is `lb`'s.
     pub(crate) fn start(lb: Forwarder, db: Database, n: usize, p: ProviderOpts) -> ReplicaSet {
+        ReplicaSet::start_pooled(lb, db, n, p, DEFAULT_POOL)
+    }
+
+    /// [`ReplicaSet::start`] with `pool_size` connections per replica (the
+    /// pool answers "busy" at once when every connection is in use, so a
+    /// test of many concurrent derives per replica needs a larger one).
+    /// With more than the default, connecting and each statement may take
+    /// 10 s (opening many connections at once, SCRAM included, and serving
+    /// them is slow for a debug build on two cores).
+    pub(crate) fn start_pooled(
+        lb: Forwarder,
+        db: Database,
+        n: usize,
+        p: ProviderOpts,
+        pool_size: usize,
+    ) -> ReplicaSet {
         assert!(p.public_listen.is_none() && p.audit_log.is_none());
         let issuer = lb.url();
         let provider = Provider::start(&format!("{issuer}/callback/acme"));
@@ -317,19 +334,22 @@ impl ReplicaSet {
         // The quick-start files name the forwarder as the issuer and the
         // listener; the listener is then moved to a port of its own.
         opts.public_listen = Some(lb.addr.clone());
-        // TODO(pg-keys): remove once the vault's keys are in the store:
-        // until then each replica reads the vault keys from one directory
-        // (the first replica makes them at its start), or a replica could
-        // not read the accounts another connected.
-        let vault_keys = tempfile::tempdir().unwrap();
-        opts.extra_config.push_str(&format!(
-            "\n[vault]\nkey_dir = \"{}\"\n",
-            vault_keys.path().join("vault").display()
-        ));
         let listen = format!("\nlisten = \"{}\"\n", lb.addr);
+        let pool = format!("\npool_size = {DEFAULT_POOL}\n");
         let edit = move |text: String| {
             assert!(text.contains(&listen), "the [public] listen line");
-            text.replacen(&listen, "\nlisten = \"127.0.0.1:0\"\n", 1)
+            assert!(text.contains(&pool), "the [postgres] pool_size line");
+            let text = text.replacen(&listen, "\nlisten = \"127.0.0.1:0\"\n", 1);
+            if pool_size == DEFAULT_POOL {
+                return text;
+            }
+            text.replacen(&pool, &format!("\npool_size = {pool_size}\n"), 1)
+                .replacen("connect_timeout = \"2s\"", "connect_timeout = \"10s\"", 1)
+                .replacen(
+                    "statement_timeout = \"2s\"",
+                    "statement_timeout = \"10s\"",
+                    1,
+                )
         };
         let brokers = replicas_with(&db, n, &opts, &edit);
         for b in &brokers {
@@ -342,7 +362,6 @@ impl ReplicaSet {
             provider,
             issuer,
             db,
-            _vault_keys: vault_keys,
         }
     }
 

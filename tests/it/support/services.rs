@@ -56,11 +56,17 @@ impl Provider {
     /// can look for it where it must not be) and `redirect` as the client's
     /// only redirect URI.
     pub(crate) fn start(redirect: &str) -> Provider {
+        Provider::start_with_redirects(&[redirect])
+    }
+
+    /// [`Provider::start`] with several redirect URIs, for service names
+    /// that share the client (the first is `acme`'s).
+    pub(crate) fn start_with_redirects(redirects: &[&str]) -> Provider {
         let client_secret = format!(
             "client-secret-canary-{}",
             hex::encode(super::random_bytes(12))
         );
-        let peer = OidcPeer::start(&client_secret, redirect);
+        let peer = OidcPeer::start_with_redirects(&client_secret, redirects);
         let secrets = tempfile::tempdir().unwrap();
         secret_file(secrets.path(), "acme.secret", &client_secret);
         Provider {
@@ -73,12 +79,15 @@ impl Provider {
 
 /// The broker options of `p` for the provider `peer` (its client secret
 /// in `secrets`): the `[providers.acme]` table followed by
-/// `p.extra_config`, and the policy with the `acme` tools.
+/// `p.extra_config`, then a table like acme's for each of
+/// `p.more_services` (with `p.more_services_keys`), and the policy with the
+/// `acme` tools.
 pub(crate) fn broker_opts(p: &ProviderOpts, peer: &OidcPeer, secrets: &tempfile::TempDir) -> Opts {
-    let extra = format!(
-        r#"
-[providers.acme]
-display_name = "Acme"
+    let table = |name: &str, display: &str| {
+        format!(
+            r#"
+[providers.{name}]
+display_name = "{display}"
 issuer = "{issuer}"
 client_id = "{CLIENT_ID}"
 client_secret_file = "{file}"
@@ -86,11 +95,17 @@ scopes = ["openid", "profile", "read:org"]
 narrow_on_refresh = {narrow}
 timeout = "{timeout}"
 "#,
-        issuer = peer.issuer,
-        file = secrets.path().join("acme.secret").display(),
-        narrow = p.narrow_on_refresh,
-        timeout = p.timeout,
-    ) + &p.extra_config;
+            issuer = peer.issuer,
+            file = secrets.path().join("acme.secret").display(),
+            narrow = p.narrow_on_refresh,
+            timeout = p.timeout,
+        )
+    };
+    let mut extra = table("acme", "Acme") + &p.extra_config;
+    for name in &p.more_services {
+        extra += &table(name, name);
+        extra += &p.more_services_keys;
+    }
     Opts {
         policy: Some(p.policy.clone().unwrap_or_else(policy) + &p.extra_policy),
         extra_config: extra,
@@ -133,6 +148,13 @@ pub(crate) struct ProviderOpts {
     pub policy: Option<String>,
     /// The broker's `audit_log`, when not the default.
     pub audit_log: Option<PathBuf>,
+    /// More service names whose providers share the `acme` client: each
+    /// gets a `[providers.<name>]` table like `acme`'s (after
+    /// `extra_config`, plus `more_services_keys`), and the provider also
+    /// accepts its pages' callback (`/callback/<name>`).
+    pub more_services: Vec<&'static str>,
+    /// Keys added to each table of `more_services`.
+    pub more_services_keys: String,
 }
 
 impl Default for ProviderOpts {
@@ -146,6 +168,8 @@ impl Default for ProviderOpts {
             extra_policy: String::new(),
             policy: None,
             audit_log: None,
+            more_services: Vec::new(),
+            more_services_keys: String::new(),
         }
     }
 }
@@ -160,11 +184,18 @@ impl ServiceEnv {
             || REDIRECT.to_string(),
             |a| format!("http://{a}/callback/acme"),
         );
+        let mut redirects = vec![redirect.clone()];
+        redirects.extend(
+            p.more_services
+                .iter()
+                .map(|s| redirect.replace("/callback/acme", &format!("/callback/{s}"))),
+        );
+        let redirects: Vec<&str> = redirects.iter().map(String::as_str).collect();
         let Provider {
             peer,
             client_secret,
             secrets,
-        } = Provider::start(&redirect);
+        } = Provider::start_with_redirects(&redirects);
         let broker = TestBroker::start_with(broker_opts(&p, &peer, &secrets));
         ServiceEnv {
             peer,
@@ -202,7 +233,12 @@ impl ServiceEnv {
         let store: Arc<dyn credbroker::internals::store::Store> = Arc::new(
             credbroker::internals::store::SledStore::open(cfg.store.sled_dir().unwrap()).unwrap(),
         );
-        let vault = credbroker::internals::vault::Vault::open(store, &cfg.vault_key_dir).unwrap();
+        let vault = credbroker::internals::vault::Vault::open(
+            store,
+            super::config_master(&cfg),
+            &cfg.vault_key_dir,
+        )
+        .unwrap();
         Parts { vault }
     }
 
@@ -250,71 +286,102 @@ impl ServiceEnv {
     /// the provider's answer goes to the pages' callback. The pages and the
     /// broker's own checks decide; the broker keeps running.
     pub(crate) async fn play_pages(&mut self, connect_uri: &str, sub: &str, account: &str) {
-        let path = &connect_uri[connect_uri.find("/connect/").expect("a connect URI")..];
-        let html = self.open_signed_in(path, sub).await;
+        let password = self.local_user(sub);
         let c = self.browser(sub);
-        let base = self.broker.public.clone();
-        let csrf = hidden(&html, "csrf");
-        let mut form = vec![("csrf", csrf.as_str())];
-        // The page offers the action of the link's kind; an allow link
-        // lists the person's connected accounts (the first is checked).
-        let chosen;
-        if html.contains("name=\"action\" value=\"approve\"") {
-            // A step-up approval (docs/APPROVALS.md): the call is approved.
-            form.push(("action", "approve"));
-        } else if html.contains("name=\"action\" value=\"allow\"") {
-            chosen = hidden(&html, "account");
-            form.extend([("action", "allow"), ("account", chosen.as_str())]);
-        } else if html.contains("name=\"action\" value=\"reconnect\"") {
-            form.push(("action", "reconnect"));
-        } else {
-            form.push(("action", "connect"));
-        }
-        let go = c
-            .post(format!("{base}{path}"))
-            .header("sec-fetch-site", "same-origin")
-            .form(&form)
+        play_pages_at(
+            &c,
+            &self.broker.public,
+            &self.peer,
+            connect_uri,
+            (sub, &password),
+            account,
+        )
+        .await;
+    }
+}
+
+/// [`ServiceEnv::play_pages`] with the pieces given: the browser `c`, the
+/// pages at `base` (a broker's, or a load balancer's in front of replicas),
+/// the provider `peer`, and the local account `(name, password)` of the
+/// person, who already exists.
+pub(crate) async fn play_pages_at(
+    c: &reqwest::Client,
+    base: &str,
+    peer: &OidcPeer,
+    connect_uri: &str,
+    (sub, password): (&str, &str),
+    account: &str,
+) {
+    let path = &connect_uri[connect_uri.find("/connect/").expect("a connect URI")..];
+    let html = open_signed_in(c, base, path, sub, password).await;
+    let csrf = hidden(&html, "csrf");
+    let mut form = vec![("csrf", csrf.as_str())];
+    // The page offers the action of the link's kind; an allow link
+    // lists the person's connected accounts (the first is checked).
+    let chosen;
+    if html.contains("name=\"action\" value=\"approve\"") {
+        // A step-up approval (docs/APPROVALS.md): the call is approved.
+        form.push(("action", "approve"));
+    } else if html.contains("name=\"action\" value=\"allow\"") {
+        chosen = hidden(&html, "account");
+        form.extend([("action", "allow"), ("account", chosen.as_str())]);
+    } else if html.contains("name=\"action\" value=\"reconnect\"") {
+        form.push(("action", "reconnect"));
+    } else {
+        form.push(("action", "connect"));
+    }
+    let go = c
+        .post(format!("{base}{path}"))
+        .header("sec-fetch-site", "same-origin")
+        .form(&form)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        go.status().is_redirection(),
+        "the link's button: {} {}",
+        go.status(),
+        go.text().await.unwrap()
+    );
+    let mut next = location(&go);
+    if next.starts_with(&peer.issuer) {
+        // To the provider and back to the pages' callback, with
+        // whatever the provider put in the answer.
+        let back = peer.authorize(&next, account).await;
+        let query = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(back.iter())
+            .finish();
+        // The callback of the link's service: the redirect URI the pages
+        // asked the provider for.
+        let redirect = url::Url::parse(&next)
+            .unwrap()
+            .query_pairs()
+            .find(|(k, _)| k == "redirect_uri")
+            .map(|(_, v)| url::Url::parse(&v).unwrap().path().to_string())
+            .unwrap();
+        let done = c
+            .get(format!("{base}{redirect}?{query}"))
             .send()
             .await
             .unwrap();
         assert!(
-            go.status().is_redirection(),
-            "the link's button: {} {}",
-            go.status(),
-            go.text().await.unwrap()
+            done.status().is_redirection(),
+            "the provider callback: {} {}",
+            done.status(),
+            done.text().await.unwrap()
         );
-        let mut next = location(&go);
-        if next.starts_with(&self.peer.issuer) {
-            // To the provider and back to the pages' callback, with
-            // whatever the provider put in the answer.
-            let back = self.peer.authorize(&next, account).await;
-            let query = url::form_urlencoded::Serializer::new(String::new())
-                .extend_pairs(back.iter())
-                .finish();
-            let done = c
-                .get(format!("{base}/callback/acme?{query}"))
-                .send()
-                .await
-                .unwrap();
-            assert!(
-                done.status().is_redirection(),
-                "the provider callback: {} {}",
-                done.status(),
-                done.text().await.unwrap()
-            );
-            next = location(&done);
-        }
-        assert!(
-            [
-                "/done/connected",
-                "/done/reconnected",
-                "/done/allowed",
-                "/done/approved"
-            ]
-            .contains(&next.as_str()),
-            "the link was not finished: {next}"
-        );
+        next = location(&done);
     }
+    assert!(
+        [
+            "/done/connected",
+            "/done/reconnected",
+            "/done/allowed",
+            "/done/approved"
+        ]
+        .contains(&next.as_str()),
+        "the link was not finished: {next}"
+    );
 }
 
 /// The value of the first `name="{name}" value="..."` in a page.

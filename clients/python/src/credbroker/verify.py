@@ -39,6 +39,8 @@ from .key import ath as ath_of
 MAX_TOKEN = 8 * 1024
 MAX_PROOF = 4 * 1024
 MAX_KEYS_DOCUMENT = 64 * 1024
+#: Seconds one metadata or JWKS fetch may take in all.
+FETCH_TIMEOUT = 10.0
 #: Clock skew allowed on the token's ``exp``/``iat``, in seconds.
 SKEW = 5
 #: How far a proof's ``iat`` may be from now, either way, in seconds.
@@ -81,6 +83,33 @@ def _token(d: str) -> VerifyError:
 
 def _proof(d: str) -> VerifyError:
     return VerifyError("invalid_dpop_proof", d)
+
+
+def _capped_get(client: httpx.Client, url: str, timeout: float) -> bytes:
+    """GET ``url``: 200 only, no redirect followed, at most
+    ``MAX_KEYS_DOCUMENT`` bytes read, ``timeout`` seconds in all."""
+    deadline = time.monotonic() + timeout
+    try:
+        with client.stream("GET", url, follow_redirects=False) as r:
+            if r.status_code != 200:
+                raise VerifyError("keys_unavailable", f"{url}: HTTP {r.status_code}")
+            declared = r.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > MAX_KEYS_DOCUMENT:
+                raise VerifyError(
+                    "keys_unavailable", f"{url}: larger than {MAX_KEYS_DOCUMENT} bytes"
+                )
+            body = bytearray()
+            for chunk in r.iter_bytes():
+                body += chunk
+                if len(body) > MAX_KEYS_DOCUMENT:
+                    raise VerifyError(
+                        "keys_unavailable", f"{url}: larger than {MAX_KEYS_DOCUMENT} bytes"
+                    )
+                if time.monotonic() > deadline:
+                    raise VerifyError("keys_unavailable", f"{url}: not read within {timeout} s")
+    except httpx.HTTPError as e:
+        raise VerifyError("keys_unavailable", f"{url}: {type(e).__name__}") from None
+    return bytes(body)
 
 
 @dataclass(frozen=True)
@@ -214,21 +243,24 @@ class Verifier:
         *,
         clock: Callable[[], float] = time.time,
         http: httpx.Client | None = None,
+        timeout: float = FETCH_TIMEOUT,
     ) -> Verifier:
         """Reads the issuer's RFC 8414 metadata (its ``issuer`` must be
         ``issuer`` exactly) and the JWKS it names; unknown ``kid``s refetch
-        the JWKS, at most once a minute."""
-        client = http or httpx.Client(timeout=10.0)
+        the JWKS, at most once a minute.
+
+        What it reads from the network is capped while it reads: each
+        document at most ``MAX_KEYS_DOCUMENT`` bytes (after any content
+        decoding; the read stops at the first byte over), redirects refused
+        (even when ``http`` follows them), and each fetch given ``timeout``
+        seconds in all (checked between chunks, so a body dripped one byte
+        at a time cannot hold it longer than that plus one read timeout)."""
+        client = http or httpx.Client(timeout=timeout)
 
         def get(url: str) -> dict[str, Any]:
+            body = _capped_get(client, url, timeout)
             try:
-                r = client.get(url)
-            except httpx.HTTPError as e:
-                raise VerifyError("keys_unavailable", f"{url}: {type(e).__name__}") from None
-            if r.status_code != 200 or len(r.content) > MAX_KEYS_DOCUMENT:
-                raise VerifyError("keys_unavailable", f"{url}: HTTP {r.status_code}")
-            try:
-                doc = r.json()
+                doc = json.loads(body)
             except ValueError:
                 raise VerifyError("keys_unavailable", f"{url}: not JSON") from None
             if not isinstance(doc, dict):
