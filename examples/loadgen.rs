@@ -28,7 +28,15 @@
 //! - for each window, whether it is valid: other processes (the machine's
 //!   busy time from `/proc/stat` minus the broker's and this process's)
 //!   used under 10 % of the machine. Figures from an invalid window are
-//!   printed, marked so.
+//!   printed, marked so;
+//! - with `--db-pid` (a PostgreSQL postmaster), the CPU of that server's
+//!   own processes (the postmaster and every child: backends, checkpointer,
+//!   WAL writer...) per derive, beside the broker's, and not counted among
+//!   the other processes.
+//!
+//! `--socket` and `--pid` may be repeated, for replicas: the connections
+//! are spread over the sockets in turn, and the broker's CPU is the sum
+//! over the pids.
 //!
 //! Plain blocking threads and hand-written HTTP/1.1 on keep-alive
 //! connections keep the generator's own cost small: it shares the machine.
@@ -49,9 +57,10 @@ use credbroker::internals::jose::Es256Key;
 #[derive(Parser, Debug)]
 #[command(about = "Load generator for a credbroker orchestrator socket")]
 struct Args {
-    /// The broker's orchestrator socket.
-    #[arg(long)]
-    socket: PathBuf,
+    /// The broker's orchestrator socket; repeated for replicas (the
+    /// connections are spread over them in turn).
+    #[arg(long, required = true)]
+    socket: Vec<PathBuf>,
     /// The broker's issuer URL (base of the proofs' htu).
     #[arg(long)]
     issuer: String,
@@ -82,9 +91,17 @@ struct Args {
     /// waits for one at half of peak.
     #[arg(long, default_value_t = 32)]
     open_connections: usize,
-    /// The broker's pid, for CPU and RSS. Without it those are not reported.
+    /// The broker's pid, for CPU and RSS; repeated for replicas (CPU is
+    /// summed). Without it those are not reported.
     #[arg(long)]
-    pid: Option<u32>,
+    pid: Vec<u32>,
+    /// A PostgreSQL postmaster's pid: the CPU of it and its children is
+    /// reported per derive beside the broker's.
+    #[arg(long)]
+    db_pid: Option<u32>,
+    /// A name for this run, printed with its figures (and in the JSON).
+    #[arg(long, default_value = "")]
+    label: String,
     /// Print one JSON line with the figures at the end.
     #[arg(long)]
     json: bool,
@@ -185,41 +202,100 @@ fn machine_seconds(hz: f64) -> Option<(f64, f64)> {
     Some(((total - idle) / hz, total / hz))
 }
 
+/// CPU seconds of the PostgreSQL server whose postmaster is `pid`: its own
+/// and its children's (backends, background workers), by pid, so that a
+/// window can subtract per process. A backend that exits inside a window
+/// takes its CPU with it; the broker's pooled connections live for the run.
+fn db_processes(pid: u32, hz: f64) -> Option<Vec<(u32, f64)>> {
+    let mut out = vec![(pid, cpu_seconds(pid, hz)?)];
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 2..].split(' ').nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            if let Some(c) = cpu_seconds(child, hz) {
+                out.push((child, c));
+            }
+        }
+    }
+    Some(out)
+}
+
 /// Samples taken around a window, to tell how much of the machine other
 /// processes used meanwhile (a shared machine disturbs latency).
 struct Around {
     broker: Option<f64>,
     switches: Option<u64>,
+    db: Option<Vec<(u32, f64)>>,
     me: Option<f64>,
     machine: Option<(f64, f64)>,
 }
 
+/// What a window's samples say: CPU seconds of the broker (all pids) and
+/// of the database's processes, the broker's context switches, and the
+/// share of the machine's CPU time that someone else used.
+struct Used {
+    broker: Option<f64>,
+    switches: Option<u64>,
+    db: Option<f64>,
+    others: Option<f64>,
+}
+
+fn sum<T: std::iter::Sum<T>>(v: impl IntoIterator<Item = Option<T>>) -> Option<T> {
+    v.into_iter()
+        .collect::<Option<Vec<T>>>()
+        .map(|v| v.into_iter().sum())
+}
+
 impl Around {
-    fn take(pid: Option<u32>, hz: f64) -> Around {
+    fn take(pids: &[u32], db_pid: Option<u32>, hz: f64) -> Around {
+        let any = !pids.is_empty();
         Around {
-            broker: pid.and_then(|p| cpu_seconds(p, hz)),
-            switches: pid.and_then(ctx_switches),
+            broker: sum(pids.iter().map(|p| cpu_seconds(*p, hz))).filter(|_| any),
+            switches: sum(pids.iter().map(|p| ctx_switches(*p))).filter(|_| any),
+            db: db_pid.and_then(|p| db_processes(p, hz)),
             me: cpu_seconds(std::process::id(), hz),
             machine: machine_seconds(hz),
         }
     }
 
-    /// (broker CPU seconds, share of the machine's CPU time that neither
-    /// the broker nor this process used but someone else did).
-    fn since(&self, before: &Around) -> (Option<f64>, Option<u64>, Option<f64>) {
+    fn since(&self, before: &Around) -> Used {
         let broker = self.broker.zip(before.broker).map(|(b, a)| b - a);
         let switches = self
             .switches
             .zip(before.switches)
             .map(|(b, a)| b.saturating_sub(a));
+        // Per process: one that started meanwhile counts from zero.
+        let db = self.db.as_ref().zip(before.db.as_ref()).map(|(now, then)| {
+            now.iter()
+                .map(|(pid, c)| {
+                    c - then
+                        .iter()
+                        .find(|(p, _)| p == pid)
+                        .map_or(0.0, |(_, c0)| *c0)
+                })
+                .sum::<f64>()
+        });
         let me = self.me.zip(before.me).map(|(b, a)| b - a);
         let others = match (self.machine, before.machine, me) {
-            (Some((b1, t1)), Some((b0, t0)), Some(me)) if t1 > t0 => {
-                Some(((b1 - b0) - me - broker.unwrap_or(0.0)).max(0.0) / (t1 - t0))
-            }
+            (Some((b1, t1)), Some((b0, t0)), Some(me)) if t1 > t0 => Some(
+                ((b1 - b0) - me - broker.unwrap_or(0.0) - db.unwrap_or(0.0)).max(0.0) / (t1 - t0),
+            ),
             _ => None,
         };
-        (broker, switches, others)
+        Used {
+            broker,
+            switches,
+            db,
+            others,
+        }
     }
 }
 
@@ -287,6 +363,11 @@ fn unix_now() -> f64 {
 }
 
 impl Load {
+    /// The socket of connection `i` (the sockets in turn).
+    fn socket(&self, i: usize) -> &PathBuf {
+        &self.args.socket[i % self.args.socket.len()]
+    }
+
     /// One complete request with a fresh proof dated `iat`.
     fn request(&self, iat: i64) -> Vec<u8> {
         let proof =
@@ -390,6 +471,8 @@ struct Window {
     outcomes: Outcomes,
     elapsed: f64,
     cpu: Option<f64>,
+    /// The database server's CPU seconds in the window (`--db-pid`).
+    db_cpu: Option<f64>,
     /// The broker's context switches in the window.
     switches: Option<u64>,
     /// Share of the machine's CPU time used by other processes meanwhile.
@@ -409,6 +492,10 @@ impl Window {
     fn cpu_per_derive_us(&self) -> Option<f64> {
         self.cpu.map(|c| c * 1e6 / self.outcomes.ok.max(1) as f64)
     }
+    fn db_per_derive_us(&self) -> Option<f64> {
+        self.db_cpu
+            .map(|c| c * 1e6 / self.outcomes.ok.max(1) as f64)
+    }
     fn switches_per_derive(&self) -> Option<f64> {
         self.switches
             .map(|n| n as f64 / self.outcomes.ok.max(1) as f64)
@@ -420,8 +507,8 @@ impl Window {
 /// in, until `duration` passes.
 fn closed_loop(load: &Arc<Load>, conc: usize, duration: f64, hz: f64) -> Window {
     let stop = Arc::new(AtomicBool::new(false));
-    let conns: Vec<Conn> = (0..conc).map(|_| Conn::open(&load.args.socket)).collect();
-    let before = Around::take(load.args.pid, hz);
+    let conns: Vec<Conn> = (0..conc).map(|i| Conn::open(load.socket(i))).collect();
+    let before = Around::take(&load.args.pid, load.args.db_pid, hz);
     let start = Instant::now();
     let handles: Vec<_> = conns
         .into_iter()
@@ -452,13 +539,14 @@ fn closed_loop(load: &Arc<Load>, conc: usize, duration: f64, hz: f64) -> Window 
         outcomes.merge(o);
         end = end.max(t);
     }
-    let (cpu, switches, others) = Around::take(load.args.pid, hz).since(&before);
+    let used = Around::take(&load.args.pid, load.args.db_pid, hz).since(&before);
     Window {
         outcomes,
         elapsed: (end - start).as_secs_f64(),
-        cpu,
-        switches,
-        others,
+        cpu: used.broker,
+        db_cpu: used.db,
+        switches: used.switches,
+        others: used.others,
         latencies_us: Vec::new(),
         sent_us: Vec::new(),
         lag_us: Vec::new(),
@@ -473,8 +561,8 @@ fn open_loop(load: &Arc<Load>, rate: f64, duration: f64, conns: usize, hz: f64) 
     let next = Arc::new(AtomicUsize::new(0));
     type Record = (Vec<f64>, Vec<f64>, Vec<f64>);
     let record: Arc<Mutex<Record>> = Arc::new(Mutex::new(Default::default()));
-    let pool: Vec<Conn> = (0..conns).map(|_| Conn::open(&load.args.socket)).collect();
-    let before = Around::take(load.args.pid, hz);
+    let pool: Vec<Conn> = (0..conns).map(|i| Conn::open(load.socket(i))).collect();
+    let before = Around::take(&load.args.pid, load.args.db_pid, hz);
     // A short lead so every thread is asleep waiting when the first is due.
     let start = Instant::now() + Duration::from_millis(20);
     let start_unix = unix_now() + 0.020;
@@ -527,14 +615,15 @@ fn open_loop(load: &Arc<Load>, rate: f64, duration: f64, conns: usize, hz: f64) 
         outcomes.merge(o);
         end = end.max(t);
     }
-    let (cpu, switches, others) = Around::take(load.args.pid, hz).since(&before);
+    let used = Around::take(&load.args.pid, load.args.db_pid, hz).since(&before);
     let (lat, sent, lag) = std::mem::take(&mut *record.lock().unwrap());
     Window {
         outcomes,
         elapsed: (end - start).as_secs_f64(),
-        cpu,
-        switches,
-        others,
+        cpu: used.broker,
+        db_cpu: used.db,
+        switches: used.switches,
+        others: used.others,
         latencies_us: lat,
         sent_us: sent,
         lag_us: lag,
@@ -587,7 +676,11 @@ fn main() {
         body,
         args,
     });
-    let pid = load.args.pid;
+    // RSS is the first broker's (replicas are alike).
+    let pid = load.args.pid.first().copied();
+    if !load.args.label.is_empty() {
+        println!("==== {}", load.args.label);
+    }
 
     let (sign0, verify0) = crypto_floor_us(10_000);
     println!(
@@ -707,6 +800,12 @@ fn main() {
             o / floor
         );
     }
+    let (db_peak, db_open) = (peak.db_per_derive_us(), open.db_per_derive_us());
+    if let (Some(p), Some(o)) = (db_peak, db_open) {
+        println!(
+            "PostgreSQL CPU per derive (postmaster and children): {p:.1} us at peak; {o:.1} us at {rate:.0}/s"
+        );
+    }
     let (sw_peak, sw_open) = (peak.switches_per_derive(), open.switches_per_derive());
     if let (Some(p), Some(o)) = (sw_peak, sw_open) {
         println!("broker context switches per derive: {p:.2} at peak, {o:.2} at {rate:.0}/s");
@@ -731,7 +830,11 @@ fn main() {
     );
     if load.args.json {
         let j = serde_json::json!({
+            "label": load.args.label,
+            "brokers": load.args.pid.len(),
             "valid": valid,
+            "db_cpu_per_derive_us_peak": db_peak,
+            "db_cpu_per_derive_us_open": db_open,
             "floor_us": floor,
             "floor_sign_us": (sign0 + sign1) / 2.0,
             "floor_verify_us": (verify0 + verify1) / 2.0,

@@ -826,7 +826,7 @@ impl Broker {
                         .inc();
                     DeriveError::TooManyApprovals
                 }
-                e => DeriveError::Internal(format!("approvals: {e}")),
+                e => approval_error(e),
             })?;
         let in_clear = call
             .details
@@ -927,6 +927,17 @@ fn link_error(e: crate::connect::ConnectError) -> DeriveError {
         return DeriveError::Unavailable("the store is unavailable; retry shortly");
     }
     DeriveError::Internal(format!("connect link: {e}"))
+}
+
+/// An approval-store failure during a derive: a store that does not
+/// answer is a temporary refusal, like [`vault_error`]'s (the call is
+/// neither approved nor recorded, so nothing is issued).
+fn approval_error(e: crate::approve::ApproveError) -> DeriveError {
+    if let crate::approve::ApproveError::Store(crate::store::StoreError::Unavailable(m)) = &e {
+        tracing::warn!(error = %m, "the store is unavailable during a derive");
+        return DeriveError::Unavailable("the store is unavailable; retry shortly");
+    }
+    DeriveError::Internal(format!("approvals: {e}"))
 }
 
 impl Broker {
@@ -1288,6 +1299,10 @@ mod store_outage_tests {
         assert_eq!(e.reason(), "temporarily_unavailable");
         let e = link_error(crate::connect::ConnectError::Store(outage()));
         assert!(matches!(e, DeriveError::Unavailable(_)), "{e:?}");
+        let e = approval_error(crate::approve::ApproveError::Store(outage()));
+        assert!(matches!(e, DeriveError::Unavailable(_)), "{e:?}");
+        let e = approval_error(crate::approve::ApproveError::Corrupt);
+        assert!(matches!(e, DeriveError::Internal(_)), "{e:?}");
         // Positive control: a broken record stays what it is.
         let e = vault_error(crate::vault::VaultError::Store(StoreError::Backend(
             "corrupt".into(),

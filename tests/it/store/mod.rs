@@ -10,6 +10,7 @@ mod dpop_nonces;
 mod faults;
 mod housekeeping;
 mod links;
+mod load;
 mod migrations;
 mod per_replica;
 mod processes;
