@@ -842,12 +842,20 @@ fn bench(args: Args) {
     let mut p = std::fs::read_to_string(&policy).unwrap();
     p.push_str(&format!(
         r#"
-# Added by examples/proxy_bench.rs: the demo service through the proxy.
-[resources."{proxy}"]
+# Added by examples/proxy_bench.rs: the demo service's own token, for the
+# direct path (the way the proxy ends; only the benchmark uses it here).
+[resources."{demo}/api"]
 source = "service"
 service = "demo"
-delivery = "proxy"
+delivery = "provider_token"
 
+[tools."bench.direct"]
+resource = "{demo}/api"
+scopes = ["notes:read"]
+steps = ["summarize"]
+
+# A tool of the quick start's proxy resource for the demo service, on the
+# benchmark's routes.
 [tools."bench.proxy"]
 resource = "{proxy}"
 scopes = ["notes:read"]
@@ -904,11 +912,11 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
                 &socket,
                 &issuer,
                 &subject,
-                "demo.notes",
+                "bench.direct",
                 &demo_api,
                 key,
             )),
-            "the provider token (demo.notes)",
+            "the provider token (bench.direct)",
         );
         let proxied = issued(
             rt.block_on(derive(

@@ -113,29 +113,16 @@ impl hyper::body::Body for ChannelBody {
 /// Scans an answer for the provider's tokens across chunk boundaries: it
 /// holds back the last (longest token - 1) bytes, so a token split between
 /// two chunks is still seen whole before any of it is released.
+///
+/// Each chunk is scanned once (SIMD substring search) and copied once; only
+/// the held-back tail and the few bytes across the boundary are scanned
+/// again, so a large answer costs about one pass per token.
 #[derive(Debug)]
 pub(crate) struct EchoGuard {
-    needles: Vec<Vec<u8>>,
+    needles: Vec<memchr::memmem::Finder<'static>>,
     hold: usize,
+    /// The held-back tail: at most `hold` bytes, already scanned.
     pending: Vec<u8>,
-}
-
-/// Whether `needle` (not empty) occurs in `hay`: candidates are found by
-/// the first byte, so a large answer is scanned about once.
-fn find(hay: &[u8], needle: &[u8]) -> bool {
-    let Some(&first) = needle.first() else {
-        return false;
-    };
-    let mut from = 0;
-    while let Some(p) = hay[from..].iter().position(|&b| b == first) {
-        let start = from + p;
-        match hay.get(start..start + needle.len()) {
-            None => return false,
-            Some(w) if w == needle => return true,
-            Some(_) => from = start + 1,
-        }
-    }
-    false
 }
 
 /// A provider token was found in the answer.
@@ -145,12 +132,12 @@ pub(crate) struct Echo;
 impl EchoGuard {
     /// A guard for these secrets (empty ones are ignored).
     pub(crate) fn new(secrets: &[&str]) -> EchoGuard {
-        let needles: Vec<Vec<u8>> = secrets
+        let needles: Vec<memchr::memmem::Finder<'static>> = secrets
             .iter()
             .filter(|s| !s.is_empty())
-            .map(|s| s.as_bytes().to_vec())
+            .map(|s| memchr::memmem::Finder::new(s.as_bytes()).into_owned())
             .collect();
-        let hold = needles.iter().map(Vec::len).max().unwrap_or(1) - 1;
+        let hold = needles.iter().map(|n| n.needle().len()).max().unwrap_or(1) - 1;
         EchoGuard {
             needles,
             hold,
@@ -160,19 +147,44 @@ impl EchoGuard {
 
     /// Whether `bytes` holds one of the secrets.
     pub(crate) fn contains(&self, bytes: &[u8]) -> bool {
-        self.needles.iter().any(|n| find(bytes, n))
+        self.needles.iter().any(|n| n.find(bytes).is_some())
     }
 
     /// Takes the next chunk; returns what can be released.
     pub(crate) fn push(&mut self, chunk: &[u8]) -> Result<Bytes, Echo> {
-        self.pending.extend_from_slice(chunk);
-        if self.contains(&self.pending) {
+        if chunk.len() <= self.hold {
+            // A short chunk: join it to the tail and scan the (short) whole.
+            self.pending.extend_from_slice(chunk);
+            if self.contains(&self.pending) {
+                return Err(Echo);
+            }
+            let cut = self.pending.len().saturating_sub(self.hold);
+            let out = Bytes::copy_from_slice(&self.pending[..cut]);
+            self.pending.drain(..cut);
+            return Ok(out);
+        }
+        // A token in `pending ++ chunk` lies in `chunk`, or starts in the
+        // tail (at most `hold` bytes, each token at most `hold + 1` long)
+        // and so ends within the chunk's first `hold` bytes; one wholly in
+        // the tail was refused when the tail was scanned.
+        if self.contains(chunk) {
             return Err(Echo);
         }
-        let cut = self.pending.len().saturating_sub(self.hold);
-        let out = Bytes::copy_from_slice(&self.pending[..cut]);
-        self.pending.drain(..cut);
-        Ok(out)
+        if !self.pending.is_empty() {
+            let mut edge = Vec::with_capacity(self.pending.len() + self.hold);
+            edge.extend_from_slice(&self.pending);
+            edge.extend_from_slice(&chunk[..self.hold]);
+            if self.contains(&edge) {
+                return Err(Echo);
+            }
+        }
+        let keep = chunk.len() - self.hold;
+        let mut out = Vec::with_capacity(self.pending.len() + keep);
+        out.extend_from_slice(&self.pending);
+        out.extend_from_slice(&chunk[..keep]);
+        self.pending.clear();
+        self.pending.extend_from_slice(&chunk[keep..]);
+        Ok(Bytes::from(out))
     }
 
     /// The end of the answer: the bytes held back.
@@ -1183,5 +1195,75 @@ mod tests {
         }
         out.extend_from_slice(&g.finish());
         assert_eq!(out, b"hello SECRET-TOKEX and more!");
+    }
+
+    /// Every split of an answer into chunks: the guard refuses exactly the
+    /// answers that hold a token, and otherwise releases them unchanged.
+    #[test]
+    fn echo_guard_agrees_with_a_whole_answer_search_for_every_split() {
+        let secrets = ["tok-ABCDEFG", "rf-XYZ"];
+        let naive = |hay: &[u8]| {
+            secrets
+                .iter()
+                .any(|s| hay.windows(s.len()).any(|w| w == s.as_bytes()))
+        };
+        // A small xorshift: the same cases on every run.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let alphabet = b"tok-ABCDEFGrf-XYZ ";
+        let (mut found, mut clean) = (0, 0);
+        for _ in 0..3000 {
+            // Random bytes of the tokens' alphabet, with now and then a
+            // token, or a token's beginning, planted whole.
+            let mut answer: Vec<u8> = Vec::new();
+            for _ in 0..(next() % 40) {
+                match next() % 30 {
+                    0 => answer.extend_from_slice(secrets[(next() % 2) as usize].as_bytes()),
+                    1 => {
+                        let s = secrets[(next() % 2) as usize].as_bytes();
+                        answer.extend_from_slice(&s[..(next() as usize % s.len())]);
+                    }
+                    _ => answer.push(alphabet[(next() % alphabet.len() as u64) as usize]),
+                }
+            }
+            let mut g = EchoGuard::new(&secrets);
+            let mut out = Vec::new();
+            let mut refused = false;
+            let mut rest = &answer[..];
+            while !rest.is_empty() {
+                let n = 1 + (next() % 15) as usize;
+                let (c, r) = rest.split_at(n.min(rest.len()));
+                rest = r;
+                match g.push(c) {
+                    Ok(b) => out.extend_from_slice(&b),
+                    Err(Echo) => {
+                        refused = true;
+                        break;
+                    }
+                }
+            }
+            if !refused {
+                out.extend_from_slice(&g.finish());
+            }
+            assert_eq!(
+                refused,
+                naive(&answer),
+                "{:?}",
+                String::from_utf8_lossy(&answer)
+            );
+            if refused {
+                found += 1;
+            } else {
+                assert_eq!(out, answer, "released unchanged");
+                clean += 1;
+            }
+        }
+        // Both kinds of answer were drawn.
+        assert!(found > 100 && clean > 100, "{found} {clean}");
     }
 }
