@@ -353,6 +353,9 @@ struct Load {
     key: Es256Key,
     htu: String,
     body: String,
+    /// The last `DPoP-Nonce` each socket gave (`[dpop] require_nonce`, on
+    /// by default with PostgreSQL; a nonce is bound to the replica).
+    nonces: Vec<Mutex<Option<String>>>,
 }
 
 fn unix_now() -> f64 {
@@ -368,11 +371,22 @@ impl Load {
         &self.args.socket[i % self.args.socket.len()]
     }
 
-    /// One complete request with a fresh proof dated `iat`.
-    fn request(&self, iat: i64) -> Vec<u8> {
-        let proof =
-            credbroker::internals::dpop::make_proof(&self.key, "POST", &self.htu, iat, None, None)
-                .unwrap();
+    /// One complete request to socket `sock` with a fresh proof dated
+    /// `iat` (with the socket's last nonce, if it gave one).
+    fn request(&self, iat: i64, sock: usize) -> Vec<u8> {
+        let nonce = self.nonces[sock % self.nonces.len()]
+            .lock()
+            .unwrap()
+            .clone();
+        let proof = credbroker::internals::dpop::make_proof(
+            &self.key,
+            "POST",
+            &self.htu,
+            iat,
+            None,
+            nonce.as_deref(),
+        )
+        .unwrap();
         format!(
             "POST /v1/derive HTTP/1.1\r\nhost: credbroker\r\ncontent-type: application/json\r\n\
              dpop: {proof}\r\ncontent-length: {}\r\n\r\n{}",
@@ -381,19 +395,32 @@ impl Load {
         )
         .into_bytes()
     }
+
+    /// Keeps the `DPoP-Nonce` an answer of socket `sock` carried.
+    fn take_nonce(&self, sock: usize, nonce: Option<String>) {
+        if let Some(n) = nonce {
+            *self.nonces[sock % self.nonces.len()].lock().unwrap() = Some(n);
+        }
+    }
 }
 
 /// One keep-alive connection speaking just enough HTTP/1.1.
 struct Conn {
     s: UnixStream,
     buf: Vec<u8>,
+    /// The index of its socket (for its nonces).
+    sock: usize,
+    /// The `DPoP-Nonce` of the last answer, if any.
+    nonce: Option<String>,
 }
 
 impl Conn {
-    fn open(path: &PathBuf) -> Conn {
+    fn open(load: &Load, i: usize) -> Conn {
         Conn {
-            s: UnixStream::connect(path).expect("connect to the broker socket"),
+            s: UnixStream::connect(load.socket(i)).expect("connect to the broker socket"),
             buf: Vec::with_capacity(4096),
+            sock: i % load.args.socket.len(),
+            nonce: None,
         }
     }
 
@@ -415,6 +442,11 @@ impl Conn {
         };
         let head = std::str::from_utf8(&self.buf[..head_end]).unwrap_or("");
         let status: u16 = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+        self.nonce = head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("dpop-nonce")
+                .then(|| v.trim().to_string())
+        });
         let len: usize = head
             .lines()
             .find_map(|l| {
@@ -507,7 +539,7 @@ impl Window {
 /// in, until `duration` passes.
 fn closed_loop(load: &Arc<Load>, conc: usize, duration: f64, hz: f64) -> Window {
     let stop = Arc::new(AtomicBool::new(false));
-    let conns: Vec<Conn> = (0..conc).map(|i| Conn::open(load.socket(i))).collect();
+    let conns: Vec<Conn> = (0..conc).map(|i| Conn::open(load, i)).collect();
     let before = Around::take(&load.args.pid, load.args.db_pid, hz);
     let start = Instant::now();
     let handles: Vec<_> = conns
@@ -517,9 +549,12 @@ fn closed_loop(load: &Arc<Load>, conc: usize, duration: f64, hz: f64) -> Window 
             std::thread::spawn(move || {
                 let mut o = Outcomes::default();
                 while !stop.load(Ordering::Relaxed) {
-                    let r = load.request(unix_now() as i64);
+                    let r = load.request(unix_now() as i64, c.sock);
                     match c.call(&r) {
-                        Ok((s, b)) => o.add(s, &b),
+                        Ok((s, b)) => {
+                            load.take_nonce(c.sock, c.nonce.take());
+                            o.add(s, &b)
+                        }
                         Err(e) => {
                             o.add(0, e.to_string().as_bytes());
                             break;
@@ -561,7 +596,7 @@ fn open_loop(load: &Arc<Load>, rate: f64, duration: f64, conns: usize, hz: f64) 
     let next = Arc::new(AtomicUsize::new(0));
     type Record = (Vec<f64>, Vec<f64>, Vec<f64>);
     let record: Arc<Mutex<Record>> = Arc::new(Mutex::new(Default::default()));
-    let pool: Vec<Conn> = (0..conns).map(|i| Conn::open(load.socket(i))).collect();
+    let pool: Vec<Conn> = (0..conns).map(|i| Conn::open(load, i)).collect();
     let before = Around::take(&load.args.pid, load.args.db_pid, hz);
     // A short lead so every thread is asleep waiting when the first is due.
     let start = Instant::now() + Duration::from_millis(20);
@@ -582,14 +617,17 @@ fn open_loop(load: &Arc<Load>, rate: f64, duration: f64, conns: usize, hz: f64) 
                     }
                     let offset = i as f64 / rate;
                     let due = start + Duration::from_secs_f64(offset);
-                    let r = load.request((start_unix + offset) as i64);
+                    let r = load.request((start_unix + offset) as i64, c.sock);
                     let now = Instant::now();
                     if due > now {
                         std::thread::sleep(due - now);
                     }
                     let sent = Instant::now();
                     match c.call(&r) {
-                        Ok((s, b)) => o.add(s, &b),
+                        Ok((s, b)) => {
+                            load.take_nonce(c.sock, c.nonce.take());
+                            o.add(s, &b)
+                        }
                         Err(e) => {
                             o.add(0, e.to_string().as_bytes());
                             break;
@@ -674,8 +712,17 @@ fn main() {
         htu: format!("{}/v1/derive", args.issuer.trim_end_matches('/')),
         key: Es256Key::generate().unwrap().0,
         body,
+        nonces: args.socket.iter().map(|_| Mutex::new(None)).collect(),
         args,
     });
+    // Nonces first, where required: one request per socket, whose refusal
+    // (`use_dpop_nonce`) carries that replica's nonce.
+    for i in 0..load.args.socket.len() {
+        let mut c = Conn::open(&load, i);
+        if c.call(&load.request(unix_now() as i64, i)).is_ok() {
+            load.take_nonce(i, c.nonce.take());
+        }
+    }
     // RSS is the first broker's (replicas are alike).
     let pid = load.args.pid.first().copied();
     if !load.args.label.is_empty() {
