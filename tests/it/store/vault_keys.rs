@@ -8,11 +8,16 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Output, Stdio};
+#[cfg(feature = "failpoints")]
 use std::sync::Arc;
 
 use credbroker::internals::config::Config;
+#[cfg(feature = "failpoints")]
 use credbroker::internals::seal::Sealer;
-use credbroker::internals::secret::{SecretBytes, SecretString};
+use credbroker::internals::secret::SecretString;
+#[cfg(feature = "failpoints")]
+use credbroker::internals::secret::SecretBytes;
+#[cfg(feature = "failpoints")]
 use credbroker::internals::store::{Store, Tree};
 use credbroker::internals::subject::Person;
 use credbroker::internals::upstream::{AccountInfo, TokenSet};
@@ -22,6 +27,7 @@ use crate::support::postgres::{cluster_or_not_shown, database, replicas};
 use crate::support::*;
 
 const GITHUB: &str = "\n[providers.github]\npreset = \"github\"\nclient_id = \"Iv1\"\nclient_secret_file = \"keys/gh\"\n";
+#[cfg(feature = "failpoints")]
 const RECORD: &[u8] = b"vault/keyring/v1";
 
 /// Gives the broker of `config` a provider (a vault needs one to hold keys).
@@ -94,6 +100,7 @@ fn list(config: &std::path::Path) -> (Vec<String>, Vec<serde_json::Value>) {
 /// A sled install as versions before the key record left it: the vault's
 /// key as a 0600 file in `[vault] key_dir`, the store naming it current,
 /// and accounts sealed under it. Returns the key file.
+#[cfg(feature = "failpoints")]
 fn legacy_install(config: &std::path::Path) -> std::path::PathBuf {
     let cfg = Config::load(config).unwrap();
     let key = random_bytes(32);
@@ -124,6 +131,7 @@ fn legacy_install(config: &std::path::Path) -> std::path::PathBuf {
     file
 }
 
+#[cfg(feature = "failpoints")]
 fn has_record(config: &std::path::Path) -> bool {
     let cfg = Config::load(config).unwrap();
     let store =
