@@ -5,7 +5,7 @@
 //!
 //! Every key of the record can open records; only the current key seals.
 //! The record changes only by compare-and-swap of the whole record (as the
-//! signing key ring does, [`crate::mint`]), so replicas sharing a store
+//! signing key ring does, `mint`), so replicas sharing a store
 //! share the keys: a rotation on one replica is read by the others when
 //! they see the record change (the store's change counter for `State`) or,
 //! at the latest, when they meet a record sealed under a key they have not

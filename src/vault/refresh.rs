@@ -55,7 +55,7 @@ const MIN_LEASE: Duration = Duration::from_secs(1);
 const LEASE_POLL: Duration = Duration::from_millis(25);
 
 /// How long a refresh lease lasts: twice the provider's `timeout` (at least
-/// [`MIN_LEASE`]). The holder's provider call is bounded by `timeout` as a
+/// `MIN_LEASE`, 1 s). The holder's provider call is bounded by `timeout` as a
 /// whole (connect, send, the answer), and the second `timeout` covers the
 /// store's reads and the fenced save around it, so a live holder is done
 /// before its lease lapses. One that is slower anyway (a pause, a stalled

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use credbroker::internals::config::Config;
 #[cfg(feature = "failpoints")]
 use credbroker::internals::seal::Sealer;
-use credbroker::internals::secret::SecretString;
 #[cfg(feature = "failpoints")]
 use credbroker::internals::secret::SecretBytes;
+use credbroker::internals::secret::SecretString;
 #[cfg(feature = "failpoints")]
 use credbroker::internals::store::{Store, Tree};
 use credbroker::internals::subject::Person;
