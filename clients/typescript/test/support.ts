@@ -315,7 +315,11 @@ ${opts.apiBase ? `api_base = "${issuer}"\n` : ""}${opts.extraConfig ?? ""}`,
 
   /** Makes the next browser sign-in at the provider be `account`. */
   async providerAccount(account: string): Promise<void> {
-    const r = await fetch(`${this.providerIssuer}/test/browser-account?account=${encodeURIComponent(account)}`);
+    const url = `${this.providerIssuer}/test/browser-account?account=${encodeURIComponent(account)}`;
+    // One retry of this idempotent GET: a kept-alive connection the
+    // provider (Node's http, 5 s keep-alive) closes just as fetch reuses it
+    // fails with "fetch failed" (seen in CI between two tests).
+    const r = await fetch(url).catch(() => fetch(url));
     const v = (await r.json()) as { browser_account?: string };
     if (r.status !== 200 || v.browser_account !== account) throw new Error(`browser-account: ${r.status} ${JSON.stringify(v)}`);
   }

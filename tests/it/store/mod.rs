@@ -14,6 +14,7 @@ mod load;
 mod migrations;
 mod per_replica;
 mod processes;
+mod proxy_replay;
 mod refresh;
 mod replicas;
 mod vault_keys;
