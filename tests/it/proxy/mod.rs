@@ -93,18 +93,7 @@ impl ProxyEnv {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap();
-        let meta: serde_json::Value = http
-            .get(format!(
-                "{}/.well-known/openid-configuration",
-                env.peer.issuer
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let introspection = meta["introspection_endpoint"].as_str().unwrap().to_string();
+        let introspection = ApiStandin::introspection_of(&env.peer.issuer).await;
         let api = ApiStandin::start(
             api_listener,
             introspection.clone(),

@@ -65,15 +65,11 @@ async fn post(
 }
 
 fn proof(set: &ReplicaSet, k: &Es256Key, token: &str, nonce: Option<&str>) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
     make_proof(
         k,
         "POST",
         &format!("{}{PATH}", set.issuer),
-        now,
+        crate::support::now(),
         Some(token),
         nonce,
     )
@@ -120,20 +116,9 @@ async fn a_replayed_proxied_post_reaches_the_provider_once_whichever_replica_get
         },
     );
     let peer = &set.provider.peer;
-    let meta: serde_json::Value = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("{}/.well-known/openid-configuration", peer.issuer))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
     let api = ApiStandin::start(
         api_listener,
-        meta["introspection_endpoint"].as_str().unwrap().to_string(),
+        ApiStandin::introspection_of(&peer.issuer).await,
         CLIENT_ID.into(),
         set.provider.client_secret.clone(),
         String::new(),

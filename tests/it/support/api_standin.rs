@@ -114,6 +114,23 @@ impl ApiStandin {
         l
     }
 
+    /// The introspection endpoint of the provider at `issuer` (from its
+    /// metadata), where the stand-in checks tokens.
+    pub(crate) async fn introspection_of(issuer: &str) -> String {
+        let meta: serde_json::Value = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .get(format!("{issuer}/.well-known/openid-configuration"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        meta["introspection_endpoint"].as_str().unwrap().to_string()
+    }
+
     /// Serves on `listener`: tokens are checked at `introspection` with the
     /// client's id and secret; `/redirect` points at `redirect_to`.
     pub(crate) async fn start(
