@@ -953,3 +953,34 @@ fn postgres_turns_dpop_nonces_on_and_refuses_them_off() {
             .require_nonce
     );
 }
+
+#[test]
+fn socket_runtime_is_per_core_or_shared() {
+    use crate::config::ApiRuntime;
+    for bad in ["per-core", "multi_thread", "", "PER_CORE"] {
+        let text = insert_after(
+            BASE,
+            "path = \"credbroker.sock\"",
+            &format!("runtime = \"{bad}\""),
+        );
+        let p = problems(&text);
+        let shown = problem_for(&p, "socket.runtime").to_string();
+        assert!(
+            shown.contains("per_core") && shown.contains("shared"),
+            "{shown}"
+        );
+    }
+    // Positive controls: both names, and the default.
+    assert_eq!(parse(BASE).unwrap().socket.runtime, ApiRuntime::PerCore);
+    for (name, shape) in [
+        ("shared", ApiRuntime::Shared),
+        ("per_core", ApiRuntime::PerCore),
+    ] {
+        let text = insert_after(
+            BASE,
+            "path = \"credbroker.sock\"",
+            &format!("runtime = \"{name}\""),
+        );
+        assert_eq!(parse(&text).unwrap().socket.runtime, shape);
+    }
+}
