@@ -447,7 +447,11 @@ impl Proxy {
         let key = crate::jose::sha256_hex(&key);
         // Either side of now, plus the verifier's skew.
         let window = std::time::Duration::from_secs((2 * crate::dpop::IAT_WINDOW + 10) as u64);
-        match self.broker.store.insert_expiring(
+        // Unsynced: on sled the entry reaches disk at the next flush (every
+        // 500 ms, and at close), not before the call goes on. A flush per
+        // call was half of the proxy's CPU per call; what a crash can lose is
+        // said in docs/PROXY.md. PostgreSQL writes it durably either way.
+        match self.broker.store.insert_expiring_unsynced(
             crate::store::Tree::Replay,
             key.as_bytes(),
             b"1",
