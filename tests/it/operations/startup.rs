@@ -239,3 +239,96 @@ fn store_path_that_is_a_file_names_the_key() {
     );
     assert!(!dir.path().join("credbroker.sock").exists(), "{err}");
 }
+
+/// Gives everything under `dir` (and `dir`) to `uid`:`gid`.
+fn chown_tree(dir: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(gid)).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if std::fs::symlink_metadata(&path).unwrap().is_dir() {
+            chown_tree(&path, uid, gid);
+        } else {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(gid)).unwrap();
+        }
+    }
+}
+
+/// `socket.group` names a group the broker's user is not a member of (the
+/// shipped systemd unit once had no `SupplementaryGroups=`): the refusal
+/// names the group and says what to do, instead of `/run/credbroker:
+/// Operation not permitted (os error 1)`, and the socket directory that
+/// start made is removed again.
+#[test]
+fn socket_group_the_broker_user_is_not_in_names_the_cause_and_the_fix() {
+    let Some(other) = other_user("a socket group the broker's user is not a member of") else {
+        return;
+    };
+    let (dir, config) = prepare(&Opts::default());
+    set_key(
+        &config,
+        "path = \"credbroker.sock\"",
+        "path = \"run/credbroker.sock\"",
+    );
+    // root's group, which `nobody` is not in.
+    set_key(&config, "[socket]\n", "[socket]\ngroup = \"root\"\n");
+    chown_tree(dir.path(), other.uid, other.gid);
+    let args = [
+        std::ffi::OsStr::new("serve"),
+        std::ffi::OsStr::new("--config"),
+        config.as_os_str(),
+    ];
+    let (_cwd, mut child) = other.spawn(&args);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the start as uid {} was not refused", other.uid);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    for part in [
+        config.display().to_string(),
+        "socket.path".into(),
+        "socket group root (gid 0)".into(),
+        format!("uid {}", other.uid),
+        "is not a member of that group".into(),
+        "SupplementaryGroups=".into(),
+    ] {
+        assert!(err.contains(&part), "{part:?} not in: {err}");
+    }
+    assert!(!err.contains("os error 1"), "{err}");
+    assert!(
+        !dir.path().join("run").exists(),
+        "the refused start left its socket directory behind: {err}"
+    );
+    // Positive control: with the user's own group the same files serve, and
+    // the socket directory gets that group.
+    set_key(
+        &config,
+        "group = \"root\"",
+        &format!("group = \"{}\"", other.group),
+    );
+    let (_cwd, mut child) = other.spawn(&args);
+    let sock = dir.path().join("run/credbroker.sock");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !sock.exists() {
+        if let Some(s) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            panic!("the positive control exited ({s}): {err}");
+        }
+        assert!(std::time::Instant::now() < deadline, "no socket after 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    use std::os::unix::fs::MetadataExt;
+    let gid = std::fs::metadata(dir.path().join("run")).unwrap().gid();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(gid, other.gid, "the socket directory's group");
+}
