@@ -33,9 +33,20 @@ pub enum SocketError {
     /// Another instance answers on the socket.
     #[error("{0} is in use by a running instance")]
     InUse(String),
-    /// The directory is unsafe (symlink, or owned by another user).
-    #[error("socket directory {0} is a symlink or owned by another user")]
-    UnsafeDir(String),
+    /// The directory is unsafe (a symlink, not a directory, or owned by
+    /// another user). The message says what to do: the broker makes its
+    /// own socket directory.
+    #[error(
+        "socket directory {dir} {why}; the broker makes its own socket directory: point socket.path into one that does not exist yet (its parent must not be writable by others), or remove this one or give it to uid {uid}"
+    )]
+    UnsafeDir {
+        /// The socket directory.
+        dir: String,
+        /// What is wrong with it.
+        why: String,
+        /// This process's uid.
+        uid: u32,
+    },
     /// The directory to create the socket directory in is unsafe.
     #[error(
         "{dir}, where the socket directory would be created, {why}; refusing to create it there"
@@ -185,8 +196,25 @@ pub fn bind(
         Err(e) => return Err(io(dir)(e)),
     }
     let meta = std::fs::symlink_metadata(dir).map_err(io(dir))?;
-    if meta.file_type().is_symlink() || !meta.is_dir() || meta.uid() != current_uid() {
-        return Err(SocketError::UnsafeDir(dir.display().to_string()));
+    let uid = current_uid();
+    let why = if meta.file_type().is_symlink() {
+        Some("is a symlink".to_string())
+    } else if !meta.is_dir() {
+        Some("is not a directory".to_string())
+    } else if meta.uid() != uid {
+        Some(format!(
+            "is owned by uid {}, not the broker's uid {uid}",
+            meta.uid()
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return Err(SocketError::UnsafeDir {
+            dir: dir.display().to_string(),
+            why,
+            uid,
+        });
     }
     if let (Some(gid), Some(group)) = (gid, group) {
         give_to_group(dir, gid, group)?;

@@ -253,6 +253,47 @@ fn chown_tree(dir: &Path, uid: u32, gid: u32) {
     }
 }
 
+/// Starts `serve --config config` as `other` and waits until it serves on
+/// `sock` (`Ok`, the running child; kill it) or exits (`Err`, its stderr);
+/// 20 s at most.
+fn start_as(
+    other: &OtherUser,
+    config: &Path,
+    sock: &Path,
+) -> Result<(tempfile::TempDir, std::process::Child), String> {
+    let args = [
+        std::ffi::OsStr::new("serve"),
+        std::ffi::OsStr::new("--config"),
+        config.as_os_str(),
+    ];
+    let (cwd, mut child) = other.spawn(&args);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            assert!(!status.success(), "exited 0 without serving: {err}");
+            return Err(err);
+        }
+        if sock.exists() {
+            return Ok((cwd, child));
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "as uid {}: neither serving nor refused after 20 s",
+                other.uid
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stop(mut child: std::process::Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 /// `socket.group` names a group the broker's user is not a member of (the
 /// shipped systemd unit once had no `SupplementaryGroups=`): the refusal
 /// names the group and says what to do, instead of `/run/credbroker:
@@ -272,26 +313,10 @@ fn socket_group_the_broker_user_is_not_in_names_the_cause_and_the_fix() {
     // root's group, which `nobody` is not in.
     set_key(&config, "[socket]\n", "[socket]\ngroup = \"root\"\n");
     chown_tree(dir.path(), other.uid, other.gid);
-    let args = [
-        std::ffi::OsStr::new("serve"),
-        std::ffi::OsStr::new("--config"),
-        config.as_os_str(),
-    ];
-    let (_cwd, mut child) = other.spawn(&args);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the start as uid {} was not refused", other.uid);
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let sock = dir.path().join("run/credbroker.sock");
+    let Err(err) = start_as(&other, &config, &sock) else {
+        panic!("served with a socket group its user is not in");
     };
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(!status.success(), "{err}");
     for part in [
         config.display().to_string(),
         "socket.path".into(),
@@ -314,21 +339,52 @@ fn socket_group_the_broker_user_is_not_in_names_the_cause_and_the_fix() {
         "group = \"root\"",
         &format!("group = \"{}\"", other.group),
     );
-    let (_cwd, mut child) = other.spawn(&args);
-    let sock = dir.path().join("run/credbroker.sock");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !sock.exists() {
-        if let Some(s) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-            panic!("the positive control exited ({s}): {err}");
-        }
-        assert!(std::time::Instant::now() < deadline, "no socket after 20 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (_cwd, child) = start_as(&other, &config, &sock).unwrap_or_else(|e| panic!("{e}"));
     use std::os::unix::fs::MetadataExt;
     let gid = std::fs::metadata(dir.path().join("run")).unwrap().gid();
-    child.kill().unwrap();
-    child.wait().unwrap();
+    stop(child);
     assert_eq!(gid, other.gid, "the socket directory's group");
+}
+
+/// The socket directory exists and belongs to another user (a root-owned
+/// directory made by hand, or an emptyDir used as the socket directory
+/// itself): the refusal says whose it is and what to do, not only "is a
+/// symlink or owned by another user".
+#[test]
+fn socket_directory_of_another_user_names_its_owner_and_the_fix() {
+    let Some(other) = other_user("a socket directory owned by another user") else {
+        return;
+    };
+    let (dir, config) = prepare(&Opts::default());
+    set_key(
+        &config,
+        "path = \"credbroker.sock\"",
+        "path = \"run/credbroker.sock\"",
+    );
+    chown_tree(dir.path(), other.uid, other.gid);
+    // root's, made before the broker starts (this process runs as root).
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = run.join("credbroker.sock");
+    let Err(err) = start_as(&other, &config, &sock) else {
+        panic!("served in a socket directory owned by root");
+    };
+    for part in [
+        config.display().to_string(),
+        "socket.path".into(),
+        format!("socket directory {} is owned by uid 0", run.display()),
+        format!("not the broker's uid {}", other.uid),
+        "does not exist yet".into(),
+    ] {
+        assert!(err.contains(&part), "{part:?} not in: {err}");
+    }
+    assert!(run.exists(), "not the broker's to remove");
+    // Positive control: without it, the broker makes its own and serves.
+    std::fs::remove_dir(&run).unwrap();
+    let (_cwd, child) = start_as(&other, &config, &sock).unwrap_or_else(|e| panic!("{e}"));
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(&run).unwrap().uid();
+    stop(child);
+    assert_eq!(owner, other.uid, "the broker's own socket directory");
 }
