@@ -253,36 +253,51 @@ fn chown_tree(dir: &Path, uid: u32, gid: u32) {
     }
 }
 
-/// Starts `serve --config config` as `other` and waits until it serves on
-/// `sock` (`Ok`, the running child; kill it) or exits (`Err`, its stderr);
-/// 20 s at most.
+/// Starts `serve --config config` as `other` and waits until it logs that
+/// it serves (`Ok`, the running child; kill it) or exits (`Err`, its
+/// stderr); 20 s at most. (The socket's existence proves nothing: a start
+/// binds first and removes the sockets again when a later check fails.)
 fn start_as(
     other: &OtherUser,
     config: &Path,
-    sock: &Path,
 ) -> Result<(tempfile::TempDir, std::process::Child), String> {
+    use std::io::BufRead;
     let args = [
         std::ffi::OsStr::new("serve"),
         std::ffi::OsStr::new("--config"),
         config.as_os_str(),
     ];
     let (cwd, mut child) = other.spawn(&args);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let log = log.clone();
+        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in stderr.lines() {
+                let line = line.unwrap_or_default();
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        })
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            reader.join().unwrap();
+            let err = log.lock().unwrap().clone();
             assert!(!status.success(), "exited 0 without serving: {err}");
             return Err(err);
         }
-        if sock.exists() {
+        if log.lock().unwrap().contains("credbroker is serving") {
             return Ok((cwd, child));
         }
         if std::time::Instant::now() > deadline {
             let _ = child.kill();
             panic!(
-                "as uid {}: neither serving nor refused after 20 s",
-                other.uid
+                "as uid {}: neither serving nor refused after 20 s: {}",
+                other.uid,
+                log.lock().unwrap()
             );
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -313,8 +328,7 @@ fn socket_group_the_broker_user_is_not_in_names_the_cause_and_the_fix() {
     // root's group, which `nobody` is not in.
     set_key(&config, "[socket]\n", "[socket]\ngroup = \"root\"\n");
     chown_tree(dir.path(), other.uid, other.gid);
-    let sock = dir.path().join("run/credbroker.sock");
-    let Err(err) = start_as(&other, &config, &sock) else {
+    let Err(err) = start_as(&other, &config) else {
         panic!("served with a socket group its user is not in");
     };
     for part in [
@@ -339,7 +353,7 @@ fn socket_group_the_broker_user_is_not_in_names_the_cause_and_the_fix() {
         "group = \"root\"",
         &format!("group = \"{}\"", other.group),
     );
-    let (_cwd, child) = start_as(&other, &config, &sock).unwrap_or_else(|e| panic!("{e}"));
+    let (_cwd, child) = start_as(&other, &config).unwrap_or_else(|e| panic!("{e}"));
     use std::os::unix::fs::MetadataExt;
     let gid = std::fs::metadata(dir.path().join("run")).unwrap().gid();
     stop(child);
@@ -366,8 +380,7 @@ fn socket_directory_of_another_user_names_its_owner_and_the_fix() {
     let run = dir.path().join("run");
     std::fs::create_dir(&run).unwrap();
     std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let sock = run.join("credbroker.sock");
-    let Err(err) = start_as(&other, &config, &sock) else {
+    let Err(err) = start_as(&other, &config) else {
         panic!("served in a socket directory owned by root");
     };
     for part in [
@@ -382,9 +395,58 @@ fn socket_directory_of_another_user_names_its_owner_and_the_fix() {
     assert!(run.exists(), "not the broker's to remove");
     // Positive control: without it, the broker makes its own and serves.
     std::fs::remove_dir(&run).unwrap();
-    let (_cwd, child) = start_as(&other, &config, &sock).unwrap_or_else(|e| panic!("{e}"));
+    let (_cwd, child) = start_as(&other, &config).unwrap_or_else(|e| panic!("{e}"));
     use std::os::unix::fs::MetadataExt;
     let owner = std::fs::metadata(&run).unwrap().uid();
     stop(child);
     assert_eq!(owner, other.uid, "the broker's own socket directory");
+}
+
+/// The master key as the kubelet mounts a Secret: with `fsGroup` it is
+/// 0440 (group-readable), without it root's and 0400 (unreadable by the
+/// broker's uid). Each refusal names the key, the mode or the owner, and
+/// the fix, instead of "readable by others" (untrue of a 0440 file) or a
+/// bare "Permission denied".
+#[test]
+fn master_key_mounted_as_a_kubernetes_secret_names_mode_owner_and_fix() {
+    let Some(other) = other_user("a master key the broker's uid cannot read") else {
+        return;
+    };
+    let (dir, config) = prepare(&Opts::default());
+    chown_tree(dir.path(), other.uid, other.gid);
+    let key = dir.path().join("keys/master.key");
+    // With fsGroup: 0440, the broker's own.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o440)).unwrap();
+    let Err(err) = start_as(&other, &config) else {
+        panic!("served with a 0440 master key");
+    };
+    for part in [
+        "keys.master_key_file",
+        "has mode 0440",
+        "chmod 600",
+        "fsGroup",
+    ] {
+        assert!(err.contains(part), "{part:?} not in: {err}");
+    }
+    assert!(!err.contains("readable by others"), "{err}");
+    // Without fsGroup: root's, 0400.
+    std::os::unix::fs::chown(&key, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o400)).unwrap();
+    let Err(err) = start_as(&other, &config) else {
+        panic!("served with a master key it cannot read");
+    };
+    for part in [
+        "keys.master_key_file".to_string(),
+        "belongs to uid 0".to_string(),
+        format!("runs as uid {}", other.uid),
+        "its owner, with mode 0600".to_string(),
+    ] {
+        assert!(err.contains(&part), "{part:?} not in: {err}");
+    }
+    assert!(!dir.path().join("data").exists(), "{err}");
+    // Positive control: the broker's own 0600 file serves.
+    std::os::unix::fs::chown(&key, Some(other.uid), Some(other.gid)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (_cwd, child) = start_as(&other, &config).unwrap_or_else(|e| panic!("{e}"));
+    stop(child);
 }
