@@ -860,6 +860,10 @@ fn open_loop(load: &Arc<Load>, rate: f64, duration: f64, conns: usize, hz: f64) 
 
 // ------------------------------------------------------------ syscalls
 
+/// What the syscall window counted: the tool, the derives, and the calls
+/// per syscall name, most frequent first.
+type Syscalls = (&'static str, usize, Vec<(String, u64)>);
+
 /// A syscall counter attached to the broker for one window.
 struct Tracer {
     child: std::process::Child,
@@ -1190,7 +1194,7 @@ fn main() {
 
     // Syscalls per derive: one more open-loop window at the same rate with
     // a counter attached. Only its counts are reported.
-    let mut syscalls: Option<(&'static str, usize, Vec<(String, u64)>)> = None;
+    let mut syscalls: Option<Syscalls> = None;
     if let (Some(p), true) = (pid, load.args.syscalls != "off") {
         if load.args.pid.len() > 1 {
             eprintln!("syscalls: counted for the first broker only");
