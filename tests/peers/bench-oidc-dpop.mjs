@@ -42,13 +42,31 @@ const provider = new Provider(issuer, {
     // Every token this client gets is sender-constrained: a request
     // without a proof is refused rather than answered with a Bearer token.
     dpop_bound_access_tokens: true,
+    scope: 'api',
   }],
   jwks: { keys },
   features: {
     devInteractions: { enabled: false },
     clientCredentials: { enabled: true },
     dPoP: { enabled: true },
+    // The access token is an ES256-signed JWT (RFC 9068), as credbroker's
+    // is: each side verifies one ES256 proof and signs one ES256 token per
+    // request. Without a resource server the library would issue an opaque
+    // token, with no signature to make.
+    resourceIndicators: {
+      enabled: true,
+      defaultResource: () => 'urn:bench:api',
+      useGrantedResource: () => true,
+      getResourceServerInfo: () => ({
+        scope: 'api',
+        audience: 'urn:bench:api',
+        accessTokenTTL: 600,
+        accessTokenFormat: 'jwt',
+        jwt: { sign: { alg: 'ES256' } },
+      }),
+    },
   },
+  scopes: ['api'],
   enabledJWA: { dPoPSigningAlgValues: ['ES256'] },
   ttl: { ClientCredentials: 600 },
   cookies: { keys: [randomBytes(16).toString('hex')] },
