@@ -777,6 +777,12 @@ fn secret_files_must_be_private_regular_files() {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
     let err = read_secret_file(&path).unwrap_err().to_string();
     assert!(err.contains("0600") && !err.contains("CANARY"), "{err}");
+    // The message gives the mode found and the fix (not "readable by
+    // others" for a file only its group may read).
+    assert!(
+        err.contains("has mode 0640") && err.contains("chmod 600") && err.contains("fsGroup"),
+        "{err}"
+    );
     // Symlinks are followed (Kubernetes mounts secrets as links) and the
     // target is checked: a link to a readable file is refused...
     let link = dir.path().join("link.key");
