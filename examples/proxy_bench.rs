@@ -870,6 +870,12 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
         );
     }
 
+    // For a profile of the broker alone while the run goes on
+    // (`perf record -e cpu-clock -g -p PID`, docs/PERFORMANCE.md).
+    println!(
+        "pids: broker {broker_pid}, plain proxy {}, upstream {}",
+        pids.plain, pids.upstream
+    );
     println!(
         "machine: {} cores, {}; load {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
