@@ -18,6 +18,15 @@
 //! statement timeout on this side (the server enforces it too), and a full
 //! pool fails at once: both answer [`StoreError::Unavailable`].
 //!
+//! Statements: every one goes through the connection's statement cache
+//! (deadpool's `prepare_cached`), so a statement is parsed and planned once
+//! per pooled connection and each later use is one round trip (Bind and
+//! Execute) instead of two. A cached statement the server no longer knows
+//! (a pooler in transaction mode handing over another server session) or
+//! whose result type changed under it (a schema change by another replica)
+//! is refused before it runs; the connection's cache is then cleared and
+//! the statement prepared and sent once more (see [`query_rows`]).
+//!
 //! Changes: a trigger on `records` sends `NOTIFY credbroker_changes` with
 //! the tree's name; a dedicated connection (not from the pool) listens and
 //! moves that tree's [`Store::watch`] counter. It reconnects on its own and
@@ -34,8 +43,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
-use tokio_postgres::{AsyncMessage, NoTls};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{AsyncMessage, NoTls, Row};
 
 use super::{check_tree, Entry, Fenced, Lease, Store, StoreError, Tree, Watchers, ALL_TREES};
 
@@ -132,6 +143,52 @@ pub(crate) fn pg_error(e: tokio_postgres::Error) -> StoreError {
                 StoreError::Backend(text)
             }
         }
+    }
+}
+
+/// Whether the server refused a cached prepared statement without running
+/// it: 26000 (it does not know the statement: this session is not the one
+/// that prepared it, as behind a pooler in transaction mode, or it was
+/// deallocated) or 0A000 (`cached plan must not change result type`: a
+/// column it returns changed type since it was prepared). Either way
+/// nothing was executed, so preparing it again and resending is safe, also
+/// for a write.
+fn stale_statement(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::FEATURE_NOT_SUPPORTED
+    })
+}
+
+/// Runs the query `sql` through the connection's statement cache; on a
+/// stale cached statement (see [`stale_statement`]) clears this
+/// connection's cache and tries once more with a fresh one.
+async fn query_rows(
+    c: &Object,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, StoreError> {
+    let st = c.prepare_cached(sql).await.map_err(pg_error)?;
+    match c.query(&st, params).await {
+        Err(e) if stale_statement(&e) => {
+            c.statement_cache.clear();
+            let st = c.prepare_cached(sql).await.map_err(pg_error)?;
+            c.query(&st, params).await.map_err(pg_error)
+        }
+        r => r.map_err(pg_error),
+    }
+}
+
+/// [`query_rows`] for a statement that returns no rows: the rows it
+/// touched.
+async fn execute(c: &Object, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
+    let st = c.prepare_cached(sql).await.map_err(pg_error)?;
+    match c.execute(&st, params).await {
+        Err(e) if stale_statement(&e) => {
+            c.statement_cache.clear();
+            let st = c.prepare_cached(sql).await.map_err(pg_error)?;
+            c.execute(&st, params).await.map_err(pg_error)
+        }
+        r => r.map_err(pg_error),
     }
 }
 
@@ -349,6 +406,18 @@ impl PgStore {
         Ok((s.version, s.oldest_binary))
     }
 
+    /// For tests: drops, on the server, the prepared statements of one
+    /// pooled connection while leaving them in its client-side cache, as a
+    /// pooler in transaction mode does when it hands the next transaction
+    /// another server session. (A simple query: it does not go through the
+    /// cache itself.)
+    #[doc(hidden)]
+    pub fn deallocate_on_server_only(&self) -> Result<(), StoreError> {
+        self.run("deallocate", |c| async move {
+            c.batch_execute("DEALLOCATE ALL").await.map_err(pg_error)
+        })
+    }
+
     /// How many rows (records and expiring entries) `tree` holds, for
     /// `store copy`'s verification.
     pub fn count(&self, tree: Tree) -> Result<u64, StoreError> {
@@ -359,8 +428,9 @@ impl PgStore {
         };
         let sql = format!("SELECT count(*) FROM {table} WHERE tree = $1");
         self.run("count", move |c| async move {
-            let row = c.query_one(&sql, &[&tree.name()]).await.map_err(pg_error)?;
-            Ok(row.get::<_, i64>(0) as u64)
+            let rows = query_rows(&c, &sql, &[&tree.name()]).await?;
+            let n = rows.first().map_or(0, |r| r.get::<_, i64>(0));
+            Ok(u64::try_from(n).unwrap_or(0))
         })
     }
 
@@ -377,14 +447,14 @@ impl PgStore {
         let (key, value) = (key.to_vec(), value.to_vec());
         let ms = ttl.as_millis() as i64;
         self.run("copy an expiring entry", move |c| async move {
-            c.execute(
+            execute(
+                &c,
                 "INSERT INTO expiring (tree, key, value, expires_at) \
                  VALUES ($1, $2, $3, now() + $4::bigint * interval '1 millisecond') \
                  ON CONFLICT (tree, key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at",
                 &[&tree.name(), &key, &value, &ms],
             )
-            .await
-            .map_err(pg_error)?;
+            .await?;
             Ok(())
         })
     }
@@ -470,7 +540,7 @@ impl PgStore {
     ) -> Result<u64, StoreError> {
         let n = self.run(what, move |c| async move {
             let refs = params.refs();
-            c.execute(sql, &refs).await.map_err(pg_error)
+            execute(&c, sql, &refs).await
         })?;
         if n > 0 {
             self.watchers.bump(tree);
@@ -486,8 +556,9 @@ impl PgStore {
     ) -> Result<Option<Vec<u8>>, StoreError> {
         self.run(what, move |c| async move {
             let refs = params.refs();
-            let row = c.query_opt(sql, &refs).await.map_err(pg_error)?;
-            Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
+            // At most one row: (tree, key) is the primary key.
+            let rows = query_rows(&c, sql, &refs).await?;
+            Ok(rows.first().map(|r| r.get::<_, Vec<u8>>(0)))
         })
     }
 }
@@ -657,7 +728,7 @@ impl Store for PgStore {
         };
         self.run("scan", move |c| async move {
             let refs = params.refs();
-            let rows = c.query(sql, &refs).await.map_err(pg_error)?;
+            let rows = query_rows(&c, sql, &refs).await?;
             Ok(rows
                 .into_iter()
                 .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
@@ -728,13 +799,16 @@ impl Store for PgStore {
             .map(|b| b.to_vec())
             .collect();
         let (held, swapped) = self.run("fenced compare-and-swap", move |c| async move {
-            let row = c
-                .query_one(
+            let rows = query_rows(
+                    &c,
                     "WITH lease AS (                        SELECT 1 FROM expiring                        WHERE tree = $5 AND key = $6 AND value = $7 AND expires_at > clock_timestamp()                        FOR SHARE                      ), swapped AS (                        UPDATE records SET value = $4                        WHERE tree = $1 AND key = $2 AND value = $3 AND EXISTS (SELECT 1 FROM lease)                        RETURNING 1                      )                      SELECT EXISTS (SELECT 1 FROM lease), EXISTS (SELECT 1 FROM swapped)",
                     &[&t, &bytes[0], &bytes[1], &bytes[2], &lt, &bytes[3], &bytes[4]],
                 )
-                .await
-                .map_err(pg_error)?;
+                .await?;
+            // The outer SELECT has no FROM: always exactly one row.
+            let row = rows.first().ok_or_else(|| {
+                StoreError::Backend("fenced compare-and-swap: no row returned".into())
+            })?;
             Ok((row.get::<_, bool>(0), row.get::<_, bool>(1)))
         })?;
         Ok(match (held, swapped) {

@@ -17,4 +17,5 @@ mod processes;
 mod proxy_replay;
 mod refresh;
 mod replicas;
+mod statements;
 mod vault_keys;
