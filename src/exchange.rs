@@ -1041,8 +1041,12 @@ impl Broker {
                 now,
             )
         };
-        let account = conn.vault.account(person, service).map_err(vault_error)?;
-        let kind = match &account {
+        // Read once: the token below starts from this same record.
+        let read = conn
+            .vault
+            .account_read(person, service)
+            .map_err(vault_error)?;
+        let kind = match read.as_ref().map(|r| r.account()) {
             None => Some(crate::connect::LinkKind::Connect),
             Some(a)
                 if a.status == crate::vault::AccountStatus::ReconnectRequired
@@ -1063,6 +1067,9 @@ impl Broker {
         if let Some(kind) = kind {
             return Err(refuse(kind));
         }
+        let Some(read) = read else {
+            return Err(refuse(crate::connect::LinkKind::Connect));
+        };
         let request = crate::vault::TokenRequest {
             person,
             service,
@@ -1070,7 +1077,7 @@ impl Broker {
         };
         let outcome = conn
             .vault
-            .provider_token_refusing(provider, &request, refused, self.clock.as_ref())
+            .provider_token_after(provider, &request, read, refused, self.clock.as_ref())
             .await
             .map_err(vault_error)?;
         match outcome {

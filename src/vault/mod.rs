@@ -128,6 +128,28 @@ pub struct Allowance {
     pub updated: i64,
 }
 
+/// An account record as one read found it (see [`Vault::account_read`]).
+pub struct AccountRead {
+    summary: Account,
+    key: Vec<u8>,
+    rec: AccountRecord,
+}
+
+impl AccountRead {
+    /// The account, without tokens.
+    pub fn account(&self) -> &Account {
+        &self.summary
+    }
+}
+
+impl std::fmt::Debug for AccountRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccountRead")
+            .field("account", &self.summary)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The stored account record.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct AccountRecord {
@@ -463,6 +485,23 @@ impl Vault {
         Ok(self
             .read(&account_key(person, service))?
             .map(|(_, r)| r.summary()))
+    }
+
+    /// The person's account at `service` as read once, for a caller that
+    /// checks the account and then needs its token: pass it on to
+    /// [`Vault::provider_token_after`], which then does not read the same
+    /// record again.
+    pub fn account_read(
+        &self,
+        person: &Person,
+        service: &str,
+    ) -> Result<Option<AccountRead>, VaultError> {
+        let key = account_key(person, service);
+        Ok(self.read(&key)?.map(|(_, rec)| AccountRead {
+            summary: rec.summary(),
+            key,
+            rec,
+        }))
     }
 
     /// Every account, or one person's.

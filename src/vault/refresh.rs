@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
-use super::{account_key, scope_key, AccessEntry, AccountStatus, Vault, VaultError};
+use super::{account_key, scope_key, AccessEntry, AccountRead, AccountStatus, Vault, VaultError};
 use crate::clock::Clock;
 use crate::secret::SecretString;
 use crate::store::{Fenced, Lease, Store, Tree};
@@ -249,12 +249,51 @@ impl Vault {
         refused: Option<&str>,
         clock: &dyn Clock,
     ) -> Result<TokenOutcome, VaultError> {
-        let not_refused = |e: &AccessEntry| refused.is_none_or(|t| t != e.access_token);
         let key = account_key(r.person, r.service);
-        let now = clock.now();
         let Some((_, rec)) = self.read(&key)? else {
             return Ok(TokenOutcome::NoAccount);
         };
+        self.token_from(provider, r, refused, clock, key, rec).await
+    }
+
+    /// [`Vault::provider_token_refusing`] starting from the record the
+    /// caller has just read with [`Vault::account_read`] for its own checks,
+    /// instead of reading it again: a derive then reads the account once
+    /// when its token is fresh. Only that first look trusts `read`; a
+    /// refresh, and the wait for another instance's, read the record again
+    /// (under the lock and the lease), as always. A `read` of another
+    /// account than `r` names is not used (the record is read afresh).
+    pub async fn provider_token_after(
+        &self,
+        provider: &Provider,
+        r: &TokenRequest<'_>,
+        read: AccountRead,
+        refused: Option<&str>,
+        clock: &dyn Clock,
+    ) -> Result<TokenOutcome, VaultError> {
+        let key = account_key(r.person, r.service);
+        if read.key != key {
+            return self
+                .provider_token_refusing(provider, r, refused, clock)
+                .await;
+        }
+        self.token_from(provider, r, refused, clock, key, read.rec)
+            .await
+    }
+
+    /// The token logic after the first read of the account's record `rec`
+    /// (stored under `key`).
+    async fn token_from(
+        &self,
+        provider: &Provider,
+        r: &TokenRequest<'_>,
+        refused: Option<&str>,
+        clock: &dyn Clock,
+        key: Vec<u8>,
+        rec: super::AccountRecord,
+    ) -> Result<TokenOutcome, VaultError> {
+        let not_refused = |e: &AccessEntry| refused.is_none_or(|t| t != e.access_token);
+        let now = clock.now();
         if rec.status == AccountStatus::ReconnectRequired {
             return Ok(TokenOutcome::Reconnect);
         }
