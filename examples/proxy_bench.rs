@@ -55,6 +55,9 @@ use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
+#[path = "support/connect.rs"]
+mod connect;
+
 #[derive(Parser, Debug)]
 #[command(about = "Egress proxy benchmark: direct, plain proxy, credbroker, in one run")]
 struct Args {
@@ -473,98 +476,6 @@ fn quickstart(bin: &Path, dir: &Path, listen: &str, demo: &str, log: &Path) -> C
         .unwrap()
 }
 
-// ------------------------------------------------------------ the connect flow
-
-/// The value of the hidden input `name` in a page, HTML entities undone.
-fn hidden(html: &str, name: &str) -> Option<String> {
-    let marker = format!("name=\"{name}\" value=\"");
-    let i = html.find(&marker)? + marker.len();
-    let j = html[i..].find('"')? + i;
-    Some(
-        html[i..j]
-            .replace("&quot;", "\"")
-            .replace("&#39;", "'")
-            .replace("&#x27;", "'")
-            .replace("&lt;", "<")
-            .replace("&gt;", ">")
-            .replace("&amp;", "&"),
-    )
-}
-
-/// Alice opens her connect `link`, signs in, presses Connect and allows at
-/// the demo service: the pages' real forms, over HTTP, as a browser posts
-/// them (cookies kept, redirects followed).
-async fn connect_over_http(issuer: &str, demo: &str, link: &str, password: &str) {
-    let c = reqwest::Client::builder()
-        .cookie_store(true)
-        .no_proxy()
-        .build()
-        .unwrap();
-    let page = c.get(link).send().await.unwrap();
-    let return_to = page
-        .url()
-        .query_pairs()
-        .find(|(k, _)| k == "return_to")
-        .map(|(_, v)| v.into_owned())
-        .expect("the link asks to sign in first");
-    let html = page.text().await.unwrap();
-    let csrf = hidden(&html, "csrf").expect("the sign-in form has a CSRF token");
-    let page = c
-        .post(format!("{issuer}/signin"))
-        .form(&[
-            ("csrf", csrf.as_str()),
-            ("return_to", return_to.as_str()),
-            ("username", "alice"),
-            ("password", password),
-        ])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(page.url().as_str(), link, "signed in, back on the link");
-    let html = page.text().await.unwrap();
-    let csrf = hidden(&html, "csrf").expect("the connect form has a CSRF token");
-    let action = link.strip_prefix(issuer).unwrap();
-    let page = c
-        .post(format!("{issuer}{action}"))
-        .form(&[("csrf", csrf.as_str()), ("action", "connect")])
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        page.url()
-            .as_str()
-            .starts_with(&format!("{demo}/authorize?")),
-        "Connect leads to the demo service, not {}",
-        page.url()
-    );
-    let html = page.text().await.unwrap();
-    let mut form: Vec<(String, String)> = [
-        "response_type",
-        "code_challenge_method",
-        "client_id",
-        "redirect_uri",
-        "state",
-        "code_challenge",
-        "scope",
-    ]
-    .iter()
-    .map(|k| (k.to_string(), hidden(&html, k).unwrap_or_default()))
-    .collect();
-    form.push(("account".into(), "alice.demo".into()));
-    form.push(("decision".into(), "allow".into()));
-    let done = c
-        .post(format!("{demo}/authorize"))
-        .form(&form)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        done.url().as_str(),
-        format!("{issuer}/done/connected"),
-        "the connect flow ends on the done page"
-    );
-}
-
 // ------------------------------------------------------------ the client
 
 /// One keep-alive HTTP/1.1 connection, hand-written so that the client's
@@ -813,13 +724,8 @@ fn bench(args: Args) {
             .unwrap_or_default()
             .contains("Next steps")
     });
-    let printed = std::fs::read_to_string(&log).unwrap();
-    let password = printed
-        .lines()
-        .find(|l| l.trim_start().starts_with("alice ") && l.contains("password"))
-        .and_then(|l| l.split_whitespace().skip_while(|w| *w != "password").nth(1))
-        .expect("the banner prints alice's password")
-        .to_string();
+    let password = connect::alice_password(&std::fs::read_to_string(&log).unwrap())
+        .expect("the banner prints alice's password");
     terminate(&mut first);
     let config = qs.join("credbroker.toml");
     let text = std::fs::read_to_string(&config).unwrap();
@@ -904,7 +810,7 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
         ),
         Answer::Issued(_) => panic!("issued before any account was connected"),
     };
-    rt.block_on(connect_over_http(&issuer, &demo, &link, &password));
+    rt.block_on(connect::connect_over_http(&issuer, &demo, &link, &password));
     let demo_api = format!("{demo}/api");
     let tokens = |rt: &tokio::runtime::Runtime, key: &Es256Key| {
         let provider = issued(
@@ -964,6 +870,12 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
         );
     }
 
+    // For a profile of the broker alone while the run goes on
+    // (`perf record -e cpu-clock -g -p PID`, docs/PERFORMANCE.md).
+    println!(
+        "pids: broker {broker_pid}, plain proxy {}, upstream {}",
+        pids.plain, pids.upstream
+    );
     println!(
         "machine: {} cores, {}; load {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),

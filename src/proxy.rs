@@ -38,7 +38,7 @@ use bytes::Bytes;
 use dashmap::DashMap;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Limited};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::events::{Event, ProxyCall, PROXY_COMPLETED, PROXY_REQUEST};
 use crate::exchange::{Broker, DeriveError};
@@ -74,8 +74,9 @@ const RESPONSE_HEADERS: &[&str] = &[
     "x-github-request-id",
 ];
 
-/// The body of the proxy's answers: a whole JSON refusal, or a stream.
-pub(crate) type ProxyBody = Either<Body, ChannelBody>;
+/// The body of the proxy's answers: a whole JSON refusal, or the
+/// provider's answer through the echo guard.
+pub(crate) type ProxyBody = Either<Body, GuardedBody>;
 
 /// Why a streamed answer was cut short (the tool sees the connection end
 /// before the body does).
@@ -89,14 +90,100 @@ pub(crate) enum Abort {
     Upstream,
 }
 
-/// A response body fed by the task that reads the provider's answer:
-/// bounded memory, whatever the size (the channel holds a few chunks).
-#[derive(Debug)]
-pub(crate) struct ChannelBody {
-    rx: mpsc::Receiver<Result<Bytes, Abort>>,
+/// The provider's answer as it streams back: each poll reads the upstream
+/// body and passes what it gives through the echo guard in place, so memory
+/// stays bounded (one upstream chunk and the guard's tail) whatever the
+/// size, with no task or channel between the provider and the tool, and
+/// no copy of a chunk's bulk (only the guard's short tail is copied).
+///
+/// When the answer ends (whole, cut, or dropped because the tool went
+/// away) it writes `proxy.completed` and the metrics, once.
+pub(crate) struct GuardedBody {
+    upstream: reqwest::Body,
+    guard: EchoGuard,
+    /// Bytes released by the guard and not yet handed to hyper, in order:
+    /// what the last chunk released, then the guard's tail at the end.
+    queued: [Bytes; 3],
+    /// The call's total timeout (`proxy.timeout`), from before the send.
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    sent: u64,
+    /// What the end of the answer records; taken when it is recorded.
+    end: Option<Completion>,
+    /// The answer's outcome, set once known (the first one stands).
+    outcome: Option<&'static str>,
 }
 
-impl hyper::body::Body for ChannelBody {
+impl std::fmt::Debug for GuardedBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardedBody")
+            .field("sent", &self.sent)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the completion of a streamed answer records, and the slots it
+/// holds until then.
+struct Completion {
+    proxy: Arc<Proxy>,
+    call: OwnedCall,
+    status: u16,
+    bytes_up: u64,
+    started: Instant,
+    service_label: String,
+    tool_label: String,
+    _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+}
+
+impl GuardedBody {
+    fn next_queued(&mut self) -> Option<Bytes> {
+        self.queued
+            .iter_mut()
+            .find(|b| !b.is_empty())
+            .map(std::mem::take)
+    }
+
+    /// Records the outcome (the first one wins) and releases the slots.
+    fn finish(&mut self, outcome: &'static str) {
+        self.outcome.get_or_insert(outcome);
+        if let Some(c) = self.end.take() {
+            let outcome = self.outcome.unwrap_or(outcome);
+            c.proxy
+                .completed(&c.call, c.status, outcome, c.bytes_up, self.sent, c.started);
+            let m = &c.proxy.broker.metrics;
+            m.proxy_requests
+                .with_label_values(&[&c.service_label, &c.tool_label, outcome])
+                .inc();
+            m.proxy_latency
+                .with_label_values(&[&c.service_label])
+                .observe(c.started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Takes the next upstream chunk through the guard.
+    fn take(&mut self, chunk: Bytes) -> Result<(), Abort> {
+        match self.guard.push(chunk) {
+            Ok([a, b]) => {
+                self.sent += (a.len() + b.len()) as u64;
+                self.queued = [a, b, Bytes::new()];
+                Ok(())
+            }
+            Err(Echo) => {
+                self.finish("echo_blocked");
+                Err(Abort::Echo)
+            }
+        }
+    }
+
+    /// The upstream answer is whole: the guard's tail goes out last.
+    fn upstream_ended(&mut self) {
+        let rest = std::mem::replace(&mut self.guard, EchoGuard::new(&[])).finish();
+        self.sent += rest.len() as u64;
+        self.queued[2] = rest;
+        self.finish("completed");
+    }
+}
+
+impl hyper::body::Body for GuardedBody {
     type Data = Bytes;
     type Error = Abort;
 
@@ -104,9 +191,53 @@ impl hyper::body::Body for ChannelBody {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Abort>>> {
-        self.rx
-            .poll_recv(cx)
-            .map(|o| o.map(|r| r.map(hyper::body::Frame::data)))
+        use std::task::Poll;
+        let this = &mut *self;
+        loop {
+            if let Some(b) = this.next_queued() {
+                return Poll::Ready(Some(Ok(hyper::body::Frame::data(b))));
+            }
+            if this.outcome.is_some() {
+                return Poll::Ready(None);
+            }
+            match std::pin::Pin::new(&mut this.upstream).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    // Trailers are not passed on (none is on the allowlist).
+                    if let Ok(data) = frame.into_data() {
+                        this.take(data)?;
+                    }
+                    // A body of known length may not be polled to its end:
+                    // the last chunk ends it.
+                    if hyper::body::Body::is_end_stream(&this.upstream) {
+                        this.upstream_ended();
+                    }
+                }
+                Poll::Ready(None) => this.upstream_ended(),
+                Poll::Ready(Some(Err(_))) => {
+                    this.finish("upstream_failed");
+                    return Poll::Ready(Some(Err(Abort::Upstream)));
+                }
+                Poll::Pending => {
+                    if std::future::Future::poll(this.deadline.as_mut(), cx).is_ready() {
+                        this.finish("upstream_failed");
+                        return Poll::Ready(Some(Err(Abort::Upstream)));
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.outcome.is_some() && self.queued.iter().all(Bytes::is_empty)
+    }
+}
+
+impl Drop for GuardedBody {
+    fn drop(&mut self) {
+        // Dropped before its end: the tool went away (or the connection
+        // failed) mid-answer.
+        self.finish("client_gone");
     }
 }
 
@@ -123,6 +254,8 @@ pub(crate) struct EchoGuard {
     hold: usize,
     /// The held-back tail: at most `hold` bytes, already scanned.
     pending: Vec<u8>,
+    /// Scratch for the seam between the tail and the next chunk.
+    edge: Vec<u8>,
 }
 
 /// A provider token was found in the answer.
@@ -142,6 +275,7 @@ impl EchoGuard {
             needles,
             hold,
             pending: Vec::new(),
+            edge: Vec::new(),
         }
     }
 
@@ -150,41 +284,39 @@ impl EchoGuard {
         self.needles.iter().any(|n| n.find(bytes).is_some())
     }
 
-    /// Takes the next chunk; returns what can be released.
-    pub(crate) fn push(&mut self, chunk: &[u8]) -> Result<Bytes, Echo> {
+    /// Takes the next chunk; returns what can be released, in order: the
+    /// bulk of a long chunk is released as a slice of it, not copied.
+    pub(crate) fn push(&mut self, chunk: Bytes) -> Result<[Bytes; 2], Echo> {
         if chunk.len() <= self.hold {
             // A short chunk: join it to the tail and scan the (short) whole.
-            self.pending.extend_from_slice(chunk);
+            self.pending.extend_from_slice(&chunk);
             if self.contains(&self.pending) {
                 return Err(Echo);
             }
             let cut = self.pending.len().saturating_sub(self.hold);
             let out = Bytes::copy_from_slice(&self.pending[..cut]);
             self.pending.drain(..cut);
-            return Ok(out);
+            return Ok([out, Bytes::new()]);
         }
         // A token in `pending ++ chunk` lies in `chunk`, or starts in the
         // tail (at most `hold` bytes, each token at most `hold + 1` long)
         // and so ends within the chunk's first `hold` bytes; one wholly in
         // the tail was refused when the tail was scanned.
-        if self.contains(chunk) {
+        if self.contains(&chunk) {
             return Err(Echo);
         }
-        if !self.pending.is_empty() {
-            let mut edge = Vec::with_capacity(self.pending.len() + self.hold);
-            edge.extend_from_slice(&self.pending);
-            edge.extend_from_slice(&chunk[..self.hold]);
-            if self.contains(&edge) {
+        let tail = Bytes::from(std::mem::take(&mut self.pending));
+        if !tail.is_empty() {
+            self.edge.clear();
+            self.edge.extend_from_slice(&tail);
+            self.edge.extend_from_slice(&chunk[..self.hold]);
+            if self.contains(&self.edge) {
                 return Err(Echo);
             }
         }
         let keep = chunk.len() - self.hold;
-        let mut out = Vec::with_capacity(self.pending.len() + keep);
-        out.extend_from_slice(&self.pending);
-        out.extend_from_slice(&chunk[..keep]);
-        self.pending.clear();
         self.pending.extend_from_slice(&chunk[keep..]);
-        Ok(Bytes::from(out))
+        Ok([tail, chunk.slice(..keep)])
     }
 
     /// The end of the answer: the bytes held back.
@@ -447,7 +579,11 @@ impl Proxy {
         let key = crate::jose::sha256_hex(&key);
         // Either side of now, plus the verifier's skew.
         let window = std::time::Duration::from_secs((2 * crate::dpop::IAT_WINDOW + 10) as u64);
-        match self.broker.store.insert_expiring(
+        // Unsynced: on sled the entry reaches disk at the next flush (every
+        // 500 ms, and at close), not before the call goes on. A flush per
+        // call was half of the proxy's CPU per call; what a crash can lose is
+        // said in docs/PROXY.md. PostgreSQL writes it durably either way.
+        match self.broker.store.insert_expiring_unsynced(
             crate::store::Tree::Replay,
             key.as_bytes(),
             b"1",
@@ -1000,94 +1136,62 @@ impl Proxy {
 
         // The status and headers go out only once the first chunk (or the
         // whole answer, when shorter) has been scanned.
-        let mut resp = resp;
-        let first = match tokio::time::timeout_at(deadline, resp.chunk()).await {
-            Err(_) => return Err((call, Refusal::Timeout)),
-            Ok(Err(_)) => {
-                return Err((
-                    call,
-                    Refusal::BadGateway("upstream_failed", "the provider's answer failed"),
-                ))
-            }
-            Ok(Ok(c)) => c,
-        };
-        let mut first_out = Bytes::new();
-        let mut done = first.is_none();
-        if let Some(c) = &first {
-            match guard.push(c) {
-                Ok(out) => first_out = out,
-                Err(Echo) => {
+        let mut upstream = reqwest::Body::from(resp);
+        let mut first_out = [Bytes::new(), Bytes::new(), Bytes::new()];
+        let ended = loop {
+            match tokio::time::timeout_at(deadline, upstream.frame()).await {
+                Err(_) => return Err((call, Refusal::Timeout)),
+                Ok(Some(Err(_))) => {
                     return Err((
                         call,
-                        Refusal::BadGateway(
-                            "echo_blocked",
-                            "the provider's answer carried a provider token; it was not passed on",
-                        ),
+                        Refusal::BadGateway("upstream_failed", "the provider's answer failed"),
                     ))
                 }
-            }
-        }
-        let (tx, rx) = mpsc::channel::<Result<Bytes, Abort>>(4);
-        let this = self.clone();
-        let bytes_up = body.len() as u64;
-        let service_label = call.service.to_string();
-        let tool_label = self.tool_label(&call.policy, &call.who.tool).to_string();
-        // The rest runs after the headers went out: the event and metrics
-        // need owned copies of the call.
-        let owned = OwnedCall::from(&call);
-        tokio::spawn(async move {
-            let _slots = (slot, service_slot);
-            let mut sent: u64 = 0;
-            let mut outcome = "completed";
-            if !first_out.is_empty() {
-                sent += first_out.len() as u64;
-                let _ = tx.send(Ok(first_out)).await;
-            }
-            while !done {
-                match tokio::time::timeout_at(deadline, resp.chunk()).await {
-                    Ok(Ok(Some(c))) => match guard.push(&c) {
-                        Ok(out) => {
-                            sent += out.len() as u64;
-                            if !out.is_empty() && tx.send(Ok(out)).await.is_err() {
-                                outcome = "client_gone";
-                                done = true;
-                            }
-                        }
+                Ok(None) => break true,
+                Ok(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    match guard.push(data) {
+                        Ok([a, b]) => first_out = [a, b, Bytes::new()],
                         Err(Echo) => {
-                            let _ = tx.send(Err(Abort::Echo)).await;
-                            outcome = "echo_blocked";
-                            done = true;
+                            return Err((
+                                call,
+                                Refusal::BadGateway(
+                                    "echo_blocked",
+                                    "the provider's answer carried a provider token; it was not passed on",
+                                ),
+                            ))
                         }
-                    },
-                    Ok(Ok(None)) => {
-                        let rest = std::mem::replace(&mut guard, EchoGuard::new(&[])).finish();
-                        sent += rest.len() as u64;
-                        if !rest.is_empty() {
-                            let _ = tx.send(Ok(rest)).await;
-                        }
-                        done = true;
                     }
-                    Ok(Err(_)) | Err(_) => {
-                        let _ = tx.send(Err(Abort::Upstream)).await;
-                        outcome = "upstream_failed";
-                        done = true;
-                    }
+                    break hyper::body::Body::is_end_stream(&upstream);
                 }
             }
-            drop(tx);
-            this.completed(&owned, status.as_u16(), outcome, bytes_up, sent, started);
-            this.broker
-                .metrics
-                .proxy_requests
-                .with_label_values(&[&service_label, &tool_label, outcome])
-                .inc();
-            this.broker
-                .metrics
-                .proxy_latency
-                .with_label_values(&[&service_label])
-                .observe(started.elapsed().as_secs_f64());
-        });
-        let mut r = Response::new(Either::Right(ChannelBody { rx }));
+        };
+        // The rest is read as the tool reads it: the event and metrics at
+        // its end need owned copies of the call.
+        let mut answer = GuardedBody {
+            upstream,
+            guard,
+            sent: first_out.iter().map(|b| b.len() as u64).sum(),
+            queued: first_out,
+            deadline: Box::pin(tokio::time::sleep_until(deadline)),
+            end: Some(Completion {
+                proxy: self.clone(),
+                call: OwnedCall::from(&call),
+                status: status.as_u16(),
+                bytes_up: body.len() as u64,
+                started,
+                service_label: call.service.to_string(),
+                tool_label: self.tool_label(&call.policy, &call.who.tool).to_string(),
+                _slots: (slot, service_slot),
+            }),
+            outcome: None,
+        };
+        if ended {
+            answer.upstream_ended();
+        }
+        let mut r = Response::new(Either::Right(answer));
         *r.status_mut() = status;
         *r.headers_mut() = headers;
         Ok(r)
@@ -1183,15 +1287,17 @@ mod tests {
     #[test]
     fn echo_guard_sees_a_token_split_across_chunks() {
         let mut g = EchoGuard::new(&["SECRET-TOKEN", "REFRESH"]);
-        let a = g.push(b"hello SECRE").unwrap();
+        let a = g.push(Bytes::from_static(b"hello SECRE")).unwrap();
         // The held-back tail could start a token: it is not released.
-        assert_eq!(&a[..], b"");
-        assert_eq!(g.push(b"T-TOKEN and more"), Err(Echo));
+        assert!(a.iter().all(Bytes::is_empty), "{a:?}");
+        assert_eq!(g.push(Bytes::from_static(b"T-TOKEN and more")), Err(Echo));
         // Positive control: the same bytes without the token pass whole.
         let mut g = EchoGuard::new(&["SECRET-TOKEN"]);
         let mut out = Vec::new();
         for c in [&b"hello SECRE"[..], b"T-TOKEX and more", b"!"] {
-            out.extend_from_slice(&g.push(c).unwrap());
+            for b in g.push(Bytes::copy_from_slice(c)).unwrap() {
+                out.extend_from_slice(&b);
+            }
         }
         out.extend_from_slice(&g.finish());
         assert_eq!(out, b"hello SECRET-TOKEX and more!");
@@ -1239,8 +1345,12 @@ mod tests {
                 let n = 1 + (next() % 15) as usize;
                 let (c, r) = rest.split_at(n.min(rest.len()));
                 rest = r;
-                match g.push(c) {
-                    Ok(b) => out.extend_from_slice(&b),
+                match g.push(Bytes::copy_from_slice(c)) {
+                    Ok(released) => {
+                        for b in released {
+                            out.extend_from_slice(&b);
+                        }
+                    }
                     Err(Echo) => {
                         refused = true;
                         break;

@@ -255,7 +255,33 @@ impl RefusalLog {
     }
 }
 
+/// What the accept loops of one Unix listener share: with one runtime per
+/// core every thread accepts on its own copy of the socket, and the
+/// connection cap, the shedding and the refusal counters must still hold
+/// for the socket as a whole, so they live here behind one lock each.
+struct Gate {
+    conns: Conns,
+    /// Refused peers are answered for a moment each; this caps how many at
+    /// once so a flood from a refused uid cannot pile up tasks and
+    /// descriptors.
+    refusals: Arc<Semaphore>,
+    refusal_log: RefusalLog,
+    cap_log: RefusalLog,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        Gate {
+            conns: Conns::default(),
+            refusals: Arc::new(Semaphore::new(64)),
+            refusal_log: RefusalLog::new(Duration::from_secs(10)),
+            cap_log: RefusalLog::new(Duration::from_secs(10)),
+        }
+    }
+}
+
 /// How one Unix listener is served.
+#[derive(Clone)]
 struct UnixServe {
     /// `api` or `admin`: the metric label and the log field.
     name: &'static str,
@@ -271,6 +297,7 @@ struct UnixServe {
 async fn serve_unix<H, F>(
     listener: UnixListener,
     opts: UnixServe,
+    gate: Arc<Gate>,
     handler: H,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) where
@@ -284,14 +311,8 @@ async fn serve_unix<H, F>(
         header_timeout,
         metrics,
     } = opts;
-    let conns = Arc::new(Conns::default());
     // Connection tasks still running, awaited (bounded) at shutdown.
     let mut tasks = tokio::task::JoinSet::new();
-    // Refused peers are answered for a moment each; cap how many at once so
-    // a flood from a refused uid cannot pile up tasks and descriptors.
-    let refusals = Arc::new(Semaphore::new(64));
-    let refusal_log = RefusalLog::new(Duration::from_secs(10));
-    let cap_log = RefusalLog::new(Duration::from_secs(10));
     let own_uid = crate::unix::current_uid();
     let builder = http1(header_timeout);
     let mut shutdown = shutdown;
@@ -318,7 +339,7 @@ async fn serve_unix<H, F>(
                 .connections_refused
                 .with_label_values(&[name, "uid"])
                 .inc();
-            if let Some(n) = refusal_log.note(std::time::Instant::now()) {
+            if let Some(n) = gate.refusal_log.note(std::time::Instant::now()) {
                 if uid == own_uid {
                     tracing::warn!(
                         socket = name,
@@ -337,7 +358,7 @@ async fn serve_unix<H, F>(
             }
             // Nothing from this peer is parsed; it gets a fixed answer (if a
             // refusal slot is free, else none) and the connection is closed.
-            let Ok(refusal) = refusals.clone().try_acquire_owned() else {
+            let Ok(refusal) = gate.refusals.clone().try_acquire_owned() else {
                 continue;
             };
             tokio::spawn(async move {
@@ -372,7 +393,7 @@ async fn serve_unix<H, F>(
             });
             continue;
         }
-        let (id, shed, in_flight) = match conns.admit(uid, max_conn) {
+        let (id, shed, in_flight) = match gate.conns.admit(uid, max_conn) {
             Admit::Yes {
                 id,
                 shed,
@@ -389,7 +410,7 @@ async fn serve_unix<H, F>(
                     .connections_refused
                     .with_label_values(&[name, "cap"])
                     .inc();
-                if let Some(n) = cap_log.note(std::time::Instant::now()) {
+                if let Some(n) = gate.cap_log.note(std::time::Instant::now()) {
                     tracing::warn!(
                         socket = name,
                         max_connections = max_conn,
@@ -410,7 +431,7 @@ async fn serve_unix<H, F>(
                 Ok::<_, std::convert::Infallible>(handler(uid, req).await)
             }
         });
-        let c = conns.clone();
+        let c = gate.clone();
         let mut stop = shutdown.clone();
         let conn = builder.serve_connection(TokioIo::new(stream), svc);
         tasks.spawn(async move {
@@ -440,14 +461,109 @@ async fn serve_unix<H, F>(
                     let _ = conn.as_mut().await;
                 }
             }
-            c.remove(id);
+            c.conns.remove(id);
         });
     }
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         while tasks.join_next().await.is_some() {}
     })
     .await;
-    tracing::debug!(socket = name, left = conns.len(), "listener stopped");
+    tracing::debug!(socket = name, left = gate.conns.len(), "listener stopped");
+}
+
+/// Starts serving the orchestrator socket in the configured runtime shape
+/// (`socket.runtime`, docs/PERFORMANCE.md "Runtime shape"); the returned
+/// future resolves once every accept loop has stopped and drained.
+///
+/// `PerCore` runs one OS thread per core, each with its own current-thread
+/// runtime and its own copy (a `dup`) of the bound socket, accepting on it
+/// itself: a connection then lives on the thread that accepted it, and a
+/// request is read, handled and answered without waking another thread.
+/// A Unix socket has no `SO_REUSEPORT` balancing, so the threads race for
+/// each connection; the cap, the shedding and the refusal counters are
+/// shared ([`Gate`]), so they hold for the socket as a whole.
+fn serve_api<H, F>(
+    file: &str,
+    listener: UnixListener,
+    shape: crate::config::ApiRuntime,
+    opts: UnixServe,
+    handler: H,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Result<impl Future<Output = ()> + Send, StartError>
+where
+    H: Fn(u32, hyper::Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = hyper::Response<crate::http::Body>> + Send + 'static,
+{
+    let gate = Arc::new(Gate::new());
+    let threads = match shape {
+        crate::config::ApiRuntime::Shared => 0,
+        crate::config::ApiRuntime::PerCore => {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        }
+    };
+    let mut done = Vec::new();
+    if threads == 0 {
+        let task = tokio::spawn(serve_unix(listener, opts, gate, handler, shutdown));
+        done.push(Box::pin(async move {
+            let _ = task.await;
+        })
+            as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>);
+    } else {
+        let io = |what: String| StartError::Io(format!("{file}: socket.runtime: {what}"));
+        let std_listener = listener
+            .into_std()
+            .map_err(|e| io(format!("cannot take over the socket: {e}")))?;
+        // Every copy and runtime first, so that a failure starts no thread.
+        let mut parts = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let copy = std_listener.try_clone().map_err(|e| {
+                io(format!(
+                    "cannot duplicate the socket for API thread {i}: {e}"
+                ))
+            })?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| io(format!("cannot start the runtime of API thread {i}: {e}")))?;
+            parts.push((copy, rt));
+        }
+        drop(std_listener);
+        for (i, (copy, rt)) in parts.into_iter().enumerate() {
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let (opts, gate, handler, shutdown) = (
+                opts.clone(),
+                gate.clone(),
+                handler.clone(),
+                shutdown.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("credbroker-api-{i}"))
+                .spawn(move || {
+                    rt.block_on(async move {
+                        // The copy shares the original's open file, which
+                        // tokio left non-blocking.
+                        match UnixListener::from_std(copy) {
+                            Ok(l) => serve_unix(l, opts, gate, handler, shutdown).await,
+                            Err(e) => tracing::error!(
+                                error = %e,
+                                thread = i,
+                                "an API thread cannot register the socket; it does not accept"
+                            ),
+                        }
+                    });
+                    let _ = tx.send(());
+                })
+                .map_err(|e| io(format!("cannot start API thread {i}: {e}")))?;
+            done.push(Box::pin(async move {
+                let _ = rx.await;
+            }));
+        }
+    }
+    Ok(async move {
+        for d in done {
+            d.await;
+        }
+    })
 }
 
 /// How often housekeeping runs (rate-limit buckets, vault refresh, expired
@@ -478,8 +594,10 @@ pub async fn run(
     let reload = crate::app::reload::spawn(broker.clone(), rx.clone());
 
     let b = broker.clone();
-    let api = tokio::spawn(serve_unix(
+    let api = serve_api(
+        &cfg.file.display().to_string(),
         listeners.api,
+        cfg.socket.runtime,
         UnixServe {
             name: "api",
             allowed,
@@ -489,7 +607,7 @@ pub async fn run(
         },
         move |uid, req| crate::api::handle(b.clone(), uid, req),
         rx.clone(),
-    ));
+    )?;
     let handles = instance.admin_handles();
     let admin = tokio::spawn(serve_unix(
         listeners.admin,
@@ -501,6 +619,7 @@ pub async fn run(
             header_timeout: cfg.socket.header_timeout,
             metrics: broker.metrics.clone(),
         },
+        Arc::new(Gate::new()),
         move |_uid, req| crate::admin::handle(handles.clone(), req),
         rx.clone(),
     ));
@@ -609,7 +728,7 @@ pub async fn run(
     shutdown.await;
     tracing::info!("shutting down");
     let _ = tx.send(true);
-    let _ = api.await;
+    api.await;
     let _ = admin.await;
     if let Some(p) = public {
         let _ = p.await;

@@ -33,9 +33,20 @@ pub enum SocketError {
     /// Another instance answers on the socket.
     #[error("{0} is in use by a running instance")]
     InUse(String),
-    /// The directory is unsafe (symlink, or owned by another user).
-    #[error("socket directory {0} is a symlink or owned by another user")]
-    UnsafeDir(String),
+    /// The directory is unsafe (a symlink, not a directory, or owned by
+    /// another user). The message says what to do: the broker makes its
+    /// own socket directory.
+    #[error(
+        "socket directory {dir} {why}; the broker makes its own socket directory: point socket.path into one that does not exist yet (its parent must not be writable by others), or remove this one or give it to uid {uid}"
+    )]
+    UnsafeDir {
+        /// The socket directory.
+        dir: String,
+        /// What is wrong with it.
+        why: String,
+        /// This process's uid.
+        uid: u32,
+    },
     /// The directory to create the socket directory in is unsafe.
     #[error(
         "{dir}, where the socket directory would be created, {why}; refusing to create it there"
@@ -49,12 +60,42 @@ pub enum SocketError {
     /// The group does not exist.
     #[error("group {0} does not exist")]
     NoGroup(String),
+    /// The process may not give a path to the socket group: it is not a
+    /// member (chown answered EPERM). The message says how to fix it, since
+    /// "Operation not permitted" alone names neither the group nor the cause.
+    #[error(
+        "{path}: cannot give it to the socket group {group} (gid {gid}): the broker's user (uid {uid}) is not a member of that group; add the user to it (systemd: SupplementaryGroups=; Kubernetes: supplementalGroups or fsGroup) or set socket.group to a group the user is in"
+    )]
+    NotInGroup {
+        /// The socket directory or the socket.
+        path: String,
+        /// `socket.group` as configured.
+        group: String,
+        /// Its gid.
+        gid: u32,
+        /// This process's uid.
+        uid: u32,
+    },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SocketError + '_ {
     move |source| SocketError::Io {
         path: path.display().to_string(),
         source,
+    }
+}
+
+/// Gives `path` to the socket group `gid` (`group` as configured).
+fn give_to_group(path: &Path, gid: nix::unistd::Gid, group: &str) -> Result<(), SocketError> {
+    match nix::unistd::chown(path, None, Some(gid)) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EPERM) => Err(SocketError::NotInGroup {
+            path: path.display().to_string(),
+            group: group.to_string(),
+            gid: gid.as_raw(),
+            uid: current_uid(),
+        }),
+        Err(e) => Err(io(path)(e.into())),
     }
 }
 
@@ -155,11 +196,28 @@ pub fn bind(
         Err(e) => return Err(io(dir)(e)),
     }
     let meta = std::fs::symlink_metadata(dir).map_err(io(dir))?;
-    if meta.file_type().is_symlink() || !meta.is_dir() || meta.uid() != current_uid() {
-        return Err(SocketError::UnsafeDir(dir.display().to_string()));
+    let uid = current_uid();
+    let why = if meta.file_type().is_symlink() {
+        Some("is a symlink".to_string())
+    } else if !meta.is_dir() {
+        Some("is not a directory".to_string())
+    } else if meta.uid() != uid {
+        Some(format!(
+            "is owned by uid {}, not the broker's uid {uid}",
+            meta.uid()
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        return Err(SocketError::UnsafeDir {
+            dir: dir.display().to_string(),
+            why,
+            uid,
+        });
     }
-    if let Some(gid) = gid {
-        nix::unistd::chown(dir, None, Some(gid)).map_err(|e| io(dir)(e.into()))?;
+    if let (Some(gid), Some(group)) = (gid, group) {
+        give_to_group(dir, gid, group)?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
             .map_err(io(dir))?;
     }
@@ -177,8 +235,8 @@ pub fn bind(
     let listener = tokio::net::UnixListener::bind(path).map_err(io(path))?;
     created.0.push(path.to_owned());
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(sock_mode)).map_err(io(path))?;
-    if let Some(gid) = gid {
-        nix::unistd::chown(path, None, Some(gid)).map_err(|e| io(path)(e.into()))?;
+    if let (Some(gid), Some(group)) = (gid, group) {
+        give_to_group(path, gid, group)?;
     }
     Ok(listener)
 }

@@ -20,6 +20,20 @@ pub struct SocketConfig {
     pub max_connections: usize,
     /// Time allowed to send a request's headers, and then its body.
     pub header_timeout: Duration,
+    /// How the socket's connections are spread over threads.
+    pub runtime: ApiRuntime,
+}
+
+/// `socket.runtime`: the runtime shape serving the orchestrator socket
+/// (docs/PERFORMANCE.md, "Runtime shape").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiRuntime {
+    /// `"shared"`: the broker's multi-thread runtime, with the admin socket,
+    /// the public listener and housekeeping.
+    Shared,
+    /// `"per_core"`: one thread per core, each with its own current-thread
+    /// runtime accepting on its own copy of the socket.
+    PerCore,
 }
 
 /// The public TCP listener.
@@ -49,12 +63,21 @@ pub(super) fn socket(raw: RawSocket, check: &mut Check<'_>) -> SocketConfig {
     if allowed_uids.is_empty() {
         check.bad("socket.allowed_uids", "must list at least one uid");
     }
+    let runtime = match raw.runtime.as_deref() {
+        None | Some("per_core") => ApiRuntime::PerCore,
+        Some("shared") => ApiRuntime::Shared,
+        Some(_) => {
+            check.bad("socket.runtime", "must be \"per_core\" or \"shared\"");
+            ApiRuntime::PerCore
+        }
+    };
     SocketConfig {
         path: check.rel(&raw.path),
         group: raw.group,
         allowed_uids,
         max_connections: raw.max_connections.unwrap_or(512),
         header_timeout,
+        runtime,
     }
 }
 

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use issuers::{default_display_name, IssuerConfig, JwksSource, SignIn};
-pub use listeners::{PublicConfig, SocketConfig};
+pub use listeners::{ApiRuntime, PublicConfig, SocketConfig};
 pub use providers::{
     AccountLookup, ClientAuth, Endpoints, ProviderConfig, GITHUB_API, GITHUB_AUTHORIZE,
     GITHUB_TOKEN, GITHUB_USER_API, QUICKSTART_DEMO,

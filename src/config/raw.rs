@@ -138,6 +138,8 @@ pub(super) struct RawSocket {
     pub(super) max_connections: Option<usize>,
     #[serde(default)]
     pub(super) header_timeout: Option<String>,
+    #[serde(default)]
+    pub(super) runtime: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -777,6 +777,12 @@ fn secret_files_must_be_private_regular_files() {
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
     let err = read_secret_file(&path).unwrap_err().to_string();
     assert!(err.contains("0600") && !err.contains("CANARY"), "{err}");
+    // The message gives the mode found and the fix (not "readable by
+    // others" for a file only its group may read).
+    assert!(
+        err.contains("has mode 0640") && err.contains("chmod 600") && err.contains("fsGroup"),
+        "{err}"
+    );
     // Symlinks are followed (Kubernetes mounts secrets as links) and the
     // target is checked: a link to a readable file is refused...
     let link = dir.path().join("link.key");
@@ -952,4 +958,35 @@ fn postgres_turns_dpop_nonces_on_and_refuses_them_off() {
             .dpop
             .require_nonce
     );
+}
+
+#[test]
+fn socket_runtime_is_per_core_or_shared() {
+    use crate::config::ApiRuntime;
+    for bad in ["per-core", "multi_thread", "", "PER_CORE"] {
+        let text = insert_after(
+            BASE,
+            "path = \"credbroker.sock\"",
+            &format!("runtime = \"{bad}\""),
+        );
+        let p = problems(&text);
+        let shown = problem_for(&p, "socket.runtime").to_string();
+        assert!(
+            shown.contains("per_core") && shown.contains("shared"),
+            "{shown}"
+        );
+    }
+    // Positive controls: both names, and the default.
+    assert_eq!(parse(BASE).unwrap().socket.runtime, ApiRuntime::PerCore);
+    for (name, shape) in [
+        ("shared", ApiRuntime::Shared),
+        ("per_core", ApiRuntime::PerCore),
+    ] {
+        let text = insert_after(
+            BASE,
+            "path = \"credbroker.sock\"",
+            &format!("runtime = \"{name}\""),
+        );
+        assert_eq!(parse(&text).unwrap().socket.runtime, shape);
+    }
 }

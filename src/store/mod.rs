@@ -302,6 +302,22 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         ttl: std::time::Duration,
     ) -> Result<bool, StoreError>;
 
+    /// [`Store::insert_expiring`] with the same atomicity, but whose entry
+    /// may reach disk only at the store's next flush (sled flushes every
+    /// half second and when closed) instead of before this returns: for an
+    /// entry whose loss in a crash costs little and whose write is on a hot
+    /// path (a proxied call's proof `jti`, docs/PROXY.md). Where every write
+    /// is durable anyway (PostgreSQL), it is `insert_expiring`.
+    fn insert_expiring_unsynced(
+        &self,
+        tree: Tree,
+        key: &[u8],
+        value: &[u8],
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        self.insert_expiring(tree, key, value, ttl)
+    }
+
     /// Reads a live expiring entry (`None` if absent or expired).
     fn get_expiring(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
 

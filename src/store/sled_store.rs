@@ -257,6 +257,20 @@ impl Store for SledStore {
         value: &[u8],
         ttl: Duration,
     ) -> Result<bool, StoreError> {
+        let inserted = self.insert_expiring_unsynced(tree, key, value, ttl)?;
+        if inserted {
+            self.written(tree)?;
+        }
+        Ok(inserted)
+    }
+
+    fn insert_expiring_unsynced(
+        &self,
+        tree: Tree,
+        key: &[u8],
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
         check_tree(tree, true)?;
         let t = self.tree(tree)?;
         let new = encode_expiring(expiry(ttl), value);
@@ -270,11 +284,12 @@ impl Store for SledStore {
             }
             // Replace exactly what was read (absent, or expired): if another
             // thread got there first, read again.
+            // No flush here: sled's own flusher (every 500 ms) and its
+            // close write it; `insert_expiring` flushes before returning.
             if t.compare_and_swap(key, current, Some(new.as_slice()))
                 .map_err(backend)?
                 .is_ok()
             {
-                self.written(tree)?;
                 return Ok(true);
             }
         }
@@ -394,5 +409,31 @@ mod tests {
             s.get_expiring(Tree::Replay, b"j").unwrap().as_deref(),
             Some(&b"1"[..])
         );
+    }
+
+    /// An entry written without a flush is refused a second time at once,
+    /// and is still there after the store was closed and reopened (a
+    /// restart that was not a crash); a key never written is not.
+    #[test]
+    fn an_unsynced_expiring_entry_refuses_a_replay_and_survives_a_close() {
+        let dir = tempfile::tempdir().unwrap();
+        let ttl = Duration::from_secs(60);
+        {
+            let s = SledStore::open(dir.path()).unwrap();
+            assert!(s
+                .insert_expiring_unsynced(Tree::Replay, b"p", b"1", ttl)
+                .unwrap());
+            assert!(!s
+                .insert_expiring_unsynced(Tree::Replay, b"p", b"1", ttl)
+                .unwrap());
+        }
+        let s = SledStore::open(dir.path()).unwrap();
+        assert!(!s
+            .insert_expiring_unsynced(Tree::Replay, b"p", b"1", ttl)
+            .unwrap());
+        // Positive control: another key is inserted.
+        assert!(s
+            .insert_expiring_unsynced(Tree::Replay, b"q", b"1", ttl)
+            .unwrap());
     }
 }

@@ -4,8 +4,9 @@
 //! every path the broker writes must lie in one of them; the socket group
 //! must be among `SupplementaryGroups=` (chown to a group needs
 //! membership). The regressions of issue 15: `key_dir` under /etc
-//! (`Permission denied`) and no `SupplementaryGroups=`
-//! (`Operation not permitted`). `systemd-analyze` checks the unit's syntax
+//! (`Permission denied`) and no `SupplementaryGroups=` (then
+//! `Operation not permitted`; the refusal now names the group and the fix).
+//! `systemd-analyze` checks the unit's syntax
 //! in scripts/check-deploy.
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -336,6 +336,13 @@ async fn key_rotation_keeps_old_tokens_verifiable() {
         "{:?}",
         b.audit_lines()
     );
+    // ...and so does the broker's log line.
+    let log = b.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("signing key rotated") && l.contains(&format!("kid={new_kid}"))),
+        "no rotation log line naming kid {new_kid}: {log}"
+    );
     let wait = out["activates_at"].as_i64().unwrap() - now() + 1;
     std::thread::sleep(std::time::Duration::from_secs(wait.max(0) as u64));
     b.restart();

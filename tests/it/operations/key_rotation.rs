@@ -139,6 +139,84 @@ async fn scheduled_rotation_activates_on_the_tick_of_a_running_broker() {
     assert!(b.log_text().contains("signing key now active"));
 }
 
+/// `credbroker keys rotate --emergency` on a running broker (a suspected key
+/// compromise): the new key signs at once, whatever `[keys]
+/// activation_delay` says, and every other key leaves the JWKS, so a token
+/// signed before stops verifying (the cost `--help` names). The log line
+/// and the audit event name the new `kid` and say it was an emergency.
+#[tokio::test]
+async fn emergency_rotation_signs_at_once_and_withdraws_the_old_key() {
+    let b = TestBroker::start_with(Opts {
+        // A scheduled rotation would wait an hour: only --emergency can
+        // make the new key sign within this test.
+        edit_config: Some(|t| t.replace("[keys]\n", "[keys]\nactivation_delay = 3600\n")),
+        ..Opts::default()
+    });
+    let kid_of = |token: &str| jose::parse(token, 8 * 1024).unwrap().header.kid.unwrap();
+    let old_kid = status(&b)["active_kid"].as_str().unwrap().to_owned();
+    let before = b.derive_ok(&key()).await;
+    let jwks = b.jwks().await;
+    // Control: before the rotation the old token verifies with the old key.
+    assert_eq!(kid_of(before.access_token.expose()), old_kid);
+    assert!(verifies(before.access_token.expose(), &jwks));
+
+    let out = std::process::Command::new(bin())
+        .args(["keys", "rotate", "--emergency", "--config"])
+        .arg(&b.config)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let answer: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let new_kid = answer["kid"].as_str().unwrap().to_owned();
+    assert_ne!(new_kid, old_kid);
+    assert_eq!(answer["emergency"], true, "{answer}");
+    assert_eq!(answer["active_kid"], new_kid.as_str(), "{answer}");
+    assert_eq!(
+        answer["withdrawn"],
+        serde_json::json!([old_kid]),
+        "{answer}"
+    );
+    assert_eq!(status(&b)["active_kid"], new_kid.as_str(), "active at once");
+
+    // The JWKS holds the new key only: the old one is withdrawn.
+    let jwks = b.jwks().await;
+    assert_eq!(kids(&jwks), BTreeSet::from([new_kid.clone()]));
+    assert!(
+        !verifies(before.access_token.expose(), &jwks),
+        "a token signed by the withdrawn key still verifies"
+    );
+    // Positive control: a token minted now is signed by the new key and
+    // verifies against the same JWKS.
+    let after = b.derive_ok(&key()).await;
+    assert_eq!(kid_of(after.access_token.expose()), new_kid);
+    assert!(verifies(after.access_token.expose(), &jwks));
+
+    let rotated: Vec<_> = b
+        .audit_lines()
+        .into_iter()
+        .filter(|e| e["event"] == "keys.rotated")
+        .collect();
+    assert_eq!(rotated.len(), 1, "{rotated:?}");
+    assert_eq!(
+        (rotated[0]["outcome"].as_str(), rotated[0]["kid"].as_str()),
+        (Some("emergency"), Some(new_kid.as_str()))
+    );
+    let log = b.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("signing key rotated"))
+        .unwrap_or_else(|| panic!("no rotation log line: {log}"));
+    assert!(
+        line.contains(&format!("kid={new_kid}")) && line.contains("emergency=true"),
+        "the rotation log line names the new kid and the emergency: {line}"
+    );
+    assert!(
+        line.contains(&old_kid),
+        "the rotation log line names the withdrawn kid: {line}"
+    );
+}
+
 #[cfg(feature = "failpoints")]
 mod failpoints {
     use std::os::unix::process::ExitStatusExt;

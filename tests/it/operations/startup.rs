@@ -239,3 +239,214 @@ fn store_path_that_is_a_file_names_the_key() {
     );
     assert!(!dir.path().join("credbroker.sock").exists(), "{err}");
 }
+
+/// Gives everything under `dir` (and `dir`) to `uid`:`gid`.
+fn chown_tree(dir: &Path, uid: u32, gid: u32) {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(gid)).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if std::fs::symlink_metadata(&path).unwrap().is_dir() {
+            chown_tree(&path, uid, gid);
+        } else {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(gid)).unwrap();
+        }
+    }
+}
+
+/// Starts `serve --config config` as `other` and waits until it logs that
+/// it serves (`Ok`, the running child; kill it) or exits (`Err`, its
+/// stderr); 20 s at most. (The socket's existence proves nothing: a start
+/// binds first and removes the sockets again when a later check fails.)
+fn start_as(
+    other: &OtherUser,
+    config: &Path,
+) -> Result<(tempfile::TempDir, std::process::Child), String> {
+    use std::io::BufRead;
+    let args = [
+        std::ffi::OsStr::new("serve"),
+        std::ffi::OsStr::new("--config"),
+        config.as_os_str(),
+    ];
+    let (cwd, mut child) = other.spawn(&args);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let log = log.clone();
+        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in stderr.lines() {
+                let line = line.unwrap_or_default();
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            reader.join().unwrap();
+            let err = log.lock().unwrap().clone();
+            assert!(!status.success(), "exited 0 without serving: {err}");
+            return Err(err);
+        }
+        if log.lock().unwrap().contains("credbroker is serving") {
+            return Ok((cwd, child));
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "as uid {}: neither serving nor refused after 20 s: {}",
+                other.uid,
+                log.lock().unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stop(mut child: std::process::Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// `socket.group` names a group the broker's user is not a member of (the
+/// shipped systemd unit once had no `SupplementaryGroups=`): the refusal
+/// names the group and says what to do, instead of `/run/credbroker:
+/// Operation not permitted (os error 1)`, and the socket directory that
+/// start made is removed again.
+#[test]
+fn socket_group_the_broker_user_is_not_in_names_the_cause_and_the_fix() {
+    let Some(other) = other_user("a socket group the broker's user is not a member of") else {
+        return;
+    };
+    let (dir, config) = prepare(&Opts::default());
+    set_key(
+        &config,
+        "path = \"credbroker.sock\"",
+        "path = \"run/credbroker.sock\"",
+    );
+    // root's group, which `nobody` is not in.
+    set_key(&config, "[socket]\n", "[socket]\ngroup = \"root\"\n");
+    chown_tree(dir.path(), other.uid, other.gid);
+    let Err(err) = start_as(&other, &config) else {
+        panic!("served with a socket group its user is not in");
+    };
+    for part in [
+        config.display().to_string(),
+        "socket.path".into(),
+        "socket group root (gid 0)".into(),
+        format!("uid {}", other.uid),
+        "is not a member of that group".into(),
+        "SupplementaryGroups=".into(),
+    ] {
+        assert!(err.contains(&part), "{part:?} not in: {err}");
+    }
+    assert!(!err.contains("os error 1"), "{err}");
+    assert!(
+        !dir.path().join("run").exists(),
+        "the refused start left its socket directory behind: {err}"
+    );
+    // Positive control: with the user's own group the same files serve, and
+    // the socket directory gets that group.
+    set_key(
+        &config,
+        "group = \"root\"",
+        &format!("group = \"{}\"", other.group),
+    );
+    let (_cwd, child) = start_as(&other, &config).unwrap_or_else(|e| panic!("{e}"));
+    use std::os::unix::fs::MetadataExt;
+    let gid = std::fs::metadata(dir.path().join("run")).unwrap().gid();
+    stop(child);
+    assert_eq!(gid, other.gid, "the socket directory's group");
+}
+
+/// The socket directory exists and belongs to another user (a root-owned
+/// directory made by hand, or an emptyDir used as the socket directory
+/// itself): the refusal says whose it is and what to do, not only "is a
+/// symlink or owned by another user".
+#[test]
+fn socket_directory_of_another_user_names_its_owner_and_the_fix() {
+    let Some(other) = other_user("a socket directory owned by another user") else {
+        return;
+    };
+    let (dir, config) = prepare(&Opts::default());
+    set_key(
+        &config,
+        "path = \"credbroker.sock\"",
+        "path = \"run/credbroker.sock\"",
+    );
+    chown_tree(dir.path(), other.uid, other.gid);
+    // root's, made before the broker starts (this process runs as root).
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let Err(err) = start_as(&other, &config) else {
+        panic!("served in a socket directory owned by root");
+    };
+    for part in [
+        config.display().to_string(),
+        "socket.path".into(),
+        format!("socket directory {} is owned by uid 0", run.display()),
+        format!("not the broker's uid {}", other.uid),
+        "does not exist yet".into(),
+    ] {
+        assert!(err.contains(&part), "{part:?} not in: {err}");
+    }
+    assert!(run.exists(), "not the broker's to remove");
+    // Positive control: without it, the broker makes its own and serves.
+    std::fs::remove_dir(&run).unwrap();
+    let (_cwd, child) = start_as(&other, &config).unwrap_or_else(|e| panic!("{e}"));
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(&run).unwrap().uid();
+    stop(child);
+    assert_eq!(owner, other.uid, "the broker's own socket directory");
+}
+
+/// The master key as the kubelet mounts a Secret: with `fsGroup` it is
+/// 0440 (group-readable), without it root's and 0400 (unreadable by the
+/// broker's uid). Each refusal names the key, the mode or the owner, and
+/// the fix, instead of "readable by others" (untrue of a 0440 file) or a
+/// bare "Permission denied".
+#[test]
+fn master_key_mounted_as_a_kubernetes_secret_names_mode_owner_and_fix() {
+    let Some(other) = other_user("a master key the broker's uid cannot read") else {
+        return;
+    };
+    let (dir, config) = prepare(&Opts::default());
+    chown_tree(dir.path(), other.uid, other.gid);
+    let key = dir.path().join("keys/master.key");
+    // With fsGroup: 0440, the broker's own.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o440)).unwrap();
+    let Err(err) = start_as(&other, &config) else {
+        panic!("served with a 0440 master key");
+    };
+    for part in [
+        "keys.master_key_file",
+        "has mode 0440",
+        "chmod 600",
+        "fsGroup",
+    ] {
+        assert!(err.contains(part), "{part:?} not in: {err}");
+    }
+    assert!(!err.contains("readable by others"), "{err}");
+    // Without fsGroup: root's, 0400.
+    std::os::unix::fs::chown(&key, Some(0), Some(0)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o400)).unwrap();
+    let Err(err) = start_as(&other, &config) else {
+        panic!("served with a master key it cannot read");
+    };
+    for part in [
+        "keys.master_key_file".to_string(),
+        "belongs to uid 0".to_string(),
+        format!("runs as uid {}", other.uid),
+        "its owner, with mode 0600".to_string(),
+    ] {
+        assert!(err.contains(&part), "{part:?} not in: {err}");
+    }
+    assert!(!dir.path().join("data").exists(), "{err}");
+    // Positive control: the broker's own 0600 file serves.
+    std::os::unix::fs::chown(&key, Some(other.uid), Some(other.gid)).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (_cwd, child) = start_as(&other, &config).unwrap_or_else(|e| panic!("{e}"));
+    stop(child);
+}

@@ -682,6 +682,73 @@ async fn five_checks_in_order_with_local_accounts() {
 }
 
 /// C1: Alice's link forwarded to Bob, who is signed in.
+/// Two sign-in sources may each have an `alice`. A link made for the
+/// `alice` of another issuer, opened by the local `alice`, is refused, and
+/// the refusal names the source she signed in at: without it the page read
+/// "You are signed in as alice, but this link was made for someone else" to
+/// someone who is alice (somewhere else).
+#[tokio::test]
+async fn same_name_at_another_sign_in_source_is_refused_naming_the_source() {
+    let s = PagesServer::start_with(Setup {
+        edit_config: Some(std::sync::Arc::new(|t: String| {
+            assert!(t.contains(r#"sign_in = { kind = "local" }"#), "{t}");
+            t.replace(
+                r#"sign_in = { kind = "local" }"#,
+                r#"sign_in = { kind = "local", display_name = "Local accounts" }"#,
+            )
+        })),
+        ..Setup::default()
+    })
+    .await;
+    s.add_user("alice", PW);
+    let elsewhere = credbroker::internals::subject::Person {
+        iss: "https://idp.example.com".into(),
+        sub: "alice".into(),
+    };
+    let (code, id) = s
+        .fake
+        .issue(&elsewhere, "github", LinkKind::Connect, &["repo"], now());
+    let alice = signed_in(&s, "alice").await;
+    let r = alice
+        .get(s.url(&format!("/connect/{code}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let html = r.text().await.unwrap();
+    assert!(
+        html.contains("This link was made for another account"),
+        "{html}"
+    );
+    assert!(
+        html.contains("alice (signed in at Local accounts)"),
+        "the refusal names where she signed in: {html}"
+    );
+    assert_eq!(s.fake.link_state(&id), LinkState::Open, "nothing changed");
+    assert!(s.fake.accounts_of(&elsewhere).is_empty());
+    // Positive control: a link made for the local alice is offered to her,
+    // and she is named the same way there.
+    let (mine, _) = s.fake.issue(
+        &s.person("alice"),
+        "github",
+        LinkKind::Connect,
+        &["repo"],
+        now(),
+    );
+    let r = alice
+        .get(s.url(&format!("/connect/{mine}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let html = r.text().await.unwrap();
+    assert!(html.contains("Connect GitHub for"), "{html}");
+    assert!(
+        html.contains("alice (signed in at Local accounts)"),
+        "{html}"
+    );
+}
+
 #[tokio::test]
 async fn forwarded_link_opened_by_other_person() {
     let s = PagesServer::start().await;

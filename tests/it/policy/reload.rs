@@ -679,11 +679,27 @@ async fn reload_refuses_a_policy_for_another_agent_and_a_frozen_file_freezes() {
         .unwrap();
     assert_eq!(failed["reason"], "agent_mismatch");
     assert_eq!(failed["policy_hash"], start.as_str());
+    // The log line names the policy file with line:col, the key, and the
+    // config file whose `agent` it contradicts (policy/README.md promises
+    // file, line:col and key for every reload refusal).
+    let line = other
+        .lines()
+        .position(|l| l.trim_start().starts_with("agent"))
+        .unwrap()
+        + 1;
     let log = b.log_text();
-    assert!(
-        log.contains("policy reload failed") && log.contains("mail-agent"),
-        "{log}"
-    );
+    let refused = log
+        .lines()
+        .find(|l| l.contains("policy reload failed"))
+        .unwrap_or_else(|| panic!("no reload refusal logged: {log}"));
+    for part in [
+        format!("{}:{line}:", b.path("policy.toml").display()),
+        ": agent: ".to_string(),
+        "mail-agent".to_string(),
+        b.config.display().to_string(),
+    ] {
+        assert!(refused.contains(&part), "{part:?} not in: {refused}");
+    }
     b.derive_ok(&k).await;
 
     // A reloaded `frozen = true` denies everything, and says so.

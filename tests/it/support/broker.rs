@@ -744,6 +744,31 @@ impl OtherUser {
         )
     }
 
+    /// Starts the binary with `args` as this user, like
+    /// [`OtherUser::run`] but without waiting for it: for a start that may
+    /// succeed. The directory it runs from must outlive the child; stderr is
+    /// piped.
+    pub(crate) fn spawn(&self, args: &[&std::ffi::OsStr]) -> (tempfile::TempDir, Child) {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::Builder::new()
+            .prefix("credbroker-other-user.")
+            .tempdir_in("/tmp")
+            .unwrap();
+        std::os::unix::fs::chown(dir.path(), Some(self.uid), Some(self.gid)).unwrap();
+        let child = Command::new(bin_in(dir.path()))
+            .uid(self.uid)
+            .gid(self.gid)
+            .current_dir(dir.path())
+            .env("RUST_LOG", "info")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start credbroker as another user");
+        (dir, child)
+    }
+
     /// Runs `credbroker derive` as this user against `b`'s socket for alice's
     /// known-good request, with a DPoP key in a directory this user owns.
     /// Returns the exit code and stdout + stderr.
