@@ -22,5 +22,9 @@ RUN cargo build --release --locked --bin credbroker \
 FROM gcr.io/distroless/cc-debian12
 COPY --from=build /src/target/release/credbroker /usr/local/bin/credbroker
 USER 1000:1000
+# A fixed malloc mmap threshold: glibc otherwise raises it after the first
+# argon2id hash (19 MiB) and keeps about 20 MiB of heap resident
+# (docs/PERFORMANCE.md, "Memory").
+ENV MALLOC_MMAP_THRESHOLD_=131072
 ENTRYPOINT ["/usr/local/bin/credbroker"]
 CMD ["--help"]
