@@ -280,6 +280,65 @@ impl Gate {
     }
 }
 
+/// How the API threads of the `per_core` shape share the connections.
+///
+/// The threads race for each connection on the shared socket, and the one
+/// that is awake wins: without this, a burst of connections (an
+/// orchestrator's pool opening) all land on one thread while the others
+/// idle. The accepting thread checks, admits and then keeps a connection
+/// only when it serves no more than the least loaded thread; otherwise it
+/// hands the connection to that thread (one wake-up a connection, none a
+/// request: the connection then lives there).
+struct Spread {
+    /// Connections each thread serves or has been handed.
+    loads: Vec<std::sync::atomic::AtomicUsize>,
+    inboxes: Vec<tokio::sync::mpsc::UnboundedSender<Handed>>,
+}
+
+impl Spread {
+    /// The thread that takes the next connection accepted by `me`; its load
+    /// counts the connection until the returned guard is dropped.
+    fn pick(self: &Arc<Self>, me: usize) -> Load {
+        let load = |i: usize| self.loads[i].load(Ordering::Relaxed);
+        let least = (0..self.loads.len()).min_by_key(|&i| load(i)).unwrap_or(me);
+        let to = if load(me) <= load(least) { me } else { least };
+        self.loads[to].fetch_add(1, Ordering::Relaxed);
+        Load(self.clone(), to)
+    }
+}
+
+/// One connection counted in a thread's load ([`Spread`]).
+struct Load(Arc<Spread>, usize);
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.0.loads[self.1].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A checked and admitted connection on its way to the thread that serves
+/// it.
+struct Handed {
+    stream: std::os::unix::net::UnixStream,
+    uid: u32,
+    admitted: Admitted,
+    load: Load,
+}
+
+/// A connection's slot in [`Conns`].
+struct Admitted {
+    id: u64,
+    shed: Arc<tokio::sync::Notify>,
+    in_flight: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One API thread's part in a [`Spread`].
+struct Share {
+    spread: Arc<Spread>,
+    me: usize,
+    inbox: tokio::sync::mpsc::UnboundedReceiver<Handed>,
+}
+
 /// How one Unix listener is served.
 #[derive(Clone)]
 struct UnixServe {
@@ -298,6 +357,7 @@ async fn serve_unix<H, F>(
     listener: UnixListener,
     opts: UnixServe,
     gate: Arc<Gate>,
+    share: Option<Share>,
     handler: H,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) where
@@ -315,7 +375,64 @@ async fn serve_unix<H, F>(
     let mut tasks = tokio::task::JoinSet::new();
     let own_uid = crate::unix::current_uid();
     let builder = http1(header_timeout);
+    let stopping = shutdown.clone();
     let mut shutdown = shutdown;
+    let mut share = share;
+    // Serves one admitted connection on this thread until it closes.
+    let serve = |tasks: &mut tokio::task::JoinSet<()>,
+                 stream: crate::unix::ReadOnlyStream,
+                 uid: u32,
+                 admitted: Admitted,
+                 load: Option<Load>| {
+        let Admitted {
+            id,
+            shed,
+            in_flight,
+        } = admitted;
+        let handler = handler.clone();
+        let n = in_flight.clone();
+        let svc = service_fn(move |req| {
+            let handler = handler.clone();
+            let busy = InFlight::new(n.clone());
+            async move {
+                let _busy = busy;
+                Ok::<_, std::convert::Infallible>(handler(uid, req).await)
+            }
+        });
+        let c = gate.clone();
+        let mut stop = stopping.clone();
+        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+        tasks.spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            // Shed or shut down: an idle connection closes at once, one with
+            // a request in flight after its answer (hyper's graceful close).
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = shed.notified() => {
+                    // hyper closes an idle connection at once but lets one
+                    // halfway through a request head run to the header
+                    // timeout: a head that has not reached the handler in a
+                    // moment is dropped unanswered, a request in the handler
+                    // gets its answer first.
+                    conn.as_mut().graceful_shutdown();
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                            if in_flight.load(Ordering::SeqCst) > 0 {
+                                let _ = conn.as_mut().await;
+                            }
+                        }
+                    }
+                }
+                _ = stop.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.as_mut().await;
+                }
+            }
+            c.conns.remove(id);
+            drop(load);
+        });
+    };
     loop {
         // Reap finished connection tasks so the set stays small.
         while tasks.try_join_next().is_some() {}
@@ -328,6 +445,22 @@ async fn serve_unix<H, F>(
                     continue;
                 }
             },
+            Some(h) = async {
+                match share.as_mut() {
+                    Some(s) => s.inbox.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                // Another thread accepted, checked and admitted it.
+                match crate::unix::ReadOnlyStream::from_std(h.stream) {
+                    Ok(stream) => serve(&mut tasks, stream, h.uid, h.admitted, Some(h.load)),
+                    Err(e) => {
+                        tracing::warn!(socket = name, error = %e, "cannot register a handed connection; it is closed");
+                        gate.conns.remove(h.admitted.id);
+                    }
+                }
+                continue;
+            }
             _ = shutdown.changed() => break,
         };
         let uid = match stream.peer_cred() {
@@ -393,7 +526,7 @@ async fn serve_unix<H, F>(
             });
             continue;
         }
-        let (id, shed, in_flight) = match gate.conns.admit(uid, max_conn) {
+        let admitted = match gate.conns.admit(uid, max_conn) {
             Admit::Yes {
                 id,
                 shed,
@@ -403,7 +536,11 @@ async fn serve_unix<H, F>(
                 if shed_one {
                     metrics.connections_shed.with_label_values(&[name]).inc();
                 }
-                (id, shed, in_flight)
+                Admitted {
+                    id,
+                    shed,
+                    in_flight,
+                }
             }
             Admit::Full => {
                 metrics
@@ -421,48 +558,37 @@ async fn serve_unix<H, F>(
                 continue;
             }
         };
-        let handler = handler.clone();
-        let n = in_flight.clone();
-        let svc = service_fn(move |req| {
-            let handler = handler.clone();
-            let busy = InFlight::new(n.clone());
-            async move {
-                let _busy = busy;
-                Ok::<_, std::convert::Infallible>(handler(uid, req).await)
-            }
-        });
-        let c = gate.clone();
-        let mut stop = shutdown.clone();
-        let conn = builder.serve_connection(TokioIo::new(stream), svc);
-        tasks.spawn(async move {
-            let mut conn = std::pin::pin!(conn);
-            // Shed or shut down: an idle connection closes at once, one with
-            // a request in flight after its answer (hyper's graceful close).
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = shed.notified() => {
-                    // hyper closes an idle connection at once but lets one
-                    // halfway through a request head run to the header
-                    // timeout: a head that has not reached the handler in a
-                    // moment is dropped unanswered, a request in the handler
-                    // gets its answer first.
-                    conn.as_mut().graceful_shutdown();
-                    tokio::select! {
-                        _ = conn.as_mut() => {}
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => {
-                            if in_flight.load(Ordering::SeqCst) > 0 {
-                                let _ = conn.as_mut().await;
-                            }
-                        }
+        let load = match &share {
+            Some(sh) => {
+                let load = sh.spread.pick(sh.me);
+                if load.1 != sh.me {
+                    let to = load.1;
+                    let id = admitted.id;
+                    let sent = stream.into_std().map(|stream| Handed {
+                        stream,
+                        uid,
+                        admitted,
+                        load,
+                    });
+                    match sent.map(|h| sh.spread.inboxes[to].send(h)) {
+                        Ok(Ok(())) => {}
+                        // That thread has stopped (shutdown) or the
+                        // socket could not be taken from this runtime.
+                        Ok(Err(_)) | Err(_) => gate.conns.remove(id),
                     }
+                    continue;
                 }
-                _ = stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.as_mut().await;
-                }
+                Some(load)
             }
-            c.conns.remove(id);
-        });
+            None => None,
+        };
+        match crate::unix::ReadOnlyStream::new(stream) {
+            Ok(stream) => serve(&mut tasks, stream, uid, admitted, load),
+            Err(e) => {
+                tracing::warn!(socket = name, error = %e, "cannot register an accepted connection; it is closed");
+                gate.conns.remove(admitted.id);
+            }
+        }
     }
     let _ = tokio::time::timeout(Duration::from_secs(10), async {
         while tasks.join_next().await.is_some() {}
@@ -477,10 +603,11 @@ async fn serve_unix<H, F>(
 ///
 /// `PerCore` runs one OS thread per core, each with its own current-thread
 /// runtime and its own copy (a `dup`) of the bound socket, accepting on it
-/// itself: a connection then lives on the thread that accepted it, and a
-/// request is read, handled and answered without waking another thread.
+/// itself: a connection then lives on one thread, and a request is read,
+/// handled and answered without waking another thread.
 /// A Unix socket has no `SO_REUSEPORT` balancing, so the threads race for
-/// each connection; the cap, the shedding and the refusal counters are
+/// each connection, and the winner hands it on when another thread serves
+/// fewer ([`Spread`]); the cap, the shedding and the refusal counters are
 /// shared ([`Gate`]), so they hold for the socket as a whole.
 fn serve_api<H, F>(
     file: &str,
@@ -495,68 +622,87 @@ where
     F: Future<Output = hyper::Response<crate::http::Body>> + Send + 'static,
 {
     let gate = Arc::new(Gate::new());
-    let threads = match shape {
-        crate::config::ApiRuntime::Shared => 0,
-        crate::config::ApiRuntime::PerCore => {
-            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-        }
-    };
     let mut done = Vec::new();
-    if threads == 0 {
-        let task = tokio::spawn(serve_unix(listener, opts, gate, handler, shutdown));
-        done.push(Box::pin(async move {
-            let _ = task.await;
-        })
-            as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>);
-    } else {
-        let io = |what: String| StartError::Io(format!("{file}: socket.runtime: {what}"));
-        let std_listener = listener
-            .into_std()
-            .map_err(|e| io(format!("cannot take over the socket: {e}")))?;
-        // Every copy and runtime first, so that a failure starts no thread.
-        let mut parts = Vec::with_capacity(threads);
-        for i in 0..threads {
-            let copy = std_listener.try_clone().map_err(|e| {
-                io(format!(
-                    "cannot duplicate the socket for API thread {i}: {e}"
-                ))
-            })?;
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| io(format!("cannot start the runtime of API thread {i}: {e}")))?;
-            parts.push((copy, rt));
-        }
-        drop(std_listener);
-        for (i, (copy, rt)) in parts.into_iter().enumerate() {
-            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let (opts, gate, handler, shutdown) = (
-                opts.clone(),
-                gate.clone(),
-                handler.clone(),
-                shutdown.clone(),
-            );
-            std::thread::Builder::new()
-                .name(format!("credbroker-api-{i}"))
-                .spawn(move || {
-                    rt.block_on(async move {
-                        // The copy shares the original's open file, which
-                        // tokio left non-blocking.
-                        match UnixListener::from_std(copy) {
-                            Ok(l) => serve_unix(l, opts, gate, handler, shutdown).await,
-                            Err(e) => tracing::error!(
-                                error = %e,
-                                thread = i,
-                                "an API thread cannot register the socket; it does not accept"
-                            ),
-                        }
-                    });
-                    let _ = tx.send(());
-                })
-                .map_err(|e| io(format!("cannot start API thread {i}: {e}")))?;
+    match shape {
+        crate::config::ApiRuntime::Shared => {
+            let task = tokio::spawn(serve_unix(listener, opts, gate, None, handler, shutdown));
             done.push(Box::pin(async move {
-                let _ = rx.await;
-            }));
+                let _ = task.await;
+            })
+                as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>);
+        }
+        crate::config::ApiRuntime::PerCore => {
+            let threads =
+                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+            let io = |what: String| StartError::Io(format!("{file}: socket.runtime: {what}"));
+            let std_listener = listener
+                .into_std()
+                .map_err(|e| io(format!("cannot take over the socket: {e}")))?;
+            // Every copy and runtime first, so that a failure starts no thread.
+            let mut parts = Vec::with_capacity(threads);
+            let mut inboxes = Vec::with_capacity(threads);
+            for i in 0..threads {
+                let copy = std_listener.try_clone().map_err(|e| {
+                    io(format!(
+                        "cannot duplicate the socket for API thread {i}: {e}"
+                    ))
+                })?;
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| io(format!("cannot start the runtime of API thread {i}: {e}")))?;
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                inboxes.push(tx);
+                parts.push((copy, rt, rx));
+            }
+            drop(std_listener);
+            let spread = Arc::new(Spread {
+                loads: (0..threads)
+                    .map(|_| std::sync::atomic::AtomicUsize::new(0))
+                    .collect(),
+                inboxes,
+            });
+            for (i, (copy, rt, inbox)) in parts.into_iter().enumerate() {
+                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                let (opts, gate, handler, shutdown) = (
+                    opts.clone(),
+                    gate.clone(),
+                    handler.clone(),
+                    shutdown.clone(),
+                );
+                let share = Share {
+                    spread: spread.clone(),
+                    me: i,
+                    inbox,
+                };
+                std::thread::Builder::new()
+                    .name(format!("credbroker-api-{i}"))
+                    .spawn(move || {
+                        rt.block_on(async move {
+                            // The copy shares the original's open file, which
+                            // tokio left non-blocking.
+                            match UnixListener::from_std(copy) {
+                                Ok(l) => {
+                                    serve_unix(l, opts, gate, Some(share), handler, shutdown).await;
+                                }
+                                Err(e) => {
+                                    // Never the least loaded: it takes nothing.
+                                    share.spread.loads[i].store(usize::MAX / 2, Ordering::Relaxed);
+                                    tracing::error!(
+                                        error = %e,
+                                        thread = i,
+                                        "an API thread cannot register the socket; it does not accept"
+                                    );
+                                }
+                            }
+                        });
+                        let _ = tx.send(());
+                    })
+                    .map_err(|e| io(format!("cannot start API thread {i}: {e}")))?;
+                done.push(Box::pin(async move {
+                    let _ = rx.await;
+                }));
+            }
         }
     }
     Ok(async move {
@@ -620,6 +766,7 @@ pub async fn run(
             metrics: broker.metrics.clone(),
         },
         Arc::new(Gate::new()),
+        None,
         move |_uid, req| crate::admin::handle(handles.clone(), req),
         rx.clone(),
     ));
@@ -778,6 +925,97 @@ mod tests {
             Admit::Yes { id, .. } => id,
             Admit::Full => panic!("refused"),
         }
+    }
+
+    /// Sends one request on `stream` and returns the answer's body.
+    async fn ask(stream: &mut tokio::net::UnixStream) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        stream
+            .write_all(b"GET /thread HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got);
+            if let Some((_, body)) = text.split_once("\r\n\r\n") {
+                if body.ends_with('.') {
+                    return body.trim_end_matches('.').to_string();
+                }
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn per_core_threads_share_the_connections_even_when_one_thread_accepts_them_all() {
+        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("api.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let opts = super::UnixServe {
+            name: "api",
+            allowed: std::sync::Arc::new(vec![crate::unix::current_uid()]),
+            max_conn: 64,
+            header_timeout: Duration::from_secs(5),
+            metrics: crate::metrics::Metrics::new(),
+        };
+        let done = super::serve_api(
+            "test.toml",
+            listener,
+            crate::config::ApiRuntime::PerCore,
+            opts,
+            |_uid, _req| async {
+                // The serving thread's name, ended by a dot.
+                let name = std::thread::current().name().unwrap_or("?").to_string();
+                hyper::Response::new(crate::http::Body::from(format!("{name}.")))
+            },
+            rx,
+        )
+        .unwrap();
+        // Each connection is opened and used before the next, so the thread
+        // that won the last one is awake and the likeliest to win the next.
+        let mut conns = Vec::new();
+        let mut served = std::collections::BTreeMap::<String, usize>::new();
+        for _ in 0..4 * threads {
+            let mut c = tokio::net::UnixStream::connect(&path).await.unwrap();
+            *served.entry(ask(&mut c).await).or_default() += 1;
+            conns.push(c);
+        }
+        assert_eq!(served.len(), threads, "{served:?}");
+        assert!(served.values().all(|&n| n == 4), "{served:?}");
+        // A connection stays on its thread: each answers from the same one.
+        let mut again = std::collections::BTreeMap::<String, usize>::new();
+        for c in &mut conns {
+            *again.entry(ask(c).await).or_default() += 1;
+        }
+        assert_eq!(again, served);
+        // A closed connection frees its thread's share: the next one goes
+        // to the thread it left.
+        let mut first = conns.remove(0);
+        let left = ask(&mut first).await;
+        drop(first);
+        // (Until the broker has read the close, a new one may go elsewhere.)
+        let mut landed = false;
+        for _ in 0..100 {
+            let mut next = tokio::net::UnixStream::connect(&path).await.unwrap();
+            let thread = ask(&mut next).await;
+            conns.push(next);
+            if thread == left {
+                landed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(landed, "no new connection went to {left}");
+        let _ = stop.send(true);
+        drop(conns);
+        tokio::time::timeout(Duration::from_secs(15), done)
+            .await
+            .unwrap();
     }
 
     #[test]

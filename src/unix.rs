@@ -1,5 +1,6 @@
-//! Unix helpers that several modules share: the process's own uid, and
-//! preparing a local socket (its directory and mode, group, stale sockets).
+//! Unix helpers that several modules share: the process's own uid,
+//! preparing a local socket (its directory and mode, group, stale sockets),
+//! and the stream type the socket servers serve a connection through.
 //! A leaf: it imports no other module of the crate, so `config` (the
 //! default allow-list), `server` (binding the sockets, the admin socket's
 //! uid check) and the CLI can all use it without importing `api`. The peer
@@ -241,9 +242,249 @@ pub fn bind(
     Ok(listener)
 }
 
+/// A served Unix connection, registered with the runtime for readability
+/// only.
+///
+/// tokio registers a `UnixStream` for reading and writing, edge-triggered.
+/// On a Unix stream socket every read the peer makes of an answer frees
+/// send space and raises `EPOLLOUT`, so a thread that has answered and gone
+/// back to sleep is woken again for nothing: about half a context switch a
+/// request on the orchestrator socket (docs/PERFORMANCE.md, "Wake-ups").
+/// Here a write goes straight to the socket; only one that would block
+/// registers a duplicate of the descriptor for writability, and that
+/// registration is dropped once the write has gone through.
+pub struct ReadOnlyStream {
+    read: tokio::io::unix::AsyncFd<std::os::unix::net::UnixStream>,
+    /// A duplicate of the descriptor registered for writability while a
+    /// write waits for send space.
+    write: Option<tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>>,
+}
+
+impl ReadOnlyStream {
+    /// Takes over an accepted stream (it must be called on the runtime that
+    /// serves it).
+    pub fn new(stream: tokio::net::UnixStream) -> std::io::Result<ReadOnlyStream> {
+        // `into_std` leaves the socket non-blocking.
+        ReadOnlyStream::from_std(stream.into_std()?)
+    }
+
+    /// Takes over a non-blocking stream (on the runtime that serves it).
+    pub fn from_std(std: std::os::unix::net::UnixStream) -> std::io::Result<ReadOnlyStream> {
+        Ok(ReadOnlyStream {
+            read: register(std, tokio::io::Interest::READABLE)?,
+            write: None,
+        })
+    }
+
+    /// Runs `op` (a write) until it does not return `WouldBlock`, waiting for
+    /// send space in between.
+    fn poll_write_with<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        mut op: impl FnMut(&std::os::unix::net::UnixStream) -> std::io::Result<T>,
+    ) -> std::task::Poll<std::io::Result<T>> {
+        use std::io::ErrorKind::WouldBlock;
+        use std::os::fd::AsFd;
+        use std::task::Poll;
+        let ReadOnlyStream { read, write } = self;
+        loop {
+            let Some(w) = write.as_ref() else {
+                match op(read.get_ref()) {
+                    Err(e) if e.kind() == WouldBlock => {
+                        // Registered now, so the send space freed from here
+                        // on raises an event (epoll reports a descriptor
+                        // that is already writable when it is added).
+                        let dup = read.get_ref().as_fd().try_clone_to_owned()?;
+                        *write = Some(register(dup, tokio::io::Interest::WRITABLE)?);
+                        continue;
+                    }
+                    r => return Poll::Ready(r),
+                }
+            };
+            let mut guard = std::task::ready!(w.poll_write_ready(cx))?;
+            match op(read.get_ref()) {
+                Err(e) if e.kind() == WouldBlock => guard.clear_ready(),
+                r => {
+                    drop(guard);
+                    *write = None;
+                    return Poll::Ready(r);
+                }
+            }
+        }
+    }
+}
+
+/// Registers a descriptor with the runtime for `interest`.
+///
+/// tokio deprecated the safe `AsyncFd::with_interest` because an
+/// `AsRawFd` type may return another descriptor later, or close its own
+/// (tokio PR 8587), and its replacement is `unsafe`, which this crate
+/// forbids. The two types given here are std's `UnixStream` and `OwnedFd`:
+/// each owns its descriptor and returns that same one until dropped, which
+/// is exactly the condition, so the safe call is sound for them.
+#[allow(deprecated)]
+fn register<T: std::os::fd::AsRawFd + Owned>(
+    inner: T,
+    interest: tokio::io::Interest,
+) -> std::io::Result<tokio::io::unix::AsyncFd<T>> {
+    tokio::io::unix::AsyncFd::with_interest(inner, interest)
+}
+
+/// The descriptor owners [`register`] is sound for.
+trait Owned {}
+impl Owned for std::os::unix::net::UnixStream {}
+impl Owned for std::os::fd::OwnedFd {}
+
+impl tokio::io::AsyncRead for ReadOnlyStream {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::io::Read;
+        use std::task::Poll;
+        loop {
+            let mut guard = std::task::ready!(self.read.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            let want = unfilled.len();
+            match guard.get_inner().read(unfilled) {
+                Ok(n) => {
+                    // As tokio does for its own streams: a short read drained
+                    // the socket, and edge-triggered epoll reports what
+                    // arrives next, so the next read waits for that instead
+                    // of first failing with `WouldBlock`.
+                    if n > 0 && n < want {
+                        guard.clear_ready();
+                    }
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => guard.clear_ready(),
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for ReadOnlyStream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use std::io::Write;
+        self.get_mut().poll_write_with(cx, |mut s| s.write(buf))
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use std::io::Write;
+        self.get_mut()
+            .poll_write_with(cx, |mut s| s.write_vectored(bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(
+            match self.read.get_ref().shutdown(std::net::Shutdown::Write) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotConnected => Ok(()),
+                r => r,
+            },
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What each descriptor registered in the epoll set that holds `fd`
+    /// waits for, as (descriptor, `events:` mask) from the `tfd:` lines of
+    /// `/proc/self/fdinfo`: the set of this test's runtime only, whatever
+    /// other tests run beside it.
+    fn registered(fd: i32) -> std::collections::BTreeSet<(i32, u32)> {
+        for e in std::fs::read_dir("/proc/self/fdinfo").unwrap().flatten() {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let mut set = std::collections::BTreeSet::new();
+            for line in text.lines().filter(|l| l.starts_with("tfd:")) {
+                let w: Vec<&str> = line.split_whitespace().collect();
+                let tfd = w.get(1).and_then(|f| f.parse().ok());
+                let mask = w
+                    .iter()
+                    .position(|x| *x == "events:")
+                    .and_then(|i| w.get(i + 1))
+                    .and_then(|m| u32::from_str_radix(m, 16).ok());
+                if let (Some(tfd), Some(mask)) = (tfd, mask) {
+                    set.insert((tfd, mask));
+                }
+            }
+            if set.iter().any(|r| r.0 == fd) {
+                return set;
+            }
+        }
+        panic!("descriptor {fd} is in no epoll set");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_served_stream_is_registered_for_reading_only_and_still_writes_what_blocks() {
+        use std::os::fd::AsRawFd;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const EPOLLOUT: u32 = 0x4;
+        let (ours, mut peer) = tokio::net::UnixStream::pair().unwrap();
+        let fd = ours.as_raw_fd();
+        let mask = |fd: i32| registered(fd).into_iter().find(|r| r.0 == fd).map(|r| r.1);
+        // Positive control: tokio registers its stream for writability too.
+        assert_eq!(mask(fd).map(|m| m & EPOLLOUT), Some(EPOLLOUT));
+        let mut served = ReadOnlyStream::new(ours).unwrap();
+        // Ours is registered, for reading only.
+        assert_eq!(mask(fd).map(|m| m & EPOLLOUT), Some(0));
+        let before = registered(fd);
+
+        // Reading: what the peer sends arrives whole, in order.
+        peer.write_all(b"POST /v1/derive").await.unwrap();
+        let mut head = [0u8; 15];
+        served.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"POST /v1/derive");
+
+        // Writing more than the socket buffers, to a peer that reads only
+        // later: the write would block, waits for send space, and then
+        // every byte arrives in order.
+        let big: Vec<u8> = (0..8 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let expect = big.clone();
+        let writer = tokio::spawn(async move {
+            served.write_all(&big).await.unwrap();
+            served.shutdown().await.unwrap();
+            served
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!writer.is_finished(), "8 MiB fitted in the socket buffer");
+        // While it waits, a duplicate is registered for writability.
+        let added: Vec<_> = registered(fd).difference(&before).copied().collect();
+        assert!(added.len() == 1 && added[0].1 & EPOLLOUT != 0, "{added:x?}");
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).await.unwrap();
+        assert!(got == expect, "{} bytes of {}", got.len(), expect.len());
+        let served = writer.await.unwrap();
+        // Once written, that registration is gone again.
+        assert_eq!(registered(fd), before);
+        drop(served);
+    }
 
     #[tokio::test]
     async fn numeric_socket_group_without_a_group_entry_is_accepted() {
