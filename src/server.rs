@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 
@@ -401,7 +401,7 @@ async fn serve_unix<H, F>(
         });
         let c = gate.clone();
         let mut stop = stopping.clone();
-        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+        let conn = builder.serve_connection(stream, svc);
         tasks.spawn(async move {
             let mut conn = std::pin::pin!(conn);
             // Shed or shut down: an idle connection closes at once, one with

@@ -335,20 +335,34 @@ trait Owned {}
 impl Owned for std::os::unix::net::UnixStream {}
 impl Owned for std::os::fd::OwnedFd {}
 
-impl tokio::io::AsyncRead for ReadOnlyStream {
+thread_local! {
+    /// Where a read lands before it is copied into hyper's buffer: hyper
+    /// hands out uninitialised memory, which safe code may only fill by
+    /// copying (`ReadBufCursor::put_slice`); zeroing hyper's whole buffer
+    /// first, as a tokio `ReadBuf` over it would, cost more than the copy.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; 16 * 1024]);
+}
+
+impl hyper::rt::Read for ReadOnlyStream {
     fn poll_read(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
+        mut buf: hyper::rt::ReadBufCursor<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         use std::io::Read;
         use std::task::Poll;
         loop {
             let mut guard = std::task::ready!(self.read.poll_read_ready(cx))?;
-            let unfilled = buf.initialize_unfilled();
-            let want = unfilled.len();
-            match guard.get_inner().read(unfilled) {
-                Ok(n) => {
+            let read = SCRATCH.with_borrow_mut(|scratch| {
+                let want = buf.remaining().min(scratch.len());
+                let r = guard.get_inner().read(&mut scratch[..want]);
+                if let Ok(n) = r {
+                    buf.put_slice(&scratch[..n]);
+                }
+                r.map(|n| (n, want))
+            });
+            match read {
+                Ok((n, want)) => {
                     // As tokio does for its own streams: a short read drained
                     // the socket, and edge-triggered epoll reports what
                     // arrives next, so the next read waits for that instead
@@ -356,7 +370,6 @@ impl tokio::io::AsyncRead for ReadOnlyStream {
                     if n > 0 && n < want {
                         guard.clear_ready();
                     }
-                    buf.advance(n);
                     return Poll::Ready(Ok(()));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => guard.clear_ready(),
@@ -366,7 +379,7 @@ impl tokio::io::AsyncRead for ReadOnlyStream {
     }
 }
 
-impl tokio::io::AsyncWrite for ReadOnlyStream {
+impl hyper::rt::Write for ReadOnlyStream {
     fn poll_write(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -451,7 +464,8 @@ mod tests {
         let mask = |fd: i32| registered(fd).into_iter().find(|r| r.0 == fd).map(|r| r.1);
         // Positive control: tokio registers its stream for writability too.
         assert_eq!(mask(fd).map(|m| m & EPOLLOUT), Some(EPOLLOUT));
-        let mut served = ReadOnlyStream::new(ours).unwrap();
+        // (Through tokio's traits, as hyper_util's adapter gives them.)
+        let mut served = hyper_util::rt::TokioIo::new(ReadOnlyStream::new(ours).unwrap());
         // Ours is registered, for reading only.
         assert_eq!(mask(fd).map(|m| m & EPOLLOUT), Some(0));
         let before = registered(fd);
