@@ -1046,30 +1046,24 @@ impl Broker {
             .vault
             .account_read(person, service)
             .map_err(vault_error)?;
-        let kind = match read.as_ref().map(|r| r.account()) {
-            None => Some(crate::connect::LinkKind::Connect),
-            Some(a)
-                if a.status == crate::vault::AccountStatus::ReconnectRequired
-                    || a.provider != provider.id()
-                    || !covers(&a.scopes, scopes) =>
-            {
-                Some(crate::connect::LinkKind::Reconnect)
-            }
-            Some(_) => match conn
-                .vault
-                .allowance(person, agent, service)
-                .map_err(vault_error)?
-            {
-                Some(al) if covers(&al.scopes, scopes) => None,
-                _ => Some(crate::connect::LinkKind::Allow),
-            },
-        };
-        if let Some(kind) = kind {
-            return Err(refuse(kind));
-        }
         let Some(read) = read else {
             return Err(refuse(crate::connect::LinkKind::Connect));
         };
+        let a = read.account();
+        if a.status == crate::vault::AccountStatus::ReconnectRequired
+            || a.provider != provider.id()
+            || !covers(&a.scopes, scopes)
+        {
+            return Err(refuse(crate::connect::LinkKind::Reconnect));
+        }
+        match conn
+            .vault
+            .allowance(person, agent, service)
+            .map_err(vault_error)?
+        {
+            Some(al) if covers(&al.scopes, scopes) => {}
+            _ => return Err(refuse(crate::connect::LinkKind::Allow)),
+        }
         let request = crate::vault::TokenRequest {
             person,
             service,

@@ -134,12 +134,7 @@ struct ConnEntry {
 /// Why a connection could not be admitted.
 enum Admit {
     /// Admitted, possibly after shedding an idle connection.
-    Yes {
-        id: u64,
-        shed: Arc<tokio::sync::Notify>,
-        in_flight: Arc<std::sync::atomic::AtomicUsize>,
-        shed_one: bool,
-    },
+    Yes { conn: Admitted, shed_one: bool },
     /// Every slot holds a request in flight.
     Full,
 }
@@ -190,9 +185,11 @@ impl Conns {
             },
         );
         Admit::Yes {
-            id,
-            shed,
-            in_flight,
+            conn: Admitted {
+                id,
+                shed,
+                in_flight,
+            },
             shed_one,
         }
     }
@@ -303,16 +300,22 @@ impl Spread {
         let least = (0..self.loads.len()).min_by_key(|&i| load(i)).unwrap_or(me);
         let to = if load(me) <= load(least) { me } else { least };
         self.loads[to].fetch_add(1, Ordering::Relaxed);
-        Load(self.clone(), to)
+        Load {
+            spread: self.clone(),
+            thread: to,
+        }
     }
 }
 
 /// One connection counted in a thread's load ([`Spread`]).
-struct Load(Arc<Spread>, usize);
+struct Load {
+    spread: Arc<Spread>,
+    thread: usize,
+}
 
 impl Drop for Load {
     fn drop(&mut self) {
-        self.0.loads[self.1].fetch_sub(1, Ordering::Relaxed);
+        self.spread.loads[self.thread].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -527,20 +530,11 @@ async fn serve_unix<H, F>(
             continue;
         }
         let admitted = match gate.conns.admit(uid, max_conn) {
-            Admit::Yes {
-                id,
-                shed,
-                in_flight,
-                shed_one,
-            } => {
+            Admit::Yes { conn, shed_one } => {
                 if shed_one {
                     metrics.connections_shed.with_label_values(&[name]).inc();
                 }
-                Admitted {
-                    id,
-                    shed,
-                    in_flight,
-                }
+                conn
             }
             Admit::Full => {
                 metrics
@@ -561,8 +555,8 @@ async fn serve_unix<H, F>(
         let load = match &share {
             Some(sh) => {
                 let load = sh.spread.pick(sh.me);
-                if load.1 != sh.me {
-                    let to = load.1;
+                if load.thread != sh.me {
+                    let to = load.thread;
                     let id = admitted.id;
                     let sent = stream.into_std().map(|stream| Handed {
                         stream,
@@ -922,7 +916,7 @@ mod tests {
 
     fn id(a: Admit) -> u64 {
         match a {
-            Admit::Yes { id, .. } => id,
+            Admit::Yes { conn, .. } => conn.id,
             Admit::Full => panic!("refused"),
         }
     }
@@ -1023,7 +1017,11 @@ mod tests {
         let c = Conns::default();
         let other = id(c.admit(2, 4)); // the other uid's idle connection, oldest of all
         let busy = c.admit(1, 4);
-        let Admit::Yes { in_flight, .. } = &busy else {
+        let Admit::Yes {
+            conn: super::Admitted { in_flight, .. },
+            ..
+        } = &busy
+        else {
             panic!("refused")
         };
         in_flight.fetch_add(1, Ordering::SeqCst); // a request in the handler

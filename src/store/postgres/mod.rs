@@ -159,37 +159,37 @@ fn stale_statement(e: &tokio_postgres::Error) -> bool {
     })
 }
 
-/// Runs the query `sql` through the connection's statement cache; on a
-/// stale cached statement (see [`stale_statement`]) clears this
-/// connection's cache and tries once more with a fresh one.
-async fn query_rows(
-    c: &Object,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<Row>, StoreError> {
+/// Runs `run` with `sql` prepared through the connection's statement
+/// cache; on a stale cached statement (see [`stale_statement`]) clears this
+/// connection's cache and runs it once more with a fresh one.
+async fn with_statement<T, F, Fut>(c: &Object, sql: &str, run: F) -> Result<T, StoreError>
+where
+    F: Fn(tokio_postgres::Statement) -> Fut,
+    Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+{
     let st = c.prepare_cached(sql).await.map_err(pg_error)?;
-    match c.query(&st, params).await {
+    match run(st).await {
         Err(e) if stale_statement(&e) => {
             c.statement_cache.clear();
             let st = c.prepare_cached(sql).await.map_err(pg_error)?;
-            c.query(&st, params).await.map_err(pg_error)
+            run(st).await.map_err(pg_error)
         }
         r => r.map_err(pg_error),
     }
 }
 
-/// [`query_rows`] for a statement that returns no rows: the rows it
-/// touched.
+/// The rows of the query `sql` (see [`with_statement`]).
+async fn query_rows(
+    c: &Object,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, StoreError> {
+    with_statement(c, sql, |st| async move { c.query(&st, params).await }).await
+}
+
+/// The rows a statement that returns none touched (see [`with_statement`]).
 async fn execute(c: &Object, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
-    let st = c.prepare_cached(sql).await.map_err(pg_error)?;
-    match c.execute(&st, params).await {
-        Err(e) if stale_statement(&e) => {
-            c.statement_cache.clear();
-            let st = c.prepare_cached(sql).await.map_err(pg_error)?;
-            c.execute(&st, params).await.map_err(pg_error)
-        }
-        r => r.map_err(pg_error),
-    }
+    with_statement(c, sql, |st| async move { c.execute(&st, params).await }).await
 }
 
 fn pool_error(e: PoolError, size: usize) -> StoreError {
