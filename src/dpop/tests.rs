@@ -422,6 +422,31 @@ fn normalize_htu_drops_query_and_fragment_only() {
     assert_eq!(normalize_htu("relative/path"), None);
 }
 
+/// `validate` accepts a proof whose `htu` is byte for byte the expected
+/// (normalised) URL without parsing it: sound only if a normalised URL
+/// normalises to itself, for the URLs requests are made to.
+#[test]
+fn a_normalised_htu_is_a_fixed_point_of_normalising() {
+    for raw in [
+        HTU,
+        "HTTPS://Broker.Example:443/v1/derive?x=1#f",
+        "http://127.0.0.1:8080/proxy/github/repos/o/r/contents/a%20b.txt",
+        "https://[::1]:8443/proxy/demo/blob/10",
+        "https://broker.example/proxy/svc/a/./b/../c",
+        "https://broker.example/p%7e%41/%zz/x y",
+        "https://xn--bcher-kva.example/pfad",
+        "https://b\u{fc}cher.example/pfad",
+        "https://broker.example",
+    ] {
+        let once = normalize_htu(raw).expect(raw);
+        assert_eq!(
+            normalize_htu(&once).as_deref(),
+            Some(once.as_str()),
+            "{raw}"
+        );
+    }
+}
+
 // ----------------------------------------------------------- D10 and D11
 
 #[test]
