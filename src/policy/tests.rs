@@ -837,3 +837,30 @@ mod tooling {
         );
     }
 }
+
+/// The prelude takes a declared resource as it is (it is canonical
+/// already) and canonicalises anything else, as before.
+#[test]
+fn a_declared_resource_is_taken_as_it_is_and_others_are_canonicalised() {
+    let p = policy();
+    assert_eq!(p.resources.len(), 2);
+    for k in p.resources.keys() {
+        assert_eq!(canonical_resource(k).as_deref(), Ok(k.as_str()));
+        assert_eq!(p.prelude(false, k, None).unwrap().resource, *k);
+        assert_eq!(p.declared_resource(k), Some(k.as_str()));
+    }
+    // Other spellings of a declared resource go through the parse and
+    // still find it; what is not a resource URI is refused.
+    assert_eq!(
+        p.prelude(false, "HTTPS://API.example:443/notes", None)
+            .unwrap()
+            .resource,
+        NOTES
+    );
+    assert_eq!(p.declared_resource("https://MAIL.example"), Some(MAIL));
+    assert_eq!(p.declared_resource("https://api.example/other"), None);
+    assert!(matches!(
+        p.prelude(false, "https://api.example/notes#f", None),
+        Err(Refusal::InvalidTarget(_))
+    ));
+}
