@@ -147,7 +147,14 @@ pub fn sha256_b64(data: &[u8]) -> String {
 
 /// SHA-256 of `data`, hex-encoded.
 pub fn sha256_hex(data: &[u8]) -> String {
-    hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, data).as_ref())
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, data);
+    // A table lookup per byte into a fixed buffer (hex::encode goes
+    // through a char iterator): several of these run on every proxied call.
+    let mut out = [0u8; 64];
+    match hex::encode_to_slice(digest.as_ref(), &mut out) {
+        Ok(()) => String::from_utf8_lossy(&out).into_owned(),
+        Err(_) => hex::encode(digest.as_ref()),
+    }
 }
 
 /// Splits and decodes a compact JWS, in the order size -> parts -> base64url

@@ -878,3 +878,20 @@ fn one_header_check_for_every_context() {
         Ok(Alg::ES256)
     );
 }
+
+#[test]
+fn sha256_hex_is_the_lowercase_hex_of_the_digest() {
+    // FIPS 180-2, appendix B.1 and B.2's one-block and two-block messages.
+    assert_eq!(
+        sha256_hex(b"abc"),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+    assert_eq!(
+        sha256_hex(b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+    );
+    assert_eq!(
+        sha256_hex(b""),
+        hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, b""))
+    );
+}
