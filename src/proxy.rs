@@ -248,14 +248,33 @@ impl Drop for GuardedBody {
 /// Each chunk is scanned once (SIMD substring search) and copied once; only
 /// the held-back tail and the few bytes across the boundary are scanned
 /// again, so a large answer costs about one pass per token.
+///
+/// The SIMD searchers cost more to build than a short answer costs to
+/// scan (about 4 us for two tokens, most of the guard's cost on a small
+/// call), so they are built on the first scan of more than
+/// [`SHORT_SCAN`] bytes; shorter scans compare at each place the token's
+/// first byte occurs, at most `SHORT_SCAN` times the token's length.
 #[derive(Debug)]
 pub(crate) struct EchoGuard {
-    needles: Vec<memchr::memmem::Finder<'static>>,
+    secrets: Vec<Box<[u8]>>,
+    finders: std::cell::OnceCell<Vec<memchr::memmem::Finder<'static>>>,
     hold: usize,
     /// The held-back tail: at most `hold` bytes, already scanned.
     pending: Vec<u8>,
     /// Scratch for the seam between the tail and the next chunk.
     edge: Vec<u8>,
+}
+
+/// The longest scan the echo guard makes without its SIMD searchers.
+const SHORT_SCAN: usize = 1024;
+
+/// Whether `needle` (not empty) occurs in the short `hay`: a comparison at
+/// each place its first byte occurs.
+fn short_find(hay: &[u8], needle: &[u8]) -> bool {
+    let (Some(&first), Some(last)) = (needle.first(), hay.len().checked_sub(needle.len())) else {
+        return false;
+    };
+    memchr::memchr_iter(first, &hay[..=last]).any(|i| hay[i..].starts_with(needle))
 }
 
 /// A provider token was found in the answer.
@@ -265,14 +284,15 @@ pub(crate) struct Echo;
 impl EchoGuard {
     /// A guard for these secrets (empty ones are ignored).
     pub(crate) fn new(secrets: &[&str]) -> EchoGuard {
-        let needles: Vec<memchr::memmem::Finder<'static>> = secrets
+        let secrets: Vec<Box<[u8]>> = secrets
             .iter()
             .filter(|s| !s.is_empty())
-            .map(|s| memchr::memmem::Finder::new(s.as_bytes()).into_owned())
+            .map(|s| Box::from(s.as_bytes()))
             .collect();
-        let hold = needles.iter().map(|n| n.needle().len()).max().unwrap_or(1) - 1;
+        let hold = secrets.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
         EchoGuard {
-            needles,
+            secrets,
+            finders: std::cell::OnceCell::new(),
             hold,
             pending: Vec::new(),
             edge: Vec::new(),
@@ -281,7 +301,18 @@ impl EchoGuard {
 
     /// Whether `bytes` holds one of the secrets.
     pub(crate) fn contains(&self, bytes: &[u8]) -> bool {
-        self.needles.iter().any(|n| n.find(bytes).is_some())
+        if bytes.len() <= SHORT_SCAN {
+            return self.secrets.iter().any(|s| short_find(bytes, s));
+        }
+        self.finders
+            .get_or_init(|| {
+                self.secrets
+                    .iter()
+                    .map(|s| memchr::memmem::Finder::new(&s[..]).into_owned())
+                    .collect()
+            })
+            .iter()
+            .any(|n| n.find(bytes).is_some())
     }
 
     /// Takes the next chunk; returns what can be released, in order: the
@@ -486,13 +517,23 @@ struct Call<'a> {
     route: Option<String>,
 }
 
+/// The verifier of one proxy address, with the address's canonical
+/// resource (the policy's key for it).
+#[derive(Debug)]
+struct AddressVerifier {
+    /// The minter's key ring the verifier's keys came from (its address).
+    stamp: usize,
+    verifier: Arc<Verifier>,
+    resource: String,
+}
+
 /// The proxy: shared by every connection of the public listener.
 #[derive(Debug)]
 pub(crate) struct Proxy {
     broker: Arc<Broker>,
     client: reqwest::Client,
     /// One verifier per proxy address; its keys follow the minter's ring.
-    verifiers: Mutex<HashMap<String, (usize, Arc<Verifier>)>>,
+    verifiers: Mutex<HashMap<String, AddressVerifier>>,
     in_flight: Arc<Semaphore>,
     per_service: DashMap<String, Arc<Semaphore>>,
 }
@@ -517,33 +558,42 @@ impl Proxy {
         })
     }
 
-    /// The verifier for `audience`, with the minter's current public keys.
-    fn verifier(&self, audience: &str) -> Result<Arc<Verifier>, VerifyError> {
+    /// The verifier for `audience`, with the minter's current public keys,
+    /// and the audience's canonical resource (the policy's key for it).
+    fn verifier(&self, audience: &str) -> Result<(Arc<Verifier>, String), VerifyError> {
         let ring = self.broker.minter.ring();
         let stamp = Arc::as_ptr(&ring) as usize;
         let mut map = self
             .verifiers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((s, v)) = map.get(audience) {
-            if *s == stamp {
-                return Ok(v.clone());
+        if let Some(a) = map.get(audience) {
+            if a.stamp == stamp {
+                return Ok((a.verifier.clone(), a.resource.clone()));
             }
         }
         let jwks = serde_json::to_vec(&ring.jwks(self.broker.clock.now()))
             .map_err(|_| VerifyError::Keys)?;
-        let v = match map.get(audience) {
-            Some((_, v)) => {
-                v.set_jwks(&jwks)?;
-                v.clone()
+        let verifier = match map.get(audience) {
+            Some(a) => {
+                a.verifier.set_jwks(&jwks)?;
+                a.verifier.clone()
             }
             None => Arc::new(
                 Verifier::from_jwks(&self.broker.config.issuer, audience, &jwks)?
                     .with_clock(self.broker.clock.clone()),
             ),
         };
-        map.insert(audience.to_string(), (stamp, v.clone()));
-        Ok(v)
+        let resource = canonical_resource(audience).unwrap_or_else(|_| audience.to_string());
+        map.insert(
+            audience.to_string(),
+            AddressVerifier {
+                stamp,
+                verifier: verifier.clone(),
+                resource: resource.clone(),
+            },
+        );
+        Ok((verifier, resource))
     }
 
     /// Checks the proof's nonce when nonces are required, then records the
@@ -552,27 +602,32 @@ impl Proxy {
     /// a second use anywhere is a replay. A store that cannot answer fails
     /// the call closed.
     fn first_use(&self, proof: &str, jkt: &str) -> Result<(), Refusal> {
-        let claims = crate::jose::parse(proof, crate::dpop::MAX_PROOF_LEN)
-            .ok()
-            .and_then(|j| serde_json::from_slice::<serde_json::Value>(&j.payload).ok())
+        /// The two claims read here (the verifier checked the rest).
+        #[derive(Default, serde::Deserialize)]
+        struct Ids {
+            jti: Option<String>,
+            nonce: Option<String>,
+        }
+        // The verifier has parsed and checked this proof: only its payload
+        // is decoded again (no header, key or signature).
+        let claims: Ids = proof
+            .split('.')
+            .nth(1)
+            .and_then(|p| crate::jose::b64d(p, "payload").ok())
+            .and_then(|p| serde_json::from_slice(&p).ok())
             .unwrap_or_default();
         // The nonce rule of the socket (`[dpop] require_nonce`) holds here
         // too; the verifier resource servers use knows no nonces.
         let now = self.broker.clock.now();
-        let nonce = claims.get("nonce").and_then(|n| n.as_str());
-        if !self.broker.proofs.nonce_ok(nonce, now) {
+        if !self.broker.proofs.nonce_ok(claims.nonce.as_deref(), now) {
             return Err(match self.broker.proofs.fresh_nonce(now) {
                 Some(n) => Refusal::UseNonce(n),
                 None => Refusal::Token(VerifyError::Proof(crate::dpop::DpopError::UseNonce)),
             });
         }
-        let jti = claims
-            .get("jti")
-            .and_then(|j| j.as_str())
-            .map(str::to_string)
-            .ok_or(Refusal::Token(VerifyError::Proof(
-                crate::dpop::DpopError::Replay,
-            )))?;
+        let jti = claims.jti.ok_or(Refusal::Token(VerifyError::Proof(
+            crate::dpop::DpopError::Replay,
+        )))?;
         let mut key = jti.into_bytes();
         key.push(0);
         key.extend_from_slice(jkt.as_bytes());
@@ -796,7 +851,7 @@ impl Proxy {
         // The token and its proof. The URL the proof must name is built
         // from the configured issuer and the raw path.
         let audience = format!("{}{}", b.config.issuer, proxy_path(service));
-        let verifier = self
+        let (verifier, resource) = self
             .verifier(&audience)
             .map_err(|e| (None, Refusal::Token(e)))?;
         let dpop: Vec<&str> = parts
@@ -838,7 +893,6 @@ impl Proxy {
             self.first_use(proof, &who.jkt).map_err(|r| (None, r))?;
         }
         let policy = b.policy.load_full();
-        let resource = canonical_resource(&audience).unwrap_or(audience);
         let mut call = Call {
             service,
             method,
@@ -1305,8 +1359,20 @@ mod tests {
 
     /// Every split of an answer into chunks: the guard refuses exactly the
     /// answers that hold a token, and otherwise releases them unchanged.
+    /// Short chunks and answers take the guard's short scan only.
     #[test]
     fn echo_guard_agrees_with_a_whole_answer_search_for_every_split() {
+        agrees_with_a_whole_answer_search(40, 15, 3000, 0x9e37_79b9_7f4a_7c15);
+    }
+
+    /// The same with answers of up to 12 KiB in chunks of up to 3 KiB: scans
+    /// on both sides of `SHORT_SCAN`, so the SIMD searchers take part.
+    #[test]
+    fn echo_guard_agrees_with_a_whole_answer_search_across_its_two_scans() {
+        agrees_with_a_whole_answer_search(3000, 3000, 400, 0x2545_f491_4f6c_dd1d);
+    }
+
+    fn agrees_with_a_whole_answer_search(pieces: u64, chunk: u64, cases: usize, seed: u64) {
         let secrets = ["tok-ABCDEFG", "rf-XYZ"];
         let naive = |hay: &[u8]| {
             secrets
@@ -1314,7 +1380,7 @@ mod tests {
                 .any(|s| hay.windows(s.len()).any(|w| w == s.as_bytes()))
         };
         // A small xorshift: the same cases on every run.
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut x: u64 = seed;
         let mut next = move || {
             x ^= x << 13;
             x ^= x >> 7;
@@ -1323,12 +1389,13 @@ mod tests {
         };
         let alphabet = b"tok-ABCDEFGrf-XYZ ";
         let (mut found, mut clean) = (0, 0);
-        for _ in 0..3000 {
+        let mut long_scans = 0;
+        for _ in 0..cases {
             // Random bytes of the tokens' alphabet, with now and then a
             // token, or a token's beginning, planted whole.
             let mut answer: Vec<u8> = Vec::new();
-            for _ in 0..(next() % 40) {
-                match next() % 30 {
+            for _ in 0..(next() % pieces) {
+                match next() % (30 * pieces / 40).max(30) {
                     0 => answer.extend_from_slice(secrets[(next() % 2) as usize].as_bytes()),
                     1 => {
                         let s = secrets[(next() % 2) as usize].as_bytes();
@@ -1342,7 +1409,7 @@ mod tests {
             let mut refused = false;
             let mut rest = &answer[..];
             while !rest.is_empty() {
-                let n = 1 + (next() % 15) as usize;
+                let n = 1 + (next() % chunk) as usize;
                 let (c, r) = rest.split_at(n.min(rest.len()));
                 rest = r;
                 match g.push(Bytes::copy_from_slice(c)) {
@@ -1357,6 +1424,7 @@ mod tests {
                     }
                 }
             }
+            long_scans += usize::from(g.finders.get().is_some());
             if !refused {
                 out.extend_from_slice(&g.finish());
             }
@@ -1373,7 +1441,13 @@ mod tests {
                 clean += 1;
             }
         }
-        // Both kinds of answer were drawn.
-        assert!(found > 100 && clean > 100, "{found} {clean}");
+        // Both kinds of answer were drawn, and the SIMD searchers were
+        // built exactly when chunks could be longer than the short scan.
+        assert!(found > cases / 30 && clean > cases / 30, "{found} {clean}");
+        assert_eq!(
+            long_scans > cases / 4,
+            chunk > SHORT_SCAN as u64,
+            "{long_scans}"
+        );
     }
 }
