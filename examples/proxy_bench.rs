@@ -79,6 +79,12 @@ struct Args {
     /// Print one JSON line with the figures at the end.
     #[arg(long)]
     json: bool,
+    /// Instead of timing windows, run the broker under valgrind's callgrind
+    /// and count its instructions over this many small calls and then one
+    /// window of downloads (user space only; unlike CPU time it does not
+    /// move with the machine's load).
+    #[arg(long, value_name = "CALLS")]
+    callgrind: Option<usize>,
 }
 
 fn main() {
@@ -400,6 +406,128 @@ fn crypto_floor_us(n: usize) -> (f64, f64) {
     (parsed, preparsed)
 }
 
+// ------------------------------------------------------------ callgrind
+
+/// `--callgrind`: the broker's instructions over `n` small calls, then over
+/// two downloads, each counted between a `callgrind_control` switch-on and
+/// a dump, after a warm-up with counting off.
+fn count_instructions(t: &Target, pids: &Pids, n: usize, mib: usize, out: &Path) {
+    let control = |args: &[&str]| {
+        let ok = Command::new("callgrind_control")
+            .args(args)
+            .arg(pids.broker.to_string())
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "callgrind_control {args:?} failed");
+    };
+    let blob = format!("/blob/{mib}");
+    window(t, pids, Path3::Broker, "/small", 50);
+    window(t, pids, Path3::Broker, &blob, 1);
+    control(&["-i", "on"]);
+    let small = window(t, pids, Path3::Broker, "/small", n);
+    control(&["-d"]);
+    let large = window(t, pids, Path3::Broker, &blob, 2);
+    control(&["-d"]);
+    control(&["-i", "off"]);
+    for w in [&small, &large] {
+        assert_eq!(w.refused, 0, "{:?}", w.first_refusal);
+    }
+    let dumps = |k: usize| -> String {
+        let o = Command::new("callgrind_annotate")
+            .args(["--inclusive=yes", "--auto=no"])
+            .arg(format!("{}.{k}", out.display()))
+            .output()
+            .expect("callgrind_annotate runs");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let (a_small, a_large) = (dumps(1), dumps(2));
+    if let Some(keep) = std::env::var_os("CALLGRIND_KEEP") {
+        // The dumps themselves, for callgrind_annotate or kcachegrind.
+        for k in [1, 2] {
+            let from = format!("{}.{k}", out.display());
+            let to = format!("{}.{k}", Path::new(&keep).display());
+            std::fs::copy(&from, &to).unwrap_or_else(|e| panic!("{from} -> {to}: {e}"));
+        }
+    }
+    let total = |a: &str| -> f64 {
+        a.lines()
+            .find(|l| l.contains("PROGRAM TOTALS"))
+            .and_then(first_count)
+            .unwrap_or(f64::NAN)
+    };
+    // The first (largest) inclusive count of the function whose name ends
+    // a field of the line (callgrind_annotate prints file:function).
+    let inclusive = |a: &str, name: &str| -> f64 {
+        a.lines()
+            .filter(|l| !l.contains("=>"))
+            .find(|l| l.split_whitespace().any(|f| f.ends_with(name)))
+            .and_then(first_count)
+            .unwrap_or(0.0)
+    };
+    let calls = small.calls as f64;
+    let (all, verifies) = (total(&a_small), inclusive(&a_small, "_EVP_DigestVerify"));
+    println!(
+        "callgrind: {} small calls, then {} MiB in 2 downloads",
+        small.calls,
+        large.bytes >> 20
+    );
+    println!(
+        "instructions per proxied call: {:.0} (the broker's user space, all threads)",
+        all / calls
+    );
+    println!(
+        "  the two ES256 verifies (EVP_DigestVerify, hashing included): {:.0}",
+        verifies / calls
+    );
+    println!("  everything else: {:.0}", (all - verifies) / calls);
+    println!("ratio to the two verifies: {:.3}", all / verifies);
+    // The function listing, by own instructions: after the second header
+    // line (the first is the totals').
+    let own = |k: usize| -> Vec<String> {
+        let o = Command::new("callgrind_annotate")
+            .arg("--auto=no")
+            .arg(format!("{}.{k}", out.display()))
+            .output()
+            .expect("callgrind_annotate runs");
+        let mut headers = 0;
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| {
+                headers += usize::from(l.starts_with("Ir"));
+                headers >= 2 && first_count(l).is_some()
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    let mibs = large.bytes as f64 / (1 << 20) as f64;
+    // memchr's functions call nothing else: their own counts are the
+    // whole of the echo guard's substring search.
+    let search: f64 = own(2)
+        .iter()
+        .filter(|l| l.contains("/memchr-"))
+        .filter_map(|l| first_count(l))
+        .sum();
+    println!(
+        "instructions per MiB downloaded: {:.0}, of which the echo guard's substring search {:.0}",
+        total(&a_large) / mibs,
+        search / mibs
+    );
+    println!("top functions of the small calls, by own instructions:");
+    for l in own(1).iter().take(16) {
+        println!("  {}", l.chars().take(150).collect::<String>());
+    }
+}
+
+/// The count at the start of a callgrind_annotate line (`1,234 (5.6%) ...`).
+fn first_count(line: &str) -> Option<f64> {
+    line.split_whitespace()
+        .next()?
+        .replace(',', "")
+        .parse()
+        .ok()
+}
+
 // ------------------------------------------------------------ processes
 
 /// Children started by this run; stopped (SIGTERM, then waited for) when
@@ -454,19 +582,37 @@ fn free_port() -> u16 {
 }
 
 fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(180);
     while !ok() {
         assert!(
             Instant::now() < deadline,
-            "{what} did not happen within 60 s"
+            "{what} did not happen within 180 s"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-fn quickstart(bin: &Path, dir: &Path, listen: &str, demo: &str, log: &Path) -> Child {
-    Command::new(bin)
-        .args(["quickstart", "--dir"])
+fn quickstart(
+    bin: &Path,
+    dir: &Path,
+    listen: &str,
+    demo: &str,
+    log: &Path,
+    callgrind: Option<&Path>,
+) -> Child {
+    let mut cmd = match callgrind {
+        // valgrind runs the broker in its own process: the pid is the
+        // broker's, for /proc and for callgrind_control.
+        Some(out) => {
+            let mut c = Command::new("valgrind");
+            c.args(["--tool=callgrind", "--instr-atstart=no"])
+                .arg(format!("--callgrind-out-file={}", out.display()))
+                .arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    cmd.args(["quickstart", "--dir"])
         .arg(dir)
         .args(["--listen", listen, "--demo-listen", demo])
         .env("RUST_LOG", "warn")
@@ -718,7 +864,7 @@ fn bench(args: Args) {
     );
     let (issuer, demo) = (format!("http://{listen}"), format!("http://{demo_listen}"));
     let log = tmp.path().join("first.log");
-    let mut first = quickstart(&args.bin, &qs, &listen, &demo_listen, &log);
+    let mut first = quickstart(&args.bin, &qs, &listen, &demo_listen, &log, None);
     wait_for("the first quick start's banner", || {
         std::fs::read_to_string(&log)
             .unwrap_or_default()
@@ -771,7 +917,15 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
     ));
     std::fs::write(&policy, p).unwrap();
     let serve_log = tmp.path().join("serve.log");
-    let broker = quickstart(&args.bin, &qs, &listen, &demo_listen, &serve_log);
+    let cg_out = tmp.path().join("callgrind.out");
+    let broker = quickstart(
+        &args.bin,
+        &qs,
+        &listen,
+        &demo_listen,
+        &serve_log,
+        args.callgrind.map(|_| cg_out.as_path()),
+    );
     let broker_pid = broker.id();
     children.0.push(broker);
     let socket = qs.join("credbroker.sock");
@@ -888,6 +1042,10 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
             .unwrap_or_default()
             .trim()
     );
+    if let Some(n) = args.callgrind {
+        count_instructions(&t, &pids, n, args.mib, &cg_out);
+        return;
+    }
     let (fp0, fq0) = crypto_floor_us(5_000);
     println!(
         "crypto floor (before): verify, key parsed {fp0:.1} us; verify, key preparsed {fq0:.1} us"
