@@ -433,15 +433,21 @@ fn count_instructions(t: &Target, pids: &Pids, n: usize, mib: usize, out: &Path)
     for w in [&small, &large] {
         assert_eq!(w.refused, 0, "{:?}", w.first_refusal);
     }
-    let dumps = |k: usize| -> String {
+    // callgrind_annotate's listing of dump `k`, by inclusive or by own
+    // instructions, without source annotation.
+    let annotate = |k: usize, inclusive: bool| -> String {
         let o = Command::new("callgrind_annotate")
-            .args(["--inclusive=yes", "--auto=no"])
+            .arg(format!(
+                "--inclusive={}",
+                if inclusive { "yes" } else { "no" }
+            ))
+            .arg("--auto=no")
             .arg(format!("{}.{k}", out.display()))
             .output()
             .expect("callgrind_annotate runs");
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
-    let (a_small, a_large) = (dumps(1), dumps(2));
+    let (a_small, a_large) = (annotate(1, true), annotate(2, true));
     if let Some(keep) = std::env::var_os("CALLGRIND_KEEP") {
         // The dumps themselves, for callgrind_annotate or kcachegrind.
         for k in [1, 2] {
@@ -485,13 +491,8 @@ fn count_instructions(t: &Target, pids: &Pids, n: usize, mib: usize, out: &Path)
     // The function listing, by own instructions: after the second header
     // line (the first is the totals').
     let own = |k: usize| -> Vec<String> {
-        let o = Command::new("callgrind_annotate")
-            .arg("--auto=no")
-            .arg(format!("{}.{k}", out.display()))
-            .output()
-            .expect("callgrind_annotate runs");
         let mut headers = 0;
-        String::from_utf8_lossy(&o.stdout)
+        annotate(k, false)
             .lines()
             .filter(|l| {
                 headers += usize::from(l.starts_with("Ir"));
