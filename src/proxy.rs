@@ -255,15 +255,24 @@ impl Drop for GuardedBody {
 /// so they are built on the first scan of more than
 /// [`SHORT_SCAN`] bytes; shorter scans compare at each place the token's
 /// first byte occurs, at most `SHORT_SCAN` times the token's length.
-#[derive(Debug)]
 pub(crate) struct EchoGuard {
-    secrets: Vec<Box<[u8]>>,
+    /// The provider's tokens: wiped when the guard goes, never printed.
+    secrets: Vec<zeroize::Zeroizing<Vec<u8>>>,
     finders: std::cell::OnceCell<Vec<memchr::memmem::Finder<'static>>>,
     hold: usize,
     /// The held-back tail: at most `hold` bytes, already scanned.
     pending: Vec<u8>,
     /// Scratch for the seam between the tail and the next chunk.
     edge: Vec<u8>,
+}
+
+impl std::fmt::Debug for EchoGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EchoGuard")
+            .field("secrets", &self.secrets.len())
+            .field("hold", &self.hold)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The longest scan the echo guard makes without its SIMD searchers.
@@ -285,10 +294,10 @@ pub(crate) struct Echo;
 impl EchoGuard {
     /// A guard for these secrets (empty ones are ignored).
     pub(crate) fn new(secrets: &[&str]) -> EchoGuard {
-        let secrets: Vec<Box<[u8]>> = secrets
+        let secrets: Vec<zeroize::Zeroizing<Vec<u8>>> = secrets
             .iter()
             .filter(|s| !s.is_empty())
-            .map(|s| Box::from(s.as_bytes()))
+            .map(|s| zeroize::Zeroizing::new(s.as_bytes().to_vec()))
             .collect();
         let hold = secrets.iter().map(|s| s.len()).max().unwrap_or(1) - 1;
         EchoGuard {
@@ -1356,6 +1365,18 @@ mod tests {
         }
         out.extend_from_slice(&g.finish());
         assert_eq!(out, b"hello SECRET-TOKEX and more!");
+    }
+
+    #[test]
+    fn echo_guard_never_prints_its_secrets() {
+        let mut g = EchoGuard::new(&["gho_SECRETTOKEN", "ghr_REFRESH"]);
+        // Built both ways: the short scan, and the SIMD searchers.
+        assert!(g.contains(b"...gho_SECRETTOKEN..."));
+        assert!(g.contains(&[b"x".repeat(2000), b"ghr_REFRESH".to_vec()].concat()));
+        let _ = g.push(Bytes::from_static(b"an answer"));
+        // Only how many secrets it holds and how much it holds back, not
+        // their bytes in any form (a derived Debug would list them).
+        assert_eq!(format!("{g:?}"), "EchoGuard { secrets: 2, hold: 14, .. }");
     }
 
     /// Every split of an answer into chunks: the guard refuses exactly the
