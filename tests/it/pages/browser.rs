@@ -72,14 +72,6 @@ async fn browse(steps: serde_json::Value, shots: &Path) -> String {
     transcript
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Kills the child it holds on drop (the quick start we started).
 struct Child(std::process::Child);
 impl Drop for Child {
@@ -97,7 +89,7 @@ async fn quick_start_sign_in_as_local_user_in_chromium() {
     require_browser();
     let dir = tempfile::tempdir().unwrap();
     let qs = dir.path().join("qs");
-    let listen = format!("127.0.0.1:{}", free_port());
+    let listen = format!("127.0.0.1:{}", crate::support::free_loopback_port());
     let base = format!("http://{listen}");
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_credbroker"));
     let log = std::fs::File::create(dir.path().join("qs.log")).unwrap();
@@ -106,7 +98,10 @@ async fn quick_start_sign_in_as_local_user_in_chromium() {
             .args(["quickstart", "--dir"])
             .arg(&qs)
             .args(["--listen", &listen])
-            .args(["--demo-listen", &format!("127.0.0.1:{}", free_port())])
+            .args([
+                "--demo-listen",
+                &format!("127.0.0.1:{}", crate::support::free_loopback_port()),
+            ])
             .stderr(log)
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -330,7 +325,7 @@ async fn connect_pages_in_chromium() {
 async fn oidc_sign_in_at_oidc_provider_in_chromium() {
     require_browser();
     let tmp = tempfile::tempdir().unwrap();
-    let port = free_port();
+    let port = crate::support::free_loopback_port();
     let base = format!("http://127.0.0.1:{port}");
     let secret = "pages-client-secret-canary";
     let cfg = tmp.path().join("idp.json");

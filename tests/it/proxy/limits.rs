@@ -11,11 +11,9 @@ use super::{refusal, ProxyEnv};
 async fn unreachable_api_is_502_with_its_reason_at_once() {
     let mut p = ProxyEnv::start("").await;
     let read = p.token("acme.read", "triage").await;
-    // A loopback port nobody listens on: bound, then closed.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
+    // A loopback port nobody listens on: checked free, outside the range
+    // the kernel hands out, so no peer of another test takes it meanwhile.
+    let closed = crate::support::free_loopback_addr();
     let config = std::fs::read_to_string(&p.env.broker.config).unwrap();
     let served = format!("api_base = \"{}\"", p.api.base);
     assert!(config.contains(&served), "{config}");

@@ -146,15 +146,66 @@ pub(crate) fn now() -> i64 {
         .as_secs() as i64
 }
 
-/// A loopback address with a port that was free a moment ago (the listener
-/// is closed before returning, so another process could take it: a small race
-/// that only tests needing a real issuer URL accept).
+/// A loopback address with a port that was free a moment ago, for a server
+/// the test starts a little later (a broker whose issuer URL must be in its
+/// config before it runs). The check listener is closed before returning,
+/// so the port is only reserved by being out of the way: it is taken below
+/// the kernel's ephemeral range (`ip_local_port_range`), where no peer
+/// started in between (an IdP or a service listening on port 0, or any
+/// outgoing connection) can be handed it; a port taken from port 0 could
+/// be given straight back to such a peer's own `listen(0)`, and the broker
+/// would then fail with "address in use". Only another test's pick can
+/// still collide, about one chance in 20 000. Falls back to port 0 when the
+/// ephemeral range leaves no room below it.
 pub(crate) fn free_loopback_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").to_string()
+    format!("127.0.0.1:{}", free_loopback_port())
 }
 
-/// `application/x-www-form-urlencoded` from pairs.
+/// The port of [`free_loopback_addr`].
+pub(crate) fn free_loopback_port() -> u16 {
+    const LOWEST: u16 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_low > LOWEST + 1_000 {
+        let span = ephemeral_low - LOWEST;
+        for _ in 0..200 {
+            let r = random_bytes(2);
+            let port = LOWEST + u16::from_be_bytes([r[0], r[1]]) % span;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// The harness's own promise, since every test with a real issuer URL
+/// leans on it: a port [`free_loopback_port`] gives is free and below the
+/// kernel's ephemeral range, and a listener on port 0 (what the IdP and
+/// service peers do) is given one inside that range, so never the same.
+#[test]
+fn free_loopback_ports_are_free_and_out_of_the_ephemeral_range() {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+    let mut it = range.split_whitespace().map(|p| p.parse::<u16>().unwrap());
+    let (low, high) = (it.next().unwrap(), it.next().unwrap());
+    assert!(
+        low > 11_000,
+        "this machine's ephemeral range starts at {low}"
+    );
+    for _ in 0..50 {
+        let port = free_loopback_port();
+        assert!((10_000..low).contains(&port), "{port} in {low}..={high}");
+        std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free");
+    }
+    // The control: what the peers (and this helper, before) get from port 0.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    assert!((low..=high).contains(&port), "{port} in {low}..={high}");
+}
+
 pub(crate) fn form(pairs: &[(&str, &str)]) -> String {
     let mut s = form_urlencoded::Serializer::new(String::new());
     for (k, v) in pairs {

@@ -149,11 +149,7 @@ impl Cluster {
         // A port free a moment ago; another process may take it first, so
         // a failed start tries another.
         for _ in 0..5 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
+            let port = super::free_loopback_port();
             std::fs::write(
                 c.root.join("data").join("postgresql.auto.conf"),
                 format!("port = {port}\n"),
