@@ -226,7 +226,10 @@ async fn revoked_grant_becomes_reconnect_required_and_is_not_retried() {
 #[tokio::test]
 async fn provider_down_slow_or_broken_gives_503_within_the_timeout_never_a_stale_token() {
     let _serial = crate::support::serial().await;
-    let mut env = ServiceEnv::start();
+    let mut env = ServiceEnv::start_with(crate::support::services::ProviderOpts {
+        timeout: "1500ms",
+        ..crate::support::services::ProviderOpts::default()
+    });
     connected(&mut env, 30).await;
     let k = key();
     let stale = env.peer.issued_tokens().await;
