@@ -13,6 +13,7 @@ mod expiry;
 mod limits;
 mod refusals;
 mod retry;
+mod shutdown;
 
 use credbroker::internals::jose::Es256Key;
 

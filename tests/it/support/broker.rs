@@ -508,6 +508,21 @@ impl Drop for TestBroker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failing test shows the broker's own account of it (why a
+        // sign-in or a call was refused) beside the panic: the log is in a
+        // temp dir that goes with the test. It holds no secret (the
+        // canary tests check that).
+        if std::thread::panicking() {
+            let log = self.log_text();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(60)..];
+            eprintln!(
+                "--- the last {} lines of the broker's log ({}) ---\n{}",
+                tail.len(),
+                self.log.display(),
+                tail.join("\n")
+            );
+        }
     }
 }
 
