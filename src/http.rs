@@ -87,9 +87,111 @@ where
     }
 }
 
+/// How long an idle outbound connection is kept for reuse: below the
+/// keep-alive timeouts that servers commonly use (Node.js and Apache httpd
+/// close an idle connection after 5 s). A request written on a connection
+/// the server is closing at that moment fails ("connection closed before
+/// message completed"), and a POST such as a code exchange cannot be sent
+/// again; a connection idle this long is closed here first, and the next
+/// request opens a new one.
+pub(crate) const OUTBOUND_POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// The builder every outbound HTTP client starts from (the IdPs, the
+/// providers, the proxy's APIs), with [`OUTBOUND_POOL_IDLE`]. Callers add
+/// their own timeouts, redirect and proxy policy.
+pub(crate) fn outbound_client() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().pool_idle_timeout(OUTBOUND_POOL_IDLE)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An HTTP/1.1 server that keeps connections alive but, like a server
+    /// whose keep-alive timeout has just run out, closes a connection that
+    /// has been idle for `idle_close` when the next request arrives on it,
+    /// without answering. Answers every other request `200 ok`.
+    async fn closes_idle_connections(idle_close: std::time::Duration) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut last_answer: Option<std::time::Instant> = None;
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        let Ok(n) = s.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        if buf.len() < end + 4 + len {
+                            continue;
+                        }
+                        buf.drain(..end + 4 + len);
+                        if last_answer.is_some_and(|t| t.elapsed() >= idle_close) {
+                            return;
+                        }
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if s.write_all(answer).await.is_err() {
+                            return;
+                        }
+                        last_answer = Some(std::time::Instant::now());
+                    }
+                });
+            }
+        });
+        format!("http://{addr}/token")
+    }
+
+    /// A GET, then, after an idle time the server's keep-alive does not
+    /// outlast, a POST (a code exchange's shape).
+    async fn post_after_idle(
+        client: reqwest::Client,
+        url: &str,
+        idle: std::time::Duration,
+    ) -> bool {
+        let first = client.get(url).send().await.unwrap();
+        assert_eq!(first.text().await.unwrap(), "ok");
+        tokio::time::sleep(idle).await;
+        match client.post(url).body("code=x").send().await {
+            Ok(r) => r.text().await.is_ok_and(|t| t == "ok"),
+            Err(_) => false,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_is_not_reused_once_a_server_may_be_closing_it() {
+        // The server gives up on a connection idle for the pool's time plus
+        // 300 ms; the request comes after 500 ms more than the pool's time.
+        let url =
+            closes_idle_connections(OUTBOUND_POOL_IDLE + std::time::Duration::from_millis(300))
+                .await;
+        let idle = OUTBOUND_POOL_IDLE + std::time::Duration::from_millis(500);
+        let ours = outbound_client().no_proxy().build().unwrap();
+        // The control: reqwest's default pool (90 s) reuses the connection
+        // the server has given up on, and the POST fails.
+        let default = reqwest::Client::builder().no_proxy().build().unwrap();
+        let (ours, default) = tokio::join!(
+            post_after_idle(ours, &url, idle),
+            post_after_idle(default, &url, idle)
+        );
+        assert!(!default, "the default pool's POST went through: the server did not act as one closing idle connections");
+        assert!(ours, "the POST after an idle time failed");
+    }
 
     fn headers(len: Option<&str>) -> HeaderMap {
         let mut h = HeaderMap::new();

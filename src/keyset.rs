@@ -44,7 +44,7 @@ pub enum KeySetError {
 /// bounded timeouts, no redirects (a redirect could move a pinned URI to a
 /// host the operator never named).
 pub(crate) fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
+    crate::http::outbound_client()
         .timeout(Duration::from_secs(5))
         .connect_timeout(Duration::from_secs(3))
         .redirect(reqwest::redirect::Policy::none())

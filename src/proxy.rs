@@ -552,7 +552,7 @@ impl Proxy {
     /// The proxy of `broker`, with its upstream client.
     pub(crate) fn new(broker: Arc<Broker>) -> Result<Proxy, reqwest::Error> {
         let cfg = &broker.config.proxy;
-        let client = reqwest::Client::builder()
+        let client = crate::http::outbound_client()
             // Only api_base: never a proxy from HTTP(S)_PROXY, never where a
             // redirect points (a 3xx goes back to the tool as it is).
             .no_proxy()

@@ -108,7 +108,7 @@ impl Provider {
                 Some(SecretString::new(s))
             }
         };
-        let http = reqwest::Client::builder()
+        let http = crate::http::outbound_client()
             .timeout(cfg.timeout)
             .connect_timeout(cfg.timeout.min(Duration::from_secs(5)))
             .redirect(reqwest::redirect::Policy::none())
