@@ -224,6 +224,10 @@ pub(crate) async fn serve(
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
                 let builder = builder.clone();
+                // Watched from the accept on, as a plain connection is: a
+                // TLS handshake or answer under way is drained too, not cut
+                // when the process exits.
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
                     let Ok(Ok(tls)) =
                         tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
@@ -231,11 +235,17 @@ pub(crate) async fn serve(
                     else {
                         return;
                     };
-                    let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
+                    let _ = watcher
+                        .watch(builder.serve_connection(TokioIo::new(tls), svc))
+                        .await;
                     drop(permit);
                 });
             }
         }
     }
+    // Closed before the drain: a new connection is refused at once (its
+    // client or load balancer goes elsewhere) instead of waiting in the
+    // backlog until the process exits.
+    drop(listener);
     let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
 }

@@ -206,6 +206,7 @@ fn free_loopback_ports_are_free_and_out_of_the_ephemeral_range() {
     assert!((low..=high).contains(&port), "{port} in {low}..={high}");
 }
 
+/// `application/x-www-form-urlencoded` from pairs.
 pub(crate) fn form(pairs: &[(&str, &str)]) -> String {
     let mut s = form_urlencoded::Serializer::new(String::new());
     for (k, v) in pairs {
