@@ -110,48 +110,34 @@ mod tests {
     /// An HTTP/1.1 server that keeps connections alive but, like a server
     /// whose keep-alive timeout has just run out, closes a connection that
     /// has been idle for `idle_close` when the next request arrives on it,
-    /// without answering. Answers every other request `200 ok`.
+    /// without answering (hyper closes a connection whose service fails).
+    /// Answers every other request `200 ok`.
     async fn closes_idle_connections(idle_close: std::time::Duration) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use std::sync::{Arc, Mutex};
+        use std::time::Instant;
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         tokio::spawn(async move {
-            while let Ok((mut s, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let mut last_answer: Option<std::time::Instant> = None;
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 4096];
-                    loop {
-                        let Ok(n) = s.read(&mut chunk).await else {
-                            return;
-                        };
-                        if n == 0 {
-                            return;
+            while let Ok((s, _)) = l.accept().await {
+                let last_answer: Arc<Mutex<Option<Instant>>> = Arc::default();
+                let svc = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let last_answer = last_answer.clone();
+                        async move {
+                            let _ = req.into_body().collect().await;
+                            let mut last = last_answer.lock().unwrap();
+                            if last.is_some_and(|t| t.elapsed() >= idle_close) {
+                                return Err("idle past the keep-alive timeout");
+                            }
+                            *last = Some(Instant::now());
+                            Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
                         }
-                        buf.extend_from_slice(&chunk[..n]);
-                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                            continue;
-                        };
-                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse().ok())
-                            .unwrap_or(0);
-                        if buf.len() < end + 4 + len {
-                            continue;
-                        }
-                        buf.drain(..end + 4 + len);
-                        if last_answer.is_some_and(|t| t.elapsed() >= idle_close) {
-                            return;
-                        }
-                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                        if s.write_all(answer).await.is_err() {
-                            return;
-                        }
-                        last_answer = Some(std::time::Instant::now());
-                    }
-                });
+                    },
+                );
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(s), svc),
+                );
             }
         });
         format!("http://{addr}/token")

@@ -89,7 +89,7 @@ async fn quick_start_sign_in_as_local_user_in_chromium() {
     require_browser();
     let dir = tempfile::tempdir().unwrap();
     let qs = dir.path().join("qs");
-    let listen = format!("127.0.0.1:{}", crate::support::free_loopback_port());
+    let listen = crate::support::free_loopback_addr();
     let base = format!("http://{listen}");
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_credbroker"));
     let log = std::fs::File::create(dir.path().join("qs.log")).unwrap();
@@ -98,10 +98,7 @@ async fn quick_start_sign_in_as_local_user_in_chromium() {
             .args(["quickstart", "--dir"])
             .arg(&qs)
             .args(["--listen", &listen])
-            .args([
-                "--demo-listen",
-                &format!("127.0.0.1:{}", crate::support::free_loopback_port()),
-            ])
+            .args(["--demo-listen", &crate::support::free_loopback_addr()])
             .stderr(log)
             .stdout(std::process::Stdio::null())
             .spawn()

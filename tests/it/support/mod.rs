@@ -161,18 +161,34 @@ pub(crate) fn free_loopback_addr() -> String {
     format!("127.0.0.1:{}", free_loopback_port())
 }
 
+/// The lowest port [`free_loopback_port`] takes.
+const LOWEST_RESERVED: u16 = 10_000;
+
+/// The kernel's range of ports for `bind(0)` and outgoing connections
+/// (`ip_local_port_range`), or Linux's default when it cannot be read.
+fn ephemeral_ports() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| {
+            let mut it = t.split_whitespace().map(|p| p.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32_768, 60_999))
+}
+
+/// Whether the ephemeral range leaves room below it for reserved ports.
+fn room_below(low: u16) -> bool {
+    low > LOWEST_RESERVED + 1_000
+}
+
 /// The port of [`free_loopback_addr`].
 pub(crate) fn free_loopback_port() -> u16 {
-    const LOWEST: u16 = 10_000;
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    if ephemeral_low > LOWEST + 1_000 {
-        let span = ephemeral_low - LOWEST;
+    let (low, _) = ephemeral_ports();
+    if room_below(low) {
+        let span = low - LOWEST_RESERVED;
         for _ in 0..200 {
             let r = random_bytes(2);
-            let port = LOWEST + u16::from_be_bytes([r[0], r[1]]) % span;
+            let port = LOWEST_RESERVED + u16::from_be_bytes([r[0], r[1]]) % span;
             if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
                 return port;
             }
@@ -188,10 +204,8 @@ pub(crate) fn free_loopback_port() -> u16 {
 /// service peers do) is given one inside that range, so never the same.
 #[test]
 fn free_loopback_ports_are_free_and_out_of_the_ephemeral_range() {
-    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
-    let mut it = range.split_whitespace().map(|p| p.parse::<u16>().unwrap());
-    let (low, high) = (it.next().unwrap(), it.next().unwrap());
-    if low <= 11_000 {
+    let (low, high) = ephemeral_ports();
+    if !room_below(low) {
         // No room below the range: the helper falls back to port 0, which
         // must still give a free port.
         eprintln!("the ephemeral range starts at {low}: ports come from port 0 here");
@@ -201,7 +215,10 @@ fn free_loopback_ports_are_free_and_out_of_the_ephemeral_range() {
     }
     for _ in 0..50 {
         let port = free_loopback_port();
-        assert!((10_000..low).contains(&port), "{port} in {low}..={high}");
+        assert!(
+            (LOWEST_RESERVED..low).contains(&port),
+            "{port} in {low}..={high}"
+        );
         std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free");
     }
     // The control: what the peers (and this helper, before) get from port 0.
