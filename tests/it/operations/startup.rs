@@ -24,8 +24,16 @@ fn refused(config: &Path) -> String {
 
 #[test]
 fn busy_public_port_refused_by_key_and_leaves_no_socket_files() {
-    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = busy.local_addr().unwrap().to_string();
+    // A port outside the ephemeral range: the positive control below frees
+    // it for the broker, and a port from `bind(0)` could meanwhile be taken
+    // by a concurrent test's `listen(0)` or outgoing connection.
+    let (busy, addr) = (0..20)
+        .find_map(|_| {
+            let addr = free_loopback_addr();
+            let l = std::net::TcpListener::bind(&addr).ok()?;
+            Some((l, addr))
+        })
+        .expect("a free loopback port");
     let (dir, config) = prepare(&Opts {
         public_listen: Some(addr.clone()),
         ..Opts::default()
