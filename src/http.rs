@@ -14,10 +14,17 @@ use http_body_util::{BodyExt, Full, Limited};
 pub(crate) type Body = Full<Bytes>;
 
 /// A JSON response with `Cache-Control: no-store`.
-pub(crate) fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Body> {
-    // Serialising a `Value` cannot fail (its map keys are strings); the
-    // empty fallback only keeps this total.
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
+pub(crate) fn json_response<T: serde::Serialize + ?Sized>(
+    status: StatusCode,
+    body: &T,
+) -> Response<Body> {
+    // Serialising a `Value` or one of the answers' typed bodies cannot fail
+    // (string keys, no maps with other keys); the empty fallback only keeps
+    // this total. Most answers fit the first allocation.
+    let mut bytes = Vec::with_capacity(1024);
+    if serde_json::to_writer(&mut bytes, body).is_err() {
+        bytes.clear();
+    }
     let mut r = Response::new(Full::new(Bytes::from(bytes)));
     *r.status_mut() = status;
     let h = r.headers_mut();

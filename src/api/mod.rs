@@ -213,26 +213,40 @@ pub fn error_response(err: &DeriveError) -> Response<Body> {
     }
 }
 
+/// The body of a derive's answer (RFC 8693 section 2.2.1), typed, so that
+/// the answer is written straight from the issued token: no JSON map is
+/// built, and no copy of the token is made besides the body itself. The
+/// fields are in the order a `serde_json::Value` map would print them.
+#[derive(serde::Serialize)]
+struct IssuedBody<'a> {
+    access_token: &'a str,
+    /// RFC 9396 section 7: the answer says what the token is for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    authorization_details: Option<&'a serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_in: Option<i64>,
+    issued_token_type: &'static str,
+    scope: &'a str,
+    /// Present (and `false`) only for a token not bound to the tool's DPoP
+    /// key (docs/DESIGN.md section 2, `delivery = "provider_token"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sender_constrained: Option<bool>,
+    token_type: &'a str,
+}
+
 fn issued_response(i: &Issued) -> Response<Body> {
-    let mut body = serde_json::json!({
-        "access_token": i.access_token.expose(),
-        "issued_token_type": ACCESS_TOKEN_TYPE,
-        "token_type": i.token_type,
-        "scope": i.scope,
-    });
-    if let Some(e) = i.expires_in {
-        body["expires_in"] = e.into();
-    }
-    if let Some(d) = &i.authorization_details {
-        // RFC 9396 section 7: the answer says what the token is for.
-        body["authorization_details"] = d.clone();
-    }
-    if !i.sender_constrained {
-        // Say so: the tool gets a bearer token that is not bound to its
-        // DPoP key (docs/DESIGN.md section 2, `delivery = "provider_token"`).
-        body["sender_constrained"] = false.into();
-    }
-    json_response(StatusCode::OK, &body)
+    json_response(
+        StatusCode::OK,
+        &IssuedBody {
+            access_token: i.access_token.expose(),
+            authorization_details: i.authorization_details.as_ref(),
+            expires_in: i.expires_in,
+            issued_token_type: ACCESS_TOKEN_TYPE,
+            scope: &i.scope,
+            sender_constrained: (!i.sender_constrained).then_some(false),
+            token_type: &i.token_type,
+        },
+    )
 }
 
 #[derive(Deserialize)]
