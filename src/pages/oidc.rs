@@ -447,13 +447,37 @@ pub fn validate_id_token(
     let display = [c.preferred_username, c.email, c.name]
         .into_iter()
         .flatten()
-        .find(|s| !s.is_empty() && s.len() <= 200 && !s.chars().any(char::is_control))
-        .unwrap_or_else(|| c.sub.clone());
+        .find(|s| !s.is_empty() && s.len() <= DISPLAY_MAX && !s.chars().any(char::is_control))
+        .unwrap_or_else(|| shown_sub(&c.sub));
     Ok(Identity {
         sub: c.sub,
         display,
         auth_time: c.auth_time,
     })
+}
+
+/// The longest name claim shown as the person's display name, in bytes.
+const DISPLAY_MAX: usize = 200;
+
+/// The `sub` as a display name, when no name claim is usable: as it is,
+/// unless it holds a control character (OIDC Core allows any string up to
+/// 255 ASCII characters, and some IdPs go further). Then each control
+/// character becomes U+FFFD and the name is cut at [`DISPLAY_MAX`] bytes,
+/// so that no page or log line shows a raw control character from an IdP.
+/// The `sub` itself, which identifies the person, is kept unchanged.
+fn shown_sub(sub: &str) -> String {
+    if !sub.chars().any(char::is_control) {
+        return sub.to_owned();
+    }
+    let mut shown = String::new();
+    for ch in sub.chars() {
+        let ch = if ch.is_control() { '\u{FFFD}' } else { ch };
+        if shown.len() + ch.len_utf8() > DISPLAY_MAX {
+            break;
+        }
+        shown.push(ch);
+    }
+    shown
 }
 
 #[cfg(test)]
@@ -529,6 +553,34 @@ mod tests {
             &oidc.rps["https://other.example"].keys,
             &shared
         ));
+    }
+
+    /// Found by the `id_token` fuzz target: with no usable name claim the
+    /// display name was the raw `sub`, control characters and all.
+    #[test]
+    fn display_name_from_a_sub_with_control_characters_has_none() {
+        let (k, keys) = setup();
+        let name = |sub: &str| {
+            let claims = with(|m| {
+                m.remove("preferred_username");
+                m.insert("sub".into(), sub.into());
+            });
+            let id =
+                validate_id_token(&sign(&k, json!({}), &claims), &keys, &expect(false)).unwrap();
+            assert_eq!(id.sub, sub, "the sub itself is kept");
+            id.display
+        };
+        let long = format!("u-{}\u{7f}{}", "5".repeat(150), "L".repeat(150));
+        for sub in ["u-1\u{7f}23", "\u{1b}[31mred", long.as_str()] {
+            let shown = name(sub);
+            assert!(!shown.is_empty() && shown.len() <= DISPLAY_MAX, "{shown:?}");
+            assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        }
+        assert_eq!(name("u-1\u{7f}23"), "u-1\u{FFFD}23");
+        // Positive control: a clean sub, however long, is shown as it is.
+        let clean = "u-".to_string() + &"5".repeat(300);
+        assert_eq!(name(&clean), clean);
+        assert_eq!(name("u-123"), "u-123");
     }
 
     #[test]
