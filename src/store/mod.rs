@@ -32,8 +32,9 @@
 //! worker of a multi-thread runtime, waits inside
 //! `tokio::task::block_in_place`, so the worker's other tasks (every `self`
 //! derive, which needs no store) move to another thread while it waits. Each
-//! operation is bounded by the backend's statement timeout, and a full pool
-//! fails at once with [`StoreError::Unavailable`] instead of queueing.
+//! operation is bounded by the backend's statement timeout (waiting for a
+//! pooled connection included); past it the answer is
+//! [`StoreError::Unavailable`].
 
 #[doc(hidden)]
 pub mod contract;

@@ -15,8 +15,12 @@
 //! small runtime; the caller waits on a channel, inside
 //! `tokio::task::block_in_place` when it is a worker of a multi-thread
 //! runtime. Every operation, connecting included, is bounded by the
-//! statement timeout on this side (the server enforces it too), and a full
-//! pool fails at once: both answer [`StoreError::Unavailable`].
+//! statement timeout on this side (the server enforces it too). A caller
+//! that finds every pooled connection busy waits in line for one, at most
+//! [`pool_wait`] (half the statement timeout), so that a burst of requests
+//! larger than the pool is served in turn instead of refused; a pool still
+//! busy after that (a slow or stuck server) fails. Both answer
+//! [`StoreError::Unavailable`].
 //!
 //! Statements: every one goes through the connection's statement cache
 //! (deadpool's `prepare_cached`), so a statement is parsed and planned once
@@ -192,11 +196,21 @@ async fn execute(c: &Object, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Resul
     with_statement(c, sql, |st| async move { c.execute(&st, params).await }).await
 }
 
-fn pool_error(e: PoolError, size: usize) -> StoreError {
+/// How long an operation waits for a pooled connection when all are busy:
+/// half of its statement timeout, so that the other half is left for the
+/// statement itself (the whole operation stays within the timeout).
+pub(crate) fn pool_wait(statement_timeout: Duration) -> Duration {
+    statement_timeout / 2
+}
+
+fn pool_error(e: PoolError, size: usize, waited: Duration) -> StoreError {
     match e {
-        PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) => StoreError::Unavailable(
-            format!("every connection of the pool is busy (pool_size = {size})"),
-        ),
+        PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) => {
+            StoreError::Unavailable(format!(
+                "every connection of the pool stayed busy for {} ms (pool_size = {size})",
+                waited.as_millis()
+            ))
+        }
         PoolError::Timeout(t) => StoreError::Unavailable(format!("connection timeout ({t:?})")),
         PoolError::Backend(e) => pg_error(e),
         other => StoreError::Unavailable(other.to_string()),
@@ -361,8 +375,8 @@ impl PgStore {
         let pool = Pool::builder(manager)
             .max_size(s.pool_size)
             .runtime(deadpool_postgres::Runtime::Tokio1)
-            // Zero: a full pool answers at once instead of queueing.
-            .wait_timeout(Some(Duration::ZERO))
+            // A full pool queues its callers, for a bounded time.
+            .wait_timeout(Some(pool_wait(s.statement_timeout)))
             .create_timeout(Some(s.connect_timeout))
             .recycle_timeout(Some(s.statement_timeout))
             .build()
@@ -380,12 +394,13 @@ impl PgStore {
     pub fn migrate(&self) -> Result<Vec<i32>, StoreError> {
         let pool = self.pool.clone();
         let size = self.settings.pool_size;
+        let wait = pool_wait(self.settings.statement_timeout);
         // Migrations may take longer than one statement: bounded by the
         // connect timeout plus a minute, not by the statement timeout.
         self.block(
             Duration::from_secs(60) + self.settings.connect_timeout,
             async move {
-                let mut c = pool.get().await.map_err(|e| pool_error(e, size))?;
+                let mut c = pool.get().await.map_err(|e| pool_error(e, size, wait))?;
                 // The session's statement timeout does not apply to DDL here.
                 c.batch_execute("SET statement_timeout = 0")
                     .await
@@ -475,8 +490,9 @@ impl PgStore {
         let pool = self.pool.clone();
         let size = self.settings.pool_size;
         let limit = self.settings.statement_timeout;
+        let wait = pool_wait(limit);
         let r = self.block(limit, async move {
-            let c = pool.get().await.map_err(|e| pool_error(e, size))?;
+            let c = pool.get().await.map_err(|e| pool_error(e, size, wait))?;
             op(c).await
         });
         r.map_err(|e| match e {
