@@ -161,7 +161,7 @@ pub struct ProxyCall<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub route: Option<&'a str>,
     /// SHA-256 (hex) of the raw path.
-    pub path_sha256: String,
+    pub path_sha256: &'a str,
     /// The provider's status (completed only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream_status: Option<u16>,

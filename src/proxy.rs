@@ -125,12 +125,10 @@ impl std::fmt::Debug for GuardedBody {
 /// holds until then.
 struct Completion {
     proxy: Arc<Proxy>,
-    call: OwnedCall,
+    call: Call,
     status: u16,
     bytes_up: u64,
     started: Instant,
-    service_label: String,
-    tool_label: String,
     _slots: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
 
@@ -150,11 +148,14 @@ impl GuardedBody {
             c.proxy
                 .completed(&c.call, c.status, outcome, c.bytes_up, self.sent, c.started);
             let m = &c.proxy.broker.metrics;
+            // The call passed the checks, so its service and tool are
+            // ones its policy declares: bounded labels.
+            let tool = c.proxy.tool_label(&c.call.policy, &c.call.who.tool);
             m.proxy_requests
-                .with_label_values(&[&c.service_label, &c.tool_label, outcome])
+                .with_label_values(&[&c.call.service, tool, outcome])
                 .inc();
             m.proxy_latency
-                .with_label_values(&[&c.service_label])
+                .with_label_values(&[&c.call.service])
                 .observe(c.started.elapsed().as_secs_f64());
         }
     }
@@ -534,11 +535,15 @@ impl Refusal {
     }
 }
 
-/// What is known about a call once its token is verified, for the events.
-struct Call<'a> {
-    service: &'a str,
-    method: &'a str,
+/// What is known about a call once its token is verified, for the events
+/// (owned: the answer streams, and its completion is recorded, after the
+/// handler returned).
+struct Call {
+    service: String,
+    method: Method,
     path_sha256: String,
+    /// SHA-256 (hex) of the token's `jti`, for both events.
+    jti_sha256: String,
     who: Verified,
     policy: Arc<Policy>,
     resource: String,
@@ -761,7 +766,7 @@ impl Proxy {
 
     /// Records a refusal (metrics; the event when the token was valid) and
     /// builds its answer.
-    fn refused(&self, call: Option<&Call<'_>>, service: &str, r: &Refusal) -> Response<ProxyBody> {
+    fn refused(&self, call: Option<&Call>, service: &str, r: &Refusal) -> Response<ProxyBody> {
         let tool = call.map_or("other", |c| self.tool_label(&c.policy, &c.who.tool));
         self.broker
             .metrics
@@ -786,7 +791,7 @@ impl Proxy {
             .map_or("other", |(k, _)| k.as_str())
     }
 
-    fn event<'c>(&'c self, c: &'c Call<'_>, kind: crate::events::Kind) -> Event<'c> {
+    fn event<'c>(&'c self, c: &'c Call, kind: crate::events::Kind) -> Event<'c> {
         let b = &self.broker;
         let mut e = Event::new(b.clock.now(), kind, &b.config.agent);
         e.person_iss = c.who.subject_iss.as_deref();
@@ -804,25 +809,25 @@ impl Proxy {
             .get_key_value(&c.who.tool)
             .map(|(k, _)| k.as_str());
         e.resource = Some(&c.resource);
-        e.service = Some(c.service);
+        e.service = Some(&c.service);
         e.policy_hash = Some(&c.policy.hash);
-        e.jti_sha256 = Some(crate::jose::sha256_hex(c.who.jti.as_bytes()));
+        e.jti_sha256 = Some(c.jti_sha256.clone());
         e.proxy = Some(ProxyCall {
-            method: c.method,
+            method: c.method.as_str(),
             route: c.route.as_deref(),
-            path_sha256: c.path_sha256.clone(),
+            path_sha256: &c.path_sha256,
             ..ProxyCall::default()
         });
         e
     }
 
     /// Checks 1 to 5 of the module doc; the call, once the token is valid.
-    async fn checks<'a>(
+    async fn checks(
         &self,
-        parts: &'a http::request::Parts,
-        path: &'a str,
-        service: &'a str,
-    ) -> Result<Call<'a>, (Option<Call<'a>>, Refusal)> {
+        parts: &http::request::Parts,
+        path: &str,
+        service: &str,
+    ) -> Result<Call, (Option<Call>, Refusal)> {
         let b = &self.broker;
         let method = parts.method.as_str();
         if parts.method == Method::CONNECT || parts.method == Method::TRACE {
@@ -922,9 +927,10 @@ impl Proxy {
         }
         let policy = b.policy.load_full();
         let mut call = Call {
-            service,
-            method,
+            service: service.to_string(),
+            method: parts.method.clone(),
             path_sha256: crate::jose::sha256_hex(path.as_bytes()),
+            jti_sha256: crate::jose::sha256_hex(who.jti.as_bytes()),
             who,
             policy,
             resource,
@@ -974,14 +980,14 @@ impl Proxy {
 
     /// Checks 6 to 9 of the module doc, then the upstream call and the
     /// answer.
-    async fn forward<'a, B>(
+    async fn forward<B>(
         self: &Arc<Self>,
-        call: Call<'a>,
+        call: Call,
         parts: &http::request::Parts,
         body: B,
         slot: OwnedSemaphorePermit,
         started: Instant,
-    ) -> Result<Response<ProxyBody>, (Call<'a>, Refusal)>
+    ) -> Result<Response<ProxyBody>, (Call, Refusal)>
     where
         B: hyper::body::Body + Send + 'static,
         B::Data: Send,
@@ -1000,11 +1006,16 @@ impl Proxy {
                 .inc();
             return Err((call, Refusal::RateLimited(wait)));
         }
-        let sem = self
-            .per_service
-            .entry(call.service.to_string())
-            .or_insert_with(|| Arc::new(Semaphore::new(cfg.max_concurrent_per_service as usize)))
-            .clone();
+        // The map's key is owned: made once per service, not per call.
+        let known = self.per_service.get(&call.service).map(|s| s.clone());
+        let sem = known.unwrap_or_else(|| {
+            self.per_service
+                .entry(call.service.clone())
+                .or_insert_with(|| {
+                    Arc::new(Semaphore::new(cfg.max_concurrent_per_service as usize))
+                })
+                .clone()
+        });
         let Ok(service_slot) = sem.try_acquire_owned() else {
             return Err((call, Refusal::Unavailable("service_busy", "too many calls to this service in flight (proxy.max_concurrent_per_service); retry later")));
         };
@@ -1046,7 +1057,7 @@ impl Proxy {
                 ),
             ));
         };
-        let Some(provider) = conn.providers.get(call.service) else {
+        let Some(provider) = conn.providers.get(&call.service) else {
             return Err((
                 call,
                 Refusal::Unavailable(
@@ -1081,7 +1092,14 @@ impl Proxy {
             .unwrap_or_default();
         let now = b.clock.now();
         let mut token = match b
-            .service_token(&call.policy.hash, &person, call.service, &scopes, None, now)
+            .service_token(
+                &call.policy.hash,
+                &person,
+                &call.service,
+                &scopes,
+                None,
+                now,
+            )
             .await
         {
             Ok(t) => t,
@@ -1175,7 +1193,7 @@ impl Proxy {
                 .service_token(
                     &call.policy.hash,
                     &person,
-                    call.service,
+                    &call.service,
                     &scopes,
                     Some(&refused),
                     b.clock.now(),
@@ -1260,12 +1278,10 @@ impl Proxy {
             deadline: Box::pin(tokio::time::sleep_until(deadline)),
             end: Some(Completion {
                 proxy: self.clone(),
-                call: OwnedCall::from(&call),
+                call,
                 status: status.as_u16(),
                 bytes_up: body.len() as u64,
                 started,
-                service_label: call.service.to_string(),
-                tool_label: self.tool_label(&call.policy, &call.who.tool).to_string(),
                 _slots: (slot, service_slot),
             }),
             outcome: None,
@@ -1281,39 +1297,27 @@ impl Proxy {
 
     fn completed(
         &self,
-        c: &OwnedCall,
+        c: &Call,
         status: u16,
         outcome: &str,
         up: u64,
         down: u64,
         started: Instant,
     ) {
-        let b = &self.broker;
-        let mut e = Event::new(b.clock.now(), PROXY_COMPLETED, &b.config.agent);
-        e.person_iss = c.person_iss.as_deref();
-        e.person_sub = Some(&c.person_sub);
-        e.step = c.step.as_deref();
-        e.tool = c.tool.as_deref();
-        e.resource = Some(&c.resource);
-        e.service = Some(&c.service);
-        e.policy_hash = Some(&c.policy_hash);
-        e.jti_sha256 = Some(c.jti_sha256.clone());
+        let mut e = self.event(c, PROXY_COMPLETED);
         e.outcome = Some(if outcome == "completed" {
             "completed"
         } else {
             "aborted"
         });
         e.reason = (outcome != "completed").then_some(outcome);
-        e.proxy = Some(ProxyCall {
-            method: &c.method,
-            route: c.route.as_deref(),
-            path_sha256: c.path_sha256.clone(),
-            upstream_status: Some(status),
-            bytes_up: Some(up),
-            bytes_down: Some(down),
-            duration_ms: Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)),
-        });
-        if let Err(err) = b.audit.record(&e) {
+        if let Some(p) = e.proxy.as_mut() {
+            p.upstream_status = Some(status);
+            p.bytes_up = Some(up);
+            p.bytes_down = Some(down);
+            p.duration_ms = Some(u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX));
+        }
+        if let Err(err) = self.broker.audit.record(&e) {
             tracing::error!(error = %err, "audit write failed for proxy.completed");
         }
     }
@@ -1321,45 +1325,6 @@ impl Proxy {
 
 fn call_path(parts: &http::request::Parts) -> &str {
     parts.uri.path()
-}
-
-/// The fields of a call the completion event needs, owned (the answer
-/// streams after the handler returned).
-#[derive(Debug)]
-struct OwnedCall {
-    person_iss: Option<String>,
-    person_sub: String,
-    step: Option<String>,
-    tool: Option<String>,
-    resource: String,
-    service: String,
-    policy_hash: String,
-    jti_sha256: String,
-    method: String,
-    route: Option<String>,
-    path_sha256: String,
-}
-
-impl From<&Call<'_>> for OwnedCall {
-    fn from(c: &Call<'_>) -> OwnedCall {
-        OwnedCall {
-            person_iss: c.who.subject_iss.clone(),
-            person_sub: c.who.sub.clone(),
-            step: c.who.step.clone().filter(|s| c.policy.declares_step(s)),
-            tool: c
-                .policy
-                .tools
-                .get_key_value(&c.who.tool)
-                .map(|(k, _)| k.clone()),
-            resource: c.resource.clone(),
-            service: c.service.to_string(),
-            policy_hash: c.policy.hash.clone(),
-            jti_sha256: crate::jose::sha256_hex(c.who.jti.as_bytes()),
-            method: c.method.to_string(),
-            route: c.route.clone(),
-            path_sha256: c.path_sha256.clone(),
-        }
-    }
 }
 
 #[cfg(test)]

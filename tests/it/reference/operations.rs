@@ -146,7 +146,7 @@ fn event_fields() -> BTreeSet<String> {
         proxy: Some(ProxyCall {
             method: "GET",
             route: Some("a"),
-            path_sha256: "a".into(),
+            path_sha256: "a",
             upstream_status: Some(200),
             bytes_up: Some(1),
             bytes_down: Some(1),
