@@ -55,6 +55,9 @@ use aws_lc_rs::signature::{self, EcdsaKeyPair, KeyPair, UnparsedPublicKey};
 use clap::Parser;
 use credbroker::internals::jose::Es256Key;
 
+#[path = "support/machine.rs"]
+mod machine;
+
 #[derive(Parser, Debug)]
 #[command(about = "Load generator for a credbroker orchestrator socket")]
 struct Args {
@@ -1073,6 +1076,7 @@ fn main() {
         "crypto floor (before): sign {sign0:.1} us + verify {verify0:.1} us = {:.1} us",
         sign0 + verify0
     );
+    println!("{}", machine::wakeup_line());
 
     // Warm-up: the subject token gets cached, connections and allocators warm.
     let warm = closed_loop(&load, 4, 1.0, hz);

@@ -57,6 +57,8 @@ use hyper_util::rt::TokioIo;
 
 #[path = "support/connect.rs"]
 mod connect;
+#[path = "support/machine.rs"]
+mod machine;
 
 #[derive(Parser, Debug)]
 #[command(about = "Egress proxy benchmark: direct, plain proxy, credbroker, in one run")]
@@ -1051,6 +1053,7 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
     println!(
         "crypto floor (before): verify, key parsed {fp0:.1} us; verify, key preparsed {fq0:.1} us"
     );
+    println!("{}", machine::wakeup_line());
 
     // Warm-up: connections, allocators, the broker's caches.
     for p in PATHS {
