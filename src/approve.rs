@@ -506,10 +506,16 @@ impl Approvals {
         }
     }
 
-    fn remove_record(&self, a: &Approval) -> Result<(), ApproveError> {
+    /// The key of `a`'s entry among its person's approvals.
+    fn person_key(a: &Approval) -> Vec<u8> {
         let mut pkey = Approvals::person_prefix(&a.person(), &a.agent);
         pkey.extend_from_slice(&tuple_key(&[&a.id]));
-        self.store.delete(Tree::ApprovalPerson, &pkey)?;
+        pkey
+    }
+
+    fn remove_record(&self, a: &Approval) -> Result<(), ApproveError> {
+        self.store
+            .delete(Tree::ApprovalPerson, &Approvals::person_key(a))?;
         self.store
             .delete(Tree::Approvals, &self.record_key(&a.id))?;
         Ok(())
@@ -610,13 +616,25 @@ impl Approvals {
                 }
             };
             if a.expires <= now || a.state == State::Redeemed {
+                // Only the record as it was read goes: one answered or
+                // redeemed since (by another replica, whose clock may lag
+                // this one's) keeps its new state. Its index entries go
+                // after it; one left by a crash in between points at no
+                // record, which every reader takes as none.
+                if !self
+                    .store
+                    .compare_and_swap(Tree::Approvals, &k, Some(&v), None)?
+                {
+                    continue;
+                }
                 self.store.compare_and_swap(
                     Tree::ApprovalIndex,
                     a.call.as_bytes(),
                     Some(a.id.as_bytes()),
                     None,
                 )?;
-                self.remove_record(&a)?;
+                self.store
+                    .delete(Tree::ApprovalPerson, &Approvals::person_key(&a))?;
                 n += 1;
             }
         }

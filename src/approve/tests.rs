@@ -250,3 +250,52 @@ fn open_approvals_are_capped_per_person_and_agent() {
     );
     assert!(a.sweep(1000 + PENDING_TTL).unwrap() >= MAX_OPEN);
 }
+
+#[test]
+fn a_sweep_leaves_an_approval_answered_on_another_replica_after_its_read() {
+    // Two replicas on one store, A's clock 30 s ahead of B's. A sweeps at
+    // a time when, by its clock, Alice's pending approval has expired; B
+    // is still showing it, and she grants it there between A's read of the
+    // record and A's first write (the hook runs B's answer then).
+    let dir = tempfile::tempdir().unwrap();
+    let inner: Arc<dyn Store> =
+        Arc::new(crate::store::SledStore::open(&dir.path().join("data")).unwrap());
+    let key = Approvals::derive_key(&SecretBytes::new(vec![7u8; 32]));
+    let b = Arc::new(Approvals::new(inner.clone(), &key, "http://127.0.0.1:1"));
+    let p = alice();
+    let scopes = vec![];
+    let c = call(&p, None, "k1", &scopes);
+    let i = pending(b.lookup(&c, Mode::EachCall, vec![], "h", 1000).unwrap());
+    let expiry = i.approval.expires;
+    let (now_a, now_b) = (expiry + 10, expiry - 20);
+
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answered = Arc::new(std::sync::Mutex::new(None));
+    let hooked = crate::store::Hooked::new(inner.clone(), {
+        let (armed, answered, b) = (armed.clone(), answered.clone(), b.clone());
+        let id = i.approval.id.clone();
+        move |_| {
+            if armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                *answered.lock().unwrap() = Some(b.answer(&id, true, now_b).unwrap());
+            }
+            Ok(())
+        }
+    });
+    let a = Approvals::new(Arc::new(hooked), &key, "http://127.0.0.1:1");
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let swept = a.sweep(now_a).unwrap();
+
+    let granted = answered.lock().unwrap().take().flatten();
+    assert!(granted.is_some(), "B's answer ran and was taken");
+    assert_eq!(swept, 0, "the record changed after the sweep read it");
+    // B's grant stands: the call is granted there, not asked again.
+    assert!(
+        matches!(b.lookup(&c, Mode::EachCall, vec![], "h", now_b + 1).unwrap(), Lookup::Granted(g) if g.id == i.approval.id),
+        "the grant was swept away"
+    );
+    // Positive control: once the grant has ended by A's clock too, the next
+    // sweep removes it, and the call is asked again.
+    let ended = now_b + REDEEM_TTL + 1;
+    assert_eq!(a.sweep(ended).unwrap(), 1);
+    assert!(pending(b.lookup(&c, Mode::EachCall, vec![], "h", ended).unwrap()).fresh);
+}

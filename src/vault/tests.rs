@@ -451,118 +451,23 @@ fn per_key_encryption_cap_refuses_then_rotation_resets_it() {
     .unwrap();
 }
 
-/// A store whose writes can be made to fail, as on a full disk or a
-/// read-only file system.
-#[derive(Debug)]
-struct FailingStore {
-    inner: Arc<dyn Store>,
-    fail: AtomicBool,
-}
-
-impl Store for FailingStore {
-    fn get(&self, t: Tree, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get(t, k)
-    }
-    fn put(&self, t: Tree, k: &[u8], v: &[u8]) -> Result<(), StoreError> {
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(StoreError::Backend(
-                "No space left on device (os error 28)".into(),
-            ));
-        }
-        self.inner.put(t, k, v)
-    }
-    fn delete(&self, t: Tree, k: &[u8]) -> Result<(), StoreError> {
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(StoreError::Backend(
-                "Read-only file system (os error 30)".into(),
-            ));
-        }
-        self.inner.delete(t, k)
-    }
-    fn scan_prefix(&self, t: Tree, p: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
-        self.inner.scan_prefix(t, p)
-    }
-    fn compare_and_swap(
-        &self,
-        t: Tree,
-        k: &[u8],
-        e: Option<&[u8]>,
-        n: Option<&[u8]>,
-    ) -> Result<bool, StoreError> {
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(StoreError::Backend(
-                "No space left on device (os error 28)".into(),
-            ));
-        }
-        self.inner.compare_and_swap(t, k, e, n)
-    }
-    fn replace_fenced(
-        &self,
-        t: Tree,
-        k: &[u8],
-        e: &[u8],
-        n: &[u8],
-        lease: crate::store::Lease<'_>,
-    ) -> Result<crate::store::Fenced, StoreError> {
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(StoreError::Backend(
-                "No space left on device (os error 28)".into(),
-            ));
-        }
-        self.inner.replace_fenced(t, k, e, n, lease)
-    }
-    fn insert_expiring(
-        &self,
-        t: Tree,
-        k: &[u8],
-        v: &[u8],
-        ttl: std::time::Duration,
-    ) -> Result<bool, StoreError> {
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(StoreError::Backend(
-                "No space left on device (os error 28)".into(),
-            ));
-        }
-        self.inner.insert_expiring(t, k, v, ttl)
-    }
-    fn get_expiring(&self, t: Tree, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get_expiring(t, k)
-    }
-    fn replace_expiring(
-        &self,
-        t: Tree,
-        k: &[u8],
-        e: &[u8],
-        n: Option<(&[u8], std::time::Duration)>,
-    ) -> Result<bool, StoreError> {
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(StoreError::Backend(
-                "No space left on device (os error 28)".into(),
-            ));
-        }
-        self.inner.replace_expiring(t, k, e, n)
-    }
-    fn sweep_expired(&self, t: Tree) -> Result<usize, StoreError> {
-        self.inner.sweep_expired(t)
-    }
-    fn watch(&self, t: Tree) -> tokio::sync::watch::Receiver<u64> {
-        self.inner.watch(t)
-    }
-    fn is_healthy(&self) -> bool {
-        !self.fail.load(Ordering::SeqCst)
-    }
-}
-
 #[test]
 fn full_disk_fails_writes_cleanly_and_keeps_existing_records() {
     let e = Env::new();
-    let fs = Arc::new(FailingStore {
-        inner: e.store.clone(),
-        fail: AtomicBool::new(false),
-    });
+    // Writes fail while `full` is set, as on a full disk.
+    let full = Arc::new(AtomicBool::new(false));
+    let fs = Arc::new(crate::store::Hooked::new(e.store.clone(), {
+        let full = full.clone();
+        move |_| match full.load(Ordering::SeqCst) {
+            true => Err(StoreError::Backend(
+                "No space left on device (os error 28)".into(),
+            )),
+            false => Ok(()),
+        }
+    }));
     let v = Vault::open(fs.clone(), master(), &e.key_dir()).unwrap();
     connect(&v, "a", "at-a");
-    fs.fail.store(true, Ordering::SeqCst);
+    full.store(true, Ordering::SeqCst);
     let err = v
         .connect_account(
             &person("a"),
@@ -578,7 +483,7 @@ fn full_disk_fails_writes_cleanly_and_keeps_existing_records() {
     assert!(v.rotate(None).is_err());
     // The old record is intact and opens; no file other than the store's
     // and the key's was left behind (no plaintext temp files).
-    fs.fail.store(false, Ordering::SeqCst);
+    full.store(false, Ordering::SeqCst);
     let t = v.tokens_to_revoke(&person("a"), "github").unwrap();
     assert!(t.iter().any(|(s, _)| s.expose() == "at-a"));
     let mut stray = Vec::new();
