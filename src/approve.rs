@@ -14,6 +14,14 @@
 //! key under its own label. A record moves pending -> granted -> redeemed
 //! (each_call) or pending -> declined, each move one compare-and-swap of
 //! the record, so one grant is redeemed by exactly one derive.
+//!
+//! A record is sealed (AES-256-GCM, `crate::seal`) under the record key,
+//! derived from the approval key under its own label, and bound to the
+//! record's own store key: the call's details and the person are never in
+//! the store in clear, and whoever can write the store but holds no key
+//! (a shared PostgreSQL's other users) can neither read an approval nor
+//! forge or move one; a record that does not open is corrupt, and the
+//! sweep removes it.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
@@ -25,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::connect::LinkCodes;
+use crate::seal::{SealError, Sealer};
 use crate::secret::{SecretBytes, SecretString};
 use crate::store::{tuple_key, Store, StoreError, Tree};
 use crate::subject::Person;
@@ -220,6 +229,8 @@ pub struct Issued {
 pub struct Approvals {
     store: Arc<dyn Store>,
     codes: LinkCodes,
+    /// Seals and opens the records (see the module doc).
+    records: Sealer,
     created: DefaultKeyedRateLimiter<(String, String, String)>,
 }
 
@@ -316,16 +327,41 @@ pub fn shown(tool: &crate::policy::Tool, details: Option<&Value>) -> Vec<ShownEn
 }
 
 impl Approvals {
-    /// An approval store; `key` makes codes, `public_base` serves
-    /// `/connect/{code}`.
-    pub fn new(store: Arc<dyn Store>, key: &SecretBytes, public_base: &str) -> Approvals {
+    /// An approval store; `key` makes codes and (under another label)
+    /// seals records, `public_base` serves `/connect/{code}`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        key: &SecretBytes,
+        public_base: &str,
+    ) -> Result<Approvals, SealError> {
         let quota = Quota::per_minute(NonZeroU32::MIN)
             .allow_burst(NonZeroU32::new(CREATE_BURST).unwrap_or(NonZeroU32::MIN));
-        Approvals {
+        let record_key = LinkCodes::derive_key(key, b"credbroker approval-record key v1");
+        Ok(Approvals {
             store,
             codes: LinkCodes::new(key, public_base),
+            records: Sealer::new(&record_key, &[])?,
             created: RateLimiter::keyed(quota),
-        }
+        })
+    }
+
+    /// The stored form of `a`, under store key `at`.
+    fn seal(&self, at: &[u8], a: &Approval) -> Result<Vec<u8>, ApproveError> {
+        let plain =
+            zeroize::Zeroizing::new(serde_json::to_vec(a).map_err(|_| ApproveError::Corrupt)?);
+        self.records
+            .seal(at, &plain)
+            .map_err(|_| ApproveError::Corrupt)
+    }
+
+    /// The approval stored under `at`; `Corrupt` if it does not open
+    /// there (tampered, moved, written without the key) or does not parse.
+    fn open(&self, at: &[u8], stored: &[u8]) -> Result<Approval, ApproveError> {
+        let plain = self
+            .records
+            .open(at, stored)
+            .map_err(|_| ApproveError::Corrupt)?;
+        serde_json::from_slice(plain.expose()).map_err(|_| ApproveError::Corrupt)
     }
 
     /// The approval key derived from the master key (its own label: an
@@ -353,10 +389,11 @@ impl Approvals {
     }
 
     fn load(&self, id: &str) -> Result<Option<(Vec<u8>, Approval)>, ApproveError> {
-        match self.store.get(Tree::Approvals, &self.record_key(id))? {
+        let at = self.record_key(id);
+        match self.store.get(Tree::Approvals, &at)? {
             None => Ok(None),
             Some(v) => {
-                let a: Approval = serde_json::from_slice(&v).map_err(|_| ApproveError::Corrupt)?;
+                let a = self.open(&at, &v)?;
                 // The record must be the one its key names.
                 if a.id != id {
                     return Err(ApproveError::Corrupt);
@@ -369,13 +406,11 @@ impl Approvals {
     /// Moves `old` (whose stored bytes are `bytes`) to `new`; whether this
     /// call made the move.
     fn swap(&self, bytes: &[u8], new: &Approval) -> Result<bool, ApproveError> {
-        let value = serde_json::to_vec(new).map_err(|_| ApproveError::Corrupt)?;
-        Ok(self.store.compare_and_swap(
-            Tree::Approvals,
-            &self.record_key(&new.id),
-            Some(bytes),
-            Some(&value),
-        )?)
+        let at = self.record_key(&new.id);
+        let value = self.seal(&at, new)?;
+        Ok(self
+            .store
+            .compare_and_swap(Tree::Approvals, &at, Some(bytes), Some(&value))?)
     }
 
     fn person_prefix(person: &Person, agent: &str) -> Vec<u8> {
@@ -478,9 +513,9 @@ impl Approvals {
                 created: now,
                 expires: now + PENDING_TTL,
             };
-            let value = serde_json::to_vec(&a).map_err(|_| ApproveError::Corrupt)?;
-            self.store
-                .put(Tree::Approvals, &self.record_key(&a.id), &value)?;
+            let at = self.record_key(&a.id);
+            let value = self.seal(&at, &a)?;
+            self.store.put(Tree::Approvals, &at, &value)?;
             let mut pkey = Approvals::person_prefix(call.person, call.agent);
             pkey.extend_from_slice(&tuple_key(&[&a.id]));
             self.store
@@ -553,10 +588,11 @@ impl Approvals {
             (43, Ok(b)) if b.len() == 32 => b,
             _ => return Ok(None),
         };
-        let Some(v) = self.store.get(Tree::Approvals, &sha256(&bytes))? else {
+        let at = sha256(&bytes);
+        let Some(v) = self.store.get(Tree::Approvals, &at)? else {
             return Ok(None);
         };
-        let a: Approval = serde_json::from_slice(&v).map_err(|_| ApproveError::Corrupt)?;
+        let a = self.open(&at, &v)?;
         let expected = self.code_bytes(&a.id);
         if !bool::from(subtle::ConstantTimeEq::ct_eq(
             expected.as_slice(),
@@ -607,7 +643,7 @@ impl Approvals {
     pub fn sweep(&self, now: i64) -> Result<usize, ApproveError> {
         let mut n = 0;
         for (k, v) in self.store.scan_prefix(Tree::Approvals, b"")? {
-            let a: Approval = match serde_json::from_slice(&v) {
+            let a: Approval = match self.open(&k, &v) {
                 Ok(a) => a,
                 Err(_) => {
                     self.store.delete(Tree::Approvals, &k)?;
@@ -645,8 +681,8 @@ impl Approvals {
     /// Approvals by state (for tests and `status`).
     pub fn counts(&self) -> Result<BTreeMap<&'static str, usize>, ApproveError> {
         let mut out = BTreeMap::new();
-        for (_, v) in self.store.scan_prefix(Tree::Approvals, b"")? {
-            let a: Approval = serde_json::from_slice(&v).map_err(|_| ApproveError::Corrupt)?;
+        for (k, v) in self.store.scan_prefix(Tree::Approvals, b"")? {
+            let a = self.open(&k, &v)?;
             let s = match a.state {
                 State::Pending => "pending",
                 State::Granted => "granted",

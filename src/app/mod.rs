@@ -319,7 +319,7 @@ pub async fn build(
         store.clone(),
         &crate::approve::Approvals::derive_key(&master),
         &config.issuer,
-    ));
+    )?);
     let minter = Arc::new(crate::mint::Minter::new(
         config.issuer.clone(),
         config.agent.clone(),

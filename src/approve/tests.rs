@@ -12,7 +12,10 @@ fn env() -> (tempfile::TempDir, Approvals) {
     let store: Arc<dyn Store> =
         Arc::new(crate::store::SledStore::open(&dir.path().join("data")).unwrap());
     let key = Approvals::derive_key(&SecretBytes::new(vec![7u8; 32]));
-    (dir, Approvals::new(store, &key, "http://127.0.0.1:1"))
+    (
+        dir,
+        Approvals::new(store, &key, "http://127.0.0.1:1").unwrap(),
+    )
 }
 
 fn alice() -> Person {
@@ -261,7 +264,7 @@ fn a_sweep_leaves_an_approval_answered_on_another_replica_after_its_read() {
     let inner: Arc<dyn Store> =
         Arc::new(crate::store::SledStore::open(&dir.path().join("data")).unwrap());
     let key = Approvals::derive_key(&SecretBytes::new(vec![7u8; 32]));
-    let b = Arc::new(Approvals::new(inner.clone(), &key, "http://127.0.0.1:1"));
+    let b = Arc::new(Approvals::new(inner.clone(), &key, "http://127.0.0.1:1").unwrap());
     let p = alice();
     let scopes = vec![];
     let c = call(&p, None, "k1", &scopes);
@@ -281,7 +284,7 @@ fn a_sweep_leaves_an_approval_answered_on_another_replica_after_its_read() {
             Ok(())
         }
     });
-    let a = Approvals::new(Arc::new(hooked), &key, "http://127.0.0.1:1");
+    let a = Approvals::new(Arc::new(hooked), &key, "http://127.0.0.1:1").unwrap();
     armed.store(true, std::sync::atomic::Ordering::SeqCst);
     let swept = a.sweep(now_a).unwrap();
 
@@ -298,4 +301,80 @@ fn a_sweep_leaves_an_approval_answered_on_another_replica_after_its_read() {
     let ended = now_b + REDEEM_TTL + 1;
     assert_eq!(a.sweep(ended).unwrap(), 1);
     assert!(pending(b.lookup(&c, Mode::EachCall, vec![], "h", ended).unwrap()).fresh);
+}
+
+#[test]
+fn records_are_sealed_and_one_written_without_the_key_is_never_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        Arc::new(crate::store::SledStore::open(&dir.path().join("data")).unwrap());
+    let key = Approvals::derive_key(&SecretBytes::new(vec![7u8; 32]));
+    let a = Approvals::new(store.clone(), &key, "http://127.0.0.1:1").unwrap();
+    let p = alice();
+    let scopes = vec![];
+    let d = json!([{"type": "mail", "to": ["eve@example.com"]}]);
+    let c = call(&p, Some(&d), "k1", &scopes);
+    let i = pending(a.lookup(&c, Mode::EachCall, vec![], "h", 1000).unwrap());
+
+    // Neither the call's details nor the person are in the store in clear.
+    let records = store.scan_prefix(Tree::Approvals, b"").unwrap();
+    assert_eq!(records.len(), 1);
+    let (at, stored) = &records[0];
+    for clear in ["eve@example.com", "alice", "mail.send", &i.approval.id] {
+        assert!(
+            !stored.windows(clear.len()).any(|w| w == clear.as_bytes()),
+            "{clear} is in the stored record"
+        );
+    }
+
+    // Someone who can write the store but holds no key writes the record
+    // as granted, in clear (as records were before they were sealed): it is
+    // not taken, neither as a grant nor as a pending approval.
+    let mut forged = i.approval.clone();
+    forged.state = State::Granted;
+    forged.expires = 1000 + REDEEM_TTL;
+    store
+        .put(Tree::Approvals, at, &serde_json::to_vec(&forged).unwrap())
+        .unwrap();
+    assert!(
+        matches!(
+            a.lookup(&c, Mode::EachCall, vec![], "h", 1001),
+            Err(ApproveError::Corrupt)
+        ),
+        "a record written without the key was read"
+    );
+    assert!(matches!(
+        a.resolve(i.code.expose(), 1001),
+        Err(ApproveError::Corrupt)
+    ));
+    // ... and the sweep removes it.
+    assert_eq!(a.sweep(1001).unwrap(), 1);
+
+    // A sealed record moved under another approval's key does not open
+    // there either.
+    let other = pending(
+        a.lookup(
+            &call(&p, None, "k2", &scopes),
+            Mode::EachCall,
+            vec![],
+            "h",
+            1002,
+        )
+        .unwrap(),
+    );
+    let again = pending(a.lookup(&c, Mode::EachCall, vec![], "h", 1002).unwrap());
+    let at_other = sha256(&a.code_bytes(&other.approval.id));
+    let at_again = sha256(&a.code_bytes(&again.approval.id));
+    let sealed = store.get(Tree::Approvals, &at_again).unwrap().unwrap();
+    store.put(Tree::Approvals, &at_other, &sealed).unwrap();
+    assert!(matches!(
+        a.answer(&other.approval.id, true, 1003),
+        Err(ApproveError::Corrupt)
+    ));
+
+    // Positive control: the untouched approval is answered and granted.
+    a.answer(&again.approval.id, true, 1003).unwrap().unwrap();
+    assert!(
+        matches!(a.lookup(&c, Mode::EachCall, vec![], "h", 1004).unwrap(), Lookup::Granted(g) if g.id == again.approval.id)
+    );
 }
