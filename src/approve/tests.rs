@@ -7,15 +7,23 @@ use serde_json::json;
 
 use super::*;
 
-fn env() -> (tempfile::TempDir, Approvals) {
+/// A store in a temp dir, and the approval key every instance on it uses.
+fn shared() -> (tempfile::TempDir, Arc<dyn Store>, SecretBytes) {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> =
         Arc::new(crate::store::SledStore::open(&dir.path().join("data")).unwrap());
     let key = Approvals::derive_key(&SecretBytes::new(vec![7u8; 32]));
-    (
-        dir,
-        Approvals::new(store, &key, "http://127.0.0.1:1").unwrap(),
-    )
+    (dir, store, key)
+}
+
+/// An instance of the approvals on `store`.
+fn instance(store: Arc<dyn Store>, key: &SecretBytes) -> Approvals {
+    Approvals::new(store, key, "http://127.0.0.1:1").unwrap()
+}
+
+fn env() -> (tempfile::TempDir, Approvals) {
+    let (dir, store, key) = shared();
+    (dir, instance(store, &key))
 }
 
 fn alice() -> Person {
@@ -260,11 +268,8 @@ fn a_sweep_leaves_an_approval_answered_on_another_replica_after_its_read() {
     // a time when, by its clock, Alice's pending approval has expired; B
     // is still showing it, and she grants it there between A's read of the
     // record and A's first write (the hook runs B's answer then).
-    let dir = tempfile::tempdir().unwrap();
-    let inner: Arc<dyn Store> =
-        Arc::new(crate::store::SledStore::open(&dir.path().join("data")).unwrap());
-    let key = Approvals::derive_key(&SecretBytes::new(vec![7u8; 32]));
-    let b = Arc::new(Approvals::new(inner.clone(), &key, "http://127.0.0.1:1").unwrap());
+    let (_dir, inner, key) = shared();
+    let b = Arc::new(instance(inner.clone(), &key));
     let p = alice();
     let scopes = vec![];
     let c = call(&p, None, "k1", &scopes);
@@ -284,7 +289,7 @@ fn a_sweep_leaves_an_approval_answered_on_another_replica_after_its_read() {
             Ok(())
         }
     });
-    let a = Approvals::new(Arc::new(hooked), &key, "http://127.0.0.1:1").unwrap();
+    let a = instance(Arc::new(hooked), &key);
     armed.store(true, std::sync::atomic::Ordering::SeqCst);
     let swept = a.sweep(now_a).unwrap();
 
@@ -305,11 +310,8 @@ fn a_sweep_leaves_an_approval_answered_on_another_replica_after_its_read() {
 
 #[test]
 fn records_are_sealed_and_one_written_without_the_key_is_never_taken() {
-    let dir = tempfile::tempdir().unwrap();
-    let store: Arc<dyn Store> =
-        Arc::new(crate::store::SledStore::open(&dir.path().join("data")).unwrap());
-    let key = Approvals::derive_key(&SecretBytes::new(vec![7u8; 32]));
-    let a = Approvals::new(store.clone(), &key, "http://127.0.0.1:1").unwrap();
+    let (_dir, store, key) = shared();
+    let a = instance(store.clone(), &key);
     let p = alice();
     let scopes = vec![];
     let d = json!([{"type": "mail", "to": ["eve@example.com"]}]);
