@@ -5,7 +5,7 @@
 //!     cargo build --release --bin credbroker --example proxy_bench
 //!     target/release/examples/proxy_bench [--rounds 6] [--calls 500] [--downloads 4]
 //!
-//! In one run it starts three processes of its own beside the load it
+//! In one run it starts four processes of its own beside the load it
 //! makes, so that each one's CPU can be read from `/proc`:
 //! - an **upstream API** (this binary, `upstream`): `GET /small` (a short
 //!   JSON answer) and `GET /blob/{mib}` (that many MiB, streamed), served
@@ -16,6 +16,10 @@
 //!   client, one upstream connection per downstream connection, bodies
 //!   streamed through untouched. No check, no copy: the floor of any HTTP
 //!   proxy on these cores;
+//! - a **floor proxy** (this binary, `plain-proxy --verify`): the plain
+//!   proxy doing, for each request, the crypto floor's two verifies and
+//!   nothing else; what any proxy that checks a proof and a token pays on
+//!   these cores, its wake-ups and cold caches included;
 //! - **credbroker** itself: the release binary's `quickstart` in a temp dir,
 //!   restarted once with the upstream as the demo provider's `api_base`, a
 //!   proxy resource `{issuer}/proxy/demo` with routes for this tool, and the
@@ -24,13 +28,14 @@
 //!   person would; then the tool derives a proxy token over the socket and
 //!   signs a fresh DPoP proof for every call.
 //!
-//! Then, window by window, alternating the three paths (the order turns
+//! Then, window by window, alternating the paths (the order turns
 //! each round): small GETs on one keep-alive connection (latency of each
 //! call, and the CPU of every process), then 10 MiB downloads. Reported:
 //! added latency p50/p99 over direct; the broker's CPU per proxied call as
 //! a multiple of the crypto floor (two ES256 verifies on aws-lc-rs timed
 //! in this run: the proof's, key parsed, and the token's, since the
-//! verifier does not cache tokens); throughput and CPU per MiB of the
+//! verifier does not cache tokens), and the floor proxy's beside it (small
+//! calls only: its verifies are once a request); throughput and CPU per MiB of the
 //! download on each path; the broker's VmRSS/VmHWM before and after the
 //! downloads. Each window says whether it counts: other processes used
 //! under 10 % of the machine while it ran.
@@ -95,7 +100,9 @@ fn main() {
         Some("upstream") => return serve(upstream_role()),
         Some("plain-proxy") => {
             let to: SocketAddr = argv.next().expect("plain-proxy UPSTREAM").parse().unwrap();
-            return serve(plain_proxy_role(to));
+            let work =
+                (argv.next().as_deref() == Some("--verify")).then(|| Arc::new(FloorWork::new()));
+            return serve(plain_proxy_role(to, work));
         }
         _ => {}
     }
@@ -217,7 +224,10 @@ async fn upstream_role() {
 
 /// The plain proxy: forwards each request to `to` on one upstream
 /// connection per downstream connection, bodies streamed as they come.
-async fn plain_proxy_role(to: SocketAddr) {
+/// With `work` (the **floor proxy**), it first does the crypto floor's two
+/// verifies for each request, and nothing else more: what any proxy that
+/// checks a proof and a token pays on these cores, wake-ups included.
+async fn plain_proxy_role(to: SocketAddr, work: Option<Arc<FloorWork>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     println!("{}", listener.local_addr().unwrap());
     loop {
@@ -225,6 +235,7 @@ async fn plain_proxy_role(to: SocketAddr) {
             continue;
         };
         let _ = s.set_nodelay(true);
+        let work = work.clone();
         tokio::spawn(async move {
             let up = tokio::net::TcpStream::connect(to).await.unwrap();
             let _ = up.set_nodelay(true);
@@ -235,6 +246,9 @@ async fn plain_proxy_role(to: SocketAddr) {
             let sender = Arc::new(tokio::sync::Mutex::new(sender));
             let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let sender = sender.clone();
+                if let Some(w) = &work {
+                    w.run();
+                }
                 async move {
                     let mut s = sender.lock().await;
                     s.ready().await?;
@@ -308,6 +322,7 @@ fn rss_kib(pid: u32) -> (u64, u64) {
 struct Sample {
     broker: u64,
     plain: u64,
+    floor: u64,
     upstream: u64,
     me: u64,
     machine: (f64, f64),
@@ -316,6 +331,7 @@ struct Sample {
 struct Pids {
     broker: u32,
     plain: u32,
+    floor: u32,
     upstream: u32,
     hz: f64,
 }
@@ -325,6 +341,7 @@ impl Pids {
         Sample {
             broker: cpu_ns(self.broker),
             plain: cpu_ns(self.plain),
+            floor: cpu_ns(self.floor),
             upstream: cpu_ns(self.upstream),
             me: cpu_ns(std::process::id()),
             machine: machine_ns(self.hz),
@@ -337,18 +354,23 @@ impl Pids {
 struct Cost {
     broker_ns: f64,
     plain_ns: f64,
+    floor_ns: f64,
     upstream_ns: f64,
     others: f64,
 }
 
 fn cost(a: &Sample, b: &Sample) -> Cost {
     let d = |x: u64, y: u64| y.saturating_sub(x) as f64;
-    let ours =
-        d(a.broker, b.broker) + d(a.plain, b.plain) + d(a.upstream, b.upstream) + d(a.me, b.me);
+    let ours = d(a.broker, b.broker)
+        + d(a.plain, b.plain)
+        + d(a.floor, b.floor)
+        + d(a.upstream, b.upstream)
+        + d(a.me, b.me);
     let (busy, total) = (b.machine.0 - a.machine.0, b.machine.1 - a.machine.1);
     Cost {
         broker_ns: d(a.broker, b.broker),
         plain_ns: d(a.plain, b.plain),
+        floor_ns: d(a.floor, b.floor),
         upstream_ns: d(a.upstream, b.upstream),
         others: if total > 0.0 {
             ((busy - ours) / total).max(0.0)
@@ -369,14 +391,7 @@ const VALID_OTHERS: f64 = 0.10;
 /// broker's own key, for the token), averaged over `n` each, in this
 /// thread's CPU time.
 fn crypto_floor_us(n: usize) -> (f64, f64) {
-    let rng = SystemRandom::new();
-    let doc =
-        EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
-    let pair = EcdsaKeyPair::from_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, doc.as_ref())
-        .unwrap();
-    let public = pair.public_key().as_ref().to_vec();
-    let msg = [b'a'; 600];
-    let sig = pair.sign(&rng, &msg).unwrap();
+    let work = FloorWork::new();
     let thread_ns = || -> u64 {
         std::fs::read_to_string("/proc/thread-self/schedstat")
             .ok()
@@ -390,22 +405,66 @@ fn crypto_floor_us(n: usize) -> (f64, f64) {
         }
         (thread_ns() - c0) as f64 / 1e3 / n as f64
     };
-    let parsed = timed(&mut || {
+    let parsed = timed(&mut || work.verify_key_parsed());
+    let preparsed = timed(&mut || work.verify_key_preparsed());
+    (parsed, preparsed)
+}
+
+/// The crypto floor's two verifies, on one signature of a 600-byte
+/// message (about a proof's or a token's signing input).
+struct FloorWork {
+    public: Vec<u8>,
+    key: aws_lc_rs::signature::ParsedPublicKey,
+    msg: [u8; 600],
+    sig: Vec<u8>,
+}
+
+impl FloorWork {
+    fn new() -> FloorWork {
+        let rng = SystemRandom::new();
+        let doc = EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
+            .unwrap();
+        let pair =
+            EcdsaKeyPair::from_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, doc.as_ref())
+                .unwrap();
+        let public = pair.public_key().as_ref().to_vec();
+        let msg = [b'a'; 600];
+        let sig = pair.sign(&rng, &msg).unwrap().as_ref().to_vec();
+        let key = aws_lc_rs::signature::ParsedPublicKey::new(
+            &signature::ECDSA_P256_SHA256_FIXED,
+            &public,
+        )
+        .unwrap();
+        FloorWork {
+            public,
+            key,
+            msg,
+            sig,
+        }
+    }
+
+    /// A proof's verify: its key arrives with it and is parsed first.
+    fn verify_key_parsed(&self) {
         UnparsedPublicKey::new(
             &signature::ECDSA_P256_SHA256_FIXED,
-            std::hint::black_box(&public),
+            std::hint::black_box(&self.public),
         )
-        .verify(&msg, sig.as_ref())
+        .verify(&self.msg, &self.sig)
         .unwrap();
-    });
-    let key =
-        aws_lc_rs::signature::ParsedPublicKey::new(&signature::ECDSA_P256_SHA256_FIXED, &public)
+    }
+
+    /// A token's verify: the broker's key, parsed once.
+    fn verify_key_preparsed(&self) {
+        self.key
+            .verify_sig(std::hint::black_box(&self.msg), &self.sig)
             .unwrap();
-    let preparsed = timed(&mut || {
-        key.verify_sig(std::hint::black_box(&msg), sig.as_ref())
-            .unwrap();
-    });
-    (parsed, preparsed)
+    }
+
+    /// Both: the floor of one proxied call.
+    fn run(&self) {
+        self.verify_key_parsed();
+        self.verify_key_preparsed();
+    }
 }
 
 // ------------------------------------------------------------ callgrind
@@ -424,12 +483,12 @@ fn count_instructions(t: &Target, pids: &Pids, n: usize, mib: usize, out: &Path)
         assert!(ok, "callgrind_control {args:?} failed");
     };
     let blob = format!("/blob/{mib}");
-    window(t, pids, Path3::Broker, "/small", 50);
-    window(t, pids, Path3::Broker, &blob, 1);
+    window(t, pids, Via::Broker, "/small", 50);
+    window(t, pids, Via::Broker, &blob, 1);
     control(&["-i", "on"]);
-    let small = window(t, pids, Path3::Broker, "/small", n);
+    let small = window(t, pids, Via::Broker, "/small", n);
     control(&["-d"]);
-    let large = window(t, pids, Path3::Broker, &blob, 2);
+    let large = window(t, pids, Via::Broker, &blob, 2);
     control(&["-d"]);
     control(&["-i", "off"]);
     for w in [&small, &large] {
@@ -686,20 +745,26 @@ impl Conn {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Path3 {
+enum Via {
     Direct,
     Plain,
+    Floor,
     Broker,
 }
 
-const PATHS: [Path3; 3] = [Path3::Direct, Path3::Plain, Path3::Broker];
+/// The paths of the small calls, and of the downloads (the floor proxy's
+/// verifies are once a request: a download through it is the plain
+/// proxy's).
+const SMALL_PATHS: [Via; 4] = [Via::Direct, Via::Plain, Via::Floor, Via::Broker];
+const LARGE_PATHS: [Via; 3] = [Via::Direct, Via::Plain, Via::Broker];
 
-impl Path3 {
+impl Via {
     fn name(self) -> &'static str {
         match self {
-            Path3::Direct => "direct",
-            Path3::Plain => "plain proxy",
-            Path3::Broker => "credbroker",
+            Via::Direct => "direct",
+            Via::Plain => "plain proxy",
+            Via::Floor => "floor proxy",
+            Via::Broker => "credbroker",
         }
     }
 }
@@ -708,6 +773,7 @@ impl Path3 {
 struct Target {
     upstream: SocketAddr,
     plain: SocketAddr,
+    floor: SocketAddr,
     broker: SocketAddr,
     issuer: String,
     provider_token: String,
@@ -716,23 +782,24 @@ struct Target {
 }
 
 impl Target {
-    fn addr(&self, p: Path3) -> SocketAddr {
+    fn addr(&self, p: Via) -> SocketAddr {
         match p {
-            Path3::Direct => self.upstream,
-            Path3::Plain => self.plain,
-            Path3::Broker => self.broker,
+            Via::Direct => self.upstream,
+            Via::Plain => self.plain,
+            Via::Floor => self.floor,
+            Via::Broker => self.broker,
         }
     }
 
-    /// The request for `path` on `p`: the provider token on the first two,
-    /// the proxy token and a proof made now on the broker.
-    fn request(&self, p: Path3, path: &str) -> Vec<u8> {
+    /// The request for `path` on `p`: the provider token on the first
+    /// three, the proxy token and a proof made now on the broker.
+    fn request(&self, p: Via, path: &str) -> Vec<u8> {
         match p {
-            Path3::Direct | Path3::Plain => format!(
+            Via::Direct | Via::Plain | Via::Floor => format!(
                 "GET {path} HTTP/1.1\r\nhost: api\r\nauthorization: Bearer {}\r\n\r\n",
                 self.provider_token
             ),
-            Path3::Broker => {
+            Via::Broker => {
                 let htu = format!("{}/proxy/demo{path}", self.issuer);
                 let proof = credbroker::client::proof(&self.key, "GET", &htu, Some(&self.proxy_token))
                     .unwrap();
@@ -747,7 +814,7 @@ impl Target {
 }
 
 struct Window {
-    path: Path3,
+    path: Via,
     calls: usize,
     bytes: usize,
     wall: f64,
@@ -759,7 +826,7 @@ struct Window {
 
 /// `n` sequential GETs of `path` on one connection, the requests (and
 /// the broker's proofs) made before the clock starts for each.
-fn window(t: &Target, pids: &Pids, p: Path3, path: &str, n: usize) -> Window {
+fn window(t: &Target, pids: &Pids, p: Via, path: &str, n: usize) -> Window {
     let mut conn = Conn::open(t.addr(p));
     let mut head = Vec::new();
     let mut w = Window {
@@ -856,6 +923,9 @@ fn bench(args: Args) {
     let mut up_stdin = up_stdin.unwrap();
     let (plain_child, plain) = start_role(&["plain-proxy", &upstream.to_string()]);
     children.0.push(plain_child);
+    let (floor_child, floor_proxy) =
+        start_role(&["plain-proxy", &upstream.to_string(), "--verify"]);
+    children.0.push(floor_child);
 
     // The quick start, once to write its files (and print the passwords),
     // then again with the benchmark's additions.
@@ -999,6 +1069,7 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
     let mut t = Target {
         upstream,
         plain,
+        floor: floor_proxy,
         broker: listen.parse().unwrap(),
         issuer: issuer.clone(),
         provider_token,
@@ -1008,6 +1079,7 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
     let pids = Pids {
         broker: broker_pid,
         plain: children.0[1].id(),
+        floor: children.0[2].id(),
         upstream: children.0[0].id(),
         hz,
     };
@@ -1020,7 +1092,7 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
             b"GET /small HTTP/1.1\r\nhost: api\r\nauthorization: Bearer not-the-token\r\n\r\n";
         assert_eq!(c.call(wrong, &mut head).unwrap().0, 401);
         assert_eq!(
-            c.call(&t.request(Path3::Direct, "/small"), &mut head)
+            c.call(&t.request(Via::Direct, "/small"), &mut head)
                 .unwrap()
                 .0,
             200
@@ -1030,8 +1102,8 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
     // For a profile of the broker alone while the run goes on
     // (`perf record -e cpu-clock -g -p PID`, docs/PERFORMANCE.md).
     println!(
-        "pids: broker {broker_pid}, plain proxy {}, upstream {}",
-        pids.plain, pids.upstream
+        "pids: broker {broker_pid}, plain proxy {}, floor proxy {}, upstream {}",
+        pids.plain, pids.floor, pids.upstream
     );
     println!(
         "machine: {} cores, {}; load {}",
@@ -1056,8 +1128,10 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
     println!("{}", machine::wakeup_line());
 
     // Warm-up: connections, allocators, the broker's caches.
-    for p in PATHS {
+    for p in SMALL_PATHS {
         window(&t, &pids, p, "/small", 50);
+    }
+    for p in LARGE_PATHS {
         window(&t, &pids, p, &format!("/blob/{}", args.mib), 1);
     }
 
@@ -1069,24 +1143,30 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
         }
         t.proxy_token = proxied;
     };
-    let order = |round: usize| -> Vec<Path3> { (0..3).map(|i| PATHS[(round + i) % 3]).collect() };
+    // The order turns each round.
+    let order = |paths: &[Via], round: usize| -> Vec<Via> {
+        (0..paths.len())
+            .map(|i| paths[(round + i) % paths.len()])
+            .collect()
+    };
 
     let mut small: Vec<Window> = Vec::new();
     println!("small GETs ({} per window):", args.calls);
     for round in 0..args.rounds {
         // A proxy token lives at most 300 s: a fresh one each round.
         refresh(&mut t, &mut up_stdin);
-        for p in order(round) {
+        for p in order(&SMALL_PATHS, round) {
             let w = window(&t, &pids, p, "/small", args.calls);
             let mut l = w.latencies_us.clone();
             l.sort_by(f64::total_cmp);
             println!(
-                "  round {round} {:<11} p50 {:>6.0} us  p99 {:>6.0} us  broker {:>6.1} us/call  plain {:>5.1} us/call  others {:>3.0} %  {}",
+                "  round {round} {:<11} p50 {:>6.0} us  p99 {:>6.0} us  broker {:>6.1} us/call  plain {:>5.1} us/call  floor {:>6.1} us/call  others {:>3.0} %  {}",
                 p.name(),
                 pct(&l, 0.5),
                 pct(&l, 0.99),
                 w.cost.broker_ns / 1e3 / w.latencies_us.len() as f64,
                 w.cost.plain_ns / 1e3 / w.latencies_us.len() as f64,
+                w.cost.floor_ns / 1e3 / w.latencies_us.len() as f64,
                 w.cost.others * 100.0,
                 verdict(&w.cost)
             );
@@ -1105,9 +1185,9 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
         "downloads of {} MiB ({} per window):",
         args.mib, args.downloads
     );
-    for round in 0..args.rounds {
+    for round in (0..args.rounds).filter(|_| args.downloads > 0) {
         refresh(&mut t, &mut up_stdin);
-        for p in order(round) {
+        for p in order(&LARGE_PATHS, round) {
             let w = window(&t, &pids, p, &blob, args.downloads);
             let mib = w.bytes as f64 / (1 << 20) as f64;
             println!(
@@ -1149,13 +1229,13 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
 
     // Summaries, over every window and over the valid ones only.
     let summary = |only_valid: bool| -> serde_json::Value {
-        fn pick(ws: &[Window], p: Path3, only_valid: bool) -> Vec<&Window> {
+        fn pick(ws: &[Window], p: Via, only_valid: bool) -> Vec<&Window> {
             ws.iter()
                 .filter(|w| w.path == p && (!only_valid || w.cost.others < VALID_OTHERS))
                 .collect()
         }
         let mut out = serde_json::Map::new();
-        let lat = |p: Path3| {
+        let lat = |p: Via| {
             let mut l: Vec<f64> = pick(&small, p, only_valid)
                 .iter()
                 .flat_map(|w| w.latencies_us.iter().copied())
@@ -1163,8 +1243,8 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
             l.sort_by(f64::total_cmp);
             (pct(&l, 0.5), pct(&l, 0.99), l.len())
         };
-        let (d50, d99, _) = lat(Path3::Direct);
-        for p in PATHS {
+        let (d50, d99, _) = lat(Via::Direct);
+        for p in SMALL_PATHS {
             let (p50, p99, n) = lat(p);
             let ws = pick(&small, p, only_valid);
             let calls: usize = ws.iter().map(|w| w.calls).sum();
@@ -1172,6 +1252,8 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
                 ws.iter().map(|w| w.cost.broker_ns).sum::<f64>() / 1e3 / calls.max(1) as f64;
             let plain_us =
                 ws.iter().map(|w| w.cost.plain_ns).sum::<f64>() / 1e3 / calls.max(1) as f64;
+            let floor_us =
+                ws.iter().map(|w| w.cost.floor_ns).sum::<f64>() / 1e3 / calls.max(1) as f64;
             let lw = pick(&large, p, only_valid);
             let bytes: usize = lw.iter().map(|w| w.bytes).sum();
             let mib = bytes as f64 / (1 << 20) as f64;
@@ -1186,6 +1268,7 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
                     "p50_us": p50, "p99_us": p99,
                     "added_p50_us": p50 - d50, "added_p99_us": p99 - d99,
                     "broker_cpu_us_per_call": broker_us, "plain_cpu_us_per_call": plain_us,
+                    "floor_cpu_us_per_call": floor_us,
                     "large_windows": lw.len(),
                     "mib_per_s": mib / wall,
                     "broker_cpu_us_per_mib": per_mib(|c| c.broker_ns),
@@ -1211,24 +1294,37 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
     for (label, s) in [("all windows", &all), ("valid windows only", &valid)] {
         println!("---- {label}");
         let g = |p: &str, k: &str| s[p][k].as_f64().unwrap_or(f64::NAN);
-        for p in ["direct", "plain_proxy", "credbroker"] {
+        for p in ["direct", "plain_proxy", "floor_proxy", "credbroker"] {
+            let large = if p == "floor_proxy" {
+                String::new()
+            } else {
+                format!(
+                    " | {} MiB: {:>6.0} MiB/s over {} windows",
+                    args.mib,
+                    g(p, "mib_per_s"),
+                    s[p]["large_windows"]
+                )
+            };
             println!(
-                "  {p:<11} small: p50 {:>6.0} us (+{:>5.0}), p99 {:>6.0} us (+{:>5.0}) over {} windows | {} MiB: {:>6.0} MiB/s over {} windows",
+                "  {p:<11} small: p50 {:>6.0} us (+{:>5.0}), p99 {:>6.0} us (+{:>5.0}) over {} windows{large}",
                 g(p, "p50_us"),
                 g(p, "added_p50_us"),
                 g(p, "p99_us"),
                 g(p, "added_p99_us"),
                 s[p]["small_windows"],
-                args.mib,
-                g(p, "mib_per_s"),
-                s[p]["large_windows"],
             );
         }
         let b = g("credbroker", "broker_cpu_us_per_call");
+        let f = g("floor_proxy", "floor_cpu_us_per_call");
         println!(
             "  broker CPU per proxied call: {b:.1} us = {:.2} x floor; plain proxy CPU per call: {:.1} us",
             b / floor,
             g("plain_proxy", "plain_cpu_us_per_call")
+        );
+        println!(
+            "  floor proxy (the plain proxy plus the floor's two verifies) CPU per call: {f:.1} us = {:.2} x floor; credbroker / floor proxy: {:.2}",
+            f / floor,
+            b / f
         );
         println!(
             "  CPU per MiB: credbroker {:.0} us (upstream {:.0}); plain proxy {:.0} us (upstream {:.0}); direct: upstream {:.0} us",
