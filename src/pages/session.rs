@@ -190,21 +190,22 @@ impl Sessions {
                 continue;
             }
             let key = key_of(id);
-            let Some(bytes) = store.get(Tree::Sessions, &key)? else {
+            let Some((bytes, mut record)) = self.read_live(store, &key, now)? else {
                 continue;
             };
-            let Ok(mut record) = serde_json::from_slice::<Record>(&bytes) else {
-                store.delete(Tree::Sessions, &key)?;
-                continue;
-            };
-            if self.expired(&record, now) {
-                store.delete(Tree::Sessions, &key)?;
-                continue;
-            }
             if now - record.last_seen >= TOUCH_AFTER {
                 record.last_seen = now;
                 if let Ok(v) = serde_json::to_vec(&record) {
-                    store.put(Tree::Sessions, &key, &v)?;
+                    // Only over the record as read: a session ended (signed
+                    // out) or rewritten meanwhile, by another request or
+                    // replica, is never written back. Then what is there
+                    // now is served, untouched, if it is still live.
+                    if !store.compare_and_swap(Tree::Sessions, &key, Some(&bytes), Some(&v))? {
+                        match self.read_live(store, &key, now)? {
+                            Some((_, current)) => record = current,
+                            None => continue,
+                        }
+                    }
                 }
             }
             return Ok(Some(Session {
@@ -214,6 +215,28 @@ impl Sessions {
             }));
         }
         Ok(None)
+    }
+
+    /// The stored session under `key` and its record, if it is live at
+    /// `now`. An unreadable or ended one is deleted, by compare-and-swap
+    /// against the bytes read, so that one rewritten meanwhile (on a
+    /// replica whose clock lags) is left to that replica.
+    fn read_live(
+        &self,
+        store: &dyn Store,
+        key: &[u8],
+        now: i64,
+    ) -> Result<Option<(Vec<u8>, Record)>, StoreError> {
+        let Some(bytes) = store.get(Tree::Sessions, key)? else {
+            return Ok(None);
+        };
+        match serde_json::from_slice::<Record>(&bytes) {
+            Ok(record) if !self.expired(&record, now) => Ok(Some((bytes, record))),
+            _ => {
+                store.compare_and_swap(Tree::Sessions, key, Some(&bytes), None)?;
+                Ok(None)
+            }
+        }
     }
 
     /// Creates a session with a fresh id.
@@ -246,13 +269,14 @@ impl Sessions {
         store.delete(Tree::Sessions, &s.key)
     }
 
-    /// Deletes expired sessions; returns how many.
+    /// Deletes expired sessions; returns how many. Each goes by
+    /// compare-and-swap against the record as read: one used meanwhile on
+    /// another replica (its clock lagging) keeps its new `last_seen`.
     pub fn sweep(&self, store: &dyn Store, now: i64) -> Result<usize, StoreError> {
         let mut n = 0;
         for (k, v) in store.scan_prefix(Tree::Sessions, b"")? {
             let dead = serde_json::from_slice::<Record>(&v).map_or(true, |r| self.expired(&r, now));
-            if dead {
-                store.delete(Tree::Sessions, &k)?;
+            if dead && store.compare_and_swap(Tree::Sessions, &k, Some(&v), None)? {
                 n += 1;
             }
         }
@@ -279,6 +303,8 @@ pub fn clear_cookie(name: &str, secure: bool) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     fn store() -> (tempfile::TempDir, crate::store::SledStore) {
@@ -346,6 +372,89 @@ mod tests {
             .load(&st, &ids, 5000 + l.idle - 1 + l.idle)
             .unwrap()
             .is_none());
+    }
+
+    /// A store shared by two replicas, and a view of it whose first write
+    /// to the sessions tree runs `between` first: what another replica
+    /// does between this replica's read and its write.
+    fn raced(
+        between: impl Fn(&dyn Store) + Send + Sync + 'static,
+    ) -> (tempfile::TempDir, Arc<dyn Store>, crate::store::Hooked) {
+        let (d, st) = store();
+        let shared: Arc<dyn Store> = Arc::new(st);
+        let other = shared.clone();
+        let once = std::sync::atomic::AtomicBool::new(false);
+        let hooked = crate::store::Hooked::new(shared.clone(), move |t| {
+            if t == Tree::Sessions && !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                between(other.as_ref());
+            }
+            Ok(())
+        });
+        (d, shared, hooked)
+    }
+
+    #[test]
+    fn a_touch_does_not_bring_back_a_session_ended_meanwhile() {
+        let sessions = Sessions::new(Lifetimes::default());
+        // Another replica signs the person out (deletes the session)
+        // between this replica's read of it and its touch.
+        let (_d, shared, hooked) = raced(|other| {
+            for (k, _) in other.scan_prefix(Tree::Sessions, b"").unwrap() {
+                other.delete(Tree::Sessions, &k).unwrap();
+            }
+        });
+        let s = sessions.create(shared.as_ref(), signed_in(1000)).unwrap();
+        let ids = vec![s.id().expose().clone()];
+        let now = 1000 + TOUCH_AFTER;
+        assert!(
+            sessions.load(&hooked, &ids, now).unwrap().is_none(),
+            "a session signed out meanwhile is not served"
+        );
+        assert!(
+            shared.scan_prefix(Tree::Sessions, b"").unwrap().is_empty(),
+            "the touch wrote the ended session back"
+        );
+        // Positive control: with nothing in between, the same touch
+        // serves the session and stores its new `last_seen`.
+        let s = sessions.create(shared.as_ref(), signed_in(1000)).unwrap();
+        let ids = vec![s.id().expose().clone()];
+        let loaded = sessions.load(&hooked, &ids, now).unwrap().expect("served");
+        assert_eq!(loaded.record.last_seen, now);
+        let stored = shared.get(Tree::Sessions, &loaded.key).unwrap().unwrap();
+        let stored: Record = serde_json::from_slice(&stored).unwrap();
+        assert_eq!(stored.last_seen, now);
+    }
+
+    #[test]
+    fn a_sweep_leaves_a_session_used_meanwhile_on_another_replica() {
+        let l = Lifetimes::default();
+        let sessions = Sessions::new(l);
+        let used = 1000 + l.idle;
+        // Another replica, whose clock lags, serves the session (touches
+        // it) between the sweep's read and its delete.
+        let (_d, shared, hooked) = raced(move |other| {
+            for (k, v) in other.scan_prefix(Tree::Sessions, b"").unwrap() {
+                let mut r: Record = serde_json::from_slice(&v).unwrap();
+                r.last_seen = used;
+                other
+                    .put(Tree::Sessions, &k, &serde_json::to_vec(&r).unwrap())
+                    .unwrap();
+            }
+        });
+        let s = sessions.create(shared.as_ref(), signed_in(1000)).unwrap();
+        let ids = vec![s.id().expose().clone()];
+        assert_eq!(sessions.sweep(&hooked, 1000 + l.idle).unwrap(), 0);
+        assert!(
+            sessions
+                .load(shared.as_ref(), &ids, used + 1)
+                .unwrap()
+                .is_some(),
+            "the sweep deleted a session used meanwhile"
+        );
+        // Positive control: once idle again, a sweep with nothing in
+        // between removes it.
+        assert_eq!(sessions.sweep(&hooked, used + 1 + l.idle).unwrap(), 1);
+        assert!(shared.scan_prefix(Tree::Sessions, b"").unwrap().is_empty());
     }
 
     #[test]
