@@ -161,54 +161,126 @@ pub fn exists(store: &dyn Store, name: &str) -> Result<bool, StoreError> {
 /// Checks a name and password, counting failures and locking the account
 /// after [`LOCK_AFTER`] in a row. Slow (argon2id): run it off the async
 /// threads.
+///
+/// Each attempt is counted as a failure *before* its password is checked
+/// (a compare-and-swap on the account's record, retried on a conflict),
+/// and a success clears the count afterwards. So guesses made at the same
+/// moment, on one replica or several, each take one of the
+/// [`LOCK_AFTER`] attempts; once they are all taken, further attempts are
+/// refused unchecked and the account is locked.
 pub fn verify(
     store: &dyn Store,
     name: &str,
     password: &SecretString,
     now: i64,
 ) -> Result<Verdict, StoreError> {
-    let current = if valid_name(name) {
-        store.get(Tree::LocalUsers, name.as_bytes())?
-    } else {
-        None
-    };
-    let Some(bytes) = current else {
+    if !valid_name(name) {
         verify_hash(dummy_hash(), password);
         return Ok(Verdict::Unknown);
-    };
-    let Ok(mut rec) = serde_json::from_slice::<UserRecord>(&bytes) else {
-        verify_hash(dummy_hash(), password);
-        return Ok(Verdict::Unknown);
-    };
-    if rec.locked_until > now {
-        // No verification while locked: a guess cannot succeed, and the
-        // answer reads the same as a wrong password.
-        return Ok(Verdict::Locked);
     }
-    let ok = verify_hash(&rec.hash, password);
-    let verdict = if ok {
-        if rec.failures == 0 && rec.locked_until == 0 {
-            return Ok(Verdict::Ok);
+    let hash = match update(store, name, |rec| {
+        if rec.locked_until > now {
+            // No check while locked: a guess cannot succeed, and the
+            // answer reads the same as a wrong password.
+            return Err(Verdict::Locked);
         }
-        rec.failures = 0;
-        rec.locked_until = 0;
-        Verdict::Ok
-    } else {
-        rec.failures += 1;
         if rec.failures >= LOCK_AFTER {
+            // Every attempt is taken by guesses still being checked (or
+            // left counted by a crash): lock now.
             rec.failures = 0;
             rec.locked_until = now + LOCK_FOR;
-            Verdict::NowLocked
-        } else {
-            Verdict::Wrong
+            return Ok(Some(Verdict::Locked));
         }
+        rec.failures += 1;
+        Ok(None)
+    })? {
+        Reserved::Unknown => {
+            verify_hash(dummy_hash(), password);
+            return Ok(Verdict::Unknown);
+        }
+        Reserved::Answered(v) => return Ok(v),
+        Reserved::Counted(hash) => hash,
     };
-    let new = serde_json::to_vec(&rec).map_err(|e| StoreError::Backend(e.to_string()))?;
-    // If another attempt changed the record meanwhile, this one's count is
-    // lost; concurrent guesses are bounded by the per-address limit anyway,
-    // and a lost success write only leaves a stale failure count.
-    store.compare_and_swap(Tree::LocalUsers, name.as_bytes(), Some(&bytes), Some(&new))?;
-    Ok(verdict)
+    if verify_hash(&hash, password) {
+        // A success clears the count (this attempt's and any other's) and
+        // any lock set meanwhile by attempts refused unchecked.
+        let cleared = update(store, name, |rec| {
+            if rec.hash != hash {
+                // The password was replaced meanwhile: this one is no
+                // longer the account's.
+                return Err(Verdict::Wrong);
+            }
+            rec.failures = 0;
+            rec.locked_until = 0;
+            Ok(None)
+        })?;
+        return Ok(match cleared {
+            Reserved::Counted(_) => Verdict::Ok,
+            Reserved::Answered(v) => v,
+            Reserved::Unknown => Verdict::Unknown,
+        });
+    }
+    // A wrong password: its failure is already counted. The attempt that
+    // finds all of them taken locks the account.
+    let locked = update(store, name, |rec| {
+        if rec.failures >= LOCK_AFTER && rec.locked_until <= now {
+            rec.failures = 0;
+            rec.locked_until = now + LOCK_FOR;
+            return Ok(Some(Verdict::NowLocked));
+        }
+        Err(Verdict::Wrong)
+    })?;
+    Ok(match locked {
+        Reserved::Answered(v) => v,
+        Reserved::Counted(_) | Reserved::Unknown => Verdict::Wrong,
+    })
+}
+
+/// What [`update`] did.
+enum Reserved {
+    /// No such account (or its record does not read).
+    Unknown,
+    /// The change answered this verdict (written when it returned
+    /// `Ok(Some(_))`, not when it returned `Err`).
+    Answered(Verdict),
+    /// The record was changed and written; the account's password hash.
+    Counted(String),
+}
+
+/// Applies `change` to `name`'s record by compare-and-swap, reading again
+/// and retrying when another attempt wrote it meanwhile. `change` returns
+/// `Err(v)` to write nothing and answer `v`, `Ok(Some(v))` to write and
+/// answer `v`, `Ok(None)` to write and go on.
+fn update(
+    store: &dyn Store,
+    name: &str,
+    change: impl Fn(&mut UserRecord) -> Result<Option<Verdict>, Verdict>,
+) -> Result<Reserved, StoreError> {
+    // Each lost race means another attempt's write went through, so this
+    // bound is reached only under a flood that the sign-in limits refuse
+    // long before.
+    for _ in 0..64 {
+        let Some(bytes) = store.get(Tree::LocalUsers, name.as_bytes())? else {
+            return Ok(Reserved::Unknown);
+        };
+        let Ok(mut rec) = serde_json::from_slice::<UserRecord>(&bytes) else {
+            return Ok(Reserved::Unknown);
+        };
+        let answer = match change(&mut rec) {
+            Err(v) => return Ok(Reserved::Answered(v)),
+            Ok(a) => a,
+        };
+        let new = serde_json::to_vec(&rec).map_err(|e| StoreError::Backend(e.to_string()))?;
+        if store.compare_and_swap(Tree::LocalUsers, name.as_bytes(), Some(&bytes), Some(&new))? {
+            return Ok(match answer {
+                Some(v) => Reserved::Answered(v),
+                None => Reserved::Counted(rec.hash),
+            });
+        }
+    }
+    Err(StoreError::Unavailable(format!(
+        "the local account {name:?} kept changing under concurrent sign-ins"
+    )))
 }
 
 #[cfg(test)]
@@ -263,5 +335,84 @@ mod tests {
         add(&st, "alice", &pw2, true, 20_002).unwrap();
         assert_eq!(verify(&st, "alice", &pw2, 20_003).unwrap(), Verdict::Ok);
         assert_eq!(verify(&st, "alice", &pw, 20_004).unwrap(), Verdict::Wrong);
+    }
+
+    #[test]
+    fn guesses_at_the_same_moment_each_take_an_attempt() {
+        let d = tempfile::tempdir().unwrap();
+        let st = crate::store::SledStore::open(d.path()).unwrap();
+        let pw = SecretString::new("correct horse".into());
+        add(&st, "alice", &pw, false, 0).unwrap();
+        // Twelve wrong guesses at once (as from several addresses, or
+        // several replicas sharing the store).
+        let guesses = 12;
+        let start = std::sync::Barrier::new(guesses);
+        let verdicts: Vec<Verdict> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..guesses)
+                .map(|i| {
+                    let (st, start) = (&st, &start);
+                    scope.spawn(move || {
+                        let wrong = SecretString::new(format!("guess number {i}"));
+                        start.wait();
+                        verify(st, "alice", &wrong, 100).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let checked = verdicts
+            .iter()
+            .filter(|v| matches!(v, Verdict::Wrong | Verdict::NowLocked))
+            .count();
+        assert!(
+            checked <= LOCK_AFTER as usize,
+            "{checked} of {guesses} guesses were checked: {verdicts:?}"
+        );
+        assert!(verdicts.iter().all(|v| *v != Verdict::Ok));
+        // The account is locked: the right password is refused unchecked.
+        assert_eq!(verify(&st, "alice", &pw, 101).unwrap(), Verdict::Locked);
+        // Positive control: once the lock ends, it signs in, and the count
+        // starts again from zero.
+        assert_eq!(
+            verify(&st, "alice", &pw, 101 + LOCK_FOR).unwrap(),
+            Verdict::Ok
+        );
+        let wrong = SecretString::new("battery staple".into());
+        assert_eq!(
+            verify(&st, "alice", &wrong, 102 + LOCK_FOR).unwrap(),
+            Verdict::Wrong
+        );
+        assert_eq!(
+            verify(&st, "alice", &pw, 103 + LOCK_FOR).unwrap(),
+            Verdict::Ok
+        );
+    }
+
+    #[test]
+    fn attempts_left_counted_by_a_crash_lock_for_a_while_not_for_ever() {
+        let d = tempfile::tempdir().unwrap();
+        let st = crate::store::SledStore::open(d.path()).unwrap();
+        let pw = SecretString::new("correct horse".into());
+        add(&st, "alice", &pw, false, 0).unwrap();
+        // Every attempt counted, none finished: what a crash during as
+        // many checks leaves behind.
+        let bytes = st.get(Tree::LocalUsers, b"alice").unwrap().unwrap();
+        let mut rec: UserRecord = serde_json::from_slice(&bytes).unwrap();
+        rec.failures = LOCK_AFTER;
+        st.put(
+            Tree::LocalUsers,
+            b"alice",
+            &serde_json::to_vec(&rec).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(verify(&st, "alice", &pw, 50).unwrap(), Verdict::Locked);
+        assert_eq!(
+            verify(&st, "alice", &pw, 49 + LOCK_FOR).unwrap(),
+            Verdict::Locked
+        );
+        assert_eq!(
+            verify(&st, "alice", &pw, 50 + LOCK_FOR).unwrap(),
+            Verdict::Ok
+        );
     }
 }
