@@ -172,9 +172,18 @@ struct AccountRecord {
 
 impl AccountRecord {
     fn summary(&self) -> Account {
-        let key_id = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(&self.sealed)
-            .ok()
+        // The key id sits in the sealed record's first bytes: only the
+        // first 16 characters (12 bytes) are decoded, not the whole record
+        // (the proxy reads an account on every call). A sealed record is
+        // at least 37 bytes, so a shorter field names no key.
+        let key_id = self
+            .sealed
+            .get(..16)
+            .and_then(|head| {
+                base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(head)
+                    .ok()
+            })
             .and_then(|b| Sealer::record_key_id(&b));
         Account {
             person_iss: self.person_iss.clone(),
