@@ -1,5 +1,6 @@
-//! Tests only: a store that runs a hook before each write and otherwise
-//! passes everything to the store it wraps. The hook can fail the write
+//! For tests (the crate's and the integration tests'; hidden from the
+//! docs, as [`super::contract`] is): a store that runs a hook before each
+//! write and otherwise passes everything to the store it wraps. The hook can fail the write
 //! (a full disk, a read-only file system) or write something first itself,
 //! as another replica would between a reader's read and its write.
 
@@ -11,7 +12,7 @@ use super::{Entry, Fenced, Lease, Store, StoreError, Tree};
 type Hook = Box<dyn Fn(Tree) -> Result<(), StoreError> + Send + Sync>;
 
 /// A store whose writes go through a hook first (see the module doc).
-pub(crate) struct Hooked {
+pub struct Hooked {
     inner: Arc<dyn Store>,
     before_write: Hook,
 }
@@ -26,7 +27,7 @@ impl std::fmt::Debug for Hooked {
 
 impl Hooked {
     /// `inner`, with `before_write` run before each of its writes.
-    pub(crate) fn new(
+    pub fn new(
         inner: Arc<dyn Store>,
         before_write: impl Fn(Tree) -> Result<(), StoreError> + Send + Sync + 'static,
     ) -> Hooked {

@@ -39,14 +39,14 @@
 #[doc(hidden)]
 pub mod contract;
 mod copy;
-#[cfg(test)]
-mod hooked;
+#[doc(hidden)]
+pub mod hooked;
 mod postgres;
 mod sled_store;
 
 pub use copy::{copy, CopyError, CopyReport};
-#[cfg(test)]
-pub(crate) use hooked::Hooked;
+#[doc(hidden)]
+pub use hooked::Hooked;
 pub use postgres::{Migrate, PgSettings, PgStore};
 pub use sled_store::SledStore;
 

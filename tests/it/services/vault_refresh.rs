@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::support::oidc::{secret_file, OidcPeer, CLIENT_ID};
 use credbroker::internals::clock::SystemClock;
 use credbroker::internals::config::{AccountLookup, ClientAuth, ProviderConfig};
-use credbroker::internals::store::{Fenced, Lease, SledStore, Store, StoreError, Tree};
+use credbroker::internals::store::{Hooked, SledStore, Store, StoreError, Tree};
 use credbroker::internals::subject::Person;
 use credbroker::internals::upstream::Provider;
 use credbroker::internals::vault::{AccountStatus, TokenOutcome, TokenRequest, Vault, VaultError};
@@ -19,94 +19,23 @@ use credbroker::internals::vault::{AccountStatus, TokenOutcome, TokenRequest, Va
 pub(crate) const REDIRECT: &str = "http://127.0.0.1:9/connect/callback/acme";
 
 /// A store whose writes fail while `fail` is set (a full disk, a read-only
-/// file system, or the moment of a crash).
-#[derive(Debug)]
-struct FailingStore {
-    inner: Arc<dyn Store>,
-    fail: AtomicBool,
-}
-
-impl FailingStore {
-    fn check(&self) -> Result<(), StoreError> {
-        if self.fail.load(Ordering::SeqCst) {
+/// file system, or the moment of a crash). The refresh lease's writes
+/// pass: the fault under test is the save of the account's tokens after
+/// the provider answered (the crash point of S2, the full disk of S3),
+/// which comes after the lease was taken.
+fn failing(inner: Arc<dyn Store>) -> (Arc<Hooked>, Arc<AtomicBool>) {
+    let fail = Arc::new(AtomicBool::new(false));
+    let on = fail.clone();
+    let store = Hooked::new(inner, move |t| {
+        if on.load(Ordering::SeqCst) && t != Tree::Leases {
             Err(StoreError::Backend(
                 "No space left on device (os error 28)".into(),
             ))
         } else {
             Ok(())
         }
-    }
-}
-
-impl Store for FailingStore {
-    fn get(&self, t: Tree, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get(t, k)
-    }
-    fn put(&self, t: Tree, k: &[u8], v: &[u8]) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.put(t, k, v)
-    }
-    fn delete(&self, t: Tree, k: &[u8]) -> Result<(), StoreError> {
-        self.check()?;
-        self.inner.delete(t, k)
-    }
-    fn scan_prefix(&self, t: Tree, p: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
-        self.inner.scan_prefix(t, p)
-    }
-    fn compare_and_swap(
-        &self,
-        t: Tree,
-        k: &[u8],
-        e: Option<&[u8]>,
-        n: Option<&[u8]>,
-    ) -> Result<bool, StoreError> {
-        self.check()?;
-        self.inner.compare_and_swap(t, k, e, n)
-    }
-    fn replace_fenced(
-        &self,
-        t: Tree,
-        k: &[u8],
-        e: &[u8],
-        n: &[u8],
-        lease: Lease<'_>,
-    ) -> Result<Fenced, StoreError> {
-        self.check()?;
-        self.inner.replace_fenced(t, k, e, n, lease)
-    }
-    // The refresh lease's writes pass: the fault under test is the save of
-    // the account's tokens after the provider answered (the crash point of
-    // S2, the full disk of S3), which comes after the lease was taken.
-    fn insert_expiring(
-        &self,
-        t: Tree,
-        k: &[u8],
-        v: &[u8],
-        ttl: std::time::Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.insert_expiring(t, k, v, ttl)
-    }
-    fn get_expiring(&self, t: Tree, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get_expiring(t, k)
-    }
-    fn replace_expiring(
-        &self,
-        t: Tree,
-        k: &[u8],
-        e: &[u8],
-        n: Option<(&[u8], std::time::Duration)>,
-    ) -> Result<bool, StoreError> {
-        self.inner.replace_expiring(t, k, e, n)
-    }
-    fn sweep_expired(&self, t: Tree) -> Result<usize, StoreError> {
-        self.inner.sweep_expired(t)
-    }
-    fn watch(&self, t: Tree) -> tokio::sync::watch::Receiver<u64> {
-        self.inner.watch(t)
-    }
-    fn is_healthy(&self) -> bool {
-        true
-    }
+    });
+    (Arc::new(store), fail)
 }
 
 fn provider(peer: &OidcPeer, dir: &std::path::Path) -> Provider {
@@ -189,10 +118,7 @@ async fn rotated_refresh_token_not_saved_becomes_reconnect_required_without_a_re
     let peer = OidcPeer::start("client-secret-canary-s2", REDIRECT);
     let p = provider(&peer, dir.path());
     let sled: Arc<dyn Store> = Arc::new(SledStore::open(&dir.path().join("data")).unwrap());
-    let failing = Arc::new(FailingStore {
-        inner: sled.clone(),
-        fail: AtomicBool::new(false),
-    });
+    let (failing, fail) = failing(sled.clone());
     let key_dir = dir.path().join("keys/vault");
     let vault = Vault::open(failing.clone(), crate::support::test_master(), &key_dir).unwrap();
     peer.set_access_ttl(30).await;
@@ -208,7 +134,7 @@ async fn rotated_refresh_token_not_saved_becomes_reconnect_required_without_a_re
 
     // The provider rotates the refresh token, then the write fails (the
     // crash point): no access token is handed out.
-    failing.fail.store(true, Ordering::SeqCst);
+    fail.store(true, Ordering::SeqCst);
     let err = vault
         .provider_token(&p, &req, &SystemClock)
         .await
