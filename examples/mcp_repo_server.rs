@@ -256,8 +256,6 @@ struct Inner {
     api_url: String,
     input_key: String,
     state_ttl: i64,
-    /// The broker's issuer (the derive proof's `htu` base).
-    broker_issuer: String,
     sensitive: Option<Sensitive>,
 }
 
@@ -552,13 +550,11 @@ impl RepoServer {
         let details = serde_json::json!([{
             "type": PUBLISH_DETAILS, "repository": repository, "branch": branch,
         }]);
-        let htu = format!("{}/v1/derive", me.broker_issuer);
-        let Ok(proof) = credbroker::client::proof(&me.dpop_key, "POST", &htu, None) else {
-            return Ok(text_error("Could not make a DPoP proof."));
-        };
+        // A fresh proof, and the broker's nonce followed when it asks for
+        // one, as for the other tool.
         let answer = me
             .broker
-            .derive_with_details(
+            .derive_for_details(
                 &DeriveParams {
                     subject_token: start.caller.token.expose(),
                     step: &me.step,
@@ -567,7 +563,7 @@ impl RepoServer {
                     scope: None,
                 },
                 Some(&details),
-                &proof,
+                &me.dpop_key,
             )
             .await;
         match answer {
@@ -619,23 +615,39 @@ impl RepoServer {
         }
         let at = token.access_token.expose();
         let htu = url.split(['?', '#']).next().unwrap_or(url);
-        let proof = credbroker::client::proof(&me.dpop_key, method, htu, Some(at))
-            .map_err(|_| "Could not make a DPoP proof.".to_string())?;
         let m =
             http::Method::from_bytes(method.as_bytes()).map_err(|_| "bad method".to_string())?;
-        let mut req = me
-            .http
-            .request(m, url)
-            .header("authorization", format!("DPoP {at}"))
-            .header("dpop", proof)
-            .header("accept", "application/json");
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let mut resp = req
-            .send()
-            .await
-            .map_err(|_| "The API is unreachable.".to_string())?;
+        // A fresh proof; when the broker's proxy requires DPoP nonces, it
+        // answers the first one with `use_dpop_nonce` and its nonce (before
+        // anything goes upstream), and the call is made once more with it.
+        let mut nonce: Option<String> = None;
+        let mut resp = loop {
+            let proof = credbroker::client::proof_with_nonce(
+                &me.dpop_key,
+                method,
+                htu,
+                Some(at),
+                nonce.as_deref(),
+            )
+            .map_err(|_| "Could not make a DPoP proof.".to_string())?;
+            let mut req = me
+                .http
+                .request(m.clone(), url)
+                .header("authorization", format!("DPoP {at}"))
+                .header("dpop", proof)
+                .header("accept", "application/json");
+            if let Some(b) = &body {
+                req = req.json(b);
+            }
+            let resp = req
+                .send()
+                .await
+                .map_err(|_| "The API is unreachable.".to_string())?;
+            match nonce_challenge(&resp) {
+                Some(n) if nonce.is_none() => nonce = Some(n),
+                _ => break resp,
+            }
+        };
         let status = resp.status();
         if !status.is_success() {
             return Err(format!("The API answered HTTP {}.", status.as_u16()));
@@ -1047,7 +1059,6 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let inner = Arc::new(Inner {
         broker: Client::new(&args.broker_socket, &args.broker_issuer),
-        broker_issuer: args.broker_issuer.clone(),
         sensitive: match (args.approval_tool, args.approval_resource) {
             (Some(tool), Some(resource)) => Some(Sensitive {
                 api_url: args.approval_api_url.unwrap_or_else(|| resource.clone()),
@@ -1105,4 +1116,25 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             }
         });
     }
+}
+
+/// The nonce of a `use_dpop_nonce` challenge (RFC 9449 section 9: 401,
+/// `WWW-Authenticate: DPoP error="use_dpop_nonce"`, `DPoP-Nonce`), if
+/// `resp` is one.
+fn nonce_challenge(resp: &reqwest::Response) -> Option<String> {
+    let challenged = resp.status() == reqwest::StatusCode::UNAUTHORIZED
+        && resp
+            .headers()
+            .get_all("www-authenticate")
+            .iter()
+            .any(|v| v.to_str().is_ok_and(|v| v.contains("use_dpop_nonce")));
+    challenged
+        .then(|| {
+            resp.headers()
+                .get("dpop-nonce")?
+                .to_str()
+                .ok()
+                .map(str::to_owned)
+        })
+        .flatten()
 }

@@ -224,6 +224,19 @@ impl Client {
         p: &DeriveParams<'_>,
         key: &Es256Key,
     ) -> Result<Answer, ClientError> {
+        self.derive_for_details(p, None, key).await
+    }
+
+    /// [`Client::derive`] for a call described by RFC 9396
+    /// `authorization_details` (see [`Client::derive_with_details`]):
+    /// a fresh proof with `key`, and one retry with the server's nonce if
+    /// it asks for one (`[dpop] require_nonce`).
+    pub async fn derive_for_details(
+        &self,
+        p: &DeriveParams<'_>,
+        authorization_details: Option<&serde_json::Value>,
+        key: &Es256Key,
+    ) -> Result<Answer, ClientError> {
         let mut nonce: Option<String> = None;
         for _ in 0..2 {
             let now = crate::clock::Clock::now(&crate::clock::SystemClock);
@@ -236,7 +249,9 @@ impl Client {
                 nonce.as_deref(),
             )
             .map_err(|e| ClientError::Proof(e.to_string()))?;
-            let answer = self.derive_with_proof(p, &proof).await?;
+            let answer = self
+                .derive_with_details(p, authorization_details, &proof)
+                .await?;
             match answer {
                 Answer::Refused(Refusal {
                     ref error,
@@ -295,8 +310,22 @@ pub fn proof(
     url: &str,
     access_token: Option<&str>,
 ) -> Result<String, ClientError> {
+    proof_with_nonce(key, method, url, access_token, None)
+}
+
+/// [`proof`] carrying the server's `nonce`: what to retry with when a call
+/// was refused with `use_dpop_nonce` (401 from the egress proxy, with the
+/// nonce in its `DPoP-Nonce` header; RFC 9449 section 9). Nothing went
+/// upstream with the refused call, so a retry is safe for any method.
+pub fn proof_with_nonce(
+    key: &Es256Key,
+    method: &str,
+    url: &str,
+    access_token: Option<&str>,
+    nonce: Option<&str>,
+) -> Result<String, ClientError> {
     let now = crate::clock::Clock::now(&crate::clock::SystemClock);
-    crate::dpop::make_proof(key, method, url, now, access_token, None)
+    crate::dpop::make_proof(key, method, url, now, access_token, nonce)
         .map_err(|e| ClientError::Proof(e.to_string()))
 }
 

@@ -23,6 +23,10 @@
 //!   approval link relayed like a connect link, in both versions, and
 //!   nothing reaches the API), approved in Chromium by the right person,
 //!   and the retry served once with a token carrying the approved details.
+//!
+//! The broker requires DPoP nonces (`[dpop] require_nonce`), on the socket
+//! and on its proxy: the example follows each `use_dpop_nonce` challenge,
+//! for both tools' derives and for the proxied calls.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 use std::path::{Path, PathBuf};
@@ -230,6 +234,9 @@ client_id = "{SERVICE_CLIENT}"
 client_secret_file = "{acme}"
 scopes = ["openid", "profile"]
 api_base = "{api_base}"
+
+[dpop]
+require_nonce = true
 "#,
             pages = pages_secret_file.display(),
             service = service.issuer,

@@ -80,6 +80,52 @@ pub(crate) async fn approved_token(p: &mut ProxyEnv, details: &Value) -> String 
     t.access_token.expose().clone()
 }
 
+/// Where the broker requires DPoP nonces, a derive for a call's
+/// `authorization_details` made with the client's key follows the nonce
+/// challenge by itself, as a plain derive does (the example MCP server's
+/// sensitive tool uses it).
+#[tokio::test]
+async fn a_derive_for_details_follows_the_nonce_challenge() {
+    let mut p = ProxyEnv::start_with(
+        "\n[dpop]\nrequire_nonce = true",
+        ProviderOpts {
+            policy: Some(approval_policy(r#""DELETE /repos/{owner}/{repo}""#)),
+            ..ProviderOpts::default()
+        },
+    )
+    .await;
+    let details = repository("octo", "hello");
+    // The challenge is real: a proof without a nonce is refused.
+    let r = services::refused(derive(&p, &details).await);
+    assert_eq!(r.error, "use_dpop_nonce", "{r:?}");
+    let subject = p.env.broker.subject_token("alice");
+    let params = DeriveParams {
+        subject_token: &subject,
+        step: "triage",
+        tool: "acme.delete",
+        resource: PROXY,
+        scope: None,
+    };
+    let client = p.env.broker.client();
+    // Followed: the call reaches the approval step.
+    let r = services::refused(
+        client
+            .derive_for_details(&params, Some(&details), &p.key)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(r.reason.as_deref(), Some("approval_required"), "{r:?}");
+    // Positive control: once Alice approves, the same call is issued.
+    p.env.play_pages(&r.connect_uri.unwrap(), "alice", "").await;
+    let t = services::issued(
+        client
+            .derive_for_details(&params, Some(&details), &p.key)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(claims_of(t.access_token.expose())["single_use"], true);
+}
+
 /// An `each_call` token serves one proxied call: a second call with the
 /// same token (and a fresh proof) is refused with `token_already_used` and
 /// never reaches the service; a refused call before it did not use it up;
