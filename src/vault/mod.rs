@@ -292,6 +292,10 @@ pub struct RotationReport {
     pub remaining: usize,
     /// Records that could not be opened (reported, left as they are).
     pub unreadable: Vec<String>,
+    /// Allowance records that did not open (written in clear by an earlier
+    /// release, or without the vault's key): they allowed nothing, and are
+    /// removed so that nothing is left under a retired key.
+    pub dropped_allowances: usize,
     /// Whether the rotation is finished.
     pub done: bool,
     /// Key ids that sealed nothing any more once done: their files may go.
@@ -390,16 +394,8 @@ impl Vault {
         let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(&rec.sealed)
             .map_err(|_| unreadable("the sealed field is not base64url".into()))?;
-        let open = |s: &Sealer| s.open(&aad(Tree::Accounts, key), &bytes);
-        let mut opened = open(&self.keys.sealer());
-        // Sealed under a key another replica added since this one loaded
-        // the key record: take the record in and try once more.
-        if matches!(opened, Err(SealError::UnknownKey(_)))
-            && self.keys.reload(self.store.as_ref())?
-        {
-            opened = open(&self.keys.sealer());
-        }
-        let plain = opened
+        let plain = self
+            .open_sealed(Tree::Accounts, key, &bytes)?
             .map_err(|e| match e {
                 SealError::UnknownKey(id) => unreadable(format!(
                     "it was sealed with key {id}, which is not in the vault key record (store tree state, record vault/keyring/v1)"
@@ -411,6 +407,56 @@ impl Vault {
             })?;
         serde_json::from_slice(plain.expose())
             .map_err(|_| unreadable("the decrypted tokens are malformed".into()))
+    }
+
+    /// Opens `sealed`, stored under `key` in `tree`, with the vault's keys;
+    /// a key another replica added since this one loaded the key record is
+    /// taken in first. The outer error is the store's; the inner one says
+    /// why the record does not open.
+    fn open_sealed(
+        &self,
+        tree: Tree,
+        key: &[u8],
+        sealed: &[u8],
+    ) -> Result<Result<crate::secret::SecretBytes, SealError>, VaultError> {
+        let open = |s: &Sealer| s.open(&aad(tree, key), sealed);
+        let opened = open(&self.keys.sealer());
+        if matches!(opened, Err(SealError::UnknownKey(_)))
+            && self.keys.reload(self.store.as_ref())?
+        {
+            return Ok(open(&self.keys.sealer()));
+        }
+        Ok(opened)
+    }
+
+    /// An allowance as stored: the [`Allowance`] sealed under the vault's
+    /// current key and bound to its store key, so that a record written
+    /// without the key (by an earlier release, which stored them in clear,
+    /// or by anyone else who can write the store) or moved from another
+    /// person, agent or service never opens.
+    fn seal_allowance(&self, key: &[u8], a: &Allowance) -> Result<Vec<u8>, VaultError> {
+        let sealer = self.keys.fresh_sealer(self.store.as_ref())?;
+        self.keys.count_seal(self.store.as_ref())?;
+        let plain = serde_json::to_vec(a).map_err(|_| VaultError::Corrupt("encode".into()))?;
+        sealer
+            .seal(&aad(Tree::Allowances, key), &plain)
+            .map_err(|_| VaultError::Keys("encryption failed".into()))
+    }
+
+    /// The allowance stored as `sealed` under `key`, or `None` when it
+    /// does not open: such a record allows nothing (the person is asked to
+    /// allow again, and [`Vault::allow`] writes over it).
+    fn open_allowance(&self, key: &[u8], sealed: &[u8]) -> Result<Option<Allowance>, VaultError> {
+        let opened = self
+            .open_sealed(Tree::Allowances, key, sealed)?
+            .ok()
+            .and_then(|plain| serde_json::from_slice::<Allowance>(plain.expose()).ok());
+        if opened.is_none() {
+            tracing::warn!(
+                "an allowance record does not open (written in clear by an earlier release, or not by this broker): it allows nothing"
+            );
+        }
+        Ok(opened)
     }
 
     fn read(&self, key: &[u8]) -> Result<Option<(Vec<u8>, AccountRecord)>, VaultError> {
@@ -562,11 +608,10 @@ impl Vault {
         let key = allowance_key(person, service, agent);
         loop {
             let old = self.store.get(Tree::Allowances, &key)?;
+            // A record that does not open allowed nothing: this one
+            // replaces it.
             let prev: Option<Allowance> = match &old {
-                Some(v) => Some(
-                    serde_json::from_slice(v)
-                        .map_err(|_| VaultError::Corrupt("allowance".into()))?,
-                ),
+                Some(v) => self.open_allowance(&key, v)?,
                 None => None,
             };
             let mut all: Vec<String> = prev.as_ref().map(|a| a.scopes.clone()).unwrap_or_default();
@@ -580,7 +625,7 @@ impl Vault {
                 created: prev.as_ref().map_or(now, |p| p.created),
                 updated: now,
             };
-            let v = serde_json::to_vec(&a).map_err(|_| VaultError::Corrupt("encode".into()))?;
+            let v = self.seal_allowance(&key, &a)?;
             if self
                 .store
                 .compare_and_swap(Tree::Allowances, &key, old.as_deref(), Some(&v))?
@@ -597,27 +642,21 @@ impl Vault {
         agent: &str,
         service: &str,
     ) -> Result<Option<Allowance>, VaultError> {
-        match self
-            .store
-            .get(Tree::Allowances, &allowance_key(person, service, agent))?
-        {
+        let key = allowance_key(person, service, agent);
+        match self.store.get(Tree::Allowances, &key)? {
             None => Ok(None),
-            Some(v) => serde_json::from_slice(&v)
-                .map(Some)
-                .map_err(|_| VaultError::Corrupt("allowance".into())),
+            Some(v) => self.open_allowance(&key, &v),
         }
     }
 
     /// Every allowance of the person at `service`.
     pub fn allowances(&self, person: &Person, service: &str) -> Result<Vec<Allowance>, VaultError> {
         let prefix = tuple_key(&[&person.iss, &person.sub, service]);
-        self.store
-            .scan_prefix(Tree::Allowances, &prefix)?
-            .into_iter()
-            .map(|(_, v)| {
-                serde_json::from_slice(&v).map_err(|_| VaultError::Corrupt("allowance".into()))
-            })
-            .collect()
+        let mut out = Vec::new();
+        for (k, v) in self.store.scan_prefix(Tree::Allowances, &prefix)? {
+            out.extend(self.open_allowance(&k, &v)?);
+        }
+        Ok(out)
     }
 
     /// Withdraws the allowance of `agent`.
@@ -654,8 +693,10 @@ impl Vault {
     pub fn delete_account(&self, person: &Person, service: &str) -> Result<bool, VaultError> {
         let key = account_key(person, service);
         let existed = self.store.get(Tree::Accounts, &key)?.is_some();
-        for a in self.allowances(person, service)? {
-            self.disallow(person, &a.agent, service)?;
+        // Every allowance record at the service, also one that does not open.
+        let prefix = tuple_key(&[&person.iss, &person.sub, service]);
+        for (k, _) in self.store.scan_prefix(Tree::Allowances, &prefix)? {
+            self.store.delete(Tree::Allowances, &k)?;
         }
         self.store.delete(Tree::Accounts, &key)?;
         Ok(existed)
@@ -679,7 +720,8 @@ impl Vault {
         Ok(bad)
     }
 
-    /// Re-wraps records under the current key. With no rotation in progress
+    /// Re-wraps records (accounts' tokens and allowances) under the current
+    /// key. With no rotation in progress
     /// this first creates a new key and makes it current; with one in
     /// progress (an earlier run was interrupted) it resumes. `limit` caps
     /// the records re-wrapped by this call (`None` = all). Each record is
@@ -724,6 +766,32 @@ impl Vault {
                 }
                 // Changed under us (a refresh): read again; it is probably
                 // under the new key already.
+            }
+        }
+        for (k, _) in self.store.scan_prefix(Tree::Allowances, b"")? {
+            while let Some(raw) = self.store.get(Tree::Allowances, &k)? {
+                if Sealer::record_key_id(&raw).as_deref() == Some(current.as_str()) {
+                    break;
+                }
+                if limit.is_some_and(|l| report.rewrapped >= l) {
+                    report.remaining += 1;
+                    break;
+                }
+                let new = match self.open_allowance(&k, &raw)? {
+                    Some(a) => Some(self.seal_allowance(&k, &a)?),
+                    None => None,
+                };
+                if self
+                    .store
+                    .compare_and_swap(Tree::Allowances, &k, Some(&raw), new.as_deref())?
+                {
+                    match new {
+                        Some(_) => report.rewrapped += 1,
+                        None => report.dropped_allowances += 1,
+                    }
+                    break;
+                }
+                // Changed under us (allowed again meanwhile): read again.
             }
         }
         if report.remaining == 0 && report.unreadable.is_empty() {

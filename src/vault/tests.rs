@@ -141,6 +141,91 @@ fn accounts_and_allowances_round_trip() {
     assert!(v.account(&person("bob"), "github").unwrap().is_some());
 }
 
+/// SECURITY-CASES S14: an allowance is sealed and bound to its person,
+/// service and agent; one written in clear (as an earlier release did, or
+/// by anyone who can write the store) or moved from another record allows
+/// nothing, and allowing again replaces it.
+#[test]
+fn allowances_are_sealed_and_one_written_without_the_key_allows_nothing() {
+    let e = Env::new();
+    let v = e.vault();
+    connect(&v, "alice", "at-alice");
+    let (alice, bob) = (person("alice"), person("bob"));
+    v.allow(&alice, "repo-helper", "github", &["repo".into()], 1000)
+        .unwrap();
+    // Nothing of it is in the stored bytes in clear.
+    let key = allowance_key(&alice, "github", "repo-helper");
+    let stored = e.store.get(Tree::Allowances, &key).unwrap().unwrap();
+    for clear in [&b"repo-helper"[..], b"github", b"repo", b"scopes"] {
+        assert!(
+            !stored.windows(clear.len()).any(|w| w == clear),
+            "{} in the stored allowance",
+            String::from_utf8_lossy(clear)
+        );
+    }
+
+    // A clear allowance for another agent, as the store's other writers
+    // (or an earlier release) would write it: it allows nothing.
+    let forged = allowance_key(&alice, "github", "other-agent");
+    let clear = serde_json::json!({
+        "agent": "other-agent", "service": "github", "scopes": ["repo"],
+        "created": 1000, "updated": 1000,
+    });
+    e.store
+        .put(
+            Tree::Allowances,
+            &forged,
+            &serde_json::to_vec(&clear).unwrap(),
+        )
+        .unwrap();
+    assert_eq!(v.allowance(&alice, "other-agent", "github").unwrap(), None);
+    // A sealed allowance moved to bob's key (or another agent's) does not
+    // open there either.
+    let moved = allowance_key(&bob, "github", "repo-helper");
+    e.store.put(Tree::Allowances, &moved, &stored).unwrap();
+    assert_eq!(v.allowance(&bob, "repo-helper", "github").unwrap(), None);
+    // The listing shows only the one that opens.
+    let listed = v.allowances(&alice, "github").unwrap();
+    assert_eq!(
+        listed.iter().map(|a| a.agent.as_str()).collect::<Vec<_>>(),
+        ["repo-helper"]
+    );
+
+    // Positive controls: alice's own allowance opens; allowing the other
+    // agent for real replaces the forged record with a sealed one.
+    let own = v
+        .allowance(&alice, "repo-helper", "github")
+        .unwrap()
+        .unwrap();
+    assert_eq!(own.scopes, ["repo"]);
+    let given = v
+        .allow(&alice, "other-agent", "github", &["read:org".into()], 1001)
+        .unwrap();
+    assert_eq!(given.scopes, ["read:org"], "the forged scopes are not kept");
+    assert_eq!(
+        v.allowance(&alice, "other-agent", "github").unwrap(),
+        Some(given)
+    );
+
+    // A rotation re-seals the allowances under the new key and removes
+    // the one that does not open (bob's moved record).
+    let r = v.rotate(None).unwrap();
+    assert!(r.done, "{r:?}");
+    assert_eq!(r.dropped_allowances, 1);
+    assert_eq!(r.rewrapped, 3, "one account and two allowances: {r:?}");
+    for (_, raw) in e.store.scan_prefix(Tree::Allowances, b"").unwrap() {
+        assert_eq!(
+            Sealer::record_key_id(&raw).as_deref(),
+            Some(r.current_key.as_str())
+        );
+    }
+    assert!(v
+        .allowance(&alice, "repo-helper", "github")
+        .unwrap()
+        .is_some());
+    assert!(e.store.get(Tree::Allowances, &moved).unwrap().is_none());
+}
+
 #[test]
 fn ciphertext_copied_into_another_record_is_refused_and_reported() {
     let e = Env::new();

@@ -196,7 +196,8 @@ async fn rotate_vault_interrupted_then_resumed_offline_and_through_the_admin_soc
     let key_dir = env.broker.path("keys/vault");
     assert!(!key_dir.exists(), "{} was made", key_dir.display());
 
-    // Through the running instance, stopped after one record.
+    // Through the running instance, stopped after one record (of four:
+    // each person's account and their allowance for the agent).
     let (code, v, _) = cli(&env, &["keys", "rotate-vault", "--limit", "1"]);
     assert_eq!(code, 4, "not finished: {v}");
     assert_eq!(
@@ -205,7 +206,7 @@ async fn rotate_vault_interrupted_then_resumed_offline_and_through_the_admin_soc
             v["remaining"].as_u64(),
             v["done"].as_bool()
         ),
-        (Some(1), Some(1), Some(false))
+        (Some(1), Some(3), Some(false))
     );
     let new_key = v["current_key"].as_str().unwrap().to_string();
     // Both accounts are served meanwhile (old key still decrypts).
@@ -243,6 +244,7 @@ async fn rotate_vault_interrupted_then_resumed_offline_and_through_the_admin_soc
     // A full rotation through the admin socket.
     let (code, v, _) = cli(&env, &["keys", "rotate-vault"]);
     assert_eq!(code, 0, "{v}");
-    assert_eq!(v["rewrapped"], 2);
+    assert_eq!(v["rewrapped"], 4);
+    assert_eq!(v["dropped_allowances"], 0);
     issued(env.derive(&key(), "bob", "acme.issues").await);
 }
