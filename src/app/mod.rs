@@ -415,6 +415,7 @@ pub async fn build(
             services: backend.services(),
             approvals: approval_pages,
             key_sets,
+            session_key: crate::pages::session::Sessions::derive_key(&master),
             ..crate::pages::Options::default()
         },
     ));

@@ -77,6 +77,11 @@ pub struct Options {
     /// subject-token issuer and a sign-in source has one JWKS cache. An
     /// issuer missing here gets a set of its own.
     pub key_sets: HashMap<String, Arc<crate::keyset::RemoteKeySet>>,
+    /// The key that authenticates session records in the store. The
+    /// composition root derives it from the master key
+    /// ([`session::Sessions::derive_key`]) so that replicas share sessions;
+    /// the default is a random key, for one instance only.
+    pub session_key: crate::secret::SecretBytes,
 }
 
 impl Default for Options {
@@ -87,6 +92,13 @@ impl Default for Options {
             services: ConnectedServices::none(),
             approvals: Arc::new(approvals::NoApprovals),
             key_sets: HashMap::new(),
+            session_key: {
+                let mut k = vec![0u8; 32];
+                // aws-lc's RNG does not fail on Linux short of a broken
+                // kernel; the composition root never uses this default.
+                let _ = aws_lc_rs::rand::fill(&mut k);
+                crate::secret::SecretBytes::new(k)
+            },
         }
     }
 }
@@ -197,7 +209,7 @@ impl Pages {
         }
         Pages {
             oidc: oidc::Oidc::new(&deps.trusted_issuers, &options.key_sets),
-            sessions: session::Sessions::new(options.lifetimes),
+            sessions: session::Sessions::new(options.lifetimes, &options.session_key),
             limiters: limits::Limiters::new(&options.limits),
             services: options.services,
             approvals: options.approvals,

@@ -9,6 +9,10 @@
 //!   swept periodically.
 //! - The CSRF token is HMAC-SHA256(session id, label): bound to the session,
 //!   unguessable without the cookie, and never stored.
+//! - Each stored record carries an HMAC-SHA256 tag under a key derived from
+//!   the master key, over its store key and its bytes: a record written by
+//!   anyone else who can write the store (a forged signed-in session for a
+//!   chosen id) or moved under another id is no session.
 //!
 //! The cookie is `__Host-credbroker` (Secure, HttpOnly, SameSite=Lax,
 //! Path=/, no Domain) when the pages are served over https. The quick start
@@ -16,10 +20,11 @@
 //! therefore `__Host-` names; there, and only there, the cookie is
 //! `credbroker-dev` with the same attributes minus `Secure`.
 
+use aws_lc_rs::hmac;
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
-use crate::secret::SecretString;
+use crate::secret::{SecretBytes, SecretString};
 use crate::store::{Store, StoreError, Tree};
 use crate::subject::Person;
 
@@ -152,16 +157,60 @@ pub fn random_token() -> Result<SecretString, StoreError> {
 #[derive(Debug, Clone)]
 pub struct Sessions {
     lifetimes: Lifetimes,
+    /// Authenticates the stored records.
+    mac: hmac::Key,
 }
+
+/// Length of a stored record's tag (HMAC-SHA256), before its JSON.
+const TAG_LEN: usize = 32;
 
 /// Only rewrite `last_seen` when it is older than this, so that reading a
 /// page is not a durable write every time.
 const TOUCH_AFTER: i64 = 60;
 
 impl Sessions {
-    /// Sessions with these lifetimes.
-    pub fn new(lifetimes: Lifetimes) -> Sessions {
-        Sessions { lifetimes }
+    /// Sessions with these lifetimes, their records authenticated with
+    /// `key` (replicas sharing a store must share it: [`Sessions::derive_key`]).
+    pub fn new(lifetimes: Lifetimes, key: &SecretBytes) -> Sessions {
+        Sessions {
+            lifetimes,
+            mac: hmac::Key::new(hmac::HMAC_SHA256, key.expose()),
+        }
+    }
+
+    /// The key of session records, derived from the master key (so every
+    /// replica that shares the master key reads the others' sessions).
+    pub fn derive_key(master: &SecretBytes) -> SecretBytes {
+        crate::connect::LinkCodes::derive_key(master, b"credbroker session-record key v1")
+    }
+
+    fn tag(&self, key: &[u8], json: &[u8]) -> hmac::Tag {
+        let mut c = hmac::Context::with_key(&self.mac);
+        c.update(key);
+        c.update(json);
+        c.sign()
+    }
+
+    /// The stored form of `record` under `key`: its tag, then its JSON.
+    fn encode(&self, key: &[u8], record: &Record) -> Result<Vec<u8>, StoreError> {
+        let json = serde_json::to_vec(record).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let mut out = Vec::with_capacity(TAG_LEN + json.len());
+        out.extend_from_slice(self.tag(key, &json).as_ref());
+        out.extend_from_slice(&json);
+        Ok(out)
+    }
+
+    /// The record stored as `bytes` under `key`, if its tag is right.
+    fn decode(&self, key: &[u8], bytes: &[u8]) -> Option<Record> {
+        if bytes.len() < TAG_LEN {
+            return None;
+        }
+        let (tag, json) = bytes.split_at(TAG_LEN);
+        let ok: bool = self.tag(key, json).as_ref().ct_eq(tag).into();
+        if !ok {
+            return None;
+        }
+        serde_json::from_slice(json).ok()
     }
 
     /// The lifetimes.
@@ -195,7 +244,7 @@ impl Sessions {
             };
             if now - record.last_seen >= TOUCH_AFTER {
                 record.last_seen = now;
-                if let Ok(v) = serde_json::to_vec(&record) {
+                if let Ok(v) = self.encode(&key, &record) {
                     // Only over the record as read: a session ended (signed
                     // out) or rewritten meanwhile, by another request or
                     // replica, is never written back. Then what is there
@@ -218,7 +267,7 @@ impl Sessions {
     }
 
     /// The stored session under `key` and its record, if it is live at
-    /// `now`. An unreadable or ended one is deleted, by compare-and-swap
+    /// `now`. An unreadable, unauthenticated or ended one is deleted, by compare-and-swap
     /// against the bytes read, so that one rewritten meanwhile (on a
     /// replica whose clock lags) is left to that replica.
     fn read_live(
@@ -230,8 +279,8 @@ impl Sessions {
         let Some(bytes) = store.get(Tree::Sessions, key)? else {
             return Ok(None);
         };
-        match serde_json::from_slice::<Record>(&bytes) {
-            Ok(record) if !self.expired(&record, now) => Ok(Some((bytes, record))),
+        match self.decode(key, &bytes) {
+            Some(record) if !self.expired(&record, now) => Ok(Some((bytes, record))),
             _ => {
                 store.compare_and_swap(Tree::Sessions, key, Some(&bytes), None)?;
                 Ok(None)
@@ -243,7 +292,7 @@ impl Sessions {
     pub fn create(&self, store: &dyn Store, record: Record) -> Result<Session, StoreError> {
         let id = random_token()?;
         let key = key_of(id.expose());
-        let v = serde_json::to_vec(&record).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let v = self.encode(&key, &record)?;
         store.put(Tree::Sessions, &key, &v)?;
         Ok(Session { id, key, record })
     }
@@ -275,7 +324,7 @@ impl Sessions {
     pub fn sweep(&self, store: &dyn Store, now: i64) -> Result<usize, StoreError> {
         let mut n = 0;
         for (k, v) in store.scan_prefix(Tree::Sessions, b"")? {
-            let dead = serde_json::from_slice::<Record>(&v).map_or(true, |r| self.expired(&r, now));
+            let dead = self.decode(&k, &v).is_none_or(|r| self.expired(&r, now));
             if dead && store.compare_and_swap(Tree::Sessions, &k, Some(&v), None)? {
                 n += 1;
             }
@@ -307,6 +356,10 @@ mod tests {
 
     use super::*;
 
+    fn test_key() -> SecretBytes {
+        Sessions::derive_key(&SecretBytes::new(vec![7; 32]))
+    }
+
     fn store() -> (tempfile::TempDir, crate::store::SledStore) {
         let d = tempfile::tempdir().unwrap();
         let s = crate::store::SledStore::open(d.path()).unwrap();
@@ -328,7 +381,7 @@ mod tests {
     #[test]
     fn only_the_hash_of_the_id_is_stored() {
         let (_d, st) = store();
-        let sessions = Sessions::new(Lifetimes::default());
+        let sessions = Sessions::new(Lifetimes::default(), &test_key());
         let s = sessions.create(&st, signed_in(1000)).unwrap();
         let all = st.scan_prefix(Tree::Sessions, b"").unwrap();
         assert_eq!(all.len(), 1);
@@ -345,7 +398,7 @@ mod tests {
     fn idle_and_absolute_expiry() {
         let (_d, st) = store();
         let l = Lifetimes::default();
-        let sessions = Sessions::new(l);
+        let sessions = Sessions::new(l, &test_key());
         let s = sessions.create(&st, signed_in(1000)).unwrap();
         let ids = vec![s.id().expose().clone()];
         // Used every 20 minutes: alive until the absolute limit.
@@ -395,7 +448,7 @@ mod tests {
 
     #[test]
     fn a_touch_does_not_bring_back_a_session_ended_meanwhile() {
-        let sessions = Sessions::new(Lifetimes::default());
+        let sessions = Sessions::new(Lifetimes::default(), &test_key());
         // Another replica signs the person out (deletes the session)
         // between this replica's read of it and its touch.
         let (_d, shared, hooked) = raced(|other| {
@@ -421,23 +474,24 @@ mod tests {
         let loaded = sessions.load(&hooked, &ids, now).unwrap().expect("served");
         assert_eq!(loaded.record.last_seen, now);
         let stored = shared.get(Tree::Sessions, &loaded.key).unwrap().unwrap();
-        let stored: Record = serde_json::from_slice(&stored).unwrap();
+        let stored = sessions.decode(&loaded.key, &stored).unwrap();
         assert_eq!(stored.last_seen, now);
     }
 
     #[test]
     fn a_sweep_leaves_a_session_used_meanwhile_on_another_replica() {
         let l = Lifetimes::default();
-        let sessions = Sessions::new(l);
+        let sessions = Sessions::new(l, &test_key());
         let used = 1000 + l.idle;
         // Another replica, whose clock lags, serves the session (touches
         // it) between the sweep's read and its delete.
+        let other_replica = sessions.clone();
         let (_d, shared, hooked) = raced(move |other| {
             for (k, v) in other.scan_prefix(Tree::Sessions, b"").unwrap() {
-                let mut r: Record = serde_json::from_slice(&v).unwrap();
+                let mut r = other_replica.decode(&k, &v).unwrap();
                 r.last_seen = used;
                 other
-                    .put(Tree::Sessions, &k, &serde_json::to_vec(&r).unwrap())
+                    .put(Tree::Sessions, &k, &other_replica.encode(&k, &r).unwrap())
                     .unwrap();
             }
         });
@@ -457,10 +511,57 @@ mod tests {
         assert!(shared.scan_prefix(Tree::Sessions, b"").unwrap().is_empty());
     }
 
+    /// SECURITY-CASES C17: a session record written by anyone else who can
+    /// write the store (a signed-in session forged for an id of their
+    /// choosing), or one moved under another id, is no session.
+    #[test]
+    fn a_session_record_written_without_the_key_is_no_session() {
+        let (_d, st) = store();
+        let sessions = Sessions::new(Lifetimes::default(), &test_key());
+        let now = 1000;
+        // A forged signed-in session for an id the forger chose: in clear
+        // (as releases before the tag stored them), and with a tag under
+        // another key.
+        let chosen = "f".repeat(43);
+        let key = key_of(&chosen);
+        let ids = vec![chosen.clone()];
+        let clear = serde_json::to_vec(&signed_in(now)).unwrap();
+        let other = Sessions::new(
+            Lifetimes::default(),
+            &Sessions::derive_key(&SecretBytes::new(vec![8; 32])),
+        );
+        for (what, forged) in [
+            ("in clear", clear.clone()),
+            (
+                "under another key",
+                other.encode(&key, &signed_in(now)).unwrap(),
+            ),
+        ] {
+            st.put(Tree::Sessions, &key, &forged).unwrap();
+            assert!(
+                sessions.load(&st, &ids, now).unwrap().is_none(),
+                "a forged session {what} was served"
+            );
+            assert!(
+                st.get(Tree::Sessions, &key).unwrap().is_none(),
+                "the forged session {what} is deleted when seen"
+            );
+        }
+        // A real record moved under the chosen id does not serve it either.
+        let real = sessions.create(&st, signed_in(now)).unwrap();
+        let bytes = st.get(Tree::Sessions, &real.key).unwrap().unwrap();
+        st.put(Tree::Sessions, &key, &bytes).unwrap();
+        assert!(sessions.load(&st, &ids, now).unwrap().is_none());
+        // Positive control: the real session, under its own id, is served.
+        let own = vec![real.id().expose().clone()];
+        let loaded = sessions.load(&st, &own, now).unwrap().expect("served");
+        assert_eq!(loaded.record.sub.as_deref(), Some("alice"));
+    }
+
     #[test]
     fn csrf_is_bound_to_the_session() {
         let (_d, st) = store();
-        let sessions = Sessions::new(Lifetimes::default());
+        let sessions = Sessions::new(Lifetimes::default(), &test_key());
         let a = sessions.create_anonymous(&st, 0).unwrap();
         let b = sessions.create_anonymous(&st, 0).unwrap();
         assert!(!a.check_csrf(Some(b.csrf().expose())));

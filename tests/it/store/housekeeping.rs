@@ -78,11 +78,14 @@ fn housekeeping_on_every_replica_at_once_deletes_only_what_expired() {
         .iter()
         .map(|s| Links::new(s.clone(), &key, "https://broker.example/"))
         .collect();
-    let sessions = Sessions::new(Lifetimes {
-        idle: 3600,
-        absolute: 86_400,
-        anonymous: 600,
-    });
+    let sessions = Sessions::new(
+        Lifetimes {
+            idle: 3600,
+            absolute: 86_400,
+            anonymous: 600,
+        },
+        &Sessions::derive_key(&SecretBytes::new(vec![7; 32])),
+    );
     let alice = Person {
         iss: "https://idp.example".into(),
         sub: "alice".into(),
