@@ -303,12 +303,19 @@ async fn add_user(
     let req = serde_json::from_slice::<AddUser>(&bytes)
         .map_err(|_| AdminError::BadBody("expected {\"name\", \"password\", \"replace\"}"))?;
     let password = crate::secret::SecretString::new(req.password);
-    let b = h.broker.clone();
+    let (b, sealer) = (h.broker.clone(), h.sealer.clone());
     let (name, replace) = (req.name, req.replace);
     let n = name.clone();
     // Password hashing is deliberately slow: off the async workers.
     tokio::task::spawn_blocking(move || {
-        crate::ops::add_user(b.store.as_ref(), &n, &password, replace, Recorder::of(&b))
+        crate::ops::add_user(
+            b.store.as_ref(),
+            &sealer,
+            &n,
+            &password,
+            replace,
+            Recorder::of(&b),
+        )
     })
     .await
     .map_err(|_| OpError::Task("add user"))??;

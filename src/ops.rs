@@ -190,12 +190,13 @@ pub(crate) fn rotate_vault(
 /// Adds (or, with `replace`, resets) a local account for the pages.
 pub(crate) fn add_user(
     store: &dyn Store,
+    sealer: &Sealer,
     name: &str,
     password: &crate::secret::SecretString,
     replace: bool,
     rec: Recorder<'_>,
 ) -> Result<(), OpError> {
-    crate::pages::users::add(store, name, password, replace, rec.clock.now())?;
+    crate::pages::users::add(store, sealer, name, password, replace, rec.clock.now())?;
     rec.record(Kind::UsersAdded, |e| {
         e.person_sub = Some(name);
         e.outcome = Some(if replace { "replaced" } else { "added" });
@@ -462,9 +463,9 @@ mod tests {
         let r = rotate_keys(Target::Stopped(store.as_ref()), &sealer, rec, kind).unwrap();
         assert!(r.added && !r.kid.is_empty());
         let pw = crate::secret::SecretString::new("a long enough password".into());
-        add_user(store.as_ref(), "alice", &pw, false, rec).unwrap();
+        add_user(store.as_ref(), &sealer, "alice", &pw, false, rec).unwrap();
         // A refused action writes no event.
-        assert!(add_user(store.as_ref(), "alice", &pw, false, rec).is_err());
+        assert!(add_user(store.as_ref(), &sealer, "alice", &pw, false, rec).is_err());
         assert_eq!(
             events(dir.path()),
             [

@@ -270,7 +270,15 @@ pub(super) async fn add_user(name: &str, config: &Path, from_stdin: bool, replac
             Ok(Exit::Failed)
         }
         Reached::Stopped(off) => {
-            ops::add_user(off.store.as_ref(), name, &password, replace, off.recorder())?;
+            let sealer = off.sealer(&cfg)?;
+            ops::add_user(
+                off.store.as_ref(),
+                &sealer,
+                name,
+                &password,
+                replace,
+                off.recorder(),
+            )?;
             println!("{}", serde_json::json!({"user": name, "running": false}));
             Ok(Exit::Ok)
         }

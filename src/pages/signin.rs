@@ -177,10 +177,13 @@ pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Respon
             return p.internal("hashing", &"semaphore closed");
         };
         let store = p.deps.store.clone();
+        let sealer = p.sealer.clone();
         let n = name.clone();
         let now = ctx.now;
-        match tokio::task::spawn_blocking(move || users::verify(store.as_ref(), &n, &password, now))
-            .await
+        match tokio::task::spawn_blocking(move || {
+            users::verify(store.as_ref(), &sealer, &n, &password, now)
+        })
+        .await
         {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => return p.store_failed("users", &e),

@@ -15,6 +15,7 @@ use argon2::password_hash::{PasswordHasher, PasswordVerifier};
 use argon2::Argon2;
 use serde::{Deserialize, Serialize};
 
+use crate::seal::Sealer;
 use crate::secret::SecretString;
 use crate::store::{Store, StoreError, Tree};
 
@@ -119,10 +120,38 @@ fn verify_hash(hash: &str, password: &SecretString) -> bool {
     }
 }
 
+/// The associated data of `name`'s sealed record: a record moved under
+/// another name does not open.
+fn aad(name: &str) -> Vec<u8> {
+    let mut a = b"credbroker local account v1\0".to_vec();
+    a.extend_from_slice(name.as_bytes());
+    a
+}
+
+/// The stored form of `rec`: sealed under the master key (`sealer`), so
+/// that nobody without it (another writer of a shared store) can set a
+/// password hash of their choosing, or move one account's record to
+/// another name.
+fn encode(sealer: &Sealer, name: &str, rec: &UserRecord) -> Result<Vec<u8>, StoreError> {
+    let json = serde_json::to_vec(rec).map_err(|e| StoreError::Backend(e.to_string()))?;
+    sealer
+        .seal(&aad(name), &json)
+        .map_err(|e| StoreError::Backend(format!("local account record: {e}")))
+}
+
+/// The record stored as `bytes` for `name`, if it opens: one that does not
+/// (written without the key, or in clear by an earlier release) is no
+/// account.
+fn decode(sealer: &Sealer, name: &str, bytes: &[u8]) -> Option<UserRecord> {
+    let plain = sealer.open(&aad(name), bytes).ok()?;
+    serde_json::from_slice(plain.expose()).ok()
+}
+
 /// Adds a local account (or, with `replace`, sets a new password and clears
-/// its lockout).
+/// its lockout). Its record is sealed under the master key (`sealer`).
 pub fn add(
     store: &dyn Store,
+    sealer: &Sealer,
     name: &str,
     password: &SecretString,
     replace: bool,
@@ -141,7 +170,7 @@ pub fn add(
         failures: 0,
         locked_until: 0,
     };
-    let value = serde_json::to_vec(&record).map_err(|_| UserError::Hash)?;
+    let value = encode(sealer, name, &record)?;
     if replace {
         store.put(Tree::LocalUsers, name.as_bytes(), &value)?;
         return Ok(());
@@ -153,9 +182,14 @@ pub fn add(
     }
 }
 
-/// Whether the account exists.
-pub fn exists(store: &dyn Store, name: &str) -> Result<bool, StoreError> {
-    Ok(valid_name(name) && store.get(Tree::LocalUsers, name.as_bytes())?.is_some())
+/// Whether the account exists: its record is there and opens.
+pub fn exists(store: &dyn Store, sealer: &Sealer, name: &str) -> Result<bool, StoreError> {
+    if !valid_name(name) {
+        return Ok(false);
+    }
+    Ok(store
+        .get(Tree::LocalUsers, name.as_bytes())?
+        .is_some_and(|b| decode(sealer, name, &b).is_some()))
 }
 
 /// Checks a name and password, counting failures and locking the account
@@ -170,6 +204,7 @@ pub fn exists(store: &dyn Store, name: &str) -> Result<bool, StoreError> {
 /// refused unchecked and the account is locked.
 pub fn verify(
     store: &dyn Store,
+    sealer: &Sealer,
     name: &str,
     password: &SecretString,
     now: i64,
@@ -178,7 +213,7 @@ pub fn verify(
         verify_hash(dummy_hash(), password);
         return Ok(Verdict::Unknown);
     }
-    let hash = match update(store, name, |rec| {
+    let hash = match update(store, sealer, name, |rec| {
         if rec.locked_until > now {
             // No check while locked: a guess cannot succeed, and the
             // answer reads the same as a wrong password.
@@ -204,7 +239,7 @@ pub fn verify(
     if verify_hash(&hash, password) {
         // A success clears the count (this attempt's and any other's) and
         // any lock set meanwhile by attempts refused unchecked.
-        let cleared = update(store, name, |rec| {
+        let cleared = update(store, sealer, name, |rec| {
             if rec.hash != hash {
                 // The password was replaced meanwhile: this one is no
                 // longer the account's.
@@ -222,7 +257,7 @@ pub fn verify(
     }
     // A wrong password: its failure is already counted. The attempt that
     // finds all of them taken locks the account.
-    let locked = update(store, name, |rec| {
+    let locked = update(store, sealer, name, |rec| {
         if rec.failures >= LOCK_AFTER && rec.locked_until <= now {
             rec.failures = 0;
             rec.locked_until = now + LOCK_FOR;
@@ -253,6 +288,7 @@ enum Reserved {
 /// answer `v`, `Ok(None)` to write and go on.
 fn update(
     store: &dyn Store,
+    sealer: &Sealer,
     name: &str,
     change: impl Fn(&mut UserRecord) -> Result<Option<Verdict>, Verdict>,
 ) -> Result<Reserved, StoreError> {
@@ -263,14 +299,14 @@ fn update(
         let Some(bytes) = store.get(Tree::LocalUsers, name.as_bytes())? else {
             return Ok(Reserved::Unknown);
         };
-        let Ok(mut rec) = serde_json::from_slice::<UserRecord>(&bytes) else {
+        let Some(mut rec) = decode(sealer, name, &bytes) else {
             return Ok(Reserved::Unknown);
         };
         let answer = match change(&mut rec) {
             Err(v) => return Ok(Reserved::Answered(v)),
             Ok(a) => a,
         };
-        let new = serde_json::to_vec(&rec).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let new = encode(sealer, name, &rec)?;
         if store.compare_and_swap(Tree::LocalUsers, name.as_bytes(), Some(&bytes), Some(&new))? {
             return Ok(match answer {
                 Some(v) => Reserved::Answered(v),
@@ -287,62 +323,144 @@ fn update(
 mod tests {
     use super::*;
 
+    fn sealer() -> Sealer {
+        Sealer::new(&crate::secret::SecretBytes::new(vec![7; 32]), &[]).unwrap()
+    }
+
     #[test]
     fn add_verify_lockout_and_replace() {
         let d = tempfile::tempdir().unwrap();
         let st = crate::store::SledStore::open(d.path()).unwrap();
+        let sealer = sealer();
         let pw = SecretString::new("correct horse".into());
         let wrong = SecretString::new("battery staple".into());
-        add(&st, "alice", &pw, false, 0).unwrap();
-        let stored = st.get(Tree::LocalUsers, b"alice").unwrap().unwrap();
-        let stored = String::from_utf8(stored).unwrap();
-        assert!(stored.contains("$argon2id$"), "{stored}");
-        assert!(!stored.contains("correct horse"));
+        add(&st, &sealer, "alice", &pw, false, 0).unwrap();
+        let raw = st.get(Tree::LocalUsers, b"alice").unwrap().unwrap();
+        let stored = decode(&sealer, "alice", &raw).unwrap();
+        assert!(stored.hash.starts_with("$argon2id$"), "{}", stored.hash);
+        for clear in [&b"correct horse"[..], b"$argon2id$"] {
+            assert!(!raw.windows(clear.len()).any(|w| w == clear));
+        }
         assert!(matches!(
-            add(&st, "alice", &pw, false, 0),
+            add(&st, &sealer, "alice", &pw, false, 0),
             Err(UserError::Exists(_))
         ));
         assert!(matches!(
-            add(&st, "a b", &pw, false, 0),
+            add(&st, &sealer, "a b", &pw, false, 0),
             Err(UserError::BadName)
         ));
         assert!(matches!(
-            add(&st, "bob", &SecretString::new("short".into()), false, 0),
+            add(
+                &st,
+                &sealer,
+                "bob",
+                &SecretString::new("short".into()),
+                false,
+                0
+            ),
             Err(UserError::BadPassword)
         ));
 
-        assert_eq!(verify(&st, "alice", &pw, 10).unwrap(), Verdict::Ok);
-        assert_eq!(verify(&st, "nobody", &pw, 10).unwrap(), Verdict::Unknown);
+        assert_eq!(verify(&st, &sealer, "alice", &pw, 10).unwrap(), Verdict::Ok);
+        assert_eq!(
+            verify(&st, &sealer, "nobody", &pw, 10).unwrap(),
+            Verdict::Unknown
+        );
         for _ in 0..LOCK_AFTER - 1 {
-            assert_eq!(verify(&st, "alice", &wrong, 10).unwrap(), Verdict::Wrong);
+            assert_eq!(
+                verify(&st, &sealer, "alice", &wrong, 10).unwrap(),
+                Verdict::Wrong
+            );
         }
         assert_eq!(
-            verify(&st, "alice", &wrong, 10).unwrap(),
+            verify(&st, &sealer, "alice", &wrong, 10).unwrap(),
             Verdict::NowLocked
         );
         // Locked: even the right password is refused until the lock ends.
-        assert_eq!(verify(&st, "alice", &pw, 11).unwrap(), Verdict::Locked);
         assert_eq!(
-            verify(&st, "alice", &pw, 10 + LOCK_FOR).unwrap(),
+            verify(&st, &sealer, "alice", &pw, 11).unwrap(),
+            Verdict::Locked
+        );
+        assert_eq!(
+            verify(&st, &sealer, "alice", &pw, 10 + LOCK_FOR).unwrap(),
             Verdict::Ok
         );
         // Replacing the password clears a lock.
         for _ in 0..LOCK_AFTER {
-            verify(&st, "alice", &wrong, 20_000).unwrap();
+            verify(&st, &sealer, "alice", &wrong, 20_000).unwrap();
         }
-        assert_eq!(verify(&st, "alice", &pw, 20_001).unwrap(), Verdict::Locked);
+        assert_eq!(
+            verify(&st, &sealer, "alice", &pw, 20_001).unwrap(),
+            Verdict::Locked
+        );
         let pw2 = SecretString::new("another password".into());
-        add(&st, "alice", &pw2, true, 20_002).unwrap();
-        assert_eq!(verify(&st, "alice", &pw2, 20_003).unwrap(), Verdict::Ok);
-        assert_eq!(verify(&st, "alice", &pw, 20_004).unwrap(), Verdict::Wrong);
+        add(&st, &sealer, "alice", &pw2, true, 20_002).unwrap();
+        assert_eq!(
+            verify(&st, &sealer, "alice", &pw2, 20_003).unwrap(),
+            Verdict::Ok
+        );
+        assert_eq!(
+            verify(&st, &sealer, "alice", &pw, 20_004).unwrap(),
+            Verdict::Wrong
+        );
+    }
+
+    /// SECURITY-CASES C18: a local account's record written without the
+    /// master key (a password hash of someone else's choosing, as another
+    /// writer of a shared store would put it, or in clear as an earlier
+    /// release stored it), or moved from another name, is no account.
+    #[test]
+    fn a_record_written_without_the_key_is_no_account() {
+        let d = tempfile::tempdir().unwrap();
+        let st = crate::store::SledStore::open(d.path()).unwrap();
+        let sealer = sealer();
+        let pw = SecretString::new("correct horse".into());
+        let theirs = SecretString::new("the forger's password".into());
+        add(&st, &sealer, "alice", &pw, false, 0).unwrap();
+        add(&st, &sealer, "mallory", &theirs, false, 0).unwrap();
+        // In clear, with the forger's own hash.
+        let forged = UserRecord {
+            hash: hash_password(&theirs).unwrap(),
+            created: 0,
+            failures: 0,
+            locked_until: 0,
+        };
+        st.put(
+            Tree::LocalUsers,
+            b"alice",
+            &serde_json::to_vec(&forged).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            verify(&st, &sealer, "alice", &theirs, 10).unwrap(),
+            Verdict::Unknown
+        );
+        assert!(!exists(&st, &sealer, "alice").unwrap());
+        // Mallory's sealed record moved under alice's name.
+        let moved = st.get(Tree::LocalUsers, b"mallory").unwrap().unwrap();
+        st.put(Tree::LocalUsers, b"alice", &moved).unwrap();
+        assert_eq!(
+            verify(&st, &sealer, "alice", &theirs, 10).unwrap(),
+            Verdict::Unknown
+        );
+        // Positive control: replacing the password (`users add --replace`)
+        // makes the account again, and it signs in.
+        add(&st, &sealer, "alice", &pw, true, 11).unwrap();
+        assert!(exists(&st, &sealer, "alice").unwrap());
+        assert_eq!(verify(&st, &sealer, "alice", &pw, 12).unwrap(), Verdict::Ok);
+        assert_eq!(
+            verify(&st, &sealer, "mallory", &theirs, 12).unwrap(),
+            Verdict::Ok
+        );
     }
 
     #[test]
     fn guesses_at_the_same_moment_each_take_an_attempt() {
         let d = tempfile::tempdir().unwrap();
         let st = crate::store::SledStore::open(d.path()).unwrap();
+        let sealer = sealer();
         let pw = SecretString::new("correct horse".into());
-        add(&st, "alice", &pw, false, 0).unwrap();
+        add(&st, &sealer, "alice", &pw, false, 0).unwrap();
         // Twelve wrong guesses at once (as from several addresses, or
         // several replicas sharing the store).
         let guesses = 12;
@@ -350,11 +468,11 @@ mod tests {
         let verdicts: Vec<Verdict> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..guesses)
                 .map(|i| {
-                    let (st, start) = (&st, &start);
+                    let (st, start, sealer) = (&st, &start, &sealer);
                     scope.spawn(move || {
                         let wrong = SecretString::new(format!("guess number {i}"));
                         start.wait();
-                        verify(st, "alice", &wrong, 100).unwrap()
+                        verify(st, sealer, "alice", &wrong, 100).unwrap()
                     })
                 })
                 .collect();
@@ -370,20 +488,23 @@ mod tests {
         );
         assert!(verdicts.iter().all(|v| *v != Verdict::Ok));
         // The account is locked: the right password is refused unchecked.
-        assert_eq!(verify(&st, "alice", &pw, 101).unwrap(), Verdict::Locked);
+        assert_eq!(
+            verify(&st, &sealer, "alice", &pw, 101).unwrap(),
+            Verdict::Locked
+        );
         // Positive control: once the lock ends, it signs in, and the count
         // starts again from zero.
         assert_eq!(
-            verify(&st, "alice", &pw, 101 + LOCK_FOR).unwrap(),
+            verify(&st, &sealer, "alice", &pw, 101 + LOCK_FOR).unwrap(),
             Verdict::Ok
         );
         let wrong = SecretString::new("battery staple".into());
         assert_eq!(
-            verify(&st, "alice", &wrong, 102 + LOCK_FOR).unwrap(),
+            verify(&st, &sealer, "alice", &wrong, 102 + LOCK_FOR).unwrap(),
             Verdict::Wrong
         );
         assert_eq!(
-            verify(&st, "alice", &pw, 103 + LOCK_FOR).unwrap(),
+            verify(&st, &sealer, "alice", &pw, 103 + LOCK_FOR).unwrap(),
             Verdict::Ok
         );
     }
@@ -392,26 +513,30 @@ mod tests {
     fn attempts_left_counted_by_a_crash_lock_for_a_while_not_for_ever() {
         let d = tempfile::tempdir().unwrap();
         let st = crate::store::SledStore::open(d.path()).unwrap();
+        let sealer = sealer();
         let pw = SecretString::new("correct horse".into());
-        add(&st, "alice", &pw, false, 0).unwrap();
+        add(&st, &sealer, "alice", &pw, false, 0).unwrap();
         // Every attempt counted, none finished: what a crash during as
         // many checks leaves behind.
         let bytes = st.get(Tree::LocalUsers, b"alice").unwrap().unwrap();
-        let mut rec: UserRecord = serde_json::from_slice(&bytes).unwrap();
+        let mut rec = decode(&sealer, "alice", &bytes).unwrap();
         rec.failures = LOCK_AFTER;
         st.put(
             Tree::LocalUsers,
             b"alice",
-            &serde_json::to_vec(&rec).unwrap(),
+            &encode(&sealer, "alice", &rec).unwrap(),
         )
         .unwrap();
-        assert_eq!(verify(&st, "alice", &pw, 50).unwrap(), Verdict::Locked);
         assert_eq!(
-            verify(&st, "alice", &pw, 49 + LOCK_FOR).unwrap(),
+            verify(&st, &sealer, "alice", &pw, 50).unwrap(),
             Verdict::Locked
         );
         assert_eq!(
-            verify(&st, "alice", &pw, 50 + LOCK_FOR).unwrap(),
+            verify(&st, &sealer, "alice", &pw, 49 + LOCK_FOR).unwrap(),
+            Verdict::Locked
+        );
+        assert_eq!(
+            verify(&st, &sealer, "alice", &pw, 50 + LOCK_FOR).unwrap(),
             Verdict::Ok
         );
     }

@@ -763,6 +763,7 @@ impl PagesServer {
     pub(crate) fn add_user(&self, name: &str, password: &str) {
         credbroker::internals::pages::users::add(
             self.inst.broker.store.as_ref(),
+            &self.inst.sealer,
             name,
             &SecretString::new(password.into()),
             false,
