@@ -452,9 +452,16 @@ impl Vault {
             .ok()
             .and_then(|plain| serde_json::from_slice::<Allowance>(plain.expose()).ok());
         if opened.is_none() {
-            tracing::warn!(
-                "an allowance record does not open (written in clear by an earlier release, or not by this broker): it allows nothing"
-            );
+            // Once a process: after an upgrade every derive of a person who
+            // has not allowed again would find one.
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    "an allowance record does not open (stored in clear by an earlier release, or written without the vault's key): it allows nothing, the person is asked to allow again, and `credbroker keys rotate-vault` removes such records; said once"
+                );
+            } else {
+                tracing::debug!("an allowance record does not open: it allows nothing");
+            }
         }
         Ok(opened)
     }
