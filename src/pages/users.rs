@@ -327,14 +327,26 @@ mod tests {
         Sealer::new(&crate::secret::SecretBytes::new(vec![7; 32]), &[]).unwrap()
     }
 
-    #[test]
-    fn add_verify_lockout_and_replace() {
+    /// A store holding the local account `alice`, made at time 0 with the
+    /// returned password, sealed with the returned sealer.
+    fn with_alice() -> (
+        tempfile::TempDir,
+        crate::store::SledStore,
+        Sealer,
+        SecretString,
+    ) {
         let d = tempfile::tempdir().unwrap();
         let st = crate::store::SledStore::open(d.path()).unwrap();
         let sealer = sealer();
         let pw = SecretString::new("correct horse".into());
-        let wrong = SecretString::new("battery staple".into());
         add(&st, &sealer, "alice", &pw, false, 0).unwrap();
+        (d, st, sealer, pw)
+    }
+
+    #[test]
+    fn add_verify_lockout_and_replace() {
+        let (_d, st, sealer, pw) = with_alice();
+        let wrong = SecretString::new("battery staple".into());
         let raw = st.get(Tree::LocalUsers, b"alice").unwrap().unwrap();
         let stored = decode(&sealer, "alice", &raw).unwrap();
         assert!(stored.hash.starts_with("$argon2id$"), "{}", stored.hash);
@@ -411,12 +423,8 @@ mod tests {
     /// release stored it), or moved from another name, is no account.
     #[test]
     fn a_record_written_without_the_key_is_no_account() {
-        let d = tempfile::tempdir().unwrap();
-        let st = crate::store::SledStore::open(d.path()).unwrap();
-        let sealer = sealer();
-        let pw = SecretString::new("correct horse".into());
+        let (_d, st, sealer, pw) = with_alice();
         let theirs = SecretString::new("the forger's password".into());
-        add(&st, &sealer, "alice", &pw, false, 0).unwrap();
         add(&st, &sealer, "mallory", &theirs, false, 0).unwrap();
         // In clear, with the forger's own hash.
         let forged = UserRecord {
@@ -456,11 +464,7 @@ mod tests {
 
     #[test]
     fn guesses_at_the_same_moment_each_take_an_attempt() {
-        let d = tempfile::tempdir().unwrap();
-        let st = crate::store::SledStore::open(d.path()).unwrap();
-        let sealer = sealer();
-        let pw = SecretString::new("correct horse".into());
-        add(&st, &sealer, "alice", &pw, false, 0).unwrap();
+        let (_d, st, sealer, pw) = with_alice();
         // Twelve wrong guesses at once (as from several addresses, or
         // several replicas sharing the store).
         let guesses = 12;
@@ -511,11 +515,7 @@ mod tests {
 
     #[test]
     fn attempts_left_counted_by_a_crash_lock_for_a_while_not_for_ever() {
-        let d = tempfile::tempdir().unwrap();
-        let st = crate::store::SledStore::open(d.path()).unwrap();
-        let sealer = sealer();
-        let pw = SecretString::new("correct horse".into());
-        add(&st, &sealer, "alice", &pw, false, 0).unwrap();
+        let (_d, st, sealer, pw) = with_alice();
         // Every attempt counted, none finished: what a crash during as
         // many checks leaves behind.
         let bytes = st.get(Tree::LocalUsers, b"alice").unwrap().unwrap();
