@@ -5,8 +5,9 @@
 //! token) and resource servers (section 7: a proof with `ath` over the token,
 //! and the key bound to the token's `cnf.jkt`).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
@@ -498,12 +499,62 @@ impl Nonces {
     }
 }
 
+/// The most proof headers [`HeaderCache`] keeps; when full it starts
+/// again empty. A header is at most a few hundred bytes (an RSA `jwk` is
+/// the largest), so the cache stays well under a MiB.
+const HEADER_CACHE_MAX: usize = 1024;
+
+/// A proof header that passed every header check, with its parsed key.
+#[derive(Debug)]
+struct CheckedHeader {
+    alg: Alg,
+    jwk: Jwk,
+}
+
+/// Proof headers already checked, by their base64url text, with their
+/// parsed keys. A tool signs every proof with one key, so its proofs'
+/// headers (`typ`, `alg`, `jwk`) repeat byte for byte; a header seen
+/// before skips its base64url and JSON, the point's curve check and the
+/// thumbprint's hash.
+///
+/// What is kept is a function of the header's bytes and of the
+/// validator's fixed `algs` alone, so a hit decides exactly what parsing
+/// again would. A header enters only once a proof signed under it has
+/// verified. A client that sends many keys makes the cache start again
+/// empty: other tools' next proofs are parsed again, never judged
+/// differently.
+#[derive(Debug, Default)]
+struct HeaderCache {
+    map: RwLock<HashMap<Box<str>, Arc<CheckedHeader>>>,
+}
+
+impl HeaderCache {
+    fn get(&self, header: &str) -> Option<Arc<CheckedHeader>> {
+        let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+        map.get(header).cloned()
+    }
+
+    fn insert(&self, header: &str, checked: &Arc<CheckedHeader>) {
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        if map.len() >= HEADER_CACHE_MAX {
+            map.clear();
+        }
+        map.insert(header.into(), checked.clone());
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.read().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
 /// Validates DPoP proofs.
 #[derive(Debug)]
 pub struct Validator {
     algs: Vec<Alg>,
     replay: ReplayCache,
     nonces: Option<Nonces>,
+    headers: HeaderCache,
 }
 
 impl Validator {
@@ -514,6 +565,7 @@ impl Validator {
             algs,
             replay: ReplayCache::new(capacity),
             nonces,
+            headers: HeaderCache::default(),
         }
     }
 
@@ -542,30 +594,30 @@ impl Validator {
     /// Runs every check of RFC 9449 section 4.3 (and section 7 when an access
     /// token is presented), then records the `jti`.
     pub fn validate(&self, proof: &str, expect: &Expect<'_>) -> Result<ValidProof, DpopError> {
-        let jws = jose::parse(proof, MAX_PROOF_LEN)?;
-        let alg = jose::check_header(
-            &jws.header,
-            &jose::HeaderRule {
-                typ: jose::TypRule::Exact("dpop+jwt"),
-                algs: &self.algs,
-            },
-        )
-        .map_err(|e| match e {
-            jose::HeaderError::Typ => DpopError::Typ,
-            jose::HeaderError::Alg => DpopError::Alg,
-        })?;
-        let jwk = jws
-            .header
+        let [h, p, s] = jose::split(proof, MAX_PROOF_LEN)?;
+        let (checked, payload, signature, seen) = match self.headers.get(h) {
+            Some(c) => (c, jose::b64d(p, "payload")?, jose::b64d(s, "signature")?, true),
+            None => {
+                let jws = jose::parse(proof, MAX_PROOF_LEN)?;
+                let (alg, jwk) = self.check_header(&jws.header)?;
+                let c = Arc::new(CheckedHeader { alg, jwk });
+                (c, jws.payload, jws.signature, false)
+            }
+        };
+        let signing_input = &proof[..h.len() + 1 + p.len()];
+        checked
             .jwk
-            .as_ref()
-            .ok_or(DpopError::Jwk)
-            .and_then(|v| Jwk::from_value(v).map_err(|_| DpopError::Jwk))?;
-        jwk.verify(alg, &jws).map_err(|e| match e {
-            JoseError::Alg => DpopError::Alg,
-            other => DpopError::Jose(other),
-        })?;
+            .verify_signature(checked.alg, signing_input.as_bytes(), &signature)
+            .map_err(|e| match e {
+                JoseError::Alg => DpopError::Alg,
+                other => DpopError::Jose(other),
+            })?;
+        if !seen {
+            self.headers.insert(h, &checked);
+        }
+        let jwk = &checked.jwk;
         let claims: ProofClaims =
-            serde_json::from_slice(&jws.payload).map_err(|_| DpopError::Claims)?;
+            serde_json::from_slice(&payload).map_err(|_| DpopError::Claims)?;
         if claims.jti.is_empty() || claims.jti.len() > MAX_JTI_LEN {
             return Err(DpopError::Replay);
         }
@@ -604,9 +656,31 @@ impl Validator {
         let expires = claims.iat.max(expect.now) + IAT_WINDOW + 1;
         self.replay.insert(key, expires, expect.now)?;
         Ok(ValidProof {
-            jkt: jwk.thumbprint,
+            jkt: jwk.thumbprint.clone(),
             iat: claims.iat,
         })
+    }
+
+    /// The header checks of section 4.3 (`typ`, `alg`, a public `jwk`),
+    /// giving the algorithm and the parsed key.
+    fn check_header(&self, header: &jose::Header) -> Result<(Alg, Jwk), DpopError> {
+        let alg = jose::check_header(
+            header,
+            &jose::HeaderRule {
+                typ: jose::TypRule::Exact("dpop+jwt"),
+                algs: &self.algs,
+            },
+        )
+        .map_err(|e| match e {
+            jose::HeaderError::Typ => DpopError::Typ,
+            jose::HeaderError::Alg => DpopError::Alg,
+        })?;
+        let jwk = header
+            .jwk
+            .as_ref()
+            .ok_or(DpopError::Jwk)
+            .and_then(|v| Jwk::from_value(v).map_err(|_| DpopError::Jwk))?;
+        Ok((alg, jwk))
     }
 }
 

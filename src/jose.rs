@@ -157,9 +157,10 @@ pub fn sha256_hex(data: &[u8]) -> String {
     }
 }
 
-/// Splits and decodes a compact JWS, in the order size -> parts -> base64url
-/// -> header. The signature is not checked here.
-pub fn parse(token: &str, max_len: usize) -> Result<Jws<'_>, JoseError> {
+/// The three non-empty parts of a compact JWS (header, payload,
+/// signature, still base64url), after its size check: the first two steps
+/// of [`parse`].
+pub fn split(token: &str, max_len: usize) -> Result<[&str; 3], JoseError> {
     if token.len() > max_len {
         return Err(JoseError::TooLarge(max_len));
     }
@@ -172,6 +173,13 @@ pub fn parse(token: &str, max_len: usize) -> Result<Jws<'_>, JoseError> {
     if h.is_empty() || p.is_empty() || s.is_empty() {
         return Err(JoseError::NotCompact);
     }
+    Ok([h, p, s])
+}
+
+/// Splits and decodes a compact JWS, in the order size -> parts -> base64url
+/// -> header. The signature is not checked here.
+pub fn parse(token: &str, max_len: usize) -> Result<Jws<'_>, JoseError> {
+    let [h, p, s] = split(token, max_len)?;
     let header_bytes = b64d(h, "header")?;
     let payload = b64d(p, "payload")?;
     let signature = b64d(s, "signature")?;
@@ -428,11 +436,16 @@ impl Jwk {
     /// Verifies a parsed JWS with this key, refusing an `alg` the key may not
     /// use. The caller has already checked `alg` against its allow-list.
     pub fn verify(&self, alg: Alg, jws: &Jws<'_>) -> Result<(), JoseError> {
+        self.verify_signature(alg, jws.signing_input.as_bytes(), &jws.signature)
+    }
+
+    /// [`Jwk::verify`] of a signature over `input` (a JWS's signing input),
+    /// for a caller that decoded the JWS's parts itself.
+    pub fn verify_signature(&self, alg: Alg, input: &[u8], sig: &[u8]) -> Result<(), JoseError> {
         if self.alg.is_some_and(|a| a != alg) || !self.key.allows(alg) {
             return Err(JoseError::Alg);
         }
-        self.key
-            .verify(alg, jws.signing_input.as_bytes(), &jws.signature)
+        self.key.verify(alg, input, sig)
     }
 }
 

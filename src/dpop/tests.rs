@@ -970,3 +970,96 @@ fn errors_carry_no_proof_bytes() {
     );
     v.validate(&good(&k, NOW), &expect(NOW)).unwrap();
 }
+
+// ---------------------------------------------------------------- header cache
+
+/// The header segment of a proof.
+fn header_segment(proof: &str) -> &str {
+    proof.split('.').next().unwrap()
+}
+
+/// Claims for `NOW` signed by `signer` under `k`'s header: a proof whose
+/// header names a key that did not sign it.
+fn signed_by(k: &Es256Key, signer: &Es256Key) -> String {
+    sign(signer, &Value::Object(header(k)), &Value::Object(claims(NOW)))
+}
+
+#[test]
+fn a_known_header_does_not_excuse_its_signature_or_claims() {
+    let (k, other) = (key(), key());
+    let v = validator();
+    let first = good(&k, NOW);
+    v.validate(&first, &expect(NOW)).unwrap();
+    assert_eq!(v.headers.len(), 1);
+    // Each proof below reuses the known header byte for byte, so it is
+    // judged with the kept key.
+    let forged = signed_by(&k, &other);
+    assert_eq!(header_segment(&forged), header_segment(&first));
+    assert_eq!(
+        v.validate(&forged, &expect(NOW)).unwrap_err(),
+        DpopError::Jose(JoseError::Signature)
+    );
+    let (input, _) = first.rsplit_once('.').unwrap();
+    for sig in ["AAAA", "!!"] {
+        assert!(v
+            .validate(&format!("{input}.{sig}"), &expect(NOW))
+            .is_err());
+    }
+    let wrong_method = with_claim(&k, "htm", Some(json!("GET")));
+    assert_eq!(header_segment(&wrong_method), header_segment(&first));
+    assert_eq!(
+        v.validate(&wrong_method, &expect(NOW)).unwrap_err(),
+        DpopError::Htm
+    );
+    let bound_to_other = Expect {
+        jkt: Some(other.thumbprint()),
+        ..expect(NOW)
+    };
+    assert_eq!(
+        v.validate(&good(&k, NOW), &bound_to_other).unwrap_err(),
+        DpopError::KeyMismatch
+    );
+    // Positive control: a proof under the known header, signed by its key,
+    // passes and reports that key, as the first did.
+    let ok = v.validate(&good(&k, NOW), &expect(NOW)).unwrap();
+    assert_eq!(ok.jkt, k.thumbprint());
+    assert_eq!(v.headers.len(), 1);
+}
+
+#[test]
+fn only_a_header_whose_proof_verified_is_kept() {
+    let (k, other) = (key(), key());
+    let v = validator();
+    assert_eq!(
+        v.validate(&with_header(&k, "typ", Some(json!("jwt"))), &expect(NOW))
+            .unwrap_err(),
+        DpopError::Typ
+    );
+    assert_eq!(
+        v.validate(&signed_by(&k, &other), &expect(NOW)).unwrap_err(),
+        DpopError::Jose(JoseError::Signature)
+    );
+    assert_eq!(v.headers.len(), 0);
+    // Still refused the second time: nothing of the refusals was kept.
+    assert_eq!(
+        v.validate(&signed_by(&k, &other), &expect(NOW)).unwrap_err(),
+        DpopError::Jose(JoseError::Signature)
+    );
+    // Positive control: a proof signed by its header's key enters.
+    v.validate(&good(&k, NOW), &expect(NOW)).unwrap();
+    assert_eq!(v.headers.len(), 1);
+}
+
+#[test]
+fn the_header_cache_starts_again_empty_when_full() {
+    let v = Validator::new(vec![Alg::ES256], 4 * HEADER_CACHE_MAX, None);
+    let keys: Vec<Es256Key> = (0..=HEADER_CACHE_MAX).map(|_| key()).collect();
+    for (i, k) in keys.iter().enumerate() {
+        v.validate(&good(k, NOW), &expect(NOW)).unwrap();
+        assert_eq!(v.headers.len(), i % HEADER_CACHE_MAX + 1);
+    }
+    // The first key's proofs still pass, parsed again.
+    let ok = v.validate(&good(&keys[0], NOW), &expect(NOW)).unwrap();
+    assert_eq!(ok.jkt, keys[0].thumbprint());
+    assert_eq!(v.headers.len(), 2);
+}
