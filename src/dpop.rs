@@ -544,7 +544,10 @@ impl HeaderCache {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.map.read().unwrap_or_else(PoisonError::into_inner).len()
+        self.map
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 }
 
@@ -596,7 +599,12 @@ impl Validator {
     pub fn validate(&self, proof: &str, expect: &Expect<'_>) -> Result<ValidProof, DpopError> {
         let [h, p, s] = jose::split(proof, MAX_PROOF_LEN)?;
         let (checked, payload, signature, seen) = match self.headers.get(h) {
-            Some(c) => (c, jose::b64d(p, "payload")?, jose::b64d(s, "signature")?, true),
+            Some(c) => (
+                c,
+                jose::b64d(p, "payload")?,
+                jose::b64d(s, "signature")?,
+                true,
+            ),
             None => {
                 let jws = jose::parse(proof, MAX_PROOF_LEN)?;
                 let (alg, jwk) = self.check_header(&jws.header)?;

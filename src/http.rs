@@ -103,9 +103,11 @@ where
 /// request opens a new one.
 pub(crate) const OUTBOUND_POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
 
-/// The builder every outbound HTTP client starts from (the IdPs, the
-/// providers, the proxy's APIs), with [`OUTBOUND_POOL_IDLE`]. Callers add
-/// their own timeouts, redirect and proxy policy.
+/// The builder every reqwest client starts from (the IdPs' and the
+/// providers' endpoints), with [`OUTBOUND_POOL_IDLE`]. Callers add their
+/// own timeouts, redirect and proxy policy. The egress proxy's client to
+/// the providers' APIs is hyper's own (`proxy::client`), with the same
+/// idle bound.
 pub(crate) fn outbound_client() -> reqwest::ClientBuilder {
     reqwest::Client::builder().pool_idle_timeout(OUTBOUND_POOL_IDLE)
 }

@@ -49,6 +49,8 @@ use crate::secret::SecretString;
 use crate::subject::Person;
 use crate::verify::{Presented, Verified, Verifier, VerifyError};
 
+mod client;
+
 /// The path prefix of proxied calls.
 pub(crate) const PREFIX: &str = "/proxy/";
 
@@ -99,7 +101,7 @@ pub(crate) enum Abort {
 /// When the answer ends (whole, cut, or dropped because the tool went
 /// away) it writes `proxy.completed` and the metrics, once.
 pub(crate) struct GuardedBody {
-    upstream: reqwest::Body,
+    upstream: hyper::body::Incoming,
     guard: EchoGuard,
     /// Bytes released by the guard and not yet handed to hyper, in order:
     /// what the last chunk released, then the guard's tail at the end.
@@ -564,7 +566,7 @@ struct AddressVerifier {
 #[derive(Debug)]
 pub(crate) struct Proxy {
     broker: Arc<Broker>,
-    client: reqwest::Client,
+    client: client::Upstream,
     /// One verifier per proxy address; its keys follow the minter's ring.
     verifiers: Mutex<HashMap<String, AddressVerifier>>,
     in_flight: Arc<Semaphore>,
@@ -573,15 +575,11 @@ pub(crate) struct Proxy {
 
 impl Proxy {
     /// The proxy of `broker`, with its upstream client.
-    pub(crate) fn new(broker: Arc<Broker>) -> Result<Proxy, reqwest::Error> {
+    pub(crate) fn new(broker: Arc<Broker>) -> Result<Proxy, rustls::Error> {
         let cfg = &broker.config.proxy;
-        let client = crate::http::outbound_client()
-            // Only api_base: never a proxy from HTTP(S)_PROXY, never where a
-            // redirect points (a 3xx goes back to the tool as it is).
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(cfg.connect_timeout)
-            .build()?;
+        // Only api_base: never a proxy from HTTP(S)_PROXY, never where a
+        // redirect points (a 3xx goes back to the tool as it is).
+        let client = client::upstream(cfg.connect_timeout)?;
         Ok(Proxy {
             in_flight: Arc::new(Semaphore::new(cfg.max_in_flight as usize)),
             broker,
@@ -1133,6 +1131,17 @@ impl Proxy {
             Some(q) => format!("{api_base}{rest}?{q}"),
             None => format!("{api_base}{rest}"),
         };
+        // api_base is an origin, and the path and query passed the
+        // listener's parse and the path grammar.
+        let Ok(target) = http::Uri::try_from(target) else {
+            return Err((
+                call,
+                Refusal::BadRequest(
+                    "invalid_request",
+                    "the request's path or query cannot be sent on",
+                ),
+            ));
+        };
         let deadline = tokio::time::Instant::now() + cfg.timeout;
         let idempotent = matches!(
             parts.method,
@@ -1145,31 +1154,48 @@ impl Proxy {
             if let Some(r) = &token.refresh_token {
                 secrets.push(SecretString::new(r.expose().clone()));
             }
-            let mut rb = self
-                .client
-                .request(parts.method.clone(), &target)
-                .header(header::ACCEPT_ENCODING, "identity");
-            for name in REQUEST_HEADERS.iter().chain(preset_headers) {
-                for v in parts.headers.get_all(*name) {
-                    rb = rb.header(*name, v.clone());
-                }
-            }
             let scheme = if token.token_type.eq_ignore_ascii_case("bearer") {
                 "Bearer"
             } else {
                 token.token_type.as_str()
             };
-            rb = rb.header(
-                header::AUTHORIZATION,
-                format!("{scheme} {}", token.access_token.expose()),
-            );
-            if !body.is_empty() || !matches!(parts.method, Method::GET | Method::HEAD) {
-                rb = rb.body(body.clone());
+            let Ok(mut authorization) =
+                HeaderValue::try_from(format!("{scheme} {}", token.access_token.expose()))
+            else {
+                return Err((
+                    call,
+                    Refusal::BadGateway(
+                        "upstream_unreachable",
+                        "the provider's token cannot be sent in a header",
+                    ),
+                ));
+            };
+            authorization.set_sensitive(true);
+            let mut req = Request::new(http_body_util::Full::new(body.clone()));
+            *req.method_mut() = parts.method.clone();
+            *req.uri_mut() = target.clone();
+            let h = req.headers_mut();
+            for name in REQUEST_HEADERS.iter().chain(preset_headers) {
+                for v in parts.headers.get_all(*name) {
+                    h.append(HeaderName::from_static(name), v.clone());
+                }
             }
-            let sent = tokio::time::timeout_at(deadline, rb.send()).await;
+            h.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+            h.insert(header::AUTHORIZATION, authorization);
+            // An empty body is sent with no length at all; a method that
+            // carries a body says it is empty, as clients commonly do.
+            if body.is_empty() && !matches!(parts.method, Method::GET | Method::HEAD) {
+                h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+            }
+            let sent = tokio::time::timeout_at(deadline, self.client.request(req)).await;
             let resp = match sent {
                 Err(_) => return Err((call, Refusal::Timeout)),
-                Ok(Err(e)) if e.is_timeout() => return Err((call, Refusal::Timeout)),
+                Ok(Err(e)) if client::is_connect_timeout(&e) => {
+                    return Err((call, Refusal::Timeout))
+                }
                 Ok(Err(_)) => {
                     return Err((
                         call,
@@ -1236,7 +1262,7 @@ impl Proxy {
 
         // The status and headers go out only once the first chunk (or the
         // whole answer, when shorter) has been scanned.
-        let mut upstream = reqwest::Body::from(resp);
+        let mut upstream = resp.into_body();
         let mut first_out = [Bytes::new(), Bytes::new(), Bytes::new()];
         let ended = loop {
             match tokio::time::timeout_at(deadline, upstream.frame()).await {

@@ -981,7 +981,11 @@ fn header_segment(proof: &str) -> &str {
 /// Claims for `NOW` signed by `signer` under `k`'s header: a proof whose
 /// header names a key that did not sign it.
 fn signed_by(k: &Es256Key, signer: &Es256Key) -> String {
-    sign(signer, &Value::Object(header(k)), &Value::Object(claims(NOW)))
+    sign(
+        signer,
+        &Value::Object(header(k)),
+        &Value::Object(claims(NOW)),
+    )
 }
 
 #[test]
@@ -1001,9 +1005,7 @@ fn a_known_header_does_not_excuse_its_signature_or_claims() {
     );
     let (input, _) = first.rsplit_once('.').unwrap();
     for sig in ["AAAA", "!!"] {
-        assert!(v
-            .validate(&format!("{input}.{sig}"), &expect(NOW))
-            .is_err());
+        assert!(v.validate(&format!("{input}.{sig}"), &expect(NOW)).is_err());
     }
     let wrong_method = with_claim(&k, "htm", Some(json!("GET")));
     assert_eq!(header_segment(&wrong_method), header_segment(&first));
@@ -1036,13 +1038,15 @@ fn only_a_header_whose_proof_verified_is_kept() {
         DpopError::Typ
     );
     assert_eq!(
-        v.validate(&signed_by(&k, &other), &expect(NOW)).unwrap_err(),
+        v.validate(&signed_by(&k, &other), &expect(NOW))
+            .unwrap_err(),
         DpopError::Jose(JoseError::Signature)
     );
     assert_eq!(v.headers.len(), 0);
     // Still refused the second time: nothing of the refusals was kept.
     assert_eq!(
-        v.validate(&signed_by(&k, &other), &expect(NOW)).unwrap_err(),
+        v.validate(&signed_by(&k, &other), &expect(NOW))
+            .unwrap_err(),
         DpopError::Jose(JoseError::Signature)
     );
     // Positive control: a proof signed by its header's key enters.
