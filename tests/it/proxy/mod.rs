@@ -313,6 +313,31 @@ async fn allowed_calls_are_served_and_the_provider_token_never_leaves_the_broker
     }
     assert_eq!(records[4].path, "/stream");
     assert_eq!(records[0].query.as_deref(), Some("state=open&page=2"));
+    // Nothing but the allowlist and what the proxy adds: no header of the
+    // HTTP client's own. A GET carries no length, the POST its body's.
+    const SENT: [&str; 8] = [
+        "host",
+        "content-length",
+        "content-type",
+        "accept",
+        "user-agent",
+        "x-github-api-version",
+        "authorization",
+        "accept-encoding",
+    ];
+    for rec in &records {
+        for (k, _) in &rec.headers {
+            assert!(SENT.contains(&k.as_str()), "{k} sent upstream: {rec:?}");
+        }
+        assert!(rec.header("host").is_some(), "{rec:?}");
+    }
+    assert_eq!(records[0].header("content-length"), None);
+    let post = &records[2];
+    assert_eq!(post.path, "/repos/octo/hello/pulls");
+    assert_eq!(
+        post.header("content-length"),
+        Some(body.len().to_string().as_str())
+    );
 
     // The audit: one proxy.request before each call, one proxy.completed
     // after (it follows the answer's last byte, so it is waited for), with
