@@ -1078,6 +1078,23 @@ impl Proxy {
         } else {
             &[]
         };
+        // Made before the provider's token is read and the call spent.
+        let rest = &call_path(parts)[PREFIX.len() + call.service.len()..];
+        let target = match parts.uri.query() {
+            Some(q) => format!("{api_base}{rest}?{q}"),
+            None => format!("{api_base}{rest}"),
+        };
+        // api_base is an origin, and the path and query passed the
+        // listener's parse and the path grammar.
+        let Ok(target) = http::Uri::try_from(target) else {
+            return Err((
+                call,
+                Refusal::BadRequest(
+                    "invalid_request",
+                    "the request's path or query cannot be sent on",
+                ),
+            ));
+        };
         let person = Person {
             iss: iss.clone(),
             sub: call.who.sub.clone(),
@@ -1126,22 +1143,6 @@ impl Proxy {
             ));
         }
 
-        let rest = &call_path(parts)[PREFIX.len() + call.service.len()..];
-        let target = match parts.uri.query() {
-            Some(q) => format!("{api_base}{rest}?{q}"),
-            None => format!("{api_base}{rest}"),
-        };
-        // api_base is an origin, and the path and query passed the
-        // listener's parse and the path grammar.
-        let Ok(target) = http::Uri::try_from(target) else {
-            return Err((
-                call,
-                Refusal::BadRequest(
-                    "invalid_request",
-                    "the request's path or query cannot be sent on",
-                ),
-            ));
-        };
         let deadline = tokio::time::Instant::now() + cfg.timeout;
         let idempotent = matches!(
             parts.method,
@@ -1185,8 +1186,8 @@ impl Proxy {
                 HeaderValue::from_static("identity"),
             );
             h.insert(header::AUTHORIZATION, authorization);
-            // An empty body is sent with no length at all; a method that
-            // carries a body says it is empty, as clients commonly do.
+            // An empty GET or HEAD goes with no length; another method
+            // with an empty body says `Content-Length: 0`, as clients do.
             if body.is_empty() && !matches!(parts.method, Method::GET | Method::HEAD) {
                 h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
             }
