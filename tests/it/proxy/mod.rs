@@ -9,6 +9,7 @@
 mod approvals;
 mod audience;
 mod audit;
+mod env_proxy;
 mod expiry;
 mod limits;
 mod refusals;

@@ -198,6 +198,11 @@ impl TestBroker {
 
     /// Restarts the process on the same directory.
     pub(crate) fn restart(&mut self) {
+        self.restart_with_env(&[]);
+    }
+
+    /// [`TestBroker::restart`] with extra environment for the new process.
+    pub(crate) fn restart_with_env(&mut self, env: &[(&str, &str)]) {
         self.stop();
         let logf = std::fs::OpenOptions::new()
             .append(true)
@@ -206,6 +211,7 @@ impl TestBroker {
         self.child = Command::new(bin())
             .args(["serve", "--config"])
             .arg(&self.config)
+            .envs(env.iter().copied())
             .env("RUST_LOG", &self.log_level)
             .stdout(Stdio::null())
             .stderr(logf)
