@@ -16,8 +16,9 @@
 pub mod keys;
 mod refresh;
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -302,12 +303,70 @@ pub struct RotationReport {
     pub retired_keys: Vec<String>,
 }
 
+/// The most token sets [`Opened`] keeps; when full it starts again empty.
+const OPENED_MAX: usize = 4096;
+
+/// Token sets opened on the token's fast path (a proxied call, a derive
+/// for a service), by account key, each with the sealed text it came
+/// from. A record whose sealed text is byte for byte the one opened before
+/// holds the same tokens: the text is bound to the account's key (the
+/// sealing's associated data) and every sealing draws a fresh nonce, so a
+/// refresh, a reconnect or a forged or copied text never matches. A hit
+/// skips the base64url, the decryption and the JSON. The record itself is
+/// still read from the store on every call, so a disconnect or a refresh
+/// on another replica is seen at once. Tokens are zeroized when replaced,
+/// dropped, or let go when the map starts again empty.
+#[derive(Default)]
+struct Opened {
+    map: Mutex<HashMap<Vec<u8>, (String, Tokens)>>,
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Opened([REDACTED])")
+    }
+}
+
+impl Opened {
+    fn get(&self, key: &[u8], sealed: &str) -> Option<Tokens> {
+        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        match map.get(key) {
+            Some((s, t)) if s == sealed => Some(t.clone()),
+            _ => None,
+        }
+    }
+
+    fn put(&self, key: &[u8], sealed: &str, tokens: &Tokens) {
+        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
+        if map.len() >= OPENED_MAX && !map.contains_key(key) {
+            map.clear();
+        }
+        map.insert(key.to_vec(), (sealed.to_string(), tokens.clone()));
+    }
+
+    fn forget(&self, key: &[u8]) {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
 /// The vault.
 #[derive(Debug)]
 pub struct Vault {
     store: Arc<dyn Store>,
     keys: VaultKeys,
     refresh: refresh::Locks,
+    opened: Opened,
 }
 
 impl Vault {
@@ -361,6 +420,7 @@ impl Vault {
             store,
             keys,
             refresh: refresh::Locks::default(),
+            opened: Opened::default(),
         })
     }
 
@@ -384,6 +444,18 @@ impl Vault {
         plain.zeroize();
         let sealed = sealed.map_err(|_| VaultError::Keys("encryption failed".into()))?;
         Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sealed))
+    }
+
+    /// [`Vault::open_tokens`] through [`Opened`]: for the token's fast
+    /// path only, so that listing or checking every record keeps no
+    /// tokens in memory.
+    fn open_tokens_kept(&self, key: &[u8], rec: &AccountRecord) -> Result<Tokens, VaultError> {
+        if let Some(t) = self.opened.get(key, &rec.sealed) {
+            return Ok(t);
+        }
+        let tokens = self.open_tokens(key, rec)?;
+        self.opened.put(key, &rec.sealed, &tokens);
+        Ok(tokens)
     }
 
     fn open_tokens(&self, key: &[u8], rec: &AccountRecord) -> Result<Tokens, VaultError> {
@@ -706,6 +778,7 @@ impl Vault {
             self.store.delete(Tree::Allowances, &k)?;
         }
         self.store.delete(Tree::Accounts, &key)?;
+        self.opened.forget(&key);
         Ok(existed)
     }
 

@@ -307,7 +307,7 @@ impl Vault {
             String::new()
         };
         {
-            let tokens = self.open_tokens(&key, &rec)?;
+            let tokens = self.open_tokens_kept(&key, &rec)?;
             if let Some(e) = tokens
                 .entry(&skey)
                 .filter(|e| fresh(e, now, recheck) && not_refused(e))

@@ -604,3 +604,79 @@ fn tuple_keys_do_not_collide() {
     );
     assert!(split_tuple_key(&[0, 5, b'a']).is_none());
 }
+
+/// alice's stored record and its raw bytes.
+fn stored(e: &Env, sub: &str) -> (Vec<u8>, AccountRecord) {
+    let k = account_key(&person(sub), "github");
+    let raw = e.store.get(Tree::Accounts, &k).unwrap().unwrap();
+    let rec = serde_json::from_slice(&raw).unwrap();
+    (raw, rec)
+}
+
+/// The access token the fast path opens from `sub`'s stored record.
+fn kept_access(e: &Env, v: &Vault, sub: &str) -> Result<String, VaultError> {
+    let k = account_key(&person(sub), "github");
+    let (_, rec) = stored(e, sub);
+    let t = v.open_tokens_kept(&k, &rec)?;
+    Ok(t.access[0].access_token.clone())
+}
+
+#[test]
+fn kept_tokens_serve_only_the_sealed_bytes_they_came_from() {
+    let e = Env::new();
+    let v = e.vault();
+    let k = account_key(&person("alice"), "github");
+    connect(&v, "alice", "at-1");
+    connect(&v, "mallory", "at-mallory");
+    assert_eq!(kept_access(&e, &v, "alice").unwrap(), "at-1");
+    assert_eq!(v.opened.len(), 1);
+    // Reconnected (or refreshed) meanwhile: the new tokens, not the kept.
+    connect(&v, "alice", "at-2");
+    assert_eq!(kept_access(&e, &v, "alice").unwrap(), "at-2");
+    let (good, mut rec) = stored(&e, "alice");
+    // A flipped bit, then mallory's sealed text copied in: neither is
+    // excused by the tokens kept for alice's record.
+    let mut bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(&rec.sealed)
+        .unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    rec.sealed = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&bytes);
+    e.store
+        .put(Tree::Accounts, &k, &serde_json::to_vec(&rec).unwrap())
+        .unwrap();
+    assert!(matches!(
+        kept_access(&e, &v, "alice"),
+        Err(VaultError::Unreadable { .. })
+    ));
+    rec.sealed = stored(&e, "mallory").1.sealed;
+    e.store
+        .put(Tree::Accounts, &k, &serde_json::to_vec(&rec).unwrap())
+        .unwrap();
+    assert!(matches!(
+        kept_access(&e, &v, "alice"),
+        Err(VaultError::Unreadable { .. })
+    ));
+    // Positive control: the record as it was opens to its own tokens.
+    e.store.put(Tree::Accounts, &k, &good).unwrap();
+    assert_eq!(kept_access(&e, &v, "alice").unwrap(), "at-2");
+    assert_eq!(kept_access(&e, &v, "mallory").unwrap(), "at-mallory");
+}
+
+#[test]
+fn a_deleted_account_keeps_no_tokens() {
+    let e = Env::new();
+    let v = e.vault();
+    connect(&v, "alice", "at-alice");
+    connect(&v, "bob", "at-bob");
+    assert_eq!(kept_access(&e, &v, "alice").unwrap(), "at-alice");
+    assert_eq!(kept_access(&e, &v, "bob").unwrap(), "at-bob");
+    assert_eq!(v.opened.len(), 2);
+    assert!(v.delete_account(&person("alice"), "github").unwrap());
+    assert_eq!(v.opened.len(), 1);
+    // Listing and checking every record keeps nothing more.
+    connect(&v, "carol", "at-carol");
+    assert!(v.verify_all().unwrap().is_empty());
+    assert_eq!(v.opened.len(), 1);
+    assert_eq!(kept_access(&e, &v, "bob").unwrap(), "at-bob");
+}
