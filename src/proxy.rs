@@ -410,6 +410,8 @@ enum Refusal {
     BadGateway(&'static str, &'static str),
     /// 504.
     Timeout,
+    /// 504: connecting to `api_base` took longer than `proxy.connect_timeout`.
+    ConnectTimeout,
     /// A refusal of the service source (connect, allow, reconnect, ...).
     Derive(DeriveError),
 }
@@ -427,7 +429,7 @@ impl Refusal {
             Refusal::TooLarge(_) => "request_too_large",
             Refusal::RateLimited(_) => "rate_limited",
             Refusal::Unavailable(r, _) | Refusal::BadGateway(r, _) => r,
-            Refusal::Timeout => "upstream_timeout",
+            Refusal::Timeout | Refusal::ConnectTimeout => "upstream_timeout",
             Refusal::Derive(e) => e.reason(),
         }
     }
@@ -515,6 +517,11 @@ impl Refusal {
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream_timeout",
                 "the provider did not answer within the proxy's timeout (proxy.timeout)".into(),
+            ),
+            Refusal::ConnectTimeout => plain(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                "the provider's API could not be connected to within proxy.connect_timeout".into(),
             ),
             Refusal::Derive(DeriveError::LinkRequired(l)) => {
                 json_response(StatusCode::BAD_REQUEST, &l.body())
@@ -1195,7 +1202,7 @@ impl Proxy {
             let resp = match sent {
                 Err(_) => return Err((call, Refusal::Timeout)),
                 Ok(Err(e)) if client::is_connect_timeout(&e) => {
-                    return Err((call, Refusal::Timeout))
+                    return Err((call, Refusal::ConnectTimeout))
                 }
                 Ok(Err(_)) => {
                     return Err((

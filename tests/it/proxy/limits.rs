@@ -1,5 +1,6 @@
-//! An unreachable API and the per-person-and-tool rate limit: each a clear
-//! answer at once, nothing half-sent, then served again.
+//! An unreachable API, an API whose TLS handshake never ends, and the
+//! per-person-and-tool rate limit: each a clear answer within its bound,
+//! nothing half-sent, then served again.
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -104,4 +105,50 @@ async fn per_person_and_tool_rate_limit_is_429_with_retry_after() {
         assert!(Instant::now() < deadline, "still limited after Retry-After");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test]
+async fn an_api_that_never_finishes_its_tls_handshake_is_504_after_connect_timeout() {
+    let mut p = ProxyEnv::start("connect_timeout = \"300ms\"").await;
+    let read = p.token("acme.read", "triage").await;
+    // It accepts connections and never says a word of TLS.
+    let stalled = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = stalled.local_addr().unwrap();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = stalled.accept().await {
+            held.push(s);
+        }
+    });
+    let config = std::fs::read_to_string(&p.env.broker.config).unwrap();
+    let served = format!("api_base = \"{}\"", p.api.base);
+    assert!(config.contains(&served), "{config}");
+    let moved = config.replacen(&served, &format!("api_base = \"https://{addr}\""), 1);
+    std::fs::write(&p.env.broker.config, &moved).unwrap();
+    p.env.broker.restart();
+
+    let started = Instant::now();
+    let r = p.call(&read, "GET", "/user", None).await;
+    let (status, v) = refusal(r).await;
+    assert_eq!(
+        (status, v["reason"].as_str()),
+        (504, Some("upstream_timeout")),
+        "{v}"
+    );
+    assert!(
+        v.to_string().contains("proxy.connect_timeout"),
+        "the answer names the bound that ran out: {v}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "refused after connect_timeout, not proxy.timeout: {:?}",
+        started.elapsed()
+    );
+    holder.abort();
+
+    // Positive control: the API back in the config, the same token is served.
+    std::fs::write(&p.env.broker.config, &config).unwrap();
+    p.env.broker.restart();
+    assert_eq!(p.call(&read, "GET", "/user", None).await.status(), 200);
+    assert_eq!(p.api.records().len(), 1);
 }
