@@ -221,7 +221,7 @@ async fn route(
                 b"off" => false,
                 _ => return Err(AdminError::BadBody("the body must be on or off")),
             };
-            let frozen = crate::ops::freeze(Target::Running(b), Recorder::of(b), on)?;
+            let frozen = crate::ops::freeze(Target::Running(b), None, Recorder::of(b), on)?;
             ok(serde_json::json!({"frozen": frozen}))
         }
         (Method::POST, "/keys/rotate") => {

@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::mint::{self, Minter};
 use crate::policy::{self, DenyReason, Policy, ResourceError};
 use crate::secret::SecretString;
-use crate::store::{Store, Tree};
+use crate::store::Store;
 use crate::subject::{self, SubjectError};
 
 /// The endpoint a request came in on (it is part of `htu`).
@@ -293,6 +293,10 @@ pub struct Broker {
     /// A freeze set here whose write to the store failed: it holds until
     /// lifted here, whatever the store says (see [`Broker::reload_frozen`]).
     freeze_unpersisted: AtomicBool,
+    /// The key that signs the freeze record in the store ([`crate::freeze`]).
+    freeze_key: crate::freeze::FreezeKey,
+    /// The highest epoch of the freeze record read here.
+    freeze_seen: crate::freeze::Seen,
     /// Subject-token validation.
     pub subjects: subject::Validator,
     /// DPoP proof validation.
@@ -318,30 +322,13 @@ pub struct Broker {
     approvals: Option<Arc<crate::approve::Approvals>>,
 }
 
-/// The store key of the emergency freeze: this module is its one owner
-/// (the broker reads it at start-up and [`persist_frozen`] writes it, also
-/// for an operator action run with no instance).
-const FROZEN_KEY: &[u8] = b"frozen";
-
-/// Whether the store holds a freeze (as the admin socket or an offline
-/// `credbroker freeze` left it).
-pub fn stored_frozen(store: &dyn Store) -> bool {
-    matches!(store.get(Tree::State, FROZEN_KEY), Ok(Some(v)) if v == b"1")
-}
-
-/// Writes the emergency freeze to the store (a running broker also holds it
-/// in memory: see [`Broker::set_frozen`]).
-pub fn persist_frozen(store: &dyn Store, on: bool) -> Result<(), crate::store::StoreError> {
-    store.put(Tree::State, FROZEN_KEY, if on { b"1" } else { b"0" })
-}
-
 impl Broker {
     /// Assembles a broker from its parts.
     // reason: one argument per part, each named and typed; the composition
-    // root (`app`) is the one caller, and a struct of the same nine fields
+    // root (`app`) is the one caller, and a struct of the same ten fields
     // would only move the list.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         config: Config,
         policy: Policy,
         subjects: subject::Validator,
@@ -350,12 +337,16 @@ impl Broker {
         audit: Audit,
         metrics: Metrics,
         store: Arc<dyn Store>,
+        freeze_key: crate::freeze::FreezeKey,
         clock: SharedClock,
     ) -> Broker {
         let htu = [Endpoint::Derive, Endpoint::Token].map(|e| {
             dpop::normalize_htu(&format!("{}{}", config.issuer, e.path())).unwrap_or_default()
         });
-        let frozen = stored_frozen(store.as_ref());
+        let freeze_seen = crate::freeze::Seen::default();
+        // A store that does not answer at start-up fails the start elsewhere.
+        let frozen =
+            crate::freeze::at_start(store.as_ref(), &freeze_key, &freeze_seen).unwrap_or(false);
         metrics.policy_info.set_only(&policy.hash);
         metrics.policy_loaded_time.set(clock.now() as f64);
         metrics.frozen.set(i64::from(frozen || policy.frozen));
@@ -368,6 +359,8 @@ impl Broker {
             policy: ArcSwap::from_pointee(policy),
             frozen: AtomicBool::new(frozen),
             freeze_unpersisted: AtomicBool::new(false),
+            freeze_key,
+            freeze_seen,
             subjects,
             proofs,
             minter,
@@ -419,10 +412,12 @@ impl Broker {
     /// not answer changes nothing, and a freeze this instance could not
     /// persist is kept (it fails closed).
     pub fn reload_frozen(&self) {
-        let Ok(v) = self.store.get(Tree::State, FROZEN_KEY) else {
+        let Ok(stored) = crate::freeze::read(self.store.as_ref(), &self.freeze_key) else {
             return;
         };
-        let on = v.as_deref() == Some(b"1") || self.freeze_unpersisted.load(Ordering::SeqCst);
+        let kept = self.frozen.load(Ordering::SeqCst);
+        let on = self.freeze_seen.judge(stored).unwrap_or(kept)
+            || self.freeze_unpersisted.load(Ordering::SeqCst);
         if self.frozen.swap(on, Ordering::SeqCst) != on {
             tracing::warn!(frozen = on, "the emergency freeze changed in the store");
         }
@@ -438,11 +433,11 @@ impl Broker {
         if on {
             self.frozen.store(true, Ordering::SeqCst);
             self.metrics.frozen.set(1);
-            let r = persist_frozen(self.store.as_ref(), true);
+            let r = self.persist_frozen(true);
             self.freeze_unpersisted.store(r.is_err(), Ordering::SeqCst);
             r
         } else {
-            persist_frozen(self.store.as_ref(), false)?;
+            self.persist_frozen(false)?;
             self.freeze_unpersisted.store(false, Ordering::SeqCst);
             self.frozen.store(false, Ordering::SeqCst);
             self.metrics
@@ -450,6 +445,12 @@ impl Broker {
                 .set(i64::from(self.policy.load().frozen));
             Ok(())
         }
+    }
+
+    /// Writes the freeze to the store, signed, at the next epoch.
+    fn persist_frozen(&self, on: bool) -> Result<(), crate::store::StoreError> {
+        crate::freeze::write(self.store.as_ref(), &self.freeze_key, &self.freeze_seen, on)
+            .map(|_| ())
     }
 
     /// Rotates the signing key (one compare-and-swap of the key ring, see

@@ -74,6 +74,7 @@ mod dpop;
 mod events;
 mod exchange;
 mod failpoint;
+mod freeze;
 mod fuzzing;
 mod grammar;
 mod http;

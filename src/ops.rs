@@ -59,6 +59,10 @@ pub(crate) enum OpError {
     /// The sealing key.
     #[error("master key: {0}")]
     Seal(#[from] crate::seal::SealError),
+    /// A freeze with no instance running, asked for without the key that
+    /// signs its record.
+    #[error("the freeze record cannot be signed: the master key was not loaded")]
+    NoFreezeKey,
 }
 
 /// Where an action's audit event goes: the running broker's sink, or the
@@ -110,17 +114,24 @@ pub(crate) enum Target<'a> {
 
 /// Sets or lifts the emergency freeze. Returns whether derives are frozen
 /// afterwards (a running instance may also be frozen by its policy).
-pub(crate) fn freeze(target: Target<'_>, rec: Recorder<'_>, on: bool) -> Result<bool, OpError> {
-    let frozen = match target {
-        Target::Running(b) => {
+/// `key` signs the record when no instance runs (a running one has its own).
+pub(crate) fn freeze(
+    target: Target<'_>,
+    key: Option<&crate::freeze::FreezeKey>,
+    rec: Recorder<'_>,
+    on: bool,
+) -> Result<bool, OpError> {
+    let frozen = match (target, key) {
+        (Target::Running(b), _) => {
             b.set_frozen(on)?;
             tracing::warn!(frozen = on, "emergency freeze changed by the admin socket");
             b.is_frozen()
         }
-        Target::Stopped(store) => {
-            crate::exchange::persist_frozen(store, on)?;
+        (Target::Stopped(store), Some(key)) => {
+            crate::freeze::write(store, key, &crate::freeze::Seen::default(), on)?;
             on
         }
+        (Target::Stopped(_), None) => return Err(OpError::NoFreezeKey),
     };
     rec.record(
         if on {
@@ -321,16 +332,22 @@ impl Offline {
         Ok(Vault::open(self.store.clone(), master, &cfg.vault_key_dir)?)
     }
 
+    /// The key that signs the freeze record (from the master key file).
+    pub(crate) fn freeze_key(&self, cfg: &Config) -> Result<crate::freeze::FreezeKey, OpError> {
+        Ok(crate::freeze::FreezeKey::derive(&self.master(cfg)?))
+    }
+
     /// The sealer of the signing keys at rest (from the master key file).
     pub(crate) fn sealer(&self, cfg: &Config) -> Result<Sealer, OpError> {
-        let master = crate::config::read_secret_file(&cfg.master_key_file).map_err(|source| {
-            OpError::Open {
-                what: "master key file",
-                path: cfg.master_key_file.clone(),
-                source,
-            }
-        })?;
-        Ok(Sealer::new(&master, &[])?)
+        Ok(Sealer::new(&self.master(cfg)?, &[])?)
+    }
+
+    fn master(&self, cfg: &Config) -> Result<crate::secret::SecretBytes, OpError> {
+        crate::config::read_secret_file(&cfg.master_key_file).map_err(|source| OpError::Open {
+            what: "master key file",
+            path: cfg.master_key_file.clone(),
+            source,
+        })
     }
 }
 
@@ -451,12 +468,21 @@ mod tests {
             agent: "a",
             clock: &clock,
         };
-        assert!(freeze(Target::Stopped(store.as_ref()), rec, true).unwrap());
+        let key = crate::freeze::FreezeKey::derive(&crate::secret::SecretBytes::new(vec![7u8; 32]));
+        let target = Target::Stopped(store.as_ref());
+        assert!(freeze(target, Some(&key), rec, true).unwrap());
         // One owner of the flag: what the offline freeze wrote is what the
         // broker reads at start-up.
-        assert!(crate::exchange::stored_frozen(store.as_ref()));
-        assert!(!freeze(Target::Stopped(store.as_ref()), rec, false).unwrap());
-        assert!(!crate::exchange::stored_frozen(store.as_ref()));
+        let at_start = |s: &dyn crate::store::Store| {
+            crate::freeze::at_start(s, &key, &crate::freeze::Seen::default()).unwrap()
+        };
+        assert!(at_start(store.as_ref()));
+        assert!(!freeze(target, Some(&key), rec, false).unwrap());
+        assert!(!at_start(store.as_ref()));
+        assert!(matches!(
+            freeze(target, None, rec, true),
+            Err(OpError::NoFreezeKey)
+        ));
         let sealer = Sealer::new(&crate::secret::SecretBytes::new(vec![7u8; 32]), &[]).unwrap();
         crate::mint::load_or_create(store.as_ref(), &sealer, clock.now()).unwrap();
         let kind = crate::mint::RotationKind::new(false, crate::mint::ACTIVATION_DELAY);

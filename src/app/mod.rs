@@ -373,6 +373,7 @@ pub async fn build(
             audit,
             crate::metrics::Metrics::new(),
             store,
+            crate::freeze::FreezeKey::derive(&master),
             clock,
         )
         .with_connected_services(connected)

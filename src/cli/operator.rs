@@ -51,7 +51,8 @@ pub(super) async fn freeze(config: &Path, state: &str) -> Res {
             Ok(Exit::ok_if(status == 200, Exit::Failed))
         }
         Reached::Stopped(off) => {
-            let frozen = ops::freeze(off.target(), off.recorder(), state == "on")?;
+            let key = off.freeze_key(&cfg)?;
+            let frozen = ops::freeze(off.target(), Some(&key), off.recorder(), state == "on")?;
             println!(
                 "{}",
                 serde_json::json!({"frozen": frozen, "running": false})

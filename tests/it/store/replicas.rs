@@ -94,6 +94,23 @@ async fn replicas_share_the_key_ring_and_the_freeze() {
         }
     }
     eprintln!("freeze on every replica after {:?}", start.elapsed());
+    // A writer to the database without the master key lifts nothing: not
+    // with the earlier unsigned "not frozen", not by deleting the record.
+    // For 2 s (twice the time the freeze took to reach every replica
+    // above) every replica stays frozen.
+    for forged in [
+        "UPDATE records SET value = '\\x30'::bytea WHERE tree = 'state' AND key = '\\x66726f7a656e'::bytea",
+        "DELETE FROM records WHERE tree = 'state' AND key = '\\x66726f7a656e'::bytea",
+    ] {
+        set.db.sql(forged);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(2) {
+            for x in [a, b, c] {
+                assert!(refused(x, &key).await, "a replica followed: {forged}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     // Lifted on A: B and C issue again (the positive control).
     assert_eq!(a.admin_post("/freeze", "off").unwrap().0, 200);
     let start = Instant::now();
