@@ -25,7 +25,7 @@
 //! back, is in the store follows it (it has read no newer one); and anyone
 //! who can write the store can freeze, as they can delete any record.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use aws_lc_rs::hmac;
 use base64::Engine;
@@ -119,14 +119,20 @@ impl FreezeKey {
     }
 }
 
-/// The highest epoch one instance has read (0: none yet).
+/// The highest epoch one instance has read (0: none yet), and whether it
+/// has said that the record was tampered with: said once, until a current
+/// signed record is read again (each change of the `state` tree reads the
+/// record, so without this a tampered one would be said at every change).
 #[derive(Debug, Default)]
-pub(crate) struct Seen(AtomicU64);
+pub(crate) struct Seen {
+    epoch: AtomicU64,
+    alarmed: AtomicBool,
+}
 
 impl Seen {
     /// The highest epoch read so far.
     pub(crate) fn epoch(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+        self.epoch.load(Ordering::SeqCst)
     }
 
     /// Whether an instance that has read what `self` holds is frozen by
@@ -138,27 +144,34 @@ impl Seen {
             Stored::Absent | Stored::Unsigned(false) if seen == 0 => Some(false),
             Stored::Unsigned(true) => Some(true),
             Stored::Absent => {
-                tracing::error!(
-                    "the emergency freeze record was removed from the store; frozen until an operator sets the freeze again (credbroker freeze on|off)"
-                );
+                if !self.alarmed.swap(true, Ordering::SeqCst) {
+                    tracing::error!(
+                        "the emergency freeze record was removed from the store; frozen until an operator sets the freeze again (credbroker freeze on|off)"
+                    );
+                }
                 Some(true)
             }
             Stored::Unsigned(false) | Stored::Forged => {
-                tracing::error!(
-                    "the emergency freeze record in the store is not signed with this deployment's master key; frozen until an operator sets the freeze again (credbroker freeze on|off)"
-                );
+                if !self.alarmed.swap(true, Ordering::SeqCst) {
+                    tracing::error!(
+                        "the emergency freeze record in the store is not signed with this deployment's master key; frozen until an operator sets the freeze again (credbroker freeze on|off)"
+                    );
+                }
                 Some(true)
             }
             Stored::Signed { epoch, .. } if epoch < seen => {
-                tracing::warn!(
-                    epoch,
-                    seen,
-                    "an older emergency freeze record was put back in the store; ignored"
-                );
+                if !self.alarmed.swap(true, Ordering::SeqCst) {
+                    tracing::warn!(
+                        epoch,
+                        seen,
+                        "an older emergency freeze record was put back in the store; ignored"
+                    );
+                }
                 None
             }
             Stored::Signed { epoch, frozen } => {
-                self.0.fetch_max(epoch, Ordering::SeqCst);
+                self.epoch.fetch_max(epoch, Ordering::SeqCst);
+                self.alarmed.store(false, Ordering::SeqCst);
                 Some(frozen)
             }
         }
@@ -187,7 +200,7 @@ pub(crate) fn write(
         let epoch = stored.max(seen.epoch()) + 1;
         let record = key.record(epoch, frozen);
         if store.compare_and_swap(Tree::State, KEY, current.as_deref(), Some(&record))? {
-            seen.0.fetch_max(epoch, Ordering::SeqCst);
+            seen.epoch.fetch_max(epoch, Ordering::SeqCst);
             return Ok(epoch);
         }
     }
