@@ -16,14 +16,16 @@
 //! signed by the first instance that reads it at start-up. An unsigned
 //! `1` is left as it is: it freezes this release and the earlier one
 //! alike, whose replicas read only `1` as frozen (during a rolling
-//! upgrade a signed record would lift the freeze on them). Until an
-//! operator next sets or lifts the freeze, such a writer could replace it
-//! with an unsigned `0` that an instance having read no signed record
-//! follows.
+//! upgrade a signed record would lift the freeze on them).
 //!
-//! Left to such a writer: an instance that starts while an old record, put
-//! back, is in the store follows it (it has read no newer one); and anyone
-//! who can write the store can freeze, as they can delete any record.
+//! Left to a writer without the master key:
+//! - an instance that starts while an old signed record, put back, is in
+//!   the store follows it (it has read no newer one);
+//! - an earlier release's unsigned `1` can be replaced with `0`, which an
+//!   instance that has read no signed record follows, until an operator
+//!   next sets or lifts the freeze;
+//! - freezing: anyone who can write the store can, as they can delete any
+//!   record.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
