@@ -268,17 +268,9 @@ fn flipped_bit_in_sealed_tokens_is_refused() {
     let v = e.vault();
     connect(&v, "alice", "at-alice");
     let k = account_key(&person("alice"), "github");
-    let raw = e.store.get(Tree::Accounts, &k).unwrap().unwrap();
-    let mut rec: AccountRecord = serde_json::from_slice(&raw).unwrap();
-    let mut bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(&rec.sealed)
-        .unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x01;
-    rec.sealed = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&bytes);
-    e.store
-        .put(Tree::Accounts, &k, &serde_json::to_vec(&rec).unwrap())
-        .unwrap();
+    let (raw, mut rec) = stored(&e, "alice");
+    flip_a_sealed_bit(&mut rec);
+    put_record(&e, &k, &rec);
     assert!(matches!(
         v.tokens_to_revoke(&person("alice"), "github"),
         Err(VaultError::Unreadable { .. })
@@ -605,12 +597,29 @@ fn tuple_keys_do_not_collide() {
     assert!(split_tuple_key(&[0, 5, b'a']).is_none());
 }
 
-/// alice's stored record and its raw bytes.
+/// `sub`'s stored record: its raw bytes, and parsed.
 fn stored(e: &Env, sub: &str) -> (Vec<u8>, AccountRecord) {
     let k = account_key(&person(sub), "github");
     let raw = e.store.get(Tree::Accounts, &k).unwrap().unwrap();
     let rec = serde_json::from_slice(&raw).unwrap();
     (raw, rec)
+}
+
+/// Flips one bit in the middle of `rec`'s sealed tokens.
+fn flip_a_sealed_bit(rec: &mut AccountRecord) {
+    let mut bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(&rec.sealed)
+        .unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    rec.sealed = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&bytes);
+}
+
+/// Writes `rec` under the account key `k`, as a writer of the store might.
+fn put_record(e: &Env, k: &[u8], rec: &AccountRecord) {
+    e.store
+        .put(Tree::Accounts, k, &serde_json::to_vec(rec).unwrap())
+        .unwrap();
 }
 
 /// The access token the fast path opens from `sub`'s stored record.
@@ -636,23 +645,14 @@ fn kept_tokens_serve_only_the_sealed_bytes_they_came_from() {
     let (good, mut rec) = stored(&e, "alice");
     // A flipped bit, then mallory's sealed text copied in: neither is
     // excused by the tokens kept for alice's record.
-    let mut bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(&rec.sealed)
-        .unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x01;
-    rec.sealed = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&bytes);
-    e.store
-        .put(Tree::Accounts, &k, &serde_json::to_vec(&rec).unwrap())
-        .unwrap();
+    flip_a_sealed_bit(&mut rec);
+    put_record(&e, &k, &rec);
     assert!(matches!(
         kept_access(&e, &v, "alice"),
         Err(VaultError::Unreadable { .. })
     ));
     rec.sealed = stored(&e, "mallory").1.sealed;
-    e.store
-        .put(Tree::Accounts, &k, &serde_json::to_vec(&rec).unwrap())
-        .unwrap();
+    put_record(&e, &k, &rec);
     assert!(matches!(
         kept_access(&e, &v, "alice"),
         Err(VaultError::Unreadable { .. })

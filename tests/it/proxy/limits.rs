@@ -8,6 +8,27 @@ use std::time::{Duration, Instant};
 
 use super::{refusal, ProxyEnv};
 
+/// Restarts the broker with the service's `api_base` moved to `base`;
+/// returns the config as it was.
+fn move_api_base(p: &mut ProxyEnv, base: &str) -> String {
+    let config = std::fs::read_to_string(&p.env.broker.config).unwrap();
+    let served = format!("api_base = \"{}\"", p.api.base);
+    assert!(config.contains(&served), "{config}");
+    let moved = config.replacen(&served, &format!("api_base = \"{base}\""), 1);
+    std::fs::write(&p.env.broker.config, &moved).unwrap();
+    p.env.broker.restart();
+    config
+}
+
+/// The positive control after [`move_api_base`]: the API back in the
+/// config, the same token is served, the stand-in's first call.
+async fn served_again(p: &mut ProxyEnv, config: &str, read: &str) {
+    std::fs::write(&p.env.broker.config, config).unwrap();
+    p.env.broker.restart();
+    assert_eq!(p.call(read, "GET", "/user", None).await.status(), 200);
+    assert_eq!(p.api.records().len(), 1);
+}
+
 #[tokio::test]
 async fn unreachable_api_is_502_with_its_reason_at_once() {
     let mut p = ProxyEnv::start("").await;
@@ -15,12 +36,7 @@ async fn unreachable_api_is_502_with_its_reason_at_once() {
     // A loopback port nobody listens on: checked free, outside the range
     // the kernel hands out, so no peer of another test takes it meanwhile.
     let closed = crate::support::free_loopback_addr();
-    let config = std::fs::read_to_string(&p.env.broker.config).unwrap();
-    let served = format!("api_base = \"{}\"", p.api.base);
-    assert!(config.contains(&served), "{config}");
-    let moved = config.replacen(&served, &format!("api_base = \"http://{closed}\""), 1);
-    std::fs::write(&p.env.broker.config, &moved).unwrap();
-    p.env.broker.restart();
+    let config = move_api_base(&mut p, &format!("http://{closed}"));
 
     let started = Instant::now();
     let r = p.call(&read, "GET", "/user", None).await;
@@ -46,11 +62,7 @@ async fn unreachable_api_is_502_with_its_reason_at_once() {
         .await;
     assert!(audit.iter().any(unreachable), "{audit:?}");
 
-    // Positive control: the API back in the config, the same token is served.
-    std::fs::write(&p.env.broker.config, &config).unwrap();
-    p.env.broker.restart();
-    assert_eq!(p.call(&read, "GET", "/user", None).await.status(), 200);
-    assert_eq!(p.api.records().len(), 1);
+    served_again(&mut p, &config, &read).await;
 }
 
 #[tokio::test]
@@ -120,12 +132,7 @@ async fn an_api_that_never_finishes_its_tls_handshake_is_504_after_connect_timeo
             held.push(s);
         }
     });
-    let config = std::fs::read_to_string(&p.env.broker.config).unwrap();
-    let served = format!("api_base = \"{}\"", p.api.base);
-    assert!(config.contains(&served), "{config}");
-    let moved = config.replacen(&served, &format!("api_base = \"https://{addr}\""), 1);
-    std::fs::write(&p.env.broker.config, &moved).unwrap();
-    p.env.broker.restart();
+    let config = move_api_base(&mut p, &format!("https://{addr}"));
 
     let started = Instant::now();
     let r = p.call(&read, "GET", "/user", None).await;
@@ -146,9 +153,5 @@ async fn an_api_that_never_finishes_its_tls_handshake_is_504_after_connect_timeo
     );
     holder.abort();
 
-    // Positive control: the API back in the config, the same token is served.
-    std::fs::write(&p.env.broker.config, &config).unwrap();
-    p.env.broker.restart();
-    assert_eq!(p.call(&read, "GET", "/user", None).await.status(), 200);
-    assert_eq!(p.api.records().len(), 1);
+    served_again(&mut p, &config, &read).await;
 }
