@@ -589,6 +589,31 @@ impl Validator {
         }
     }
 
+    /// Whether nonces are required and `proof` is a compact JWS whose
+    /// payload carries no nonce this validator would accept. Only the
+    /// payload is decoded: nothing here is verified, so a `true` may only
+    /// ever lead to a `use_dpop_nonce` refusal, never to anything granted.
+    /// A proof that does not decode is left to [`Validator::validate`].
+    pub fn lacks_fresh_nonce(&self, proof: &str, now: i64) -> bool {
+        #[derive(serde::Deserialize)]
+        struct Nonce {
+            nonce: Option<String>,
+        }
+        if self.nonces.is_none() {
+            return false;
+        }
+        let Ok([_, p, _]) = jose::split(proof, MAX_PROOF_LEN) else {
+            return false;
+        };
+        let Some(claims) = jose::b64d(p, "payload")
+            .ok()
+            .and_then(|p| serde_json::from_slice::<Nonce>(&p).ok())
+        else {
+            return false;
+        };
+        !self.nonce_ok(claims.nonce.as_deref(), now)
+    }
+
     /// A fresh nonce, when nonces are required.
     pub fn fresh_nonce(&self, now: i64) -> Option<String> {
         self.nonces.as_ref().map(|n| n.issue(now))

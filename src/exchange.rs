@@ -638,6 +638,19 @@ impl Broker {
             subject.person.sub.clone(),
             req.tool.clone(),
         );
+        // A proof without a current nonce is refused before the person's
+        // and tool's limit is charged, so following `use_dpop_nonce` costs
+        // no rate token. Only the nonce is read here; the whole proof is
+        // checked below, and a forged one gains nothing but a nonce, which
+        // any caller is handed anyway.
+        if let Some(proof) = req.dpop.as_ref() {
+            if self.proofs.lacks_fresh_nonce(proof.expose(), now) {
+                return Err(DeriveError::Proof(
+                    DpopError::UseNonce,
+                    self.proofs.fresh_nonce(now),
+                ));
+            }
+        }
         if let Err(nu) = self.limits.per_person_tool.check_key(&key) {
             self.metrics
                 .rate_limited

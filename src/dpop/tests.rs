@@ -696,6 +696,41 @@ fn d15_nonce_required_missing_stale_or_foreign_is_refused() {
 }
 
 #[test]
+fn lacks_fresh_nonce_reads_only_the_nonce_and_agrees_with_validate() {
+    let k = key();
+    let v = Validator::new(vec![Alg::ES256], 1024, Some(nonces()));
+    let with = |nonce: Option<&str>| {
+        let mut c = claims(NOW);
+        if let Some(n) = nonce {
+            c.insert("nonce".into(), json!(n));
+        }
+        sign(&k, &Value::Object(header(&k)), &Value::Object(c))
+    };
+    let stale = v.fresh_nonce(NOW - 90).unwrap();
+    for (what, proof) in [
+        ("no nonce", with(None)),
+        ("a stale nonce", with(Some(&stale))),
+    ] {
+        assert!(v.lacks_fresh_nonce(&proof, NOW), "{what}");
+        assert_eq!(
+            v.validate(&proof, &expect(NOW)).unwrap_err(),
+            DpopError::UseNonce,
+            "{what}"
+        );
+    }
+    // What does not decode is left to the full check, which names it.
+    for junk in ["", "a.b", "not.base64!.sig", "e30.bm90IGpzb24.c2ln"] {
+        assert!(!v.lacks_fresh_nonce(junk, NOW), "{junk}");
+    }
+    // Positive controls: a current nonce, and a validator that requires
+    // none, whatever the proof carries.
+    let fresh = with(Some(&v.fresh_nonce(NOW).unwrap()));
+    assert!(!v.lacks_fresh_nonce(&fresh, NOW));
+    v.validate(&fresh, &expect(NOW)).unwrap();
+    assert!(!validator().lacks_fresh_nonce(&with(None), NOW));
+}
+
+#[test]
 fn nonces_are_stable_within_a_bucket_and_expire_after_the_next() {
     let n = nonces();
     let base = NOW - NOW.rem_euclid(30);

@@ -16,6 +16,7 @@ use std::os::unix::net::UnixStream as StdUnixStream;
 use std::time::{Duration, Instant};
 
 use crate::support::*;
+use credbroker::internals::dpop::make_proof;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -771,6 +772,50 @@ async fn rate_limit_per_person_and_tool_with_retry_after() {
     std::thread::sleep(Duration::from_secs(retry));
     b.post_derive(&alice, Some(&b.proof(&key())))
         .assert_issued("alice after Retry-After");
+}
+
+#[tokio::test]
+async fn following_use_dpop_nonce_costs_no_rate_token() {
+    let b = TestBroker::start_with(Opts {
+        edit_config: Some(|t| {
+            format!(
+                "{}\n[dpop]\nrequire_nonce = true\n",
+                per_person_tool_limit(t)
+            )
+        }),
+        ..Opts::default()
+    });
+    let alice = b.good_body(&b.subject_token("alice"));
+    let k = key();
+    // Twice what a client that holds no nonce does: a proof without one,
+    // then the same call with the nonce the refusal handed out. Only the
+    // second of each pair may take one of the burst's two tokens.
+    for pair in 1..=2 {
+        let r = b.post_derive(&alice, Some(&b.proof(&k)));
+        r.assert_refused(400, "use_dpop_nonce", &format!("pair {pair}, no nonce"));
+        let nonce = r.header("dpop-nonce").expect("DPoP-Nonce").to_string();
+        let p = credbroker::internals::dpop::make_proof(
+            &k,
+            "POST",
+            &b.htu(),
+            now(),
+            None,
+            Some(&nonce),
+        )
+        .unwrap();
+        b.post_derive(&alice, Some(&p))
+            .assert_issued(&format!("pair {pair}, with the nonce"));
+    }
+    // Positive control: the limit is there. The burst is spent, so calls
+    // with a good nonce are soon refused by it (a few tries: one token
+    // comes back each second).
+    let refused = (0..4).any(|_| {
+        let r = b.post_derive(&alice, Some(&b.proof(&k)));
+        let nonce = r.header("dpop-nonce").expect("DPoP-Nonce").to_string();
+        let p = make_proof(&k, "POST", &b.htu(), now(), None, Some(&nonce)).unwrap();
+        b.post_derive(&alice, Some(&p)).status == 429
+    });
+    assert!(refused, "four more derives with a nonce were all served");
 }
 
 fn tiny_replay_cache(text: String) -> String {
