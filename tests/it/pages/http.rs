@@ -5,7 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 use std::net::IpAddr;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::support::pages::*;
 use credbroker::internals::pages::links::LinkKind;
@@ -163,6 +164,74 @@ async fn session_cookie_over_https_is_host_prefixed_secure_httponly_lax() {
     let r = c.get(s.url("/account")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().contains("Your connected accounts"));
+}
+
+/// A TLS client trusting only the test's own authority.
+async fn tls_connect(s: &PagesServer) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = s.ca_pem.as_ref().expect("a TLS server");
+    roots
+        .add(rustls_pki_types::CertificateDer::from_pem_file(ca).unwrap())
+        .unwrap();
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake with the pages")
+}
+
+#[tokio::test]
+async fn over_tls_shutdown_drains_a_request_in_flight_and_refuses_new_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = PagesServer::start_with(Setup {
+        tls: true,
+        ..Setup::default()
+    })
+    .await;
+    // A request under way when the signal comes: the handshake is done
+    // and the head is half sent.
+    let mut tls = tls_connect(&s).await;
+    tls.write_all(b"GET /signin HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.signal_shutdown();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !s.has_ended(),
+        "the server ended with a TLS request still in flight"
+    );
+    // New connections are refused at once.
+    let late = tokio::net::TcpStream::connect(s.addr).await;
+    assert!(
+        matches!(&late, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "a connection after the signal: {late:?}"
+    );
+    // Positive control: the request in flight is answered whole, with the
+    // connection closed after it, and then the server ends.
+    tls.write_all(b"\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer))
+        .await
+        .expect("the answer within 10 s")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.contains("</html>"),
+        "the page arrived whole: {answer}"
+    );
+    s.stop().await;
 }
 
 #[tokio::test]

@@ -799,6 +799,19 @@ impl PagesServer {
             .collect()
     }
 
+    /// Sends the shutdown signal and returns at once (tests of the drain;
+    /// `stop` then waits for the end).
+    pub(crate) fn signal_shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Whether the server has ended (its task returned).
+    pub(crate) fn has_ended(&self) -> bool {
+        self.task.as_ref().is_none_or(|t| t.is_finished())
+    }
+
     pub(crate) async fn stop(mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
