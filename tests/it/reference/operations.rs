@@ -2,7 +2,8 @@
 //! registry (names, types, labels), the event table against
 //! `events::Kind::ALL`, the field table against the fields an `Event`
 //! serializes, and the reload reasons against `app::reload::Refusal::ALL`,
-//! each in both directions.
+//! each in both directions; and each log line the page quotes against the
+//! `tracing` call that writes it (module, level, message, field names).
 
 use std::collections::BTreeSet;
 
@@ -361,4 +362,178 @@ fn every_policy_reload_reason_is_documented_and_every_documented_one_exists() {
     assert!(compare_names("reload reason", &extra, &code)
         .iter()
         .any(|p| p == "busy: documented (reload reason), not in the code"));
+}
+
+/// A log line the page quotes as `LEVEL TARGET: MESSAGE name=value ...`.
+#[derive(Debug)]
+struct DocLogLine {
+    level: String,
+    target: String,
+    message: String,
+    fields: Vec<String>,
+}
+
+/// The code spans of the "Logs" section (inline ones, which may wrap, and
+/// each line of a fenced block) that start with a level.
+fn doc_log_lines(text: &str) -> Vec<DocLogLine> {
+    let start = text.find("\n## Logs\n").expect("a Logs section") + 1;
+    let rest = &text[start..];
+    let end = rest[1..].find("\n## ").map_or(rest.len(), |e| e + 1);
+    let (mut spans, mut prose, mut fenced) = (Vec::new(), String::new(), false);
+    for line in rest[..end].lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if fenced {
+            spans.push(line.trim().to_string());
+        } else {
+            prose.push_str(line);
+            prose.push('\n');
+        }
+    }
+    spans.extend(
+        prose
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" ")),
+    );
+    spans.iter().filter_map(|s| parse_log_line(s)).collect()
+}
+
+fn parse_log_line(span: &str) -> Option<DocLogLine> {
+    let (level, rest) = span.split_once(' ')?;
+    if !["INFO", "WARN", "ERROR"].contains(&level) {
+        return None;
+    }
+    let (target, after) = rest.split_once(": ")?;
+    // The message ends where the first ` name=` begins.
+    let field_at = |i: usize| -> Option<usize> {
+        let name: String = after[i + 1..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        (!name.is_empty() && after[i + 1 + name.len()..].starts_with('=')).then_some(name.len())
+    };
+    let starts: Vec<(usize, usize)> = after
+        .match_indices(' ')
+        .filter_map(|(i, _)| field_at(i).map(|n| (i, n)))
+        .collect();
+    let message = starts.first().map_or(after, |&(i, _)| &after[..i]);
+    Some(DocLogLine {
+        level: level.to_string(),
+        target: target.to_string(),
+        message: message.to_string(),
+        fields: starts
+            .iter()
+            .map(|&(i, n)| after[i + 1..i + 1 + n].to_string())
+            .collect(),
+    })
+}
+
+/// `text` without the contents of its string literals.
+fn without_literals(text: &str) -> String {
+    let (mut out, mut inside, mut escaped) = (String::new(), false, false);
+    for c in text.chars() {
+        match (inside, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (_, false, '"') => inside = !inside,
+            (false, _, c) => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The `tracing::LEVEL!(...)` calls of `source`, each up to its closing
+/// parenthesis.
+fn tracing_calls<'s>(source: &'s str, level: &str) -> Vec<&'s str> {
+    let open = format!("tracing::{}!(", level.to_ascii_lowercase());
+    source
+        .match_indices(&open)
+        .map(|(at, _)| {
+            let mut depth = 0;
+            let len = source[at..]
+                .char_indices()
+                .find(|&(_, c)| {
+                    depth += i32::from(c == '(') - i32::from(c == ')');
+                    c == ')' && depth == 0
+                })
+                .map_or(source.len() - at, |(i, _)| i + 1);
+            &source[at..at + len]
+        })
+        .collect()
+}
+
+/// Whether the code logs `line`: a call at its level in its module whose
+/// message starts with the quoted one and that names every quoted field.
+fn check_log_line(line: &DocLogLine) -> Result<(), String> {
+    let module = line
+        .target
+        .strip_prefix("credbroker::")
+        .ok_or_else(|| format!("{line:?}: the target is not a credbroker module"))?
+        .replace("::", "/");
+    let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let source = [format!("{module}.rs"), format!("{module}/mod.rs")]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(src.join(f)).ok())
+        .ok_or_else(|| format!("{line:?}: no module src/{module}.rs"))?;
+    let literal = format!("\"{}", line.message);
+    let call = tracing_calls(&source, &line.level)
+        .into_iter()
+        .find(|c| c.contains(&literal))
+        .ok_or_else(|| {
+            format!(
+                "{}: no tracing::{}! in src/{module} logs {:?}",
+                line.target,
+                line.level.to_ascii_lowercase(),
+                line.message
+            )
+        })?;
+    let code = without_literals(call);
+    let is_word = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+    for f in &line.fields {
+        let named = code.match_indices(f.as_str()).any(|(i, _)| {
+            !is_word(code[..i].chars().next_back()) && !is_word(code[i + f.len()..].chars().next())
+        });
+        if !named {
+            return Err(format!("{:?}: the call has no field {f}", line.message));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn every_quoted_log_line_is_logged_by_the_code() {
+    let text = read_doc("OPERATIONS.md");
+    let lines = doc_log_lines(&text);
+    assert!(lines.len() >= 10, "{lines:#?}");
+    let problems: Vec<String> = lines
+        .iter()
+        .filter_map(|l| check_log_line(l).err())
+        .collect();
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // A page that drifted fails: a reworded message, a field the call does
+    // not have, another level, another module.
+    for (from, to) in [
+        ("signing key rotated kid", "signing key turned kid"),
+        ("peer_uid=1001", "peer=1001"),
+        (
+            "WARN credbroker::ops: emergency",
+            "INFO credbroker::ops: emergency",
+        ),
+        (
+            "ERROR credbroker::freeze: the emergency freeze record was",
+            "ERROR credbroker::ops: the emergency freeze record was",
+        ),
+    ] {
+        let bent = text.replacen(from, to, 1);
+        assert_ne!(bent, text, "{from}");
+        let failing: Vec<String> = doc_log_lines(&bent)
+            .iter()
+            .filter_map(|l| check_log_line(l).err())
+            .collect();
+        assert_eq!(failing.len(), 1, "{from} -> {to}: {failing:?}");
+    }
 }
