@@ -267,6 +267,7 @@ async fn demo_service(
             client_id: provider.client_id.clone(),
             redirect_uri: provider.redirect_uri.clone(),
             key,
+            revoked_file: Some(dir.join(qs::DEMO_REVOKED)),
         },
         Arc::new(crate::clock::SystemClock),
     )?;

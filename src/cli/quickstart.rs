@@ -18,6 +18,8 @@ pub(super) const DEFAULT_LISTEN: &str = "127.0.0.1:8440";
 pub(super) const DEFAULT_DEMO_LISTEN: &str = "127.0.0.1:8441";
 /// The demo service's signing key, inside the directory.
 pub(super) const DEMO_KEY: &str = "keys/demo-service.pem";
+/// The demo service's revoked grants, one id a line.
+pub(super) const DEMO_REVOKED: &str = "data/demo-revoked-grants";
 /// The demo provider's name (the policy's `service`).
 pub(super) const DEMO_SERVICE: &str = "demo";
 /// The demo API's path on the demo service (its base URL is the audience

@@ -105,6 +105,10 @@ fn quickstart_demo_preset_fills_its_endpoints_under_its_issuer_and_is_flagged() 
     let e = p.endpoints.as_ref().unwrap();
     assert_eq!(e.authorization, "http://127.0.0.1:8441/authorize");
     assert_eq!(e.token, "http://127.0.0.1:8441/token");
+    assert_eq!(
+        e.revocation.as_deref(),
+        Some("http://127.0.0.1:8441/revoke")
+    );
     assert_eq!(p.client_auth, ClientAuth::None, "a public client: PKCE");
     // Its API's origin, for the egress proxy.
     assert_eq!(p.api_base.as_deref(), Some("http://127.0.0.1:8441"));

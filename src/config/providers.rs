@@ -242,7 +242,9 @@ fn provider(
         (Some(authorization), Some(token)) => Some(Endpoints {
             authorization,
             token,
-            revocation: rp.revocation_endpoint,
+            revocation: rp
+                .revocation_endpoint
+                .or_else(|| demo_base.as_ref().map(|b| format!("{b}/revoke"))),
             userinfo: rp.userinfo_endpoint,
             // Explicit endpoints: `iss` is checked when sent, not required.
             sends_iss: false,

@@ -8,8 +8,9 @@
 //! - an OAuth 2.0 authorization server (RFC 6749 code flow): `/authorize`
 //!   shows a plain page where the person picks one of two demo accounts and
 //!   allows or denies; `/token` exchanges a code (single use, 60 s, PKCE
-//!   S256 required, RFC 7636 section 4.6) and a refresh token; `/jwks`
-//!   publishes its signing key;
+//!   S256 required, RFC 7636 section 4.6) and a refresh token; `/revoke`
+//!   (RFC 7009) revokes a token's whole grant, its access and refresh
+//!   tokens alike (section 2.1); `/jwks` publishes its signing key;
 //! - a demo API under a configurable base URL (`api_base`, also the
 //!   audience of its access tokens, so a proxy can sit in front of it):
 //!   `GET {api_base}/me` (the account, for the broker's account look-up)
@@ -18,10 +19,14 @@
 //!
 //! Tokens are ES256 JWTs signed with the demo's own key (kept in the quick
 //! start's directory), so they survive a restart of the quick start and
-//! any JOSE library can read them. Codes live in memory. Nothing is
-//! logged but fixed words and the demo account's name.
+//! any JOSE library can read them. Codes live in memory; revoked grants
+//! are kept in a file of the quick start's directory (one id a line), so
+//! a revocation survives a restart too. Nothing is logged but fixed words
+//! and the demo account's name.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -73,6 +78,9 @@ pub struct DemoOptions {
     pub redirect_uri: String,
     /// Its signing key.
     pub key: Es256Key,
+    /// Where revoked grants are kept, one id a line (`None`: in memory
+    /// only).
+    pub revoked_file: Option<PathBuf>,
 }
 
 /// An authorization code waiting for its exchange.
@@ -89,6 +97,8 @@ pub struct Demo {
     api_path: String,
     clock: SharedClock,
     codes: Mutex<HashMap<String, Pending>>,
+    /// The ids of revoked grants.
+    revoked: Mutex<HashSet<String>>,
 }
 
 impl std::fmt::Debug for Demo {
@@ -105,6 +115,9 @@ pub enum DemoError {
     /// `api_base` is not an http URL under the issuer.
     #[error("the demo API base {0} is not an http URL on the demo service's own address")]
     ApiBase(String),
+    /// The file of revoked grants cannot be read.
+    #[error("the demo service's revoked grants, {0}: {1}")]
+    Revoked(String, std::io::Error),
 }
 
 impl Demo {
@@ -119,14 +132,25 @@ impl Demo {
             }
             _ => return Err(DemoError::ApiBase(opts.api_base.clone())),
         };
-        if api_path.is_empty() || ["/authorize", "/token", "/jwks"].contains(&api_path.as_str()) {
+        if api_path.is_empty()
+            || ["/authorize", "/token", "/revoke", "/jwks"].contains(&api_path.as_str())
+        {
             return Err(DemoError::ApiBase(opts.api_base.clone()));
         }
+        let revoked = match &opts.revoked_file {
+            None => HashSet::new(),
+            Some(f) => match std::fs::read_to_string(f) {
+                Ok(text) => text.lines().map(str::to_string).collect(),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => HashSet::new(),
+                Err(e) => return Err(DemoError::Revoked(f.display().to_string(), e)),
+            },
+        };
         Ok(Arc::new(Demo {
             opts,
             api_path,
             clock,
             codes: Mutex::new(HashMap::new()),
+            revoked: Mutex::new(revoked),
         }))
     }
 
@@ -166,6 +190,7 @@ impl Demo {
             (&Method::GET, "/authorize", _) => self.authorize_page(&pairs(&query)),
             (&Method::POST, "/authorize", _) => self.authorize_decision(&parts.headers, &form),
             (&Method::POST, "/token", _) => self.token(&form),
+            (&Method::POST, "/revoke", _) => self.revoke(&form),
             (&Method::GET, "/jwks", _) => json_response(
                 StatusCode::OK,
                 &json!({"keys": [self.opts.key.public_jwk.clone()]}),
@@ -328,7 +353,7 @@ impl Demo {
             return oauth_error(StatusCode::UNAUTHORIZED, "invalid_client");
         }
         let now = self.clock.now();
-        let (account, scope) = match get("grant_type") {
+        let (account, scope, grant) = match get("grant_type") {
             "authorization_code" => {
                 // Taken out first: a code is used once, right or wrong.
                 let pending = self
@@ -346,7 +371,10 @@ impl Demo {
                 {
                     return oauth_error(StatusCode::BAD_REQUEST, "invalid_grant");
                 }
-                (p.account, p.scope)
+                let Some(grant) = random_token() else {
+                    return oauth_error(StatusCode::INTERNAL_SERVER_ERROR, "server_error");
+                };
+                (p.account, p.scope, grant)
             }
             "refresh_token" => match self.verify(get("refresh_token"), REFRESH_TYP, None) {
                 Some((account, claims)) if claims["client_id"] == self.opts.client_id.as_str() => {
@@ -360,15 +388,24 @@ impl Demo {
                     } else {
                         return oauth_error(StatusCode::BAD_REQUEST, "invalid_scope");
                     };
-                    (account, scope)
+                    // The refreshed tokens stay in the grant (a token of
+                    // an earlier demo, which named none, starts one).
+                    let Some(grant) = claims["grant"]
+                        .as_str()
+                        .map(str::to_string)
+                        .or_else(random_token)
+                    else {
+                        return oauth_error(StatusCode::INTERNAL_SERVER_ERROR, "server_error");
+                    };
+                    (account, scope, grant)
                 }
                 _ => return oauth_error(StatusCode::BAD_REQUEST, "invalid_grant"),
             },
             _ => return oauth_error(StatusCode::BAD_REQUEST, "unsupported_grant_type"),
         };
         let (Some(access), Some(refresh)) = (
-            self.sign(ACCESS_TYP, account, &scope, now, ACCESS_TTL),
-            self.sign(REFRESH_TYP, account, &scope, now, REFRESH_TTL),
+            self.sign(ACCESS_TYP, account, &scope, &grant, now, ACCESS_TTL),
+            self.sign(REFRESH_TYP, account, &scope, &grant, now, REFRESH_TTL),
         ) else {
             return oauth_error(StatusCode::INTERNAL_SERVER_ERROR, "server_error");
         };
@@ -381,7 +418,47 @@ impl Demo {
         )
     }
 
-    fn sign(&self, typ: &str, account: usize, scope: &str, now: i64, ttl: i64) -> Option<String> {
+    /// Revokes the grant of a token this service issued to its client
+    /// (RFC 7009): its access and refresh tokens alike stop working. A
+    /// token it does not know is answered 200 too (section 2.2); a
+    /// revocation that cannot be kept is a 503.
+    fn revoke(&self, form: &HashMap<String, String>) -> Response<Body> {
+        if form.get("client_id").map(String::as_str) != Some(self.opts.client_id.as_str()) {
+            return oauth_error(StatusCode::UNAUTHORIZED, "invalid_client");
+        }
+        let token = form.get("token").map(String::as_str).unwrap_or("");
+        let grant = [REFRESH_TYP, ACCESS_TYP]
+            .iter()
+            .find_map(|typ| self.verify(token, typ, None))
+            .filter(|(_, c)| c["client_id"] == self.opts.client_id.as_str())
+            .and_then(|(_, c)| c["grant"].as_str().map(str::to_string));
+        let Some(grant) = grant else {
+            return json_response(StatusCode::OK, &json!({}));
+        };
+        let mut revoked = self.revoked.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = &self.opts.revoked_file {
+            let kept = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(f)
+                .and_then(|mut f| f.write_all(format!("{grant}\n").as_bytes()));
+            if kept.is_err() {
+                return oauth_error(StatusCode::SERVICE_UNAVAILABLE, "temporarily_unavailable");
+            }
+        }
+        revoked.insert(grant);
+        json_response(StatusCode::OK, &json!({}))
+    }
+
+    fn sign(
+        &self,
+        typ: &str,
+        account: usize,
+        scope: &str,
+        grant: &str,
+        now: i64,
+        ttl: i64,
+    ) -> Option<String> {
         let mut header = serde_json::Map::new();
         header.insert("typ".into(), typ.into());
         header.insert("kid".into(), self.opts.key.kid.clone().into());
@@ -392,14 +469,15 @@ impl Demo {
         };
         let claims = json!({
             "iss": self.opts.issuer, "aud": aud, "sub": ACCOUNTS[account].0,
-            "client_id": self.opts.client_id, "scope": scope,
+            "client_id": self.opts.client_id, "scope": scope, "grant": grant,
             "iat": now, "exp": now + ttl, "jti": random_token()?, "demo": true,
         });
         self.opts.key.sign_jws(header, &claims).ok()
     }
 
-    /// A token this service signed, of this `typ`, unexpired, with the
-    /// scope `need` when given: its account and claims.
+    /// A token this service signed, of this `typ`, unexpired, of a grant
+    /// not revoked, with the scope `need` when given: its account and
+    /// claims.
     fn verify(&self, token: &str, typ: &str, need: Option<&str>) -> Option<(usize, Value)> {
         let jws = crate::jose::parse(token, 8192).ok()?;
         let rule = HeaderRule {
@@ -429,6 +507,16 @@ impl Demo {
                 .unwrap_or("")
                 .split(' ')
                 .any(|x| x == s)
+            {
+                return None;
+            }
+        }
+        if let Some(g) = claims["grant"].as_str() {
+            if self
+                .revoked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(g)
             {
                 return None;
             }

@@ -1,13 +1,19 @@
 //! The demo service's own checks: PKCE, single-use codes, only its own
-//! tokens, refresh, and what `/authorize` refuses.
+//! tokens, refresh, revocation of a grant (kept across a restart), and
+//! what `/authorize` refuses.
 use super::*;
 use crate::clock::ManualClock;
 use http_body_util::BodyExt;
+use std::path::PathBuf;
 
 const REDIRECT: &str = "http://127.0.0.1:8440/callback/demo";
 const VERIFIER: &str = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk";
 
 fn demo() -> (Arc<Demo>, Arc<ManualClock>) {
+    demo_with(Es256Key::generate().unwrap().0, None)
+}
+
+fn demo_with(key: Es256Key, revoked_file: Option<PathBuf>) -> (Arc<Demo>, Arc<ManualClock>) {
     let clock = ManualClock::new(1_800_000_000);
     let d = Demo::new(
         DemoOptions {
@@ -15,7 +21,8 @@ fn demo() -> (Arc<Demo>, Arc<ManualClock>) {
             api_base: "http://127.0.0.1:8441/api".into(),
             client_id: "cq".into(),
             redirect_uri: REDIRECT.into(),
-            key: Es256Key::generate().unwrap().0,
+            key,
+            revoked_file,
         },
         clock.clone(),
     )
@@ -163,6 +170,139 @@ async fn api_refuses_expired_and_foreign_tokens_and_refresh_renews() {
     let t: Value = serde_json::from_str(&b).unwrap();
     let (s, _, _) = call(&d, "GET", "/api/notes", &[], t["access_token"].as_str()).await;
     assert_eq!(s, StatusCode::OK);
+}
+
+/// Two grants of one account: (access, refresh) tokens of each.
+async fn two_grants(d: &Demo) -> [(String, String); 2] {
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        let c = code(d, "alice.demo").await;
+        let (_, _, b) = call(d, "POST", "/token", &exchange(&c, VERIFIER), None).await;
+        let t: Value = serde_json::from_str(&b).unwrap();
+        out.push((
+            t["access_token"].as_str().unwrap().to_string(),
+            t["refresh_token"].as_str().unwrap().to_string(),
+        ));
+    }
+    out.try_into().unwrap()
+}
+
+async fn refreshes(d: &Demo, rt: &str) -> StatusCode {
+    let form = [
+        ("grant_type", "refresh_token"),
+        ("client_id", "cq"),
+        ("refresh_token", rt),
+    ];
+    call(d, "POST", "/token", &form, None).await.0
+}
+
+async fn serves(d: &Demo, at: &str) -> StatusCode {
+    call(d, "GET", "/api/notes", &[], Some(at)).await.0
+}
+
+#[tokio::test]
+async fn revoking_a_refresh_token_ends_its_whole_grant_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("revoked");
+    let (key, pkcs8) = Es256Key::generate().unwrap();
+    let (d, _) = demo_with(key, Some(file.clone()));
+    let [(at1, rt1), (at2, rt2)] = two_grants(&d).await;
+    // Another client may not revoke; a token the demo does not know is
+    // answered 200 (RFC 7009 section 2.2) and changes nothing.
+    let other = [("client_id", "other"), ("token", rt1.as_str())];
+    assert_eq!(
+        call(&d, "POST", "/revoke", &other, None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let unknown = [("client_id", "cq"), ("token", "not-a-token")];
+    assert_eq!(
+        call(&d, "POST", "/revoke", &unknown, None).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(serves(&d, &at1).await, StatusCode::OK);
+
+    // The refresh token of grant 1: its access token stops too.
+    let revoke = [
+        ("client_id", "cq"),
+        ("token", rt1.as_str()),
+        ("token_type_hint", "refresh_token"),
+    ];
+    assert_eq!(
+        call(&d, "POST", "/revoke", &revoke, None).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(serves(&d, &at1).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(refreshes(&d, &rt1).await, StatusCode::BAD_REQUEST);
+    // Positive control: grant 2 is untouched.
+    assert_eq!(serves(&d, &at2).await, StatusCode::OK);
+    assert_eq!(refreshes(&d, &rt2).await, StatusCode::OK);
+
+    // The same demo started again (same key, same file) still refuses
+    // grant 1, and serves grant 2.
+    let (again, _) = demo_with(Es256Key::from_pkcs8(pkcs8.expose()).unwrap(), Some(file));
+    assert_eq!(serves(&again, &at1).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(refreshes(&again, &rt1).await, StatusCode::BAD_REQUEST);
+    assert_eq!(serves(&again, &at2).await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn revoking_an_access_token_ends_its_grant_and_a_refreshed_token_stays_in_it() {
+    let (d, _) = demo();
+    let [(at1, rt1), (at2, _)] = two_grants(&d).await;
+    // A refresh keeps the grant: revoking the refreshed access token ends
+    // the original refresh token too.
+    let form = [
+        ("grant_type", "refresh_token"),
+        ("client_id", "cq"),
+        ("refresh_token", rt1.as_str()),
+    ];
+    let (s, _, b) = call(&d, "POST", "/token", &form, None).await;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let refreshed: Value = serde_json::from_str(&b).unwrap();
+    let at1b = refreshed["access_token"].as_str().unwrap();
+    let revoke = [("client_id", "cq"), ("token", at1b)];
+    assert_eq!(
+        call(&d, "POST", "/revoke", &revoke, None).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(serves(&d, at1b).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(serves(&d, &at1).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(refreshes(&d, &rt1).await, StatusCode::BAD_REQUEST);
+    assert_eq!(serves(&d, &at2).await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_revocation_that_cannot_be_kept_is_503_and_revokes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // At start, a file that cannot be read is refused, named.
+    let not_a_file = dir.path().join("a-directory");
+    std::fs::create_dir(&not_a_file).unwrap();
+    let e = Demo::new(
+        DemoOptions {
+            issuer: "http://127.0.0.1:8441".into(),
+            api_base: "http://127.0.0.1:8441/api".into(),
+            client_id: "cq".into(),
+            redirect_uri: REDIRECT.into(),
+            key: Es256Key::generate().unwrap().0,
+            revoked_file: Some(not_a_file.clone()),
+        },
+        ManualClock::new(1_800_000_000),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains(&not_a_file.display().to_string()), "{e}");
+    // Its directory removed once the demo runs: the revocation cannot be
+    // written down.
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let (d, _) = demo_with(Es256Key::generate().unwrap().0, Some(sub.join("revoked")));
+    std::fs::remove_dir(&sub).unwrap();
+    let [(at1, rt1), _] = two_grants(&d).await;
+    let revoke = [("client_id", "cq"), ("token", rt1.as_str())];
+    let (s, _, b) = call(&d, "POST", "/revoke", &revoke, None).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+    // Not half done: the grant still works, as the 503 says.
+    assert_eq!(serves(&d, &at1).await, StatusCode::OK);
 }
 
 #[tokio::test]

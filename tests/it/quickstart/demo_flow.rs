@@ -4,7 +4,8 @@
 //! changes nothing; Alice connects her demo account; the retry is issued
 //! a credbroker token for the broker's proxy (it verifies in npm `jose`),
 //! and the tool's call through the proxy is served the demo notes, while
-//! the demo service's own token appears in no answer, log or event.
+//! the demo service's own token appears in no answer, log or event; then
+//! disconnecting revokes the grant at the demo service.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 use credbroker::client::{Answer, Client, DeriveParams};
@@ -223,4 +224,32 @@ async fn quickstart_demo_connect_link_in_chromium() {
         panic!("Bob was issued a token of Alice's account");
     };
     assert_eq!(for_bob.reason.as_deref(), Some("connect_required"));
+
+    // Disconnecting revokes at the demo service (RFC 7009), which keeps
+    // the revoked grant in the quick start's directory; then the tool is
+    // back to a connect link.
+    let revoked_file = q.dir.join("data/demo-revoked-grants");
+    assert!(!revoked_file.exists(), "nothing revoked before");
+    let config = q.config();
+    let (code, out, err) = q.cli(&[
+        "accounts",
+        "disconnect",
+        "--config",
+        config.to_str().unwrap(),
+        "--person",
+        "alice",
+        "--service",
+        "demo",
+    ]);
+    assert_eq!(code, 0, "accounts disconnect: {out}{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["revocation"], "revoked", "{report}");
+    assert_eq!(report["deleted"], true, "{report}");
+    let grants = std::fs::read_to_string(&revoked_file).unwrap();
+    assert_eq!(grants.lines().count(), 1, "{grants}");
+    q.assert_no_demo_token(&out, "the disconnect report");
+    let Answer::Refused(after) = derive_demo(&q, &key, "alice").await else {
+        panic!("issued after the account was disconnected");
+    };
+    assert_eq!(after.reason.as_deref(), Some("connect_required"));
 }
