@@ -35,17 +35,19 @@ async fn derive_demo(q: &Quickstart, key: &Es256Key, sub: &str) -> Answer {
 /// The accounts the running quick start lists for `person` (through its
 /// admin socket, as an operator would).
 fn accounts_of(q: &Quickstart, person: &str) -> serde_json::Value {
+    accounts(q, &["list", "--person", person]).1
+}
+
+/// `credbroker accounts ARGS` on the quick start's config, which must
+/// succeed: what it printed, as text and as JSON.
+fn accounts(q: &Quickstart, args: &[&str]) -> (String, serde_json::Value) {
     let config = q.config();
-    let (code, out, err) = q.cli(&[
-        "accounts",
-        "list",
-        "--config",
-        config.to_str().unwrap(),
-        "--person",
-        person,
-    ]);
-    assert_eq!(code, 0, "accounts list: {out}{err}");
-    serde_json::from_str(&out).unwrap_or_else(|_| panic!("accounts list printed {out}"))
+    let mut all = vec!["accounts", args[0], "--config", config.to_str().unwrap()];
+    all.extend_from_slice(&args[1..]);
+    let (code, out, err) = q.cli(&all);
+    assert_eq!(code, 0, "accounts {args:?}: {out}{err}");
+    let json = serde_json::from_str(&out).unwrap_or_else(|_| panic!("accounts printed {out}"));
+    (out, json)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -230,19 +232,10 @@ async fn quickstart_demo_connect_link_in_chromium() {
     // back to a connect link.
     let revoked_file = q.dir.join("data/demo-revoked-grants");
     assert!(!revoked_file.exists(), "nothing revoked before");
-    let config = q.config();
-    let (code, out, err) = q.cli(&[
-        "accounts",
-        "disconnect",
-        "--config",
-        config.to_str().unwrap(),
-        "--person",
-        "alice",
-        "--service",
-        "demo",
-    ]);
-    assert_eq!(code, 0, "accounts disconnect: {out}{err}");
-    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (out, report) = accounts(
+        &q,
+        &["disconnect", "--person", "alice", "--service", "demo"],
+    );
     assert_eq!(report["revocation"], "revoked", "{report}");
     assert_eq!(report["deleted"], true, "{report}");
     let grants = std::fs::read_to_string(&revoked_file).unwrap();
