@@ -58,6 +58,15 @@ const RING_KEY: &[u8] = b"ring/v1";
 /// writing the ring).
 const CAS_ATTEMPTS: usize = 16;
 
+/// What a record sealed under another master key tells the operator: the
+/// likeliest cause, a `keys.master_key_file` that is not this store's.
+fn master_hint(e: &SealError) -> &'static str {
+    match e {
+        SealError::UnknownKey(_) => "; keys.master_key_file is not the master key this store was made with (every replica needs the same one)",
+        _ => "",
+    }
+}
+
 /// Errors of the minting layer.
 #[derive(Debug, thiserror::Error)]
 pub enum MintError {
@@ -65,7 +74,7 @@ pub enum MintError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// A key record did not decrypt.
-    #[error("signing key record: {0}")]
+    #[error("signing key record (store tree signing_keys): {0}{hint}", hint = master_hint(.0))]
     Seal(#[from] SealError),
     /// A key or signature operation failed.
     #[error("signing: {0}")]

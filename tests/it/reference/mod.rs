@@ -1,6 +1,8 @@
 //! The reference pages, `docs/CONFIGURATION.md` and `docs/OPERATIONS.md`,
 //! against the code they describe: the config keys the parser accepts, the
-//! metrics the registry holds and the audit event types, in both directions.
+//! metrics the registry holds and the audit event types, in both directions;
+//! the log lines OPERATIONS quotes against the calls that write them, and
+//! its troubleshooting messages against what the binary prints.
 //! Each test also mutates the page it read and shows that the check then
 //! fails, so a check that cannot fail is caught here too.
 // The helpers the tests call panic on a broken fixture, as the tests do
@@ -9,6 +11,7 @@
 
 mod configuration;
 mod operations;
+mod troubleshooting;
 
 use std::path::PathBuf;
 
