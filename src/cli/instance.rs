@@ -145,8 +145,12 @@ Next steps, in another terminal (the README's walkthrough):
   URL={resource}{notes}
   PROOF=$(credbroker proof --key tool-key.pem --method GET --url "$URL" --access-token "$DEMO_AT")
   curl -H "Authorization: DPoP $DEMO_AT" -H "DPoP: $PROOF" "$URL"
+  # alice disconnects: revoked at the demo service (RFC 7009), then deleted
+  credbroker accounts disconnect -c {config} \
+    --person alice --service demo
 "#,
-                notes = qs::DEMO_NOTES_PATH
+                notes = qs::DEMO_NOTES_PATH,
+                config = config.display(),
             ));
         }
         (Some(_), Some((resource, crate::policy::Delivery::ProviderToken))) => {

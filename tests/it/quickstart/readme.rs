@@ -154,8 +154,24 @@ async fn readme_walkthrough_runs_as_written_from_a_fresh_directory() {
         .await
         .unwrap();
     assert!(status.success(), "bash: {status}\n{err}");
-    assert_eq!(rest.len(), 1, "step 5: {rest:#?}\n{err}");
-    let notes: serde_json::Value = serde_json::from_str(&rest[0]).unwrap();
-    assert_eq!(notes["account"], "alice.demo", "step 5: {}", rest[0]);
+    // curl prints the API's answer without a line break, so the two
+    // answers may share a line: read them as a stream of JSON values.
+    let printed = rest.concat();
+    let answers: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&printed)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("steps 5 and 6 printed {printed}: {e}\n{err}"));
+    let [notes, gone] = &answers[..] else {
+        panic!("steps 5 and 6 printed {printed}\n{err}");
+    };
+    assert_eq!(notes["account"], "alice.demo", "step 5: {notes}");
     assert_eq!(notes["demo"], true);
+    assert_eq!(gone["revocation"], "revoked", "step 6: {gone}");
+    assert_eq!(gone["deleted"], true, "step 6: {gone}");
+    assert!(
+        gone["message"].as_str().unwrap_or_default().starts_with(
+            "revoked at Demo service: the refresh token and the access token (RFC 7009)"
+        ),
+        "step 6: {gone}"
+    );
 }
