@@ -431,7 +431,7 @@ impl Demo {
             .iter()
             .find_map(|typ| self.verify(token, typ, None))
             .filter(|(_, c)| c["client_id"] == self.opts.client_id.as_str())
-            .and_then(|(_, c)| c["grant"].as_str().map(str::to_string));
+            .and_then(|(_, c)| revocable(&c).map(str::to_string));
         let Some(grant) = grant else {
             return json_response(StatusCode::OK, &json!({}));
         };
@@ -511,7 +511,7 @@ impl Demo {
                 return None;
             }
         }
-        if let Some(g) = claims["grant"].as_str() {
+        if let Some(g) = revocable(&claims) {
             if self
                 .revoked
                 .lock()
@@ -551,6 +551,12 @@ impl Demo {
             }
         }
     }
+}
+
+/// What revoking a token ends: its grant, or for a token of an earlier
+/// demo, which named no grant, the token itself (its `jti`).
+fn revocable(claims: &Value) -> Option<&str> {
+    claims["grant"].as_str().or_else(|| claims["jti"].as_str())
 }
 
 /// Serves the demo service on `listener` until the task is dropped.

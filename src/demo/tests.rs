@@ -272,6 +272,35 @@ async fn revoking_an_access_token_ends_its_grant_and_a_refreshed_token_stays_in_
 }
 
 #[tokio::test]
+async fn a_token_of_an_earlier_demo_without_a_grant_is_revoked_by_itself() {
+    let (key, pkcs8) = Es256Key::generate().unwrap();
+    let (d, _) = demo_with(key, None);
+    // Refresh tokens as an earlier demo signed them: no `grant` claim.
+    let signer = Es256Key::from_pkcs8(pkcs8.expose()).unwrap();
+    let old = |jti: &str| {
+        let mut header = serde_json::Map::new();
+        header.insert("typ".into(), REFRESH_TYP.into());
+        header.insert("kid".into(), signer.kid.clone().into());
+        let claims = json!({
+            "iss": "http://127.0.0.1:8441", "aud": "http://127.0.0.1:8441", "sub": "1001",
+            "client_id": "cq", "scope": NOTES_SCOPE, "iat": 1_800_000_000,
+            "exp": 1_800_000_000 + REFRESH_TTL, "jti": jti, "demo": true,
+        });
+        signer.sign_jws(header, &claims).unwrap()
+    };
+    let (first, second) = (old("jti-1"), old("jti-2"));
+    assert_eq!(refreshes(&d, &first).await, StatusCode::OK);
+    let revoke = [("client_id", "cq"), ("token", first.as_str())];
+    assert_eq!(
+        call(&d, "POST", "/revoke", &revoke, None).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(refreshes(&d, &first).await, StatusCode::BAD_REQUEST);
+    // Positive control: another token of that kind is not touched.
+    assert_eq!(refreshes(&d, &second).await, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn a_revocation_that_cannot_be_kept_is_503_and_revokes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     // At start, a file that cannot be read is refused, named.
