@@ -120,6 +120,70 @@ async fn per_person_and_tool_rate_limit_is_429_with_retry_after() {
 }
 
 #[tokio::test]
+async fn following_use_dpop_nonce_on_the_proxy_costs_no_rate_token() {
+    let p = ProxyEnv::start(
+        "\n[dpop]\nrequire_nonce = true\n[limits]\nper_peer_per_second = 10000\nper_person_tool_per_second = 1\nburst = 4\n",
+    )
+    .await;
+    // Two of the four tokens go to derives: the set-up's (the connect
+    // link, before alice connected) and this token's; their own nonce
+    // challenges take none. Two are left for the pairs below.
+    let read = p.token("acme.read", "triage").await;
+    let htu = format!("{}/proxy/acme/user", p.env.broker.issuer);
+    let with_nonce = |nonce: &str| {
+        credbroker::internals::dpop::make_proof(
+            &p.key,
+            "GET",
+            &htu,
+            crate::support::now(),
+            Some(&read),
+            Some(nonce),
+        )
+        .unwrap()
+    };
+    // Twice what a tool without a current nonce does: a call without one,
+    // then the same call with the nonce the 401 handed out. Only the
+    // second of each pair may take a token.
+    for pair in 1..=2 {
+        let r = p.call(&read, "GET", "/user", None).await;
+        assert_eq!(r.status(), 401, "pair {pair}, no nonce");
+        let nonce = r.headers()["dpop-nonce"].to_str().unwrap().to_string();
+        let r = p
+            .send(
+                "GET",
+                "/proxy/acme/user",
+                &format!("DPoP {read}"),
+                &with_nonce(&nonce),
+                None,
+            )
+            .await;
+        assert_eq!(r.status(), 200, "pair {pair}, with the nonce");
+    }
+    assert_eq!(p.api.records().len(), 2);
+    // Positive control: the limit is there, and soon refuses a call with a
+    // good nonce (a token comes back each second).
+    let mut limited = false;
+    for _ in 0..4 {
+        let r = p.call(&read, "GET", "/user", None).await;
+        let nonce = r.headers()["dpop-nonce"].to_str().unwrap().to_string();
+        let r = p
+            .send(
+                "GET",
+                "/proxy/acme/user",
+                &format!("DPoP {read}"),
+                &with_nonce(&nonce),
+                None,
+            )
+            .await;
+        if r.status() == 429 {
+            limited = true;
+            break;
+        }
+    }
+    assert!(limited, "four more calls with a nonce were all served");
+}
+
+#[tokio::test]
 async fn an_api_that_never_finishes_its_tls_handshake_is_504_after_connect_timeout() {
     let mut p = ProxyEnv::start("connect_timeout = \"300ms\"").await;
     let read = p.token("acme.read", "triage").await;
