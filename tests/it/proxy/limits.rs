@@ -65,12 +65,14 @@ async fn unreachable_api_is_502_with_its_reason_at_once() {
     served_again(&mut p, &config, &read).await;
 }
 
+/// One call a second per person and tool, with a burst of `burst`.
+fn person_tool_limit(burst: u32) -> String {
+    format!("\n[limits]\nper_peer_per_second = 10000\nper_person_tool_per_second = 1\nburst = {burst}\n")
+}
+
 #[tokio::test]
 async fn per_person_and_tool_rate_limit_is_429_with_retry_after() {
-    let p = ProxyEnv::start(
-        "\n[limits]\nper_peer_per_second = 10000\nper_person_tool_per_second = 1\nburst = 3\n",
-    )
-    .await;
+    let p = ProxyEnv::start(&person_tool_limit(3)).await;
     let read = p.token("acme.read", "triage").await;
     let write = p.token("acme.write", "open_pr").await;
 
@@ -119,63 +121,58 @@ async fn per_person_and_tool_rate_limit_is_429_with_retry_after() {
     }
 }
 
+/// The call a tool without a current nonce makes twice: `GET /user`
+/// without a nonce, then again with the one its 401 handed out. The
+/// first answer's status, and the second answer.
+async fn without_then_with_a_nonce(p: &ProxyEnv, token: &str) -> (u16, reqwest::Response) {
+    let first = p.call(token, "GET", "/user", None).await;
+    let status = first.status().as_u16();
+    let nonce = first.headers()["dpop-nonce"].to_str().unwrap();
+    let htu = format!("{}/proxy/acme/user", p.env.broker.issuer);
+    let proof = credbroker::internals::dpop::make_proof(
+        &p.key,
+        "GET",
+        &htu,
+        crate::support::now(),
+        Some(token),
+        Some(nonce),
+    )
+    .unwrap();
+    let second = p
+        .send(
+            "GET",
+            "/proxy/acme/user",
+            &format!("DPoP {token}"),
+            &proof,
+            None,
+        )
+        .await;
+    (status, second)
+}
+
 #[tokio::test]
 async fn following_use_dpop_nonce_on_the_proxy_costs_no_rate_token() {
-    let p = ProxyEnv::start(
-        "\n[dpop]\nrequire_nonce = true\n[limits]\nper_peer_per_second = 10000\nper_person_tool_per_second = 1\nburst = 4\n",
-    )
+    let p = ProxyEnv::start(&format!(
+        "\n[dpop]\nrequire_nonce = true{}",
+        person_tool_limit(4)
+    ))
     .await;
     // Two of the four tokens go to derives: the set-up's (the connect
     // link, before alice connected) and this token's; their own nonce
     // challenges take none. Two are left for the pairs below.
     let read = p.token("acme.read", "triage").await;
-    let htu = format!("{}/proxy/acme/user", p.env.broker.issuer);
-    let with_nonce = |nonce: &str| {
-        credbroker::internals::dpop::make_proof(
-            &p.key,
-            "GET",
-            &htu,
-            crate::support::now(),
-            Some(&read),
-            Some(nonce),
-        )
-        .unwrap()
-    };
-    // Twice what a tool without a current nonce does: a call without one,
-    // then the same call with the nonce the 401 handed out. Only the
-    // second of each pair may take a token.
+    // Only the second call of each pair may take a token.
     for pair in 1..=2 {
-        let r = p.call(&read, "GET", "/user", None).await;
-        assert_eq!(r.status(), 401, "pair {pair}, no nonce");
-        let nonce = r.headers()["dpop-nonce"].to_str().unwrap().to_string();
-        let r = p
-            .send(
-                "GET",
-                "/proxy/acme/user",
-                &format!("DPoP {read}"),
-                &with_nonce(&nonce),
-                None,
-            )
-            .await;
-        assert_eq!(r.status(), 200, "pair {pair}, with the nonce");
+        let (first, second) = without_then_with_a_nonce(&p, &read).await;
+        assert_eq!(first, 401, "pair {pair}, no nonce");
+        assert_eq!(second.status(), 200, "pair {pair}, with the nonce");
     }
     assert_eq!(p.api.records().len(), 2);
     // Positive control: the limit is there, and soon refuses a call with a
     // good nonce (a token comes back each second).
     let mut limited = false;
     for _ in 0..4 {
-        let r = p.call(&read, "GET", "/user", None).await;
-        let nonce = r.headers()["dpop-nonce"].to_str().unwrap().to_string();
-        let r = p
-            .send(
-                "GET",
-                "/proxy/acme/user",
-                &format!("DPoP {read}"),
-                &with_nonce(&nonce),
-                None,
-            )
-            .await;
-        if r.status() == 429 {
+        if without_then_with_a_nonce(&p, &read).await.1.status() == 429 {
             limited = true;
             break;
         }
