@@ -13,6 +13,7 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -161,6 +162,11 @@ pub enum Answer {
 pub struct Client {
     socket: PathBuf,
     issuer: String,
+    /// The last DPoP nonce the broker handed out (`[dpop] require_nonce`),
+    /// sent with every derive until the broker asks for another (RFC 9449
+    /// section 8), so that a derive costs one request and one proof, not
+    /// two. Shared by the clones of this client. A nonce is public.
+    nonce: Arc<Mutex<Option<String>>>,
 }
 
 /// A raw HTTP answer.
@@ -214,6 +220,7 @@ impl Client {
         Client {
             socket: socket.into(),
             issuer: issuer.trim_end_matches('/').to_owned(),
+            nonce: Arc::default(),
         }
     }
 
@@ -229,16 +236,17 @@ impl Client {
 
     /// [`Client::derive`] for a call described by RFC 9396
     /// `authorization_details` (see [`Client::derive_with_details`]):
-    /// a fresh proof with `key`, and one retry with the server's nonce if
-    /// it asks for one (`[dpop] require_nonce`).
+    /// a fresh proof with `key` and the last nonce the broker handed out,
+    /// and one retry with a new nonce if it asks for one (`[dpop]
+    /// require_nonce`).
     pub async fn derive_for_details(
         &self,
         p: &DeriveParams<'_>,
         authorization_details: Option<&serde_json::Value>,
         key: &Es256Key,
     ) -> Result<Answer, ClientError> {
-        let mut nonce: Option<String> = None;
-        for _ in 0..2 {
+        let mut nonce = self.nonce.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for attempt in 0..2 {
             let now = crate::clock::Clock::now(&crate::clock::SystemClock);
             let proof = crate::dpop::make_proof(
                 key,
@@ -257,7 +265,10 @@ impl Client {
                     ref error,
                     dpop_nonce: Some(ref n),
                     ..
-                }) if error == "use_dpop_nonce" && nonce.is_none() => nonce = Some(n.clone()),
+                }) if error == "use_dpop_nonce" && attempt == 0 => {
+                    *self.nonce.lock().unwrap_or_else(|p| p.into_inner()) = Some(n.clone());
+                    nonce = Some(n.clone());
+                }
                 a => return Ok(a),
             }
         }

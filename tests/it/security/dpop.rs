@@ -458,6 +458,43 @@ async fn dpop_nonce_missing_or_stale_when_required() {
     b.derive_ok(&k).await;
 }
 
+#[tokio::test]
+async fn the_client_keeps_the_nonce_it_was_handed() {
+    let b = TestBroker::start_with(Opts {
+        extra_config: "\n[dpop]\nrequire_nonce = true\n".into(),
+        ..Opts::default()
+    });
+    let k = key();
+    let challenges = |b: &TestBroker| {
+        b.audit_lines()
+            .iter()
+            .filter(|e| e["reason"] == "use_dpop_nonce")
+            .count()
+    };
+    let params = DeriveParams {
+        subject_token: &b.subject_token("alice"),
+        step: "summarize",
+        tool: "notes.read",
+        resource: RESOURCE,
+        scope: None,
+    };
+    // Three derives, and a clone's: one challenge, the first; the nonce it
+    // handed out serves the rest (RFC 9449 section 8).
+    let client = b.client();
+    for what in ["first", "second", "third"] {
+        let a = client.derive(&params, &k).await.unwrap();
+        assert!(matches!(a, Answer::Issued(_)), "{what}: {a:?}");
+    }
+    let a = client.clone().derive(&params, &k).await.unwrap();
+    assert!(matches!(a, Answer::Issued(_)), "the clone: {a:?}");
+    assert_eq!(challenges(&b), 1);
+    // Positive control: the challenges are counted; a new client, which
+    // holds no nonce, is challenged once.
+    let a = b.client().derive(&params, &k).await.unwrap();
+    assert!(matches!(a, Answer::Issued(_)), "a new client: {a:?}");
+    assert_eq!(challenges(&b), 2);
+}
+
 #[test]
 fn dpop_nonce_from_two_buckets_ago_is_stale() {
     // A genuinely stale nonce needs the server's key and up to 60 s of
