@@ -257,6 +257,9 @@ struct Inner {
     input_key: String,
     state_ttl: i64,
     sensitive: Option<Sensitive>,
+    /// The last DPoP nonce the broker's proxy handed out, sent with the
+    /// next calls until it asks for another (RFC 9449 section 8).
+    proxy_nonce: std::sync::Mutex<Option<String>>,
 }
 
 #[derive(Clone)]
@@ -617,11 +620,17 @@ impl RepoServer {
         let htu = url.split(['?', '#']).next().unwrap_or(url);
         let m =
             http::Method::from_bytes(method.as_bytes()).map_err(|_| "bad method".to_string())?;
-        // A fresh proof; when the broker's proxy requires DPoP nonces, it
-        // answers the first one with `use_dpop_nonce` and its nonce (before
-        // anything goes upstream), and the call is made once more with it.
-        let mut nonce: Option<String> = None;
+        // A fresh proof, with the proxy's last nonce when it requires DPoP
+        // nonces; when it asks for a new one (`use_dpop_nonce`, before
+        // anything goes upstream), the call is made once more with it.
+        let mut nonce = me
+            .proxy_nonce
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut attempt = 0;
         let mut resp = loop {
+            attempt += 1;
             let proof = credbroker::client::proof_with_nonce(
                 &me.dpop_key,
                 method,
@@ -644,7 +653,10 @@ impl RepoServer {
                 .await
                 .map_err(|_| "The API is unreachable.".to_string())?;
             match nonce_challenge(&resp) {
-                Some(n) if nonce.is_none() => nonce = Some(n),
+                Some(n) if attempt == 1 => {
+                    *me.proxy_nonce.lock().unwrap_or_else(|p| p.into_inner()) = Some(n.clone());
+                    nonce = Some(n);
+                }
                 _ => break resp,
             }
         };
@@ -1078,6 +1090,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         scope: args.scope,
         input_key: format!("connect_{}", args.service),
         state_ttl: args.state_ttl,
+        proxy_nonce: std::sync::Mutex::new(None),
     });
     let server = RepoServer(inner);
     let mcp = StreamableHttpService::new(

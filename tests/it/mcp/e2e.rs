@@ -26,7 +26,8 @@
 //!
 //! The broker requires DPoP nonces (`[dpop] require_nonce`), on the socket
 //! and on its proxy: the example follows each `use_dpop_nonce` challenge,
-//! for both tools' derives and for the proxied calls.
+//! for both tools' derives and for the proxied calls, and keeps the nonce
+//! it was handed for the next ones.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 use std::path::{Path, PathBuf};
@@ -437,6 +438,24 @@ async fn mcp_connect_link_completed_in_chromium_in_both_protocol_versions() {
         "one proxied call per API hit: {proxied:?}"
     );
     assert!(proxied.iter().all(|x| x["tool"] == "acme.repos"));
+    // The example keeps the proxy's nonce: its first call is challenged,
+    // the next ones reuse the nonce (a second challenge only if the nonce's
+    // time bucket ran out meanwhile), where a client that kept nothing
+    // would be challenged at each of the three calls.
+    let challenged = e
+        .broker
+        .metric(r#"credbroker_proxy_requests_total{outcome="use_dpop_nonce",service="acme",tool="other"}"#)
+        .unwrap_or(0.0);
+    assert!(
+        (1.0..3.0).contains(&challenged),
+        "{challenged} challenges for 3 proxied calls: {}",
+        e.broker
+            .metrics()
+            .lines()
+            .filter(|l| l.contains("proxy_requests_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let log = e.server.log_text();
     for h in hits {
         let auth = h.authorization.unwrap();
