@@ -394,12 +394,17 @@ async fn dpop_proof_with_oversized_jti() {
     b.derive_ok(&k).await;
 }
 
-#[tokio::test]
-async fn dpop_nonce_missing_or_stale_when_required() {
-    let b = TestBroker::start_with(Opts {
+/// A broker that requires DPoP nonces (`[dpop] require_nonce`).
+fn nonce_broker() -> TestBroker {
+    TestBroker::start_with(Opts {
         extra_config: "\n[dpop]\nrequire_nonce = true\n".into(),
         ..Opts::default()
-    });
+    })
+}
+
+#[tokio::test]
+async fn dpop_nonce_missing_or_stale_when_required() {
+    let b = nonce_broker();
     let k = key();
     // No nonce.
     let r = derive_with(&b, &b.proof(&k));
@@ -423,10 +428,7 @@ async fn dpop_nonce_missing_or_stale_when_required() {
     let bucket = i64::from_be_bytes(raw[..8].try_into().unwrap());
     let mut old = (bucket - 2).to_be_bytes().to_vec();
     old.extend_from_slice(&raw[8..]);
-    let other = TestBroker::start_with(Opts {
-        extra_config: "\n[dpop]\nrequire_nonce = true\n".into(),
-        ..Opts::default()
-    });
+    let other = nonce_broker();
     let foreign = derive_with(&other, &other.proof(&k))
         .header("dpop-nonce")
         .expect("other's nonce")
@@ -460,10 +462,7 @@ async fn dpop_nonce_missing_or_stale_when_required() {
 
 #[tokio::test]
 async fn the_client_keeps_the_nonce_it_was_handed() {
-    let b = TestBroker::start_with(Opts {
-        extra_config: "\n[dpop]\nrequire_nonce = true\n".into(),
-        ..Opts::default()
-    });
+    let b = nonce_broker();
     let k = key();
     let challenges = |b: &TestBroker| {
         b.audit_lines()
