@@ -84,6 +84,12 @@ struct Args {
     /// Size of a download, MiB.
     #[arg(long, default_value_t = 10)]
     mib: usize,
+    /// Small calls in flight at once, each on its own connection and
+    /// thread (1: one call at a time, which leaves the CPUs idle between
+    /// the hops of a call; more keeps them busy, as a loaded broker's are).
+    /// Downloads are always one at a time.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
     /// Print one JSON line with the figures at the end.
     #[arg(long)]
     json: bool,
@@ -279,6 +285,13 @@ fn cpu_ns(pid: u32) -> u64 {
         .sum()
 }
 
+/// On-CPU nanoseconds of this process, its exited threads included (a
+/// window's callers end before its last sample).
+fn own_cpu_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID).unwrap();
+    u64::try_from(t.tv_sec()).unwrap() * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap()
+}
+
 /// (busy, total) nanoseconds of the whole machine so far (`/proc/stat`).
 fn machine_ns(hz: f64) -> (f64, f64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap();
@@ -344,7 +357,7 @@ impl Pids {
             plain: cpu_ns(self.plain),
             floor: cpu_ns(self.floor),
             upstream: cpu_ns(self.upstream),
-            me: cpu_ns(std::process::id()),
+            me: own_cpu_ns(),
             machine: machine_ns(self.hz),
         }
     }
@@ -485,12 +498,12 @@ fn count_instructions(t: &Target, pids: &Pids, n: usize, mib: usize, out: &Path)
         assert!(ok, "callgrind_control {args:?} failed");
     };
     let blob = format!("/blob/{mib}");
-    window(t, pids, Via::Broker, "/small", 50);
-    window(t, pids, Via::Broker, &blob, 1);
+    window(t, pids, Via::Broker, "/small", 50, 1);
+    window(t, pids, Via::Broker, &blob, 1, 1);
     control(&["-i", "on"]);
-    let small = window(t, pids, Via::Broker, "/small", n);
+    let small = window(t, pids, Via::Broker, "/small", n, 1);
     control(&["-d"]);
-    let large = window(t, pids, Via::Broker, &blob, 2);
+    let large = window(t, pids, Via::Broker, &blob, 2, 1);
     control(&["-d"]);
     control(&["-i", "off"]);
     for w in [&small, &large] {
@@ -826,11 +839,11 @@ struct Window {
     first_refusal: Option<String>,
 }
 
-/// `n` sequential GETs of `path` on one connection, the requests (and
-/// the broker's proofs) made before the clock starts for each.
-fn window(t: &Target, pids: &Pids, p: Via, path: &str, n: usize) -> Window {
-    let mut conn = Conn::open(t.addr(p));
-    let mut head = Vec::new();
+/// `n` GETs of `path`, sequential on each of `conns` connections (one
+/// thread each), the requests (and the broker's proofs) made before the
+/// clock starts for each.
+fn window(t: &Target, pids: &Pids, p: Via, path: &str, n: usize, conns: usize) -> Window {
+    let conns = conns.clamp(1, n.max(1));
     let mut w = Window {
         path: p,
         calls: 0,
@@ -841,26 +854,68 @@ fn window(t: &Target, pids: &Pids, p: Via, path: &str, n: usize) -> Window {
         refused: 0,
         first_refusal: None,
     };
+    // Connected before the window's clock and counters start.
+    let opened: Vec<Conn> = (0..conns).map(|_| Conn::open(t.addr(p))).collect();
     let before = pids.sample();
     let start = Instant::now();
+    let parts: Vec<Part> = std::thread::scope(|s| {
+        let running: Vec<_> = opened
+            .into_iter()
+            .enumerate()
+            .map(|(i, conn)| {
+                // The first `n % conns` connections make one call more.
+                let mine = n / conns + usize::from(i < n % conns);
+                s.spawn(move || calls(t, p, path, conn, mine))
+            })
+            .collect();
+        running.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    w.wall = start.elapsed().as_secs_f64();
+    w.cost = cost(&before, &pids.sample());
+    for part in parts {
+        w.calls += part.served;
+        w.bytes += part.bytes;
+        w.refused += part.refused;
+        w.latencies_us.extend(part.latencies_us);
+        if w.first_refusal.is_none() {
+            w.first_refusal = part.first_refusal;
+        }
+    }
+    w
+}
+
+/// What one connection of a window saw.
+#[derive(Default)]
+struct Part {
+    served: usize,
+    bytes: usize,
+    refused: usize,
+    latencies_us: Vec<f64>,
+    first_refusal: Option<String>,
+}
+
+fn calls(t: &Target, p: Via, path: &str, mut conn: Conn, n: usize) -> Part {
+    let mut head = Vec::new();
+    let mut part = Part {
+        latencies_us: Vec::with_capacity(n),
+        ..Part::default()
+    };
     for _ in 0..n {
         let req = t.request(p, path);
         let sent = Instant::now();
         let (status, len) = conn.call(&req, &mut head).expect("the connection failed");
-        w.latencies_us.push(sent.elapsed().as_secs_f64() * 1e6);
+        part.latencies_us.push(sent.elapsed().as_secs_f64() * 1e6);
         if status == 200 {
-            w.calls += 1;
-            w.bytes += len;
+            part.served += 1;
+            part.bytes += len;
         } else {
-            w.refused += 1;
-            w.first_refusal.get_or_insert_with(|| {
+            part.refused += 1;
+            part.first_refusal.get_or_insert_with(|| {
                 format!("HTTP {status}: {}", String::from_utf8_lossy(&head))
             });
         }
     }
-    w.wall = start.elapsed().as_secs_f64();
-    w.cost = cost(&before, &pids.sample());
-    w
+    part
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -1131,10 +1186,10 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
 
     // Warm-up: connections, allocators, the broker's caches.
     for p in SMALL_PATHS {
-        window(&t, &pids, p, "/small", 50);
+        window(&t, &pids, p, "/small", 50, args.concurrency);
     }
     for p in LARGE_PATHS {
-        window(&t, &pids, p, &format!("/blob/{}", args.mib), 1);
+        window(&t, &pids, p, &format!("/blob/{}", args.mib), 1, 1);
     }
 
     let refresh = |t: &mut Target, up_stdin: &mut std::process::ChildStdin| {
@@ -1153,12 +1208,15 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
     };
 
     let mut small: Vec<Window> = Vec::new();
-    println!("small GETs ({} per window):", args.calls);
+    println!(
+        "small GETs ({} per window, {} at a time):",
+        args.calls, args.concurrency
+    );
     for round in 0..args.rounds {
         // A proxy token lives at most 300 s: a fresh one each round.
         refresh(&mut t, &mut up_stdin);
         for p in order(&SMALL_PATHS, round) {
-            let w = window(&t, &pids, p, "/small", args.calls);
+            let w = window(&t, &pids, p, "/small", args.calls, args.concurrency);
             let mut l = w.latencies_us.clone();
             l.sort_by(f64::total_cmp);
             println!(
@@ -1190,7 +1248,7 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
     for round in (0..args.rounds).filter(|_| args.downloads > 0) {
         refresh(&mut t, &mut up_stdin);
         for p in order(&LARGE_PATHS, round) {
-            let w = window(&t, &pids, p, &blob, args.downloads);
+            let w = window(&t, &pids, p, &blob, args.downloads, 1);
             let mib = w.bytes as f64 / (1 << 20) as f64;
             println!(
                 "  round {round} {:<11} {:>7.0} MiB/s  broker {:>6.0} us/MiB  plain {:>6.0} us/MiB  upstream {:>5.0} us/MiB  others {:>3.0} %  {}",
@@ -1266,7 +1324,7 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
             out.insert(
                 p.name().replace(' ', "_"),
                 serde_json::json!({
-                    "small_windows": ws.len(), "small_calls": n,
+                    "small_windows": ws.len(), "small_calls": n, "concurrency": args.concurrency,
                     "p50_us": p50, "p99_us": p99,
                     "added_p50_us": p50 - d50, "added_p99_us": p99 - d99,
                     "broker_cpu_us_per_call": broker_us, "plain_cpu_us_per_call": plain_us,
