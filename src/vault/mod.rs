@@ -131,22 +131,22 @@ pub struct Allowance {
 
 /// An account record as one read found it (see [`Vault::account_read`]).
 pub struct AccountRead {
-    summary: Account,
     key: Vec<u8>,
-    rec: AccountRecord,
+    /// The record's summary, and the record.
+    parsed: Arc<(Account, AccountRecord)>,
 }
 
 impl AccountRead {
     /// The account, without tokens.
     pub fn account(&self) -> &Account {
-        &self.summary
+        &self.parsed.0
     }
 }
 
 impl std::fmt::Debug for AccountRead {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AccountRead")
-            .field("account", &self.summary)
+            .field("account", &self.parsed.0)
             .finish_non_exhaustive()
     }
 }
@@ -303,45 +303,53 @@ pub struct RotationReport {
     pub retired_keys: Vec<String>,
 }
 
-/// The most token sets [`Opened`] keeps; when full it starts again empty.
-const OPENED_MAX: usize = 4096;
+/// The most entries each of [`Vault`]'s [`Kept`] maps holds; when full it
+/// starts again empty.
+const KEPT_MAX: usize = 4096;
 
-/// Token sets opened on the token's fast path (a proxied call, a derive
-/// for a service), by account key, each with the sealed text it came
-/// from. A record whose sealed text is byte for byte the one opened before
-/// holds the same tokens: the text is bound to the account's key (the
-/// sealing's associated data) and every sealing draws a fresh nonce, so a
-/// refresh, a reconnect or a forged or copied text never matches. A hit
-/// skips the base64url, the decryption and the JSON. The record itself is
-/// still read from the store on every call, so a disconnect or a refresh
-/// on another replica is seen at once. Tokens are zeroized when replaced,
-/// dropped, or let go when the map starts again empty.
-#[derive(Default)]
-struct Opened {
-    map: Mutex<HashMap<Vec<u8>, (String, Tokens)>>,
+/// What the token's fast path (a proxied call, a derive for a service)
+/// worked out from an account's stored bytes, by account key, each with
+/// the bytes it came from, so that the same bytes are not worked on again.
+/// A value is served only while the bytes handed in are byte for byte the
+/// ones it came from: what is kept is a function of those bytes alone.
+/// The record itself is still read from the store on every call, so a
+/// disconnect or a refresh on another replica is seen at once.
+struct Kept<V> {
+    /// Account (or allowance) key -> (the bytes, what came from them).
+    map: Mutex<HashMap<Vec<u8>, KeptEntry<V>>>,
 }
 
-impl std::fmt::Debug for Opened {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Opened([REDACTED])")
+type KeptEntry<V> = (Vec<u8>, V);
+
+impl<V> Default for Kept<V> {
+    fn default() -> Self {
+        Kept {
+            map: Mutex::default(),
+        }
     }
 }
 
-impl Opened {
-    fn get(&self, key: &[u8], sealed: &str) -> Option<Tokens> {
+impl<V> std::fmt::Debug for Kept<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Kept([REDACTED])")
+    }
+}
+
+impl<V: Clone> Kept<V> {
+    fn get(&self, key: &[u8], from: &[u8]) -> Option<V> {
         let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         match map.get(key) {
-            Some((s, t)) if s == sealed => Some(t.clone()),
+            Some((f, v)) if f == from => Some(v.clone()),
             _ => None,
         }
     }
 
-    fn put(&self, key: &[u8], sealed: &str, tokens: &Tokens) {
+    fn put(&self, key: &[u8], from: &[u8], v: V) {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if map.len() >= OPENED_MAX && !map.contains_key(key) {
+        if map.len() >= KEPT_MAX && !map.contains_key(key) {
             map.clear();
         }
-        map.insert(key.to_vec(), (sealed.to_string(), tokens.clone()));
+        map.insert(key.to_vec(), (from.to_vec(), v));
     }
 
     fn forget(&self, key: &[u8]) {
@@ -360,6 +368,26 @@ impl Opened {
     }
 }
 
+/// Token sets opened on the token's fast path, each kept with the sealed
+/// text it came from. A record whose sealed text is byte for byte the one
+/// opened before holds the same tokens: the text is bound to the account's
+/// key (the sealing's associated data) and every sealing draws a fresh
+/// nonce, so a refresh, a reconnect or a forged or copied text never
+/// matches. A hit skips the base64url, the decryption and the JSON.
+/// Tokens are zeroized when replaced, dropped, or let go when the map
+/// starts again empty.
+type Opened = Kept<Tokens>;
+
+/// Account records parsed on the token's fast path, each kept with the
+/// stored bytes it was parsed from, and its summary: a hit skips the JSON
+/// and the copies. It holds no token in clear (the tokens are sealed).
+type Parsed = Kept<Arc<(Account, AccountRecord)>>;
+
+/// Allowances opened on the token's fast path, each kept with the sealed
+/// bytes it came from (bound to its store key like the tokens): a hit
+/// skips the decryption and the JSON. One that does not open is not kept.
+type Allowed = Kept<Allowance>;
+
 /// The vault.
 #[derive(Debug)]
 pub struct Vault {
@@ -367,6 +395,8 @@ pub struct Vault {
     keys: VaultKeys,
     refresh: refresh::Locks,
     opened: Opened,
+    parsed: Parsed,
+    allowed: Allowed,
 }
 
 impl Vault {
@@ -421,6 +451,8 @@ impl Vault {
             keys,
             refresh: refresh::Locks::default(),
             opened: Opened::default(),
+            parsed: Parsed::default(),
+            allowed: Allowed::default(),
         })
     }
 
@@ -450,11 +482,11 @@ impl Vault {
     /// path only, so that listing or checking every record keeps no
     /// tokens in memory.
     fn open_tokens_kept(&self, key: &[u8], rec: &AccountRecord) -> Result<Tokens, VaultError> {
-        if let Some(t) = self.opened.get(key, &rec.sealed) {
+        if let Some(t) = self.opened.get(key, rec.sealed.as_bytes()) {
             return Ok(t);
         }
         let tokens = self.open_tokens(key, rec)?;
-        self.opened.put(key, &rec.sealed, &tokens);
+        self.opened.put(key, rec.sealed.as_bytes(), tokens.clone());
         Ok(tokens)
     }
 
@@ -631,11 +663,20 @@ impl Vault {
         service: &str,
     ) -> Result<Option<AccountRead>, VaultError> {
         let key = account_key(person, service);
-        Ok(self.read(&key)?.map(|(_, rec)| AccountRead {
-            summary: rec.summary(),
-            key,
-            rec,
-        }))
+        let Some(raw) = self.store.get(Tree::Accounts, &key)? else {
+            return Ok(None);
+        };
+        let parsed = match self.parsed.get(&key, &raw) {
+            Some(p) => p,
+            None => {
+                let rec: AccountRecord = serde_json::from_slice(&raw)
+                    .map_err(|_| VaultError::Corrupt("account record".into()))?;
+                let p = Arc::new((rec.summary(), rec));
+                self.parsed.put(&key, &raw, p.clone());
+                p
+            }
+        };
+        Ok(Some(AccountRead { key, parsed }))
     }
 
     /// Every account, or one person's.
@@ -722,10 +763,17 @@ impl Vault {
         service: &str,
     ) -> Result<Option<Allowance>, VaultError> {
         let key = allowance_key(person, service, agent);
-        match self.store.get(Tree::Allowances, &key)? {
-            None => Ok(None),
-            Some(v) => self.open_allowance(&key, &v),
+        let Some(sealed) = self.store.get(Tree::Allowances, &key)? else {
+            return Ok(None);
+        };
+        if let Some(a) = self.allowed.get(&key, &sealed) {
+            return Ok(Some(a));
         }
+        let opened = self.open_allowance(&key, &sealed)?;
+        if let Some(a) = &opened {
+            self.allowed.put(&key, &sealed, a.clone());
+        }
+        Ok(opened)
     }
 
     /// Every allowance of the person at `service`.
@@ -740,8 +788,9 @@ impl Vault {
 
     /// Withdraws the allowance of `agent`.
     pub fn disallow(&self, person: &Person, agent: &str, service: &str) -> Result<(), VaultError> {
-        self.store
-            .delete(Tree::Allowances, &allowance_key(person, service, agent))?;
+        let key = allowance_key(person, service, agent);
+        self.store.delete(Tree::Allowances, &key)?;
+        self.allowed.forget(&key);
         Ok(())
     }
 
@@ -776,9 +825,11 @@ impl Vault {
         let prefix = tuple_key(&[&person.iss, &person.sub, service]);
         for (k, _) in self.store.scan_prefix(Tree::Allowances, &prefix)? {
             self.store.delete(Tree::Allowances, &k)?;
+            self.allowed.forget(&k);
         }
         self.store.delete(Tree::Accounts, &key)?;
         self.opened.forget(&key);
+        self.parsed.forget(&key);
         Ok(existed)
     }
 

@@ -253,7 +253,8 @@ impl Vault {
         let Some((_, rec)) = self.read(&key)? else {
             return Ok(TokenOutcome::NoAccount);
         };
-        self.token_from(provider, r, refused, clock, key, rec).await
+        self.token_from(provider, r, refused, clock, key, &rec)
+            .await
     }
 
     /// [`Vault::provider_token_refusing`] starting from the record the
@@ -277,7 +278,7 @@ impl Vault {
                 .provider_token_refusing(provider, r, refused, clock)
                 .await;
         }
-        self.token_from(provider, r, refused, clock, key, read.rec)
+        self.token_from(provider, r, refused, clock, key, &read.parsed.1)
             .await
     }
 
@@ -290,7 +291,7 @@ impl Vault {
         refused: Option<&str>,
         clock: &dyn Clock,
         key: Vec<u8>,
-        rec: super::AccountRecord,
+        rec: &super::AccountRecord,
     ) -> Result<TokenOutcome, VaultError> {
         let not_refused = |e: &AccessEntry| refused.is_none_or(|t| t != e.access_token);
         let now = clock.now();
@@ -307,7 +308,7 @@ impl Vault {
             String::new()
         };
         {
-            let tokens = self.open_tokens_kept(&key, &rec)?;
+            let tokens = self.open_tokens_kept(&key, rec)?;
             if let Some(e) = tokens
                 .entry(&skey)
                 .filter(|e| fresh(e, now, recheck) && not_refused(e))

@@ -680,3 +680,86 @@ fn a_deleted_account_keeps_no_tokens() {
     assert_eq!(v.opened.len(), 1);
     assert_eq!(kept_access(&e, &v, "bob").unwrap(), "at-bob");
 }
+
+#[test]
+fn kept_records_serve_only_the_bytes_they_came_from() {
+    let e = Env::new();
+    let v = e.vault();
+    let k = account_key(&person("alice"), "github");
+    connect(&v, "alice", "at-1");
+    let read = |v: &Vault| v.account_read(&person("alice"), "github").unwrap().unwrap();
+    let first = read(&v);
+    assert_eq!(first.account().status, AccountStatus::Active);
+    assert_eq!(v.parsed.len(), 1);
+    // The same bytes again: the same parse, not a new one.
+    assert!(Arc::ptr_eq(&first.parsed, &read(&v).parsed));
+    // Another writer marks the account for reconnection: seen at once.
+    let (good, mut rec) = stored(&e, "alice");
+    rec.status = AccountStatus::ReconnectRequired;
+    put_record(&e, &k, &rec);
+    let marked = read(&v);
+    assert_eq!(marked.account().status, AccountStatus::ReconnectRequired);
+    assert!(!Arc::ptr_eq(&first.parsed, &marked.parsed));
+    // Bytes that do not parse are refused, whatever was kept.
+    e.store.put(Tree::Accounts, &k, b"{not json").unwrap();
+    assert!(matches!(
+        v.account_read(&person("alice"), "github"),
+        Err(VaultError::Corrupt(_))
+    ));
+    // Positive control: the record as it was reads as it was.
+    e.store.put(Tree::Accounts, &k, &good).unwrap();
+    assert_eq!(read(&v).account().status, AccountStatus::Active);
+    // Deleted: nothing read, nothing kept.
+    assert!(v.delete_account(&person("alice"), "github").unwrap());
+    assert!(v
+        .account_read(&person("alice"), "github")
+        .unwrap()
+        .is_none());
+    assert_eq!(v.parsed.len(), 0);
+}
+
+#[test]
+fn kept_allowances_serve_only_the_sealed_bytes_they_came_from() {
+    let e = Env::new();
+    let v = e.vault();
+    connect(&v, "alice", "at-alice");
+    let alice = person("alice");
+    let key = allowance_key(&alice, "github", "repo-helper");
+    let other = allowance_key(&alice, "github", "other-agent");
+    let read = |agent: &str| v.allowance(&alice, agent, "github").unwrap();
+    v.allow(&alice, "repo-helper", "github", &["repo".into()], 1000)
+        .unwrap();
+    v.allow(&alice, "other-agent", "github", &["read:org".into()], 1000)
+        .unwrap();
+    assert_eq!(read("repo-helper").unwrap().scopes, ["repo"]);
+    assert_eq!(read("other-agent").unwrap().scopes, ["read:org"]);
+    assert_eq!(v.allowed.len(), 2);
+    let (own, theirs) = (
+        e.store.get(Tree::Allowances, &key).unwrap().unwrap(),
+        e.store.get(Tree::Allowances, &other).unwrap().unwrap(),
+    );
+    // Widened meanwhile (another replica): the new scopes, not the kept.
+    v.allow(&alice, "repo-helper", "github", &["gist".into()], 1001)
+        .unwrap();
+    assert_eq!(read("repo-helper").unwrap().scopes, ["gist", "repo"]);
+    // The other agent's sealed bytes copied in, or a flipped bit: neither
+    // opens, whatever was kept for either record.
+    e.store.put(Tree::Allowances, &key, &theirs).unwrap();
+    assert_eq!(read("repo-helper"), None);
+    let mut flipped = own.clone();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 0x01;
+    e.store.put(Tree::Allowances, &key, &flipped).unwrap();
+    assert_eq!(read("repo-helper"), None);
+    // Positive control: the bytes as they were open as they were.
+    e.store.put(Tree::Allowances, &key, &own).unwrap();
+    assert_eq!(read("repo-helper").unwrap().scopes, ["repo"]);
+    // Withdrawn: nothing allowed, nothing kept for it.
+    v.disallow(&alice, "repo-helper", "github").unwrap();
+    assert_eq!(read("repo-helper"), None);
+    assert_eq!(v.allowed.len(), 1);
+    // A deleted account keeps no allowance either.
+    assert!(v.delete_account(&alice, "github").unwrap());
+    assert_eq!(read("other-agent"), None);
+    assert_eq!(v.allowed.len(), 0);
+}
