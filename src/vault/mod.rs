@@ -374,9 +374,9 @@ impl<V: Clone> Kept<V> {
 /// key (the sealing's associated data) and every sealing draws a fresh
 /// nonce, so a refresh, a reconnect or a forged or copied text never
 /// matches. A hit skips the base64url, the decryption and the JSON.
-/// Tokens are zeroized when replaced, dropped, or let go when the map
-/// starts again empty.
-type Opened = Kept<Tokens>;
+/// Served shared, not copied; tokens are zeroized once the map and the
+/// last caller have let them go.
+type Opened = Kept<Arc<Tokens>>;
 
 /// Account records parsed on the token's fast path, each kept with the
 /// stored bytes it was parsed from, and its summary: a hit skips the JSON
@@ -481,11 +481,11 @@ impl Vault {
     /// [`Vault::open_tokens`] through [`Opened`]: for the token's fast
     /// path only, so that listing or checking every record keeps no
     /// tokens in memory.
-    fn open_tokens_kept(&self, key: &[u8], rec: &AccountRecord) -> Result<Tokens, VaultError> {
+    fn open_tokens_kept(&self, key: &[u8], rec: &AccountRecord) -> Result<Arc<Tokens>, VaultError> {
         if let Some(t) = self.opened.get(key, rec.sealed.as_bytes()) {
             return Ok(t);
         }
-        let tokens = self.open_tokens(key, rec)?;
+        let tokens = Arc::new(self.open_tokens(key, rec)?);
         self.opened.put(key, rec.sealed.as_bytes(), tokens.clone());
         Ok(tokens)
     }
