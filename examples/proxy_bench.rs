@@ -3,7 +3,7 @@
 //! nothing about the figures.
 //!
 //!     cargo build --release --bin credbroker --example proxy_bench
-//!     target/release/examples/proxy_bench [--rounds 6] [--calls 500] [--downloads 4]
+//!     target/release/examples/proxy_bench [--rounds 6] [--calls 500] [--downloads 4] [--concurrency 1]
 //!
 //! In one run it starts four processes of its own beside the load it
 //! makes, so that each one's CPU can be read from `/proc`:
@@ -30,7 +30,10 @@
 //!
 //! Then, window by window, alternating the paths (the order turns
 //! each round): small GETs on one keep-alive connection (latency of each
-//! call, and the CPU of every process), then 10 MiB downloads. Reported:
+//! call, and the CPU of every process; `--concurrency N`: on N connections
+//! at once, each driven by its own thread, so that the CPUs stay busy
+//! between the hops of a call, as a loaded broker's do), then 10 MiB
+//! downloads, one at a time. Reported:
 //! added latency p50/p99 over direct; the broker's CPU per proxied call as
 //! a multiple of the crypto floor (two ES256 verifies on aws-lc-rs timed
 //! in this run, keys parsed beforehand: the proof's, since the broker keeps
