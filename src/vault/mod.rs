@@ -172,6 +172,11 @@ struct AccountRecord {
 }
 
 impl AccountRecord {
+    /// A stored record's bytes, parsed.
+    fn parse(raw: &[u8]) -> Result<AccountRecord, VaultError> {
+        serde_json::from_slice(raw).map_err(|_| VaultError::Corrupt("account record".into()))
+    }
+
     fn summary(&self) -> Account {
         // The key id sits in the sealed record's first bytes: only the
         // first 16 characters (12 bytes) are decoded, not the whole record
@@ -574,8 +579,7 @@ impl Vault {
         match self.store.get(Tree::Accounts, key)? {
             None => Ok(None),
             Some(raw) => {
-                let rec: AccountRecord = serde_json::from_slice(&raw)
-                    .map_err(|_| VaultError::Corrupt("account record".into()))?;
+                let rec = AccountRecord::parse(&raw)?;
                 Ok(Some((raw, rec)))
             }
         }
@@ -669,8 +673,7 @@ impl Vault {
         let parsed = match self.parsed.get(&key, &raw) {
             Some(p) => p,
             None => {
-                let rec: AccountRecord = serde_json::from_slice(&raw)
-                    .map_err(|_| VaultError::Corrupt("account record".into()))?;
+                let rec = AccountRecord::parse(&raw)?;
                 let p = Arc::new((rec.summary(), rec));
                 self.parsed.put(&key, &raw, p.clone());
                 p
@@ -684,9 +687,7 @@ impl Vault {
         let prefix = person.map_or_else(Vec::new, |p| tuple_key(&[&p.iss, &p.sub]));
         let mut out = Vec::new();
         for (_, v) in self.store.scan_prefix(Tree::Accounts, &prefix)? {
-            let rec: AccountRecord = serde_json::from_slice(&v)
-                .map_err(|_| VaultError::Corrupt("account record".into()))?;
-            out.push(rec.summary());
+            out.push(AccountRecord::parse(&v)?.summary());
         }
         Ok(out)
     }
