@@ -90,7 +90,7 @@ pub struct Event<'a> {
     pub policy_hash: Option<&'a str>,
     /// SHA-256 (hex) of the issued token's `jti`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub jti_sha256: Option<String>,
+    pub jti_sha256: Option<std::borrow::Cow<'a, str>>,
     /// Peer uid on the socket.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peer_uid: Option<u32>,
@@ -392,7 +392,11 @@ impl Audit {
 
     /// Writes one event as one whole line, or nothing (see the module doc).
     pub fn record(&self, e: &Event<'_>) -> Result<(), AuditError> {
-        let mut json = serde_json::to_string(e).map_err(|e| AuditError(e.to_string()))?;
+        // Room for a whole proxy event up front: serde_json's own buffer
+        // starts at 128 bytes and grows by copying.
+        let mut json = Vec::with_capacity(1024);
+        serde_json::to_writer(&mut json, e).map_err(|e| AuditError(e.to_string()))?;
+        let mut json = String::from_utf8(json).map_err(|e| AuditError(e.to_string()))?;
         // The instance goes last in the object (an `Event` serializes as an
         // object, so the text ends in `}`).
         if let (Some(name), None) = (&self.instance, e.instance) {

@@ -510,7 +510,7 @@ impl Broker {
                 let mut e =
                     self.event(now, &req, &policy, &ctx, Kind::DeriveIssued, "issued", None);
                 e.scope = Some(&issued.scope);
-                e.jti_sha256 = Some(crate::jose::sha256_hex(jti.as_bytes()));
+                e.jti_sha256 = Some(crate::jose::sha256_hex(jti.as_bytes()).into());
                 e.narrowed = ctx.narrowed;
                 // Audit before release: no event, no token.
                 self.audit

@@ -45,7 +45,6 @@ use crate::exchange::{Broker, DeriveError};
 use crate::grammar::check_raw_path;
 use crate::http::{correlation_id, json_response, Body};
 use crate::policy::{canonical_resource, proxy_path, Policy};
-use crate::secret::SecretString;
 use crate::subject::Person;
 use crate::verify::{Presented, Verified, Verifier, VerifyError};
 
@@ -555,7 +554,7 @@ struct Call {
     jti_sha256: String,
     who: Verified,
     policy: Arc<Policy>,
-    resource: String,
+    resource: Arc<str>,
     route: Option<String>,
 }
 
@@ -566,7 +565,7 @@ struct AddressVerifier {
     /// The minter's key ring the verifier's keys came from (its address).
     stamp: usize,
     verifier: Arc<Verifier>,
-    resource: String,
+    resource: Arc<str>,
 }
 
 /// The proxy: shared by every connection of the public listener.
@@ -578,6 +577,21 @@ pub(crate) struct Proxy {
     verifiers: Mutex<HashMap<String, AddressVerifier>>,
     in_flight: Arc<Semaphore>,
     per_service: DashMap<String, Arc<Semaphore>>,
+    /// Whether the configured issuer followed by a proxy path is already
+    /// in the form [`crate::dpop::normalize_htu`] gives ([`issuer_is_normal`]):
+    /// then each call's URL is compared with the proof's `htu` as built.
+    issuer_is_normal: bool,
+}
+
+/// Whether `issuer` followed by any proxy path that passed
+/// [`check_raw_path`] is a fixed point of [`crate::dpop::normalize_htu`].
+/// Such a path is `pchar`s and `/`, escapes in uppercase hex and no dot or
+/// empty segments, none of which parsing changes; the issuer is what could
+/// (an uppercase host, a default port, a dot segment), so it is tried
+/// once with a path of that kind.
+fn issuer_is_normal(issuer: &str) -> bool {
+    let probe = format!("{issuer}{PREFIX}s/a");
+    crate::dpop::normalize_htu(&probe).as_deref() == Some(probe.as_str())
 }
 
 impl Proxy {
@@ -587,32 +601,38 @@ impl Proxy {
         // Only api_base: never a proxy from HTTP(S)_PROXY, never where a
         // redirect points (a 3xx goes back to the tool as it is).
         let client = client::upstream(cfg.connect_timeout)?;
+        let normal = issuer_is_normal(&broker.config.issuer);
         Ok(Proxy {
             in_flight: Arc::new(Semaphore::new(cfg.max_in_flight as usize)),
             broker,
             client,
             verifiers: Mutex::new(HashMap::new()),
             per_service: DashMap::new(),
+            issuer_is_normal: normal,
         })
     }
 
-    /// The verifier for `audience`, with the minter's current public keys,
-    /// and the audience's canonical resource (the policy's key for it).
-    fn verifier(&self, audience: &str) -> Result<(Arc<Verifier>, String), VerifyError> {
+    /// The verifier of `service`'s proxy address, with the minter's current
+    /// public keys, and the address's canonical resource (the policy's key
+    /// for it). Kept by service name: the caller has checked the name is a
+    /// configured provider's, so the map stays bounded by the config.
+    fn verifier(&self, service: &str) -> Result<(Arc<Verifier>, Arc<str>), VerifyError> {
         let ring = self.broker.minter.ring();
         let stamp = Arc::as_ptr(&ring) as usize;
         let mut map = self
             .verifiers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(a) = map.get(audience) {
+        if let Some(a) = map.get(service) {
             if a.stamp == stamp {
                 return Ok((a.verifier.clone(), a.resource.clone()));
             }
         }
+        let audience = format!("{}{}", self.broker.config.issuer, proxy_path(service));
+        let audience = audience.as_str();
         let jwks = serde_json::to_vec(&ring.jwks(self.broker.clock.now()))
             .map_err(|_| VerifyError::Keys)?;
-        let verifier = match map.get(audience) {
+        let verifier = match map.get(service) {
             Some(a) => {
                 a.verifier.set_jwks(&jwks)?;
                 a.verifier.clone()
@@ -622,9 +642,11 @@ impl Proxy {
                     .with_clock(self.broker.clock.clone()),
             ),
         };
-        let resource = canonical_resource(audience).unwrap_or_else(|_| audience.to_string());
+        let resource: Arc<str> = canonical_resource(audience)
+            .unwrap_or_else(|_| audience.to_string())
+            .into();
         map.insert(
-            audience.to_string(),
+            service.to_string(),
             AddressVerifier {
                 stamp,
                 verifier: verifier.clone(),
@@ -743,28 +765,21 @@ impl Proxy {
             );
         };
         let (parts, body) = req.into_parts();
-        let path = parts.uri.path().to_string();
+        let path = parts.uri.path();
         let service = path
             .strip_prefix(PREFIX)
             .map(|r| r.split('/').next().unwrap_or_default())
-            .unwrap_or_default()
-            .to_string();
-        let service_label = if self
-            .broker
-            .policy
-            .load()
-            .services()
-            .contains(service.as_str())
-        {
-            service.clone()
+            .unwrap_or_default();
+        let service_label = if self.broker.policy.load().services().contains(service) {
+            service
         } else {
-            "other".to_string()
+            "other"
         };
-        match self.checks(&parts, &path, &service).await {
-            Err((call, refusal)) => self.refused(call.as_ref(), &service_label, &refusal),
+        match self.checks(&parts, path, service).await {
+            Err((call, refusal)) => self.refused(call.as_ref(), service_label, &refusal),
             Ok(call) => match self.forward(call, &parts, body, slot, started).await {
                 Ok(r) => r,
-                Err((call, refusal)) => self.refused(Some(&call), &service_label, &refusal),
+                Err((call, refusal)) => self.refused(Some(&call), service_label, &refusal),
             },
         }
     }
@@ -816,7 +831,7 @@ impl Proxy {
         e.resource = Some(&c.resource);
         e.service = Some(&c.service);
         e.policy_hash = Some(&c.policy.hash);
-        e.jti_sha256 = Some(c.jti_sha256.clone());
+        e.jti_sha256 = Some(std::borrow::Cow::Borrowed(&c.jti_sha256));
         e.proxy = Some(ProxyCall {
             method: c.method.as_str(),
             route: c.route.as_deref(),
@@ -888,9 +903,8 @@ impl Proxy {
 
         // The token and its proof. The URL the proof must name is built
         // from the configured issuer and the raw path.
-        let audience = format!("{}{}", b.config.issuer, proxy_path(service));
         let (verifier, resource) = self
-            .verifier(&audience)
+            .verifier(service)
             .map_err(|e| (None, Refusal::Token(e)))?;
         let dpop: Vec<&str> = parts
             .headers
@@ -918,12 +932,17 @@ impl Proxy {
         };
         let url = format!("{}{path}", b.config.issuer);
         let who = verifier
-            .verify_unrecorded(&Presented {
-                method,
-                url: &url,
-                authorization,
-                dpop: &dpop,
-            })
+            .verify_unrecorded(
+                &Presented {
+                    method,
+                    url: &url,
+                    authorization,
+                    dpop: &dpop,
+                },
+                // The service name is letters, digits, `-` and `_`, and the
+                // rest of the path passed check_raw_path above.
+                self.issuer_is_normal,
+            )
             .map_err(|e| (None, Refusal::Token(e)))?;
         // The verifier's replay cache is this instance's; the store's is
         // every instance's (a replicated store): a proof is used once.
@@ -1155,13 +1174,10 @@ impl Proxy {
             parts.method,
             Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS
         );
-        let mut secrets: Vec<SecretString> = Vec::new();
+        // The token a retry replaced: the echo guard looks for it too.
+        let mut replaced: Option<crate::vault::ServiceToken> = None;
         let mut retried = false;
         let resp = loop {
-            secrets.push(SecretString::new(token.access_token.expose().clone()));
-            if let Some(r) = &token.refresh_token {
-                secrets.push(SecretString::new(r.expose().clone()));
-            }
             let scheme = if token.token_type.eq_ignore_ascii_case("bearer") {
                 "Bearer"
             } else {
@@ -1223,7 +1239,7 @@ impl Proxy {
             // marks the account and answers reconnect_required.
             retried = true;
             let refused = token.access_token.expose().clone();
-            token = match b
+            let fresh = match b
                 .service_token(
                     &call.policy.hash,
                     &person,
@@ -1237,10 +1253,15 @@ impl Proxy {
                 Ok(t) => t,
                 Err(e) => return Err((call, Refusal::Derive(e))),
             };
+            replaced = Some(std::mem::replace(&mut token, fresh));
         };
 
         let status = resp.status();
-        let guard_secrets: Vec<&str> = secrets.iter().map(|s| s.expose().as_str()).collect();
+        let guard_secrets: Vec<&str> = std::iter::once(&token)
+            .chain(&replaced)
+            .flat_map(|t| std::iter::once(&t.access_token).chain(&t.refresh_token))
+            .map(|s| s.expose().as_str())
+            .collect();
         let mut guard = EchoGuard::new(&guard_secrets);
         let mut headers = HeaderMap::new();
         for name in RESPONSE_HEADERS {
@@ -1364,6 +1385,75 @@ fn call_path(parts: &http::request::Parts) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The proof's `htu` is compared with the URL as the proxy builds it
+    /// (issuer, then the raw path) when [`issuer_is_normal`] holds: that is
+    /// sound only if parsing leaves every path that passes
+    /// [`check_raw_path`] as it is. Tried on every byte and escape a path
+    /// may hold, and on 20 000 pseudo-random paths built from them.
+    #[test]
+    fn a_checked_path_after_a_normal_issuer_is_already_normal() {
+        let issuer = "https://broker.example.com";
+        assert!(issuer_is_normal(issuer));
+        let mut units: Vec<String> = (0..=255u8)
+            .filter(|&b| crate::grammar::check_raw_path(&format!("/x{}x", b as char)).is_ok())
+            .map(|b| (b as char).to_string())
+            .collect();
+        // Sanity: the pchar bytes (66 unreserved, 11 sub-delims, `:`, `@`)
+        // and `/`.
+        assert_eq!(units.len(), 80, "{units:?}");
+        units.extend((0..=255u8).map(|b| format!("%{b:02X}")));
+        units.retain(|u| crate::grammar::check_raw_path(&format!("/x{u}x")).is_ok());
+        // Every escape but %00, %2E, %2F and %5C.
+        assert_eq!(units.len(), 80 + 252, "{units:?}");
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut tried = 0;
+        for i in 0..20_000 + units.len() {
+            let mut path = String::from("/");
+            if i < units.len() {
+                path.push_str(&units[i]);
+                path.push('x');
+            } else {
+                for _ in 0..1 + i % 12 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    path.push_str(&units[(x % units.len() as u64) as usize]);
+                }
+            }
+            if crate::grammar::check_raw_path(&path).is_err() {
+                continue;
+            }
+            let url = format!("{issuer}{PREFIX}svc_1-a{path}");
+            assert_eq!(
+                crate::dpop::normalize_htu(&url).as_deref(),
+                Some(url.as_str()),
+                "{path}"
+            );
+            tried += 1;
+        }
+        assert!(tried > 10_000, "{tried}");
+        // Negative controls: paths the rules refuse do change when parsed,
+        // and so do issuers that are not in normal form.
+        for bad in ["/a/../b", "/a/%2e%2e/b", "/a b", "/a\\b", "/%c3%a9/./x"] {
+            assert!(crate::grammar::check_raw_path(bad).is_err(), "{bad}");
+            let url = format!("{issuer}{PREFIX}s{bad}");
+            assert_ne!(
+                crate::dpop::normalize_htu(&url).as_deref(),
+                Some(url.as_str()),
+                "{bad}"
+            );
+        }
+        for issuer in [
+            "https://Broker.example.com",
+            "https://broker.example.com:443",
+            "http://127.0.0.1:80",
+            "https://broker.example.com/a/../b",
+        ] {
+            assert!(!issuer_is_normal(issuer), "{issuer}");
+        }
+        assert!(issuer_is_normal("http://127.0.0.1:8440"));
+    }
 
     #[test]
     fn echo_guard_sees_a_token_split_across_chunks() {

@@ -286,18 +286,33 @@ impl Verifier {
     /// recorded only once everything else passed, so a bad proof does not
     /// use the token up).
     pub fn verify(&self, req: &Presented<'_>) -> Result<Verified, VerifyError> {
-        self.verify_inner(req, true)
+        self.verify_inner(req, true, false)
     }
 
     /// [`Verifier::verify`] without recording a single-use token's `jti`
     /// here: for the broker's own proxy, which records it in the shared
     /// store (so that no two replicas accept it) once the call passed its
     /// policy checks too.
-    pub(crate) fn verify_unrecorded(&self, req: &Presented<'_>) -> Result<Verified, VerifyError> {
-        self.verify_inner(req, false)
+    ///
+    /// `url_is_normal` says the caller built `req.url` in the form
+    /// [`dpop::normalize_htu`] gives (the proxy's configured issuer, checked
+    /// once, and a raw path that passed its path rules, which parsing leaves
+    /// as it is): the URL is then compared with `htu` without being parsed
+    /// again.
+    pub(crate) fn verify_unrecorded(
+        &self,
+        req: &Presented<'_>,
+        url_is_normal: bool,
+    ) -> Result<Verified, VerifyError> {
+        self.verify_inner(req, false, url_is_normal)
     }
 
-    fn verify_inner(&self, req: &Presented<'_>, record: bool) -> Result<Verified, VerifyError> {
+    fn verify_inner(
+        &self,
+        req: &Presented<'_>,
+        record: bool,
+        url_is_normal: bool,
+    ) -> Result<Verified, VerifyError> {
         let auth = req.authorization.ok_or(VerifyError::NoToken)?;
         let (scheme, token) = auth.split_once(' ').ok_or(VerifyError::WrongScheme)?;
         if !scheme.eq_ignore_ascii_case("DPoP") {
@@ -333,12 +348,19 @@ impl Verifier {
         let [proof] = req.dpop else {
             return Err(VerifyError::Proof(DpopError::Missing));
         };
-        let htu = dpop::normalize_htu(req.url).ok_or(VerifyError::Proof(DpopError::Htu))?;
+        let normalized;
+        let htu = if url_is_normal {
+            debug_assert_eq!(dpop::normalize_htu(req.url).as_deref(), Some(req.url));
+            req.url
+        } else {
+            normalized = dpop::normalize_htu(req.url).ok_or(VerifyError::Proof(DpopError::Htu))?;
+            normalized.as_str()
+        };
         let valid = self.proofs.validate(
             proof,
             &dpop::Expect {
                 method: req.method,
-                htu: &htu,
+                htu,
                 access_token: Some(token),
                 jkt: Some(&c.cnf.jkt),
                 now,

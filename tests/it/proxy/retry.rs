@@ -77,4 +77,28 @@ async fn upstream_401_refreshes_and_retries_a_get_once_and_never_a_post() {
         .count();
     assert_eq!(posts, 2);
     assert_eq!(p.env.peer.refreshes().await, refreshes + 1);
+
+    // The echo guard looks for the token a retry replaced as well: the
+    // provider refuses the current token, the retry with a fresh one is
+    // answered with the refused one in the body, and the tool gets 502.
+    p.api.refuse_next_token();
+    let r = p.call(&read, "GET", "/echo/refused", None).await;
+    assert_eq!(r.status(), 502);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["reason"], "echo_blocked", "{v}");
+    let gets: Vec<_> = p
+        .api
+        .records()
+        .into_iter()
+        .filter(|r| r.path == "/echo/refused")
+        .collect();
+    assert_eq!(gets.len(), 2, "one call and one retry: {gets:?}");
+    assert!(!gets[0].authorized && gets[1].authorized, "{gets:?}");
+    assert_eq!(p.env.peer.refreshes().await, refreshes + 2);
+    // Positive control: the same route when nothing was refused since
+    // answers with the token refused before, which is not one the broker
+    // holds any more, and is served.
+    let r = p.call(&read, "GET", "/echo/refused", None).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().starts_with("you were refused "));
 }

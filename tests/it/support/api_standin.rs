@@ -14,6 +14,8 @@
 //! - `GET /echo/{start|split|header}`: an answer that carries the token it
 //!   was sent (at the start of the body, split over two chunks late in the
 //!   body, or in a header);
+//! - `GET /echo/refused`: an answer that carries the last token it refused
+//!   (a provider that echoes the token a retry replaced);
 //! - `GET /redirect`: a 302 to `redirect_to` (another host);
 //! - `GET /hang`: never answers.
 //!
@@ -325,6 +327,13 @@ async fn serve(
             Response::new(http_body_util::Either::Right(Chan(rx)))
         }
         ("GET", ["echo", "start"]) => full(StatusCode::OK, format!("{token} is your token")),
+        ("GET", ["echo", "refused"]) => {
+            let last = refusals.lock().unwrap().tokens.last().cloned();
+            full(
+                StatusCode::OK,
+                format!("you were refused {}", last.unwrap_or_default()),
+            )
+        }
         ("GET", ["echo", "header"]) => {
             let mut r = full(StatusCode::OK, "see the header");
             r.headers_mut().insert(
