@@ -1238,14 +1238,13 @@ impl Proxy {
             // idempotent call whose body is all here. A grant that is gone
             // marks the account and answers reconnect_required.
             retried = true;
-            let refused = token.access_token.expose().clone();
             let fresh = match b
                 .service_token(
                     &call.policy.hash,
                     &person,
                     &call.service,
                     &scopes,
-                    Some(&refused),
+                    Some(token.access_token.expose()),
                     b.clock.now(),
                 )
                 .await
