@@ -183,43 +183,55 @@ fn room_below(low: u16) -> bool {
 
 /// The port of [`free_loopback_addr`].
 pub(crate) fn free_loopback_port() -> u16 {
+    // The check listener is dropped here, closing the port for the caller.
+    reserve_loopback_port()
+        .local_addr()
+        .expect("local addr")
+        .port()
+}
+
+/// A listener holding the port [`free_loopback_port`] gives, for as long
+/// as it is kept: below the ephemeral range when there is room, else from
+/// port 0.
+fn reserve_loopback_port() -> std::net::TcpListener {
     let (low, _) = ephemeral_ports();
     if room_below(low) {
         let span = low - LOWEST_RESERVED;
         for _ in 0..200 {
             let r = random_bytes(2);
             let port = LOWEST_RESERVED + u16::from_be_bytes([r[0], r[1]]) % span;
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                return port;
+            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                return l;
             }
         }
     }
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")
 }
 
 /// The harness's own promise, since every test with a real issuer URL
-/// leans on it: a port [`free_loopback_port`] gives is free and below the
-/// kernel's ephemeral range, and a listener on port 0 (what the IdP and
-/// service peers do) is given one inside that range, so never the same.
+/// leans on it: a port [`free_loopback_port`] gives was free (its listener
+/// bound it) and is below the kernel's ephemeral range, and a listener on
+/// port 0 (what the IdP and service peers do) is given one inside that
+/// range, so never the same. The listeners are held while checked: binding
+/// a port again after letting it go would race other tests' picks, which
+/// run in parallel in this binary.
 #[test]
 fn free_loopback_ports_are_free_and_out_of_the_ephemeral_range() {
     let (low, high) = ephemeral_ports();
     if !room_below(low) {
-        // No room below the range: the helper falls back to port 0, which
-        // must still give a free port.
+        // No room below the range: the helper falls back to port 0.
         eprintln!("the ephemeral range starts at {low}: ports come from port 0 here");
-        let port = free_loopback_port();
-        std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free");
+        let l = reserve_loopback_port();
+        assert_ne!(l.local_addr().unwrap().port(), 0);
         return;
     }
-    for _ in 0..50 {
-        let port = free_loopback_port();
+    let held: Vec<_> = (0..50).map(|_| reserve_loopback_port()).collect();
+    for l in &held {
+        let port = l.local_addr().unwrap().port();
         assert!(
             (LOWEST_RESERVED..low).contains(&port),
             "{port} in {low}..={high}"
         );
-        std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free");
     }
     // The control: what the peers (and this helper, before) get from port 0.
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
