@@ -154,8 +154,9 @@ pub(crate) fn now() -> i64 {
 /// started in between (an IdP or a service listening on port 0, or any
 /// outgoing connection) can be handed it; a port taken from port 0 could
 /// be given straight back to such a peer's own `listen(0)`, and the broker
-/// would then fail with "address in use". Only another test's pick can
-/// still collide, about one chance in 20 000. Falls back to port 0 when the
+/// would then fail with "address in use". No port is given twice in this
+/// binary (another test may hold it soon); only another process's pick
+/// can still collide. Falls back to port 0 when the
 /// ephemeral range leaves no room below it.
 pub(crate) fn free_loopback_addr() -> String {
     format!("127.0.0.1:{}", free_loopback_port())
@@ -190,6 +191,10 @@ pub(crate) fn free_loopback_port() -> u16 {
         .port()
 }
 
+/// The ports [`reserve_loopback_port`] has tried in this test binary.
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
 /// A listener holding the port [`free_loopback_port`] gives, for as long
 /// as it is kept: below the ephemeral range when there is room, else from
 /// port 0.
@@ -200,6 +205,11 @@ fn reserve_loopback_port() -> std::net::TcpListener {
         for _ in 0..200 {
             let r = random_bytes(2);
             let port = LOWEST_RESERVED + u16::from_be_bytes([r[0], r[1]]) % span;
+            // Never the same port twice in this binary: another test may
+            // have been given it and not bound it yet.
+            if !HANDED_OUT.lock().unwrap().insert(port) {
+                continue;
+            }
             if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
                 return l;
             }
