@@ -3,6 +3,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::OnceLock;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -10,6 +11,7 @@ use sled::Transactional;
 
 use super::{
     check_tree, decode_expiring, encode_expiring, Fenced, Lease, Store, StoreError, Tree, Watchers,
+    ALL_TREES,
 };
 
 /// A sled database in a directory of mode 0700.
@@ -19,6 +21,9 @@ use super::{
 #[derive(Debug)]
 pub struct SledStore {
     db: sled::Db,
+    /// Each tree's handle, opened on first use: `Db::open_tree` takes a
+    /// lock and looks the name up, on every call that asked it.
+    trees: [OnceLock<sled::Tree>; ALL_TREES.len()],
     watchers: Watchers,
     // Declared after `db`, so dropped after it (fields drop in order).
     _closed: WaitForRelease,
@@ -102,6 +107,7 @@ impl SledStore {
         let _ = std::fs::set_permissions(dir.join("db"), std::fs::Permissions::from_mode(0o700));
         Ok(SledStore {
             db,
+            trees: std::array::from_fn(|_| OnceLock::new()),
             watchers: Watchers::new(),
             _closed: WaitForRelease {
                 // The file sled locks (its `Config::db_path`).
@@ -110,8 +116,15 @@ impl SledStore {
         })
     }
 
-    fn tree(&self, t: Tree) -> Result<sled::Tree, StoreError> {
-        self.db.open_tree(t.name()).map_err(backend)
+    fn tree(&self, t: Tree) -> Result<&sled::Tree, StoreError> {
+        // `Tree` is fieldless and `ALL_TREES` has every variant.
+        let cell = &self.trees[t as usize];
+        if let Some(tree) = cell.get() {
+            return Ok(tree);
+        }
+        // Two first uses at once open the same tree; either handle is kept.
+        let opened = self.db.open_tree(t.name()).map_err(backend)?;
+        Ok(cell.get_or_init(|| opened))
     }
 
     fn flush(&self) -> Result<(), StoreError> {
@@ -220,7 +233,7 @@ impl Store for SledStore {
         // A sled transaction excludes every other write of this process
         // (its concurrency control), and sled is single-process: the lease
         // check and the swap are one step.
-        let outcome = (&records, &leases)
+        let outcome = (records, leases)
             .transaction(|(r, l)| {
                 let held = l
                     .get(lease.key)?
@@ -274,23 +287,29 @@ impl Store for SledStore {
         check_tree(tree, true)?;
         let t = self.tree(tree)?;
         let new = encode_expiring(expiry(ttl), value);
+        // First as a new key (the usual case: one step, no read before);
+        // then, while the swap finds an expired entry, in its place. A live
+        // entry is a refusal. Another thread's write in between makes the
+        // swap fail and show what it wrote.
+        // No flush here: sled's own flusher (every 500 ms) and its close
+        // write it; `insert_expiring` flushes before returning.
+        let mut expected: Option<sled::IVec> = None;
         loop {
-            let current = t.get(key).map_err(backend)?;
-            if current
-                .as_deref()
-                .is_some_and(|raw| live(raw, now_ms()).is_some())
-            {
-                return Ok(false);
-            }
-            // Replace exactly what was read (absent, or expired): if another
-            // thread got there first, read again.
-            // No flush here: sled's own flusher (every 500 ms) and its
-            // close write it; `insert_expiring` flushes before returning.
-            if t.compare_and_swap(key, current, Some(new.as_slice()))
+            match t
+                .compare_and_swap(key, expected.as_ref(), Some(new.as_slice()))
                 .map_err(backend)?
-                .is_ok()
             {
-                return Ok(true);
+                Ok(()) => return Ok(true),
+                Err(found) => {
+                    if found
+                        .current
+                        .as_deref()
+                        .is_some_and(|raw| live(raw, now_ms()).is_some())
+                    {
+                        return Ok(false);
+                    }
+                    expected = found.current;
+                }
             }
         }
     }
@@ -356,6 +375,22 @@ impl Store for SledStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The handle cache is indexed by `Tree as usize`: every tree's
+    /// index is its place in `ALL_TREES`, and each is its own sled tree.
+    #[test]
+    fn each_tree_has_its_own_cached_handle() {
+        for (i, t) in ALL_TREES.iter().enumerate() {
+            assert_eq!(*t as usize, i, "{}", t.name());
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStore::open(dir.path()).unwrap();
+        for t in ALL_TREES {
+            assert_eq!(&s.tree(t).unwrap().name()[..], t.name().as_bytes());
+            // The second use is the same handle.
+            assert!(std::ptr::eq(s.tree(t).unwrap(), s.tree(t).unwrap()));
+        }
+    }
 
     #[test]
     fn put_get_cas_scan_and_reopen() {
