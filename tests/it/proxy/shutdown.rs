@@ -34,22 +34,25 @@ async fn sigterm_finishes_a_download_in_flight_then_exits_zero() {
     // begins, so a new call cannot connect (and a client or load balancer
     // goes elsewhere) rather than waiting in the backlog until the broker
     // exits. Polled, not slept on: how soon the signal is handled depends
-    // on the machine's load; a call that still connects meanwhile is
-    // served.
+    // on the machine's load. A call that still connects meanwhile is
+    // served, or cut if the drain begins under it; either way it is tried
+    // again, until the deadline.
     let fresh = reqwest::Client::builder().no_proxy().build().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Well within the broker's 10 s drain budget, after which it exits
+    // whatever is in flight.
+    let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let late = fresh
             .get(format!("{}/.well-known/jwks.json", p.env.broker.public))
-            .timeout(Duration::from_secs(3))
+            .timeout(Duration::from_secs(2))
             .send()
             .await;
         match late {
             Err(e) if e.is_connect() => break,
-            Ok(r) if r.status() == 200 && Instant::now() < deadline => {
+            _ if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            other => panic!("a connection after SIGTERM was not refused: {other:?}"),
+            other => panic!("a connection 5 s after SIGTERM was not refused: {other:?}"),
         }
     }
     // Refused, and the broker has not exited: the download is in flight.
