@@ -5,6 +5,7 @@
 //! token) and resource servers (section 7: a proof with `ath` over the token,
 //! and the key bound to the token's `cnf.jkt`).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -74,11 +75,15 @@ pub enum DpopError {
     ReplayCacheFull,
 }
 
+/// The claims a proof carries. Those only compared are borrowed from the
+/// decoded payload (owned only when the JSON escapes a character).
 #[derive(Debug, Deserialize)]
-struct ProofClaims {
+struct ProofClaims<'a> {
     jti: String,
-    htm: String,
-    htu: String,
+    #[serde(borrow)]
+    htm: Cow<'a, str>,
+    #[serde(borrow)]
+    htu: Cow<'a, str>,
     #[serde(deserialize_with = "jose::numeric_date")]
     iat: i64,
     #[serde(default)]
@@ -110,6 +115,12 @@ pub struct ValidProof {
     pub jkt: String,
     /// `iat` of the proof.
     pub iat: i64,
+    /// `jti` of the proof (already recorded in the validator's replay
+    /// cache).
+    pub jti: String,
+    /// `nonce` of the proof, if it carries one (checked only when the
+    /// validator requires nonces).
+    pub nonce: Option<String>,
 }
 
 /// Normalises a URL for `htu` comparison: parsed, query and fragment dropped.
@@ -654,12 +665,14 @@ impl Validator {
         if claims.jti.is_empty() || claims.jti.len() > MAX_JTI_LEN {
             return Err(DpopError::Replay);
         }
-        if claims.htm != expect.method {
+        if claims.htm.as_ref() != expect.method {
             return Err(DpopError::Htm);
         }
         // `expect.htu` is normalised, and a normalised URL is a fixed point
         // of normalising: a proof naming exactly it needs no URL parse.
-        if claims.htu != expect.htu && normalize_htu(&claims.htu).as_deref() != Some(expect.htu) {
+        if claims.htu.as_ref() != expect.htu
+            && normalize_htu(&claims.htu).as_deref() != Some(expect.htu)
+        {
             return Err(DpopError::Htu);
         }
         // abs_diff: `iat - now` could overflow (and wrap to pass in release).
@@ -691,6 +704,8 @@ impl Validator {
         Ok(ValidProof {
             jkt: jwk.thumbprint.clone(),
             iat: claims.iat,
+            jti: claims.jti,
+            nonce: claims.nonce,
         })
     }
 

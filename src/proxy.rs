@@ -660,34 +660,19 @@ impl Proxy {
     /// proof's `jti` (with the key it is bound to) in the
     /// store's replay tree for as long as the proof could be accepted;
     /// a second use anywhere is a replay. A store that cannot answer fails
-    /// the call closed.
-    fn first_use(&self, proof: &str, jkt: &str) -> Result<(), Refusal> {
-        /// The two claims read here (the verifier checked the rest).
-        #[derive(Default, serde::Deserialize)]
-        struct Ids {
-            jti: Option<String>,
-            nonce: Option<String>,
-        }
-        // The verifier has parsed and checked this proof: only its payload
-        // is decoded again (no header, key or signature).
-        let claims: Ids = proof
-            .split('.')
-            .nth(1)
-            .and_then(|p| crate::jose::b64d(p, "payload").ok())
-            .and_then(|p| serde_json::from_slice(&p).ok())
-            .unwrap_or_default();
+    /// the call closed. `proof` is what the verifier read from the proof
+    /// it checked.
+    fn first_use(&self, proof: crate::dpop::ValidProof, jkt: &str) -> Result<(), Refusal> {
         // The nonce rule of the socket (`[dpop] require_nonce`) holds here
         // too; the verifier resource servers use knows no nonces.
         let now = self.broker.clock.now();
-        if !self.broker.proofs.nonce_ok(claims.nonce.as_deref(), now) {
+        if !self.broker.proofs.nonce_ok(proof.nonce.as_deref(), now) {
             return Err(match self.broker.proofs.fresh_nonce(now) {
                 Some(n) => Refusal::UseNonce(n),
                 None => Refusal::Token(VerifyError::Proof(crate::dpop::DpopError::UseNonce)),
             });
         }
-        let jti = claims.jti.ok_or(Refusal::Token(VerifyError::Proof(
-            crate::dpop::DpopError::Replay,
-        )))?;
+        let jti = proof.jti;
         let mut key = jti.into_bytes();
         key.push(0);
         key.extend_from_slice(jkt.as_bytes());
@@ -931,7 +916,7 @@ impl Proxy {
             }
         };
         let url = format!("{}{path}", b.config.issuer);
-        let who = verifier
+        let (who, proof) = verifier
             .verify_unrecorded(
                 &Presented {
                     method,
@@ -946,9 +931,7 @@ impl Proxy {
             .map_err(|e| (None, Refusal::Token(e)))?;
         // The verifier's replay cache is this instance's; the store's is
         // every instance's (a replicated store): a proof is used once.
-        if let [proof] = dpop[..] {
-            self.first_use(proof, &who.jkt).map_err(|r| (None, r))?;
-        }
+        self.first_use(proof, &who.jkt).map_err(|r| (None, r))?;
         let policy = b.policy.load_full();
         let mut call = Call {
             service: service.to_string(),

@@ -15,6 +15,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -95,8 +96,9 @@ impl VerifyError {
 }
 
 #[derive(Debug, Deserialize)]
-struct Cnf {
-    jkt: String,
+struct Cnf<'a> {
+    #[serde(borrow)]
+    jkt: Cow<'a, str>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -108,17 +110,23 @@ struct Act {
     step: Option<String>,
 }
 
+/// A token's claims. Those only compared (`iss`, `aud`, `cnf.jkt`) are
+/// borrowed from the decoded payload (owned only when the JSON escapes a
+/// character).
 #[derive(Debug, Deserialize)]
-struct TokenClaims {
-    iss: String,
+struct TokenClaims<'a> {
+    #[serde(borrow)]
+    iss: Cow<'a, str>,
     sub: String,
     #[serde(default)]
     subject_iss: Option<String>,
-    aud: String,
+    #[serde(borrow)]
+    aud: Cow<'a, str>,
     #[serde(default)]
     scope: String,
     act: Act,
-    cnf: Cnf,
+    #[serde(borrow)]
+    cnf: Cnf<'a>,
     #[serde(deserialize_with = "jose::numeric_date")]
     iat: i64,
     #[serde(deserialize_with = "jose::numeric_date")]
@@ -286,7 +294,7 @@ impl Verifier {
     /// recorded only once everything else passed, so a bad proof does not
     /// use the token up).
     pub fn verify(&self, req: &Presented<'_>) -> Result<Verified, VerifyError> {
-        self.verify_inner(req, true, false)
+        self.verify_inner(req, true, false).map(|(v, _)| v)
     }
 
     /// [`Verifier::verify`] without recording a single-use token's `jti`
@@ -299,11 +307,14 @@ impl Verifier {
     /// once, and a raw path that passed its path rules, which parsing leaves
     /// as it is): the URL is then compared with `htu` without being parsed
     /// again.
+    ///
+    /// Gives the proof too (its `jti` and `nonce`), for the proxy's own
+    /// replay and nonce checks, so that it need not decode the proof again.
     pub(crate) fn verify_unrecorded(
         &self,
         req: &Presented<'_>,
         url_is_normal: bool,
-    ) -> Result<Verified, VerifyError> {
+    ) -> Result<(Verified, dpop::ValidProof), VerifyError> {
         self.verify_inner(req, false, url_is_normal)
     }
 
@@ -312,7 +323,7 @@ impl Verifier {
         req: &Presented<'_>,
         record: bool,
         url_is_normal: bool,
-    ) -> Result<Verified, VerifyError> {
+    ) -> Result<(Verified, dpop::ValidProof), VerifyError> {
         let auth = req.authorization.ok_or(VerifyError::NoToken)?;
         let (scheme, token) = auth.split_once(' ').ok_or(VerifyError::WrongScheme)?;
         if !scheme.eq_ignore_ascii_case("DPoP") {
@@ -336,10 +347,10 @@ impl Verifier {
         key.verify(Alg::ES256, &jws)?;
         let c: TokenClaims =
             serde_json::from_slice(&jws.payload).map_err(|_| VerifyError::Claims)?;
-        if c.iss != self.issuer {
+        if *c.iss != *self.issuer {
             return Err(VerifyError::Issuer);
         }
-        if c.aud != self.audience {
+        if *c.aud != *self.audience {
             return Err(VerifyError::Audience);
         }
         if c.exp <= now - SKEW || c.iat > now + SKEW {
@@ -356,7 +367,7 @@ impl Verifier {
             normalized = dpop::normalize_htu(req.url).ok_or(VerifyError::Proof(DpopError::Htu))?;
             normalized.as_str()
         };
-        let valid = self.proofs.validate(
+        let mut valid = self.proofs.validate(
             proof,
             &dpop::Expect {
                 method: req.method,
@@ -378,7 +389,7 @@ impl Verifier {
                     other => VerifyError::Proof(other),
                 })?;
         }
-        Ok(Verified {
+        let verified = Verified {
             sub: c.sub,
             subject_iss: c.subject_iss,
             scopes: c
@@ -390,13 +401,14 @@ impl Verifier {
             agent: c.act.sub,
             tool: c.act.tool.unwrap_or_default(),
             step: c.act.step,
-            jkt: valid.jkt,
+            jkt: std::mem::take(&mut valid.jkt),
             exp: c.exp,
             jti: c.jti,
             authorization_details: c.authorization_details,
             approval_id: c.approval_id,
             single_use: c.single_use,
-        })
+        };
+        Ok((verified, valid))
     }
 }
 
