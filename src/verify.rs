@@ -367,7 +367,7 @@ impl Verifier {
             normalized = dpop::normalize_htu(req.url).ok_or(VerifyError::Proof(DpopError::Htu))?;
             normalized.as_str()
         };
-        let mut valid = self.proofs.validate(
+        let valid = self.proofs.validate(
             proof,
             &dpop::Expect {
                 method: req.method,
@@ -401,7 +401,7 @@ impl Verifier {
             agent: c.act.sub,
             tool: c.act.tool.unwrap_or_default(),
             step: c.act.step,
-            jkt: std::mem::take(&mut valid.jkt),
+            jkt: valid.jkt.clone(),
             exp: c.exp,
             jti: c.jti,
             authorization_details: c.authorization_details,

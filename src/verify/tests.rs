@@ -243,6 +243,88 @@ fn token_from_another_issuer() {
     rs.accepts(&mint_as(&rs, ISS, |_| {}), "the configured issuer");
 }
 
+/// `header.payload.sign(signing input)` with the payload's JSON text
+/// exactly as given.
+fn assemble_text(header: &Map<String, Value>, payload: &str, key: &Es256Key) -> String {
+    let input = format!(
+        "{}.{}",
+        b64e(&serde_json::to_vec(header).unwrap()),
+        b64e(payload.as_bytes())
+    );
+    let sig = key.sign_raw(input.as_bytes()).unwrap();
+    format!("{input}.{}", b64e(&sig))
+}
+
+/// The JSON text of `claims` with every `/` written `\/` and the first
+/// character of `member`'s string value written as a `\u` escape: the
+/// same values, in the form a parser can no longer borrow.
+fn escaped_json(claims: &Map<String, Value>, member: &str) -> String {
+    let text = serde_json::to_string(claims).unwrap().replace('/', "\\/");
+    let open = format!("\"{member}\":\"");
+    let at = text.find(&open).unwrap() + open.len();
+    let first = text[at..].chars().next().unwrap();
+    format!(
+        "{}\\u{:04x}{}",
+        &text[..at],
+        u32::from(first),
+        &text[at + first.len_utf8()..]
+    )
+}
+
+#[test]
+fn claims_written_with_json_escapes_are_read_as_their_values() {
+    // `iss`, `aud` and `cnf.jkt` of the token, `htm` and `htu` of the
+    // proof are borrowed from the payload unless the JSON escapes a
+    // character: an escaped form compares as its value.
+    let rs = setup();
+    let (h, c) = parts(&mint(&rs));
+    let payload = escaped_json(&c, "jkt");
+    assert!(
+        payload.contains(r#""iss":"https:\/\/broker.example""#),
+        "{payload}"
+    );
+    assert!(payload.contains(r#""jkt":"\u00"#), "{payload}");
+    let token = assemble_text(&h, &payload, &rs.signer);
+    let (ph, pc) = parts(&rs.proof(&token));
+    let proof_payload = escaped_json(&pc, "htm");
+    assert!(
+        proof_payload.contains(r#""htm":"\u0047ET""#),
+        "{proof_payload}"
+    );
+    assert!(
+        proof_payload.contains(r#""htu":"https:\/\/"#),
+        "{proof_payload}"
+    );
+    let proof = assemble_text(&ph, &proof_payload, &rs.tool);
+    let who = rs
+        .present(&token, &proof)
+        .unwrap_or_else(|e| panic!("escaped claims refused: {e:?}"));
+    assert_eq!(
+        (who.sub.as_str(), who.jkt.as_str()),
+        ("alice", rs.tool.thumbprint())
+    );
+
+    // The escapes are read, not skipped: an escaped issuer that is another
+    // one, and an escaped method that is another one, are refused.
+    let mut other = c.clone();
+    other.insert("iss".into(), json!("https://broker.example.evil"));
+    let token = assemble_text(&h, &escaped_json(&other, "iss"), &rs.signer);
+    refused(
+        rs.check(&token),
+        VerifyError::Issuer,
+        "escaped other issuer",
+    );
+    let token = mint(&rs);
+    let (ph, mut pc) = parts(&rs.proof(&token));
+    pc.insert("htm".into(), json!("POST"));
+    let proof = assemble_text(&ph, &escaped_json(&pc, "htm"), &rs.tool);
+    refused(
+        rs.present(&token, &proof),
+        VerifyError::Proof(DpopError::Htm),
+        "escaped other method",
+    );
+}
+
 #[test]
 fn token_for_another_audience() {
     let rs = setup();
