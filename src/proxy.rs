@@ -14,6 +14,8 @@
 //! 3. the token and its DPoP proof, with the verifier resource servers use
 //!    ([`crate::verify`]), audience = the proxy address, `htu` = the
 //!    configured issuer + the raw path (never `Host` or `X-Forwarded-*`);
+//!    then the proof's `jti` in the store's replay tree (queued off the
+//!    call where that is as safe, [`replays`]);
 //! 4. no credential in the query;
 //! 5. the route, the step and the resource in the *current* policy, and
 //!    the route's variables bound to the token's approved details;
@@ -49,6 +51,7 @@ use crate::subject::Person;
 use crate::verify::{Presented, Verified, Verifier, VerifyError};
 
 mod client;
+mod replays;
 
 /// The path prefix of proxied calls.
 pub(crate) const PREFIX: &str = "/proxy/";
@@ -581,6 +584,26 @@ pub(crate) struct Proxy {
     /// in the form [`crate::dpop::normalize_htu`] gives ([`issuer_is_normal`]):
     /// then each call's URL is compared with the proof's `htu` as built.
     issuer_is_normal: bool,
+    /// When this proxy started, by the broker's clock: for
+    /// [`REPLAY_WINDOW_SECS`] after it, each proof's replay entry is written
+    /// and checked on its call ([`replays`]).
+    started: i64,
+    /// The replay entries queued for a store no other instance shares;
+    /// `None` for a shared one (each entry is written on its call).
+    replays: Option<Arc<replays::Batched>>,
+}
+
+/// How long a proof's replay entry is kept (seconds): either side of now
+/// ([`crate::dpop::IAT_WINDOW`]), plus the verifier's skew.
+const REPLAY_WINDOW_SECS: i64 = 2 * crate::dpop::IAT_WINDOW + 10;
+
+/// The replay tree's key for a proof: its `jti` with the key it is bound to.
+fn replay_key(jti: &str, jkt: &str) -> String {
+    let mut key = Vec::with_capacity(jti.len() + 1 + jkt.len());
+    key.extend_from_slice(jti.as_bytes());
+    key.push(0);
+    key.extend_from_slice(jkt.as_bytes());
+    crate::jose::sha256_hex(&key)
 }
 
 /// Whether `issuer` followed by any proxy path that passed
@@ -602,7 +625,17 @@ impl Proxy {
         // redirect points (a 3xx goes back to the tool as it is).
         let client = client::upstream(cfg.connect_timeout)?;
         let normal = issuer_is_normal(&broker.config.issuer);
+        let replays = (!broker.store.is_shared())
+            .then(|| {
+                replays::Batched::start(
+                    broker.store.clone(),
+                    std::time::Duration::from_secs(REPLAY_WINDOW_SECS as u64),
+                )
+            })
+            .flatten();
         Ok(Proxy {
+            started: broker.clock.now(),
+            replays,
             in_flight: Arc::new(Semaphore::new(cfg.max_in_flight as usize)),
             broker,
             client,
@@ -657,11 +690,14 @@ impl Proxy {
     }
 
     /// Checks the proof's nonce when nonces are required, then records the
-    /// proof's `jti` (with the key it is bound to) in the
-    /// store's replay tree for as long as the proof could be accepted;
-    /// a second use anywhere is a replay. A store that cannot answer fails
-    /// the call closed. `proof` is what the verifier read from the proof
-    /// it checked.
+    /// proof's `jti` (with the key it is bound to) in the store's replay
+    /// tree for as long as the proof could be accepted; a second use
+    /// anywhere is a replay. On a store no other instance shares, once this
+    /// proxy has run for [`REPLAY_WINDOW_SECS`], the entry is queued and
+    /// written within [`replays::INTERVAL`] instead (the module doc of
+    /// [`replays`] says why that refuses every replay the store would). A
+    /// store that cannot answer fails the call closed. `proof` is what the
+    /// verifier read from the proof it checked (and recorded).
     fn first_use(&self, proof: crate::dpop::ValidProof, jkt: &str) -> Result<(), Refusal> {
         // The nonce rule of the socket (`[dpop] require_nonce`) holds here
         // too; the verifier resource servers use knows no nonces.
@@ -672,13 +708,16 @@ impl Proxy {
                 None => Refusal::Token(VerifyError::Proof(crate::dpop::DpopError::UseNonce)),
             });
         }
-        let jti = proof.jti;
-        let mut key = jti.into_bytes();
-        key.push(0);
-        key.extend_from_slice(jkt.as_bytes());
-        let key = crate::jose::sha256_hex(&key);
-        // Either side of now, plus the verifier's skew.
-        let window = std::time::Duration::from_secs((2 * crate::dpop::IAT_WINDOW + 10) as u64);
+        let mut key = replay_key(&proof.jti, jkt);
+        if now >= self.started.saturating_add(REPLAY_WINDOW_SECS) {
+            if let Some(batched) = &self.replays {
+                match batched.queue(key) {
+                    Ok(()) => return Ok(()),
+                    Err(back) => key = back,
+                }
+            }
+        }
+        let window = std::time::Duration::from_secs(REPLAY_WINDOW_SECS as u64);
         // Unsynced: on sled the entry reaches disk at the next flush (every
         // 500 ms, and at close), not before the call goes on. A flush per
         // call was half of the proxy's CPU per call; what a crash can lose is
@@ -700,6 +739,14 @@ impl Proxy {
                     "the proof's replay check could not be made; retry later",
                 ))
             }
+        }
+    }
+
+    /// Writes the queued replay entries and closes the queue (a clean
+    /// stop, after the drain): a call still running writes its own.
+    pub(crate) fn close_replays(&self) {
+        if let Some(b) = &self.replays {
+            b.close();
         }
     }
 

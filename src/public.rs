@@ -248,4 +248,8 @@ pub(crate) async fn serve(
     // backlog until the process exits.
     drop(listener);
     let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
+    // The proofs' replay entries still queued reach the store before it
+    // closes (docs/PROXY.md, "A crash and the replay check").
+    let px = proxy.clone();
+    let _ = tokio::task::spawn_blocking(move || px.close_replays()).await;
 }

@@ -87,6 +87,9 @@ impl Store for Hooked {
         (self.before_write)(t)?;
         self.inner.insert_expiring(t, k, v, ttl)
     }
+    fn sync(&self) -> Result<(), StoreError> {
+        self.inner.sync()
+    }
     fn get_expiring(&self, t: Tree, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.get_expiring(t, k)
     }

@@ -323,6 +323,14 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         self.insert_expiring(tree, key, value, ttl)
     }
 
+    /// Makes every write made before it durable: what
+    /// [`Store::insert_expiring_unsynced`] left for the next flush reaches
+    /// disk now (sled: a flush). Where every write is durable anyway
+    /// (PostgreSQL), nothing.
+    fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Reads a live expiring entry (`None` if absent or expired).
     fn get_expiring(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
 

@@ -314,6 +314,10 @@ impl Store for SledStore {
         }
     }
 
+    fn sync(&self) -> Result<(), StoreError> {
+        self.flush()
+    }
+
     fn get_expiring(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         check_tree(tree, true)?;
         let raw = self.tree(tree)?.get(key).map_err(backend)?;
