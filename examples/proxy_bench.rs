@@ -93,6 +93,12 @@ struct Args {
     /// Downloads are always one at a time.
     #[arg(long, default_value_t = 1)]
     concurrency: usize,
+    /// Seconds to wait once the measured broker serves, before anything
+    /// else: for its first 130 s the proxy writes each proof's replay entry
+    /// on the call, then in batches (docs/PROXY.md, "A crash and the replay
+    /// check"); 135 measures the batched, steady state.
+    #[arg(long, default_value_t = 0)]
+    settle: u64,
     /// Print one JSON line with the figures at the end.
     #[arg(long)]
     json: bool,
@@ -1065,6 +1071,10 @@ routes = ["GET /small", "GET /blob/{{mib}}"]
     wait_for("the broker's socket", || {
         socket.exists() && TcpStream::connect(&listen).is_ok()
     });
+    if args.settle > 0 {
+        println!("waiting {} s for the broker to settle", args.settle);
+        std::thread::sleep(Duration::from_secs(args.settle));
+    }
     let subject = String::from_utf8(
         Command::new(&args.bin)
             .args(["subject-token", "--dir"])
