@@ -57,14 +57,25 @@ impl Batched {
         let weak: Weak<Batched> = Arc::downgrade(&batched);
         let started = std::thread::Builder::new()
             .name("proxy-replays".into())
-            .spawn(move || loop {
-                std::thread::sleep(INTERVAL);
-                let Some(b) = weak.upgrade() else { return };
-                match b.write() {
-                    Ok(false) => return,
-                    Ok(true) => {}
-                    Err(e) => {
-                        tracing::error!(error = %e, "writing the proxy's replay entries failed; proxied calls write their own until the store answers");
+            .spawn(move || {
+                // Said once when writes start failing and once when they
+                // work again, not every interval.
+                let mut failing = false;
+                loop {
+                    std::thread::sleep(INTERVAL);
+                    let Some(b) = weak.upgrade() else { return };
+                    match b.write() {
+                        Ok(None) => return,
+                        Ok(Some(n)) if failing && n > 0 => {
+                            failing = false;
+                            tracing::info!("the proxy's replay entries are written again");
+                        }
+                        Ok(Some(_)) => {}
+                        Err(e) if !failing => {
+                            failing = true;
+                            tracing::error!(error = %e, "writing the proxy's replay entries failed; proxied calls write their own until the store answers");
+                        }
+                        Err(_) => {}
                     }
                 }
             });
@@ -93,16 +104,21 @@ impl Batched {
         }
     }
 
-    /// Writes what is queued and makes it durable. `Ok(false)` once the
-    /// queue is closed. A failed write puts its batch back in front.
-    pub(crate) fn write(&self) -> Result<bool, StoreError> {
+    /// Writes what is queued and makes it durable; gives how many entries
+    /// it wrote, `None` once the queue is closed. A failed write puts its
+    /// batch back in front, and only a batch written clears the failure
+    /// (the queue is never empty after one).
+    pub(crate) fn write(&self) -> Result<Option<usize>, StoreError> {
         let batch = {
             let mut q = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
             match q.as_mut() {
                 Some(v) => std::mem::take(v),
-                None => return Ok(false),
+                None => return Ok(None),
             }
         };
+        if batch.is_empty() {
+            return Ok(Some(0));
+        }
         if let Err(e) = self.write_batch(&batch) {
             self.failing.store(true, Ordering::Release);
             let mut q = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
@@ -113,7 +129,7 @@ impl Batched {
             return Err(e);
         }
         self.failing.store(false, Ordering::Release);
-        Ok(true)
+        Ok(Some(batch.len()))
     }
 
     fn write_batch(&self, batch: &[String]) -> Result<(), StoreError> {
@@ -191,9 +207,10 @@ mod tests {
         assert!(live(&*store, "last"), "close must write what is queued");
         // Closed: the caller writes its own entry.
         assert_eq!(b.queue("after".into()), Err("after".to_string()));
-        assert!(
-            !b.write().unwrap(),
-            "a closed queue has nothing more to write"
+        assert_eq!(
+            b.write().unwrap(),
+            None,
+            "a closed queue writes nothing more"
         );
     }
 
@@ -221,14 +238,17 @@ mod tests {
         assert!(b.write().is_err());
         assert!(!live(&*inner, "a"));
         // While the store fails, a call writes its own entry (and is refused
-        // when that fails too).
+        // when that fails too), however often the writer comes round.
         assert_eq!(b.queue("b".into()), Err("b".to_string()));
-        // Positive control: the store answers again; the kept entry is written.
+        assert!(b.write().is_err());
+        assert_eq!(b.queue("b".into()), Err("b".to_string()));
+        // Positive control: the store answers again; the kept entry is
+        // written, and calls queue again.
         full.store(false, Ordering::SeqCst);
-        assert!(b.write().unwrap());
+        assert_eq!(b.write().unwrap(), Some(1));
         assert!(live(&*inner, "a"), "a failed batch must be written later");
         b.queue("c".into()).unwrap();
-        assert!(b.write().unwrap());
+        assert_eq!(b.write().unwrap(), Some(1));
         assert!(live(&*inner, "c"));
     }
 
