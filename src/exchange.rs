@@ -1206,36 +1206,19 @@ steps = ["triage"]
     async fn link_event_names_the_policy_of_the_derive_not_a_later_reload() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        let (idp, _) = crate::jose::Es256Key::generate().unwrap();
-        let jwks = serde_json::json!({ "keys": [idp.public_jwk] });
-        std::fs::write(d.join("idp-jwks.json"), jwks.to_string()).unwrap();
-        secret(&d.join("master.key"), &[7u8; 32]);
         secret(&d.join("acme.secret"), b"client-secret");
-        std::fs::write(d.join("policy.toml"), POLICY).unwrap();
-        let config = r#"agent = "repo-helper"
-issuer = "http://127.0.0.1:9"
-policy = "policy.toml"
-store = "data"
-
-[socket]
-path = "broker.sock"
-
-[keys]
-master_key_file = "master.key"
-
-[[trusted_issuers]]
-issuer = "https://idp.example"
-jwks_file = "idp-jwks.json"
-sign_in = { kind = "oidc", client_id = "broker" }
-
+        let (idp, config) = crate::config::test_instance(
+            d,
+            POLICY,
+            r#"
 [providers.acme]
 authorization_endpoint = "http://127.0.0.1:9/authorize"
 token_endpoint = "http://127.0.0.1:9/token"
 userinfo_endpoint = "http://127.0.0.1:9/userinfo"
 client_id = "broker"
 client_secret_file = "acme.secret"
-"#;
-        let config = Config::parse(&d.join("credbroker.toml"), config).unwrap();
+"#,
+        );
         let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
         let now = clock.now();
         let instance = crate::app::build(config.clone(), clock).await.unwrap();

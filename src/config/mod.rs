@@ -488,6 +488,46 @@ fn limits(raw: &RawLimits, dpop: &DpopConfig, check: &mut Check<'_>) -> LimitsCo
     limits
 }
 
+/// For the crate's tests: a minimal instance in `d` (an identity
+/// provider's JWKS, a master key, `policy`, and a config naming them, with
+/// `extra` appended), parsed. Gives the identity provider's key too.
+#[cfg(test)]
+// reason: test code, where a panic is the failure report.
+#[allow(clippy::unwrap_used)]
+pub(crate) fn test_instance(
+    d: &Path,
+    policy: &str,
+    extra: &str,
+) -> (crate::jose::Es256Key, Config) {
+    use std::os::unix::fs::PermissionsExt;
+    let (idp, _) = crate::jose::Es256Key::generate().unwrap();
+    let jwks = serde_json::json!({ "keys": [idp.public_jwk] });
+    std::fs::write(d.join("idp-jwks.json"), jwks.to_string()).unwrap();
+    std::fs::write(d.join("master.key"), [7u8; 32]).unwrap();
+    std::fs::set_permissions(d.join("master.key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(d.join("policy.toml"), policy).unwrap();
+    let config = format!(
+        r#"agent = "repo-helper"
+issuer = "http://127.0.0.1:9"
+policy = "policy.toml"
+store = "data"
+
+[socket]
+path = "broker.sock"
+
+[keys]
+master_key_file = "master.key"
+
+[[trusted_issuers]]
+issuer = "https://idp.example"
+jwks_file = "idp-jwks.json"
+sign_in = {{ kind = "oidc", client_id = "broker" }}
+{extra}"#
+    );
+    let config = Config::parse(&d.join("credbroker.toml"), &config).unwrap();
+    (idp, config)
+}
+
 #[cfg(test)]
 mod provider_tests;
 #[cfg(test)]

@@ -166,7 +166,6 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
     use std::sync::atomic::AtomicBool;
 
     use crate::clock::Clock;
@@ -257,30 +256,7 @@ mod tests {
         d: &std::path::Path,
         clock: Arc<crate::clock::ManualClock>,
     ) -> Arc<crate::exchange::Broker> {
-        let (idp, _) = crate::jose::Es256Key::generate().unwrap();
-        let jwks = serde_json::json!({ "keys": [idp.public_jwk] });
-        std::fs::write(d.join("idp-jwks.json"), jwks.to_string()).unwrap();
-        std::fs::write(d.join("master.key"), [7u8; 32]).unwrap();
-        std::fs::set_permissions(d.join("master.key"), std::fs::Permissions::from_mode(0o600))
-            .unwrap();
-        std::fs::write(d.join("policy.toml"), "agent = \"repo-helper\"\n").unwrap();
-        let config = r#"agent = "repo-helper"
-issuer = "http://127.0.0.1:9"
-policy = "policy.toml"
-store = "data"
-
-[socket]
-path = "broker.sock"
-
-[keys]
-master_key_file = "master.key"
-
-[[trusted_issuers]]
-issuer = "https://idp.example"
-jwks_file = "idp-jwks.json"
-sign_in = { kind = "oidc", client_id = "broker" }
-"#;
-        let config = crate::config::Config::parse(&d.join("credbroker.toml"), config).unwrap();
+        let (_, config) = crate::config::test_instance(d, "agent = \"repo-helper\"\n", "");
         crate::app::build(config, clock)
             .await
             .unwrap()
