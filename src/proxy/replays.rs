@@ -41,6 +41,9 @@ pub(crate) struct Batched {
     /// The last write failed: calls write their own entries (and are
     /// refused while the store fails) until a batch is written again.
     failing: AtomicBool,
+    /// Held while a batch is written: a close waits for the writer's batch
+    /// in flight, so that a clean stop loses none.
+    writing: Mutex<()>,
 }
 
 impl Batched {
@@ -53,6 +56,7 @@ impl Batched {
             ttl,
             queued: Mutex::new(Some(Vec::new())),
             failing: AtomicBool::new(false),
+            writing: Mutex::new(()),
         });
         let weak: Weak<Batched> = Arc::downgrade(&batched);
         let started = std::thread::Builder::new()
@@ -109,6 +113,7 @@ impl Batched {
     /// batch back in front, and only a batch written clears the failure
     /// (the queue is never empty after one).
     pub(crate) fn write(&self) -> Result<Option<usize>, StoreError> {
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
         let batch = {
             let mut q = self.queued.lock().unwrap_or_else(PoisonError::into_inner);
             match q.as_mut() {
@@ -148,6 +153,7 @@ impl Batched {
     /// Writes what is left and closes the queue (a clean stop): later
     /// calls write their own entries.
     pub(crate) fn close(&self) {
+        let _writing = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
         let batch = self
             .queued
             .lock()
@@ -232,6 +238,7 @@ mod tests {
             ttl: Duration::from_secs(130),
             queued: Mutex::new(Some(Vec::new())),
             failing: AtomicBool::new(false),
+            writing: Mutex::new(()),
         };
         b.queue("a".into()).unwrap();
         assert!(b.write().is_err());
