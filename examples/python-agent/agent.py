@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from credbroker import AccessDenied, Broker, DPoPAuth, Issued, LinkRequired, ToolKey
+from credbroker_client import AccessDenied, Broker, DPoPAuth, Issued, LinkRequired, ToolKey
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """An MCP server on the `mcp` package's MCPServer (streamable HTTP) whose one
 tool derives a token for a connected service with credbroker's AsyncBroker
-and answers a link refusal with credbroker.mcp.link_answer, for
+and answers a link refusal with credbroker_client.mcp.link_answer, for
 tests/test_mcp_e2e.py.
 
     python mcp_link_server.py PORT SOCKET ISSUER DEV_ISSUER_JWKS [PROVIDER_ISSUER]
@@ -33,8 +33,8 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import InputRequiredResult
 from pydantic import AnyHttpUrl
 
-from credbroker import AsyncBroker, LinkRequired, ToolKey
-from credbroker.mcp import link_answer
+from credbroker_client import AsyncBroker, LinkRequired, ToolKey
+from credbroker_client.mcp import link_answer
 
 SERVICE = "https://api.acme.example"
 

@@ -22,7 +22,7 @@ from joserfc import jwt
 from joserfc.errors import BadSignatureError
 from joserfc.jwk import KeySet
 
-from credbroker import (
+from credbroker_client import (
     API_VERSION,
     AccessDenied,
     AsyncBroker,

@@ -13,7 +13,14 @@ import httpx
 import pytest
 from conftest import QuickstartBroker, ResourceServer, start_resource_server
 
-from credbroker import AccessDenied, Broker, BrokerNotRunning, DPoPAuth, InvalidRequest, ToolKey
+from credbroker_client import (
+    AccessDenied,
+    Broker,
+    BrokerNotRunning,
+    DPoPAuth,
+    InvalidRequest,
+    ToolKey,
+)
 
 
 class Capture(logging.Handler):

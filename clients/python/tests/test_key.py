@@ -17,8 +17,8 @@ from conftest import broker_bin
 from joserfc import jws
 from joserfc.jwk import ECKey
 
-from credbroker import KeyFileError, ToolKey
-from credbroker.key import ath
+from credbroker_client import KeyFileError, ToolKey
+from credbroker_client.key import ath
 
 
 def test_save_creates_0600_from_the_start_and_never_replaces(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from conftest import SERVICE, QuickstartBroker
 
-from credbroker import AccessDenied, Broker, LinkRequired, ToolKey
-from credbroker.mcp import link_answer
+from credbroker_client import AccessDenied, Broker, LinkRequired, ToolKey
+from credbroker_client.mcp import link_answer
 
 
 def test_a_service_not_yet_connected_raises_link_required(acme: QuickstartBroker) -> None:

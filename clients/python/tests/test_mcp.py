@@ -1,4 +1,4 @@
-"""credbroker.mcp.link_answer builds, with the `mcp` SDK's own types, the
+"""credbroker_client.mcp.link_answer builds, with the `mcp` SDK's own types, the
 exact messages of proto/mcp/ for each protocol version."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from conftest import REPO
 from mcp import UrlElicitationRequiredError
 
-from credbroker import LinkRequired
-from credbroker.errors import refusal
-from credbroker.mcp import link_answer
+from credbroker_client import LinkRequired
+from credbroker_client.errors import refusal
+from credbroker_client.mcp import link_answer
 
 PROTO = REPO / "proto" / "mcp"
 

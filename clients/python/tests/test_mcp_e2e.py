@@ -1,4 +1,4 @@
-"""credbroker.mcp end to end: an MCPServer (tests/mcp_link_server.py) whose
+"""credbroker_client.mcp end to end: an MCPServer (tests/mcp_link_server.py) whose
 tool derives for a service not yet connected (oidc-provider plays it),
 called by the real `mcp` client (tests/mcp/mcp_client.py) in both protocol
 versions: 2025-11-25 gets the -32042 URL elicitation error, 2026-07-28 the

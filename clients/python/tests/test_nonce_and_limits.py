@@ -14,7 +14,7 @@ import httpx
 import pytest
 from conftest import QuickstartBroker, start_broker
 
-from credbroker import Broker, RateLimited, ToolKey
+from credbroker_client import Broker, RateLimited, ToolKey
 
 
 @pytest.fixture(scope="module")

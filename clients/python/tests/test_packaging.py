@@ -49,9 +49,9 @@ def test_the_wheel_installs_into_a_fresh_venv_and_the_readme_example_runs(
         check=True,
         capture_output=True,
     )
-    (wheel,) = dist.glob("credbroker-*.whl")
+    (wheel,) = dist.glob("credbroker_client-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "credbroker/py.typed" in names and "credbroker/verify.py" in names
+    assert "credbroker_client/py.typed" in names and "credbroker_client/verify.py" in names
     assert not [n for n in names if n.startswith("tests/")]
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -89,7 +89,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_the_readme_example_runs(
     assert '"sub": "alice"' in lines[2].replace("'", '"')
     # It ran the installed wheel, not this checkout.
     where = subprocess.run(
-        [str(py), "-I", "-c", "import credbroker; print(credbroker.__file__)"],
+        [str(py), "-I", "-c", "import credbroker_client; print(credbroker_client.__file__)"],
         cwd=work,
         env=env,
         capture_output=True,

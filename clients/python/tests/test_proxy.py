@@ -21,7 +21,7 @@ from conftest import (
     start_acme,
 )
 
-from credbroker import Broker, DPoPAuth, Issued, LinkRequired, ToolKey
+from credbroker_client import Broker, DPoPAuth, Issued, LinkRequired, ToolKey
 
 
 @pytest.fixture(scope="module")

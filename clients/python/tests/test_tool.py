@@ -11,7 +11,7 @@ import httpx
 import pytest
 from conftest import QuickstartBroker, ResourceServer, start_resource_server
 
-from credbroker import Broker, DPoPAuth, Issued, NotSenderConstrained, ToolKey
+from credbroker_client import Broker, DPoPAuth, Issued, NotSenderConstrained, ToolKey
 
 
 @pytest.fixture(scope="module")

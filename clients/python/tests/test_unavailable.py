@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import QuickstartBroker, start_broker
 
-from credbroker import Broker, ToolKey, Unavailable
+from credbroker_client import Broker, ToolKey, Unavailable
 
 
 @pytest.fixture(scope="module")

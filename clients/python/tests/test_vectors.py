@@ -9,7 +9,7 @@ from typing import Any
 
 from conftest import REPO
 
-from credbroker.verify import Verifier, VerifyError
+from credbroker_client.verify import Verifier, VerifyError
 
 VECTORS = REPO / "tests" / "vectors" / "resource-server.json"
 

@@ -1,4 +1,4 @@
-"""credbroker.verify on tokens from the real broker: every check of
+"""credbroker_client.verify on tokens from the real broker: every check of
 docs/RESOURCE-SERVERS.md section 5 refused, each followed by a correct
 request that still passes; and a Python resource server built on it that
 requires nonces, called by a tool with DPoPAuth (the nonce retry)."""
@@ -21,8 +21,8 @@ import pytest
 from conftest import QuickstartBroker, free_port, start_broker
 from joserfc import jws
 
-from credbroker import Broker, DPoPAuth, Issued, ToolKey
-from credbroker.verify import Principal, Verifier, VerifyError
+from credbroker_client import Broker, DPoPAuth, Issued, ToolKey
+from credbroker_client.verify import Principal, Verifier, VerifyError
 
 PY_PORT = free_port()
 PY_RESOURCE = f"http://127.0.0.1:{PY_PORT}/notes"
@@ -248,7 +248,7 @@ def test_hostile_tokens_are_refused(
 
 
 class NonceServer:
-    """A Python resource server on credbroker.verify that requires a server
+    """A Python resource server on credbroker_client.verify that requires a server
     nonce (RFC 9449 section 9), one use each."""
 
     def __init__(self, verifier: Verifier) -> None:

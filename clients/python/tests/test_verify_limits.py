@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from joserfc.jwk import ECKey
 
-from credbroker.verify import MAX_KEYS_DOCUMENT, Verifier, VerifyError
+from credbroker_client.verify import MAX_KEYS_DOCUMENT, Verifier, VerifyError
 
 KEY = ECKey.generate_key("P-256", private=True)
 JWK = {**KEY.as_dict(private=False), "kid": "k1", "alg": "ES256", "use": "sig"}

@@ -8,7 +8,7 @@
  *   every request;
  * - the refusals, typed ({@link Refused} and its subclasses);
  * - {@link Verifier}: for resource servers, the token and proof checks;
- * - `@credbroker/client/mcp`: a link refusal as an MCP answer.
+ * - `credbroker-client/mcp`: a link refusal as an MCP answer.
  *
  * It speaks the broker's socket API version {@link API_VERSION}.
  */

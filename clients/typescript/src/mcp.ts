@@ -1,5 +1,5 @@
 /**
- * A link refusal as the answer of an MCP server (`@credbroker/client/mcp`).
+ * A link refusal as the answer of an MCP server (`credbroker-client/mcp`).
  *
  * In a tool handler, when a derive rejects with {@link LinkRequired}:
  *

@@ -1,4 +1,4 @@
-// The MCP helpers end to end: a TypeScript MCP server on @credbroker/client
+// The MCP helpers end to end: a TypeScript MCP server on credbroker-client
 // (test/mcp-server.ts) on each SDK, called by the real Python `mcp` client
 // (tests/mcp/mcp_client.py, from the project's .venv) in the protocol
 // versions that SDK speaks; the link from the refusal is opened in Chromium

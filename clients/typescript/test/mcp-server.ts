@@ -1,5 +1,5 @@
 // An MCP server written the way a TypeScript author would, on
-// @credbroker/client and its MCP helpers, for test/mcp-e2e.test.ts. Its one
+// credbroker-client and its MCP helpers, for test/mcp-e2e.test.ts. Its one
 // tool derives a token for the connected service `acme` and answers a link
 // refusal with the helpers; once issued, it asks the provider's userinfo
 // endpoint whose token it got and answers with that account (never the

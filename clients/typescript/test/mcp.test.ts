@@ -1,4 +1,4 @@
-// @credbroker/client/mcp builds the messages of proto/mcp/ for each protocol
+// credbroker-client/mcp builds the messages of proto/mcp/ for each protocol
 // version: the 2025-11-25 error with @modelcontextprotocol/sdk's own
 // UrlElicitationRequiredError, and the 2026-07-28 input_required result
 // (what @modelcontextprotocol/server's builder makes) whose requestState is

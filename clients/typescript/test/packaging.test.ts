@@ -86,6 +86,6 @@ test("npm pack installs into a fresh project, with types, and the README example
   assert.equal(lines[1], "refused: step_not_allowed");
   assert.equal((JSON.parse(lines[2] ?? "{}") as { sub?: string }).sub, "alice");
   // It ran the installed package, not this checkout.
-  const where = execFileSync(process.execPath, ["--input-type=module", "-e", 'console.log(import.meta.resolve("@credbroker/client"))'], { cwd: work, encoding: "utf8" });
+  const where = execFileSync(process.execPath, ["--input-type=module", "-e", 'console.log(import.meta.resolve("credbroker-client"))'], { cwd: work, encoding: "utf8" });
   assert.ok(where.includes(join(work, "node_modules")), where);
 });

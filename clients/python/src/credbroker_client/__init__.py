@@ -5,9 +5,9 @@
 - :class:`ToolKey`: the tool's DPoP key and its proofs;
 - :class:`DPoPAuth`: an ``httpx.Auth`` that sends the token with a fresh
   proof on every request;
-- :mod:`credbroker.errors`: the refusals, typed;
-- :mod:`credbroker.verify`: for resource servers, the token and proof checks;
-- :mod:`credbroker.mcp`: a link refusal as an MCP answer (extra ``mcp``).
+- :mod:`credbroker_client.errors`: the refusals, typed;
+- :mod:`credbroker_client.verify`: for resource servers, the token and proof checks;
+- :mod:`credbroker_client.mcp`: a link refusal as an MCP answer (extra ``mcp``).
 
 It speaks the broker's socket API version :data:`API_VERSION`.
 """

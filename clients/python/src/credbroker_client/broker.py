@@ -26,7 +26,7 @@ from .key import ToolKey
 #: The socket API version this library speaks (``api_version`` of ``GET /v1/info``).
 API_VERSION = "1"
 
-log = logging.getLogger("credbroker")
+log = logging.getLogger("credbroker_client")
 
 # The socket has no host name; httpx needs one for the request line.
 _BASE = "http://credbroker"
@@ -209,8 +209,8 @@ class Broker:
         key: ToolKey,
     ) -> Issued:
         """A token for one call of ``tool`` on ``resource`` in ``step``,
-        bound to ``key``; raises a :class:`~credbroker.errors.Refused`
-        subclass when refused, :class:`~credbroker.errors.BrokerNotRunning`
+        bound to ``key``; raises a :class:`~credbroker_client.errors.Refused`
+        subclass when refused, :class:`~credbroker_client.errors.BrokerNotRunning`
         when nothing answers."""
         info = self.info()
         body = _body(subject_token, step, tool, resource, scope, authorization_details)

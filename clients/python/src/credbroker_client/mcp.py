@@ -1,7 +1,7 @@
 """A link refusal as the answer of an MCP server built on the ``mcp`` package
-(``pip install credbroker[mcp]``).
+(the extra ``mcp``: ``pip install "./clients/python[mcp]"`` from a checkout).
 
-In a tool handler, when a derive raises :class:`~credbroker.errors.LinkRequired`::
+In a tool handler, when a derive raises :class:`~credbroker_client.errors.LinkRequired`::
 
     try:
         issued = broker.derive(person_token, "triage", "github.issues", RESOURCE, key=key)
