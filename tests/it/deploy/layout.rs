@@ -12,52 +12,14 @@
 //! dev issuer (the manifest's IdP is not reachable from CI).
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-use std::os::unix::fs::symlink;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::kubelet::{block, containers, empty_dir, projected, relocate};
 use crate::support::broker::{prepare, Opts};
-use crate::support::layout::{chown, install_binary, mode, run, throwaway_tls};
+use crate::support::layout::{install_binary, mode, run, throwaway_tls};
 
 const MANIFEST: &str = include_str!("../../../deploy/kubernetes.yaml");
-
-/// An emptyDir as the kubelet makes it: root-owned 0777, with fsGroup the
-/// group and setgid.
-fn empty_dir(p: &Path, fs_group: u32) {
-    std::fs::create_dir_all(p).unwrap();
-    chown(p, 0, fs_group);
-    mode(p, 0o2777);
-}
-
-/// A Secret or ConfigMap volume: files in a timestamped directory, `..data`
-/// pointing at it, and each key a symlink through `..data`.
-fn projected(p: &Path, files: &[(&str, Vec<u8>)], file_mode: u32, gid: u32) {
-    let ts = p.join("..2026_12_01_00_00_00.000000001");
-    std::fs::create_dir_all(&ts).unwrap();
-    for (name, bytes) in files {
-        let f = ts.join(name);
-        std::fs::write(&f, bytes).unwrap();
-        chown(&f, 0, gid);
-        mode(&f, file_mode);
-        symlink(format!("..data/{name}"), p.join(name)).unwrap();
-    }
-    symlink(ts.file_name().unwrap(), p.join("..data")).unwrap();
-    chown(p, 0, gid);
-    mode(p, 0o1777);
-}
-
-fn block(key: &str) -> String {
-    let mut lines = MANIFEST
-        .lines()
-        .skip_while(|l| l.trim() != format!("{key}: |"));
-    let head = lines.next().expect("key present");
-    let indent = head.len() - head.trim_start().len();
-    lines
-        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
-        .map(|l| l.get(indent + 2..).unwrap_or("").to_string() + "\n")
-        .collect()
-}
 
 #[tokio::test]
 async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
@@ -91,7 +53,7 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
     let at = |p: &str| r.join(p.trim_start_matches('/'));
 
     // The ConfigMap: the manifest's config with paths under the temp root.
-    let mut config = block("credbroker.toml");
+    let mut config = block(MANIFEST, "credbroker.toml");
     for prefix in ["/run/", "/var/lib/credbroker", "/etc/credbroker"] {
         config = config.replace(
             &format!("\"{prefix}"),
@@ -105,9 +67,9 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
         &format!("issuer = \"{dev_issuer}\""),
     );
     let idp = config.find("[[trusted_issuers]]").unwrap();
-    let vault = config.find("[vault]").unwrap();
+    // The IdP is the config's last table.
     config.replace_range(
-        idp..vault,
+        idp..,
         &format!(
             "[[trusted_issuers]]\nissuer = \"{dev_issuer}\"\njwks_file = \"{}\"\nalgs = [\"ES256\"]\nsign_in = {{ kind = \"local\" }}\n\n",
             at("/etc/credbroker/dev-issuer-jwks.json").display()
@@ -118,13 +80,13 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
     projected(
         &etc,
         &[
-            ("credbroker.toml", config.into_bytes()),
+            ("credbroker.toml".into(), config.into_bytes()),
             (
-                "policy.toml",
+                "policy.toml".into(),
                 std::fs::read(qs.path().join("policy.toml")).unwrap(),
             ),
             (
-                "dev-issuer-jwks.json",
+                "dev-issuer-jwks.json".into(),
                 std::fs::read(qs.path().join("dev-issuer-jwks.json")).unwrap(),
             ),
         ],
@@ -140,12 +102,12 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
         &secrets_in,
         &[
             (
-                "master.key",
+                "master.key".into(),
                 std::fs::read(qs.path().join("keys/master.key")).unwrap(),
             ),
-            ("tls.crt", cert),
-            ("tls.key", key),
-            ("idp-client-secret", b"client-secret".to_vec()),
+            ("tls.crt".into(), cert),
+            ("tls.key".into(), key),
+            ("idp-client-secret".into(), b"client-secret".to_vec()),
         ],
         0o440,
         3000,
@@ -159,30 +121,27 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
         empty_dir(&at(d), 3000);
     }
 
-    // The init container, as the manifest runs it (its shell loop).
-    let script = MANIFEST
-        .split("- >-\n")
-        .nth(1)
-        .unwrap()
-        .split("securityContext:")
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .replace("\"/in/", &format!("\"{}/", secrets_in.display()))
-        .replace(
-            "\"/out/",
-            &format!("\"{}/", at("/run/credbroker-secrets").display()),
-        )
-        .replace(
-            " /run/credbroker/sock",
-            &format!(" {}", at("/run/credbroker/sock").display()),
-        )
-        .replace(
-            " /run/credbroker-admin/admin",
-            &format!(" {}", at("/run/credbroker-admin/admin").display()),
-        );
+    // The init container, as the manifest runs it (its shell script, with
+    // each mount path moved to where this layout put that volume: the
+    // broker's own mount of it, or the Secret's directory).
+    let inits = containers(MANIFEST, "initContainers");
+    let broker = containers(MANIFEST, "containers")
+        .into_iter()
+        .find(|c| c.name == "credbroker")
+        .unwrap();
+    let volume_dir = |v: &str| {
+        if v == "secrets-in" {
+            return secrets_in.clone();
+        }
+        let m = broker.mounts.iter().find(|m| m.volume == v).unwrap();
+        at(&m.path)
+    };
+    assert_eq!(inits.len(), 1, "{inits:?}");
+    let script = relocate(
+        inits[0].script.as_deref().unwrap(),
+        &inits[0].mounts,
+        volume_dir,
+    );
     run(Command::new("setpriv").args([
         "--reuid=1000",
         "--regid=1000",

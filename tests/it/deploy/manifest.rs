@@ -65,7 +65,7 @@ fn kubernetes_manifest_config_parses_and_every_path_is_mounted_as_needed() {
     let orchestrator = mounts("orchestrator");
     // Written by the broker: on a writable mount, never the root filesystem.
     let sled_dir = cfg.store.sled_dir().unwrap().to_path_buf();
-    for p in [&sled_dir, &cfg.vault_key_dir, &cfg.socket.path] {
+    for p in [&sled_dir, &cfg.socket.path] {
         let (m, ro) =
             mount_of(p, &broker).unwrap_or_else(|| panic!("{} is in no volume", p.display()));
         assert!(!ro, "{} is on the read-only mount {m}", p.display());
@@ -84,6 +84,14 @@ fn kubernetes_manifest_config_parses_and_every_path_is_mounted_as_needed() {
         "the orchestrator mounts the secrets"
     );
     assert!(mount_of(&cfg.master_key_file, &orchestrator).is_none());
+    // An older install's vault key files, read once and never written, are
+    // among those copies (tests/it/deploy/init_scripts.rs runs the copy).
+    assert_eq!(
+        mount_of(&cfg.vault_key_dir, &broker).unwrap().0,
+        "/run/credbroker-secrets"
+    );
+    // No deprecated key in a new install's config.
+    assert!(!text.contains("[vault]") && !text.contains("key_dir"));
 }
 
 const REPLICATED: &str = include_str!("../../../deploy/kubernetes-replicated.yaml");
@@ -108,6 +116,13 @@ fn replicated_manifest_config_parses_on_postgres_with_a_volume_per_pod() {
         assert!(p.starts_with("/run/credbroker-secrets/"), "{}", p.display());
     }
     assert!(cfg.vault_key_dir.starts_with("/run/credbroker-secrets/"));
+    assert!(!text.contains("[vault]") && !text.contains("key_dir"));
+    // A headless Service governs the StatefulSet; a ClusterIP one fronts
+    // the public listeners with client affinity (nonces are per replica).
+    assert!(REPLICATED.contains("  serviceName: credbroker-pods\n"));
+    assert!(REPLICATED.contains("  name: credbroker-pods\nspec:\n  clusterIP: None\n"));
+    assert!(REPLICATED.contains("  type: ClusterIP\n"));
+    assert!(REPLICATED.contains("  sessionAffinity: ClientIP\n"));
     assert!(cfg.audit_log.starts_with("/var/lib/credbroker/"));
     assert!(REPLICATED
         .contains("            - name: state\n              mountPath: /var/lib/credbroker\n"));

@@ -1,5 +1,7 @@
 //! What `deploy/` relies on: the broker starts in the layouts the shipped
 //! systemd unit and Kubernetes manifest give it.
+mod init_scripts;
+mod kubelet;
 mod layout;
 mod manifest;
 mod systemd;

@@ -43,7 +43,6 @@ fn systemd_unit_gives_the_example_config_every_path_and_group_it_needs() {
     for (key, p) in [
         ("store", &sled_dir),
         ("audit_log", &cfg.audit_log),
-        ("vault.key_dir", &cfg.vault_key_dir),
         ("socket.path", &cfg.socket.path),
         ("admin.socket", &cfg.admin_socket),
     ] {
@@ -68,4 +67,50 @@ fn systemd_unit_gives_the_example_config_every_path_and_group_it_needs() {
     assert!(!writable
         .iter()
         .any(|w| Path::new("/etc/credbroker/keys/vault").starts_with(w)));
+}
+
+const SYSUSERS: &str = include_str!("../../../deploy/credbroker.sysusers");
+
+/// The accounts a sysusers.d file declares: (users, groups); a `u` line
+/// with `-` as its id also makes the user's own group.
+fn sysusers(text: &str) -> (Vec<String>, Vec<String>) {
+    let (mut users, mut groups) = (Vec::new(), Vec::new());
+    for l in text.lines().map(str::trim) {
+        let mut f = l.split_whitespace();
+        match (f.next(), f.next(), f.next()) {
+            (Some("u"), Some(name), Some(id)) => {
+                users.push(name.to_string());
+                if id == "-" {
+                    groups.push(name.to_string());
+                }
+            }
+            (Some("g"), Some(name), _) => groups.push(name.to_string()),
+            _ => {}
+        }
+    }
+    (users, groups)
+}
+
+// scripts/check-deploy applies the file with systemd-sysusers in an empty
+// root; this reads it, so that a unit naming an account the file does not
+// declare fails in `cargo test` too.
+#[test]
+fn sysusers_file_declares_every_account_the_unit_names() {
+    let (users, groups) = sysusers(SYSUSERS);
+    assert_eq!(values("User"), users, "deploy/credbroker.sysusers");
+    let named: Vec<String> = values("Group")
+        .into_iter()
+        .chain(values("SupplementaryGroups"))
+        .collect();
+    assert_eq!(named, ["credbroker", "orchestrator"]);
+    for g in &named {
+        assert!(
+            groups.contains(g),
+            "deploy/credbroker.sysusers declares no group {g}"
+        );
+    }
+    // Positive control of the reader: without its `g` line the socket
+    // group is missing.
+    let (_, fewer) = sysusers(&SYSUSERS.replace("g orchestrator", "# g orchestrator"));
+    assert!(!fewer.contains(&"orchestrator".to_string()));
 }

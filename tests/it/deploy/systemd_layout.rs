@@ -220,9 +220,10 @@ fn start_unit(
         &format!("issuer = \"{dev_issuer}\""),
     );
     let idp = config.find("[[trusted_issuers]]").unwrap();
-    let vault = config.find("[vault]").unwrap();
+    // The IdP's table ends where the providers begin.
+    let end = config.find("[providers.").unwrap();
     config.replace_range(
-        idp..vault,
+        idp..end,
         &format!(
             "[[trusted_issuers]]\nissuer = \"{dev_issuer}\"\njwks_file = \"{}\"\nalgs = [\"ES256\"]\nsign_in = {{ kind = \"local\" }}\n\n",
             etc.join("dev-issuer-jwks.json").display()
