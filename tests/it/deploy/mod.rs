@@ -4,6 +4,7 @@ mod init_scripts;
 mod kubelet;
 mod layout;
 mod manifest;
+mod observability;
 mod systemd;
 mod systemd_layout;
 mod vault_keys;
