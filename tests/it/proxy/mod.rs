@@ -6,9 +6,10 @@
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod approvals;
+pub(crate) mod approvals;
 mod audience;
 mod audit;
+mod check_order;
 mod env_proxy;
 mod expiry;
 mod limits;

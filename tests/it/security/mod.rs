@@ -2,6 +2,7 @@
 mod at_rest;
 mod availability;
 mod canary;
+mod derive_check_order;
 mod dpop;
 mod exchange;
 mod jose;
