@@ -1,21 +1,30 @@
-"""Packaging: the wheel `python -m build` makes installs into a fresh
-virtual environment (its dependencies from the index, held to the pinned
-versions), and the README's first example runs there against the real
-broker and examples/resource_server."""
+"""Packaging, from a clean clone: `git clone` of this checkout's HEAD into a
+temp directory and `python -m build` there (the sdist, then the wheel built
+from the sdist). The wheel holds every module, the type marker and the
+licence, and its long description has no links that break outside the
+repository; it installs into a fresh virtual environment (its dependencies
+from the index, held to the pinned versions), and the README's first
+example runs there against the real broker and examples/resource_server.
+
+The clone is of HEAD: changes not committed yet are not in it."""
 
 from __future__ import annotations
 
+import email
 import os
+import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import QuickstartBroker, ResourceServer, start_resource_server
+from conftest import REPO, QuickstartBroker, ResourceServer, start_resource_server
 
 HERE = Path(__file__).resolve().parents[1]
+MODULES = sorted(p.name for p in (HERE / "src" / "credbroker_client").glob("*.py"))
 
 
 @pytest.fixture(scope="module")
@@ -26,33 +35,87 @@ def notes(broker: QuickstartBroker, tmp_module: Path) -> Iterator[ResourceServer
     rs.proc.wait(timeout=10)
 
 
+@pytest.fixture(scope="module")
+def dist(tmp_module: Path) -> Path:
+    """The sdist and the wheel `python -m build` makes in a clean clone."""
+    clone = tmp_module / "clone"
+    subprocess.run(
+        ["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(clone)],
+        check=True,
+        capture_output=True,
+    )
+    out = tmp_module / "dist"
+    # --no-isolation: the backend is the pinned hatchling of requirements-dev.txt.
+    subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out)],
+        cwd=clone / "clients" / "python",
+        check=True,
+        capture_output=True,
+    )
+    return out
+
+
 def readme_example() -> str:
     text = (HERE / "README.md").read_text(encoding="utf-8")
     return text.split("```python\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_wheel_installs_into_a_fresh_venv_and_the_readme_example_runs(
-    broker: QuickstartBroker, notes: ResourceServer, tmp_path: Path
-) -> None:
-    dist = tmp_path / "dist"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "build",
-            "--wheel",
-            "--no-isolation",
-            "--outdir",
-            str(dist),
-            str(HERE),
-        ],
-        check=True,
-        capture_output=True,
-    )
+def relative_links(markdown: str) -> list[str]:
+    """The targets of Markdown links that are not absolute https URLs."""
+    return [t for t in re.findall(r"\]\(([^)\s]+)\)", markdown) if not t.startswith("https://")]
+
+
+def test_the_link_check_sees_relative_links() -> None:
+    text = "[a](../../README.md), [b](https://example.com/x), [c](docs/X.md#y)"
+    assert relative_links(text) == ["../../README.md", "docs/X.md#y"]
+    assert relative_links("[b](https://example.com/x)") == []
+
+
+def test_a_clean_clone_builds_a_complete_wheel_and_sdist(dist: Path) -> None:
     (wheel,) = dist.glob("credbroker_client-*.whl")
+    (sdist,) = dist.glob("credbroker_client-*.tar.gz")
+    assert "__init__.py" in MODULES and "verify.py" in MODULES
     names = zipfile.ZipFile(wheel).namelist()
-    assert "credbroker_client/py.typed" in names and "credbroker_client/verify.py" in names
-    assert not [n for n in names if n.startswith("tests/")]
+    package = sorted(n for n in names if n.startswith("credbroker_client/"))
+    assert package == sorted(
+        [f"credbroker_client/{m}" for m in MODULES] + ["credbroker_client/py.typed"]
+    )
+    info = wheel.name.split("-py3")[0] + ".dist-info"
+    assert f"{info}/licenses/LICENSE" in names
+    assert not [n for n in names if not n.startswith(("credbroker_client/", info + "/"))]
+    licence = zipfile.ZipFile(wheel).read(f"{info}/licenses/LICENSE").decode()
+    assert licence == (HERE / "LICENSE").read_text(encoding="utf-8")
+    meta = email.message_from_bytes(zipfile.ZipFile(wheel).read(f"{info}/METADATA"))
+    assert meta["Name"] == "credbroker-client"
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert meta.get_all("Provides-Extra") == ["mcp"]
+    # The long description is the README, shown on its own by an index.
+    description = meta.get_payload()
+    assert isinstance(description, str) and "credbroker_client" in description
+    assert relative_links(description) == []
+    # The sdist rebuilds the same: sources, licence, README, pyproject.
+    with tarfile.open(sdist) as t:
+        top = sdist.name.removesuffix(".tar.gz")
+        members = set(t.getnames())
+    for f in ["LICENSE", "README.md", "pyproject.toml", "src/credbroker_client/py.typed"]:
+        assert f"{top}/{f}" in members
+    for m in MODULES:
+        assert f"{top}/src/credbroker_client/{m}" in members
+
+
+def test_the_licence_is_the_repositorys() -> None:
+    ours = (HERE / "LICENSE").read_text(encoding="utf-8")
+    assert "Apache License\n                           Version 2.0, January 2004" in ours
+    assert ours == (REPO / "clients" / "typescript" / "LICENSE").read_text(encoding="utf-8")
+    root = REPO / "LICENSE"
+    if root.exists():  # the repository's own, once this checkout has it
+        assert ours == root.read_text(encoding="utf-8")
+
+
+def test_the_wheel_installs_into_a_fresh_venv_and_the_readme_example_runs(
+    broker: QuickstartBroker, notes: ResourceServer, dist: Path, tmp_path: Path
+) -> None:
+    (wheel,) = dist.glob("credbroker_client-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"

@@ -24,7 +24,6 @@
 import { createHash, randomBytes } from "node:crypto";
 import { inspect } from "node:util";
 import { CompactEncrypt, compactDecrypt } from "jose";
-import { UrlElicitationRequiredError } from "@modelcontextprotocol/sdk/types.js";
 
 import { CredbrokerError } from "./errors.js";
 import type { LinkRequired } from "./errors.js";
@@ -56,14 +55,34 @@ export interface UrlElicitation {
 export type UrlElicitationErrorClass<E extends Error = Error> = new (elicitations: UrlElicitation[], message?: string) => E;
 
 /**
- * The `-32042` error for protocol 2025-11-25, to throw from a tool handler,
- * as an instance of `errorClass` (default: `@modelcontextprotocol/sdk`'s).
+ * `@modelcontextprotocol/sdk`'s `UrlElicitationRequiredError`, imported on
+ * first use: the SDK is an optional peer, and a server built on
+ * `@modelcontextprotocol/server` alone (which passes its own class) must be
+ * able to load this module without it.
  */
-export function urlElicitationError(err: LinkRequired): UrlElicitationRequiredError;
-export function urlElicitationError<E extends Error>(err: LinkRequired, errorClass: UrlElicitationErrorClass<E>): E;
-export function urlElicitationError(err: LinkRequired, errorClass: UrlElicitationErrorClass = UrlElicitationRequiredError): Error {
+async function sdkErrorClass(): Promise<UrlElicitationErrorClass> {
+  try {
+    const sdk = await import("@modelcontextprotocol/sdk/types.js");
+    return sdk.UrlElicitationRequiredError;
+  } catch (e) {
+    throw new CredbrokerError(
+      `@modelcontextprotocol/sdk could not be loaded (${e instanceof Error ? e.message : String(e)}): install it (an optional peer dependency), or pass your SDK's UrlElicitationRequiredError as errorClass`,
+    );
+  }
+}
+
+/**
+ * The `-32042` error for protocol 2025-11-25, to throw from a tool handler
+ * (`throw await urlElicitationError(e)`), as an instance of `errorClass`
+ * (default: `@modelcontextprotocol/sdk`'s, imported when first needed; a
+ * `CredbrokerError` if that package is not installed).
+ */
+export async function urlElicitationError(err: LinkRequired): Promise<Error>;
+export async function urlElicitationError<E extends Error>(err: LinkRequired, errorClass: UrlElicitationErrorClass<E>): Promise<E>;
+export async function urlElicitationError(err: LinkRequired, errorClass?: UrlElicitationErrorClass): Promise<Error> {
+  const cls = errorClass ?? (await sdkErrorClass());
   const text = linkText(err);
-  return new errorClass([{ mode: "url", elicitationId: err.link.id, url: err.link.uri, message: text }], text);
+  return new cls([{ mode: "url", elicitationId: err.link.id, url: err.link.uri, message: text }], text);
 }
 
 /** The person, as the MCP client's verified access token names them. */
@@ -120,7 +139,7 @@ function canonical(v: unknown): string {
 }
 
 /** The call's digest: SHA-256 of its canonical JSON (keys sorted). */
-export function callDigest(call: Call): string {
+function callDigest(call: Call): string {
   return createHash("sha256")
     .update(canonical({ name: call.name, arguments: call.arguments ?? {} }))
     .digest("base64url");
@@ -281,7 +300,7 @@ export async function linkAnswer(
 ): Promise<InputRequiredResult> {
   // Protocol versions are ISO dates: string order is date order.
   if (protocolVersion === undefined || protocolVersion < INPUT_REQUIRED_VERSION) {
-    throw urlElicitationError(err, seal.errorClass ?? UrlElicitationRequiredError);
+    throw seal.errorClass ? await urlElicitationError(err, seal.errorClass) : await urlElicitationError(err);
   }
   return inputRequired(err, seal.sealer, seal.person, seal.call, seal.name);
 }

@@ -96,7 +96,7 @@ async function sdkRequest(req: IncomingMessage, res: ServerResponse, who: Verifi
   server.registerTool(TOOL, { description: "The person's Acme repositories" }, async () => {
     if (!who) return text("not signed in");
     const r = await derive(who);
-    if (r instanceof LinkRequired) throw urlElicitationError(r);
+    if (r instanceof LinkRequired) throw await urlElicitationError(r);
     return text(r);
   });
   const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined });

@@ -8,10 +8,14 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { test } from "node:test";
 import { ErrorCode, UrlElicitationRequiredError } from "@modelcontextprotocol/sdk/types.js";
-import { UrlElicitationRequiredError as ServerUrlElicitationRequiredError, inputRequired as serverInputRequired, isInputRequiredResult } from "@modelcontextprotocol/server";
-import type { InputRequiredResult as ServerInputRequiredResult } from "@modelcontextprotocol/server";
+import {
+  UrlElicitationRequiredError as ServerUrlElicitationRequiredError,
+  inputRequired as serverInputRequired,
+  isInputRequiredResult,
+} from "@modelcontextprotocol/server";
 
-import { LinkRequired, refusal } from "../src/index.js";
+import { LinkRequired } from "../src/index.js";
+import { refusal } from "../src/errors.js";
 import { REQUEST_STATE_REJECTED, RequestStateRejected, RequestStateSealer, linkAnswer, urlElicitationError } from "../src/mcp.js";
 import { REPO, readJson } from "./support.js";
 
@@ -43,8 +47,8 @@ test("the refusal is read as a connect link, its URL kept out of text", () => {
 });
 
 test("2025-11-25: the -32042 URL elicitation error of the SDK, as in proto/mcp", async () => {
-  const want = (load("2025-11-25-url-elicitation-required.json")["error"]) as Record<string, unknown>;
-  const e = urlElicitationError(link());
+  const want = load("2025-11-25-url-elicitation-required.json")["error"] as Record<string, unknown>;
+  const e = await urlElicitationError(link());
   assert.ok(e instanceof UrlElicitationRequiredError);
   assert.equal(e.code, ErrorCode.UrlElicitationRequired);
   assert.deepEqual({ code: e.code, message: e.message.replace(/^MCP error -32042: /, ""), data: e.data }, want);
@@ -55,7 +59,7 @@ test("2025-11-25: the -32042 URL elicitation error of the SDK, as in proto/mcp",
   }
   // With @modelcontextprotocol/server's class, the same error as that
   // package's own (which alone it turns into -32042), same fields.
-  const theirs = urlElicitationError(link(), ServerUrlElicitationRequiredError);
+  const theirs = await urlElicitationError(link(), ServerUrlElicitationRequiredError);
   assert.ok(theirs instanceof ServerUrlElicitationRequiredError && !(theirs instanceof UrlElicitationRequiredError));
   assert.deepEqual({ code: theirs.code, data: theirs.data }, { code: want["code"], data: want["data"] });
   await assert.rejects(
@@ -79,7 +83,10 @@ test("2026-07-28: input_required as in proto/mcp, with a sealed requestState", a
   // The state is a JWE (five parts), and neither the link id nor the
   // person is readable in it.
   assert.equal(state.split(".").length, 5);
-  const raw = state.split(".").map((p) => Buffer.from(p, "base64url").toString("latin1")).join(" ");
+  const raw = state
+    .split(".")
+    .map((p) => Buffer.from(p, "base64url").toString("latin1"))
+    .join(" ");
   assert.ok(!raw.includes("PaKS-N91rdqASYItN4agXQ") && !raw.includes("248289761001"));
   // It opens for the same server, person and call, within its lifetime.
   assert.equal((await sealer.open(state, person, call)).link, "PaKS-N91rdqASYItN4agXQ");
@@ -99,7 +106,7 @@ test("2026-07-28: input_required as in proto/mcp, with a sealed requestState", a
   ];
   for (const r of rejects) await assert.rejects(r(), RequestStateRejected);
   assert.equal(new RequestStateRejected().message, REQUEST_STATE_REJECTED.message);
-  assert.deepEqual(REQUEST_STATE_REJECTED, (load("2026-07-28-request-state-rejected.json")["error"]));
+  assert.deepEqual(REQUEST_STATE_REJECTED, load("2026-07-28-request-state-rejected.json")["error"]);
   // Argument order does not matter (the call is compared canonically).
   const two = { name: "t", arguments: { a: 1, b: [1, { c: 2, d: 3 }] } };
   const s2 = await sealer.seal("id", person, two);
@@ -119,10 +126,8 @@ test("2026-07-28: the result is what @modelcontextprotocol/server's own builder 
   const sealer = new RequestStateSealer(RequestStateSealer.generateKey(), { server: "https://mcp.example.com/mcp" });
   const err = link();
   const ours = await linkAnswer(err, "2026-07-28", { sealer, person, call, name: "connect_github" });
-  // That SDK recognises it. (Its InputRequest type still asks for the
-  // 2025-era elicitationId, which its own elicitUrl builder leaves out, as
-  // the 2026-07-28 shape does; so the builder's result is cast, and so is ours.)
-  assert.ok(isInputRequiredResult(ours as unknown as ServerInputRequiredResult));
+  // That SDK recognises it (its type guard takes any value).
+  assert.ok(isInputRequiredResult(ours));
   const theirs = serverInputRequired({
     inputRequests: { connect_github: serverInputRequired.elicitUrl({ url: err.link.uri, message: `${err.link.message} ${err.link.uri}` }) },
     requestState: ours.requestState,

@@ -1,17 +1,23 @@
-// Packaging: the tarball `npm pack` makes installs into a fresh project (its
-// dependency from the registry, held to the lock file's version), its types
-// are shipped and the README's first example type-checks against them with
-// `tsc --strict`, and the example runs there against the real broker and
-// examples/resource_server.
+// Packaging, from a clean clone: `git clone` of this checkout's HEAD into a
+// temp directory, `npm ci` there, and `npm pack`, which builds the package
+// first (`prepack`); the tarball holds the compiled entry points, their
+// types, the licence and the README, and nothing else. It installs into a
+// fresh project (its dependency from the registry, held to the lock file's
+// version) without the optional peer `@modelcontextprotocol/sdk`, where
+// `credbroker-client/mcp` still loads; the README's first example
+// type-checks against the shipped types with `tsc --strict` and runs there
+// against the real broker and examples/resource_server.
+//
+// The clone is of HEAD: changes not committed yet are not in it.
 
 import assert from "node:assert/strict";
 import { execFileSync, spawnSync } from "node:child_process";
-import { readFileSync, readdirSync, symlinkSync, writeFileSync, mkdirSync } from "node:fs";
+import { mkdirSync, readFileSync, readdirSync, symlinkSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { after, before, test } from "node:test";
 
-import { QuickstartBroker, ResourceServer, rm, startBroker, startResourceServer, tempDir } from "./support.js";
+import { QuickstartBroker, REPO, ResourceServer, rm, startBroker, startResourceServer, tempDir } from "./support.js";
 
 const HERE = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 let tmp: string;
@@ -35,19 +41,72 @@ function readmeExample(): string {
   return (text.split("```js\n", 2)[1] ?? "").split("```", 1)[0] ?? "";
 }
 
-test("npm pack installs into a fresh project, with types, and the README example runs there", () => {
+let packed: { tarball: string; files: string[] } | undefined;
+
+/** `npm pack` in a clean clone of HEAD (once): the tarball's path and its file list. */
+function packCleanClone(): { tarball: string; files: string[] } {
+  if (packed) return packed;
+  const clone = join(tmp, "clone");
+  execFileSync("git", ["clone", "--quiet", "--no-hardlinks", REPO, clone], { stdio: "pipe" });
+  const dir = join(clone, "clients", "typescript");
+  execFileSync("npm", ["ci", "--no-audit", "--no-fund", "--prefer-offline"], { cwd: dir, stdio: "pipe" });
   const dist = join(tmp, "dist");
   mkdirSync(dist);
-  // The build is the one the test run has just compiled (tsc runs first).
-  const packed = JSON.parse(
-    execFileSync("npm", ["pack", "--json", "--ignore-scripts", "--pack-destination", dist], { cwd: HERE, encoding: "utf8" }),
-  ) as { filename: string; files: { path: string }[] }[];
-  const files = (packed[0]?.files ?? []).map((f) => f.path);
-  for (const f of ["build/src/index.js", "build/src/index.d.ts", "build/src/mcp.js", "build/src/verify.d.ts", "README.md", "package.json"]) {
-    assert.ok(files.includes(f), `${f} is not in the tarball: ${files.join(", ")}`);
-  }
-  assert.deepEqual(files.filter((f) => f.startsWith("build/test") || f.startsWith("src/") || f.startsWith("test/")), []);
+  // prepack's build reports on stderr; stdout is the JSON.
+  const out = execFileSync("npm", ["pack", "--json", "--pack-destination", dist], {
+    cwd: dir,
+    encoding: "utf8",
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const answer = JSON.parse(out) as { filename: string; files: { path: string }[] }[];
   const tarball = join(dist, readdirSync(dist).find((n) => n.endsWith(".tgz")) ?? "");
+  packed = { tarball, files: (answer[0]?.files ?? []).map((f) => f.path).sort() };
+  return packed;
+}
+
+test("npm pack in a clean clone builds first and ships the compiled entry points, their types and the licence", () => {
+  const { files } = packCleanClone();
+  const modules = readdirSync(join(HERE, "src"))
+    .filter((n) => n.endsWith(".ts"))
+    .map((n) => n.replace(/\.ts$/, ""));
+  assert.ok(modules.includes("index") && modules.includes("mcp"), modules.join(", "));
+  const want = ["LICENSE", "README.md", "package.json", ...modules.flatMap((m) => [`dist/${m}.js`, `dist/${m}.d.ts`])].sort();
+  assert.deepEqual(files, want);
+  // Every entry point of `exports` is in the tarball.
+  const pkg = JSON.parse(readFileSync(join(HERE, "package.json"), "utf8")) as { exports: Record<string, Record<string, string>> };
+  for (const [name, entry] of Object.entries(pkg.exports)) {
+    for (const target of Object.values(entry)) assert.ok(files.includes(target.replace(/^\.\//, "")), `${name}: ${target}`);
+  }
+});
+
+test("the licence shipped is the repository's", () => {
+  const ours = readFileSync(join(HERE, "LICENSE"), "utf8");
+  assert.match(ours, /Apache License\s+Version 2\.0, January 2004/);
+  let root: string | undefined;
+  try {
+    root = readFileSync(join(REPO, "LICENSE"), "utf8");
+  } catch {
+    root = undefined; // not in this checkout yet: the Python package's copy is checked against this one
+  }
+  if (root !== undefined) assert.equal(ours, root, "clients/typescript/LICENSE differs from /LICENSE");
+  assert.equal(ours, readFileSync(join(REPO, "clients", "python", "LICENSE"), "utf8"));
+});
+
+test("the README has no links that break outside the repository (npm shows it alone)", () => {
+  const text = readFileSync(join(HERE, "README.md"), "utf8");
+  const links = [...text.matchAll(/\]\(([^)\s]+)\)/g)].map((m) => m[1] ?? "");
+  assert.ok(
+    links.some((l) => l.startsWith("https://")),
+    "the check sees the links",
+  );
+  assert.deepEqual(
+    links.filter((l) => !/^https:\/\//.test(l)),
+    [],
+  );
+});
+
+test("installed from the tarball into a fresh project: /mcp loads without the optional SDK, and the README example runs", () => {
+  const { tarball } = packCleanClone();
   const lock = JSON.parse(readFileSync(join(HERE, "package-lock.json"), "utf8")) as { packages: Record<string, { version: string }> };
   const work = join(tmp, "work");
   mkdirSync(work);
@@ -56,6 +115,38 @@ test("npm pack installs into a fresh project, with types, and the README example
     JSON.stringify({ name: "fresh", private: true, type: "module", overrides: { jose: lock.packages["node_modules/jose"]?.version } }),
   );
   execFileSync("npm", ["install", "--no-audit", "--no-fund", "--prefer-offline", tarball], { cwd: work, stdio: "pipe" });
+  // It ran the installed package, not this checkout.
+  const where = execFileSync(process.execPath, ["--input-type=module", "-e", 'console.log(import.meta.resolve("credbroker-client"))'], {
+    cwd: work,
+    encoding: "utf8",
+  });
+  assert.ok(where.includes(join(work, "node_modules", "credbroker-client", "dist")), where);
+
+  // The optional peer is not installed, and the /mcp entry point loads
+  // anyway; only the default error class needs it, and says so.
+  assert.ok(!readdirSync(join(work, "node_modules")).includes("@modelcontextprotocol"));
+  const mcp = spawnSync(
+    process.execPath,
+    [
+      "--input-type=module",
+      "-e",
+      `import { LinkRequired } from "credbroker-client";
+       import { Link } from "credbroker-client";
+       import { urlElicitationError } from "credbroker-client/mcp";
+       const link = new LinkRequired(403, "access_denied", "connect_required", new Link("https://b.example/l/x", "lnk-1", 60, 0, "Connect."));
+       const missing = await urlElicitationError(link).then(() => "resolved", (e) => e.constructor.name + ": " + e.message);
+       console.log(missing);
+       class Theirs extends Error { constructor(elicitations, message) { super(message); this.elicitations = elicitations; } }
+       const e = await urlElicitationError(link, Theirs);
+       console.log(e instanceof Theirs, e.elicitations[0].elicitationId, e.elicitations[0].url);`,
+    ],
+    { cwd: work, encoding: "utf8" },
+  );
+  assert.equal(mcp.status, 0, mcp.stderr);
+  const [missing, theirs] = mcp.stdout.trim().split("\n");
+  assert.match(missing ?? "", /^CredbrokerError: @modelcontextprotocol\/sdk could not be loaded .*install it/);
+  assert.equal(theirs, "true lnk-1 https://b.example/l/x");
+
   // The example, as printed, with the quick start's paths where this test
   // keeps them (the resource server's port is a free one here).
   symlinkSync(broker.dir, join(work, "credbroker-quickstart"));
@@ -68,7 +159,22 @@ test("npm pack installs into a fresh project, with types, and the README example
   const types = join(HERE, "node_modules", "@types");
   const check = spawnSync(
     process.execPath,
-    [tsc, "--noEmit", "--strict", "--target", "es2022", "--module", "nodenext", "--moduleResolution", "nodenext", "--typeRoots", types, "--types", "node", "example.mts"],
+    [
+      tsc,
+      "--noEmit",
+      "--strict",
+      "--target",
+      "es2022",
+      "--module",
+      "nodenext",
+      "--moduleResolution",
+      "nodenext",
+      "--typeRoots",
+      types,
+      "--types",
+      "node",
+      "example.mts",
+    ],
     { cwd: work, encoding: "utf8" },
   );
   assert.equal(check.status, 0, check.stdout + check.stderr);
@@ -85,7 +191,4 @@ test("npm pack installs into a fresh project, with types, and the README example
   assert.ok(!r.stdout.includes(token));
   assert.equal(lines[1], "refused: step_not_allowed");
   assert.equal((JSON.parse(lines[2] ?? "{}") as { sub?: string }).sub, "alice");
-  // It ran the installed package, not this checkout.
-  const where = execFileSync(process.execPath, ["--input-type=module", "-e", 'console.log(import.meta.resolve("credbroker-client"))'], { cwd: work, encoding: "utf8" });
-  assert.ok(where.includes(join(work, "node_modules")), where);
 });
