@@ -13,6 +13,7 @@ import { inspect } from "node:util";
 
 import { BrokerNotRunning, IncompatibleBroker, UnexpectedAnswer, refusal } from "./errors.js";
 import type { ToolKey } from "./key.js";
+import { NonceStore, challenge, socketOrigin } from "./nonces.js";
 
 /** The socket API version this library speaks (`api_version` of `GET /v1/info`). */
 export const API_VERSION = "1";
@@ -104,6 +105,8 @@ export interface BrokerOptions {
   timeoutMs?: number;
   /** Seconds since the epoch (tests inject it). */
   clock?: () => number;
+  /** Where the socket's nonce is kept (default: a store of its own; the socket is an origin of its own). */
+  nonces?: NonceStore;
 }
 
 interface Answer {
@@ -122,8 +125,7 @@ function header(a: Answer, name: string): string | undefined {
 function infoOf(socket: string, a: Answer): Info {
   if (a.status !== 200) {
     throw new UnexpectedAnswer(
-      `GET /v1/info on socket ${socket} answered HTTP ${a.status}; ` +
-        "a broker older than socket API version 1 has no /v1/info",
+      `GET /v1/info on socket ${socket} answered HTTP ${a.status}; ` + "a broker older than socket API version 1 has no /v1/info",
     );
   }
   let info: Info;
@@ -149,25 +151,10 @@ function infoOf(socket: string, a: Answer): Info {
   if (info.apiVersion !== API_VERSION) throw new IncompatibleBroker(socket, info.apiVersion, API_VERSION);
   if (!info.dpopAlgs.includes("ES256")) {
     throw new UnexpectedAnswer(
-      `the broker on socket ${socket} accepts DPoP algorithms ${JSON.stringify(info.dpopAlgs)}; ` +
-        "this library signs ES256 only",
+      `the broker on socket ${socket} accepts DPoP algorithms ${JSON.stringify(info.dpopAlgs)}; ` + "this library signs ES256 only",
     );
   }
   return info;
-}
-
-function nonceChallenge(a: Answer): string | undefined {
-  const nonce = header(a, "dpop-nonce");
-  if (a.status === 400 && nonce && (header(a, "www-authenticate") ?? "").includes("use_dpop_nonce")) return nonce;
-  // The broker also names it in the body.
-  if (a.status === 400 && nonce) {
-    try {
-      if ((JSON.parse(a.body.toString("utf8")) as { error?: unknown }).error === "use_dpop_nonce") return nonce;
-    } catch {
-      return undefined;
-    }
-  }
-  return undefined;
 }
 
 /** A client of one broker socket. */
@@ -177,12 +164,15 @@ export class Broker {
   readonly #timeoutMs: number;
   readonly #clock: () => number;
   #info: Info | undefined;
-  #nonce: string | undefined;
+  readonly #nonces: NonceStore;
+  readonly #origin: string;
 
   constructor(socket: string, opts: BrokerOptions = {}) {
     this.socket = socket;
     this.#timeoutMs = opts.timeoutMs ?? 10_000;
     this.#clock = opts.clock ?? (() => Date.now() / 1000);
+    this.#nonces = opts.nonces ?? new NonceStore();
+    this.#origin = socketOrigin(socket);
   }
 
   #send(method: string, path: string, headers: Record<string, string>, body?: string): Promise<Answer> {
@@ -209,7 +199,12 @@ export class Broker {
       // The OS error only (its code names the cause); the request, which
       // holds the subject token and proof, is never part of it.
       req.on("error", (e: NodeJS.ErrnoException) => {
-        const cause = e.code === "ENOENT" ? "no such file (ENOENT)" : e.code === "ECONNREFUSED" ? "connection refused (ECONNREFUSED)" : (e.code ?? "connection failed");
+        const cause =
+          e.code === "ENOENT"
+            ? "no such file (ENOENT)"
+            : e.code === "ECONNREFUSED"
+              ? "connection refused (ECONNREFUSED)"
+              : (e.code ?? "connection failed");
         reject(new BrokerNotRunning(this.socket, cause, e.code));
       });
       if (body !== undefined) req.end(body);
@@ -244,15 +239,19 @@ export class Broker {
     if (r.authorizationDetails !== undefined) body["authorization_details"] = r.authorizationDetails;
     const json = JSON.stringify(body);
     for (let attempt = 0; ; attempt++) {
-      const proof = await r.key.proof("POST", info.deriveHtu, { nonce: this.#nonce, now: this.#clock() });
-      const a = await this.#send("POST", "/v1/derive", {
-        "content-type": "application/json",
-        "content-length": String(Buffer.byteLength(json)),
-        dpop: proof,
-      }, json);
-      const nonce = nonceChallenge(a);
-      if (nonce !== undefined && attempt === 0) {
-        this.#nonce = nonce;
+      const proof = await r.key.proof("POST", info.deriveHtu, { nonce: this.#nonces.get(this.#origin), now: this.#clock() });
+      const a = await this.#send(
+        "POST",
+        "/v1/derive",
+        {
+          "content-type": "application/json",
+          "content-length": String(Buffer.byteLength(json)),
+          dpop: proof,
+        },
+        json,
+      );
+      this.#nonces.update(this.#origin, header(a, "dpop-nonce"));
+      if (attempt === 0 && challenge({ status: a.status, header: (n) => header(a, n), body: a.body.toString("utf8") }) !== undefined) {
         continue;
       }
       return this.#answer(a);

@@ -92,13 +92,7 @@ export class RateLimited extends Refused {
  */
 export class Unavailable extends Refused {
   readonly retryAfter: number | undefined;
-  constructor(
-    status: number,
-    error: string,
-    description: string | undefined,
-    reason: string | undefined,
-    retryAfter: number | undefined,
-  ) {
+  constructor(status: number, error: string, description: string | undefined, reason: string | undefined, retryAfter: number | undefined) {
     super(status, error, description, reason);
     this.retryAfter = retryAfter;
   }
@@ -159,12 +153,7 @@ function str(v: unknown): string | undefined {
 }
 
 /** Maps one refusal answer to its error, in one place (as the Python client does). */
-export function refusal(
-  status: number,
-  body: Record<string, unknown>,
-  retryAfter: number | undefined,
-  now: number,
-): Refused {
+export function refusal(status: number, body: Record<string, unknown>, retryAfter: number | undefined, now: number): Refused {
   const error = body["error"];
   if (typeof error !== "string") {
     throw new UnexpectedAnswer(`the broker answered HTTP ${status} without an OAuth error code`);
@@ -176,9 +165,7 @@ export function refusal(
     const id = str(body["connect_id"]);
     const expiresIn = body["connect_expires_in"];
     if (uri === undefined || id === undefined || typeof expiresIn !== "number" || !Number.isInteger(expiresIn)) {
-      throw new UnexpectedAnswer(
-        `the broker's ${reason} refusal lacks connect_uri, connect_id or connect_expires_in`,
-      );
+      throw new UnexpectedAnswer(`the broker's ${reason} refusal lacks connect_uri, connect_id or connect_expires_in`);
     }
     const message = str(body["connect_message"]) || "Open this link to continue.";
     return new LinkRequired(status, error, reason, new Link(uri, id, expiresIn, now + expiresIn, message));

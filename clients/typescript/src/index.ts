@@ -7,6 +7,7 @@
  * - {@link dpopFetch}: a `fetch` that sends the token with a fresh proof on
  *   every request;
  * - the refusals, typed ({@link Refused} and its subclasses);
+ * - {@link NonceStore}: DPoP server nonces, kept per origin;
  * - {@link Verifier}: for resource servers, the token and proof checks;
  * - `credbroker-client/mcp`: a link refusal as an MCP answer.
  *
@@ -27,11 +28,11 @@ export {
   Refused,
   Unavailable,
   UnexpectedAnswer,
-  refusal,
 } from "./errors.js";
-export { KeyFileError, ToolKey, ath, htuOf } from "./key.js";
+export { KeyFileError, ToolKey } from "./key.js";
 export type { ProofOptions, PublicJwk } from "./key.js";
 export { NotSenderConstrained, dpopFetch } from "./fetch.js";
-export type { DPoPFetch } from "./fetch.js";
+export type { DPoPFetch, DPoPFetchOptions } from "./fetch.js";
+export { NonceStore, originOf, socketOrigin } from "./nonces.js";
 export { FETCH_TIMEOUT_MS, MAX_KEYS_DOCUMENT, ReplayCache, Verifier, VerifyError } from "./verify.js";
 export type { Jwks, Principal, VerifierOptions, VerifyRequest } from "./verify.js";

@@ -191,9 +191,7 @@ export class ToolKey {
     };
     if (opts.accessToken !== undefined) claims["ath"] = ath(opts.accessToken);
     if (opts.nonce !== undefined) claims["nonce"] = opts.nonce;
-    return new SignJWT(claims)
-      .setProtectedHeader({ typ: "dpop+jwt", alg: "ES256", jwk: { ...this.#public } })
-      .sign(this.#key);
+    return new SignJWT(claims).setProtectedHeader({ typ: "dpop+jwt", alg: "ES256", jwk: { ...this.#public } }).sign(this.#key);
   }
 
   toString(): string {

@@ -411,10 +411,10 @@ export class Verifier {
     // 18: replay, recorded only now.
     this.#replay.checkAndRecord(bound, jti, now, now + PROOF_WINDOW + SKEW);
     return {
-      subjectIss: subjectIss as string | undefined,
+      subjectIss: subjectIss,
       sub: sub as string,
       agent: agent as string,
-      tool: tool as string | undefined,
+      tool: tool,
       scopes: (scope as string).split(/\s+/).filter((s) => s !== ""),
       jkt: bound,
       exp,

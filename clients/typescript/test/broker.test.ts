@@ -10,7 +10,16 @@ import { join } from "node:path";
 import { after, before, test } from "node:test";
 import { createLocalJWKSet, jwtVerify } from "jose";
 
-import { API_VERSION, AccessDenied, Broker, BrokerNotRunning, IncompatibleBroker, InvalidRequest, LinkRequired, ToolKey } from "../src/index.js";
+import {
+  API_VERSION,
+  AccessDenied,
+  Broker,
+  BrokerNotRunning,
+  IncompatibleBroker,
+  InvalidRequest,
+  LinkRequired,
+  ToolKey,
+} from "../src/index.js";
 import { QuickstartBroker, rm, startBroker, tempDir } from "./support.js";
 
 let tmp: string;
@@ -74,10 +83,9 @@ test("derive issues a token that jose verifies, bound to the key", async () => {
   // Negative control: a key set that lacks the broker's key (another key
   // under the same kid) fails the same verification.
   const stranger = { ...(await ToolKey.generate()).publicJwk, kid: protectedHeader.kid, alg: "ES256" };
-  await assert.rejects(
-    jwtVerify(issued.token, createLocalJWKSet({ keys: [stranger] } as never), { algorithms: ["ES256"] }),
-    { code: "ERR_JWS_SIGNATURE_VERIFICATION_FAILED" },
-  );
+  await assert.rejects(jwtVerify(issued.token, createLocalJWKSet({ keys: [stranger] }), { algorithms: ["ES256"] }), {
+    code: "ERR_JWS_SIGNATURE_VERIFICATION_FAILED",
+  });
 });
 
 test("a policy denial rejects with AccessDenied and its reason", async () => {
@@ -93,7 +101,10 @@ test("a policy denial rejects with AccessDenied and its reason", async () => {
   assert.equal(e.error, "access_denied");
   assert.equal(e.reason, "step_not_allowed");
   assert.ok(e.description);
-  await assert.rejects(c.derive({ ...base, tool: "no.such.tool" }), (e: unknown) => e instanceof AccessDenied && e.reason === "tool_not_allowed");
+  await assert.rejects(
+    c.derive({ ...base, tool: "no.such.tool" }),
+    (e: unknown) => e instanceof AccessDenied && e.reason === "tool_not_allowed",
+  );
   // In the step meant for it the policy allows the delete, and the quick
   // start makes it wait for the person's approval of the call.
   await assert.rejects(
@@ -150,7 +161,10 @@ test("no broker on the socket rejects with BrokerNotRunning", async () => {
   const dead = join(tmp, "dead.sock");
   linkSync(stale, dead);
   await new Promise<void>((r) => s.close(() => r()));
-  await assert.rejects(new Broker(dead).info(), (e: unknown) => e instanceof BrokerNotRunning && e.code === "ECONNREFUSED" && /refused/i.test(e.message));
+  await assert.rejects(
+    new Broker(dead).info(),
+    (e: unknown) => e instanceof BrokerNotRunning && e.code === "ECONNREFUSED" && /refused/i.test(e.message),
+  );
   // Positive control: the running broker answers the same call.
   assert.equal((await new Broker(broker.socket).info()).apiVersion, "1");
 });

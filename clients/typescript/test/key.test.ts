@@ -8,7 +8,8 @@ import { join } from "node:path";
 import { after, test } from "node:test";
 import { calculateJwkThumbprint, decodeProtectedHeader, importJWK, jwtVerify } from "jose";
 
-import { KeyFileError, ToolKey, ath } from "../src/index.js";
+import { KeyFileError, ToolKey } from "../src/index.js";
+import { ath } from "../src/key.js";
 import { rm, tempDir } from "./support.js";
 
 const tmp = tempDir();
@@ -33,7 +34,10 @@ test("the thumbprint is RFC 7638's and a proof verifies with its jwk", async () 
   assert.ok(typeof payload["jti"] === "string" && payload["jti"].length >= 16);
   // Two proofs never share a jti.
   const again = await key.proof("GET", "https://notes.example/notes");
-  assert.notEqual(JSON.parse(Buffer.from(again.split(".")[1] as string, "base64url").toString()).jti, payload["jti"]);
+  assert.notEqual(
+    (JSON.parse(Buffer.from(again.split(".")[1] as string, "base64url").toString()) as { jti?: unknown }).jti,
+    payload["jti"],
+  );
   // Negative control: another key's jwk does not verify it.
   const other = await ToolKey.generate();
   await assert.rejects(jwtVerify(proof, await importJWK(other.publicJwk, "ES256"), { currentDate: new Date(1795960000 * 1000) }));
@@ -47,7 +51,10 @@ test("save creates a 0600 file with O_EXCL, load reads it back", async () => {
   assert.match(readFileSync(path, "utf8"), /^-----BEGIN PRIVATE KEY-----/);
   assert.equal((await ToolKey.load(path)).thumbprint, key.thumbprint);
   // An existing file is not replaced.
-  assert.throws(() => key.save(path), (e: unknown) => e instanceof KeyFileError && e.message.includes(path) && /exists/.test(e.message));
+  assert.throws(
+    () => key.save(path),
+    (e: unknown) => e instanceof KeyFileError && e.message.includes(path) && /exists/.test(e.message),
+  );
 });
 
 test("load refuses a key file its group or others may read", async () => {
@@ -64,7 +71,10 @@ test("load refuses a key file its group or others may read", async () => {
 });
 
 test("load names the file and the cause for a missing or malformed key", async () => {
-  await assert.rejects(ToolKey.load(join(tmp, "none.pem")), (e: unknown) => e instanceof KeyFileError && /none\.pem: cannot open it: ENOENT/.test(e.message));
+  await assert.rejects(
+    ToolKey.load(join(tmp, "none.pem")),
+    (e: unknown) => e instanceof KeyFileError && /none\.pem: cannot open it: ENOENT/.test(e.message),
+  );
   const junk = join(tmp, "junk.pem");
   writeFileSync(junk, "-----BEGIN PRIVATE KEY-----\nsecret-looking-junk\n-----END PRIVATE KEY-----\n", { mode: 0o600 });
   await assert.rejects(ToolKey.load(junk), (e: unknown) => {

@@ -47,5 +47,8 @@ test("a service not yet connected rejects with LinkRequired and its link", async
   const page = await fetch(link.uri, { redirect: "manual" });
   assert.ok([200, 303].includes(page.status), String(page.status));
   // Negative control: the same tool outside its step is a policy denial, not a link.
-  await assert.rejects(c.derive({ subjectToken: acme.subjectToken(), step: "summarize", tool: "acme.issues", resource: SERVICE, key }), AccessDenied);
+  await assert.rejects(
+    c.derive({ subjectToken: acme.subjectToken(), step: "summarize", tool: "acme.issues", resource: SERVICE, key }),
+    AccessDenied,
+  );
 });

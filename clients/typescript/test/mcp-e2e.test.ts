@@ -35,12 +35,16 @@ const urls: Record<string, string> = {};
 async function startServer(flavor: "sdk" | "server"): Promise<string> {
   const port = await freePort();
   const b = acme.broker;
-  const proc = spawn("node", [join(HERE, "mcp-server.js"), flavor, String(port), b.socket, b.issuer, join(b.dir, "dev-issuer-jwks.json"), acme.providerIssuer], {
-    stdio: ["ignore", "pipe", "inherit"],
-  });
+  const proc = spawn(
+    "node",
+    [join(HERE, "mcp-server.js"), flavor, String(port), b.socket, b.issuer, join(b.dir, "dev-issuer-jwks.json"), acme.providerIssuer],
+    {
+      stdio: ["ignore", "pipe", "inherit"],
+    },
+  );
   servers.push(proc);
   await new Promise<void>((res, rej) => {
-    const rl = createInterface({ input: proc.stdout! });
+    const rl = createInterface({ input: proc.stdout });
     rl.once("line", () => {
       rl.close();
       res();
@@ -52,7 +56,8 @@ async function startServer(flavor: "sdk" | "server"): Promise<string> {
 
 before(async () => {
   requireBrowser();
-  if (!existsSync(PYTHON)) throw new Error(`the project's .venv (the Python mcp client) is missing (${PYTHON}): run scripts/install-test-deps`);
+  if (!existsSync(PYTHON))
+    throw new Error(`the project's .venv (the Python mcp client) is missing (${PYTHON}): run scripts/install-test-deps`);
   tmp = tempDir();
   acme = await Acme.start(tmp);
   urls["sdk"] = await startServer("sdk");
@@ -111,7 +116,11 @@ test("@modelcontextprotocol/sdk, 2025-11-25: the link opened in Chromium by the 
   let out = runClient({ ...spec, open: browserOf("mallory", mallory), answers: ["accept", "decline"] });
   assert.equal(out.protocol_version, "2025-11-25");
   assert.equal(browserDone(out.links[0]), "other_person", JSON.stringify(out));
-  assert.deepEqual(out.calls.map((c) => c.error?.code), [-32042, -32042], JSON.stringify(out));
+  assert.deepEqual(
+    out.calls.map((c) => c.error?.code),
+    [-32042, -32042],
+    JSON.stringify(out),
+  );
   // Positive control: Bob opens it in his own browser.
   await acme.providerAccount("octo-bob");
   out = runClient({ ...spec, open: browserOf("bob", bob), answers: ["accept"] });
@@ -128,7 +137,14 @@ test("@modelcontextprotocol/sdk, 2025-11-25: the link opened in Chromium by the 
 test("@modelcontextprotocol/server, 2026-07-28: input_required, the link opened in Chromium, the automatic retry is served", async () => {
   const carol = acme.broker.localAccount("carol", tmp);
   await acme.providerAccount("octo-carol");
-  const out = runClient({ url: urls["server"], token_file: tokenFile("carol"), mode: "auto", scenario: "flow", open: browserOf("carol", carol), answers: ["accept"] });
+  const out = runClient({
+    url: urls["server"],
+    token_file: tokenFile("carol"),
+    mode: "auto",
+    scenario: "flow",
+    open: browserOf("carol", carol),
+    answers: ["accept"],
+  });
   assert.equal(out.protocol_version, "2026-07-28");
   assert.equal(out.links.length, 1, JSON.stringify(out));
   assert.equal(out.links[0]?.via, "elicitation_callback");
@@ -142,7 +158,14 @@ test("@modelcontextprotocol/server, 2026-07-28: input_required, the link opened 
 test("@modelcontextprotocol/server, 2025-11-25 (its legacy fallback): -32042, the link opened in Chromium, the manual retry is served", async () => {
   const dave = acme.broker.localAccount("dave", tmp);
   await acme.providerAccount("octo-dave");
-  const out = runClient({ url: urls["server"], token_file: tokenFile("dave"), mode: "legacy", scenario: "flow", open: browserOf("dave", dave), answers: ["accept"] });
+  const out = runClient({
+    url: urls["server"],
+    token_file: tokenFile("dave"),
+    mode: "legacy",
+    scenario: "flow",
+    open: browserOf("dave", dave),
+    answers: ["accept"],
+  });
   assert.equal(out.protocol_version, "2025-11-25");
   assert.equal(out.calls[0]?.error?.code, -32042, JSON.stringify(out));
   assert.equal(browserDone(out.links[0]), "completed", JSON.stringify(out.links[0]));

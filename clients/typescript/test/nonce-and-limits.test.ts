@@ -34,7 +34,13 @@ function rawDerive(body: object, proof: string): Promise<{ status: number; error
       (r) => {
         let text = "";
         r.on("data", (c: Buffer) => (text += c.toString()));
-        r.on("end", () => res({ status: r.statusCode ?? 0, error: (JSON.parse(text) as { error?: unknown }).error, nonce: r.headers["dpop-nonce"] as string | undefined }));
+        r.on("end", () =>
+          res({
+            status: r.statusCode ?? 0,
+            error: (JSON.parse(text) as { error?: unknown }).error,
+            nonce: r.headers["dpop-nonce"] as string | undefined,
+          }),
+        );
       },
     );
     req.on("error", rej);

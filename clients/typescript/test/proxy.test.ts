@@ -86,11 +86,17 @@ test("dpopFetch calls a proxied route and answers the proxy's nonce challenge", 
   assert.ok(!text.includes(issued.token));
   // The first proof had no nonce: refused with a challenge, then signed
   // again with the nonce.
-  assert.deepEqual(seen.map(([s]) => s), [401, 200]);
+  assert.deepEqual(
+    seen.map(([s]) => s),
+    [401, 200],
+  );
   assert.match(seen[0]?.[1] ?? "", /use_dpop_nonce/);
   // The nonce is kept: no second challenge.
   assert.equal((await f(url)).status, 200);
-  assert.deepEqual(seen.map(([s]) => s), [401, 200, 200]);
+  assert.deepEqual(
+    seen.map(([s]) => s),
+    [401, 200, 200],
+  );
   // Negative: a path outside the tool's routes (positive control above).
   const other = await f(`${acme.broker.issuer}/proxy/acme/userinfo`);
   const body = (await other.json()) as { reason?: string };

@@ -187,7 +187,9 @@ export async function startBroker(tmp: string, opts: StartOptions = {}): Promise
   const d = join(tmp, "qs");
   const b = new QuickstartBroker(d, port, `http://127.0.0.1:${rport}/notes`);
   const fd = openSync(join(tmp, "quickstart.log"), "w");
-  const qs = spawn(brokerBin(), ["quickstart", "--dir", d, "--listen", `127.0.0.1:${port}`, "--demo-listen", `127.0.0.1:${demoPort}`], { stdio: ["ignore", fd, fd] });
+  const qs = spawn(brokerBin(), ["quickstart", "--dir", d, "--listen", `127.0.0.1:${port}`, "--demo-listen", `127.0.0.1:${demoPort}`], {
+    stdio: ["ignore", fd, fd],
+  });
   closeSync(fd);
   try {
     await poll("the quick start answering", () => socketAnswers(join(d, "credbroker.sock")));
@@ -269,16 +271,25 @@ export class Acme {
    */
   static async start(tmp: string, opts: { apiBase?: boolean; extraConfig?: string; extraPolicy?: string } = {}): Promise<Acme> {
     const peers = join(REPO, "tests", "peers");
-    if (!existsSync(join(peers, "node_modules", "oidc-provider"))) throw new Error("tests/peers/node_modules is missing: run scripts/install-test-deps");
+    if (!existsSync(join(peers, "node_modules", "oidc-provider")))
+      throw new Error("tests/peers/node_modules is missing: run scripts/install-test-deps");
     const secret = `client-secret-canary-${randomBytes(12).toString("hex")}`;
     const port = await freePort();
     const provider = spawn(
       "node",
-      [join(peers, "oauth-service.mjs"), "--client-id", "credbroker-test", "--client-secret", secret, "--redirect-uri", `http://127.0.0.1:${port}/callback/acme`],
+      [
+        join(peers, "oauth-service.mjs"),
+        "--client-id",
+        "credbroker-test",
+        "--client-secret",
+        secret,
+        "--redirect-uri",
+        `http://127.0.0.1:${port}/callback/acme`,
+      ],
       { cwd: peers, stdio: ["ignore", "pipe", "ignore"] },
     );
     const first = await new Promise<string>((res, rej) => {
-      const rl = createInterface({ input: provider.stdout! });
+      const rl = createInterface({ input: provider.stdout });
       rl.once("line", (l) => {
         rl.close();
         res(l);

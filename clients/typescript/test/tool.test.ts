@@ -91,10 +91,19 @@ test("dpopFetch refuses tokens not bound to its key", async () => {
   const key = await ToolKey.generate();
   const issued = await derive(key);
   const bearer = new Issued("opaque-provider-token", "Bearer", false, 3600, undefined, "repo");
-  assert.throws(() => dpopFetch(bearer, key), (e: unknown) => e instanceof NotSenderConstrained && /bearer/.test(e.message));
-  assert.throws(() => dpopFetch("opaque-provider-token", key), (e: unknown) => e instanceof NotSenderConstrained && /no cnf\.jkt/.test(e.message));
+  assert.throws(
+    () => dpopFetch(bearer, key),
+    (e: unknown) => e instanceof NotSenderConstrained && /bearer/.test(e.message),
+  );
+  assert.throws(
+    () => dpopFetch("opaque-provider-token", key),
+    (e: unknown) => e instanceof NotSenderConstrained && /no cnf\.jkt/.test(e.message),
+  );
   const thief = await ToolKey.generate();
-  assert.throws(() => dpopFetch(issued, thief), (e: unknown) => e instanceof NotSenderConstrained && /another key/.test(e.message));
+  assert.throws(
+    () => dpopFetch(issued, thief),
+    (e: unknown) => e instanceof NotSenderConstrained && /another key/.test(e.message),
+  );
   // Had it signed with the thief's key, the server would refuse it too.
   const proof = await thief.proof("GET", notes.url, { accessToken: issued.token });
   assert.equal((await fetch(notes.url, { headers: { authorization: `DPoP ${issued.token}`, dpop: proof } })).status, 401);
@@ -114,24 +123,22 @@ test("a resource server on Verifier that requires nonces: dpopFetch retries once
   const srv = createServer((req, res) => {
     const dpop = req.headersDistinct["dpop"] ?? [];
     const url = audience + (req.url ?? "/").replace(/^\/notes/, "");
-    verifier
-      .verify({ method: req.method ?? "", url, authorization: req.headers.authorization, dpop, nonce: (n) => nonces.has(n) })
-      .then(
-        (who) => {
-          seen.push({ nonce: true, status: 200 });
-          res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ sub: who.sub, tool: who.tool }));
-        },
-        (e: unknown) => {
-          if (!(e instanceof VerifyError)) throw e;
-          const n = `n-${++counter}`;
-          nonces.add(n);
-          seen.push({ nonce: false, status: e.status });
-          const h: Record<string, string> = { "dpop-nonce": n };
-          const c = e.challenge();
-          if (c) h["www-authenticate"] = c;
-          res.writeHead(e.status, h).end();
-        },
-      );
+    verifier.verify({ method: req.method ?? "", url, authorization: req.headers.authorization, dpop, nonce: (n) => nonces.has(n) }).then(
+      (who) => {
+        seen.push({ nonce: true, status: 200 });
+        res.writeHead(200, { "content-type": "application/json" }).end(JSON.stringify({ sub: who.sub, tool: who.tool }));
+      },
+      (e: unknown) => {
+        if (!(e instanceof VerifyError)) throw e;
+        const n = `n-${++counter}`;
+        nonces.add(n);
+        seen.push({ nonce: false, status: e.status });
+        const h: Record<string, string> = { "dpop-nonce": n };
+        const c = e.challenge();
+        if (c) h["www-authenticate"] = c;
+        res.writeHead(e.status, h).end();
+      },
+    );
   });
   await new Promise<void>((r) => srv.listen(0, "127.0.0.1", r));
   const port = (srv.address() as AddressInfo).port;
@@ -146,12 +153,16 @@ test("a resource server on Verifier that requires nonces: dpopFetch retries once
     assert.match(bare.headers.get("www-authenticate") ?? "", /use_dpop_nonce/);
     // The proofs' htu is the configured public URL, so send to the port but
     // sign for the audience: a base fetch that rewrites only the address.
-    const toPort: typeof fetch = (input, init) => fetch(new Request(String(new Request(input).url).replace(audience, at), new Request(input, init)));
+    const toPort: typeof fetch = (input, init) =>
+      fetch(new Request(String(new Request(input).url).replace(audience, at), new Request(input, init)));
     seen.length = 0;
     const r = await dpopFetch(issued, key, toPort)(audience);
     assert.equal(r.status, 200, await r.clone().text());
     assert.deepEqual(await r.json(), { sub: "alice", tool: "notes.read" });
-    assert.deepEqual(seen, [{ nonce: false, status: 401 }, { nonce: true, status: 200 }]);
+    assert.deepEqual(seen, [
+      { nonce: false, status: 401 },
+      { nonce: true, status: 200 },
+    ]);
   } finally {
     await new Promise<void>((r) => srv.close(() => r()));
   }
@@ -185,7 +196,10 @@ test("canary: no token, subject token, key or proof in text, inspect, JSON or co
       () => c.derive({ subjectToken: subject, step: "summarize", tool: "notes.delete", resource: broker.resource, key }),
       () => c.derive({ subjectToken: subject + "x", step: "summarize", tool: "notes.read", resource: broker.resource, key }),
     ]) {
-      const e = await bad().then(() => assert.fail("issued"), (e: unknown) => e);
+      const e = await bad().then(
+        () => assert.fail("issued"),
+        (e: unknown) => e,
+      );
       assert.ok(e instanceof AccessDenied || e instanceof InvalidRequest);
       show(e);
     }
@@ -194,10 +208,12 @@ test("canary: no token, subject token, key or proof in text, inspect, JSON or co
     show(f);
     assert.equal((await f(notes.url)).status, 200);
     proofs.push(sent[0]?.get("dpop") ?? "");
-    const e = await new Broker(join(tmp, "none.sock")).derive({ subjectToken: subject, step: "s", tool: "t", resource: "http://r", key }).then(
-      () => assert.fail("derived without a broker"),
-      (e: unknown) => e,
-    );
+    const e = await new Broker(join(tmp, "none.sock"))
+      .derive({ subjectToken: subject, step: "s", tool: "t", resource: "http://r", key })
+      .then(
+        () => assert.fail("derived without a broker"),
+        (e: unknown) => e,
+      );
     assert.ok(e instanceof BrokerNotRunning);
     show(e);
   } finally {
@@ -207,13 +223,26 @@ test("canary: no token, subject token, key or proof in text, inspect, JSON or co
   key.save(pem);
   const d = readFileSync(pem, "utf8");
   const jwkD = String(createPrivateKey(d).export({ format: "jwk" }).d);
-  const secrets: Record<string, string> = { token: issued.token, subject, "key d": jwkD, "key pem": d.split("\n")[1] ?? "", proof: proofs[0] ?? "" };
+  const secrets: Record<string, string> = {
+    token: issued.token,
+    subject,
+    "key d": jwkD,
+    "key pem": d.split("\n")[1] ?? "",
+    proof: proofs[0] ?? "",
+  };
   // Positive control: the canary sees what is put where it looks.
   assert.ok(logged.length >= 6, "nothing was logged: the canary would see nothing");
   assert.equal(proofs[0]?.split(".").length, 3);
   const planted = [...logged, ...shown, `oops ${issued.token}`].join("\n");
-  assert.deepEqual(Object.entries(secrets).filter(([, s]) => planted.includes(s)).map(([n]) => n), ["token"]);
+  assert.deepEqual(
+    Object.entries(secrets)
+      .filter(([, s]) => planted.includes(s))
+      .map(([n]) => n),
+    ["token"],
+  );
   const seen = [...logged, ...shown].join("\n");
-  const leaks = Object.entries(secrets).filter(([, s]) => seen.includes(s)).map(([n]) => n);
+  const leaks = Object.entries(secrets)
+    .filter(([, s]) => seen.includes(s))
+    .map(([n]) => n);
   assert.deepEqual(leaks, [], seen.slice(0, 4000));
 });

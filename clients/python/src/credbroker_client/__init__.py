@@ -5,6 +5,8 @@
 - :class:`ToolKey`: the tool's DPoP key and its proofs;
 - :class:`DPoPAuth`: an ``httpx.Auth`` that sends the token with a fresh
   proof on every request;
+- :class:`NonceStore`: DPoP server nonces, kept per origin
+  (:mod:`credbroker_client.nonces`);
 - :mod:`credbroker_client.errors`: the refusals, typed;
 - :mod:`credbroker_client.verify`: for resource servers, the token and proof checks;
 - :mod:`credbroker_client.mcp`: a link refusal as an MCP answer (extra ``mcp``).
@@ -28,6 +30,7 @@ from .errors import (
     UnexpectedAnswer,
 )
 from .key import KeyFileError, ToolKey
+from .nonces import NonceStore
 
 __all__ = [
     "API_VERSION",
@@ -44,6 +47,7 @@ __all__ = [
     "KeyFileError",
     "Link",
     "LinkRequired",
+    "NonceStore",
     "NotSenderConstrained",
     "RateLimited",
     "Refused",

@@ -7,19 +7,14 @@ import base64
 import binascii
 import hmac
 import json
-import re
-from collections.abc import Generator
+from collections.abc import AsyncGenerator, Generator
 
 import httpx
 
 from .broker import Issued
 from .errors import CredbrokerError
 from .key import ToolKey
-
-# RFC 9449 section 9: a resource server asks for a nonce with 401 and
-# `WWW-Authenticate: DPoP error="use_dpop_nonce"`; an authorization server
-# (section 8) with 400 and the same error. Either carries `DPoP-Nonce`.
-_USE_NONCE = re.compile(r'(?i)\bDPoP\b.*\berror\s*=\s*"?use_dpop_nonce"?')
+from .nonces import NonceStore, challenge, origin_of
 
 
 class NotSenderConstrained(CredbrokerError):
@@ -46,14 +41,18 @@ class DPoPAuth(httpx.Auth):
     """Signs every request with ``key``: ``Authorization: DPoP <token>`` and a
     ``DPoP`` proof for the request's method and URL, with ``ath``. When the
     server answers with a ``use_dpop_nonce`` challenge, the request is sent
-    once more with the nonce (and the nonce is kept for later requests).
+    once more with the nonce. Nonces are kept per origin in ``nonces`` (its
+    own :class:`~credbroker_client.nonces.NonceStore` unless given), so each
+    server only ever sees its own.
 
     It refuses, at construction, a token that is not sender-constrained: a
     provider's bearer token (``Issued.sender_constrained`` false) or a token
     whose ``cnf.jkt`` is not this key's thumbprint.
     """
 
-    def __init__(self, token: Issued | str, key: ToolKey) -> None:
+    def __init__(
+        self, token: Issued | str, key: ToolKey, *, nonces: NonceStore | None = None
+    ) -> None:
         if isinstance(token, Issued):
             if not token.sender_constrained or token.token_type != "DPoP":  # noqa: S105 - a type name
                 raise NotSenderConstrained(
@@ -74,28 +73,56 @@ class DPoPAuth(httpx.Auth):
             )
         self._token = value
         self._key = key
-        self._nonce: str | None = None
+        self._nonces = nonces if nonces is not None else NonceStore()
 
-    def _sign(self, request: httpx.Request) -> None:
+    def _sign(self, request: httpx.Request, origin: str) -> None:
         request.headers["Authorization"] = f"DPoP {self._token}"
         request.headers["DPoP"] = self._key.proof(
-            request.method, str(request.url), access_token=self._token, nonce=self._nonce
+            request.method,
+            str(request.url),
+            access_token=self._token,
+            nonce=self._nonces.get(origin),
         )
 
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        self._sign(request)
-        response = yield request
-        nonce = response.headers.get("dpop-nonce")
-        challenged = response.status_code in (400, 401) and _USE_NONCE.search(
-            response.headers.get("www-authenticate", "")
+    @staticmethod
+    def _body_needed(response: httpx.Response) -> bool:
+        # An authorization server may name the error only in its JSON body
+        # (RFC 9449 section 8): read the body of such a 400, and only then.
+        return (
+            response.status_code == 400
+            and "dpop-nonce" in response.headers
+            and challenge(400, response.headers) is None
         )
-        if nonce:
-            self._nonce = nonce
-        if challenged and nonce:
+
+    def _retry(self, origin: str, response: httpx.Response, body: bytes) -> bool:
+        self._nonces.update(origin, response.headers)
+        return challenge(response.status_code, response.headers, body) is not None
+
+    def sync_auth_flow(
+        self, request: httpx.Request
+    ) -> Generator[httpx.Request, httpx.Response, None]:
+        origin = origin_of(str(request.url))
+        self._sign(request, origin)
+        response = yield request
+        body = response.read() if self._body_needed(response) else b""
+        if self._retry(origin, response, body):
             # A body that was streamed cannot be sent again; httpx raises
             # StreamConsumed in that case rather than sending half of it.
-            self._sign(request)
-            yield request
+            self._sign(request, origin)
+            response = yield request
+            self._nonces.update(origin, response.headers)
+
+    async def async_auth_flow(
+        self, request: httpx.Request
+    ) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        origin = origin_of(str(request.url))
+        self._sign(request, origin)
+        response = yield request
+        body = await response.aread() if self._body_needed(response) else b""
+        if self._retry(origin, response, body):
+            self._sign(request, origin)
+            response = yield request
+            self._nonces.update(origin, response.headers)
 
     def __repr__(self) -> str:
         return f"DPoPAuth(key={self._key!r}, token=[REDACTED])"

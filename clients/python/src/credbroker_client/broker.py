@@ -22,6 +22,7 @@ import httpx
 
 from .errors import BrokerNotRunning, IncompatibleBroker, UnexpectedAnswer, refusal
 from .key import ToolKey
+from .nonces import NonceStore, challenge, socket_origin
 
 #: The socket API version this library speaks (``api_version`` of ``GET /v1/info``).
 API_VERSION = "1"
@@ -114,14 +115,6 @@ def _body(
     return body
 
 
-def _nonce_challenge(r: httpx.Response) -> str | None:
-    """The new nonce when the answer is a ``use_dpop_nonce`` challenge."""
-    nonce: str | None = r.headers.get("dpop-nonce")
-    if r.status_code == 400 and nonce and "use_dpop_nonce" in r.headers.get("www-authenticate", ""):
-        return nonce
-    return None
-
-
 def _answer(r: httpx.Response, now: float, step: str, tool: str) -> Issued:
     try:
         body = r.json()
@@ -173,6 +166,7 @@ class Broker:
         *,
         timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
+        nonces: NonceStore | None = None,
     ) -> None:
         self.socket = os.fspath(socket)
         self._clock = clock
@@ -182,7 +176,9 @@ class Broker:
             timeout=timeout,
         )
         self._info: Info | None = None
-        self._nonce: str | None = None
+        # The socket is an origin of its own (see .nonces).
+        self._nonces = nonces if nonces is not None else NonceStore()
+        self._origin = socket_origin(self.socket)
 
     def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
@@ -215,11 +211,11 @@ class Broker:
         info = self.info()
         body = _body(subject_token, step, tool, resource, scope, authorization_details)
         for attempt in range(2):
-            proof = key.proof("POST", info.derive_htu, nonce=self._nonce, now=self._clock())
+            nonce = self._nonces.get(self._origin)
+            proof = key.proof("POST", info.derive_htu, nonce=nonce, now=self._clock())
             r = self._send("POST", "/v1/derive", json=body, headers={"DPoP": proof})
-            nonce = _nonce_challenge(r)
-            if nonce is not None and attempt == 0:
-                self._nonce = nonce
+            self._nonces.update(self._origin, r.headers)
+            if attempt == 0 and challenge(r.status_code, r.headers, r.content) is not None:
                 continue
             return _answer(r, self._clock(), step, tool)
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
@@ -247,6 +243,7 @@ class AsyncBroker:
         *,
         timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
+        nonces: NonceStore | None = None,
     ) -> None:
         self.socket = os.fspath(socket)
         self._clock = clock
@@ -256,7 +253,9 @@ class AsyncBroker:
             timeout=timeout,
         )
         self._info: Info | None = None
-        self._nonce: str | None = None
+        # The socket is an origin of its own (see .nonces).
+        self._nonces = nonces if nonces is not None else NonceStore()
+        self._origin = socket_origin(self.socket)
 
     async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
@@ -286,11 +285,11 @@ class AsyncBroker:
         info = await self.info()
         body = _body(subject_token, step, tool, resource, scope, authorization_details)
         for attempt in range(2):
-            proof = key.proof("POST", info.derive_htu, nonce=self._nonce, now=self._clock())
+            nonce = self._nonces.get(self._origin)
+            proof = key.proof("POST", info.derive_htu, nonce=nonce, now=self._clock())
             r = await self._send("POST", "/v1/derive", json=body, headers={"DPoP": proof})
-            nonce = _nonce_challenge(r)
-            if nonce is not None and attempt == 0:
-                self._nonce = nonce
+            self._nonces.update(self._origin, r.headers)
+            if attempt == 0 and challenge(r.status_code, r.headers, r.content) is not None:
                 continue
             return _answer(r, self._clock(), step, tool)
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover

@@ -8,10 +8,13 @@ and the replay cache) is here. Time comes from an injectable clock::
     verifier = Verifier.from_issuer("https://broker.example", "https://notes.example/notes")
     who = verifier.verify("GET", "https://notes.example/notes?page=2",
                           request.headers.get("authorization"),
-                          request.headers.get_list("dpop"))
+                          request.headers.getlist("dpop"))
 
 On :class:`VerifyError`, answer ``e.status`` with ``WWW-Authenticate:
-e.challenge()``.
+e.challenge()``. In an asyncio server, :meth:`Verifier.from_issuer_async`
+and :meth:`Verifier.verify_async` do the same without blocking the event
+loop: their only network reads (the metadata, the JWKS and its refetch for
+an unknown ``kid``) go through an ``httpx.AsyncClient``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -110,6 +113,69 @@ def _capped_get(client: httpx.Client, url: str, timeout: float) -> bytes:
     except httpx.HTTPError as e:
         raise VerifyError("keys_unavailable", f"{url}: {type(e).__name__}") from None
     return bytes(body)
+
+
+async def _capped_get_async(client: httpx.AsyncClient, url: str, timeout: float) -> bytes:
+    """:func:`_capped_get` on an ``httpx.AsyncClient``, with the same caps."""
+    deadline = time.monotonic() + timeout
+    try:
+        async with client.stream("GET", url, follow_redirects=False) as r:
+            if r.status_code != 200:
+                raise VerifyError("keys_unavailable", f"{url}: HTTP {r.status_code}")
+            declared = r.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > MAX_KEYS_DOCUMENT:
+                raise VerifyError(
+                    "keys_unavailable", f"{url}: larger than {MAX_KEYS_DOCUMENT} bytes"
+                )
+            body = bytearray()
+            async for chunk in r.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_KEYS_DOCUMENT:
+                    raise VerifyError(
+                        "keys_unavailable", f"{url}: larger than {MAX_KEYS_DOCUMENT} bytes"
+                    )
+                if time.monotonic() > deadline:
+                    raise VerifyError("keys_unavailable", f"{url}: not read within {timeout} s")
+    except httpx.HTTPError as e:
+        raise VerifyError("keys_unavailable", f"{url}: {type(e).__name__}") from None
+    return bytes(body)
+
+
+def _json_object(url: str, body: bytes) -> dict[str, Any]:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        raise VerifyError("keys_unavailable", f"{url}: not JSON") from None
+    if not isinstance(doc, dict):
+        raise VerifyError("keys_unavailable", f"{url}: not a JSON object")
+    return doc
+
+
+def _jwks_uri(issuer: str, meta: dict[str, Any]) -> str:
+    """The metadata's ``jwks_uri``, once its ``issuer`` is ``issuer`` exactly."""
+    if meta.get("issuer") != issuer:
+        raise VerifyError("keys_unavailable", f"the metadata names another issuer than {issuer}")
+    jwks_uri = meta.get("jwks_uri")
+    if not isinstance(jwks_uri, str):
+        raise VerifyError("keys_unavailable", "the metadata has no jwks_uri")
+    return jwks_uri
+
+
+def _kid_of(authorization: str | None) -> str | None:
+    """The ``kid`` a DPoP token's header names, if it can be read at all
+    (the full checks come after, in their order)."""
+    if authorization is None:
+        return None
+    token = authorization.partition(" ")[2].strip()
+    if not token or len(token) > MAX_TOKEN:
+        return None
+    try:
+        part = token.split(".")[0]
+        header = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    except (ValueError, binascii.Error):
+        return None
+    kid = header.get("kid") if isinstance(header, dict) else None
+    return kid if isinstance(kid, str) else None
 
 
 @dataclass(frozen=True)
@@ -209,12 +275,14 @@ class Verifier:
         clock: Callable[[], float] = time.time,
         replay: ReplayCache | None = None,
         fetch_jwks: Callable[[], dict[str, Any]] | None = None,
+        fetch_jwks_async: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     ) -> None:
         self.issuer = issuer
         self.audience = audience
         self._clock = clock
         self._replay = replay or ReplayCache()
         self._fetch = fetch_jwks
+        self._fetch_async = fetch_jwks_async
         self._last_fetch = float("-inf")
         self._keys = self._keys_of(jwks)
 
@@ -258,32 +326,54 @@ class Verifier:
         client = http or httpx.Client(timeout=timeout)
 
         def get(url: str) -> dict[str, Any]:
-            body = _capped_get(client, url, timeout)
-            try:
-                doc = json.loads(body)
-            except ValueError:
-                raise VerifyError("keys_unavailable", f"{url}: not JSON") from None
-            if not isinstance(doc, dict):
-                raise VerifyError("keys_unavailable", f"{url}: not a JSON object")
-            return doc
+            return _json_object(url, _capped_get(client, url, timeout))
 
-        meta = get(f"{issuer}/.well-known/oauth-authorization-server")
-        if meta.get("issuer") != issuer:
-            raise VerifyError(
-                "keys_unavailable", f"the metadata names another issuer than {issuer}"
-            )
-        jwks_uri = meta.get("jwks_uri")
-        if not isinstance(jwks_uri, str):
-            raise VerifyError("keys_unavailable", "the metadata has no jwks_uri")
+        jwks_uri = _jwks_uri(issuer, get(f"{issuer}/.well-known/oauth-authorization-server"))
         return cls(issuer, audience, get(jwks_uri), clock=clock, fetch_jwks=lambda: get(jwks_uri))
 
-    def _key(self, kid: str) -> ECKey:
-        key = self._keys.get(kid)
+    @classmethod
+    async def from_issuer_async(
+        cls,
+        issuer: str,
+        audience: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        http: httpx.AsyncClient | None = None,
+        timeout: float = FETCH_TIMEOUT,
+    ) -> Verifier:
+        """:meth:`from_issuer` for asyncio, on an ``httpx.AsyncClient`` and
+        with the same caps; the verifier it returns refetches the JWKS for an
+        unknown ``kid`` in :meth:`verify_async`, never blocking the loop."""
+        client = http or httpx.AsyncClient(timeout=timeout)
+
+        async def get(url: str) -> dict[str, Any]:
+            return _json_object(url, await _capped_get_async(client, url, timeout))
+
+        jwks_uri = _jwks_uri(issuer, await get(f"{issuer}/.well-known/oauth-authorization-server"))
+        return cls(
+            issuer,
+            audience,
+            await get(jwks_uri),
+            clock=clock,
+            fetch_jwks_async=lambda: get(jwks_uri),
+        )
+
+    def _refetch_due(self, kid: str) -> bool:
+        """An unknown ``kid``, and no refetch in the last minute: the time to
+        read the JWKS again (recorded now, whatever the fetch gives)."""
         now = self._clock()
-        if key is None and self._fetch is not None and now - self._last_fetch >= REFRESH_INTERVAL:
-            self._last_fetch = now
+        if kid in self._keys or now - self._last_fetch < REFRESH_INTERVAL:
+            return False
+        self._last_fetch = now
+        return True
+
+    def _key(self, kid: str, *, fetch: bool) -> ECKey:
+        """The issuer's key ``kid``; with ``fetch``, an unknown one may make
+        the blocking fetch (never in :meth:`verify_async`, which awaits its
+        own before)."""
+        if fetch and self._fetch is not None and self._refetch_due(kid):
             self._keys = self._keys_of(self._fetch())
-            key = self._keys.get(kid)
+        key = self._keys.get(kid)
         if key is None:
             raise _token("the token names a key the issuer does not publish")
         return key
@@ -303,7 +393,40 @@ class Verifier:
 
         With ``nonce`` (RFC 9449 section 9), the proof must carry a ``nonce``
         for which it returns true; otherwise the error is ``use_dpop_nonce``:
-        answer 401 with ``e.challenge()`` and a fresh ``DPoP-Nonce`` header."""
+        answer 401 with ``e.challenge()`` and a fresh ``DPoP-Nonce`` header.
+
+        A verifier from :meth:`from_issuer_async` never fetches here: use
+        :meth:`verify_async` in an asyncio server."""
+        return self._verify(method, url, authorization, dpop, nonce, fetch=True)
+
+    async def verify_async(
+        self,
+        method: str,
+        url: str,
+        authorization: str | None,
+        dpop: Sequence[str],
+        *,
+        nonce: Callable[[str], bool] | None = None,
+    ) -> Principal:
+        """:meth:`verify` for asyncio: the JWKS refetch for an unknown
+        ``kid`` (at most once a minute) is awaited on the verifier's
+        ``httpx.AsyncClient``; the checks themselves read nothing from the
+        network and run inline."""
+        kid = _kid_of(authorization)
+        if kid is not None and self._fetch_async is not None and self._refetch_due(kid):
+            self._keys = self._keys_of(await self._fetch_async())
+        return self._verify(method, url, authorization, dpop, nonce, fetch=False)
+
+    def _verify(
+        self,
+        method: str,
+        url: str,
+        authorization: str | None,
+        dpop: Sequence[str],
+        nonce: Callable[[str], bool] | None,
+        *,
+        fetch: bool,
+    ) -> Principal:
         now = self._clock()
         # 1, 2: the request.
         if authorization is None:
@@ -328,7 +451,7 @@ class Verifier:
         if not isinstance(kid, str):
             raise _token("no kid")
         # 4, 5: key and signature.
-        _signed_by(token, self._key(kid), _token, "token")
+        _signed_by(token, self._key(kid, fetch=fetch), _token, "token")
         # 6: claim types.
         iss, sub, aud = claims.get("iss"), claims.get("sub"), claims.get("aud")
         iat, exp, subject_iss = claims.get("iat"), claims.get("exp"), claims.get("subject_iss")
