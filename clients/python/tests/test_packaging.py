@@ -5,6 +5,8 @@ licence, and its long description has no links that break outside the
 repository; it installs into a fresh virtual environment (its dependencies
 from the index, held to the pinned versions), and the README's first
 example runs there against the real broker and examples/resource_server.
+The README's install commands run as printed, from the top of the clone,
+into another fresh virtual environment.
 
 The clone is of HEAD: changes not committed yet are not in it."""
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, QuickstartBroker, ResourceServer, start_resource_server
+from readme_blocks import blocks
 
 HERE = Path(__file__).resolve().parents[1]
 MODULES = sorted(p.name for p in (HERE / "src" / "credbroker_client").glob("*.py"))
@@ -36,14 +39,20 @@ def notes(broker: QuickstartBroker, tmp_module: Path) -> Iterator[ResourceServer
 
 
 @pytest.fixture(scope="module")
-def dist(tmp_module: Path) -> Path:
-    """The sdist and the wheel `python -m build` makes in a clean clone."""
-    clone = tmp_module / "clone"
+def clone(tmp_module: Path) -> Path:
+    """A clean clone of this checkout's HEAD."""
+    path = tmp_module / "clone"
     subprocess.run(
-        ["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(clone)],
+        ["git", "clone", "--quiet", "--no-hardlinks", str(REPO), str(path)],
         check=True,
         capture_output=True,
     )
+    return path
+
+
+@pytest.fixture(scope="module")
+def dist(clone: Path, tmp_module: Path) -> Path:
+    """The sdist and the wheel `python -m build` makes in a clean clone."""
     out = tmp_module / "dist"
     # --no-isolation: the backend is the pinned hatchling of requirements-dev.txt.
     subprocess.run(
@@ -53,6 +62,53 @@ def dist(tmp_module: Path) -> Path:
         capture_output=True,
     )
     return out
+
+
+def fresh_venv(path: Path) -> Path:
+    """A new virtual environment at `path`; its python."""
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    return path / "bin" / "python"
+
+
+def test_the_readme_install_commands_install_the_package_and_its_extra(
+    clone: Path, tmp_path: Path
+) -> None:
+    """The README's install block, run as printed from the top of a clean
+    clone with a fresh venv's pip first on PATH; the versions it resolves
+    are held to this test environment's (pip's constraints)."""
+    (block,) = [b for b in blocks(HERE / "README.md", "README.md") if b.lang == "sh"]
+    assert "pip install ./clients/python" in block.code
+    venv = tmp_path / "venv"
+    py = fresh_venv(venv)
+    frozen = subprocess.run(
+        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("".join(f"{line}\n" for line in frozen.splitlines() if "==" in line))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"PATH": f"{venv / 'bin'}:{env['PATH']}", "PIP_CONSTRAINT": str(constraints)}
+    r = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.code],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    # The package and its MCP helper import there, from the venv.
+    where = subprocess.run(
+        [str(py), "-I", "-c", "import credbroker_client.mcp as m; print(m.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert where.returncode == 0, where.stderr
+    assert where.stdout.startswith(str(venv)), where.stdout
 
 
 def readme_example() -> str:
@@ -115,8 +171,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_the_readme_example_runs(
 ) -> None:
     (wheel,) = dist.glob("credbroker_client-*.whl")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    py = venv / "bin" / "python"
+    py = fresh_venv(venv)
     subprocess.run(
         [
             str(py),
