@@ -3,7 +3,8 @@
 // first (`prepack`); the tarball holds the compiled entry points, their
 // types, the licence and the README, and nothing else. It installs into a
 // fresh project (its dependency from the registry, held to the lock file's
-// version) without the optional peer `@modelcontextprotocol/sdk`, where
+// version), with the README's install command as printed, without the
+// optional peer `@modelcontextprotocol/sdk`, where
 // `credbroker-client/mcp` still loads; the README's first example
 // type-checks against the shipped types with `tsc --strict` and runs there
 // against the real broker and examples/resource_server.
@@ -12,11 +13,12 @@
 
 import assert from "node:assert/strict";
 import { execFileSync, spawnSync } from "node:child_process";
-import { mkdirSync, readFileSync, readdirSync, symlinkSync, writeFileSync } from "node:fs";
-import { dirname, join } from "node:path";
+import { copyFileSync, mkdirSync, readFileSync, readdirSync, symlinkSync, writeFileSync } from "node:fs";
+import { basename, dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { after, before, test } from "node:test";
 
+import { blocks } from "./readme.js";
 import { QuickstartBroker, REPO, ResourceServer, rm, startBroker, startResourceServer, tempDir } from "./support.js";
 
 const HERE = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
@@ -108,7 +110,18 @@ test("installed from the tarball into a fresh project: /mcp loads without the op
     join(work, "package.json"),
     JSON.stringify({ name: "fresh", private: true, type: "module", overrides: { jose: lock.packages["node_modules/jose"]?.version } }),
   );
-  execFileSync("npm", ["install", "--no-audit", "--no-fund", "--prefer-offline", tarball], { cwd: work, stdio: "pipe" });
+  // The README's install block, as printed, with the tarball where it says.
+  const install = blocks(join(HERE, "README.md"), "README.md").filter((b) => b.lang === "sh");
+  assert.equal(install.length, 1);
+  const named = /\.\/(credbroker-client-[0-9.]+\.tgz)/.exec(install[0]?.code ?? "")?.[1];
+  assert.equal(named, basename(tarball), "the README names another tarball than npm pack makes");
+  copyFileSync(tarball, join(work, basename(tarball)));
+  execFileSync("bash", ["-euo", "pipefail", "-c", install[0]?.code ?? "false"], {
+    cwd: work,
+    stdio: "pipe",
+    // The npm cache first: the versions are the lock file's anyway.
+    env: { ...process.env, npm_config_prefer_offline: "true", npm_config_audit: "false", npm_config_fund: "false" },
+  });
   // It ran the installed package, not this checkout.
   const where = execFileSync(process.execPath, ["--input-type=module", "-e", 'console.log(import.meta.resolve("credbroker-client"))'], {
     cwd: work,
