@@ -14,14 +14,14 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use crate::dpop::{self, DpopError, Expect, Nonces};
-use crate::jose::{self, Alg, Es256Key, Jwk, JwkSet};
-use crate::oauth::{self, OAuthError};
-use crate::pages::http::{self as page_http, Form};
-use crate::pages::oidc;
-use crate::policy::{self, Decision, Policy};
-use crate::seal::{SealError, Sealer};
-use crate::secret::{SecretBytes, SecretString};
+use crate::base::dpop::{self, DpopError, Expect, Nonces};
+use crate::base::jose::{self, Alg, Es256Key, Jwk, JwkSet};
+use crate::base::oauth::{self, OAuthError};
+use crate::base::secret::{SecretBytes, SecretString};
+use crate::derive::policy::{self, Decision, Policy};
+use crate::edge::pages::http::{self as page_http, Form};
+use crate::edge::pages::oidc;
+use crate::infra::seal::{SealError, Sealer};
 
 /// The fixed "now" every time-dependent check runs at, so that a committed
 /// proof stays valid (and a run is reproducible).
@@ -33,9 +33,9 @@ pub const HTU: &str = "https://broker.example/v1/derive";
 pub const ACCESS_TOKEN: &str = "fuzz-access-token";
 /// The key under which [`dpop_signed`]'s resource-server validator makes
 /// and checks nonces (a fixed, public, fuzz-only value).
-pub const NONCE_KEY: [u8; 32] = [7; 32];
+pub(crate) const NONCE_KEY: [u8; 32] = [7; 32];
 /// The instance name the fuzzed nonce validator issues its nonces as.
-pub const NONCE_INSTANCE: &str = "fuzz/1";
+pub(crate) const NONCE_INSTANCE: &str = "fuzz/1";
 
 /// The names of the fuzz targets, which are also the corpus directories.
 pub const TARGETS: [&str; 13] = [
@@ -137,7 +137,7 @@ pub fn dpop(data: &[u8]) -> bool {
 }
 
 /// The key [`dpop_signed`] signs with; made once per process.
-pub fn signing_key() -> Option<&'static Es256Key> {
+pub(crate) fn signing_key() -> Option<&'static Es256Key> {
     static KEY: OnceLock<Option<Es256Key>> = OnceLock::new();
     KEY.get_or_init(|| Es256Key::generate().ok().map(|(k, _)| k))
         .as_ref()
@@ -244,11 +244,11 @@ pub fn policy(data: &[u8]) -> bool {
 /// The checks the pipeline runs on a parsed request before it looks at the
 /// subject: scope syntax and the canonical resource, which must be a fixed
 /// point (canonicalising it again changes nothing).
-fn check_request(r: &crate::exchange::DeriveRequest) -> bool {
+fn check_request(r: &crate::derive::exchange::DeriveRequest) -> bool {
     let scope_ok = r
         .scope
         .as_deref()
-        .is_none_or(|s| crate::grammar::parse_scope(s).is_ok());
+        .is_none_or(|s| crate::base::grammar::parse_scope(s).is_ok());
     match policy::canonical_resource(&r.resource) {
         Ok(c) => {
             assert_eq!(
@@ -268,10 +268,10 @@ fn fuzz_proof() -> Option<SecretString> {
 
 /// `POST /v1/derive` body parsing (JSON), then the request checks.
 pub fn request_json(data: &[u8]) -> bool {
-    match crate::api::parse_json(data, fuzz_proof(), 1000) {
+    match crate::edge::api::parse_json(data, fuzz_proof(), 1000) {
         Ok(r) => check_request(&r),
         Err(e) => {
-            let _ = crate::api::error_response(&e);
+            let _ = crate::edge::api::error_response(&e);
             false
         }
     }
@@ -279,10 +279,10 @@ pub fn request_json(data: &[u8]) -> bool {
 
 /// `POST /token` body parsing (RFC 8693 form), then the request checks.
 pub fn request_form(data: &[u8]) -> bool {
-    match crate::api::parse_form(data, fuzz_proof(), 1000) {
+    match crate::edge::api::parse_form(data, fuzz_proof(), 1000) {
         Ok(r) => check_request(&r),
         Err(e) => {
-            let _ = crate::api::error_response(&e);
+            let _ = crate::edge::api::error_response(&e);
             false
         }
     }
@@ -293,7 +293,7 @@ pub fn config(data: &[u8]) -> bool {
     let Ok(text) = std::str::from_utf8(data) else {
         return false;
     };
-    match crate::config::Config::parse(Path::new("/fuzz/credbroker.toml"), text) {
+    match crate::infra::config::Config::parse(Path::new("/fuzz/credbroker.toml"), text) {
         Ok(c) => {
             assert!(!c.trusted_issuers.is_empty());
             true
@@ -358,7 +358,7 @@ pub fn page_cookie(data: &[u8]) -> bool {
     let Ok(value) = http::HeaderValue::from_bytes(data) else {
         return false;
     };
-    let name = crate::pages::session::COOKIE_SECURE;
+    let name = crate::edge::pages::session::COOKIE_SECURE;
     let mut headers = http::HeaderMap::new();
     headers.append(http::header::COOKIE, value.clone());
     let found = page_http::cookies(&headers, name);

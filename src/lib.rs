@@ -4,98 +4,100 @@
 //! deny-by-default policy allows: one audience, at most five minutes, bound to
 //! the tool's DPoP key.
 //!
-//! Modules, top-down in the order a request flows through them. Imports
-//! between them run one way, never in a cycle (`scripts/module-graph`
-//! checks it); the embedding modules (`verify`, `client`) use the
-//! building blocks above them.
+//! Modules, in groups, top-down in the order a request flows through
+//! them. A group imports only the groups below it, and the modules never
+//! import each other in a cycle (`scripts/module-graph` checks both and
+//! prints the order: top, edge, derive, accounts, infra, embed, base).
 //!
+//! Top: the command line and the composition root.
 //! - `cli`: the command line; starts an instance or acts on a stopped one.
 //! - `demo`: the quick start's built-in demo service (a stand-in OAuth
 //!   provider and its API, on loopback; `quickstart` only).
-//! - `app`: the composition root: builds an instance and wires its parts.
-//! - `server`: binds the listeners, runs the accept loops, shuts down.
-//! - `admin`: the admin socket (status, freeze, key rotation, accounts).
-//! - `ops`: the operator actions (freeze, rotations, users, accounts),
-//!   each written once for the admin socket and the offline command line.
-//! - `public`: the public listener: metadata, JWKS, then the pages.
-//! - `proxy`: the egress proxy on the public listener: a tool's call to a
-//!   connected service, checked and forwarded with the provider's token.
-//! - `pages`: the browser pages: sign-in, connect links, the account page.
-//! - `api`: the orchestrator socket: parsing and the one error mapping.
-//! - `exchange`: the derive pipeline, the only place that decides.
-//! - `subject`: subject tokens from trusted issuers; who the person is.
-//! - `policy`: the policy file and its decisions.
-//! - `dpop`: DPoP proofs, replay cache, nonces.
-//! - `mint`: signing keys, minted tokens, JWKS, rotation.
-//! - `connect`: connect-link records behind a refusal's `connect_uri`.
-//! - `approve`: step-up approvals, a connect link for one call.
-//! - `vault`: connected accounts, allowances, provider tokens at rest.
-//! - `upstream`: the third-party providers (presets, account look-up,
-//!   refresh, revocation) on the one OAuth client.
-//! - `oauth`: the one OAuth client of the sign-in and the provider
-//!   connections (discovery, PKCE, code exchange, RFC 9207 `iss`).
-//! - `keyset`: one cached JWKS per issuer (pinned or fetched).
-//! - `events`: audit events.
-//! - `metrics`: Prometheus metrics.
-//! - `store`: storage behind a small trait (sled for one instance,
+//! - `app`: the composition root: builds an instance, wires its parts, and
+//!   runs it (`app::server`: binds the listeners, accept loops, shutdown).
+//!
+//! `edge`: where requests come in.
+//! - `edge::admin`: the admin socket (status, freeze, key rotation,
+//!   accounts).
+//! - `edge::public`: the public listener: metadata, JWKS, then the proxy
+//!   and the pages.
+//! - `edge::proxy`: the egress proxy on the public listener: a tool's call
+//!   to a connected service, checked and forwarded with the provider's
+//!   token.
+//! - `edge::pages`: the browser pages: sign-in, connect links, approvals,
+//!   the account page.
+//! - `edge::api`: the orchestrator socket: parsing and the one error
+//!   mapping.
+//!
+//! `derive`: the core that decides.
+//! - `derive::ops`: the operator actions (freeze, rotations, users,
+//!   accounts), each written once for the admin socket and the offline
+//!   command line.
+//! - `derive::exchange`: the derive pipeline, the only place that decides.
+//! - `derive::policy`: the policy file and its decisions.
+//! - `derive::approve`: step-up approvals, a connect link for one call.
+//! - `derive::mint`: signing keys, minted tokens, JWKS, rotation.
+//! - `derive::freeze`: the signed freeze record every process follows.
+//!
+//! `accounts`: who the person is and what they connected.
+//! - `accounts::subject`: subject tokens from trusted issuers; who the
+//!   person is.
+//! - `accounts::users`: local accounts for the pages' sign-in.
+//! - `accounts::connect`: connect-link records behind a refusal's
+//!   `connect_uri`.
+//! - `accounts::vault`: connected accounts, allowances, provider tokens at
+//!   rest.
+//! - `accounts::upstream`: the third-party providers (presets, account
+//!   look-up, refresh, revocation) on the one OAuth client.
+//!
+//! `infra`: config, storage, and what an instance records.
+//! - `infra::config`: the validated instance config.
+//! - `infra::diagnostics`: TOML problems and their positions (config and
+//!   policy).
+//! - `infra::store`: storage behind a small trait (sled for one instance,
 //!   PostgreSQL for replicas).
-//! - `seal`: encryption at rest.
-//! - `config`: the validated instance config.
-//! - `diagnostics`: TOML problems and their positions (config and policy).
-//! - `grammar`: protocol grammar (scope tokens, https-or-loopback URLs).
-//! - `http`: HTTP helpers every listener shares (body, JSON, body cap).
-//! - `unix`: Unix helpers (own uid, socket binding).
-//! - `jose`: JWS, JWK and base64url building blocks.
-//! - `secret`: secret types (redacted, zeroized).
-//! - `clock`: the injected clock.
+//! - `infra::seal`: encryption at rest.
+//! - `infra::events`: audit events.
+//! - `infra::metrics`: Prometheus metrics.
+//! - `infra::failpoint`: crash points for fault tests (`failpoints` feature
+//!   only).
+//!
+//! Embed: the embedding API, built from the building blocks only (so every
+//! group above may use it).
 //! - [`verify`]: the resource-server side, for embedding.
 //! - [`client`]: a client for the socket, for embedding.
-//! - `fuzzing`: the parsers' surface for the fuzz targets.
-//! - `failpoint`: crash points for fault tests (`failpoints` feature only).
 //!
+//! `base`: leaf building blocks.
+//! - `base::http`: HTTP helpers every listener shares (body, JSON, body
+//!   cap).
+//! - `base::unix`: Unix helpers (own uid, socket binding).
+//! - `base::oauth`: the one OAuth client of the sign-in and the provider
+//!   connections (discovery, PKCE, code exchange, RFC 9207 `iss`).
+//! - `base::dpop`: DPoP proofs, replay cache, nonces.
+//! - `base::keyset`: one cached JWKS per issuer (pinned or fetched).
+//! - `base::jose`: JWS, JWK and base64url building blocks.
+//! - `base::grammar`: protocol grammar (scope tokens, https-or-loopback
+//!   URLs).
+//! - `base::secret`: secret types (redacted, zeroized).
+//! - `base::clock`: the injected clock.
+//!
+//! Beside them, `fuzzing` is the parsers' surface for the fuzz targets.
 //! Only [`verify`] and [`client`] are public; the rest is internal, reached
 //! by the tests, fuzz targets, examples and benches through one hidden
 //! `internals` module that is not a stable API.
 
 #![forbid(unsafe_code)]
 
-mod admin;
-mod api;
+mod accounts;
 mod app;
-mod approve;
+mod base;
 mod cli;
 pub mod client;
-mod clock;
-mod config;
-mod connect;
 mod demo;
-mod diagnostics;
-mod dpop;
-mod events;
-mod exchange;
-mod failpoint;
-mod freeze;
+mod derive;
+mod edge;
 mod fuzzing;
-mod grammar;
-mod http;
+mod infra;
 #[doc(hidden)]
 pub mod internals;
-mod jose;
-mod keyset;
-mod metrics;
-mod mint;
-mod oauth;
-mod ops;
-mod pages;
-mod policy;
-mod proxy;
-mod public;
-mod seal;
-mod secret;
-mod server;
-mod store;
-mod subject;
-mod unix;
-mod upstream;
-mod vault;
 pub mod verify;

@@ -17,16 +17,16 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use serde::Deserialize;
 
-use crate::config::{IssuerConfig, JwksSource};
-use crate::jose::{self, Audience, JoseError, JwkSet};
-use crate::keyset::{self, Refetch, RemoteKeySet};
+use crate::base::jose::{self, Audience, JoseError, JwkSet};
+use crate::base::keyset::{self, Refetch, RemoteKeySet};
+use crate::infra::config::{IssuerConfig, JwksSource};
 
 /// Subject tokens larger than this are refused before parsing.
-pub const MAX_SUBJECT_LEN: usize = 16 * 1024;
+pub(crate) const MAX_SUBJECT_LEN: usize = 16 * 1024;
 /// Clock skew allowed on `exp` and `nbf`.
-pub const SKEW: i64 = 30;
+pub(crate) const SKEW: i64 = 30;
 /// The longest a verified subject token stays cached.
-pub const CACHE_TTL: i64 = 60;
+pub(crate) const CACHE_TTL: i64 = 60;
 const CACHE_MAX: usize = 50_000;
 
 /// The person a request is for.

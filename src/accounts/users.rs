@@ -15,19 +15,19 @@ use argon2::password_hash::{PasswordHasher, PasswordVerifier};
 use argon2::Argon2;
 use serde::{Deserialize, Serialize};
 
-use crate::seal::Sealer;
-use crate::secret::SecretString;
-use crate::store::{Store, StoreError, Tree};
+use crate::base::secret::SecretString;
+use crate::infra::seal::Sealer;
+use crate::infra::store::{Store, StoreError, Tree};
 
 /// Consecutive failures that lock an account.
 pub const LOCK_AFTER: u32 = 5;
 /// How long a locked account stays locked.
 pub const LOCK_FOR: i64 = 15 * 60;
 /// Shortest password accepted by `users add`.
-pub const MIN_PASSWORD: usize = 8;
+pub(crate) const MIN_PASSWORD: usize = 8;
 /// Longest password accepted (argon2 cost does not depend on it much, but
 /// form bodies are bounded anyway).
-pub const MAX_PASSWORD: usize = 1024;
+pub(crate) const MAX_PASSWORD: usize = 1024;
 
 /// A stored local account.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -78,7 +78,7 @@ pub enum Verdict {
 
 /// Whether `name` is acceptable as a local account name (it becomes a
 /// `sub`).
-pub fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
             .bytes()
@@ -107,7 +107,7 @@ fn dummy_hash() -> &'static str {
     DUMMY.get_or_init(|| {
         let mut pw = [0u8; 24];
         let _ = aws_lc_rs::rand::fill(&mut pw);
-        hash_password(&SecretString::new(crate::jose::b64e(&pw))).unwrap_or_default()
+        hash_password(&SecretString::new(crate::base::jose::b64e(&pw))).unwrap_or_default()
     })
 }
 
@@ -183,7 +183,7 @@ pub fn add(
 }
 
 /// Whether the account exists: its record is there and opens.
-pub fn exists(store: &dyn Store, sealer: &Sealer, name: &str) -> Result<bool, StoreError> {
+pub(crate) fn exists(store: &dyn Store, sealer: &Sealer, name: &str) -> Result<bool, StoreError> {
     if !valid_name(name) {
         return Ok(false);
     }
@@ -324,19 +324,19 @@ mod tests {
     use super::*;
 
     fn sealer() -> Sealer {
-        Sealer::new(&crate::secret::SecretBytes::new(vec![7; 32]), &[]).unwrap()
+        Sealer::new(&crate::base::secret::SecretBytes::new(vec![7; 32]), &[]).unwrap()
     }
 
     /// A store holding the local account `alice`, made at time 0 with the
     /// returned password, sealed with the returned sealer.
     fn with_alice() -> (
         tempfile::TempDir,
-        crate::store::SledStore,
+        crate::infra::store::SledStore,
         Sealer,
         SecretString,
     ) {
         let d = tempfile::tempdir().unwrap();
-        let st = crate::store::SledStore::open(d.path()).unwrap();
+        let st = crate::infra::store::SledStore::open(d.path()).unwrap();
         let sealer = sealer();
         let pw = SecretString::new("correct horse".into());
         add(&st, &sealer, "alice", &pw, false, 0).unwrap();

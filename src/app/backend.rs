@@ -1,5 +1,5 @@
 //! The connected-services side as the pages use it: the traits of
-//! [`crate::pages::links`] implemented on the real link store, vault and
+//! [`crate::edge::pages::links`] implemented on the real link store, vault and
 //! provider clients.
 
 use std::sync::Arc;
@@ -7,15 +7,15 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
-use crate::connect::{Link, Links};
-use crate::pages::links::{
+use crate::accounts::connect::{Link, Links};
+use crate::accounts::subject::Person;
+use crate::accounts::upstream::{AccountInfo, Providers, TokenSet, UpstreamError};
+use crate::accounts::vault::{Vault, VaultError};
+use crate::base::secret::SecretString;
+use crate::edge::pages::links::{
     self as pl, AccountVault, AuthorizationRequest, BackendError, BoxFuture, ConnectedServices,
     Disconnected, LinkRecords, ProviderFlow, ProviderGrant, ProviderInfo,
 };
-use crate::secret::SecretString;
-use crate::subject::Person;
-use crate::upstream::{AccountInfo, Providers, TokenSet, UpstreamError};
-use crate::vault::{Vault, VaultError};
 
 /// How long the scopes of an authorization request are remembered for its
 /// code exchange (providers may omit `scope` when they granted what was
@@ -26,13 +26,13 @@ const ASKED_MAX: usize = 10_000;
 
 /// The real connected-services side for the pages.
 #[derive(Debug)]
-pub struct Backend {
+pub(crate) struct Backend {
     vault: Arc<Vault>,
     links: Arc<Links>,
     providers: Arc<Providers>,
     /// PKCE challenge -> (scopes asked for, when).
     asked: DashMap<String, (Vec<String>, Instant)>,
-    clock: crate::clock::SharedClock,
+    clock: crate::base::clock::SharedClock,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> BackendError {
@@ -67,11 +67,11 @@ fn page_link(l: Link) -> pl::Link {
 
 impl Backend {
     /// The backend over the instance's vault, links and providers.
-    pub fn new(
+    pub(crate) fn new(
         vault: Arc<Vault>,
         links: Arc<Links>,
         providers: Arc<Providers>,
-        clock: crate::clock::SharedClock,
+        clock: crate::base::clock::SharedClock,
     ) -> Arc<Backend> {
         Arc::new(Backend {
             vault,
@@ -83,7 +83,7 @@ impl Backend {
     }
 
     /// The three trait objects the pages take.
-    pub fn services(self: &Arc<Self>) -> ConnectedServices {
+    pub(crate) fn services(self: &Arc<Self>) -> ConnectedServices {
         ConnectedServices {
             links: self.clone(),
             vault: self.clone(),
@@ -242,10 +242,15 @@ impl AccountVault for Backend {
             let provider = self.providers.get(service).map(|p| p.as_ref());
             // The person asked for it to go: delete even if the provider
             // could not be reached, and say it was only deleted here.
-            let r =
-                crate::connect::disconnect_account(&self.vault, provider, person, service, true)
-                    .await
-                    .map_err(unavailable)?;
+            let r = crate::accounts::connect::disconnect_account(
+                &self.vault,
+                provider,
+                person,
+                service,
+                true,
+            )
+            .await
+            .map_err(unavailable)?;
             if !r.deleted {
                 return Err(BackendError::NotFound);
             }
@@ -320,7 +325,7 @@ impl ProviderFlow for Backend {
                 .account_info(tokens.access_token.expose())
                 .await
                 .map_err(upstream_err)?;
-            let challenge = crate::upstream::pkce_challenge(verifier.expose());
+            let challenge = crate::accounts::upstream::pkce_challenge(verifier.expose());
             let asked = self
                 .asked
                 .remove(&challenge)
@@ -353,8 +358,8 @@ impl ProviderFlow for Backend {
                     .await
                     .map_err(upstream_err)?
                 {
-                    crate::upstream::Revocation::Revoked => Ok(true),
-                    crate::upstream::Revocation::NotSupported => Ok(false),
+                    crate::accounts::upstream::Revocation::Revoked => Ok(true),
+                    crate::accounts::upstream::Revocation::NotSupported => Ok(false),
                 };
             }
             // The refresh token first: revoking it ends the grant at most
@@ -366,8 +371,8 @@ impl ProviderFlow for Backend {
                 .chain(std::iter::once((&grant.access_token, "access_token")));
             for (token, hint) in tokens {
                 match p.revoke(token.expose(), hint).await.map_err(upstream_err)? {
-                    crate::upstream::Revocation::Revoked => {}
-                    crate::upstream::Revocation::NotSupported => return Ok(false),
+                    crate::accounts::upstream::Revocation::Revoked => {}
+                    crate::accounts::upstream::Revocation::NotSupported => return Ok(false),
                 }
             }
             Ok(true)
@@ -376,8 +381,8 @@ impl ProviderFlow for Backend {
 }
 
 /// The approval records as the pages use them, with the broker's freeze.
-pub struct ApprovalBackend {
-    approvals: Arc<crate::approve::Approvals>,
+pub(crate) struct ApprovalBackend {
+    approvals: Arc<crate::derive::approve::Approvals>,
     frozen: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
@@ -389,20 +394,20 @@ impl std::fmt::Debug for ApprovalBackend {
 
 impl ApprovalBackend {
     /// The pages' view of `approvals`; `frozen` reads the broker's freeze.
-    pub fn new(
-        approvals: Arc<crate::approve::Approvals>,
+    pub(crate) fn new(
+        approvals: Arc<crate::derive::approve::Approvals>,
         frozen: Box<dyn Fn() -> bool + Send + Sync>,
     ) -> Arc<ApprovalBackend> {
         Arc::new(ApprovalBackend { approvals, frozen })
     }
 }
 
-impl crate::pages::approvals::ApprovalRecords for ApprovalBackend {
+impl crate::edge::pages::approvals::ApprovalRecords for ApprovalBackend {
     fn resolve(
         &self,
         code: &SecretString,
         now: i64,
-    ) -> Result<Option<crate::pages::approvals::ApprovalView>, BackendError> {
+    ) -> Result<Option<crate::edge::pages::approvals::ApprovalView>, BackendError> {
         let Some(a) = self
             .approvals
             .resolve(code.expose(), now)
@@ -410,7 +415,7 @@ impl crate::pages::approvals::ApprovalRecords for ApprovalBackend {
         else {
             return Ok(None);
         };
-        Ok(Some(crate::pages::approvals::ApprovalView {
+        Ok(Some(crate::edge::pages::approvals::ApprovalView {
             person: a.person(),
             id: a.id,
             agent: a.agent,
@@ -420,8 +425,8 @@ impl crate::pages::approvals::ApprovalRecords for ApprovalBackend {
             scopes: a.scopes,
             mode: a.mode.as_str(),
             covers_secs: match a.mode {
-                crate::approve::Mode::EachCall => None,
-                crate::approve::Mode::PerStep { ttl } => Some(ttl),
+                crate::derive::approve::Mode::EachCall => None,
+                crate::derive::approve::Mode::PerStep { ttl } => Some(ttl),
             },
             details_sha256: a.details_sha256,
             shown: a.shown,
@@ -445,9 +450,9 @@ impl crate::pages::approvals::ApprovalRecords for ApprovalBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::connect::tests::{alice, env, req};
-    use crate::connect::LinkKind;
-    use crate::pages::links::{AccountVault, BackendError, LinkRecords};
+    use crate::accounts::connect::tests::{alice, env, req};
+    use crate::accounts::connect::LinkKind;
+    use crate::edge::pages::links::{AccountVault, BackendError, LinkRecords};
 
     /// The pages' view of the real side: links by code and by id, accounts by
     /// their name at the provider, and allowances only on the person's own
@@ -456,17 +461,22 @@ mod tests {
     fn backend_serves_the_pages_traits() {
         let (dir, store, links) = env();
         let master = Arc::new(
-            crate::seal::Sealer::new(&crate::secret::SecretBytes::new(vec![7; 32]), &[]).unwrap(),
+            crate::infra::seal::Sealer::new(
+                &crate::base::secret::SecretBytes::new(vec![7; 32]),
+                &[],
+            )
+            .unwrap(),
         );
         let vault = Arc::new(
-            crate::vault::Vault::open(store.clone(), master, &dir.path().join("vk")).unwrap(),
+            crate::accounts::vault::Vault::open(store.clone(), master, &dir.path().join("vk"))
+                .unwrap(),
         );
         let links = Arc::new(links);
-        let clock: crate::clock::SharedClock = crate::clock::ManualClock::new(1000);
+        let clock: crate::base::clock::SharedClock = crate::base::clock::ManualClock::new(1000);
         let b = Backend::new(
             vault.clone(),
             links.clone(),
-            Arc::new(crate::upstream::Providers::default()),
+            Arc::new(crate::accounts::upstream::Providers::default()),
             clock,
         );
         let p = alice();
@@ -484,14 +494,14 @@ mod tests {
 
         // No provider named `github` here: storing refuses; the vault can still
         // be filled directly and is then listed.
-        let tokens = crate::upstream::TokenSet {
+        let tokens = crate::accounts::upstream::TokenSet {
             access_token: SecretString::new("at".into()),
             token_type: "Bearer".into(),
             expires_in: None,
             refresh_token: None,
             scope: Some(repo.clone()),
         };
-        let grant = crate::pages::links::ProviderGrant {
+        let grant = crate::edge::pages::links::ProviderGrant {
             account_id: "42".into(),
             display_name: "octo".into(),
             scopes: repo.clone(),
@@ -504,7 +514,7 @@ mod tests {
             b.store_account(&p, "github", grant, 1000),
             Err(BackendError::NotFound)
         ));
-        let who = crate::upstream::AccountInfo {
+        let who = crate::accounts::upstream::AccountInfo {
             id: "42".into(),
             name: "octo".into(),
         };

@@ -2,38 +2,39 @@
 //! wires its parts together. Everything that needs to know about several
 //! parts at once lives here, so the parts themselves import one way:
 //!
-//! - [`Instance`], [`build`], [`StartError`]: start-up (the accept loops are
-//!   in `server`, which runs an instance this module built).
+//! - [`Instance`], [`build`], [`StartError`]: start-up; [`server`] runs
+//!   an instance this module built (listeners, accept loops, shutdown).
 //! - [`backend`]: the pages' connected-services traits implemented on the
 //!   link records, the vault and the providers.
 //! - [`reload`]: hot reload of the policy file into the running broker.
 
-pub mod backend;
-pub mod reload;
+pub(crate) mod backend;
+pub(crate) mod reload;
+pub(crate) mod server;
 
 use std::sync::Arc;
 
-use crate::config::Config;
-use crate::exchange::Broker;
-use crate::seal::Sealer;
+use crate::derive::exchange::Broker;
+use crate::infra::config::Config;
+use crate::infra::seal::Sealer;
 
-pub use backend::Backend;
+pub(crate) use backend::Backend;
 
 /// Errors starting an instance.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// Config.
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] crate::infra::config::ConfigError),
     /// Policy.
     #[error(transparent)]
-    Policy(#[from] crate::policy::PolicyError),
+    Policy(#[from] crate::derive::policy::PolicyError),
     /// Store.
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] crate::infra::store::StoreError),
     /// Keys.
     #[error("signing keys: {0}")]
-    Mint(#[from] crate::mint::MintError),
+    Mint(#[from] crate::derive::mint::MintError),
     /// Secret files.
     #[error("{what}: {source}")]
     Secret {
@@ -44,13 +45,13 @@ pub enum StartError {
     },
     /// Sealing key.
     #[error("master key: {0}")]
-    Seal(#[from] crate::seal::SealError),
+    Seal(#[from] crate::infra::seal::SealError),
     /// The vault (keys, records).
     #[error("vault: {0}")]
-    Vault(#[from] crate::vault::VaultError),
+    Vault(#[from] crate::accounts::vault::VaultError),
     /// A provider (client secret file).
     #[error(transparent)]
-    Upstream(#[from] crate::upstream::UpstreamError),
+    Upstream(#[from] crate::accounts::upstream::UpstreamError),
     /// The policy names a service the config does not define.
     #[error("the policy's service resources name {0:?}, which has no [providers.{0}] table in the config")]
     UnknownService(String),
@@ -64,11 +65,11 @@ pub enum StartError {
         /// The config file.
         file: String,
         /// Why.
-        source: crate::subject::SetupError,
+        source: crate::accounts::subject::SetupError,
     },
     /// Sockets.
     #[error(transparent)]
-    Socket(#[from] crate::unix::SocketError),
+    Socket(#[from] crate::base::unix::SocketError),
     /// A socket of the config could not be bound.
     #[error("{file}: {key}: {source}")]
     Listener {
@@ -77,7 +78,7 @@ pub enum StartError {
         /// The key naming the socket.
         key: &'static str,
         /// Why.
-        source: crate::unix::SocketError,
+        source: crate::base::unix::SocketError,
     },
     /// Other I/O.
     #[error("{0}")]
@@ -105,35 +106,35 @@ pub struct Instance {
     /// The sealer for keys at rest.
     pub sealer: Arc<Sealer>,
     /// Connected accounts and allowances.
-    pub vault: Arc<crate::vault::Vault>,
+    pub vault: Arc<crate::accounts::vault::Vault>,
     /// Connect-link records.
-    pub links: Arc<crate::connect::Links>,
+    pub links: Arc<crate::accounts::connect::Links>,
     /// Third-party providers.
-    pub providers: Arc<crate::upstream::Providers>,
+    pub providers: Arc<crate::accounts::upstream::Providers>,
     /// The public listener's bound address, once bound.
     pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
     /// The browser pages on the public listener.
-    pub pages: Arc<crate::pages::Pages>,
+    pub pages: Arc<crate::edge::pages::Pages>,
 }
 
-impl From<crate::public::TlsError> for StartError {
+impl From<crate::edge::public::TlsError> for StartError {
     // The same messages as when `public` returned `StartError` itself.
-    fn from(e: crate::public::TlsError) -> Self {
+    fn from(e: crate::edge::public::TlsError) -> Self {
         match e {
-            crate::public::TlsError::KeyFile(source) => StartError::Secret {
+            crate::edge::public::TlsError::KeyFile(source) => StartError::Secret {
                 what: "public.tls_key",
                 source,
             },
-            crate::public::TlsError::Invalid(m) => StartError::Io(m),
+            crate::edge::public::TlsError::Invalid(m) => StartError::Io(m),
         }
     }
 }
 
-impl From<&Broker> for crate::pages::Deps {
+impl From<&Broker> for crate::edge::pages::Deps {
     /// The four parts of the broker the pages use: the config's names, the
     /// clock, the store and the audit sink.
     fn from(b: &Broker) -> Self {
-        crate::pages::Deps {
+        crate::edge::pages::Deps {
             issuer: b.config.issuer.clone(),
             agent: b.config.agent.clone(),
             trusted_issuers: b.config.trusted_issuers.clone(),
@@ -144,16 +145,16 @@ impl From<&Broker> for crate::pages::Deps {
     }
 }
 
-impl From<Arc<Broker>> for crate::pages::Deps {
+impl From<Arc<Broker>> for crate::edge::pages::Deps {
     fn from(b: Arc<Broker>) -> Self {
-        crate::pages::Deps::from(&*b)
+        crate::edge::pages::Deps::from(&*b)
     }
 }
 
 impl Instance {
     /// The admin socket's handles: only what its commands need.
-    pub fn admin_handles(&self) -> crate::admin::Handles {
-        crate::admin::Handles {
+    pub fn admin_handles(&self) -> crate::edge::admin::Handles {
+        crate::edge::admin::Handles {
             broker: self.broker.clone(),
             sealer: self.sealer.clone(),
             vault: self.vault.clone(),
@@ -178,14 +179,14 @@ const NONCE_KEY_RECORD: &[u8] = b"dpop/nonce_key/v1";
 /// The DPoP nonce key: one record in the store, created once by
 /// compare-and-swap (of replicas starting together, one creates it and the
 /// others read it). Nonces are bound to the instance as well
-/// ([`crate::dpop::Nonces`]), so sharing the key lets no replica accept
+/// ([`crate::base::dpop::Nonces`]), so sharing the key lets no replica accept
 /// another's nonce; it keeps the key out of each process's chance and makes
 /// it survive a restart.
 fn nonce_key(
-    store: &dyn crate::store::Store,
+    store: &dyn crate::infra::store::Store,
     sealer: &Sealer,
-) -> Result<crate::secret::SecretBytes, StartError> {
-    use crate::store::Tree;
+) -> Result<crate::base::secret::SecretBytes, StartError> {
+    use crate::infra::store::Tree;
     let bad = |why: &str| {
         StartError::Io(format!(
             "DPoP nonce key (store tree state, record dpop/nonce_key/v1): {why}"
@@ -203,7 +204,7 @@ fn nonce_key(
         }
         let mut key = vec![0u8; 32];
         aws_lc_rs::rand::fill(&mut key).map_err(|_| bad("no randomness"))?;
-        let key = crate::secret::SecretBytes::new(key);
+        let key = crate::base::secret::SecretBytes::new(key);
         let sealed = sealer
             .seal(NONCE_KEY_RECORD, key.expose())
             .map_err(|_| bad("encryption failed"))?;
@@ -222,10 +223,10 @@ fn nonce_key(
 /// bad file creates no store and no key.
 pub async fn build(
     config: Config,
-    clock: crate::clock::SharedClock,
+    clock: crate::base::clock::SharedClock,
 ) -> Result<Instance, StartError> {
     let file = config.file.display().to_string();
-    let policy = crate::policy::Policy::load(&config.policy)?;
+    let policy = crate::derive::policy::Policy::load(&config.policy)?;
     if policy.agent != config.agent {
         let text = std::fs::read_to_string(&config.policy).unwrap_or_default();
         return Err(StartError::AgentMismatch(agent_mismatch(
@@ -258,7 +259,7 @@ pub async fn build(
             });
         }
     }
-    let providers = Arc::new(crate::upstream::Providers::from_config(&config)?);
+    let providers = Arc::new(crate::accounts::upstream::Providers::from_config(&config)?);
     if let Some(missing) = policy
         .services()
         .into_iter()
@@ -267,12 +268,13 @@ pub async fn build(
         return Err(StartError::UnknownService(missing.to_string()));
     }
     proxy_problem(&policy, &config).map_or(Ok(()), |m| Err(StartError::Proxy(m)))?;
-    let master = crate::config::read_secret_file(&config.master_key_file).map_err(|source| {
-        StartError::Secret {
-            what: "keys.master_key_file",
-            source,
-        }
-    })?;
+    let master =
+        crate::infra::config::read_secret_file(&config.master_key_file).map_err(|source| {
+            StartError::Secret {
+                what: "keys.master_key_file",
+                source,
+            }
+        })?;
     let sealer = Arc::new(Sealer::new(&master, &[]).map_err(|e| StartError::At {
         file: config.file.display().to_string(),
         key: "keys.master_key_file",
@@ -288,9 +290,9 @@ pub async fn build(
     // until the minter exists (it needs the store) every kid counts as ours,
     // which refuses rather than accepts, and nothing validates before
     // start-up ends anyway.
-    let own_minter: Arc<std::sync::OnceLock<Arc<crate::mint::Minter>>> = Arc::default();
+    let own_minter: Arc<std::sync::OnceLock<Arc<crate::derive::mint::Minter>>> = Arc::default();
     let m = own_minter.clone();
-    let subjects = crate::subject::Validator::new(
+    let subjects = crate::accounts::subject::Validator::new(
         &config.trusted_issuers,
         Box::new(move |kid| m.get().is_none_or(|m| m.is_own_kid(kid))),
     )
@@ -299,28 +301,28 @@ pub async fn build(
         file: config.file.display().to_string(),
         source,
     })?;
-    let store: Arc<dyn crate::store::Store> = config.store.open()?;
-    let ring = crate::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
+    let store: Arc<dyn crate::infra::store::Store> = config.store.open()?;
+    let ring = crate::derive::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
     // No provider, no vault key: the key record is made only when a
     // provider could need it. The key directory is only read, to import the
     // keys of an older install.
-    let vault = Arc::new(crate::vault::Vault::open_for(
+    let vault = Arc::new(crate::accounts::vault::Vault::open_for(
         store.clone(),
         sealer.clone(),
         &config.vault_key_dir,
         !config.providers.is_empty(),
     )?);
-    let links = Arc::new(crate::connect::Links::new(
+    let links = Arc::new(crate::accounts::connect::Links::new(
         store.clone(),
-        &crate::connect::Links::derive_key(&master),
+        &crate::accounts::connect::Links::derive_key(&master),
         &config.issuer,
     ));
-    let approvals = Arc::new(crate::approve::Approvals::new(
+    let approvals = Arc::new(crate::derive::approve::Approvals::new(
         store.clone(),
-        &crate::approve::Approvals::derive_key(&master),
+        &crate::derive::approve::Approvals::derive_key(&master),
         &config.issuer,
     )?);
-    let minter = Arc::new(crate::mint::Minter::new(
+    let minter = Arc::new(crate::derive::mint::Minter::new(
         config.issuer.clone(),
         config.agent.clone(),
         ring,
@@ -331,21 +333,21 @@ pub async fn build(
     let key_sets = subjects.key_sets();
     let instance = instance_name();
     let nonces = if config.dpop.require_nonce {
-        Some(crate::dpop::Nonces::new(
+        Some(crate::base::dpop::Nonces::new(
             &nonce_key(store.as_ref(), &sealer)?,
             &instance,
         ))
     } else {
         None
     };
-    let proofs = crate::dpop::Validator::new(
+    let proofs = crate::base::dpop::Validator::new(
         config.dpop.algs.clone(),
         config.dpop.replay_capacity,
         nonces,
     );
-    let audit = crate::events::Audit::open(&config.audit_log)
+    let audit = crate::infra::events::Audit::open(&config.audit_log)
         .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?
-        .with_value_key(&crate::events::Audit::derive_key(&master));
+        .with_value_key(&crate::infra::events::Audit::derive_key(&master));
     // Replicas write one audit file each about one shared state: each
     // event names the instance that wrote it (host name and process id: a
     // pod's name in Kubernetes).
@@ -358,7 +360,7 @@ pub async fn build(
     audit
         .record_repair(clock.now(), &config.agent)
         .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?;
-    let connected = Arc::new(crate::exchange::ConnectedServices {
+    let connected = Arc::new(crate::derive::exchange::ConnectedServices {
         vault: vault.clone(),
         links: links.clone(),
         providers: providers.clone(),
@@ -371,9 +373,9 @@ pub async fn build(
             proofs,
             minter,
             audit,
-            crate::metrics::Metrics::new(),
+            crate::infra::metrics::Metrics::new(),
             store,
-            crate::freeze::FreezeKey::derive(&master),
+            crate::derive::freeze::FreezeKey::derive(&master),
             clock,
         )
         .with_connected_services(connected)
@@ -409,15 +411,15 @@ pub async fn build(
         // A broker that is gone offers nothing (fail closed).
         Box::new(move || weak.upgrade().is_none_or(|b| b.is_frozen())),
     );
-    let pages = Arc::new(crate::pages::Pages::new(
+    let pages = Arc::new(crate::edge::pages::Pages::new(
         broker.clone(),
         sealer.clone(),
-        crate::pages::Options {
+        crate::edge::pages::Options {
             services: backend.services(),
             approvals: approval_pages,
             key_sets,
-            session_key: crate::pages::session::Sessions::derive_key(&master),
-            ..crate::pages::Options::default()
+            session_key: crate::edge::pages::session::Sessions::derive_key(&master),
+            ..crate::edge::pages::Options::default()
         },
     ));
     Ok(Instance {
@@ -434,7 +436,7 @@ pub async fn build(
 /// The message for a policy written for another agent, shared with reload:
 /// the policy file with the line:col of its `agent` key, and the config
 /// file's `agent`.
-pub fn agent_mismatch(
+pub(crate) fn agent_mismatch(
     policy_file: &std::path::Path,
     policy_text: &str,
     policy_agent: &str,
@@ -464,16 +466,16 @@ pub fn agent_mismatch(
 /// each of them. The message names the policy file, or the config file and
 /// the key.
 pub(crate) fn proxy_problem(
-    policy: &crate::policy::Policy,
-    config: &crate::config::Config,
+    policy: &crate::derive::policy::Policy,
+    config: &crate::infra::config::Config,
 ) -> Option<String> {
     if let Err(m) = policy.check_proxy_addresses(&config.issuer) {
         return Some(format!("{}: {m}", config.policy.display()));
     }
     for r in policy.resources.values() {
-        if let crate::policy::Source::Service {
+        if let crate::derive::policy::Source::Service {
             service,
-            delivery: crate::policy::Delivery::Proxy,
+            delivery: crate::derive::policy::Delivery::Proxy,
         } = &r.source
         {
             let has_base = config

@@ -27,23 +27,23 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 
-use crate::events::{Event, Kind};
-use crate::exchange::Broker;
-use crate::policy::Policy;
+use crate::derive::exchange::Broker;
+use crate::derive::policy::Policy;
+use crate::infra::events::{Event, Kind};
 
 /// How often the file's metadata is polled.
-pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How long a changed file must stay the same before it is loaded.
 pub const SETTLE: Duration = Duration::from_millis(200);
 
 /// A policy larger than this is refused (a policy is a few KB; a huge file
 /// is a mistake or an attack on memory).
-pub const MAX_POLICY_BYTES: u64 = 1024 * 1024;
+pub(crate) const MAX_POLICY_BYTES: u64 = 1024 * 1024;
 
 /// What asked for the reload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Trigger {
+pub(crate) enum Trigger {
     /// The watcher saw the file change.
     Watch,
     /// `SIGHUP`.
@@ -105,7 +105,7 @@ impl Refusal {
 
 /// The result of one reload attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReloadOutcome {
+pub(crate) enum ReloadOutcome {
     /// A new policy is in force.
     Reloaded {
         /// Its SHA-256.
@@ -127,7 +127,7 @@ pub enum ReloadOutcome {
 
 /// Reloads one broker's policy from its file.
 #[derive(Debug, Clone)]
-pub struct Reloader {
+pub(crate) struct Reloader {
     broker: Arc<Broker>,
     path: PathBuf,
     settle: Duration,
@@ -135,7 +135,7 @@ pub struct Reloader {
 
 impl Reloader {
     /// A reloader for the file named in the broker's config.
-    pub fn new(broker: Arc<Broker>) -> Reloader {
+    pub(crate) fn new(broker: Arc<Broker>) -> Reloader {
         let path = broker.config.policy.clone();
         Reloader {
             broker,
@@ -145,7 +145,7 @@ impl Reloader {
     }
 
     /// Tries to load the file and swap it in; see the module docs.
-    pub async fn reload(&self, trigger: Trigger) -> ReloadOutcome {
+    pub(crate) async fn reload(&self, trigger: Trigger) -> ReloadOutcome {
         let first = match read_capped(&self.path).await {
             Ok(b) => b,
             Err(f) => return self.fail(trigger, f),
@@ -162,7 +162,7 @@ impl Reloader {
             );
             return ReloadOutcome::Changing;
         }
-        if crate::jose::sha256_hex(&first) == self.broker.policy.load().hash {
+        if crate::base::jose::sha256_hex(&first) == self.broker.policy.load().hash {
             tracing::debug!(trigger = trigger.as_str(), "policy file unchanged");
             return ReloadOutcome::Unchanged;
         }
@@ -305,7 +305,7 @@ fn signature(path: &Path) -> Signature {
 /// The `SIGHUP` handler is installed before this returns, so a signal sent
 /// once the broker answers cannot hit the default action (which would end
 /// the process).
-pub fn spawn(
+pub(crate) fn spawn(
     broker: Arc<Broker>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {

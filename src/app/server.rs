@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 
 use crate::app::{Instance, StartError};
-use crate::config::Config;
+use crate::infra::config::Config;
 
 /// The listeners of one instance.
 #[derive(Debug)]
@@ -29,7 +29,7 @@ pub struct Listeners {
     pub public: Option<TcpListener>,
     /// The socket files and directories binding created, removed again if
     /// the start fails after binding ([`Listeners::abandon`]).
-    pub created: crate::unix::Created,
+    pub created: crate::base::unix::Created,
 }
 
 impl Listeners {
@@ -51,7 +51,7 @@ impl Listeners {
 /// port then fails before any socket file exists), then the sockets. On an
 /// error, whatever was created is removed again; the message names the
 /// config file and the key.
-pub async fn bind(config: &Config) -> Result<Listeners, StartError> {
+pub(crate) async fn bind(config: &Config) -> Result<Listeners, StartError> {
     let file = config.file.display().to_string();
     let public = match &config.public {
         Some(p) => Some(TcpListener::bind(p.listen).await.map_err(|e| {
@@ -62,12 +62,12 @@ pub async fn bind(config: &Config) -> Result<Listeners, StartError> {
         })?),
         None => None,
     };
-    let mut created = crate::unix::Created::default();
+    let mut created = crate::base::unix::Created::default();
     let sock = |key: &'static str| {
         let file = file.clone();
         move |source| StartError::Listener { file, key, source }
     };
-    let api = match crate::unix::bind(
+    let api = match crate::base::unix::bind(
         &config.socket.path,
         0o750,
         0o660,
@@ -80,14 +80,15 @@ pub async fn bind(config: &Config) -> Result<Listeners, StartError> {
             return Err(sock("socket.path")(e));
         }
     };
-    let admin = match crate::unix::bind(&config.admin_socket, 0o700, 0o600, None, &mut created) {
-        Ok(l) => l,
-        Err(e) => {
-            drop(api);
-            created.remove_all();
-            return Err(sock("admin.socket")(e));
-        }
-    };
+    let admin =
+        match crate::base::unix::bind(&config.admin_socket, 0o700, 0o600, None, &mut created) {
+            Ok(l) => l,
+            Err(e) => {
+                drop(api);
+                created.remove_all();
+                return Err(sock("admin.socket")(e));
+            }
+        };
     Ok(Listeners {
         api,
         admin,
@@ -350,7 +351,7 @@ struct UnixServe {
     allowed: Arc<Vec<u32>>,
     max_conn: usize,
     header_timeout: Duration,
-    metrics: crate::metrics::Metrics,
+    metrics: crate::infra::metrics::Metrics,
 }
 
 /// Serves one Unix listener: checks each peer's uid before reading a byte,
@@ -365,7 +366,7 @@ async fn serve_unix<H, F>(
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) where
     H: Fn(u32, hyper::Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = hyper::Response<crate::http::Body>> + Send + 'static,
+    F: Future<Output = hyper::Response<crate::base::http::Body>> + Send + 'static,
 {
     let UnixServe {
         name,
@@ -376,14 +377,14 @@ async fn serve_unix<H, F>(
     } = opts;
     // Connection tasks still running, awaited (bounded) at shutdown.
     let mut tasks = tokio::task::JoinSet::new();
-    let own_uid = crate::unix::current_uid();
+    let own_uid = crate::base::unix::current_uid();
     let builder = http1(header_timeout);
     let stopping = shutdown.clone();
     let mut shutdown = shutdown;
     let mut share = share;
     // Serves one admitted connection on this thread until it closes.
     let serve = |tasks: &mut tokio::task::JoinSet<()>,
-                 stream: crate::unix::ReadOnlyStream,
+                 stream: crate::base::unix::ReadOnlyStream,
                  uid: u32,
                  admitted: Admitted,
                  load: Option<Load>| {
@@ -455,7 +456,7 @@ async fn serve_unix<H, F>(
                 }
             } => {
                 // Another thread accepted, checked and admitted it.
-                match crate::unix::ReadOnlyStream::from_std(h.stream) {
+                match crate::base::unix::ReadOnlyStream::from_std(h.stream) {
                     Ok(stream) => serve(&mut tasks, stream, h.uid, h.admitted, Some(h.load)),
                     Err(e) => {
                         tracing::warn!(socket = name, error = %e, "cannot register a handed connection; it is closed");
@@ -576,7 +577,7 @@ async fn serve_unix<H, F>(
             }
             None => None,
         };
-        match crate::unix::ReadOnlyStream::new(stream) {
+        match crate::base::unix::ReadOnlyStream::new(stream) {
             Ok(stream) => serve(&mut tasks, stream, uid, admitted, load),
             Err(e) => {
                 tracing::warn!(socket = name, error = %e, "cannot register an accepted connection; it is closed");
@@ -606,26 +607,26 @@ async fn serve_unix<H, F>(
 fn serve_api<H, F>(
     file: &str,
     listener: UnixListener,
-    shape: crate::config::ApiRuntime,
+    shape: crate::infra::config::ApiRuntime,
     opts: UnixServe,
     handler: H,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Result<impl Future<Output = ()> + Send, StartError>
 where
     H: Fn(u32, hyper::Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = hyper::Response<crate::http::Body>> + Send + 'static,
+    F: Future<Output = hyper::Response<crate::base::http::Body>> + Send + 'static,
 {
     let gate = Arc::new(Gate::new());
     let mut done = Vec::new();
     match shape {
-        crate::config::ApiRuntime::Shared => {
+        crate::infra::config::ApiRuntime::Shared => {
             let task = tokio::spawn(serve_unix(listener, opts, gate, None, handler, shutdown));
             done.push(Box::pin(async move {
                 let _ = task.await;
             })
                 as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>);
         }
-        crate::config::ApiRuntime::PerCore => {
+        crate::infra::config::ApiRuntime::PerCore => {
             let threads =
                 std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
             let io = |what: String| StartError::Io(format!("{file}: socket.runtime: {what}"));
@@ -745,7 +746,7 @@ pub async fn run(
             header_timeout: cfg.socket.header_timeout,
             metrics: broker.metrics.clone(),
         },
-        move |uid, req| crate::api::handle(b.clone(), uid, req),
+        move |uid, req| crate::edge::api::handle(b.clone(), uid, req),
         rx.clone(),
     )?;
     let handles = instance.admin_handles();
@@ -754,23 +755,23 @@ pub async fn run(
         UnixServe {
             name: "admin",
             // Only the broker's own user may use the admin socket.
-            allowed: Arc::new(vec![crate::unix::current_uid()]),
+            allowed: Arc::new(vec![crate::base::unix::current_uid()]),
             max_conn: 16,
             header_timeout: cfg.socket.header_timeout,
             metrics: broker.metrics.clone(),
         },
         Arc::new(Gate::new()),
         None,
-        move |_uid, req| crate::admin::handle(handles.clone(), req),
+        move |_uid, req| crate::edge::admin::handle(handles.clone(), req),
         rx.clone(),
     ));
     let public = match listeners.public {
         Some(l) => {
             let tls = match &cfg.public.as_ref().and_then(|p| p.tls.clone()) {
-                Some((cert, key)) => Some(crate::public::tls_acceptor(cert, key)?),
+                Some((cert, key)) => Some(crate::edge::public::tls_acceptor(cert, key)?),
                 None => None,
             };
-            Some(tokio::spawn(crate::public::serve(
+            Some(tokio::spawn(crate::edge::public::serve(
                 l,
                 tls,
                 broker.clone(),
@@ -838,8 +839,8 @@ pub async fn run(
         let b = broker.clone();
         let sealer = instance.sealer.clone();
         let mut rx = rx.clone();
-        let mut state = b.store.watch(crate::store::Tree::State);
-        let mut keys = b.store.watch(crate::store::Tree::SigningKeys);
+        let mut state = b.store.watch(crate::infra::store::Tree::State);
+        let mut keys = b.store.watch(crate::infra::store::Tree::SigningKeys);
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -883,7 +884,7 @@ pub async fn run(
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(_) => {
@@ -906,7 +907,10 @@ mod tests {
     #[test]
     fn key_refresh_period_is_30_s_for_the_default_delay_and_follows_a_short_one() {
         let s = Duration::from_secs;
-        assert_eq!(key_refresh_period(crate::mint::ACTIVATION_DELAY), s(30));
+        assert_eq!(
+            key_refresh_period(crate::infra::config::ACTIVATION_DELAY),
+            s(30)
+        );
         assert_eq!(key_refresh_period(86_400), s(30));
         assert_eq!(key_refresh_period(8), s(2));
         assert_eq!(key_refresh_period(2), s(1));
@@ -952,20 +956,20 @@ mod tests {
         let (stop, rx) = tokio::sync::watch::channel(false);
         let opts = super::UnixServe {
             name: "api",
-            allowed: std::sync::Arc::new(vec![crate::unix::current_uid()]),
+            allowed: std::sync::Arc::new(vec![crate::base::unix::current_uid()]),
             max_conn: 64,
             header_timeout: Duration::from_secs(5),
-            metrics: crate::metrics::Metrics::new(),
+            metrics: crate::infra::metrics::Metrics::new(),
         };
         let done = super::serve_api(
             "test.toml",
             listener,
-            crate::config::ApiRuntime::PerCore,
+            crate::infra::config::ApiRuntime::PerCore,
             opts,
             |_uid, _req| async {
                 // The serving thread's name, ended by a dot.
                 let name = std::thread::current().name().unwrap_or("?").to_string();
-                hyper::Response::new(crate::http::Body::from(format!("{name}.")))
+                hyper::Response::new(crate::base::http::Body::from(format!("{name}.")))
             },
             rx,
         )

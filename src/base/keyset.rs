@@ -2,7 +2,7 @@
 //! that issuer's signatures: subject tokens, the pages' ID tokens, and the
 //! embeddable resource-server verifier.
 //!
-//! A leaf: it depends only on [`crate::jose`], [`crate::clock`] (callers pass
+//! A leaf: it depends only on [`crate::base::jose`], [`crate::base::clock`] (callers pass
 //! `now` from their injected clock) and HTTP, so that `verify` pulls in
 //! nothing else of the broker.
 //!
@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::jose::JwkSet;
+use crate::base::jose::JwkSet;
 
 /// The shortest time (seconds) between two refetches of one key set.
 pub(crate) const MIN_REFETCH_INTERVAL: i64 = 60;
@@ -44,7 +44,7 @@ pub enum KeySetError {
 /// bounded timeouts, no redirects (a redirect could move a pinned URI to a
 /// host the operator never named).
 pub(crate) fn http_client() -> reqwest::Client {
-    crate::http::outbound_client()
+    crate::base::http::outbound_client()
         .timeout(Duration::from_secs(5))
         .connect_timeout(Duration::from_secs(3))
         .redirect(reqwest::redirect::Policy::none())

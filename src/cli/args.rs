@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 /// credbroker: a credential broker sidecar for AI agents.
 #[derive(Debug, Parser)]
 #[command(name = "credbroker", version, about, long_about = None, after_help = super::exit::HELP)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Log format.
     #[arg(long, global = true, value_parser = ["text", "json"], default_value = "text")]
     pub(super) log_format: String,
@@ -65,7 +65,7 @@ pub(super) enum Command {
         subject_token: String,
         /// The tool call.
         #[command(flatten)]
-        call: crate::policy::cli::CallArgs,
+        call: crate::derive::policy::cli::CallArgs,
         /// The tool's DPoP key (PKCS#8 PEM, 0600); created there if it does
         /// not exist. Without it a new key is made and saved to a new file
         /// whose path is printed.
@@ -110,7 +110,7 @@ pub(super) enum Command {
     /// Policy files: check, test, explain, diff (see policy/README.md).
     Policy {
         #[command(subcommand)]
-        command: crate::policy::cli::PolicyCommand,
+        command: crate::derive::policy::cli::PolicyCommand,
     },
     /// Local accounts for the pages (sign-in paired with the broker's own
     /// issuer, as in the quick start).

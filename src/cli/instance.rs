@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::Config;
+use crate::infra::config::Config;
 
 use super::exit::Exit;
 use super::Res;
@@ -19,23 +19,23 @@ pub(super) async fn serve(config: &Path) -> Res {
              provider); remove [providers.{name}] and the policy's resources with \
              service = \"{name}\" to serve this config",
             config.display(),
-            crate::config::QUICKSTART_DEMO
+            crate::infra::config::QUICKSTART_DEMO
         )
         .into());
     }
     let (inst, listeners) = start(&cfg).await?;
-    crate::server::run(inst, listeners, crate::server::shutdown_signal()).await?;
+    crate::app::server::run(inst, listeners, crate::app::server::shutdown_signal()).await?;
     Ok(Exit::Ok)
 }
 
 /// Builds the instance and binds its listeners.
 async fn start(
     cfg: &Config,
-) -> Result<(crate::app::Instance, crate::server::Listeners), crate::app::StartError> {
-    let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
+) -> Result<(crate::app::Instance, crate::app::server::Listeners), crate::app::StartError> {
+    let clock: crate::base::clock::SharedClock = Arc::new(crate::base::clock::SystemClock);
     // Bind first: a busy port or an unusable socket path fails before the
     // store and the keys exist, and a later failure removes the sockets.
-    let listeners = crate::server::bind(cfg).await?;
+    let listeners = crate::app::server::bind(cfg).await?;
     let inst = match crate::app::build(cfg.clone(), clock).await {
         Ok(i) => i,
         Err(e) => {
@@ -127,7 +127,7 @@ Next steps, in another terminal (the README's walkthrough):
         .as_deref()
         .and_then(|name| demo_resource(&inst.broker.policy.load(), name));
     match (&demo, demo_resource) {
-        (Some(_), Some((resource, crate::policy::Delivery::Proxy))) => {
+        (Some(_), Some((resource, crate::derive::policy::Delivery::Proxy))) => {
             out.push_str(&format!(
                 r#"  # the demo tool needs alice's demo account: the answer is a connect link
   credbroker derive --socket {sock} \
@@ -153,7 +153,7 @@ Next steps, in another terminal (the README's walkthrough):
                 config = config.display(),
             ));
         }
-        (Some(_), Some((resource, crate::policy::Delivery::ProviderToken))) => {
+        (Some(_), Some((resource, crate::derive::policy::Delivery::ProviderToken))) => {
             // A directory made before the demo went through the proxy: it
             // still serves as it was written (its connected accounts and
             // policy are the person's), and the banner says what differs.
@@ -188,7 +188,7 @@ that token stays in the broker: give a new --dir to follow it)
     zeroize::Zeroize::zeroize(&mut out);
     drop(accounts);
     let demo_task = demo.map(|(listener, d)| tokio::spawn(crate::demo::serve(listener, d)));
-    let res = crate::server::run(inst, listeners, crate::server::shutdown_signal()).await;
+    let res = crate::app::server::run(inst, listeners, crate::app::server::shutdown_signal()).await;
     if let Some(t) = demo_task {
         t.abort();
     }
@@ -199,11 +199,11 @@ that token stays in the broker: give a new --dir to follow it)
 /// The resource of the demo tool in `policy` (the first `service`
 /// resource of the demo provider `name`) and how it is delivered.
 fn demo_resource(
-    policy: &crate::policy::Policy,
+    policy: &crate::derive::policy::Policy,
     name: &str,
-) -> Option<(String, crate::policy::Delivery)> {
+) -> Option<(String, crate::derive::policy::Delivery)> {
     policy.resources.values().find_map(|r| match &r.source {
-        crate::policy::Source::Service { service, delivery } if service == name => {
+        crate::derive::policy::Source::Service { service, delivery } if service == name => {
             Some((r.id.clone(), *delivery))
         }
         _ => None,
@@ -212,7 +212,7 @@ fn demo_resource(
 
 /// Each quick-start person's name, and the password made for them by this
 /// run (to be printed once), `None` when the account already existed.
-type Accounts = Vec<(&'static str, Option<crate::secret::SecretString>)>;
+type Accounts = Vec<(&'static str, Option<crate::base::secret::SecretString>)>;
 
 /// The quick start's two people, as local accounts: made (with a
 /// generated password) when missing.
@@ -220,23 +220,23 @@ fn local_accounts(inst: &crate::app::Instance) -> Result<Accounts, Box<dyn std::
     let store = inst.broker.store.as_ref();
     let mut out = Vec::new();
     for name in ["alice", "bob"] {
-        if crate::pages::users::exists(store, &inst.sealer, name)? {
+        if crate::accounts::users::exists(store, &inst.sealer, name)? {
             out.push((name, None));
             continue;
         }
         let mut r = [0u8; 12];
         aws_lc_rs::rand::fill(&mut r).map_err(|_| "no randomness for a password")?;
-        let password = crate::secret::SecretString::new(crate::jose::b64e(&r));
+        let password = crate::base::secret::SecretString::new(crate::base::jose::b64e(&r));
         zeroize::Zeroize::zeroize(&mut r);
         // Replaced: a record there that does not open (an earlier
         // release's, in clear) is no account.
-        crate::ops::add_user(
+        crate::derive::ops::add_user(
             store,
             &inst.sealer,
             name,
             &password,
             true,
-            crate::ops::Recorder::of(&inst.broker),
+            crate::derive::ops::Recorder::of(&inst.broker),
         )?;
         out.push((name, Some(password)));
     }
@@ -273,7 +273,7 @@ async fn demo_service(
             key,
             revoked_file: Some(dir.join(qs::DEMO_REVOKED)),
         },
-        Arc::new(crate::clock::SystemClock),
+        Arc::new(crate::base::clock::SystemClock),
     )?;
     Ok((listener, demo))
 }

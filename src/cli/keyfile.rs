@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{read_secret_file, write_secret_file};
-use crate::jose::Es256Key;
+use crate::base::jose::Es256Key;
+use crate::infra::config::{read_secret_file, write_secret_file};
 
 /// PKCS#8 DER as PEM.
 pub fn pem_pkcs8(der: &[u8]) -> String {

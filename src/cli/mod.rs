@@ -7,7 +7,7 @@
 //! - `instance`: `serve` and `quickstart` (running an instance).
 //! - `operator`: `status`, `freeze`, `keys`, `accounts`, `users`; each
 //!   through the admin socket, or on the store when no instance runs
-//!   (`online`: that pattern, written once), calling [`crate::ops`].
+//!   (`online`: that pattern, written once), calling [`crate::derive::ops`].
 //! - `store`: `store migrate` and `store copy` (the store itself, not an
 //!   instance).
 //! - `tools`: `derive`, `proof`, `subject-token`.
@@ -29,8 +29,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-pub use args::Cli;
-pub use exit::Exit;
+pub(crate) use args::Cli;
+pub(crate) use exit::Exit;
 pub use keyfile::{load_pem_key, pem_pkcs8};
 pub use quickstart::{
     demo_policy, demo_proxy, dev_subject_token, quickstart_files, QUICKSTART_POLICY,
@@ -83,9 +83,9 @@ pub fn main() -> ExitCode {
 /// `policy check --config`: the broker config, read with the broker's own
 /// loader (so a config the broker would refuse is refused there too, with
 /// the same message).
-fn policy_broker(path: &std::path::Path) -> Result<crate::policy::cli::Broker, String> {
-    let cfg = crate::config::Config::load(path).map_err(|e| e.to_string())?;
-    Ok(crate::policy::cli::Broker {
+fn policy_broker(path: &std::path::Path) -> Result<crate::derive::policy::cli::Broker, String> {
+    let cfg = crate::infra::config::Config::load(path).map_err(|e| e.to_string())?;
+    Ok(crate::derive::policy::cli::Broker {
         file: Some(path.to_path_buf()),
         agent: cfg.agent,
         services: Some(cfg.providers.into_keys().collect()),
@@ -97,7 +97,7 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let exit = match cmd {
         // `policy` has its own exit codes (see policy/README.md).
         Command::Policy { command } => {
-            return Ok(crate::policy::cli::run(command, &policy_broker));
+            return Ok(crate::derive::policy::cli::run(command, &policy_broker));
         }
         Command::Quickstart {
             dir,

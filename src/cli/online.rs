@@ -1,6 +1,6 @@
 //! The online-or-offline pattern, written once: a command goes to the
 //! running instance through its admin socket; when none answers, it opens
-//! the store itself ([`crate::ops::Offline`], which refuses anyone but the
+//! the store itself ([`crate::derive::ops::Offline`], which refuses anyone but the
 //! store's owner). A running instance holds the store's lock, so the two
 //! cannot both write.
 
@@ -9,8 +9,8 @@ use std::path::Path;
 use bytes::Bytes;
 use http_body_util::Full;
 
-use crate::config::Config;
-use crate::ops::Offline;
+use crate::derive::ops::Offline;
+use crate::infra::config::Config;
 
 /// Where a command ran.
 pub(super) enum Reached {
@@ -61,7 +61,7 @@ pub(super) async fn reach(
 /// there is no socket, [`Offline::open`] checks the store's owner instead.
 pub(super) fn check_user(cfg: &Config) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
-    let me = crate::unix::current_uid();
+    let me = crate::base::unix::current_uid();
     let socket = &cfg.admin_socket;
     let (what, owner) = match std::fs::symlink_metadata(socket) {
         Ok(m) => (format!("the admin socket {}", socket.display()), m.uid()),
@@ -96,8 +96,8 @@ pub(super) fn check_user(cfg: &Config) -> Result<(), String> {
     Err(format!(
         "this command runs as {}, but {what} belongs to {}, the broker's user: run the command as that user \
          (e.g. `sudo -u {name} credbroker ... --config {}`); the admin socket accepts only the broker's uid",
-        crate::ops::user_name(me),
-        crate::ops::user_name(owner),
+        crate::derive::ops::user_name(me),
+        crate::derive::ops::user_name(owner),
         cfg.file.display()
     ))
 }

@@ -1,13 +1,13 @@
 //! The operator's commands: `status`, `freeze`, `keys`, `accounts`,
 //! `users`. Each goes to the running instance or, when none runs, calls the
-//! same [`crate::ops`] action on the store ([`super::online::reach`]).
+//! same [`crate::derive::ops`] action on the store ([`super::online::reach`]).
 
 use std::path::Path;
 
-use crate::config::Config;
-use crate::ops;
-use crate::secret::SecretString;
-use crate::subject::Person;
+use crate::accounts::subject::Person;
+use crate::base::secret::SecretString;
+use crate::derive::ops;
+use crate::infra::config::Config;
 
 use super::exit::Exit;
 use super::online::{admin_call, check_user, listening, reach, Reached};
@@ -73,9 +73,9 @@ pub(super) async fn rotate_keys(config: &Path, emergency: bool) -> Res {
         }
         Reached::Stopped(off) => {
             let sealer = off.sealer(&cfg)?;
-            let kind = crate::mint::RotationKind::new(emergency, cfg.key_activation_delay);
+            let kind = crate::derive::mint::RotationKind::new(emergency, cfg.key_activation_delay);
             let r = ops::rotate_keys(off.target(), &sealer, off.recorder(), kind)?;
-            println!("{}", crate::admin::rotation_json(&r, false));
+            println!("{}", crate::edge::admin::rotation_json(&r, false));
             Ok(Exit::Ok)
         }
     }
@@ -200,7 +200,7 @@ pub(super) async fn disconnect(
             return Ok(Exit::Failed);
         }
         Reached::Stopped(off) => {
-            let providers = crate::upstream::Providers::from_config(&cfg)?;
+            let providers = crate::accounts::upstream::Providers::from_config(&cfg)?;
             let vault = off.vault(&cfg)?;
             let r = ops::disconnect(&vault, &providers, &person, service, force, off.recorder())
                 .await?;
@@ -240,12 +240,12 @@ fn read_new_password(from_stdin: bool) -> Result<SecretString, Box<dyn std::erro
 
 /// `credbroker users add`: a local account for the pages.
 pub(super) async fn add_user(name: &str, config: &Path, from_stdin: bool, replace: bool) -> Res {
-    use crate::pages::users::{valid_name, UserError, MAX_PASSWORD, MIN_PASSWORD};
+    use crate::accounts::users::{valid_name, UserError, MAX_PASSWORD, MIN_PASSWORD};
     let cfg = Config::load(config)?;
     if !cfg
         .trusted_issuers
         .iter()
-        .any(|i| i.sign_in == crate::config::SignIn::Local)
+        .any(|i| i.sign_in == crate::infra::config::SignIn::Local)
     {
         eprintln!("note: no trusted issuer is paired with local sign-in in {}; this account cannot sign in until one is", config.display());
     }

@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::config::{write_secret_file, Config};
-use crate::jose::Es256Key;
+use crate::base::jose::Es256Key;
+use crate::infra::config::{write_secret_file, Config};
 
 use super::keyfile::{load_pem_key, pem_pkcs8};
 
@@ -305,7 +305,7 @@ pub fn dev_subject_token(
 ) -> Result<String, Box<dyn std::error::Error>> {
     let cfg = Config::load(&dir.join(QS_CONFIG))?;
     let key = load_pem_key(&dir.join("keys/dev-issuer.pem"))?;
-    let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+    let now = crate::base::clock::Clock::now(&crate::base::clock::SystemClock);
     let mut jti = [0u8; 12];
     aws_lc_rs::rand::fill(&mut jti).map_err(|_| "random")?;
     let mut header = serde_json::Map::new();
@@ -313,7 +313,7 @@ pub fn dev_subject_token(
     header.insert("kid".into(), key.kid.clone().into());
     let claims = serde_json::json!({
         "iss": cfg.issuer, "sub": sub, "aud": cfg.agent, "iat": now, "exp": now + ttl,
-        "jti": crate::jose::b64e(&jti), "client_id": "quickstart-orchestrator", "scope": "agent",
+        "jti": crate::base::jose::b64e(&jti), "client_id": "quickstart-orchestrator", "scope": "agent",
     });
     Ok(key.sign_jws(header, &claims)?)
 }

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use super::exit::Exit;
 use super::Res;
-use crate::config::Config;
-use crate::store::{Backend, PgSettings, PgStore, SledStore};
+use crate::infra::config::Config;
+use crate::infra::store::{Backend, PgSettings, PgStore, SledStore};
 
 fn postgres_of(config: &Path) -> Result<PgSettings, Box<dyn std::error::Error>> {
     let cfg = Config::load(config)?;
@@ -48,7 +48,7 @@ pub(super) fn copy(from: &Path, to: &Path, force: bool) -> Res {
     }
     let source = SledStore::open(from)?;
     let target = PgStore::open(&s)?;
-    let report = crate::store::copy(&source, &target, force)?;
+    let report = crate::infra::store::copy(&source, &target, force)?;
     let trees: serde_json::Map<String, serde_json::Value> = report
         .trees
         .iter()

@@ -10,7 +10,8 @@ use super::Res;
 /// `credbroker subject-token`: a subject token from the quick start's dev
 /// issuer (development only).
 pub(super) fn subject_token(dir: &Path, sub: &str, ttl: &str) -> Res {
-    let ttl = crate::config::parse_duration(ttl).ok_or("--ttl must be a duration such as 1h")?;
+    let ttl =
+        crate::infra::config::parse_duration(ttl).ok_or("--ttl must be a duration such as 1h")?;
     let token = super::quickstart::dev_subject_token(dir, sub, ttl.as_secs() as i64)?;
     eprintln!("(development only: a subject token from the quick start's dev issuer)");
     println!("{token}");
@@ -23,7 +24,7 @@ pub(super) async fn derive(
     socket: PathBuf,
     issuer: &str,
     subject_token: &str,
-    call: &crate::policy::cli::CallArgs,
+    call: &crate::derive::policy::cli::CallArgs,
     key: Option<PathBuf>,
     print: Option<&str>,
 ) -> Res {
@@ -90,10 +91,10 @@ pub(super) async fn derive(
 /// `credbroker proof`: a DPoP proof made with a key file.
 pub(super) fn proof(key: &Path, method: &str, url: &str, access_token: Option<&str>) -> Res {
     let key = load_pem_key(key)?;
-    let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+    let now = crate::base::clock::Clock::now(&crate::base::clock::SystemClock);
     println!(
         "{}",
-        crate::dpop::make_proof(&key, method, url, now, access_token, None)?
+        crate::base::dpop::make_proof(&key, method, url, now, access_token, None)?
     );
     Ok(Exit::Ok)
 }

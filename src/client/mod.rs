@@ -26,8 +26,8 @@ pub mod mcp;
 // What the client's public signatures mention, re-exported so that an
 // embedder needs nothing but this module (the modules they live in are
 // internal).
-pub use crate::jose::{Es256Key, JoseError};
-pub use crate::secret::{SecretBytes, SecretString};
+pub use crate::base::jose::{Es256Key, JoseError};
+pub use crate::base::secret::{SecretBytes, SecretString};
 
 /// Client errors (transport, not refusals: a refusal is an [`Answer`]).
 #[derive(Debug, thiserror::Error)]
@@ -247,8 +247,8 @@ impl Client {
     ) -> Result<Answer, ClientError> {
         let mut nonce = self.nonce.lock().unwrap_or_else(|p| p.into_inner()).clone();
         for attempt in 0..2 {
-            let now = crate::clock::Clock::now(&crate::clock::SystemClock);
-            let proof = crate::dpop::make_proof(
+            let now = crate::base::clock::Clock::now(&crate::base::clock::SystemClock);
+            let proof = crate::base::dpop::make_proof(
                 key,
                 "POST",
                 &format!("{}/v1/derive", self.issuer),
@@ -335,8 +335,8 @@ pub fn proof_with_nonce(
     access_token: Option<&str>,
     nonce: Option<&str>,
 ) -> Result<String, ClientError> {
-    let now = crate::clock::Clock::now(&crate::clock::SystemClock);
-    crate::dpop::make_proof(key, method, url, now, access_token, nonce)
+    let now = crate::base::clock::Clock::now(&crate::base::clock::SystemClock);
+    crate::base::dpop::make_proof(key, method, url, now, access_token, nonce)
         .map_err(|e| ClientError::Proof(e.to_string()))
 }
 

@@ -35,18 +35,18 @@ use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
-use crate::clock::SharedClock;
-use crate::http::{json_response, read_capped, Body};
-use crate::jose::{Alg, Es256Key, HeaderRule, TypRule};
+use crate::base::clock::SharedClock;
+use crate::base::http::{json_response, read_capped, Body};
+use crate::base::jose::{Alg, Es256Key, HeaderRule, TypRule};
 
 /// The demo's two accounts: (id, login, what the page shows).
-pub const ACCOUNTS: [(&str, &str, &str); 2] = [
+pub(crate) const ACCOUNTS: [(&str, &str, &str); 2] = [
     ("1001", "alice.demo", "Alice's demo account"),
     ("1002", "bob.demo", "Bob's demo account"),
 ];
 
 /// The scope of the demo API's notes.
-pub const NOTES_SCOPE: &str = "notes:read";
+pub(crate) const NOTES_SCOPE: &str = "notes:read";
 
 /// The lifetime of an access token (seconds).
 const ACCESS_TTL: i64 = 600;
@@ -65,7 +65,7 @@ const REFRESH_TYP: &str = "demo-rt+jwt";
 
 /// What the demo service is set up with.
 #[derive(Debug)]
-pub struct DemoOptions {
+pub(crate) struct DemoOptions {
     /// Its issuer URL (`http://127.0.0.1:PORT`): `iss` of its tokens and the
     /// base of its OAuth endpoints.
     pub issuer: String,
@@ -92,7 +92,7 @@ struct Pending {
 }
 
 /// The running demo service's state.
-pub struct Demo {
+pub(crate) struct Demo {
     opts: DemoOptions,
     api_path: String,
     clock: SharedClock,
@@ -111,7 +111,7 @@ impl std::fmt::Debug for Demo {
 
 /// Why the demo service could not be set up.
 #[derive(Debug, thiserror::Error)]
-pub enum DemoError {
+pub(crate) enum DemoError {
     /// `api_base` is not an http URL under the issuer.
     #[error("the demo API base {0} is not an http URL on the demo service's own address")]
     ApiBase(String),
@@ -122,7 +122,7 @@ pub enum DemoError {
 
 impl Demo {
     /// The demo service with these options.
-    pub fn new(opts: DemoOptions, clock: SharedClock) -> Result<Arc<Demo>, DemoError> {
+    pub(crate) fn new(opts: DemoOptions, clock: SharedClock) -> Result<Arc<Demo>, DemoError> {
         let api_path = match (
             url::Url::parse(&opts.api_base),
             url::Url::parse(&opts.issuer),
@@ -155,17 +155,12 @@ impl Demo {
     }
 
     /// Its issuer URL.
-    pub fn issuer(&self) -> &str {
+    pub(crate) fn issuer(&self) -> &str {
         &self.opts.issuer
     }
 
-    /// The base URL of its API (the demo tool's resource).
-    pub fn api_base(&self) -> &str {
-        &self.opts.api_base
-    }
-
     /// Answers one request.
-    pub async fn handle<B>(&self, req: Request<B>) -> Response<Body>
+    pub(crate) async fn handle<B>(&self, req: Request<B>) -> Response<Body>
     where
         B: hyper::body::Body + Send,
         B::Data: Send,
@@ -367,7 +362,7 @@ impl Demo {
                 let verifier = get("code_verifier");
                 if get("redirect_uri") != self.opts.redirect_uri
                     || !(43..=128).contains(&verifier.len())
-                    || crate::jose::sha256_b64(verifier.as_bytes()) != p.challenge
+                    || crate::base::jose::sha256_b64(verifier.as_bytes()) != p.challenge
                 {
                     return oauth_error(StatusCode::BAD_REQUEST, "invalid_grant");
                 }
@@ -479,12 +474,12 @@ impl Demo {
     /// not revoked, with the scope `need` when given: its account and
     /// claims.
     fn verify(&self, token: &str, typ: &str, need: Option<&str>) -> Option<(usize, Value)> {
-        let jws = crate::jose::parse(token, 8192).ok()?;
+        let jws = crate::base::jose::parse(token, 8192).ok()?;
         let rule = HeaderRule {
             typ: TypRule::Exact(typ),
             algs: &[Alg::ES256],
         };
-        let alg = crate::jose::check_header(&jws.header, &rule).ok()?;
+        let alg = crate::base::jose::check_header(&jws.header, &rule).ok()?;
         if jws.header.kid.as_deref() != Some(self.opts.key.kid.as_str()) {
             return None;
         }
@@ -560,7 +555,7 @@ fn revocable(claims: &Value) -> Option<&str> {
 }
 
 /// Serves the demo service on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, demo: Arc<Demo>) {
+pub(crate) async fn serve(listener: tokio::net::TcpListener, demo: Arc<Demo>) {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(
             %addr,
@@ -594,7 +589,7 @@ pub async fn serve(listener: tokio::net::TcpListener, demo: Arc<Demo>) {
 fn random_token() -> Option<String> {
     let mut r = [0u8; 32];
     aws_lc_rs::rand::fill(&mut r).ok()?;
-    Some(crate::jose::b64e(&r))
+    Some(crate::base::jose::b64e(&r))
 }
 
 fn pairs(s: &str) -> HashMap<String, String> {

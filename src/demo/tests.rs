@@ -2,7 +2,7 @@
 //! tokens, refresh, revocation of a grant (kept across a restart), and
 //! what `/authorize` refuses.
 use super::*;
-use crate::clock::ManualClock;
+use crate::base::clock::ManualClock;
 use http_body_util::BodyExt;
 use std::path::PathBuf;
 
@@ -59,7 +59,7 @@ async fn call(
 
 /// Allows as `account` and returns the code from the redirect.
 async fn code(d: &Demo, account: &str) -> String {
-    let challenge = crate::jose::sha256_b64(VERIFIER.as_bytes());
+    let challenge = crate::base::jose::sha256_b64(VERIFIER.as_bytes());
     let (status, h, _) = call(
         d,
         "POST",
@@ -337,7 +337,7 @@ async fn a_revocation_that_cannot_be_kept_is_503_and_revokes_nothing() {
 #[tokio::test]
 async fn authorize_refuses_another_client_or_redirect_and_cross_site_posts() {
     let (d, _) = demo();
-    let challenge = crate::jose::sha256_b64(VERIFIER.as_bytes());
+    let challenge = crate::base::jose::sha256_b64(VERIFIER.as_bytes());
     let q = |client: &str, redirect: &str| {
         format!(
             "/authorize?response_type=code&code_challenge_method=S256&state=s&client_id={client}&redirect_uri={}&code_challenge={challenge}",

@@ -14,16 +14,16 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use crate::clock::SharedClock;
-use crate::config::Config;
-use crate::dpop::{self, DpopError};
-use crate::events::{Audit, Event, Kind};
-use crate::metrics::Metrics;
-use crate::mint::{self, Minter};
-use crate::policy::{self, DenyReason, Policy, ResourceError};
-use crate::secret::SecretString;
-use crate::store::Store;
-use crate::subject::{self, SubjectError};
+use crate::accounts::subject::{self, SubjectError};
+use crate::base::clock::SharedClock;
+use crate::base::dpop::{self, DpopError};
+use crate::base::secret::SecretString;
+use crate::derive::mint::{self, Minter};
+use crate::derive::policy::{self, DenyReason, Policy, ResourceError};
+use crate::infra::config::Config;
+use crate::infra::events::{Audit, Event, Kind};
+use crate::infra::metrics::Metrics;
+use crate::infra::store::Store;
 
 /// The endpoint a request came in on (it is part of `htu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,7 +122,7 @@ impl LinkRefusal {
 #[derive(Debug)]
 pub struct LinkRefusal {
     /// What the link is for; its `reason()` is the refusal's reason.
-    pub kind: crate::connect::LinkKind,
+    pub kind: crate::accounts::connect::LinkKind,
     /// The URL the person opens (it holds the link code).
     pub uri: SecretString,
     /// The link id (also the MCP elicitation id).
@@ -222,7 +222,7 @@ impl DeriveError {
 #[derive(Debug)]
 pub struct Limits {
     /// Sized so that the replay cache never refuses below it
-    /// ([`crate::config::max_derive_rate`]): past it a derive gets 429 with
+    /// ([`crate::infra::config::max_derive_rate`]): past it a derive gets 429 with
     /// `Retry-After`, checked before anything else. None when the cache is
     /// too small for any sustained rate (its own 503 is then the bound).
     global: Option<governor::DefaultDirectRateLimiter>,
@@ -237,7 +237,7 @@ fn quota(per_second: u32, burst: u32) -> Quota {
 
 impl Limits {
     /// Limiters from config.
-    pub fn new(cfg: &crate::config::LimitsConfig) -> Limits {
+    pub fn new(cfg: &crate::infra::config::LimitsConfig) -> Limits {
         Limits {
             global: (cfg.global_per_second > 0)
                 .then(|| RateLimiter::direct(quota(cfg.global_per_second, cfg.global_per_second))),
@@ -293,10 +293,10 @@ pub struct Broker {
     /// A freeze set here whose write to the store failed: it holds until
     /// lifted here, whatever the store says (see [`Broker::reload_frozen`]).
     freeze_unpersisted: AtomicBool,
-    /// The key that signs the freeze record in the store ([`crate::freeze`]).
-    freeze_key: crate::freeze::FreezeKey,
+    /// The key that signs the freeze record in the store ([`crate::derive::freeze`]).
+    freeze_key: crate::derive::freeze::FreezeKey,
     /// The highest epoch of the freeze record read here.
-    freeze_seen: crate::freeze::Seen,
+    freeze_seen: crate::derive::freeze::Seen,
     /// Subject-token validation.
     pub subjects: subject::Validator,
     /// DPoP proof validation.
@@ -319,7 +319,7 @@ pub struct Broker {
     connected_services: Option<Arc<ConnectedServices>>,
     /// Step-up approvals (tools with `approval`); without them such a
     /// tool gets nothing.
-    approvals: Option<Arc<crate::approve::Approvals>>,
+    approvals: Option<Arc<crate::derive::approve::Approvals>>,
 }
 
 impl Broker {
@@ -337,16 +337,16 @@ impl Broker {
         audit: Audit,
         metrics: Metrics,
         store: Arc<dyn Store>,
-        freeze_key: crate::freeze::FreezeKey,
+        freeze_key: crate::derive::freeze::FreezeKey,
         clock: SharedClock,
     ) -> Broker {
         let htu = [Endpoint::Derive, Endpoint::Token].map(|e| {
             dpop::normalize_htu(&format!("{}{}", config.issuer, e.path())).unwrap_or_default()
         });
-        let freeze_seen = crate::freeze::Seen::default();
+        let freeze_seen = crate::derive::freeze::Seen::default();
         // A store that does not answer at start-up fails the start elsewhere.
-        let frozen =
-            crate::freeze::at_start(store.as_ref(), &freeze_key, &freeze_seen).unwrap_or(false);
+        let frozen = crate::derive::freeze::at_start(store.as_ref(), &freeze_key, &freeze_seen)
+            .unwrap_or(false);
         metrics.policy_info.set_only(&policy.hash);
         metrics.policy_loaded_time.set(clock.now() as f64);
         metrics.frozen.set(i64::from(frozen || policy.frozen));
@@ -375,13 +375,13 @@ impl Broker {
     }
 
     /// Adds the approval store (tools with `approval`).
-    pub fn with_approvals(mut self, a: Arc<crate::approve::Approvals>) -> Broker {
+    pub fn with_approvals(mut self, a: Arc<crate::derive::approve::Approvals>) -> Broker {
         self.approvals = Some(a);
         self
     }
 
     /// The approval store, if configured.
-    pub fn approvals(&self) -> Option<&Arc<crate::approve::Approvals>> {
+    pub fn approvals(&self) -> Option<&Arc<crate::derive::approve::Approvals>> {
         self.approvals.as_ref()
     }
 
@@ -412,7 +412,7 @@ impl Broker {
     /// not answer changes nothing, and a freeze this instance could not
     /// persist is kept (it fails closed).
     pub fn reload_frozen(&self) {
-        let Ok(stored) = crate::freeze::read(self.store.as_ref(), &self.freeze_key) else {
+        let Ok(stored) = crate::derive::freeze::read(self.store.as_ref(), &self.freeze_key) else {
             return;
         };
         let kept = self.frozen.load(Ordering::SeqCst);
@@ -429,7 +429,7 @@ impl Broker {
     /// Sets or lifts the emergency freeze; persisted before it takes effect
     /// when lifting, and after it takes effect when setting (so a failing
     /// store can never keep a freeze from applying).
-    pub fn set_frozen(&self, on: bool) -> Result<(), crate::store::StoreError> {
+    pub fn set_frozen(&self, on: bool) -> Result<(), crate::infra::store::StoreError> {
         if on {
             self.frozen.store(true, Ordering::SeqCst);
             self.metrics.frozen.set(1);
@@ -448,8 +448,8 @@ impl Broker {
     }
 
     /// Writes the freeze to the store, signed, at the next epoch.
-    fn persist_frozen(&self, on: bool) -> Result<(), crate::store::StoreError> {
-        crate::freeze::write(self.store.as_ref(), &self.freeze_key, &self.freeze_seen, on)
+    fn persist_frozen(&self, on: bool) -> Result<(), crate::infra::store::StoreError> {
+        crate::derive::freeze::write(self.store.as_ref(), &self.freeze_key, &self.freeze_seen, on)
             .map(|_| ())
     }
 
@@ -459,7 +459,7 @@ impl Broker {
     /// emergency one activates it at once and withdraws every other key.
     pub fn rotate_keys(
         &self,
-        sealer: &crate::seal::Sealer,
+        sealer: &crate::infra::seal::Sealer,
         kind: mint::RotationKind,
     ) -> Result<mint::Rotation, mint::MintError> {
         let r = mint::rotate(self.store.as_ref(), sealer, self.clock.now(), kind)?;
@@ -469,7 +469,7 @@ impl Broker {
 
     /// Reloads the key ring from the store and applies a due activation
     /// (the housekeeping tick; also picks up a rotation by another process).
-    pub fn refresh_keys(&self, sealer: &crate::seal::Sealer) -> Result<(), mint::MintError> {
+    pub fn refresh_keys(&self, sealer: &crate::infra::seal::Sealer) -> Result<(), mint::MintError> {
         let ring = mint::load_or_create(self.store.as_ref(), sealer, self.clock.now())?;
         if ring.active.kid != self.minter.ring().active.kid {
             tracing::info!(kid = %ring.active.kid, "signing key now active");
@@ -510,7 +510,7 @@ impl Broker {
                 let mut e =
                     self.event(now, &req, &policy, &ctx, Kind::DeriveIssued, "issued", None);
                 e.scope = Some(&issued.scope);
-                e.jti_sha256 = Some(crate::jose::sha256_hex(jti.as_bytes()).into());
+                e.jti_sha256 = Some(crate::base::jose::sha256_hex(jti.as_bytes()).into());
                 e.narrowed = ctx.narrowed;
                 // Audit before release: no event, no token.
                 self.audit
@@ -676,7 +676,7 @@ impl Broker {
         let details = policy::details::check(tool, req.authorization_details.as_ref())
             .map_err(|e| DeriveError::InvalidDetails(e.to_string()))?;
         if details.is_some() || tool.approval.is_some() {
-            ctx.details_sha256 = Some(crate::approve::details_sha256(details.as_ref()));
+            ctx.details_sha256 = Some(crate::derive::approve::details_sha256(details.as_ref()));
         }
 
         // Proof.
@@ -727,7 +727,7 @@ impl Broker {
         let mut single_use = false;
         let mut approval_id = None;
         if let Some(mode) = tool.approval {
-            let call = crate::approve::Call {
+            let call = crate::derive::approve::Call {
                 person: &subject.person,
                 agent: &self.config.agent,
                 step: &req.step,
@@ -738,9 +738,9 @@ impl Broker {
                 details: details.as_ref(),
             };
             let a = self.approved(policy, tool, mode, &call, now, ctx)?;
-            if a.mode == crate::approve::Mode::EachCall {
+            if a.mode == crate::derive::approve::Mode::EachCall {
                 single_use = true;
-                exp_cap = exp_cap.min(now + crate::approve::EACH_CALL_TOKEN_TTL);
+                exp_cap = exp_cap.min(now + crate::derive::approve::EACH_CALL_TOKEN_TTL);
             }
             // A token never outlives the approval it was minted on.
             exp_cap = exp_cap.min(a.expires.max(now + 1));
@@ -788,9 +788,9 @@ impl Broker {
         &'a self,
         now: i64,
         name: Kind,
-        call: &crate::approve::Call<'a>,
+        call: &crate::derive::approve::Call<'a>,
         policy: &'a Policy,
-        a: &'a crate::approve::Approval,
+        a: &'a crate::derive::approve::Approval,
     ) -> Event<'a> {
         let mut e = Event::new(now, name, &self.config.agent);
         e.person_iss = Some(call.person.iss.as_str());
@@ -813,11 +813,11 @@ impl Broker {
         policy: &Policy,
         tool: &policy::Tool,
         mode: policy::Approval,
-        call: &crate::approve::Call<'_>,
+        call: &crate::derive::approve::Call<'_>,
         now: i64,
         ctx: &mut Ctx,
-    ) -> Result<crate::approve::Approval, DeriveError> {
-        use crate::approve::{ApproveError, Lookup, Mode};
+    ) -> Result<crate::derive::approve::Approval, DeriveError> {
+        use crate::derive::approve::{ApproveError, Lookup, Mode};
         let Some(approvals) = self.approvals.as_ref() else {
             return Err(DeriveError::Unavailable(
                 "approvals are not configured on this instance",
@@ -829,7 +829,7 @@ impl Broker {
                 ttl: ttl.as_secs() as i64,
             },
         };
-        let shown = crate::approve::shown(tool, call.details);
+        let shown = crate::derive::approve::shown(tool, call.details);
         let found = approvals
             .lookup(call, mode, shown, &policy.hash, now)
             .map_err(|e| match e {
@@ -909,21 +909,24 @@ struct Ctx {
 #[derive(Debug)]
 pub struct ConnectedServices {
     /// Accounts and allowances.
-    pub vault: Arc<crate::vault::Vault>,
+    pub vault: Arc<crate::accounts::vault::Vault>,
     /// Connect links.
-    pub links: Arc<crate::connect::Links>,
+    pub links: Arc<crate::accounts::connect::Links>,
     /// Providers by service name.
-    pub providers: Arc<crate::upstream::Providers>,
+    pub providers: Arc<crate::accounts::upstream::Providers>,
 }
 
 fn covers(have: &[String], want: &[String]) -> bool {
     want.iter().all(|w| have.contains(w))
 }
 
-fn vault_error(e: crate::vault::VaultError) -> DeriveError {
+fn vault_error(e: crate::accounts::vault::VaultError) -> DeriveError {
     // A shared store that does not answer (down, slow past its statement
     // timeout, its pool full): a temporary refusal, nothing issued.
-    if let crate::vault::VaultError::Store(crate::store::StoreError::Unavailable(m)) = &e {
+    if let crate::accounts::vault::VaultError::Store(
+        crate::infra::store::StoreError::Unavailable(m),
+    ) = &e
+    {
         tracing::warn!(error = %m, "the store is unavailable during a derive");
         return DeriveError::Unavailable("the store is unavailable; retry shortly");
     }
@@ -935,8 +938,11 @@ fn vault_error(e: crate::vault::VaultError) -> DeriveError {
 
 /// A connect-link failure during a derive: a store that does not answer
 /// is a temporary refusal, like [`vault_error`]'s.
-fn link_error(e: crate::connect::ConnectError) -> DeriveError {
-    if let crate::connect::ConnectError::Store(crate::store::StoreError::Unavailable(m)) = &e {
+fn link_error(e: crate::accounts::connect::ConnectError) -> DeriveError {
+    if let crate::accounts::connect::ConnectError::Store(
+        crate::infra::store::StoreError::Unavailable(m),
+    ) = &e
+    {
         tracing::warn!(error = %m, "the store is unavailable during a derive");
         return DeriveError::Unavailable("the store is unavailable; retry shortly");
     }
@@ -946,8 +952,11 @@ fn link_error(e: crate::connect::ConnectError) -> DeriveError {
 /// An approval-store failure during a derive: a store that does not
 /// answer is a temporary refusal, like [`vault_error`]'s (the call is
 /// neither approved nor recorded, so nothing is issued).
-fn approval_error(e: crate::approve::ApproveError) -> DeriveError {
-    if let crate::approve::ApproveError::Store(crate::store::StoreError::Unavailable(m)) = &e {
+fn approval_error(e: crate::derive::approve::ApproveError) -> DeriveError {
+    if let crate::derive::approve::ApproveError::Store(
+        crate::infra::store::StoreError::Unavailable(m),
+    ) = &e
+    {
         tracing::warn!(error = %m, "the store is unavailable during a derive");
         return DeriveError::Unavailable("the store is unavailable; retry shortly");
     }
@@ -995,7 +1004,7 @@ impl Broker {
         // of the token, enough to correlate, never the token.
         let id = format!(
             "provider:{}",
-            crate::jose::sha256_hex(t.access_token.expose().as_bytes())
+            crate::base::jose::sha256_hex(t.access_token.expose().as_bytes())
         );
         Ok((
             Issued {
@@ -1029,7 +1038,7 @@ impl Broker {
         scopes: &[String],
         refused: Option<&str>,
         now: i64,
-    ) -> Result<crate::vault::ServiceToken, DeriveError> {
+    ) -> Result<crate::accounts::vault::ServiceToken, DeriveError> {
         let Some(conn) = self.connected_services.as_ref() else {
             return Err(DeriveError::Unavailable(
                 "connected services are not configured on this instance",
@@ -1061,14 +1070,14 @@ impl Broker {
             .account_read(person, service)
             .map_err(vault_error)?;
         let Some(read) = read else {
-            return Err(refuse(crate::connect::LinkKind::Connect));
+            return Err(refuse(crate::accounts::connect::LinkKind::Connect));
         };
         let a = read.account();
-        if a.status == crate::vault::AccountStatus::ReconnectRequired
+        if a.status == crate::accounts::vault::AccountStatus::ReconnectRequired
             || a.provider != provider.id()
             || !covers(&a.scopes, scopes)
         {
-            return Err(refuse(crate::connect::LinkKind::Reconnect));
+            return Err(refuse(crate::accounts::connect::LinkKind::Reconnect));
         }
         match conn
             .vault
@@ -1076,9 +1085,9 @@ impl Broker {
             .map_err(vault_error)?
         {
             Some(al) if covers(&al.scopes, scopes) => {}
-            _ => return Err(refuse(crate::connect::LinkKind::Allow)),
+            _ => return Err(refuse(crate::accounts::connect::LinkKind::Allow)),
         }
-        let request = crate::vault::TokenRequest {
+        let request = crate::accounts::vault::TokenRequest {
             person,
             service,
             scopes,
@@ -1089,14 +1098,18 @@ impl Broker {
             .await
             .map_err(vault_error)?;
         match outcome {
-            crate::vault::TokenOutcome::Token(t) => Ok(t),
-            crate::vault::TokenOutcome::NoAccount => Err(refuse(crate::connect::LinkKind::Connect)),
-            crate::vault::TokenOutcome::Reconnect => {
-                Err(refuse(crate::connect::LinkKind::Reconnect))
+            crate::accounts::vault::TokenOutcome::Token(t) => Ok(t),
+            crate::accounts::vault::TokenOutcome::NoAccount => {
+                Err(refuse(crate::accounts::connect::LinkKind::Connect))
             }
-            crate::vault::TokenOutcome::Unavailable(_) => Err(DeriveError::UpstreamUnavailable {
-                service: service.to_string(),
-            }),
+            crate::accounts::vault::TokenOutcome::Reconnect => {
+                Err(refuse(crate::accounts::connect::LinkKind::Reconnect))
+            }
+            crate::accounts::vault::TokenOutcome::Unavailable(_) => {
+                Err(DeriveError::UpstreamUnavailable {
+                    service: service.to_string(),
+                })
+            }
         }
     }
 
@@ -1107,17 +1120,17 @@ impl Broker {
     fn link_refusal(
         &self,
         conn: &ConnectedServices,
-        provider: &crate::upstream::Provider,
+        provider: &crate::accounts::upstream::Provider,
         person: &subject::Person,
         service: &str,
-        kind: crate::connect::LinkKind,
+        kind: crate::accounts::connect::LinkKind,
         scopes: &[String],
         policy_hash: &str,
         now: i64,
     ) -> DeriveError {
         let agent = self.config.agent.as_str();
         let issued = match conn.links.open_link(
-            &crate::connect::LinkRequest {
+            &crate::accounts::connect::LinkRequest {
                 person,
                 agent,
                 service,
@@ -1151,14 +1164,14 @@ impl Broker {
         }
         let name = provider.display_name();
         let message = match kind {
-            crate::connect::LinkKind::Connect => format!(
+            crate::accounts::connect::LinkKind::Connect => format!(
                 "The agent \"{agent}\" wants to use your {name} account. Open the link to connect {name} and allow \"{agent}\" to use it, then ask the agent to try again."
             ),
-            crate::connect::LinkKind::Allow => format!(
+            crate::accounts::connect::LinkKind::Allow => format!(
                 "The agent \"{agent}\" wants to use your connected {name} account ({}). Open the link to allow it, then ask the agent to try again.",
                 scopes.join(", ")
             ),
-            crate::connect::LinkKind::Reconnect => format!(
+            crate::accounts::connect::LinkKind::Reconnect => format!(
                 "Your {name} connection must be renewed before the agent \"{agent}\" can use it. Open the link to connect {name} again, then ask the agent to try again."
             ),
         };
@@ -1207,7 +1220,7 @@ steps = ["triage"]
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         secret(&d.join("acme.secret"), b"client-secret");
-        let (idp, config) = crate::config::test_instance(
+        let (idp, config) = crate::infra::config::test_instance(
             d,
             POLICY,
             r#"
@@ -1219,7 +1232,7 @@ client_id = "broker"
 client_secret_file = "acme.secret"
 "#,
         );
-        let clock: crate::clock::SharedClock = Arc::new(crate::clock::SystemClock);
+        let clock: crate::base::clock::SharedClock = Arc::new(crate::base::clock::SystemClock);
         let now = clock.now();
         let instance = crate::app::build(config.clone(), clock).await.unwrap();
         let broker = instance.broker.clone();
@@ -1241,8 +1254,8 @@ client_secret_file = "acme.secret"
                 }),
             )
             .unwrap();
-        let (tool_key, _) = crate::jose::Es256Key::generate().unwrap();
-        let proof = crate::dpop::make_proof(
+        let (tool_key, _) = crate::base::jose::Es256Key::generate().unwrap();
+        let proof = crate::base::dpop::make_proof(
             &tool_key,
             "POST",
             broker.htu(Endpoint::Derive),
@@ -1267,7 +1280,7 @@ client_secret_file = "acme.secret"
             .await
             .unwrap_err();
         assert!(
-            matches!(&refused, DeriveError::LinkRequired(l) if l.kind == crate::connect::LinkKind::Connect),
+            matches!(&refused, DeriveError::LinkRequired(l) if l.kind == crate::accounts::connect::LinkKind::Connect),
             "{refused:?}"
         );
 
@@ -1287,24 +1300,24 @@ mod store_outage_tests {
     //! A shared store that does not answer fails a service derive closed
     //! with a temporary refusal (503 `temporarily_unavailable`), not a 500.
     use super::*;
-    use crate::store::StoreError;
+    use crate::infra::store::StoreError;
 
     #[test]
     fn an_unavailable_store_is_a_temporary_refusal() {
         let outage = || StoreError::Unavailable("get: connection refused".into());
-        let e = vault_error(crate::vault::VaultError::Store(outage()));
+        let e = vault_error(crate::accounts::vault::VaultError::Store(outage()));
         assert!(matches!(e, DeriveError::Unavailable(_)), "{e:?}");
         assert_eq!(e.reason(), "temporarily_unavailable");
-        let e = link_error(crate::connect::ConnectError::Store(outage()));
+        let e = link_error(crate::accounts::connect::ConnectError::Store(outage()));
         assert!(matches!(e, DeriveError::Unavailable(_)), "{e:?}");
-        let e = approval_error(crate::approve::ApproveError::Store(outage()));
+        let e = approval_error(crate::derive::approve::ApproveError::Store(outage()));
         assert!(matches!(e, DeriveError::Unavailable(_)), "{e:?}");
-        let e = approval_error(crate::approve::ApproveError::Corrupt);
+        let e = approval_error(crate::derive::approve::ApproveError::Corrupt);
         assert!(matches!(e, DeriveError::Internal(_)), "{e:?}");
         // Positive control: a broken record stays what it is.
-        let e = vault_error(crate::vault::VaultError::Store(StoreError::Backend(
-            "corrupt".into(),
-        )));
+        let e = vault_error(crate::accounts::vault::VaultError::Store(
+            StoreError::Backend("corrupt".into()),
+        ));
         assert!(matches!(e, DeriveError::Vault(_)), "{e:?}");
     }
 }

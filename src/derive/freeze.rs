@@ -32,8 +32,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use aws_lc_rs::hmac;
 use base64::Engine;
 
-use crate::secret::SecretBytes;
-use crate::store::{Store, StoreError, Tree};
+use crate::base::secret::SecretBytes;
+use crate::infra::store::{Store, StoreError, Tree};
 
 /// The record's key in [`Tree::State`]; this module is its one owner.
 const KEY: &[u8] = b"frozen";
@@ -226,7 +226,7 @@ pub(crate) fn at_start(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::SledStore;
+    use crate::infra::store::SledStore;
 
     fn key(byte: u8) -> FreezeKey {
         FreezeKey::derive(&SecretBytes::new(vec![byte; 32]))

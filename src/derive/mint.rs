@@ -12,8 +12,8 @@
 //! token not yet expired.
 //!
 //! A rotation publishes the new key first (`next`, in the JWKS) and makes it
-//! active only [`ACTIVATION_DELAY`] later: a resource server that fetched
-//! the JWKS just before the rotation may keep it for [`JWKS_MAX_AGE`], and
+//! active only [`crate::infra::config::ACTIVATION_DELAY`] later: a resource server that fetched
+//! the JWKS just before the rotation may keep it for [`crate::infra::config::JWKS_MAX_AGE`], and
 //! one that refetched for an unknown `kid` does not refetch again for
 //! [`crate::verify::JWKS_REFRESH_INTERVAL`]. Activation is a pure function
 //! of the record and the time ([`advance`]), applied (and written back) at
@@ -30,26 +30,19 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
-use crate::failpoint;
-use crate::jose::{self, Es256Key, JoseError};
-use crate::policy::MAX_TTL;
-use crate::seal::{SealError, Sealer};
-use crate::secret::SecretString;
-use crate::store::{Store, StoreError, Tree};
+use crate::base::jose::{self, Es256Key, JoseError};
+use crate::base::secret::SecretString;
+use crate::derive::policy::MAX_TTL;
+use crate::infra::failpoint;
+use crate::infra::seal::{SealError, Sealer};
+use crate::infra::store::{Store, StoreError, Tree};
 
 /// How long a retired key stays published: the longest token lifetime plus
 /// a minute of clock skew.
-pub const RETIRED_KEY_GRACE: i64 = MAX_TTL.as_secs() as i64 + 60;
-/// The JWKS document's `Cache-Control: max-age` (seconds).
-pub const JWKS_MAX_AGE: i64 = 60;
+pub(crate) const RETIRED_KEY_GRACE: i64 = MAX_TTL.as_secs() as i64 + 60;
 /// The JWKS document's `Cache-Control` header (its `max-age` is
-/// [`JWKS_MAX_AGE`]; a unit test keeps the two equal).
-pub const JWKS_CACHE_CONTROL: &str = "public, max-age=60";
-/// How long a rotated-in key is published before it signs (seconds): the
-/// JWKS cache lifetime plus the resource servers' refetch interval, so that
-/// every resource server has the new key before the first token it signs.
-/// `[keys] activation_delay` overrides it.
-pub const ACTIVATION_DELAY: i64 = JWKS_MAX_AGE + crate::verify::JWKS_REFRESH_INTERVAL;
+/// [`crate::infra::config::JWKS_MAX_AGE`]; a unit test keeps the two equal).
+pub(crate) const JWKS_CACHE_CONTROL: &str = "public, max-age=60";
 /// The key of the ring record in [`Tree::SigningKeys`]. `/` cannot occur in
 /// a `kid` (a base64url thumbprint), so it never meets a legacy per-key
 /// record.
@@ -93,7 +86,7 @@ pub enum MintError {
 /// A key's place in the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum KeyState {
+pub(crate) enum KeyState {
     /// Published, not yet signing; becomes active at `activates_at`.
     Next,
     /// Signs new tokens (exactly one).
@@ -381,7 +374,11 @@ fn first_ring(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<RingRecord
 /// per-key records of an older install), applies a due activation and
 /// writes it back. Called at start, on the housekeeping tick, and by any
 /// process that opens the store.
-pub fn load_or_create(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<KeyRing, MintError> {
+pub(crate) fn load_or_create(
+    store: &dyn Store,
+    sealer: &Sealer,
+    now: i64,
+) -> Result<KeyRing, MintError> {
     for _ in 0..CAS_ATTEMPTS {
         let Some((raw, rec)) = read_ring(store)? else {
             let rec = first_ring(store, sealer, now)?;
@@ -471,7 +468,7 @@ pub struct Rotation {
 /// Rotates the signing key with one compare-and-swap of the ring. A
 /// scheduled rotation while one is pending adds nothing and reports the
 /// pending key, so a retried `credbroker keys rotate` never adds two keys.
-pub fn rotate(
+pub(crate) fn rotate(
     store: &dyn Store,
     sealer: &Sealer,
     now: i64,
@@ -690,12 +687,14 @@ impl Minter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::SledStore;
+    use crate::infra::config::{ACTIVATION_DELAY, JWKS_MAX_AGE};
+    use crate::infra::store::SledStore;
 
     fn setup() -> (tempfile::TempDir, SledStore, Sealer) {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(&dir.path().join("data")).unwrap();
-        let sealer = Sealer::new(&crate::secret::SecretBytes::new(vec![7u8; 32]), &[]).unwrap();
+        let sealer =
+            Sealer::new(&crate::base::secret::SecretBytes::new(vec![7u8; 32]), &[]).unwrap();
         (dir, store, sealer)
     }
 

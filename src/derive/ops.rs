@@ -13,33 +13,33 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::clock::Clock;
-use crate::config::Config;
-use crate::events::{Audit, Event, Kind};
-use crate::exchange::Broker;
-use crate::seal::Sealer;
-use crate::store::Store;
-use crate::subject::Person;
-use crate::vault::Vault;
+use crate::accounts::subject::Person;
+use crate::accounts::vault::Vault;
+use crate::base::clock::Clock;
+use crate::derive::exchange::Broker;
+use crate::infra::config::Config;
+use crate::infra::events::{Audit, Event, Kind};
+use crate::infra::seal::Sealer;
+use crate::infra::store::Store;
 
 /// Errors of an operator action.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum OpError {
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] crate::infra::store::StoreError),
     /// Signing keys.
     #[error("signing keys: {0}")]
-    Mint(#[from] crate::mint::MintError),
+    Mint(#[from] crate::derive::mint::MintError),
     /// The vault (keys, records).
     #[error("vault: {0}")]
-    Vault(#[from] crate::vault::VaultError),
+    Vault(#[from] crate::accounts::vault::VaultError),
     /// A local user was refused (bad name or password, or it exists).
     #[error(transparent)]
-    User(#[from] crate::pages::users::UserError),
+    User(#[from] crate::accounts::users::UserError),
     /// Disconnecting an account failed.
     #[error(transparent)]
-    Disconnect(#[from] crate::connect::DisconnectError),
+    Disconnect(#[from] crate::accounts::connect::DisconnectError),
     /// The blocking task running the action failed.
     #[error("the {0} task failed")]
     Task(&'static str),
@@ -58,7 +58,7 @@ pub(crate) enum OpError {
     },
     /// The sealing key.
     #[error("master key: {0}")]
-    Seal(#[from] crate::seal::SealError),
+    Seal(#[from] crate::infra::seal::SealError),
     /// A freeze with no instance running, asked for without the key that
     /// signs its record.
     #[error("the freeze record cannot be signed: the master key was not loaded")]
@@ -117,7 +117,7 @@ pub(crate) enum Target<'a> {
 /// `key` signs the record when no instance runs (a running one has its own).
 pub(crate) fn freeze(
     target: Target<'_>,
-    key: Option<&crate::freeze::FreezeKey>,
+    key: Option<&crate::derive::freeze::FreezeKey>,
     rec: Recorder<'_>,
     on: bool,
 ) -> Result<bool, OpError> {
@@ -128,7 +128,7 @@ pub(crate) fn freeze(
             b.is_frozen()
         }
         (Target::Stopped(store), Some(key)) => {
-            crate::freeze::write(store, key, &crate::freeze::Seen::default(), on)?;
+            crate::derive::freeze::write(store, key, &crate::derive::freeze::Seen::default(), on)?;
             on
         }
         (Target::Stopped(_), None) => return Err(OpError::NoFreezeKey),
@@ -147,7 +147,7 @@ pub(crate) fn freeze(
 }
 
 /// Rotates the signing key with one compare-and-swap of the key ring
-/// ([`crate::mint::rotate`]): a scheduled rotation publishes the new key now
+/// ([`crate::derive::mint::rotate`]): a scheduled rotation publishes the new key now
 /// and activates it after its delay (a second call while one is pending adds
 /// nothing and reports the pending key); an emergency rotation activates it
 /// at once and withdraws every other key. Logs the new `kid`, and its audit
@@ -156,11 +156,13 @@ pub(crate) fn rotate_keys(
     target: Target<'_>,
     sealer: &Sealer,
     rec: Recorder<'_>,
-    kind: crate::mint::RotationKind,
-) -> Result<crate::mint::Rotation, OpError> {
+    kind: crate::derive::mint::RotationKind,
+) -> Result<crate::derive::mint::Rotation, OpError> {
     let r = match target {
         Target::Running(b) => b.rotate_keys(sealer, kind)?,
-        Target::Stopped(store) => crate::mint::rotate(store, sealer, rec.clock.now(), kind)?,
+        Target::Stopped(store) => {
+            crate::derive::mint::rotate(store, sealer, rec.clock.now(), kind)?
+        }
     };
     tracing::info!(
         kid = %r.kid,
@@ -190,7 +192,7 @@ pub(crate) fn rotate_vault(
     vault: &Vault,
     limit: Option<usize>,
     rec: Recorder<'_>,
-) -> Result<crate::vault::RotationReport, OpError> {
+) -> Result<crate::accounts::vault::RotationReport, OpError> {
     let report = vault.rotate(limit)?;
     rec.record(Kind::VaultRotated, |e| {
         e.outcome = Some(if report.done { "done" } else { "in_progress" });
@@ -203,11 +205,11 @@ pub(crate) fn add_user(
     store: &dyn Store,
     sealer: &Sealer,
     name: &str,
-    password: &crate::secret::SecretString,
+    password: &crate::base::secret::SecretString,
     replace: bool,
     rec: Recorder<'_>,
 ) -> Result<(), OpError> {
-    crate::pages::users::add(store, sealer, name, password, replace, rec.clock.now())?;
+    crate::accounts::users::add(store, sealer, name, password, replace, rec.clock.now())?;
     rec.record(Kind::UsersAdded, |e| {
         e.person_sub = Some(name);
         e.outcome = Some(if replace { "replaced" } else { "added" });
@@ -220,15 +222,16 @@ pub(crate) fn add_user(
 /// when `force`).
 pub(crate) async fn disconnect(
     vault: &Vault,
-    providers: &crate::upstream::Providers,
+    providers: &crate::accounts::upstream::Providers,
     person: &Person,
     service: &str,
     force: bool,
     rec: Recorder<'_>,
-) -> Result<crate::connect::DisconnectReport, OpError> {
+) -> Result<crate::accounts::connect::DisconnectReport, OpError> {
     let provider = providers.get(service).map(|p| p.as_ref());
     let report =
-        crate::connect::disconnect_account(vault, provider, person, service, force).await?;
+        crate::accounts::connect::disconnect_account(vault, provider, person, service, force)
+            .await?;
     rec.record(Kind::AccountDisconnected, |e| {
         e.person_iss = Some(&person.iss);
         e.person_sub = Some(&person.sub);
@@ -278,7 +281,7 @@ pub(crate) struct Offline {
     pub audit: Audit,
     /// The agent (for the events).
     pub agent: String,
-    clock: crate::clock::SystemClock,
+    clock: crate::base::clock::SystemClock,
 }
 
 impl Offline {
@@ -288,7 +291,7 @@ impl Offline {
         // A shared store has no owner on this machine: the database's own
         // access control (its user and password) decides.
         if let Some(dir) = cfg.store.sled_dir() {
-            check_owner(dir, crate::unix::current_uid())?;
+            check_owner(dir, crate::base::unix::current_uid())?;
         }
         let store: Arc<dyn Store> = cfg.store.open()?;
         let audit = Audit::open(&cfg.audit_log).map_err(|source| OpError::Open {
@@ -296,9 +299,9 @@ impl Offline {
             path: cfg.audit_log.clone(),
             source,
         })?;
-        let clock = crate::clock::SystemClock;
+        let clock = crate::base::clock::SystemClock;
         audit
-            .record_repair(crate::clock::Clock::now(&clock), &cfg.agent)
+            .record_repair(crate::base::clock::Clock::now(&clock), &cfg.agent)
             .map_err(|e| OpError::Open {
                 what: "audit log",
                 path: cfg.audit_log.clone(),
@@ -308,7 +311,7 @@ impl Offline {
             store,
             audit,
             agent: cfg.agent.clone(),
-            clock: crate::clock::SystemClock,
+            clock: crate::base::clock::SystemClock,
         })
     }
 
@@ -333,8 +336,11 @@ impl Offline {
     }
 
     /// The key that signs the freeze record (from the master key file).
-    pub(crate) fn freeze_key(&self, cfg: &Config) -> Result<crate::freeze::FreezeKey, OpError> {
-        Ok(crate::freeze::FreezeKey::derive(&self.master(cfg)?))
+    pub(crate) fn freeze_key(
+        &self,
+        cfg: &Config,
+    ) -> Result<crate::derive::freeze::FreezeKey, OpError> {
+        Ok(crate::derive::freeze::FreezeKey::derive(&self.master(cfg)?))
     }
 
     /// The sealer of the signing keys at rest (from the master key file).
@@ -342,11 +348,13 @@ impl Offline {
         Ok(Sealer::new(&self.master(cfg)?, &[])?)
     }
 
-    fn master(&self, cfg: &Config) -> Result<crate::secret::SecretBytes, OpError> {
-        crate::config::read_secret_file(&cfg.master_key_file).map_err(|source| OpError::Open {
-            what: "master key file",
-            path: cfg.master_key_file.clone(),
-            source,
+    fn master(&self, cfg: &Config) -> Result<crate::base::secret::SecretBytes, OpError> {
+        crate::infra::config::read_secret_file(&cfg.master_key_file).map_err(|source| {
+            OpError::Open {
+                what: "master key file",
+                path: cfg.master_key_file.clone(),
+                source,
+            }
         })
     }
 }
@@ -412,7 +420,7 @@ mod tests {
     #[test]
     fn an_offline_action_by_another_user_than_the_stores_owner_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let me = crate::unix::current_uid();
+        let me = crate::base::unix::current_uid();
         let other = me.wrapping_add(4242);
         let Err(OpError::NotOwner(message)) = check_owner(dir.path(), other) else {
             panic!("another user was let through");
@@ -441,7 +449,7 @@ mod tests {
 
     fn offline(dir: &Path) -> (Arc<dyn Store>, Audit) {
         let store: Arc<dyn Store> =
-            Arc::new(crate::store::SledStore::open(&dir.join("data")).unwrap());
+            Arc::new(crate::infra::store::SledStore::open(&dir.join("data")).unwrap());
         (store, Audit::open(&dir.join("audit.jsonl")).unwrap())
     }
 
@@ -462,19 +470,22 @@ mod tests {
     fn offline_freeze_rotation_and_users_are_audited() {
         let dir = tempfile::tempdir().unwrap();
         let (store, audit) = offline(dir.path());
-        let clock = crate::clock::SystemClock;
+        let clock = crate::base::clock::SystemClock;
         let rec = Recorder {
             audit: &audit,
             agent: "a",
             clock: &clock,
         };
-        let key = crate::freeze::FreezeKey::derive(&crate::secret::SecretBytes::new(vec![7u8; 32]));
+        let key = crate::derive::freeze::FreezeKey::derive(&crate::base::secret::SecretBytes::new(
+            vec![7u8; 32],
+        ));
         let target = Target::Stopped(store.as_ref());
         assert!(freeze(target, Some(&key), rec, true).unwrap());
         // One owner of the flag: what the offline freeze wrote is what the
         // broker reads at start-up.
-        let at_start = |s: &dyn crate::store::Store| {
-            crate::freeze::at_start(s, &key, &crate::freeze::Seen::default()).unwrap()
+        let at_start = |s: &dyn crate::infra::store::Store| {
+            crate::derive::freeze::at_start(s, &key, &crate::derive::freeze::Seen::default())
+                .unwrap()
         };
         assert!(at_start(store.as_ref()));
         assert!(!freeze(target, Some(&key), rec, false).unwrap());
@@ -483,12 +494,14 @@ mod tests {
             freeze(target, None, rec, true),
             Err(OpError::NoFreezeKey)
         ));
-        let sealer = Sealer::new(&crate::secret::SecretBytes::new(vec![7u8; 32]), &[]).unwrap();
-        crate::mint::load_or_create(store.as_ref(), &sealer, clock.now()).unwrap();
-        let kind = crate::mint::RotationKind::new(false, crate::mint::ACTIVATION_DELAY);
+        let sealer =
+            Sealer::new(&crate::base::secret::SecretBytes::new(vec![7u8; 32]), &[]).unwrap();
+        crate::derive::mint::load_or_create(store.as_ref(), &sealer, clock.now()).unwrap();
+        let kind =
+            crate::derive::mint::RotationKind::new(false, crate::infra::config::ACTIVATION_DELAY);
         let r = rotate_keys(Target::Stopped(store.as_ref()), &sealer, rec, kind).unwrap();
         assert!(r.added && !r.kid.is_empty());
-        let pw = crate::secret::SecretString::new("a long enough password".into());
+        let pw = crate::base::secret::SecretString::new("a long enough password".into());
         add_user(store.as_ref(), &sealer, "alice", &pw, false, rec).unwrap();
         // A refused action writes no event.
         assert!(add_user(store.as_ref(), &sealer, "alice", &pw, false, rec).is_err());

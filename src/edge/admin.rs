@@ -10,7 +10,7 @@
 //!
 //! The socket is built from narrow [`Handles`] (the way linkerd2-proxy's
 //! admin server is), never from the instance itself; each command is one
-//! call into [`crate::ops`], which the command line also calls when no
+//! call into [`crate::derive::ops`], which the command line also calls when no
 //! instance runs. Every error becomes its answer in [`error_response`], in
 //! one JSON shape: `{"error": code, "error_description": sentence}`.
 
@@ -20,9 +20,9 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::exchange::Broker;
-use crate::http::{json_response, Body};
-use crate::ops::{OpError, Recorder, Target};
+use crate::base::http::{json_response, Body};
+use crate::derive::exchange::Broker;
+use crate::derive::ops::{OpError, Recorder, Target};
 
 /// What the admin socket works with, handed over by the composition root.
 #[derive(Debug, Clone)]
@@ -30,11 +30,11 @@ pub struct Handles {
     /// The broker: freeze, keys, status, metrics, the audit sink.
     pub broker: Arc<Broker>,
     /// The sealer of the signing keys at rest (for key rotation).
-    pub sealer: Arc<crate::seal::Sealer>,
+    pub sealer: Arc<crate::infra::seal::Sealer>,
     /// Connected accounts and allowances.
-    pub vault: Arc<crate::vault::Vault>,
+    pub vault: Arc<crate::accounts::vault::Vault>,
     /// Third-party providers (to revoke at on disconnect).
-    pub providers: Arc<crate::upstream::Providers>,
+    pub providers: Arc<crate::accounts::upstream::Providers>,
     /// The public listener's bound address, once bound (for status).
     pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
 }
@@ -55,7 +55,7 @@ pub(crate) enum AdminError {
 
 /// Maps every admin error to its answer, in one place.
 pub(crate) fn error_response(err: &AdminError) -> Response<Body> {
-    use crate::pages::users::UserError;
+    use crate::accounts::users::UserError;
     let (status, code) = match err {
         AdminError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
         AdminError::BadBody(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
@@ -85,7 +85,7 @@ fn text(status: StatusCode, body: String, ctype: &'static str) -> Response<Body>
 /// Reads a body of at most `cap` bytes (the admin commands' arguments).
 async fn capped_body(req: Request<hyper::body::Incoming>, cap: usize) -> Result<Bytes, AdminError> {
     let (parts, body) = req.into_parts();
-    crate::http::read_capped(&parts.headers, body, cap)
+    crate::base::http::read_capped(&parts.headers, body, cap)
         .await
         .map_err(|_| AdminError::BadBody("the body is unreadable or too large"))
 }
@@ -93,7 +93,7 @@ async fn capped_body(req: Request<hyper::body::Incoming>, cap: usize) -> Result<
 /// Readiness: store answers, keys loaded, policy loaded, and the audit log
 /// writable (no event, no token: a broker that cannot audit refuses every
 /// derive). The audit check is the last write's outcome; after a failure it
-/// tries again by recording `audit.recovered` (see [`crate::events::Audit::probe`]).
+/// tries again by recording `audit.recovered` (see [`crate::infra::events::Audit::probe`]).
 pub(crate) fn readiness(b: &Broker) -> serde_json::Value {
     let store = b.store.is_healthy();
     let keys = !b.minter.ring().active.kid.is_empty();
@@ -115,7 +115,7 @@ pub(crate) fn readiness(b: &Broker) -> serde_json::Value {
 }
 
 /// The answer to a key rotation (admin socket and offline CLI alike).
-pub(crate) fn rotation_json(r: &crate::mint::Rotation, running: bool) -> serde_json::Value {
+pub(crate) fn rotation_json(r: &crate::derive::mint::Rotation, running: bool) -> serde_json::Value {
     serde_json::json!({
         "kid": r.kid,
         "added": r.added,
@@ -164,7 +164,7 @@ pub(crate) struct DisconnectRequest {
     pub force: bool,
 }
 
-fn person_from_query(query: Option<&str>) -> Option<crate::subject::Person> {
+fn person_from_query(query: Option<&str>) -> Option<crate::accounts::subject::Person> {
     let mut iss = None;
     let mut sub = None;
     for (k, v) in form_urlencoded::parse(query?.as_bytes()) {
@@ -174,7 +174,7 @@ fn person_from_query(query: Option<&str>) -> Option<crate::subject::Person> {
             _ => {}
         }
     }
-    Some(crate::subject::Person {
+    Some(crate::accounts::subject::Person {
         iss: iss?,
         sub: sub?,
     })
@@ -221,7 +221,7 @@ async fn route(
                 b"off" => false,
                 _ => return Err(AdminError::BadBody("the body must be on or off")),
             };
-            let frozen = crate::ops::freeze(Target::Running(b), None, Recorder::of(b), on)?;
+            let frozen = crate::derive::ops::freeze(Target::Running(b), None, Recorder::of(b), on)?;
             ok(serde_json::json!({"frozen": frozen}))
         }
         (Method::POST, "/keys/rotate") => {
@@ -230,8 +230,14 @@ async fn route(
                 b"emergency" => true,
                 _ => return Err(AdminError::BadBody("the body must be empty or emergency")),
             };
-            let kind = crate::mint::RotationKind::new(emergency, b.config.key_activation_delay);
-            let r = crate::ops::rotate_keys(Target::Running(b), &h.sealer, Recorder::of(b), kind)?;
+            let kind =
+                crate::derive::mint::RotationKind::new(emergency, b.config.key_activation_delay);
+            let r = crate::derive::ops::rotate_keys(
+                Target::Running(b),
+                &h.sealer,
+                Recorder::of(b),
+                kind,
+            )?;
             ok(rotation_json(&r, true))
         }
         (Method::POST, "/vault/rotate") => {
@@ -250,7 +256,7 @@ async fn route(
             let (vault, b) = (h.vault.clone(), b.clone());
             // Re-wrapping does store I/O; keep it off the async workers.
             let report = tokio::task::spawn_blocking(move || {
-                crate::ops::rotate_vault(&vault, limit, Recorder::of(&b))
+                crate::derive::ops::rotate_vault(&vault, limit, Recorder::of(&b))
             })
             .await
             .map_err(|_| OpError::Task("vault rotation"))??;
@@ -258,7 +264,10 @@ async fn route(
         }
         (Method::GET, "/accounts") => {
             let person = person_from_query(req.uri().query());
-            ok(crate::ops::list_accounts(&h.vault, person.as_ref())?)
+            ok(crate::derive::ops::list_accounts(
+                &h.vault,
+                person.as_ref(),
+            )?)
         }
         (Method::POST, "/accounts/disconnect") => {
             let body = capped_body(req, 16 * 1024).await?;
@@ -267,11 +276,11 @@ async fn route(
                     "the body must be JSON with person_iss, person_sub, service and optional force",
                 )
             })?;
-            let person = crate::subject::Person {
+            let person = crate::accounts::subject::Person {
                 iss: d.person_iss,
                 sub: d.person_sub,
             };
-            let report = crate::ops::disconnect(
+            let report = crate::derive::ops::disconnect(
                 &h.vault,
                 &h.providers,
                 &person,
@@ -302,13 +311,13 @@ async fn add_user(
     let bytes = capped_body(req, 4096).await?;
     let req = serde_json::from_slice::<AddUser>(&bytes)
         .map_err(|_| AdminError::BadBody("expected {\"name\", \"password\", \"replace\"}"))?;
-    let password = crate::secret::SecretString::new(req.password);
+    let password = crate::base::secret::SecretString::new(req.password);
     let (b, sealer) = (h.broker.clone(), h.sealer.clone());
     let (name, replace) = (req.name, req.replace);
     let n = name.clone();
     // Password hashing is deliberately slow: off the async workers.
     tokio::task::spawn_blocking(move || {
-        crate::ops::add_user(
+        crate::derive::ops::add_user(
             b.store.as_ref(),
             &sealer,
             &n,
@@ -328,7 +337,7 @@ async fn add_user(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pages::users::UserError;
+    use crate::accounts::users::UserError;
     use http_body_util::BodyExt;
 
     async fn answer(e: AdminError) -> (u16, serde_json::Value) {

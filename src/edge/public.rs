@@ -17,9 +17,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::exchange::Broker;
-use crate::http::{json_response, Body};
-use crate::pages::Pages;
+use crate::base::http::{json_response, Body};
+use crate::derive::exchange::Broker;
+use crate::edge::pages::Pages;
 
 const MAX_PUBLIC_CONNECTIONS: usize = 1024;
 
@@ -43,7 +43,7 @@ pub(crate) fn tls_acceptor(cert: &Path, key: &Path) -> Result<tokio_rustls::TlsA
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|it| it.collect::<Result<_, _>>())
         .map_err(|e| TlsError::Invalid(format!("TLS certificate {}: {e}", cert.display())))?;
-    let key_bytes = crate::config::read_secret_file(key).map_err(TlsError::KeyFile)?;
+    let key_bytes = crate::infra::config::read_secret_file(key).map_err(TlsError::KeyFile)?;
     let key = PrivateKeyDer::from_pem_slice(key_bytes.expose()).map_err(|_| {
         TlsError::Invalid(format!("TLS key {}: not a PEM private key", key.display()))
     })?;
@@ -63,7 +63,7 @@ pub(crate) fn metadata(broker: &Broker) -> serde_json::Value {
         // Reached over the local socket only; it is also the htu base of
         // DPoP proofs sent to the socket.
         "token_endpoint": format!("{iss}/token"),
-        "grant_types_supported": [crate::grammar::TOKEN_EXCHANGE],
+        "grant_types_supported": [crate::base::grammar::TOKEN_EXCHANGE],
         "token_endpoint_auth_methods_supported": ["none"],
         "dpop_signing_alg_values_supported":
             broker.config.dpop.algs.iter().map(|a| a.as_str()).collect::<Vec<_>>(),
@@ -126,8 +126,8 @@ where
                 &broker.minter.ring().jwks(broker.clock.now()),
             ),
             // Short, so that rotated keys are seen quickly; the rotation
-            // delay counts on it (mint::ACTIVATION_DELAY).
-            crate::mint::JWKS_CACHE_CONTROL,
+            // delay counts on it (config::ACTIVATION_DELAY).
+            crate::derive::mint::JWKS_CACHE_CONTROL,
         ),
         (true, "/healthz") => {
             let mut r = Response::new(Full::new(Bytes::from_static(b"ok\n")));
@@ -169,7 +169,7 @@ pub(crate) async fn serve(
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     // The egress proxy's answers stream; its own budget of calls in flight
     // (proxy.max_in_flight) keeps slow streams from taking every connection.
-    let proxy = match crate::proxy::Proxy::new(broker.clone()) {
+    let proxy = match crate::edge::proxy::Proxy::new(broker.clone()) {
         Ok(p) => Arc::new(p),
         Err(e) => {
             tracing::error!(error = %e, "the egress proxy's HTTP client could not be built; the public listener is not served");
@@ -205,7 +205,7 @@ pub(crate) async fn serve(
             let pg = pg.clone();
             let px = px.clone();
             async move {
-                let answer = if req.uri().path().starts_with(crate::proxy::PREFIX) {
+                let answer = if req.uri().path().starts_with(crate::edge::proxy::PREFIX) {
                     px.handle(req).await
                 } else {
                     handle(b, pg, req, client).await.map(Either::Left)

@@ -6,22 +6,22 @@
 //! Named points: `keys.rotate.before_write`, `keys.rotate.after_write`,
 //! `keys.activate.before_write`, `keys.activate.after_write`,
 //! `keys.migrate.before_write`, `keys.migrate.after_write` (see
-//! [`crate::mint`]); `vault.import.before_write`,
+//! [`crate::derive::mint`]); `vault.import.before_write`,
 //! `vault.import.after_write` (the import of an older install's vault key
-//! files, see [`crate::vault::keys`]).
+//! files, see [`crate::accounts::vault::keys`]).
 //!
 //! Pause points: when `CREDBROKER_FAILPOINT` is `pause:<point>`, the
 //! process stops at that point (it prints `failpoint <point>: paused` to
 //! stderr and blocks the thread for good), so a test can find it there and
 //! kill it: `vault.refresh.lease_taken` (a refresh lease just taken, see
-//! [`crate::vault`]).
+//! [`crate::accounts::vault`]).
 
 /// The environment variable that arms one point.
 pub const ENV: &str = "CREDBROKER_FAILPOINT";
 
 /// Aborts the process if `ENV` names `point`.
 #[cfg(feature = "failpoints")]
-pub fn hit(point: &str) {
+pub(crate) fn hit(point: &str) {
     if std::env::var_os(ENV).is_some_and(|v| v == point) {
         eprintln!("failpoint {point}: aborting");
         std::process::abort();
@@ -36,7 +36,7 @@ pub fn hit(_point: &str) {}
 /// Stops the process here for good if `ENV` is `pause:<point>` (the test
 /// that armed it kills the process).
 #[cfg(feature = "failpoints")]
-pub fn pause(point: &str) {
+pub(crate) fn pause(point: &str) {
     let armed = std::env::var(ENV).is_ok_and(|v| v.strip_prefix("pause:") == Some(point));
     if armed {
         eprintln!("failpoint {point}: paused");

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 
-use crate::secret::SecretBytes;
+use crate::base::secret::SecretBytes;
 
 const VERSION: u8 = 1;
 

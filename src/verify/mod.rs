@@ -20,16 +20,16 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::dpop;
-use crate::jose::{self, Alg, JwkSet};
+use crate::base::dpop;
+use crate::base::jose::{self, Alg, JwkSet};
 
 // What the verifier's public signatures mention, re-exported so that an
 // embedder needs nothing but this module (the modules they live in are
 // internal): the error sources, and the clock to inject.
-pub use crate::clock::{Clock, ManualClock, SharedClock, SystemClock};
-pub use crate::dpop::DpopError;
-pub use crate::jose::JoseError;
-use crate::keyset::{self, Refetch, RemoteKeySet};
+pub use crate::base::clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use crate::base::dpop::DpopError;
+pub use crate::base::jose::JoseError;
+use crate::base::keyset::{self, Refetch, RemoteKeySet};
 
 /// Token size cap.
 pub const MAX_TOKEN_LEN: usize = 8 * 1024;

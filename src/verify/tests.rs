@@ -9,10 +9,10 @@ use super::*;
 use aws_lc_rs::hmac;
 use serde_json::{json, Map, Value};
 
-use crate::clock::{Clock, ManualClock};
-use crate::dpop::{make_proof, IAT_WINDOW};
-use crate::jose::{b64d, b64e, Es256Key};
-use crate::mint::{Claims, KeyRing, Minter};
+use crate::base::clock::{Clock, ManualClock};
+use crate::base::dpop::{make_proof, IAT_WINDOW};
+use crate::base::jose::{b64d, b64e, Es256Key};
+use crate::derive::mint::{Claims, KeyRing, Minter};
 
 const ISS: &str = "https://broker.example";
 const AUD: &str = "https://api.example/notes";

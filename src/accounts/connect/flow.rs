@@ -1,8 +1,8 @@
 //! Disconnecting an account: revoke at the provider, then delete. (A link
 //! is finished by the pages through `app::backend::Backend`.)
 
-use crate::upstream::Provider;
-use crate::vault::{Vault, VaultError};
+use crate::accounts::upstream::Provider;
+use crate::accounts::vault::{Vault, VaultError};
 
 /// Errors disconnecting an account.
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +32,7 @@ pub struct DisconnectReport {
 pub async fn disconnect_account(
     vault: &Vault,
     provider: Option<&Provider>,
-    person: &crate::subject::Person,
+    person: &crate::accounts::subject::Person,
     service: &str,
     force: bool,
 ) -> Result<DisconnectReport, DisconnectError> {
@@ -63,11 +63,11 @@ pub async fn disconnect_account(
                     format!("no access token was stored, so the grant at {name} could not be deleted; revoke it in your {name} settings"),
                 ),
                 Some((token, _)) => match p.delete_grant(token.expose()).await {
-                    Ok(crate::upstream::Revocation::Revoked) => (
+                    Ok(crate::accounts::upstream::Revocation::Revoked) => (
                         "revoked",
                         format!("revoked at {name}: the application grant was deleted, so every token {name} issued to credbroker for this account (access and refresh) stopped working"),
                     ),
-                    Ok(crate::upstream::Revocation::NotSupported) => (
+                    Ok(crate::accounts::upstream::Revocation::NotSupported) => (
                         "not_supported",
                         format!("{name} has no grant API configured; revoke the grant in your {name} settings"),
                     ),
@@ -92,8 +92,8 @@ pub async fn disconnect_account(
             );
             for (token, hint) in &tokens {
                 match p.revoke(token.expose(), hint).await {
-                    Ok(crate::upstream::Revocation::Revoked) => {}
-                    Ok(crate::upstream::Revocation::NotSupported) => {
+                    Ok(crate::accounts::upstream::Revocation::Revoked) => {}
+                    Ok(crate::accounts::upstream::Revocation::NotSupported) => {
                         outcome = (
                             "not_supported",
                             format!("{} has no revocation endpoint; revoke the grant in your {} settings", p.display_name(), p.display_name()),

@@ -22,11 +22,12 @@ use aws_lc_rs::hmac;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
-use crate::secret::{SecretBytes, SecretString};
-use crate::store::{tuple_key, Store, StoreError, Tree};
-use crate::subject::Person;
+use crate::accounts::subject::Person;
+use crate::base::secret::{SecretBytes, SecretString};
+use crate::infra::store::{tuple_key, Store, StoreError, Tree};
 
-pub use flow::{disconnect_account, DisconnectError, DisconnectReport};
+pub use flow::disconnect_account;
+pub(crate) use flow::{DisconnectError, DisconnectReport};
 
 /// How long a link stays open.
 pub const LINK_TTL: i64 = 30 * 60;

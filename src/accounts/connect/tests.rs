@@ -1,5 +1,5 @@
 use super::*;
-use crate::store::SledStore;
+use crate::infra::store::SledStore;
 
 /// The person of these tests (shared with `app::backend`'s tests).
 pub(crate) fn alice() -> Person {
@@ -252,14 +252,15 @@ fn debug_output_never_shows_a_link_code() {
         .unwrap();
     let code = l.code.expose().clone();
     assert!(!format!("{l:?}").contains(&code));
-    let refusal =
-        crate::exchange::DeriveError::LinkRequired(Box::new(crate::exchange::LinkRefusal {
+    let refusal = crate::derive::exchange::DeriveError::LinkRequired(Box::new(
+        crate::derive::exchange::LinkRefusal {
             kind: LinkKind::Connect,
             uri: SecretString::new(links.uri(&l.code)),
             id: l.link.id.clone(),
             expires_in: 1800,
             message: "m".into(),
-        }));
+        },
+    ));
     let dbg = format!("{refusal:?} {refusal}");
     assert!(!dbg.contains(&code), "{dbg}");
     // Positive control: the id (public) is shown.

@@ -2,7 +2,7 @@
 //! OpenID Connect provider): authorization URLs with PKCE (S256) and
 //! `state`, code exchange, refresh, RFC 7009 revocation, the account's name,
 //! and RFC 8414 / OpenID Connect discovery. The OAuth mechanics are the
-//! shared client of [`crate::oauth`], used here by its provider rules
+//! shared client of [`crate::base::oauth`], used here by its provider rules
 //! ([`oauth::Use::Provider`]); the RFC 9207 `iss` check of the callback is
 //! [`oauth::check_callback_iss`], run by the pages.
 //!
@@ -23,11 +23,11 @@ use arc_swap::ArcSwapOption;
 use serde::Deserialize;
 use zeroize::Zeroize;
 
-use crate::config::{AccountLookup, ClientAuth, Config, Endpoints, ProviderConfig};
-use crate::oauth::{self, read_capped};
-use crate::secret::SecretString;
+use crate::base::oauth::{self, read_capped};
+use crate::base::secret::SecretString;
+use crate::infra::config::{AccountLookup, ClientAuth, Config, Endpoints, ProviderConfig};
 
-pub use crate::oauth::{pkce_challenge, OAuthError as UpstreamError, TokenSet};
+pub use crate::base::oauth::{pkce_challenge, OAuthError as UpstreamError, TokenSet};
 
 /// The person's account at the provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +87,7 @@ impl Provider {
         let secret = match &cfg.client_secret_file {
             None => None,
             Some(p) => {
-                let bytes = crate::config::read_secret_file(p).map_err(|e| {
+                let bytes = crate::infra::config::read_secret_file(p).map_err(|e| {
                     UpstreamError::Config(format!("providers.{}.client_secret_file: {e}", cfg.name))
                 })?;
                 let s = std::str::from_utf8(bytes.expose())
@@ -108,7 +108,7 @@ impl Provider {
                 Some(SecretString::new(s))
             }
         };
-        let http = crate::http::outbound_client()
+        let http = crate::base::http::outbound_client()
             .timeout(cfg.timeout)
             .connect_timeout(cfg.timeout.min(Duration::from_secs(5)))
             .redirect(reqwest::redirect::Policy::none())

@@ -28,10 +28,10 @@ use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
 use super::VaultError;
-use crate::failpoint;
-use crate::seal::{SealError, Sealer};
-use crate::secret::SecretBytes;
-use crate::store::{Store, Tree};
+use crate::base::secret::SecretBytes;
+use crate::infra::failpoint;
+use crate::infra::seal::{SealError, Sealer};
+use crate::infra::store::{Store, Tree};
 
 /// The key record (tree `State`).
 const RECORD_KEY: &[u8] = b"vault/keyring/v1";
@@ -48,7 +48,7 @@ const CAS_ATTEMPTS: usize = 16;
 /// Records one key may seal. AES-256-GCM with random 96-bit nonces stays
 /// within NIST SP 800-38D's 2^-32 collision bound up to 2^32 messages; the
 /// cap keeps a margin of four.
-pub const DEFAULT_SEAL_CAP: u64 = 1 << 30;
+pub(crate) const DEFAULT_SEAL_CAP: u64 = 1 << 30;
 
 /// Names the record in errors.
 const WHERE: &str = "vault keys (store tree state, record vault/keyring/v1)";
@@ -167,8 +167,8 @@ fn read_dir_keys(dir: &Path) -> Result<Vec<(String, SecretBytes)>, VaultError> {
         if path.extension().and_then(|x| x.to_str()) != Some("key") {
             continue;
         }
-        let key =
-            crate::config::read_secret_file(&path).map_err(|e| io("vault key file", &path, e))?;
+        let key = crate::infra::config::read_secret_file(&path)
+            .map_err(|e| io("vault key file", &path, e))?;
         let id = key_id(&key).map_err(|_| {
             VaultError::Keys(format!(
                 "vault key file {} must hold exactly 32 bytes",
@@ -210,7 +210,7 @@ fn seal_key(master: &Sealer, id: &str, key: &SecretBytes) -> Result<StoredKey, V
         .map_err(|_| VaultError::Keys(format!("{WHERE}: encryption failed")))?;
     Ok(StoredKey {
         id: id.to_string(),
-        sealed: crate::jose::b64e(&sealed),
+        sealed: crate::base::jose::b64e(&sealed),
     })
 }
 
@@ -220,7 +220,8 @@ fn open_record(master: &Sealer, rec: &KeyRecord) -> Result<Vec<(String, SecretBy
     let mut out = Vec::with_capacity(rec.keys.len());
     for k in &rec.keys {
         let bad = |why: &str| VaultError::Keys(format!("{WHERE}: key {}: {why}", k.id));
-        let sealed = crate::jose::b64d(&k.sealed, "vault key").map_err(|_| bad("not base64url"))?;
+        let sealed =
+            crate::base::jose::b64d(&k.sealed, "vault key").map_err(|_| bad("not base64url"))?;
         let key = master.open(&aad(&k.id), &sealed).map_err(|_| {
             bad("does not decrypt under the master key (keys.master_key_file is not the one this store was made with, or the record was altered)")
         })?;

@@ -4,16 +4,16 @@
 //! An account record holds, in clear, what the account page and
 //! `credbroker accounts list` show (the account's id and name at the
 //! provider, granted scopes, status) and, sealed with AES-256-GCM
-//! ([`crate::seal`]), the tokens: a fresh random nonce per write, the
+//! ([`crate::infra::seal`]), the tokens: a fresh random nonce per write, the
 //! record's own store key as associated data (a ciphertext copied into
 //! another record does not open), and the sealing key's id, so keys rotate
 //! ([`Vault::rotate`]). Allowances hold no secret and are stored in clear.
 //!
-//! Records are keyed by length-prefixed tuples ([`crate::store::tuple_key`]):
+//! Records are keyed by length-prefixed tuples ([`crate::infra::store::tuple_key`]):
 //! accounts by (person `iss`, person `sub`, service), allowances by
 //! (`iss`, `sub`, service, agent).
 
-pub mod keys;
+pub(crate) mod keys;
 mod refresh;
 
 use std::collections::HashMap;
@@ -24,14 +24,15 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroize;
 
-pub use keys::{KeyState, VaultKeys, DEFAULT_SEAL_CAP};
-pub use refresh::{lease_lifetime, ServiceToken, TokenOutcome, TokenRequest, REFRESH_MARGIN};
+pub(crate) use keys::{VaultKeys, DEFAULT_SEAL_CAP};
+pub(crate) use refresh::ServiceToken;
+pub use refresh::{lease_lifetime, TokenOutcome, TokenRequest};
 
-use crate::seal::{SealError, Sealer};
-use crate::secret::SecretString;
-use crate::store::{split_tuple_key, tuple_key, Store, StoreError, Tree};
-use crate::subject::Person;
-use crate::upstream::{AccountInfo, TokenSet};
+use crate::accounts::subject::Person;
+use crate::accounts::upstream::{AccountInfo, TokenSet};
+use crate::base::secret::SecretString;
+use crate::infra::seal::{SealError, Sealer};
+use crate::infra::store::{split_tuple_key, tuple_key, Store, StoreError, Tree};
 
 /// Vault errors. None carries a token or a key.
 #[derive(Debug, thiserror::Error)]
@@ -261,7 +262,7 @@ impl Tokens {
 }
 
 /// A key for a scope set: sorted, space-separated.
-pub fn scope_key(scopes: &[String]) -> String {
+pub(crate) fn scope_key(scopes: &[String]) -> String {
     let mut v: Vec<&str> = scopes.iter().map(String::as_str).collect();
     v.sort_unstable();
     v.dedup();
@@ -527,7 +528,7 @@ impl Vault {
         tree: Tree,
         key: &[u8],
         sealed: &[u8],
-    ) -> Result<Result<crate::secret::SecretBytes, SealError>, VaultError> {
+    ) -> Result<Result<crate::base::secret::SecretBytes, SealError>, VaultError> {
         let open = |s: &Sealer| s.open(&aad(tree, key), sealed);
         let opened = open(&self.keys.sealer());
         if matches!(opened, Err(SealError::UnknownKey(_)))

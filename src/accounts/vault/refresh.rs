@@ -38,14 +38,14 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 
 use super::{account_key, scope_key, AccessEntry, AccountRead, AccountStatus, Vault, VaultError};
-use crate::clock::Clock;
-use crate::secret::SecretString;
-use crate::store::{Fenced, Lease, Store, Tree};
-use crate::subject::Person;
-use crate::upstream::Provider;
+use crate::accounts::subject::Person;
+use crate::accounts::upstream::Provider;
+use crate::base::clock::Clock;
+use crate::base::secret::SecretString;
+use crate::infra::store::{Fenced, Lease, Store, Tree};
 
 /// Refresh when the token expires within this many seconds.
-pub const REFRESH_MARGIN: i64 = 60;
+pub(super) const REFRESH_MARGIN: i64 = 60;
 
 /// The shortest refresh lease, whatever the provider's timeout.
 const MIN_LEASE: Duration = Duration::from_secs(1);
@@ -383,7 +383,7 @@ impl Vault {
             }
             tokio::time::sleep(LEASE_POLL).await;
         };
-        crate::failpoint::pause("vault.refresh.lease_taken");
+        crate::infra::failpoint::pause("vault.refresh.lease_taken");
 
         // Under the lease: read what the previous holder left.
         let now = clock.now();
@@ -446,7 +446,7 @@ impl Vault {
                             refresh_token: None,
                         }))
                     }
-                    Ok(_) | Err(crate::upstream::UpstreamError::Rejected { .. }) => {
+                    Ok(_) | Err(crate::accounts::upstream::UpstreamError::Rejected { .. }) => {
                         tracing::warn!(service = %r.service, "the provider no longer accepts the token (it has no lifetime); the account needs reconnecting");
                         self.mark_reconnect(r.person, r.service, clock.now())?;
                         Ok(TokenOutcome::Reconnect)

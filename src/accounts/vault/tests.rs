@@ -2,7 +2,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::*;
-use crate::store::SledStore;
+use crate::infra::store::SledStore;
 
 fn person(sub: &str) -> Person {
     Person {
@@ -51,20 +51,20 @@ impl Env {
 }
 
 fn master() -> Arc<Sealer> {
-    Arc::new(Sealer::new(&crate::secret::SecretBytes::new(vec![9; 32]), &[]).unwrap())
+    Arc::new(Sealer::new(&crate::base::secret::SecretBytes::new(vec![9; 32]), &[]).unwrap())
 }
 
 /// Makes `e` look like an install from before the key record: the vault's
 /// one key as a 0600 file in the key directory, the store naming it
 /// current (`vault/keys`), and no record. Returns the key id.
 fn as_legacy_install(e: &Env, key: &[u8]) -> String {
-    let id = Sealer::new(&crate::secret::SecretBytes::new(key.to_vec()), &[])
+    let id = Sealer::new(&crate::base::secret::SecretBytes::new(key.to_vec()), &[])
         .unwrap()
         .current_key_id();
     std::fs::create_dir_all(e.key_dir()).unwrap();
     let file = e.key_dir().join(format!("{id}.key"));
     if !file.exists() {
-        crate::config::write_secret_file(&file, key).unwrap();
+        crate::infra::config::write_secret_file(&file, key).unwrap();
     }
     e.store.delete(Tree::State, b"vault/keyring/v1").unwrap();
     e.store
@@ -332,7 +332,8 @@ fn a_new_vault_writes_no_key_file_and_the_record_needs_the_master_key() {
     drop(v);
     // Another master key cannot open the record, and the error says which
     // setting to look at.
-    let other = Arc::new(Sealer::new(&crate::secret::SecretBytes::new(vec![1; 32]), &[]).unwrap());
+    let other =
+        Arc::new(Sealer::new(&crate::base::secret::SecretBytes::new(vec![1; 32]), &[]).unwrap());
     let err = Vault::open(e.store.clone(), other, &e.key_dir()).unwrap_err();
     assert!(
         err.to_string().contains("keys.master_key_file")
@@ -447,7 +448,7 @@ fn an_import_without_the_current_key_file_gives_an_explicit_error() {
         "the error names the key and the directory: {err}"
     );
     // Positive control: with the file restored, the import runs.
-    crate::config::write_secret_file(&file, &saved).unwrap();
+    crate::infra::config::write_secret_file(&file, &saved).unwrap();
     assert!(e.vault().tokens_to_revoke(&person("a"), "github").is_ok());
 }
 
@@ -533,7 +534,7 @@ fn full_disk_fails_writes_cleanly_and_keeps_existing_records() {
     let e = Env::new();
     // Writes fail while `full` is set, as on a full disk.
     let full = Arc::new(AtomicBool::new(false));
-    let fs = Arc::new(crate::store::Hooked::new(e.store.clone(), {
+    let fs = Arc::new(crate::infra::store::Hooked::new(e.store.clone(), {
         let full = full.clone();
         move |_| match full.load(Ordering::SeqCst) {
             true => Err(StoreError::Backend(

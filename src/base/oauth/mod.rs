@@ -17,11 +17,11 @@ use base64::Engine;
 use serde::Deserialize;
 use zeroize::Zeroize;
 
-use crate::grammar::secure_or_loopback;
-use crate::secret::SecretString;
+use crate::base::grammar::secure_or_loopback;
+use crate::base::secret::SecretString;
 
 /// The most an OAuth answer (metadata, token answer) may hold.
-pub const MAX_ANSWER: usize = 256 * 1024;
+pub(crate) const MAX_ANSWER: usize = 256 * 1024;
 
 /// OAuth call failures. No token, code or secret is ever in them.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,7 +49,7 @@ impl OAuthError {
 
 /// Which flow a client call belongs to, and so which rules complete it.
 #[derive(Debug, Clone, Copy)]
-pub enum Use<'a> {
+pub(crate) enum Use<'a> {
     /// OpenID Connect sign-in: the authorization URL carries this `nonce`
     /// and the code answer must carry an ID token.
     SignIn {
@@ -66,7 +66,7 @@ fn b64() -> base64::engine::GeneralPurpose {
 }
 
 /// `n` random bytes, base64url: a `state` or a PKCE verifier.
-pub fn random_secret(n: usize) -> Result<SecretString, OAuthError> {
+pub(crate) fn random_secret(n: usize) -> Result<SecretString, OAuthError> {
     let mut b = vec![0u8; n];
     aws_lc_rs::rand::fill(&mut b).map_err(|_| OAuthError::Config("no randomness".into()))?;
     let s = b64().encode(&b);
@@ -108,7 +108,7 @@ pub fn check_callback_iss(
 
 /// What goes into an authorization URL besides the endpoint.
 #[derive(Debug, Clone, Copy)]
-pub struct AuthorizationParams<'a> {
+pub(crate) struct AuthorizationParams<'a> {
     /// Our client id.
     pub client_id: &'a str,
     /// The registered redirect URI.
@@ -125,7 +125,7 @@ pub struct AuthorizationParams<'a> {
 
 /// The authorization URL (RFC 6749 section 4.1.1 with RFC 7636 PKCE S256;
 /// with a `nonce` for a sign-in).
-pub fn authorization_url(
+pub(crate) fn authorization_url(
     endpoint: &str,
     how: Use<'_>,
     p: &AuthorizationParams<'_>,
@@ -155,7 +155,7 @@ pub fn authorization_url(
 
 /// An authorization server's endpoints, from its metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Metadata {
+pub(crate) struct Metadata {
     /// `issuer`, identical to the one asked for.
     pub issuer: String,
     /// `authorization_endpoint`.
@@ -176,7 +176,7 @@ pub struct Metadata {
 /// 3.1 first (the well-known segment goes between the host and the
 /// issuer's path), then OpenID Connect discovery (appended); a sign-in
 /// source is an OpenID Provider, so only the latter.
-pub fn discovery_urls(issuer: &str, how: Use<'_>) -> Result<Vec<String>, OAuthError> {
+pub(crate) fn discovery_urls(issuer: &str, how: Use<'_>) -> Result<Vec<String>, OAuthError> {
     let u = url::Url::parse(issuer)
         .map_err(|_| OAuthError::Config("the issuer is not a URL".into()))?;
     let oidc = format!(
@@ -199,7 +199,7 @@ pub fn discovery_urls(issuer: &str, how: Use<'_>) -> Result<Vec<String>, OAuthEr
 /// Parses a metadata document: its `issuer` must be `issuer` exactly (RFC
 /// 8414 section 3.3, OIDC Discovery section 4.3) and every endpoint https
 /// (http on loopback) without a fragment (RFC 6749 section 3.1).
-pub fn parse_metadata(issuer: &str, body: &[u8]) -> Result<Metadata, OAuthError> {
+pub(crate) fn parse_metadata(issuer: &str, body: &[u8]) -> Result<Metadata, OAuthError> {
     #[derive(Deserialize)]
     struct Meta {
         issuer: String,
@@ -253,7 +253,7 @@ pub fn parse_metadata(issuer: &str, body: &[u8]) -> Result<Metadata, OAuthError>
 
 /// How the client authenticates at the token endpoint.
 #[derive(Debug, Clone, Copy)]
-pub enum ClientAuth<'a> {
+pub(crate) enum ClientAuth<'a> {
     /// `client_secret_basic`: both parts form-encoded first (RFC 6749
     /// section 2.3.1).
     Basic {
@@ -288,7 +288,7 @@ pub struct TokenSet {
 
 /// What completes a code exchange, by [`Use`].
 #[derive(Debug)]
-pub enum CodeAnswer {
+pub(crate) enum CodeAnswer {
     /// A sign-in's ID token, not yet validated: the caller checks its
     /// signature, claims and `nonce`.
     IdToken(SecretString),
@@ -299,25 +299,29 @@ pub enum CodeAnswer {
 /// An OAuth client: one HTTP client (whose timeouts and redirect policy
 /// the user chose) and the answer cap.
 #[derive(Debug, Clone)]
-pub struct Client {
+pub(crate) struct Client {
     http: reqwest::Client,
 }
 
 impl Client {
     /// A client over `http`, which should follow no redirect.
-    pub fn new(http: reqwest::Client) -> Client {
+    pub(crate) fn new(http: reqwest::Client) -> Client {
         Client { http }
     }
 
     /// The HTTP client (for the calls that are not OAuth's: userinfo,
     /// account look-ups).
-    pub fn http(&self) -> &reqwest::Client {
+    pub(crate) fn http(&self) -> &reqwest::Client {
         &self.http
     }
 
     /// Reads the issuer's metadata at the first of `discovery_urls` that
     /// answers with a success.
-    pub async fn discover(&self, issuer: &str, how: Use<'_>) -> Result<Metadata, OAuthError> {
+    pub(crate) async fn discover(
+        &self,
+        issuer: &str,
+        how: Use<'_>,
+    ) -> Result<Metadata, OAuthError> {
         let mut last = OAuthError::Unavailable("discovery found no metadata".into());
         for url in discovery_urls(issuer, how)? {
             let resp = match self
@@ -349,7 +353,7 @@ impl Client {
     /// POSTs a form to `url` with the client's authentication; returns the
     /// status and the (capped) answer. The form and body are zeroized after
     /// sending: they hold codes, verifiers, secrets and refresh tokens.
-    pub async fn post_form(
+    pub(crate) async fn post_form(
         &self,
         url: &str,
         mut form: Vec<(&'static str, String)>,
@@ -400,7 +404,7 @@ impl Client {
 
     /// Exchanges an authorization code (with its PKCE verifier) at
     /// `token_endpoint`, and reads the answer by the rules of `how`.
-    pub async fn exchange_code(
+    pub(crate) async fn exchange_code(
         &self,
         token_endpoint: &str,
         auth: ClientAuth<'_>,
@@ -423,7 +427,7 @@ impl Client {
 }
 
 /// An OAuth error code fit for a log: `[A-Za-z0-9_.-]`, at most 64.
-pub fn sanitize_code(s: &str) -> String {
+pub(crate) fn sanitize_code(s: &str) -> String {
     s.chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-' || *c == '.')
         .take(64)
@@ -431,7 +435,7 @@ pub fn sanitize_code(s: &str) -> String {
 }
 
 /// A transport failure in fixed words.
-pub fn unavailable(e: &reqwest::Error) -> OAuthError {
+pub(crate) fn unavailable(e: &reqwest::Error) -> OAuthError {
     // reqwest's own text names the URL, which holds no secret here (tokens
     // travel in bodies and headers), but keep the words fixed anyway.
     let what = if e.is_timeout() {
@@ -448,7 +452,7 @@ pub fn unavailable(e: &reqwest::Error) -> OAuthError {
 
 /// Reads an answer in chunks, refusing (and zeroizing what was read) once
 /// it passes [`MAX_ANSWER`].
-pub async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, OAuthError> {
+pub(crate) async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, OAuthError> {
     let mut out = Vec::new();
     while let Some(chunk) = resp.chunk().await.map_err(|e| unavailable(&e))? {
         if out.len() + chunk.len() > MAX_ANSWER {
@@ -488,7 +492,11 @@ impl Drop for RawToken {
 
 /// Reads a code answer by the rules of `how`: a sign-in needs an
 /// `id_token`, a provider connection an access token.
-pub fn parse_code_answer(status: u16, body: &[u8], how: Use<'_>) -> Result<CodeAnswer, OAuthError> {
+pub(crate) fn parse_code_answer(
+    status: u16,
+    body: &[u8],
+    how: Use<'_>,
+) -> Result<CodeAnswer, OAuthError> {
     match how {
         Use::Provider => parse_token_answer(status, body).map(CodeAnswer::Tokens),
         Use::SignIn { .. } => {
@@ -516,7 +524,7 @@ pub fn parse_code_answer(status: u16, body: &[u8], how: Use<'_>) -> Result<CodeA
 /// Interprets a token endpoint answer (code or refresh). GitHub answers
 /// errors with 200 and an `error` field, so `error` is looked at whatever
 /// the status.
-pub fn parse_token_answer(status: u16, body: &[u8]) -> Result<TokenSet, OAuthError> {
+pub(crate) fn parse_token_answer(status: u16, body: &[u8]) -> Result<TokenSet, OAuthError> {
     let raw: Result<RawToken, _> = serde_json::from_slice(body);
     match (status, raw) {
         (

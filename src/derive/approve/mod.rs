@@ -15,7 +15,7 @@
 //! (each_call) or pending -> declined, each move one compare-and-swap of
 //! the record, so one grant is redeemed by exactly one derive.
 //!
-//! A record is sealed (AES-256-GCM, `crate::seal`) under the record key,
+//! A record is sealed (AES-256-GCM, `crate::infra::seal`) under the record key,
 //! derived from the approval key under its own label, and bound to the
 //! record's own store key: the call's details and the person are never in
 //! the store in clear, and whoever can write the store but holds no key
@@ -32,26 +32,26 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::connect::LinkCodes;
-use crate::seal::{SealError, Sealer};
-use crate::secret::{SecretBytes, SecretString};
-use crate::store::{tuple_key, Store, StoreError, Tree};
-use crate::subject::Person;
+use crate::accounts::connect::LinkCodes;
+use crate::accounts::subject::Person;
+use crate::base::secret::{SecretBytes, SecretString};
+use crate::infra::seal::{SealError, Sealer};
+use crate::infra::store::{tuple_key, Store, StoreError, Tree};
 
 /// An unanswered approval link stops resolving after this long.
-pub const PENDING_TTL: i64 = 10 * 60;
+pub(crate) const PENDING_TTL: i64 = 10 * 60;
 /// A granted `each_call` approval must be redeemed within this long.
-pub const REDEEM_TTL: i64 = 5 * 60;
+pub(crate) const REDEEM_TTL: i64 = 5 * 60;
 /// A declined call stays declined this long (asking with other details is
 /// another call and gets its own link at once).
-pub const DECLINED_TTL: i64 = 60 * 60;
+pub(crate) const DECLINED_TTL: i64 = 60 * 60;
 /// Tokens minted on an `each_call` approval live at most this long.
-pub const EACH_CALL_TOKEN_TTL: i64 = 60;
+pub(crate) const EACH_CALL_TOKEN_TTL: i64 = 60;
 /// At most this many approvals wait for one person from one agent.
-pub const MAX_OPEN: usize = 5;
+pub(crate) const MAX_OPEN: usize = 5;
 /// New approvals per (person, agent): a burst of this many, then one a
 /// minute.
-pub const CREATE_BURST: u32 = 10;
+pub(crate) const CREATE_BURST: u32 = 10;
 
 /// Errors of the approval store.
 #[derive(Debug, thiserror::Error)]
@@ -259,7 +259,7 @@ fn sha256(b: &[u8]) -> Vec<u8> {
 /// `\u00xx`, everything else as it is); integers within ±(2^53 - 1) print
 /// as ECMAScript prints them; no whitespace. The tests compare it with the
 /// RFC's own examples.
-pub fn canonical_details(details: Option<&Value>) -> Vec<u8> {
+pub(crate) fn canonical_details(details: Option<&Value>) -> Vec<u8> {
     match details {
         // Serialising a `Value` cannot fail (string keys only).
         Some(v) => serde_json::to_vec(v).unwrap_or_default(),
@@ -268,13 +268,13 @@ pub fn canonical_details(details: Option<&Value>) -> Vec<u8> {
 }
 
 /// SHA-256 (hex) of [`canonical_details`].
-pub fn details_sha256(details: Option<&Value>) -> String {
+pub(crate) fn details_sha256(details: Option<&Value>) -> String {
     hex::encode(sha256(&canonical_details(details)))
 }
 
 /// The call hash (hex): every part length-prefixed, so that no two calls
 /// share one.
-pub fn call_hash(c: &Call<'_>) -> String {
+pub(crate) fn call_hash(c: &Call<'_>) -> String {
     let scopes = c.scopes.join(" ");
     let details = details_sha256(c.details);
     hex::encode(sha256(&tuple_key(&[
@@ -292,7 +292,10 @@ pub fn call_hash(c: &Call<'_>) -> String {
 
 /// What the page shows of checked details: per entry its type and each
 /// declared field present, with the policy's label, in the policy's order.
-pub fn shown(tool: &crate::policy::Tool, details: Option<&Value>) -> Vec<ShownEntry> {
+pub(crate) fn shown(
+    tool: &crate::derive::policy::Tool,
+    details: Option<&Value>,
+) -> Vec<ShownEntry> {
     let mut out = Vec::new();
     for e in details.and_then(Value::as_array).into_iter().flatten() {
         let Some(kind) = e.get("type").and_then(Value::as_str) else {

@@ -11,7 +11,7 @@ use super::*;
 fn shared() -> (tempfile::TempDir, Arc<dyn Store>, SecretBytes) {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> =
-        Arc::new(crate::store::SledStore::open(&dir.path().join("data")).unwrap());
+        Arc::new(crate::infra::store::SledStore::open(&dir.path().join("data")).unwrap());
     let key = Approvals::derive_key(&SecretBytes::new(vec![7u8; 32]));
     (dir, store, key)
 }
@@ -279,7 +279,7 @@ fn a_sweep_leaves_an_approval_answered_on_another_replica_after_its_read() {
 
     let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let answered = Arc::new(std::sync::Mutex::new(None));
-    let hooked = crate::store::Hooked::new(inner.clone(), {
+    let hooked = crate::infra::store::Hooked::new(inner.clone(), {
         let (armed, answered, b) = (armed.clone(), answered.clone(), b.clone());
         let id = i.approval.id.clone();
         move |_| {

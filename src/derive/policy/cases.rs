@@ -21,12 +21,12 @@ use toml::Spanned;
 
 use super::explain::shown;
 use super::{parse_policy_ttl, Outcome, Policy, DENY_REASONS};
-use crate::diagnostics::{offset_at, parse_toml, Problem};
-use crate::grammar::parse_scope;
+use crate::base::grammar::parse_scope;
+use crate::infra::diagnostics::{offset_at, parse_toml, Problem};
 
 /// One test case, validated.
 #[derive(Debug, Clone)]
-pub struct Case {
+pub(crate) struct Case {
     /// Its name (or `case N`).
     pub name: String,
     /// Where it starts in the cases file (`file:line:column`).
@@ -45,7 +45,7 @@ pub struct Case {
 
 /// The expected result of a case.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Expect {
+pub(crate) enum Expect {
     /// Allowed; optionally with exactly these scopes and this lifetime cap.
     Allow {
         /// Granted scopes (sorted), when the case pins them.
@@ -100,7 +100,7 @@ struct RawCase {
 }
 
 /// Reads and validates a cases file; every problem with its position.
-pub fn load(path: &Path) -> Result<Vec<Case>, Vec<Problem>> {
+pub(crate) fn load(path: &Path) -> Result<Vec<Case>, Vec<Problem>> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         vec![Problem {
             at: path.display().to_string(),
@@ -112,7 +112,7 @@ pub fn load(path: &Path) -> Result<Vec<Case>, Vec<Problem>> {
 }
 
 /// Validates cases text; `path` names the file in messages.
-pub fn parse(path: &Path, text: &str) -> Result<Vec<Case>, Vec<Problem>> {
+pub(crate) fn parse(path: &Path, text: &str) -> Result<Vec<Case>, Vec<Problem>> {
     let raw: RawCases = parse_toml(path, text)?;
     let at = |span: std::ops::Range<usize>| offset_at(path, text, span.start);
     let mut problems = Vec::new();
@@ -229,7 +229,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Case>, Vec<Problem>> {
 
 /// The result of one case.
 #[derive(Debug, Clone)]
-pub struct CaseResult {
+pub(crate) struct CaseResult {
     /// Whether the policy answered as expected.
     pub pass: bool,
     /// What the policy answered, in the same words as the expectation.
@@ -257,7 +257,7 @@ fn got_text(o: &Outcome, expect: &Expect) -> String {
 }
 
 /// Runs one case against a policy.
-pub fn run(policy: &Policy, case: &Case) -> CaseResult {
+pub(crate) fn run(policy: &Policy, case: &Case) -> CaseResult {
     let o = policy.evaluate(
         &case.step,
         &case.tool,
@@ -280,7 +280,7 @@ pub fn run(policy: &Policy, case: &Case) -> CaseResult {
 
 /// Runs every case and renders the results table; returns it and the number
 /// of failures.
-pub fn report(policy: &Policy, cases: &[Case]) -> (String, usize) {
+pub(crate) fn report(policy: &Policy, cases: &[Case]) -> (String, usize) {
     let header = [
         "#", "result", "name", "step", "tool", "resource", "scope", "expected", "got",
     ];

@@ -16,11 +16,11 @@ use clap::Subcommand;
 use super::explain::{explain, Query};
 use super::lint::{lint, Warning};
 use super::{Policy, PolicyError};
-use crate::diagnostics::Problem;
+use crate::infra::diagnostics::Problem;
 
 /// The `credbroker policy` subcommands.
 #[derive(Debug, Subcommand)]
-pub enum PolicyCommand {
+pub(crate) enum PolicyCommand {
     /// Check policy files: errors (file:line:column, with a hint) and
     /// warnings about risky constructs.
     Check {
@@ -69,7 +69,7 @@ pub enum PolicyCommand {
 /// One tool call as the command line names it (shared by `policy explain`
 /// and `credbroker derive`).
 #[derive(Debug, Clone, clap::Args)]
-pub struct CallArgs {
+pub(crate) struct CallArgs {
     /// Step.
     #[arg(long)]
     pub step: String,
@@ -86,10 +86,10 @@ pub struct CallArgs {
 
 /// Reads a broker config for `check --config` (given by the command line,
 /// which owns the config loader: `policy` does not depend on `config`).
-pub type ConfigReader<'a> = &'a dyn Fn(&Path) -> Result<Broker, String>;
+pub(crate) type ConfigReader<'a> = &'a dyn Fn(&Path) -> Result<Broker, String>;
 
 /// Runs a `policy` subcommand; returns the exit code.
-pub fn run(cmd: PolicyCommand, read_config: ConfigReader<'_>) -> ExitCode {
+pub(crate) fn run(cmd: PolicyCommand, read_config: ConfigReader<'_>) -> ExitCode {
     let mut out = String::new();
     let code = match cmd {
         PolicyCommand::Check {
@@ -287,7 +287,7 @@ fn unknown_key_hint(key: &str) -> String {
 /// What `check` compares the policies with: the broker's `agent`, and,
 /// from a config file, the services it has providers for.
 #[derive(Debug, Clone)]
-pub struct Broker {
+pub(crate) struct Broker {
     /// The config file, when the comparison comes from one.
     pub file: Option<PathBuf>,
     /// The broker's `agent`.
@@ -307,7 +307,7 @@ impl Broker {
             .unwrap_or_default();
         if policy.agent != self.agent {
             return vec![Problem {
-                at: crate::diagnostics::top_key_at(path, text, "agent"),
+                at: crate::infra::diagnostics::top_key_at(path, text, "agent"),
                 key: Some("agent".into()),
                 message: format!(
                     "the policy is for agent {:?}, not {:?}{config}",
@@ -327,7 +327,7 @@ impl Broker {
                     // The finder compares table names without their quotes.
                     let lookup = format!("resources.{}.service", r.id);
                     Some(Problem {
-                        at: crate::diagnostics::key_at(path, text, &lookup),
+                        at: crate::infra::diagnostics::key_at(path, text, &lookup),
                         key: Some(key),
                         message: format!(
                             "service {service:?} has no [providers.{service}] table in {}: the broker refuses this policy at start-up and on reload",

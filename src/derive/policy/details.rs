@@ -9,17 +9,17 @@ use serde_json::Value;
 use super::{FieldKind, Tool};
 
 /// At most this many entries in one request.
-pub const MAX_ENTRIES: usize = 16;
+pub(crate) const MAX_ENTRIES: usize = 16;
 /// At most this many strings in one list field.
-pub const MAX_LIST: usize = 100;
+pub(crate) const MAX_LIST: usize = 100;
 /// The largest integer every JSON reader represents exactly (2^53 - 1).
-pub const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
+pub(crate) const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
 
 /// Why details were refused (`invalid_authorization_details`, RFC 9396
 /// section 5). The messages name the entry, the declared type and the
 /// declared field, never a value or an undeclared name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DetailsError {
+pub(crate) enum DetailsError {
     /// Not a JSON array of 1 to [`MAX_ENTRIES`] objects.
     #[error("authorization_details must be a JSON array of 1 to {MAX_ENTRIES} objects")]
     Shape,
@@ -87,7 +87,7 @@ fn kind_ok(kind: FieldKind, v: &Value) -> bool {
 
 /// Checks `details` (the request's, if any) against `tool`'s declarations.
 /// `Ok(None)`: no details, and none required.
-pub fn check(tool: &Tool, details: Option<&Value>) -> Result<Option<Value>, DetailsError> {
+pub(crate) fn check(tool: &Tool, details: Option<&Value>) -> Result<Option<Value>, DetailsError> {
     let Some(details) = details else {
         return if tool.require_details {
             Err(DetailsError::Missing)
@@ -152,7 +152,7 @@ pub fn check(tool: &Tool, details: Option<&Value>) -> Result<Option<Value>, Deta
 /// The fields of `details` whose values the policy lets the audit log
 /// carry in clear, as `{type}.{field}` -> value (the rest is recorded by
 /// the hash of all details only). `details` must have passed [`check`].
-pub fn loggable(tool: &Tool, details: &Value) -> serde_json::Map<String, Value> {
+pub(crate) fn loggable(tool: &Tool, details: &Value) -> serde_json::Map<String, Value> {
     let mut out = serde_json::Map::new();
     for (i, e) in details.as_array().into_iter().flatten().enumerate() {
         let Some(ty) = e.get("type").and_then(Value::as_str) else {

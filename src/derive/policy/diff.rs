@@ -17,7 +17,7 @@ use super::{Policy, Tool};
 
 /// What changed between two policies, each item one sentence.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Report {
+pub(crate) struct Report {
     /// Access that the new version grants and the old did not.
     pub gained: Vec<String>,
     /// Access that the old version granted and the new does not.
@@ -30,7 +30,7 @@ pub struct Report {
 
 impl Report {
     /// Whether the two versions grant exactly the same access.
-    pub fn access_unchanged(&self) -> bool {
+    pub(crate) fn access_unchanged(&self) -> bool {
         self.gained.is_empty() && self.lost.is_empty()
     }
 }
@@ -75,7 +75,7 @@ fn whole(p: &Policy, t: &Tool, steps: &BTreeSet<String>) -> String {
 }
 
 /// Compares two policies.
-pub fn diff(old: &Policy, new: &Policy) -> Report {
+pub(crate) fn diff(old: &Policy, new: &Policy) -> Report {
     let mut r = Report::default();
     if old.agent != new.agent {
         r.other.push(format!(
@@ -329,7 +329,13 @@ fn approval_changes(tool: &str, ot: &Tool, nt: &Tool, r: &mut Report) {
 }
 
 /// The Markdown report printed by `policy diff`.
-pub fn render(old_name: &str, new_name: &str, old: &Policy, new: &Policy, r: &Report) -> String {
+pub(crate) fn render(
+    old_name: &str,
+    new_name: &str,
+    old: &Policy,
+    new: &Policy,
+    r: &Report,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "### Policy diff: `{old_name}` -> `{new_name}`");
     let _ = writeln!(

@@ -13,12 +13,12 @@ use std::path::Path;
 use super::{
     canonical_resource, Approval, DenyReason, FieldKind, Outcome, Policy, Source, Tool, MAX_TTL,
 };
-use crate::diagnostics::{table_at, top_key_at};
-use crate::grammar::parse_scope;
+use crate::base::grammar::parse_scope;
+use crate::infra::diagnostics::{table_at, top_key_at};
 
 /// A request to explain, with its fields as the orchestrator would send them.
 #[derive(Debug, Clone, Copy)]
-pub struct Query<'a> {
+pub(crate) struct Query<'a> {
     /// Step.
     pub step: &'a str,
     /// Tool.
@@ -31,7 +31,7 @@ pub struct Query<'a> {
 
 /// The explanation of one decision.
 #[derive(Debug, Clone)]
-pub struct Explanation {
+pub(crate) struct Explanation {
     /// The decision, from [`Policy::evaluate`].
     pub outcome: Outcome,
     /// The rule(s) that decided, with their places in the file.
@@ -51,7 +51,7 @@ pub struct Explanation {
 
 impl Explanation {
     /// The text printed by `policy explain`.
-    pub fn render(&self, q: &Query<'_>) -> String {
+    pub(crate) fn render(&self, q: &Query<'_>) -> String {
         let mut s = String::new();
         match &self.outcome {
             Outcome::Allow(_) => s.push_str("decision: allow\n"),
@@ -99,7 +99,7 @@ impl Explanation {
 /// A name as shown to a reviewer: bare when it is plain printable ASCII,
 /// otherwise quoted with escapes, so that a trailing space, a NUL or a
 /// look-alike letter is visible.
-pub fn shown(s: &str) -> String {
+pub(crate) fn shown(s: &str) -> String {
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_graphic() && b != b'"') {
         s.to_string()
     } else {
@@ -124,20 +124,20 @@ fn steps_phrase(steps: &BTreeSet<String>) -> String {
 }
 
 /// Describes a token source for a reviewer. Every source must be matched.
-pub fn describe_source(source: &Source) -> String {
+pub(crate) fn describe_source(source: &Source) -> String {
     match source {
         Source::SelfIssued => {
             "self (minted by credbroker: ES256, DPoP-bound to the tool's key)".into()
         }
         Source::Service {
             service,
-            delivery: crate::policy::Delivery::ProviderToken,
+            delivery: crate::derive::policy::Delivery::ProviderToken,
         } => format!(
             "service {service} (the person's connected account; delivery = provider_token: the provider's bearer token is handed to the tool, not narrowed to this resource nor bound to the tool's key)"
         ),
         Source::Service {
             service,
-            delivery: crate::policy::Delivery::Proxy,
+            delivery: crate::derive::policy::Delivery::Proxy,
         } => format!(
             "service {service} (the person's connected account; delivery = proxy: the provider's token stays in the broker; the tool gets a DPoP-bound credbroker token and calls the service through the egress proxy, on its routes only)"
         ),
@@ -149,7 +149,7 @@ fn secs(d: std::time::Duration) -> String {
 }
 
 /// Explains how `policy` (loaded from `text` at `path`) decides `q`.
-pub fn explain(path: &Path, text: &str, policy: &Policy, q: &Query<'_>) -> Explanation {
+pub(crate) fn explain(path: &Path, text: &str, policy: &Policy, q: &Query<'_>) -> Explanation {
     let outcome = policy.evaluate(q.step, q.tool, q.resource, q.scope);
     let tool_at = |name: &str| {
         format!(

@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use super::{Policy, Resource, Source, Tool};
-use crate::diagnostics::{table_at, top_key_at};
+use crate::infra::diagnostics::{table_at, top_key_at};
 
 /// A tool usable in more steps than this is reported: every step it is
 /// allowed in is one more place where a prompt-injected model can reach it.
@@ -187,12 +187,12 @@ fn risky_source(resource: &Resource, warn: &mut Warn<'_>) {
         // Minted here: one audience, DPoP-bound, at most 300 s.
         Source::SelfIssued => {}
         Source::Service {
-            delivery: crate::policy::Delivery::ProviderToken,
+            delivery: crate::derive::policy::Delivery::ProviderToken,
             ..
         } => warn(PROVIDER_TOKEN_WARNING.into(), PROVIDER_TOKEN_HINT),
         // The token stays in the broker; calls are narrowed to routes.
         Source::Service {
-            delivery: crate::policy::Delivery::Proxy,
+            delivery: crate::derive::policy::Delivery::Proxy,
             ..
         } => {}
     }

@@ -15,8 +15,8 @@ use super::{
     canonical_resource, Approval, Delivery, DetailField, DetailType, FieldKind, PolicyError,
     Resource, Source, Tool, MAX_APPROVAL_TTL, MAX_TTL,
 };
-use crate::diagnostics::{key_span, line_col, offset_at, Problem};
-use crate::grammar::valid_scope_token;
+use crate::base::grammar::valid_scope_token;
+use crate::infra::diagnostics::{key_span, line_col, offset_at, Problem};
 
 #[derive(Debug, Deserialize)]
 pub(super) struct RawPolicy {

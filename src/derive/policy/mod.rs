@@ -16,30 +16,30 @@
 //! Hot reload into a running broker is wiring, so it lives in `app::reload`
 //! (it swaps the broker's policy, and `exchange` already imports `policy`).
 
-pub mod cases;
-pub mod cli;
-pub mod details;
-pub mod diff;
-pub mod explain;
+pub(crate) mod cases;
+pub(crate) mod cli;
+pub(crate) mod details;
+pub(crate) mod diff;
+pub(crate) mod explain;
 pub mod lint;
 mod load;
-pub mod route;
+pub(crate) mod route;
 mod uri;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
-pub use uri::{canonical_resource, ResourceError};
+pub(crate) use uri::{canonical_resource, ResourceError};
 
 pub(crate) use load::parse_policy_ttl;
 use load::{Check, RawPolicy};
 
-use crate::diagnostics::{parse_toml, Problem};
-use crate::grammar::parse_scope;
+use crate::base::grammar::parse_scope;
+use crate::infra::diagnostics::{parse_toml, Problem};
 
 /// The longest token lifetime, whatever the policy says.
-pub const MAX_TTL: Duration = Duration::from_secs(300);
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(300);
 
 /// Why a request was denied. The wire names are part of the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -123,7 +123,7 @@ pub struct Resource {
 }
 
 /// The longest an approval of `approval = "per_step"` may cover a step.
-pub const MAX_APPROVAL_TTL: Duration = Duration::from_secs(15 * 60);
+pub(crate) const MAX_APPROVAL_TTL: Duration = Duration::from_secs(15 * 60);
 
 /// How a tool's calls are approved by the person (docs/APPROVALS.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -339,7 +339,7 @@ impl Outcome {
 }
 
 /// Every reason [`Outcome::reason`] can give for a denial.
-pub const DENY_REASONS: &[&str] = &[
+pub(crate) const DENY_REASONS: &[&str] = &[
     "tool_not_allowed",
     "step_not_allowed",
     "scope_not_allowed",
@@ -402,7 +402,7 @@ impl Policy {
         }
         Ok(Policy {
             agent: raw.agent.into_inner(),
-            hash: crate::jose::sha256_hex(bytes),
+            hash: crate::base::jose::sha256_hex(bytes),
             frozen: raw.frozen,
             declared_steps,
             resources,
@@ -594,7 +594,7 @@ impl RouteDenial {
 }
 
 /// The path of the proxy address of `service` under the issuer.
-pub fn proxy_path(service: &str) -> String {
+pub(crate) fn proxy_path(service: &str) -> String {
     format!("/proxy/{service}")
 }
 

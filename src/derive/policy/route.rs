@@ -10,11 +10,11 @@
 
 use std::collections::BTreeSet;
 
-use crate::grammar::check_path_segment;
+use crate::base::grammar::check_path_segment;
 
 /// The methods a route may name. `CONNECT` and `TRACE` are refused by the
 /// proxy whatever the policy says.
-pub const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+pub(crate) const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
 
 /// One segment of a path template.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +67,7 @@ fn plain_pchar(b: u8) -> bool {
 /// percent-encoded in uppercase hex (`/` kept when `keep_slash`, for a
 /// multi-segment variable). The proxy never decodes a path, so a value is
 /// compared in this one encoded form.
-pub fn encode_value(value: &str, keep_slash: bool) -> String {
+pub(crate) fn encode_value(value: &str, keep_slash: bool) -> String {
     let mut out = String::with_capacity(value.len());
     for &b in value.as_bytes() {
         if plain_pchar(b) || (keep_slash && b == b'/') {

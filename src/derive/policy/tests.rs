@@ -1,6 +1,6 @@
 use super::*;
-use crate::diagnostics::line_col;
-use crate::grammar::valid_scope_token;
+use crate::base::grammar::valid_scope_token;
+use crate::infra::diagnostics::line_col;
 
 const FILE: &str = "/etc/credbroker/policy.toml";
 
@@ -106,7 +106,7 @@ fn valid_policy_loads() {
     let p = policy();
     assert_eq!(p.agent, "repo-helper");
     assert!(!p.frozen);
-    assert_eq!(p.hash, crate::jose::sha256_hex(BASE.as_bytes()));
+    assert_eq!(p.hash, crate::base::jose::sha256_hex(BASE.as_bytes()));
     assert_eq!(p.resources.len(), 2);
     assert_eq!(p.tools.len(), 2);
     let r = &p.resources[NOTES];

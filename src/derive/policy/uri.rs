@@ -36,7 +36,7 @@ pub enum ResourceError {
 }
 
 /// Returns the canonical form used for comparison, or why the URI is refused.
-pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
+pub(crate) fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
     if raw.len() > 2048 {
         return Err(ResourceError::TooLong);
     }
@@ -82,7 +82,7 @@ pub fn canonical_resource(raw: &str) -> Result<String, ResourceError> {
     if !url.username().is_empty() || url.password().is_some() || after_scheme.contains('@') {
         return Err(ResourceError::UserInfo);
     }
-    if !crate::grammar::secure_or_loopback(&url) {
+    if !crate::base::grammar::secure_or_loopback(&url) {
         return Err(ResourceError::Scheme);
     }
     // url has lower-cased scheme and host and dropped the default port; an

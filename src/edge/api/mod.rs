@@ -12,17 +12,17 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use serde::Deserialize;
 
-use crate::dpop::DpopError;
-use crate::exchange::{Broker, DeriveError, DeriveRequest, Endpoint, Issued};
-use crate::http::{correlation_id, json_response, read_capped, Body, BodyError};
-use crate::secret::SecretString;
+use crate::base::dpop::DpopError;
+use crate::base::http::{correlation_id, json_response, read_capped, Body, BodyError};
+use crate::base::secret::SecretString;
+use crate::derive::exchange::{Broker, DeriveError, DeriveRequest, Endpoint, Issued};
 
 /// Request bodies larger than this are refused with 413.
-pub const MAX_BODY: usize = 64 * 1024;
+pub(crate) const MAX_BODY: usize = 64 * 1024;
 
 /// The RFC 8693 grant type (defined in `grammar`, which the public
 /// listener's metadata also reads).
-pub use crate::grammar::TOKEN_EXCHANGE;
+pub use crate::base::grammar::TOKEN_EXCHANGE;
 /// RFC 8693 token type for access tokens.
 pub const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
 /// RFC 8693 token type for JWTs.
@@ -32,7 +32,7 @@ pub const JWT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
 /// refuses to work with a broker whose version it does not know. Members
 /// are only ever added to the info document; a change that breaks a client
 /// gets a new version.
-pub const API_VERSION: &str = "1";
+pub(crate) const API_VERSION: &str = "1";
 
 /// `GET /v1/info`: the API version, the broker's version, the issuer, both
 /// `htu`s and the DPoP rules, so that a client needs only the socket path.
@@ -98,13 +98,13 @@ pub fn error_response(err: &DeriveError) -> Response<Body> {
         ),
         DeriveError::Denied(reason) => {
             let description = match reason {
-                crate::policy::DenyReason::Frozen => {
+                crate::derive::policy::DenyReason::Frozen => {
                     "credbroker is frozen by its operators: every derive is denied until the freeze is lifted"
                 }
-                crate::policy::DenyReason::ToolNotAllowed => "the policy has no such tool for this agent",
-                crate::policy::DenyReason::StepNotAllowed => "the policy does not allow this tool in this step",
-                crate::policy::DenyReason::ScopeNotAllowed => "the requested scope exceeds what the policy allows this tool",
-                crate::policy::DenyReason::ResourceMismatch => "the resource is not the one the policy gives this tool",
+                crate::derive::policy::DenyReason::ToolNotAllowed => "the policy has no such tool for this agent",
+                crate::derive::policy::DenyReason::StepNotAllowed => "the policy does not allow this tool in this step",
+                crate::derive::policy::DenyReason::ScopeNotAllowed => "the requested scope exceeds what the policy allows this tool",
+                crate::derive::policy::DenyReason::ResourceMismatch => "the resource is not the one the policy gives this tool",
             };
             json_response(
                 StatusCode::FORBIDDEN,
@@ -166,7 +166,7 @@ pub fn error_response(err: &DeriveError) -> Response<Body> {
                     "reason": "too_many_open_approvals",
                     "error_description": format!(
                         "{} approvals already wait for this person from this agent, or they were asked too fast; no new link was made until the person answers one or they expire",
-                        crate::approve::MAX_OPEN
+                        crate::derive::approve::MAX_OPEN
                     ),
                 }),
             );
@@ -371,7 +371,11 @@ pub fn parse_form(
     let resource = match resources.len() {
         1 => resources.remove(0),
         0 => return Err(DeriveError::BadRequest("resource is missing".into())),
-        _ => return Err(DeriveError::Target(crate::policy::ResourceError::Multiple)),
+        _ => {
+            return Err(DeriveError::Target(
+                crate::derive::policy::ResourceError::Multiple,
+            ))
+        }
     };
     // RFC 9396 section 6: at the token endpoint the parameter is the JSON
     // array, JSON-encoded.
@@ -428,7 +432,7 @@ fn content_type_is(headers: &HeaderMap, want: &str) -> bool {
 }
 
 /// Handles one request on the orchestrator socket.
-pub async fn handle(
+pub(crate) async fn handle(
     broker: Arc<Broker>,
     peer_uid: u32,
     req: Request<hyper::body::Incoming>,
@@ -445,13 +449,13 @@ pub async fn handle(
         // only reaches the socket can discover `token_endpoint` and the
         // DPoP algorithms.
         (&Method::GET, "/.well-known/oauth-authorization-server") => {
-            return crate::public::metadata_response(&broker)
+            return crate::edge::public::metadata_response(&broker)
         }
         (&Method::HEAD, "/.well-known/oauth-authorization-server") => {
-            return crate::public::head_of(crate::public::metadata_response(&broker))
+            return crate::edge::public::head_of(crate::edge::public::metadata_response(&broker))
         }
         (&Method::GET, "/v1/info") => return info_response(&broker),
-        (&Method::HEAD, "/v1/info") => return crate::public::head_of(info_response(&broker)),
+        (&Method::HEAD, "/v1/info") => return crate::edge::public::head_of(info_response(&broker)),
         (&Method::POST, "/v1/derive") => Endpoint::Derive,
         (&Method::POST, "/token") => Endpoint::Token,
         (_, "/v1/info") => {

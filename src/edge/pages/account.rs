@@ -10,9 +10,9 @@ use super::links::Disconnected;
 use super::session::Session;
 use super::signin::signin_path;
 use super::{views, Ctx, Pages};
-use crate::http::Body;
-use crate::subject::Person;
-use crate::vault::AccountStatus;
+use crate::accounts::subject::Person;
+use crate::accounts::vault::AccountStatus;
+use crate::base::http::Body;
 
 fn signed_in(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Result<(Session, Person), Response<Body>> {
     match p.session(h, ctx.now) {
@@ -26,7 +26,7 @@ fn signed_in(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Result<(Session, Person), Re
 }
 
 /// `GET /account`.
-pub async fn page(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Response<Body> {
+pub(crate) async fn page(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Response<Body> {
     let (s, person) = match signed_in(p, ctx, h) {
         Ok(x) => x,
         Err(r) => return r,
@@ -113,7 +113,7 @@ fn own_account<'f>(
 /// `POST /account/disconnect` (`service`, `account`): without `confirm=1`
 /// a page that asks first (nothing changes); with it, disconnects and says
 /// what was done (revoked at the provider, or deleted here only).
-pub async fn disconnect(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response<Body> {
+pub(crate) async fn disconnect(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response<Body> {
     let (s, person, service, account) = match own_account(p, ctx, h, form) {
         Ok(x) => x,
         Err(r) => return r,
@@ -153,7 +153,7 @@ pub async fn disconnect(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Resp
             );
         }
     };
-    let mut e = p.event(&ctx, crate::events::Kind::AccountDisconnected);
+    let mut e = p.event(&ctx, crate::infra::events::Kind::AccountDisconnected);
     e.person_iss = Some(&person.iss);
     e.person_sub = Some(&person.sub);
     e.service = Some(service);
@@ -185,7 +185,7 @@ pub async fn disconnect(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Resp
 }
 
 /// `POST /account/revoke` (`service`, `account`, `agent`).
-pub async fn revoke(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response<Body> {
+pub(crate) async fn revoke(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response<Body> {
     let (s, person, service, account) = match own_account(p, ctx, h, form) {
         Ok(x) => x,
         Err(r) => return r,
@@ -211,7 +211,7 @@ pub async fn revoke(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response
             &["Nothing was changed. Try again in a moment."],
         );
     }
-    let mut e = p.event(&ctx, crate::events::Kind::AllowanceRevoked);
+    let mut e = p.event(&ctx, crate::infra::events::Kind::AllowanceRevoked);
     e.person_iss = Some(&person.iss);
     e.person_sub = Some(&person.sub);
     e.service = Some(service);

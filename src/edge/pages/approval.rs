@@ -20,8 +20,8 @@ use super::approvals::{pieces, ApprovalView};
 use super::connect::person_checks;
 use super::http::{html, is_code_shaped, redirect, Form};
 use super::{views, Ctx, Pages};
-use crate::http::Body;
-use crate::secret::SecretString;
+use crate::base::http::Body;
+use crate::base::secret::SecretString;
 
 /// Values longer than this many characters say their length.
 const LONG: usize = 200;
@@ -58,9 +58,9 @@ fn unavailable(p: &Pages, e: &dyn std::fmt::Display) -> Response<Body> {
 fn event<'a>(
     p: &'a Pages,
     ctx: &Ctx,
-    name: crate::events::Kind,
+    name: crate::infra::events::Kind,
     a: &'a ApprovalView,
-) -> crate::events::Event<'a> {
+) -> crate::infra::events::Event<'a> {
     let mut e = p.event(ctx, name);
     e.person_iss = Some(&a.person.iss);
     e.person_sub = Some(&a.person.sub);
@@ -88,7 +88,7 @@ fn checked(
         let mut e = event(
             p,
             &ctx,
-            crate::events::Kind::ApprovalOpenedByOtherPerson,
+            crate::infra::events::Kind::ApprovalOpenedByOtherPerson,
             &a,
         );
         e.opener_iss = Some(&opener.iss);
@@ -110,7 +110,7 @@ fn covers(a: &ApprovalView) -> String {
 }
 
 /// `GET /connect/{code}` when the code is an approval's.
-pub fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Option<Response<Body>> {
+pub(crate) fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Option<Response<Body>> {
     let (a, session) = match checked(p, ctx, h, code, None)? {
         Ok(x) => x,
         Err(r) => return Some(r),
@@ -160,7 +160,13 @@ pub fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Option<Response<B
 
 /// `POST /connect/{code}` when the code is an approval's: `action` =
 /// approve or decline.
-pub fn act(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, form: &Form) -> Option<Response<Body>> {
+pub(crate) fn act(
+    p: &Pages,
+    ctx: Ctx,
+    h: &HeaderMap,
+    code: &str,
+    form: &Form,
+) -> Option<Response<Body>> {
     let (a, session) = match checked(p, ctx, h, code, Some(form.get("csrf")))? {
         Ok(x) => x,
         Err(r) => return Some(r),
@@ -192,9 +198,9 @@ pub fn act(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, form: &Form) -> Optio
         Err(e) => return Some(unavailable(p, &e)),
     }
     let name = if approve {
-        crate::events::Kind::ApprovalGranted
+        crate::infra::events::Kind::ApprovalGranted
     } else {
-        crate::events::Kind::ApprovalDeclined
+        crate::infra::events::Kind::ApprovalDeclined
     };
     p.audit(&event(p, &ctx, name, &a));
     Some(redirect(if approve {

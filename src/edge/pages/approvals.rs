@@ -7,13 +7,13 @@
 
 use std::fmt::Debug;
 
-use crate::secret::SecretString;
-use crate::subject::Person;
+use crate::accounts::subject::Person;
+use crate::base::secret::SecretString;
 
 use super::links::BackendError;
 
 /// What the page shows of one detail entry: the records' own type.
-pub use crate::approve::ShownEntry;
+pub(crate) use crate::derive::approve::ShownEntry;
 
 /// A pending approval, as the pages see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,7 @@ pub trait ApprovalRecords: Send + Sync + Debug {
 
 /// No approval store: nothing resolves.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct NoApprovals;
+pub(crate) struct NoApprovals;
 
 impl ApprovalRecords for NoApprovals {
     fn resolve(
@@ -79,7 +79,7 @@ impl ApprovalRecords for NoApprovals {
 /// One piece of a value as shown: text, or a code point that would be
 /// invisible or reorder the text, named (`U+202E`) instead of applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Piece {
+pub(crate) struct Piece {
     /// The text, or the code point's name.
     pub text: String,
     /// Whether `text` names a code point.
@@ -89,7 +89,7 @@ pub struct Piece {
 /// Code points shown by name: controls, the bidirectional marks,
 /// embeddings, overrides and isolates, zero-width and other invisible
 /// format characters, fillers, and the tag characters.
-pub fn shown_by_name(c: char) -> bool {
+pub(crate) fn shown_by_name(c: char) -> bool {
     matches!(c,
         '\u{0}'..='\u{1f}'
         | '\u{7f}'..='\u{9f}'
@@ -111,7 +111,7 @@ pub fn shown_by_name(c: char) -> bool {
 }
 
 /// Splits `s` into pieces for the page (see [`Piece`]).
-pub fn pieces(s: &str) -> Vec<Piece> {
+pub(crate) fn pieces(s: &str) -> Vec<Piece> {
     let mut out: Vec<Piece> = Vec::new();
     for c in s.chars() {
         if shown_by_name(c) {

@@ -25,8 +25,8 @@ use super::oidc::MAX_AGE;
 use super::session::Session;
 use super::signin::signin_path;
 use super::{flows, views, Ctx, Pages};
-use crate::http::Body;
-use crate::secret::SecretString;
+use crate::base::http::Body;
+use crate::base::secret::SecretString;
 
 /// The checks passed: the link and the signed-in session of its person.
 struct Passed {
@@ -60,7 +60,7 @@ fn checks(
         let mut e = link_event(
             p,
             &ctx,
-            crate::events::Kind::ConnectOpenedByOtherPerson,
+            crate::infra::events::Kind::ConnectOpenedByOtherPerson,
             &link,
         );
         e.opener_iss = Some(&person.iss);
@@ -79,8 +79,8 @@ pub(super) fn person_checks(
     h: &HeaderMap,
     code: &str,
     csrf: Option<Option<&str>>,
-    owner: &crate::subject::Person,
-    other_person: impl FnOnce(&Session, &crate::subject::Person),
+    owner: &crate::accounts::subject::Person,
+    other_person: impl FnOnce(&Session, &crate::accounts::subject::Person),
 ) -> Result<Session, Response<Body>> {
     let return_to = format!("/connect/{code}");
     // 2. Signed in.
@@ -135,7 +135,7 @@ fn service_name(p: &Pages, service: &str) -> String {
 }
 
 /// `GET /connect/{code}`.
-pub async fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Response<Body> {
+pub(crate) async fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Response<Body> {
     if let Some(r) = super::approval::open(p, ctx, h, code) {
         return r;
     }
@@ -186,7 +186,13 @@ pub async fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Response<Bo
 }
 
 /// `POST /connect/{code}`: `action` = connect, allow, reconnect or decline.
-pub async fn act(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, form: Form) -> Response<Body> {
+pub(crate) async fn act(
+    p: &Pages,
+    ctx: Ctx,
+    h: &HeaderMap,
+    code: &str,
+    form: Form,
+) -> Response<Body> {
     if let Some(r) = super::approval::act(p, ctx, h, code, &form) {
         return r;
     }
@@ -200,7 +206,7 @@ pub async fn act(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str, form: Form) -> 
             if let Err(e) = p.services.links.decline(&link.id, ctx.now) {
                 return unavailable(p, &e);
             }
-            let e = link_event(p, &ctx, crate::events::Kind::ConnectDeclined, &link);
+            let e = link_event(p, &ctx, crate::infra::events::Kind::ConnectDeclined, &link);
             p.audit(&e);
             redirect("/done/declined")
         }
@@ -251,7 +257,7 @@ fn completed(p: &Pages, ctx: Ctx, link: &Link, done: &str) -> Response<Body> {
         // The allowance is recorded; a link left open only expires later.
         tracing::warn!(error = %e, "pages: link not closed");
     }
-    let mut e = link_event(p, &ctx, crate::events::Kind::ConnectCompleted, link);
+    let mut e = link_event(p, &ctx, crate::infra::events::Kind::ConnectCompleted, link);
     let scope = link.scopes.join(" ");
     e.scope = Some(&scope);
     p.audit(&e);
@@ -259,7 +265,7 @@ fn completed(p: &Pages, ctx: Ctx, link: &Link, done: &str) -> Response<Body> {
 }
 
 /// This provider's own redirect URI.
-pub fn provider_redirect_uri(p: &Pages, service: &str) -> String {
+pub(crate) fn provider_redirect_uri(p: &Pages, service: &str) -> String {
     let seg: String = url::form_urlencoded::byte_serialize(service.as_bytes()).collect();
     format!("{}/callback/{seg}", p.base())
 }
@@ -316,7 +322,7 @@ fn flow_failed(p: &Pages, who: Option<views::Who>) -> Response<Body> {
 /// answer. State first (single use, bound to this session), then the
 /// service (mix-up), `iss` (RFC 9207), the person and the link, and only
 /// then the code exchange.
-pub async fn provider_callback(
+pub(crate) async fn provider_callback(
     p: &Pages,
     ctx: Ctx,
     h: &HeaderMap,
@@ -364,7 +370,7 @@ pub async fn provider_callback(
     let Some(info) = p.services.providers.provider(&service) else {
         return flow_failed(p, who);
     };
-    if crate::oauth::check_callback_iss(info.issuer.as_deref(), info.sends_iss, q.get("iss"))
+    if crate::base::oauth::check_callback_iss(info.issuer.as_deref(), info.sends_iss, q.get("iss"))
         .is_err()
     {
         return flow_failed(p, who);
@@ -484,7 +490,12 @@ async fn different_account(
     {
         tracing::warn!(service = %link.service, error = %e, "pages: the grant of a refused account was not revoked");
     }
-    let e = link_event(p, &ctx, crate::events::Kind::ConnectDifferentAccount, link);
+    let e = link_event(
+        p,
+        &ctx,
+        crate::infra::events::Kind::ConnectDifferentAccount,
+        link,
+    );
     p.audit(&e);
     let seg: String = url::form_urlencoded::byte_serialize(link.service.as_bytes()).collect();
     redirect(&format!("/done/other-account/{seg}"))
@@ -532,7 +543,7 @@ fn other_account(p: &Pages, ctx: Ctx, h: &HeaderMap, service_seg: &str) -> Respo
 
 /// `GET /done/{what}`: the end of a link. It says to go back to the agent;
 /// it never sends the browser anywhere the agent chose.
-pub fn done(p: &Pages, ctx: Ctx, h: &HeaderMap, what: &str) -> Response<Body> {
+pub(crate) fn done(p: &Pages, ctx: Ctx, h: &HeaderMap, what: &str) -> Response<Body> {
     if let Some(service) = what.strip_prefix("other-account/") {
         return other_account(p, ctx, h, service);
     }
@@ -575,9 +586,9 @@ pub fn done(p: &Pages, ctx: Ctx, h: &HeaderMap, what: &str) -> Response<Body> {
 fn link_event<'a>(
     p: &'a Pages,
     ctx: &Ctx,
-    name: crate::events::Kind,
+    name: crate::infra::events::Kind,
     link: &'a Link,
-) -> crate::events::Event<'a> {
+) -> crate::infra::events::Event<'a> {
     let mut e = p.event(ctx, name);
     e.person_iss = Some(&link.person.iss);
     e.person_sub = Some(&link.person.sub);

@@ -13,12 +13,12 @@ use serde::{Deserialize, Serialize};
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
 use super::links::LinkKind;
-use crate::seal::Sealer;
-use crate::secret::SecretString;
-use crate::store::{Store, StoreError, Tree};
+use crate::base::secret::SecretString;
+use crate::infra::seal::Sealer;
+use crate::infra::store::{Store, StoreError, Tree};
 
 /// How long a flow may take from redirect to callback.
-pub const FLOW_TTL: i64 = 10 * 60;
+pub(crate) const FLOW_TTL: i64 = 10 * 60;
 
 /// What a flow is for.
 #[derive(Serialize, Deserialize, Zeroize, ZeroizeOnDrop, PartialEq, Eq)]
@@ -109,7 +109,7 @@ fn key_of(state: &str) -> Vec<u8> {
     k
 }
 
-fn sealing(e: crate::seal::SealError) -> StoreError {
+fn sealing(e: crate::infra::seal::SealError) -> StoreError {
     StoreError::Backend(format!("flow record: {e}"))
 }
 
@@ -215,9 +215,9 @@ pub fn sweep(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<usize, Stor
 }
 
 /// A PKCE pair: a random verifier and its S256 challenge.
-pub fn pkce() -> Result<(SecretString, String), StoreError> {
+pub(crate) fn pkce() -> Result<(SecretString, String), StoreError> {
     let verifier = super::session::random_token()?;
-    let challenge = crate::oauth::pkce_challenge(verifier.expose());
+    let challenge = crate::base::oauth::pkce_challenge(verifier.expose());
     Ok((verifier, challenge))
 }
 
@@ -225,10 +225,10 @@ pub fn pkce() -> Result<(SecretString, String), StoreError> {
 mod tests {
     use super::*;
 
-    fn setup() -> (tempfile::TempDir, crate::store::SledStore, Sealer) {
+    fn setup() -> (tempfile::TempDir, crate::infra::store::SledStore, Sealer) {
         let d = tempfile::tempdir().unwrap();
-        let st = crate::store::SledStore::open(d.path()).unwrap();
-        let sealer = Sealer::new(&crate::secret::SecretBytes::new(vec![7; 32]), &[]).unwrap();
+        let st = crate::infra::store::SledStore::open(d.path()).unwrap();
+        let sealer = Sealer::new(&crate::base::secret::SecretBytes::new(vec![7; 32]), &[]).unwrap();
         (d, st, sealer)
     }
 

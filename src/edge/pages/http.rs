@@ -8,20 +8,20 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
-use crate::http::{read_capped, Body, BodyError};
+use crate::base::http::{read_capped, Body, BodyError};
 
 /// Form bodies larger than this are refused.
-pub const MAX_FORM: usize = 8 * 1024;
+pub(crate) const MAX_FORM: usize = 8 * 1024;
 
 /// The base CSP of every page: nothing but our own stylesheet; forms post
 /// only to us; no framing; no `<base>`; no script at all.
-pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+pub(crate) const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 /// Sets the headers every page answer carries: no caching, no framing, no
 /// referrer (codes are in URLs), no MIME sniffing, and the CSP.
 /// `form_action_extra` adds one origin to `form-action` (the provider a
 /// connect button redirects to).
-pub fn secure(h: &mut HeaderMap, form_action_extra: Option<&str>) {
+pub(crate) fn secure(h: &mut HeaderMap, form_action_extra: Option<&str>) {
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(header::PRAGMA, HeaderValue::from_static("no-cache"));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
@@ -61,12 +61,12 @@ fn is_plain_origin(s: &str) -> bool {
 }
 
 /// An HTML answer with the security headers.
-pub fn html(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+pub(crate) fn html(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     html_with(status, body, None)
 }
 
 /// An HTML answer whose CSP allows forms to lead to `form_action_extra`.
-pub fn html_with(
+pub(crate) fn html_with(
     status: StatusCode,
     body: impl Into<Bytes>,
     form_action_extra: Option<&str>,
@@ -83,7 +83,7 @@ pub fn html_with(
 
 /// A `303 See Other` to `location` (a relative path of ours, or a provider's
 /// authorization URL), with the security headers.
-pub fn redirect(location: &str) -> Response<Body> {
+pub(crate) fn redirect(location: &str) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::new()));
     *r.status_mut() = StatusCode::SEE_OTHER;
     if let Ok(v) = HeaderValue::from_str(location) {
@@ -95,7 +95,7 @@ pub fn redirect(location: &str) -> Response<Body> {
 
 /// Why a request could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum RequestError {
+pub(crate) enum RequestError {
     /// The body is larger than [`MAX_FORM`].
     #[error("request body too large")]
     TooLarge,
@@ -106,7 +106,7 @@ pub enum RequestError {
 
 /// Reads a form body: `application/x-www-form-urlencoded`, at most
 /// [`MAX_FORM`] bytes, no field twice.
-pub async fn read_form<B>(headers: &HeaderMap, body: B) -> Result<Form, RequestError>
+pub(crate) async fn read_form<B>(headers: &HeaderMap, body: B) -> Result<Form, RequestError>
 where
     B: hyper::body::Body + Send,
     B::Data: Send,
@@ -136,7 +136,7 @@ where
 /// Decoded form or query fields; a field given twice is refused when
 /// parsing, so each name has one value.
 #[derive(Default)]
-pub struct Form(HashMap<String, String>);
+pub(crate) struct Form(HashMap<String, String>);
 
 impl std::fmt::Debug for Form {
     // Forms carry passwords and codes: show the field names only.
@@ -155,7 +155,7 @@ impl Drop for Form {
 
 impl Form {
     /// Parses `a=b&c=d`.
-    pub fn parse(bytes: &[u8]) -> Result<Form, RequestError> {
+    pub(crate) fn parse(bytes: &[u8]) -> Result<Form, RequestError> {
         let mut map = HashMap::new();
         for (k, v) in form_urlencoded::parse(bytes) {
             if map.insert(k.into_owned(), v.into_owned()).is_some() {
@@ -166,17 +166,17 @@ impl Form {
     }
 
     /// The query string of a URI (an empty form when there is none).
-    pub fn query(uri: &http::Uri) -> Result<Form, RequestError> {
+    pub(crate) fn query(uri: &http::Uri) -> Result<Form, RequestError> {
         Form::parse(uri.query().unwrap_or("").as_bytes())
     }
 
     /// A field.
-    pub fn get(&self, name: &str) -> Option<&str> {
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
         self.0.get(name).map(String::as_str)
     }
 
     /// Takes a field out (for secrets: the caller wraps it).
-    pub fn take(&mut self, name: &str) -> Option<String> {
+    pub(crate) fn take(&mut self, name: &str) -> Option<String> {
         self.0.remove(name)
     }
 }
@@ -184,7 +184,7 @@ impl Form {
 /// The value of cookie `name` in the request's `Cookie` headers. When a
 /// name appears more than once (a cookie planted by a sibling host), all
 /// values are returned so that the caller tries each.
-pub fn cookies(headers: &HeaderMap, name: &str) -> Vec<String> {
+pub(crate) fn cookies(headers: &HeaderMap, name: &str) -> Vec<String> {
     let mut out = Vec::new();
     for v in headers.get_all(header::COOKIE) {
         let Ok(s) = v.to_str() else { continue };
@@ -203,7 +203,7 @@ pub fn cookies(headers: &HeaderMap, name: &str) -> Vec<String> {
 /// as relative paths from a fixed allow-list (a connect link, or the
 /// account page). Anything else (absolute URLs, `//host`, backslashes,
 /// dot segments, encodings) is refused.
-pub fn safe_return_to(s: &str) -> Option<String> {
+pub(crate) fn safe_return_to(s: &str) -> Option<String> {
     if s == "/account" {
         return Some(s.to_string());
     }
@@ -213,14 +213,14 @@ pub fn safe_return_to(s: &str) -> Option<String> {
 
 /// Whether `s` has the shape of a link code: 43 characters of unpadded
 /// base64url (32 bytes).
-pub fn is_code_shaped(s: &str) -> bool {
+pub(crate) fn is_code_shaped(s: &str) -> bool {
     s.len() == 43
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// The `Origin` of a URL, for comparing with a request's `Origin` header.
-pub fn origin_of(url: &str) -> Option<String> {
+pub(crate) fn origin_of(url: &str) -> Option<String> {
     url::Url::parse(url)
         .ok()
         .map(|u| u.origin().ascii_serialization())

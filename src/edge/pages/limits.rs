@@ -47,9 +47,9 @@ impl Default for PageLimits {
 /// started without a session) per minute and address: fixed, generous for
 /// an office behind one address, and apart from the look-up limit so that
 /// page views never use up a person's code look-ups.
-pub const NEW_SESSIONS_PER_MINUTE: u32 = 60;
+pub(crate) const NEW_SESSIONS_PER_MINUTE: u32 = 60;
 /// New anonymous sessions allowed in a burst.
-pub const NEW_SESSION_BURST: u32 = 60;
+pub(crate) const NEW_SESSION_BURST: u32 = 60;
 /// At most this many `signin.failed` events (and their log lines) are
 /// written a minute, whatever their source; the rest are counted, and the
 /// count is logged once the minute is over.
@@ -61,7 +61,7 @@ pub struct RetryAfter(pub u64);
 
 /// The limiters.
 #[derive(Debug)]
-pub struct Limiters {
+pub(crate) struct Limiters {
     lookups: DefaultKeyedRateLimiter<IpAddr>,
     signins: DefaultKeyedRateLimiter<IpAddr>,
     sessions: DefaultKeyedRateLimiter<IpAddr>,
@@ -73,7 +73,7 @@ fn quota(per_minute: u32, burst: u32) -> Quota {
 }
 
 /// The key of a client address (IPv6 by /64).
-pub fn client_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn client_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -98,7 +98,7 @@ fn check(l: &DefaultKeyedRateLimiter<IpAddr>, ip: IpAddr) -> Result<(), RetryAft
 
 impl Limiters {
     /// Limiters with these limits.
-    pub fn new(l: &PageLimits) -> Limiters {
+    pub(crate) fn new(l: &PageLimits) -> Limiters {
         Limiters {
             lookups: RateLimiter::keyed(quota(l.lookups_per_minute, l.lookup_burst)),
             signins: RateLimiter::keyed(quota(l.signins_per_minute, l.signin_burst)),
@@ -107,22 +107,22 @@ impl Limiters {
     }
 
     /// Whether `ip` may look up one more code.
-    pub fn lookup(&self, ip: IpAddr) -> Result<(), RetryAfter> {
+    pub(crate) fn lookup(&self, ip: IpAddr) -> Result<(), RetryAfter> {
         check(&self.lookups, ip)
     }
 
     /// Whether `ip` may try one more sign-in.
-    pub fn signin(&self, ip: IpAddr) -> Result<(), RetryAfter> {
+    pub(crate) fn signin(&self, ip: IpAddr) -> Result<(), RetryAfter> {
         check(&self.signins, ip)
     }
 
     /// Whether `ip` may create one more anonymous session.
-    pub fn new_session(&self, ip: IpAddr) -> Result<(), RetryAfter> {
+    pub(crate) fn new_session(&self, ip: IpAddr) -> Result<(), RetryAfter> {
         check(&self.sessions, ip)
     }
 
     /// Forgets idle addresses (governor keeps every key until told).
-    pub fn housekeeping(&self) {
+    pub(crate) fn housekeeping(&self) {
         for l in [&self.lookups, &self.signins, &self.sessions] {
             l.retain_recent();
             l.shrink_to_fit();
@@ -132,7 +132,7 @@ impl Limiters {
 
 /// A budget of events per minute of the broker's clock (a fixed window).
 #[derive(Debug)]
-pub struct EventBudget {
+pub(crate) struct EventBudget {
     per_minute: u32,
     /// (the window's minute, events admitted in it, events refused in it).
     state: Mutex<(i64, u32, u64)>,
@@ -140,7 +140,7 @@ pub struct EventBudget {
 
 impl EventBudget {
     /// A budget of `per_minute` events a minute.
-    pub fn new(per_minute: u32) -> EventBudget {
+    pub(crate) fn new(per_minute: u32) -> EventBudget {
         EventBudget {
             per_minute,
             state: Mutex::new((i64::MIN, 0, 0)),
@@ -149,7 +149,7 @@ impl EventBudget {
 
     /// Whether one more event at `now` is within the budget; and, when a
     /// new minute began, how many the last minute refused (to be logged).
-    pub fn admit(&self, now: i64) -> (bool, Option<u64>) {
+    pub(crate) fn admit(&self, now: i64) -> (bool, Option<u64>) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let minute = now.div_euclid(60);
         let mut over = None;
@@ -169,7 +169,7 @@ impl EventBudget {
     }
 
     /// When the window of the refused events is over, their count (once).
-    pub fn flush(&self, now: i64) -> Option<u64> {
+    pub(crate) fn flush(&self, now: i64) -> Option<u64> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.0 != now.div_euclid(60) && st.2 > 0 {
             let n = st.2;

@@ -18,9 +18,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::secret::SecretString;
-use crate::subject::Person;
-use crate::vault::AccountStatus;
+use crate::accounts::subject::Person;
+use crate::accounts::vault::AccountStatus;
+use crate::base::secret::SecretString;
 
 /// A boxed, sendable future (the traits are used as trait objects).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -33,7 +33,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 // `connect` owns it, and the pages, a layer above the records, read it.
 // `connect` knows nothing of the pages: the adapter that implements these
 // traits on the real records is wiring (`app::backend`).
-pub use crate::connect::LinkKind;
+pub use crate::accounts::connect::LinkKind;
 
 /// An open connect link, as the pages see it. The code is not in here: the
 /// record is found by the code's hash.
@@ -262,7 +262,7 @@ impl ConnectedServices {
 
 /// The state of an instance without connected services (see the module doc).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct NoServices;
+pub(crate) struct NoServices;
 
 impl LinkRecords for NoServices {
     fn resolve(&self, _code: &SecretString, _now: i64) -> Result<Option<Link>, BackendError> {

@@ -28,19 +28,18 @@
 // response is moved once per request, so its size does not matter here.
 #![allow(clippy::result_large_err)]
 
-pub mod account;
-pub mod approval;
-pub mod approvals;
-pub mod connect;
-pub mod flows;
-pub mod http;
-pub mod limits;
-pub mod links;
-pub mod oidc;
-pub mod session;
-pub mod signin;
-pub mod users;
-pub mod views;
+pub(crate) mod account;
+pub(crate) mod approval;
+pub(crate) mod approvals;
+pub(crate) mod connect;
+pub(crate) mod flows;
+pub(crate) mod http;
+pub(crate) mod limits;
+pub(crate) mod links;
+pub(crate) mod oidc;
+pub(crate) mod session;
+pub(crate) mod signin;
+pub(crate) mod views;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -50,16 +49,16 @@ use std::sync::Arc;
 use ::http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use bytes::Bytes;
 
-use crate::clock::SharedClock;
-use crate::config::{IssuerConfig, SignIn as SignInConfig};
-use crate::events::{Audit, Event, Kind};
-use crate::http::Body;
-use crate::seal::Sealer;
-use crate::store::{Store, StoreError};
+use crate::base::clock::SharedClock;
+use crate::base::http::Body;
+use crate::infra::config::{IssuerConfig, SignIn as SignInConfig};
+use crate::infra::events::{Audit, Event, Kind};
+use crate::infra::seal::Sealer;
+use crate::infra::store::{Store, StoreError};
 
 pub use limits::PageLimits;
-pub use links::ConnectedServices;
-pub use session::Lifetimes;
+pub(crate) use links::ConnectedServices;
+pub(crate) use session::Lifetimes;
 
 /// How the pages are set up (defaults suit production).
 #[derive(Debug, Clone)]
@@ -76,12 +75,12 @@ pub struct Options {
     /// `subject::Validator::key_sets`), so that an IdP that is both a
     /// subject-token issuer and a sign-in source has one JWKS cache. An
     /// issuer missing here gets a set of its own.
-    pub key_sets: HashMap<String, Arc<crate::keyset::RemoteKeySet>>,
+    pub key_sets: HashMap<String, Arc<crate::base::keyset::RemoteKeySet>>,
     /// The key that authenticates session records in the store. The
     /// composition root derives it from the master key
     /// ([`session::Sessions::derive_key`]) so that replicas share sessions;
     /// the default is a random key, for one instance only.
-    pub session_key: crate::secret::SecretBytes,
+    pub session_key: crate::base::secret::SecretBytes,
 }
 
 impl Default for Options {
@@ -97,7 +96,7 @@ impl Default for Options {
                 // aws-lc's RNG does not fail on Linux short of a broken
                 // kernel; the composition root never uses this default.
                 let _ = aws_lc_rs::rand::fill(&mut k);
-                crate::secret::SecretBytes::new(k)
+                crate::base::secret::SecretBytes::new(k)
             },
         }
     }
@@ -395,7 +394,7 @@ impl Pages {
         self.sources
             .get(issuer)
             .cloned()
-            .unwrap_or_else(|| crate::config::default_display_name(issuer))
+            .unwrap_or_else(|| crate::infra::config::default_display_name(issuer))
     }
 
     /// The signed-in person as the pages name them: their name and where
@@ -438,7 +437,7 @@ impl Pages {
     /// A 500 page with a correlation id that is also logged; the browser
     /// never sees the cause.
     pub fn internal(&self, what: &str, err: &dyn std::fmt::Display) -> Response<Body> {
-        let reference = crate::http::correlation_id();
+        let reference = crate::base::http::correlation_id();
         tracing::error!(%reference, what, error = %err, "pages: internal error");
         http::html(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -527,7 +526,7 @@ impl Pages {
         &self,
         h: &HeaderMap,
         now: i64,
-    ) -> Result<Option<session::Session>, crate::store::StoreError> {
+    ) -> Result<Option<session::Session>, crate::infra::store::StoreError> {
         let ids = http::cookies(h, self.cookie_name);
         self.sessions.load(self.deps.store.as_ref(), &ids, now)
     }

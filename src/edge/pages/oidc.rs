@@ -27,24 +27,24 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use crate::config::{IssuerConfig, JwksSource, SignIn};
-use crate::jose::{self, Alg, Audience, JwkSet};
-use crate::keyset::{self, Refetch, RemoteKeySet};
-use crate::oauth::{self, Metadata};
-use crate::secret::SecretString;
+use crate::base::jose::{self, Alg, Audience, JwkSet};
+use crate::base::keyset::{self, Refetch, RemoteKeySet};
+use crate::base::oauth::{self, Metadata};
+use crate::base::secret::SecretString;
+use crate::infra::config::{IssuerConfig, JwksSource, SignIn};
 
 /// ID tokens larger than this are refused before parsing.
-pub const MAX_ID_TOKEN: usize = 16 * 1024;
+pub(crate) const MAX_ID_TOKEN: usize = 16 * 1024;
 /// Clock skew allowed on `exp`, `iat` and `auth_time`.
-pub const SKEW: i64 = 30;
+pub(crate) const SKEW: i64 = 30;
 /// The re-authentication window of the connect pages (docs/DESIGN.md section 5).
-pub const MAX_AGE: i64 = 900;
+pub(crate) const MAX_AGE: i64 = 900;
 const DISCOVERY_TTL: Duration = Duration::from_secs(3600);
 const MAX_RESPONSE: usize = oauth::MAX_ANSWER;
 
 /// Why an OIDC sign-in failed. No token, code or secret in here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OidcError {
+pub(crate) enum OidcError {
     /// The issuer is not an OIDC sign-in source of this instance.
     #[error("not an OIDC sign-in issuer")]
     UnknownIssuer,
@@ -72,7 +72,7 @@ pub enum OidcError {
 
 /// Who signed in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
+pub(crate) struct Identity {
     /// `sub`.
     pub sub: String,
     /// A name to show: `preferred_username`, `email` or `name`, else `sub`.
@@ -93,7 +93,7 @@ struct Rp {
 }
 
 /// The relying party for every OIDC sign-in issuer of the config.
-pub struct Oidc {
+pub(crate) struct Oidc {
     client: oauth::Client,
     rps: HashMap<String, Rp>,
 }
@@ -112,7 +112,10 @@ impl Oidc {
     /// validator uses); an issuer missing there gets a set of its own:
     /// pinned JWKS files are read now (they were already checked at
     /// start-up), JWKS URIs on first use.
-    pub fn new(issuers: &[IssuerConfig], key_sets: &HashMap<String, Arc<RemoteKeySet>>) -> Oidc {
+    pub(crate) fn new(
+        issuers: &[IssuerConfig],
+        key_sets: &HashMap<String, Arc<RemoteKeySet>>,
+    ) -> Oidc {
         let http = keyset::http_client();
         let mut rps = HashMap::new();
         for i in issuers {
@@ -154,7 +157,7 @@ impl Oidc {
     }
 
     /// Whether `issuer` signs people in through OIDC here.
-    pub fn has(&self, issuer: &str) -> bool {
+    pub(crate) fn has(&self, issuer: &str) -> bool {
         self.rps.contains_key(issuer)
     }
 
@@ -192,7 +195,7 @@ impl Oidc {
     // reason: the sign-in's own values (state, nonce, PKCE challenge) are
     // secrets passed one by one so none is stored longer than the call.
     #[allow(clippy::too_many_arguments)]
-    pub async fn authorization_url(
+    pub(crate) async fn authorization_url(
         &self,
         issuer: &str,
         redirect_uri: &str,
@@ -232,7 +235,7 @@ impl Oidc {
     }
 
     /// Checks the callback's `iss` parameter (RFC 9207).
-    pub async fn check_callback_iss(
+    pub(crate) async fn check_callback_iss(
         &self,
         issuer: &str,
         iss: Option<&str>,
@@ -247,7 +250,7 @@ impl Oidc {
     // reason: the same secrets as `authorization_url`, plus the code and the
     // time of the check; passed one by one for the same reason.
     #[allow(clippy::too_many_arguments)]
-    pub async fn redeem(
+    pub(crate) async fn redeem(
         &self,
         issuer: &str,
         code: &SecretString,
@@ -262,7 +265,8 @@ impl Oidc {
         let m = self.metadata(rp).await?;
         let secret = match &rp.secret_file {
             Some(p) => {
-                let bytes = crate::config::read_secret_file(p).map_err(|_| OidcError::Secret)?;
+                let bytes =
+                    crate::infra::config::read_secret_file(p).map_err(|_| OidcError::Secret)?;
                 let s = String::from_utf8(bytes.expose().clone()).map_err(|_| OidcError::Secret)?;
                 Some(SecretString::new(s.trim().to_string()))
             }
@@ -329,7 +333,7 @@ impl Oidc {
 
 /// What an ID token must say.
 #[derive(Debug)]
-pub struct Expected<'a> {
+pub(crate) struct Expected<'a> {
     /// `iss`.
     pub issuer: &'a str,
     /// Our client id: in `aud` (and `azp` when present).
@@ -392,7 +396,7 @@ fn header_alg(jws: &jose::Jws<'_>, algs: &[Alg]) -> Result<Alg, OidcError> {
 }
 
 /// Validates an ID token against `keys` (pure: no I/O, time injected).
-pub fn validate_id_token(
+pub(crate) fn validate_id_token(
     token: &str,
     keys: &JwkSet,
     e: &Expected<'_>,

@@ -24,14 +24,14 @@ use aws_lc_rs::hmac;
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
-use crate::secret::{SecretBytes, SecretString};
-use crate::store::{Store, StoreError, Tree};
-use crate::subject::Person;
+use crate::accounts::subject::Person;
+use crate::base::secret::{SecretBytes, SecretString};
+use crate::infra::store::{Store, StoreError, Tree};
 
 /// The cookie name over https.
-pub const COOKIE_SECURE: &str = "__Host-credbroker";
+pub(crate) const COOKIE_SECURE: &str = "__Host-credbroker";
 /// The development fallback cookie name (plain HTTP on loopback only).
-pub const COOKIE_DEV: &str = "credbroker-dev";
+pub(crate) const COOKIE_DEV: &str = "credbroker-dev";
 
 /// Lifetimes of sessions.
 #[derive(Debug, Clone, Copy)]
@@ -134,7 +134,7 @@ impl Session {
 fn csrf_for(id: &SecretString) -> SecretString {
     let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, id.expose().as_bytes());
     let tag = aws_lc_rs::hmac::sign(&key, b"credbroker pages csrf v1");
-    SecretString::new(crate::jose::b64e(tag.as_ref()))
+    SecretString::new(crate::base::jose::b64e(tag.as_ref()))
 }
 
 fn key_of(id: &str) -> [u8; 32] {
@@ -145,10 +145,10 @@ fn key_of(id: &str) -> [u8; 32] {
 }
 
 /// A new random token: 32 bytes from the system CSPRNG, base64url.
-pub fn random_token() -> Result<SecretString, StoreError> {
+pub(crate) fn random_token() -> Result<SecretString, StoreError> {
     let mut b = [0u8; 32];
     aws_lc_rs::rand::fill(&mut b).map_err(|_| StoreError::Backend("random".into()))?;
-    let t = SecretString::new(crate::jose::b64e(&b));
+    let t = SecretString::new(crate::base::jose::b64e(&b));
     zeroize::Zeroize::zeroize(&mut b);
     Ok(t)
 }
@@ -181,7 +181,7 @@ impl Sessions {
     /// The key of session records, derived from the master key (so every
     /// replica that shares the master key reads the others' sessions).
     pub fn derive_key(master: &SecretBytes) -> SecretBytes {
-        crate::connect::LinkCodes::derive_key(master, b"credbroker session-record key v1")
+        crate::accounts::connect::LinkCodes::derive_key(master, b"credbroker session-record key v1")
     }
 
     fn tag(&self, key: &[u8], json: &[u8]) -> hmac::Tag {
@@ -334,7 +334,7 @@ impl Sessions {
 }
 
 /// The `Set-Cookie` value for a session id.
-pub fn set_cookie(name: &str, secure: bool, id: &SecretString) -> String {
+pub(crate) fn set_cookie(name: &str, secure: bool, id: &SecretString) -> String {
     format!(
         "{name}={}; Path=/; HttpOnly; SameSite=Lax{}",
         id.expose(),
@@ -343,7 +343,7 @@ pub fn set_cookie(name: &str, secure: bool, id: &SecretString) -> String {
 }
 
 /// The `Set-Cookie` value that removes the session cookie.
-pub fn clear_cookie(name: &str, secure: bool) -> String {
+pub(crate) fn clear_cookie(name: &str, secure: bool) -> String {
     format!(
         "{name}=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0{}",
         if secure { "; Secure" } else { "" }
@@ -360,9 +360,9 @@ mod tests {
         Sessions::derive_key(&SecretBytes::new(vec![7; 32]))
     }
 
-    fn store() -> (tempfile::TempDir, crate::store::SledStore) {
+    fn store() -> (tempfile::TempDir, crate::infra::store::SledStore) {
         let d = tempfile::tempdir().unwrap();
-        let s = crate::store::SledStore::open(d.path()).unwrap();
+        let s = crate::infra::store::SledStore::open(d.path()).unwrap();
         (d, s)
     }
 
@@ -432,12 +432,16 @@ mod tests {
     /// does between this replica's read and its write.
     fn raced(
         between: impl Fn(&dyn Store) + Send + Sync + 'static,
-    ) -> (tempfile::TempDir, Arc<dyn Store>, crate::store::Hooked) {
+    ) -> (
+        tempfile::TempDir,
+        Arc<dyn Store>,
+        crate::infra::store::Hooked,
+    ) {
         let (d, st) = store();
         let shared: Arc<dyn Store> = Arc::new(st);
         let other = shared.clone();
         let once = std::sync::atomic::AtomicBool::new(false);
-        let hooked = crate::store::Hooked::new(shared.clone(), move |t| {
+        let hooked = crate::infra::store::Hooked::new(shared.clone(), move |t| {
             if t == Tree::Sessions && !once.swap(true, std::sync::atomic::Ordering::SeqCst) {
                 between(other.as_ref());
             }

@@ -9,14 +9,15 @@ use http::{HeaderMap, Response, StatusCode};
 
 use super::http::{redirect, safe_return_to, Form};
 use super::session::{Method, Record, Session};
-use super::{flows, users, views, Ctx, Pages};
-use crate::http::Body;
-use crate::secret::SecretString;
+use super::{flows, views, Ctx, Pages};
+use crate::accounts::users;
+use crate::base::http::Body;
+use crate::base::secret::SecretString;
 
 const SIGNIN_FAILED: &str = "The user name or password is not right. After several failed attempts an account is locked for 15 minutes.";
 
 /// The sign-in path that returns to `return_to`.
-pub fn signin_path(return_to: &str, reauth: bool) -> String {
+pub(crate) fn signin_path(return_to: &str, reauth: bool) -> String {
     let mut s = form_urlencoded::Serializer::new(String::new());
     s.append_pair("return_to", return_to);
     if reauth {
@@ -118,7 +119,7 @@ fn render_page(
 }
 
 /// `GET /signin?return_to=...&reauth=1`.
-pub async fn page(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Response<Body> {
+pub(crate) async fn page(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Response<Body> {
     let return_to = return_to_of(q);
     let reauth = q.get("reauth") == Some("1");
     let (s, _) = match session_or_new(p, ctx, h) {
@@ -150,9 +151,9 @@ fn sign_in(p: &Pages, old: &Session, record: Record, return_to: &str) -> Respons
 }
 
 /// `POST /signin`: local accounts.
-pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Response<Body> {
+pub(crate) async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Response<Body> {
     if let Err(wait) = p.limiters.signin(ctx.client) {
-        let mut e = p.event(&ctx, crate::events::Kind::SigninFailed);
+        let mut e = p.event(&ctx, crate::infra::events::Kind::SigninFailed);
         e.reason = Some("rate_limited");
         p.signin_failed(&e);
         return p.too_many(wait);
@@ -192,7 +193,7 @@ pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Respon
     };
     let known = !matches!(verdict, users::Verdict::Unknown);
     if verdict != users::Verdict::Ok {
-        let mut e = p.event(&ctx, crate::events::Kind::SigninFailed);
+        let mut e = p.event(&ctx, crate::infra::events::Kind::SigninFailed);
         e.person_iss = Some(&issuer);
         // An unknown name is not a person: it is not recorded.
         e.person_sub = known.then_some(name.as_str());
@@ -213,7 +214,7 @@ pub async fn local(p: &Pages, ctx: Ctx, h: &HeaderMap, mut form: Form) -> Respon
             Some(&name),
         );
     }
-    let mut e = p.event(&ctx, crate::events::Kind::SigninSucceeded);
+    let mut e = p.event(&ctx, crate::infra::events::Kind::SigninSucceeded);
     e.person_iss = Some(&issuer);
     e.person_sub = Some(&name);
     e.reason = Some("local");
@@ -236,7 +237,7 @@ fn redirect_uri(p: &Pages) -> String {
 
 /// `GET /signin/oidc?issuer=...&return_to=...&reauth=1`: starts the
 /// authorization code flow at the IdP.
-pub async fn oidc_start(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Response<Body> {
+pub(crate) async fn oidc_start(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Response<Body> {
     if let Err(wait) = p.limiters.signin(ctx.client) {
         return p.too_many(wait);
     }
@@ -310,7 +311,7 @@ pub async fn oidc_start(p: &Pages, ctx: Ctx, h: &HeaderMap, q: &Form) -> Respons
 }
 
 /// Whether a sign-in that returns to `return_to` leads to a link's page.
-pub fn leads_to_link(return_to: &str) -> bool {
+pub(crate) fn leads_to_link(return_to: &str) -> bool {
     return_to.starts_with("/connect/")
 }
 
@@ -318,7 +319,7 @@ pub fn leads_to_link(return_to: &str) -> bool {
 /// expired one, one started in another browser): recorded (rate-limited),
 /// logged, and answered with a way to start again.
 fn expired_flow(p: &Pages, ctx: &Ctx, reason: &'static str) -> Response<Body> {
-    let mut e = p.event(ctx, crate::events::Kind::SigninFailed);
+    let mut e = p.event(ctx, crate::infra::events::Kind::SigninFailed);
     e.reason = Some(reason);
     p.signin_failed(&e);
     p.message_next(
@@ -331,7 +332,12 @@ fn expired_flow(p: &Pages, ctx: &Ctx, reason: &'static str) -> Response<Body> {
 }
 
 /// `GET /signin/callback?code=...&state=...[&iss=...]`.
-pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> Response<Body> {
+pub(crate) async fn oidc_callback(
+    p: &Pages,
+    ctx: Ctx,
+    h: &HeaderMap,
+    mut q: Form,
+) -> Response<Body> {
     if let Err(wait) = p.limiters.signin(ctx.client) {
         return p.too_many(wait);
     }
@@ -369,7 +375,7 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
     let again = signin_path(return_to, false);
     let source = p.source_name(issuer);
     let fail = |reason: &'static str| {
-        let mut e = p.event(&ctx, crate::events::Kind::SigninFailed);
+        let mut e = p.event(&ctx, crate::infra::events::Kind::SigninFailed);
         e.person_iss = Some(issuer);
         e.reason = Some(reason);
         p.signin_failed(&e);
@@ -414,7 +420,7 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
             // Not a sign-in loop: sending the person back would ask the
             // same IdP the same way and get the same answer.
             tracing::warn!(issuer = %issuer, "pages: OIDC sign-in refused: max_age was sent and the ID token has no auth_time (OpenID Connect Core 3.1.2.1); the IdP client must allow max_age");
-            let mut e = p.event(&ctx, crate::events::Kind::SigninFailed);
+            let mut e = p.event(&ctx, crate::infra::events::Kind::SigninFailed);
             e.person_iss = Some(issuer);
             e.reason = Some("auth_time_missing");
             p.signin_failed(&e);
@@ -438,7 +444,7 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
             });
         }
     };
-    let mut e = p.event(&ctx, crate::events::Kind::SigninSucceeded);
+    let mut e = p.event(&ctx, crate::infra::events::Kind::SigninSucceeded);
     e.person_iss = Some(issuer);
     e.person_sub = Some(&identity.sub);
     e.reason = Some("oidc");
@@ -457,7 +463,7 @@ pub async fn oidc_callback(p: &Pages, ctx: Ctx, h: &HeaderMap, mut q: Form) -> R
 }
 
 /// `POST /signout`.
-pub async fn signout(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response<Body> {
+pub(crate) async fn signout(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Response<Body> {
     let s = match p.session(h, ctx.now) {
         Ok(Some(s)) => s,
         Ok(None) => return redirect("/signin"),
@@ -470,7 +476,7 @@ pub async fn signout(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> Respons
         return p.store_failed("session", &e);
     }
     if let Some(person) = s.record.person() {
-        let mut e = p.event(&ctx, crate::events::Kind::Signout);
+        let mut e = p.event(&ctx, crate::infra::events::Kind::Signout);
         e.person_iss = Some(&person.iss);
         e.person_sub = Some(&person.sub);
         p.audit(&e);

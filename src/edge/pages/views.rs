@@ -5,7 +5,7 @@
 use askama::Template;
 
 /// The stylesheet.
-pub const CSS: &str = include_str!("templates/credbroker.css");
+pub(crate) const CSS: &str = include_str!("templates/credbroker.css");
 
 /// The signed-in person shown in the header, with the sign-out form's
 /// CSRF token.
@@ -24,7 +24,7 @@ pub struct Who {
 /// bytes are the same whatever the code and whoever asks.
 #[derive(Template)]
 #[template(path = "not_found.html")]
-pub struct NotFound {
+pub(crate) struct NotFound {
     /// Always `None`: the page must not vary.
     pub who: Option<Who>,
 }
@@ -32,7 +32,7 @@ pub struct NotFound {
 /// A page of text: errors, confirmations.
 #[derive(Template)]
 #[template(path = "message.html")]
-pub struct Message {
+pub(crate) struct Message {
     /// Header.
     pub who: Option<Who>,
     /// Title and heading.
@@ -47,7 +47,7 @@ pub struct Message {
 
 /// One way to sign in at an OIDC IdP.
 #[derive(Debug, Clone)]
-pub struct OidcChoice {
+pub(crate) struct OidcChoice {
     /// The IdP, as shown.
     pub label: String,
     /// `/signin/oidc?...`.
@@ -57,7 +57,7 @@ pub struct OidcChoice {
 /// The sign-in page.
 #[derive(Template)]
 #[template(path = "signin.html")]
-pub struct SignIn {
+pub(crate) struct SignIn {
     /// Header (normally `None`; set on re-authentication).
     pub who: Option<Who>,
     /// The broker's issuer, so people see where they sign in.
@@ -83,7 +83,7 @@ pub struct SignIn {
 /// Shown when the signed-in person is not the link's person.
 #[derive(Template)]
 #[template(path = "other_person.html")]
-pub struct OtherPerson {
+pub(crate) struct OtherPerson {
     /// Header.
     pub who: Option<Who>,
     /// The signed-in person (never the link's person).
@@ -92,7 +92,7 @@ pub struct OtherPerson {
 
 /// An account to choose on an `allow` page.
 #[derive(Debug, Clone)]
-pub struct Choice {
+pub(crate) struct Choice {
     /// Account id at the provider.
     pub id: String,
     /// Its name at the provider.
@@ -102,7 +102,7 @@ pub struct Choice {
 /// The page behind a link, after the five checks.
 #[derive(Template)]
 #[template(path = "connect.html")]
-pub struct Connect {
+pub(crate) struct Connect {
     /// Header.
     pub who: Option<Who>,
     /// Title.
@@ -128,7 +128,7 @@ pub struct Connect {
 /// One value of a detail field, split for display (see
 /// [`super::approvals::pieces`]).
 #[derive(Debug, Clone)]
-pub struct ShownValue {
+pub(crate) struct ShownValue {
     /// Text and named code points.
     pub pieces: Vec<super::approvals::Piece>,
     /// Its length in characters.
@@ -139,7 +139,7 @@ pub struct ShownValue {
 
 /// One detail field on the approval page.
 #[derive(Debug, Clone)]
-pub struct ShownFieldView {
+pub(crate) struct ShownFieldView {
     /// The policy's label.
     pub label: String,
     /// The values.
@@ -148,7 +148,7 @@ pub struct ShownFieldView {
 
 /// One detail entry on the approval page.
 #[derive(Debug, Clone)]
-pub struct ShownEntryView {
+pub(crate) struct ShownEntryView {
     /// Its `type`.
     pub kind: String,
     /// Its fields.
@@ -158,7 +158,7 @@ pub struct ShownEntryView {
 /// The page behind an approval link, after the five checks.
 #[derive(Template)]
 #[template(path = "approval.html")]
-pub struct ApprovalPage {
+pub(crate) struct ApprovalPage {
     /// Header.
     pub who: Option<Who>,
     /// The agent.
@@ -187,7 +187,7 @@ pub struct ApprovalPage {
 
 /// One allowance row on the account page.
 #[derive(Debug, Clone)]
-pub struct AllowanceRow {
+pub(crate) struct AllowanceRow {
     /// Agent.
     pub agent: String,
     /// Scopes.
@@ -196,7 +196,7 @@ pub struct AllowanceRow {
 
 /// One account on the account page.
 #[derive(Debug, Clone)]
-pub struct AccountRow {
+pub(crate) struct AccountRow {
     /// Service key (form field).
     pub service: String,
     /// Provider name (`GitHub`).
@@ -214,7 +214,7 @@ pub struct AccountRow {
 /// The account page.
 #[derive(Template)]
 #[template(path = "account.html")]
-pub struct Account {
+pub(crate) struct Account {
     /// Header.
     pub who: Option<Who>,
     /// Accounts.
@@ -226,7 +226,7 @@ pub struct Account {
 /// Asks before an account is disconnected.
 #[derive(Template)]
 #[template(path = "confirm_disconnect.html")]
-pub struct ConfirmDisconnect {
+pub(crate) struct ConfirmDisconnect {
     /// Header.
     pub who: Option<Who>,
     /// Provider name (`GitHub`).
@@ -243,7 +243,7 @@ pub struct ConfirmDisconnect {
 
 /// Renders a template; a template that fails to render (it cannot, short of
 /// a formatting bug) becomes a fixed text rather than a panic.
-pub fn render(t: &impl Template) -> String {
+pub(crate) fn render(t: &impl Template) -> String {
     t.render().unwrap_or_else(|_| {
         "<!doctype html><title>Error</title><p>The page could not be shown.</p>".into()
     })

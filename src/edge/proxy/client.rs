@@ -56,7 +56,7 @@ pub(crate) fn upstream_with(connect_timeout: Duration, tls: rustls::ClientConfig
         .enable_http1()
         .wrap_connector(http);
     Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(crate::http::OUTBOUND_POOL_IDLE)
+        .pool_idle_timeout(crate::base::http::OUTBOUND_POOL_IDLE)
         .pool_timer(TokioTimer::new())
         .build(TimedConnect {
             inner: https,

@@ -42,12 +42,12 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response
 use http_body_util::{BodyExt, Either, Limited};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::events::{Event, ProxyCall, PROXY_COMPLETED, PROXY_REQUEST};
-use crate::exchange::{Broker, DeriveError};
-use crate::grammar::check_raw_path;
-use crate::http::{correlation_id, json_response, Body};
-use crate::policy::{canonical_resource, proxy_path, Policy};
-use crate::subject::Person;
+use crate::accounts::subject::Person;
+use crate::base::grammar::check_raw_path;
+use crate::base::http::{correlation_id, json_response, Body};
+use crate::derive::exchange::{Broker, DeriveError};
+use crate::derive::policy::{canonical_resource, proxy_path, Policy};
+use crate::infra::events::{Event, ProxyCall, PROXY_COMPLETED, PROXY_REQUEST};
 use crate::verify::{Presented, Verified, Verifier, VerifyError};
 
 mod client;
@@ -581,7 +581,7 @@ pub(crate) struct Proxy {
     in_flight: Arc<Semaphore>,
     per_service: DashMap<String, Arc<Semaphore>>,
     /// Whether the configured issuer followed by a proxy path is already
-    /// in the form [`crate::dpop::normalize_htu`] gives ([`issuer_is_normal`]):
+    /// in the form [`crate::base::dpop::normalize_htu`] gives ([`issuer_is_normal`]):
     /// then each call's URL is compared with the proof's `htu` as built.
     issuer_is_normal: bool,
     /// When this proxy started, by the broker's clock: for
@@ -594,8 +594,8 @@ pub(crate) struct Proxy {
 }
 
 /// How long a proof's replay entry is kept (seconds): either side of now
-/// ([`crate::dpop::IAT_WINDOW`]), plus the verifier's skew.
-const REPLAY_WINDOW_SECS: i64 = 2 * crate::dpop::IAT_WINDOW + 10;
+/// ([`crate::base::dpop::IAT_WINDOW`]), plus the verifier's skew.
+const REPLAY_WINDOW_SECS: i64 = 2 * crate::base::dpop::IAT_WINDOW + 10;
 
 /// The replay tree's key for a proof: its `jti` with the key it is bound to.
 fn replay_key(jti: &str, jkt: &str) -> String {
@@ -603,18 +603,18 @@ fn replay_key(jti: &str, jkt: &str) -> String {
     key.extend_from_slice(jti.as_bytes());
     key.push(0);
     key.extend_from_slice(jkt.as_bytes());
-    crate::jose::sha256_hex(&key)
+    crate::base::jose::sha256_hex(&key)
 }
 
 /// Whether `issuer` followed by any proxy path that passed
-/// [`check_raw_path`] is a fixed point of [`crate::dpop::normalize_htu`].
+/// [`check_raw_path`] is a fixed point of [`crate::base::dpop::normalize_htu`].
 /// Such a path is `pchar`s and `/`, escapes in uppercase hex and no dot or
 /// empty segments, none of which parsing changes; the issuer is what could
 /// (an uppercase host, a default port, a dot segment), so it is tried
 /// once with a path of that kind.
 fn issuer_is_normal(issuer: &str) -> bool {
     let probe = format!("{issuer}{PREFIX}s/a");
-    crate::dpop::normalize_htu(&probe).as_deref() == Some(probe.as_str())
+    crate::base::dpop::normalize_htu(&probe).as_deref() == Some(probe.as_str())
 }
 
 impl Proxy {
@@ -698,14 +698,14 @@ impl Proxy {
     /// [`replays`] says why that refuses every replay the store would). A
     /// store that cannot answer fails the call closed. `proof` is what the
     /// verifier read from the proof it checked (and recorded).
-    fn first_use(&self, proof: crate::dpop::ValidProof, jkt: &str) -> Result<(), Refusal> {
+    fn first_use(&self, proof: crate::base::dpop::ValidProof, jkt: &str) -> Result<(), Refusal> {
         // The nonce rule of the socket (`[dpop] require_nonce`) holds here
         // too; the verifier resource servers use knows no nonces.
         let now = self.broker.clock.now();
         if !self.broker.proofs.nonce_ok(proof.nonce.as_deref(), now) {
             return Err(match self.broker.proofs.fresh_nonce(now) {
                 Some(n) => Refusal::UseNonce(n),
-                None => Refusal::Token(VerifyError::Proof(crate::dpop::DpopError::UseNonce)),
+                None => Refusal::Token(VerifyError::Proof(crate::base::dpop::DpopError::UseNonce)),
             });
         }
         let mut key = replay_key(&proof.jti, jkt);
@@ -723,14 +723,14 @@ impl Proxy {
         // call was half of the proxy's CPU per call; what a crash can lose is
         // said in docs/PROXY.md. PostgreSQL writes it durably either way.
         match self.broker.store.insert_expiring_unsynced(
-            crate::store::Tree::Replay,
+            crate::infra::store::Tree::Replay,
             key.as_bytes(),
             b"1",
             window,
         ) {
             Ok(true) => Ok(()),
             Ok(false) => Err(Refusal::Token(VerifyError::Proof(
-                crate::dpop::DpopError::Replay,
+                crate::base::dpop::DpopError::Replay,
             ))),
             Err(e) => {
                 tracing::error!(error = %e, "the replay store failed; proxied call refused");
@@ -757,11 +757,11 @@ impl Proxy {
     fn spend(&self, who: &Verified) -> Result<(), Refusal> {
         let mut key = b"single_use\0".to_vec();
         key.extend_from_slice(who.jti.as_bytes());
-        let key = crate::jose::sha256_hex(&key);
+        let key = crate::base::jose::sha256_hex(&key);
         let left = who.exp.saturating_sub(self.broker.clock.now()).max(0) + 10;
         let ttl = std::time::Duration::from_secs(u64::try_from(left).unwrap_or(10));
         match self.broker.store.insert_expiring(
-            crate::store::Tree::Replay,
+            crate::infra::store::Tree::Replay,
             key.as_bytes(),
             b"1",
             ttl,
@@ -843,7 +843,7 @@ impl Proxy {
             .map_or("other", |(k, _)| k.as_str())
     }
 
-    fn event<'c>(&'c self, c: &'c Call, kind: crate::events::Kind) -> Event<'c> {
+    fn event<'c>(&'c self, c: &'c Call, kind: crate::infra::events::Kind) -> Event<'c> {
         let b = &self.broker;
         let mut e = Event::new(b.clock.now(), kind, &b.config.agent);
         e.person_iss = c.who.subject_iss.as_deref();
@@ -983,8 +983,8 @@ impl Proxy {
         let mut call = Call {
             service: service.to_string(),
             method: parts.method.clone(),
-            path_sha256: crate::jose::sha256_hex(path.as_bytes()),
-            jti_sha256: crate::jose::sha256_hex(who.jti.as_bytes()),
+            path_sha256: crate::base::jose::sha256_hex(path.as_bytes()),
+            jti_sha256: crate::base::jose::sha256_hex(who.jti.as_bytes()),
             who,
             policy,
             resource,
@@ -1023,7 +1023,9 @@ impl Proxy {
                 if !holds {
                     return Err((
                         Some(call),
-                        Refusal::Forbidden(crate::policy::RouteDenial::DetailsMismatch.as_str()),
+                        Refusal::Forbidden(
+                            crate::derive::policy::RouteDenial::DetailsMismatch.as_str(),
+                        ),
                     ));
                 }
             }
@@ -1129,7 +1131,7 @@ impl Proxy {
                 ),
             ));
         };
-        let preset_headers: &[&str] = if api_base == crate::config::GITHUB_API {
+        let preset_headers: &[&str] = if api_base == crate::infra::config::GITHUB_API {
             GITHUB_REQUEST_HEADERS
         } else {
             &[]
@@ -1205,7 +1207,7 @@ impl Proxy {
             Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS
         );
         // The token a retry replaced: the echo guard looks for it too.
-        let mut replaced: Option<crate::vault::ServiceToken> = None;
+        let mut replaced: Option<crate::accounts::vault::ServiceToken> = None;
         let mut retried = false;
         let resp = loop {
             let scheme = if token.token_type.eq_ignore_ascii_case("bearer") {
@@ -1425,14 +1427,14 @@ mod tests {
         let issuer = "https://broker.example.com";
         assert!(issuer_is_normal(issuer));
         let mut units: Vec<String> = (0..=255u8)
-            .filter(|&b| crate::grammar::check_raw_path(&format!("/x{}x", b as char)).is_ok())
+            .filter(|&b| crate::base::grammar::check_raw_path(&format!("/x{}x", b as char)).is_ok())
             .map(|b| (b as char).to_string())
             .collect();
         // Sanity: the pchar bytes (66 unreserved, 11 sub-delims, `:`, `@`)
         // and `/`.
         assert_eq!(units.len(), 80, "{units:?}");
         units.extend((0..=255u8).map(|b| format!("%{b:02X}")));
-        units.retain(|u| crate::grammar::check_raw_path(&format!("/x{u}x")).is_ok());
+        units.retain(|u| crate::base::grammar::check_raw_path(&format!("/x{u}x")).is_ok());
         // Every escape but %00, %2E, %2F and %5C.
         assert_eq!(units.len(), 80 + 252, "{units:?}");
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -1450,12 +1452,12 @@ mod tests {
                     path.push_str(&units[(x % units.len() as u64) as usize]);
                 }
             }
-            if crate::grammar::check_raw_path(&path).is_err() {
+            if crate::base::grammar::check_raw_path(&path).is_err() {
                 continue;
             }
             let url = format!("{issuer}{PREFIX}svc_1-a{path}");
             assert_eq!(
-                crate::dpop::normalize_htu(&url).as_deref(),
+                crate::base::dpop::normalize_htu(&url).as_deref(),
                 Some(url.as_str()),
                 "{path}"
             );
@@ -1465,10 +1467,10 @@ mod tests {
         // Negative controls: paths the rules refuse do change when parsed,
         // and so do issuers that are not in normal form.
         for bad in ["/a/../b", "/a/%2e%2e/b", "/a b", "/a\\b", "/%c3%a9/./x"] {
-            assert!(crate::grammar::check_raw_path(bad).is_err(), "{bad}");
+            assert!(crate::base::grammar::check_raw_path(bad).is_err(), "{bad}");
             let url = format!("{issuer}{PREFIX}s{bad}");
             assert_ne!(
-                crate::dpop::normalize_htu(&url).as_deref(),
+                crate::base::dpop::normalize_htu(&url).as_deref(),
                 Some(url.as_str()),
                 "{bad}"
             );

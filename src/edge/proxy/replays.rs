@@ -4,10 +4,10 @@
 //! Why a batch is enough there (docs/PROXY.md, "A crash and the replay
 //! check"): each proxy address's verifier keeps every proof it accepted in
 //! memory for as long as the proof could pass its `iat` check, and refuses
-//! a second use ([`crate::dpop::Validator`]); the verifiers live as long as
+//! a second use ([`crate::base::dpop::Validator`]); the verifiers live as long as
 //! the process. So the store's entry only matters to a later process, after
 //! a restart. A proof the earlier process accepted can pass the `iat` check
-//! at most [`crate::dpop::MAX_JTI_LIFETIME`] seconds after it was accepted,
+//! at most [`crate::base::dpop::MAX_JTI_LIFETIME`] seconds after it was accepted,
 //! so for that long after its start the proxy writes and checks each entry
 //! on the call, as before ([`Proxy::first_use`](super::Proxy)); after that
 //! it queues them here. A thread writes the queue every [`INTERVAL`] and
@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
-use crate::store::{Store, StoreError, Tree};
+use crate::infra::store::{Store, StoreError, Tree};
 
 /// How often the queue is written.
 pub(crate) const INTERVAL: Duration = Duration::from_millis(100);
@@ -174,13 +174,13 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
 
-    use crate::clock::Clock;
-    use crate::dpop::{DpopError, ValidProof};
-    use crate::proxy::{replay_key, Proxy, Refusal, REPLAY_WINDOW_SECS};
+    use crate::base::clock::Clock;
+    use crate::base::dpop::{DpopError, ValidProof};
+    use crate::edge::proxy::{replay_key, Proxy, Refusal, REPLAY_WINDOW_SECS};
     use crate::verify::VerifyError;
 
     fn sled(dir: &std::path::Path) -> Arc<dyn Store> {
-        Arc::new(crate::store::SledStore::open(dir).unwrap())
+        Arc::new(crate::infra::store::SledStore::open(dir).unwrap())
     }
 
     fn live(store: &dyn Store, key: &str) -> bool {
@@ -225,13 +225,14 @@ mod tests {
         let inner = sled(dir.path());
         let full = Arc::new(AtomicBool::new(true));
         let f = full.clone();
-        let store: Arc<dyn Store> = Arc::new(crate::store::Hooked::new(inner.clone(), move |_| {
-            if f.load(Ordering::SeqCst) {
-                Err(StoreError::Backend("no space left on device".into()))
-            } else {
-                Ok(())
-            }
-        }));
+        let store: Arc<dyn Store> =
+            Arc::new(crate::infra::store::Hooked::new(inner.clone(), move |_| {
+                if f.load(Ordering::SeqCst) {
+                    Err(StoreError::Backend("no space left on device".into()))
+                } else {
+                    Ok(())
+                }
+            }));
         // No writer thread here: the test writes.
         let b = Batched {
             store,
@@ -261,9 +262,9 @@ mod tests {
     /// A broker on a sled store in `d`, on `clock`.
     async fn broker(
         d: &std::path::Path,
-        clock: Arc<crate::clock::ManualClock>,
-    ) -> Arc<crate::exchange::Broker> {
-        let (_, config) = crate::config::test_instance(d, "agent = \"repo-helper\"\n", "");
+        clock: Arc<crate::base::clock::ManualClock>,
+    ) -> Arc<crate::derive::exchange::Broker> {
+        let (_, config) = crate::infra::config::test_instance(d, "agent = \"repo-helper\"\n", "");
         crate::app::build(config, clock)
             .await
             .unwrap()
@@ -281,7 +282,7 @@ mod tests {
     #[tokio::test]
     async fn entries_are_written_on_the_call_until_no_earlier_proof_can_pass_then_queued() {
         let dir = tempfile::tempdir().unwrap();
-        let clock = crate::clock::ManualClock::new(1_800_000_000);
+        let clock = crate::base::clock::ManualClock::new(1_800_000_000);
         let broker = broker(dir.path(), clock.clone()).await;
         let store = broker.store.clone();
         let proof = |jti: &str| ValidProof {

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use super::raw::{RawIssuer, RawSignIn};
 use super::Check;
-use crate::grammar::secure_or_loopback;
-use crate::jose::Alg;
+use crate::base::grammar::secure_or_loopback;
+use crate::base::jose::Alg;
 
 /// How the pages sign in the person that an issuer's `sub` names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,7 +161,7 @@ fn trusted_issuer(
 
 /// The name a sign-in source has without `display_name`: its host (and
 /// port), which is what a person can check in the address bar.
-pub fn default_display_name(issuer: &str) -> String {
+pub(crate) fn default_display_name(issuer: &str) -> String {
     url::Url::parse(issuer)
         .ok()
         .and_then(|u| {

@@ -59,7 +59,7 @@ pub(super) fn socket(raw: RawSocket, check: &mut Check<'_>) -> SocketConfig {
     // Default allow-list: only the broker's own uid (quick start, tests).
     let allowed_uids = raw
         .allowed_uids
-        .unwrap_or_else(|| vec![crate::unix::current_uid()]);
+        .unwrap_or_else(|| vec![crate::base::unix::current_uid()]);
     if allowed_uids.is_empty() {
         check.bad("socket.allowed_uids", "must list at least one uid");
     }

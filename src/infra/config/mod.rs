@@ -30,18 +30,17 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use issuers::{default_display_name, IssuerConfig, JwksSource, SignIn};
-pub use listeners::{ApiRuntime, PublicConfig, SocketConfig};
-pub use providers::{
-    AccountLookup, ClientAuth, Endpoints, ProviderConfig, GITHUB_API, GITHUB_AUTHORIZE,
-    GITHUB_TOKEN, GITHUB_USER_API, QUICKSTART_DEMO,
-};
+pub(crate) use issuers::default_display_name;
+pub use issuers::{IssuerConfig, JwksSource, SignIn};
+pub(crate) use listeners::{ApiRuntime, PublicConfig, SocketConfig};
+pub use providers::{AccountLookup, ClientAuth, Endpoints, ProviderConfig};
+pub(crate) use providers::{GITHUB_API, QUICKSTART_DEMO};
 pub use reference::{accepted_keys, AcceptedKey};
 pub use secret_files::{read_secret_file, write_secret_file};
 
-use crate::diagnostics::{key_at, parse_toml, Problem};
-use crate::grammar::secure_or_loopback;
-use crate::jose::Alg;
+use crate::base::grammar::secure_or_loopback;
+use crate::base::jose::Alg;
+use crate::infra::diagnostics::{key_at, parse_toml, Problem};
 use raw::{RawConfig, RawDpop, RawLimits, RawProxy};
 
 /// Errors loading the config: all problems found, each with its place.
@@ -70,7 +69,7 @@ fn format_problems(p: &[Problem]) -> String {
 }
 
 /// Parses `"300s"`, `"5m"`, `"1h"`, `"250ms"`.
-pub fn parse_duration(s: &str) -> Option<Duration> {
+pub(crate) fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
     let n: u64 = num.parse().ok()?;
@@ -95,7 +94,7 @@ pub struct Config {
     /// The policy file.
     pub policy: PathBuf,
     /// The store: a sled directory (`store`) or PostgreSQL (`[postgres]`).
-    pub store: crate::store::Backend,
+    pub store: crate::infra::store::Backend,
     /// Audit events (JSON lines): the configured path, resolved against the
     /// config file's directory, or `<store>/audit.jsonl` when unset (sled
     /// only: with PostgreSQL it is required).
@@ -109,7 +108,7 @@ pub struct Config {
     /// File holding the 32-byte key that encrypts keys at rest (0600).
     pub master_key_file: PathBuf,
     /// Seconds a rotated-in signing key is published before it signs
-    /// (`[keys] activation_delay`, default [`crate::mint::ACTIVATION_DELAY`]).
+    /// (`[keys] activation_delay`, default [`ACTIVATION_DELAY`]).
     pub key_activation_delay: i64,
     /// DPoP settings.
     pub dpop: DpopConfig,
@@ -122,7 +121,7 @@ pub struct Config {
     /// Deprecated (`[vault] key_dir`): the directory where installs made
     /// before the vault's keys moved into the store kept them as files;
     /// read only to import them at the first start (see
-    /// [`crate::vault::keys`]), never written.
+    /// [`crate::accounts::vault::keys`]), never written.
     pub vault_key_dir: PathBuf,
     /// Third-party services people can connect, by name.
     pub providers: BTreeMap<String, ProviderConfig>,
@@ -182,15 +181,24 @@ pub struct LimitsConfig {
     pub global_per_second: u32,
 }
 
+/// The JWKS document's `Cache-Control: max-age` (seconds). It lives here,
+/// below `mint` which serves it, because [`ACTIVATION_DELAY`] is built on it.
+pub(crate) const JWKS_MAX_AGE: i64 = 60;
+/// How long a rotated-in key is published before it signs (seconds): the
+/// JWKS cache lifetime plus the resource servers' refetch interval, so that
+/// every resource server has the new key before the first token it signs.
+/// The default of `[keys] activation_delay`, which overrides it.
+pub(crate) const ACTIVATION_DELAY: i64 = JWKS_MAX_AGE + crate::verify::JWKS_REFRESH_INTERVAL;
+
 /// The default `dpop.replay_cache_bytes`: 16 MiB.
 pub const DEFAULT_REPLAY_CACHE_BYTES: usize = 16 << 20;
 
 /// The highest sustained derive rate a replay cache of `entries` can check
-/// without refusing: a `jti` is kept up to [`crate::dpop::MAX_JTI_LIFETIME`]
+/// without refusing: a `jti` is kept up to [`crate::base::dpop::MAX_JTI_LIFETIME`]
 /// seconds, and the global limit's burst (one second's worth) comes on top;
 /// one tenth is left spare.
 pub fn max_derive_rate(entries: usize) -> u32 {
-    let per_second = entries as u64 * 9 / 10 / (crate::dpop::MAX_JTI_LIFETIME as u64 + 1);
+    let per_second = entries as u64 * 9 / 10 / (crate::base::dpop::MAX_JTI_LIFETIME as u64 + 1);
     u32::try_from(per_second).unwrap_or(u32::MAX)
 }
 
@@ -255,7 +263,7 @@ impl Config {
             key_activation_delay: raw
                 .keys
                 .activation_delay
-                .map_or(crate::mint::ACTIVATION_DELAY, |d| d.min(86_400) as i64),
+                .map_or(ACTIVATION_DELAY, |d| d.min(86_400) as i64),
             dpop,
             limits,
             proxy,
@@ -387,18 +395,18 @@ fn dpop(raw: RawDpop, shared_store: bool, check: &mut Check<'_>) -> DpopConfig {
             if n < 16 {
                 check.bad("dpop.replay_capacity", "must be at least 16");
             }
-            let cache = crate::dpop::ReplayCache::new(n);
+            let cache = crate::base::dpop::ReplayCache::new(n);
             (n, cache.slot_bytes())
         }
         (None, bytes) => {
             let bytes = bytes.unwrap_or(DEFAULT_REPLAY_CACHE_BYTES);
-            let n = crate::dpop::ReplayCache::capacity_for_bytes(bytes);
+            let n = crate::base::dpop::ReplayCache::capacity_for_bytes(bytes);
             if n < 16 {
                 check.bad(
                     "dpop.replay_cache_bytes",
                     &format!(
                         "holds fewer than 16 entries ({} bytes a slot): give at least 1024",
-                        crate::dpop::REPLAY_SLOT_BYTES
+                        crate::base::dpop::REPLAY_SLOT_BYTES
                     ),
                 );
             }
@@ -465,7 +473,7 @@ fn limits(raw: &RawLimits, dpop: &DpopConfig, check: &mut Check<'_>) -> LimitsCo
                 &format!(
                     "is above the {most} derives/s the replay cache can check ({} entries, a jti kept up to {} s): lower it or raise dpop.replay_cache_bytes",
                     dpop.replay_capacity,
-                    crate::dpop::MAX_JTI_LIFETIME
+                    crate::base::dpop::MAX_JTI_LIFETIME
                 ),
             );
             most
@@ -498,9 +506,9 @@ pub(crate) fn test_instance(
     d: &Path,
     policy: &str,
     extra: &str,
-) -> (crate::jose::Es256Key, Config) {
+) -> (crate::base::jose::Es256Key, Config) {
     use std::os::unix::fs::PermissionsExt;
-    let (idp, _) = crate::jose::Es256Key::generate().unwrap();
+    let (idp, _) = crate::base::jose::Es256Key::generate().unwrap();
     let jwks = serde_json::json!({ "keys": [idp.public_jwk] });
     std::fs::write(d.join("idp-jwks.json"), jwks.to_string()).unwrap();
     std::fs::write(d.join("master.key"), [7u8; 32]).unwrap();

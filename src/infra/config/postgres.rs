@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::raw::RawPostgres;
 use super::{parse_duration, Check};
-use crate::store::{Backend, Migrate, PgSettings};
+use crate::infra::store::{Backend, Migrate, PgSettings};
 
 /// Validates the store keys; `audit_log` is required with PostgreSQL (the
 /// default lives in the sled directory, which a shared store has not).

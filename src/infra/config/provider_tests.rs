@@ -1,4 +1,5 @@
 //! `[providers.*]` and `[vault]` tables.
+use super::providers::GITHUB_TOKEN;
 use super::*;
 
 const BASE: &str = r#"
@@ -90,7 +91,7 @@ fn provider_mistakes_are_all_reported_without_values() {
 
 #[test]
 fn the_example_deployment_config_loads_with_its_providers() {
-    let text = include_str!("../../deploy/credbroker.example.toml");
+    let text = include_str!("../../../deploy/credbroker.example.toml");
     let c = Config::parse(Path::new("/etc/credbroker/credbroker.toml"), text).unwrap();
     assert_eq!(c.providers["github"].display_name, "GitHub");
     assert_eq!(c.vault_key_dir, Path::new("/var/lib/credbroker/vault-keys"));

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::raw::{RawAccountLookup, RawProvider};
 use super::{parse_duration, Check};
-use crate::grammar::{secure_or_loopback, valid_scope_token};
+use crate::base::grammar::{secure_or_loopback, valid_scope_token};
 
 /// How credbroker authenticates to a provider's token endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,19 +125,19 @@ pub(crate) fn parse_api_base(u: &str) -> Result<String, &'static str> {
 /// The GitHub preset: GitHub's OAuth app endpoints. GitHub accepts PKCE
 /// S256 without enforcing it, so `state` is always sent and checked; it has
 /// no RFC 7009 revocation endpoint and does not narrow on refresh.
-pub const GITHUB_AUTHORIZE: &str = "https://github.com/login/oauth/authorize";
+pub(super) const GITHUB_AUTHORIZE: &str = "https://github.com/login/oauth/authorize";
 /// GitHub's token endpoint.
-pub const GITHUB_TOKEN: &str = "https://github.com/login/oauth/access_token";
+pub(super) const GITHUB_TOKEN: &str = "https://github.com/login/oauth/access_token";
 /// GitHub's user API (account id `id`, name `login`).
-pub const GITHUB_USER_API: &str = "https://api.github.com/user";
+pub(super) const GITHUB_USER_API: &str = "https://api.github.com/user";
 /// GitHub's API base: the application grant API is under it.
-pub const GITHUB_API: &str = "https://api.github.com";
+pub(crate) const GITHUB_API: &str = "https://api.github.com";
 
 /// The preset of the quick start's built-in demo service (see
 /// `crate::demo`): its endpoints and account look-up sit under its
 /// `issuer`. Only `credbroker quickstart` runs that service; `serve`
 /// refuses a config with a provider of this preset.
-pub const QUICKSTART_DEMO: &str = "quickstart-demo";
+pub(crate) const QUICKSTART_DEMO: &str = "quickstart-demo";
 
 /// Validates `[providers.<name>]`: the providers that validate, by name.
 pub(super) fn providers(

@@ -5,7 +5,7 @@ use std::path::Path;
 
 // Lives in `secret` so that lower layers (the store) can read a secret
 // file too; re-exported here, where the config's callers look for it.
-pub use crate::secret::read_secret_file;
+pub use crate::base::secret::read_secret_file;
 
 /// Writes a new secret file with mode 0600, failing if it exists.
 pub fn write_secret_file(path: &Path, data: &[u8]) -> std::io::Result<()> {

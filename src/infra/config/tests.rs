@@ -89,11 +89,11 @@ fn valid_config_parses_with_defaults() {
     assert_eq!(c.socket.max_connections, 512);
     assert!(c.public.is_none());
     assert!(!c.dpop.require_nonce);
-    assert_eq!(c.dpop.algs, vec![crate::jose::Alg::ES256]);
+    assert_eq!(c.dpop.algs, vec![crate::base::jose::Alg::ES256]);
     assert_eq!(c.dpop.replay_cache_bytes, 16 << 20);
     assert_eq!(
         c.dpop.replay_capacity,
-        crate::dpop::ReplayCache::capacity_for_bytes(16 << 20)
+        crate::base::dpop::ReplayCache::capacity_for_bytes(16 << 20)
     );
     assert_eq!(
         c.limits.global_per_second,
@@ -714,7 +714,7 @@ fn issuer_list_rules() {
     let c = parse(&ok).unwrap();
     assert_eq!(
         c.trusted_issuers[0].algs,
-        vec![crate::jose::Alg::RS256, crate::jose::Alg::PS256]
+        vec![crate::base::jose::Alg::RS256, crate::base::jose::Alg::PS256]
     );
     assert_eq!(c.trusted_issuers[0].audience, "aud-x");
 }
@@ -814,7 +814,7 @@ fn a_postgres_table_selects_the_shared_store() {
         "pool_size = 8\nstatement_timeout = \"3s\"\nmigrate = \"auto\"\n[postgres.tls]\nca_file = \"pg-ca.pem\"\n",
     ))
     .unwrap();
-    let crate::store::Backend::Postgres(s) = &c.store else {
+    let crate::infra::store::Backend::Postgres(s) = &c.store else {
         panic!("not postgres: {:?}", c.store);
     };
     assert_eq!(s.host, "db.internal");
@@ -822,7 +822,7 @@ fn a_postgres_table_selects_the_shared_store() {
     assert_eq!(s.pool_size, 8);
     assert_eq!(s.statement_timeout, Duration::from_secs(3));
     assert_eq!(s.connect_timeout, Duration::from_secs(5));
-    assert_eq!(s.migrate, crate::store::Migrate::Auto);
+    assert_eq!(s.migrate, crate::infra::store::Migrate::Auto);
     // Secret and CA files are paths, anchored at the config's directory.
     assert_eq!(
         s.password_file.as_deref(),
@@ -886,7 +886,7 @@ fn replay_cache_bytes_bound_the_global_derive_limit() {
     assert!((3_500..5_000).contains(&most), "{most}");
     // A jti kept its longest, at that rate plus one second's burst, still
     // fits in the cache: it refuses (429) before the cache could (503).
-    let worst = (u64::from(most) * (crate::dpop::MAX_JTI_LIFETIME as u64 + 1)) as usize;
+    let worst = (u64::from(most) * (crate::base::dpop::MAX_JTI_LIFETIME as u64 + 1)) as usize;
     assert!(worst <= c.dpop.replay_capacity, "{worst}");
 
     // A global limit above what the cache can check is refused, naming the
@@ -913,13 +913,13 @@ fn replay_cache_bytes_bound_the_global_derive_limit() {
     assert_eq!(c.limits.global_per_second, 300);
     assert_eq!(
         c.dpop.replay_capacity,
-        crate::dpop::ReplayCache::capacity_for_bytes(1 << 20)
+        crate::base::dpop::ReplayCache::capacity_for_bytes(1 << 20)
     );
     let c = parse(&format!("{BASE}\n[dpop]\nreplay_capacity = 50000\n")).unwrap();
     assert_eq!(c.dpop.replay_capacity, 50_000);
     assert_eq!(
         c.dpop.replay_cache_bytes,
-        crate::dpop::ReplayCache::new(50_000).slot_bytes()
+        crate::base::dpop::ReplayCache::new(50_000).slot_bytes()
     );
     assert_eq!(c.limits.global_per_second, max_derive_rate(50_000));
 }
@@ -962,7 +962,7 @@ fn postgres_turns_dpop_nonces_on_and_refuses_them_off() {
 
 #[test]
 fn socket_runtime_is_per_core_or_shared() {
-    use crate::config::ApiRuntime;
+    use crate::infra::config::ApiRuntime;
     for bad in ["per-core", "multi_thread", "", "PER_CORE"] {
         let text = insert_after(
             BASE,

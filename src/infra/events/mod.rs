@@ -34,7 +34,7 @@ use std::sync::Mutex;
 use aws_lc_rs::hmac;
 use serde::Serialize;
 
-use crate::secret::SecretBytes;
+use crate::base::secret::SecretBytes;
 
 mod kind;
 pub use kind::Kind;

@@ -183,5 +183,8 @@ fn opaque_values_are_keyed_and_carry_only_a_length() {
     assert_ne!(o, b.opaque(secret), "keyed per instance");
     assert_ne!(o, a.opaque("https://rs.example/?token=ghp_secreT"));
     // Not the unkeyed hash of the value.
-    assert_ne!(o.hmac_sha256, crate::jose::sha256_hex(secret.as_bytes()));
+    assert_ne!(
+        o.hmac_sha256,
+        crate::base::jose::sha256_hex(secret.as_bytes())
+    );
 }

@@ -9,14 +9,14 @@ use super::{PgStore, SledStore, Store, StoreError, Tree, ALL_TREES};
 
 /// What was copied, per tree.
 #[derive(Debug, Default)]
-pub struct CopyReport {
+pub(crate) struct CopyReport {
     /// `(tree, entries copied)`, every tree in [`ALL_TREES`] order.
     pub trees: Vec<(&'static str, u64)>,
 }
 
 /// Errors of a copy.
 #[derive(Debug, thiserror::Error)]
-pub enum CopyError {
+pub(crate) enum CopyError {
     /// A store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -36,7 +36,7 @@ pub enum CopyError {
 /// Copies `from` into `to` (see the module docs). Refuses a target that
 /// holds anything unless `force`; with `force`, entries of the same key are
 /// overwritten and others kept, so the count check becomes "at least".
-pub fn copy(from: &SledStore, to: &PgStore, force: bool) -> Result<CopyReport, CopyError> {
+pub(crate) fn copy(from: &SledStore, to: &PgStore, force: bool) -> Result<CopyReport, CopyError> {
     let mut before = Vec::new();
     for t in ALL_TREES {
         let n = to.count(t)?;

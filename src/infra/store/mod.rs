@@ -37,14 +37,14 @@
 //! [`StoreError::Unavailable`].
 
 #[doc(hidden)]
-pub mod contract;
+pub(crate) mod contract;
 mod copy;
 #[doc(hidden)]
-pub mod hooked;
+pub(crate) mod hooked;
 mod postgres;
 mod sled_store;
 
-pub use copy::{copy, CopyError, CopyReport};
+pub(crate) use copy::copy;
 #[doc(hidden)]
 pub use hooked::Hooked;
 pub use postgres::{Migrate, PgSettings, PgStore};
@@ -117,7 +117,7 @@ pub enum Tree {
 }
 
 /// Every tree, in a fixed order (for copies between stores and for tests).
-pub const ALL_TREES: [Tree; 14] = [
+pub(crate) const ALL_TREES: [Tree; 14] = [
     Tree::SigningKeys,
     Tree::State,
     Tree::Accounts,
@@ -205,7 +205,7 @@ pub fn tuple_key(parts: &[&str]) -> Vec<u8> {
 }
 
 /// Splits a [`tuple_key`] back into its parts (`None` if malformed).
-pub fn split_tuple_key(mut key: &[u8]) -> Option<Vec<String>> {
+pub(crate) fn split_tuple_key(mut key: &[u8]) -> Option<Vec<String>> {
     let mut out = Vec::new();
     while !key.is_empty() {
         if key.len() < 2 {
@@ -220,10 +220,10 @@ pub fn split_tuple_key(mut key: &[u8]) -> Option<Vec<String>> {
 }
 
 /// A key and its value, as returned by scans.
-pub type Entry = (Vec<u8>, Vec<u8>);
+pub(crate) type Entry = (Vec<u8>, Vec<u8>);
 
 /// A live expiring entry: its key, its value and its remaining lifetime.
-pub type LiveExpiring = (Vec<u8>, Vec<u8>, std::time::Duration);
+pub(crate) type LiveExpiring = (Vec<u8>, Vec<u8>, std::time::Duration);
 
 /// A lease named by its expiring tree and key, and the value its holder
 /// wrote there (the holder's name and a random fencing token).

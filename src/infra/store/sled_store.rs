@@ -427,8 +427,8 @@ mod tests {
     fn the_store_contract_holds_on_sled() {
         let dir = tempfile::tempdir().unwrap();
         let s = SledStore::open(dir.path()).unwrap();
-        crate::store::contract::run_all(&s);
-        crate::store::contract::run_concurrent(std::sync::Arc::new(s));
+        crate::infra::store::contract::run_all(&s);
+        crate::infra::store::contract::run_concurrent(std::sync::Arc::new(s));
     }
 
     #[test]

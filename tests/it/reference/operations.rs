@@ -520,12 +520,12 @@ fn every_quoted_log_line_is_logged_by_the_code() {
         ("signing key rotated kid", "signing key turned kid"),
         ("peer_uid=1001", "peer=1001"),
         (
-            "WARN credbroker::ops: emergency",
-            "INFO credbroker::ops: emergency",
+            "WARN credbroker::derive::ops: emergency",
+            "INFO credbroker::derive::ops: emergency",
         ),
         (
-            "ERROR credbroker::freeze: the emergency freeze record was",
-            "ERROR credbroker::ops: the emergency freeze record was",
+            "ERROR credbroker::derive::freeze: the emergency freeze record was",
+            "ERROR credbroker::derive::ops: the emergency freeze record was",
         ),
     ] {
         let bent = text.replacen(from, to, 1);

@@ -16,7 +16,7 @@
 use tokio_postgres::Client;
 
 use super::pg_error;
-use crate::store::StoreError;
+use crate::infra::store::StoreError;
 
 /// One migration.
 struct Migration {

@@ -260,7 +260,7 @@ fn client_config(s: &PgSettings) -> Result<(tokio_postgres::Config, Tls), StoreE
             s.statement_timeout.as_millis()
         ));
     if let Some(p) = &s.password_file {
-        let secret = crate::secret::read_secret_file(p).map_err(|e| {
+        let secret = crate::base::secret::read_secret_file(p).map_err(|e| {
             StoreError::Backend(s.at("postgres.password_file", format!("{}: {e}", p.display())))
         })?;
         let pw = secret.expose();

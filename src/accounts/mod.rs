@@ -1,0 +1,14 @@
+//! Accounts: who the person is, and what they connected.
+//!
+//! - [`subject`]: subject tokens from trusted issuers; who the person is.
+//! - [`users`]: local accounts for the pages' sign-in (argon2id).
+//! - [`connect`]: connect-link records behind a refusal's `connect_uri`.
+//! - [`vault`]: connected accounts, allowances, provider tokens at rest.
+//! - [`upstream`]: the third-party providers (presets, account look-up,
+//!   refresh, revocation) on the one OAuth client.
+
+pub(crate) mod connect;
+pub(crate) mod subject;
+pub(crate) mod upstream;
+pub(crate) mod users;
+pub(crate) mod vault;

@@ -1,0 +1,17 @@
+//! The derive core: the only code that decides whether a token is issued,
+//! and the operator actions that change what it decides.
+//!
+//! - [`exchange`]: the derive pipeline, the only place that decides.
+//! - [`policy`]: the policy file and its decisions.
+//! - [`approve`]: step-up approvals, a connect link for one call.
+//! - [`mint`]: signing keys, minted tokens, JWKS, rotation.
+//! - [`freeze`]: the signed freeze record every process follows.
+//! - [`ops`]: the operator actions (freeze, rotations, users, accounts),
+//!   each written once for the admin socket and the offline command line.
+
+pub(crate) mod approve;
+pub(crate) mod exchange;
+pub(crate) mod freeze;
+pub(crate) mod mint;
+pub(crate) mod ops;
+pub(crate) mod policy;

@@ -1,0 +1,18 @@
+//! The edges: each listener or socket a request comes in on. They parse
+//! their wire format, call the derive core or the accounts, and write the
+//! answer; nothing here decides whether a token is issued.
+//!
+//! - [`api`]: the orchestrator socket: parsing and the one error mapping.
+//! - [`public`]: the public listener: metadata, JWKS, then the proxy and
+//!   the pages.
+//! - [`proxy`]: the egress proxy on the public listener: a tool's call to
+//!   a connected service, checked and forwarded with the provider's token.
+//! - [`pages`]: the browser pages: sign-in, connect links, approvals, the
+//!   account page.
+//! - [`admin`]: the admin socket (status, freeze, key rotation, accounts).
+
+pub(crate) mod admin;
+pub(crate) mod api;
+pub(crate) mod pages;
+pub(crate) mod proxy;
+pub(crate) mod public;

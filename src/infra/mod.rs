@@ -1,0 +1,19 @@
+//! Infrastructure: the instance's config, its storage, and what it
+//! records.
+//!
+//! - [`config`]: the validated instance config.
+//! - [`diagnostics`]: TOML problems and their positions (config and policy).
+//! - [`store`]: storage behind a small trait (sled for one instance,
+//!   PostgreSQL for replicas).
+//! - [`seal`]: encryption at rest.
+//! - [`events`]: audit events.
+//! - [`metrics`]: Prometheus metrics.
+//! - [`failpoint`]: crash points for fault tests (`failpoints` feature only).
+
+pub(crate) mod config;
+pub(crate) mod diagnostics;
+pub(crate) mod events;
+pub(crate) mod failpoint;
+pub(crate) mod metrics;
+pub(crate) mod seal;
+pub(crate) mod store;
