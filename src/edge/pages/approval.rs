@@ -17,9 +17,8 @@
 use http::{HeaderMap, Response, StatusCode};
 
 use super::approvals::{pieces, ApprovalView};
-use super::connect::person_checks;
 use super::http::{html, is_code_shaped, redirect, Form};
-use super::{views, Ctx, Pages};
+use super::{person, views, Ctx, Pages};
 use crate::base::http::Body;
 use crate::base::secret::SecretString;
 
@@ -84,7 +83,7 @@ fn checked(
         Ok(a) => a,
         Err(r) => return Some(Err(r)),
     };
-    let session = person_checks(p, ctx, h, code, csrf, &a.person, |_, opener| {
+    let session = person::checks(p, ctx, h, code, csrf, &a.person, |_, opener| {
         let mut e = event(
             p,
             &ctx,

@@ -21,10 +21,8 @@ use http::{HeaderMap, Response, StatusCode};
 
 use super::http::{html, html_with, is_code_shaped, redirect, Form};
 use super::links::{AuthorizationRequest, Link, LinkKind};
-use super::oidc::MAX_AGE;
 use super::session::Session;
-use super::signin::signin_path;
-use super::{flows, views, Ctx, Pages};
+use super::{flows, person, views, Ctx, Pages};
 use crate::base::http::Body;
 use crate::base::secret::SecretString;
 
@@ -56,7 +54,7 @@ fn checks(
         Ok(_) => return Err(p.not_found()),
         Err(e) => return Err(unavailable(p, &e)),
     };
-    let session = person_checks(p, ctx, h, code, csrf, &link.person, |_, person| {
+    let session = person::checks(p, ctx, h, code, csrf, &link.person, |_, person| {
         let mut e = link_event(
             p,
             &ctx,
@@ -68,53 +66,6 @@ fn checks(
         p.audit(&e);
     })?;
     Ok(Passed { link, session })
-}
-
-/// Checks 2 to 4 for a link or an approval made for `owner` (and the CSRF
-/// token when `csrf` is given): signed in, as `owner`, recently. Another
-/// person gets the 403 page after `other_person` recorded the event.
-pub(super) fn person_checks(
-    p: &Pages,
-    ctx: Ctx,
-    h: &HeaderMap,
-    code: &str,
-    csrf: Option<Option<&str>>,
-    owner: &crate::accounts::subject::Person,
-    other_person: impl FnOnce(&Session, &crate::accounts::subject::Person),
-) -> Result<Session, Response<Body>> {
-    let return_to = format!("/connect/{code}");
-    // 2. Signed in.
-    let session = match p.session(h, ctx.now) {
-        Ok(Some(s)) if s.record.person().is_some() => s,
-        Ok(_) => return Err(redirect(&signin_path(&return_to, false))),
-        Err(e) => return Err(p.store_failed("session", &e)),
-    };
-    if let Some(token) = csrf {
-        if !session.check_csrf(token) {
-            return Err(p.bad_csrf());
-        }
-    }
-    // 3. The owner.
-    let Some(person) = session.record.person() else {
-        return Err(redirect(&signin_path(&return_to, false)));
-    };
-    if person != *owner {
-        other_person(&session, &person);
-        let page = views::OtherPerson {
-            who: p.who(&session),
-            you: p.person_label(&session.record),
-        };
-        return Err(html(StatusCode::FORBIDDEN, views::render(&page)));
-    }
-    // 4. Signed in recently.
-    let fresh = session
-        .record
-        .auth_time
-        .is_some_and(|t| ctx.now - t <= MAX_AGE && t <= ctx.now + super::oidc::SKEW);
-    if !fresh {
-        return Err(redirect(&signin_path(&return_to, true)));
-    }
-    Ok(session)
 }
 
 fn unavailable(p: &Pages, e: &dyn std::fmt::Display) -> Response<Body> {
@@ -136,9 +87,6 @@ fn service_name(p: &Pages, service: &str) -> String {
 
 /// `GET /connect/{code}`.
 pub(crate) async fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Response<Body> {
-    if let Some(r) = super::approval::open(p, ctx, h, code) {
-        return r;
-    }
     let Passed { link, session } = match checks(p, ctx, h, code, None) {
         Ok(x) => x,
         Err(r) => return r,
@@ -193,9 +141,6 @@ pub(crate) async fn act(
     code: &str,
     form: Form,
 ) -> Response<Body> {
-    if let Some(r) = super::approval::act(p, ctx, h, code, &form) {
-        return r;
-    }
     let Passed { link, session } = match checks(p, ctx, h, code, Some(form.get("csrf"))) {
         Ok(x) => x,
         Err(r) => return r,

@@ -37,6 +37,7 @@ pub(crate) mod http;
 pub(crate) mod limits;
 pub(crate) mod links;
 pub(crate) mod oidc;
+pub(crate) mod person;
 pub(crate) mod session;
 pub(crate) mod signin;
 pub(crate) mod views;
@@ -332,11 +333,21 @@ impl Pages {
             (&Method::GET, p) if p.starts_with("/done/") => {
                 connect::done(self, ctx, h, &p["/done/".len()..])
             }
+            // A code is an approval's or a connect link's: the approval
+            // pages answer theirs, the connect-link pages the rest.
             (&Method::GET, p) if p.starts_with("/connect/") => {
-                connect::open(self, ctx, h, &p["/connect/".len()..]).await
+                let code = &p["/connect/".len()..];
+                match approval::open(self, ctx, h, code) {
+                    Some(r) => r,
+                    None => connect::open(self, ctx, h, code).await,
+                }
             }
             (&Method::POST, p) if p.starts_with("/connect/") => {
-                connect::act(self, ctx, h, &p["/connect/".len()..], form).await
+                let code = &p["/connect/".len()..];
+                match approval::act(self, ctx, h, code, &form) {
+                    Some(r) => r,
+                    None => connect::act(self, ctx, h, code, form).await,
+                }
             }
             _ => self.not_found(),
         }
