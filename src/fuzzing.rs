@@ -411,7 +411,7 @@ fn id_expected(reauth: bool) -> oidc::Expected<'static> {
 
 /// ID-token validation (`pages::oidc::validate_id_token`): `data` as a
 /// whole token (what a forged or broken one reaches), then as the claims
-/// of a token signed with [`signing_key`] under a `JWT` header, so the
+/// of a token signed with `signing_key` under a `JWT` header, so the
 /// fuzzer reaches the claim checks. Checked as a first sign-in and as a
 /// re-authentication (`max_age`), which is only ever stricter. Accepted =
 /// the signed token passes as a first sign-in.

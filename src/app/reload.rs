@@ -60,13 +60,13 @@ impl Trigger {
 }
 
 /// Why a reload was refused: the `reason` of `policy.reload_failed`, of
-/// the WARN line and of [`ReloadOutcome::Failed`]. `docs/OPERATIONS.md`
+/// the WARN line and of `ReloadOutcome::Failed`. `docs/OPERATIONS.md`
 /// lists each (tested against [`Refusal::ALL`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// The file cannot be read.
     Unreadable,
-    /// Larger than [`MAX_POLICY_BYTES`].
+    /// Larger than `MAX_POLICY_BYTES`.
     TooLarge,
     /// Not a valid policy.
     Invalid,

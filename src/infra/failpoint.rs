@@ -31,7 +31,7 @@ pub(crate) fn hit(point: &str) {
 /// Does nothing: built without the `failpoints` feature.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn hit(_point: &str) {}
+pub(crate) fn hit(_point: &str) {}
 
 /// Stops the process here for good if `ENV` is `pause:<point>` (the test
 /// that armed it kills the process).
@@ -49,4 +49,4 @@ pub(crate) fn pause(point: &str) {
 /// Does nothing: built without the `failpoints` feature.
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn pause(_point: &str) {}
+pub(crate) fn pause(_point: &str) {}

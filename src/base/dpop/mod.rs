@@ -23,8 +23,8 @@ pub(crate) const MAX_PROOF_LEN: usize = 4096;
 pub(crate) const MAX_JTI_LEN: usize = 256;
 /// Proofs whose `iat` is further than this from now are refused (seconds).
 pub(crate) const IAT_WINDOW: i64 = 60;
-/// The longest a `jti` is kept (seconds): a proof dated [`IAT_WINDOW`]
-/// ahead passes until [`IAT_WINDOW`] after its `iat`, and one second more
+/// The longest a `jti` is kept (seconds): a proof dated `IAT_WINDOW`
+/// ahead passes until `IAT_WINDOW` after its `iat`, and one second more
 /// covers the truncation of times to seconds.
 pub const MAX_JTI_LIFETIME: i64 = 2 * IAT_WINDOW + 1;
 
@@ -98,7 +98,7 @@ pub struct Expect<'a> {
     /// The request method, compared case-sensitively.
     pub method: &'a str,
     /// The request URL without query or fragment (already normalised by
-    /// [`normalize_htu`]).
+    /// `normalize_htu`).
     pub htu: &'a str,
     /// The access token presented with the proof (resource servers).
     pub access_token: Option<&'a str>,

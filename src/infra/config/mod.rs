@@ -108,7 +108,7 @@ pub struct Config {
     /// File holding the 32-byte key that encrypts keys at rest (0600).
     pub master_key_file: PathBuf,
     /// Seconds a rotated-in signing key is published before it signs
-    /// (`[keys] activation_delay`, default [`ACTIVATION_DELAY`]).
+    /// (`[keys] activation_delay`, default `ACTIVATION_DELAY`).
     pub key_activation_delay: i64,
     /// DPoP settings.
     pub dpop: DpopConfig,
@@ -121,7 +121,7 @@ pub struct Config {
     /// Deprecated (`[vault] key_dir`): the directory where installs made
     /// before the vault's keys moved into the store kept them as files;
     /// read only to import them at the first start (see
-    /// [`crate::accounts::vault::keys`]), never written.
+    /// `crate::accounts::vault::keys`), never written.
     pub vault_key_dir: PathBuf,
     /// Third-party services people can connect, by name.
     pub providers: BTreeMap<String, ProviderConfig>,

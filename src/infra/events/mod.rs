@@ -138,7 +138,7 @@ pub struct Event<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyCall<'a>>,
     /// The instance that wrote it, when several share one store (replicas):
-    /// added by [`Audit::record`] from [`Audit::with_instance`]; callers
+    /// added by `Audit::record` from `Audit::with_instance`; callers
     /// leave it empty.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instance: Option<&'a str>,
