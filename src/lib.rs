@@ -17,8 +17,8 @@
 //!   runs it (`app::server`: binds the listeners, accept loops, shutdown).
 //!
 //! `edge`: where requests come in.
-//! - `edge::admin`: the admin socket (status, freeze, key rotation,
-//!   accounts).
+//! - `edge::api`: the orchestrator socket: parsing and the one error
+//!   mapping.
 //! - `edge::public`: the public listener: metadata, JWKS, then the proxy
 //!   and the pages.
 //! - `edge::proxy`: the egress proxy on the public listener: a tool's call
@@ -26,8 +26,8 @@
 //!   token.
 //! - `edge::pages`: the browser pages: sign-in, connect links, approvals,
 //!   the account page.
-//! - `edge::api`: the orchestrator socket: parsing and the one error
-//!   mapping.
+//! - `edge::admin`: the admin socket (status, freeze, key rotation,
+//!   accounts).
 //!
 //! `derive`: the core that decides.
 //! - `derive::ops`: the operator actions (freeze, rotations, users,
