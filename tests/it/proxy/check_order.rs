@@ -22,7 +22,6 @@
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -497,30 +496,11 @@ impl Broker {
 
     /// Fills the audit log's file system (none left for one more line).
     fn fill_audit_disk(&self) {
-        let fs = self.audit_fs.as_ref().unwrap();
-        // tmpfs hands out whole pages: the log's last page is padded first,
-        // or a short line would still fit there.
-        let len = std::fs::metadata(&self.audit).unwrap().len() as usize;
-        let mut pad = (len / 4096 + 1) * 4096 - len;
-        if pad < 64 {
-            pad += 4096;
-        }
-        let head = "{\"event\":\"test.padding\",\"pad\":\"";
-        let line = format!("{head}{}\"}}\n", "p".repeat(pad - head.len() - 3));
-        std::fs::OpenOptions::new()
-            .append(true)
-            .open(&self.audit)
-            .unwrap()
-            .write_all(line.as_bytes())
-            .unwrap();
-        let mut f = std::fs::File::create(fs.0.join("filler")).unwrap();
-        let block = vec![0u8; 4096];
-        while f.write_all(&block).is_ok() {}
-        while f.write_all(&[0]).is_ok() {}
+        self.audit_fs.as_ref().unwrap().fill_after(&self.audit);
     }
 
     fn free_audit_disk(&self) {
-        std::fs::remove_file(self.audit_fs.as_ref().unwrap().0.join("filler")).unwrap();
+        self.audit_fs.as_ref().unwrap().unfill();
     }
 }
 
@@ -803,7 +783,7 @@ async fn body_before_account(b: &Broker, e: &Row, l: &Row) {
             None,
         )
         .await;
-    let reason = a.reason().to_string();
+    let reason = account_refusal(&a);
     a.is(l, &reason);
     assert!(
         a.body["connect_uri"]
@@ -824,6 +804,18 @@ async fn body_before_account(b: &Broker, e: &Row, l: &Row) {
     .served(201);
 }
 
+/// The reason of a refusal by the account row (which of its three
+/// depends on what the account lacks).
+#[track_caller]
+fn account_refusal(a: &Answer) -> String {
+    let reason = a.reason();
+    assert!(
+        ["connect_required", "allow_required", "reconnect_required"].contains(&reason),
+        "{a:?}"
+    );
+    reason.to_string()
+}
+
 async fn account_before_single_use(b: &mut Broker, e: &Row, l: &Row) {
     let hello = repository("octo", "hello");
     let spent = approved_token(&mut b.p, &hello).await;
@@ -836,7 +828,7 @@ async fn account_before_single_use(b: &mut Broker, e: &Row, l: &Row) {
     let a = b
         .call(&spent, "DELETE", "/repos/octo/hello", None, None)
         .await;
-    let reason = a.reason().to_string();
+    let reason = account_refusal(&a);
     a.is(e, &reason);
     b.nothing_spent(&m, Some(&reason));
     // An unspent single-use token is refused the same way, and not spent.

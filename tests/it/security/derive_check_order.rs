@@ -13,13 +13,15 @@
 //! only the later check gets the later refusal, and one failing neither is
 //! issued.
 //!
-//! Three brokers: [`Env::Main`] (the proxy's policy with approvals and a
+//! Four brokers: [`Env::Main`] (the proxy's policy with approvals and a
 //! tool with details, alice connected), [`Env::Limits`] (two derives a
-//! second over the broker, one per peer, no burst) and [`Env::Nonces`]
-//! (nonces required, one derive a second per person and tool, no burst).
+//! second over the broker, one per peer, no burst), [`Env::Nonces`]
+//! (nonces required, one derive a second per person and tool, no burst)
+//! and [`Env::AuditDisk`] (the audit log on a small tmpfs it fills).
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -35,7 +37,7 @@ enum Env {
     Main,
     Limits,
     Nonces,
-    NotConstructible(&'static str),
+    AuditDisk,
 }
 
 /// A check of the derive: its name and the answer it refuses with (status
@@ -71,15 +73,7 @@ fn env_of(earlier: &str, later: &str) -> Env {
     match (earlier, later) {
         ("global_rate", _) | ("body", "global_rate") | ("peer_rate", _) => Env::Limits,
         ("subject", "nonce") | ("nonce", _) | ("person_tool_rate", _) => Env::Nonces,
-        // The approval stage writes its own event (`approval.requested`
-        // for a new link, `approval.redeemed` for an each_call grant) and
-        // fails closed with the same 500 when the log cannot be written;
-        // a declined approval is refused without writing, but the pages
-        // offer no declining helper here. A derive failing both cannot
-        // tell the two stages apart by its answer.
-        ("approval", "audit") => Env::NotConstructible(
-            "the approval stage's own audit write fails with the audit stage's answer",
-        ),
+        ("approval", "audit") => Env::AuditDisk,
         _ => Env::Main,
     }
 }
@@ -92,11 +86,15 @@ fn every_adjacent_pair_of_the_derive_checks_has_its_broker() {
         names.iter().all(|n| seen.insert(*n)),
         "a check listed twice"
     );
-    for w in CHECKS.windows(2) {
-        if let Env::NotConstructible(why) = env_of(w[0].0, w[1].0) {
-            eprintln!("NOT SHOWN ({why}): {} before {}", w[0].0, w[1].0);
-        }
-    }
+    let shown: usize = [Env::Main, Env::Limits, Env::Nonces, Env::AuditDisk]
+        .into_iter()
+        .map(|env| {
+            let n = pairs_on(env).len();
+            assert!(n > 0, "{env:?} shows no pair");
+            n
+        })
+        .sum();
+    assert_eq!(shown, CHECKS.len() - 1, "every adjacent pair is shown once");
 }
 
 /// The pairs `env` shows.
@@ -117,22 +115,31 @@ fn refused_by(a: &HttpAnswer, check: &Check) {
 /// What was audited so far.
 struct Mark(usize);
 
-/// A view of a running broker and the tool's key.
+/// A view of a running broker, the tool's key and the broker's audit log.
 struct Broker<'a> {
     b: &'a TestBroker,
     key: &'a credbroker::internals::jose::Es256Key,
+    audit: PathBuf,
 }
 
-impl Broker<'_> {
+impl<'a> Broker<'a> {
+    fn new(b: &'a TestBroker, key: &'a credbroker::internals::jose::Es256Key) -> Broker<'a> {
+        Broker {
+            b,
+            key,
+            audit: b.path("data/audit.jsonl"),
+        }
+    }
+
     fn mark(&self) -> Mark {
-        Mark(self.b.audit_lines().len())
+        Mark(read_audit(&self.audit).len())
     }
 
     /// Since `m`: no token issued, no link or approval opened (unless
     /// listed in `opened`), and the refusals audited are exactly `denied`.
     #[track_caller]
     fn audited(&self, m: &Mark, denied: &[&str], opened: &[&str]) {
-        let events = self.b.audit_lines();
+        let events = read_audit(&self.audit);
         let new = &events[m.0.min(events.len())..];
         let kinds = |k: &str| new.iter().filter(|e| e["event"] == k).count();
         assert_eq!(kinds("derive.issued"), 0, "a token was issued: {new:?}");
@@ -260,10 +267,7 @@ async fn derive_check_order_of_the_request_policy_proof_service_and_approval() {
     assert!(!pairs.is_empty());
     for (e, l) in &pairs {
         eprintln!("pair: {} before {}", e.0, l.0);
-        let b = Broker {
-            b: &p.env.broker,
-            key: &key,
-        };
+        let b = Broker::new(&p.env.broker, &key);
         match (e.0, l.0) {
             ("origin", "method") => origin_before_method(&b, e, l),
             ("method", "content_type") => method_before_content_type(&b, e, l),
@@ -468,10 +472,7 @@ async fn service_before_approval(
 ) {
     let details = repository("octo", "hello");
     let uri = {
-        let b = Broker {
-            b: &p.env.broker,
-            key,
-        };
+        let b = Broker::new(&p.env.broker, key);
         let bob = b.proxy_body("bob", "acme.delete", Some(details.clone()));
         let m = b.mark();
         let a = b.derive(&bob, Some(&b.proof()));
@@ -494,10 +495,7 @@ async fn service_before_approval(
         a.json()["connect_uri"].as_str().unwrap().to_string()
     };
     p.env.play_pages(&uri, "alice", "").await;
-    let b = Broker {
-        b: &p.env.broker,
-        key,
-    };
+    let b = Broker::new(&p.env.broker, key);
     let alice = b.proxy_body("alice", "acme.delete", Some(details));
     b.derive(&alice, Some(&b.proof()))
         .assert_issued("neither: approved");
@@ -521,7 +519,7 @@ async fn derive_check_order_of_the_broker_and_peer_rate_limits() {
         ..Opts::default()
     });
     let key = key();
-    let b = Broker { b: &tb, key: &key };
+    let b = Broker::new(&tb, &key);
     let pairs = pairs_on(Env::Limits);
     assert!(!pairs.is_empty());
     for (e, l) in &pairs {
@@ -666,7 +664,7 @@ async fn derive_check_order_of_the_subject_nonce_and_person_rate_limit() {
         ..Opts::default()
     });
     let key = key();
-    let b = Broker { b: &tb, key: &key };
+    let b = Broker::new(&tb, &key);
     let pairs = pairs_on(Env::Nonces);
     assert!(!pairs.is_empty());
     for (e, l) in &pairs {
@@ -773,4 +771,85 @@ async fn person_rate_before_policy(b: &Broker<'_>, e: &Check, l: &Check) {
     idle().await;
     b.derive(&b.body(json!({})), Some(&b.proof_with_nonce(&n)))
         .assert_issued("neither");
+}
+
+// --- Env::AuditDisk ----------------------------------------------------
+
+#[tokio::test]
+async fn derive_check_order_of_the_approval_and_the_audit() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(fs) = Tmpfs::mount(&dir.path().join("auditfs"), "2m") else {
+        not_shown(
+            "the derive's approval before its audit",
+            "cannot mount a tmpfs here (needs root)",
+        );
+        return;
+    };
+    let log = fs.0.join("audit.jsonl");
+    let mut p = ProxyEnv::start_with(
+        "",
+        ProviderOpts {
+            policy: Some(approval_policy(r#""DELETE /repos/{owner}/{repo}""#)),
+            audit_log: Some(log.clone()),
+            ..ProviderOpts::default()
+        },
+    )
+    .await;
+    let key = key();
+    let pairs = pairs_on(Env::AuditDisk);
+    assert!(!pairs.is_empty());
+    for (e, l) in &pairs {
+        eprintln!("pair: {} before {}", e.0, l.0);
+        match (e.0, l.0) {
+            ("approval", "audit") => approval_before_audit(&mut p, &key, &fs, &log, e, l).await,
+            (x, y) => panic!("no scenario for {x} before {y}"),
+        }
+    }
+}
+
+/// A derive whose approval is still pending, while the audit log cannot
+/// be written: the approval's refusal (an approval already asked for is
+/// answered without writing), the same approval, no token. A derive that
+/// needs no approval gets the audit's refusal (no event, no token).
+async fn approval_before_audit(
+    p: &mut ProxyEnv,
+    key: &credbroker::internals::jose::Es256Key,
+    fs: &Tmpfs,
+    log: &Path,
+    e: &Check,
+    l: &Check,
+) {
+    let details = repository("octo", "hello");
+    let uri = {
+        let mut b = Broker::new(&p.env.broker, key);
+        b.audit = log.to_path_buf();
+        let alice = b.proxy_body("alice", "acme.delete", Some(details.clone()));
+        let m = b.mark();
+        let asked = b.derive(&alice, Some(&b.proof()));
+        refused_by(&asked, e);
+        assert_eq!(asked.json()["reason"], "approval_required", "{}", asked.raw);
+        b.audited(&m, &["approval_required"], &["approval.requested"]);
+
+        fs.fill_after(log);
+        let m = b.mark();
+        let a = b.derive(&alice, Some(&b.proof()));
+        refused_by(&a, e);
+        assert_eq!(a.json()["reason"], "approval_required", "{}", a.raw);
+        assert_eq!(
+            a.json()["connect_id"],
+            asked.json()["connect_id"],
+            "the same approval, no new one"
+        );
+        b.audited(&m, &[], &[]);
+        let a = b.derive(&b.body(json!({})), Some(&b.proof()));
+        refused_by(&a, l);
+        b.audited(&m, &[], &[]);
+        fs.unfill();
+        asked.json()["connect_uri"].as_str().unwrap().to_string()
+    };
+    p.env.play_pages(&uri, "alice", "").await;
+    let b = Broker::new(&p.env.broker, key);
+    let alice = b.proxy_body("alice", "acme.delete", Some(details));
+    b.derive(&alice, Some(&b.proof()))
+        .assert_issued("neither: approved, with room in the log");
 }

@@ -114,6 +114,39 @@ impl Tmpfs {
     }
 }
 
+impl Tmpfs {
+    /// Fills this file system so that not one more line fits after `log`,
+    /// a file on it that a broker appends to: the log's last page is
+    /// padded with a `test.padding` line first (tmpfs hands out whole
+    /// pages, so a short line would still fit there), then a `filler` file
+    /// takes the rest. [`Tmpfs::unfill`] makes room again.
+    pub(crate) fn fill_after(&self, log: &std::path::Path) {
+        use std::io::Write;
+        let len = std::fs::metadata(log).unwrap().len() as usize;
+        let mut pad = (len / 4096 + 1) * 4096 - len;
+        if pad < 64 {
+            pad += 4096;
+        }
+        let head = "{\"event\":\"test.padding\",\"pad\":\"";
+        let line = format!("{head}{}\"}}\n", "p".repeat(pad - head.len() - 3));
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(log)
+            .unwrap()
+            .write_all(line.as_bytes())
+            .unwrap();
+        let mut f = std::fs::File::create(self.0.join("filler")).unwrap();
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).is_ok() {}
+        while f.write_all(&[0]).is_ok() {}
+    }
+
+    /// Removes what [`Tmpfs::fill_after`] wrote besides the log.
+    pub(crate) fn unfill(&self) {
+        std::fs::remove_file(self.0.join("filler")).unwrap();
+    }
+}
+
 impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = std::process::Command::new("umount")
