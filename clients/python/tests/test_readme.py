@@ -27,24 +27,6 @@ def python_blocks() -> list[Block]:
     return [b for name, p in READMES.items() for b in blocks(p, name) if b.lang == "python"]
 
 
-def test_the_block_reader_sees_hidden_parts(tmp_path: Path) -> None:
-    md = tmp_path / "x.md"
-    md.write_text(
-        "text\n\n<!-- readme-test: prelude\nx = 1\n-->\n<!-- readme-test: after\n"
-        "assert y == 2\n-->\n```python\ny = x + 1\n```\n\n"
-        "<!-- readme-test: skip: a reason -->\n```sh\nfalse\n```\n\n```python\nz = 3\n```\n"
-    )
-    got = blocks(md, "x.md")
-    assert [(b.lang, b.code, b.prelude, b.after, b.skip) for b in got] == [
-        ("python", "y = x + 1\n", "x = 1\n", "assert y == 2\n", None),
-        ("sh", "false\n", "", "", "a reason"),
-        ("python", "z = 3\n", "", "", None),
-    ]
-    md.write_text("<!-- readme-test: prelude\nx = 1\n-->\nprose\n```python\ny\n```\n")
-    with pytest.raises(ValueError, match="not right before a block"):
-        blocks(md, "x.md")
-
-
 @pytest.fixture(scope="module")
 def notes(broker: QuickstartBroker, tmp_module: Path) -> Iterator[ResourceServer]:
     rs = start_resource_server(broker, tmp_module)

@@ -137,7 +137,7 @@ const handler = createMcpHandler(({ era }) => {
     });
     // The SDK's InputRequest type still asks for the 2025-era
     // elicitationId, which the 2026-07-28 shape (and the SDK's own
-    // elicitUrl builder) leaves out: hence the cast (test/mcp.test.ts
+    // elicitUrl builder) leaves out: hence the cast (test/unit/mcp.test.ts
     // checks that the SDK recognises the result).
     return answer as unknown as ServerInputRequiredResult;
   });

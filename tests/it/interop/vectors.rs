@@ -2,8 +2,8 @@
 //! `tests/vectors/resource-server.json`, one request per case (token, proofs,
 //! method, URL, time) and the verdict, covering the hostile tokens and proofs
 //! of docs/RESOURCE-SERVERS.md section 5. `credbroker::verify` must reach
-//! each verdict here; `clients/python/tests/test_vectors.py` holds the Python
-//! verifier to the same file, and `clients/typescript/test/vectors.test.ts`
+//! each verdict here; `clients/python/tests/unit/test_vectors.py` holds the Python
+//! verifier to the same file, and `clients/typescript/test/unit/vectors.test.ts`
 //! the TypeScript one.
 //!
 //! The file is committed (signatures are randomised, so it is written once,

@@ -6,8 +6,8 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { test } from "node:test";
 
-import { Verifier, VerifyError } from "../src/index.js";
-import { REPO, readJson } from "./support.js";
+import { Verifier, VerifyError } from "../../src/index.js";
+import { REPO, readJson } from "../support.js";
 
 interface Case {
   name: string;

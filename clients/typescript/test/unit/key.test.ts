@@ -8,9 +8,9 @@ import { join } from "node:path";
 import { after, test } from "node:test";
 import { calculateJwkThumbprint, decodeProtectedHeader, importJWK, jwtVerify } from "jose";
 
-import { KeyFileError, ToolKey } from "../src/index.js";
-import { ath } from "../src/key.js";
-import { rm, tempDir } from "./support.js";
+import { KeyFileError, ToolKey } from "../../src/index.js";
+import { ath } from "../../src/key.js";
+import { rm, tempDir } from "../support.js";
 
 const tmp = tempDir();
 after(() => rm(tmp));

@@ -11,7 +11,7 @@ import type { AddressInfo } from "node:net";
 import { after, before, test } from "node:test";
 import { exportJWK, generateKeyPair } from "jose";
 
-import { MAX_KEYS_DOCUMENT, Verifier, VerifyError } from "../src/index.js";
+import { MAX_KEYS_DOCUMENT, Verifier, VerifyError } from "../../src/index.js";
 
 let server: Server;
 let host: string;

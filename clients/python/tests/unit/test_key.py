@@ -9,11 +9,9 @@ import hashlib
 import json
 import os
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import broker_bin
 from joserfc import jws
 from joserfc.jwk import ECKey
 
@@ -108,29 +106,6 @@ def test_proof_has_htu_without_query_or_fragment_ath_and_nonce() -> None:
     assert q["jti"] != c["jti"]
     with pytest.raises(ValueError, match="absolute"):
         k.proof("GET", "/relative")
-
-
-def test_key_files_are_shared_with_the_cli(tmp_path: Path) -> None:
-    # A key saved here signs proofs with `credbroker proof --key`.
-    k = ToolKey.generate()
-    p = tmp_path / "py.pem"
-    k.save(p)
-    out = subprocess.run(
-        [str(broker_bin()), "proof", "--key", str(p), "--method", "GET", "--url", "http://r/x"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    h = jws.extract_compact(out.encode()).headers()
-    assert h["jwk"]["x"] == k.public_jwk["x"]
-    # Negative control: the CLI refuses the same file once others may read it.
-    p.chmod(0o644)
-    r = subprocess.run(
-        [str(broker_bin()), "proof", "--key", str(p), "--method", "GET", "--url", "http://r/x"],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode != 0
 
 
 def test_repr_shows_the_thumbprint_never_the_key() -> None:

@@ -14,10 +14,10 @@ import {
   isInputRequiredResult,
 } from "@modelcontextprotocol/server";
 
-import { LinkRequired } from "../src/index.js";
-import { refusal } from "../src/errors.js";
-import { REQUEST_STATE_REJECTED, RequestStateRejected, RequestStateSealer, linkAnswer, urlElicitationError } from "../src/mcp.js";
-import { REPO, readJson } from "./support.js";
+import { LinkRequired } from "../../src/index.js";
+import { refusal } from "../../src/errors.js";
+import { REQUEST_STATE_REJECTED, RequestStateRejected, RequestStateSealer, linkAnswer, urlElicitationError } from "../../src/mcp.js";
+import { REPO, readJson } from "../support.js";
 
 const PROTO = join(REPO, "proto", "mcp");
 const load = (name: string): Record<string, unknown> => readJson(join(PROTO, name)) as Record<string, unknown>;
