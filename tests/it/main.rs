@@ -6,6 +6,7 @@
 //! full path (`cargo test --test it security::dpop::dpop_proof_replayed_twice`).
 
 mod approvals;
+mod contract;
 mod deploy;
 mod docs;
 mod fuzz;

@@ -211,9 +211,18 @@ impl ProxyEnv {
 }
 
 /// The JSON body of a refusal, with its status.
+/// The broker's own refusals are held to proto/refusal.schema.json.
 pub(crate) async fn refusal(r: reqwest::Response) -> (u16, serde_json::Value) {
     let status = r.status().as_u16();
-    (status, r.json().await.unwrap())
+    let headers = r.headers().clone();
+    let text = r.text().await.unwrap();
+    crate::support::contract::check_answer(
+        status,
+        |name| headers.get(name).and_then(|v| v.to_str().ok()),
+        &text,
+        "a proxied call",
+    );
+    (status, serde_json::from_str(&text).unwrap())
 }
 
 #[tokio::test]

@@ -288,7 +288,8 @@ impl TestBroker {
         resource: &str,
         scope: Option<&str>,
     ) -> Answer {
-        self.client()
+        let answer = self
+            .client()
             .derive(
                 &DeriveParams {
                     subject_token: subject,
@@ -300,7 +301,11 @@ impl TestBroker {
                 key,
             )
             .await
-            .expect("transport")
+            .expect("transport");
+        if let Answer::Refused(r) = &answer {
+            super::contract::check_client_refusal(r, &format!("derive of {tool}"));
+        }
+        answer
     }
 
     /// The known-good request: alice, summarize, notes.read.
@@ -324,7 +329,10 @@ impl TestBroker {
     /// Sends raw bytes on the orchestrator socket; returns what came back
     /// until the server closed or `timeout` passed.
     pub(crate) fn raw(&self, bytes: &[u8], timeout: Duration) -> String {
-        raw_unix(&self.socket, bytes, timeout)
+        let raw = raw_unix(&self.socket, bytes, timeout);
+        // A refusal in it is held to the published schema.
+        super::contract::check_socket_answer(&raw, "a raw answer on the socket");
+        raw
     }
 
     /// GET on the admin socket.
@@ -569,11 +577,27 @@ fn admin_request(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other("no status"))?;
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|x| x.1.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((out.as_str(), ""));
+    // The admin socket's errors are held to the published refusal schema
+    // (`/readyz`'s 503 is the readiness document, not a refusal).
+    if uri != "/readyz" {
+        super::contract::check_answer(
+            status,
+            |name| header_of(head, name),
+            body,
+            &format!("admin {method} {uri}"),
+        );
+    }
+    Ok((status, body.to_string()))
+}
+
+/// The first value of header `name` in a raw HTTP head.
+fn header_of<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.split("\r\n")
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.trim())
 }
 
 /// A JSON derive request as raw HTTP bytes.
@@ -620,12 +644,21 @@ impl HttpAnswer {
             .filter_map(|l| l.split_once(':'))
             .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
             .collect();
-        HttpAnswer {
+        let answer = HttpAnswer {
             status,
             headers,
             body: body.to_string(),
             raw: raw.to_string(),
-        }
+        };
+        // Every refusal of the broker a test reads is held to the
+        // published schema.
+        super::contract::check_answer(
+            answer.status,
+            |name| answer.header(name),
+            &answer.body,
+            "a raw HTTP answer",
+        );
+        answer
     }
 
     /// The first value of header `name`.

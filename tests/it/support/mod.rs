@@ -11,7 +11,8 @@
 //! - `mcp`: the example MCP server, the Python `mcp` client and fakes;
 //! - `postgres`: one PostgreSQL cluster per run, a database per test;
 //! - `replicas`: replicas on one database behind a forwarding proxy;
-//! - `quickstart`: the real `credbroker quickstart`, as a newcomer runs it.
+//! - `quickstart`: the real `credbroker quickstart`, as a newcomer runs it;
+//! - `contract`: every refusal a test reads, held to proto/refusal.schema.json.
 //!
 //! This file keeps the few helpers every role uses.
 // clippy's allow-unwrap-in-tests covers only #[test] functions, not the
@@ -21,6 +22,7 @@
 pub(crate) mod api_standin;
 pub(crate) mod broker;
 pub(crate) mod browser;
+pub(crate) mod contract;
 pub(crate) mod jose;
 pub(crate) mod layout;
 pub(crate) mod mcp;
