@@ -69,7 +69,9 @@ pub mod events {
 
 /// `crate::derive::exchange`: the derive pipeline.
 pub mod exchange {
-    pub use crate::derive::exchange::{DeriveError, DeriveRequest, Endpoint, Issued};
+    pub use crate::derive::exchange::{
+        ApprovalRefusal, DeriveError, DeriveRequest, Endpoint, Issued, LinkRefusal,
+    };
 }
 
 /// `crate::infra::failpoint`: crash points for fault tests.
@@ -141,7 +143,7 @@ pub mod pages {
 
 /// `crate::derive::policy`: the policy file.
 pub mod policy {
-    pub use crate::derive::policy::{lint, Policy};
+    pub use crate::derive::policy::{lint, DenyReason, Policy, RouteDenial};
 }
 
 /// `crate::infra::seal`: encryption at rest.
@@ -173,7 +175,7 @@ pub mod store {
 
 /// `crate::accounts::subject`: subject tokens.
 pub mod subject {
-    pub use crate::accounts::subject::{Person, Validator};
+    pub use crate::accounts::subject::{Person, SubjectError, Validator};
 }
 
 /// `crate::base::unix`: Unix helpers.
