@@ -41,19 +41,14 @@ const AGENT_RESOURCE: &str = "urn:credbroker:agent:repo-helper";
 const PAGES_CLIENT: &str = "credbroker-pages";
 const SERVICE_CLIENT: &str = "credbroker-acme";
 
+/// `tests/peers`, with node and its npm packages (checked in one place).
 fn peers() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
+    crate::support::prereq::node_peers()
 }
 
+/// Chromium and the npm peers (checked in one place).
 fn require_browser() {
-    assert!(
-        Path::new("/usr/bin/chromium").exists(),
-        "chromium is not installed: run scripts/install-test-deps"
-    );
-    assert!(
-        peers().join("node_modules/playwright-core").exists(),
-        "playwright-core is not installed: run scripts/install-test-deps"
-    );
+    crate::support::prereq::chromium();
 }
 
 /// The third-party service (tests/peers/oauth-service.mjs).

@@ -17,19 +17,14 @@ use serde_json::json;
 
 const PW: &str = "correct horse battery";
 
+/// `tests/peers`, with node and its npm packages (checked in one place).
 fn peers() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
+    crate::support::prereq::node_peers()
 }
 
+/// Chromium and the npm peers (checked in one place).
 fn require_browser() {
-    assert!(
-        Path::new("/usr/bin/chromium").exists(),
-        "install chromium: apt-get install -y chromium"
-    );
-    assert!(
-        peers().join("node_modules/playwright-core").exists(),
-        "install playwright-core: (cd tests/peers && npm install)"
-    );
+    crate::support::prereq::chromium();
 }
 
 fn screenshot_dir(tmp: &Path) -> PathBuf {

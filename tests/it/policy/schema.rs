@@ -25,7 +25,7 @@ const INSTALL: &str =
 
 /// The schema's verdict on each file: valid, and the errors if not.
 fn schema_verdicts(files: &[PathBuf]) -> BTreeMap<PathBuf, (bool, Vec<String>)> {
-    let py = repo(".venv/bin/python");
+    let py = crate::support::prereq::venv_python(&["jsonschema"], "");
     let out = Command::new(&py)
         .arg(repo("tests/peers/validate_policy_schema.py"))
         .arg(repo("proto/policy.schema.json"))

@@ -526,7 +526,7 @@ impl Drop for TestBroker {
         // sign-in or a call was refused) beside the panic: the log is in a
         // temp dir that goes with the test. It holds no secret (the
         // canary tests check that).
-        if std::thread::panicking() {
+        if std::thread::panicking() && !super::prereq::missing_here() {
             let log = self.log_text();
             let lines: Vec<&str> = log.lines().collect();
             let tail = &lines[lines.len().saturating_sub(60)..];

@@ -4,7 +4,7 @@
 //! a test can let Alice sign in, derive as her agent, then let her continue.
 //! No browser is downloaded: `/usr/bin/chromium` is Debian's.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -21,19 +21,10 @@ pub(crate) struct Browsers {
     _profiles: tempfile::TempDir,
 }
 
-/// Fails loudly when chromium or the npm peers are missing: the browser
-/// tests must never pass by being skipped.
+/// Fails the test in one line when chromium or the npm peers are missing:
+/// the browser tests must never pass by being skipped.
 pub(crate) fn require_browser() -> PathBuf {
-    let peers = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers");
-    assert!(
-        Path::new("/usr/bin/chromium").exists(),
-        "install chromium: scripts/install-test-deps (apt-get install -y chromium)"
-    );
-    assert!(
-        peers.join("node_modules/playwright-core").exists(),
-        "install the npm peers: scripts/install-test-deps (npm ci in tests/peers)"
-    );
-    peers
+    super::prereq::chromium()
 }
 
 impl Browsers {

@@ -150,19 +150,7 @@ pub(crate) fn ec_thumbprint(jwk: &serde_json::Value) -> String {
     credbroker::internals::jose::b64e(&sha2::Sha256::digest(canonical.as_bytes()))
 }
 
-fn jose_peers_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
-}
-
 /// Fails the test (never skips it) when the peers are not installed.
 pub(crate) fn require_peers() {
-    let help =
-        "run `scripts/install-test-deps` (installs node if missing, then `npm ci` in tests/peers)";
-    match std::process::Command::new("node").arg("--version").output() {
-        Ok(o) if o.status.success() => {}
-        Ok(o) => panic!("`node --version` failed ({}): {help}", o.status),
-        Err(e) => panic!("node is not installed ({e}): {help}"),
-    }
-    let jose = jose_peers_dir().join("node_modules/jose/package.json");
-    assert!(jose.exists(), "{} is missing: {help}", jose.display());
+    super::prereq::node_peers();
 }

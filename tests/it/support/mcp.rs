@@ -52,23 +52,13 @@ pub(crate) fn example_binary() -> PathBuf {
     bin.parent().unwrap().join("examples/mcp_repo_server")
 }
 
-/// The Python interpreter of .venv; fails loudly when the SDK is missing.
+/// The Python interpreter of .venv; fails the test in one line when the
+/// SDK (mcp 2.3.x) is missing.
 pub(crate) fn python() -> PathBuf {
-    let py = root().join(".venv/bin/python");
-    let ok = py.exists()
-        && Command::new(&py)
-            .args([
-                "-c",
-                "import mcp, importlib.metadata as m; assert m.version('mcp').startswith('2.3.')",
-            ])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-    assert!(
-        ok,
-        "the Python MCP SDK (mcp 2.3.x) is not installed in .venv: run scripts/install-test-deps"
-    );
-    py
+    super::prereq::venv_python(
+        &["mcp"],
+        "import importlib.metadata as m; assert m.version('mcp').startswith('2.3.')",
+    )
 }
 
 /// A running example MCP server.

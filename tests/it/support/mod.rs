@@ -12,7 +12,9 @@
 //! - `postgres`: one PostgreSQL cluster per run, a database per test;
 //! - `replicas`: replicas on one database behind a forwarding proxy;
 //! - `quickstart`: the real `credbroker quickstart`, as a newcomer runs it;
-//! - `contract`: every refusal a test reads, held to proto/refusal.schema.json.
+//! - `contract`: every refusal a test reads, held to proto/refusal.schema.json;
+//! - `prereq`: what the tests need beyond Rust (node peers, chromium, .venv),
+//!   each checked in one place, failing with one line naming the installer.
 //!
 //! This file keeps the few helpers every role uses.
 // clippy's allow-unwrap-in-tests covers only #[test] functions, not the
@@ -30,6 +32,7 @@ pub(crate) mod oidc;
 pub(crate) mod pages;
 pub(crate) mod peers;
 pub(crate) mod postgres;
+pub(crate) mod prereq;
 pub(crate) mod quickstart;
 pub(crate) mod replicas;
 pub(crate) mod resource;

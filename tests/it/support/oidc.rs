@@ -1,6 +1,6 @@
 //! A real third-party OAuth provider for tests: panva's `oidc-provider`
-//! (tests/peers/oauth-service.mjs) on a loopback port. Needs `npm install`
-//! in tests/peers once (CI does it).
+//! (tests/peers/oauth-service.mjs) on a loopback port. Needs
+//! `scripts/install-test-deps` once (CI runs it).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -21,7 +21,7 @@ pub(crate) struct OidcPeer {
 }
 
 fn peers_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
+    super::prereq::node_peers()
 }
 
 impl OidcPeer {
@@ -36,10 +36,6 @@ impl OidcPeer {
     pub(crate) fn start_with_redirects(client_secret: &str, redirect_uris: &[&str]) -> OidcPeer {
         let redirect_uri = redirect_uris[0];
         let dir = peers_dir();
-        assert!(
-            dir.join("node_modules/oidc-provider").is_dir(),
-            "tests/peers/node_modules is missing: run `npm ci` (or `npm install`) in tests/peers"
-        );
         let mut child = Command::new("node")
             .arg(dir.join("oauth-service.mjs"))
             .args(["--client-id", CLIENT_ID, "--client-secret", client_secret])
@@ -48,7 +44,7 @@ impl OidcPeer {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .expect("node must be installed to run the provider peer");
+            .expect("node runs (checked by peers_dir)");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)

@@ -16,15 +16,11 @@ pub(crate) struct NodePeer {
     pub hello: serde_json::Value,
 }
 
-/// The directory of the Node.js peers; fails loudly when they are not
-/// installed (the tests must never pass silently without their peers).
+/// The directory of the Node.js peers; fails the test in one line when
+/// they are not installed (the tests must never pass silently without
+/// their peers).
 pub(crate) fn peers_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/peers");
-    assert!(
-        dir.join("node_modules/oidc-provider").is_dir() && dir.join("node_modules/jose").is_dir(),
-        "the Node.js test peers are not installed: run scripts/install-test-deps (or `npm ci` in tests/peers)"
-    );
-    dir
+    super::prereq::node_peers()
 }
 
 impl NodePeer {
@@ -40,7 +36,7 @@ impl NodePeer {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .expect("node is not installed: run scripts/install-test-deps");
+            .expect("node runs (checked by peers_dir)");
         let stdin = child.stdin.take().unwrap();
         let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
