@@ -325,3 +325,106 @@ async fn approval_page_shows_fields_in_the_policys_order() {
     assert!(at("Message") < at("Hello Bob"));
     l.s.stop().await;
 }
+
+/// An approval is the call's only while the call's index entry names it. A
+/// record still stored after that entry was cleared (discarded: the derive
+/// that made it could not record it) or replaced (a newer approval of the
+/// same call) does not resolve: its link is the 404 page, GET and POST,
+/// and nothing is granted. The control: the entry put back, the same link
+/// approves and the call is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_record_its_index_entry_no_longer_names_is_404() {
+    use credbroker::internals::store::Tree;
+    let l = Local::start().await;
+    let k = key();
+    let call = mail("Left behind");
+    let (path, id) = l.link(&k, "mail.send", "send_reply", &call).await;
+    let (status, page) = l.open(&path).await;
+    assert_eq!(status, 200, "{page}");
+    let csrf = csrf_of(&page);
+    let store = l.s.inst.broker.store.as_ref();
+    let index = store
+        .scan_prefix(Tree::ApprovalIndex, b"")
+        .unwrap()
+        .into_iter()
+        .find(|(_, v)| v == id.as_bytes())
+        .expect("the call's index entry names the approval")
+        .0;
+    let approvals = l.s.inst.broker.approvals().unwrap().clone();
+    for (what, entry) in [
+        ("discarded", None),
+        ("replaced", Some(b"QUFBQUFBQUFBQUFBQUFBQQ".as_slice())),
+    ] {
+        match entry {
+            None => store.delete(Tree::ApprovalIndex, &index).unwrap(),
+            Some(other) => store.put(Tree::ApprovalIndex, &index, other).unwrap(),
+        }
+        assert_eq!(
+            approvals.counts().unwrap().get("pending"),
+            Some(&1),
+            "{what}: the record is still stored"
+        );
+        assert_eq!(l.open(&path).await.0, 404, "{what}");
+        assert_eq!(
+            l.press(&path, &csrf, "approve").await.0,
+            404,
+            "{what}: cannot be approved"
+        );
+    }
+    assert!(l.s.events("approval.granted").is_empty());
+    assert_eq!(approvals.counts().unwrap().get("granted"), None);
+
+    // Positive control: the entry names it again.
+    store
+        .put(Tree::ApprovalIndex, &index, id.as_bytes())
+        .unwrap();
+    l.approve(&path).await;
+    l.derive(&k, "mail.send", "send_reply", &call)
+        .await
+        .expect("served once approved");
+    l.s.stop().await;
+}
+
+/// An answer to an approval that expired while it was pending does
+/// nothing: neither a grant nor a decline is recorded, and the agent's
+/// next ask gets a new link, not a token. The pages re-check the link
+/// before they answer, so this is the approval store's own check, called
+/// as the pages call it. The control: an answer in time grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_to_an_approval_that_expired_while_pending_does_nothing() {
+    // An unanswered approval lasts 10 minutes (approve::PENDING_TTL,
+    // docs/APPROVALS.md).
+    const PENDING_TTL: i64 = 10 * 60;
+    let l = Local::start().await;
+    let k = key();
+    let call = mail("Answered late");
+    let (_, id) = l.link(&k, "mail.send", "send_reply", &call).await;
+    let approvals = l.s.inst.broker.approvals().unwrap().clone();
+    l.s.clock.advance(PENDING_TTL);
+    for approve in [false, true] {
+        assert!(
+            approvals.answer(&id, approve, l.now()).unwrap().is_none(),
+            "approve = {approve}: expired while pending"
+        );
+    }
+    let counts = approvals.counts().unwrap();
+    assert_eq!(
+        (counts.get("granted"), counts.get("declined")),
+        (None, None),
+        "{counts:?}"
+    );
+    let (_, new_id) = l.link(&k, "mail.send", "send_reply", &call).await;
+    assert_ne!(new_id, id, "a new link, not a token");
+
+    // Positive control: the new one, answered in time, is granted.
+    l.s.clock.advance(PENDING_TTL - 1);
+    let granted = approvals
+        .answer(&new_id, true, l.now())
+        .unwrap()
+        .expect("pending and in time");
+    assert_eq!(granted.id, new_id);
+    l.derive(&k, "mail.send", "send_reply", &call)
+        .await
+        .expect("served once granted");
+    l.s.stop().await;
+}

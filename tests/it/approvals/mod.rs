@@ -6,8 +6,9 @@
 //!   its sign-in the pages'), Debian's chromium driven by npm
 //!   `playwright-core`, tokens verified by npm `jose`.
 //! - [`clock`]: the same pages in-process, where the clock can be moved:
-//!   expired links and windows, the freeze, and single use at a resource
-//!   server (`credbroker::verify`).
+//!   expired links and windows, the freeze, single use at a resource
+//!   server (`credbroker::verify`), a record its call's index entry no
+//!   longer names, and an answer after the approval expired.
 //! - [`mcp`]: the example MCP server relays an approval link in both MCP
 //!   versions, unchanged from a connect link.
 

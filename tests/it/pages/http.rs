@@ -767,6 +767,48 @@ async fn five_checks_in_order_with_local_accounts() {
     assert_eq!(c.get(s.url(&link)).send().await.unwrap().status(), 404);
 }
 
+/// Check 4 when the clock steps back (an NTP correction, or a replica
+/// behind the one that signed her in): a session whose `auth_time` lies
+/// in the future is not a recent sign-in, so the link asks her to sign in
+/// again instead of offering its actions. The control: with the clock past
+/// her sign-in again, the same session gets the page.
+#[tokio::test]
+async fn sign_in_time_in_the_future_is_not_a_recent_sign_in() {
+    let s = PagesServer::start().await;
+    s.add_user("alice", PW);
+    let t0 = credbroker::internals::clock::Clock::now(s.clock.as_ref());
+    let (code, _) = s.fake.issue(
+        &s.person("alice"),
+        "github",
+        LinkKind::Connect,
+        &["repo"],
+        t0,
+    );
+    let link = format!("/connect/{code}");
+    let c = s.client();
+    let r = sign_in(&s, &c, &link, "alice", PW).await;
+    assert_eq!(location(&r), link, "signed in at t0");
+    assert_eq!(c.get(s.url(&link)).send().await.unwrap().status(), 200);
+
+    // Ten minutes back: her auth_time is 600 s ahead (the IdP's skew
+    // allowance is 30 s), though within the 15 minutes of max_age.
+    s.clock.set(t0 - 600);
+    let r = c.get(s.url(&link)).send().await.unwrap();
+    assert_eq!(r.status(), 303, "not the link's page");
+    assert_eq!(
+        location(&r),
+        format!("/signin?return_to=%2Fconnect%2F{code}&reauth=1"),
+        "sign in again"
+    );
+
+    // Positive control: a minute after her sign-in, the page again.
+    s.clock.set(t0 + 60);
+    let r = c.get(s.url(&link)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("Decline"));
+    s.stop().await;
+}
+
 /// C1: Alice's link forwarded to Bob, who is signed in.
 /// Two sign-in sources may each have an `alice`. A link made for the
 /// `alice` of another issuer, opened by the local `alice`, is refused, and

@@ -13,6 +13,10 @@
 //!   another flow of the same person (code injection) is exchanged with
 //!   the other flow's verifier, and the provider's PKCE check refuses it;
 //!   nothing is connected; the same code with its own `state` connects.
+//! - a callback whose flow, bound to the person's session, names another
+//!   person's link is the 404 page and stores nothing;
+//! - a link record its index entry no longer names (cleared or replaced)
+//!   does not resolve.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic
 
 use std::collections::BTreeMap;
@@ -280,4 +284,137 @@ async fn code_of_another_flow_fails_the_providers_pkce_check_and_connects_nothin
         after["authorization_code"].as_u64().unwrap(),
         stats["authorization_code"].as_u64().unwrap() + 1
     );
+}
+
+/// The flow's link belongs to alice's session only because the flow
+/// record says so: a flow bound to her session that names bob's link (a
+/// record rewritten in the store, as a writer of the shared store could)
+/// is refused at the callback with the 404 page after the provider
+/// answered, and nothing is stored: no account for alice or bob, and bob's
+/// link stays open. The control: a flow of her own link connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callback_of_her_flow_naming_another_persons_link_is_404_and_stores_nothing() {
+    use credbroker::internals::secret::SecretString;
+    let w = world().await;
+    let links = w.s.inst.pages.services().links.clone();
+    let now = || w.s.clock.now();
+    let bobs = w.link_code("bob", "acme.issues").await;
+    let bob_link = links
+        .resolve(&SecretString::new(bobs.clone()), now())
+        .unwrap()
+        .expect("bob's link is open");
+    let code = w.link_code("alice", "acme.issues").await;
+    let alice_link = links
+        .resolve(&SecretString::new(code.clone()), now())
+        .unwrap()
+        .expect("alice's link is open");
+    assert_eq!(
+        (bob_link.service.as_str(), bob_link.kind),
+        (alice_link.service.as_str(), alice_link.kind),
+        "only the person differs"
+    );
+    let alice = w.browser();
+    let html = w.open(&alice, &code, "alice").await;
+    let to = w.press_connect(&alice, &code, &html).await;
+
+    // Her flow record (sealed under its key, bound to her session) now
+    // names bob's link.
+    let state = url::Url::parse(&to)
+        .unwrap()
+        .query_pairs()
+        .find(|(k, _)| k == "state")
+        .unwrap()
+        .1
+        .into_owned();
+    let mut key = b"state/".to_vec();
+    key.extend_from_slice(
+        aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, state.as_bytes()).as_ref(),
+    );
+    let store = w.s.inst.broker.store.as_ref();
+    let sealer = &w.s.inst.sealer;
+    let sealed = store.get(Tree::PageFlows, &key).unwrap().expect("her flow");
+    let mut flow: serde_json::Value =
+        serde_json::from_slice(sealer.open(&key, &sealed).unwrap().expose()).unwrap();
+    assert_eq!(flow["flow"]["link_id"], alice_link.id.as_str(), "{flow}");
+    flow["flow"]["link_id"] = bob_link.id.clone().into();
+    let forged = sealer
+        .seal(&key, &serde_json::to_vec(&flow).unwrap())
+        .unwrap();
+    store.put(Tree::PageFlows, &key, &forged).unwrap();
+
+    let back = w.peer.authorize(&to, "octo-alice").await;
+    let r = w.callback(&alice, &back).await;
+    assert_eq!(r.status(), 404, "{}", location(&r));
+    assert_eq!(w.accounts("alice"), 0, "nothing stored for alice");
+    assert_eq!(w.accounts("bob"), 0, "nor for bob");
+    assert!(
+        links
+            .resolve(&SecretString::new(bobs), now())
+            .unwrap()
+            .is_some(),
+        "bob's link is still open"
+    );
+    assert!(w.s.events("connect.completed").is_empty());
+
+    // Positive control: a flow of her own link, in the same session.
+    let to = w.press_connect(&alice, &code, &html).await;
+    let back = w.peer.authorize(&to, "octo-alice").await;
+    let r = w.callback(&alice, &back).await;
+    assert_eq!(location(&r), "/done/connected");
+    assert_eq!(w.accounts("alice"), 1);
+    assert_eq!(w.accounts("bob"), 0);
+}
+
+/// A link is open only while its (person, agent, service) index entry
+/// names it. A record still stored after that entry was cleared (a crash
+/// between the two writes of a close, or a sweep on a replica whose clock
+/// runs ahead) or replaced (another link for the same person, agent and
+/// service) does not resolve: the 404 page, the same bytes as a random
+/// code. The control: the entry put back, the code opens again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn link_record_its_index_entry_no_longer_names_is_404() {
+    let w = world().await;
+    let (_, reference) = get(&w, &credbroker::internals::jose::b64e(&random_bytes(32))).await;
+    let code = w.link_code("carol", "acme.issues").await;
+    let (st, _) = get(&w, &code).await;
+    assert_eq!(st, 303, "open: sign in first");
+    let store = w.s.inst.broker.store.as_ref();
+    let record = aws_lc_rs::digest::digest(
+        &aws_lc_rs::digest::SHA256,
+        &credbroker::internals::jose::b64d(&code, "code").unwrap(),
+    );
+    let stored = store.get(Tree::Links, record.as_ref()).unwrap();
+    let id = serde_json::from_slice::<serde_json::Value>(&stored.expect("the record")).unwrap()
+        ["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let entries = store.scan_prefix(Tree::LinkIndex, b"").unwrap();
+    let index = entries
+        .into_iter()
+        .find(|(_, v)| v == id.as_bytes())
+        .expect("the index entry names the link")
+        .0;
+
+    for (what, entry) in [
+        ("cleared", None),
+        ("replaced", Some(b"QUFBQUFBQUFBQUFBQUFBQQ".as_slice())),
+    ] {
+        match entry {
+            None => store.delete(Tree::LinkIndex, &index).unwrap(),
+            Some(other) => store.put(Tree::LinkIndex, &index, other).unwrap(),
+        }
+        assert!(
+            store.get(Tree::Links, record.as_ref()).unwrap().is_some(),
+            "{what}: the record is still stored"
+        );
+        let (st, body) = get(&w, &code).await;
+        assert_eq!(st, 404, "{what}");
+        assert_eq!(body, reference, "{what}: byte-identical");
+    }
+
+    // Positive control: the entry names it again.
+    store.put(Tree::LinkIndex, &index, id.as_bytes()).unwrap();
+    let (st, _) = get(&w, &code).await;
+    assert_eq!(st, 303);
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{proxy_policy, refusal, ProxyEnv, PROXY, READ_ROUTES};
+use crate::support::services::ProviderOpts;
 use crate::support::*;
 
 /// Sends raw bytes to the public listener and returns the status line's
@@ -359,6 +360,62 @@ async fn each_refusal_then_its_positive_control() {
     let page = env.open_signed_in("/account", "alice").await;
     assert!(page.contains("Access stopped working"), "{page}");
     let _ = PROXY;
+}
+
+/// A token from before a reload, for a step the policy still declares but
+/// the tool no longer lists, on a route with no steps of its own (so only
+/// the tool's own step list can refuse it): 403 `step_not_allowed`, and
+/// nothing goes upstream. The control: the same route with a token for a
+/// step the tool still lists is served.
+#[tokio::test]
+async fn token_for_a_step_the_tool_no_longer_lists_is_step_not_allowed() {
+    // The steps are declared (a closed world), and both stay declared.
+    let policy = |read_steps: &str| {
+        let listed =
+            format!("[tools.\"acme.read\"]\nresource = \"{PROXY}\"\nscopes = [\"repo\"]\nsteps = ");
+        let base = proxy_policy(READ_ROUTES);
+        let tool_steps = format!("{listed}[\"triage\"]\n");
+        assert!(base.contains(&tool_steps), "{base}");
+        let text = base.replacen(&tool_steps, &format!("{listed}{read_steps}\n"), 1);
+        format!(
+            "steps = [\"answer_question\", \"summarize\", \"cleanup_confirmed\", \"triage\", \"open_pr\"]\n{text}"
+        )
+    };
+    let p = ProxyEnv::start_with(
+        "",
+        ProviderOpts {
+            policy: Some(policy(r#"["triage", "open_pr"]"#)),
+            ..ProviderOpts::default()
+        },
+    )
+    .await;
+    let before_reload = p.token("acme.read", "open_pr").await;
+    let triage = p.token("acme.read", "triage").await;
+    assert_eq!(
+        p.call(&before_reload, "GET", "/user", None).await.status(),
+        200,
+        "listed: served"
+    );
+    assert_eq!(p.api.records().len(), 1);
+
+    // The tool drops `open_pr`; the policy still declares it.
+    let hash = p.env.broker.policy_hash();
+    p.env
+        .broker
+        .replace_policy(policy(r#"["triage"]"#).as_bytes());
+    p.env.broker.sighup();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.env.broker.policy_hash() == hash {
+        assert!(Instant::now() < deadline, "the reload never took effect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = p.call(&before_reload, "GET", "/user", None).await;
+    assert_eq!(refusal(r).await, (403, refusal_body("step_not_allowed")));
+    assert_eq!(p.api.records().len(), 1, "nothing went upstream");
+
+    // Positive control: a step the tool still lists, on the same route.
+    assert_eq!(p.call(&triage, "GET", "/user", None).await.status(), 200);
+    assert_eq!(p.api.records().len(), 2);
 }
 
 fn refusal_413() -> serde_json::Value {
