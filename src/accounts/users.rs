@@ -192,6 +192,54 @@ pub(crate) fn exists(store: &dyn Store, sealer: &Sealer, name: &str) -> Result<b
         .is_some_and(|b| decode(sealer, name, &b).is_some()))
 }
 
+/// A local account as `users list` shows it (never its hash).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Listed {
+    /// The account name.
+    pub name: String,
+    /// When it was made (Unix seconds).
+    pub created: i64,
+    /// Locked after repeated failures, at `now`.
+    pub locked: bool,
+}
+
+/// The local accounts, by name, and the names whose records do not open
+/// (written without the master key, or under another name): those are no
+/// accounts, and `users remove` deletes them.
+pub(crate) fn list(
+    store: &dyn Store,
+    sealer: &Sealer,
+    now: i64,
+) -> Result<(Vec<Listed>, Vec<String>), StoreError> {
+    let mut listed = Vec::new();
+    let mut unreadable = Vec::new();
+    for (k, v) in store.scan_prefix(Tree::LocalUsers, b"")? {
+        let name = String::from_utf8_lossy(&k).into_owned();
+        match decode(sealer, &name, &v) {
+            Some(rec) => listed.push(Listed {
+                name,
+                created: rec.created,
+                locked: rec.locked_until > now,
+            }),
+            None => unreadable.push(name),
+        }
+    }
+    listed.sort_by(|a, b| a.name.cmp(&b.name));
+    unreadable.sort();
+    Ok((listed, unreadable))
+}
+
+/// Deletes the local account `name`; whether there was a record. Its
+/// sessions on the pages are not this module's: the caller ends them.
+pub(crate) fn remove(store: &dyn Store, name: &str) -> Result<bool, UserError> {
+    if !valid_name(name) {
+        return Err(UserError::BadName);
+    }
+    let had = store.get(Tree::LocalUsers, name.as_bytes())?.is_some();
+    store.delete(Tree::LocalUsers, name.as_bytes())?;
+    Ok(had)
+}
+
 /// Checks a name and password, counting failures and locking the account
 /// after [`LOCK_AFTER`] in a row. Slow (argon2id): run it off the async
 /// threads.

@@ -263,4 +263,21 @@ pub(super) enum UsersAction {
         #[arg(long)]
         replace: bool,
     },
+    /// List the local accounts (names, creation times, locks; never a
+    /// password hash), and the names whose records do not open.
+    List {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Remove a local account, and sign out every browser signed in with
+    /// it (its page sessions end). Exits 1 when there was no such account
+    /// (its sessions are ended all the same).
+    Remove {
+        /// The account name.
+        name: String,
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
 }

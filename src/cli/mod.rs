@@ -158,15 +158,16 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
             StoreAction::Migrate { config } => store::migrate(&config),
             StoreAction::Copy { from, to, force } => store::copy(&from, &to, force),
         },
-        Command::Users {
-            action:
-                UsersAction::Add {
-                    name,
-                    config,
-                    password_stdin,
-                    replace,
-                },
-        } => operator::add_user(&name, &config, password_stdin, replace).await,
+        Command::Users { action } => match action {
+            UsersAction::Add {
+                name,
+                config,
+                password_stdin,
+                replace,
+            } => operator::add_user(&name, &config, password_stdin, replace).await,
+            UsersAction::List { config } => operator::list_users(&config).await,
+            UsersAction::Remove { name, config } => operator::remove_user(&name, &config).await,
+        },
     }?;
     Ok(exit.into())
 }

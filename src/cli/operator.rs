@@ -46,10 +46,11 @@ async fn status_of(config: &Path) -> Res {
 pub(super) async fn freeze(config: &Path, state: &str) -> Res {
     let cfg = Config::load(config)?;
     match reach(&cfg, "POST", "/freeze", state).await? {
-        Reached::Instance { status, body } => {
+        Reached::Instance { status: 200, body } => {
             println!("{body}");
-            Ok(Exit::ok_if(status == 200, Exit::Failed))
+            Ok(Exit::Ok)
         }
+        Reached::Instance { status, body } => refused(status, &body),
         Reached::Stopped(off) => {
             let key = off.freeze_key(&cfg)?;
             let frozen = ops::freeze(off.target(), Some(&key), off.recorder(), state == "on")?;
@@ -67,10 +68,11 @@ pub(super) async fn rotate_keys(config: &Path, emergency: bool) -> Res {
     let cfg = Config::load(config)?;
     let body = if emergency { "emergency" } else { "" };
     match reach(&cfg, "POST", "/keys/rotate", body).await? {
-        Reached::Instance { status, body } => {
+        Reached::Instance { status: 200, body } => {
             println!("{body}");
-            Ok(Exit::ok_if(status == 200, Exit::Failed))
+            Ok(Exit::Ok)
         }
+        Reached::Instance { status, body } => refused(status, &body),
         Reached::Stopped(off) => {
             let sealer = off.sealer(&cfg)?;
             let kind = crate::derive::mint::RotationKind::new(emergency, cfg.key_activation_delay);
@@ -87,13 +89,11 @@ pub(super) async fn rotate_vault(config: &Path, limit: Option<usize>) -> Res {
     let cfg = Config::load(config)?;
     let body = limit.map(|l| l.to_string()).unwrap_or_default();
     let report = match reach(&cfg, "POST", "/vault/rotate", &body).await? {
-        Reached::Instance { status, body } => {
+        Reached::Instance { status: 200, body } => {
             println!("{body}");
-            if status != 200 {
-                return Ok(Exit::Failed);
-            }
             serde_json::from_str::<serde_json::Value>(&body)?
         }
+        Reached::Instance { status, body } => return refused(status, &body),
         Reached::Stopped(off) => {
             let report = ops::rotate_vault(&off.vault(&cfg)?, limit, off.recorder())?;
             let report = serde_json::to_value(report)?;
@@ -156,10 +156,7 @@ pub(super) async fn list_accounts(
         Reached::Instance { status: 200, body } => {
             serde_json::from_str::<serde_json::Value>(&body)?
         }
-        Reached::Instance { body, .. } => {
-            println!("{body}");
-            return Ok(Exit::Failed);
-        }
+        Reached::Instance { status, body } => return refused(status, &body),
         Reached::Stopped(off) => {
             let mut v = ops::list_accounts(&off.vault(&cfg)?, person.as_ref())?;
             v["running"] = false.into();
@@ -195,10 +192,7 @@ pub(super) async fn disconnect(
         Reached::Instance { status: 200, body } => {
             serde_json::from_str::<serde_json::Value>(&body)?
         }
-        Reached::Instance { body, .. } => {
-            println!("{body}");
-            return Ok(Exit::Failed);
-        }
+        Reached::Instance { status, body } => return refused(status, &body),
         Reached::Stopped(off) => {
             let providers = crate::accounts::upstream::Providers::from_config(&cfg)?;
             let vault = off.vault(&cfg)?;
@@ -266,10 +260,7 @@ pub(super) async fn add_user(name: &str, config: &Path, from_stdin: bool, replac
             println!("{body}");
             Ok(Exit::Ok)
         }
-        Reached::Instance { body, .. } => {
-            eprintln!("error: {body}");
-            Ok(Exit::Failed)
-        }
+        Reached::Instance { status, body } => refused(status, &body),
         Reached::Stopped(off) => {
             let sealer = off.sealer(&cfg)?;
             ops::add_user(
@@ -283,5 +274,85 @@ pub(super) async fn add_user(name: &str, config: &Path, from_stdin: bool, replac
             println!("{}", serde_json::json!({"user": name, "running": false}));
             Ok(Exit::Ok)
         }
+    }
+}
+
+/// `credbroker users list`.
+pub(super) async fn list_users(config: &Path) -> Res {
+    let cfg = Config::load(config)?;
+    let v = match reach(&cfg, "GET", "/users", "").await? {
+        Reached::Instance { status: 200, body } => {
+            serde_json::from_str::<serde_json::Value>(&body)?
+        }
+        Reached::Instance { status, body } => return refused(status, &body),
+        Reached::Stopped(off) => {
+            let sealer = off.sealer(&cfg)?;
+            let now = crate::base::clock::Clock::now(&crate::base::clock::SystemClock);
+            let mut v = ops::list_users(off.store.as_ref(), &sealer, now)?;
+            v["running"] = false.into();
+            v
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(Exit::Ok)
+}
+
+/// `credbroker users remove`: exits [`Exit::Failed`] when there was no
+/// such account (its sessions are ended all the same).
+pub(super) async fn remove_user(name: &str, config: &Path) -> Res {
+    let cfg = Config::load(config)?;
+    if !crate::accounts::users::valid_name(name) {
+        return Err(crate::accounts::users::UserError::BadName.into());
+    }
+    let body = serde_json::json!({ "name": name }).to_string();
+    let v = match reach(&cfg, "POST", "/users/remove", &body).await? {
+        Reached::Instance { status: 200, body } => {
+            serde_json::from_str::<serde_json::Value>(&body)?
+        }
+        Reached::Instance { status, body } => return refused(status, &body),
+        Reached::Stopped(off) => {
+            let r = ops::remove_user(
+                off.store.as_ref(),
+                name,
+                crate::edge::pages::session::end_local_sessions,
+                off.recorder(),
+            )?;
+            let mut v = serde_json::to_value(r)?;
+            v["user"] = name.into();
+            v["running"] = false.into();
+            v
+        }
+    };
+    println!("{v}");
+    if v["removed"] == true {
+        eprintln!(
+            "removed the local account {name}; {} page session(s) signed in with it ended",
+            v["sessions_ended"]
+        );
+        Ok(Exit::Ok)
+    } else {
+        eprintln!(
+            "error: no local account {name}; {} page session(s) signed in with it ended",
+            v["sessions_ended"]
+        );
+        Ok(Exit::Failed)
+    }
+}
+
+/// An instance's refusal of an admin command, said in words on standard
+/// error: its status, `error` and `error_description` (never the raw body).
+fn refused(status: u16, body: &str) -> Res {
+    eprintln!("error: {}", admin_refusal(status, body));
+    Ok(Exit::Failed)
+}
+
+/// The sentence for an admin socket's refusal: `status error: description`
+/// from its JSON, or the status alone when the body is not that JSON.
+pub(super) fn admin_refusal(status: u16, body: &str) -> String {
+    let v = serde_json::from_str::<serde_json::Value>(body).unwrap_or_default();
+    match (v["error"].as_str(), v["error_description"].as_str()) {
+        (Some(code), Some(text)) => format!("the instance refused ({status} {code}): {text}"),
+        (Some(code), None) => format!("the instance refused ({status} {code})"),
+        _ => format!("the instance answered {status}"),
     }
 }

@@ -1,5 +1,5 @@
 //! Operator actions, each written once: freeze, signing-key rotation, vault
-//! rotation, adding a local user, disconnecting an account, listing
+//! rotation, adding, listing and removing local users, disconnecting an account, listing
 //! accounts. Each function makes its store change and records its audit
 //! event together, so the admin socket (a running instance) and the command
 //! line (no instance runs, [`Offline`]) cannot drift apart: an action that
@@ -215,6 +215,49 @@ pub(crate) fn add_user(
         e.outcome = Some(if replace { "replaced" } else { "added" });
     });
     Ok(())
+}
+
+/// The local accounts (names, creation times, locks; never a hash) and
+/// the names whose records do not open.
+pub(crate) fn list_users(
+    store: &dyn Store,
+    sealer: &Sealer,
+    now: i64,
+) -> Result<serde_json::Value, OpError> {
+    let (users, unreadable) = crate::accounts::users::list(store, sealer, now)?;
+    Ok(serde_json::json!({"users": users, "unreadable": unreadable}))
+}
+
+/// What `users remove` did.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub(crate) struct Removed {
+    /// Whether there was an account of that name.
+    pub removed: bool,
+    /// How many page sessions signed in as it were ended.
+    pub sessions_ended: usize,
+}
+
+/// Removes the local account `name`, then ends every page session signed
+/// in with it (`end_sessions`: the pages' own, handed in from above, as
+/// the pages are a layer above), also when there was no account (a session
+/// may outlive an account deleted another way). The account goes first, so
+/// no new sign-in starts once its sessions are being ended.
+pub(crate) fn remove_user(
+    store: &dyn Store,
+    name: &str,
+    end_sessions: impl FnOnce(&dyn Store, &str) -> Result<usize, crate::infra::store::StoreError>,
+    rec: Recorder<'_>,
+) -> Result<Removed, OpError> {
+    let removed = crate::accounts::users::remove(store, name)?;
+    let sessions_ended = end_sessions(store, name)?;
+    rec.record(Kind::UsersRemoved, |e| {
+        e.person_sub = Some(name);
+        e.outcome = Some(if removed { "removed" } else { "not_found" });
+    });
+    Ok(Removed {
+        removed,
+        sessions_ended,
+    })
 }
 
 /// Revokes an account's tokens at its provider (RFC 7009) where it can,

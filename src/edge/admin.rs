@@ -3,7 +3,8 @@
 //!
 //! `GET /metrics`, `GET /readyz`, `GET /status`, `POST /freeze` (`on` or
 //! `off` in the body), `POST /keys/rotate` (body empty, or `emergency`), `POST /users` (a local account
-//! for the pages: `{"name", "password", "replace"}`), `POST /vault/rotate`
+//! for the pages: `{"name", "password", "replace"}`), `GET /users`, `POST
+//! /users/remove` (`{"name"}`: the account and its page sessions), `POST /vault/rotate`
 //! (optional body: the most records to re-wrap in this call), `GET /accounts`
 //! (optional query `person_iss`, `person_sub`), `POST /accounts/disconnect`
 //! (JSON `person_iss`, `person_sub`, `service`, optional `force`).
@@ -292,6 +293,31 @@ async fn route(
             ok(serde_json::json!(report))
         }
         (Method::POST, "/users") => add_user(h, req).await,
+        (Method::GET, "/users") => {
+            let mut v = crate::derive::ops::list_users(b.store.as_ref(), &h.sealer, b.clock.now())?;
+            v["running"] = true.into();
+            ok(v)
+        }
+        (Method::POST, "/users/remove") => {
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct RemoveUser {
+                name: String,
+            }
+            let body = capped_body(req, 4096).await?;
+            let r = serde_json::from_slice::<RemoveUser>(&body)
+                .map_err(|_| AdminError::BadBody("expected {\"name\"}"))?;
+            let removed = crate::derive::ops::remove_user(
+                b.store.as_ref(),
+                &r.name,
+                crate::edge::pages::session::end_local_sessions,
+                Recorder::of(b),
+            )?;
+            let mut v = serde_json::json!(removed);
+            v["user"] = r.name.into();
+            v["running"] = true.into();
+            ok(v)
+        }
         _ => Err(AdminError::NotFound),
     }
 }

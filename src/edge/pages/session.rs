@@ -333,6 +333,30 @@ impl Sessions {
     }
 }
 
+/// Ends every session signed in with the local account `name` (`users
+/// remove`: a browser signed in as a removed account is signed out);
+/// returns how many.
+///
+/// Needs no key: a record is read for its person without its tag being
+/// checked, since deleting one that merely claims the account ends nothing
+/// that was a session (a record whose tag fails is no session anyway).
+pub(crate) fn end_local_sessions(store: &dyn Store, name: &str) -> Result<usize, StoreError> {
+    let mut n = 0;
+    for (k, v) in store.scan_prefix(Tree::Sessions, b"")? {
+        let Some(json) = v.get(TAG_LEN..) else {
+            continue;
+        };
+        let Ok(record) = serde_json::from_slice::<Record>(json) else {
+            continue;
+        };
+        if record.method == Some(Method::Local) && record.sub.as_deref() == Some(name) {
+            store.delete(Tree::Sessions, &k)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// The `Set-Cookie` value for a session id.
 pub(crate) fn set_cookie(name: &str, secure: bool, id: &SecretString) -> String {
     format!(

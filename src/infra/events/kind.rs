@@ -66,6 +66,8 @@ kinds! {
     VaultRotated = "vault.rotated",
     /// A local account was added or replaced.
     UsersAdded = "users.added",
+    /// A local account was removed and its page sessions ended.
+    UsersRemoved = "users.removed",
     /// A torn tail of the audit log was cut at open.
     AuditRepaired = "audit.repaired",
     /// The audit log is writable again after a failure.
