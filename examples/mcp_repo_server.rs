@@ -65,7 +65,7 @@
 //! branch = { kind = "string", required = true, label = "Branch", log_in_clear = true }
 //! ```
 //!
-//! Protocol versions: exactly the two of [`PROTOCOL_VERSIONS`], the list the
+//! Protocol versions: exactly the three of [`PROTOCOL_VERSIONS`], the list the
 //! start-up line prints and `server/discover` answers. A request that names
 //! another version (its `MCP-Protocol-Version` header, or its `_meta` in the
 //! 2026-07-28 style) is refused with `-32022` and that list; an `initialize`
@@ -95,6 +95,9 @@
 //! MCP client (only the API's answer does).
 //!
 //! Refusals with a link:
+//! - protocol 2025-06-18 (still spoken by many deployed clients; it has no
+//!   URL elicitation): a tool error whose text carries the link, as for a
+//!   form-only client below, whatever elicitation the client declared;
 //! - protocol 2025-11-25: JSON-RPC error `-32042` with the link in
 //!   `data.elicitations[]`; the client opens it and retries by hand;
 //! - protocol 2026-07-28: `input_required` with one URL `elicitation/create`
@@ -154,8 +157,11 @@ const MAX_REWRITE: usize = 64 * 1024;
 
 /// The protocol versions this server serves: printed at start-up, answered
 /// by `server/discover`, and the only ones accepted.
-const PROTOCOL_VERSIONS: &[ProtocolVersion] =
-    &[ProtocolVersion::V_2025_11_25, ProtocolVersion::V_2026_07_28];
+const PROTOCOL_VERSIONS: &[ProtocolVersion] = &[
+    ProtocolVersion::V_2025_06_18,
+    ProtocolVersion::V_2025_11_25,
+    ProtocolVersion::V_2026_07_28,
+];
 
 #[derive(Debug, Parser)]
 #[command(about = "Example MCP server on the credbroker sidecar")]
@@ -369,10 +375,15 @@ impl RepoServer {
         let modern = ctx
             .protocol_version()
             .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+        // URL elicitation exists from 2025-11-25 on: a 2025-06-18 session
+        // is form-only whatever its client declared.
         let url_capable = ctx
-            .client_capabilities()
-            .and_then(|c| c.elicitation)
-            .is_some_and(|e| e.url.is_some());
+            .protocol_version()
+            .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2025_11_25.as_str())
+            && ctx
+                .client_capabilities()
+                .and_then(|c| c.elicitation)
+                .is_some_and(|e| e.url.is_some());
 
         let args = request.arguments.clone().map(serde_json::Value::Object);
         let call = mcp::call_hash("tools/call", &request.name, args.as_ref());

@@ -23,6 +23,8 @@ use crate::support::*;
 
 const AGENT: &str = "repo-helper";
 const V2025: &str = "2025-11-25";
+/// The version before it, which many deployed clients still speak.
+const V2025_06: &str = "2025-06-18";
 const V2026: &str = "2026-07-28";
 
 fn load(name: &str) -> Value {
@@ -245,7 +247,12 @@ async fn example_serves_exactly_the_protocol_versions_it_announces() {
     let w = wire_setup("info").await;
     let alice = w.b.subject_token("alice");
     let announced = w.server.hello["protocol_versions"].clone();
-    assert_eq!(announced, json!([V2025, V2026]), "{}", w.server.hello);
+    assert_eq!(
+        announced,
+        json!([V2025_06, V2025, V2026]),
+        "{}",
+        w.server.hello
+    );
 
     // server/discover lists the same versions.
     let raw = RawMcp::new(&w.server.url, &alice);
@@ -268,7 +275,7 @@ async fn example_serves_exactly_the_protocol_versions_it_announces() {
 
     // A request naming another version is refused with the list, the same
     // way whether the version is a known older one or an unknown one.
-    for other in ["2025-06-18", "2024-11-05", "2027-01-01"] {
+    for other in ["2025-03-26", "2024-11-05", "2027-01-01"] {
         let headers = [
             ("mcp-protocol-version", other),
             ("mcp-method", "tools/call"),
@@ -285,13 +292,24 @@ async fn example_serves_exactly_the_protocol_versions_it_announces() {
     }
     // An initialize asking for another version is answered with 2025-11-25
     // (MCP's negotiation), never with the version asked for.
-    for other in ["2025-06-18", "2024-11-05"] {
+    for other in ["2025-03-26", "2024-11-05"] {
         let mut c = RawMcp::new(&w.server.url, &alice);
         let init = c.initialize(other, true).await;
         assert_eq!(init["result"]["protocolVersion"], V2025, "{other}: {init}");
     }
 
-    // Positive controls: both announced versions are served.
+    // 2025-06-18, which has no URL elicitation: negotiated as asked, and
+    // the link comes as the form-only tool error even from a client that
+    // declares URL elicitation (that version's clients cannot follow one).
+    let mut old = RawMcp::new(&w.server.url, &alice);
+    let init = old.initialize(V2025_06, true).await;
+    assert_eq!(init["result"]["protocolVersion"], V2025_06, "{init}");
+    let a = old
+        .post(&[("mcp-protocol-version", V2025_06)], &call(2, None))
+        .await;
+    assert_eq!(a.reply(2), &load("form-only-client.json"), "2025-06-18");
+
+    // Positive controls: the other announced versions are served.
     let mut legacy = RawMcp::new(&w.server.url, &alice);
     let init = legacy.initialize(V2025, true).await;
     assert_eq!(init["result"]["protocolVersion"], V2025, "{init}");
