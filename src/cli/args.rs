@@ -138,6 +138,10 @@ pub(super) enum Command {
         /// The access token, for `ath`.
         #[arg(long)]
         access_token: Option<String>,
+        /// The server's DPoP nonce (the `DPoP-Nonce` header of its
+        /// `use_dpop_nonce` answer), for the proof's `nonce` claim.
+        #[arg(long)]
+        nonce: Option<String>,
     },
 }
 

@@ -129,7 +129,14 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
             method,
             url,
             access_token,
-        } => tools::proof(&key, &method, &url, access_token.as_deref()),
+            nonce,
+        } => tools::proof(
+            &key,
+            &method,
+            &url,
+            access_token.as_deref(),
+            nonce.as_deref(),
+        ),
         Command::Status { config } => operator::status(&config).await,
         Command::Freeze { state, config } => operator::freeze(&config, &state).await,
         Command::Keys { action } => match action {

@@ -88,13 +88,20 @@ pub(super) async fn derive(
     Ok(exit)
 }
 
-/// `credbroker proof`: a DPoP proof made with a key file.
-pub(super) fn proof(key: &Path, method: &str, url: &str, access_token: Option<&str>) -> Res {
+/// `credbroker proof`: a DPoP proof made with a key file (with the
+/// server's nonce when given, to answer `use_dpop_nonce`).
+pub(super) fn proof(
+    key: &Path,
+    method: &str,
+    url: &str,
+    access_token: Option<&str>,
+    nonce: Option<&str>,
+) -> Res {
     let key = load_pem_key(key)?;
     let now = crate::base::clock::Clock::now(&crate::base::clock::SystemClock);
     println!(
         "{}",
-        crate::base::dpop::make_proof(&key, method, url, now, access_token, None)?
+        crate::base::dpop::make_proof(&key, method, url, now, access_token, nonce)?
     );
     Ok(Exit::Ok)
 }

@@ -10,6 +10,7 @@ pub(crate) mod approvals;
 mod audience;
 mod audit;
 mod check_order;
+mod cli_proof;
 mod env_proxy;
 mod expiry;
 mod limits;
