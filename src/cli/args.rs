@@ -57,9 +57,10 @@ pub(super) enum Command {
         /// The broker's socket.
         #[arg(long)]
         socket: PathBuf,
-        /// The broker's public issuer URL (base of the proof's htu).
-        #[arg(long, default_value = "http://127.0.0.1:8440")]
-        issuer: String,
+        /// The broker's public issuer URL (base of the proof's htu); by
+        /// default the issuer the socket's `GET /v1/info` names.
+        #[arg(long)]
+        issuer: Option<String>,
         /// The person's subject token.
         #[arg(long)]
         subject_token: String,

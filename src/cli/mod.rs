@@ -116,7 +116,7 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
         } => {
             tools::derive(
                 socket,
-                &issuer,
+                issuer,
                 &subject_token,
                 &call,
                 dpop_key,

@@ -22,14 +22,18 @@ pub(super) fn subject_token(dir: &Path, sub: &str, ttl: &str) -> Res {
 /// proof; prints the answer, or only its member `print`.
 pub(super) async fn derive(
     socket: PathBuf,
-    issuer: &str,
+    issuer: Option<String>,
     subject_token: &str,
     call: &crate::derive::policy::cli::CallArgs,
     key: Option<PathBuf>,
     print: Option<&str>,
 ) -> Res {
+    let issuer = match issuer {
+        Some(i) => i,
+        None => issuer_of(&socket).await?,
+    };
     let key = dpop_key(key)?;
-    let client = crate::client::Client::new(socket, issuer);
+    let client = crate::client::Client::new(socket, &issuer);
     let answer = client
         .derive(
             &crate::client::DeriveParams {
@@ -86,6 +90,27 @@ pub(super) async fn derive(
         }
     }
     Ok(exit)
+}
+
+/// The issuer the broker on `socket` names in its `GET /v1/info` (so a
+/// `derive` needs only the socket, whatever the broker's listen address).
+async fn issuer_of(socket: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    let req = http::Request::builder()
+        .method("GET")
+        .uri("/v1/info")
+        .header("host", "credbroker")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))?;
+    let a = crate::client::send(socket, req).await?;
+    let info = serde_json::from_slice::<serde_json::Value>(&a.body).unwrap_or_default();
+    match info["issuer"].as_str() {
+        Some(i) if a.status == http::StatusCode::OK => Ok(i.to_owned()),
+        _ => Err(format!(
+            "{}: GET /v1/info answered {} without an issuer; give the broker's issuer URL with --issuer",
+            socket.display(),
+            a.status
+        )
+        .into()),
+    }
 }
 
 /// `credbroker proof`: a DPoP proof made with a key file (with the

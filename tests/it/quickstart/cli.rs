@@ -144,6 +144,47 @@ async fn serve_refuses_the_quickstart_demo_service() {
     let _ = child.wait();
 }
 
+/// `derive` without `--issuer` takes the issuer from the socket's `GET
+/// /v1/info` (the quick start here listens on a port of its own, not the
+/// old default 8440); a given `--issuer` is still the one used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derive_without_issuer_reads_it_from_the_socket() {
+    let q = Quickstart::start().await;
+    assert!(!q.issuer.ends_with(":8440"), "{}", q.issuer);
+    let token = q.subject_token("alice");
+    let socket = q.socket();
+    let derive = |issuer: Option<&str>| {
+        let mut args = vec!["derive", "--socket", socket.to_str().unwrap()];
+        if let Some(i) = issuer {
+            args.extend(["--issuer", i]);
+        }
+        args.extend([
+            "--subject-token",
+            &token,
+            "--step",
+            "summarize",
+            "--tool",
+            "notes.read",
+            "--resource",
+            RESOURCE,
+            "--dpop-key",
+            "tool-key.pem",
+            "--print",
+            "token_type",
+        ]);
+        q.cli(&args)
+    };
+    let (code, out, err) = derive(None);
+    assert_eq!((code, out.trim()), (0, "DPoP"), "{err}");
+    // A wrong --issuer is used as given: the proof's htu does not match.
+    let (code, out, err) = derive(Some("http://127.0.0.1:1"));
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(format!("{out}{err}").contains("htu"), "{out}{err}");
+    // Positive control: the right one.
+    let (code, out, err) = derive(Some(&q.issuer));
+    assert_eq!((code, out.trim()), (0, "DPoP"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn derive_print_prints_one_member_raw_or_names_the_members() {
     let q = Quickstart::start().await;
