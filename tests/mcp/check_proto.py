@@ -6,9 +6,10 @@
     python check_proto.py sdk PROTO_MCP_DIR
         Reads the MCP examples with the Python `mcp` SDK's own types and
         prints one JSON line of what it understood.
-    python check_proto.py readme README.md REFUSAL.json
-        Runs the README's Python lines (the block after "In Python") on the
-        refusal, for both protocol versions, and prints what they built.
+    python check_proto.py client CLIENT_SRC REFUSAL.json
+        Builds the MCP answer to the refusal with the Python client's
+        `credbroker_client.mcp.link_answer` (the README's MCP sections point
+        to it), for both protocol versions, and prints what it built.
 """
 
 from __future__ import annotations
@@ -84,28 +85,21 @@ def sdk(d: str) -> int:
     return 0
 
 
-def readme(readme_path: str, refusal_path: str) -> int:
+def client(client_src: str, refusal_path: str) -> int:
     from mcp import UrlElicitationRequiredError
-    from mcp_types import ElicitRequest, ElicitRequestURLParams, InputRequiredResult
 
-    text = Path(readme_path).read_text(encoding="utf-8")
-    section = text[text.index("## Using credbroker from an MCP server") :]
-    block = section.split("```python\n", 1)[1].split("```", 1)[0]
-    # The README's lines run as the body of a tool handler.
-    body = "".join("    " + line + "\n" for line in block.splitlines())
-    env = {
-        "UrlElicitationRequiredError": UrlElicitationRequiredError,
-        "ElicitRequest": ElicitRequest,
-        "ElicitRequestURLParams": ElicitRequestURLParams,
-        "InputRequiredResult": InputRequiredResult,
-    }
-    exec(f"def handler(ctx, r):\n{body}", env)  # noqa: S102 - our own README
+    sys.path.insert(0, client_src)
+    from credbroker_client.errors import LinkRequired, refusal
+    from credbroker_client.mcp import link_answer
+
     r = json.loads(Path(refusal_path).read_text(encoding="utf-8"))
+    err = refusal(400, r, None, 0.0)
+    if not isinstance(err, LinkRequired):
+        raise SystemExit(f"the refusal did not map to LinkRequired: {type(err).__name__}")
     out = {}
     for version in ("2025-11-25", "2026-07-28"):
-        ctx = type("Ctx", (), {"protocol_version": version})()
         try:
-            res = env["handler"](ctx, r)
+            res = link_answer(err, version, name="connect_github")
             out[version] = {"result": res.model_dump(by_alias=True, exclude_none=True, mode="json")}
         except UrlElicitationRequiredError as e:
             out[version] = {"error": e.error.model_dump(by_alias=True, exclude_none=True, mode="json")}
@@ -114,8 +108,8 @@ def readme(readme_path: str, refusal_path: str) -> int:
 
 
 def main() -> int:
-    if len(sys.argv) == 4 and sys.argv[1] == "readme":
-        return readme(sys.argv[2], sys.argv[3])
+    if len(sys.argv) == 4 and sys.argv[1] == "client":
+        return client(sys.argv[2], sys.argv[3])
     if len(sys.argv) >= 3 and sys.argv[1] == "validate":
         return validate(sys.argv[2], sys.argv[3:])
     if len(sys.argv) == 3 and sys.argv[1] == "sdk":

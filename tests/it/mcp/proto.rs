@@ -283,12 +283,14 @@ async fn refusal_schema_accepts_real_refusals_and_rejects_malformed_ones() {
     }
 }
 
+/// The README's MCP section points to the Python client's `link_answer`:
+/// what it builds from the refusal is the published messages.
 #[test]
-fn readme_python_lines_build_the_same_messages() {
+fn python_client_link_answer_builds_the_same_messages() {
     let out = Command::new(crate::support::mcp::python())
         .arg(repo("tests/mcp/check_proto.py"))
-        .arg("readme")
-        .arg(repo("README.md"))
+        .arg("client")
+        .arg(repo("clients/python/src"))
         .arg(repo("proto/mcp/refusal-connect-required.json"))
         .output()
         .unwrap();
