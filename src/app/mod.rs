@@ -172,16 +172,26 @@ fn instance_name() -> String {
     format!("{host}/{}", std::process::id())
 }
 
+/// A fresh random id for this process's boot (128 bits, hex): the instance
+/// name `<host>/<pid>` repeats after a restart under PID 1 in a container
+/// with a fixed host name, the boot id never does. Derive nonces are bound
+/// to it, and every audit event carries it.
+fn boot_id() -> Result<String, StartError> {
+    let mut id = [0u8; 16];
+    aws_lc_rs::rand::fill(&mut id).map_err(|_| StartError::Io("boot id: no randomness".into()))?;
+    Ok(hex::encode(id))
+}
+
 /// The DPoP nonce key's record (tree `State`): 32 random bytes sealed under
 /// the master key.
 const NONCE_KEY_RECORD: &[u8] = b"dpop/nonce_key/v1";
 
 /// The DPoP nonce key: one record in the store, created once by
 /// compare-and-swap (of replicas starting together, one creates it and the
-/// others read it). Nonces are bound to the instance as well
-/// ([`crate::base::dpop::Nonces`]), so sharing the key lets no replica accept
-/// another's nonce; it keeps the key out of each process's chance and makes
-/// it survive a restart.
+/// others read it). Every replica holds it, so proxy nonces are valid at
+/// every replica; derive nonces are bound to the instance and its boot as
+/// well ([`crate::base::dpop::Nonces`]), so sharing the key lets no replica,
+/// and no later process, accept another's derive nonce.
 fn nonce_key(
     store: &dyn crate::infra::store::Store,
     sealer: &Sealer,
@@ -332,13 +342,20 @@ pub async fn build(
     let _ = own_minter.set(minter.clone());
     let key_sets = subjects.key_sets();
     let instance = instance_name();
-    let nonces = if config.dpop.require_nonce {
-        Some(crate::base::dpop::Nonces::new(
-            &nonce_key(store.as_ref(), &sealer)?,
-            &instance,
-        ))
+    let boot_id = boot_id()?;
+    // Derive nonces: this instance and this boot; proxy nonces: every
+    // replica (the proxy's replay check is in the shared store).
+    let (nonces, proxy_nonces) = if config.dpop.require_nonce {
+        let key = nonce_key(store.as_ref(), &sealer)?;
+        (
+            Some(crate::base::dpop::Nonces::new(
+                &key,
+                &format!("{instance}\n{boot_id}"),
+            )),
+            Some(crate::base::dpop::Nonces::proxy(&key)),
+        )
     } else {
-        None
+        (None, None)
     };
     let proofs = crate::base::dpop::Validator::new(
         config.dpop.algs.clone(),
@@ -347,7 +364,8 @@ pub async fn build(
     );
     let audit = crate::infra::events::Audit::open(&config.audit_log)
         .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?
-        .with_value_key(&crate::infra::events::Audit::derive_key(&master));
+        .with_value_key(&crate::infra::events::Audit::derive_key(&master))
+        .with_boot_id(boot_id);
     // Replicas write one audit file each about one shared state: each
     // event names the instance that wrote it (host name and process id: a
     // pod's name in Kubernetes).
@@ -365,22 +383,24 @@ pub async fn build(
         links: links.clone(),
         providers: providers.clone(),
     });
-    let broker = Arc::new(
-        Broker::new(
-            config,
-            policy,
-            subjects,
-            proofs,
-            minter,
-            audit,
-            crate::infra::metrics::Metrics::new(),
-            store,
-            crate::derive::freeze::FreezeKey::derive(&master),
-            clock,
-        )
-        .with_connected_services(connected)
-        .with_approvals(approvals.clone()),
-    );
+    let mut broker = Broker::new(
+        config,
+        policy,
+        subjects,
+        proofs,
+        minter,
+        audit,
+        crate::infra::metrics::Metrics::new(),
+        store,
+        crate::derive::freeze::FreezeKey::derive(&master),
+        clock,
+    )
+    .with_connected_services(connected)
+    .with_approvals(approvals.clone());
+    if let Some(n) = proxy_nonces {
+        broker = broker.with_proxy_nonces(n);
+    }
+    let broker = Arc::new(broker);
     // Providers found by discovery: learn their endpoints now (bounded),
     // so the pages can build authorization URLs; a failure is retried by
     // housekeeping and on the first refresh.

@@ -320,7 +320,19 @@ pub struct Broker {
     /// Step-up approvals (tools with `approval`); without them such a
     /// tool gets nothing.
     approvals: Option<Arc<crate::derive::approve::Approvals>>,
+    /// The proxy's nonces (deployment-wide), when nonces are required;
+    /// the derive's own are in `proofs`.
+    pub proxy_nonces: Option<dpop::Nonces>,
+    /// When this broker started (its clock): a derive proof dated more than
+    /// [`START_SKEW`] before it is refused, since the replay cache of the
+    /// process before (a crash, a restart) is gone.
+    started: i64,
 }
+
+/// How far before this process's start a derive proof's `iat` may lie
+/// (seconds): the orchestrator shares the host's clock, so a few seconds
+/// cover rounding and a slow start.
+pub(crate) const START_SKEW: i64 = 5;
 
 impl Broker {
     /// Assembles a broker from its parts.
@@ -367,11 +379,19 @@ impl Broker {
             audit: Arc::new(audit),
             metrics,
             store,
-            clock,
             htu,
             connected_services: None,
             approvals: None,
+            proxy_nonces: None,
+            started: clock.now(),
+            clock,
         }
+    }
+
+    /// Requires proxy nonces ([`dpop::Nonces::proxy`]) on proxied calls.
+    pub fn with_proxy_nonces(mut self, n: dpop::Nonces) -> Broker {
+        self.proxy_nonces = Some(n);
+        self
     }
 
     /// Adds the approval store (tools with `approval`).
@@ -703,6 +723,14 @@ impl Broker {
                 };
                 DeriveError::Proof(e, nonce)
             })?;
+        // A proof made before this process started may have been accepted
+        // by the process before it, whose replay cache is gone (a crash, a
+        // restart under the same instance name): refused. Without nonces
+        // (the default on sled) this is what stops that replay; with them
+        // the boot id in the nonce does too.
+        if valid.iat < self.started.saturating_sub(START_SKEW) {
+            return Err(DeriveError::Proof(DpopError::Iat, None));
+        }
 
         if let policy::Source::Service { service, delivery } = &grant.resource.source {
             let served = self

@@ -451,35 +451,86 @@ impl ReplayCache {
 }
 
 /// Stateless server nonces: `base64url(bucket || HMAC(key, label || bucket
-/// || instance))`, valid in the bucket they were made in and the one after
-/// (30 s buckets), and only on the instance that issued them.
+/// || binding))` in 30 s buckets. Two domains, told apart by the label in
+/// the MAC, so neither ever accepts the other's nonces:
 ///
-/// Binding to the instance is what makes a per-replica replay cache enough
-/// when replicas share the key (it is a store record): a proof carries the
-/// nonce of the replica it was made for, so another replica, whose replay
-/// cache never saw its `jti`, refuses it with `use_dpop_nonce` instead of
-/// accepting it a second time. Checking costs one HMAC and no store access.
+/// - derive nonces ([`Nonces::new`]): bound to one instance and its boot
+///   (the caller's binding: the instance name and a random boot id), valid
+///   in the bucket they were made in and the one after. Binding to the
+///   instance is what makes a per-replica replay cache enough when replicas
+///   share the key (it is a store record): a proof carries the nonce of the
+///   replica it was made for, so another replica, whose replay cache never
+///   saw its `jti`, refuses it with `use_dpop_nonce` instead of accepting it
+///   a second time; binding to the boot does the same for the instance's
+///   next process, whose replay cache starts empty.
+/// - proxy nonces ([`Nonces::proxy`]): bound to nothing but the shared key,
+///   so valid at every replica of the deployment, in the bucket before,
+///   the bucket of and the bucket after the checker's clock (replicas'
+///   clocks differ by a few seconds). That is safe because the proxy's
+///   replay check is in the store every replica shares.
+///
+/// Checking costs one HMAC per bucket tried and no store access.
 pub struct Nonces {
     key: aws_lc_rs::hmac::Key,
-    instance: String,
+    domain: NonceDomain,
+    binding: Vec<u8>,
+}
+
+/// Which checks a nonce is for (see [`Nonces`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NonceDomain {
+    /// Derives on the socket: one instance, one boot.
+    Derive,
+    /// Proxied calls on the public listener: every replica.
+    Proxy,
+}
+
+impl NonceDomain {
+    /// The MAC's label; both end in a NUL, so neither is a prefix of the
+    /// other's input.
+    fn label(self) -> &'static [u8] {
+        match self {
+            NonceDomain::Derive => b"credbroker dpop nonce derive\0",
+            NonceDomain::Proxy => b"credbroker dpop nonce proxy\0",
+        }
+    }
 }
 
 impl std::fmt::Debug for Nonces {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Nonces").finish_non_exhaustive()
+        f.debug_struct("Nonces")
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
     }
 }
 
 const NONCE_BUCKET: i64 = 30;
 
 impl Nonces {
-    /// Nonces under `key` (32 bytes), issued and accepted by `instance`
-    /// only (the instance name the audit events carry).
-    pub fn new(key: &SecretBytes, instance: &str) -> Nonces {
+    /// Derive nonces under `key` (32 bytes), issued and accepted only by
+    /// the holder of `binding` (the broker passes its instance name and
+    /// boot id).
+    pub fn new(key: &SecretBytes, binding: &str) -> Nonces {
         Nonces {
             key: aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key.expose()),
-            instance: instance.to_owned(),
+            domain: NonceDomain::Derive,
+            binding: binding.as_bytes().to_vec(),
         }
+    }
+
+    /// Proxy nonces under `key` (32 bytes): every holder of the key issues
+    /// and accepts the same ones.
+    pub fn proxy(key: &SecretBytes) -> Nonces {
+        Nonces {
+            key: aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key.expose()),
+            domain: NonceDomain::Proxy,
+            binding: Vec::new(),
+        }
+    }
+
+    /// The domain of the nonces these issue and accept.
+    pub fn domain(&self) -> NonceDomain {
+        self.domain
     }
 
     /// A fresh nonce for `now`.
@@ -489,22 +540,27 @@ impl Nonces {
 
     fn make(&self, bucket: i64) -> String {
         let b = bucket.to_be_bytes();
-        // The bucket has a fixed length, so the instance name after it
-        // needs no delimiter.
+        // The bucket has a fixed length, so the binding after it needs no
+        // delimiter.
         let mut ctx = aws_lc_rs::hmac::Context::with_key(&self.key);
-        ctx.update(b"credbroker dpop nonce\0");
+        ctx.update(self.domain.label());
         ctx.update(&b);
-        ctx.update(self.instance.as_bytes());
+        ctx.update(&self.binding);
         let tag = ctx.sign();
         let mut raw = b.to_vec();
         raw.extend_from_slice(&tag.as_ref()[..16]);
         jose::b64e(&raw)
     }
 
-    /// Whether `nonce` was issued in this bucket or the previous one.
+    /// Whether `nonce` was issued in this domain (and binding) in a bucket
+    /// it accepts at `now` (see [`Nonces`]).
     pub fn check(&self, nonce: &str, now: i64) -> bool {
         let bucket = now.div_euclid(NONCE_BUCKET);
-        [bucket, bucket - 1]
+        let buckets: &[i64] = match self.domain {
+            NonceDomain::Derive => &[bucket, bucket - 1],
+            NonceDomain::Proxy => &[bucket, bucket - 1, bucket + 1],
+        };
+        buckets
             .iter()
             .any(|b| bool::from(self.make(*b).as_bytes().ct_eq(nonce.as_bytes())))
     }

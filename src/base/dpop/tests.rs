@@ -696,6 +696,50 @@ fn d15_nonce_required_missing_stale_or_foreign_is_refused() {
 }
 
 #[test]
+fn nonce_domains_never_accept_each_others_nonces() {
+    let key = SecretBytes::new(vec![42u8; 32]);
+    let derive = Nonces::new(&key, "host-a/1\nboot-1");
+    let proxy = Nonces::proxy(&key);
+    assert_eq!(derive.domain(), NonceDomain::Derive);
+    assert_eq!(proxy.domain(), NonceDomain::Proxy);
+    // The same key, bucket and (empty or not) binding: only the label
+    // tells them apart, and it does.
+    let unbound = Nonces::new(&key, "");
+    for t in [NOW, NOW - 30, NOW + 30] {
+        assert!(!derive.check(&proxy.issue(t), NOW), "proxy on derive, {t}");
+        assert!(
+            !unbound.check(&proxy.issue(t), NOW),
+            "proxy on unbound derive, {t}"
+        );
+        assert!(!proxy.check(&derive.issue(t), NOW), "derive on proxy, {t}");
+        assert!(
+            !proxy.check(&unbound.issue(t), NOW),
+            "unbound derive on proxy, {t}"
+        );
+    }
+    // Proxy nonces: every holder of the key issues the same ones (every
+    // replica), from the bucket before to the bucket after (clocks of
+    // replicas differ); a bucket further is refused, as is another key.
+    let replica_b = Nonces::proxy(&key);
+    assert_eq!(replica_b.issue(NOW), proxy.issue(NOW));
+    for t in [NOW - 30, NOW, NOW + 30] {
+        assert!(replica_b.check(&proxy.issue(t), NOW), "{t}");
+    }
+    for t in [NOW - 60, NOW + 60] {
+        assert!(!replica_b.check(&proxy.issue(t), NOW), "{t}");
+    }
+    let other_key = Nonces::proxy(&SecretBytes::new(vec![7u8; 32]));
+    assert!(!other_key.check(&proxy.issue(NOW), NOW));
+    // Derive nonces: one boot of one instance, this bucket and the one
+    // before only.
+    let next_boot = Nonces::new(&key, "host-a/1\nboot-2");
+    assert!(!next_boot.check(&derive.issue(NOW), NOW));
+    assert!(derive.check(&derive.issue(NOW), NOW));
+    assert!(derive.check(&derive.issue(NOW - 30), NOW));
+    assert!(!derive.check(&derive.issue(NOW + 30), NOW));
+}
+
+#[test]
 fn lacks_fresh_nonce_reads_only_the_nonce_and_agrees_with_validate() {
     let k = key();
     let v = Validator::new(vec![Alg::ES256], 1024, Some(nonces()));
@@ -743,7 +787,7 @@ fn nonces_are_stable_within_a_bucket_and_expire_after_the_next() {
     // A nonce from the future (next bucket) is not accepted early.
     assert!(!n.check(&n.issue(base + 30), base));
     // Nonces are not secret-bearing: no key in Debug.
-    assert_eq!(format!("{n:?}"), "Nonces { .. }");
+    assert_eq!(format!("{n:?}"), "Nonces { domain: Derive, .. }");
     assert!(validator().fresh_nonce(NOW).is_none());
 }
 

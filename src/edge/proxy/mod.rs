@@ -700,13 +700,15 @@ impl Proxy {
     /// verifier read from the proof it checked (and recorded).
     fn first_use(&self, proof: crate::base::dpop::ValidProof, jkt: &str) -> Result<(), Refusal> {
         // The nonce rule of the socket (`[dpop] require_nonce`) holds here
-        // too; the verifier resource servers use knows no nonces.
+        // too, with the proxy's own nonces: valid at every replica (the
+        // replay check below is in the shared store), so a retry may reach
+        // another replica than the challenge; the verifier resource
+        // servers use knows no nonces.
         let now = self.broker.clock.now();
-        if !self.broker.proofs.nonce_ok(proof.nonce.as_deref(), now) {
-            return Err(match self.broker.proofs.fresh_nonce(now) {
-                Some(n) => Refusal::UseNonce(n),
-                None => Refusal::Token(VerifyError::Proof(crate::base::dpop::DpopError::UseNonce)),
-            });
+        if let Some(nonces) = &self.broker.proxy_nonces {
+            if !proof.nonce.as_deref().is_some_and(|n| nonces.check(n, now)) {
+                return Err(Refusal::UseNonce(nonces.issue(now)));
+            }
         }
         let mut key = replay_key(&proof.jti, jkt);
         if now >= self.started.saturating_add(REPLAY_WINDOW_SECS) {

@@ -142,6 +142,10 @@ pub struct Event<'a> {
     /// leave it empty.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instance: Option<&'a str>,
+    /// The boot of the process that wrote it: added by `Audit::record`
+    /// from `Audit::with_boot_id`; callers leave it empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<&'a str>,
 }
 
 /// The event written before a proxied call goes upstream (no event, no
@@ -209,6 +213,7 @@ impl<'a> Event<'a> {
             details_in_clear: None,
             proxy: None,
             instance: None,
+            boot_id: None,
         }
     }
 
@@ -267,6 +272,8 @@ pub struct Audit {
     repaired: Option<u64>,
     /// Written into every event when set (see [`Audit::with_instance`]).
     instance: Option<String>,
+    /// Written into every event when set (see [`Audit::with_boot_id`]).
+    boot_id: Option<String>,
     /// Keys [`Audit::opaque`] (boxed: the key schedule is large, and an
     /// `Audit` travels by value in `ops::Offline`).
     key: Box<hmac::Key>,
@@ -315,6 +322,7 @@ impl Audit {
             writable: AtomicBool::new(true),
             repaired: None,
             instance: None,
+            boot_id: None,
             key: Box::new(hmac::Key::new(hmac::HMAC_SHA256, &random)),
         }
     }
@@ -323,6 +331,14 @@ impl Audit {
     /// audit files are each their own but describe one shared state.
     pub fn with_instance(mut self, name: String) -> Audit {
         self.instance = Some(name);
+        self
+    }
+
+    /// Names this process's boot in every event it writes (a random id
+    /// made at start): the events of one process, told apart from those of
+    /// the process before it under the same instance name.
+    pub fn with_boot_id(mut self, id: String) -> Audit {
+        self.boot_id = Some(id);
         self
     }
 
@@ -404,6 +420,15 @@ impl Audit {
                 json.pop();
                 json.push_str(",\"instance\":");
                 json.push_str(&serde_json::to_string(name).map_err(|e| AuditError(e.to_string()))?);
+                json.push('}');
+            }
+        }
+        // The boot id after it (a hex string: nothing to escape).
+        if let (Some(id), None) = (&self.boot_id, e.boot_id) {
+            if json.ends_with('}') {
+                json.pop();
+                json.push_str(",\"boot_id\":");
+                json.push_str(&serde_json::to_string(id).map_err(|e| AuditError(e.to_string()))?);
                 json.push('}');
             }
         }

@@ -118,11 +118,12 @@ fn replicated_manifest_config_parses_on_postgres_with_a_volume_per_pod() {
     assert!(cfg.vault_key_dir.starts_with("/run/credbroker-secrets/"));
     assert!(!text.contains("[vault]") && !text.contains("key_dir"));
     // A headless Service governs the StatefulSet; a ClusterIP one fronts
-    // the public listeners with client affinity (nonces are per replica).
+    // the public listeners, without client affinity (the proxy's nonces
+    // are valid at every replica: docs/STORE.md).
     assert!(REPLICATED.contains("  serviceName: credbroker-pods\n"));
     assert!(REPLICATED.contains("  name: credbroker-pods\nspec:\n  clusterIP: None\n"));
     assert!(REPLICATED.contains("  type: ClusterIP\n"));
-    assert!(REPLICATED.contains("  sessionAffinity: ClientIP\n"));
+    assert!(!REPLICATED.contains("sessionAffinity"));
     assert!(cfg.audit_log.starts_with("/var/lib/credbroker/"));
     assert!(REPLICATED
         .contains("            - name: state\n              mountPath: /var/lib/credbroker\n"));

@@ -125,6 +125,7 @@ fn event_fields() -> BTreeSet<String> {
         connect_id: Some("a"),
         opener_iss: Some("a"),
         instance: Some("a"),
+        boot_id: Some("a"),
         opener_sub: Some("a"),
         client_addr: Some("a".into()),
         narrowed: Some(true),

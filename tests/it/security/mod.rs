@@ -7,3 +7,4 @@ mod dpop;
 mod exchange;
 mod jose;
 mod policy;
+mod restart_replay;

@@ -2,8 +2,11 @@
 //! is sent to: two real replicas on one PostgreSQL database behind the
 //! forwarder, `oidc-provider` as the service, the API stand-in recording
 //! what arrives. On the replica that served it, the replay meets the proxy's
-//! `jti` check in the shared `replay` tree; on the other, the proof's nonce,
-//! bound to the replica that issued it (docs/STORE.md), refuses it first.
+//! `jti` check in the shared `replay` tree, on the other too: proxy nonces
+//! are valid at every replica (docs/STORE.md), so only the shared tree
+//! stands between a replay and the provider. A proxied call challenged by
+//! one replica and retried at another is served; derive nonces stay each
+//! replica's own, and neither domain accepts the other's nonces.
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -92,22 +95,20 @@ async fn served_on(
     (p, answer)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-// The guard is the gate between this binary's PostgreSQL tests (other test
-// threads), never taken by another task of this runtime.
-#[allow(clippy::await_holding_lock)]
-async fn a_replayed_proxied_post_reaches_the_provider_once_whichever_replica_gets_it() {
-    let Some(cluster) = cluster_or_not_shown("a proxied POST replayed across replicas") else {
-        return;
-    };
-    let _shared = cluster.shared();
+/// Two replicas behind the forwarder on database `db`, the API stand-in
+/// as `acme`'s API, and alice connected: the set, the stand-in, her
+/// subject token, the tool key and a proxy token for `acme.pulls`.
+async fn connected(
+    cluster: &'static crate::support::postgres::Cluster,
+    db: &str,
+) -> (ReplicaSet, ApiStandin, String, Es256Key, String) {
     let lb = Forwarder::start();
     let issuer = lb.url();
     let api_listener = ApiStandin::bind();
     let api_base = format!("http://{}", api_listener.local_addr().unwrap());
     let set = ReplicaSet::start(
         lb,
-        database(cluster, "replicas_proxy_replay"),
+        database(cluster, db),
         2,
         ProviderOpts {
             extra_config: format!("api_base = \"{api_base}\"\n\n[proxy]\n"),
@@ -159,25 +160,42 @@ async fn a_replayed_proxied_post_reaches_the_provider_once_whichever_replica_get
             .await,
     );
     let token = t.access_token.expose().clone();
+    (set, api, subject, k, token)
+}
+
+fn posts(api: &ApiStandin) -> usize {
+    api.records()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the gate between this binary's PostgreSQL tests (other test
+// threads), never taken by another task of this runtime.
+#[allow(clippy::await_holding_lock)]
+async fn a_replayed_proxied_post_reaches_the_provider_once_whichever_replica_gets_it() {
+    let Some(cluster) = cluster_or_not_shown("a proxied POST replayed across replicas") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let (set, api, _, k, token) = connected(cluster, "replicas_proxy_replay").await;
 
     // Served on A: the stand-in saw one POST, with the provider's token.
     let (served, (status, _, body)) = served_on(&set, 0, &k, &token).await;
     assert_eq!(status, 201, "{body}");
-    let posts = |api: &ApiStandin| {
-        api.records()
-            .into_iter()
-            .filter(|r| r.method == "POST")
-            .count()
-    };
     assert_eq!(posts(&api), 1);
 
-    // The same request again, on A and on B: refused, nothing upstream.
-    let (status, _, body) = post(&set, 0, &token, &served).await;
-    assert_eq!(status, 401, "{body}");
-    assert!(body.contains("invalid_dpop_proof"), "replayed on A: {body}");
-    let (status, _, body) = post(&set, 1, &token, &served).await;
-    assert_eq!(status, 401, "{body}");
-    assert!(body.contains("use_dpop_nonce"), "replayed on B: {body}");
+    // The same request again, on A and on B: refused by the shared replay
+    // tree (the nonce is valid at both), nothing upstream.
+    for to in [0, 1] {
+        let (status, _, body) = post(&set, to, &token, &served).await;
+        assert_eq!(status, 401, "{body}");
+        assert!(
+            body.contains("invalid_dpop_proof"),
+            "replayed on {to}: {body}"
+        );
+    }
     assert_eq!(posts(&api), 1, "a replay never reached the provider");
 
     // Positive control: a fresh proof with B's own nonce is served on B.
@@ -188,4 +206,88 @@ async fn a_replayed_proxied_post_reaches_the_provider_once_whichever_replica_get
         !set.events(1, "proxy.request").is_empty(),
         "B wrote its own proxy.request"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the gate between this binary's PostgreSQL tests (other test
+// threads), never taken by another task of this runtime.
+#[allow(clippy::await_holding_lock)]
+async fn a_proxied_call_challenged_by_one_replica_is_served_by_another() {
+    let Some(cluster) = cluster_or_not_shown("proxy nonces valid at every replica") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let (set, api, subject, k, token) = connected(cluster, "replicas_nonce_domains").await;
+    let (a, b) = (&set.brokers[0], &set.brokers[1]);
+
+    // The challenge comes from A, the retry goes to B (a front that picks
+    // a replica per request): served, once.
+    let (status, nonce_a, body) = post(&set, 0, &token, &proof(&set, &k, &token, None)).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("use_dpop_nonce"), "{body}");
+    let nonce_a = nonce_a.expect("A's proxy nonce");
+    let retry = proof(&set, &k, &token, Some(&nonce_a));
+    let (status, _, body) = post(&set, 1, &token, &retry).await;
+    assert_eq!(status, 201, "A's proxy nonce at B: {body}");
+    assert_eq!(posts(&api), 1);
+    // ... and the same proof at A now is a replay (the shared tree).
+    let (status, _, body) = post(&set, 0, &token, &retry).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("invalid_dpop_proof"), "{body}");
+    assert_eq!(posts(&api), 1, "the replay never reached the provider");
+
+    // Derive nonces stay each replica's own: A's is refused at B (the
+    // control that the derive domain is per instance), accepted at A.
+    let derive = serde_json::json!({
+        "subject_token": subject, "step": "open_pr", "tool": "acme.pulls",
+        "resource": format!("{}/proxy/acme", set.issuer),
+    });
+    let first = a.post_derive(&derive, Some(&a.proof(&k)));
+    first.assert_refused(400, "use_dpop_nonce", "A: a derive without a nonce");
+    let derive_nonce_a = first
+        .header("dpop-nonce")
+        .expect("A's derive nonce")
+        .to_owned();
+    let at = |nonce: &str| {
+        make_proof(
+            &k,
+            "POST",
+            &a.htu(),
+            crate::support::now(),
+            None,
+            Some(nonce),
+        )
+        .unwrap()
+    };
+    b.post_derive(&derive, Some(&at(&derive_nonce_a)))
+        .assert_refused(400, "use_dpop_nonce", "B: A's derive nonce");
+
+    // Neither domain takes the other's nonces: a proxy nonce on a derive,
+    // a derive nonce on a proxied call, each at the replica that issued
+    // both.
+    a.post_derive(&derive, Some(&at(&nonce_a))).assert_refused(
+        400,
+        "use_dpop_nonce",
+        "A: a proxy nonce on a derive",
+    );
+    let (status, _, body) = post(
+        &set,
+        0,
+        &token,
+        &proof(&set, &k, &token, Some(&derive_nonce_a)),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body.contains("use_dpop_nonce"),
+        "a derive nonce on a proxied call: {body}"
+    );
+    assert_eq!(posts(&api), 1);
+
+    // Positive controls: each nonce in its own domain.
+    a.post_derive(&derive, Some(&at(&derive_nonce_a)))
+        .assert_issued("A: its derive nonce on a derive");
+    let (status, _, body) = post(&set, 1, &token, &proof(&set, &k, &token, Some(&nonce_a))).await;
+    assert_eq!(status, 201, "A's proxy nonce at B, a new proof: {body}");
+    assert_eq!(posts(&api), 2);
 }

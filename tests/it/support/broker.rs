@@ -69,6 +69,24 @@ pub(crate) struct TestBroker {
     pub log: PathBuf,
     /// `RUST_LOG` of the child, kept across restarts.
     pub log_level: String,
+    /// A command the binary runs under (e.g. `unshare --pid --fork`),
+    /// kept across restarts; empty: none.
+    pub launcher: Vec<String>,
+}
+
+/// `credbroker serve --config <config>`, under `launcher` when it names a
+/// command.
+fn serve_command(launcher: &[String], config: &Path) -> Command {
+    let mut c = match launcher.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(bin());
+            c
+        }
+        None => Command::new(bin()),
+    };
+    c.args(["serve", "--config"]).arg(config);
+    c
 }
 
 pub(crate) fn bin() -> PathBuf {
@@ -169,11 +187,22 @@ impl TestBroker {
         log_level: Option<&str>,
         env: &[(&str, &str)],
     ) -> TestBroker {
+        TestBroker::spawn_launched(dir, config, log_level, env, Vec::new())
+    }
+
+    /// [`TestBroker::spawn_with_env`] under `launcher` (a command and its
+    /// arguments, the binary's path appended), this process and every
+    /// restart.
+    pub(crate) fn spawn_launched(
+        dir: tempfile::TempDir,
+        config: PathBuf,
+        log_level: Option<&str>,
+        env: &[(&str, &str)],
+        launcher: Vec<String>,
+    ) -> TestBroker {
         let log = dir.path().join("broker.log");
         let logf = std::fs::File::create(&log).unwrap();
-        let child = Command::new(bin())
-            .args(["serve", "--config"])
-            .arg(&config)
+        let child = serve_command(&launcher, &config)
             .envs(env.iter().copied())
             .env("RUST_LOG", log_level.unwrap_or("info"))
             .stdout(Stdio::null())
@@ -191,6 +220,7 @@ impl TestBroker {
             config,
             log,
             log_level: log_level.unwrap_or("info").to_string(),
+            launcher,
         };
         b.wait_ready();
         b
@@ -208,9 +238,7 @@ impl TestBroker {
             .append(true)
             .open(&self.log)
             .unwrap();
-        self.child = Command::new(bin())
-            .args(["serve", "--config"])
-            .arg(&self.config)
+        self.child = serve_command(&self.launcher, &self.config)
             .envs(env.iter().copied())
             .env("RUST_LOG", &self.log_level)
             .stdout(Stdio::null())
