@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 
 /// credbroker: a credential broker sidecar for AI agents.
 #[derive(Debug, Parser)]
-#[command(name = "credbroker", version, about, long_about = None, after_help = super::exit::HELP)]
+#[command(name = "credbroker", version = env!("CREDBROKER_VERSION"), about, long_about = None, after_help = super::exit::HELP)]
 pub(crate) struct Cli {
     /// Log format.
     #[arg(long, global = true, value_parser = ["text", "json"], default_value = "text")]

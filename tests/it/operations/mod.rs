@@ -6,4 +6,5 @@ mod contract;
 mod key_rotation;
 mod messages;
 mod startup;
+mod version;
 mod walkthrough;
