@@ -22,7 +22,7 @@ pub fn pem_pkcs8(der: &[u8]) -> String {
 /// Loads an ES256 key from a PKCS#8 PEM file of mode 0600.
 pub fn load_pem_key(path: &Path) -> Result<Es256Key, Box<dyn std::error::Error>> {
     use rustls_pki_types::pem::PemObject;
-    let pem = read_secret_file(path)?;
+    let pem = read_secret_file(path).map_err(|e| format!("key file {}: {e}", path.display()))?;
     let der = rustls_pki_types::PrivatePkcs8KeyDer::from_pem_slice(pem.expose())
         .map_err(|_| format!("{}: not a PKCS#8 PEM private key", path.display()))?;
     Ok(Es256Key::from_pkcs8(der.secret_pkcs8_der())?)
@@ -46,12 +46,14 @@ pub(super) fn dpop_key(path: Option<PathBuf>) -> Result<Es256Key, Box<dyn std::e
     let (key, pkcs8) = Es256Key::generate()?;
     match path {
         Some(p) => {
-            write_secret_file(&p, pem_pkcs8(pkcs8.expose()).as_bytes())?;
+            write_secret_file(&p, pem_pkcs8(pkcs8.expose()).as_bytes())
+                .map_err(|e| format!("new DPoP key file {}: {e}", p.display()))?;
             eprintln!("new DPoP key saved to {} (mode 0600)", p.display());
         }
         None => {
             let p = new_key_path()?;
-            write_secret_file(&p, pem_pkcs8(pkcs8.expose()).as_bytes())?;
+            write_secret_file(&p, pem_pkcs8(pkcs8.expose()).as_bytes())
+                .map_err(|e| format!("new DPoP key file {}: {e}", p.display()))?;
             eprintln!(
                 "new DPoP key saved to {} (pass it to the tool with the token)",
                 p.display()

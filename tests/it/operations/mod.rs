@@ -2,6 +2,7 @@
 //! README walkthrough.
 mod admin;
 mod audit;
+mod cli_errors;
 mod contract;
 mod key_rotation;
 mod messages;
