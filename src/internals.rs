@@ -43,7 +43,7 @@ pub mod config {
     pub use crate::infra::config::{
         accepted_keys, max_derive_rate, read_secret_file, write_secret_file, AcceptedKey,
         AccountLookup, ClientAuth, Config, ConfigError, Endpoints, IssuerConfig, JwksSource,
-        ProviderConfig, SignIn, DEFAULT_REPLAY_CACHE_BYTES,
+        ProviderConfig, SignIn, DEFAULT_REPLAY_CACHE_BYTES, RESERVED_KEYS,
     };
 }
 
@@ -64,7 +64,7 @@ pub mod dpop {
 
 /// `crate::infra::events`: audit events.
 pub mod events {
-    pub use crate::infra::events::{Event, Kind, Opaque, ProxyCall};
+    pub use crate::infra::events::{Event, Kind, Opaque, ProxyCall, ReservedFields};
 }
 
 /// `crate::derive::exchange`: the derive pipeline.
@@ -98,7 +98,7 @@ pub mod jose {
 
 /// `crate::infra::metrics`: Prometheus metrics.
 pub mod metrics {
-    pub use crate::infra::metrics::{MetricInfo, Metrics};
+    pub use crate::infra::metrics::{MetricInfo, Metrics, ReservedMetric, RESERVED};
 }
 
 /// `crate::derive::mint`: minted tokens.
@@ -143,7 +143,14 @@ pub mod pages {
 
 /// `crate::derive::policy`: the policy file.
 pub mod policy {
-    pub use crate::derive::policy::{lint, DenyReason, Policy, RouteDenial};
+    pub use crate::derive::policy::{lint, DenyReason, Policy, RouteDenial, RESERVED_KEYS};
+}
+
+/// `crate::infra::reserved` and `crate::edge::reserved`: names reserved for
+/// features not built yet (config and policy keys, refusals).
+pub mod reserved {
+    pub use crate::edge::reserved::{ReservedRefusal, RESERVED_REFUSALS};
+    pub use crate::infra::reserved::ReservedKey;
 }
 
 /// `crate::infra::seal`: encryption at rest.

@@ -10,9 +10,11 @@
 //! - [`pages`]: the browser pages: sign-in, connect links, approvals, the
 //!   account page.
 //! - [`admin`]: the admin socket (status, freeze, key rotation, accounts).
+//! - [`reserved`]: refusals named for features not built yet (issue 38).
 
 pub(crate) mod admin;
 pub(crate) mod api;
 pub(crate) mod pages;
 pub(crate) mod proxy;
 pub(crate) mod public;
+pub(crate) mod reserved;

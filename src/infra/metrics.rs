@@ -66,6 +66,113 @@ pub struct MetricInfo {
     pub help: String,
 }
 
+/// A metric reserved for a feature not built yet (issue 38): named, typed
+/// and labelled once so the features of this wave do not reshape the list,
+/// but not registered (a metric that measures nothing is not served).
+/// `docs/OPERATIONS.md` lists each in its "Reserved metrics" table; a
+/// feature that registers one takes it out of [`RESERVED`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReservedMetric {
+    /// The name it will be exposed under.
+    pub name: &'static str,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    /// Its label names, in order.
+    pub labels: &'static [&'static str],
+    /// The issue whose feature registers it.
+    pub issue: u32,
+}
+
+const fn reserved(
+    name: &'static str,
+    kind: &'static str,
+    labels: &'static [&'static str],
+    issue: u32,
+) -> ReservedMetric {
+    ReservedMetric {
+        name,
+        kind,
+        labels,
+        issue,
+    }
+}
+
+/// Every reserved metric, in the order of `docs/OPERATIONS.md`.
+pub const RESERVED: &[ReservedMetric] = &[
+    reserved("credbroker_clock_offset_seconds", "gauge", &[], 40),
+    reserved(
+        "credbroker_clock_offset_checked_timestamp_seconds",
+        "gauge",
+        &[],
+        40,
+    ),
+    reserved(
+        "credbroker_upstream_exchanges_total",
+        "counter",
+        &["upstream", "outcome"],
+        41,
+    ),
+    reserved(
+        "credbroker_upstream_exchange_duration_seconds",
+        "histogram",
+        &["upstream", "outcome"],
+        41,
+    ),
+    reserved("credbroker_upstream_token_cache_entries", "gauge", &[], 41),
+    reserved(
+        "credbroker_ssf_events_total",
+        "counter",
+        &["transmitter", "type", "outcome"],
+        43,
+    ),
+    reserved(
+        "credbroker_ssf_last_event_timestamp_seconds",
+        "gauge",
+        &["transmitter"],
+        43,
+    ),
+    reserved(
+        "credbroker_ssf_unmapped_subjects_total",
+        "counter",
+        &["transmitter"],
+        43,
+    ),
+    reserved("credbroker_persons_revoked", "gauge", &[], 43),
+    reserved("credbroker_revocation_watch_up", "gauge", &[], 43),
+    reserved(
+        "credbroker_introspection_requests_total",
+        "counter",
+        &["issuer", "outcome"],
+        43,
+    ),
+    reserved("credbroker_otel_spans_dropped_total", "counter", &[], 44),
+    reserved(
+        "credbroker_webhook_deliveries_total",
+        "counter",
+        &["subscription", "outcome"],
+        44,
+    ),
+    reserved(
+        "credbroker_webhook_backlog_events",
+        "gauge",
+        &["subscription"],
+        44,
+    ),
+    reserved(
+        "credbroker_webhook_events_dropped_total",
+        "counter",
+        &["subscription"],
+        44,
+    ),
+    reserved(
+        "credbroker_webhook_dead_letters",
+        "gauge",
+        &["subscription"],
+        44,
+    ),
+    reserved("credbroker_event_stream_connections", "gauge", &[], 44),
+];
+
 /// A gauge vector whose only label is replaced on each set (policy hash).
 #[derive(Debug, Clone)]
 pub struct IntGaugeVecWrapper(prometheus::IntGaugeVec);

@@ -373,7 +373,7 @@ impl<'a> Check<'a> {
                 self.bad(
                     r.source.span(),
                     format!("{key}.source"),
-                    "source \"exchange\" is not available yet",
+                    super::reserved::EXCHANGE_SOURCE,
                 );
                 None
             }

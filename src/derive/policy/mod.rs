@@ -23,6 +23,7 @@ pub(crate) mod diff;
 pub(crate) mod explain;
 pub mod lint;
 mod load;
+mod reserved;
 pub(crate) mod route;
 mod uri;
 
@@ -34,9 +35,11 @@ pub(crate) use uri::{canonical_resource, ResourceError};
 
 pub(crate) use load::parse_policy_ttl;
 use load::{Check, RawPolicy};
+pub use reserved::RESERVED_KEYS;
 
 use crate::base::grammar::parse_scope;
 use crate::infra::diagnostics::{parse_toml, Problem};
+use crate::infra::reserved::reserved_problems;
 
 /// The longest token lifetime, whatever the policy says.
 pub(crate) const MAX_TTL: Duration = Duration::from_secs(300);
@@ -391,6 +394,12 @@ impl Policy {
     /// and their problems are reported in that order.
     pub fn parse(path: &Path, bytes: &[u8]) -> Result<Policy, PolicyError> {
         let text = load::policy_text(path, bytes)?;
+        // A key reserved for a feature not built yet is refused as such
+        // (not as unknown), before anything else.
+        let reserved = reserved_problems(path, text, RESERVED_KEYS);
+        if !reserved.is_empty() {
+            return Err(PolicyError::Invalid(reserved));
+        }
         let raw: RawPolicy = parse_toml(path, text).map_err(PolicyError::Invalid)?;
         let mut check = Check::new(path, text);
         check.agent(&raw.agent);

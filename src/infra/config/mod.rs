@@ -14,8 +14,9 @@
 //! Files: `raw` (stage one), `listeners` (`[socket]`, `[public]`,
 //! `[admin]`), `issuers` (`[[trusted_issuers]]`), `providers`
 //! (`[providers.<name>]`), `secret_files`, `reference` (the accepted keys,
-//! read from `raw`, which `docs/CONFIGURATION.md` is tested against); this
-//! file holds the validated
+//! read from `raw`, which `docs/CONFIGURATION.md` is tested against),
+//! `reserved` (keys named for features not built yet, refused as such);
+//! this file holds the validated
 //! [`Config`] and the order in which the sections are checked.
 
 mod issuers;
@@ -24,6 +25,7 @@ mod postgres;
 mod providers;
 mod raw;
 mod reference;
+mod reserved;
 mod secret_files;
 
 use std::collections::BTreeMap;
@@ -36,11 +38,13 @@ pub(crate) use listeners::{ApiRuntime, PublicConfig, SocketConfig};
 pub use providers::{AccountLookup, ClientAuth, Endpoints, ProviderConfig};
 pub(crate) use providers::{GITHUB_API, QUICKSTART_DEMO};
 pub use reference::{accepted_keys, AcceptedKey};
+pub use reserved::RESERVED_KEYS;
 pub use secret_files::{read_secret_file, write_secret_file};
 
 use crate::base::grammar::secure_or_loopback;
 use crate::base::jose::Alg;
 use crate::infra::diagnostics::{key_at, parse_toml, Problem};
+use crate::infra::reserved::reserved_problems;
 use raw::{RawConfig, RawDpop, RawLimits, RawProxy};
 
 /// Errors loading the config: all problems found, each with its place.
@@ -216,6 +220,12 @@ impl Config {
     /// relative paths. Sections are checked in the order of the file's
     /// documentation, and their problems are reported in that order.
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        // A key reserved for a feature not built yet is refused as such
+        // (not as unknown), before anything else.
+        let reserved = reserved_problems(path, text, RESERVED_KEYS);
+        if !reserved.is_empty() {
+            return Err(ConfigError::Invalid(reserved));
+        }
         let raw: RawConfig = parse_toml(path, text).map_err(ConfigError::Invalid)?;
         let mut check = Check::new(path, text);
         agent(&raw.agent, &mut check);

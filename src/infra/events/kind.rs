@@ -86,6 +86,34 @@ kinds! {
     ApprovalRedeemed = "approval.redeemed",
     /// An approval link was opened by someone other than its person.
     ApprovalOpenedByOtherPerson = "approval.opened_by_other_person",
+    // Reserved (issue 38): named for this wave's features, not yet emitted;
+    // see `Kind::RESERVED`.
+    /// Reserved (issue 41): the upstream client key was rotated.
+    ClientKeysRotated = "client_keys.rotated",
+    /// Reserved (issue 43): a person's agents were stopped.
+    PersonRevoked = "person.revoked",
+    /// Reserved (issue 43): a person's stop was lifted.
+    PersonRestored = "person.restored",
+    /// Reserved (issue 43): a Shared Signals event (SET) was received.
+    SsfEventReceived = "ssf.event_received",
+    /// Reserved (issue 44): a webhook subscription's backlog overflowed.
+    WebhookEventsDropped = "webhook.events_dropped",
+    /// Reserved (issue 44): a webhook delivery gave up (dead letter).
+    WebhookDeadLettered = "webhook.dead_lettered",
+}
+
+impl Kind {
+    /// The types named for features not built yet (issue 38): nothing
+    /// writes them. `docs/OPERATIONS.md` marks exactly these "reserved: not
+    /// yet emitted"; a feature that writes one takes it out of this list.
+    pub const RESERVED: &'static [Kind] = &[
+        Kind::ClientKeysRotated,
+        Kind::PersonRevoked,
+        Kind::PersonRestored,
+        Kind::SsfEventReceived,
+        Kind::WebhookEventsDropped,
+        Kind::WebhookDeadLettered,
+    ];
 }
 
 impl serde::Serialize for Kind {

@@ -146,6 +146,80 @@ pub struct Event<'a> {
     /// from `Audit::with_boot_id`; callers leave it empty.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<&'a str>,
+    /// Fields named for features not built yet (issue 38), written at the
+    /// top level of the event; always empty until their feature fills them.
+    #[serde(flatten)]
+    pub reserved: ReservedFields<'a>,
+}
+
+/// The event fields reserved for this wave's features (issue 38): named
+/// once, so the features add no field of their own; nothing sets them yet,
+/// and `docs/OPERATIONS.md` marks each "reserved: not yet emitted". A
+/// feature that writes one moves it into [`Event`].
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReservedFields<'a> {
+    /// Issue 44: the trace id of the request (OpenTelemetry).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<&'a str>,
+    /// Issue 41: the upstream authorization server that issued the token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<&'a str>,
+    /// Issue 41: the issued token's expiry (Unix time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
+    /// Issue 41: whether an exchanged token was given again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reused: Option<bool>,
+    /// Issue 41: the rotated-out client key's `kid` (`client_keys.rotated`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retired_kid: Option<&'a str>,
+    /// Issue 42: SHA-256 (hex) of the bound request's digest input.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_sha256: Option<&'a str>,
+    /// Issue 43: what stopped or restored a person (`manual`, `ssf`,
+    /// `sign_in`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<&'a str>,
+    /// Issue 43: the SET's event type URI.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ssf_event_type: Option<&'a str>,
+    /// Issue 43: whether the person's accounts were revoked at the providers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoke_at_providers: Option<bool>,
+    /// Issue 43: the event time the SET states (Unix time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub effective_time: Option<i64>,
+    /// Issue 43: when the lifted stop began (Unix time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revocation_time: Option<i64>,
+    /// Issue 43: the SSF transmitter (its name in the config).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transmitter: Option<&'a str>,
+    /// Issue 43: SHA-256 (hex) of the SET's subject.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject_sha256: Option<&'a str>,
+    /// Issue 43: what the SET did (`stopped`, `lifted`, `updated`,
+    /// `ignored`, `unmapped`, `duplicate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<&'a str>,
+    /// Issue 43: seconds from the SET's event time to its receipt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_seconds: Option<i64>,
+    /// Issue 44: the webhook subscription (its name in the config).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscription: Option<&'a str>,
+    /// Issue 44: how many events were dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// Issue 44: the time of the oldest dropped event (Unix time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_time: Option<i64>,
+    /// Issue 44: the delivery's `webhook-id`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook_id: Option<&'a str>,
+    /// Issue 44: delivery attempts made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
 }
 
 /// The event written before a proxied call goes upstream (no event, no
@@ -179,6 +253,10 @@ pub struct ProxyCall<'a> {
     /// only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
+    /// Reserved (issue 42), not yet emitted: SHA-256 (hex) of the bound
+    /// request's digest input.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_sha256: Option<&'a str>,
 }
 
 impl<'a> Event<'a> {
@@ -214,6 +292,7 @@ impl<'a> Event<'a> {
             proxy: None,
             instance: None,
             boot_id: None,
+            reserved: ReservedFields::default(),
         }
     }
 

@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use credbroker::internals::config::{accepted_keys, AcceptedKey, Config, ConfigError};
+use credbroker::internals::config::{
+    accepted_keys, AcceptedKey, Config, ConfigError, RESERVED_KEYS,
+};
 
 use super::{only_code, read_doc, table_rows};
 
@@ -319,4 +321,125 @@ fn every_config_key_is_documented_and_every_documented_key_is_accepted() {
         .0
         .iter()
         .any(|p| p.starts_with("dpop.algs: documented as required")));
+}
+
+/// A value of the documented type `doc_type` for a reserved key.
+fn reserved_value(doc_type: &str) -> toml::Value {
+    match doc_type {
+        "boolean" => toml::Value::Boolean(true),
+        "integer" => toml::Value::Integer(1),
+        "float" => toml::Value::Float(0.5),
+        "array of strings" => toml::Value::Array(vec!["x".into()]),
+        "string" | "duration" | "URL" | "path" => toml::Value::String("x".into()),
+        other => panic!("{other}: give the reserved key's type a value here"),
+    }
+}
+
+/// `minimal()` with the reserved key `key` set, and the key's path as the
+/// loader names it.
+fn with_reserved(key: &str, value: toml::Value) -> (toml::Table, String) {
+    let mut table = minimal();
+    let mut cur = &mut table;
+    let mut shown = String::new();
+    let segs: Vec<&str> = key.split('.').collect();
+    for (i, seg) in segs.iter().enumerate() {
+        let (name, index) = match seg.strip_suffix("[]") {
+            Some(a) => (a, true),
+            None => (*seg, false),
+        };
+        let name = match name {
+            "<name>" => "demo",
+            "<uri>" => "https://api.example/notes",
+            n => n,
+        };
+        if !shown.is_empty() {
+            shown.push('.');
+        }
+        if name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            shown.push_str(name);
+        } else {
+            shown.push_str(&format!("{name:?}"));
+        }
+        if i == segs.len() - 1 {
+            cur.insert(name.to_string(), value.clone());
+            break;
+        }
+        if index {
+            // The minimal config's first element of the array of tables.
+            let arr = cur.get_mut(name).and_then(|v| v.as_array_mut()).unwrap();
+            shown.push_str("[0]");
+            cur = arr[0].as_table_mut().unwrap();
+        } else {
+            cur = cur
+                .entry(name.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                .as_table_mut()
+                .unwrap();
+        }
+    }
+    (table, shown)
+}
+
+#[test]
+fn every_reserved_key_is_documented_and_refused_as_reserved() {
+    let text = read_doc("CONFIGURATION.md");
+    let doc: Vec<(String, String, String, String)> =
+        table_rows(&text, &["Reserved key", "Type", "Issue", "Status"])
+            .into_iter()
+            .map(|r| {
+                (
+                    only_code(&r[0])
+                        .unwrap_or_else(|| panic!("a key cell must be one code span: {r:?}"))
+                        .to_string(),
+                    r[1].clone(),
+                    r[2].clone(),
+                    r[3].clone(),
+                )
+            })
+            .collect();
+    let code: Vec<(String, String, String, String)> = RESERVED_KEYS
+        .iter()
+        .map(|r| {
+            (
+                r.key.to_string(),
+                r.doc_type.to_string(),
+                r.issue.to_string(),
+                "reserved: not yet implemented".to_string(),
+            )
+        })
+        .collect();
+    // Both ways, with type, issue and the mark, in the same order.
+    assert!(code.len() >= 60, "{code:?}");
+    assert_eq!(
+        doc, code,
+        "docs/CONFIGURATION.md \"Reserved keys\" against RESERVED_KEYS"
+    );
+
+    // None is also accepted (a feature that implements a key takes it out).
+    let accepted = accepted_keys();
+    let both: Vec<&str> = RESERVED_KEYS
+        .iter()
+        .map(|r| r.key)
+        .filter(|k| accepted.iter().any(|a| a.key == *k))
+        .collect();
+    assert!(both.is_empty(), "accepted and still reserved: {both:?}");
+
+    // The control: a config without them loads.
+    parse(&minimal()).expect("the minimal config parses");
+    // Each is refused alone, as reserved (not as an unknown key), naming
+    // the file, the key and the issue.
+    for r in RESERVED_KEYS {
+        let (table, shown) = with_reserved(r.key, reserved_value(r.doc_type));
+        let Err(ConfigError::Invalid(p)) = parse(&table) else {
+            panic!("{}: the config with it parses", r.key);
+        };
+        let want = format!("{shown}: reserved: not yet implemented (issue {})", r.issue);
+        assert_eq!(p.len(), 1, "{}: {p:?}", r.key);
+        let line = p[0].to_string();
+        assert!(
+            line.starts_with("/etc/credbroker/credbroker.toml:") && line.ends_with(&want),
+            "{}: {line}",
+            r.key
+        );
+    }
 }

@@ -8,8 +8,8 @@
 use std::collections::BTreeSet;
 
 use credbroker::internals::app::reload::Refusal;
-use credbroker::internals::events::{Event, Kind, Opaque, ProxyCall};
-use credbroker::internals::metrics::{MetricInfo, Metrics};
+use credbroker::internals::events::{Event, Kind, Opaque, ProxyCall, ReservedFields};
+use credbroker::internals::metrics::{MetricInfo, Metrics, RESERVED};
 
 use super::{only_code, read_doc, table_rows};
 
@@ -153,7 +153,9 @@ fn event_fields() -> BTreeSet<String> {
             bytes_up: Some(1),
             bytes_down: Some(1),
             duration_ms: Some(1),
+            request_sha256: Some("a"),
         }),
+        reserved: all_reserved_fields(),
     };
     let serde_json::Value::Object(m) = serde_json::to_value(&e).unwrap() else {
         panic!("an event is an object");
@@ -171,6 +173,52 @@ fn event_fields() -> BTreeSet<String> {
         fields.insert(k);
     }
     fields
+}
+
+/// Every reserved field set (no `..`, as above).
+fn all_reserved_fields() -> ReservedFields<'static> {
+    ReservedFields {
+        trace_id: Some("a"),
+        upstream: Some("a"),
+        expires_at: Some(1),
+        reused: Some(true),
+        retired_kid: Some("a"),
+        request_sha256: Some("a"),
+        source: Some("a"),
+        ssf_event_type: Some("a"),
+        revoke_at_providers: Some(true),
+        effective_time: Some(1),
+        revocation_time: Some(1),
+        transmitter: Some("a"),
+        subject_sha256: Some("a"),
+        action: Some("a"),
+        delay_seconds: Some(1),
+        subscription: Some("a"),
+        count: Some(1),
+        oldest_time: Some(1),
+        webhook_id: Some("a"),
+        attempts: Some(1),
+    }
+}
+
+/// The reserved event fields as serialized, and `proxy.request_sha256`.
+fn reserved_fields() -> BTreeSet<String> {
+    let serde_json::Value::Object(m) = serde_json::to_value(all_reserved_fields()).unwrap() else {
+        panic!("an object");
+    };
+    let mut out: BTreeSet<String> = m.keys().cloned().collect();
+    out.insert("proxy.request_sha256".into());
+    out
+}
+
+/// The first cells of the rows of the tables headed `first` whose `col`th
+/// cell starts with `mark`, each one code span.
+fn marked(text: &str, first: &str, col: usize, mark: &str) -> BTreeSet<String> {
+    table_rows(text, &[first])
+        .into_iter()
+        .filter(|r| r.get(col).is_some_and(|c| c.starts_with(mark)))
+        .map(|r| only_code(&r[0]).unwrap().to_string())
+        .collect()
 }
 
 /// The metrics a registry renders once every labelled metric has a value:
@@ -537,4 +585,79 @@ fn every_quoted_log_line_is_logged_by_the_code() {
             .collect();
         assert_eq!(failing.len(), 1, "{from} -> {to}: {failing:?}");
     }
+}
+
+#[test]
+fn reserved_event_types_and_fields_are_marked_and_nothing_else_is() {
+    let text = read_doc("OPERATIONS.md");
+    const MARK: &str = "reserved: not yet emitted";
+    let kinds: BTreeSet<String> = Kind::RESERVED
+        .iter()
+        .map(|k| k.as_str().to_string())
+        .collect();
+    let all: BTreeSet<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+    assert!(kinds.iter().all(|k| all.contains(k.as_str())), "{kinds:?}");
+    assert!(kinds.len() >= 6, "{kinds:?}");
+    // The event table's meaning cell, and the field table's, start with the mark.
+    let doc_kinds = marked(&text, "Event", 2, MARK);
+    assert_eq!(
+        doc_kinds, kinds,
+        "event types marked \"{MARK}\" against Kind::RESERVED"
+    );
+    let fields = reserved_fields();
+    assert!(fields.len() >= 20, "{fields:?}");
+    let doc_fields = marked(&text, "Field", 1, MARK);
+    assert_eq!(
+        doc_fields, fields,
+        "fields marked \"{MARK}\" against ReservedFields"
+    );
+    // Nothing serializes them unless set: a new event carries none.
+    let e = Event::new(1, Kind::DeriveIssued, "a");
+    let v = serde_json::to_value(&e).unwrap();
+    assert!(fields.iter().all(|f| v.get(f).is_none()), "{v}");
+    // The control: the mark is read (an unmarked page finds none).
+    let unmarked = text.replace(MARK, "emitted");
+    assert!(marked(&unmarked, "Event", 2, MARK).is_empty());
+}
+
+#[test]
+fn every_reserved_metric_is_documented_as_reserved_and_not_registered() {
+    let text = read_doc("OPERATIONS.md");
+    let doc: Vec<DocMetric> = table_rows(&text, &["Reserved metric", "Type", "Labels", "Issue"])
+        .into_iter()
+        .map(|r| {
+            let name = only_code(&r[0])
+                .unwrap_or_else(|| panic!("a metric cell must be one code span: {r:?}"))
+                .to_string();
+            (name, r[1].clone(), spans(&r[2]))
+        })
+        .collect();
+    let code: Vec<MetricInfo> = RESERVED
+        .iter()
+        .map(|m| MetricInfo {
+            name: m.name.to_string(),
+            kind: m.kind,
+            labels: m.labels.iter().map(|l| l.to_string()).collect(),
+            help: String::new(),
+        })
+        .collect();
+    assert!(code.len() >= 15 && doc.len() >= 15, "{code:?} / {doc:?}");
+    let problems = compare_metrics(&doc, &code);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // Reserved means not served: none is registered (a feature that
+    // registers one takes it out of the list).
+    let registered: BTreeSet<String> = Metrics::new()
+        .catalogue()
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    let both: Vec<&str> = RESERVED
+        .iter()
+        .map(|m| m.name)
+        .filter(|n| registered.contains(*n))
+        .collect();
+    assert!(both.is_empty(), "registered and still reserved: {both:?}");
+    assert!(RESERVED.iter().all(|m| m.name.starts_with("credbroker_")));
+    // The control: a dropped row is caught.
+    assert!(!compare_metrics(&doc[1..], &code).is_empty());
 }

@@ -1,0 +1,122 @@
+//! Refusals reserved for this wave's features (issue 38): each reason with
+//! the `error` and HTTP status it will be sent with, declared once in
+//! `proto/refusal.schema.json` (its `reason` list, the rule of its `error`,
+//! and `$defs/reservedReason`), so the features fill them in without
+//! changing the contract's shape. Nothing sends them yet; the contract
+//! test (`tests/it/contract/refusals.rs`) holds the schema's reasons to
+//! exactly those the code sends plus these, and refuses a reason that is
+//! both sent and still listed here: a feature that sends one takes it out.
+
+/// One reserved refusal: a reason as one listener will send it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReservedRefusal {
+    /// The `reason` member.
+    pub reason: &'static str,
+    /// The `error` member it goes with.
+    pub error: &'static str,
+    /// The HTTP status.
+    pub status: u16,
+    /// Where it is sent: `socket` (the orchestrator socket's derive) or
+    /// `proxy` (the egress proxy on the public listener).
+    pub at: &'static str,
+    /// Members the answer adds besides `error`, `error_description` and
+    /// `reason` (declared in the schema, allowed only with this reason).
+    pub fields: &'static [&'static str],
+    /// The issue whose feature sends it.
+    pub issue: u32,
+}
+
+const fn r(
+    reason: &'static str,
+    error: &'static str,
+    status: u16,
+    at: &'static str,
+    issue: u32,
+) -> ReservedRefusal {
+    ReservedRefusal {
+        reason,
+        error,
+        status,
+        at,
+        fields: &[],
+        issue,
+    }
+}
+
+/// Every reserved refusal, by issue.
+pub const RESERVED_REFUSALS: &[ReservedRefusal] = &[
+    // Issue 40: a replica whose clock is off the store's beyond the bound;
+    // request framing RFC 9112 refuses (two Host fields, none on HTTP/1.1,
+    // conflicting Content-Length, Transfer-Encoding with Content-Length,
+    // obsolete line folding).
+    r("clock_skew", "temporarily_unavailable", 503, "socket", 40),
+    r("clock_skew", "temporarily_unavailable", 503, "proxy", 40),
+    r("invalid_framing", "invalid_request", 400, "proxy", 40),
+    // Issue 41: the token exchange at the organisation's authorization
+    // server (the relayed proofs, the AS's errors, its answer's checks).
+    ReservedRefusal {
+        fields: &["upstream_htu", "upstream_nonce"],
+        ..r(
+            "upstream_proof_required",
+            "invalid_dpop_proof",
+            400,
+            "socket",
+            41,
+        )
+    },
+    r(
+        "upstream_proof_invalid",
+        "invalid_dpop_proof",
+        400,
+        "socket",
+        41,
+    ),
+    r(
+        "subject_token_rejected_upstream",
+        "invalid_grant",
+        400,
+        "socket",
+        41,
+    ),
+    ReservedRefusal {
+        fields: &["upstream_error"],
+        ..r("upstream_denied", "access_denied", 403, "socket", 41)
+    },
+    r(
+        "upstream_misconfigured",
+        "temporarily_unavailable",
+        503,
+        "socket",
+        41,
+    ),
+    r("upstream_bad_answer", "bad_gateway", 502, "socket", 41),
+    r("upstream_token_rejected", "bad_gateway", 502, "socket", 41),
+    // Issue 42: approvals bound to the outbound request.
+    r("request_mismatch", "insufficient_scope", 403, "proxy", 42),
+    r("body_not_ijson", "invalid_request", 400, "proxy", 42),
+    r("bound_body_too_large", "invalid_request", 413, "proxy", 42),
+    // Issue 43: the person-level stop, the revocation watch, introspection.
+    r("person_revoked", "access_denied", 403, "socket", 43),
+    r("person_revoked", "invalid_token", 401, "proxy", 43),
+    r(
+        "revocation_watch_down",
+        "temporarily_unavailable",
+        503,
+        "socket",
+        43,
+    ),
+    r(
+        "revocation_watch_down",
+        "temporarily_unavailable",
+        503,
+        "proxy",
+        43,
+    ),
+    r(
+        "introspection_unavailable",
+        "temporarily_unavailable",
+        503,
+        "socket",
+        43,
+    ),
+];

@@ -1,0 +1,115 @@
+//! Config keys reserved for this wave's features (issue 38), refused by
+//! [`super::Config::parse`] with "reserved: not yet implemented (issue N)"
+//! until their feature lands: it then takes the key out of this list, adds
+//! it to `raw.rs`, and moves its row in `docs/CONFIGURATION.md` from
+//! "Reserved keys" to its section's table.
+
+use crate::infra::reserved::ReservedKey;
+
+const fn key(key: &'static str, doc_type: &'static str, issue: u32) -> ReservedKey {
+    ReservedKey {
+        key,
+        doc_type,
+        issue,
+    }
+}
+
+/// Every reserved config key, in the order of `docs/CONFIGURATION.md`.
+pub const RESERVED_KEYS: &[ReservedKey] = &[
+    // Issue 40: the clock's offset from the store (faults).
+    key("clock.max_skew", "duration", 40),
+    key("clock.warn_skew", "duration", 40),
+    key("clock.check_interval", "duration", 40),
+    // Issue 41: upstream authorization servers (token exchange, ID-JAG).
+    key("upstreams.<name>.issuer", "URL", 41),
+    key("upstreams.<name>.discovery", "boolean", 41),
+    key("upstreams.<name>.token_endpoint", "URL", 41),
+    key("upstreams.<name>.jwks_uri", "URL", 41),
+    key("upstreams.<name>.introspection_endpoint", "URL", 41),
+    key("upstreams.<name>.grant", "string", 41),
+    key("upstreams.<name>.resource_upstream", "string", 41),
+    key("upstreams.<name>.client_id", "string", 41),
+    key("upstreams.<name>.client_auth", "string", 41),
+    key("upstreams.<name>.client_secret_file", "path", 41),
+    key("upstreams.<name>.subject_issuers", "array of strings", 41),
+    key("upstreams.<name>.subject_audience", "string", 41),
+    key("upstreams.<name>.actor_token", "boolean", 41),
+    key("upstreams.<name>.send_authorization_details", "boolean", 41),
+    key("upstreams.<name>.reuse_margin", "duration", 41),
+    key("upstreams.<name>.connect_timeout", "duration", 41),
+    key("upstreams.<name>.timeout", "duration", 41),
+    key(
+        "upstreams.<name>.resources.<uri>.audience",
+        "array of strings",
+        41,
+    ),
+    key(
+        "upstreams.<name>.resources.<uri>.audience_param",
+        "string",
+        41,
+    ),
+    key("upstreams.<name>.resources.<uri>.scope_claim", "string", 41),
+    key("outbound.use_env_proxy", "boolean", 41),
+    // Issue 43: person-level revocation, Shared Signals, introspection.
+    key("revocation.max_event_age", "duration", 43),
+    key("revocation.restore_skew", "duration", 43),
+    key("revocation.watch_failure", "string", 43),
+    key("revocation.watch_bound", "duration", 43),
+    key("revocation.revoke_at_providers", "boolean", 43),
+    key("ssf.transmitters.<name>.issuer", "URL", 43),
+    key("ssf.transmitters.<name>.metadata_url", "URL", 43),
+    key("ssf.transmitters.<name>.jwks_uri", "URL", 43),
+    key("ssf.transmitters.<name>.audience", "string", 43),
+    key("ssf.transmitters.<name>.delivery", "string", 43),
+    key(
+        "ssf.transmitters.<name>.push_authorization_file",
+        "path",
+        43,
+    ),
+    key(
+        "ssf.transmitters.<name>.management_credentials_file",
+        "path",
+        43,
+    ),
+    key(
+        "ssf.transmitters.<name>.trusted_issuers",
+        "array of strings",
+        43,
+    ),
+    key("ssf.transmitters.<name>.map_email", "boolean", 43),
+    key("ssf.transmitters.<name>.poll_interval", "duration", 43),
+    key("ssf.transmitters.<name>.max_set_bytes", "integer", 43),
+    key("ssf.transmitters.<name>.per_second", "integer", 43),
+    key("trusted_issuers[].introspection_endpoint", "URL", 43),
+    key("trusted_issuers[].introspection_client_id", "string", 43),
+    key(
+        "trusted_issuers[].introspection_client_secret_file",
+        "path",
+        43,
+    ),
+    key("trusted_issuers[].introspect_jwts", "boolean", 43),
+    key("trusted_issuers[].introspection_cache_ttl", "duration", 43),
+    // Issue 44: OpenTelemetry and webhooks.
+    key("telemetry.otlp_endpoint", "URL", 44),
+    key("telemetry.protocol", "string", 44),
+    key("telemetry.traces", "boolean", 44),
+    key("telemetry.metrics", "boolean", 44),
+    key("telemetry.sampling_ratio", "float", 44),
+    key("telemetry.queue_size", "integer", 44),
+    key("telemetry.metrics_interval", "duration", 44),
+    key("telemetry.headers_file", "path", 44),
+    key("telemetry.trust_socket_traceparent", "boolean", 44),
+    key("telemetry.propagate_to", "array of strings", 44),
+    key("telemetry.max_tracestate", "integer", 44),
+    key("webhooks.<name>.url", "URL", 44),
+    key("webhooks.<name>.events", "array of strings", 44),
+    key("webhooks.<name>.secret_files", "array of strings", 44),
+    key("webhooks.<name>.signing", "string", 44),
+    key("webhooks.<name>.ed25519_key_file", "path", 44),
+    key("webhooks.<name>.timeout", "duration", 44),
+    key("webhooks.<name>.max_concurrency", "integer", 44),
+    key("webhooks.<name>.max_backlog_age", "duration", 44),
+    key("webhooks.<name>.max_backlog_bytes", "integer", 44),
+    key("webhooks.<name>.max_retry_after", "duration", 44),
+    key("admin.event_stream_max_connections", "integer", 44),
+];
