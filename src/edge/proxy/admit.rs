@@ -1,0 +1,66 @@
+//! Stage 1, admission: the checks that need nothing of the caller, before
+//! its token is read. The proxy's own budget of calls in flight is taken in
+//! [`Proxy::handle`](super::Proxy::handle); here the request's shape, the
+//! service's address, the raw path and the freeze.
+
+use http::{header, Method};
+
+use super::refusal::{Refusal, Shape};
+use super::{Proxy, PREFIX};
+use crate::base::grammar::check_raw_path;
+
+/// The service a path under [`PREFIX`] names (empty when it names none);
+/// not checked yet.
+pub(super) fn service_of(path: &str) -> &str {
+    path.strip_prefix(PREFIX)
+        .map(|r| r.split('/').next().unwrap_or_default())
+        .unwrap_or_default()
+}
+
+impl Proxy {
+    /// Checks the request's shape, that it names a configured service's
+    /// proxy address with a raw path the grammar allows, and that the
+    /// broker is not frozen; returns the service.
+    pub(super) fn admit<'p>(&self, parts: &'p http::request::Parts) -> Result<&'p str, Refusal> {
+        if parts.method == Method::CONNECT || parts.method == Method::TRACE {
+            return Err(Refusal::Shape(Shape::Method));
+        }
+        if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
+            return Err(Refusal::Shape(Shape::AbsoluteForm));
+        }
+        let upgrade = parts.headers.contains_key(header::UPGRADE)
+            || parts.headers.get_all(header::CONNECTION).iter().any(|v| {
+                v.to_str()
+                    .is_ok_and(|v| v.to_ascii_lowercase().contains("upgrade"))
+            });
+        if upgrade {
+            return Err(Refusal::Shape(Shape::Upgrade));
+        }
+        let path = parts.uri.path();
+        let service = service_of(path);
+        let valid_service = !service.is_empty()
+            && service
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_');
+        // Only a configured provider has a proxy address: the set of
+        // verifiers (one per address) stays bounded by the config, whatever
+        // names requests carry. A service the policy no longer proxies is
+        // still known here, so its callers get the policy's 403.
+        let known = self
+            .broker
+            .connected_services()
+            .is_some_and(|c| c.providers.get(service).is_some());
+        if !valid_service || !known {
+            return Err(Refusal::NotFound);
+        }
+        let rest = &path[PREFIX.len() + service.len()..];
+        if rest.is_empty() {
+            return Err(Refusal::NotFound);
+        }
+        check_raw_path(rest).map_err(Refusal::Path)?;
+        if self.broker.is_frozen() {
+            return Err(Refusal::Frozen);
+        }
+        Ok(service)
+    }
+}

@@ -1,0 +1,239 @@
+//! The egress proxy (docs/PROXY.md): a tool calls a connected service at
+//! `{issuer}/proxy/{service}/...` with a credbroker token and a DPoP proof;
+//! the broker checks the call against the current policy and forwards it to
+//! the provider's `api_base` with the person's provider token, which never
+//! leaves the broker.
+//!
+//! A call goes through stages in the order of the check table of
+//! docs/PROXY.md ("How each call is checked"), one file each; the first
+//! failure ends it with a [`Refusal`] (`refusal`), answered once, in
+//! JSON, naming the reason and never a secret. [`Proxy::forward`] is that
+//! order, written once:
+//! 1. `admit`: the proxy's budget of calls in flight; the shape (no
+//!    absolute-form target, no `CONNECT`, `TRACE` or `Upgrade`); a
+//!    configured service's address; the raw path under it obeys
+//!    `grammar::check_raw_path` (never decoded: the same bytes are matched,
+//!    compared with the proof's `htu`, and sent upstream); the freeze;
+//! 2. `token`: the token and its DPoP proof, with the verifier resource
+//!    servers use ([`crate::verify`]), audience = the proxy address, `htu`
+//!    = the configured issuer + the raw path (never `Host` or
+//!    `X-Forwarded-*`); the nonce; the proof's `jti` in the store's replay
+//!    tree (queued off the call where that is as safe, `replays`); then
+//!    no credential in the query;
+//! 3. `route`: the route, the step and the resource in the *current*
+//!    policy, and the route's variables bound to the token's approved
+//!    details;
+//! 4. `budget`: the per-person-and-tool rate limit, the per-service
+//!    concurrency cap, the request body cap;
+//! 5. `account`: the account, the allowance and a live provider token
+//!    (refreshed with the vault's single-flight refresh);
+//! 6. `token` again: a single-use token (an `each_call` approval's) is
+//!    spent in the store's replay tree, so it serves one call on every
+//!    replica;
+//! 7. `record`: the `proxy.request` audit event: no event, no call;
+//! 8. `upstream`: the call goes to `api_base` + path + query only (no
+//!    proxy from the environment, no redirect followed, an allowlist of
+//!    request headers; `client`), retried once after a refresh when the
+//!    provider refuses an idempotent call's token;
+//! 9. `answer`: the answer streams back through the echo guard (`echo`)
+//!    with an allowlist of response headers, and its end is recorded.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use dashmap::DashMap;
+use http::{Method, Request, Response};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::derive::exchange::Broker;
+use crate::derive::policy::Policy;
+use crate::verify::Verified;
+
+mod account;
+mod admit;
+mod answer;
+mod budget;
+mod client;
+mod echo;
+mod record;
+mod refusal;
+mod replays;
+mod route;
+mod token;
+mod upstream;
+
+pub(crate) use answer::ProxyBody;
+use refusal::Refusal;
+#[cfg(test)]
+use token::{replay_key, REPLAY_WINDOW_SECS};
+
+/// The path prefix of proxied calls.
+pub(crate) const PREFIX: &str = "/proxy/";
+
+/// What is known about a call once its token is verified, for the events
+/// (owned: the answer streams, and its completion is recorded, after the
+/// handler returned).
+struct Call {
+    service: String,
+    method: Method,
+    path_sha256: String,
+    /// SHA-256 (hex) of the token's `jti`, for both events.
+    jti_sha256: String,
+    who: Verified,
+    policy: Arc<Policy>,
+    resource: Arc<str>,
+    route: Option<String>,
+}
+
+impl Call {
+    /// The raw path under the service's address (checked by `admit`).
+    fn rest<'p>(&self, parts: &'p http::request::Parts) -> &'p str {
+        &parts.uri.path()[PREFIX.len() + self.service.len()..]
+    }
+}
+
+/// The slots a call holds until its answer ends: one of the proxy's
+/// (`proxy.max_in_flight`) and one of its service's
+/// (`proxy.max_concurrent_per_service`).
+type Slots = (OwnedSemaphorePermit, OwnedSemaphorePermit);
+
+/// The proxy: shared by every connection of the public listener.
+#[derive(Debug)]
+pub(crate) struct Proxy {
+    broker: Arc<Broker>,
+    client: client::Upstream,
+    /// One verifier per proxy address; its keys follow the minter's ring.
+    verifiers: Mutex<HashMap<String, token::AddressVerifier>>,
+    in_flight: Arc<Semaphore>,
+    per_service: DashMap<String, Arc<Semaphore>>,
+    /// Whether the configured issuer followed by a proxy path is already
+    /// in the form [`crate::base::dpop::normalize_htu`] gives
+    /// (`token::issuer_is_normal`): then each call's URL is compared with
+    /// the proof's `htu` as built.
+    issuer_is_normal: bool,
+    /// When this proxy started, by the broker's clock: for
+    /// `REPLAY_WINDOW_SECS` after it, each proof's replay entry is written
+    /// and checked on its call (`replays`).
+    started: i64,
+    /// The replay entries queued for a store no other instance shares;
+    /// `None` for a shared one (each entry is written on its call).
+    replays: Option<Arc<replays::Batched>>,
+}
+
+impl Proxy {
+    /// The proxy of `broker`, with its upstream client.
+    pub(crate) fn new(broker: Arc<Broker>) -> Result<Proxy, rustls::Error> {
+        let cfg = &broker.config.proxy;
+        // Only api_base: never a proxy from HTTP(S)_PROXY, never where a
+        // redirect points (a 3xx goes back to the tool as it is).
+        let client = client::upstream(cfg.connect_timeout)?;
+        let normal = token::issuer_is_normal(&broker.config.issuer);
+        let replays = (!broker.store.is_shared())
+            .then(|| {
+                replays::Batched::start(
+                    broker.store.clone(),
+                    std::time::Duration::from_secs(token::REPLAY_WINDOW_SECS as u64),
+                )
+            })
+            .flatten();
+        Ok(Proxy {
+            started: broker.clock.now(),
+            replays,
+            in_flight: Arc::new(Semaphore::new(cfg.max_in_flight as usize)),
+            broker,
+            client,
+            verifiers: Mutex::new(HashMap::new()),
+            per_service: DashMap::new(),
+            issuer_is_normal: normal,
+        })
+    }
+
+    /// Writes the queued replay entries and closes the queue (a clean
+    /// stop, after the drain): a call still running writes its own.
+    pub(crate) fn close_replays(&self) {
+        if let Some(b) = &self.replays {
+            b.close();
+        }
+    }
+
+    /// Handles one request under `/proxy/`.
+    pub(crate) async fn handle<B>(self: &Arc<Self>, req: Request<B>) -> Response<ProxyBody>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let started = Instant::now();
+        let Ok(slot) = self.in_flight.clone().try_acquire_owned() else {
+            return self.refused(None, "other", &Refusal::ProxyBusy);
+        };
+        let (parts, body) = req.into_parts();
+        let service = admit::service_of(parts.uri.path());
+        let service_label = if self.broker.policy.load().services().contains(service) {
+            service
+        } else {
+            "other"
+        };
+        match self.forward(&parts, body, slot, started).await {
+            Ok(r) => r,
+            Err((call, refusal)) => self.refused(call.as_ref(), service_label, &refusal),
+        }
+    }
+
+    /// The stages of a call, in the order of the check table (the module
+    /// doc): each step is one stage's check, and the first refusal ends
+    /// the call. A refusal carries the call once its token is verified, so
+    /// that it is recorded against the call.
+    async fn forward<B>(
+        self: &Arc<Self>,
+        parts: &http::request::Parts,
+        body: B,
+        slot: OwnedSemaphorePermit,
+        started: Instant,
+    ) -> Result<Response<ProxyBody>, (Option<Call>, Refusal)>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        // Nothing is known of the caller until its token is verified.
+        let service = self.admit(parts).map_err(|r| (None, r))?;
+        let mut call = self.authenticate(parts, service).map_err(|r| (None, r))?;
+        let sent = match self.checked_call(&mut call, parts, body, slot).await {
+            Ok(sent) => sent,
+            Err(r) => return Err((Some(call), r)),
+        };
+        self.answer(call, sent, started)
+            .await
+            .map_err(|(call, r)| (Some(call), r))
+    }
+
+    /// The stages between a verified token and the provider's answer.
+    async fn checked_call<B>(
+        &self,
+        call: &mut Call,
+        parts: &http::request::Parts,
+        body: B,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<upstream::Sent, Refusal>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        token::no_credential_in_query(parts)?;
+        route::check(call, parts)?;
+        self.rate_limit(call)?;
+        let service_slot = self.service_slot(call)?;
+        let body = self.read_body(parts, body).await?;
+        let target = self.target(call, parts)?;
+        let token = self.provider_token(call, None).await?;
+        if call.who.single_use {
+            self.spend(&call.who)?;
+        }
+        self.record_request(call)?;
+        self.send(call, parts, body, target, token, (slot, service_slot))
+            .await
+    }
+}

@@ -1,0 +1,325 @@
+//! Every refusal of the proxy: one type, [`Refusal`], whose variants are
+//! the rows of the check table in docs/PROXY.md, each carrying its typed
+//! denial (never a sentence to match on). The `reason` on the wire, the
+//! event's and the metrics' label, comes from [`Refusal::reason`]; the
+//! HTTP answer from [`Refusal::response`], and nowhere else.
+
+use std::borrow::Cow;
+
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::base::grammar::PathError;
+use crate::base::http::{correlation_id, json_response, Body};
+use crate::derive::exchange::DeriveError;
+use crate::derive::policy::RouteDenial;
+use crate::verify::VerifyError;
+
+/// Why the proxy refused a call, in the order of the check table.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// `proxy.max_in_flight` calls are in flight (503 `proxy_busy`).
+    ProxyBusy,
+    /// The request's shape (400).
+    Shape(Shape),
+    /// No proxy address here: not a configured service, or no path under
+    /// it (404 `not_a_proxy_address`).
+    NotFound,
+    /// The raw path breaks the path grammar (400 `invalid_path`).
+    Path(PathError),
+    /// The broker is frozen (403 `frozen`).
+    Frozen,
+    /// The token or its proof (401, with a DPoP challenge).
+    Token(VerifyError),
+    /// A fresh nonce is required (`[dpop] require_nonce`): 401
+    /// `use_dpop_nonce` with the nonce to sign the next proof with.
+    UseNonce(String),
+    /// The store's replay tree could not answer (503
+    /// `replay_store_unavailable`).
+    ReplayStore(ReplayCheck),
+    /// A credential in the query (400 `credentials_in_query`).
+    CredentialsInQuery,
+    /// The current policy refuses the call (403).
+    Route(RouteDenial),
+    /// The per-person-and-tool rate limit: retry after this many seconds
+    /// (429 `rate_limited`).
+    RateLimited(u64),
+    /// `proxy.max_concurrent_per_service` calls to this service are in
+    /// flight (503 `service_busy`).
+    ServiceBusy,
+    /// The request body is over the cap, in bytes (413
+    /// `request_too_large`).
+    TooLarge(u64),
+    /// The request body could not be read (400 `invalid_request`).
+    BodyUnreadable,
+    /// `proxy.timeout` ran out, reading the request body or waiting for
+    /// the provider (504 `upstream_timeout`).
+    Timeout,
+    /// This instance's config cannot reach the service (503).
+    NotConfigured(Missing),
+    /// The path and query cannot be sent on (400 `invalid_request`).
+    Unsendable,
+    /// The service source refused: connect, allow, reconnect, or the
+    /// provider did not answer usably.
+    Derive(DeriveError),
+    /// The `proxy.request` event could not be written (503
+    /// `audit_unavailable`).
+    AuditUnavailable,
+    /// The provider (502 or 504).
+    Upstream(UpstreamFailure),
+}
+
+/// A request the proxy never forwards, whatever its token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// `CONNECT` or `TRACE`.
+    Method,
+    /// An absolute-form request target.
+    AbsoluteForm,
+    /// `Upgrade` (or `Connection: upgrade`).
+    Upgrade,
+    /// More than one `Authorization` header.
+    TwoAuthorizations,
+}
+
+/// Which replay check the store could not make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReplayCheck {
+    /// The proof's `jti`.
+    Proof,
+    /// A single-use token's `jti`.
+    SingleUse,
+}
+
+/// What this instance's config lacks to reach the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Missing {
+    /// No connected services at all.
+    ConnectedServices,
+    /// No provider for the policy's service.
+    Provider,
+    /// The provider has no `api_base`.
+    ApiBase,
+}
+
+/// How the call to the provider failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UpstreamFailure {
+    /// The provider's token cannot be sent in a header (502
+    /// `upstream_unreachable`).
+    TokenNotAHeader,
+    /// The provider's API could not be reached (502
+    /// `upstream_unreachable`).
+    Unreachable,
+    /// Connecting took longer than `proxy.connect_timeout` (504
+    /// `upstream_timeout`).
+    ConnectTimeout,
+    /// The answer failed before its head went out (502 `upstream_failed`).
+    Failed,
+    /// The answer's head or first chunk carried a provider token (502
+    /// `echo_blocked`).
+    Echo,
+}
+
+impl Refusal {
+    /// The `reason` of the answer, the event and the metrics.
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            Refusal::ProxyBusy => "proxy_busy",
+            Refusal::Shape(Shape::Method) => "method_refused",
+            Refusal::Shape(Shape::AbsoluteForm) => "absolute_form",
+            Refusal::Shape(Shape::Upgrade) => "upgrade_refused",
+            Refusal::Shape(Shape::TwoAuthorizations)
+            | Refusal::BodyUnreadable
+            | Refusal::Unsendable => "invalid_request",
+            Refusal::NotFound => "not_a_proxy_address",
+            Refusal::Path(_) => "invalid_path",
+            Refusal::Frozen => "frozen",
+            Refusal::Token(VerifyError::Proof(_)) => "invalid_dpop_proof",
+            Refusal::Token(VerifyError::AlreadyUsed) => "token_already_used",
+            Refusal::Token(_) => "invalid_token",
+            Refusal::UseNonce(_) => "use_dpop_nonce",
+            Refusal::ReplayStore(_) => "replay_store_unavailable",
+            Refusal::CredentialsInQuery => "credentials_in_query",
+            Refusal::Route(d) => d.as_str(),
+            Refusal::RateLimited(_) => "rate_limited",
+            Refusal::ServiceBusy => "service_busy",
+            Refusal::TooLarge(_) => "request_too_large",
+            Refusal::Timeout | Refusal::Upstream(UpstreamFailure::ConnectTimeout) => {
+                "upstream_timeout"
+            }
+            Refusal::NotConfigured(_) => "temporarily_unavailable",
+            Refusal::Derive(e) => e.reason(),
+            Refusal::AuditUnavailable => "audit_unavailable",
+            Refusal::Upstream(UpstreamFailure::TokenNotAHeader | UpstreamFailure::Unreachable) => {
+                "upstream_unreachable"
+            }
+            Refusal::Upstream(UpstreamFailure::Failed) => "upstream_failed",
+            Refusal::Upstream(UpstreamFailure::Echo) => "echo_blocked",
+        }
+    }
+
+    /// The status, the OAuth `error` and the sentence of a refusal that
+    /// has the plain shape (every one but a DPoP challenge's extras and a
+    /// service source's link).
+    fn plain(&self) -> (StatusCode, &'static str, Cow<'static, str>) {
+        use StatusCode as S;
+        let bad = |d: &'static str| (S::BAD_REQUEST, "invalid_request", Cow::Borrowed(d));
+        let unavailable = |d: &'static str| {
+            (
+                S::SERVICE_UNAVAILABLE,
+                "temporarily_unavailable",
+                Cow::Borrowed(d),
+            )
+        };
+        let gateway = |d: &'static str| (S::BAD_GATEWAY, "bad_gateway", Cow::Borrowed(d));
+        let forbidden = |d: &'static str| (S::FORBIDDEN, "insufficient_scope", Cow::Borrowed(d));
+        match self {
+            Refusal::ProxyBusy => unavailable("too many proxied calls in flight; retry later"),
+            Refusal::Shape(Shape::Method) => bad("CONNECT and TRACE are never proxied"),
+            Refusal::Shape(Shape::AbsoluteForm) => {
+                bad("an absolute-form request target is refused; send the path only")
+            }
+            Refusal::Shape(Shape::Upgrade) => bad("Upgrade is never proxied"),
+            Refusal::Shape(Shape::TwoAuthorizations) => bad("one Authorization header only"),
+            Refusal::NotFound => (
+                S::NOT_FOUND,
+                "invalid_request",
+                "no proxy address here: calls go to {issuer}/proxy/{service}/{path}".into(),
+            ),
+            Refusal::Path(e) => bad(e.message()),
+            Refusal::Route(RouteDenial::DetailsMismatch) => forbidden(
+                "the path's variables are not the ones in the token's approved authorization_details",
+            ),
+            Refusal::Frozen | Refusal::Route(_) => forbidden(
+                "the current policy does not allow this call for the token's tool and step",
+            ),
+            Refusal::Token(e) => {
+                let error = if matches!(e, VerifyError::Proof(_)) {
+                    "invalid_dpop_proof"
+                } else {
+                    "invalid_token"
+                };
+                (S::UNAUTHORIZED, error, e.to_string().into())
+            }
+            Refusal::UseNonce(_) => (
+                S::UNAUTHORIZED,
+                "use_dpop_nonce",
+                "a fresh DPoP nonce is required: sign a new proof with the DPoP-Nonce of this answer".into(),
+            ),
+            Refusal::ReplayStore(ReplayCheck::Proof) => {
+                unavailable("the proof's replay check could not be made; retry later")
+            }
+            Refusal::ReplayStore(ReplayCheck::SingleUse) => {
+                unavailable("the token's single-use check could not be made; retry later")
+            }
+            Refusal::CredentialsInQuery => bad("a credential in the query is refused (send the token in Authorization only); nothing was sent"),
+            Refusal::RateLimited(_) => (
+                S::TOO_MANY_REQUESTS,
+                "rate_limited",
+                "too many calls for this person and tool; retry later".into(),
+            ),
+            Refusal::ServiceBusy => unavailable("too many calls to this service in flight (proxy.max_concurrent_per_service); retry later"),
+            Refusal::TooLarge(cap) => (
+                S::PAYLOAD_TOO_LARGE,
+                "invalid_request",
+                format!("the request body is larger than the proxy's cap of {cap} bytes (proxy.max_request_body); nothing was sent").into(),
+            ),
+            Refusal::BodyUnreadable => bad("the request body could not be read"),
+            Refusal::Timeout => (
+                S::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                "the provider did not answer within the proxy's timeout (proxy.timeout)".into(),
+            ),
+            Refusal::Upstream(UpstreamFailure::ConnectTimeout) => (
+                S::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                "the provider's API could not be connected to within proxy.connect_timeout".into(),
+            ),
+            Refusal::NotConfigured(Missing::ConnectedServices) => {
+                unavailable("connected services are not configured on this instance")
+            }
+            Refusal::NotConfigured(Missing::Provider) => {
+                unavailable("the policy names a service that has no provider in the config")
+            }
+            Refusal::NotConfigured(Missing::ApiBase) => {
+                unavailable("the service's provider has no api_base")
+            }
+            Refusal::Unsendable => bad("the request's path or query cannot be sent on"),
+            Refusal::AuditUnavailable => {
+                unavailable("the audit log cannot be written, so nothing was sent; retry later")
+            }
+            Refusal::Upstream(UpstreamFailure::TokenNotAHeader) => {
+                gateway("the provider's token cannot be sent in a header")
+            }
+            Refusal::Upstream(UpstreamFailure::Unreachable) => {
+                gateway("the provider's API could not be reached")
+            }
+            Refusal::Upstream(UpstreamFailure::Failed) => gateway("the provider's answer failed"),
+            Refusal::Upstream(UpstreamFailure::Echo) => gateway(
+                "the provider's answer carried a provider token; it was not passed on",
+            ),
+            Refusal::Derive(DeriveError::UpstreamUnavailable { .. }) => (
+                S::SERVICE_UNAVAILABLE,
+                "temporarily_unavailable",
+                "the provider did not give a usable token in time; nothing was sent; retry later"
+                    .into(),
+            ),
+            Refusal::Derive(e) => {
+                let id = correlation_id();
+                tracing::error!(correlation_id = %id, error = %e, "proxy: service source failed");
+                (
+                    S::SERVICE_UNAVAILABLE,
+                    "temporarily_unavailable",
+                    format!("internal error; correlation id {id}").into(),
+                )
+            }
+        }
+    }
+
+    /// The refusal's HTTP answer: the one place a refusal becomes one.
+    pub(crate) fn response(&self) -> Response<Body> {
+        // A service source's refusal with a link is answered as a derive
+        // answers it, so an orchestrator relays either the same way.
+        if let Refusal::Derive(DeriveError::LinkRequired(l)) = self {
+            return json_response(StatusCode::BAD_REQUEST, &l.body());
+        }
+        let (status, error, description) = self.plain();
+        let mut r = json_response(
+            status,
+            &serde_json::json!({
+                "error": error,
+                "reason": self.reason(),
+                "error_description": description,
+            }),
+        );
+        let h = r.headers_mut();
+        match self {
+            Refusal::Token(e) => {
+                if let Ok(v) = HeaderValue::from_str(&e.challenge()) {
+                    h.insert(header::WWW_AUTHENTICATE, v);
+                }
+            }
+            Refusal::UseNonce(nonce) => {
+                h.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("DPoP error=\"use_dpop_nonce\", algs=\"ES256\""),
+                );
+                if let Ok(v) = HeaderValue::from_str(nonce) {
+                    h.insert("dpop-nonce", v);
+                }
+            }
+            Refusal::RateLimited(wait) => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from(*wait));
+            }
+            Refusal::ProxyBusy
+            | Refusal::ServiceBusy
+            | Refusal::ReplayStore(_)
+            | Refusal::NotConfigured(_)
+            | Refusal::AuditUnavailable => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        r
+    }
+}
