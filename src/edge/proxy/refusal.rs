@@ -123,14 +123,14 @@ pub(crate) enum UpstreamFailure {
 impl Refusal {
     /// The `reason` of the answer, the event and the metrics.
     pub(crate) fn reason(&self) -> &'static str {
+        // One arm per reason, each `=> "literal"` on its line: the
+        // contract test (tests/it/contract/refusals.rs) reads them here.
         match self {
             Refusal::ProxyBusy => "proxy_busy",
             Refusal::Shape(Shape::Method) => "method_refused",
             Refusal::Shape(Shape::AbsoluteForm) => "absolute_form",
             Refusal::Shape(Shape::Upgrade) => "upgrade_refused",
-            Refusal::Shape(Shape::TwoAuthorizations)
-            | Refusal::BodyUnreadable
-            | Refusal::Unsendable => "invalid_request",
+            Refusal::Shape(Shape::TwoAuthorizations) => "invalid_request",
             Refusal::NotFound => "not_a_proxy_address",
             Refusal::Path(_) => "invalid_path",
             Refusal::Frozen => "frozen",
@@ -144,15 +144,15 @@ impl Refusal {
             Refusal::RateLimited(_) => "rate_limited",
             Refusal::ServiceBusy => "service_busy",
             Refusal::TooLarge(_) => "request_too_large",
-            Refusal::Timeout | Refusal::Upstream(UpstreamFailure::ConnectTimeout) => {
-                "upstream_timeout"
-            }
+            Refusal::BodyUnreadable => "invalid_request",
+            Refusal::Timeout => "upstream_timeout",
             Refusal::NotConfigured(_) => "temporarily_unavailable",
+            Refusal::Unsendable => "invalid_request",
             Refusal::Derive(e) => e.reason(),
             Refusal::AuditUnavailable => "audit_unavailable",
-            Refusal::Upstream(UpstreamFailure::TokenNotAHeader | UpstreamFailure::Unreachable) => {
-                "upstream_unreachable"
-            }
+            Refusal::Upstream(UpstreamFailure::TokenNotAHeader) => "upstream_unreachable",
+            Refusal::Upstream(UpstreamFailure::Unreachable) => "upstream_unreachable",
+            Refusal::Upstream(UpstreamFailure::ConnectTimeout) => "upstream_timeout",
             Refusal::Upstream(UpstreamFailure::Failed) => "upstream_failed",
             Refusal::Upstream(UpstreamFailure::Echo) => "echo_blocked",
         }
