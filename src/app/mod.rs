@@ -59,6 +59,16 @@ pub enum StartError {
     /// or whose provider has no `api_base` (the message names the file).
     #[error("{0}")]
     Proxy(String),
+    /// The egress proxy cannot start: its HTTPS client to the providers'
+    /// APIs could not be built (it trusts the platform's certificate
+    /// authorities, and found none).
+    #[error("the egress proxy cannot start (it serves /proxy/ on the public listener, public.listen in {file}): its HTTPS client to the providers' APIs: {source} (the certificate authorities are read from SSL_CERT_FILE and SSL_CERT_DIR when set, else from the system's store)")]
+    ProxyClient {
+        /// The config file.
+        file: String,
+        /// Why.
+        source: rustls::Error,
+    },
     /// Subject-token issuers (a pinned JWKS file, named by its key).
     #[error("{file}: {source}")]
     Subject {
@@ -115,6 +125,8 @@ pub struct Instance {
     pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
     /// The browser pages on the public listener.
     pub pages: Arc<crate::edge::pages::Pages>,
+    /// The egress proxy on the public listener (`None` without one).
+    pub(crate) proxy: Option<Arc<crate::edge::proxy::Proxy>>,
 }
 
 impl From<crate::edge::public::TlsError> for StartError {
@@ -269,6 +281,19 @@ pub async fn build(
             });
         }
     }
+    // The egress proxy's client, before any other outbound client: a proxy
+    // that cannot start is a start-up error that names its cause, not a
+    // public listener that is never served.
+    let proxy_client =
+        match &config.public {
+            Some(_) => Some(crate::edge::proxy::upstream_client(&config.proxy).map_err(
+                |source| StartError::ProxyClient {
+                    file: file.clone(),
+                    source,
+                },
+            )?),
+            None => None,
+        };
     let providers = Arc::new(crate::accounts::upstream::Providers::from_config(&config)?);
     if let Some(missing) = policy
         .services()
@@ -442,6 +467,7 @@ pub async fn build(
             ..crate::edge::pages::Options::default()
         },
     ));
+    let proxy = proxy_client.map(|c| Arc::new(crate::edge::proxy::Proxy::new(broker.clone(), c)));
     Ok(Instance {
         broker,
         sealer,
@@ -450,6 +476,7 @@ pub async fn build(
         providers,
         public_addr: Arc::default(),
         pages,
+        proxy,
     })
 }
 

@@ -728,6 +728,18 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), StartError> {
     let broker = instance.broker.clone();
+    // Checked before anything is served: the public listener serves the
+    // proxy the instance was built with (`app::build` builds one whenever
+    // the config names a public listener).
+    let proxy = match (&listeners.public, &instance.proxy) {
+        (Some(_), None) => {
+            return Err(StartError::Io(format!(
+                "{}: public.listen: the public listener was bound, but the instance was built without its proxy",
+                broker.config.file.display()
+            )))
+        }
+        (_, proxy) => proxy.clone(),
+    };
     let (tx, rx) = tokio::sync::watch::channel(false);
     let cfg = broker.config.clone();
     let allowed = Arc::new(cfg.socket.allowed_uids.clone());
@@ -765,8 +777,8 @@ pub async fn run(
         move |_uid, req| crate::edge::admin::handle(handles.clone(), req),
         rx.clone(),
     ));
-    let public = match listeners.public {
-        Some(l) => {
+    let public = match (listeners.public, proxy) {
+        (Some(l), Some(proxy)) => {
             let tls = match &cfg.public.as_ref().and_then(|p| p.tls.clone()) {
                 Some((cert, key)) => Some(crate::edge::public::tls_acceptor(cert, key)?),
                 None => None,
@@ -776,10 +788,11 @@ pub async fn run(
                 tls,
                 broker.clone(),
                 instance.pages.clone(),
+                proxy,
                 rx.clone(),
             )))
         }
-        None => None,
+        _ => None,
     };
     let house = {
         let b = broker.clone();

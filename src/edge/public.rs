@@ -164,18 +164,13 @@ pub(crate) async fn serve(
     tls: Option<tokio_rustls::TlsAcceptor>,
     broker: Arc<Broker>,
     pages: Arc<Pages>,
+    proxy: Arc<crate::edge::proxy::Proxy>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    // The egress proxy's answers stream; its own budget of calls in flight
-    // (proxy.max_in_flight) keeps slow streams from taking every connection.
-    let proxy = match crate::edge::proxy::Proxy::new(broker.clone()) {
-        Ok(p) => Arc::new(p),
-        Err(e) => {
-            tracing::error!(error = %e, "the egress proxy's HTTP client could not be built; the public listener is not served");
-            return;
-        }
-    };
+    // The egress proxy (built with the instance) answers streams; its own
+    // budget of calls in flight (proxy.max_in_flight) keeps slow streams
+    // from taking every connection.
     let slots = Arc::new(Semaphore::new(MAX_PUBLIC_CONNECTIONS));
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder

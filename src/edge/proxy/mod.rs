@@ -68,6 +68,20 @@ use refusal::Refusal;
 #[cfg(test)]
 use token::{replay_key, REPLAY_WINDOW_SECS};
 
+pub(crate) use client::Upstream;
+
+/// The proxy's HTTP client to the providers' APIs, for [`Proxy::new`]:
+/// built by the composition root before the rest of the instance, so that
+/// a proxy that cannot start stops the start. It fails when the platform's
+/// certificate authorities cannot be loaded.
+pub(crate) fn upstream_client(
+    cfg: &crate::infra::config::ProxyConfig,
+) -> Result<Upstream, rustls::Error> {
+    // Only api_base: never a proxy from HTTP(S)_PROXY, never where a
+    // redirect points (a 3xx goes back to the tool as it is).
+    client::upstream(cfg.connect_timeout)
+}
+
 /// The path prefix of proxied calls.
 pub(crate) const PREFIX: &str = "/proxy/";
 
@@ -122,12 +136,10 @@ pub(crate) struct Proxy {
 }
 
 impl Proxy {
-    /// The proxy of `broker`, with its upstream client.
-    pub(crate) fn new(broker: Arc<Broker>) -> Result<Proxy, rustls::Error> {
+    /// The proxy of `broker`, with its upstream client
+    /// ([`upstream_client`]).
+    pub(crate) fn new(broker: Arc<Broker>, client: Upstream) -> Proxy {
         let cfg = &broker.config.proxy;
-        // Only api_base: never a proxy from HTTP(S)_PROXY, never where a
-        // redirect points (a 3xx goes back to the tool as it is).
-        let client = client::upstream(cfg.connect_timeout)?;
         let normal = token::issuer_is_normal(&broker.config.issuer);
         let replays = (!broker.store.is_shared())
             .then(|| {
@@ -137,7 +149,7 @@ impl Proxy {
                 )
             })
             .flatten();
-        Ok(Proxy {
+        Proxy {
             started: broker.clock.now(),
             replays,
             in_flight: Arc::new(Semaphore::new(cfg.max_in_flight as usize)),
@@ -146,7 +158,7 @@ impl Proxy {
             verifiers: Mutex::new(HashMap::new()),
             per_service: DashMap::new(),
             issuer_is_normal: normal,
-        })
+        }
     }
 
     /// Writes the queued replay entries and closes the queue (a clean

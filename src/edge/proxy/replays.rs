@@ -291,7 +291,8 @@ mod tests {
             jti: jti.into(),
             nonce: None,
         };
-        let proxy = Proxy::new(broker.clone()).unwrap();
+        let client = crate::edge::proxy::upstream_client(&broker.config.proxy).unwrap();
+        let proxy = Proxy::new(broker.clone(), client.clone());
 
         // Just started: a proof of an earlier process could still pass, so
         // the entry is checked and written on the call.
@@ -314,7 +315,7 @@ mod tests {
         // refuses the proof from the store...
         proxy.close_replays();
         assert!(live(&*store, &replay_key("c", "K")));
-        let restarted = Proxy::new(broker.clone()).unwrap();
+        let restarted = Proxy::new(broker.clone(), client);
         assert!(is_replay(restarted.first_use(proof("c"), "K")));
         // ...and accepts a fresh one (positive control).
         restarted.first_use(proof("d"), "K").unwrap();

@@ -458,3 +458,39 @@ fn master_key_mounted_as_a_kubernetes_secret_names_mode_owner_and_fix() {
     let (_cwd, child) = start_as(&other, &config).unwrap_or_else(|e| panic!("{e}"));
     stop(child);
 }
+
+/// The egress proxy is built with the instance (issue 37): a proxy that
+/// cannot start stops the start, with a message naming the cause, instead
+/// of a broker whose public listener is never served. Here its HTTPS client
+/// finds no certificate authority (SSL_CERT_FILE and SSL_CERT_DIR name
+/// none). Before, the proxy was built inside the public listener's task,
+/// which logged a line and served nothing on the public port; here the
+/// start failed later, on another client, without naming the proxy.
+#[test]
+fn a_proxy_that_cannot_start_stops_the_start_naming_the_cause() {
+    let (dir, config) = prepare(&Opts::default());
+    let no_file = dir.path().join("no-certificates.pem");
+    let no_dir = dir.path().join("no-certificates");
+    let (status, err) = serve_expect_exit_with_env(
+        &config,
+        &[("SSL_CERT_FILE", &no_file), ("SSL_CERT_DIR", &no_dir)],
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "a refused start, not a crash: {err}"
+    );
+    assert!(
+        err.contains("the egress proxy cannot start")
+            && err.contains("No CA certificates were loaded")
+            && err.contains(&config.display().to_string()),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!dir.path().join("credbroker.sock").exists(), "{err}");
+    // Positive control: the platform's certificate authorities, and the
+    // same files serve.
+    let mut b = TestBroker::spawn(dir, config, None);
+    assert!(b.socket.exists() && b.is_running());
+}

@@ -128,9 +128,19 @@ pub(crate) fn serve_expect_exit(
     config: &Path,
     timeout: Duration,
 ) -> (std::process::ExitStatus, String) {
+    serve_expect_exit_with_env(config, &[], timeout)
+}
+
+/// [`serve_expect_exit`] with these variables in the broker's environment.
+pub(crate) fn serve_expect_exit_with_env(
+    config: &Path,
+    env: &[(&str, &Path)],
+    timeout: Duration,
+) -> (std::process::ExitStatus, String) {
     let mut child = Command::new(bin())
         .args(["serve", "--config"])
         .arg(config)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
