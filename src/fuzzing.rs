@@ -271,7 +271,7 @@ pub fn request_json(data: &[u8]) -> bool {
     match crate::edge::api::parse_json(data, fuzz_proof(), 1000) {
         Ok(r) => check_request(&r),
         Err(e) => {
-            let _ = crate::edge::api::error_response(&e);
+            let _ = crate::edge::api::error_response(&e, &[crate::base::jose::Alg::ES256]);
             false
         }
     }
@@ -282,7 +282,7 @@ pub fn request_form(data: &[u8]) -> bool {
     match crate::edge::api::parse_form(data, fuzz_proof(), 1000) {
         Ok(r) => check_request(&r),
         Err(e) => {
-            let _ = crate::edge::api::error_response(&e);
+            let _ = crate::edge::api::error_response(&e, &[crate::base::jose::Alg::ES256]);
             false
         }
     }

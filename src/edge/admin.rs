@@ -13,7 +13,9 @@
 //! admin server is), never from the instance itself; each command is one
 //! call into [`crate::derive::ops`], which the command line also calls when no
 //! instance runs. Every error becomes its answer in [`error_response`], in
-//! one JSON shape: `{"error": code, "error_description": sentence}`.
+//! one JSON shape: `{"error": code, "error_description": sentence}`
+//! ([`crate::edge::answer::Answer`], the shape the socket and the proxy
+//! answer in too).
 
 use std::sync::Arc;
 
@@ -67,10 +69,7 @@ pub(crate) fn error_response(err: &AdminError) -> Response<Body> {
         // The socket is the operator's own: the sentence names the cause.
         AdminError::Op(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
     };
-    json_response(
-        status,
-        &serde_json::json!({"error": code, "error_description": err.to_string()}),
-    )
+    crate::edge::answer::Answer::new(status, code, err.to_string()).response()
 }
 
 fn text(status: StatusCode, body: String, ctype: &'static str) -> Response<Body> {

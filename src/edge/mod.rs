@@ -11,8 +11,12 @@
 //!   account page.
 //! - [`admin`]: the admin socket (status, freeze, key rotation, accounts).
 //! - [`reserved`]: refusals named for features not built yet (issue 38).
+//!
+//! Beside them, [`answer`]: the one error answer of the socket, the proxy
+//! and the admin socket, with the DPoP challenge written once.
 
 pub(crate) mod admin;
+pub(crate) mod answer;
 pub(crate) mod api;
 pub(crate) mod pages;
 pub(crate) mod proxy;

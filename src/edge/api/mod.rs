@@ -14,8 +14,10 @@ use serde::Deserialize;
 
 use crate::base::dpop::DpopError;
 use crate::base::http::{correlation_id, json_response, read_capped, Body, BodyError};
+use crate::base::jose::Alg;
 use crate::base::secret::SecretString;
 use crate::derive::exchange::{Broker, DeriveError, DeriveRequest, Endpoint, Issued};
+use crate::edge::answer::{Answer, Link};
 
 /// Request bodies larger than this are refused with 413.
 pub(crate) const MAX_BODY: usize = 64 * 1024;
@@ -52,162 +54,122 @@ fn info_response(broker: &Broker) -> Response<Body> {
     )
 }
 
-fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
-    json_response(
-        status,
-        &serde_json::json!({ "error": error, "error_description": description }),
-    )
+fn oauth_error(
+    status: StatusCode,
+    error: &'static str,
+    description: impl Into<std::borrow::Cow<'static, str>>,
+) -> Response<Body> {
+    Answer::new(status, error, description).response()
 }
 
-/// Maps every derive error to its HTTP answer, in one place.
-pub fn error_response(err: &DeriveError) -> Response<Body> {
+/// Maps every derive error to its HTTP answer, in one place; `algs` are
+/// the DPoP algorithms the config accepts (`dpop.algs`), named in the
+/// challenge of a `use_dpop_nonce` answer.
+pub fn error_response(err: &DeriveError, algs: &[Alg]) -> Response<Body> {
+    error_answer(err, algs).response()
+}
+
+fn error_answer(err: &DeriveError, algs: &[Alg]) -> Answer {
+    use crate::derive::policy::DenyReason;
+    use StatusCode as S;
     match err {
-        DeriveError::BadRequest(d) => oauth_error(StatusCode::BAD_REQUEST, "invalid_request", d),
-        DeriveError::Subject(e) => {
-            oauth_error(StatusCode::BAD_REQUEST, "invalid_request", &e.to_string())
-        }
-        DeriveError::Proof(DpopError::UseNonce, nonce) => {
-            let mut r = oauth_error(
-                StatusCode::BAD_REQUEST,
-                "use_dpop_nonce",
-                "a DPoP nonce is required; retry with the nonce in the DPoP-Nonce header",
-            );
-            if let Some(n) = nonce.as_deref().and_then(|n| HeaderValue::from_str(n).ok()) {
-                r.headers_mut().insert("dpop-nonce", n);
-            }
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("DPoP error=\"use_dpop_nonce\", algs=\"ES256\""),
-            );
-            r
-        }
-        DeriveError::Proof(DpopError::ReplayCacheFull, _) => oauth_error(
-            StatusCode::SERVICE_UNAVAILABLE,
+        DeriveError::BadRequest(d) => Answer::new(S::BAD_REQUEST, "invalid_request", d.clone()),
+        DeriveError::Subject(e) => Answer::new(S::BAD_REQUEST, "invalid_request", e.to_string()),
+        DeriveError::Proof(DpopError::UseNonce, nonce) => Answer::new(
+            S::BAD_REQUEST,
+            "use_dpop_nonce",
+            "a DPoP nonce is required; retry with the nonce in the DPoP-Nonce header",
+        )
+        .nonce(nonce.as_deref())
+        .challenge(Some("use_dpop_nonce"), algs),
+        DeriveError::Proof(DpopError::ReplayCacheFull, _) => Answer::new(
+            S::SERVICE_UNAVAILABLE,
             "temporarily_unavailable",
             "the DPoP replay cache is full; retry shortly",
         ),
-        DeriveError::Proof(e, _) => oauth_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_dpop_proof",
-            &e.to_string(),
-        ),
-        DeriveError::Target(e) => oauth_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_target",
-            &format!("the resource {e}"),
-        ),
+        DeriveError::Proof(e, _) => {
+            Answer::new(S::BAD_REQUEST, "invalid_dpop_proof", e.to_string())
+        }
+        DeriveError::Target(e) => {
+            Answer::new(S::BAD_REQUEST, "invalid_target", format!("the resource {e}"))
+        }
         DeriveError::Denied(reason) => {
             let description = match reason {
-                crate::derive::policy::DenyReason::Frozen => {
+                DenyReason::Frozen => {
                     "credbroker is frozen by its operators: every derive is denied until the freeze is lifted"
                 }
-                crate::derive::policy::DenyReason::ToolNotAllowed => "the policy has no such tool for this agent",
-                crate::derive::policy::DenyReason::StepNotAllowed => "the policy does not allow this tool in this step",
-                crate::derive::policy::DenyReason::ScopeNotAllowed => "the requested scope exceeds what the policy allows this tool",
-                crate::derive::policy::DenyReason::ResourceMismatch => "the resource is not the one the policy gives this tool",
+                DenyReason::ToolNotAllowed => "the policy has no such tool for this agent",
+                DenyReason::StepNotAllowed => "the policy does not allow this tool in this step",
+                DenyReason::ScopeNotAllowed => "the requested scope exceeds what the policy allows this tool",
+                DenyReason::ResourceMismatch => "the resource is not the one the policy gives this tool",
             };
-            json_response(
-                StatusCode::FORBIDDEN,
-                &serde_json::json!({
-                    "error": "access_denied",
-                    "reason": reason.as_str(),
-                    "error_description": description,
-                }),
-            )
+            Answer::new(S::FORBIDDEN, "access_denied", description).reason(reason.as_str())
         }
-        DeriveError::RateLimited { retry_after } => {
-            let mut r = oauth_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limited",
-                "too many requests; retry after the delay in Retry-After",
-            );
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
-            r
+        DeriveError::RateLimited { retry_after } => Answer::new(
+            S::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "too many requests; retry after the delay in Retry-After",
+        )
+        .retry_after(*retry_after),
+        DeriveError::Unavailable(what) => {
+            Answer::new(S::SERVICE_UNAVAILABLE, "temporarily_unavailable", *what)
         }
-        DeriveError::Unavailable(what) => oauth_error(
-            StatusCode::SERVICE_UNAVAILABLE,
+        DeriveError::LinkRequired(l) => Answer::connect_link(l),
+        DeriveError::InvalidDetails(d) => {
+            Answer::new(S::BAD_REQUEST, "invalid_authorization_details", d.clone())
+        }
+        DeriveError::ApprovalRequired(l) => {
+            Answer::new(S::BAD_REQUEST, "invalid_grant", l.message.clone())
+                .reason("approval_required")
+                .link(Link {
+                    uri: l.uri.expose().to_string(),
+                    id: l.id.clone(),
+                    expires_in: l.expires_in,
+                    message: l.message.clone(),
+                })
+        }
+        DeriveError::ApprovalDeclined => Answer::new(
+            S::FORBIDDEN,
+            "access_denied",
+            "the person declined this call; ask again only with other details",
+        )
+        .reason("approval_declined"),
+        DeriveError::TooManyApprovals => Answer::new(
+            S::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "{} approvals already wait for this person from this agent, or they were asked too fast; no new link was made until the person answers one or they expire",
+                crate::derive::approve::MAX_OPEN
+            ),
+        )
+        .reason("too_many_open_approvals")
+        .retry_after(60),
+        DeriveError::UpstreamUnavailable { service } => Answer::new(
+            S::SERVICE_UNAVAILABLE,
             "temporarily_unavailable",
-            what,
-        ),
-        DeriveError::LinkRequired(l) => json_response(StatusCode::BAD_REQUEST, &l.body()),
-        DeriveError::InvalidDetails(d) => json_response(
-            StatusCode::BAD_REQUEST,
-            &serde_json::json!({
-                "error": "invalid_authorization_details",
-                "error_description": d,
-            }),
-        ),
-        DeriveError::ApprovalRequired(l) => json_response(
-            StatusCode::BAD_REQUEST,
-            &serde_json::json!({
-                "error": "invalid_grant",
-                "reason": "approval_required",
-                "error_description": l.message,
-                "connect_uri": l.uri.expose(),
-                "connect_id": l.id,
-                "connect_expires_in": l.expires_in,
-                "connect_message": l.message,
-            }),
-        ),
-        DeriveError::ApprovalDeclined => json_response(
-            StatusCode::FORBIDDEN,
-            &serde_json::json!({
-                "error": "access_denied",
-                "reason": "approval_declined",
-                "error_description": "the person declined this call; ask again only with other details",
-            }),
-        ),
-        DeriveError::TooManyApprovals => {
-            let mut r = json_response(
-                StatusCode::TOO_MANY_REQUESTS,
-                &serde_json::json!({
-                    "error": "rate_limited",
-                    "reason": "too_many_open_approvals",
-                    "error_description": format!(
-                        "{} approvals already wait for this person from this agent, or they were asked too fast; no new link was made until the person answers one or they expire",
-                        crate::derive::approve::MAX_OPEN
-                    ),
-                }),
-            );
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
-            r
-        }
-        DeriveError::UpstreamUnavailable { service } => {
-            let mut r = json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &serde_json::json!({
-                    "error": "temporarily_unavailable",
-                    "reason": "upstream_unavailable",
-                    "error_description": format!(
-                        "the provider of service {service} did not answer usably in time; nothing was issued; retry later"
-                    ),
-                }),
-            );
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-            r
-        }
+            format!(
+                "the provider of service {service} did not answer usably in time; nothing was issued; retry later"
+            ),
+        )
+        .reason("upstream_unavailable")
+        .retry_after(5),
         DeriveError::Vault(detail) => {
             let id = correlation_id();
             tracing::error!(correlation_id = %id, error = %detail, "vault error in derive");
-            json_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &serde_json::json!({
-                    "error": "server_error",
-                    "reason": "vault_error",
-                    "error_description": format!("the stored account could not be used (correlation id {id})"),
-                }),
+            Answer::new(
+                S::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("the stored account could not be used (correlation id {id})"),
             )
+            .reason("vault_error")
         }
         DeriveError::Internal(detail) => {
             let id = correlation_id();
             tracing::error!(correlation_id = %id, error = %detail, "internal error in derive");
-            oauth_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
+            Answer::new(
+                S::INTERNAL_SERVER_ERROR,
                 "server_error",
-                &format!("internal error (correlation id {id})"),
+                format!("internal error (correlation id {id})"),
             )
         }
     }
@@ -495,7 +457,7 @@ pub(crate) async fn handle(
         return oauth_error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "invalid_request",
-            &format!("Content-Type must be {want}"),
+            format!("Content-Type must be {want}"),
         );
     }
     // The header timeout ends once the head is in; without a deadline of
@@ -531,11 +493,11 @@ pub(crate) async fn handle(
         Err(DeriveError::Proof(DpopError::Htu, _)) => oauth_error(
             StatusCode::BAD_REQUEST,
             "invalid_dpop_proof",
-            &format!(
+            format!(
                 "htu does not match the request URL: this endpoint expects htu {} (the issuer URL plus the path)",
                 broker.htu(endpoint)
             ),
         ),
-        Err(e) => error_response(&e),
+        Err(e) => error_response(&e, &broker.config.dpop.algs),
     }
 }

@@ -48,7 +48,7 @@ impl Proxy {
                 tracing::error!(error = %err, "audit write failed for a proxy refusal");
             }
         }
-        r.response().map(Either::Left)
+        r.response(&self.broker.config.dpop.algs).map(Either::Left)
     }
 
     pub(super) fn tool_label<'p>(&self, policy: &'p Policy, tool: &str) -> &'p str {

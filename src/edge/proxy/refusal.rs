@@ -2,16 +2,17 @@
 //! the rows of the check table in docs/PROXY.md, each carrying its typed
 //! denial (never a sentence to match on). The `reason` on the wire, the
 //! event's and the metrics' label, comes from [`Refusal::reason`]; the
-//! HTTP answer from [`Refusal::response`], and nowhere else.
+//! HTTP answer from [`Refusal::response`], through the answer every HTTP
+//! surface shares ([`Answer`]), and nowhere else.
 
-use std::borrow::Cow;
-
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{Response, StatusCode};
 
 use crate::base::grammar::PathError;
-use crate::base::http::{correlation_id, json_response, Body};
+use crate::base::http::{correlation_id, Body};
+use crate::base::jose::Alg;
 use crate::derive::exchange::DeriveError;
 use crate::derive::policy::RouteDenial;
+use crate::edge::answer::Answer;
 use crate::verify::VerifyError;
 
 /// Why the proxy refused a call, in the order of the check table.
@@ -158,21 +159,15 @@ impl Refusal {
         }
     }
 
-    /// The status, the OAuth `error` and the sentence of a refusal that
-    /// has the plain shape (every one but a DPoP challenge's extras and a
-    /// service source's link).
-    fn plain(&self) -> (StatusCode, &'static str, Cow<'static, str>) {
+    /// The status, the OAuth `error` and the sentence of the refusal's
+    /// answer.
+    fn answer_of(&self) -> Answer {
         use StatusCode as S;
-        let bad = |d: &'static str| (S::BAD_REQUEST, "invalid_request", Cow::Borrowed(d));
-        let unavailable = |d: &'static str| {
-            (
-                S::SERVICE_UNAVAILABLE,
-                "temporarily_unavailable",
-                Cow::Borrowed(d),
-            )
-        };
-        let gateway = |d: &'static str| (S::BAD_GATEWAY, "bad_gateway", Cow::Borrowed(d));
-        let forbidden = |d: &'static str| (S::FORBIDDEN, "insufficient_scope", Cow::Borrowed(d));
+        let bad = |d: &'static str| Answer::new(S::BAD_REQUEST, "invalid_request", d);
+        let unavailable =
+            |d: &'static str| Answer::new(S::SERVICE_UNAVAILABLE, "temporarily_unavailable", d);
+        let gateway = |d: &'static str| Answer::new(S::BAD_GATEWAY, "bad_gateway", d);
+        let forbidden = |d: &'static str| Answer::new(S::FORBIDDEN, "insufficient_scope", d);
         match self {
             Refusal::ProxyBusy => unavailable("too many proxied calls in flight; retry later"),
             Refusal::Shape(Shape::Method) => bad("CONNECT and TRACE are never proxied"),
@@ -181,10 +176,10 @@ impl Refusal {
             }
             Refusal::Shape(Shape::Upgrade) => bad("Upgrade is never proxied"),
             Refusal::Shape(Shape::TwoAuthorizations) => bad("one Authorization header only"),
-            Refusal::NotFound => (
+            Refusal::NotFound => Answer::new(
                 S::NOT_FOUND,
                 "invalid_request",
-                "no proxy address here: calls go to {issuer}/proxy/{service}/{path}".into(),
+                "no proxy address here: calls go to {issuer}/proxy/{service}/{path}",
             ),
             Refusal::Path(e) => bad(e.message()),
             Refusal::Route(RouteDenial::DetailsMismatch) => forbidden(
@@ -199,12 +194,12 @@ impl Refusal {
                 } else {
                     "invalid_token"
                 };
-                (S::UNAUTHORIZED, error, e.to_string().into())
+                Answer::new(S::UNAUTHORIZED, error, e.to_string())
             }
-            Refusal::UseNonce(_) => (
+            Refusal::UseNonce(_) => Answer::new(
                 S::UNAUTHORIZED,
                 "use_dpop_nonce",
-                "a fresh DPoP nonce is required: sign a new proof with the DPoP-Nonce of this answer".into(),
+                "a fresh DPoP nonce is required: sign a new proof with the DPoP-Nonce of this answer",
             ),
             Refusal::ReplayStore(ReplayCheck::Proof) => {
                 unavailable("the proof's replay check could not be made; retry later")
@@ -213,27 +208,27 @@ impl Refusal {
                 unavailable("the token's single-use check could not be made; retry later")
             }
             Refusal::CredentialsInQuery => bad("a credential in the query is refused (send the token in Authorization only); nothing was sent"),
-            Refusal::RateLimited(_) => (
+            Refusal::RateLimited(_) => Answer::new(
                 S::TOO_MANY_REQUESTS,
                 "rate_limited",
-                "too many calls for this person and tool; retry later".into(),
+                "too many calls for this person and tool; retry later",
             ),
             Refusal::ServiceBusy => unavailable("too many calls to this service in flight (proxy.max_concurrent_per_service); retry later"),
-            Refusal::TooLarge(cap) => (
+            Refusal::TooLarge(cap) => Answer::new(
                 S::PAYLOAD_TOO_LARGE,
                 "invalid_request",
-                format!("the request body is larger than the proxy's cap of {cap} bytes (proxy.max_request_body); nothing was sent").into(),
+                format!("the request body is larger than the proxy's cap of {cap} bytes (proxy.max_request_body); nothing was sent"),
             ),
             Refusal::BodyUnreadable => bad("the request body could not be read"),
-            Refusal::Timeout => (
+            Refusal::Timeout => Answer::new(
                 S::GATEWAY_TIMEOUT,
                 "upstream_timeout",
-                "the provider did not answer within the proxy's timeout (proxy.timeout)".into(),
+                "the provider did not answer within the proxy's timeout (proxy.timeout)",
             ),
-            Refusal::Upstream(UpstreamFailure::ConnectTimeout) => (
+            Refusal::Upstream(UpstreamFailure::ConnectTimeout) => Answer::new(
                 S::GATEWAY_TIMEOUT,
                 "upstream_timeout",
-                "the provider's API could not be connected to within proxy.connect_timeout".into(),
+                "the provider's API could not be connected to within proxy.connect_timeout",
             ),
             Refusal::NotConfigured(Missing::ConnectedServices) => {
                 unavailable("connected services are not configured on this instance")
@@ -258,68 +253,58 @@ impl Refusal {
             Refusal::Upstream(UpstreamFailure::Echo) => gateway(
                 "the provider's answer carried a provider token; it was not passed on",
             ),
-            Refusal::Derive(DeriveError::UpstreamUnavailable { .. }) => (
+            Refusal::Derive(DeriveError::UpstreamUnavailable { .. }) => Answer::new(
                 S::SERVICE_UNAVAILABLE,
                 "temporarily_unavailable",
-                "the provider did not give a usable token in time; nothing was sent; retry later"
-                    .into(),
+                "the provider did not give a usable token in time; nothing was sent; retry later",
             ),
             Refusal::Derive(e) => {
                 let id = correlation_id();
                 tracing::error!(correlation_id = %id, error = %e, "proxy: service source failed");
-                (
+                Answer::new(
                     S::SERVICE_UNAVAILABLE,
                     "temporarily_unavailable",
-                    format!("internal error; correlation id {id}").into(),
+                    format!("internal error; correlation id {id}"),
                 )
             }
         }
     }
 
-    /// The refusal's HTTP answer: the one place a refusal becomes one.
-    pub(crate) fn response(&self) -> Response<Body> {
-        // A service source's refusal with a link is answered as a derive
-        // answers it, so an orchestrator relays either the same way.
-        if let Refusal::Derive(DeriveError::LinkRequired(l)) = self {
-            return json_response(StatusCode::BAD_REQUEST, &l.body());
-        }
-        let (status, error, description) = self.plain();
-        let mut r = json_response(
-            status,
-            &serde_json::json!({
-                "error": error,
-                "reason": self.reason(),
-                "error_description": description,
-            }),
-        );
-        let h = r.headers_mut();
-        match self {
-            Refusal::Token(e) => {
-                if let Ok(v) = HeaderValue::from_str(&e.challenge()) {
-                    h.insert(header::WWW_AUTHENTICATE, v);
-                }
+    /// The refusal's HTTP answer, the one place a refusal becomes one:
+    /// its `reason`, `Retry-After` on a 503 and a 429, and on a 401 the
+    /// DPoP challenge naming `algs` (the config's `dpop.algs`).
+    pub(crate) fn response(&self, algs: &[Alg]) -> Response<Body> {
+        let answer = match self {
+            // A service source's refusal with a link is answered as a
+            // derive answers it.
+            Refusal::Derive(DeriveError::LinkRequired(l)) => {
+                return Answer::connect_link(l).response()
             }
-            Refusal::UseNonce(nonce) => {
-                h.insert(
-                    header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("DPoP error=\"use_dpop_nonce\", algs=\"ES256\""),
-                );
-                if let Ok(v) = HeaderValue::from_str(nonce) {
-                    h.insert("dpop-nonce", v);
-                }
-            }
-            Refusal::RateLimited(wait) => {
-                h.insert(header::RETRY_AFTER, HeaderValue::from(*wait));
-            }
+            _ => self.answer_of().reason(self.reason()),
+        };
+        let answer = match self {
+            Refusal::Token(e) => answer.challenge(challenge_error(e), algs),
+            Refusal::UseNonce(nonce) => answer
+                .challenge(Some("use_dpop_nonce"), algs)
+                .nonce(Some(nonce)),
+            Refusal::RateLimited(wait) => answer.retry_after(*wait),
             Refusal::ProxyBusy
             | Refusal::ServiceBusy
             | Refusal::ReplayStore(_)
             | Refusal::NotConfigured(_)
-            | Refusal::AuditUnavailable => {
-                h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            }
-            _ => {}
-        }
-        r
+            | Refusal::AuditUnavailable => answer.retry_after(1),
+            _ => answer,
+        };
+        answer.response()
+    }
+}
+
+/// The `error` of the DPoP challenge for a token or proof refusal (RFC
+/// 9449 section 7.1; none when no token was sent, RFC 6750 section 3.1).
+fn challenge_error(e: &VerifyError) -> Option<&'static str> {
+    match e {
+        VerifyError::NoToken => None,
+        VerifyError::Proof(_) => Some("invalid_dpop_proof"),
+        _ => Some("invalid_token"),
     }
 }

@@ -162,7 +162,8 @@ fn every_derive_error() -> Vec<DeriveError> {
 
 /// The socket's answer to `e`, from the broker's one mapping.
 async fn socket_answer(e: &DeriveError) -> (u16, http::HeaderMap, Value) {
-    let r = credbroker::internals::api::error_response(e);
+    let r =
+        credbroker::internals::api::error_response(e, &[credbroker::internals::jose::Alg::ES256]);
     let status = r.status().as_u16();
     let (parts, body) = r.into_parts();
     let bytes = body.collect().await.unwrap().to_bytes();

@@ -458,7 +458,8 @@ async fn debug_of_requests_tokens_keys_and_errors_is_redacted() {
         credbroker::internals::api::parse_form(format!("grant_type={FIELD}").as_bytes(), None, 0)
             .unwrap_err();
     assert_redacted("DeriveError (grant_type)", format!("{e} {e:?}"));
-    let e = credbroker::internals::api::error_response(&e);
+    let e =
+        credbroker::internals::api::error_response(&e, &[credbroker::internals::jose::Alg::ES256]);
     assert_redacted("error response", format!("{e:?}"));
 
     // Answers and tokens.
