@@ -13,7 +13,9 @@
 //! scope it is a 403 `insufficient_scope`. The notes live in memory and
 //! start as two demo notes, one of them a prompt injection aimed at an
 //! agent that reads them (`examples/python-agent` meets it).
-//! Everything else about the request is checked by [`credbroker::verify`]:
+//! Everything else about the request is checked by the embedder crate
+//! [`credbroker_verify`] (`crates/credbroker-verify`, the code behind
+//! `credbroker::verify`):
 //! the token (ES256 signature from the issuer's JWKS, `typ` `at+jwt`, `iss`,
 //! `aud` = this audience exactly, `exp`) and its DPoP proof (RFC 9449 section
 //! 7: `ath`, the key bound by `cnf.jkt`, `htm`, `htu`, `iat`, replay). A
@@ -24,8 +26,11 @@
 //! and an unknown `kid` (the broker rotated its key) makes the server refetch
 //! the JWKS, at most once a minute. With `--jwks-file` the keys are pinned.
 //!
-//! The integration tests run this very file in-process (`tests/it/interop/jose.rs`
-//! includes it as a module), so what it shows is what is tested.
+//! It uses nothing of the broker: the embedder crate builds this very file
+//! as its example `embed_resource_server` (feature `fetch`), against that
+//! crate alone. The integration tests run it in-process
+//! (`tests/it/interop/jose.rs` includes it as a module), so what it shows
+//! is what is tested.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -35,7 +40,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use clap::Parser;
-use credbroker::verify::{Presented, Verifier, VerifyError};
+use credbroker_verify::{Presented, Verifier, VerifyError};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::service::service_fn;

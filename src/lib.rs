@@ -62,8 +62,9 @@
 //! - `infra::failpoint`: crash points for fault tests (`failpoints` feature
 //!   only).
 //!
-//! Embed: the embedding API, built from the building blocks only (so every
-//! group above may use it).
+//! Embed: the embedding API, re-exported from the embedder crate
+//! `credbroker-verify` (`crates/credbroker-verify`, which a resource server
+//! can depend on alone), so every group above may use it.
 //! - [`verify`]: the resource-server side, for embedding.
 //! - [`client`]: a client for the socket, for embedding.
 //!
@@ -73,13 +74,17 @@
 //! - `base::unix`: Unix helpers (own uid, socket binding).
 //! - `base::oauth`: the one OAuth client of the sign-in and the provider
 //!   connections (discovery, PKCE, code exchange, RFC 9207 `iss`).
-//! - `base::dpop`: DPoP proofs, replay cache, nonces.
-//! - `base::keyset`: one cached JWKS per issuer (pinned or fetched).
-//! - `base::jose`: JWS, JWK and base64url building blocks.
+//! - `base::dpop`: DPoP proofs, replay cache, nonces (from the embedder
+//!   crate).
+//! - `base::keyset`: one cached JWKS per issuer, pinned or fetched (from the
+//!   embedder crate).
+//! - `base::jose`: JWS, JWK and base64url building blocks (from the
+//!   embedder crate).
 //! - `base::grammar`: protocol grammar (scope tokens, https-or-loopback
 //!   URLs).
-//! - `base::secret`: secret types (redacted, zeroized).
-//! - `base::clock`: the injected clock.
+//! - `base::secret`: secret types, redacted and zeroized (the type from the
+//!   embedder crate).
+//! - `base::clock`: the injected clock (from the embedder crate).
 //!
 //! Beside them, `fuzzing` is the parsers' surface for the fuzz targets.
 //! Only [`verify`] and [`client`] are public; the rest is internal, reached

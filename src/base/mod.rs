@@ -1,5 +1,9 @@
 //! Building blocks: leaf modules with no knowledge of the broker; each
-//! imports only other building blocks.
+//! imports only other building blocks. `dpop`, `keyset`, `jose`, `secret`
+//! and `clock` are the embedder crate's (`crates/credbroker-verify`),
+//! re-exported here so that the broker's paths stay `crate::base::...` and
+//! one copy of the JOSE and DPoP checks serves the broker and resource
+//! servers alike.
 //!
 //! - [`http`]: HTTP helpers every listener shares (body, JSON, body cap).
 //! - [`unix`]: Unix helpers (own uid, socket binding).

@@ -4,6 +4,8 @@
 //! [`Minter`]; forged ones are the minted token taken apart and reassembled,
 //! so the forgery differs from the good token only where the test says.
 
+use std::sync::Arc;
+
 use super::*;
 
 use aws_lc_rs::hmac;

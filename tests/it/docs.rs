@@ -21,7 +21,14 @@ use std::path::{Path, PathBuf};
 const DOCS: [&str; 2] = ["docs/SECURITY-CASES.md", "docs/THREAT-MODEL.md"];
 
 /// Where a cited file may live.
-const ROOTS: [&str; 5] = ["src/", "tests/", "examples/", "benches/", "fuzz/"];
+const ROOTS: [&str; 6] = [
+    "src/",
+    "tests/",
+    "examples/",
+    "benches/",
+    "fuzz/",
+    "crates/",
+];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -1,30 +1,28 @@
-//! One remote key set (a JWKS) per issuer, shared by everything that checks
-//! that issuer's signatures: subject tokens, the pages' ID tokens, and the
-//! embeddable resource-server verifier.
+//! One key set (a JWKS) per issuer, shared by everything that checks that
+//! issuer's signatures: in the broker, subject tokens and the pages' ID
+//! tokens; here, the resource-server verifier.
 //!
-//! A leaf: it depends only on [`crate::base::jose`], [`crate::base::clock`] (callers pass
-//! `now` from their injected clock) and HTTP, so that `verify` pulls in
-//! nothing else of the broker.
+//! A leaf: it depends only on [`crate::jose`] and, with the `fetch`
+//! feature, HTTP (callers pass `now` from their injected clock).
 //!
-//! The keys are either pinned (a file read at start-up: nothing is ever
-//! fetched) or fetched from a JWKS URI. An unknown `kid` may trigger a
-//! refetch, at most once per [`MIN_REFETCH_INTERVAL`] per key set, so that
-//! tokens with made-up `kid`s cannot turn a validator into a request flood
-//! against the issuer. The size cap is set per use: each caller documents
-//! its own (`verify::MAX_KEYS_DOCUMENT` for resource servers).
+//! The keys are either pinned (a document the caller read: nothing is ever
+//! fetched) or, with the `fetch` feature, fetched from a JWKS URI. An
+//! unknown `kid` may trigger a refetch, at most once per
+//! [`MIN_REFETCH_INTERVAL`] per key set, so that tokens with made-up `kid`s
+//! cannot turn a validator into a request flood against the issuer. The
+//! size cap is set per use: each caller documents its own
+//! ([`crate::MAX_KEYS_DOCUMENT`] for resource servers).
 
 use std::sync::Arc;
+#[cfg(feature = "fetch")]
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::base::jose::JwkSet;
+use crate::jose::JwkSet;
 
 /// The shortest time (seconds) between two refetches of one key set.
-pub(crate) const MIN_REFETCH_INTERVAL: i64 = 60;
-
-/// The size cap the broker itself uses for an IdP's JWKS document.
-pub(crate) const MAX_ISSUER_JWKS: usize = 256 * 1024;
+pub const MIN_REFETCH_INTERVAL: i64 = 60;
 
 /// Why keys could not be fetched. Carries no response bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -40,11 +38,25 @@ pub enum KeySetError {
     Invalid,
 }
 
-/// Builds the HTTP client used for key and metadata documents: rustls,
+/// How long an idle connection to an issuer is kept for reuse: below the
+/// keep-alive timeouts servers commonly use (5 s), so a request is not
+/// written on a connection the server is closing at that moment.
+#[cfg(feature = "fetch")]
+pub const POOL_IDLE: Duration = Duration::from_secs(4);
+
+/// The HTTP client for key and metadata documents ([`http_client_from`]
+/// over a default builder with [`POOL_IDLE`]). (Feature `fetch`.)
+#[cfg(feature = "fetch")]
+pub fn http_client() -> reqwest::Client {
+    http_client_from(reqwest::Client::builder().pool_idle_timeout(POOL_IDLE))
+}
+
+/// Finishes `builder` as a client for key and metadata documents: rustls,
 /// bounded timeouts, no redirects (a redirect could move a pinned URI to a
-/// host the operator never named).
-pub(crate) fn http_client() -> reqwest::Client {
-    crate::base::http::outbound_client()
+/// host the operator never named). (Feature `fetch`.)
+#[cfg(feature = "fetch")]
+pub fn http_client_from(builder: reqwest::ClientBuilder) -> reqwest::Client {
+    builder
         .timeout(Duration::from_secs(5))
         .connect_timeout(Duration::from_secs(3))
         .redirect(reqwest::redirect::Policy::none())
@@ -57,8 +69,9 @@ pub(crate) fn http_client() -> reqwest::Client {
 
 /// GET `uri`: a success status and a body of at most `cap` bytes, read in
 /// chunks so that an oversized answer is dropped as soon as it passes the
-/// cap, whatever its `Content-Length` said.
-pub(crate) async fn get_capped(
+/// cap, whatever its `Content-Length` said. (Feature `fetch`.)
+#[cfg(feature = "fetch")]
+pub async fn get_capped(
     http: &reqwest::Client,
     uri: &str,
     cap: usize,
@@ -96,12 +109,12 @@ pub enum Refetch {
     Pinned,
 }
 
-/// A key set, pinned or fetched from a JWKS URI.
+/// Where fetched keys come from.
+#[cfg(feature = "fetch")]
 #[derive(Debug)]
-pub struct RemoteKeySet {
-    uri: Option<String>,
+struct Source {
+    uri: String,
     cap: usize,
-    keys: ArcSwap<JwkSet>,
     /// When the keys were last refetched (Unix seconds of the caller's
     /// clock). Held across the fetch: concurrent requests with unknown
     /// kids wait for the one fetch and then see its keys, instead of each
@@ -110,38 +123,52 @@ pub struct RemoteKeySet {
     http: reqwest::Client,
 }
 
+/// A key set, pinned or (feature `fetch`) fetched from a JWKS URI.
+#[derive(Debug)]
+pub struct RemoteKeySet {
+    keys: ArcSwap<JwkSet>,
+    /// `None`: pinned.
+    #[cfg(feature = "fetch")]
+    source: Option<Source>,
+}
+
 impl RemoteKeySet {
     /// Keys that are never refetched.
     pub fn pinned(keys: JwkSet) -> RemoteKeySet {
         RemoteKeySet {
-            uri: None,
-            cap: 0,
             keys: ArcSwap::from_pointee(keys),
-            last_fetch: tokio::sync::Mutex::new(None),
-            http: http_client(),
+            #[cfg(feature = "fetch")]
+            source: None,
         }
     }
 
     /// Keys fetched from `uri`, refusing documents larger than `cap`. Holds
-    /// no key until the first [`RemoteKeySet::fetch`] or refetch.
+    /// no key until the first [`RemoteKeySet::fetch`] or refetch. (Feature
+    /// `fetch`.)
+    #[cfg(feature = "fetch")]
     pub fn remote(uri: &str, cap: usize, http: reqwest::Client) -> RemoteKeySet {
         RemoteKeySet {
-            uri: Some(uri.to_owned()),
-            cap,
             keys: ArcSwap::from_pointee(JwkSet::default()),
-            last_fetch: tokio::sync::Mutex::new(None),
-            http,
+            source: Some(Source {
+                uri: uri.to_owned(),
+                cap,
+                last_fetch: tokio::sync::Mutex::new(None),
+                http,
+            }),
         }
     }
 
     /// The JWKS URI, unless pinned.
     pub fn uri(&self) -> Option<&str> {
-        self.uri.as_deref()
+        #[cfg(feature = "fetch")]
+        return self.source.as_ref().map(|s| s.uri.as_str());
+        #[cfg(not(feature = "fetch"))]
+        None
     }
 
     /// Whether the keys are pinned.
     pub fn is_pinned(&self) -> bool {
-        self.uri.is_none()
+        self.uri().is_none()
     }
 
     /// The keys held now.
@@ -155,24 +182,26 @@ impl RemoteKeySet {
     }
 
     /// Fetches the keys now, outside the refetch interval (start-up). A
-    /// pinned set is left as it is.
+    /// pinned set is left as it is. (Feature `fetch`.)
+    #[cfg(feature = "fetch")]
     pub async fn fetch(&self) -> Result<Arc<JwkSet>, KeySetError> {
-        let Some(uri) = &self.uri else {
+        let Some(src) = &self.source else {
             return Ok(self.keys());
         };
-        let body = get_capped(&self.http, uri, self.cap).await?;
+        let body = get_capped(&src.http, &src.uri, src.cap).await?;
         let set = JwkSet::from_json(&body).map_err(|_| KeySetError::Invalid)?;
         self.set(set);
         Ok(self.keys())
     }
 
     /// Refetches on an unknown `kid`, at most once per
-    /// [`MIN_REFETCH_INTERVAL`] as measured by `now`.
+    /// [`MIN_REFETCH_INTERVAL`] as measured by `now`. (Feature `fetch`.)
+    #[cfg(feature = "fetch")]
     pub async fn refetch(&self, now: i64) -> Result<Refetch, KeySetError> {
-        if self.uri.is_none() {
+        let Some(src) = &self.source else {
             return Ok(Refetch::Pinned);
-        }
-        let mut last = self.last_fetch.lock().await;
+        };
+        let mut last = src.last_fetch.lock().await;
         if last.is_some_and(|t| now - t < MIN_REFETCH_INTERVAL) {
             return Ok(Refetch::Throttled(self.keys()));
         }
@@ -183,7 +212,7 @@ impl RemoteKeySet {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "fetch"))]
 mod tests {
     use super::*;
 

@@ -1,42 +1,86 @@
-//! The resource-server side: verifying a credbroker token and its DPoP proof
-//! on an incoming request (RFC 9449 section 7, RFC 9068).
+//! Verifying a credbroker token and its DPoP proof at a resource server
+//! (RFC 9449 section 7, RFC 9068): the embedder's crate of
+//! [credbroker](https://crates.io/crates/credbroker), the credential broker
+//! that mints them.
 //!
-//! ```no_run
-//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
-//! use credbroker::verify::{Verifier, Presented};
-//! let v = Verifier::from_issuer("https://broker.example", "https://api.example/").await?;
-//! let who = v.verify(&Presented {
+//! A resource server builds one [`Verifier`] for its resource URI (the
+//! tokens' `aud`) and hands it each request as a [`Presented`]; the answer
+//! is who called ([`Verified`]) or why not ([`VerifyError`], with the
+//! `WWW-Authenticate` challenge of its 401).
+//!
+//! ```
+//! use credbroker_verify::{Presented, Verifier, VerifyError};
+//! # let jwks = br#"{"keys":[{"kty":"EC","crv":"P-256","alg":"ES256","kid":"k1",
+//! #   "x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU",
+//! #   "y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}"#;
+//! // The broker's JWKS, pinned (with the `fetch` feature,
+//! // `Verifier::from_issuer` reads it from the issuer's metadata instead).
+//! let v = Verifier::from_jwks("https://broker.example", "https://api.example/", jwks)?;
+//! let refused = v.verify(&Presented {
 //!     method: "GET",
 //!     url: "https://api.example/items?page=2",
-//!     authorization: Some("DPoP eyJ..."),
-//!     dpop: &["eyJ..."],
-//! })?;
-//! println!("{} via tool {}", who.sub, who.tool);
-//! # Ok(()) }
+//!     authorization: Some("Bearer eyJ..."),
+//!     dpop: &[],
+//! });
+//! assert_eq!(refused, Err(VerifyError::WrongScheme));
+//! assert_eq!(
+//!     VerifyError::WrongScheme.challenge(),
+//!     "DPoP error=\"invalid_token\", algs=\"ES256\""
+//! );
+//! # Ok::<(), VerifyError>(())
 //! ```
+//!
+//! Features:
+//! - none (the default): verification only, with pinned keys
+//!   ([`Verifier::from_jwks`], [`Verifier::set_jwks`]); no I/O.
+//! - `fetch`: `Verifier::from_issuer` reads the issuer's RFC 8414 metadata
+//!   and JWKS over HTTPS, and `Verifier::verify_refreshing` picks up a
+//!   rotated key.
+//! - `client`: `client`, the client of the broker's orchestrator socket.
+//!
+//! The modules [`jose`], [`dpop`], [`keyset`], [`clock`] and [`secret`] are
+//! the building blocks the verifier is made of; the broker uses the same
+//! ones, so a token is checked by one piece of code on both sides.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+#[cfg(feature = "client")]
+pub mod client;
+pub mod clock;
+pub mod dpop;
+pub mod jose;
+pub mod keyset;
+pub mod secret;
+
+// The README's example runs as a doctest, so it cannot go stale.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::base::dpop;
-use crate::base::jose::{self, Alg, JwkSet};
+use crate::jose::{Alg, JwkSet};
+#[cfg(feature = "fetch")]
+use crate::keyset::Refetch;
+use crate::keyset::RemoteKeySet;
 
-// What the verifier's public signatures mention, re-exported so that an
-// embedder needs nothing but this module (the modules they live in are
-// internal): the error sources, and the clock to inject.
-pub use crate::base::clock::{Clock, ManualClock, SharedClock, SystemClock};
-pub use crate::base::dpop::DpopError;
-pub use crate::base::jose::JoseError;
-use crate::base::keyset::{self, Refetch, RemoteKeySet};
+// What the verifier's public signatures mention, re-exported at the root so
+// that an embedder needs nothing else: the error sources, and the clock to
+// inject.
+pub use crate::clock::{Clock, ManualClock, SharedClock, SystemClock};
+pub use crate::dpop::DpopError;
+pub use crate::jose::JoseError;
 
 /// Token size cap.
 pub const MAX_TOKEN_LEN: usize = 8 * 1024;
 /// A verifier built from issuer metadata refetches the JWKS on an unknown
 /// `kid` at most this often (seconds), so that tokens with made-up `kid`s
 /// cannot turn it into a request flood against the issuer.
-pub const JWKS_REFRESH_INTERVAL: i64 = keyset::MIN_REFETCH_INTERVAL;
+pub const JWKS_REFRESH_INTERVAL: i64 = crate::keyset::MIN_REFETCH_INTERVAL;
 /// JWKS and metadata documents larger than this are refused.
 pub const MAX_KEYS_DOCUMENT: usize = 64 * 1024;
 
@@ -57,7 +101,7 @@ pub enum VerifyError {
     #[error("token header is not acceptable")]
     Header,
     /// No key in the JWKS matches the token's `kid` (the issuer may have
-    /// rotated: see [`Verifier::verify_refreshing`]).
+    /// rotated: see `Verifier::verify_refreshing`, feature `fetch`).
     #[error("token signing key is unknown")]
     UnknownKey,
     /// Claims missing or of the wrong type.
@@ -127,9 +171,9 @@ struct TokenClaims<'a> {
     act: Act,
     #[serde(borrow)]
     cnf: Cnf<'a>,
-    #[serde(deserialize_with = "jose::numeric_date")]
+    #[serde(deserialize_with = "crate::jose::numeric_date")]
     iat: i64,
-    #[serde(deserialize_with = "jose::numeric_date")]
+    #[serde(deserialize_with = "crate::jose::numeric_date")]
     exp: i64,
     jti: String,
     #[serde(default)]
@@ -204,8 +248,8 @@ pub struct Verifier {
     clock: SharedClock,
 }
 
-/// Clock skew tolerated on `exp`/`iat`.
-const SKEW: i64 = 5;
+/// Clock skew tolerated on `exp`/`iat` (seconds).
+pub const SKEW: i64 = 5;
 
 impl Verifier {
     /// A verifier with a known JWKS document.
@@ -227,11 +271,12 @@ impl Verifier {
 
     /// A verifier that reads the issuer's RFC 8414 metadata and JWKS. It
     /// remembers the `jwks_uri`, so [`Verifier::verify_refreshing`] can pick
-    /// up rotated keys.
+    /// up rotated keys. (Feature `fetch`.)
+    #[cfg(feature = "fetch")]
     pub async fn from_issuer(issuer: &str, audience: &str) -> Result<Verifier, VerifyError> {
         let issuer = issuer.trim_end_matches('/');
-        let http = keyset::http_client();
-        let meta = keyset::get_capped(
+        let http = crate::keyset::http_client();
+        let meta = crate::keyset::get_capped(
             &http,
             &format!("{issuer}/.well-known/oauth-authorization-server"),
             MAX_KEYS_DOCUMENT,
@@ -255,7 +300,8 @@ impl Verifier {
     /// Refetches the JWKS from the issuer's `jwks_uri`, unless the verifier
     /// has no `jwks_uri` (built with [`Verifier::from_jwks`]) or the last
     /// refetch was less than [`JWKS_REFRESH_INTERVAL`] ago. Returns whether
-    /// new keys were loaded.
+    /// new keys were loaded. (Feature `fetch`.)
+    #[cfg(feature = "fetch")]
     pub async fn refresh_keys(&self) -> Result<bool, VerifyError> {
         match self.keys.refetch(self.clock.now()).await {
             Ok(Refetch::Fetched(_)) => Ok(true),
@@ -267,7 +313,8 @@ impl Verifier {
     /// [`Verifier::verify`], and when the token names a key the verifier does
     /// not know, one [`Verifier::refresh_keys`] and a second try. The first
     /// try stops before the proof is looked at, so the retry does not see
-    /// its own `jti` as a replay.
+    /// its own `jti` as a replay. (Feature `fetch`.)
+    #[cfg(feature = "fetch")]
     pub async fn verify_refreshing(&self, req: &Presented<'_>) -> Result<Verified, VerifyError> {
         match self.verify(req) {
             Err(VerifyError::UnknownKey) if self.refresh_keys().await? => self.verify(req),
@@ -298,19 +345,22 @@ impl Verifier {
     }
 
     /// [`Verifier::verify`] without recording a single-use token's `jti`
-    /// here: for the broker's own proxy, which records it in the shared
-    /// store (so that no two replicas accept it) once the call passed its
-    /// policy checks too.
+    /// here: for a caller that records it itself, as the broker's own proxy
+    /// does in its shared store (so that no two replicas accept it) once the
+    /// call passed its policy checks too. A caller that does not record
+    /// single-use tokens must use [`Verifier::verify`].
     ///
     /// `url_is_normal` says the caller built `req.url` in the form
     /// [`dpop::normalize_htu`] gives (the proxy's configured issuer, checked
     /// once, and a raw path that passed its path rules, which parsing leaves
     /// as it is): the URL is then compared with `htu` without being parsed
-    /// again.
+    /// again. A URL passed as normal that is not is compared byte for byte,
+    /// so it can make a good proof fail but never let a proof for another
+    /// URL pass; debug builds assert it.
     ///
     /// Gives the proof too (its `jti` and `nonce`), for the proxy's own
     /// replay and nonce checks, so that it need not decode the proof again.
-    pub(crate) fn verify_unrecorded(
+    pub fn verify_unrecorded(
         &self,
         req: &Presented<'_>,
         url_is_normal: bool,
@@ -331,11 +381,11 @@ impl Verifier {
         }
         let token = token.trim();
         let now = self.clock.now();
-        let jws = jose::parse(token, MAX_TOKEN_LEN)?;
-        jose::check_header(
+        let jws = crate::jose::parse(token, MAX_TOKEN_LEN)?;
+        crate::jose::check_header(
             &jws.header,
-            &jose::HeaderRule {
-                typ: jose::TypRule::IgnoreCase("at+jwt"),
+            &crate::jose::HeaderRule {
+                typ: crate::jose::TypRule::IgnoreCase("at+jwt"),
                 algs: &[Alg::ES256],
             },
         )
@@ -411,6 +461,3 @@ impl Verifier {
         Ok((verified, valid))
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -3,7 +3,8 @@
 //!
 //! It has no `Display`, no `Serialize`, and its `Debug` prints `[REDACTED]`.
 //! The inner value is zeroized on drop. [`Secret::expose`] is the only way in,
-//! so every place that reads a secret is easy to find with grep.
+//! so every place that reads a secret is easy to find with grep. (The
+//! broker adds reading a secret file, mode 0600, beside it.)
 
 use std::fmt;
 use zeroize::Zeroize;
@@ -51,45 +52,6 @@ impl<T: Zeroize> From<T> for Secret<T> {
 pub type SecretString = Secret<String>;
 /// Secret bytes (keys).
 pub type SecretBytes = Secret<Vec<u8>>;
-
-/// Reads a secret file, refusing one that group or others can read (mode
-/// must be 0600 or stricter) or that is not a regular file. Symlinks are
-/// followed and the target is checked: Kubernetes mounts secrets as links.
-pub fn read_secret_file(path: &std::path::Path) -> Result<SecretBytes, std::io::Error> {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::metadata(path)?;
-    if !meta.file_type().is_file() {
-        return Err(std::io::Error::other(format!(
-            "{} is not a regular file",
-            path.display()
-        )));
-    }
-    let mode = meta.permissions().mode() & 0o7777;
-    if mode & 0o077 != 0 {
-        return Err(std::io::Error::other(format!(
-            "{} has mode {mode:04o}, which lets its group or others in; a secret file must have mode 0600 or stricter: chmod 600 it (a Kubernetes Secret mounted with fsGroup is 0440: copy it into a file the broker owns with mode 0600, as the init container of deploy/kubernetes.yaml does)",
-            path.display()
-        )));
-    }
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(SecretBytes::new(bytes)),
-        // "Permission denied" alone does not say that the file is someone
-        // else's (a Secret mounted without fsGroup is root's, mode 0400).
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-            use std::os::unix::fs::MetadataExt;
-            Err(std::io::Error::new(
-                e.kind(),
-                format!(
-                    "{}: permission denied: the file belongs to uid {} (mode {mode:04o}) and the broker runs as uid {}; make the broker's user its owner, with mode 0600",
-                    path.display(),
-                    meta.uid(),
-                    nix::unistd::geteuid()
-                ),
-            ))
-        }
-        Err(e) => Err(e),
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -26,8 +26,8 @@
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
-use crate::base::jose;
-use crate::base::secret::SecretBytes;
+use crate::jose;
+use crate::secret::SecretBytes;
 
 /// The JSON-RPC error code of MCP 2025-11-25 for "URL elicitation required".
 /// Reserved for 2025-11-25: 2026-07-28 answers with `input_required`.

@@ -1,9 +1,10 @@
-//! A small client for the orchestrator socket (and the admin socket).
+//! A small client for the broker's orchestrator socket (and the admin
+//! socket). (Feature `client`.)
 //!
 //! ```no_run
-//! # async fn f() -> Result<(), credbroker::client::ClientError> {
-//! use credbroker::client::{Client, DeriveParams};
-//! let key = credbroker::client::Es256Key::generate().map_err(|e| credbroker::client::ClientError::Proof(e.to_string()))?.0;
+//! # async fn f() -> Result<(), credbroker_verify::client::ClientError> {
+//! use credbroker_verify::client::{Client, DeriveParams};
+//! let key = credbroker_verify::client::Es256Key::generate().map_err(|e| credbroker_verify::client::ClientError::Proof(e.to_string()))?.0;
 //! let client = Client::new("/run/credbroker/credbroker.sock", "https://broker.example");
 //! let answer = client.derive(&DeriveParams {
 //!     subject_token: "eyJ...", step: "summarize_inbox", tool: "mail.read",
@@ -26,8 +27,8 @@ pub mod mcp;
 // What the client's public signatures mention, re-exported so that an
 // embedder needs nothing but this module (the modules they live in are
 // internal).
-pub use crate::base::jose::{Es256Key, JoseError};
-pub use crate::base::secret::{SecretBytes, SecretString};
+pub use crate::jose::{Es256Key, JoseError};
+pub use crate::secret::{SecretBytes, SecretString};
 
 /// Client errors (transport, not refusals: a refusal is an [`Answer`]).
 #[derive(Debug, thiserror::Error)]
@@ -247,8 +248,8 @@ impl Client {
     ) -> Result<Answer, ClientError> {
         let mut nonce = self.nonce.lock().unwrap_or_else(|p| p.into_inner()).clone();
         for attempt in 0..2 {
-            let now = crate::base::clock::Clock::now(&crate::base::clock::SystemClock);
-            let proof = crate::base::dpop::make_proof(
+            let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+            let proof = crate::dpop::make_proof(
                 key,
                 "POST",
                 &format!("{}/v1/derive", self.issuer),
@@ -335,8 +336,8 @@ pub fn proof_with_nonce(
     access_token: Option<&str>,
     nonce: Option<&str>,
 ) -> Result<String, ClientError> {
-    let now = crate::base::clock::Clock::now(&crate::base::clock::SystemClock);
-    crate::base::dpop::make_proof(key, method, url, now, access_token, nonce)
+    let now = crate::clock::Clock::now(&crate::clock::SystemClock);
+    crate::dpop::make_proof(key, method, url, now, access_token, nonce)
         .map_err(|e| ClientError::Proof(e.to_string()))
 }
 

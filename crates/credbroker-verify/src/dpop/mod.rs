@@ -13,16 +13,16 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use crate::base::jose::{self, Alg, JoseError, Jwk};
-use crate::base::secret::SecretBytes;
+use crate::jose::{self, Alg, JoseError, Jwk};
+use crate::secret::SecretBytes;
 
 /// Proofs larger than this are refused before parsing.
-pub(crate) const MAX_PROOF_LEN: usize = 4096;
+pub const MAX_PROOF_LEN: usize = 4096;
 /// `jti` longer than this is refused (RFC 9449 suggests 96 bits of entropy;
 /// a long `jti` would only fill the cache).
-pub(crate) const MAX_JTI_LEN: usize = 256;
+pub const MAX_JTI_LEN: usize = 256;
 /// Proofs whose `iat` is further than this from now are refused (seconds).
-pub(crate) const IAT_WINDOW: i64 = 60;
+pub const IAT_WINDOW: i64 = 60;
 /// The longest a `jti` is kept (seconds): a proof dated `IAT_WINDOW`
 /// ahead passes until `IAT_WINDOW` after its `iat`, and one second more
 /// covers the truncation of times to seconds.
@@ -124,7 +124,7 @@ pub struct ValidProof {
 }
 
 /// Normalises a URL for `htu` comparison: parsed, query and fragment dropped.
-pub(crate) fn normalize_htu(u: &str) -> Option<String> {
+pub fn normalize_htu(u: &str) -> Option<String> {
     let mut url = url::Url::parse(u).ok()?;
     if url.cannot_be_a_base() {
         return None;

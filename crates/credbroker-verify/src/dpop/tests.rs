@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{json, Map, Value};
 
-use crate::base::jose::{b64e, Es256Key};
+use crate::jose::{b64e, Es256Key};
 
 const NOW: i64 = 1_700_000_000;
 const HTU: &str = "https://broker.example/v1/derive";
@@ -319,7 +319,7 @@ fn d5_unusable_jwk_is_refused() {
     bad_jwks.push(("array", json!([header_jwk(&k)])));
     bad_jwks.push(("null", json!(null)));
     let mut off_curve = header_jwk(&k);
-    let mut y = crate::base::jose::b64d(off_curve["y"].as_str().unwrap(), "y").unwrap();
+    let mut y = crate::jose::b64d(off_curve["y"].as_str().unwrap(), "y").unwrap();
     y[31] ^= 1;
     off_curve["y"] = json!(b64e(&y));
     bad_jwks.push(("off curve", off_curve));
@@ -583,10 +583,10 @@ fn d13_ath_missing_or_over_another_token_is_refused() {
     let wrong = with_claim(
         &k,
         "ath",
-        Some(json!(crate::base::jose::sha256_b64(b"another-token"))),
+        Some(json!(crate::jose::sha256_b64(b"another-token"))),
     );
     assert_eq!(v.validate(&wrong, &e).unwrap_err(), DpopError::Ath);
-    let right = crate::base::jose::sha256_b64(token.as_bytes());
+    let right = crate::jose::sha256_b64(token.as_bytes());
     for variant in [
         format!("{right}="),
         right.to_uppercase(),

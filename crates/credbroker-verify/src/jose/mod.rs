@@ -17,10 +17,10 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::base::secret::SecretBytes;
+use crate::secret::SecretBytes;
 
 /// Default cap on the size of any compact JWS we accept.
-pub(crate) const MAX_JWS_LEN: usize = 16 * 1024;
+pub const MAX_JWS_LEN: usize = 16 * 1024;
 
 /// Errors from parsing or verifying a JWS or a JWK. They carry no input bytes.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -160,7 +160,7 @@ pub fn sha256_hex(data: &[u8]) -> String {
 /// The three non-empty parts of a compact JWS (header, payload,
 /// signature, still base64url), after its size check: the first two steps
 /// of [`parse`].
-pub(crate) fn split(token: &str, max_len: usize) -> Result<[&str; 3], JoseError> {
+pub fn split(token: &str, max_len: usize) -> Result<[&str; 3], JoseError> {
     if token.len() > max_len {
         return Err(JoseError::TooLarge(max_len));
     }
@@ -198,7 +198,7 @@ pub fn parse(token: &str, max_len: usize) -> Result<Jws<'_>, JoseError> {
 
 /// How a context compares the header's `typ`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum TypRule<'a> {
+pub enum TypRule<'a> {
     /// Present and equal byte for byte (DPoP proofs: RFC 9449 section 4.2
     /// names one exact value).
     Exact(&'a str),
@@ -219,7 +219,7 @@ pub(crate) enum TypRule<'a> {
 /// What a context accepts in a JWS header, besides what [`parse`] already
 /// refuses everywhere (`crit`, `b64`).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct HeaderRule<'a> {
+pub struct HeaderRule<'a> {
     /// The `typ` comparison.
     pub typ: TypRule<'a>,
     /// The `alg` allow-list; the key later binds `alg` to its own type
@@ -229,7 +229,7 @@ pub(crate) struct HeaderRule<'a> {
 
 /// Which header check failed; each caller maps it to its own error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum HeaderError {
+pub enum HeaderError {
     /// `typ` is missing or not acceptable here.
     #[error("typ is not acceptable here")]
     Typ,
@@ -239,7 +239,7 @@ pub(crate) enum HeaderError {
 }
 
 /// A media type without its optional `application/` prefix, lower-cased.
-pub(crate) fn normalize_typ(t: &str) -> String {
+pub fn normalize_typ(t: &str) -> String {
     let t = t.to_ascii_lowercase();
     t.strip_prefix("application/")
         .map(str::to_owned)
@@ -249,7 +249,7 @@ pub(crate) fn normalize_typ(t: &str) -> String {
 /// The one header check of every JWT this crate reads: `typ` by `rule.typ`,
 /// then `alg` in `rule.algs`. Returns the parsed `alg` for the key and
 /// signature steps that follow.
-pub(crate) fn check_header(header: &Header, rule: &HeaderRule<'_>) -> Result<Alg, HeaderError> {
+pub fn check_header(header: &Header, rule: &HeaderRule<'_>) -> Result<Alg, HeaderError> {
     let typ = header.typ.as_deref();
     let typ_ok = match rule.typ {
         TypRule::Exact(want) => typ == Some(want),
@@ -594,7 +594,7 @@ const MAX_NUMERIC_DATE: i64 = 1_000_000_000_000_000;
 /// A NumericDate claim: an integer or a finite number of seconds, floored.
 /// Strings, booleans, non-finite values and values of 1e15 or more in
 /// magnitude are refused.
-pub(crate) fn numeric_date<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+pub fn numeric_date<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
     let v = serde_json::Number::deserialize(d)?;
     if let Some(i) = v.as_i64() {
         if i.unsigned_abs() < MAX_NUMERIC_DATE.unsigned_abs() {
@@ -609,16 +609,14 @@ pub(crate) fn numeric_date<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64
 }
 
 /// An optional NumericDate claim.
-pub(crate) fn opt_numeric_date<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> Result<Option<i64>, D::Error> {
+pub fn opt_numeric_date<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     numeric_date(d).map(Some)
 }
 
 /// The `aud` claim: one string or an array of strings, nothing else.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(untagged)]
-pub(crate) enum Audience {
+pub enum Audience {
     /// A single audience.
     One(String),
     /// Several audiences.
@@ -627,7 +625,7 @@ pub(crate) enum Audience {
 
 impl Audience {
     /// Whether `aud` names `expected` exactly.
-    pub(crate) fn contains(&self, expected: &str) -> bool {
+    pub fn contains(&self, expected: &str) -> bool {
         match self {
             Audience::One(a) => a == expected,
             Audience::Many(v) => v.iter().any(|a| a == expected),
