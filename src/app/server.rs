@@ -810,7 +810,7 @@ pub async fn run(
                         // A scheduled key rotation activates here once due
                         // (the ring is store I/O and decryption).
                         let (kb, ks) = (b.clone(), sealer.clone());
-                        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || kb.refresh_keys(&ks)).await {
+                        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || kb.minter.refresh(kb.store.as_ref(), &ks, kb.clock.now())).await {
                             tracing::warn!(error = %e, "reloading the signing key ring failed; the current keys stay in use");
                         }
                     }
@@ -863,7 +863,7 @@ pub async fn run(
                     }
                     Ok(()) = keys.changed() => {
                         let (kb, ks) = (b.clone(), sealer.clone());
-                        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || kb.refresh_keys(&ks)).await {
+                        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || kb.minter.refresh(kb.store.as_ref(), &ks, kb.clock.now())).await {
                             tracing::warn!(error = %e, "reloading the signing key ring failed; the current keys stay in use");
                         }
                     }

@@ -223,6 +223,73 @@ pub(crate) fn at_start(
     Ok(seen.judge(stored).unwrap_or(true))
 }
 
+/// The emergency freeze as one running instance holds it: the flag every
+/// derive reads, the key that signs the record, the highest epoch read, and
+/// whether a freeze set here could not be written to the store.
+#[derive(Debug)]
+pub(crate) struct State {
+    /// Set at run time (admin or a replica through the store).
+    frozen: AtomicBool,
+    /// A freeze set here whose write to the store failed: it holds until
+    /// lifted here, whatever the store says (see [`State::reload`]).
+    unpersisted: AtomicBool,
+    key: FreezeKey,
+    seen: Seen,
+}
+
+impl State {
+    /// The state at an instance's start ([`at_start`]); a store that does
+    /// not answer leaves it unfrozen here (it fails the start elsewhere).
+    pub(crate) fn at_start(store: &dyn Store, key: FreezeKey) -> State {
+        let seen = Seen::default();
+        let frozen = at_start(store, &key, &seen).unwrap_or(false);
+        State {
+            frozen: AtomicBool::new(frozen),
+            unpersisted: AtomicBool::new(false),
+            key,
+            seen,
+        }
+    }
+
+    /// Whether the run-time freeze is set (the policy file's own flag is
+    /// the caller's to add).
+    pub(crate) fn is_set(&self) -> bool {
+        self.frozen.load(Ordering::SeqCst)
+    }
+
+    /// Re-reads the freeze from the store, where another instance sharing
+    /// it (a replica) or an offline `credbroker freeze` may have changed
+    /// it. A store that does not answer changes nothing (`None`), and a
+    /// freeze this instance could not persist is kept (it fails closed);
+    /// otherwise returns the flag now in force.
+    pub(crate) fn reload(&self, store: &dyn Store) -> Option<bool> {
+        let stored = read(store, &self.key).ok()?;
+        let kept = self.frozen.load(Ordering::SeqCst);
+        let on = self.seen.judge(stored).unwrap_or(kept) || self.unpersisted.load(Ordering::SeqCst);
+        if self.frozen.swap(on, Ordering::SeqCst) != on {
+            tracing::warn!(frozen = on, "the emergency freeze changed in the store");
+        }
+        Some(on)
+    }
+
+    /// Sets or lifts the freeze: persisted before it takes effect when
+    /// lifting, and after it takes effect when setting (so a failing store
+    /// can never keep a freeze from applying).
+    pub(crate) fn set(&self, store: &dyn Store, on: bool) -> Result<(), StoreError> {
+        if on {
+            self.frozen.store(true, Ordering::SeqCst);
+            let r = write(store, &self.key, &self.seen, true).map(|_| ());
+            self.unpersisted.store(r.is_err(), Ordering::SeqCst);
+            r
+        } else {
+            write(store, &self.key, &self.seen, false)?;
+            self.unpersisted.store(false, Ordering::SeqCst);
+            self.frozen.store(false, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

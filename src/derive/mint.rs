@@ -424,7 +424,7 @@ pub(crate) fn load_or_create(
 
 /// How to rotate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RotationKind {
+pub(crate) enum RotationKind {
     /// Publish a new key now, activate it after the delay (seconds).
     Scheduled {
         /// Seconds between publication and activation.
@@ -437,7 +437,7 @@ pub enum RotationKind {
 
 impl RotationKind {
     /// An emergency rotation, or a scheduled one with this delay (seconds).
-    pub fn new(emergency: bool, activation_delay: i64) -> RotationKind {
+    pub(crate) fn new(emergency: bool, activation_delay: i64) -> RotationKind {
         if emergency {
             RotationKind::Emergency
         } else {
@@ -448,7 +448,7 @@ impl RotationKind {
 
 /// What a rotation did.
 #[derive(Debug)]
-pub struct Rotation {
+pub(crate) struct Rotation {
     /// The rotated-in key.
     pub kid: String,
     /// Whether this call created it (false: a scheduled rotation was
@@ -636,6 +636,38 @@ impl Minter {
     /// The current ring.
     pub fn ring(&self) -> Arc<KeyRing> {
         self.ring.load_full()
+    }
+
+    /// Rotates the signing key (one compare-and-swap of the key ring, see
+    /// [`rotate`]) and puts the new ring in use: a scheduled rotation
+    /// publishes the new key now and activates it after its delay; an
+    /// emergency one activates it at once and withdraws every other key.
+    pub(crate) fn rotate(
+        &self,
+        store: &dyn Store,
+        sealer: &Sealer,
+        now: i64,
+        kind: RotationKind,
+    ) -> Result<Rotation, MintError> {
+        let r = rotate(store, sealer, now, kind)?;
+        self.set_ring(r.ring.clone());
+        Ok(r)
+    }
+
+    /// Reloads the key ring from the store and applies a due activation
+    /// (the housekeeping tick; also picks up a rotation by another process).
+    pub(crate) fn refresh(
+        &self,
+        store: &dyn Store,
+        sealer: &Sealer,
+        now: i64,
+    ) -> Result<(), MintError> {
+        let ring = load_or_create(store, sealer, now)?;
+        if ring.active.kid != self.ring().active.kid {
+            tracing::info!(kid = %ring.active.kid, "signing key now active");
+        }
+        self.set_ring(ring);
+        Ok(())
     }
 
     /// Whether `kid` is one of ours (to refuse our own tokens as subjects).

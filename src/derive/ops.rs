@@ -159,7 +159,9 @@ pub(crate) fn rotate_keys(
     kind: crate::derive::mint::RotationKind,
 ) -> Result<crate::derive::mint::Rotation, OpError> {
     let r = match target {
-        Target::Running(b) => b.rotate_keys(sealer, kind)?,
+        Target::Running(b) => b
+            .minter
+            .rotate(b.store.as_ref(), sealer, b.clock.now(), kind)?,
         Target::Stopped(store) => {
             crate::derive::mint::rotate(store, sealer, rec.clock.now(), kind)?
         }

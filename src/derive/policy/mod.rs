@@ -77,9 +77,9 @@ impl DenyReason {
 pub enum Source {
     /// Minted by credbroker (ES256, DPoP-bound).
     SelfIssued,
-    /// The person's connected account at a third-party service (docs/DESIGN.md
-    /// section 4, step 6): the provider's own token, handed over as the
-    /// policy's `delivery` says.
+    /// The person's connected account at a third-party service (step 6 of
+    /// the derive pipeline, `derive::exchange`): the provider's own token,
+    /// handed over as the policy's `delivery` says.
     Service {
         /// The provider's name in the config (`[providers.<name>]`).
         service: String,
