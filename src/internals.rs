@@ -70,7 +70,7 @@ pub mod events {
 /// `crate::derive::exchange`: the derive pipeline.
 pub mod exchange {
     pub use crate::derive::exchange::{
-        ApprovalRefusal, DeriveError, DeriveRequest, Endpoint, Issued, LinkRefusal,
+        ApprovalRefusal, DeriveError, DeriveRequest, Endpoint, InternalError, Issued, LinkRefusal,
     };
 }
 
@@ -103,7 +103,7 @@ pub mod metrics {
 
 /// `crate::derive::mint`: minted tokens.
 pub mod mint {
-    pub use crate::derive::mint::Minted;
+    pub use crate::derive::mint::{MintError, Minted};
 }
 
 /// `crate::base::oauth`: the one OAuth client.

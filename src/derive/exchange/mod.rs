@@ -81,8 +81,7 @@ mod service;
 #[cfg(test)]
 mod tests;
 
-pub use error::DeriveError;
-pub(crate) use error::{ApprovalRefusal, LinkRefusal};
+pub use error::{ApprovalRefusal, DeriveError, InternalError, LinkRefusal};
 pub(crate) use limits::Limits;
 pub use request::{DeriveRequest, Endpoint, Issued};
 pub(crate) use service::ConnectedServices;

@@ -13,11 +13,13 @@ use std::time::Duration;
 
 use credbroker::internals::connect::LinkKind;
 use credbroker::internals::dpop::DpopError;
-use credbroker::internals::exchange::{ApprovalRefusal, DeriveError, LinkRefusal};
+use credbroker::internals::exchange::{ApprovalRefusal, DeriveError, InternalError, LinkRefusal};
+use credbroker::internals::mint::MintError;
 use credbroker::internals::policy::{DenyReason, RouteDenial};
 use credbroker::internals::reserved::RESERVED_REFUSALS;
 use credbroker::internals::secret::SecretString;
 use credbroker::internals::subject::SubjectError;
+use credbroker::internals::vault::VaultError;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
@@ -146,8 +148,8 @@ fn every_derive_error() -> Vec<DeriveError> {
         DeriveError::UpstreamUnavailable {
             service: "acme".into(),
         },
-        DeriveError::Vault("a record does not open".into()),
-        DeriveError::Internal("the audit sink failed".into()),
+        DeriveError::Vault(VaultError::Corrupt("a record does not open".into())),
+        DeriveError::Internal(InternalError::Mint(MintError::Record)),
     ];
     all.extend(every_deny_reason().into_iter().map(DeriveError::Denied));
     all.extend(every_link_kind().into_iter().map(link));
@@ -306,8 +308,8 @@ async fn every_reason_the_code_sends_is_in_the_schema_and_no_other() {
         DeriveError::UpstreamUnavailable {
             service: "acme".into(),
         },
-        DeriveError::Vault("x".into()),
-        DeriveError::Internal("x".into()),
+        DeriveError::Vault(VaultError::Corrupt("x".into())),
+        DeriveError::Internal(InternalError::Mint(MintError::Record)),
     ];
     service_errors.extend(every_link_kind().into_iter().map(link));
     code.extend(service_errors.iter().map(|e| e.reason().to_string()));
