@@ -14,7 +14,8 @@
 //! - `demo`: the quick start's built-in demo service (a stand-in OAuth
 //!   provider and its API, on loopback; `quickstart` only).
 //! - `app`: the composition root: builds an instance, wires its parts, and
-//!   runs it (`app::server`: binds the listeners, accept loops, shutdown).
+//!   runs it (`app::server`: binds the listeners, accept loops, shutdown;
+//!   `app::housekeeping`: the background work).
 //!
 //! `edge`: where requests come in.
 //! - `edge::api`: the orchestrator socket: parsing and the one error

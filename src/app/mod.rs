@@ -9,6 +9,7 @@
 //! - [`reload`]: hot reload of the policy file into the running broker.
 
 pub(crate) mod backend;
+pub(crate) mod housekeeping;
 pub(crate) mod reload;
 pub(crate) mod server;
 

@@ -1,5 +1,6 @@
 //! Running an instance that `app` built: binding the listeners, the accept
-//! loops of the three listeners, housekeeping, and graceful shutdown.
+//! loops of the three listeners, and graceful shutdown (the background work
+//! is `app::housekeeping`'s).
 //!
 //! [`run`] takes listeners that are already bound, so tests can bind a temp
 //! socket and port 0 and call it in-process.
@@ -407,32 +408,7 @@ async fn serve_unix<H, F>(
         let mut stop = stopping.clone();
         let conn = builder.serve_connection(stream, svc);
         tasks.spawn(async move {
-            let mut conn = std::pin::pin!(conn);
-            // Shed or shut down: an idle connection closes at once, one with
-            // a request in flight after its answer (hyper's graceful close).
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = shed.notified() => {
-                    // hyper closes an idle connection at once but lets one
-                    // halfway through a request head run to the header
-                    // timeout: a head that has not reached the handler in a
-                    // moment is dropped unanswered, a request in the handler
-                    // gets its answer first.
-                    conn.as_mut().graceful_shutdown();
-                    tokio::select! {
-                        _ = conn.as_mut() => {}
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => {
-                            if in_flight.load(Ordering::SeqCst) > 0 {
-                                let _ = conn.as_mut().await;
-                            }
-                        }
-                    }
-                }
-                _ = stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.as_mut().await;
-                }
-            }
+            drive(conn, &shed, &in_flight, &mut stop).await;
             c.conns.remove(id);
             drop(load);
         });
@@ -472,110 +448,18 @@ async fn serve_unix<H, F>(
             Err(_) => continue,
         };
         if !allowed.contains(&uid) {
-            metrics
-                .connections_refused
-                .with_label_values(&[name, "uid"])
-                .inc();
-            if let Some(n) = gate.refusal_log.note(std::time::Instant::now()) {
-                if uid == own_uid {
-                    tracing::warn!(
-                        socket = name,
-                        peer_uid = uid,
-                        refused_since_last_line = n,
-                        "connection refused: peer uid not in the allow-list (it is the broker's own uid: a socket.allowed_uids list that is set must name it to allow it)"
-                    );
-                } else {
-                    tracing::warn!(
-                        socket = name,
-                        peer_uid = uid,
-                        refused_since_last_line = n,
-                        "connection refused: peer uid not in the allow-list"
-                    );
-                }
-            }
-            // Nothing from this peer is parsed; it gets a fixed answer (if a
-            // refusal slot is free, else none) and the connection is closed.
-            let Ok(refusal) = gate.refusals.clone().try_acquire_owned() else {
-                continue;
-            };
-            tokio::spawn(async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let _refusal = refusal;
-                let mut s = stream;
-                let body = br#"{"error":"access_denied","error_description":"peer uid is not allowed on this socket"}"#;
-                let head = format!(
-                    "HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncache-control: no-store\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                    body.len()
-                );
-                // An HTTP client answered before it has sent its request
-                // drops the answer as unsolicited, and one still writing
-                // when the socket closes gets EPIPE: so wait (briefly) for
-                // the request to start, answer, then drain a little before
-                // closing. Whatever the peer sends is discarded unparsed.
-                let mut sink = [0u8; 4096];
-                let _ = tokio::time::timeout(Duration::from_millis(500), s.read(&mut sink)).await;
-                let _ = tokio::time::timeout(Duration::from_secs(1), async {
-                    let _ = s.write_all(head.as_bytes()).await;
-                    let _ = s.write_all(body).await;
-                    let _ = s.shutdown().await;
-                    let mut left = 64 * 1024usize;
-                    while left > 0 {
-                        match s.read(&mut sink).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => left = left.saturating_sub(n),
-                        }
-                    }
-                })
-                .await;
-            });
+            refuse_uid(name, uid, own_uid, &gate, &metrics, stream);
             continue;
         }
-        let admitted = match gate.conns.admit(uid, max_conn) {
-            Admit::Yes { conn, shed_one } => {
-                if shed_one {
-                    metrics.connections_shed.with_label_values(&[name]).inc();
-                }
-                conn
-            }
-            Admit::Full => {
-                metrics
-                    .connections_refused
-                    .with_label_values(&[name, "cap"])
-                    .inc();
-                if let Some(n) = gate.cap_log.note(std::time::Instant::now()) {
-                    tracing::warn!(
-                        socket = name,
-                        max_connections = max_conn,
-                        refused_since_last_line = n,
-                        "connection refused: every connection slot holds a request in flight"
-                    );
-                }
-                continue;
-            }
+        let Some(admitted) = admit(name, uid, max_conn, &gate, &metrics) else {
+            continue;
         };
-        let load = match &share {
-            Some(sh) => {
-                let load = sh.spread.pick(sh.me);
-                if load.thread != sh.me {
-                    let to = load.thread;
-                    let id = admitted.id;
-                    let sent = stream.into_std().map(|stream| Handed {
-                        stream,
-                        uid,
-                        admitted,
-                        load,
-                    });
-                    match sent.map(|h| sh.spread.inboxes[to].send(h)) {
-                        Ok(Ok(())) => {}
-                        // That thread has stopped (shutdown) or the
-                        // socket could not be taken from this runtime.
-                        Ok(Err(_)) | Err(_) => gate.conns.remove(id),
-                    }
-                    continue;
-                }
-                Some(load)
-            }
-            None => None,
+        let (stream, admitted, load) = match &share {
+            Some(sh) => match hand_off(sh, &gate, stream, uid, admitted) {
+                Kept::Here(stream, admitted, load) => (stream, admitted, Some(load)),
+                Kept::HandedOn => continue,
+            },
+            None => (stream, admitted, None),
         };
         match crate::base::unix::ReadOnlyStream::new(stream) {
             Ok(stream) => serve(&mut tasks, stream, uid, admitted, load),
@@ -590,6 +474,185 @@ async fn serve_unix<H, F>(
     })
     .await;
     tracing::debug!(socket = name, left = gate.conns.len(), "listener stopped");
+}
+
+/// Serves one admitted connection until it closes, is shed, or the
+/// listener stops: an idle connection closes at once, one with a request in
+/// flight after its answer (hyper's graceful close).
+async fn drive<C: hyper_util::server::graceful::GracefulConnection>(
+    conn: C,
+    shed: &tokio::sync::Notify,
+    in_flight: &std::sync::atomic::AtomicUsize,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) {
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = shed.notified() => {
+            // hyper closes an idle connection at once but lets one
+            // halfway through a request head run to the header timeout: a
+            // head that has not reached the handler in a moment is dropped
+            // unanswered, a request in the handler gets its answer first.
+            conn.as_mut().graceful_shutdown();
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {
+                    if in_flight.load(Ordering::SeqCst) > 0 {
+                        let _ = conn.as_mut().await;
+                    }
+                }
+            }
+        }
+        _ = stop.changed() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.as_mut().await;
+        }
+    }
+}
+
+/// A peer whose uid is not allowed: counted, logged (at a bounded rate),
+/// and, if a refusal slot is free, given a fixed 403; nothing it sends is
+/// parsed, and the connection is closed.
+fn refuse_uid(
+    name: &'static str,
+    uid: u32,
+    own_uid: u32,
+    gate: &Gate,
+    metrics: &crate::infra::metrics::Metrics,
+    stream: tokio::net::UnixStream,
+) {
+    metrics
+        .connections_refused
+        .with_label_values(&[name, "uid"])
+        .inc();
+    if let Some(n) = gate.refusal_log.note(std::time::Instant::now()) {
+        if uid == own_uid {
+            tracing::warn!(
+                socket = name,
+                peer_uid = uid,
+                refused_since_last_line = n,
+                "connection refused: peer uid not in the allow-list (it is the broker's own uid: a socket.allowed_uids list that is set must name it to allow it)"
+            );
+        } else {
+            tracing::warn!(
+                socket = name,
+                peer_uid = uid,
+                refused_since_last_line = n,
+                "connection refused: peer uid not in the allow-list"
+            );
+        }
+    }
+    let Ok(refusal) = gate.refusals.clone().try_acquire_owned() else {
+        return;
+    };
+    tokio::spawn(async move {
+        let _refusal = refusal;
+        answer_refused(stream).await;
+    });
+}
+
+/// Writes the fixed 403 of a refused peer and closes. An HTTP client
+/// answered before it has sent its request drops the answer as
+/// unsolicited, and one still writing when the socket closes gets EPIPE:
+/// so wait (briefly) for the request to start, answer, then drain a little
+/// before closing. Whatever the peer sends is discarded unparsed.
+async fn answer_refused(mut s: tokio::net::UnixStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = br#"{"error":"access_denied","error_description":"peer uid is not allowed on this socket"}"#;
+    let head = format!(
+        "HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\ncache-control: no-store\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_millis(500), s.read(&mut sink)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = s.write_all(head.as_bytes()).await;
+        let _ = s.write_all(body).await;
+        let _ = s.shutdown().await;
+        let mut left = 64 * 1024usize;
+        while left > 0 {
+            match s.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}
+
+/// Admits an allowed peer's connection under the cap (shedding an idle one
+/// at it); `None` when every slot holds a request in flight (counted, and
+/// logged at a bounded rate).
+fn admit(
+    name: &'static str,
+    uid: u32,
+    max_conn: usize,
+    gate: &Gate,
+    metrics: &crate::infra::metrics::Metrics,
+) -> Option<Admitted> {
+    match gate.conns.admit(uid, max_conn) {
+        Admit::Yes { conn, shed_one } => {
+            if shed_one {
+                metrics.connections_shed.with_label_values(&[name]).inc();
+            }
+            Some(conn)
+        }
+        Admit::Full => {
+            metrics
+                .connections_refused
+                .with_label_values(&[name, "cap"])
+                .inc();
+            if let Some(n) = gate.cap_log.note(std::time::Instant::now()) {
+                tracing::warn!(
+                    socket = name,
+                    max_connections = max_conn,
+                    refused_since_last_line = n,
+                    "connection refused: every connection slot holds a request in flight"
+                );
+            }
+            None
+        }
+    }
+}
+
+/// Where an admitted connection is served.
+enum Kept {
+    /// On this thread, counted in its load.
+    Here(tokio::net::UnixStream, Admitted, Load),
+    /// Handed to the least loaded thread (or closed, when that thread has
+    /// stopped or the socket could not be taken from this runtime).
+    HandedOn,
+}
+
+/// With several accept threads: keeps the connection when this thread
+/// serves no more connections than the least loaded one, else hands it to
+/// that one over its channel.
+fn hand_off(
+    sh: &Share,
+    gate: &Gate,
+    stream: tokio::net::UnixStream,
+    uid: u32,
+    admitted: Admitted,
+) -> Kept {
+    let load = sh.spread.pick(sh.me);
+    if load.thread == sh.me {
+        return Kept::Here(stream, admitted, load);
+    }
+    let to = load.thread;
+    let id = admitted.id;
+    let sent = stream.into_std().map(|stream| Handed {
+        stream,
+        uid,
+        admitted,
+        load,
+    });
+    match sent.map(|h| sh.spread.inboxes[to].send(h)) {
+        Ok(Ok(())) => {}
+        // That thread has stopped (shutdown) or the socket could not be
+        // taken from this runtime.
+        Ok(Err(_)) | Err(_) => gate.conns.remove(id),
+    }
+    Kept::HandedOn
 }
 
 /// Starts serving the orchestrator socket in the configured runtime shape
@@ -707,20 +770,6 @@ where
     })
 }
 
-/// How often housekeeping runs (rate-limit buckets, vault refresh, expired
-/// links, provider discovery retries).
-const HOUSEKEEPING_PERIOD: Duration = Duration::from_secs(30);
-
-/// How often the key ring is reloaded, so a scheduled rotation activates
-/// (and one made by another process is picked up): a quarter of
-/// `[keys] activation_delay`, between 1 s and the housekeeping period. The
-/// default delay (120 s) gives 30 s, so a key activates at most 30 s late;
-/// a short delay (tests) is not stretched by a long tick.
-fn key_refresh_period(activation_delay: i64) -> Duration {
-    let quarter = u64::try_from(activation_delay.max(0) / 4).unwrap_or(0);
-    Duration::from_secs(quarter).clamp(Duration::from_secs(1), HOUSEKEEPING_PERIOD)
-}
-
 /// Runs an instance on bound listeners until `shutdown` resolves.
 pub async fn run(
     instance: Instance,
@@ -794,84 +843,8 @@ pub async fn run(
         }
         _ => None,
     };
-    let house = {
-        let b = broker.clone();
-        let links = instance.links.clone();
-        let pages = instance.pages.clone();
-        let sealer = instance.sealer.clone();
-        let mut rx = rx.clone();
-        let key_period = key_refresh_period(cfg.key_activation_delay);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(HOUSEKEEPING_PERIOD);
-            let mut key_tick = tokio::time::interval(key_period);
-            loop {
-                tokio::select! {
-                    _ = key_tick.tick() => {
-                        // A scheduled key rotation activates here once due
-                        // (the ring is store I/O and decryption).
-                        let (kb, ks) = (b.clone(), sealer.clone());
-                        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || kb.minter.refresh(kb.store.as_ref(), &ks, kb.clock.now())).await {
-                            tracing::warn!(error = %e, "reloading the signing key ring failed; the current keys stay in use");
-                        }
-                    }
-                    _ = tick.tick() => {
-                        b.limits.housekeeping();
-                        if let Some(c) = b.connected_services() {
-                            c.vault.housekeeping();
-                            for name in c.providers.names() {
-                                if let Some(p) = c.providers.get(name).filter(|p| p.cached_endpoints().is_none()) {
-                                    let p = p.clone();
-                                    tokio::spawn(async move {
-                                        let _ = p.endpoints().await;
-                                    });
-                                }
-                            }
-                        }
-                        let (links, now) = (links.clone(), b.clock.now());
-                        // Sweeping expired connect links is store I/O.
-                        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || links.sweep(now)).await {
-                            tracing::warn!(error = %e, "sweeping expired connect links failed");
-                        }
-                        if let Some(a) = b.approvals().cloned() {
-                            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || a.sweep(now)).await {
-                                tracing::warn!(error = %e, "sweeping ended approvals failed");
-                            }
-                        }
-                        pages.housekeeping();
-                    }
-                    _ = rx.changed() => break,
-                }
-            }
-        })
-    };
-    // Changes made by other instances sharing the store (replicas on
-    // PostgreSQL): the freeze and the key ring are re-read as soon as their
-    // tree moves, instead of at the next tick (which stays the backstop
-    // for the key ring).
-    let changes = {
-        let b = broker.clone();
-        let sealer = instance.sealer.clone();
-        let mut rx = rx.clone();
-        let mut state = b.store.watch(crate::infra::store::Tree::State);
-        let mut keys = b.store.watch(crate::infra::store::Tree::SigningKeys);
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    Ok(()) = state.changed() => {
-                        let b = b.clone();
-                        let _ = tokio::task::spawn_blocking(move || b.reload_frozen()).await;
-                    }
-                    Ok(()) = keys.changed() => {
-                        let (kb, ks) = (b.clone(), sealer.clone());
-                        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || kb.minter.refresh(kb.store.as_ref(), &ks, kb.clock.now())).await {
-                            tracing::warn!(error = %e, "reloading the signing key ring failed; the current keys stay in use");
-                        }
-                    }
-                    _ = rx.changed() => break,
-                }
-            }
-        })
-    };
+    let house = crate::app::housekeeping::spawn(&instance, rx.clone());
+    let changes = crate::app::housekeeping::watch_store(&instance, rx.clone());
     tracing::info!(
         agent = %cfg.agent,
         socket = %cfg.socket.path.display(),
@@ -913,23 +886,9 @@ pub(crate) async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::{key_refresh_period, Admit, Conns};
+    use super::{Admit, Conns};
     use std::sync::atomic::Ordering;
     use std::time::Duration;
-
-    #[test]
-    fn key_refresh_period_is_30_s_for_the_default_delay_and_follows_a_short_one() {
-        let s = Duration::from_secs;
-        assert_eq!(
-            key_refresh_period(crate::infra::config::ACTIVATION_DELAY),
-            s(30)
-        );
-        assert_eq!(key_refresh_period(86_400), s(30));
-        assert_eq!(key_refresh_period(8), s(2));
-        assert_eq!(key_refresh_period(2), s(1));
-        assert_eq!(key_refresh_period(0), s(1));
-        assert_eq!(key_refresh_period(-5), s(1));
-    }
 
     fn id(a: Admit) -> u64 {
         match a {

@@ -84,7 +84,7 @@ fn with_delay_zero(t: String) -> String {
 /// A scheduled rotation activates in a running broker, without a restart,
 /// on the key ring's tick once `[keys] activation_delay` has passed: until
 /// then the new key is only published. The tick is a quarter of the delay
-/// (at least 1 s, at most 30 s: `server::key_refresh_period`), so with a 4 s
+/// (at least 1 s, at most 30 s: `app::housekeeping::key_refresh_period`), so with a 4 s
 /// delay the key is active within a second or so of falling due; with the
 /// 30 s housekeeping tick alone it took up to 30 s.
 #[tokio::test]
