@@ -154,6 +154,33 @@ pub(super) fn providers(
     providers
 }
 
+/// Reports problems of one provider's table, each under its full key.
+struct Fail<'c, 'a> {
+    name: &'c str,
+    check: &'c mut Check<'a>,
+}
+
+impl Fail<'_, '_> {
+    fn at(&mut self, k: &str, m: &str) {
+        let key = format!("providers.{}.{k}", self.name);
+        self.check.bad(&key, m);
+    }
+}
+
+/// An https URL (http only on loopback) without fragment.
+fn url_ok(u: &str) -> bool {
+    url::Url::parse(u).is_ok_and(|u| secure_or_loopback(&u) && u.fragment().is_none())
+}
+
+/// The preset a provider's table names, and for the demo service the base
+/// its endpoints are under.
+struct Preset {
+    github: bool,
+    demo: bool,
+    /// The demo service's issuer, without a trailing `/`.
+    demo_base: Option<String>,
+}
+
 /// Validates one `[providers.<name>]` table; `None` if it has a problem
 /// (each one reported through `check`).
 fn provider(
@@ -162,129 +189,26 @@ fn provider(
     own_issuer: &str,
     check: &mut Check<'_>,
 ) -> Option<ProviderConfig> {
-    let key = |k: &str| format!("providers.{name}.{k}");
     let before = check.problems.len();
-    let mut fail = |k: &str, m: &str| check.bad(&key(k), m);
+    let mut f = Fail { name, check };
     if name.is_empty()
         || name.len() > 64
         || !name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
-        fail(
+        f.at(
             "name",
             "a provider name is letters, digits, - and _ (it appears in URLs and the policy)",
         );
     }
-    let url_ok = |u: &str| {
-        url::Url::parse(u).is_ok_and(|u| secure_or_loopback(&u) && u.fragment().is_none())
-    };
-    let (github, demo) = match rp.preset.as_deref() {
-        None => (false, false),
-        Some("github") => (true, false),
-        Some(QUICKSTART_DEMO) => (false, true),
-        Some(_) => {
-            fail(
-                "preset",
-                "the presets are \"github\" and \"quickstart-demo\" (the quick start's demo service)",
-            );
-            (false, false)
-        }
-    };
-    // The demo service's endpoints are under its issuer.
-    let demo_base = if demo {
-        match rp.issuer.as_deref() {
-            Some(i)
-                if url::Url::parse(i).is_ok_and(|u| {
-                    u.scheme() == "http" && secure_or_loopback(&u) && u.path() == "/"
-                }) =>
-            {
-                Some(i.trim_end_matches('/').to_string())
-            }
-            _ => {
-                fail(
-                    "issuer",
-                    "the quickstart-demo preset needs issuer = \"http://127.0.0.1:PORT\" (where the quick start serves its demo service)",
-                );
-                None
-            }
-        }
-    } else {
-        None
-    };
-    for (k, v) in [
-        ("issuer", &rp.issuer),
-        ("authorization_endpoint", &rp.authorization_endpoint),
-        ("token_endpoint", &rp.token_endpoint),
-        ("revocation_endpoint", &rp.revocation_endpoint),
-        ("userinfo_endpoint", &rp.userinfo_endpoint),
-    ] {
-        if v.as_deref().is_some_and(|u| !url_ok(u)) {
-            fail(
-                k,
-                "must be an https URL (http only on loopback), without fragment",
-            );
-        }
-    }
-    let (auth_default, token_default) = if github {
-        (
-            Some(GITHUB_AUTHORIZE.to_string()),
-            Some(GITHUB_TOKEN.to_string()),
-        )
-    } else if let Some(b) = &demo_base {
-        (Some(format!("{b}/authorize")), Some(format!("{b}/token")))
-    } else {
-        (None, None)
-    };
-    let authorization = rp.authorization_endpoint.or(auth_default);
-    let token = rp.token_endpoint.or(token_default);
-    let endpoints = match (authorization, token) {
-        (Some(authorization), Some(token)) => Some(Endpoints {
-            authorization,
-            token,
-            revocation: rp
-                .revocation_endpoint
-                .or_else(|| demo_base.as_ref().map(|b| format!("{b}/revoke"))),
-            userinfo: rp.userinfo_endpoint,
-            // Explicit endpoints: `iss` is checked when sent, not required.
-            sends_iss: false,
-        }),
-        (None, None) if rp.issuer.is_some() => None,
-        _ => {
-            fail(
-                "token_endpoint",
-                "give authorization_endpoint and token_endpoint, or only issuer (for RFC 8414 / OpenID Connect discovery)",
-            );
-            None
-        }
-    };
-    let client_auth = match rp.token_endpoint_auth.as_deref() {
-        None if github => ClientAuth::Post,
-        None if rp.client_secret_file.is_none() => ClientAuth::None,
-        None | Some("client_secret_basic") => ClientAuth::Basic,
-        Some("client_secret_post") => ClientAuth::Post,
-        Some("none") => ClientAuth::None,
-        Some(_) => {
-            fail(
-                "token_endpoint_auth",
-                "must be client_secret_basic, client_secret_post or none",
-            );
-            ClientAuth::Basic
-        }
-    };
-    if client_auth != ClientAuth::None && rp.client_secret_file.is_none() {
-        fail(
-            "client_secret_file",
-            "a confidential client needs its secret in a file (mode 0600)",
-        );
-    }
-    if rp.client_id.is_empty() || rp.client_id.chars().any(char::is_control) {
-        fail("client_id", "must be non-empty, without control characters");
-    }
+    let preset = preset(rp.preset.as_deref(), rp.issuer.as_deref(), &mut f);
+    let endpoints = endpoints(&rp, &preset, &mut f);
+    let client_auth = client_auth(&rp, preset.github, &mut f);
     let redirect_uri = match rp.redirect_uri {
         Some(u) => {
             if !url_ok(&u) || u.contains('?') {
-                fail(
+                f.at(
                     "redirect_uri",
                     "must be an https URL (http only on loopback) without query or fragment",
                 );
@@ -297,7 +221,7 @@ fn provider(
     let mut scopes = Vec::new();
     for s in rp.scopes.unwrap_or_default() {
         if !valid_scope_token(&s) {
-            fail(
+            f.at(
                 "scopes",
                 "a scope must be a non-empty token without spaces or quotes",
             );
@@ -305,7 +229,191 @@ fn provider(
             scopes.push(s);
         }
     }
-    let account = match rp.account {
+    let account = account(rp.account, &preset, &mut f);
+    if matches!(account, AccountLookup::Userinfo { .. })
+        && endpoints.as_ref().is_some_and(|e| e.userinfo.is_none())
+    {
+        f.at("userinfo_endpoint", "the account's name is read from userinfo: give userinfo_endpoint, or account.url for an API");
+    }
+    let timeout = duration(
+        rp.timeout.as_deref(),
+        Duration::from_secs(10),
+        |d| !d.is_zero() && d <= Duration::from_secs(60),
+        (
+            "timeout",
+            "must be a duration between 1ms and 60s, such as \"10s\"",
+        ),
+        &mut f,
+    );
+    let recheck_unexpiring_token_after = duration(
+        rp.recheck_unexpiring_token_after.as_deref(),
+        Duration::from_secs(3600),
+        |d| d >= Duration::from_secs(60) && d <= Duration::from_secs(86_400),
+        (
+            "recheck_unexpiring_token_after",
+            "must be a duration between 1m and 24h, such as \"1h\"",
+        ),
+        &mut f,
+    );
+    let grant_endpoint = grant_endpoint(rp.grant_endpoint, preset.github, &rp.client_id, &mut f);
+    let api_base = api_base(rp.api_base.as_deref(), &preset, &mut f);
+    if check.problems.len() > before {
+        return None;
+    }
+    Some(ProviderConfig {
+        api_base,
+        grant_endpoint,
+        recheck_unexpiring_token_after,
+        name: name.to_string(),
+        display_name: rp.display_name.unwrap_or_else(|| {
+            if preset.github {
+                "GitHub".into()
+            } else if preset.demo {
+                "Demo service".into()
+            } else {
+                name.to_string()
+            }
+        }),
+        issuer: rp.issuer,
+        endpoints,
+        client_id: rp.client_id,
+        client_secret_file: rp.client_secret_file.map(|p| check.rel(&p)),
+        client_auth,
+        redirect_uri,
+        scopes,
+        narrow_on_refresh: rp.narrow_on_refresh.unwrap_or(false),
+        account,
+        timeout,
+    })
+}
+
+/// The preset (`github`, the quick start's demo service, or none); the
+/// demo service's endpoints are under its issuer.
+fn preset(preset: Option<&str>, issuer: Option<&str>, f: &mut Fail<'_, '_>) -> Preset {
+    let (github, demo) = match preset {
+        None => (false, false),
+        Some("github") => (true, false),
+        Some(QUICKSTART_DEMO) => (false, true),
+        Some(_) => {
+            f.at(
+                "preset",
+                "the presets are \"github\" and \"quickstart-demo\" (the quick start's demo service)",
+            );
+            (false, false)
+        }
+    };
+    let demo_base = if demo {
+        match issuer {
+            Some(i)
+                if url::Url::parse(i).is_ok_and(|u| {
+                    u.scheme() == "http" && secure_or_loopback(&u) && u.path() == "/"
+                }) =>
+            {
+                Some(i.trim_end_matches('/').to_string())
+            }
+            _ => {
+                f.at(
+                    "issuer",
+                    "the quickstart-demo preset needs issuer = \"http://127.0.0.1:PORT\" (where the quick start serves its demo service)",
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    Preset {
+        github,
+        demo,
+        demo_base,
+    }
+}
+
+/// The endpoints: given, or the preset's; `None` with only an issuer (found
+/// by discovery).
+fn endpoints(rp: &RawProvider, preset: &Preset, f: &mut Fail<'_, '_>) -> Option<Endpoints> {
+    for (k, v) in [
+        ("issuer", &rp.issuer),
+        ("authorization_endpoint", &rp.authorization_endpoint),
+        ("token_endpoint", &rp.token_endpoint),
+        ("revocation_endpoint", &rp.revocation_endpoint),
+        ("userinfo_endpoint", &rp.userinfo_endpoint),
+    ] {
+        if v.as_deref().is_some_and(|u| !url_ok(u)) {
+            f.at(
+                k,
+                "must be an https URL (http only on loopback), without fragment",
+            );
+        }
+    }
+    let demo_base = &preset.demo_base;
+    let (auth_default, token_default) = if preset.github {
+        (
+            Some(GITHUB_AUTHORIZE.to_string()),
+            Some(GITHUB_TOKEN.to_string()),
+        )
+    } else if let Some(b) = demo_base {
+        (Some(format!("{b}/authorize")), Some(format!("{b}/token")))
+    } else {
+        (None, None)
+    };
+    let authorization = rp.authorization_endpoint.clone().or(auth_default);
+    let token = rp.token_endpoint.clone().or(token_default);
+    match (authorization, token) {
+        (Some(authorization), Some(token)) => Some(Endpoints {
+            authorization,
+            token,
+            revocation: rp
+                .revocation_endpoint
+                .clone()
+                .or_else(|| demo_base.as_ref().map(|b| format!("{b}/revoke"))),
+            userinfo: rp.userinfo_endpoint.clone(),
+            // Explicit endpoints: `iss` is checked when sent, not required.
+            sends_iss: false,
+        }),
+        (None, None) if rp.issuer.is_some() => None,
+        _ => {
+            f.at(
+                "token_endpoint",
+                "give authorization_endpoint and token_endpoint, or only issuer (for RFC 8414 / OpenID Connect discovery)",
+            );
+            None
+        }
+    }
+}
+
+/// How the client authenticates at the token endpoint, and what that
+/// needs: a secret file for a confidential client, a client id.
+fn client_auth(rp: &RawProvider, github: bool, f: &mut Fail<'_, '_>) -> ClientAuth {
+    let client_auth = match rp.token_endpoint_auth.as_deref() {
+        None if github => ClientAuth::Post,
+        None if rp.client_secret_file.is_none() => ClientAuth::None,
+        None | Some("client_secret_basic") => ClientAuth::Basic,
+        Some("client_secret_post") => ClientAuth::Post,
+        Some("none") => ClientAuth::None,
+        Some(_) => {
+            f.at(
+                "token_endpoint_auth",
+                "must be client_secret_basic, client_secret_post or none",
+            );
+            ClientAuth::Basic
+        }
+    };
+    if client_auth != ClientAuth::None && rp.client_secret_file.is_none() {
+        f.at(
+            "client_secret_file",
+            "a confidential client needs its secret in a file (mode 0600)",
+        );
+    }
+    if rp.client_id.is_empty() || rp.client_id.chars().any(char::is_control) {
+        f.at("client_id", "must be non-empty, without control characters");
+    }
+    client_auth
+}
+
+/// Where the account's id and name are read: an API, or userinfo.
+fn account(raw: Option<RawAccountLookup>, preset: &Preset, f: &mut Fail<'_, '_>) -> AccountLookup {
+    match raw {
         Some(RawAccountLookup {
             url: Some(u),
             id_field,
@@ -314,7 +422,7 @@ fn provider(
             userinfo_name_claim: None,
         }) => {
             if !url_ok(&u) {
-                fail(
+                f.at(
                     "account.url",
                     "must be an https URL (http only on loopback)",
                 );
@@ -336,19 +444,19 @@ fn provider(
             name_claim: userinfo_name_claim.unwrap_or_else(|| "preferred_username".into()),
         },
         Some(_) => {
-            fail("account", "give either url (with id_field, name_field) or userinfo_id_claim / userinfo_name_claim");
+            f.at("account", "give either url (with id_field, name_field) or userinfo_id_claim / userinfo_name_claim");
             AccountLookup::Userinfo {
                 id_claim: "sub".into(),
                 name_claim: "preferred_username".into(),
             }
         }
-        None if github => AccountLookup::Api {
+        None if preset.github => AccountLookup::Api {
             url: GITHUB_USER_API.into(),
             id_field: "id".into(),
             name_field: "login".into(),
         },
-        None if demo => AccountLookup::Api {
-            url: format!("{}/api/me", demo_base.as_deref().unwrap_or_default()),
+        None if preset.demo => AccountLookup::Api {
+            url: format!("{}/api/me", preset.demo_base.as_deref().unwrap_or_default()),
             id_field: "id".into(),
             name_field: "login".into(),
         },
@@ -356,42 +464,42 @@ fn provider(
             id_claim: "sub".into(),
             name_claim: "preferred_username".into(),
         },
-    };
-    if matches!(account, AccountLookup::Userinfo { .. })
-        && endpoints.as_ref().is_some_and(|e| e.userinfo.is_none())
-    {
-        fail("userinfo_endpoint", "the account's name is read from userinfo: give userinfo_endpoint, or account.url for an API");
     }
-    let timeout = match rp.timeout.as_deref() {
-        None => Duration::from_secs(10),
-        Some(t) => match parse_duration(t) {
-            Some(d) if !d.is_zero() && d <= Duration::from_secs(60) => d,
-            _ => {
-                fail(
-                    "timeout",
-                    "must be a duration between 1ms and 60s, such as \"10s\"",
-                );
-                Duration::from_secs(10)
-            }
-        },
+}
+
+/// A duration setting: `default` when absent; one outside `ok` is reported
+/// (`problem`: the key and the message) and the default used.
+fn duration(
+    raw: Option<&str>,
+    default: Duration,
+    ok: impl Fn(Duration) -> bool,
+    problem: (&str, &str),
+    f: &mut Fail<'_, '_>,
+) -> Duration {
+    let Some(t) = raw else {
+        return default;
     };
-    let recheck_unexpiring_token_after = match rp.recheck_unexpiring_token_after.as_deref() {
-        None => Duration::from_secs(3600),
-        Some(t) => match parse_duration(t) {
-            Some(d) if d >= Duration::from_secs(60) && d <= Duration::from_secs(86_400) => d,
-            _ => {
-                fail(
-                    "recheck_unexpiring_token_after",
-                    "must be a duration between 1m and 24h, such as \"1h\"",
-                );
-                Duration::from_secs(3600)
-            }
-        },
-    };
-    let grant_endpoint = match rp.grant_endpoint {
+    match parse_duration(t) {
+        Some(d) if ok(d) => d,
+        _ => {
+            f.at(problem.0, problem.1);
+            default
+        }
+    }
+}
+
+/// GitHub's application grant API (revocation on disconnect); only the
+/// github preset has one.
+fn grant_endpoint(
+    raw: Option<String>,
+    github: bool,
+    client_id: &str,
+    f: &mut Fail<'_, '_>,
+) -> Option<String> {
+    match raw {
         Some(u) if github => {
             if !url::Url::parse(&u).is_ok_and(|x| secure_or_loopback(&x)) {
-                fail(
+                f.at(
                     "grant_endpoint",
                     "must be an https URL (http only on loopback)",
                 );
@@ -399,7 +507,7 @@ fn provider(
             Some(u)
         }
         Some(_) => {
-            fail(
+            f.at(
                 "grant_endpoint",
                 "only the github preset has an application grant API (others revoke with revocation_endpoint, RFC 7009)",
             );
@@ -407,49 +515,25 @@ fn provider(
         }
         None if github => Some(format!(
             "{GITHUB_API}/applications/{}/grant",
-            url::form_urlencoded::byte_serialize(rp.client_id.as_bytes()).collect::<String>()
+            url::form_urlencoded::byte_serialize(client_id.as_bytes()).collect::<String>()
         )),
         None => None,
-    };
-    let api_base = match rp.api_base.as_deref() {
+    }
+}
+
+/// The API the egress proxy forwards to: given, or the preset's.
+fn api_base(raw: Option<&str>, preset: &Preset, f: &mut Fail<'_, '_>) -> Option<String> {
+    match raw {
         Some(u) => match parse_api_base(u) {
             Ok(b) => Some(b),
             Err(m) => {
-                fail("api_base", m);
+                f.at("api_base", m);
                 None
             }
         },
-        None if github => Some(GITHUB_API.to_string()),
+        None if preset.github => Some(GITHUB_API.to_string()),
         // The demo service's API is under its own origin (`/api`).
-        None if demo => demo_base.clone(),
+        None if preset.demo => preset.demo_base.clone(),
         None => None,
-    };
-    if check.problems.len() > before {
-        return None;
     }
-    Some(ProviderConfig {
-        api_base,
-        grant_endpoint,
-        recheck_unexpiring_token_after,
-        name: name.to_string(),
-        display_name: rp.display_name.unwrap_or_else(|| {
-            if github {
-                "GitHub".into()
-            } else if demo {
-                "Demo service".into()
-            } else {
-                name.to_string()
-            }
-        }),
-        issuer: rp.issuer,
-        endpoints,
-        client_id: rp.client_id,
-        client_secret_file: rp.client_secret_file.map(|p| check.rel(&p)),
-        client_auth,
-        redirect_uri,
-        scopes,
-        narrow_on_refresh: rp.narrow_on_refresh.unwrap_or(false),
-        account,
-        timeout,
-    })
 }
