@@ -29,7 +29,7 @@
 //! (a pooler in transaction mode handing over another server session) or
 //! whose result type changed under it (a schema change by another replica)
 //! is refused before it runs; the connection's cache is then cleared and
-//! the statement prepared and sent once more (see [`query_rows`]).
+//! the statement prepared and sent once more (see [`statements`]).
 //!
 //! Changes: a trigger on `records` sends `NOTIFY credbroker_changes` with
 //! the tree's name; a dedicated connection (not from the pool) listens and
@@ -38,24 +38,24 @@
 //! while it was away are lost. Writes in this process move the counter at
 //! once as well.
 //!
-//! Files: `migrations` (the schema and its versions).
+//! Files: `migrations` (the schema and its versions), `statements` (the
+//! statement cache and its retry), `changes` (the change listener).
 
+mod changes;
 pub(crate) mod migrations;
+mod statements;
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
-use tokio_postgres::error::SqlState;
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, NoTls, Row};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+use tokio_postgres::NoTls;
 
-use super::{check_tree, Entry, Fenced, Lease, Store, StoreError, Tree, Watchers, ALL_TREES};
-
-/// The channel of change notifications.
-const CHANNEL: &str = "credbroker_changes";
+use super::{check_tree, Entry, Fenced, Lease, Store, StoreError, Tree, Watchers};
+use changes::listener;
+use statements::{execute, query_rows};
 
 /// Whether the schema may be migrated at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,52 +148,6 @@ pub(crate) fn pg_error(e: tokio_postgres::Error) -> StoreError {
             }
         }
     }
-}
-
-/// Whether the server refused a cached prepared statement without running
-/// it: 26000 (it does not know the statement: this session is not the one
-/// that prepared it, as behind a pooler in transaction mode, or it was
-/// deallocated) or 0A000 (`cached plan must not change result type`: a
-/// column it returns changed type since it was prepared). Either way
-/// nothing was executed, so preparing it again and resending is safe, also
-/// for a write.
-fn stale_statement(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some_and(|c| {
-        *c == SqlState::INVALID_SQL_STATEMENT_NAME || *c == SqlState::FEATURE_NOT_SUPPORTED
-    })
-}
-
-/// Runs `run` with `sql` prepared through the connection's statement
-/// cache; on a stale cached statement (see [`stale_statement`]) clears this
-/// connection's cache and runs it once more with a fresh one.
-async fn with_statement<T, F, Fut>(c: &Object, sql: &str, run: F) -> Result<T, StoreError>
-where
-    F: Fn(tokio_postgres::Statement) -> Fut,
-    Fut: Future<Output = Result<T, tokio_postgres::Error>>,
-{
-    let st = c.prepare_cached(sql).await.map_err(pg_error)?;
-    match run(st).await {
-        Err(e) if stale_statement(&e) => {
-            c.statement_cache.clear();
-            let st = c.prepare_cached(sql).await.map_err(pg_error)?;
-            run(st).await.map_err(pg_error)
-        }
-        r => r.map_err(pg_error),
-    }
-}
-
-/// The rows of the query `sql` (see [`with_statement`]).
-async fn query_rows(
-    c: &Object,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<Row>, StoreError> {
-    with_statement(c, sql, |st| async move { c.query(&st, params).await }).await
-}
-
-/// The rows a statement that returns none touched (see [`with_statement`]).
-async fn execute(c: &Object, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
-    with_statement(c, sql, |st| async move { c.execute(&st, params).await }).await
 }
 
 /// How long an operation waits for a pooled connection when all are busy:
@@ -629,73 +583,6 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
-fn tree_named(name: &str) -> Option<Tree> {
-    ALL_TREES.iter().copied().find(|t| t.name() == name)
-}
-
-/// Listens for change notifications on a connection of its own, for as
-/// long as the store's runtime runs, reconnecting after a failure.
-async fn listener(config: tokio_postgres::Config, tls: Tls, watchers: Arc<Watchers>) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        let (ntx, mut nrx) = tokio::sync::mpsc::unbounded_channel::<String>();
-        let connected = match &tls {
-            Tls::None => match config.connect(NoTls).await {
-                Ok((client, conn)) => Some((client, tokio::spawn(drive(conn, ntx)))),
-                Err(_) => None,
-            },
-            Tls::Rustls(t) => match config.connect(t.clone()).await {
-                Ok((client, conn)) => Some((client, tokio::spawn(drive(conn, ntx)))),
-                Err(_) => None,
-            },
-        };
-        if let Some((client, driver)) = connected {
-            if client
-                .batch_execute(&format!("LISTEN {CHANNEL}"))
-                .await
-                .is_ok()
-            {
-                backoff = Duration::from_millis(100);
-                // What changed while no one listened is unknown.
-                for t in ALL_TREES {
-                    watchers.bump(t);
-                }
-                while let Some(name) = nrx.recv().await {
-                    if let Some(t) = tree_named(&name) {
-                        watchers.bump(t);
-                    }
-                }
-            }
-            driver.abort();
-            tracing::warn!("lost the store's change notifications; reconnecting");
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
-    }
-}
-
-/// Drives a listening connection, forwarding each notification's payload;
-/// returns (dropping the sender) when the connection ends.
-async fn drive<S, T>(
-    mut conn: tokio_postgres::Connection<S, T>,
-    tx: tokio::sync::mpsc::UnboundedSender<String>,
-) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    while let Some(m) = std::future::poll_fn(|cx| conn.poll_message(cx)).await {
-        match m {
-            Ok(AsyncMessage::Notification(n)) => {
-                if tx.send(n.payload().to_string()).is_err() {
-                    return;
-                }
-            }
-            Ok(_) => {}
-            Err(_) => return,
-        }
-    }
-}
-
 impl Store for PgStore {
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         check_tree(tree, false)?;
@@ -928,6 +815,7 @@ impl Store for PgStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::infra::store::ALL_TREES;
 
     #[test]
     fn prefix_end_skips_trailing_ff() {
@@ -940,8 +828,8 @@ mod tests {
     #[test]
     fn every_tree_is_found_by_its_name() {
         for t in ALL_TREES {
-            assert_eq!(tree_named(t.name()), Some(t));
+            assert_eq!(changes::tree_named(t.name()), Some(t));
         }
-        assert_eq!(tree_named("nope"), None);
+        assert_eq!(changes::tree_named("nope"), None);
     }
 }
