@@ -13,17 +13,18 @@
 //! accounts by (person `iss`, person `sub`, service), allowances by
 //! (`iss`, `sub`, service, agent).
 
+mod kept;
 pub(crate) mod keys;
 mod refresh;
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroize;
 
+use kept::Kept;
 pub(crate) use keys::{VaultKeys, DEFAULT_SEAL_CAP};
 pub(crate) use refresh::ServiceToken;
 pub use refresh::{lease_lifetime, TokenOutcome, TokenRequest};
@@ -307,71 +308,6 @@ pub struct RotationReport {
     pub done: bool,
     /// Key ids that sealed nothing any more once done: their files may go.
     pub retired_keys: Vec<String>,
-}
-
-/// The most entries each of [`Vault`]'s [`Kept`] maps holds; when full it
-/// starts again empty.
-const KEPT_MAX: usize = 4096;
-
-/// What the token's fast path (a proxied call, a derive for a service)
-/// worked out from an account's stored bytes, by account key, each with
-/// the bytes it came from, so that the same bytes are not worked on again.
-/// A value is served only while the bytes handed in are byte for byte the
-/// ones it came from: what is kept is a function of those bytes alone.
-/// The record itself is still read from the store on every call, so a
-/// disconnect or a refresh on another replica is seen at once.
-struct Kept<V> {
-    /// Account (or allowance) key -> (the bytes, what came from them).
-    map: Mutex<HashMap<Vec<u8>, KeptEntry<V>>>,
-}
-
-type KeptEntry<V> = (Vec<u8>, V);
-
-impl<V> Default for Kept<V> {
-    fn default() -> Self {
-        Kept {
-            map: Mutex::default(),
-        }
-    }
-}
-
-impl<V> std::fmt::Debug for Kept<V> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Kept([REDACTED])")
-    }
-}
-
-impl<V: Clone> Kept<V> {
-    fn get(&self, key: &[u8], from: &[u8]) -> Option<V> {
-        let map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        match map.get(key) {
-            Some((f, v)) if f == from => Some(v.clone()),
-            _ => None,
-        }
-    }
-
-    fn put(&self, key: &[u8], from: &[u8], v: V) {
-        let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if map.len() >= KEPT_MAX && !map.contains_key(key) {
-            map.clear();
-        }
-        map.insert(key.to_vec(), (from.to_vec(), v));
-    }
-
-    fn forget(&self, key: &[u8]) {
-        self.map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(key);
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
 }
 
 /// Token sets opened on the token's fast path, each kept with the sealed
