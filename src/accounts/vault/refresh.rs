@@ -283,7 +283,10 @@ impl Vault {
     }
 
     /// The token logic after the first read of the account's record `rec`
-    /// (stored under `key`).
+    /// (stored under `key`): the stored token when it is fresh; else, one
+    /// refresh at a time (this process's mutex, then the lease across
+    /// instances), the tokens another holder saved meanwhile, the check of
+    /// a token without a lifetime, or a refresh saved before it is served.
     async fn token_from(
         &self,
         provider: &Provider,
@@ -293,38 +296,25 @@ impl Vault {
         key: Vec<u8>,
         rec: &super::AccountRecord,
     ) -> Result<TokenOutcome, VaultError> {
-        let not_refused = |e: &AccessEntry| refused.is_none_or(|t| t != e.access_token);
         let now = clock.now();
         if rec.status == AccountStatus::ReconnectRequired {
             return Ok(TokenOutcome::Reconnect);
         }
-        let recheck = i64::try_from(provider.config().recheck_unexpiring_token_after.as_secs())
-            .unwrap_or(3600);
-        let narrow =
-            provider.config().narrow_on_refresh && scope_key(r.scopes) != scope_key(&rec.scopes);
-        let skey = if narrow {
-            scope_key(r.scopes)
-        } else {
-            String::new()
-        };
+        let want = Want::new(provider, r, refused, key, rec);
         {
-            let tokens = self.open_tokens_kept(&key, rec)?;
-            if let Some(e) = tokens
-                .entry(&skey)
-                .filter(|e| fresh(e, now, recheck) && not_refused(e))
-            {
+            let tokens = self.open_tokens_kept(&want.key, rec)?;
+            if let Some(e) = tokens.entry(&want.skey).filter(|e| want.fresh(e, now)) {
                 return Ok(TokenOutcome::Token(token(
                     e,
                     &tokens.refresh_token,
-                    narrow,
+                    want.narrow,
                     false,
                 )));
             }
         }
-        let seen_generation = rec.generation;
 
         // Slow path: one refresh at a time for this account.
-        let lock = self.refresh.get(&key);
+        let lock = self.refresh.get(&want.key);
         let waiting_since = Instant::now();
         let Ok(mut guard) = tokio::time::timeout(provider.config().timeout, lock.lock()).await
         else {
@@ -332,141 +322,46 @@ impl Vault {
                 "waited too long for another refresh of this account".into(),
             ));
         };
-        // A token saved since we looked (by this process or another
-        // instance) is used as it is, if it has not expired.
-        let usable = |e: &AccessEntry, generation: u64, now: i64| {
-            let refreshed_meanwhile =
-                generation != seen_generation && e.expires_at.is_none_or(|t| t > now);
-            (fresh(e, now, recheck) || refreshed_meanwhile) && not_refused(e)
-        };
-
-        // Across instances: the account's lease, or else the tokens its
-        // holder saves. Waiting is bounded by one lease lifetime: by then
-        // the holder has released it or it has lapsed.
-        let ttl = lease_lifetime(provider.config().timeout);
-        let holder = lease_holder()?;
-        let give_up = Instant::now() + ttl + LEASE_POLL;
-        let lease = loop {
-            if self
-                .store
-                .insert_expiring(Tree::Leases, &key, &holder, ttl)?
-            {
-                break HeldLease {
-                    store: self.store.as_ref(),
-                    key: &key,
-                    holder,
-                };
-            }
-            let now = clock.now();
-            let Some((_, rec)) = self.read(&key)? else {
-                return Ok(TokenOutcome::NoAccount);
-            };
-            if rec.status == AccountStatus::ReconnectRequired {
-                return Ok(TokenOutcome::Reconnect);
-            }
-            let tokens = self.open_tokens(&key, &rec)?;
-            if let Some(e) = tokens
-                .entry(&skey)
-                .filter(|e| usable(e, rec.generation, now))
-            {
-                return Ok(TokenOutcome::Token(token(
-                    e,
-                    &tokens.refresh_token,
-                    narrow,
-                    false,
-                )));
-            }
-            if Instant::now() >= give_up {
-                return Ok(TokenOutcome::Unavailable(
-                    "waited too long for another instance's refresh of this account".into(),
-                ));
-            }
-            tokio::time::sleep(LEASE_POLL).await;
+        let lease = match self.take_lease(provider, &want, clock).await? {
+            Ok(lease) => lease,
+            Err(outcome) => return Ok(outcome),
         };
         crate::infra::failpoint::pause("vault.refresh.lease_taken");
 
         // Under the lease: read what the previous holder left.
         let now = clock.now();
-        let Some((raw, rec)) = self.read(&key)? else {
-            return Ok(TokenOutcome::NoAccount);
+        let held = match self.read_held(&want, now)? {
+            Ok(held) => held,
+            Err(outcome) => return Ok(outcome),
         };
-        if rec.status == AccountStatus::ReconnectRequired {
-            return Ok(TokenOutcome::Reconnect);
-        }
-        let mut tokens = self.open_tokens(&key, &rec)?;
-        if let Some(e) = tokens
-            .entry(&skey)
-            .filter(|e| usable(e, rec.generation, now))
-        {
-            return Ok(TokenOutcome::Token(token(
-                e,
-                &tokens.refresh_token,
-                narrow,
-                false,
-            )));
-        }
         if let Some((at, why)) = &guard.last_failure {
             if *at >= waiting_since {
                 return Ok(TokenOutcome::Unavailable(why.clone()));
             }
         }
-        if tokens.refresh_token.is_none() {
-            let unexpiring = tokens
-                .entry(&skey)
-                .filter(|e| e.expires_at.is_none())
-                .map(|e| {
-                    (
-                        SecretString::new(e.access_token.clone()),
-                        e.token_type.clone(),
-                    )
-                });
-            if let Some((access, token_type)) = unexpiring {
-                // No lifetime and nothing to refresh with: the fresh check
-                // is the account look-up with the token itself.
-                return match provider.account_info(access.expose()).await {
-                    Ok(who) if who.id == rec.account_id => {
-                        let now = clock.now();
-                        if let Some(e) = tokens.access.iter_mut().find(|e| e.scope_key == skey) {
-                            e.checked_at = Some(now);
-                        }
-                        let mut next = rec.clone();
-                        next.sealed = self.seal(&key, &tokens)?;
-                        next.generation = rec.generation + 1;
-                        next.updated = now;
-                        // Losing the race to another write only means the
-                        // next use checks again.
-                        let _ = self.swap(&key, Some(&raw), &next)?;
-                        guard.last_failure = None;
-                        Ok(TokenOutcome::Token(ServiceToken {
-                            access_token: access,
-                            token_type,
-                            expires_at: None,
-                            narrowed: narrow,
-                            refreshed: false,
-                            refresh_token: None,
-                        }))
-                    }
-                    Ok(_) | Err(crate::accounts::upstream::UpstreamError::Rejected { .. }) => {
-                        tracing::warn!(service = %r.service, "the provider no longer accepts the token (it has no lifetime); the account needs reconnecting");
-                        self.mark_reconnect(r.person, r.service, clock.now())?;
-                        Ok(TokenOutcome::Reconnect)
-                    }
-                    Err(e) => {
-                        let why = e.to_string();
-                        tracing::warn!(service = %r.service, error = %why, "the check of a token without a lifetime failed");
-                        guard.last_failure = Some((Instant::now(), why.clone()));
-                        Ok(TokenOutcome::Unavailable(why))
-                    }
-                };
+        let mut held = held;
+        if held.tokens.refresh_token.is_none() {
+            let checked = self
+                .check_unexpiring(
+                    provider,
+                    r,
+                    clock,
+                    &want,
+                    &mut held,
+                    &mut guard.last_failure,
+                )
+                .await?;
+            if let Some(outcome) = checked {
+                return Ok(outcome);
             }
         }
-        let Some(refresh_token) = tokens.refresh_token.clone().map(SecretString::new) else {
+        let Some(refresh_token) = held.tokens.refresh_token.clone().map(SecretString::new) else {
             // Expired (or about to) and nothing to refresh with.
             self.mark_reconnect(r.person, r.service, now)?;
             return Ok(TokenOutcome::Reconnect);
         };
         let answer = provider
-            .refresh(refresh_token.expose(), narrow.then_some(r.scopes))
+            .refresh(refresh_token.expose(), want.narrow.then_some(r.scopes))
             .await;
         let set = match answer {
             Ok(set) => set,
@@ -489,47 +384,16 @@ impl Vault {
                 "the provider issued an already expired token".into(),
             ));
         }
-        // Save before release: the rotated refresh token is durable before
-        // any access token leaves this function.
-        let (mut raw, mut rec) = (raw, rec);
-        loop {
-            tokens.absorb(&skey, &set, now);
-            let mut next = rec.clone();
-            next.sealed = self.seal(&key, &tokens)?;
-            next.generation = rec.generation + 1;
-            next.updated = now;
-            match self.swap_fenced(&key, &raw, &next, &lease)? {
-                Fenced::Swapped => break,
-                Fenced::LeaseLost => {
-                    // Another instance may hold the lease now and spend
-                    // the refresh token itself: ours must not be saved
-                    // over its tokens, and nothing is handed out.
-                    tracing::warn!(service = %r.service, "the refresh lease lapsed before the new tokens were saved; they are dropped");
-                    return Ok(TokenOutcome::Unavailable(
-                        "the refresh took longer than its lease".into(),
-                    ));
-                }
-                Fenced::Changed => {}
-            }
-            // Changed under us (a re-wrap by a rotation): merge into the
-            // current record if it is still the same account.
-            let Some((raw2, rec2)) = self.read(&key)? else {
-                return Ok(TokenOutcome::NoAccount);
-            };
-            if rec2.account_id != rec.account_id || rec2.status != AccountStatus::Active {
-                return Ok(TokenOutcome::Unavailable(
-                    "the account changed during the refresh".into(),
-                ));
-            }
-            tokens = self.open_tokens(&key, &rec2)?;
-            (raw, rec) = (raw2, rec2);
-        }
+        let tokens = match self.save_refreshed(r, &want, held, &set, now, &lease)? {
+            Ok(tokens) => tokens,
+            Err(outcome) => return Ok(outcome),
+        };
         guard.last_failure = None;
-        match tokens.entry(&skey) {
+        match tokens.entry(&want.skey) {
             Some(e) => Ok(TokenOutcome::Token(token(
                 e,
                 &tokens.refresh_token,
-                narrow,
+                want.narrow,
                 true,
             ))),
             None => Ok(TokenOutcome::Unavailable(
@@ -537,4 +401,271 @@ impl Vault {
             )),
         }
     }
+
+    /// Across instances: takes the account's lease, or else serves the
+    /// tokens its holder saves (`Err`: that outcome). Waiting is bounded by
+    /// one lease lifetime: by then the holder has released it or it has
+    /// lapsed.
+    async fn take_lease<'a>(
+        &'a self,
+        provider: &Provider,
+        want: &'a Want<'_>,
+        clock: &dyn Clock,
+    ) -> Result<Result<HeldLease<'a>, TokenOutcome>, VaultError> {
+        let key = want.key.as_slice();
+        let ttl = lease_lifetime(provider.config().timeout);
+        let holder = lease_holder()?;
+        let give_up = Instant::now() + ttl + LEASE_POLL;
+        loop {
+            if self
+                .store
+                .insert_expiring(Tree::Leases, key, &holder, ttl)?
+            {
+                return Ok(Ok(HeldLease {
+                    store: self.store.as_ref(),
+                    key,
+                    holder,
+                }));
+            }
+            let now = clock.now();
+            let Some((_, rec)) = self.read(key)? else {
+                return Ok(Err(TokenOutcome::NoAccount));
+            };
+            if rec.status == AccountStatus::ReconnectRequired {
+                return Ok(Err(TokenOutcome::Reconnect));
+            }
+            let tokens = self.open_tokens(key, &rec)?;
+            if let Some(e) = tokens
+                .entry(&want.skey)
+                .filter(|e| want.usable(e, rec.generation, now))
+            {
+                return Ok(Err(TokenOutcome::Token(token(
+                    e,
+                    &tokens.refresh_token,
+                    want.narrow,
+                    false,
+                ))));
+            }
+            if Instant::now() >= give_up {
+                return Ok(Err(TokenOutcome::Unavailable(
+                    "waited too long for another instance's refresh of this account".into(),
+                )));
+            }
+            tokio::time::sleep(LEASE_POLL).await;
+        }
+    }
+
+    /// The account's record as it is now, under the lease, with its tokens
+    /// opened; `Err` when that settles the request: no account, one to
+    /// reconnect, or the tokens the previous holder saved.
+    fn read_held(
+        &self,
+        want: &Want<'_>,
+        now: i64,
+    ) -> Result<Result<Held, TokenOutcome>, VaultError> {
+        let Some((raw, rec)) = self.read(&want.key)? else {
+            return Ok(Err(TokenOutcome::NoAccount));
+        };
+        if rec.status == AccountStatus::ReconnectRequired {
+            return Ok(Err(TokenOutcome::Reconnect));
+        }
+        let tokens = self.open_tokens(&want.key, &rec)?;
+        if let Some(e) = tokens
+            .entry(&want.skey)
+            .filter(|e| want.usable(e, rec.generation, now))
+        {
+            return Ok(Err(TokenOutcome::Token(token(
+                e,
+                &tokens.refresh_token,
+                want.narrow,
+                false,
+            ))));
+        }
+        Ok(Ok(Held { raw, rec, tokens }))
+    }
+
+    /// A token without a lifetime and nothing to refresh it with: the
+    /// fresh check is the account look-up with the token itself (`None`
+    /// when there is no such token). Still the same account: served, and
+    /// the check's time saved; refused by the provider, or another account:
+    /// the account needs reconnecting.
+    async fn check_unexpiring(
+        &self,
+        provider: &Provider,
+        r: &TokenRequest<'_>,
+        clock: &dyn Clock,
+        want: &Want<'_>,
+        held: &mut Held,
+        last_failure: &mut Option<(Instant, String)>,
+    ) -> Result<Option<TokenOutcome>, VaultError> {
+        let unexpiring = held
+            .tokens
+            .entry(&want.skey)
+            .filter(|e| e.expires_at.is_none())
+            .map(|e| {
+                (
+                    SecretString::new(e.access_token.clone()),
+                    e.token_type.clone(),
+                )
+            });
+        let Some((access, token_type)) = unexpiring else {
+            return Ok(None);
+        };
+        let outcome = match provider.account_info(access.expose()).await {
+            Ok(who) if who.id == held.rec.account_id => {
+                let now = clock.now();
+                let skey = &want.skey;
+                if let Some(e) = held.tokens.access.iter_mut().find(|e| &e.scope_key == skey) {
+                    e.checked_at = Some(now);
+                }
+                let mut next = held.rec.clone();
+                next.sealed = self.seal(&want.key, &held.tokens)?;
+                next.generation = held.rec.generation + 1;
+                next.updated = now;
+                // Losing the race to another write only means the next use
+                // checks again.
+                let _ = self.swap(&want.key, Some(&held.raw), &next)?;
+                *last_failure = None;
+                TokenOutcome::Token(ServiceToken {
+                    access_token: access,
+                    token_type,
+                    expires_at: None,
+                    narrowed: want.narrow,
+                    refreshed: false,
+                    refresh_token: None,
+                })
+            }
+            Ok(_) | Err(crate::accounts::upstream::UpstreamError::Rejected { .. }) => {
+                tracing::warn!(service = %r.service, "the provider no longer accepts the token (it has no lifetime); the account needs reconnecting");
+                self.mark_reconnect(r.person, r.service, clock.now())?;
+                TokenOutcome::Reconnect
+            }
+            Err(e) => {
+                let why = e.to_string();
+                tracing::warn!(service = %r.service, error = %why, "the check of a token without a lifetime failed");
+                *last_failure = Some((Instant::now(), why.clone()));
+                TokenOutcome::Unavailable(why)
+            }
+        };
+        Ok(Some(outcome))
+    }
+
+    /// Saves the refreshed tokens before any leaves this function: the
+    /// rotated refresh token is durable first. A record changed under us (a
+    /// re-wrap by a rotation) is merged into if it is still the same
+    /// account; a lease lost meanwhile drops the tokens (`Err`: that
+    /// outcome).
+    fn save_refreshed(
+        &self,
+        r: &TokenRequest<'_>,
+        want: &Want<'_>,
+        held: Held,
+        set: &crate::accounts::upstream::TokenSet,
+        now: i64,
+        lease: &HeldLease<'_>,
+    ) -> Result<Result<super::Tokens, TokenOutcome>, VaultError> {
+        let Held {
+            mut raw,
+            mut rec,
+            mut tokens,
+        } = held;
+        let key = want.key.as_slice();
+        loop {
+            tokens.absorb(&want.skey, set, now);
+            let mut next = rec.clone();
+            next.sealed = self.seal(key, &tokens)?;
+            next.generation = rec.generation + 1;
+            next.updated = now;
+            match self.swap_fenced(key, &raw, &next, lease)? {
+                Fenced::Swapped => return Ok(Ok(tokens)),
+                Fenced::LeaseLost => {
+                    // Another instance may hold the lease now and spend
+                    // the refresh token itself: ours must not be saved
+                    // over its tokens, and nothing is handed out.
+                    tracing::warn!(service = %r.service, "the refresh lease lapsed before the new tokens were saved; they are dropped");
+                    return Ok(Err(TokenOutcome::Unavailable(
+                        "the refresh took longer than its lease".into(),
+                    )));
+                }
+                Fenced::Changed => {}
+            }
+            let Some((raw2, rec2)) = self.read(key)? else {
+                return Ok(Err(TokenOutcome::NoAccount));
+            };
+            if rec2.account_id != rec.account_id || rec2.status != AccountStatus::Active {
+                return Ok(Err(TokenOutcome::Unavailable(
+                    "the account changed during the refresh".into(),
+                )));
+            }
+            tokens = self.open_tokens(key, &rec2)?;
+            (raw, rec) = (raw2, rec2);
+        }
+    }
+}
+
+/// What one token request takes from an account's stored tokens.
+struct Want<'r> {
+    /// The account's store key.
+    key: Vec<u8>,
+    /// The scope key of the entry it takes (empty: the account's own).
+    skey: String,
+    /// Whether it asks for the tool's narrower scopes.
+    narrow: bool,
+    /// Seconds a token without a lifetime is served before a check.
+    recheck: i64,
+    /// A token the provider has just refused (never served again).
+    refused: Option<&'r str>,
+    /// The record's generation at the first read.
+    seen_generation: u64,
+}
+
+impl<'r> Want<'r> {
+    fn new(
+        provider: &Provider,
+        r: &TokenRequest<'_>,
+        refused: Option<&'r str>,
+        key: Vec<u8>,
+        rec: &super::AccountRecord,
+    ) -> Want<'r> {
+        let recheck = i64::try_from(provider.config().recheck_unexpiring_token_after.as_secs())
+            .unwrap_or(3600);
+        let narrow =
+            provider.config().narrow_on_refresh && scope_key(r.scopes) != scope_key(&rec.scopes);
+        Want {
+            key,
+            skey: if narrow {
+                scope_key(r.scopes)
+            } else {
+                String::new()
+            },
+            narrow,
+            recheck,
+            refused,
+            seen_generation: rec.generation,
+        }
+    }
+
+    fn not_refused(&self, e: &AccessEntry) -> bool {
+        self.refused.is_none_or(|t| t != e.access_token)
+    }
+
+    /// Served on the first look without asking anyone.
+    fn fresh(&self, e: &AccessEntry, now: i64) -> bool {
+        fresh(e, now, self.recheck) && self.not_refused(e)
+    }
+
+    /// Served after waiting: fresh, or saved since the first look (by this
+    /// process or another instance) and not expired.
+    fn usable(&self, e: &AccessEntry, generation: u64, now: i64) -> bool {
+        let refreshed_meanwhile =
+            generation != self.seen_generation && e.expires_at.is_none_or(|t| t > now);
+        (fresh(e, now, self.recheck) || refreshed_meanwhile) && self.not_refused(e)
+    }
+}
+
+/// The account's record as read under the lease, with its tokens opened.
+struct Held {
+    raw: Vec<u8>,
+    rec: super::AccountRecord,
+    tokens: super::Tokens,
 }
