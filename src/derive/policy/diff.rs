@@ -77,6 +77,36 @@ fn whole(p: &Policy, t: &Tool, steps: &BTreeSet<String>) -> String {
 /// Compares two policies.
 pub(crate) fn diff(old: &Policy, new: &Policy) -> Report {
     let mut r = Report::default();
+    file_changes(old, new, &mut r);
+    let names: BTreeSet<&String> = old.tools.keys().chain(new.tools.keys()).collect();
+    for name in names {
+        let o = old.tools.get(name).map(|t| (t, old.reachable_steps(t)));
+        let n = new.tools.get(name).map(|t| (t, new.reachable_steps(t)));
+        // A tool that no step can reach grants nothing: treat it as absent.
+        let o = o.filter(|(_, s)| !s.is_empty());
+        let n = n.filter(|(_, s)| !s.is_empty());
+        let tool = format!("tool `{}`", shown(name));
+        match (o, n) {
+            (None, None) => {}
+            (None, Some((t, steps))) => r
+                .gained
+                .push(format!("{tool} can now be used {}", whole(new, t, &steps))),
+            (Some((t, steps)), None) => r.lost.push(format!(
+                "{tool} can no longer be used (was: {})",
+                whole(old, t, &steps)
+            )),
+            (Some((ot, os)), Some((nt, ns))) => {
+                tool_changes(&tool, (old, ot, &os), (new, nt, &ns), &mut r)
+            }
+        }
+    }
+    resource_changes(old, new, &mut r);
+    r
+}
+
+/// What changed for the whole file: the agent, the freeze, the declared
+/// steps.
+fn file_changes(old: &Policy, new: &Policy, r: &mut Report) {
     if old.agent != new.agent {
         r.other.push(format!(
             "agent changed from `{}` to `{}`: a broker serving `{}` refuses to load the new file",
@@ -117,118 +147,111 @@ pub(crate) fn diff(old: &Policy, new: &Policy) -> Report {
         }
         _ => {}
     }
+}
 
-    let names: BTreeSet<&String> = old.tools.keys().chain(new.tools.keys()).collect();
-    for name in names {
-        let o = old.tools.get(name).map(|t| (t, old.reachable_steps(t)));
-        let n = new.tools.get(name).map(|t| (t, new.reachable_steps(t)));
-        // A tool that no step can reach grants nothing: treat it as absent.
-        let o = o.filter(|(_, s)| !s.is_empty());
-        let n = n.filter(|(_, s)| !s.is_empty());
-        let tool = format!("tool `{}`", shown(name));
-        match (o, n) {
-            (None, None) => {}
-            (None, Some((t, steps))) => r
-                .gained
-                .push(format!("{tool} can now be used {}", whole(new, t, &steps))),
-            (Some((t, steps)), None) => r.lost.push(format!(
-                "{tool} can no longer be used (was: {})",
-                whole(old, t, &steps)
-            )),
-            (Some((ot, os)), Some((nt, ns))) => {
-                if ot.resource != nt.resource {
-                    r.gained.push(format!(
-                        "{tool} now reaches `{}` (was `{}`)",
-                        nt.resource, ot.resource
-                    ));
-                    r.lost
-                        .push(format!("{tool} no longer reaches `{}`", ot.resource));
-                }
-                let added: Vec<&String> = ns.difference(&os).collect();
-                if !added.is_empty() {
-                    r.gained.push(format!(
-                        "{tool} can now be used in {} {} (before: {})",
-                        steps_word(added.len()),
-                        list(added),
-                        list(&os)
-                    ));
-                }
-                let removed: Vec<&String> = os.difference(&ns).collect();
-                if !removed.is_empty() {
-                    r.lost.push(format!(
-                        "{tool} can no longer be used in {} {} (now: {})",
-                        steps_word(removed.len()),
-                        list(removed),
-                        list(&ns)
-                    ));
-                }
-                let wider: Vec<&String> = nt.scopes.difference(&ot.scopes).collect();
-                if !wider.is_empty() {
-                    r.gained
-                        .push(format!("{tool} scopes widened: + {}", list(wider)));
-                }
-                let narrower: Vec<&String> = ot.scopes.difference(&nt.scopes).collect();
-                if !narrower.is_empty() {
-                    r.lost
-                        .push(format!("{tool} scopes narrowed: - {}", list(narrower)));
-                }
-                // Routes (proxy tools): each with the steps it is limited to
-                // and its variables bound to approved details, so that a
-                // dropped binding shows as the unbound route gained.
-                let routes = |t: &Tool| -> BTreeSet<String> {
-                    t.routes
-                        .iter()
-                        .map(|r| {
-                            let mut d = match &r.steps {
-                                None => r.text.clone(),
-                                Some(s) => format!(
-                                    "{} (in step {})",
-                                    r.text,
-                                    s.iter().cloned().collect::<Vec<_>>().join(", ")
-                                ),
-                            };
-                            if !r.details.is_empty() {
-                                let b: Vec<String> = r
-                                    .details
-                                    .iter()
-                                    .map(|b| format!("{} = {}.{}", b.var, b.ty, b.field))
-                                    .collect();
-                                d.push_str(&format!(" (bound to details: {})", b.join(", ")));
-                            }
-                            d
-                        })
-                        .collect()
-                };
-                let (or, nr) = (routes(ot), routes(nt));
-                let added: Vec<&String> = nr.difference(&or).collect();
-                if !added.is_empty() {
-                    r.gained
-                        .push(format!("{tool} routes added: + {}", list(added)));
-                }
-                let removed: Vec<&String> = or.difference(&nr).collect();
-                if !removed.is_empty() {
-                    r.lost
-                        .push(format!("{tool} routes removed: - {}", list(removed)));
-                }
-                approval_changes(&tool, ot, nt, &mut r);
-                let (ol, nl) = (old.tool_ttl(ot), new.tool_ttl(nt));
-                if nl > ol {
-                    r.gained.push(format!(
-                        "{tool} tokens live longer: {} -> {}",
-                        secs(ol),
-                        secs(nl)
-                    ));
-                } else if nl < ol {
-                    r.lost.push(format!(
-                        "{tool} tokens live shorter: {} -> {}",
-                        secs(ol),
-                        secs(nl)
-                    ));
-                }
-            }
-        }
+/// A tool in both versions, each with the steps that reach it: what it
+/// gained and lost.
+fn tool_changes(
+    tool: &str,
+    (old, ot, os): (&Policy, &Tool, &BTreeSet<String>),
+    (new, nt, ns): (&Policy, &Tool, &BTreeSet<String>),
+    r: &mut Report,
+) {
+    if ot.resource != nt.resource {
+        r.gained.push(format!(
+            "{tool} now reaches `{}` (was `{}`)",
+            nt.resource, ot.resource
+        ));
+        r.lost
+            .push(format!("{tool} no longer reaches `{}`", ot.resource));
     }
+    let added: Vec<&String> = ns.difference(os).collect();
+    if !added.is_empty() {
+        r.gained.push(format!(
+            "{tool} can now be used in {} {} (before: {})",
+            steps_word(added.len()),
+            list(added),
+            list(os)
+        ));
+    }
+    let removed: Vec<&String> = os.difference(ns).collect();
+    if !removed.is_empty() {
+        r.lost.push(format!(
+            "{tool} can no longer be used in {} {} (now: {})",
+            steps_word(removed.len()),
+            list(removed),
+            list(ns)
+        ));
+    }
+    let wider: Vec<&String> = nt.scopes.difference(&ot.scopes).collect();
+    if !wider.is_empty() {
+        r.gained
+            .push(format!("{tool} scopes widened: + {}", list(wider)));
+    }
+    let narrower: Vec<&String> = ot.scopes.difference(&nt.scopes).collect();
+    if !narrower.is_empty() {
+        r.lost
+            .push(format!("{tool} scopes narrowed: - {}", list(narrower)));
+    }
+    // Routes (proxy tools), see [`routes`].
+    let (or, nr) = (routes(ot), routes(nt));
+    let added: Vec<&String> = nr.difference(&or).collect();
+    if !added.is_empty() {
+        r.gained
+            .push(format!("{tool} routes added: + {}", list(added)));
+    }
+    let removed: Vec<&String> = or.difference(&nr).collect();
+    if !removed.is_empty() {
+        r.lost
+            .push(format!("{tool} routes removed: - {}", list(removed)));
+    }
+    approval_changes(tool, ot, nt, r);
+    let (ol, nl) = (old.tool_ttl(ot), new.tool_ttl(nt));
+    if nl > ol {
+        r.gained.push(format!(
+            "{tool} tokens live longer: {} -> {}",
+            secs(ol),
+            secs(nl)
+        ));
+    } else if nl < ol {
+        r.lost.push(format!(
+            "{tool} tokens live shorter: {} -> {}",
+            secs(ol),
+            secs(nl)
+        ));
+    }
+}
 
+/// A proxy tool's routes, each with the steps it is limited to and its
+/// variables bound to approved details, so that a dropped binding shows as
+/// the unbound route gained.
+fn routes(t: &Tool) -> BTreeSet<String> {
+    t.routes
+        .iter()
+        .map(|r| {
+            let mut d = match &r.steps {
+                None => r.text.clone(),
+                Some(s) => format!(
+                    "{} (in step {})",
+                    r.text,
+                    s.iter().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            };
+            if !r.details.is_empty() {
+                let b: Vec<String> = r
+                    .details
+                    .iter()
+                    .map(|b| format!("{} = {}.{}", b.var, b.ty, b.field))
+                    .collect();
+                d.push_str(&format!(" (bound to details: {})", b.join(", ")));
+            }
+            d
+        })
+        .collect()
+}
+
+/// Resources added, removed, or with another source or lifetime.
+fn resource_changes(old: &Policy, new: &Policy, r: &mut Report) {
     let ids: BTreeSet<&String> = old.resources.keys().chain(new.resources.keys()).collect();
     for id in ids {
         match (old.resources.get(id), new.resources.get(id)) {
@@ -260,7 +283,6 @@ pub(crate) fn diff(old: &Policy, new: &Policy) -> Report {
             }
         }
     }
-    r
 }
 
 fn approval_word(a: Option<super::Approval>) -> String {

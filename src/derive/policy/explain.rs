@@ -148,23 +148,39 @@ fn secs(d: std::time::Duration) -> String {
     format!("{}s", d.as_secs())
 }
 
-/// Explains how `policy` (loaded from `text` at `path`) decides `q`.
-pub(crate) fn explain(path: &Path, text: &str, policy: &Policy, q: &Query<'_>) -> Explanation {
-    let outcome = policy.evaluate(q.step, q.tool, q.resource, q.scope);
-    let tool_at = |name: &str| {
+/// Where the policy came from, to name the line of a rule.
+struct Src<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Src<'_> {
+    fn tool_at(&self, name: &str) -> String {
         format!(
             "[tools.{}] at {}",
             quoted(name),
-            table_at(path, text, "tools", name)
+            table_at(self.path, self.text, "tools", name)
         )
-    };
-    let res_at = |id: &str| {
+    }
+
+    fn res_at(&self, id: &str) -> String {
         format!(
             "[resources.{}] at {}",
             quoted(id),
-            table_at(path, text, "resources", id)
+            table_at(self.path, self.text, "resources", id)
         )
-    };
+    }
+
+    fn top_key_at(&self, key: &str) -> String {
+        top_key_at(self.path, self.text, key)
+    }
+}
+
+/// Explains how `policy` (loaded from `text` at `path`) decides `q`: the
+/// rule, why, and near misses, per outcome.
+pub(crate) fn explain(path: &Path, text: &str, policy: &Policy, q: &Query<'_>) -> Explanation {
+    let outcome = policy.evaluate(q.step, q.tool, q.resource, q.scope);
+    let src = Src { path, text };
     let mut e = Explanation {
         outcome: outcome.clone(),
         rule: None,
@@ -179,169 +195,184 @@ pub(crate) fn explain(path: &Path, text: &str, policy: &Policy, q: &Query<'_>) -
         e.approval = t.approval.map(describe_approval);
         e.details = describe_details(t);
     }
-    match &outcome {
-        Outcome::Deny(DenyReason::Frozen) => {
-            e.rule = Some(format!(
-                "frozen = true at {}",
-                top_key_at(path, text, "frozen")
-            ));
+    match (&outcome, tool) {
+        (Outcome::Deny(DenyReason::Frozen), _) => {
+            e.rule = Some(format!("frozen = true at {}", src.top_key_at("frozen")));
             e.why = "the policy file is frozen: every derive is denied until `frozen` is removed"
                 .into();
         }
-        Outcome::InvalidScope => {
+        (Outcome::InvalidScope, _) => {
             e.why = "the requested scope is not a space-separated list of scope tokens (RFC 6749 section 3.3); the broker answers invalid_request before the policy is asked".into();
         }
-        Outcome::InvalidTarget(err) => {
+        (Outcome::InvalidTarget(err), _) => {
             e.why = format!(
                 "the resource {err}; the broker answers invalid_target before the policy is asked (resources are compared only in canonical form, and path tricks are refused outright)"
             );
         }
-        Outcome::Deny(DenyReason::ToolNotAllowed) => {
-            e.why = format!(
-                "no tool named {} in the policy; tool names are matched byte for byte, there are no wildcards, and what is not written is denied",
-                shown(q.tool)
-            );
-            for name in policy.tools.keys() {
-                if let Some(how) = similar(q.tool, name) {
-                    e.near_misses
-                        .push(format!("tool {} exists ({how})", shown(name)));
-                }
-            }
-            non_ascii_note(q.tool, "tool", &mut e.near_misses);
-            tools_in_step(policy, q, None, &mut e.near_misses);
+        (Outcome::Deny(DenyReason::ToolNotAllowed), _) => tool_not_allowed(policy, q, &mut e),
+        // The tool exists for the other outcomes: the loader and decide()
+        // guarantee it.
+        (Outcome::Deny(DenyReason::StepNotAllowed), Some(t)) => {
+            step_not_allowed(&src, policy, q, t, &mut e)
         }
-        Outcome::Deny(DenyReason::StepNotAllowed) => {
-            // The tool exists: the loader and decide() guarantee it.
-            if let Some(t) = tool {
-                e.rule = Some(tool_at(&t.name));
-                if t.steps.contains(q.step) {
-                    // Listed by the tool but not declared in `steps`.
-                    e.rule = Some(format!(
-                        "{}, steps = [...] at {}",
-                        tool_at(&t.name),
-                        top_key_at(path, text, "steps")
-                    ));
-                    e.why = format!(
-                        "tool {} lists step {}, but the policy's declared `steps` does not, so no request can use it there",
-                        shown(&t.name),
-                        shown(q.step)
-                    );
-                } else {
-                    e.why = format!(
-                        "tool {} exists but is allowed {}, not in step {}",
-                        shown(&t.name),
-                        steps_phrase(&t.steps),
-                        shown(q.step)
-                    );
-                }
-                for s in &t.steps {
-                    if let Some(how) = similar(q.step, s) {
-                        e.near_misses.push(format!(
-                            "step {} is allowed for this tool ({how})",
-                            shown(s)
-                        ));
-                    }
-                }
-                non_ascii_note(q.step, "step", &mut e.near_misses);
-                tools_in_step(policy, q, Some(&t.name), &mut e.near_misses);
+        (Outcome::Deny(DenyReason::ResourceMismatch), Some(t)) => {
+            resource_mismatch(&src, policy, q, t, &mut e)
+        }
+        (Outcome::Deny(DenyReason::ScopeNotAllowed), Some(t)) => {
+            scope_not_allowed(&src, policy, q, t, &mut e)
+        }
+        (Outcome::Allow(g), Some(t)) => allowed(&src, q, t, g, &mut e),
+        (_, None) => {}
+    }
+    e
+}
+
+/// No such tool: similar names, and the tools of the step.
+fn tool_not_allowed(policy: &Policy, q: &Query<'_>, e: &mut Explanation) {
+    e.why = format!(
+        "no tool named {} in the policy; tool names are matched byte for byte, there are no wildcards, and what is not written is denied",
+        shown(q.tool)
+    );
+    for name in policy.tools.keys() {
+        if let Some(how) = similar(q.tool, name) {
+            e.near_misses
+                .push(format!("tool {} exists ({how})", shown(name)));
+        }
+    }
+    non_ascii_note(q.tool, "tool", &mut e.near_misses);
+    tools_in_step(policy, q, None, &mut e.near_misses);
+}
+
+/// The tool is not allowed in the step (or the step is not declared).
+fn step_not_allowed(src: &Src<'_>, policy: &Policy, q: &Query<'_>, t: &Tool, e: &mut Explanation) {
+    e.rule = Some(src.tool_at(&t.name));
+    if t.steps.contains(q.step) {
+        // Listed by the tool but not declared in `steps`.
+        e.rule = Some(format!(
+            "{}, steps = [...] at {}",
+            src.tool_at(&t.name),
+            src.top_key_at("steps")
+        ));
+        e.why = format!(
+            "tool {} lists step {}, but the policy's declared `steps` does not, so no request can use it there",
+            shown(&t.name),
+            shown(q.step)
+        );
+    } else {
+        e.why = format!(
+            "tool {} exists but is allowed {}, not in step {}",
+            shown(&t.name),
+            steps_phrase(&t.steps),
+            shown(q.step)
+        );
+    }
+    for s in &t.steps {
+        if let Some(how) = similar(q.step, s) {
+            e.near_misses.push(format!(
+                "step {} is allowed for this tool ({how})",
+                shown(s)
+            ));
+        }
+    }
+    non_ascii_note(q.step, "step", &mut e.near_misses);
+    tools_in_step(policy, q, Some(&t.name), &mut e.near_misses);
+}
+
+/// The tool is for another resource: the tools of the step for this one.
+fn resource_mismatch(src: &Src<'_>, policy: &Policy, q: &Query<'_>, t: &Tool, e: &mut Explanation) {
+    e.rule = Some(src.tool_at(&t.name));
+    let asked = canonical_resource(q.resource).unwrap_or_default();
+    e.why = format!(
+        "tool {} is for resource {}, not {}; one tool, one resource, compared in canonical form",
+        shown(&t.name),
+        t.resource,
+        asked
+    );
+    let others: Vec<&String> = policy
+        .tools
+        .values()
+        .filter(|o| o.resource == asked && policy.reachable_steps(o).contains(q.step))
+        .map(|o| &o.name)
+        .collect();
+    if !others.is_empty() {
+        e.near_misses.push(format!(
+            "in step {} the tools for {} are: {}",
+            shown(q.step),
+            asked,
+            list(others)
+        ));
+    }
+}
+
+/// More scope than the tool has: denied whole; where the extra scopes are.
+fn scope_not_allowed(src: &Src<'_>, policy: &Policy, q: &Query<'_>, t: &Tool, e: &mut Explanation) {
+    e.rule = Some(src.tool_at(&t.name));
+    let asked = q
+        .scope
+        .and_then(|s| parse_scope(s).ok())
+        .unwrap_or_default();
+    let extra: Vec<&String> = asked.iter().filter(|s| !t.scopes.contains(*s)).collect();
+    let has = if t.scopes.is_empty() {
+        "no scope".to_string()
+    } else {
+        format!("scopes {}", list(&t.scopes))
+    };
+    e.why = format!(
+        "tool {} has {has}; the request also asks for {}, so it is denied whole (never narrowed)",
+        shown(&t.name),
+        list(extra.iter().copied())
+    );
+    for x in extra {
+        for s in &t.scopes {
+            if let Some(how) = similar(x, s) {
+                e.near_misses
+                    .push(format!("scope {} is granted ({how})", shown(s)));
             }
         }
-        Outcome::Deny(DenyReason::ResourceMismatch) => {
-            if let Some(t) = tool {
-                e.rule = Some(tool_at(&t.name));
-                let asked = canonical_resource(q.resource).unwrap_or_default();
-                e.why = format!(
-                    "tool {} is for resource {}, not {}; one tool, one resource, compared in canonical form",
-                    shown(&t.name),
-                    t.resource,
-                    asked
-                );
-                let others: Vec<&String> = policy
-                    .tools
-                    .values()
-                    .filter(|o| o.resource == asked && policy.reachable_steps(o).contains(q.step))
-                    .map(|o| &o.name)
-                    .collect();
-                if !others.is_empty() {
-                    e.near_misses.push(format!(
-                        "in step {} the tools for {} are: {}",
-                        shown(q.step),
-                        asked,
-                        list(others)
-                    ));
-                }
-            }
-        }
-        Outcome::Deny(DenyReason::ScopeNotAllowed) => {
-            if let Some(t) = tool {
-                e.rule = Some(tool_at(&t.name));
-                let asked = q
-                    .scope
-                    .and_then(|s| parse_scope(s).ok())
-                    .unwrap_or_default();
-                let extra: Vec<&String> = asked.iter().filter(|s| !t.scopes.contains(*s)).collect();
-                let has = if t.scopes.is_empty() {
-                    "no scope".to_string()
-                } else {
-                    format!("scopes {}", list(&t.scopes))
-                };
-                e.why = format!(
-                    "tool {} has {has}; the request also asks for {}, so it is denied whole (never narrowed)",
-                    shown(&t.name),
-                    list(extra.iter().copied())
-                );
-                for x in extra {
-                    for s in &t.scopes {
-                        if let Some(how) = similar(x, s) {
-                            e.near_misses
-                                .push(format!("scope {} is granted ({how})", shown(s)));
-                        }
-                    }
-                    for o in policy.tools.values() {
-                        if o.name != t.name && o.scopes.contains(x) && o.resource == t.resource {
-                            e.near_misses.push(format!(
-                                "scope {} belongs to tool {}, allowed {}",
-                                shown(x),
-                                shown(&o.name),
-                                steps_phrase(&policy.reachable_steps(o))
-                            ));
-                        }
-                    }
-                }
-            }
-        }
-        Outcome::Allow(g) => {
-            if let Some(t) = tool {
-                e.rule = Some(format!("{}, {}", tool_at(&t.name), res_at(&g.resource.id)));
-                e.why = format!(
-                    "tool {} is allowed in step {} and its resource is {}{}",
-                    shown(&t.name),
-                    shown(q.step),
-                    g.resource.id,
-                    match q.scope {
-                        None => "; no scope was asked for, so the tool's full set is granted"
-                            .to_string(),
-                        Some(_) => "; every scope asked for is among the tool's".to_string(),
-                    }
-                );
-                let mut caps = Vec::new();
-                if let Some(tt) = t.ttl {
-                    caps.push(format!("tool ttl {}", secs(tt)));
-                }
-                caps.push(format!("resource ttl {}", secs(g.resource.ttl)));
-                caps.push(format!("broker cap {}", secs(MAX_TTL)));
-                e.grant = Some(format!(
-                    "scopes {}; audience {}; source {}; lifetime at most {} ({}), and never past the subject token's expiry",
-                    if g.scopes.is_empty() { "(none)".into() } else { g.scopes.join(" ") },
-                    g.resource.id,
-                    describe_source(&g.resource.source),
-                    secs(g.ttl),
-                    caps.join(", ")
+        for o in policy.tools.values() {
+            if o.name != t.name && o.scopes.contains(x) && o.resource == t.resource {
+                e.near_misses.push(format!(
+                    "scope {} belongs to tool {}, allowed {}",
+                    shown(x),
+                    shown(&o.name),
+                    steps_phrase(&policy.reachable_steps(o))
                 ));
             }
         }
     }
-    e
+}
+
+/// Allowed: the rule, and what the grant holds with its lifetime caps.
+fn allowed(src: &Src<'_>, q: &Query<'_>, t: &Tool, g: &super::Grant, e: &mut Explanation) {
+    e.rule = Some(format!(
+        "{}, {}",
+        src.tool_at(&t.name),
+        src.res_at(&g.resource.id)
+    ));
+    e.why = format!(
+        "tool {} is allowed in step {} and its resource is {}{}",
+        shown(&t.name),
+        shown(q.step),
+        g.resource.id,
+        match q.scope {
+            None => "; no scope was asked for, so the tool's full set is granted".to_string(),
+            Some(_) => "; every scope asked for is among the tool's".to_string(),
+        }
+    );
+    let mut caps = Vec::new();
+    if let Some(tt) = t.ttl {
+        caps.push(format!("tool ttl {}", secs(tt)));
+    }
+    caps.push(format!("resource ttl {}", secs(g.resource.ttl)));
+    caps.push(format!("broker cap {}", secs(MAX_TTL)));
+    e.grant = Some(format!(
+        "scopes {}; audience {}; source {}; lifetime at most {} ({}), and never past the subject token's expiry",
+        if g.scopes.is_empty() { "(none)".into() } else { g.scopes.join(" ") },
+        g.resource.id,
+        describe_source(&g.resource.source),
+        secs(g.ttl),
+        caps.join(", ")
+    ));
 }
 
 /// What an approval mode means for the tool's derives.
