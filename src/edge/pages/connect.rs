@@ -348,28 +348,55 @@ pub(crate) async fn provider_callback(
     let Some(code) = q.take("code").map(SecretString::new) else {
         return flow_failed(p, who);
     };
-    let grant = match p
-        .services
+    let Ok(grant) = exchange(p, &service, code, verifier, redirect_uri).await else {
+        return exchanged_nothing(p, who, &info.display_name);
+    };
+    store_grant(p, ctx, &person, &service, &link, grant).await
+}
+
+/// The code exchange at the provider (a failure is logged).
+async fn exchange(
+    p: &Pages,
+    service: &str,
+    code: SecretString,
+    verifier: &str,
+    redirect_uri: &str,
+) -> Result<super::links::ProviderGrant, ()> {
+    p.services
         .providers
         .exchange_code(
-            &service,
+            service,
             code,
-            SecretString::new(verifier.clone()),
+            SecretString::new(verifier.to_string()),
             redirect_uri,
         )
         .await
-    {
-        Ok(g) => g,
-        Err(e) => {
+        .map_err(|e| {
             tracing::warn!(service = %service, error = %e, "pages: provider code exchange failed");
-            return p.message(
-                StatusCode::BAD_GATEWAY,
-                who,
-                &format!("{} did not complete the connection", info.display_name),
-                &["Nothing was connected. Open the link from your agent again."],
-            );
-        }
-    };
+        })
+}
+
+/// The page of a failed code exchange: nothing was connected.
+fn exchanged_nothing(p: &Pages, who: Option<views::Who>, provider: &str) -> Response<Body> {
+    p.message(
+        StatusCode::BAD_GATEWAY,
+        who,
+        &format!("{provider} did not complete the connection"),
+        &["Nothing was connected. Open the link from your agent again."],
+    )
+}
+
+/// Stores the account the provider granted and the link's allowance, then
+/// redirects to the end page (which takes the code out of the address bar
+/// and history).
+async fn store_grant(
+    p: &Pages,
+    ctx: Ctx,
+    person: &crate::accounts::subject::Person,
+    service: &str,
+    link: &Link,
+    grant: super::links::ProviderGrant,
+) -> Response<Body> {
     // The account that came back must be the one connected, if there is
     // one: storing another would silently hand every allowance on the old
     // account to a different account at the provider (a reconnect signed
@@ -377,25 +404,25 @@ pub(crate) async fn provider_callback(
     // connected since the link was made). Only an allow link's "connect
     // another account" button asks for a replacement.
     if link.kind != LinkKind::Allow {
-        let connected = match p.services.vault.accounts(&person) {
+        let connected = match p.services.vault.accounts(person) {
             Ok(list) => list.into_iter().find(|a| a.service == service),
             Err(e) => return unavailable(p, &e),
         };
         if connected.is_some_and(|a| a.account_id != grant.account_id) {
-            return different_account(p, ctx, &link, grant).await;
+            return different_account(p, ctx, link, grant).await;
         }
     }
     let account = match p
         .services
         .vault
-        .store_account(&person, &service, grant, ctx.now)
+        .store_account(person, service, grant, ctx.now)
     {
         Ok(a) => a,
         Err(e) => return unavailable(p, &e),
     };
     if let Err(e) = p.services.vault.allow(
-        &person,
-        &service,
+        person,
+        service,
         &account,
         &link.agent,
         &link.scopes,
@@ -407,7 +434,7 @@ pub(crate) async fn provider_callback(
     completed(
         p,
         ctx,
-        &link,
+        link,
         if link.kind == LinkKind::Reconnect {
             "/done/reconnected"
         } else {

@@ -331,6 +331,28 @@ fn expired_flow(p: &Pages, ctx: &Ctx, reason: &'static str) -> Response<Body> {
     )
 }
 
+/// The IdP signed the person in without saying when (no `auth_time`)
+/// although `max_age` was sent. Not a sign-in loop: sending the person back
+/// would ask the same IdP the same way and get the same answer.
+fn no_auth_time(p: &Pages, ctx: &Ctx, issuer: &str, source: &str, again: &str) -> Response<Body> {
+    tracing::warn!(issuer = %issuer, "pages: OIDC sign-in refused: max_age was sent and the ID token has no auth_time (OpenID Connect Core 3.1.2.1); the IdP client must allow max_age");
+    let mut e = p.event(ctx, crate::infra::events::Kind::SigninFailed);
+    e.person_iss = Some(issuer);
+    e.reason = Some("auth_time_missing");
+    p.signin_failed(&e);
+    let text = format!("{source} signed you in but did not say when (its answer has no auth_time), and this page needs a sign-in from the last 15 minutes. Nothing was changed.");
+    p.message_next(
+        StatusCode::BAD_GATEWAY,
+        None,
+        "Your sign-in service sent an incomplete answer",
+        &[
+            text.as_str(),
+            "Signing in again will not help. Tell your administrator: the sign-in service must send auth_time when max_age is asked for (OpenID Connect Core 3.1.2.1).",
+        ],
+        (again, "Start again"),
+    )
+}
+
 /// `GET /signin/callback?code=...&state=...[&iss=...]`.
 pub(crate) async fn oidc_callback(
     p: &Pages,
@@ -417,24 +439,7 @@ pub(crate) async fn oidc_callback(
     {
         Ok(i) => i,
         Err(super::oidc::OidcError::NoAuthTime) => {
-            // Not a sign-in loop: sending the person back would ask the
-            // same IdP the same way and get the same answer.
-            tracing::warn!(issuer = %issuer, "pages: OIDC sign-in refused: max_age was sent and the ID token has no auth_time (OpenID Connect Core 3.1.2.1); the IdP client must allow max_age");
-            let mut e = p.event(&ctx, crate::infra::events::Kind::SigninFailed);
-            e.person_iss = Some(issuer);
-            e.reason = Some("auth_time_missing");
-            p.signin_failed(&e);
-            let text = format!("{source} signed you in but did not say when (its answer has no auth_time), and this page needs a sign-in from the last 15 minutes. Nothing was changed.");
-            return p.message_next(
-                StatusCode::BAD_GATEWAY,
-                None,
-                "Your sign-in service sent an incomplete answer",
-                &[
-                    text.as_str(),
-                    "Signing in again will not help. Tell your administrator: the sign-in service must send auth_time when max_age is asked for (OpenID Connect Core 3.1.2.1).",
-                ],
-                (again.as_str(), "Start again"),
-            );
+            return no_auth_time(p, &ctx, issuer, &source, &again)
         }
         Err(e) => {
             tracing::warn!(issuer = %issuer, error = %e, "pages: OIDC sign-in refused");
