@@ -126,8 +126,41 @@ Next steps, in another terminal (the README's walkthrough):
         .quickstart_demo
         .as_deref()
         .and_then(|name| demo_resource(&inst.broker.policy.load(), name));
-    match (&demo, demo_resource) {
-        (Some(_), Some((resource, crate::derive::policy::Delivery::Proxy))) => {
+    out.push_str(&demo_steps(&cfg, &config, demo.is_some(), demo_resource));
+    out.push_str(
+        r#"
+(plain HTTP on loopback: the session cookie is the development cookie
+"credbroker-dev" instead of "__Host-credbroker", which needs https)
+"#,
+    );
+    eprintln!("{out}");
+    // The banner held the passwords: gone from memory once printed.
+    zeroize::Zeroize::zeroize(&mut out);
+    drop(accounts);
+    let demo_task = demo.map(|(listener, d)| tokio::spawn(crate::demo::serve(listener, d)));
+    let res = crate::app::server::run(inst, listeners, crate::app::server::shutdown_signal()).await;
+    if let Some(t) = demo_task {
+        t.abort();
+    }
+    res?;
+    Ok(Exit::Ok)
+}
+
+/// The quick start banner's walkthrough of the demo tool: a connect link,
+/// then (through the proxy) the call; a directory made by an older version
+/// says what differs instead.
+fn demo_steps(
+    cfg: &Config,
+    config: &Path,
+    has_demo: bool,
+    demo_resource: Option<(String, crate::derive::policy::Delivery)>,
+) -> String {
+    use super::quickstart as qs;
+    let sock = cfg.socket.path.display();
+    let issuer = &cfg.issuer;
+    let mut out = String::new();
+    match (has_demo, demo_resource) {
+        (true, Some((resource, crate::derive::policy::Delivery::Proxy))) => {
             out.push_str(&format!(
                 r#"  # the demo tool needs alice's demo account: the answer is a connect link
   credbroker derive --socket {sock} \
@@ -153,7 +186,7 @@ Next steps, in another terminal (the README's walkthrough):
                 config = config.display(),
             ));
         }
-        (Some(_), Some((resource, crate::derive::policy::Delivery::ProviderToken))) => {
+        (true, Some((resource, crate::derive::policy::Delivery::ProviderToken))) => {
             // A directory made before the demo went through the proxy: it
             // still serves as it was written (its connected accounts and
             // policy are the person's), and the banner says what differs.
@@ -177,23 +210,7 @@ that token stays in the broker: give a new --dir to follow it)
              the connect-link walkthrough needs a new --dir)\n",
         ),
     }
-    out.push_str(
-        r#"
-(plain HTTP on loopback: the session cookie is the development cookie
-"credbroker-dev" instead of "__Host-credbroker", which needs https)
-"#,
-    );
-    eprintln!("{out}");
-    // The banner held the passwords: gone from memory once printed.
-    zeroize::Zeroize::zeroize(&mut out);
-    drop(accounts);
-    let demo_task = demo.map(|(listener, d)| tokio::spawn(crate::demo::serve(listener, d)));
-    let res = crate::app::server::run(inst, listeners, crate::app::server::shutdown_signal()).await;
-    if let Some(t) = demo_task {
-        t.abort();
-    }
-    res?;
-    Ok(Exit::Ok)
+    out
 }
 
 /// The resource of the demo tool in `policy` (the first `service`
