@@ -5,4 +5,5 @@ mod cli;
 mod e2e;
 mod http;
 mod oidc;
+mod provider_flow;
 mod real_services;
