@@ -85,7 +85,7 @@ fn replay_committed_corpus() {
     assert!(replayed >= fuzzing::TARGETS.len() * 2);
 }
 
-/// The fuzz crate builds one binary per target of `credbroker::fuzzing`,
+/// The fuzz crate builds one binary per target of `credbroker::internals::fuzzing`,
 /// no more and no fewer, each a file under `fuzz/fuzz_targets/`:
 /// `scripts/fuzz-smoke` runs what `cargo fuzz list` names and fails unless
 /// that is exactly `fuzzing::TARGETS`, so a target missing here would never
