@@ -29,8 +29,9 @@ pub(super) enum Command {
         /// reused directory keeps the address it was made for).
         #[arg(long)]
         listen: Option<String>,
-        /// The demo service's address, on loopback (default 127.0.0.1:8441;
-        /// a reused directory keeps the address it was made for).
+        /// The demo service's address, on loopback (default: the port after
+        /// --listen's, so 127.0.0.1:8441 without flags; a reused directory
+        /// keeps the address it was made for).
         #[arg(long)]
         demo_listen: Option<String>,
     },

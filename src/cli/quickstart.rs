@@ -14,7 +14,9 @@ use super::keyfile::{load_pem_key, pem_pkcs8};
 pub(super) const QS_CONFIG: &str = "credbroker.toml";
 /// The public listener when `--listen` is not given.
 pub(super) const DEFAULT_LISTEN: &str = "127.0.0.1:8440";
-/// The demo service when `--demo-listen` is not given.
+/// The demo service when neither `--listen` nor `--demo-listen` is
+/// given (with `--listen`, the demo service takes the port after it:
+/// [`demo_after`]).
 pub(super) const DEFAULT_DEMO_LISTEN: &str = "127.0.0.1:8441";
 /// The demo service's signing key, inside the directory.
 pub(super) const DEMO_KEY: &str = "keys/demo-service.pem";
@@ -114,13 +116,16 @@ pub(super) fn prepare(
             fresh: false,
         });
     }
+    let demo = match (demo, listen) {
+        (Some(d), _) => d,
+        // A second quick start given only its own --listen must not reach
+        // for the first one's demo port.
+        (None, Some(l)) => demo_after(l)?,
+        (None, None) => loopback_addr("--demo-listen", DEFAULT_DEMO_LISTEN)?,
+    };
     let listen = match listen {
         Some(l) => l,
         None => loopback_addr("--listen", DEFAULT_LISTEN)?,
-    };
-    let demo = match demo {
-        Some(d) => d,
-        None => loopback_addr("--demo-listen", DEFAULT_DEMO_LISTEN)?,
     };
     if demo == listen {
         return Err(format!(
@@ -133,6 +138,19 @@ pub(super) fn prepare(
         config,
         fresh: true,
     })
+}
+
+/// The demo service's address when only `--listen` is given: the same IP
+/// address, the next port (8440 gives 8441, as without flags).
+pub(super) fn demo_after(listen: SocketAddr) -> Result<SocketAddr, String> {
+    let port = listen.port().checked_add(1).ok_or_else(|| {
+        format!(
+            "--listen {listen}: the demo service takes the next port unless --demo-listen \
+             names one, and there is no port after {}: give --demo-listen",
+            listen.port()
+        )
+    })?;
+    Ok(SocketAddr::new(listen.ip(), port))
 }
 
 /// Where the config's demo service listens, if it has one.

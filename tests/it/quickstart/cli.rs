@@ -90,6 +90,49 @@ async fn quickstart_reused_directory_with_another_listen_is_refused() {
     assert!(printed.contains("alice  exists"), "{printed}");
 }
 
+/// Issue 39: two quick starts, each given only its own `--listen`, both
+/// run: the demo service takes the port after `--listen` (it kept 8441
+/// whatever `--listen` said, so the second one could not bind it), and the
+/// banner, the config and the demo tool's links name that address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_quickstarts_given_only_listen_each_get_their_own_demo_port() {
+    let mut running = Vec::new();
+    for _ in 0..2 {
+        let port = free_loopback_port_pair();
+        let listen = format!("127.0.0.1:{port}");
+        let demo = format!("127.0.0.1:{}", port + 1);
+        let cwd = tempfile::tempdir().unwrap();
+        let q = Quickstart::start_with(cwd, &["--listen", &listen], &listen, &demo).await;
+        let printed = q.printed();
+        assert!(
+            printed.contains(&format!("demo     http://{demo}")),
+            "{printed}"
+        );
+        let config = std::fs::read_to_string(q.config()).unwrap();
+        assert!(
+            config.contains(&format!("issuer = \"http://{demo}\"")),
+            "{config}"
+        );
+        assert!(!config.contains(":8441"), "{config}");
+        running.push(q);
+    }
+    // Both demo services answer, each on its own port.
+    for q in &running {
+        let r = reqwest::get(format!("{}/", q.demo)).await.unwrap();
+        assert!(r.status().is_success(), "{}: {}", q.demo, r.status());
+    }
+    // --demo-listen still names the demo's address when given: one equal
+    // to --listen is refused.
+    let cwd = tempfile::tempdir().unwrap();
+    let listen = free_loopback_addr();
+    let (code, err) = run_expect_exit(
+        cwd.path(),
+        &["quickstart", "--listen", &listen, "--demo-listen", &listen],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("needs an address of its own"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_refuses_the_quickstart_demo_service() {
     let q = Quickstart::start().await;

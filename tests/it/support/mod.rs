@@ -229,6 +229,24 @@ pub(crate) fn free_loopback_port() -> u16 {
         .port()
 }
 
+/// A loopback port that was free a moment ago, as [`free_loopback_port`]
+/// gives, whose next port was free too (and is handed to nobody else):
+/// for a server that takes the port after the one it is given.
+pub(crate) fn free_loopback_port_pair() -> u16 {
+    loop {
+        let held = reserve_loopback_port();
+        let port = held.local_addr().expect("local addr").port();
+        let Some(next) = port.checked_add(1) else {
+            continue;
+        };
+        if HANDED_OUT.lock().unwrap().insert(next)
+            && std::net::TcpListener::bind(("127.0.0.1", next)).is_ok()
+        {
+            return port;
+        }
+    }
+}
+
 /// The ports [`reserve_loopback_port`] has tried in this test binary.
 static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());

@@ -49,17 +49,24 @@ impl Quickstart {
         listen: &str,
         demo_listen: &str,
     ) -> Quickstart {
+        let args = ["--listen", listen, "--demo-listen", demo_listen];
+        Quickstart::start_with(cwd, &args, listen, demo_listen).await
+    }
+
+    /// Starts `credbroker quickstart ARGS` in `cwd`, where the flags make
+    /// it serve on `listen` and its demo service on `demo_listen`.
+    pub(crate) async fn start_with(
+        cwd: tempfile::TempDir,
+        args: &[&str],
+        listen: &str,
+        demo_listen: &str,
+    ) -> Quickstart {
         let log = cwd
             .path()
             .join(format!("quickstart-{}.log", std::process::id()));
         let child = Command::new(bin())
-            .args([
-                "quickstart",
-                "--listen",
-                listen,
-                "--demo-listen",
-                demo_listen,
-            ])
+            .arg("quickstart")
+            .args(args)
             .current_dir(cwd.path())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
