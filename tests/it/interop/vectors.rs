@@ -1,7 +1,9 @@
 //! Shared test vectors for every verifier (Rust, Python, TypeScript):
 //! `tests/vectors/resource-server.json`, one request per case (token, proofs,
 //! method, URL, time) and the verdict, covering the hostile tokens and proofs
-//! of docs/RESOURCE-SERVERS.md section 5. `credbroker::verify` must reach
+//! of docs/RESOURCE-SERVERS.md section 5, and sequences of requests to one
+//! verifier (a single-use token accepted once) with what each accepted
+//! request's answer carries. `credbroker::verify` must reach
 //! each verdict here; `clients/python/tests/unit/test_vectors.py` holds the Python
 //! verifier to the same file, and `clients/typescript/test/unit/vectors.test.ts`
 //! the TypeScript one.
@@ -416,13 +418,100 @@ fn build() -> Value {
     );
     q["url"] = json!(format!("{AUDIENCE}?page=2"));
     cases.push(q);
+    // The claims of approved calls, of the wrong type (the sequences below
+    // have them right).
+    for (name, patch) in [
+        (
+            "token_with_single_use_as_a_string",
+            json!({"single_use": "true"}),
+        ),
+        (
+            "token_with_approval_id_as_a_number",
+            json!({"approval_id": 7}),
+        ),
+        (
+            "token_with_act_step_as_a_number",
+            json!({"act": {"sub": "repo-helper", "tool": "notes.read", "step": 2}}),
+        ),
+    ] {
+        let t = with(json!({}), patch);
+        cases.push(case(name, &t, "DPoP", vec![p(&t)], "invalid_token"));
+    }
     json!({
-        "about": "Shared verifier vectors: each case is one request (Authorization, every DPoP header, method, URL) verified at `now` (seconds) by a verifier for `issuer` and `audience` with the keys `jwks`; a fresh verifier (and replay cache) per case, the request sent `times` times; `verdict` is the last answer: ok, invalid_token or invalid_dpop_proof (the WWW-Authenticate error). Written by tests/it/interop/vectors.rs.",
+        "about": ABOUT,
         "issuer": ISSUER,
         "audience": AUDIENCE,
         "jwks": {"keys": [issuer.public_jwk]},
         "cases": cases,
+        "sequences": sequences(&issuer, &tool, &claims),
     })
+}
+
+const ABOUT: &str = "Shared verifier vectors. Each of `cases` is one request (Authorization, every DPoP header, method, URL) verified at `now` (seconds) by a verifier for `issuer` and `audience` with the keys `jwks`; a fresh verifier (and replay cache) per case, the request sent `times` times; `verdict` is the last answer: ok, invalid_token or invalid_dpop_proof (the WWW-Authenticate error). Each of `sequences` is a list of `requests` (the same members as a case, without `times`) sent in order to one fresh verifier (one replay cache and one single-use store for the whole sequence), each with its own `verdict`; an `ok` request has a `result`: what the verifier's answer carries of an approved call (single_use, approval_id, authorization_details, step; null when the token has none). Written by tests/it/interop/vectors.rs.";
+
+/// The sequences: requests sent in order to one verifier, for what only a
+/// second request shows (a single-use token is accepted once).
+fn sequences(issuer: &Es256Key, tool: &Es256Key, claims: &Value) -> Value {
+    let header = json!({"alg": "ES256", "typ": "at+jwt", "kid": issuer.kid});
+    let details = json!([{"type": "notes", "actions": ["delete"], "locations": [AUDIENCE],
+                          "identifier": "note-7"}]);
+    // A token of an `each_call` approval, with its `jti`.
+    let single = |jti: &str, scope: &str| {
+        let mut c = claims.clone();
+        crate::support::jose::patch(
+            &mut c,
+            &json!({"jti": jti, "scope": scope, "single_use": true, "approval_id": "apr-vector-1",
+                    "authorization_details": details,
+                    "act": {"sub": "repo-helper", "tool": "notes.read", "step": "cleanup"}}),
+        );
+        token(issuer, header.clone(), c)
+    };
+    let plain = token(issuer, header.clone(), claims.clone());
+    let req = |at: &str, htm: &str, verdict: &str| {
+        let proof = proof_with(
+            tool,
+            json!({}),
+            &json!({"jti": b64e(&crate::support::random_bytes(12)), "htm": htm,
+                    "htu": AUDIENCE, "iat": T + 10, "ath": sha256_b64(at.as_bytes())}),
+        );
+        json!({"authorization": format!("DPoP {at}"), "dpop": [proof], "method": "GET",
+               "url": AUDIENCE, "now": T + 10, "verdict": verdict})
+    };
+    let ok = |at: &str, result: Value| {
+        let mut r = req(at, "GET", "ok");
+        r["result"] = result;
+        r
+    };
+    let approved = json!({"single_use": true, "approval_id": "apr-vector-1",
+                          "authorization_details": details, "step": "cleanup"});
+    let none = json!({"single_use": false, "approval_id": null,
+                      "authorization_details": null, "step": null});
+    let once = single("vector-single-use-1", "notes.delete");
+    let first_refused = single("vector-single-use-2", "notes.delete");
+    let same_jti = single("vector-single-use-3", "notes.delete");
+    let same_jti_other_scope = single("vector-single-use-3", "notes.read");
+    let other_jti = single("vector-single-use-4", "notes.delete");
+    json!([
+        {"name": "single_use_token_presented_twice", "requests": [
+            ok(&once, approved.clone()),
+            // A fresh proof: the refusal is the token's, not a proof replay.
+            req(&once, "GET", "invalid_token"),
+        ]},
+        {"name": "ordinary_token_presented_twice", "requests": [
+            ok(&plain, none.clone()),
+            ok(&plain, none),
+        ]},
+        {"name": "single_use_token_refused_first_is_not_used_up", "requests": [
+            req(&first_refused, "POST", "invalid_dpop_proof"),
+            ok(&first_refused, approved.clone()),
+            req(&first_refused, "GET", "invalid_token"),
+        ]},
+        {"name": "single_use_is_per_issuer_and_jti_not_per_token", "requests": [
+            ok(&same_jti, approved.clone()),
+            req(&same_jti_other_scope, "GET", "invalid_token"),
+            ok(&other_jti, approved),
+        ]},
+    ])
 }
 
 fn verdict(v: &Value, case: &Value) -> String {
@@ -462,6 +551,97 @@ fn verdict(v: &Value, case: &Value) -> String {
         };
     }
     last
+}
+
+/// What a sequence got wrong: each request sent in order to one verifier,
+/// its verdict and (when accepted) its answer's approved-call fields
+/// compared with the file's.
+fn sequence_errors(v: &Value, seq: &Value) -> Vec<String> {
+    let jwks = serde_json::to_vec(&v["jwks"]).unwrap();
+    let clock = ManualClock::new(0);
+    let verifier = Verifier::from_jwks(
+        v["issuer"].as_str().unwrap(),
+        v["audience"].as_str().unwrap(),
+        &jwks,
+    )
+    .unwrap()
+    .with_clock(clock.clone());
+    let mut wrong = Vec::new();
+    for (i, r) in seq["requests"].as_array().unwrap().iter().enumerate() {
+        clock.set(r["now"].as_i64().unwrap());
+        let dpop: Vec<&str> = r["dpop"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap())
+            .collect();
+        let got = verifier.verify(&Presented {
+            method: r["method"].as_str().unwrap(),
+            url: r["url"].as_str().unwrap(),
+            authorization: r["authorization"].as_str(),
+            dpop: &dpop,
+        });
+        let (verdict, result) = match got {
+            Ok(w) => (
+                "ok".to_owned(),
+                json!({"single_use": w.single_use, "approval_id": w.approval_id,
+                       "authorization_details": w.authorization_details, "step": w.step}),
+            ),
+            Err(e) => (error_code(&e.challenge()), Value::Null),
+        };
+        if verdict != r["verdict"] || (verdict == "ok" && result != r["result"]) {
+            wrong.push(format!(
+                "{} request {i}: {verdict} {result}, want {} {}",
+                seq["name"], r["verdict"], r["result"]
+            ));
+        }
+    }
+    wrong
+}
+
+fn error_code(challenge: &str) -> String {
+    challenge
+        .split("error=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or("missing")
+        .to_owned()
+}
+
+#[test]
+fn shared_verifier_sequences_reach_their_verdicts_in_credbroker_verify() {
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(file()).expect("tests/vectors/resource-server.json"))
+            .unwrap();
+    let names = |v: &Value| -> Vec<String> {
+        v["sequences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(&v),
+        names(&build()),
+        "regenerate with CREDBROKER_WRITE_VECTORS=1"
+    );
+    let wrong: Vec<String> = v["sequences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| sequence_errors(&v, s))
+        .collect();
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // Negative control of the comparison: the single-use token's first
+    // request, sent again to the same verifier with the same proof, is
+    // refused (either way, the sequence's answer would differ).
+    let seq = &v["sequences"][0];
+    assert_eq!(seq["name"], "single_use_token_presented_twice");
+    let mut twice = seq.clone();
+    let first = twice["requests"][0].clone();
+    twice["requests"][1] = first;
+    assert_eq!(sequence_errors(&v, &twice).len(), 1);
 }
 
 #[test]
