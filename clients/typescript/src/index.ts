@@ -8,7 +8,8 @@
  *   every request;
  * - the refusals, typed ({@link Refused} and its subclasses);
  * - {@link NonceStore}: DPoP server nonces, kept per origin;
- * - {@link Verifier}: for resource servers, the token and proof checks;
+ * - {@link Verifier}: for resource servers, the token and proof checks, with
+ *   a {@link SingleUseStore} for single-use tokens;
  * - `credbroker-client/mcp`: a link refusal as an MCP answer.
  *
  * It speaks the broker's socket API version {@link API_VERSION}.
@@ -35,4 +36,6 @@ export { NotSenderConstrained, dpopFetch } from "./fetch.js";
 export type { DPoPFetch, DPoPFetchOptions } from "./fetch.js";
 export { NonceStore, originOf, socketOrigin } from "./nonces.js";
 export { FETCH_TIMEOUT_MS, MAX_KEYS_DOCUMENT, ReplayCache, Verifier, VerifyError } from "./verify.js";
+export { MemorySingleUseStore, SingleUseStoreFull } from "./single-use.js";
+export type { SingleUseStore } from "./single-use.js";
 export type { Jwks, Principal, VerifierOptions, VerifyRequest } from "./verify.js";

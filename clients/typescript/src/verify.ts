@@ -7,6 +7,12 @@
  * Signatures are checked by `jose`; what a generic JOSE library does not do
  * (the header allow-lists, `htm`/`htu`/`iat`/`ath`, the key binding and the
  * replay cache) is here. Time comes from an injectable clock.
+ *
+ * A token marked `single_use` (an `each_call` approval's) is accepted once:
+ * the verifier records its (`iss`, `jti`) in a {@link SingleUseStore} until it
+ * expires and refuses it after. The default store is in this process's
+ * memory, which is wrong for a server of several processes (see
+ * `single-use.ts`).
  */
 
 import { timingSafeEqual } from "node:crypto";
@@ -15,6 +21,8 @@ import type { JWK } from "jose";
 
 import { CredbrokerError } from "./errors.js";
 import { ath as athOf } from "./key.js";
+import { MemorySingleUseStore } from "./single-use.js";
+import type { SingleUseStore } from "./single-use.js";
 
 export const MAX_TOKEN = 8 * 1024;
 export const MAX_PROOF = 4 * 1024;
@@ -82,8 +90,10 @@ const B64URL = /^[A-Za-z0-9_-]*$/;
 /**
  * Why a request is not authenticated. `code` is the `WWW-Authenticate` error
  * (`invalid_token`, `invalid_dpop_proof`, `use_dpop_nonce`), `missing` (no
- * `Authorization` at all: the challenge names no error), or
- * `keys_unavailable` (answer 503: the token may be fine).
+ * `Authorization` at all: the challenge names no error), `keys_unavailable`
+ * (answer 503: the token may be fine), or `replay_store_unavailable` (answer
+ * 503: the single-use store failed or is full, so a single-use token could
+ * not be recorded and is not accepted).
  */
 export class VerifyError extends CredbrokerError {
   readonly code: string;
@@ -95,15 +105,17 @@ export class VerifyError extends CredbrokerError {
   }
   /** The HTTP status to answer with. */
   get status(): number {
-    return this.code === "keys_unavailable" ? 503 : 401;
+    return UNAVAILABLE.includes(this.code) ? 503 : 401;
   }
   /** The `WWW-Authenticate` value (none for 503). */
   challenge(): string | undefined {
-    if (this.code === "keys_unavailable") return undefined;
+    if (UNAVAILABLE.includes(this.code)) return undefined;
     if (this.code === "missing") return 'DPoP algs="ES256"';
     return `DPoP error="${this.code}", algs="ES256"`;
   }
 }
+
+const UNAVAILABLE = ["keys_unavailable", "replay_store_unavailable"];
 
 type Err = (d: string) => VerifyError;
 const tokenErr: Err = (d) => new VerifyError("invalid_token", d);
@@ -118,9 +130,27 @@ export interface Principal {
   readonly sub: string;
   readonly agent: string;
   readonly tool: string | undefined;
+  /** The orchestrator's step the token was derived in (`act.step`), when the broker records it. */
+  readonly step: string | undefined;
   readonly scopes: readonly string[];
   readonly jkt: string;
   readonly exp: number;
+  /** The token's `jti`. */
+  readonly jti: string;
+  /**
+   * Whether the token is single-use (`single_use`, an `each_call`
+   * approval's): this verifier accepted it for this one request and refuses
+   * it after.
+   */
+  readonly singleUse: boolean;
+  /** The approval the token was minted on (`approval_id`), if any. */
+  readonly approvalId: string | undefined;
+  /**
+   * The call's RFC 9396 `authorization_details`, as the broker checked them
+   * and, for a tool that needs approval, as the person approved them:
+   * compare them with what the request does (`docs/RESOURCE-SERVERS.md`).
+   */
+  readonly authorizationDetails: unknown;
 }
 
 type Obj = Record<string, unknown>;
@@ -214,6 +244,11 @@ export interface VerifierOptions {
   /** Seconds since the epoch (tests inject one). */
   clock?: () => number;
   replay?: ReplayCache;
+  /**
+   * Where single-use tokens are recorded (default: a
+   * {@link MemorySingleUseStore}, wrong for several processes).
+   */
+  singleUseStore?: SingleUseStore;
   /** Refetches the JWKS for an unknown `kid` (at most once a minute). */
   fetchJwks?: () => Promise<unknown>;
 }
@@ -262,6 +297,7 @@ export class Verifier {
   readonly audience: string;
   readonly #clock: () => number;
   readonly #replay: ReplayCache;
+  readonly #singleUse: SingleUseStore;
   readonly #fetch: (() => Promise<unknown>) | undefined;
   #lastFetch = -Infinity;
   #keys: Map<string, CryptoKey | Uint8Array>;
@@ -272,6 +308,7 @@ export class Verifier {
     this.#keys = keys;
     this.#clock = opts.clock ?? (() => Date.now() / 1000);
     this.#replay = opts.replay ?? new ReplayCache();
+    this.#singleUse = opts.singleUseStore ?? new MemorySingleUseStore();
     this.#fetch = opts.fetchJwks;
   }
 
@@ -327,8 +364,27 @@ export class Verifier {
     return key;
   }
 
-  /** Checks one request; rejects with a {@link VerifyError}. */
+  /**
+   * Checks one request; rejects with a {@link VerifyError}. A single-use
+   * token is then recorded in the single-use store, and refused if it was
+   * there.
+   */
   async verify(req: VerifyRequest): Promise<Principal> {
+    const who = await this.#check(req);
+    if (!who.singleUse) return who;
+    let first: unknown;
+    try {
+      // Until the token's expiry plus the skew: while it could still pass.
+      first = await this.#singleUse.insertIfAbsent(this.issuer, who.jti, who.exp + SKEW, this.#clock());
+    } catch {
+      first = undefined;
+    }
+    if (first === false) throw tokenErr("the token is single-use and was already used");
+    if (first !== true) throw new VerifyError("replay_store_unavailable", "the single-use store could not record the token");
+    return who;
+  }
+
+  async #check(req: VerifyRequest): Promise<Principal> {
     const now = this.#clock();
     // 1, 2: the request.
     if (req.authorization === undefined || req.authorization === null) throw new VerifyError("missing", "no Authorization header");
@@ -356,13 +412,20 @@ export class Verifier {
     const scope = "scope" in claims ? claims["scope"] : "";
     const jkt = isObj(cnf) ? cnf["jkt"] : undefined;
     const agent = isObj(act) ? act["sub"] : undefined;
-    const tool = isObj(act) ? act["tool"] : undefined;
+    // null as absent, as serde's Option does in the Rust verifier.
+    const tool = isObj(act) ? (act["tool"] ?? undefined) : undefined;
+    const step = isObj(act) ? (act["step"] ?? undefined) : undefined;
+    const singleUse = claims["single_use"] ?? false;
+    const approvalId = claims["approval_id"] ?? undefined;
     if (![iss, sub, aud, tokenJti, jkt, agent, scope].every((v) => typeof v === "string")) {
       throw tokenErr("iss, sub, aud, jti, cnf.jkt, act.sub or scope is missing or not a string");
     }
     if (subjectIss !== undefined && typeof subjectIss !== "string") throw tokenErr("subject_iss is not a string");
     if (!isInt(iat) || !isInt(exp)) throw tokenErr("iat or exp is not an integer");
-    if (tool !== undefined && typeof tool !== "string") throw tokenErr("act.tool is not a string");
+    if (![tool, step].every((v) => v === undefined || typeof v === "string")) throw tokenErr("act.tool or act.step is not a string");
+    if (typeof singleUse !== "boolean" || !(approvalId === undefined || typeof approvalId === "string")) {
+      throw tokenErr("single_use is not a boolean or approval_id not a string");
+    }
     // 7, 8, 9: issuer, audience, time.
     if (iss !== this.issuer) throw tokenErr("the token is from another issuer");
     if (aud !== this.audience) throw tokenErr("the token is for another audience");
@@ -408,16 +471,22 @@ export class Verifier {
     if (!same(await calculateJwkThumbprint(pub, "sha256"), bound)) {
       throw proofErr("the proof is signed by another key than the token is bound to");
     }
-    // 18: replay, recorded only now.
+    // 18: replay, recorded only now (19, a single-use token, is recorded by
+    // verify, in its store).
     this.#replay.checkAndRecord(bound, jti, now, now + PROOF_WINDOW + SKEW);
     return {
       subjectIss: subjectIss,
       sub: sub as string,
       agent: agent as string,
-      tool: tool,
+      tool: tool as string | undefined,
+      step: step as string | undefined,
       scopes: (scope as string).split(/\s+/).filter((s) => s !== ""),
       jkt: bound,
       exp,
+      jti: tokenJti as string,
+      singleUse,
+      approvalId,
+      authorizationDetails: claims["authorization_details"] ?? undefined,
     };
   }
 }

@@ -9,6 +9,7 @@
   (:mod:`credbroker_client.nonces`);
 - :mod:`credbroker_client.errors`: the refusals, typed;
 - :mod:`credbroker_client.verify`: for resource servers, the token and proof checks;
+- :mod:`credbroker_client.single_use`: where the verifier records single-use tokens;
 - :mod:`credbroker_client.mcp`: a link refusal as an MCP answer (extra ``mcp``).
 
 It speaks the broker's socket API version :data:`API_VERSION`.

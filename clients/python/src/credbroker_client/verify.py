@@ -11,7 +11,14 @@ and the replay cache) is here. Time comes from an injectable clock::
                           request.headers.getlist("dpop"))
 
 On :class:`VerifyError`, answer ``e.status`` with ``WWW-Authenticate:
-e.challenge()``. In an asyncio server, :meth:`Verifier.from_issuer_async`
+e.challenge()``.
+
+A token marked ``single_use`` (an ``each_call`` approval's) is accepted once:
+the verifier records its (``iss``, ``jti``) in a single-use store until it
+expires and refuses it after (``invalid_token``). The default store is in
+this process's memory, **which is wrong for a server with several worker
+processes**: give them a shared one (``single_use_store=``, see
+:mod:`credbroker_client.single_use`). In an asyncio server, :meth:`Verifier.from_issuer_async`
 and :meth:`Verifier.verify_async` do the same without blocking the event
 loop: their only network reads (the metadata, the JWKS and its refetch for
 an unknown ``kid``) go through an ``httpx.AsyncClient``.
@@ -22,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import inspect
 import json
 import re
 import threading
@@ -38,6 +46,7 @@ from joserfc.jwk import ECKey
 
 from .errors import CredbrokerError
 from .key import ath as ath_of
+from .single_use import AsyncSingleUseStore, MemorySingleUseStore, SingleUseStore
 
 MAX_TOKEN = 8 * 1024
 MAX_PROOF = 4 * 1024
@@ -58,8 +67,10 @@ class VerifyError(CredbrokerError):
     """Why a request is not authenticated. ``code`` is the
     ``WWW-Authenticate`` error (``invalid_token``, ``invalid_dpop_proof``,
     ``use_dpop_nonce``), ``missing`` (no ``Authorization`` at all: the
-    challenge names no error), or ``keys_unavailable`` (answer 503: the
-    token may be fine)."""
+    challenge names no error), ``keys_unavailable`` (answer 503: the
+    token may be fine), or ``replay_store_unavailable`` (answer 503: the
+    single-use store failed or is full, so a single-use token could not be
+    recorded and is not accepted)."""
 
     def __init__(self, code: str, description: str) -> None:
         super().__init__(f"{code}: {description}")
@@ -69,15 +80,18 @@ class VerifyError(CredbrokerError):
     @property
     def status(self) -> int:
         """The HTTP status to answer with."""
-        return 503 if self.code == "keys_unavailable" else 401
+        return 503 if self.code in _UNAVAILABLE else 401
 
     def challenge(self) -> str | None:
         """The ``WWW-Authenticate`` value (none for 503)."""
-        if self.code == "keys_unavailable":
+        if self.code in _UNAVAILABLE:
             return None
         if self.code == "missing":
             return 'DPoP algs="ES256"'
         return f'DPoP error="{self.code}", algs="ES256"'
+
+
+_UNAVAILABLE = ("keys_unavailable", "replay_store_unavailable")
 
 
 def _token(d: str) -> VerifyError:
@@ -193,6 +207,17 @@ class Principal:
     scopes: tuple[str, ...]
     jkt: str
     exp: int
+    #: The token's ``jti``.
+    jti: str = ""
+    #: Whether the token is single-use (an ``each_call`` approval's): this
+    #: verifier accepted it for this one request and refuses it after.
+    single_use: bool = False
+    #: The approval the token was minted on, if any.
+    approval_id: str | None = None
+    #: The call's RFC 9396 ``authorization_details``, as the broker checked
+    #: them and, for a tool that needs approval, as the person approved them:
+    #: compare them with what the request does (``docs/RESOURCE-SERVERS.md``).
+    authorization_details: Any = None
 
 
 def _b64(part: str, err: Callable[[str], VerifyError], what: str) -> bytes:
@@ -274,6 +299,7 @@ class Verifier:
         *,
         clock: Callable[[], float] = time.time,
         replay: ReplayCache | None = None,
+        single_use_store: SingleUseStore | AsyncSingleUseStore | None = None,
         fetch_jwks: Callable[[], dict[str, Any]] | None = None,
         fetch_jwks_async: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     ) -> None:
@@ -281,6 +307,10 @@ class Verifier:
         self.audience = audience
         self._clock = clock
         self._replay = replay or ReplayCache()
+        # `is None`, not `or`: an empty store may be falsy (it has a length).
+        self._single_use: SingleUseStore | AsyncSingleUseStore = (
+            MemorySingleUseStore() if single_use_store is None else single_use_store
+        )
         self._fetch = fetch_jwks
         self._fetch_async = fetch_jwks_async
         self._last_fetch = float("-inf")
@@ -312,6 +342,7 @@ class Verifier:
         clock: Callable[[], float] = time.time,
         http: httpx.Client | None = None,
         timeout: float = FETCH_TIMEOUT,
+        single_use_store: SingleUseStore | None = None,
     ) -> Verifier:
         """Reads the issuer's RFC 8414 metadata (its ``issuer`` must be
         ``issuer`` exactly) and the JWKS it names; unknown ``kid``s refetch
@@ -329,7 +360,14 @@ class Verifier:
             return _json_object(url, _capped_get(client, url, timeout))
 
         jwks_uri = _jwks_uri(issuer, get(f"{issuer}/.well-known/oauth-authorization-server"))
-        return cls(issuer, audience, get(jwks_uri), clock=clock, fetch_jwks=lambda: get(jwks_uri))
+        return cls(
+            issuer,
+            audience,
+            get(jwks_uri),
+            clock=clock,
+            single_use_store=single_use_store,
+            fetch_jwks=lambda: get(jwks_uri),
+        )
 
     @classmethod
     async def from_issuer_async(
@@ -340,6 +378,7 @@ class Verifier:
         clock: Callable[[], float] = time.time,
         http: httpx.AsyncClient | None = None,
         timeout: float = FETCH_TIMEOUT,
+        single_use_store: SingleUseStore | AsyncSingleUseStore | None = None,
     ) -> Verifier:
         """:meth:`from_issuer` for asyncio, on an ``httpx.AsyncClient`` and
         with the same caps; the verifier it returns refetches the JWKS for an
@@ -355,6 +394,7 @@ class Verifier:
             audience,
             await get(jwks_uri),
             clock=clock,
+            single_use_store=single_use_store,
             fetch_jwks_async=lambda: get(jwks_uri),
         )
 
@@ -395,9 +435,23 @@ class Verifier:
         for which it returns true; otherwise the error is ``use_dpop_nonce``:
         answer 401 with ``e.challenge()`` and a fresh ``DPoP-Nonce`` header.
 
+        A single-use token is then recorded in the single-use store (a
+        synchronous one: with an :class:`AsyncSingleUseStore`, use
+        :meth:`verify_async`) and refused if it was there.
+
         A verifier from :meth:`from_issuer_async` never fetches here: use
         :meth:`verify_async` in an asyncio server."""
-        return self._verify(method, url, authorization, dpop, nonce, fetch=True)
+        who = self._verify(method, url, authorization, dpop, nonce, fetch=True)
+        if who.single_use:
+            first = self._insert(who)
+            if inspect.isawaitable(first):
+                if inspect.iscoroutine(first):
+                    first.close()
+                raise VerifyError(
+                    "replay_store_unavailable", "an async single-use store needs verify_async"
+                )
+            _first_use(first)
+        return who
 
     async def verify_async(
         self,
@@ -411,11 +465,33 @@ class Verifier:
         """:meth:`verify` for asyncio: the JWKS refetch for an unknown
         ``kid`` (at most once a minute) is awaited on the verifier's
         ``httpx.AsyncClient``; the checks themselves read nothing from the
-        network and run inline."""
+        network and run inline, and a single-use token is recorded in the
+        single-use store (awaited, for an :class:`AsyncSingleUseStore`)."""
         kid = _kid_of(authorization)
         if kid is not None and self._fetch_async is not None and self._refetch_due(kid):
             self._keys = self._keys_of(await self._fetch_async())
-        return self._verify(method, url, authorization, dpop, nonce, fetch=False)
+        who = self._verify(method, url, authorization, dpop, nonce, fetch=False)
+        if who.single_use:
+            first = self._insert(who)
+            if inspect.isawaitable(first):
+                try:
+                    first = await first
+                except Exception:  # noqa: BLE001 - any store failure refuses the request
+                    raise _store_failed() from None
+            _first_use(first)
+        return who
+
+    def _insert(self, who: Principal) -> object:
+        """The store's insert for a single-use token, until its expiry plus
+        the skew (while the token could still pass the time check): its
+        answer, or its awaitable for an async store. A store that raises
+        refuses the request."""
+        try:
+            return self._single_use.insert_if_absent(
+                self.issuer, who.jti, who.exp + SKEW, self._clock()
+            )
+        except Exception:  # noqa: BLE001 - any store failure refuses the request
+            raise _store_failed() from None
 
     def _verify(
         self,
@@ -470,6 +546,12 @@ class Verifier:
             raise _token("iat or exp is not an integer")
         if not all(v is None or isinstance(v, str) for v in (tool, step)):
             raise _token("act.tool or act.step is not a string")
+        single_use = claims.get("single_use", False)
+        approval_id = claims.get("approval_id")
+        if type(single_use) is not bool or not (
+            approval_id is None or isinstance(approval_id, str)
+        ):
+            raise _token("single_use is not a boolean or approval_id not a string")
         assert isinstance(iat, int) and isinstance(exp, int)  # noqa: S101 - narrowed above
         assert isinstance(jkt, str) and isinstance(scope, str)  # noqa: S101 - narrowed above
         # 7, 8, 9: issuer, audience, time.
@@ -528,11 +610,42 @@ class Verifier:
         # 17: the key binding.
         if not hmac.compare_digest(pkey.thumbprint(), jkt):
             raise _proof("the proof is signed by another key than the token is bound to")
-        # 18: replay, recorded only now.
+        # 18: replay, recorded only now (19, a single-use token, is recorded
+        # by the caller, in its store).
         self._replay.check_and_record(jkt, jti, now, now + PROOF_WINDOW + SKEW)
         assert subject_iss is None or isinstance(subject_iss, str)  # noqa: S101 - narrowed above
         assert isinstance(sub, str)  # noqa: S101 - narrowed above
         assert isinstance(agent, str)  # noqa: S101 - narrowed above
         assert tool is None or isinstance(tool, str)  # noqa: S101 - narrowed above
         assert step is None or isinstance(step, str)  # noqa: S101 - narrowed above
-        return Principal(subject_iss, sub, agent, tool, step, tuple(scope.split()), jkt, exp)
+        assert isinstance(token_jti, str)  # noqa: S101 - narrowed above
+        return Principal(
+            subject_iss,
+            sub,
+            agent,
+            tool,
+            step,
+            tuple(scope.split()),
+            jkt,
+            exp,
+            jti=token_jti,
+            single_use=single_use,
+            approval_id=approval_id,
+            authorization_details=claims.get("authorization_details"),
+        )
+
+
+def _store_failed() -> VerifyError:
+    return VerifyError(
+        "replay_store_unavailable", "the single-use store could not record the token"
+    )
+
+
+def _first_use(inserted: object) -> None:
+    """Refuses a single-use token the store already held; anything but a
+    plain ``True`` or ``False`` from the store refuses too."""
+    if inserted is True:
+        return
+    if inserted is False:
+        raise _token("the token is single-use and was already used")
+    raise _store_failed()

@@ -1,0 +1,247 @@
+"""Single-use tokens (an ``each_call`` approval's): accepted once by the
+verifier, through a store that inserts (``iss``, ``jti``) if absent, fails
+closed and never evicts a live entry; the in-memory store by default, an
+async store for ``verify_async``, and an SQLite file shared by two processes
+(each accepting the token at most once between them)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from joserfc import jwt
+from joserfc.jwk import ECKey
+
+import credbroker_client
+from credbroker_client import ToolKey
+from credbroker_client.single_use import (
+    MemorySingleUseStore,
+    SingleUseStoreFull,
+    SQLiteSingleUseStore,
+)
+from credbroker_client.verify import SKEW, Verifier, VerifyError
+
+ISSUER = "https://broker.example"
+AUDIENCE = "https://notes.example/notes"
+ISSUER_KEY = ECKey.generate_key("P-256")
+JWKS = {"keys": [{**ISSUER_KEY.as_dict(private=False), "kid": "k1"}]}
+TOOL = ToolKey.generate()
+#: Where the worker processes import the package from.
+SRC = str(Path(credbroker_client.__file__).resolve().parents[1])
+
+
+def token(*, single_use: bool = True, jti: str | None = None, exp_in: int = 60) -> str:
+    now = int(time.time())
+    claims: dict[str, Any] = {
+        "iss": ISSUER,
+        "sub": "alice",
+        "aud": AUDIENCE,
+        "jti": jti or str(uuid.uuid4()),
+        "iat": now,
+        "exp": now + exp_in,
+        "scope": "notes.delete",
+        "cnf": {"jkt": TOOL.thumbprint},
+        "act": {"sub": "agent-1", "tool": "notes.delete", "step": "cleanup"},
+    }
+    if single_use:
+        claims |= {
+            "single_use": True,
+            "approval_id": "apr-1",
+            "authorization_details": [{"type": "notes", "identifier": "note-7"}],
+        }
+    return jwt.encode({"typ": "at+jwt", "alg": "ES256", "kid": "k1"}, claims, ISSUER_KEY)
+
+
+def present(v: Verifier, t: str) -> str:
+    """One request with the token and a fresh proof: ``ok`` or the code."""
+    try:
+        v.verify("DELETE", AUDIENCE, f"DPoP {t}", [TOOL.proof("DELETE", AUDIENCE, t)])
+        return "ok"
+    except VerifyError as e:
+        return e.code
+
+
+def test_a_single_use_token_is_accepted_once_and_an_ordinary_one_again() -> None:
+    v = Verifier(ISSUER, AUDIENCE, JWKS)
+    t = token()
+    who = v.verify("DELETE", AUDIENCE, f"DPoP {t}", [TOOL.proof("DELETE", AUDIENCE, t)])
+    assert (who.single_use, who.approval_id, who.step) == (True, "apr-1", "cleanup")
+    assert who.authorization_details == [{"type": "notes", "identifier": "note-7"}]
+    with pytest.raises(VerifyError) as e:
+        v.verify("DELETE", AUDIENCE, f"DPoP {t}", [TOOL.proof("DELETE", AUDIENCE, t)])
+    assert (e.value.code, e.value.status) == ("invalid_token", 401)
+    assert "already used" in e.value.description
+    # Control: a token not marked single-use serves twice (fresh proofs).
+    plain = token(single_use=False)
+    assert [present(v, plain), present(v, plain)] == ["ok", "ok"]
+    again = v.verify("DELETE", AUDIENCE, f"DPoP {plain}", [TOOL.proof("DELETE", AUDIENCE, plain)])
+    assert (again.single_use, again.approval_id, again.authorization_details) == (
+        False,
+        None,
+        None,
+    )
+
+
+def test_the_memory_store_fails_closed_when_full_and_never_evicts_early() -> None:
+    s = MemorySingleUseStore(capacity=2)
+    assert s.insert_if_absent(ISSUER, "a", 100, now=10)
+    assert not s.insert_if_absent(ISSUER, "a", 100, now=10)
+    # The key is (iss, jti): another issuer's "a" is another entry.
+    assert s.insert_if_absent("https://other.example", "a", 50, now=10)
+    with pytest.raises(SingleUseStoreFull):
+        s.insert_if_absent(ISSUER, "b", 100, now=10)
+    # Full did not evict: "a" is still held, and so refused.
+    assert not s.insert_if_absent(ISSUER, "a", 100, now=49)
+    # Once the other entry expired (at 50), its room is reused.
+    assert s.insert_if_absent(ISSUER, "b", 100, now=50)
+    assert not s.insert_if_absent(ISSUER, "a", 100, now=99)
+    assert len(s) == 2
+
+
+def test_a_full_or_failing_store_refuses_the_single_use_token_only() -> None:
+    full = MemorySingleUseStore(capacity=1)
+    v = Verifier(ISSUER, AUDIENCE, JWKS, single_use_store=full)
+    assert present(v, token()) == "ok"
+    with pytest.raises(VerifyError) as e:
+        t = token()
+        v.verify("DELETE", AUDIENCE, f"DPoP {t}", [TOOL.proof("DELETE", AUDIENCE, t)])
+    assert (e.value.code, e.value.status, e.value.challenge()) == (
+        "replay_store_unavailable",
+        503,
+        None,
+    )
+    # Control: a token that is not single-use does not need the store.
+    assert present(v, token(single_use=False)) == "ok"
+
+    class Broken:
+        def insert_if_absent(self, iss: str, jti: str, expires_at: int, now: float) -> bool:
+            raise OSError("disk full")
+
+    class Odd:
+        def insert_if_absent(self, iss: str, jti: str, expires_at: int, now: float) -> bool:
+            return 1  # type: ignore[return-value]
+
+    for store in (Broken(), Odd()):
+        v = Verifier(ISSUER, AUDIENCE, JWKS, single_use_store=store)
+        assert present(v, token()) == "replay_store_unavailable"
+        assert present(v, token(single_use=False)) == "ok"
+
+
+def test_the_store_keeps_the_token_until_its_expiry_and_skew() -> None:
+    seen: list[tuple[str, str, int]] = []
+
+    class Recording(MemorySingleUseStore):
+        def insert_if_absent(self, iss: str, jti: str, expires_at: int, now: float) -> bool:
+            seen.append((iss, jti, expires_at))
+            return super().insert_if_absent(iss, jti, expires_at, now)
+
+    v = Verifier(ISSUER, AUDIENCE, JWKS, single_use_store=Recording())
+    t = token(jti="jti-1", exp_in=60)
+    who = v.verify("DELETE", AUDIENCE, f"DPoP {t}", [TOOL.proof("DELETE", AUDIENCE, t)])
+    assert seen == [(ISSUER, "jti-1", who.exp + SKEW)]
+
+
+def test_an_async_store_in_verify_async_and_refused_by_verify() -> None:
+    class AsyncStore:
+        def __init__(self) -> None:
+            self.inner = MemorySingleUseStore()
+
+        async def insert_if_absent(self, iss: str, jti: str, expires_at: int, now: float) -> bool:
+            await asyncio.sleep(0)
+            return self.inner.insert_if_absent(iss, jti, expires_at, now)
+
+    v = Verifier(ISSUER, AUDIENCE, JWKS, single_use_store=AsyncStore())
+    t = token()
+
+    async def twice() -> list[str]:
+        out = []
+        for _ in range(2):
+            try:
+                await v.verify_async(
+                    "DELETE", AUDIENCE, f"DPoP {t}", [TOOL.proof("DELETE", AUDIENCE, t)]
+                )
+                out.append("ok")
+            except VerifyError as e:
+                out.append(e.code)
+        return out
+
+    assert asyncio.run(twice()) == ["ok", "invalid_token"]
+    # The sync verify cannot await it: refused, not accepted unrecorded.
+    assert present(v, token()) == "replay_store_unavailable"
+    assert present(v, token(single_use=False)) == "ok"
+
+
+WORKER = """
+import json, sys, time
+from pathlib import Path
+from credbroker_client.single_use import SQLiteSingleUseStore
+from credbroker_client.verify import Verifier, VerifyError
+job = json.loads(sys.stdin.read())
+v = Verifier(job["issuer"], job["audience"], job["jwks"],
+             single_use_store=SQLiteSingleUseStore(job["db"]))
+while not Path(job["go"]).exists():
+    time.sleep(0.001)
+out = []
+for auth, proof in job["requests"]:
+    try:
+        v.verify("DELETE", job["audience"], auth, [proof])
+        out.append("ok")
+    except VerifyError as e:
+        out.append(e.code)
+print(json.dumps(out))
+"""
+
+
+def test_two_processes_sharing_an_sqlite_store_accept_the_token_once(tmp_path: Path) -> None:
+    db, go = tmp_path / "single-use.db", tmp_path / "go"
+    shared = token()
+    own = [token(), token()]
+    procs = []
+    for i in range(2):
+        job = {
+            "issuer": ISSUER,
+            "audience": AUDIENCE,
+            "jwks": JWKS,
+            "db": str(db),
+            "go": str(go),
+            # The shared token (with this process's own proof), then a
+            # single-use token only this process sees: the control.
+            "requests": [
+                [f"DPoP {t}", TOOL.proof("DELETE", AUDIENCE, t)] for t in (shared, own[i])
+            ],
+        }
+        p = subprocess.Popen(
+            [sys.executable, "-c", WORKER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": SRC},
+        )
+        assert p.stdin is not None
+        p.stdin.write(json.dumps(job))
+        p.stdin.close()
+        procs.append(p)
+    time.sleep(0.5)  # time for both to start, so that they race (either order must hold)
+    go.touch()
+    answers = []
+    for p in procs:
+        assert p.stdout is not None
+        out = p.stdout.read()
+        assert p.wait(timeout=60) == 0, out
+        answers.append(json.loads(out))
+    firsts = sorted(a[0] for a in answers)
+    assert firsts == ["invalid_token", "ok"], answers
+    assert [a[1] for a in answers] == ["ok", "ok"], answers
+    # The file holds the three tokens; a third process opening it refuses
+    # the shared one too.
+    v = Verifier(ISSUER, AUDIENCE, JWKS, single_use_store=SQLiteSingleUseStore(db))
+    assert present(v, shared) == "invalid_token"
+    assert present(v, token()) == "ok"
