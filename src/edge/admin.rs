@@ -188,137 +188,185 @@ pub(crate) async fn handle(h: Handles, req: Request<hyper::body::Incoming>) -> R
     }
 }
 
+/// The route table: one named step per command.
 async fn route(
     h: &Handles,
     req: Request<hyper::body::Incoming>,
 ) -> Result<Response<Body>, AdminError> {
-    let b = &h.broker;
-    let ok = |v: serde_json::Value| Ok(json_response(StatusCode::OK, &v));
     match (req.method().clone(), req.uri().path()) {
-        (Method::GET, "/metrics") => {
-            b.metrics
-                .replay_cache_entries
-                .set(b.proofs.replay_cache().len() as i64);
-            Ok(text(
-                StatusCode::OK,
-                b.metrics.render(),
-                "text/plain; version=0.0.4",
-            ))
-        }
-        (Method::GET, "/readyz") => {
-            let r = readiness(b);
-            let code = if r["ready"] == true {
-                StatusCode::OK
-            } else {
-                StatusCode::SERVICE_UNAVAILABLE
-            };
-            Ok(json_response(code, &r))
-        }
-        (Method::GET, "/status") => ok(status(h)),
-        (Method::POST, "/freeze") => {
-            let on = match capped_body(req, 64).await?.as_ref() {
-                b"on" => true,
-                b"off" => false,
-                _ => return Err(AdminError::BadBody("the body must be on or off")),
-            };
-            let frozen = crate::derive::ops::freeze(Target::Running(b), None, Recorder::of(b), on)?;
-            ok(serde_json::json!({"frozen": frozen}))
-        }
-        (Method::POST, "/keys/rotate") => {
-            let emergency = match capped_body(req, 64).await?.trim_ascii() {
-                b"" => false,
-                b"emergency" => true,
-                _ => return Err(AdminError::BadBody("the body must be empty or emergency")),
-            };
-            let kind =
-                crate::derive::mint::RotationKind::new(emergency, b.config.key_activation_delay);
-            let r = crate::derive::ops::rotate_keys(
-                Target::Running(b),
-                &h.sealer,
-                Recorder::of(b),
-                kind,
-            )?;
-            ok(rotation_json(&r, true))
-        }
-        (Method::POST, "/vault/rotate") => {
-            let body = capped_body(req, 64).await?;
-            let limit = match std::str::from_utf8(&body).map(str::trim) {
-                Ok("") => None,
-                Ok(n) => Some(n.parse::<usize>().map_err(|_| {
-                    AdminError::BadBody("the body must be empty or a number of records")
-                })?),
-                Err(_) => {
-                    return Err(AdminError::BadBody(
-                        "the body must be empty or a number of records",
-                    ))
-                }
-            };
-            let (vault, b) = (h.vault.clone(), b.clone());
-            // Re-wrapping does store I/O; keep it off the async workers.
-            let report = tokio::task::spawn_blocking(move || {
-                crate::derive::ops::rotate_vault(&vault, limit, Recorder::of(&b))
-            })
-            .await
-            .map_err(|_| OpError::Task("vault rotation"))??;
-            ok(serde_json::json!(report))
-        }
-        (Method::GET, "/accounts") => {
-            let person = person_from_query(req.uri().query());
-            ok(crate::derive::ops::list_accounts(
-                &h.vault,
-                person.as_ref(),
-            )?)
-        }
-        (Method::POST, "/accounts/disconnect") => {
-            let body = capped_body(req, 16 * 1024).await?;
-            let d = serde_json::from_slice::<DisconnectRequest>(&body).map_err(|_| {
-                AdminError::BadBody(
-                    "the body must be JSON with person_iss, person_sub, service and optional force",
-                )
-            })?;
-            let person = crate::accounts::subject::Person {
-                iss: d.person_iss,
-                sub: d.person_sub,
-            };
-            let report = crate::derive::ops::disconnect(
-                &h.vault,
-                &h.providers,
-                &person,
-                &d.service,
-                d.force,
-                Recorder::of(b),
-            )
-            .await?;
-            ok(serde_json::json!(report))
-        }
+        (Method::GET, "/metrics") => Ok(metrics(&h.broker)),
+        (Method::GET, "/readyz") => Ok(readyz(&h.broker)),
+        (Method::GET, "/status") => Ok(ok(status(h))),
+        (Method::POST, "/freeze") => freeze(h, req).await,
+        (Method::POST, "/keys/rotate") => rotate_keys(h, req).await,
+        (Method::POST, "/vault/rotate") => rotate_vault(h, req).await,
+        (Method::GET, "/accounts") => list_accounts(h, &req),
+        (Method::POST, "/accounts/disconnect") => disconnect(h, req).await,
         (Method::POST, "/users") => add_user(h, req).await,
-        (Method::GET, "/users") => {
-            let mut v = crate::derive::ops::list_users(b.store.as_ref(), &h.sealer, b.clock.now())?;
-            v["running"] = true.into();
-            ok(v)
-        }
-        (Method::POST, "/users/remove") => {
-            #[derive(serde::Deserialize)]
-            #[serde(deny_unknown_fields)]
-            struct RemoveUser {
-                name: String,
-            }
-            let body = capped_body(req, 4096).await?;
-            let r = serde_json::from_slice::<RemoveUser>(&body)
-                .map_err(|_| AdminError::BadBody("expected {\"name\"}"))?;
-            let removed = crate::derive::ops::remove_user(
-                b.store.as_ref(),
-                &r.name,
-                crate::edge::pages::session::end_local_sessions,
-                Recorder::of(b),
-            )?;
-            let mut v = serde_json::json!(removed);
-            v["user"] = r.name.into();
-            v["running"] = true.into();
-            ok(v)
-        }
+        (Method::GET, "/users") => list_users(h),
+        (Method::POST, "/users/remove") => remove_user(h, req).await,
         _ => Err(AdminError::NotFound),
     }
+}
+
+/// A command's answer: 200 with its JSON.
+fn ok(v: serde_json::Value) -> Response<Body> {
+    json_response(StatusCode::OK, &v)
+}
+
+/// `GET /metrics`: the metrics in the Prometheus text format.
+fn metrics(b: &Broker) -> Response<Body> {
+    b.metrics
+        .replay_cache_entries
+        .set(b.proofs.replay_cache().len() as i64);
+    text(
+        StatusCode::OK,
+        b.metrics.render(),
+        "text/plain; version=0.0.4",
+    )
+}
+
+/// `GET /readyz`: [`readiness`], 503 when not ready.
+fn readyz(b: &Broker) -> Response<Body> {
+    let r = readiness(b);
+    let code = if r["ready"] == true {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json_response(code, &r)
+}
+
+/// `POST /freeze`: `on` or `off` in the body.
+async fn freeze(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    let b = &h.broker;
+    let on = match capped_body(req, 64).await?.as_ref() {
+        b"on" => true,
+        b"off" => false,
+        _ => return Err(AdminError::BadBody("the body must be on or off")),
+    };
+    let frozen = crate::derive::ops::freeze(Target::Running(b), None, Recorder::of(b), on)?;
+    Ok(ok(serde_json::json!({"frozen": frozen})))
+}
+
+/// `POST /keys/rotate`: the body empty, or `emergency`.
+async fn rotate_keys(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    let b = &h.broker;
+    let emergency = match capped_body(req, 64).await?.trim_ascii() {
+        b"" => false,
+        b"emergency" => true,
+        _ => return Err(AdminError::BadBody("the body must be empty or emergency")),
+    };
+    let kind = crate::derive::mint::RotationKind::new(emergency, b.config.key_activation_delay);
+    let r = crate::derive::ops::rotate_keys(Target::Running(b), &h.sealer, Recorder::of(b), kind)?;
+    Ok(ok(rotation_json(&r, true)))
+}
+
+/// `POST /vault/rotate`: the body empty, or the most records to re-wrap.
+async fn rotate_vault(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    let body = capped_body(req, 64).await?;
+    let limit =
+        match std::str::from_utf8(&body).map(str::trim) {
+            Ok("") => None,
+            Ok(n) => Some(n.parse::<usize>().map_err(|_| {
+                AdminError::BadBody("the body must be empty or a number of records")
+            })?),
+            Err(_) => {
+                return Err(AdminError::BadBody(
+                    "the body must be empty or a number of records",
+                ))
+            }
+        };
+    let (vault, b) = (h.vault.clone(), h.broker.clone());
+    // Re-wrapping does store I/O; keep it off the async workers.
+    let report = tokio::task::spawn_blocking(move || {
+        crate::derive::ops::rotate_vault(&vault, limit, Recorder::of(&b))
+    })
+    .await
+    .map_err(|_| OpError::Task("vault rotation"))??;
+    Ok(ok(serde_json::json!(report)))
+}
+
+/// `GET /accounts`: optional query `person_iss`, `person_sub`.
+fn list_accounts(
+    h: &Handles,
+    req: &Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    let person = person_from_query(req.uri().query());
+    Ok(ok(crate::derive::ops::list_accounts(
+        &h.vault,
+        person.as_ref(),
+    )?))
+}
+
+/// `POST /accounts/disconnect`: a [`DisconnectRequest`].
+async fn disconnect(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    let body = capped_body(req, 16 * 1024).await?;
+    let d = serde_json::from_slice::<DisconnectRequest>(&body).map_err(|_| {
+        AdminError::BadBody(
+            "the body must be JSON with person_iss, person_sub, service and optional force",
+        )
+    })?;
+    let person = crate::accounts::subject::Person {
+        iss: d.person_iss,
+        sub: d.person_sub,
+    };
+    let report = crate::derive::ops::disconnect(
+        &h.vault,
+        &h.providers,
+        &person,
+        &d.service,
+        d.force,
+        Recorder::of(&h.broker),
+    )
+    .await?;
+    Ok(ok(serde_json::json!(report)))
+}
+
+/// `GET /users`: the local accounts.
+fn list_users(h: &Handles) -> Result<Response<Body>, AdminError> {
+    let b = &h.broker;
+    let mut v = crate::derive::ops::list_users(b.store.as_ref(), &h.sealer, b.clock.now())?;
+    v["running"] = true.into();
+    Ok(ok(v))
+}
+
+/// `POST /users/remove`: `{"name"}`, the account and its page sessions.
+async fn remove_user(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct RemoveUser {
+        name: String,
+    }
+    let b = &h.broker;
+    let body = capped_body(req, 4096).await?;
+    let r = serde_json::from_slice::<RemoveUser>(&body)
+        .map_err(|_| AdminError::BadBody("expected {\"name\"}"))?;
+    let removed = crate::derive::ops::remove_user(
+        b.store.as_ref(),
+        &r.name,
+        crate::edge::pages::session::end_local_sessions,
+        Recorder::of(b),
+    )?;
+    let mut v = serde_json::json!(removed);
+    v["user"] = r.name.into();
+    v["running"] = true.into();
+    Ok(ok(v))
 }
 
 /// `POST /users`: adds a local account while the instance holds the store.
