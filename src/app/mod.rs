@@ -249,6 +249,77 @@ pub async fn build(
     clock: crate::base::clock::SharedClock,
 ) -> Result<Instance, StartError> {
     let file = config.file.display().to_string();
+    let policy = load_policy(&config, &file)?;
+    check_store_path(&config, &file)?;
+    // The egress proxy's client, before any other outbound client: a proxy
+    // that cannot start is a start-up error that names its cause, not a
+    // public listener that is never served.
+    let proxy_client = match &config.public {
+        Some(_) => Some(proxy_client(&config, &file)?),
+        None => None,
+    };
+    let providers = providers_for(&config, &policy)?;
+    let (master, sealer) = master_key(&config)?;
+    let (subjects, own_minter) = subject_validator(&config).await?;
+    let store: Arc<dyn crate::infra::store::Store> = config.store.open()?;
+    let records = open_records(&config, &store, &sealer, &master, clock.now())?;
+    // The validator was built before the store (above); from here on its
+    // own-key check reads the live key ring, so a rotated key is known at once.
+    let _ = own_minter.set(records.minter.clone());
+    let key_sets = subjects.key_sets();
+    let instance = instance_name();
+    let boot_id = boot_id()?;
+    let (proofs, proxy_nonces) =
+        proof_validator(&config, store.as_ref(), &sealer, &instance, &boot_id)?;
+    let audit = open_audit(
+        &config,
+        &master,
+        boot_id,
+        instance,
+        store.is_shared(),
+        &clock,
+    )?;
+    let connected = Arc::new(crate::derive::exchange::ConnectedServices {
+        vault: records.vault.clone(),
+        links: records.links.clone(),
+        providers: providers.clone(),
+    });
+    let mut broker = Broker::new(
+        config,
+        policy,
+        subjects,
+        proofs,
+        records.minter.clone(),
+        audit,
+        crate::infra::metrics::Metrics::new(),
+        store,
+        crate::derive::freeze::FreezeKey::derive(&master),
+        clock,
+    )
+    .with_connected_services(connected)
+    .with_approvals(records.approvals.clone());
+    if let Some(n) = proxy_nonces {
+        broker = broker.with_proxy_nonces(n);
+    }
+    let broker = Arc::new(broker);
+    discover_endpoints(&providers).await;
+    let pages = pages(&broker, &sealer, &records, &providers, key_sets, &master);
+    let proxy = proxy_client.map(|c| Arc::new(crate::edge::proxy::Proxy::new(broker.clone(), c)));
+    Ok(Instance {
+        broker,
+        sealer,
+        vault: records.vault,
+        links: records.links,
+        providers,
+        public_addr: Arc::default(),
+        pages,
+        proxy,
+    })
+}
+
+/// The policy file, refused when it is written for another agent than the
+/// config's.
+fn load_policy(config: &Config, file: &str) -> Result<crate::derive::policy::Policy, StartError> {
     let policy = crate::derive::policy::Policy::load(&config.policy)?;
     if policy.agent != config.agent {
         let text = std::fs::read_to_string(&config.policy).unwrap_or_default();
@@ -256,12 +327,16 @@ pub async fn build(
             &config.policy,
             &text,
             &policy.agent,
-            &file,
+            file,
             &config.agent,
         )));
     }
-    // A store path that is not a directory fails here, before anything is
-    // created, with the key that names it.
+    Ok(policy)
+}
+
+/// A store path that is not a directory fails here, before anything is
+/// created, with the key that names it.
+fn check_store_path(config: &Config, file: &str) -> Result<(), StartError> {
     if let Some(m) = config
         .store
         .sled_dir()
@@ -269,7 +344,7 @@ pub async fn build(
     {
         if !m.is_dir() {
             return Err(StartError::At {
-                file,
+                file: file.to_string(),
                 key: "store",
                 detail: format!(
                     "{} exists and is not a directory (the store is a directory)",
@@ -282,20 +357,24 @@ pub async fn build(
             });
         }
     }
-    // The egress proxy's client, before any other outbound client: a proxy
-    // that cannot start is a start-up error that names its cause, not a
-    // public listener that is never served.
-    let proxy_client =
-        match &config.public {
-            Some(_) => Some(crate::edge::proxy::upstream_client(&config.proxy).map_err(
-                |source| StartError::ProxyClient {
-                    file: file.clone(),
-                    source,
-                },
-            )?),
-            None => None,
-        };
-    let providers = Arc::new(crate::accounts::upstream::Providers::from_config(&config)?);
+    Ok(())
+}
+
+/// The egress proxy's HTTPS client to the providers' APIs.
+fn proxy_client(config: &Config, file: &str) -> Result<crate::edge::proxy::Upstream, StartError> {
+    crate::edge::proxy::upstream_client(&config.proxy).map_err(|source| StartError::ProxyClient {
+        file: file.to_string(),
+        source,
+    })
+}
+
+/// The config's providers, refused when the policy names a service none of
+/// them is, or serves one through the proxy that cannot be ([`proxy_problem`]).
+fn providers_for(
+    config: &Config,
+    policy: &crate::derive::policy::Policy,
+) -> Result<Arc<crate::accounts::upstream::Providers>, StartError> {
+    let providers = Arc::new(crate::accounts::upstream::Providers::from_config(config)?);
     if let Some(missing) = policy
         .services()
         .into_iter()
@@ -303,7 +382,15 @@ pub async fn build(
     {
         return Err(StartError::UnknownService(missing.to_string()));
     }
-    proxy_problem(&policy, &config).map_or(Ok(()), |m| Err(StartError::Proxy(m)))?;
+    proxy_problem(policy, config).map_or(Ok(()), |m| Err(StartError::Proxy(m)))?;
+    Ok(providers)
+}
+
+/// The master key (from its 0600 file) and the sealer of keys at rest made
+/// from it.
+fn master_key(
+    config: &Config,
+) -> Result<(crate::base::secret::SecretBytes, Arc<Sealer>), StartError> {
     let master =
         crate::infra::config::read_secret_file(&config.master_key_file).map_err(|source| {
             StartError::Secret {
@@ -320,13 +407,22 @@ pub async fn build(
             master.expose().len()
         ),
     })?);
-    // The trusted issuers, and so their pinned JWKS files, before the store
-    // is opened or a key created: a missing or broken file then leaves
-    // nothing behind. Our own tokens are never accepted as subject tokens;
-    // until the minter exists (it needs the store) every kid counts as ours,
-    // which refuses rather than accepts, and nothing validates before
-    // start-up ends anyway.
-    let own_minter: Arc<std::sync::OnceLock<Arc<crate::derive::mint::Minter>>> = Arc::default();
+    Ok((master, sealer))
+}
+
+/// Where the subject validator learns our own minter once it exists.
+type OwnMinter = Arc<std::sync::OnceLock<Arc<crate::derive::mint::Minter>>>;
+
+/// The trusted issuers, and so their pinned JWKS files, before the store
+/// is opened or a key created: a missing or broken file then leaves
+/// nothing behind. Our own tokens are never accepted as subject tokens;
+/// until the minter exists (it needs the store) every kid counts as ours,
+/// which refuses rather than accepts, and nothing validates before
+/// start-up ends anyway. The caller sets the returned cell to the minter.
+async fn subject_validator(
+    config: &Config,
+) -> Result<(crate::accounts::subject::Validator, OwnMinter), StartError> {
+    let own_minter: OwnMinter = Arc::default();
     let m = own_minter.clone();
     let subjects = crate::accounts::subject::Validator::new(
         &config.trusted_issuers,
@@ -337,8 +433,31 @@ pub async fn build(
         file: config.file.display().to_string(),
         source,
     })?;
-    let store: Arc<dyn crate::infra::store::Store> = config.store.open()?;
-    let ring = crate::derive::mint::load_or_create(store.as_ref(), &sealer, clock.now())?;
+    Ok((subjects, own_minter))
+}
+
+/// What the instance keeps in its store beside the broker's own records.
+struct Records {
+    /// Connected accounts and allowances.
+    vault: Arc<crate::accounts::vault::Vault>,
+    /// Connect-link records.
+    links: Arc<crate::accounts::connect::Links>,
+    /// Approval records.
+    approvals: Arc<crate::derive::approve::Approvals>,
+    /// The minter over the signing key ring.
+    minter: Arc<crate::derive::mint::Minter>,
+}
+
+/// Loads or creates the signing keys, then opens the vault, the connect
+/// links and the approvals over the store.
+fn open_records(
+    config: &Config,
+    store: &Arc<dyn crate::infra::store::Store>,
+    sealer: &Arc<Sealer>,
+    master: &crate::base::secret::SecretBytes,
+    now: i64,
+) -> Result<Records, StartError> {
+    let ring = crate::derive::mint::load_or_create(store.as_ref(), sealer, now)?;
     // No provider, no vault key: the key record is made only when a
     // provider could need it. The key directory is only read, to import the
     // keys of an older install.
@@ -350,12 +469,12 @@ pub async fn build(
     )?);
     let links = Arc::new(crate::accounts::connect::Links::new(
         store.clone(),
-        &crate::accounts::connect::Links::derive_key(&master),
+        &crate::accounts::connect::Links::derive_key(master),
         &config.issuer,
     ));
     let approvals = Arc::new(crate::derive::approve::Approvals::new(
         store.clone(),
-        &crate::derive::approve::Approvals::derive_key(&master),
+        &crate::derive::approve::Approvals::derive_key(master),
         &config.issuer,
     )?);
     let minter = Arc::new(crate::derive::mint::Minter::new(
@@ -363,16 +482,32 @@ pub async fn build(
         config.agent.clone(),
         ring,
     ));
-    // The validator was built before the store (above); from here on its
-    // own-key check reads the live key ring, so a rotated key is known at once.
-    let _ = own_minter.set(minter.clone());
-    let key_sets = subjects.key_sets();
-    let instance = instance_name();
-    let boot_id = boot_id()?;
-    // Derive nonces: this instance and this boot; proxy nonces: every
-    // replica (the proxy's replay check is in the shared store).
+    Ok(Records {
+        vault,
+        links,
+        approvals,
+        minter,
+    })
+}
+
+/// The DPoP proof validator, and the proxy's nonces. Derive nonces: this
+/// instance and this boot; proxy nonces: every replica (the proxy's replay
+/// check is in the shared store).
+fn proof_validator(
+    config: &Config,
+    store: &dyn crate::infra::store::Store,
+    sealer: &Sealer,
+    instance: &str,
+    boot_id: &str,
+) -> Result<
+    (
+        crate::base::dpop::Validator,
+        Option<crate::base::dpop::Nonces>,
+    ),
+    StartError,
+> {
     let (nonces, proxy_nonces) = if config.dpop.require_nonce {
-        let key = nonce_key(store.as_ref(), &sealer)?;
+        let key = nonce_key(store, sealer)?;
         (
             Some(crate::base::dpop::Nonces::new(
                 &key,
@@ -388,14 +523,28 @@ pub async fn build(
         config.dpop.replay_capacity,
         nonces,
     );
+    Ok((proofs, proxy_nonces))
+}
+
+/// Opens the audit log: its value key, this boot's id, and (replicas) the
+/// instance's name; a torn tail cut at open is recorded before the first
+/// new event.
+fn open_audit(
+    config: &Config,
+    master: &crate::base::secret::SecretBytes,
+    boot_id: String,
+    instance: String,
+    shared_store: bool,
+    clock: &crate::base::clock::SharedClock,
+) -> Result<crate::infra::events::Audit, StartError> {
     let audit = crate::infra::events::Audit::open(&config.audit_log)
         .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?
-        .with_value_key(&crate::infra::events::Audit::derive_key(&master))
+        .with_value_key(&crate::infra::events::Audit::derive_key(master))
         .with_boot_id(boot_id);
     // Replicas write one audit file each about one shared state: each
     // event names the instance that wrote it (host name and process id: a
     // pod's name in Kubernetes).
-    let audit = if store.is_shared() {
+    let audit = if shared_store {
         audit.with_instance(instance)
     } else {
         audit
@@ -404,32 +553,13 @@ pub async fn build(
     audit
         .record_repair(clock.now(), &config.agent)
         .map_err(|e| StartError::Io(format!("audit log {}: {e}", config.audit_log.display())))?;
-    let connected = Arc::new(crate::derive::exchange::ConnectedServices {
-        vault: vault.clone(),
-        links: links.clone(),
-        providers: providers.clone(),
-    });
-    let mut broker = Broker::new(
-        config,
-        policy,
-        subjects,
-        proofs,
-        minter,
-        audit,
-        crate::infra::metrics::Metrics::new(),
-        store,
-        crate::derive::freeze::FreezeKey::derive(&master),
-        clock,
-    )
-    .with_connected_services(connected)
-    .with_approvals(approvals.clone());
-    if let Some(n) = proxy_nonces {
-        broker = broker.with_proxy_nonces(n);
-    }
-    let broker = Arc::new(broker);
-    // Providers found by discovery: learn their endpoints now (bounded),
-    // so the pages can build authorization URLs; a failure is retried by
-    // housekeeping and on the first refresh.
+    Ok(audit)
+}
+
+/// Providers found by discovery: learn their endpoints now (bounded), so
+/// the pages can build authorization URLs; a failure is retried by
+/// housekeeping and on the first refresh.
+async fn discover_endpoints(providers: &crate::accounts::upstream::Providers) {
     for name in providers.names() {
         if let Some(p) = providers.get(name) {
             if p.cached_endpoints().is_none() {
@@ -445,40 +575,41 @@ pub async fn build(
             }
         }
     }
+}
+
+/// The browser pages: connected services over the vault, links and
+/// providers, and approvals offered only while the broker is not frozen.
+fn pages(
+    broker: &Arc<Broker>,
+    sealer: &Arc<Sealer>,
+    records: &Records,
+    providers: &Arc<crate::accounts::upstream::Providers>,
+    key_sets: std::collections::HashMap<String, Arc<crate::base::keyset::RemoteKeySet>>,
+    master: &crate::base::secret::SecretBytes,
+) -> Arc<crate::edge::pages::Pages> {
     let backend = Backend::new(
-        vault.clone(),
-        links.clone(),
+        records.vault.clone(),
+        records.links.clone(),
         providers.clone(),
         broker.clock.clone(),
     );
-    let weak = Arc::downgrade(&broker);
+    let weak = Arc::downgrade(broker);
     let approval_pages = backend::ApprovalBackend::new(
-        approvals,
+        records.approvals.clone(),
         // A broker that is gone offers nothing (fail closed).
         Box::new(move || weak.upgrade().is_none_or(|b| b.is_frozen())),
     );
-    let pages = Arc::new(crate::edge::pages::Pages::new(
+    Arc::new(crate::edge::pages::Pages::new(
         broker.clone(),
         sealer.clone(),
         crate::edge::pages::Options {
             services: backend.services(),
             approvals: approval_pages,
             key_sets,
-            session_key: crate::edge::pages::session::Sessions::derive_key(&master),
+            session_key: crate::edge::pages::session::Sessions::derive_key(master),
             ..crate::edge::pages::Options::default()
         },
-    ));
-    let proxy = proxy_client.map(|c| Arc::new(crate::edge::proxy::Proxy::new(broker.clone(), c)));
-    Ok(Instance {
-        broker,
-        sealer,
-        vault,
-        links,
-        providers,
-        public_addr: Arc::default(),
-        pages,
-        proxy,
-    })
+    ))
 }
 
 /// The message for a policy written for another agent, shared with reload:
