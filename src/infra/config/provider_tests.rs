@@ -94,7 +94,13 @@ fn the_example_deployment_config_loads_with_its_providers() {
     let text = include_str!("../../../deploy/credbroker.example.toml");
     let c = Config::parse(Path::new("/etc/credbroker/credbroker.toml"), text).unwrap();
     assert_eq!(c.providers["github"].display_name, "GitHub");
-    assert_eq!(c.vault_key_dir, Path::new("/var/lib/credbroker/vault-keys"));
+    // No `[vault]` (deprecated): the key directory is the default, beside
+    // the master key, only ever read to import an older install's keys.
+    assert_eq!(
+        c.master_key_file,
+        Path::new("/etc/credbroker/keys/master.key")
+    );
+    assert_eq!(c.vault_key_dir, Path::new("/etc/credbroker/keys/vault"));
 }
 
 #[test]

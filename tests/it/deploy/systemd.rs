@@ -69,6 +69,28 @@ fn systemd_unit_gives_the_example_config_every_path_and_group_it_needs() {
         .any(|w| Path::new("/etc/credbroker/keys/vault").starts_with(w)));
 }
 
+/// The lines of a config that set the deprecated `[vault] key_dir`: the
+/// table or the key itself, comments aside.
+fn deprecated_vault_lines(text: &str) -> Vec<&str> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| *l == "[vault]" || l.contains("key_dir"))
+        .collect()
+}
+
+#[test]
+fn example_config_of_a_new_install_has_no_deprecated_vault_key_dir() {
+    assert_eq!(deprecated_vault_lines(CONFIG), Vec::<&str>::new());
+    assert!(!CONFIG.contains("key_dir"), "not even in a comment");
+    // Positive control: the lines the example carried before are found.
+    let old = format!("{CONFIG}\n[vault]\nkey_dir = \"/var/lib/credbroker/vault-keys\"\n");
+    assert_eq!(
+        deprecated_vault_lines(&old),
+        ["[vault]", "key_dir = \"/var/lib/credbroker/vault-keys\""]
+    );
+}
+
 const SYSUSERS: &str = include_str!("../../../deploy/credbroker.sysusers");
 
 /// The accounts a sysusers.d file declares: (users, groups); a `u` line
