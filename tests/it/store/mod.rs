@@ -17,5 +17,7 @@ mod processes;
 mod proxy_replay;
 mod refresh;
 mod replicas;
+mod roles;
 mod statements;
+mod unreachable;
 mod vault_keys;

@@ -42,6 +42,7 @@
 //! statement cache and its retry), `changes` (the change listener).
 
 mod changes;
+mod connect;
 pub(crate) mod migrations;
 mod statements;
 
@@ -55,6 +56,7 @@ use tokio_postgres::NoTls;
 
 use super::{check_tree, Entry, Fenced, Lease, Store, StoreError, Tree, Watchers};
 use changes::listener;
+use connect::{client_config, Reach, Tls};
 use statements::{execute, query_rows};
 
 /// Whether the schema may be migrated at start.
@@ -157,18 +159,30 @@ pub(crate) fn pool_wait(statement_timeout: Duration) -> Duration {
     statement_timeout / 2
 }
 
-fn pool_error(e: PoolError, size: usize, waited: Duration) -> StoreError {
+/// Maps a failure to get a pooled connection. Waiting for a busy pool is
+/// named as such; anything else is a connection that could not be opened
+/// (the pool opens one when it has none idle), reported by [`Reach`] with
+/// the address, the cause and the settings to check.
+fn pool_error(e: PoolError, size: usize, waited: Duration, reach: &Reach) -> StoreError {
+    use deadpool_postgres::TimeoutType;
     match e {
-        PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) => {
-            StoreError::Unavailable(format!(
-                "every connection of the pool stayed busy for {} ms (pool_size = {size})",
-                waited.as_millis()
-            ))
-        }
+        PoolError::Timeout(TimeoutType::Wait) => StoreError::Unavailable(format!(
+            "every connection of the pool stayed busy for {} ms (pool_size = {size})",
+            waited.as_millis()
+        )),
+        PoolError::Timeout(TimeoutType::Create) => reach.timed_out(reach.connect_timeout()),
         PoolError::Timeout(t) => StoreError::Unavailable(format!("connection timeout ({t:?})")),
-        PoolError::Backend(e) => pg_error(e),
+        PoolError::Backend(e) => reach.failed(e),
         other => StoreError::Unavailable(other.to_string()),
     }
+}
+
+/// A statement that did not finish within the statement timeout.
+fn no_answer(limit: Duration) -> StoreError {
+    StoreError::Unavailable(format!(
+        "no answer within the statement timeout ({} ms)",
+        limit.as_millis()
+    ))
 }
 
 /// A PostgreSQL store (see the module docs).
@@ -176,6 +190,7 @@ pub struct PgStore {
     pool: Pool,
     watchers: Arc<Watchers>,
     settings: PgSettings,
+    reach: Reach,
     // `Option` so that `Drop` can take it: a runtime dropped inside another
     // runtime's context panics, so it is shut down in the background.
     rt: Option<tokio::runtime::Runtime>,
@@ -195,70 +210,6 @@ impl Drop for PgStore {
             rt.shutdown_background();
         }
     }
-}
-
-/// The connection settings and TLS of `s`, with the password read now.
-fn client_config(s: &PgSettings) -> Result<(tokio_postgres::Config, Tls), StoreError> {
-    let mut c = tokio_postgres::Config::new();
-    c.host(&s.host)
-        .port(s.port)
-        .dbname(&s.database)
-        .user(&s.user)
-        .application_name("credbroker")
-        .connect_timeout(s.connect_timeout)
-        // A peer that vanished without closing (a dead node) is noticed
-        // within a minute instead of the kernel's two hours.
-        .keepalives_idle(Duration::from_secs(30))
-        .options(format!(
-            "-c synchronous_commit=on -c statement_timeout={}",
-            s.statement_timeout.as_millis()
-        ));
-    if let Some(p) = &s.password_file {
-        let secret = crate::base::secret::read_secret_file(p).map_err(|e| {
-            StoreError::Backend(s.at("postgres.password_file", format!("{}: {e}", p.display())))
-        })?;
-        let pw = secret.expose();
-        // One trailing newline is the file's, not the password's.
-        let pw = pw.strip_suffix(b"\n").unwrap_or(pw);
-        c.password(pw);
-    }
-    let tls = match &s.ca_file {
-        None => Tls::None,
-        Some(ca) => Tls::Rustls(tls_connector(ca).map_err(|e| {
-            StoreError::Backend(s.at("postgres.tls.ca_file", format!("{}: {e}", ca.display())))
-        })?),
-    };
-    Ok((c, tls))
-}
-
-#[derive(Clone)]
-enum Tls {
-    None,
-    Rustls(tokio_postgres_rustls::MakeRustlsConnect),
-}
-
-/// TLS that trusts only the CA in `ca` (PEM), with the server's name
-/// checked against its certificate.
-fn tls_connector(ca: &std::path::Path) -> Result<tokio_postgres_rustls::MakeRustlsConnect, String> {
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    let mut n = 0;
-    for cert in rustls_pki_types::CertificateDer::pem_file_iter(ca).map_err(|e| e.to_string())? {
-        let cert = cert.map_err(|e| e.to_string())?;
-        roots.add(cert).map_err(|e| e.to_string())?;
-        n += 1;
-    }
-    if n == 0 {
-        return Err("holds no PEM certificate".into());
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
 impl PgStore {
@@ -339,6 +290,7 @@ impl PgStore {
             pool,
             watchers: Arc::new(Watchers::new()),
             settings: s.clone(),
+            reach: Reach::new(s),
             rt: Some(rt),
         })
     }
@@ -349,12 +301,23 @@ impl PgStore {
         let pool = self.pool.clone();
         let size = self.settings.pool_size;
         let wait = pool_wait(self.settings.statement_timeout);
+        let reach = self.reach.clone();
         // Migrations may take longer than one statement: bounded by the
         // connect timeout plus a minute, not by the statement timeout.
+        let limit = Duration::from_secs(60) + self.settings.connect_timeout;
         self.block(
-            Duration::from_secs(60) + self.settings.connect_timeout,
+            limit,
+            move |_| {
+                StoreError::Unavailable(format!(
+                    "the migration did not finish within {} s",
+                    limit.as_secs()
+                ))
+            },
             async move {
-                let mut c = pool.get().await.map_err(|e| pool_error(e, size, wait))?;
+                let mut c = pool
+                    .get()
+                    .await
+                    .map_err(|e| pool_error(e, size, wait, &reach))?;
                 // The session's statement timeout does not apply to DDL here.
                 c.batch_execute("SET statement_timeout = 0")
                     .await
@@ -362,7 +325,16 @@ impl PgStore {
                 let applied = migrations::migrate(&mut c).await;
                 // Do not hand this session back with its timeout lifted.
                 let _ = c.batch_execute("RESET statement_timeout").await;
-                applied
+                applied.map_err(|e| match e {
+                    StoreError::Backend(m) if m.contains("(SQLSTATE 42501)") => {
+                        StoreError::Backend(format!(
+                            "{m}: migrating needs a role with CREATE on the schema; the \
+                             replicas' runtime role needs only the grants docs/STORE.md \
+                             lists (\"The database roles\")"
+                        ))
+                    }
+                    other => other,
+                })
             },
         )
     }
@@ -445,8 +417,26 @@ impl PgStore {
         let size = self.settings.pool_size;
         let limit = self.settings.statement_timeout;
         let wait = pool_wait(limit);
-        let r = self.block(limit, async move {
-            let c = pool.get().await.map_err(|e| pool_error(e, size, wait))?;
+        let reach = self.reach.clone();
+        // Whether a connection was had: a timeout before that is a
+        // connection that could not be opened in time (waiting for a busy
+        // pool ends earlier, at `wait`), named as such.
+        let connected = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let had = connected.clone();
+        let on_timeout = move |limit: Duration| {
+            if had.load(std::sync::atomic::Ordering::SeqCst) {
+                no_answer(limit)
+            } else {
+                reach.timed_out(limit)
+            }
+        };
+        let reach = self.reach.clone();
+        let r = self.block(limit, on_timeout, async move {
+            let c = pool
+                .get()
+                .await
+                .map_err(|e| pool_error(e, size, wait, &reach))?;
+            connected.store(true, std::sync::atomic::Ordering::SeqCst);
             op(c).await
         });
         r.map_err(|e| match e {
@@ -455,21 +445,20 @@ impl PgStore {
         })
     }
 
-    /// Runs `fut` on the store's runtime and waits for it at most `limit`,
-    /// without parking a worker of the caller's runtime.
+    /// Runs `fut` on the store's runtime and waits for it at most `limit`
+    /// (past it, the error `on_timeout` makes), without parking a worker of
+    /// the caller's runtime.
     fn block<T: Send + 'static>(
         &self,
         limit: Duration,
+        on_timeout: impl FnOnce(Duration) -> StoreError + Send + 'static,
         fut: impl Future<Output = Result<T, StoreError>> + Send + 'static,
     ) -> Result<T, StoreError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.rt()?.spawn(async move {
             let r = match tokio::time::timeout(limit, fut).await {
                 Ok(r) => r,
-                Err(_) => Err(StoreError::Unavailable(format!(
-                    "no answer within the statement timeout ({} ms)",
-                    limit.as_millis()
-                ))),
+                Err(_) => Err(on_timeout(limit)),
             };
             let _ = tx.send(r);
         });
