@@ -424,10 +424,8 @@ impl crate::edge::pages::approvals::ApprovalRecords for ApprovalBackend {
             resource: a.resource,
             scopes: a.scopes,
             mode: a.mode.as_str(),
-            covers_secs: match a.mode {
-                crate::derive::approve::Mode::EachCall => None,
-                crate::derive::approve::Mode::PerStep { ttl } => Some(ttl),
-            },
+            covers: a.mode.reach(),
+            approval_ttl: a.mode.approval_ttl(),
             details_sha256: a.details_sha256,
             shown: a.shown,
             expires: a.expires,

@@ -35,6 +35,7 @@ use serde_json::Value;
 use crate::accounts::connect::LinkCodes;
 use crate::accounts::subject::Person;
 use crate::base::secret::{SecretBytes, SecretString};
+use crate::derive::policy::TtlUnit;
 use crate::infra::seal::{SealError, Sealer};
 use crate::infra::store::{tuple_key, Store, StoreError, Tree};
 
@@ -83,6 +84,10 @@ pub enum Mode {
     PerStep {
         /// Seconds from the grant.
         ttl: i64,
+        /// The unit the policy wrote `approval_ttl` in (records written
+        /// before it was kept read as seconds, which are exact).
+        #[serde(default)]
+        unit: TtlUnit,
     },
 }
 
@@ -92,6 +97,25 @@ impl Mode {
         match self {
             Mode::EachCall => "each_call",
             Mode::PerStep { .. } => "per_step",
+        }
+    }
+
+    /// A per-step approval's reach in the policy's spelling (`"90s"`,
+    /// `"5m"`), for the events; none for `each_call`.
+    pub fn approval_ttl(self) -> Option<String> {
+        match self {
+            Mode::EachCall => None,
+            Mode::PerStep { ttl, unit } => Some(unit.spelled(ttl)),
+        }
+    }
+
+    /// A per-step approval's reach in words, in the unit the policy wrote
+    /// it in (`"4 seconds"`, `"90 seconds"`, `"5 minutes"`), for the page;
+    /// none for `each_call`.
+    pub fn reach(self) -> Option<String> {
+        match self {
+            Mode::EachCall => None,
+            Mode::PerStep { ttl, unit } => Some(unit.words(ttl)),
         }
     }
 }
@@ -633,7 +657,7 @@ impl Approvals {
             next.expires = now
                 + match a.mode {
                     Mode::EachCall => REDEEM_TTL,
-                    Mode::PerStep { ttl } => ttl,
+                    Mode::PerStep { ttl, .. } => ttl,
                 };
         } else {
             next.state = State::Declined;

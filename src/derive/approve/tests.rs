@@ -173,7 +173,10 @@ fn per_step_grant_covers_until_its_ttl_and_decline_holds() {
     let p = alice();
     let scopes = vec![];
     let c = call(&p, None, "k1", &scopes);
-    let mode = Mode::PerStep { ttl: 120 };
+    let mode = Mode::PerStep {
+        ttl: 120,
+        unit: TtlUnit::Seconds,
+    };
     let i = pending(a.lookup(&c, mode, vec![], "h", 1000).unwrap());
     a.answer(&i.approval.id, true, 1000).unwrap().unwrap();
     for t in [1001, 1050, 1119] {

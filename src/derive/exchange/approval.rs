@@ -65,6 +65,7 @@ impl Broker {
         e.approval_id = Some(&a.id);
         e.details_sha256 = Some(&a.details_sha256);
         e.reason = Some(a.mode.as_str());
+        e.approval_ttl = a.mode.approval_ttl();
         e
     }
 
@@ -87,8 +88,9 @@ impl Broker {
         };
         let mode = match mode {
             policy::Approval::EachCall => Mode::EachCall,
-            policy::Approval::PerStep { ttl } => Mode::PerStep {
+            policy::Approval::PerStep { ttl, unit } => Mode::PerStep {
                 ttl: ttl.as_secs() as i64,
+                unit,
             },
         };
         let shown = approve::shown(tool, call.details);

@@ -75,9 +75,51 @@ fn an_approval_tool_loads_with_its_declared_fields() {
     assert_eq!(
         p.tools["mail.send"].approval,
         Some(Approval::PerStep {
-            ttl: Duration::from_secs(900)
+            ttl: Duration::from_secs(900),
+            unit: TtlUnit::Minutes,
         })
     );
+    // The unit is the one written: 60 s stays seconds, 1 m minutes.
+    for (written, secs, unit) in [
+        ("4s", 4, TtlUnit::Seconds),
+        ("60s", 60, TtlUnit::Seconds),
+        ("1m", 60, TtlUnit::Minutes),
+    ] {
+        let p = load(&MAIL.replace(
+            "approval = \"each_call\"",
+            &format!("approval = \"per_step\"\napproval_ttl = \"{written}\""),
+        ))
+        .unwrap();
+        assert_eq!(
+            p.tools["mail.send"].approval,
+            Some(Approval::PerStep {
+                ttl: Duration::from_secs(secs),
+                unit
+            }),
+            "{written}"
+        );
+    }
+}
+
+#[test]
+fn a_per_step_reach_is_stated_in_the_unit_it_was_written_in() {
+    let cases = [
+        (TtlUnit::Seconds, 4, "4 seconds", "4s"),
+        (TtlUnit::Seconds, 1, "1 second", "1s"),
+        (TtlUnit::Seconds, 90, "90 seconds", "90s"),
+        (TtlUnit::Seconds, 60, "60 seconds", "60s"),
+        (TtlUnit::Seconds, 900, "900 seconds", "900s"),
+        (TtlUnit::Minutes, 300, "5 minutes", "5m"),
+        (TtlUnit::Minutes, 60, "1 minute", "1m"),
+        // Not whole minutes (no policy writes it): seconds, never rounded.
+        (TtlUnit::Minutes, 90, "90 seconds", "90s"),
+    ];
+    for (unit, secs, words, spelled) in cases {
+        assert_eq!(unit.words(secs), words);
+        assert_eq!(unit.spelled(secs), spelled);
+    }
+    // A record written before the unit was kept reads as seconds.
+    assert_eq!(TtlUnit::default(), TtlUnit::Seconds);
 }
 
 #[test]

@@ -289,7 +289,7 @@ fn approval_word(a: Option<super::Approval>) -> String {
     match a {
         None => "no approval".into(),
         Some(super::Approval::EachCall) => "`each_call` approval".into(),
-        Some(super::Approval::PerStep { ttl }) => {
+        Some(super::Approval::PerStep { ttl, .. }) => {
             format!("`per_step` approval for {}", secs(ttl))
         }
     }
@@ -303,7 +303,7 @@ fn approval_changes(tool: &str, ot: &Tool, nt: &Tool, r: &mut Report) {
     // its window < no approval at all.
     let reach = |a: Option<super::Approval>| match a {
         Some(EachCall) => 0,
-        Some(PerStep { ttl }) => 1 + ttl.as_secs(),
+        Some(PerStep { ttl, .. }) => 1 + ttl.as_secs(),
         None => u64::MAX,
     };
     let (o, n) = (reach(ot.approval), reach(nt.approval));

@@ -379,7 +379,7 @@ fn allowed(src: &Src<'_>, q: &Query<'_>, t: &Tool, g: &super::Grant, e: &mut Exp
 fn describe_approval(a: Approval) -> String {
     match a {
         Approval::EachCall => "each_call: every derive waits for the person to approve that exact call (tool, resource, scopes, details, DPoP key) on the approval page; the token lives at most 60s and is single-use".into(),
-        Approval::PerStep { ttl } => format!(
+        Approval::PerStep { ttl, .. } => format!(
             "per_step, approval_ttl {}: one approval by the person covers the same call (tool, resource, scopes, details, DPoP key) in steps of the same name for {} from the grant; tokens never outlive it",
             secs(ttl),
             secs(ttl)

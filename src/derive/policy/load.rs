@@ -523,7 +523,14 @@ impl<'a> Check<'a> {
                 self.bad(span, format!("{key}.approval_ttl"), "an each_call approval covers one call and has no approval_ttl; use approval = \"per_step\" for a time-boxed approval");
                 return None;
             }
-            ("per_step", Some((d, _))) => Approval::PerStep { ttl: d },
+            ("per_step", Some((d, _))) => Approval::PerStep {
+                ttl: d,
+                unit: t
+                    .approval_ttl
+                    .as_ref()
+                    .map(|v| super::TtlUnit::of(v.get_ref()))
+                    .unwrap_or_default(),
+            },
             ("per_step", None) => {
                 self.bad(a.span(), format!("{key}.approval_ttl"), "approval = \"per_step\" needs approval_ttl (how long one approval covers the step, at most \"15m\")");
                 return None;

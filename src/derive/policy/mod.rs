@@ -138,7 +138,66 @@ pub enum Approval {
     PerStep {
         /// How long from the grant.
         ttl: Duration,
+        /// The unit `approval_ttl` was written in.
+        unit: TtlUnit,
     },
+}
+
+/// The unit a per-step approval's `approval_ttl` was written in (`"90s"`,
+/// `"5m"`): the approval page and the events state its reach in it, so the
+/// person reads exactly what the policy says, never a rounded figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TtlUnit {
+    /// `"<n>s"`; also what a record written before the unit was kept reads
+    /// as (seconds are exact whatever was written).
+    #[default]
+    Seconds,
+    /// `"<n>m"`.
+    Minutes,
+}
+
+impl TtlUnit {
+    /// The unit of a policy duration such as `"90s"` or `"5m"` (one that
+    /// parsed: it ends in its unit).
+    pub(crate) fn of(spelled: &str) -> TtlUnit {
+        if spelled.ends_with('m') {
+            TtlUnit::Minutes
+        } else {
+            TtlUnit::Seconds
+        }
+    }
+
+    /// `secs` in this unit, as a number and the unit's letter: `"90s"`,
+    /// `"5m"` (in seconds when `secs` is not whole minutes).
+    pub fn spelled(self, secs: i64) -> String {
+        match self.whole(secs) {
+            TtlUnit::Minutes => format!("{}m", secs / 60),
+            TtlUnit::Seconds => format!("{secs}s"),
+        }
+    }
+
+    /// `secs` in words in this unit: `"4 seconds"`, `"1 minute"`,
+    /// `"5 minutes"` (in seconds when `secs` is not whole minutes).
+    pub fn words(self, secs: i64) -> String {
+        let (n, one) = match self.whole(secs) {
+            TtlUnit::Minutes => (secs / 60, "minute"),
+            TtlUnit::Seconds => (secs, "second"),
+        };
+        if n == 1 {
+            format!("1 {one}")
+        } else {
+            format!("{n} {one}s")
+        }
+    }
+
+    fn whole(self, secs: i64) -> TtlUnit {
+        if self == TtlUnit::Minutes && secs % 60 == 0 {
+            TtlUnit::Minutes
+        } else {
+            TtlUnit::Seconds
+        }
+    }
 }
 
 impl Approval {

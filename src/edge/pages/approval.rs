@@ -69,6 +69,7 @@ fn event<'a>(
     e.approval_id = Some(&a.id);
     e.details_sha256 = Some(&a.details_sha256);
     e.reason = Some(a.mode);
+    e.approval_ttl = a.approval_ttl.clone();
     e
 }
 
@@ -98,12 +99,11 @@ fn checked(
 }
 
 fn covers(a: &ApprovalView) -> String {
-    match a.covers_secs {
+    match &a.covers {
         None => "this one call only; the agent must ask again for the next one".into(),
-        Some(s) => format!(
-            "the same call, with the same details, from the same tool in steps named \"{}\", for {} minutes from your approval",
+        Some(reach) => format!(
+            "the same call, with the same details, from the same tool in steps named \"{}\", for {reach} from your approval",
             a.step,
-            (s + 59) / 60
         ),
     }
 }

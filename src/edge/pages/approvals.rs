@@ -34,8 +34,12 @@ pub struct ApprovalView {
     pub scopes: Vec<String>,
     /// `each_call` or `per_step`.
     pub mode: &'static str,
-    /// For `per_step`: how long one approval covers the step.
-    pub covers_secs: Option<i64>,
+    /// For `per_step`: how long one approval covers the step, in words in
+    /// the unit the policy wrote it in (`"90 seconds"`, `"5 minutes"`).
+    pub covers: Option<String>,
+    /// For `per_step`: the same as the policy spells it (`"90s"`), for the
+    /// events.
+    pub approval_ttl: Option<String>,
     /// SHA-256 of the details (events carry it).
     pub details_sha256: String,
     /// The details, with the policy's labels.

@@ -130,6 +130,10 @@ pub struct Event<'a> {
     /// SHA-256 (hex) of the call's `authorization_details` in RFC 8785 form.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub details_sha256: Option<&'a str>,
+    /// A `per_step` approval's reach as the policy spells it (`"90s"`,
+    /// `"5m"`), on its `approval.*` events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval_ttl: Option<String>,
     /// The detail fields the policy marks `log_in_clear`, as
     /// `{entry}.{type}.{field}` -> value; every other value stays out.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -288,6 +292,7 @@ impl<'a> Event<'a> {
             kid: None,
             approval_id: None,
             details_sha256: None,
+            approval_ttl: None,
             details_in_clear: None,
             proxy: None,
             instance: None,

@@ -461,6 +461,10 @@ async fn approvals_in_chromium_with_the_org_idp() {
         ]),
     )
     .await;
+    // The event states the reach as the policy wrote it.
+    let granted = w.events_of("approval.granted", &p_id);
+    assert_eq!(granted.len(), 1);
+    assert_eq!(granted[0]["approval_ttl"], "15m");
     let mut jtis = Vec::new();
     for _ in 0..3 {
         let t = w.token(&ka, "alice", "deploy.run", "release", &deploy);

@@ -25,9 +25,13 @@ struct Local {
 
 impl Local {
     async fn start() -> Local {
+        Local::start_with(POLICY).await
+    }
+
+    async fn start_with(policy: &str) -> Local {
         let s = PagesServer::start_with(Setup {
             real_services: true,
-            policy: Some(POLICY.to_string()),
+            policy: Some(policy.to_string()),
             ..Setup::default()
         })
         .await;
@@ -427,4 +431,62 @@ async fn answer_to_an_approval_that_expired_while_pending_does_nothing() {
         .await
         .expect("served once granted");
     l.s.stop().await;
+}
+
+/// A per_step approval's reach is stated exactly, in the unit the policy
+/// wrote `approval_ttl` in: on the page ("for 4 seconds", never "for 1
+/// minutes") and in the `approval.*` events (`approval_ttl` as written);
+/// and the window is that long (covered one second before its end, not at
+/// it). An `each_call` page states no window (the control).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_step_reach_is_stated_in_the_unit_it_was_written_in() {
+    for (written, secs, words) in [
+        ("4s", 4, "4 seconds"),
+        ("90s", 90, "90 seconds"),
+        ("60s", 60, "60 seconds"),
+        ("5m", 300, "5 minutes"),
+        ("1m", 60, "1 minute"),
+    ] {
+        let l = Local::start_with(&POLICY.replace(
+            "approval_ttl = \"15m\"",
+            &format!("approval_ttl = \"{written}\""),
+        ))
+        .await;
+        let k = key();
+        let d = json!([{"type": "deploy", "env": "staging", "commit": "abc123"}]);
+        let (p, id) = l.link(&k, "deploy.run", "release", &d).await;
+        let (status, page) = l.open(&p).await;
+        assert_eq!(status, 200, "{page}");
+        let want = format!("for {words} from your approval");
+        assert!(page.contains(&want), "{written}: {want} not in {page}");
+        // No other reach (a rounded one) anywhere on the page.
+        assert_eq!(page.matches(" from your approval").count(), 1, "{page}");
+        l.approve(&p).await;
+        for kind in ["approval.requested", "approval.granted"] {
+            let e = l.s.events(kind);
+            assert_eq!(e.len(), 1, "{kind}");
+            assert_eq!(e[0]["approval_id"], id.as_str());
+            assert_eq!(e[0]["approval_ttl"], written, "{kind}");
+        }
+        l.s.clock.advance(secs - 1);
+        l.derive(&k, "deploy.run", "release", &d)
+            .await
+            .expect("covered until the last second of the window");
+        l.s.clock.advance(1);
+        let (p2, _) = l.link(&k, "deploy.run", "release", &d).await;
+        assert_ne!(p2, p, "{written}: after the window a new approval is asked");
+        // The control: an each_call approval's page names no window, and
+        // its events no approval_ttl.
+        let (m, _) = l.link(&k, "mail.send", "send_reply", &mail("Reach")).await;
+        let (_, page) = l.open(&m).await;
+        assert!(page.contains("this one call only"), "{page}");
+        assert!(!page.contains(" from your approval"), "{page}");
+        let requested = l.s.events("approval.requested");
+        let each_call = requested
+            .iter()
+            .find(|e| e["reason"] == "each_call")
+            .unwrap();
+        assert!(each_call.get("approval_ttl").is_none(), "{each_call}");
+        l.s.stop().await;
+    }
 }

@@ -144,6 +144,7 @@ fn event_fields() -> BTreeSet<String> {
         kid: Some("a".into()),
         approval_id: Some("a"),
         details_sha256: Some("a"),
+        approval_ttl: Some("a".into()),
         details_in_clear: Some([("0.t.f".to_string(), "a".into())].into_iter().collect()),
         proxy: Some(ProxyCall {
             method: "GET",
