@@ -206,6 +206,10 @@ pub struct KeyRing {
     /// Public JWKs published (active first, then next, then retired), with
     /// their retirement time.
     pub published: Vec<(serde_json::Value, Option<i64>)>,
+    /// Which of the minter's rings this is: [`Minter::set_ring`] gives a
+    /// ring whose keys differ from the current one's the next number, and
+    /// one with the same keys the same number (0 until then).
+    pub generation: u64,
 }
 
 impl KeyRing {
@@ -220,6 +224,25 @@ impl KeyRing {
         serde_json::json!({ "keys": keys })
     }
 
+    /// The first moment after `now` at which this ring, unchanged, signs
+    /// or publishes other keys: a pending key's activation, or the end of
+    /// a retired key's grace. `None` if there is none.
+    pub fn changes_after(&self, now: i64) -> Option<i64> {
+        let ends = self
+            .published
+            .iter()
+            .filter_map(|(_, r)| r.map(|r| r.saturating_add(RETIRED_KEY_GRACE)));
+        let activation = self.next.as_ref().map(|p| p.activates_at);
+        ends.chain(activation).filter(|t| *t > now).min()
+    }
+
+    /// Whether `other` holds the same keys in the same states.
+    fn same_keys(&self, other: &KeyRing) -> bool {
+        self.active.kid == other.active.kid
+            && self.next == other.next
+            && self.published == other.published
+    }
+
     /// The `kid`s published at `now`, in JWKS order.
     pub fn published_kids(&self, now: i64) -> Vec<String> {
         self.published
@@ -227,6 +250,34 @@ impl KeyRing {
             .filter(|(_, r)| r.is_none_or(|r| r + RETIRED_KEY_GRACE > now))
             .filter_map(|(k, _)| k.get("kid").and_then(|v| v.as_str()).map(str::to_owned))
             .collect()
+    }
+}
+
+/// What a cache built from the key ring remembers of it (the proxy's
+/// verifiers, `edge::proxy`), to tell whether the ring changed since: the
+/// ring's generation (a new one whenever the minter's keys change,
+/// [`Minter::set_ring`]) and the first moment the same ring publishes or
+/// signs with other keys by time alone ([`KeyRing::changes_after`]). Never
+/// the ring's address: a new ring allocated where a freed one was would
+/// look unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RingStamp {
+    generation: u64,
+    until: i64,
+}
+
+impl RingStamp {
+    /// The stamp of `ring` as seen at `now`.
+    pub(crate) fn of(ring: &KeyRing, now: i64) -> RingStamp {
+        RingStamp {
+            generation: ring.generation,
+            until: ring.changes_after(now).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// Whether a cache stamped so still holds what `ring` gives at `now`.
+    pub(crate) fn is_current(&self, ring: &KeyRing, now: i64) -> bool {
+        self.generation == ring.generation && now < self.until
     }
 }
 
@@ -277,6 +328,7 @@ fn open_ring(rec: &RingRecord, sealer: &Sealer) -> Result<KeyRing, MintError> {
         active,
         next,
         published,
+        generation: 0,
     })
 }
 
@@ -616,6 +668,9 @@ pub struct Minter {
     issuer: String,
     agent: String,
     ring: ArcSwap<KeyRing>,
+    /// Held while the ring is replaced, so each new ring's generation
+    /// follows the one it replaces.
+    replacing: std::sync::Mutex<()>,
 }
 
 impl Minter {
@@ -625,11 +680,25 @@ impl Minter {
             issuer,
             agent,
             ring: ArcSwap::from_pointee(ring),
+            replacing: std::sync::Mutex::new(()),
         }
     }
 
-    /// Replaces the key ring (after rotation).
-    pub fn set_ring(&self, ring: KeyRing) {
+    /// Replaces the key ring (after a rotation, on each reload): a ring
+    /// whose keys differ from the current one's gets the next generation,
+    /// so every cache built from the ring sees the change
+    /// ([`RingStamp`]).
+    pub fn set_ring(&self, mut ring: KeyRing) {
+        let _one = self
+            .replacing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let current = self.ring.load();
+        ring.generation = if current.same_keys(&ring) {
+            current.generation
+        } else {
+            current.generation.wrapping_add(1)
+        };
         self.ring.store(Arc::new(ring));
     }
 
@@ -828,6 +897,106 @@ mod tests {
         let r = rotate(&store, &sealer, T0, kind).unwrap();
         assert_eq!(r.ring.active.kid, r.kid);
         assert_eq!(r.ring.published_kids(T0), vec![r.kid.clone(), old]);
+    }
+
+    fn minter(ring: KeyRing) -> Minter {
+        Minter::new("https://b.example".into(), "agent".into(), ring)
+    }
+
+    /// Issue 40 item 1: the proxy's verifiers were stamped with the ring's
+    /// address, and a ring allocated where a freed one had been looked
+    /// unchanged. Here the ring a verifier was built from is freed by one
+    /// replacement (an emergency rotation) and the next ring (the tick's
+    /// reload of the same record) takes its place in memory: the stamp
+    /// must still see the change, else the withdrawn key stays accepted.
+    #[test]
+    fn a_new_ring_where_a_freed_one_was_is_still_a_change() {
+        let (_d, store, sealer) = setup();
+        let m = minter(load_or_create(&store, &sealer, T0).unwrap());
+        let old = m.ring().active.kid.clone();
+        let seen = RingStamp::of(&m.ring(), T0);
+        assert!(seen.is_current(&m.ring(), T0));
+        let r = rotate(&store, &sealer, T0 + 1, RotationKind::Emergency).unwrap();
+        let reloaded = load_or_create(&store, &sealer, T0 + 1).unwrap();
+        m.set_ring(r.ring);
+        m.set_ring(reloaded);
+        let now = m.ring();
+        assert_eq!(now.published_kids(T0 + 1), vec![r.kid.clone()]);
+        assert!(
+            !seen.is_current(&now, T0 + 1),
+            "the ring that withdrew {old} looks unchanged to a cache built before"
+        );
+        // Positive control: a stamp taken now is current, and stays so
+        // across a reload that changes nothing.
+        let fresh = RingStamp::of(&now, T0 + 1);
+        assert!(fresh.is_current(&now, T0 + 1));
+        drop(now);
+        m.set_ring(load_or_create(&store, &sealer, T0 + 2).unwrap());
+        assert!(fresh.is_current(&m.ring(), T0 + 2));
+    }
+
+    /// The generation: the next number for every ring whose keys differ
+    /// (a scheduled rotation publishing, its activation, an emergency
+    /// rotation), the same for a reload that changes nothing.
+    #[test]
+    fn the_generation_changes_with_the_keys_and_only_then() {
+        let (_d, store, sealer) = setup();
+        let m = minter(load_or_create(&store, &sealer, T0).unwrap());
+        let g = |m: &Minter| m.ring().generation;
+        let g0 = g(&m);
+        m.set_ring(load_or_create(&store, &sealer, T0).unwrap());
+        assert_eq!(g(&m), g0, "a reload that changes nothing");
+        let kind = RotationKind::Scheduled {
+            activation_delay: ACTIVATION_DELAY,
+        };
+        let r = m.rotate(&store, &sealer, T0, kind).unwrap();
+        assert_eq!(g(&m), g0 + 1, "the next key published");
+        m.refresh(&store, &sealer, r.activates_at - 1).unwrap();
+        assert_eq!(g(&m), g0 + 1, "not yet due");
+        m.refresh(&store, &sealer, r.activates_at).unwrap();
+        assert_eq!(g(&m), g0 + 2, "activated");
+        assert_eq!(m.ring().active.kid, r.kid);
+        m.rotate(&store, &sealer, r.activates_at + 1, RotationKind::Emergency)
+            .unwrap();
+        assert_eq!(g(&m), g0 + 3, "emergency");
+        m.refresh(&store, &sealer, r.activates_at + 2).unwrap();
+        assert_eq!(g(&m), g0 + 3, "reloaded unchanged");
+        // A ring read before the emergency (a reload that raced it) differs
+        // from the current one: a change too, not mistaken for the old one.
+        let (_d2, other, _) = setup();
+        m.set_ring(load_or_create(&other, &sealer, T0).unwrap());
+        assert_eq!(g(&m), g0 + 4);
+    }
+
+    /// The published set also changes by time alone, with the same ring:
+    /// a stamp lasts until the next such moment (a pending key's
+    /// activation, a retired key's end of grace) and not past it.
+    #[test]
+    fn a_stamp_ends_when_the_published_set_changes_by_time() {
+        let (_d, store, sealer) = setup();
+        load_or_create(&store, &sealer, T0).unwrap();
+        let kind = RotationKind::Scheduled {
+            activation_delay: ACTIVATION_DELAY,
+        };
+        let r = rotate(&store, &sealer, T0, kind).unwrap();
+        let at = r.activates_at;
+        let m = minter(load_or_create(&store, &sealer, at).unwrap());
+        let ring = m.ring();
+        let until = at + RETIRED_KEY_GRACE;
+        assert_eq!(ring.published_kids(until - 1).len(), 2);
+        assert_eq!(ring.published_kids(until).len(), 1);
+        let seen = RingStamp::of(&ring, at);
+        assert!(seen.is_current(&ring, until - 1), "nothing changed yet");
+        assert!(
+            !seen.is_current(&ring, until),
+            "the retired key left the JWKS at {until}"
+        );
+        // Before the activation the stamp lasts until it, no longer.
+        let pending = minter(r.ring);
+        let ring = pending.ring();
+        let seen = RingStamp::of(&ring, T0);
+        assert!(seen.is_current(&ring, at - 1));
+        assert!(!seen.is_current(&ring, at));
     }
 
     fn legacy(store: &SledStore, sealer: &Sealer, created: i64, retired: Option<i64>) -> String {

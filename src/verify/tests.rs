@@ -43,6 +43,7 @@ fn setup() -> Rs {
         active: signer.clone(),
         next: None,
         published: vec![(signer.public_jwk.clone(), None)],
+        generation: 0,
     };
     // The JWKS document exactly as the broker publishes it.
     let ring_jwks = serde_json::to_vec(&ring.jwks(NOW)).unwrap();
@@ -88,6 +89,7 @@ fn mint_as(rs: &Rs, issuer: &str, edit: impl FnOnce(&mut Claims<'_>)) -> String 
         active: rs.signer.clone(),
         next: None,
         published: vec![(rs.signer.public_jwk.clone(), None)],
+        generation: 0,
     };
     let minter = Minter::new(issuer.to_owned(), "repo-helper".to_owned(), ring);
     let s = scopes();

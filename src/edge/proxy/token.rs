@@ -11,6 +11,7 @@ use http::header;
 
 use super::refusal::{Refusal, ReplayCheck, Shape};
 use super::{Call, Proxy, PREFIX};
+use crate::derive::mint::RingStamp;
 use crate::derive::policy::{canonical_resource, proxy_path};
 use crate::verify::{Presented, Verified, Verifier, VerifyError};
 
@@ -18,8 +19,8 @@ use crate::verify::{Presented, Verified, Verifier, VerifyError};
 /// resource (the policy's key for it).
 #[derive(Debug)]
 pub(super) struct AddressVerifier {
-    /// The minter's key ring the verifier's keys came from (its address).
-    stamp: usize,
+    /// The minter's key ring the verifier's keys came from.
+    stamp: RingStamp,
     verifier: Arc<Verifier>,
     resource: Arc<str>,
 }
@@ -143,20 +144,19 @@ impl Proxy {
     /// configured provider's, so the map stays bounded by the config.
     fn verifier(&self, service: &str) -> Result<(Arc<Verifier>, Arc<str>), VerifyError> {
         let ring = self.broker.minter.ring();
-        let stamp = Arc::as_ptr(&ring) as usize;
+        let now = self.broker.clock.now();
         let mut map = self
             .verifiers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(a) = map.get(service) {
-            if a.stamp == stamp {
+            if a.stamp.is_current(&ring, now) {
                 return Ok((a.verifier.clone(), a.resource.clone()));
             }
         }
         let audience = format!("{}{}", self.broker.config.issuer, proxy_path(service));
         let audience = audience.as_str();
-        let jwks = serde_json::to_vec(&ring.jwks(self.broker.clock.now()))
-            .map_err(|_| VerifyError::Keys)?;
+        let jwks = serde_json::to_vec(&ring.jwks(now)).map_err(|_| VerifyError::Keys)?;
         let verifier = match map.get(service) {
             Some(a) => {
                 a.verifier.set_jwks(&jwks)?;
@@ -173,7 +173,7 @@ impl Proxy {
         map.insert(
             service.to_string(),
             AddressVerifier {
-                stamp,
+                stamp: RingStamp::of(&ring, now),
                 verifier: verifier.clone(),
                 resource: resource.clone(),
             },

@@ -17,6 +17,7 @@ mod expiry;
 mod limits;
 mod refusals;
 mod retry;
+pub(crate) mod rotation;
 mod shutdown;
 
 use credbroker::internals::jose::Es256Key;

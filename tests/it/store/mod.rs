@@ -18,6 +18,7 @@ mod proxy_replay;
 mod refresh;
 mod replicas;
 mod roles;
+mod rotation;
 mod statements;
 mod unreachable;
 mod vault_keys;

@@ -41,7 +41,7 @@ routes = ["POST /repos/{{owner}}/{{repo}}/pulls"]
 
 /// One proxied POST with exactly these headers, through the forwarder
 /// directed at replica `to`: the status, the `DPoP-Nonce` it gave, the body.
-async fn post(
+pub(super) async fn post(
     set: &ReplicaSet,
     to: usize,
     token: &str,
@@ -67,7 +67,7 @@ async fn post(
     (r.status().as_u16(), nonce, r.text().await.unwrap())
 }
 
-fn proof(set: &ReplicaSet, k: &Es256Key, token: &str, nonce: Option<&str>) -> String {
+pub(super) fn proof(set: &ReplicaSet, k: &Es256Key, token: &str, nonce: Option<&str>) -> String {
     make_proof(
         k,
         "POST",
@@ -81,7 +81,7 @@ fn proof(set: &ReplicaSet, k: &Es256Key, token: &str, nonce: Option<&str>) -> St
 
 /// A proof with the nonce of replica `to`, accepted there: the headers of
 /// the served call, and its answer.
-async fn served_on(
+pub(super) async fn served_on(
     set: &ReplicaSet,
     to: usize,
     k: &Es256Key,
@@ -102,6 +102,15 @@ async fn connected(
     cluster: &'static crate::support::postgres::Cluster,
     db: &str,
 ) -> (ReplicaSet, ApiStandin, String, Es256Key, String) {
+    connected_with(cluster, db, None).await
+}
+
+/// [`connected`], with the replicas' config text edited by `edit`.
+pub(super) async fn connected_with(
+    cluster: &'static crate::support::postgres::Cluster,
+    db: &str,
+    edit: Option<fn(String) -> String>,
+) -> (ReplicaSet, ApiStandin, String, Es256Key, String) {
     let lb = Forwarder::start();
     let issuer = lb.url();
     let api_listener = ApiStandin::bind();
@@ -113,6 +122,7 @@ async fn connected(
         ProviderOpts {
             extra_config: format!("api_base = \"{api_base}\"\n\n[proxy]\n"),
             extra_policy: policy(&issuer),
+            edit_config: edit,
             ..ProviderOpts::default()
         },
     );
@@ -163,7 +173,7 @@ async fn connected(
     (set, api, subject, k, token)
 }
 
-fn posts(api: &ApiStandin) -> usize {
+pub(super) fn posts(api: &ApiStandin) -> usize {
     api.records()
         .into_iter()
         .filter(|r| r.method == "POST")

@@ -112,7 +112,7 @@ timeout = "{timeout}"
         log: p.log.clone(),
         public_listen: p.public_listen.clone(),
         audit_log: p.audit_log.clone(),
-        ..Opts::default()
+        edit_config: p.edit_config,
     }
 }
 
@@ -155,6 +155,8 @@ pub(crate) struct ProviderOpts {
     pub more_services: Vec<&'static str>,
     /// Keys added to each table of `more_services`.
     pub more_services_keys: String,
+    /// Edits the whole config text last (e.g. keys in `[keys]`).
+    pub edit_config: Option<fn(String) -> String>,
 }
 
 impl Default for ProviderOpts {
@@ -173,6 +175,7 @@ impl Default for ProviderOpts {
             audit_log: None,
             more_services: Vec::new(),
             more_services_keys: String::new(),
+            edit_config: None,
         }
     }
 }
