@@ -13,7 +13,7 @@
 //!
 //! Files: `raw` (stage one), `listeners` (`[socket]`, `[public]`,
 //! `[admin]`), `issuers` (`[[trusted_issuers]]`), `providers`
-//! (`[providers.<name>]`), `secret_files`, `reference` (the accepted keys,
+//! (`[providers.<name>]`), `upstreams` (`[upstreams.<name>]`), `secret_files`, `reference` (the accepted keys,
 //! read from `raw`, which `docs/CONFIGURATION.md` is tested against),
 //! `reserved` (keys named for features not built yet, refused as such);
 //! this file holds the validated
@@ -27,6 +27,7 @@ mod raw;
 mod reference;
 mod reserved;
 mod secret_files;
+mod upstreams;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,6 +41,9 @@ pub(crate) use providers::{GITHUB_API, QUICKSTART_DEMO};
 pub use reference::{accepted_keys, AcceptedKey};
 pub use reserved::RESERVED_KEYS;
 pub use secret_files::{read_secret_file, write_secret_file};
+pub(crate) use upstreams::{
+    AudienceParam, ScopeClaim, UpstreamClientAuth, UpstreamConfig, UpstreamResource,
+};
 
 use crate::base::grammar::secure_or_loopback;
 use crate::base::jose::Alg;
@@ -133,6 +137,9 @@ pub struct Config {
     /// service (`preset = "quickstart-demo"`), if any: only `credbroker
     /// quickstart` serves a config with one.
     pub quickstart_demo: Option<String>,
+    /// The organisation's authorization servers (`[upstreams.<name>]`), by
+    /// name: where `source = "exchange"` resources' tokens come from.
+    pub upstreams: BTreeMap<String, UpstreamConfig>,
 }
 
 /// DPoP settings.
@@ -243,6 +250,7 @@ impl Config {
             .find(|(_, p)| p.preset.as_deref() == Some(QUICKSTART_DEMO))
             .map(|(name, _)| name.clone());
         let providers = providers::providers(raw.providers, &issuer, &mut check);
+        let upstreams = upstreams::upstreams(raw.upstreams, &trusted_issuers, &mut check);
         let store = postgres::backend(
             raw.store.as_deref(),
             raw.postgres,
@@ -288,6 +296,7 @@ impl Config {
             },
             providers,
             quickstart_demo,
+            upstreams,
         })
     }
 }
@@ -550,3 +559,5 @@ sign_in = {{ kind = "oidc", client_id = "broker" }}
 mod provider_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod upstream_tests;

@@ -37,6 +37,45 @@ pub(super) struct RawConfig {
     pub(super) vault: Option<RawVault>,
     #[serde(default)]
     pub(super) providers: BTreeMap<String, RawProvider>,
+    #[serde(default)]
+    pub(super) upstreams: BTreeMap<String, RawUpstream>,
+}
+
+/// `[upstreams.<name>]`: an organisation's authorization server for
+/// `source = "exchange"` resources (RFC 8693).
+#[derive(Debug, Deserialize)]
+pub(super) struct RawUpstream {
+    pub(super) issuer: String,
+    #[serde(default)]
+    pub(super) discovery: Option<bool>,
+    #[serde(default)]
+    pub(super) token_endpoint: Option<String>,
+    #[serde(default)]
+    pub(super) jwks_uri: Option<String>,
+    pub(super) client_id: String,
+    #[serde(default)]
+    pub(super) client_auth: Option<String>,
+    #[serde(default)]
+    pub(super) client_secret_file: Option<PathBuf>,
+    pub(super) subject_issuers: Vec<String>,
+    #[serde(default)]
+    pub(super) connect_timeout: Option<String>,
+    #[serde(default)]
+    pub(super) timeout: Option<String>,
+    #[serde(default)]
+    pub(super) resources: BTreeMap<String, RawUpstreamResource>,
+}
+
+/// `[upstreams.<name>.resources."<uri>"]`: what that AS's tokens for one
+/// resource look like.
+#[derive(Debug, Deserialize)]
+pub(super) struct RawUpstreamResource {
+    #[serde(default)]
+    pub(super) audience: Option<Vec<String>>,
+    #[serde(default)]
+    pub(super) audience_param: Option<String>,
+    #[serde(default)]
+    pub(super) scope_claim: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -217,7 +217,13 @@ impl<'de> de::Deserializer<'de> for Tracer<'_> {
 
     fn deserialize_map<V: Visitor<'de>>(self, v: V) -> Result<V::Value, TraceError> {
         self.record("table of tables");
-        let entry = self.child(format!("{}.<name>", self.path), Slot::Entry);
+        // A table of resources is keyed by resource URI, as the docs write it.
+        let placeholder = if self.path.ends_with(".resources") {
+            "<uri>"
+        } else {
+            "<name>"
+        };
+        let entry = self.child(format!("{}.{placeholder}", self.path), Slot::Entry);
         v.visit_map(Entries {
             entry: Some(entry),
             key: Some("name"),

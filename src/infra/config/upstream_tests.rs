@@ -1,0 +1,113 @@
+//! `[upstreams.*]` tables (docs/UPSTREAM.md).
+use super::*;
+
+const BASE: &str = r#"
+agent = "a"
+issuer = "http://127.0.0.1:8440"
+policy = "p.toml"
+store = "data"
+[socket]
+path = "s.sock"
+[keys]
+master_key_file = "keys/master.key"
+[[trusted_issuers]]
+issuer = "https://idp.example"
+jwks_file = "j.json"
+sign_in = { kind = "oidc", client_id = "broker" }
+"#;
+
+const GOOD: &str = r#"
+[upstreams.okta]
+issuer = "https://idp.example"
+client_id = "broker"
+client_secret_file = "keys/okta"
+subject_issuers = ["https://idp.example"]
+"#;
+
+fn parse(extra: &str) -> Result<Config, Vec<Problem>> {
+    match Config::parse(Path::new("/etc/cb/c.toml"), &format!("{BASE}{extra}")) {
+        Ok(c) => Ok(c),
+        Err(ConfigError::Invalid(p)) => Err(p),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The one problem's text: file, position, key and cause.
+fn only_problem(extra: &str) -> String {
+    let p = parse(extra).unwrap_err();
+    assert_eq!(p.len(), 1, "{p:?}");
+    p[0].to_string()
+}
+
+#[test]
+fn an_upstream_by_discovery_with_its_defaults() {
+    let c = parse(GOOD).unwrap();
+    let u = &c.upstreams["okta"];
+    assert!(u.discovery);
+    assert_eq!(u.client_auth, UpstreamClientAuth::SecretBasic);
+    assert_eq!(u.client_secret_file, Path::new("/etc/cb/keys/okta"));
+    assert_eq!(u.timeout, Duration::from_secs(10));
+    assert_eq!(u.connect_timeout, Duration::from_secs(3));
+    // Per resource: its audience, how it is named, where scopes go.
+    let c = parse(&format!(
+        "{GOOD}[upstreams.okta.resources.\"https://crm.example/api\"]\naudience = [\"api://crm\"]\naudience_param = \"audience\"\nscope_claim = \"scp\"\n"
+    ))
+    .unwrap();
+    let r = &c.upstreams["okta"].resources["https://crm.example/api"];
+    assert_eq!(r.audience, ["api://crm"]);
+    assert_eq!(r.audience_param, AudienceParam::Audience);
+    assert_eq!(r.scope_claim, ScopeClaim::Scp);
+}
+
+#[test]
+fn bad_upstream_values_name_the_file_the_key_and_the_cause() {
+    let cases = [
+        (
+            GOOD.replace("https://idp.example\"\nclient_id", "http://as.example\"\nclient_id"),
+            "upstreams.okta.issuer: must be an https URL",
+        ),
+        (
+            GOOD.replace("client_id = \"broker\"\n", "client_id = \"broker\"\ndiscovery = false\njwks_uri = \"https://idp.example/keys\"\n"),
+            "upstreams.okta.token_endpoint: is required with discovery = false",
+        ),
+        (
+            GOOD.replace("client_id = \"broker\"\n", "client_id = \"broker\"\ntoken_endpoint = \"https://idp.example/token\"\n"),
+            "upstreams.okta.token_endpoint: is learnt from the issuer's metadata",
+        ),
+        (
+            GOOD.replace("client_id = \"broker\"\n", "client_id = \"broker\"\nclient_auth = \"private_key_jwt\"\n"),
+            "upstreams.okta.client_auth: private_key_jwt is not built yet",
+        ),
+        (
+            GOOD.replace("client_secret_file = \"keys/okta\"\n", ""),
+            "upstreams.okta.client_secret_file: is required",
+        ),
+        (
+            GOOD.replace("subject_issuers = [\"https://idp.example\"]", "subject_issuers = [\"https://other.example\"]"),
+            "upstreams.okta.subject_issuers: names an issuer that is not a [[trusted_issuers]] entry's issuer",
+        ),
+        (
+            format!("{GOOD}timeout = \"2m\"\n"),
+            "upstreams.okta.timeout: must be a duration between 1ms and 60s",
+        ),
+        (
+            format!("{GOOD}[upstreams.okta.resources.\"https://crm.example/api\"]\nscope_claim = \"scopes\"\n"),
+            "scope_claim: must be \"scope\" or \"scp\"",
+        ),
+    ];
+    for (text, want) in cases {
+        let shown = only_problem(&text);
+        assert!(
+            shown.starts_with("/etc/cb/c.toml:") && shown.contains(want),
+            "{want}: {shown}"
+        );
+    }
+    // A key of the issue not built yet stays reserved.
+    let shown = only_problem(&format!("{GOOD}grant = \"id_jag\"\n"));
+    assert!(
+        shown.ends_with("upstreams.okta.grant: reserved: not yet implemented (issue 41)"),
+        "{shown}"
+    );
+    // Control: the table itself loads.
+    parse(GOOD).unwrap();
+}

@@ -1,0 +1,283 @@
+//! `[upstreams.<name>]`: the organisation's authorization servers, where a
+//! `source = "exchange"` resource's token comes from (RFC 8693 token
+//! exchange; docs/UPSTREAM.md). Each is one AS with its own client
+//! registration here.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::raw::{RawUpstream, RawUpstreamResource};
+use super::{parse_duration, Check, IssuerConfig};
+use crate::base::grammar::secure_or_loopback;
+
+/// How credbroker authenticates to an upstream's token endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamClientAuth {
+    /// `client_secret_basic` (RFC 6749 section 2.3.1).
+    SecretBasic,
+    /// `client_secret_post`.
+    SecretPost,
+}
+
+/// Which parameter names the resource in the exchange request (RFC 8693
+/// section 2.1: `resource` is a URI, `audience` a logical name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AudienceParam {
+    /// `resource` = the resource URI.
+    Resource,
+    /// `audience` = each configured audience.
+    Audience,
+    /// Both.
+    Both,
+}
+
+/// Where the AS puts the granted scopes in its JWT access tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScopeClaim {
+    /// `scope`: one space-separated string (RFC 9068, RFC 8693 section 4.2).
+    Scope,
+    /// `scp`: an array of strings (Okta, Entra ID).
+    Scp,
+}
+
+/// What the AS's tokens for one resource look like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamResource {
+    /// The token's `aud`, exactly this set (default: the resource URI).
+    pub audience: Vec<String>,
+    /// Which parameter the request names the resource with.
+    pub audience_param: AudienceParam,
+    /// Where the token carries its scopes.
+    pub scope_claim: ScopeClaim,
+}
+
+/// One upstream authorization server.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// Its name (the policy's `upstream`).
+    pub name: String,
+    /// Its issuer identifier: the tokens' `iss`, and the metadata's
+    /// `issuer` (compared exactly).
+    pub issuer: String,
+    /// Whether its endpoints come from its metadata (RFC 8414 / OIDC
+    /// discovery); otherwise both below are given.
+    pub discovery: bool,
+    /// The token endpoint given in the config (`discovery = false`).
+    pub token_endpoint: Option<String>,
+    /// The JWKS URI given in the config (`discovery = false`).
+    pub jwks_uri: Option<String>,
+    /// Our client id there.
+    pub client_id: String,
+    /// How we authenticate there.
+    pub client_auth: UpstreamClientAuth,
+    /// The file holding the client secret (mode 0600).
+    pub client_secret_file: PathBuf,
+    /// The trusted issuers whose subject tokens may be sent to it; no other
+    /// subject token ever is.
+    pub subject_issuers: Vec<String>,
+    /// Bound on connecting.
+    pub connect_timeout: Duration,
+    /// Bound on a whole call, the answer read.
+    pub timeout: Duration,
+    /// Per resource URI (as written; the policy's resource is matched after
+    /// normalisation where the policy is known).
+    pub resources: BTreeMap<String, UpstreamResource>,
+}
+
+/// Validates `[upstreams.<name>]`; `trusted` are the validated
+/// `[[trusted_issuers]]`.
+pub(super) fn upstreams(
+    raw: BTreeMap<String, RawUpstream>,
+    trusted: &[IssuerConfig],
+    check: &mut Check<'_>,
+) -> BTreeMap<String, UpstreamConfig> {
+    let mut out = BTreeMap::new();
+    for (name, u) in raw {
+        let key = format!("upstreams.{name}");
+        if !valid_name(&name) {
+            check.bad(
+                &key,
+                "an upstream's name is letters, digits, '-' and '_' (at most 64)",
+            );
+            continue;
+        }
+        if let Some(c) = upstream(&name, u, trusted, &key, check) {
+            out.insert(name, c);
+        }
+    }
+    out
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// An https URL (http only on loopback) without query or fragment.
+fn url_ok(s: &str) -> bool {
+    url::Url::parse(s)
+        .is_ok_and(|u| secure_or_loopback(&u) && u.query().is_none() && u.fragment().is_none())
+}
+
+fn upstream(
+    name: &str,
+    u: RawUpstream,
+    trusted: &[IssuerConfig],
+    key: &str,
+    check: &mut Check<'_>,
+) -> Option<UpstreamConfig> {
+    let before = check.problems.len();
+    const URL: &str = "must be an https URL (http only on loopback), without query or fragment";
+    if !url_ok(&u.issuer) {
+        check.bad(&format!("{key}.issuer"), URL);
+    }
+    let discovery = u.discovery.unwrap_or(true);
+    for (k, v) in [
+        ("token_endpoint", &u.token_endpoint),
+        ("jwks_uri", &u.jwks_uri),
+    ] {
+        match (discovery, v) {
+            (true, Some(_)) => check.bad(
+                &format!("{key}.{k}"),
+                "is learnt from the issuer's metadata while discovery is on: remove it, or set discovery = false and give both token_endpoint and jwks_uri",
+            ),
+            (false, None) => check.bad(
+                &format!("{key}.{k}"),
+                "is required with discovery = false",
+            ),
+            (false, Some(v)) if !url_ok(v) => check.bad(&format!("{key}.{k}"), URL),
+            _ => {}
+        }
+    }
+    if u.client_id.is_empty() || u.client_id.chars().any(char::is_control) {
+        check.bad(
+            &format!("{key}.client_id"),
+            "must be a non-empty id without control characters",
+        );
+    }
+    let client_auth = match u.client_auth.as_deref() {
+        None | Some("client_secret_basic") => UpstreamClientAuth::SecretBasic,
+        Some("client_secret_post") => UpstreamClientAuth::SecretPost,
+        Some("private_key_jwt") => {
+            check.bad(&format!("{key}.client_auth"), "private_key_jwt is not built yet (it needs the client key of issue 41 item 2): use client_secret_basic or client_secret_post");
+            UpstreamClientAuth::SecretBasic
+        }
+        Some(_) => {
+            check.bad(
+                &format!("{key}.client_auth"),
+                "must be \"client_secret_basic\" or \"client_secret_post\"",
+            );
+            UpstreamClientAuth::SecretBasic
+        }
+    };
+    let client_secret_file = match &u.client_secret_file {
+        Some(p) => check.rel(p),
+        None => {
+            check.bad(
+                &format!("{key}.client_secret_file"),
+                "is required: the file (mode 0600) holding the client secret",
+            );
+            PathBuf::new()
+        }
+    };
+    if u.subject_issuers.is_empty() {
+        check.bad(&format!("{key}.subject_issuers"), "must list at least one trusted issuer whose subject tokens may be sent to this authorization server");
+    }
+    for s in &u.subject_issuers {
+        if !trusted.iter().any(|t| &t.issuer == s) {
+            check.bad(
+                &format!("{key}.subject_issuers"),
+                "names an issuer that is not a [[trusted_issuers]] entry's issuer",
+            );
+        }
+    }
+    let mut timeout = |k: &str, v: &Option<String>, default: u64| match v.as_deref() {
+        None => Duration::from_secs(default),
+        Some(t) => match parse_duration(t) {
+            Some(d) if !d.is_zero() && d <= Duration::from_secs(60) => d,
+            _ => {
+                check.bad(
+                    &format!("{key}.{k}"),
+                    "must be a duration between 1ms and 60s, such as \"3s\"",
+                );
+                Duration::from_secs(default)
+            }
+        },
+    };
+    let connect_timeout = timeout("connect_timeout", &u.connect_timeout, 3);
+    let total = timeout("timeout", &u.timeout, 10);
+    let mut resources = BTreeMap::new();
+    for (uri, r) in u.resources {
+        if let Some(r) = resource(&uri, r, &format!("{key}.resources.{uri:?}"), check) {
+            resources.insert(uri, r);
+        }
+    }
+    (check.problems.len() == before).then(|| UpstreamConfig {
+        name: name.to_owned(),
+        issuer: u.issuer,
+        discovery,
+        token_endpoint: u.token_endpoint,
+        jwks_uri: u.jwks_uri,
+        client_id: u.client_id,
+        client_auth,
+        client_secret_file,
+        subject_issuers: u.subject_issuers,
+        connect_timeout,
+        timeout: total,
+        resources,
+    })
+}
+
+fn resource(
+    uri: &str,
+    r: RawUpstreamResource,
+    key: &str,
+    check: &mut Check<'_>,
+) -> Option<UpstreamResource> {
+    let before = check.problems.len();
+    if url::Url::parse(uri).is_err() {
+        check.bad(key, "is not a resource URI");
+    }
+    let audience = r.audience.unwrap_or_else(|| vec![uri.to_owned()]);
+    if audience.is_empty()
+        || audience
+            .iter()
+            .any(|a| a.is_empty() || a.chars().any(char::is_control))
+    {
+        check.bad(
+            &format!("{key}.audience"),
+            "must list at least one audience, each a non-empty string",
+        );
+    }
+    let audience_param = match r.audience_param.as_deref() {
+        None | Some("resource") => AudienceParam::Resource,
+        Some("audience") => AudienceParam::Audience,
+        Some("both") => AudienceParam::Both,
+        Some(_) => {
+            check.bad(
+                &format!("{key}.audience_param"),
+                "must be \"resource\", \"audience\" or \"both\"",
+            );
+            AudienceParam::Resource
+        }
+    };
+    let scope_claim = match r.scope_claim.as_deref() {
+        None | Some("scope") => ScopeClaim::Scope,
+        Some("scp") => ScopeClaim::Scp,
+        Some(_) => {
+            check.bad(
+                &format!("{key}.scope_claim"),
+                "must be \"scope\" or \"scp\"",
+            );
+            ScopeClaim::Scope
+        }
+    };
+    (check.problems.len() == before).then_some(UpstreamResource {
+        audience,
+        audience_param,
+        scope_claim,
+    })
+}
