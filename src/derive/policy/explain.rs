@@ -141,6 +141,9 @@ pub(crate) fn describe_source(source: &Source) -> String {
         } => format!(
             "service {service} (the person's connected account; delivery = proxy: the provider's token stays in the broker; the tool gets a DPoP-bound credbroker token and calls the service through the egress proxy, on its routes only)"
         ),
+        Source::Exchange { upstream } => format!(
+            "exchange at upstream {upstream} (RFC 8693 token exchange at the organisation's authorization server: its token, checked to be DPoP-bound to the tool's key, for this resource and these scopes, at most 300 s)"
+        ),
     }
 }
 

@@ -195,6 +195,9 @@ fn risky_source(resource: &Resource, warn: &mut Warn<'_>) {
             delivery: crate::derive::policy::Delivery::Proxy,
             ..
         } => {}
+        // The upstream's token is checked like one minted here (one
+        // audience, the granted scopes, bound, at most 300 s).
+        Source::Exchange { .. } => {}
     }
 }
 

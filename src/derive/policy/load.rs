@@ -42,6 +42,9 @@ pub(super) struct RawResource {
     /// For `source = "service"`: how the token reaches the tool.
     #[serde(default)]
     delivery: Option<Spanned<String>>,
+    /// For `source = "exchange"`: the upstream's name in the config.
+    #[serde(default)]
+    upstream: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -347,41 +350,60 @@ impl<'a> Check<'a> {
 
     /// A resource's `source` and the keys that go with it.
     fn source(&mut self, r: &RawResource, key: &str) -> Option<Source> {
-        match r.source.get_ref().as_str() {
-            "self" => {
-                let mut ok = true;
-                for (field, v) in [("service", &r.service), ("delivery", &r.delivery)] {
-                    if let Some(v) = v {
-                        self.bad(
-                            v.span(),
-                            format!("{key}.{field}"),
-                            "only a resource with source = \"service\" takes this key",
-                        );
-                        ok = false;
-                    }
+        let source = r.source.get_ref().as_str();
+        // Each key belongs to one source; any other source refuses it.
+        let mut ok = true;
+        for (field, owner, v) in [
+            ("service", "service", &r.service),
+            ("delivery", "service", &r.delivery),
+            ("upstream", "exchange", &r.upstream),
+        ] {
+            if let Some(v) = v {
+                if source != owner && matches!(source, "self" | "service" | "exchange") {
+                    self.bad(
+                        v.span(),
+                        format!("{key}.{field}"),
+                        &format!("only a resource with source = \"{owner}\" takes this key"),
+                    );
+                    ok = false;
                 }
-                ok.then_some(Source::SelfIssued)
             }
+        }
+        match source {
+            "self" => ok.then_some(Source::SelfIssued),
             "service" => match service_source(r) {
-                Ok(s) => Some(s),
+                Ok(s) => ok.then_some(s),
                 Err((span, field, message)) => {
                     self.bad(span, format!("{key}.{field}"), message);
                     None
                 }
             },
-            "exchange" => {
-                self.bad(
-                    r.source.span(),
-                    format!("{key}.source"),
-                    super::reserved::EXCHANGE_SOURCE,
-                );
-                None
-            }
+            "exchange" => match &r.upstream {
+                None => {
+                    self.bad(
+                        r.source.span(),
+                        format!("{key}.upstream"),
+                        "an exchange resource must name its authorization server: upstream = \"<name of an [upstreams.<name>] table in the config>\"",
+                    );
+                    None
+                }
+                Some(u) if !valid_name(u.get_ref()) => {
+                    self.bad(
+                        u.span(),
+                        format!("{key}.upstream"),
+                        "must be an upstream name without spaces or control characters",
+                    );
+                    None
+                }
+                Some(u) => ok.then(|| Source::Exchange {
+                    upstream: u.get_ref().clone(),
+                }),
+            },
             _ => {
                 self.bad(
                     r.source.span(),
                     format!("{key}.source"),
-                    "must be \"self\" or \"service\"",
+                    "must be \"self\", \"service\" or \"exchange\"",
                 );
                 None
             }
@@ -461,6 +483,19 @@ impl<'a> Check<'a> {
         let ttl = self.ttl(&t.ttl, format!("{key}.ttl"));
         let details = self.detail_types(t, &key);
         let approval = self.approval(t, &key, resource.as_deref().and_then(|r| resources.get(r)));
+        let exchange = resource
+            .as_ref()
+            .and_then(|r| resources.get(r))
+            .is_some_and(|r| matches!(r.source, Source::Exchange { .. }));
+        if exchange && (!t.authorization_details.is_empty() || t.require_authorization_details) {
+            // Nothing checks that the upstream's token carries them.
+            self.bad(
+                key_span(self.text, "tools", name),
+                format!("{key}.authorization_details"),
+                "cannot apply to a resource with source = \"exchange\": the upstream authorization server's token is not checked to carry the call's authorization_details",
+            );
+            return None;
+        }
         let proxied = resource.as_ref().and_then(|r| resources.get(r)).map(|r| {
             matches!(
                 r.source,
@@ -556,6 +591,16 @@ impl<'a> Check<'a> {
         }) = resource
         {
             self.bad(a.span(), format!("{key}.approval"), "cannot apply to a resource with delivery = \"provider_token\": the provider's bearer token is handed over whole and nothing binds it to the approved call");
+            return None;
+        }
+        // The upstream AS's token is neither single-use nor bound to the
+        // approved call's details (docs/UPSTREAM.md).
+        if let Some(Resource {
+            source: Source::Exchange { .. },
+            ..
+        }) = resource
+        {
+            self.bad(a.span(), format!("{key}.approval"), "cannot apply to a resource with source = \"exchange\": the upstream authorization server's token is neither single-use nor bound to the approved call");
             return None;
         }
         Some(Some(approval))

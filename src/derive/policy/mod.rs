@@ -86,6 +86,12 @@ pub enum Source {
         /// How the token reaches the tool.
         delivery: Delivery,
     },
+    /// A token from the organisation's authorization server, by RFC 8693
+    /// token exchange there (docs/UPSTREAM.md), bound to the tool's key.
+    Exchange {
+        /// The upstream's name in the config (`[upstreams.<name>]`).
+        upstream: String,
+    },
 }
 
 /// How a `service` resource's token reaches the tool.
@@ -434,7 +440,18 @@ impl Policy {
             .values()
             .filter_map(|r| match &r.source {
                 Source::Service { service, .. } => Some(service.as_str()),
-                Source::SelfIssued => None,
+                Source::SelfIssued | Source::Exchange { .. } => None,
+            })
+            .collect()
+    }
+
+    /// The upstream names that the policy's `exchange` resources use.
+    pub fn upstreams(&self) -> BTreeSet<&str> {
+        self.resources
+            .values()
+            .filter_map(|r| match &r.source {
+                Source::Exchange { upstream } => Some(upstream.as_str()),
+                Source::SelfIssued | Source::Service { .. } => None,
             })
             .collect()
     }
@@ -750,6 +767,8 @@ impl Policy {
 
 #[cfg(test)]
 mod approval_tests;
+#[cfg(test)]
+mod exchange_tests;
 #[cfg(test)]
 mod service_tests;
 #[cfg(test)]

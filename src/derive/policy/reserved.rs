@@ -2,8 +2,7 @@
 //! [`super::Policy::parse`] with "reserved: not yet implemented (issue N)"
 //! until their feature lands: it then takes the key out of this list, adds
 //! it to `load.rs` (and `proto/policy.schema.json`, which refuses it until
-//! then), and drops the mark from its row in `policy/README.md`. The value
-//! `source = "exchange"` (issue 41) is refused by `load.rs` the same way.
+//! then), and drops the mark from its row in `policy/README.md`.
 
 use crate::infra::reserved::ReservedKey;
 
@@ -11,11 +10,6 @@ use crate::infra::reserved::ReservedKey;
 pub const RESERVED_KEYS: &[ReservedKey] = &[
     // Issue 41: the upstream authorization server of an exchange
     // resource, and its documented higher lifetime ceiling.
-    ReservedKey {
-        key: "resources.<uri>.upstream",
-        doc_type: "string",
-        issue: 41,
-    },
     ReservedKey {
         key: "resources.<uri>.max_ttl",
         doc_type: "duration",
@@ -28,10 +22,6 @@ pub const RESERVED_KEYS: &[ReservedKey] = &[
         issue: 42,
     },
 ];
-
-/// The message `load.rs` gives `source = "exchange"`.
-pub(crate) const EXCHANGE_SOURCE: &str =
-    "source \"exchange\": reserved: not yet implemented (issue 41)";
 
 #[cfg(test)]
 mod tests {
@@ -66,13 +56,6 @@ steps = ["summarize"]
                 .unwrap();
         for r in RESERVED_KEYS {
             let (text, key) = match r.key {
-                "resources.<uri>.upstream" => (
-                    BASE.replace(
-                        "source = \"self\"\n",
-                        "source = \"self\"\nupstream = \"org\"\n",
-                    ),
-                    "resources.\"https://api.example/notes\".upstream",
-                ),
                 "resources.<uri>.max_ttl" => (
                     BASE.replace(
                         "source = \"self\"\n",
@@ -114,12 +97,5 @@ steps = ["summarize"]
                 r.key
             );
         }
-        // The reserved source value, the same way.
-        let text = BASE.replace("source = \"self\"", "source = \"exchange\"");
-        let Err(PolicyError::Invalid(p)) = parse(&text) else {
-            panic!("exchange accepted");
-        };
-        assert!(p.iter().any(|p| p.message == EXCHANGE_SOURCE), "{p:?}");
-        assert!(readme.contains("`exchange`: reserved: not yet implemented (issue 41)"));
     }
 }

@@ -285,15 +285,25 @@ fn unknown_keys_are_all_reported_with_positions() {
 }
 
 #[test]
-fn exchange_and_misspelt_sources_are_rejected() {
-    // `service` is accepted only with its own keys (see service_tests.rs);
-    // without `service = ...` it is refused at the same place, under the
-    // key that is missing.
-    let text = replace(BASE, "source = \"self\"\nttl", "source = \"service\"\nttl");
-    let p = problems(text.as_bytes());
-    let x = problem_for(&p, "resources.\"https://api.example/notes\".service");
-    assert_eq!(x.at, at(&text, "\"service\"\nttl"));
-    for source in ["exchange", "Self", "", "self "] {
+fn misspelt_sources_and_sources_without_their_keys_are_rejected() {
+    // `service` and `exchange` are accepted only with their own keys (see
+    // service_tests.rs, exchange_tests.rs); without `service = ...` or
+    // `upstream = ...` they are refused at the same place, under the key
+    // that is missing.
+    for (source, key) in [("service", "service"), ("exchange", "upstream")] {
+        let text = replace(
+            BASE,
+            "source = \"self\"\nttl",
+            &format!("source = \"{source}\"\nttl"),
+        );
+        let p = problems(text.as_bytes());
+        let x = problem_for(
+            &p,
+            &format!("resources.\"https://api.example/notes\".{key}"),
+        );
+        assert_eq!(x.at, at(&text, &format!("\"{source}\"\nttl")));
+    }
+    for source in ["Self", "", "self ", "Exchange"] {
         let text = replace(
             BASE,
             "source = \"self\"\nttl",

@@ -140,7 +140,7 @@ const FIXTURES: &[(&str, Loader, bool, &str)] = &[
     ("empty_file", Invalid("the policy is empty"), false, ""),
     (
         "exchange_source",
-        Invalid("source \"exchange\": reserved: not yet implemented (issue 41)"),
+        Invalid("an exchange resource must name its authorization server"),
         false,
         "",
     ),
