@@ -200,6 +200,7 @@ fn broker_derive(c: &mut Criterion) {
             dpop::make_proof(&key, "POST", &htu, SystemClock.now(), None, None).unwrap(),
         )),
         authorization_details: None,
+        upstream_proofs: Default::default(),
         endpoint: Endpoint::Derive,
         peer_uid: 1000,
     };

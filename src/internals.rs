@@ -197,6 +197,11 @@ pub mod upstream {
     };
 }
 
+/// `crate::derive::upstreams`: the organisation's authorization servers.
+pub mod upstreams {
+    pub use crate::derive::upstreams::UpstreamError;
+}
+
 /// `crate::accounts::vault`: connected accounts and provider tokens.
 pub mod vault {
     pub use crate::accounts::vault::{

@@ -53,6 +53,17 @@ pub enum StartError {
     /// A provider (client secret file).
     #[error(transparent)]
     Upstream(#[from] crate::accounts::upstream::UpstreamError),
+    /// An upstream authorization server could not be set up.
+    #[error("{file}: {source}")]
+    UpstreamAs {
+        /// The config file.
+        file: String,
+        /// Why (names the key).
+        source: crate::derive::upstreams::SetupError,
+    },
+    /// The policy names an upstream the config does not define.
+    #[error("the policy's exchange resources name upstream {0:?}, which has no [upstreams.{0}] table in the config")]
+    UnknownUpstream(String),
     /// The policy names a service the config does not define.
     #[error("the policy's service resources name {0:?}, which has no [providers.{0}] table in the config")]
     UnknownService(String),
@@ -261,6 +272,7 @@ pub async fn build(
     let providers = providers_for(&config, &policy)?;
     let (master, sealer) = master_key(&config)?;
     let (subjects, own_minter) = subject_validator(&config).await?;
+    let upstreams = upstreams(&config, &policy, &subjects)?;
     let store: Arc<dyn crate::infra::store::Store> = config.store.open()?;
     let records = open_records(&config, &store, &sealer, &master, clock.now())?;
     // The validator was built before the store (above); from here on its
@@ -300,6 +312,10 @@ pub async fn build(
     .with_approvals(records.approvals.clone());
     if let Some(n) = proxy_nonces {
         broker = broker.with_proxy_nonces(n);
+    }
+    if let Some(u) = upstreams {
+        u.resolve_all().await;
+        broker = broker.with_upstreams(u);
     }
     let broker = Arc::new(broker);
     discover_endpoints(&providers).await;
@@ -610,6 +626,37 @@ fn pages(
             ..crate::edge::pages::Options::default()
         },
     ))
+}
+
+/// The upstream authorization servers of the config (their client
+/// secrets read now), when it has any; the policy's `exchange` resources
+/// must each name one.
+fn upstreams(
+    config: &Config,
+    policy: &crate::derive::policy::Policy,
+    subjects: &crate::accounts::subject::Validator,
+) -> Result<Option<Arc<crate::derive::upstreams::Upstreams>>, StartError> {
+    if let Some(missing) = policy
+        .upstreams()
+        .into_iter()
+        .find(|u| !config.upstreams.contains_key(*u))
+    {
+        return Err(StartError::UnknownUpstream(missing.to_string()));
+    }
+    if config.upstreams.is_empty() {
+        return Ok(None);
+    }
+    crate::derive::upstreams::Upstreams::new(
+        &config.upstreams,
+        &subjects.key_sets(),
+        config.dpop.algs.clone(),
+        config.dpop.replay_capacity,
+    )
+    .map(|u| Some(Arc::new(u)))
+    .map_err(|source| StartError::UpstreamAs {
+        file: config.file.display().to_string(),
+        source,
+    })
 }
 
 /// The message for a policy written for another agent, shared with reload:

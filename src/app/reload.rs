@@ -191,6 +191,11 @@ impl Reloader {
             let detail = format!("the policy names service {missing:?}, which has no [providers.{missing}] table in the config");
             return self.fail(trigger, (Refusal::UnknownService, detail));
         }
+        let has_upstream = |u: &str| self.broker.upstreams().is_some_and(|x| x.contains(u));
+        if let Some(missing) = policy.upstreams().into_iter().find(|u| !has_upstream(u)) {
+            let detail = format!("the policy names upstream {missing:?}, which has no [upstreams.{missing}] table in the config");
+            return self.fail(trigger, (Refusal::UnknownService, detail));
+        }
         if let Some(detail) = super::proxy_problem(&policy, &self.broker.config) {
             return self.fail(trigger, (Refusal::ProxyAddress, detail));
         }

@@ -6,6 +6,8 @@
 //! - [`approve`]: step-up approvals, a connect link for one call.
 //! - [`mint`]: signing keys, minted tokens, JWKS, rotation.
 //! - [`freeze`]: the signed freeze record every process follows.
+//! - [`upstreams`]: the organisation's authorization servers, where an
+//!   `exchange` resource's token comes from (RFC 8693).
 //! - [`ops`]: the operator actions (freeze, rotations, users, accounts),
 //!   each written once for the admin socket and the offline command line.
 
@@ -15,3 +17,4 @@ pub(crate) mod freeze;
 pub(crate) mod mint;
 pub(crate) mod ops;
 pub(crate) mod policy;
+pub(crate) mod upstreams;

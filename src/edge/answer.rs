@@ -32,6 +32,9 @@ pub(crate) struct Answer {
     nonce: Option<String>,
     /// The members of a refusal that carries a connect link.
     link: Option<Link>,
+    /// Other members the refusal's reason declares (`upstream_htu`,
+    /// `upstream_nonce`, `upstream_error`: proto/refusal.schema.json).
+    members: Vec<(&'static str, String)>,
 }
 
 /// A connect link in a refusal (`connect_uri`, `connect_id`,
@@ -77,6 +80,7 @@ impl Answer {
             challenge: None,
             nonce: None,
             link: None,
+            members: Vec::new(),
         }
     }
 
@@ -101,6 +105,12 @@ impl Answer {
     /// With a nonce to sign the next proof with (`DPoP-Nonce`).
     pub(crate) fn nonce(mut self, nonce: Option<&str>) -> Answer {
         self.nonce = nonce.map(str::to_owned);
+        self
+    }
+
+    /// With one more member, declared in the schema with its reason.
+    pub(crate) fn member(mut self, name: &'static str, value: impl Into<String>) -> Answer {
+        self.members.push((name, value.into()));
         self
     }
 
@@ -137,6 +147,9 @@ impl Answer {
             body.insert("connect_id".into(), l.id.as_str().into());
             body.insert("connect_expires_in".into(), l.expires_in.into());
             body.insert("connect_message".into(), l.message.as_str().into());
+        }
+        for (k, v) in &self.members {
+            body.insert((*k).into(), v.as_str().into());
         }
         let mut r = json_response(self.status, &body);
         let h = r.headers_mut();

@@ -52,45 +52,6 @@ pub const RESERVED_REFUSALS: &[ReservedRefusal] = &[
     r("clock_skew", "temporarily_unavailable", 503, "socket", 40),
     r("clock_skew", "temporarily_unavailable", 503, "proxy", 40),
     r("invalid_framing", "invalid_request", 400, "proxy", 40),
-    // Issue 41: the token exchange at the organisation's authorization
-    // server (the relayed proofs, the AS's errors, its answer's checks).
-    ReservedRefusal {
-        fields: &["upstream_htu", "upstream_nonce"],
-        ..r(
-            "upstream_proof_required",
-            "invalid_dpop_proof",
-            400,
-            "socket",
-            41,
-        )
-    },
-    r(
-        "upstream_proof_invalid",
-        "invalid_dpop_proof",
-        400,
-        "socket",
-        41,
-    ),
-    r(
-        "subject_token_rejected_upstream",
-        "invalid_grant",
-        400,
-        "socket",
-        41,
-    ),
-    ReservedRefusal {
-        fields: &["upstream_error"],
-        ..r("upstream_denied", "access_denied", 403, "socket", 41)
-    },
-    r(
-        "upstream_misconfigured",
-        "temporarily_unavailable",
-        503,
-        "socket",
-        41,
-    ),
-    r("upstream_bad_answer", "bad_gateway", 502, "socket", 41),
-    r("upstream_token_rejected", "bad_gateway", 502, "socket", 41),
     // Issue 42: approvals bound to the outbound request.
     r("request_mismatch", "insufficient_scope", 403, "proxy", 42),
     r("body_not_ijson", "invalid_request", 400, "proxy", 42),

@@ -22,3 +22,4 @@ mod security;
 mod services;
 mod store;
 mod support;
+mod upstreams;

@@ -11,6 +11,7 @@ use crate::base::secret::SecretString;
 use crate::derive::approve::ApproveError;
 use crate::derive::mint::MintError;
 use crate::derive::policy::{DenyReason, ResourceError};
+use crate::derive::upstreams::UpstreamError;
 use crate::infra::events::AuditError;
 use crate::infra::store::StoreError;
 
@@ -111,6 +112,15 @@ pub enum DeriveError {
         /// The service.
         service: String,
     },
+    /// The exchange at an upstream authorization server was refused
+    /// (`exchange` resources; docs/UPSTREAM.md).
+    #[error("upstream {upstream}: {error}")]
+    Upstream {
+        /// The upstream's name.
+        upstream: String,
+        /// Why.
+        error: UpstreamError,
+    },
     /// The vault failed (a record that does not open, the store, keys).
     #[error("vault: {0}")]
     Vault(#[source] VaultError),
@@ -138,6 +148,19 @@ impl DeriveError {
             DeriveError::ApprovalDeclined => "approval_declined",
             DeriveError::TooManyApprovals => "too_many_open_approvals",
             DeriveError::UpstreamUnavailable { .. } => "upstream_unavailable",
+            DeriveError::Upstream { error, .. } => match error {
+                UpstreamError::NotConfigured => "temporarily_unavailable",
+                UpstreamError::SubjectIssuerNotListed => "invalid_subject_token",
+                UpstreamError::ProofRequired { .. } => "upstream_proof_required",
+                UpstreamError::ProofInvalid(_) => "upstream_proof_invalid",
+                UpstreamError::ProofCacheFull => "replay_cache_full",
+                UpstreamError::SubjectRejected => "subject_token_rejected_upstream",
+                UpstreamError::Denied(_) => "upstream_denied",
+                UpstreamError::Misconfigured => "upstream_misconfigured",
+                UpstreamError::Unavailable => "upstream_unavailable",
+                UpstreamError::BadAnswer(_) => "upstream_bad_answer",
+                UpstreamError::TokenRejected(_) => "upstream_token_rejected",
+            },
             DeriveError::Vault(_) => "vault_error",
             DeriveError::Internal(_) => "internal_error",
         }

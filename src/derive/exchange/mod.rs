@@ -67,6 +67,7 @@ use crate::derive::approve::Approvals;
 use crate::derive::freeze;
 use crate::derive::mint::Minter;
 use crate::derive::policy::Policy;
+use crate::derive::upstreams::Upstreams;
 use crate::infra::config::Config;
 use crate::infra::events::{Audit, Event, Kind};
 use crate::infra::metrics::Metrics;
@@ -80,6 +81,7 @@ mod request;
 mod service;
 #[cfg(test)]
 mod tests;
+mod upstream;
 
 pub use error::{ApprovalRefusal, DeriveError, InternalError, LinkRefusal};
 pub(crate) use limits::Limits;
@@ -119,6 +121,9 @@ pub struct Broker {
     /// Step-up approvals (tools with `approval`); without them such a
     /// tool gets nothing.
     approvals: Option<Arc<Approvals>>,
+    /// The organisation's authorization servers (`exchange` resources);
+    /// without them such a resource gets nothing.
+    upstreams: Option<Arc<Upstreams>>,
     /// The proxy's nonces (deployment-wide), when nonces are required;
     /// the derive's own are in `proofs`.
     pub proxy_nonces: Option<dpop::Nonces>,
@@ -177,6 +182,7 @@ impl Broker {
             htu,
             connected_services: None,
             approvals: None,
+            upstreams: None,
             proxy_nonces: None,
             started: clock.now(),
             clock,
@@ -193,6 +199,17 @@ impl Broker {
     pub fn with_approvals(mut self, a: Arc<Approvals>) -> Broker {
         self.approvals = Some(a);
         self
+    }
+
+    /// Adds the upstream authorization servers (`exchange` resources).
+    pub fn with_upstreams(mut self, u: Arc<Upstreams>) -> Broker {
+        self.upstreams = Some(u);
+        self
+    }
+
+    /// The upstream authorization servers, if configured.
+    pub fn upstreams(&self) -> Option<&Arc<Upstreams>> {
+        self.upstreams.as_ref()
     }
 
     /// The approval store, if configured.

@@ -50,6 +50,18 @@ impl Broker {
                 }
             }
         }
+        if let policy::Source::Exchange { upstream } = &allowed.grant.resource.source {
+            // The loader refuses approvals and details on an exchange
+            // resource: the AS's token could carry neither. Fail closed.
+            if allowed.tool.approval.is_some() || allowed.details.is_some() {
+                return Err(DeriveError::Unavailable(
+                    "an exchange resource cannot serve a tool with approvals or details",
+                ));
+            }
+            return self
+                .derive_upstream(req, &subject, &proof, &allowed.grant, upstream, now)
+                .await;
+        }
         let approved = match allowed.tool.approval {
             Some(mode) => {
                 let call = approve::Call {

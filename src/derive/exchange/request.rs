@@ -39,6 +39,9 @@ pub struct DeriveRequest {
     /// RFC 9396 `authorization_details` describing the call, as sent
     /// (checked against the tool's declarations in the pipeline).
     pub authorization_details: Option<serde_json::Value>,
+    /// The tool's DPoP proofs for upstream token endpoints, by upstream
+    /// name (`upstream_proofs`; an `exchange` resource's leg).
+    pub upstream_proofs: std::collections::BTreeMap<String, SecretString>,
     /// Where it came in.
     pub endpoint: Endpoint,
     /// The peer uid.

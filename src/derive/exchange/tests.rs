@@ -84,6 +84,7 @@ client_secret_file = "acme.secret"
         scope: None,
         dpop: Some(SecretString::new(proof)),
         authorization_details: None,
+        upstream_proofs: Default::default(),
         endpoint: Endpoint::Derive,
         peer_uid: 1000,
     };

@@ -17,7 +17,12 @@ use crate::base::http::{correlation_id, json_response, read_capped, Body, BodyEr
 use crate::base::jose::Alg;
 use crate::base::secret::SecretString;
 use crate::derive::exchange::{Broker, DeriveError, DeriveRequest, Endpoint, Issued};
+use crate::derive::upstreams::UpstreamError;
 use crate::edge::answer::{Answer, Link};
+
+/// The most relayed proofs one derive may carry (one per leg; two for an
+/// identity chain).
+const MAX_UPSTREAM_PROOFS: usize = 2;
 
 /// Request bodies larger than this are refused with 413.
 pub(crate) const MAX_BODY: usize = 64 * 1024;
@@ -50,8 +55,24 @@ fn info_response(broker: &Broker) -> Response<Body> {
             "dpop_signing_alg_values_supported":
                 broker.config.dpop.algs.iter().map(|a| a.as_str()).collect::<Vec<_>>(),
             "dpop_nonce_required": broker.config.dpop.require_nonce,
+            "upstreams": broker.upstreams().map_or_else(|| serde_json::json!({}), |u| u.info()),
+            "upstream_resources": upstream_resources(broker),
         }),
     )
+}
+
+/// The current policy's `exchange` resources, each with its upstream's
+/// name: a client sends a proof for that upstream's token endpoint with a
+/// derive for the resource (`upstream_proofs`).
+fn upstream_resources(broker: &Broker) -> serde_json::Value {
+    let policy = broker.policy.load();
+    let mut out = serde_json::Map::new();
+    for r in policy.resources.values() {
+        if let crate::derive::policy::Source::Exchange { upstream } = &r.source {
+            out.insert(r.canonical.clone(), upstream.as_str().into());
+        }
+    }
+    out.into()
 }
 
 fn oauth_error(
@@ -153,6 +174,7 @@ fn error_answer(err: &DeriveError, algs: &[Alg]) -> Answer {
         )
         .reason("upstream_unavailable")
         .retry_after(5),
+        DeriveError::Upstream { upstream, error } => upstream_answer(upstream, error),
         DeriveError::Vault(detail) => {
             let id = correlation_id();
             tracing::error!(correlation_id = %id, error = %detail, "vault error in derive");
@@ -171,6 +193,64 @@ fn error_answer(err: &DeriveError, algs: &[Alg]) -> Answer {
                 "server_error",
                 format!("internal error (correlation id {id})"),
             )
+        }
+    }
+}
+
+/// The answer to a refused exchange at an upstream authorization server
+/// (docs/UPSTREAM.md, "Errors").
+fn upstream_answer(upstream: &str, error: &UpstreamError) -> Answer {
+    use StatusCode as S;
+    let text = format!("upstream {upstream}: {error}");
+    match error {
+        UpstreamError::NotConfigured => Answer::new(
+            S::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            format!("the policy names upstream {upstream}, which this instance does not configure; nothing was issued"),
+        ),
+        UpstreamError::SubjectIssuerNotListed => {
+            Answer::new(S::BAD_REQUEST, "invalid_request", text)
+        }
+        UpstreamError::ProofRequired { htu, nonce } => {
+            let a = Answer::new(
+                S::BAD_REQUEST,
+                "invalid_dpop_proof",
+                format!("{text}: send upstream_proofs.{upstream}, a DPoP proof by the tool's key with htm POST and htu {htu}"),
+            )
+            .reason("upstream_proof_required")
+            .member("upstream_htu", htu.clone());
+            match nonce {
+                Some(n) => a.member("upstream_nonce", n.clone()),
+                None => a,
+            }
+        }
+        UpstreamError::ProofInvalid(_) => Answer::new(S::BAD_REQUEST, "invalid_dpop_proof", text)
+            .reason("upstream_proof_invalid"),
+        UpstreamError::ProofCacheFull => Answer::new(
+            S::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            "the DPoP replay cache is full; retry shortly",
+        ),
+        UpstreamError::SubjectRejected => Answer::new(S::BAD_REQUEST, "invalid_grant", text)
+            .reason("subject_token_rejected_upstream"),
+        UpstreamError::Denied(code) => Answer::new(S::FORBIDDEN, "access_denied", text)
+            .reason("upstream_denied")
+            .member("upstream_error", *code),
+        UpstreamError::Misconfigured => {
+            Answer::new(S::SERVICE_UNAVAILABLE, "temporarily_unavailable", text)
+                .reason("upstream_misconfigured")
+                .retry_after(30)
+        }
+        UpstreamError::Unavailable => {
+            Answer::new(S::SERVICE_UNAVAILABLE, "temporarily_unavailable", text)
+                .reason("upstream_unavailable")
+                .retry_after(5)
+        }
+        UpstreamError::BadAnswer(_) => {
+            Answer::new(S::BAD_GATEWAY, "bad_gateway", text).reason("upstream_bad_answer")
+        }
+        UpstreamError::TokenRejected(_) => {
+            Answer::new(S::BAD_GATEWAY, "bad_gateway", text).reason("upstream_token_rejected")
         }
     }
 }
@@ -223,6 +303,10 @@ struct DeriveJson {
     /// RFC 9396 section 3: a JSON array (checked in the pipeline).
     #[serde(default)]
     authorization_details: Option<serde_json::Value>,
+    /// The tool's DPoP proofs for upstream token endpoints, by upstream
+    /// name (`exchange` resources; docs/UPSTREAM.md).
+    #[serde(default)]
+    upstream_proofs: std::collections::BTreeMap<String, String>,
 }
 
 /// Exactly one `DPoP` header, or `None` (the pipeline refuses a missing one).
@@ -250,8 +334,11 @@ pub fn parse_json(
 ) -> Result<DeriveRequest, DeriveError> {
     // serde's messages may quote values; answer with a fixed text.
     let j: DeriveJson = serde_json::from_slice(body).map_err(|_| {
-        bad("the body must be a JSON object with string fields subject_token, step, tool, resource, optional scope and optional authorization_details (a JSON array), and nothing else")
+        bad("the body must be a JSON object with string fields subject_token, step, tool, resource, optional scope, optional authorization_details (a JSON array) and optional upstream_proofs (an object of strings), and nothing else")
     })?;
+    if j.upstream_proofs.len() > MAX_UPSTREAM_PROOFS {
+        return Err(bad("upstream_proofs holds more proofs than there are legs"));
+    }
     Ok(DeriveRequest {
         subject_token: SecretString::new(j.subject_token),
         step: j.step,
@@ -260,6 +347,11 @@ pub fn parse_json(
         scope: j.scope,
         dpop,
         authorization_details: j.authorization_details,
+        upstream_proofs: j
+            .upstream_proofs
+            .into_iter()
+            .map(|(k, v)| (k, SecretString::new(v)))
+            .collect(),
         endpoint: Endpoint::Derive,
         peer_uid,
     })
@@ -355,6 +447,9 @@ pub fn parse_form(
         scope,
         dpop,
         authorization_details,
+        // The form has no member for them: an exchange resource asked for
+        // here is refused with upstream_proof_required.
+        upstream_proofs: Default::default(),
         endpoint: Endpoint::Token,
         peer_uid,
     })

@@ -73,6 +73,7 @@ impl Local {
             scope: None,
             dpop: Some(SecretString::new(proof)),
             authorization_details: Some(details.clone()),
+            upstream_proofs: Default::default(),
             endpoint: Endpoint::Derive,
             peer_uid: 1000,
         })

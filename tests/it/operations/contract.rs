@@ -172,6 +172,8 @@ fn the_socket_info_tells_a_client_the_api_version_issuer_htus_and_dpop_rules() {
             "token_htu": format!("{iss}/token"),
             "dpop_signing_alg_values_supported": ["ES256"],
             "dpop_nonce_required": false,
+            "upstreams": {},
+            "upstream_resources": {},
         })
     );
     let head = socket_get(&b, "HEAD", "/v1/info");

@@ -1,0 +1,268 @@
+//! The HTTP side of an exchange: the upstream's metadata, and the one
+//! token request, with the AS's answer sorted into what the orchestrator
+//! can act on. No redirect is followed (the client has none), bodies are
+//! read up to [`MAX_ANSWER`], connect and total timeouts are the
+//! upstream's.
+
+use base64::Engine;
+use serde::Deserialize;
+use zeroize::Zeroize;
+
+use super::{ExchangeInput, Resolved, Upstream, UpstreamError, ACCESS_TOKEN_TYPE};
+use crate::base::grammar::{secure_or_loopback, TOKEN_EXCHANGE};
+use crate::base::oauth::sanitize_code;
+use crate::infra::config::{AudienceParam, UpstreamClientAuth, UpstreamResource};
+
+/// The most an upstream's answer (metadata or token) may hold.
+pub(super) const MAX_ANSWER: usize = 64 * 1024;
+
+/// A success answer's body, not yet checked.
+pub(super) struct TokenAnswer {
+    pub(super) body: Vec<u8>,
+}
+
+impl Drop for TokenAnswer {
+    fn drop(&mut self) {
+        self.body.zeroize();
+    }
+}
+
+/// Reads a body up to [`MAX_ANSWER`]; `Err(true)`: too large, `Err(false)`:
+/// unreadable. What was read is zeroized on failure.
+async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, bool> {
+    if resp.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
+        return Err(true);
+    }
+    let mut out = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(c)) if out.len() + c.len() > MAX_ANSWER => {
+                out.zeroize();
+                return Err(true);
+            }
+            Ok(Some(c)) => out.extend_from_slice(&c),
+            Ok(None) => return Ok(out),
+            Err(_) => {
+                out.zeroize();
+                return Err(false);
+            }
+        }
+    }
+}
+
+fn is_json(headers: &reqwest::header::HeaderMap) -> bool {
+    headers
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// The token endpoint and JWKS URI from the upstream's metadata (RFC 8414
+/// section 3.1 first, then OpenID Connect discovery), its `issuer`
+/// identical to the configured one, both URLs https (http on loopback).
+pub(super) async fn discover(u: &Upstream) -> Result<(String, String), String> {
+    #[derive(Deserialize)]
+    struct Meta {
+        issuer: String,
+        token_endpoint: String,
+        jwks_uri: String,
+    }
+    let issuer = &u.cfg.issuer;
+    let parsed = url::Url::parse(issuer).map_err(|_| "the issuer is not a URL".to_string())?;
+    let path = parsed.path().trim_end_matches('/');
+    let urls = [
+        format!(
+            "{}/.well-known/oauth-authorization-server{path}",
+            parsed.origin().ascii_serialization()
+        ),
+        format!(
+            "{}/.well-known/openid-configuration",
+            issuer.trim_end_matches('/')
+        ),
+    ];
+    let mut last = String::from("no metadata found");
+    for url in urls {
+        let resp = match u
+            .http
+            .get(&url)
+            .header("accept", "application/json")
+            .send()
+            .await
+        {
+            Ok(r) if r.status().is_success() => r,
+            Ok(r) => {
+                last = format!("metadata answered HTTP {}", r.status().as_u16());
+                continue;
+            }
+            Err(_) => {
+                last = "metadata could not be fetched".into();
+                continue;
+            }
+        };
+        let body = read_capped(resp)
+            .await
+            .map_err(|_| "the metadata is unreadable or too large".to_string())?;
+        let m: Meta =
+            serde_json::from_slice(&body).map_err(|_| "the metadata is malformed".to_string())?;
+        if &m.issuer != issuer {
+            return Err("the metadata names another issuer".into());
+        }
+        let ok = |s: &str| {
+            url::Url::parse(s).is_ok_and(|x| {
+                secure_or_loopback(&x) && x.fragment().is_none() && x.query().is_none()
+            })
+        };
+        if !ok(&m.token_endpoint) || !ok(&m.jwks_uri) {
+            return Err("the metadata has an endpoint that is not https".into());
+        }
+        return Ok((m.token_endpoint, m.jwks_uri));
+    }
+    Err(last)
+}
+
+/// The exchange request's form (RFC 8693 section 2.1), with the client's
+/// credentials when they go in the body. Zeroized by the caller.
+fn form(
+    u: &Upstream,
+    input: &ExchangeInput<'_>,
+    shape: &UpstreamResource,
+) -> Vec<(&'static str, String)> {
+    let mut form = vec![
+        ("grant_type", TOKEN_EXCHANGE.to_owned()),
+        ("subject_token", input.subject_token.to_owned()),
+        ("subject_token_type", ACCESS_TOKEN_TYPE.to_owned()),
+        ("requested_token_type", ACCESS_TOKEN_TYPE.to_owned()),
+    ];
+    if matches!(
+        shape.audience_param,
+        AudienceParam::Resource | AudienceParam::Both
+    ) {
+        form.push(("resource", input.resource.to_owned()));
+    }
+    if matches!(
+        shape.audience_param,
+        AudienceParam::Audience | AudienceParam::Both
+    ) {
+        for a in &shape.audience {
+            form.push(("audience", a.clone()));
+        }
+    }
+    if !input.scopes.is_empty() {
+        form.push(("scope", input.scopes.join(" ")));
+    }
+    if u.cfg.client_auth == UpstreamClientAuth::SecretPost {
+        form.push(("client_id", u.cfg.client_id.clone()));
+        form.push(("client_secret", u.secret.expose().to_owned()));
+    }
+    form
+}
+
+/// `client_secret_basic`: both parts form-encoded, then base64 (RFC 6749
+/// section 2.3.1).
+fn basic(u: &Upstream) -> Option<String> {
+    if u.cfg.client_auth != UpstreamClientAuth::SecretBasic {
+        return None;
+    }
+    let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+    let mut raw = format!("{}:{}", enc(&u.cfg.client_id), enc(u.secret.expose()));
+    let out = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(&raw)
+    );
+    raw.zeroize();
+    Some(out)
+}
+
+/// Sends the exchange and sorts the answer: a 200 JSON answer is handed
+/// on for its checks; everything else becomes the refusal the
+/// orchestrator can act on.
+pub(super) async fn post(
+    u: &Upstream,
+    resolved: &Resolved,
+    input: &ExchangeInput<'_>,
+    shape: &UpstreamResource,
+    proof: &str,
+) -> Result<TokenAnswer, UpstreamError> {
+    let mut fields = form(u, input, shape);
+    let mut body = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(fields.iter())
+        .finish();
+    for (_, v) in fields.iter_mut() {
+        v.zeroize();
+    }
+    let mut req = u
+        .http
+        .post(&resolved.token_endpoint)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("accept", "application/json")
+        .header("dpop", proof);
+    let mut auth = basic(u);
+    if let Some(a) = &auth {
+        req = req.header("authorization", a.as_str());
+    }
+    let sent = req.body(body.clone()).send().await;
+    body.zeroize();
+    if let Some(a) = auth.as_mut() {
+        a.zeroize();
+    }
+    let resp = sent.map_err(|e| {
+        tracing::warn!(upstream = %u.cfg.name, timeout = e.is_timeout(), connect = e.is_connect(), "the upstream authorization server could not be reached");
+        UpstreamError::Unavailable
+    })?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    u.remember_nonce(&headers);
+    if (300..400).contains(&status) {
+        return Err(UpstreamError::BadAnswer("it redirected (not followed)"));
+    }
+    if status >= 500 {
+        tracing::warn!(upstream = %u.cfg.name, status, "the upstream authorization server failed");
+        return Err(UpstreamError::Unavailable);
+    }
+    let body = match read_capped(resp).await {
+        Ok(b) => TokenAnswer { body: b },
+        Err(true) => return Err(UpstreamError::BadAnswer("it is too large")),
+        Err(false) => return Err(UpstreamError::Unavailable),
+    };
+    if !is_json(&headers) {
+        return Err(UpstreamError::BadAnswer("it is not JSON"));
+    }
+    match status {
+        200 => Ok(body),
+        400..=499 => Err(refusal(u, resolved, status, &body.body)),
+        _ => Err(UpstreamError::BadAnswer("its status is not 200")),
+    }
+}
+
+/// An error answer (RFC 6749 section 5.2) as the refusal the orchestrator
+/// acts on; only allow-listed codes are ever named to the caller.
+fn refusal(u: &Upstream, resolved: &Resolved, status: u16, body: &[u8]) -> UpstreamError {
+    #[derive(Deserialize)]
+    struct ErrorBody {
+        error: String,
+    }
+    let Ok(e) = serde_json::from_slice::<ErrorBody>(body) else {
+        return UpstreamError::BadAnswer("an error answer without an OAuth error code");
+    };
+    match e.error.as_str() {
+        "invalid_grant" => UpstreamError::SubjectRejected,
+        "invalid_scope" => UpstreamError::Denied("invalid_scope"),
+        "invalid_target" => UpstreamError::Denied("invalid_target"),
+        "access_denied" => UpstreamError::Denied("access_denied"),
+        "use_dpop_nonce" => UpstreamError::ProofRequired {
+            htu: resolved.token_endpoint.clone(),
+            nonce: u.current_nonce(),
+        },
+        "invalid_dpop_proof" => {
+            UpstreamError::ProofInvalid("was refused by the upstream authorization server")
+        }
+        other => {
+            // invalid_client, unauthorized_client, unsupported_grant_type,
+            // invalid_request...: this broker's registration or request, not
+            // the caller's fault.
+            tracing::error!(upstream = %u.cfg.name, status, error = %sanitize_code(other), "the upstream authorization server refused this broker's exchange request; check upstreams.{}'s client registration and grant", u.cfg.name);
+            UpstreamError::Misconfigured
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! The organisation's authorization servers (`[upstreams.<name>]`), where a
+//! `source = "exchange"` resource's token comes from: one RFC 8693 token
+//! exchange per derive, bound to the tool's key by the tool's own DPoP proof
+//! for that AS's token endpoint, relayed in the derive (docs/UPSTREAM.md).
+//! Not to be confused with `accounts::upstream`, the third-party providers
+//! people connect.
+//!
+//! [`Upstreams::exchange`] runs, in order, and refuses at the first that
+//! fails, sending nothing before the last:
+//! 1. the subject token's issuer is one the upstream lists
+//!    (`subject_issuers`): no subject token ever goes to an AS that is not
+//!    listed for it;
+//! 2. the upstream's endpoints are known (explicit, or its metadata with its
+//!    `issuer` identical);
+//! 3. the relayed proof ([`proof`]): present, `htu` byte-equal to the token
+//!    endpoint, no `ath`, `htm` POST, fresh, signed by the derive proof's key,
+//!    its `jti` unused in this module's own replay cache;
+//! 4. the call ([`call`]): no redirects, bounded body, timeouts, the AS's
+//!    errors mapped to what the orchestrator can act on;
+//! 5. the answer ([`answer`]): every check, before the tool sees the token.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::base::dpop;
+use crate::base::jose::Alg;
+use crate::base::keyset::{self, RemoteKeySet};
+use crate::base::secret::SecretString;
+use crate::derive::policy::canonical_resource;
+use crate::infra::config::{AudienceParam, ScopeClaim, UpstreamConfig, UpstreamResource};
+
+mod answer;
+mod call;
+mod proof;
+
+/// The RFC 8693 token type of access tokens.
+pub(crate) const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
+/// The longest lifetime an exchanged token may have (seconds), as for the
+/// broker's own tokens.
+pub(crate) const MAX_LIFETIME: i64 = 300;
+
+/// Why an exchange was refused. Texts name no token, secret or proof.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    /// The policy names an upstream the config does not define (start-up
+    /// and reload check this; fail closed anyway).
+    #[error("the upstream is not configured")]
+    NotConfigured,
+    /// The subject token's issuer is not in the upstream's `subject_issuers`.
+    #[error("the subject token's issuer is not listed for this resource's upstream authorization server (upstreams.<name>.subject_issuers); nothing was sent")]
+    SubjectIssuerNotListed,
+    /// No relayed proof for the upstream's token endpoint, or the AS asked
+    /// for its nonce.
+    #[error("a DPoP proof for the upstream's token endpoint is required")]
+    ProofRequired {
+        /// The token endpoint the proof must name.
+        htu: String,
+        /// The AS's current nonce, when it uses nonces.
+        nonce: Option<String>,
+    },
+    /// The relayed proof failed a check.
+    #[error("the relayed DPoP proof {0}")]
+    ProofInvalid(&'static str),
+    /// The relayed proofs' replay cache is full.
+    #[error("the relayed proofs' replay cache is full")]
+    ProofCacheFull,
+    /// The AS refused the subject token (`invalid_grant`).
+    #[error("the upstream authorization server refused the subject token (invalid_grant); get a fresh token for the person")]
+    SubjectRejected,
+    /// The AS refused the request: one of the allow-listed codes.
+    #[error("the upstream authorization server refused the exchange ({0})")]
+    Denied(&'static str),
+    /// The AS refused our client, or the grant: the operator's to fix.
+    #[error("the upstream authorization server refused this broker's client or grant; the operator must fix its registration")]
+    Misconfigured,
+    /// Unreachable, timed out, or a 5xx (or no usable metadata).
+    #[error("the upstream authorization server is unavailable")]
+    Unavailable,
+    /// A malformed, oversized or redirecting answer.
+    #[error("the upstream authorization server's answer is unusable: {0}")]
+    BadAnswer(&'static str),
+    /// The token failed a check.
+    #[error("the upstream's token was refused: {0}")]
+    TokenRejected(&'static str),
+}
+
+/// What one exchange needs from the derive.
+#[derive(Debug, Clone, Copy)]
+pub struct ExchangeInput<'a> {
+    /// The upstream's name (the policy's `upstream`).
+    pub upstream: &'a str,
+    /// The resource, canonical.
+    pub resource: &'a str,
+    /// The person's subject token, as validated.
+    pub subject_token: &'a str,
+    /// Its issuer.
+    pub subject_iss: &'a str,
+    /// Its `exp`.
+    pub subject_exp: i64,
+    /// The scopes the policy grants for this derive.
+    pub scopes: &'a [String],
+    /// The thumbprint of the derive proof's key.
+    pub jkt: &'a str,
+    /// The relayed proof for this upstream, if sent.
+    pub proof: Option<&'a str>,
+    /// Now.
+    pub now: i64,
+}
+
+/// A token the upstream issued that passed every check.
+#[derive(Debug)]
+pub struct Exchanged {
+    /// The token.
+    pub access_token: SecretString,
+    /// Its `exp`.
+    pub exp: i64,
+    /// Its `jti` (or, without one, a hash of the token), for the event.
+    pub id: String,
+}
+
+/// Endpoints known for one upstream.
+#[derive(Debug)]
+struct Resolved {
+    /// The token endpoint exactly as configured or advertised.
+    token_endpoint: String,
+    /// The same, normalised for the DPoP validator.
+    htu: String,
+    /// Its keys (shared with the subject validator when the AS is also a
+    /// trusted issuer with the same JWKS URI: one key-set cache).
+    keys: Arc<RemoteKeySet>,
+}
+
+/// One upstream authorization server.
+#[derive(Debug)]
+struct Upstream {
+    cfg: UpstreamConfig,
+    secret: SecretString,
+    /// Per canonical resource URI.
+    resources: BTreeMap<String, UpstreamResource>,
+    http: reqwest::Client,
+    resolved: tokio::sync::OnceCell<Resolved>,
+    /// The AS's last DPoP nonce (RFC 9449 section 8), published in
+    /// `/v1/info` and in `upstream_proof_required`.
+    nonce: Mutex<Option<String>>,
+    /// The subject validator's key set for this issuer, if it is one.
+    shared_keys: Option<Arc<RemoteKeySet>>,
+}
+
+/// Every upstream, and the relayed proofs' own replay cache.
+#[derive(Debug)]
+pub struct Upstreams {
+    by_name: BTreeMap<String, Upstream>,
+    proofs: dpop::Validator,
+}
+
+/// Why the upstreams could not be set up (names the key, never a secret).
+#[derive(Debug, thiserror::Error)]
+#[error("upstreams.{name}.{key}: {detail}")]
+pub struct SetupError {
+    /// The upstream.
+    pub name: String,
+    /// The key.
+    pub key: &'static str,
+    /// What is wrong.
+    pub detail: String,
+}
+
+impl Upstreams {
+    /// Builds the upstreams of `configs`, reading each client secret file
+    /// now (mode 0600). `key_sets` are the subject validator's, by issuer.
+    /// `algs` and `replay_capacity` size the relayed proofs' validator.
+    pub fn new(
+        configs: &BTreeMap<String, UpstreamConfig>,
+        key_sets: &std::collections::HashMap<String, Arc<RemoteKeySet>>,
+        algs: Vec<Alg>,
+        replay_capacity: usize,
+    ) -> Result<Upstreams, SetupError> {
+        let mut by_name = BTreeMap::new();
+        for (name, cfg) in configs {
+            let bad = |key: &'static str, detail: String| SetupError {
+                name: name.clone(),
+                key,
+                detail,
+            };
+            let bytes = crate::base::secret::read_secret_file(&cfg.client_secret_file)
+                .map_err(|e| bad("client_secret_file", e.to_string()))?;
+            let secret = std::str::from_utf8(bytes.expose())
+                .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
+                .ok()
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| {
+                    bad(
+                        "client_secret_file",
+                        format!("{}: empty or not UTF-8", cfg.client_secret_file.display()),
+                    )
+                })?;
+            let mut resources = BTreeMap::new();
+            for (uri, r) in &cfg.resources {
+                let c = canonical_resource(uri)
+                    .map_err(|e| bad("resources", format!("{uri:?}: {e}")))?;
+                resources.insert(c, r.clone());
+            }
+            let http = crate::base::http::outbound_client()
+                .connect_timeout(cfg.connect_timeout)
+                .timeout(cfg.timeout)
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|e| bad("issuer", format!("the HTTPS client: {e}")))?;
+            by_name.insert(
+                name.clone(),
+                Upstream {
+                    shared_keys: key_sets.get(&cfg.issuer).cloned(),
+                    cfg: cfg.clone(),
+                    secret: SecretString::new(secret),
+                    resources,
+                    http,
+                    resolved: tokio::sync::OnceCell::new(),
+                    nonce: Mutex::new(None),
+                },
+            );
+        }
+        Ok(Upstreams {
+            by_name,
+            proofs: dpop::Validator::new(algs, replay_capacity, None),
+        })
+    }
+
+    /// Whether `name` is configured.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// Learns every upstream's endpoints now (start-up); a failure is
+    /// logged and retried on the first derive that needs it.
+    pub async fn resolve_all(&self) {
+        for (name, u) in &self.by_name {
+            if let Err(e) = u.resolve().await {
+                tracing::warn!(upstream = %name, error = %e, "upstream metadata not available at start-up; will retry on first use");
+            }
+        }
+    }
+
+    /// What `/v1/info` publishes per upstream: its issuer, its token
+    /// endpoint once known (the `htu` of the relayed proof) and its current
+    /// DPoP nonce, if any.
+    pub fn info(&self) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        for (name, u) in &self.by_name {
+            let mut v = serde_json::Map::new();
+            v.insert("issuer".into(), u.cfg.issuer.clone().into());
+            if let Some(r) = u.resolved.get() {
+                v.insert("token_endpoint".into(), r.token_endpoint.clone().into());
+            }
+            if let Some(n) = u.current_nonce() {
+                v.insert("dpop_nonce".into(), n.into());
+            }
+            out.insert(name.clone(), v.into());
+        }
+        out.into()
+    }
+
+    /// One token exchange at the upstream, every check of the module doc
+    /// in its order.
+    pub async fn exchange(&self, input: &ExchangeInput<'_>) -> Result<Exchanged, UpstreamError> {
+        let u = self
+            .by_name
+            .get(input.upstream)
+            .ok_or(UpstreamError::NotConfigured)?;
+        if !u.cfg.subject_issuers.iter().any(|i| i == input.subject_iss) {
+            return Err(UpstreamError::SubjectIssuerNotListed);
+        }
+        let resolved = u.resolve().await.map_err(|e| {
+            tracing::warn!(upstream = %u.cfg.name, error = %e, "upstream metadata unavailable");
+            UpstreamError::Unavailable
+        })?;
+        let Some(proof) = input.proof else {
+            return Err(UpstreamError::ProofRequired {
+                htu: resolved.token_endpoint.clone(),
+                nonce: u.current_nonce(),
+            });
+        };
+        proof::check(
+            &self.proofs,
+            proof,
+            &resolved.token_endpoint,
+            &resolved.htu,
+            input.jkt,
+            input.now,
+        )?;
+        let shape = u.shape(input.resource);
+        let answer = call::post(u, resolved, input, &shape, proof).await?;
+        answer::check(u, resolved, input, &shape, answer).await
+    }
+}
+
+impl Upstream {
+    /// The AS's last nonce.
+    fn current_nonce(&self) -> Option<String> {
+        self.nonce
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records the AS's nonce from a `DPoP-Nonce` header: only a short
+    /// token of visible ASCII (RFC 9449 section 8.1: NQCHAR), or nothing.
+    fn remember_nonce(&self, headers: &reqwest::header::HeaderMap) {
+        let Some(n) = headers
+            .get("dpop-nonce")
+            .and_then(|v| v.to_str().ok())
+            .filter(|n| !n.is_empty() && n.len() <= 256)
+            .filter(|n| {
+                n.bytes()
+                    .all(|b| (0x21..=0x7e).contains(&b) && b != b'"' && b != b'\\')
+            })
+        else {
+            return;
+        };
+        *self.nonce.lock().unwrap_or_else(PoisonError::into_inner) = Some(n.to_owned());
+    }
+
+    /// What the AS's tokens for `resource` look like (the config's entry,
+    /// or: audience = the resource URI, named by `resource`, `scope`).
+    fn shape(&self, resource: &str) -> UpstreamResource {
+        self.resources
+            .get(resource)
+            .cloned()
+            .unwrap_or_else(|| UpstreamResource {
+                audience: vec![resource.to_owned()],
+                audience_param: AudienceParam::Resource,
+                scope_claim: ScopeClaim::Scope,
+            })
+    }
+
+    /// The endpoints: the configured ones, or the metadata's (fetched once;
+    /// a failure is retried by the next caller).
+    async fn resolve(&self) -> Result<&Resolved, String> {
+        self.resolved
+            .get_or_try_init(|| async {
+                let (token_endpoint, jwks_uri) = match (
+                    self.cfg.discovery,
+                    &self.cfg.token_endpoint,
+                    &self.cfg.jwks_uri,
+                ) {
+                    (false, Some(t), Some(j)) => (t.clone(), j.clone()),
+                    _ => call::discover(self).await?,
+                };
+                let htu = dpop::normalize_htu(&token_endpoint)
+                    .ok_or_else(|| "the token endpoint is not a URL".to_string())?;
+                let keys = match &self.shared_keys {
+                    Some(k) if k.uri() == Some(jwks_uri.as_str()) => k.clone(),
+                    _ => Arc::new(RemoteKeySet::remote(
+                        &jwks_uri,
+                        keyset::MAX_ISSUER_JWKS,
+                        keyset::http_client(),
+                    )),
+                };
+                Ok(Resolved {
+                    token_endpoint,
+                    htu,
+                    keys,
+                })
+            })
+            .await
+    }
+}

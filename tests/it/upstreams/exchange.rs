@@ -1,0 +1,366 @@
+//! `source = "exchange"` against a real authorization server:
+//! oidc-provider with the RFC 8693 grant (`tests/peers/org-as.mjs`), which
+//! checks the relayed DPoP proof with jose and binds its token to that key.
+//! Each negative case is followed by its positive control.
+// Test helpers panic loudly on failure, as tests do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+
+use credbroker::internals::dpop::make_proof;
+use credbroker::internals::jose::Es256Key;
+use serde_json::{json, Value};
+
+use crate::support::*;
+
+const ORG_RESOURCE: &str = "https://org-api.example/notes";
+const SECRET: &str = "org-client-secret-not-a-canary";
+
+struct Org {
+    peer: NodePeer,
+    _cfg: tempfile::NamedTempFile,
+    issuer: String,
+    token_endpoint: String,
+}
+
+impl Org {
+    fn start() -> Org {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        let cfg = json!({
+            "client_id": "credbroker", "client_secret": SECRET, "audience": "repo-helper",
+            "resources": { ORG_RESOURCE: { "scope": "notes:read notes:write" } },
+        });
+        std::fs::write(f.path(), cfg.to_string()).unwrap();
+        let peer = NodePeer::start("org-as.mjs", &[f.path().to_str().unwrap()]);
+        Org {
+            issuer: peer.hello["issuer"].as_str().unwrap().to_owned(),
+            token_endpoint: peer.hello["token_endpoint"].as_str().unwrap().to_owned(),
+            peer,
+            _cfg: f,
+        }
+    }
+
+    fn subject(&mut self, ttl: i64) -> String {
+        let r = self
+            .peer
+            .call(&json!({"cmd": "subject", "sub": "alice", "ttl": ttl}));
+        r["token"].as_str().unwrap().to_owned()
+    }
+
+    fn mode(&mut self, mode: &str) {
+        assert_eq!(
+            self.peer.call(&json!({"cmd": "mode", "mode": mode}))["ok"],
+            true
+        );
+    }
+
+    fn exchanges(&mut self) -> i64 {
+        self.peer.call(&json!({"cmd": "count"}))["exchanges"]
+            .as_i64()
+            .unwrap()
+    }
+}
+
+/// A broker whose policy adds an exchange resource at upstream `org`,
+/// trusting the org AS as a subject-token issuer.
+fn broker(org: &Org) -> TestBroker {
+    let policy = format!(
+        r#"{}
+[resources."{ORG_RESOURCE}"]
+source = "exchange"
+upstream = "org"
+
+[tools."org.notes"]
+resource = "{ORG_RESOURCE}"
+scopes = ["notes:read", "notes:write"]
+steps = ["summarize"]
+"#,
+        policy_without_approval()
+    );
+    let iss = &org.issuer;
+    let opts = Opts {
+        policy: Some(policy),
+        extra_config: format!(
+            r#"
+[[trusted_issuers]]
+issuer = "{iss}"
+jwks_uri = "{iss}/jwks"
+sign_in = {{ kind = "oidc", client_id = "credbroker" }}
+
+[upstreams.org]
+issuer = "{iss}"
+client_id = "credbroker"
+client_secret_file = "org-secret"
+subject_issuers = ["{iss}"]
+timeout = "2s"
+"#
+        ),
+        ..Opts::default()
+    };
+    let (dir, config) = prepare(&opts);
+    let secret = dir.path().join("org-secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    TestBroker::spawn(dir, config, None)
+}
+
+/// A proof by `k` for `htu` (the relayed one when `htu` is the AS's token
+/// endpoint).
+fn proof(k: &Es256Key, htu: &str) -> String {
+    make_proof(k, "POST", htu, now(), None, None).unwrap()
+}
+
+/// `POST /v1/derive` for the exchange resource with `relayed` as the
+/// upstream proof (none: no `upstream_proofs`).
+fn derive(b: &TestBroker, k: &Es256Key, subject: &str, relayed: Option<&str>) -> HttpAnswer {
+    let mut body = json!({
+        "subject_token": subject, "step": "summarize", "tool": "org.notes",
+        "resource": ORG_RESOURCE, "scope": "notes:read",
+    });
+    if let Some(p) = relayed {
+        body["upstream_proofs"] = json!({ "org": p });
+    }
+    b.post_derive(&body, Some(&b.proof(k)))
+}
+
+/// The positive control: a fresh relayed proof, 200.
+fn derive_ok(b: &TestBroker, org: &Org, k: &Es256Key, subject: &str) -> Value {
+    let a = derive(b, k, subject, Some(&proof(k, &org.token_endpoint)));
+    assert_eq!(a.status, 200, "positive control refused: {}", a.body);
+    a.json()
+}
+
+fn claims(token: &str) -> Value {
+    let p = token.split('.').nth(1).unwrap();
+    serde_json::from_slice(&credbroker::internals::jose::b64d(p, "p").unwrap()).unwrap()
+}
+
+fn refused(a: &HttpAnswer, status: u16, reason: &str) {
+    assert_eq!(a.status, status, "{}", a.body);
+    assert_eq!(a.json()["reason"], reason, "{}", a.body);
+}
+
+#[tokio::test]
+async fn exchanged_token_is_the_org_as_token_bound_to_the_tools_key() {
+    let mut org = Org::start();
+    let b = broker(&org);
+    let k = key();
+    let subject = org.subject(3600);
+
+    // The socket publishes where the relayed proof goes.
+    let info: Value = serde_json::from_str(
+        &b.http(b"GET /v1/info HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .body,
+    )
+    .unwrap();
+    assert_eq!(
+        info["upstreams"]["org"]["token_endpoint"],
+        org.token_endpoint.as_str()
+    );
+    assert_eq!(info["upstream_resources"][ORG_RESOURCE], "org");
+
+    let answer = derive_ok(&b, &org, &k, &subject);
+    assert_eq!(answer["token_type"], "DPoP");
+    assert_eq!(answer["scope"], "notes:read");
+    assert!(answer.get("refresh_token").is_none());
+    let token = answer["access_token"].as_str().unwrap();
+    let c = claims(token);
+    assert_eq!(
+        c["iss"],
+        org.issuer.as_str(),
+        "the org AS's token, not the broker's"
+    );
+    assert_eq!(c["cnf"]["jkt"], k.thumbprint());
+    assert_eq!(c["aud"], ORG_RESOURCE);
+    assert_eq!(c["scope"], "notes:read", "exactly the granted scope");
+    assert!(c["exp"].as_i64().unwrap() - c["iat"].as_i64().unwrap() <= 300);
+    // A resource server that trusts only the org AS's keys accepts it.
+    let checked = jose(
+        "verify-token",
+        json!({
+            "token": token, "issuer": org.issuer, "audience": ORG_RESOURCE,
+            "jwks_uri": format!("{}/jwks", org.issuer),
+            "required_claims": ["iss", "sub", "aud", "exp", "iat", "jti", "cnf", "scope"],
+        }),
+    )
+    .await
+    .expect("jose accepts the exchanged token");
+    assert_eq!(checked["claims"]["sub"], "alice");
+    // What was sent: the granted scope, the resource, an access token
+    // asked for, the client secret in the Authorization header only.
+    let last = org.peer.call(&json!({"cmd": "last"}));
+    assert_eq!(last["form"]["scope"], json!(["notes:read"]));
+    assert_eq!(last["form"]["resource"], json!([ORG_RESOURCE]));
+    assert_eq!(
+        last["form"]["requested_token_type"],
+        json!(["urn:ietf:params:oauth:token-type:access_token"])
+    );
+    assert!(last["form"].get("client_secret").is_none());
+
+    // A refresh token in the AS's answer is dropped.
+    org.mode("with_refresh");
+    let answer = derive_ok(&b, &org, &k, &subject);
+    assert!(answer.get("refresh_token").is_none(), "{answer}");
+    assert!(!b.log_text().contains(SECRET));
+}
+
+#[tokio::test]
+async fn relayed_proof_missing_or_wrong_is_refused_before_anything_is_sent() {
+    let mut org = Org::start();
+    let b = broker(&org);
+    let k = key();
+    let subject = org.subject(3600);
+    let sent = org.exchanges();
+
+    // None: the refusal names the htu to sign.
+    let a = derive(&b, &k, &subject, None);
+    refused(&a, 400, "upstream_proof_required");
+    assert_eq!(a.json()["upstream_htu"], org.token_endpoint.as_str());
+    // Another htu (the broker's own derive endpoint, a near miss).
+    for htu in [
+        b.htu(),
+        format!("{}/", org.token_endpoint),
+        format!("{}/token/x", org.issuer),
+    ] {
+        refused(
+            &derive(&b, &k, &subject, Some(&proof(&k, &htu))),
+            400,
+            "upstream_proof_invalid",
+        );
+    }
+    // Another key than the derive proof's.
+    refused(
+        &derive(&b, &k, &subject, Some(&proof(&key(), &org.token_endpoint))),
+        400,
+        "upstream_proof_invalid",
+    );
+    // With an ath.
+    let with_ath = make_proof(&k, "POST", &org.token_endpoint, now(), Some("tok"), None).unwrap();
+    refused(
+        &derive(&b, &k, &subject, Some(&with_ath)),
+        400,
+        "upstream_proof_invalid",
+    );
+    // Another method.
+    let get = make_proof(&k, "GET", &org.token_endpoint, now(), None, None).unwrap();
+    refused(
+        &derive(&b, &k, &subject, Some(&get)),
+        400,
+        "upstream_proof_invalid",
+    );
+    // Stale.
+    let old = make_proof(&k, "POST", &org.token_endpoint, now() - 600, None, None).unwrap();
+    refused(
+        &derive(&b, &k, &subject, Some(&old)),
+        400,
+        "upstream_proof_invalid",
+    );
+    assert_eq!(org.exchanges(), sent, "nothing reached the AS");
+
+    // Positive control, then the same relayed proof replayed.
+    let relayed = proof(&k, &org.token_endpoint);
+    assert_eq!(derive(&b, &k, &subject, Some(&relayed)).status, 200);
+    refused(
+        &derive(&b, &k, &subject, Some(&relayed)),
+        400,
+        "upstream_proof_invalid",
+    );
+    assert_eq!(org.exchanges(), sent + 1);
+    derive_ok(&b, &org, &k, &subject);
+}
+
+#[tokio::test]
+async fn answers_failing_a_check_are_refused_never_handed_over() {
+    let mut org = Org::start();
+    let b = broker(&org);
+    let k = key();
+    let subject = org.subject(3600);
+    for (mode, why) in [
+        ("unbound", "no cnf.jkt"),
+        ("bearer", "token_type is not DPoP"),
+        ("wider_scope", "scope is not exactly the granted scopes"),
+        ("two_aud", "aud is not exactly the configured audience"),
+        ("long_life", "300 s"),
+        ("other_key", "bound to another key"),
+        ("refresh_type", "issued_token_type is not an access token"),
+        ("opaque", "it is not a JWT"),
+    ] {
+        org.mode(mode);
+        let a = derive(&b, &k, &subject, Some(&proof(&k, &org.token_endpoint)));
+        refused(&a, 502, "upstream_token_rejected");
+        let said = a.json()["error_description"].as_str().unwrap().to_owned();
+        assert!(said.contains(why), "{mode}: {said}");
+        assert!(!a.body.contains("eyJ"), "{mode}: no token in the refusal");
+        org.mode("ok");
+        derive_ok(&b, &org, &k, &subject);
+    }
+    // A token outliving the subject token: the AS answers 300 s for a
+    // subject token with 120 s left.
+    let short = org.subject(120);
+    org.mode("past_subject");
+    let a = derive(&b, &k, &short, Some(&proof(&k, &org.token_endpoint)));
+    refused(&a, 502, "upstream_token_rejected");
+    assert!(a.body.contains("outlives the subject token"), "{}", a.body);
+    org.mode("ok");
+    let ok = derive_ok(&b, &org, &k, &short);
+    assert!(ok["expires_in"].as_i64().unwrap() <= 120, "{ok}");
+}
+
+#[tokio::test]
+async fn as_failures_become_errors_the_orchestrator_can_act_on() {
+    let mut org = Org::start();
+    let b = broker(&org);
+    let k = key();
+    let subject = org.subject(3600);
+    for (mode, status, reason) in [
+        ("error500", 503, "upstream_unavailable"),
+        ("hang", 503, "upstream_unavailable"),
+        ("html", 502, "upstream_bad_answer"),
+        ("redirect", 502, "upstream_bad_answer"),
+        ("big", 502, "upstream_bad_answer"),
+        ("invalid_grant", 400, "subject_token_rejected_upstream"),
+        ("invalid_scope", 403, "upstream_denied"),
+        ("invalid_client", 503, "upstream_misconfigured"),
+    ] {
+        org.mode(mode);
+        let a = derive(&b, &k, &subject, Some(&proof(&k, &org.token_endpoint)));
+        refused(&a, status, reason);
+        if reason == "upstream_unavailable" {
+            assert!(a.header("retry-after").is_some(), "{mode}");
+        }
+        if reason == "upstream_denied" {
+            assert_eq!(a.json()["upstream_error"], "invalid_scope");
+        }
+        org.mode("ok");
+        derive_ok(&b, &org, &k, &subject);
+    }
+    // The operator's fault is logged naming the upstream.
+    assert!(
+        b.log_text().contains("upstream=org") || b.log_text().contains("upstream: org"),
+        "{}",
+        b.log_text()
+    );
+}
+
+#[tokio::test]
+async fn a_subject_token_from_an_unlisted_issuer_is_never_sent() {
+    let mut org = Org::start();
+    let b = broker(&org);
+    let k = key();
+    let sent = org.exchanges();
+    // The quick start's dev issuer is trusted, but not listed for `org`.
+    let dev = b.subject_token("alice");
+    let a = derive(&b, &k, &dev, Some(&proof(&k, &org.token_endpoint)));
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert_eq!(a.error(), "invalid_request");
+    assert!(a.json()["error_description"]
+        .as_str()
+        .unwrap()
+        .contains("not listed"));
+    assert_eq!(org.exchanges(), sent, "nothing was sent");
+    // The same issuer's token still gets a `self` token (its own path)...
+    b.derive_ok(&k).await;
+    // ...and the listed issuer's token the exchanged one.
+    let subject = org.subject(3600);
+    derive_ok(&b, &org, &k, &subject);
+}

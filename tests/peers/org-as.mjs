@@ -1,0 +1,184 @@
+// The organisation's authorization server for the exchange tests: panva's
+// oidc-provider (its discovery, client authentication, JWKS and error
+// answers) with the RFC 8693 token-exchange grant added through
+// registerGrantType. A grant added that way gets no DPoP check of its own,
+// so the handler validates the DPoP proof with jose (typ, alg, embedded
+// jwk, signature, htm, htu, iat, jti once, no ath) and binds the token it
+// issues to that key (cnf.jkt). Tokens are RFC 9068 JWTs signed with the
+// provider's own ES256 key (the one its JWKS publishes).
+//
+//   node org-as.mjs CONFIG.json
+//
+// CONFIG: { "client_id": "...", "client_secret": "...", "audience": "repo-helper",
+//           "resources": { "<uri>": { "aud": "..." | [...], "scope": "a b" } } }
+// Prints {"issuer", "jwks_uri", "token_endpoint"} when listening, then reads
+// JSON commands on stdin, one per line, answering one JSON line each:
+//   {"cmd":"subject","sub":"alice","ttl":3600}  -> {"token": a subject token (aud = config.audience)}
+//   {"cmd":"mode","mode":"ok"}                  -> {"ok":true}; how the token endpoint behaves next:
+//      ok, unbound, bearer, wider_scope, two_aud, long_life, past_subject, other_key,
+//      refresh_type (issued_token_type refresh_token), with_refresh (ok plus a refresh_token),
+//      opaque, error500, html, redirect, big (a 100 KiB JSON body), hang (no answer for 30 s),
+//      invalid_scope, invalid_client, invalid_grant
+//   {"cmd":"count"} -> {"exchanges": n} token requests received so far (any mode)
+//   {"cmd":"last"}  -> the form of the last token request (subject_token left out)
+// Exits when stdin closes.
+import { readFileSync } from 'node:fs';
+import { createInterface } from 'node:readline';
+import { randomBytes } from 'node:crypto';
+import { createServer } from 'node:http';
+import Provider, { errors } from 'oidc-provider';
+import * as jose from 'jose';
+
+const cfg = JSON.parse(readFileSync(process.argv[2], 'utf8'));
+const TE = 'urn:ietf:params:oauth:grant-type:token-exchange';
+const AT = 'urn:ietf:params:oauth:token-type:access_token';
+const RT = 'urn:ietf:params:oauth:token-type:refresh_token';
+
+const es = await jose.generateKeyPair('ES256', { extractable: true });
+const priv = { ...(await jose.exportJWK(es.privateKey)), kid: 'es256-1', alg: 'ES256', use: 'sig' };
+const pub = { ...(await jose.exportJWK(es.publicKey)), kid: 'es256-1', alg: 'ES256', use: 'sig' };
+const localKeys = jose.createLocalJWKSet({ keys: [pub] });
+
+const server = await new Promise((resolve) => {
+  const s = createServer();
+  s.listen(0, '127.0.0.1', () => resolve(s));
+});
+const issuer = `http://127.0.0.1:${server.address().port}`;
+const tokenEndpoint = `${issuer}/token`;
+
+const provider = new Provider(issuer, {
+  clients: [{
+    client_id: cfg.client_id, client_secret: cfg.client_secret,
+    grant_types: [TE], response_types: [], redirect_uris: [],
+    token_endpoint_auth_method: cfg.auth_method ?? 'client_secret_basic',
+    id_token_signed_response_alg: 'ES256',
+  }],
+  jwks: { keys: [priv] },
+  findAccount: async (_ctx, id) => ({ accountId: id, claims: async () => ({ sub: id }) }),
+  features: { devInteractions: { enabled: false } },
+  cookies: { keys: [randomBytes(16).toString('hex')] },
+});
+provider.proxy = false;
+
+let mode = 'ok';
+let exchanges = 0;
+let last = null;
+const seenJti = new Set();
+
+async function checkProof(ctx) {
+  const proof = ctx.get('DPoP');
+  if (!proof) throw new errors.InvalidDpopProof('DPoP proof missing');
+  let v;
+  try {
+    v = await jose.jwtVerify(proof, jose.EmbeddedJWK, { typ: 'dpop+jwt', algorithms: ['ES256'] });
+  } catch (e) {
+    throw new errors.InvalidDpopProof(`proof does not verify: ${e.code}`);
+  }
+  const p = v.payload;
+  const now = Math.floor(Date.now() / 1000);
+  if (p.htm !== 'POST' || p.htu !== tokenEndpoint) throw new errors.InvalidDpopProof('htm/htu');
+  if (typeof p.iat !== 'number' || Math.abs(p.iat - now) > 60) throw new errors.InvalidDpopProof('iat');
+  if (p.ath !== undefined) throw new errors.InvalidDpopProof('ath');
+  if (typeof p.jti !== 'string' || seenJti.has(p.jti)) throw new errors.InvalidDpopProof('jti');
+  seenJti.add(p.jti);
+  return jose.calculateJwkThumbprint(v.protectedHeader.jwk);
+}
+
+async function tokenExchange(ctx) {
+  const { params } = ctx.oidc;
+  if (mode === 'invalid_scope') throw new errors.InvalidScope('scope not allowed here', params.scope ?? '');
+  if (mode === 'invalid_client') throw new errors.InvalidClient('client not allowed to exchange');
+  if (mode === 'invalid_grant') throw new errors.InvalidGrant('the person signed out here');
+  if (params.subject_token_type !== AT) throw new errors.InvalidRequest('subject_token_type');
+  if (params.requested_token_type && params.requested_token_type !== AT) throw new errors.InvalidRequest('requested_token_type');
+  let subject;
+  try {
+    ({ payload: subject } = await jose.jwtVerify(params.subject_token, localKeys, {
+      issuer, audience: cfg.audience, typ: 'at+jwt',
+    }));
+  } catch {
+    throw new errors.InvalidGrant('subject token invalid');
+  }
+  const jkt = await checkProof(ctx);
+  const resources = [].concat(params.resource ?? []);
+  if (resources.length !== 1 || !cfg.resources[resources[0]]) throw new errors.InvalidTarget();
+  const r = cfg.resources[resources[0]];
+  const allowed = new Set(r.scope.split(' '));
+  const asked = (params.scope ?? '').split(' ').filter(Boolean);
+  if (asked.some((s) => !allowed.has(s))) throw new errors.InvalidScope('scope exceeds', params.scope);
+  const now = Math.floor(Date.now() / 1000);
+  let scope = asked.join(' ');
+  if (mode === 'wider_scope') scope = [...allowed, 'admin'].join(' ');
+  let aud = r.aud ?? resources[0];
+  if (mode === 'two_aud') aud = [].concat(aud, 'https://other.example');
+  let exp = Math.min(now + 300, subject.exp);
+  if (mode === 'long_life') exp = now + 3600;
+  if (mode === 'past_subject') exp = now + 300;
+  const claims = {
+    iss: issuer, sub: subject.sub, aud, client_id: ctx.oidc.client.clientId, scope,
+    iat: now, exp, jti: randomBytes(12).toString('base64url'),
+  };
+  if (mode === 'other_key') claims.cnf = { jkt: 'x'.repeat(43) };
+  else if (mode !== 'unbound') claims.cnf = { jkt };
+  const token = mode === 'opaque'
+    ? randomBytes(32).toString('base64url')
+    : await new jose.SignJWT(claims)
+      .setProtectedHeader({ alg: 'ES256', kid: 'es256-1', typ: 'at+jwt' })
+      .sign(es.privateKey);
+  const body = {
+    access_token: token,
+    issued_token_type: mode === 'refresh_type' ? RT : AT,
+    token_type: mode === 'bearer' ? 'Bearer' : 'DPoP',
+    expires_in: exp - now,
+    scope,
+  };
+  if (mode === 'refresh_type' || mode === 'with_refresh') body.refresh_token = randomBytes(32).toString('base64url');
+  ctx.body = body;
+  ctx.set('cache-control', 'no-store');
+}
+provider.registerGrantType(TE, tokenExchange,
+  ['subject_token', 'subject_token_type', 'requested_token_type', 'resource', 'audience', 'scope'],
+  ['resource', 'audience']);
+
+const callback = provider.callback();
+server.on('request', async (req, res) => {
+  if (req.method === 'POST' && req.url === '/token') {
+    exchanges += 1;
+    const chunks = [];
+    for await (const c of req) chunks.push(c);
+    const body = Buffer.concat(chunks);
+    const form = new URLSearchParams(body.toString('utf8'));
+    form.delete('subject_token');
+    last = { form: Object.fromEntries([...form.keys()].map((k) => [k, form.getAll(k)])), dpop: req.headers.dpop ?? null };
+    if (mode === 'error500') { res.writeHead(500, { 'content-type': 'application/json' }); res.end('{"error":"server_error"}'); return; }
+    if (mode === 'html') { res.writeHead(200, { 'content-type': 'text/html' }); res.end('<html><body>Sign in</body></html>'); return; }
+    if (mode === 'redirect') { res.writeHead(302, { location: `${issuer}/elsewhere` }); res.end(); return; }
+    if (mode === 'big') { res.writeHead(200, { 'content-type': 'application/json' }); res.end(JSON.stringify({ pad: 'x'.repeat(100 * 1024) })); return; }
+    if (mode === 'hang') { setTimeout(() => { res.destroy(); }, 30000); return; }
+    req.body = body;
+  }
+  callback(req, res);
+});
+
+console.log(JSON.stringify({ issuer, jwks_uri: `${issuer}/jwks`, token_endpoint: tokenEndpoint }));
+const rl = createInterface({ input: process.stdin });
+rl.on('line', async (line) => {
+  try {
+    const cmd = JSON.parse(line);
+    if (cmd.cmd === 'subject') {
+      const now = Math.floor(Date.now() / 1000);
+      const token = await new jose.SignJWT({ sub: cmd.sub, client_id: 'orchestrator', scope: 'agent' })
+        .setProtectedHeader({ alg: 'ES256', kid: 'es256-1', typ: 'at+jwt' })
+        .setIssuer(issuer).setAudience(cfg.audience).setIssuedAt(now).setExpirationTime(now + (cmd.ttl ?? 3600))
+        .setJti(randomBytes(12).toString('base64url'))
+        .sign(es.privateKey);
+      console.log(JSON.stringify({ token }));
+    } else if (cmd.cmd === 'mode') { mode = String(cmd.mode); console.log(JSON.stringify({ ok: true })); }
+    else if (cmd.cmd === 'count') console.log(JSON.stringify({ exchanges }));
+    else if (cmd.cmd === 'last') console.log(JSON.stringify(last));
+    else console.log(JSON.stringify({ error: 'unknown command' }));
+  } catch (e) {
+    console.log(JSON.stringify({ error: String(e.message ?? e) }));
+  }
+});
+rl.on('close', () => process.exit(0));
