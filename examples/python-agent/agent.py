@@ -10,7 +10,8 @@ each:
    policy does not allow that tool in this step, and the agent says so.
 2. ``cleanup_confirmed``: now alice herself asked for the cleanup. The policy
    allows ``notes.delete`` here, but only with her approval of this very
-   call: the broker answers with a link, the agent shows it and retries the
+   call, which says what it deletes (``authorization_details``, shown to
+   her on the approval page): the broker answers with a link, the agent shows it and retries the
    derive (with backoff, for at most ``--wait`` seconds) until she approved
    in her browser; then the tool deletes the notes. If she declines, the
    broker refuses the call and the agent stops.
@@ -48,6 +49,13 @@ def scripted_model(request: str, notes: list[str]) -> list[str]:
     return list(dict.fromkeys(calls))  # each tool once
 
 
+#: What each tool call does, as the person reads it on the approval page
+#: (RFC 9396 ``authorization_details``; the quick-start policy requires
+#: them for ``notes.delete``, and the example resource server's DELETE
+#: removes every note).
+DETAILS = {"notes.delete": [{"type": "notes", "which": "all"}]}
+
+
 def credbroker_binary() -> str:
     """$CREDBROKER_BIN, else this repository's build, else `credbroker` on
     the PATH."""
@@ -73,8 +81,11 @@ def derive_with_approval(
     shown = False
     while True:
         try:
-            # The same key each time: the approval is bound to it.
-            return broker.derive(subject, step, tool, resource, key=key)
+            # The same key and details each time: the approval is bound to
+            # both.
+            return broker.derive(
+                subject, step, tool, resource, key=key, authorization_details=DETAILS.get(tool)
+            )
         except LinkRequired as e:
             if e.reason != "approval":
                 raise
@@ -126,7 +137,14 @@ def main() -> int:
         for tool in scripted_model("summarise my notes", notes):
             say(step, f"the model asks for {tool} (an instruction it read in a note)")
             try:
-                broker.derive(subject, step, tool, args.resource, key=key)
+                broker.derive(
+                    subject,
+                    step,
+                    tool,
+                    args.resource,
+                    key=key,
+                    authorization_details=DETAILS.get(tool),
+                )
                 say(step, f"UNEXPECTED: {tool} was issued in {step}")
                 return 1
             except AccessDenied as e:

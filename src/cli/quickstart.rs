@@ -306,13 +306,18 @@ steps = ["answer_question", "summarize"]
 # Deleting notes is sensitive: only in the step the orchestrator enters after
 # the person asked for a cleanup, never while the model is free-running, and
 # even there each delete waits for her approval of that very call on the
-# pages (docs/APPROVALS.md).
+# pages (docs/APPROVALS.md). The call says which notes it deletes
+# (authorization_details, RFC 9396), and the approval page shows her that.
 [tools."notes.delete"]
 resource = "http://127.0.0.1:9090/notes"
 scopes = ["notes.delete"]
 steps = ["cleanup_confirmed"]
 ttl = "60s"
 approval = "each_call"
+require_authorization_details = true
+
+[tools."notes.delete".authorization_details.notes]
+which = { kind = "string", required = true, label = "Notes to delete", log_in_clear = true }
 "#;
 
 /// Mints a dev subject token from a quick-start directory.

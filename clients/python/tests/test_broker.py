@@ -120,9 +120,17 @@ def test_policy_denial_raises_access_denied_with_the_reason(
             c.derive(subject, "summarize", "no.such.tool", broker.resource, key=key)
         assert e.value.reason == "tool_not_allowed"
         # In the step meant for it the policy allows the delete, and the
-        # quick start makes it wait for the person's approval of the call.
+        # quick start makes it wait for the person's approval of the call,
+        # which says what it deletes.
         with pytest.raises(LinkRequired) as link:
-            c.derive(subject, "cleanup_confirmed", "notes.delete", broker.resource, key=key)
+            c.derive(
+                subject,
+                "cleanup_confirmed",
+                "notes.delete",
+                broker.resource,
+                key=key,
+                authorization_details=[{"type": "notes", "which": "all"}],
+            )
         assert link.value.reason == "approval"
         assert link.value.link.uri.startswith(f"{broker.issuer}/connect/")
         # Positive control: a tool in its listed step is issued.

@@ -106,9 +106,15 @@ test("a policy denial rejects with AccessDenied and its reason", async () => {
     (e: unknown) => e instanceof AccessDenied && e.reason === "tool_not_allowed",
   );
   // In the step meant for it the policy allows the delete, and the quick
-  // start makes it wait for the person's approval of the call.
+  // start makes it wait for the person's approval of the call, which says
+  // what it deletes.
   await assert.rejects(
-    c.derive({ ...base, step: "cleanup_confirmed", tool: "notes.delete" }),
+    c.derive({
+      ...base,
+      step: "cleanup_confirmed",
+      tool: "notes.delete",
+      authorizationDetails: [{ type: "notes", which: "all" }],
+    }),
     (e: unknown) => e instanceof LinkRequired && e.reason === "approval" && e.link.uri.startsWith(`${broker.issuer}/connect/`),
   );
   // Positive control: a tool in its listed step is issued.

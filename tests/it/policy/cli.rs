@@ -290,6 +290,47 @@ fn check_github_example_passes_and_provider_tokens_are_warned_about() {
     );
 }
 
+/// The policy `credbroker quickstart` writes (with and without the demo
+/// tool) passes its own `policy check --deny-warnings`; without the details
+/// its approval requires, the same check fails on the warning.
+#[test]
+fn check_quickstart_policy_passes_deny_warnings() {
+    let d = tempfile::tempdir().unwrap();
+    let qs = credbroker::internals::cli::QUICKSTART_POLICY;
+    std::fs::write(d.path().join("quickstart.toml"), qs).unwrap();
+    let demo = credbroker::internals::cli::demo_policy("http://127.0.0.1:8440");
+    std::fs::write(d.path().join("with-demo.toml"), format!("{qs}{demo}")).unwrap();
+    let (code, out) = policy(
+        d.path(),
+        &[
+            "check",
+            "--deny-warnings",
+            "--agent",
+            "repo-helper",
+            "quickstart.toml",
+            "with-demo.toml",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.ends_with("checked 2 file(s): 0 error(s), 0 warning(s)\n"),
+        "{out}"
+    );
+    // Negative control: the approval without required details is warned
+    // about, and --deny-warnings fails on it.
+    let line = "require_authorization_details = true\n";
+    assert_eq!(qs.matches(line).count(), 1);
+    std::fs::write(d.path().join("optional.toml"), qs.replace(line, "")).unwrap();
+    let (code, out) = policy(d.path(), &["check", "--deny-warnings", "optional.toml"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains(
+            "tools.\"notes.delete\": needs approval but does not require authorization_details"
+        ),
+        "{out}"
+    );
+}
+
 // ------------------------------------------------------------------ test
 
 #[test]

@@ -124,6 +124,8 @@ async fn python_agent_refuses_injected_delete_then_deletes_after_approval_in_chr
         json!({"expect_url": link}),
         json!({"expect_text": "Approve this call by repo-helper?"}),
         json!({"expect_text": "notes.delete"}),
+        // What the call does, from its authorization_details.
+        json!({"expect_text": "Notes to delete"}),
         json!({"click": "button[value=approve]"}),
         json!({"expect_url": format!("{}/done/approved", q.issuer)}),
     ]);

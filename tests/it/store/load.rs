@@ -44,11 +44,12 @@ struct Sample {
     got: Got,
 }
 
-/// The quick start's `notes.delete` needs an approval for each call: a
-/// refusal that makes (or finds) the person's link in the store.
+/// The quick start's `notes.delete` needs an approval for each call, of
+/// the notes it names: a refusal that makes (or finds) the person's link
+/// in the store.
 async fn approval_call(b: &TestBroker, key: &Es256Key, person: &str) -> Result<Answer, String> {
     b.client()
-        .derive(
+        .derive_for_details(
             &DeriveParams {
                 subject_token: &b.subject_token(person),
                 step: "cleanup_confirmed",
@@ -56,6 +57,7 @@ async fn approval_call(b: &TestBroker, key: &Es256Key, person: &str) -> Result<A
                 resource: RESOURCE,
                 scope: None,
             },
+            Some(&serde_json::json!([{"type": "notes", "which": "all"}])),
             key,
         )
         .await

@@ -40,19 +40,20 @@ pub(crate) struct Opts {
     pub audit_log: Option<PathBuf>,
 }
 
-/// The quick-start policy without the approval on `notes.delete`, for the
-/// tests of steps, lifetimes and claims that need that tool issued outright
-/// (the approval itself is tested in `tests/it/approvals/` and by
-/// `examples/python-agent`).
+/// The quick-start policy without the approval on `notes.delete` (and so
+/// without the details the approval page shows: they stay declared, but
+/// optional), for the tests of steps, lifetimes and claims that need that
+/// tool issued outright (the approval itself is tested in
+/// `tests/it/approvals/` and by `examples/python-agent`).
 pub(crate) fn policy_without_approval() -> String {
-    let line = "approval = \"each_call\"\n";
+    let lines = "approval = \"each_call\"\nrequire_authorization_details = true\n";
     let qs = credbroker::internals::cli::QUICKSTART_POLICY;
     assert_eq!(
-        qs.matches(line).count(),
+        qs.matches(lines).count(),
         1,
         "the quick start marks notes.delete"
     );
-    qs.replace(line, "")
+    qs.replace(lines, "")
 }
 
 /// A running broker.
