@@ -114,7 +114,7 @@ pub(crate) fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Option<Res
         Ok(x) => x,
         Err(r) => return Some(r),
     };
-    let entries = a
+    let entries: Vec<views::ShownEntryView> = a
         .shown
         .iter()
         .map(|e| views::ShownEntryView {
@@ -149,12 +149,28 @@ pub(crate) fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Option<Res
         scopes: a.scopes.clone(),
         covers: covers(&a),
         you: p.person_label(&session.record),
-        entries,
         code: code.to_string(),
         csrf: session.csrf().expose().clone(),
         frozen: p.approvals.frozen(),
+        // A marked piece is explained by the other footnote.
+        named_any: any_piece(&entries, |p| p.named && p.mark.is_empty()),
+        marked_any: any_piece(&entries, |p| !p.mark.is_empty()),
+        entries,
     };
     Some(html(StatusCode::OK, views::render(&page)))
+}
+
+/// Whether a piece of any value passes `f`.
+fn any_piece(
+    entries: &[views::ShownEntryView],
+    f: impl Fn(&super::approvals::Piece) -> bool,
+) -> bool {
+    entries
+        .iter()
+        .flat_map(|e| &e.fields)
+        .flat_map(|f| &f.values)
+        .flat_map(|v| &v.pieces)
+        .any(f)
 }
 
 /// `POST /connect/{code}` when the code is an approval's: `action` =

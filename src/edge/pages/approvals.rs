@@ -81,13 +81,20 @@ impl ApprovalRecords for NoApprovals {
 }
 
 /// One piece of a value as shown: text, or a code point that would be
-/// invisible or reorder the text, named (`U+202E`) instead of applied.
+/// invisible or reorder the text, named (`U+202E`) instead of applied; and
+/// text that can be misread, marked with its script
+/// ([`super::confusable`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Piece {
     /// The text, or the code point's name.
     pub text: String,
     /// Whether `text` names a code point.
     pub named: bool,
+    /// The mark's label (a script's name, or `combining`); empty when the
+    /// piece is not marked.
+    pub mark: String,
+    /// Why it is marked (the mark's title); empty when it is not.
+    pub why: &'static str,
 }
 
 /// Code points shown by name: controls, the bidirectional marks,
@@ -114,23 +121,36 @@ pub(crate) fn shown_by_name(c: char) -> bool {
         | '\u{e0000}'..='\u{e0fff}')
 }
 
-/// Splits `s` into pieces for the page (see [`Piece`]).
+/// Splits `s` into pieces for the page (see [`Piece`]): runs of plain
+/// text, each named code point, and runs of marked text with one label.
+/// Combining marks that are marked are named too, so that none stacks on a
+/// letter unseen.
 pub(crate) fn pieces(s: &str) -> Vec<Piece> {
+    use super::confusable::Why;
     let mut out: Vec<Piece> = Vec::new();
-    for c in s.chars() {
-        if shown_by_name(c) {
+    for (c, m) in s.chars().zip(super::confusable::marks(s)) {
+        let (mark, why) = match &m {
+            Some(m) => (m.label.clone(), m.why.text()),
+            None => (String::new(), ""),
+        };
+        let named = shown_by_name(c) || m.as_ref().is_some_and(|m| m.why == Why::Combining);
+        if named {
             out.push(Piece {
                 text: format!("U+{:04X}", u32::from(c)),
                 named: true,
+                mark,
+                why,
             });
-        } else {
-            match out.last_mut() {
-                Some(p) if !p.named => p.text.push(c),
-                _ => out.push(Piece {
-                    text: c.to_string(),
-                    named: false,
-                }),
-            }
+            continue;
+        }
+        match out.last_mut() {
+            Some(p) if !p.named && p.mark == mark => p.text.push(c),
+            _ => out.push(Piece {
+                text: c.to_string(),
+                named: false,
+                mark,
+                why,
+            }),
         }
     }
     out

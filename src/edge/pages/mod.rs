@@ -31,6 +31,7 @@
 pub(crate) mod account;
 pub(crate) mod approval;
 pub(crate) mod approvals;
+pub(crate) mod confusable;
 pub(crate) mod connect;
 pub(crate) mod flows;
 pub(crate) mod http;

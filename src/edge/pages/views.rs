@@ -183,6 +183,12 @@ pub(crate) struct ApprovalPage {
     pub csrf: String,
     /// Frozen: nothing is offered.
     pub frozen: bool,
+    /// Whether a value has a code point shown by name (the footnote
+    /// about them shows only then).
+    pub named_any: bool,
+    /// Whether a value has marked text (the footnote about marks shows
+    /// only then).
+    pub marked_any: bool,
 }
 
 /// One allowance row on the account page.

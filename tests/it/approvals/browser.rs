@@ -271,9 +271,15 @@ async fn approvals_in_chromium_with_the_org_idp() {
                 {"dom": ".detail .value"},
                 {"dom": "script"},
                 {"screenshot": "approval"},
+                {"dom": ".footnote-named"},
+                {"dom": ".footnote-marked"},
+                {"dom": "mark.confusable"},
             ]),
         )
         .await;
+    // Named code points, nothing that can be misread: only their footnote.
+    let count = |i: usize| page[i]["dom"].as_array().unwrap().len();
+    assert_eq!((count(13), count(14), count(15)), (1, 0, 0));
     let values = page[10]["dom"].as_array().unwrap().clone();
     assert_eq!(values.len(), 4, "{values:?}");
     assert!(
@@ -320,6 +326,73 @@ async fn approvals_in_chromium_with_the_org_idp() {
         body["page_overflow"].as_i64().unwrap() <= 0,
         "the page does not scroll sideways"
     );
+
+    // Text that can be misread is marked with each character's script: a
+    // Cyrillic letter in a Latin address (mixed script), a Cyrillic word
+    // that reads as Latin "paypa" (whole-script confusable), a combining
+    // accent (NFD); an address in plain ASCII (the control) is not.
+    let confusable = json!([{
+        "type": "mail",
+        "to": ["bob@p\u{430}ypal.com", "alice@example.com"],
+        "subject": "\u{440}\u{430}\u{443}\u{440}\u{430}",
+        "body": "Caf\u{e9} or cafe\u{301}",
+    }]);
+    let (c_uri, c_id) =
+        approval_link(&w.derive(&ka, "alice", "mail.send", "send_reply", Some(&confusable)));
+    let seen = b
+        .steps(
+            "alice",
+            json!([
+                {"goto": c_uri},
+                {"expect_status": 200},
+                {"dom": ".detail .value"},
+                {"dom": ".detail .value mark.confusable"},
+                {"dom": ".footnote-marked"},
+                {"dom": ".footnote-named"},
+                {"screenshot": "approval-confusable"},
+                {"click": "button[value=decline]"},
+                {"expect_url": w.url("/done/approval-declined")},
+            ]),
+        )
+        .await;
+    let dom = |i: usize| seen[i]["dom"].as_array().unwrap().clone();
+    let texts = |v: &[Value]| -> Vec<String> {
+        v.iter()
+            .map(|e| e["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        texts(&dom(2)),
+        [
+            "bob@p\u{430}Cyrillicypal.com",
+            "alice@example.com",
+            "\u{440}\u{430}\u{443}\u{440}\u{430}Cyrillic",
+            "Caf\u{e9} or cafeU+0301combining",
+        ]
+    );
+    let plain = &dom(2)[1];
+    assert!(
+        !plain["html"].as_str().unwrap().contains("<mark"),
+        "the plain address is not marked: {plain}"
+    );
+    let marks = dom(3);
+    assert_eq!(
+        texts(&marks),
+        [
+            "\u{430}Cyrillic",
+            "\u{440}\u{430}\u{443}\u{440}\u{430}Cyrillic",
+            "U+0301combining"
+        ]
+    );
+    assert!(marks
+        .iter()
+        .all(|m| m["tag"] == "mark" && m["html"].as_str().unwrap().contains("class=\"script\"")));
+    assert_eq!(
+        (dom(4).len(), dom(5).len()),
+        (1, 0),
+        "only the marks' footnote"
+    );
+    assert_eq!(w.events_of("approval.declined", &c_id).len(), 1);
 
     // The approval cannot be completed from another origin (here the IdP's,
     // same site, so the browser sends the cookie) or without the CSRF token.
@@ -451,16 +524,25 @@ async fn approvals_in_chromium_with_the_org_idp() {
     // (on /token too), and nothing in another step.
     let deploy = json!([{"type": "deploy", "env": "prod", "commit": "c0ffee"}]);
     let (p_uri, p_id) = approval_link(&w.token(&ka, "alice", "deploy.run", "release", &deploy));
-    b.steps(
-        "alice",
-        json!([
-            {"goto": p_uri},
-            {"expect_text": "for 15 minutes from your approval"},
-            {"click": "button[value=approve]"},
-            {"expect_url": w.url("/done/approved")},
-        ]),
-    )
-    .await;
+    let p_page = b
+        .steps(
+            "alice",
+            json!([
+                {"goto": p_uri},
+                {"expect_text": "for 15 minutes from your approval"},
+                {"dom": "mark.confusable"},
+                {"dom": ".footnote-named"},
+                {"dom": ".footnote-marked"},
+                {"click": "button[value=approve]"},
+                {"expect_url": w.url("/done/approved")},
+            ]),
+        )
+        .await;
+    // Plain values: no mark and no footnote.
+    let none: Vec<usize> = (2..5)
+        .map(|i| p_page[i]["dom"].as_array().unwrap().len())
+        .collect();
+    assert_eq!(none, [0, 0, 0]);
     // The event states the reach as the policy wrote it.
     let granted = w.events_of("approval.granted", &p_id);
     assert_eq!(granted.len(), 1);
