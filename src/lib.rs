@@ -29,6 +29,8 @@
 //!   the account page.
 //! - `edge::admin`: the admin socket (status, freeze, key rotation,
 //!   accounts).
+//! - `edge::metrics`: the opt-in metrics listener (`GET /metrics` on
+//!   TCP, the admin socket's exposition).
 //!
 //! `derive`: the core that decides.
 //! - `derive::ops`: the operator actions (freeze, rotations, users,

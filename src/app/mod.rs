@@ -2,13 +2,15 @@
 //! wires its parts together. Everything that needs to know about several
 //! parts at once lives here, so the parts themselves import one way:
 //!
-//! - [`Instance`], [`build`], [`StartError`]: start-up; [`server`] runs
-//!   an instance this module built (listeners, accept loops, shutdown).
+//! - [`Instance`], [`build`], [`StartError`]: start-up; [`bind`] binds
+//!   the listeners the config names, and [`server`] runs an instance this
+//!   module built on them (accept loops, shutdown).
 //! - [`backend`]: the pages' connected-services traits implemented on the
 //!   link records, the vault and the providers.
 //! - [`reload`]: hot reload of the policy file into the running broker.
 
 pub(crate) mod backend;
+pub(crate) mod bind;
 pub(crate) mod housekeeping;
 pub(crate) mod reload;
 pub(crate) mod server;

@@ -1,5 +1,6 @@
-//! Running an instance that `app` built: binding the listeners, the accept
-//! loops of the three listeners, and graceful shutdown (the background work
+//! Running an instance that `app` built on the listeners `app::bind`
+//! bound: the accept loops of the three listeners (and the opt-in metrics
+//! listener's), and graceful shutdown (the background work
 //! is `app::housekeeping`'s).
 //!
 //! [`run`] takes listeners that are already bound, so tests can bind a temp
@@ -13,90 +14,12 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioTimer;
-use tokio::net::{TcpListener, UnixListener};
+use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 
 use crate::app::{Instance, StartError};
-use crate::infra::config::Config;
 
-/// The listeners of one instance.
-#[derive(Debug)]
-pub struct Listeners {
-    /// The orchestrator socket.
-    pub api: UnixListener,
-    /// The admin socket.
-    pub admin: UnixListener,
-    /// The public TCP listener (metadata, JWKS, pages).
-    pub public: Option<TcpListener>,
-    /// The socket files and directories binding created, removed again if
-    /// the start fails after binding ([`Listeners::abandon`]).
-    pub created: crate::base::unix::Created,
-}
-
-impl Listeners {
-    /// Closes the listeners and removes what binding them created: a start
-    /// that fails after binding leaves nothing behind.
-    pub fn abandon(self) {
-        let Listeners {
-            api,
-            admin,
-            public,
-            mut created,
-        } = self;
-        drop((api, admin, public));
-        created.remove_all();
-    }
-}
-
-/// Binds the listeners named in the config: the public port first (a busy
-/// port then fails before any socket file exists), then the sockets. On an
-/// error, whatever was created is removed again; the message names the
-/// config file and the key.
-pub(crate) async fn bind(config: &Config) -> Result<Listeners, StartError> {
-    let file = config.file.display().to_string();
-    let public = match &config.public {
-        Some(p) => Some(TcpListener::bind(p.listen).await.map_err(|e| {
-            StartError::Io(format!(
-                "{file}: public.listen: cannot listen on {}: {e}",
-                p.listen
-            ))
-        })?),
-        None => None,
-    };
-    let mut created = crate::base::unix::Created::default();
-    let sock = |key: &'static str| {
-        let file = file.clone();
-        move |source| StartError::Listener { file, key, source }
-    };
-    let api = match crate::base::unix::bind(
-        &config.socket.path,
-        0o750,
-        0o660,
-        config.socket.group.as_deref(),
-        &mut created,
-    ) {
-        Ok(l) => l,
-        Err(e) => {
-            created.remove_all();
-            return Err(sock("socket.path")(e));
-        }
-    };
-    let admin =
-        match crate::base::unix::bind(&config.admin_socket, 0o700, 0o600, None, &mut created) {
-            Ok(l) => l,
-            Err(e) => {
-                drop(api);
-                created.remove_all();
-                return Err(sock("admin.socket")(e));
-            }
-        };
-    Ok(Listeners {
-        api,
-        admin,
-        public,
-        created,
-    })
-}
+pub use super::bind::Listeners;
 
 fn http1(header_timeout: Duration) -> hyper::server::conn::http1::Builder {
     let mut b = hyper::server::conn::http1::Builder::new();
@@ -843,6 +766,14 @@ pub async fn run(
         }
         _ => None,
     };
+    let metrics = listeners.metrics.map(|l| {
+        tokio::spawn(crate::edge::metrics::serve(
+            l,
+            broker.clone(),
+            cfg.socket.header_timeout,
+            rx.clone(),
+        ))
+    });
     let house = crate::app::housekeeping::spawn(&instance, rx.clone());
     let changes = crate::app::housekeeping::watch_store(&instance, rx.clone());
     tracing::info!(
@@ -850,6 +781,7 @@ pub async fn run(
         socket = %cfg.socket.path.display(),
         admin = %cfg.admin_socket.display(),
         public = ?cfg.public.as_ref().map(|p| p.listen),
+        metrics = ?cfg.metrics.as_ref().map(|m| m.listen),
         policy_hash = %broker.policy.load().hash,
         "credbroker is serving"
     );
@@ -860,6 +792,9 @@ pub async fn run(
     let _ = admin.await;
     if let Some(p) = public {
         let _ = p.await;
+    }
+    if let Some(m) = metrics {
+        let _ = m.await;
     }
     let _ = house.await;
     let _ = changes.await;

@@ -35,7 +35,7 @@ async fn start(
     let clock: crate::base::clock::SharedClock = Arc::new(crate::base::clock::SystemClock);
     // Bind first: a busy port or an unusable socket path fails before the
     // store and the keys exist, and a later failure removes the sockets.
-    let listeners = crate::app::server::bind(cfg).await?;
+    let listeners = crate::app::bind::bind(cfg).await?;
     let inst = match crate::app::build(cfg.clone(), clock).await {
         Ok(i) => i,
         Err(e) => {

@@ -72,7 +72,24 @@ pub(crate) fn error_response(err: &AdminError) -> Response<Body> {
     crate::edge::answer::Answer::new(status, code, err.to_string()).response()
 }
 
-fn text(status: StatusCode, body: String, ctype: &'static str) -> Response<Body> {
+/// The Prometheus text exposition, with the gauges that are computed when
+/// read (replay cache entries, readiness) brought up to date first: the
+/// admin socket's `/metrics`, and the metrics listener's
+/// ([`crate::edge::metrics`]).
+pub(crate) fn exposition(b: &Broker) -> Response<Body> {
+    b.metrics
+        .replay_cache_entries
+        .set(b.proofs.replay_cache().len() as i64);
+    let ready = readiness(b)["ready"] == true;
+    b.metrics.ready.set(i64::from(ready));
+    plain(
+        StatusCode::OK,
+        b.metrics.render(),
+        "text/plain; version=0.0.4",
+    )
+}
+
+fn plain(status: StatusCode, body: String, ctype: &'static str) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
     r.headers_mut()
@@ -194,7 +211,7 @@ async fn route(
     req: Request<hyper::body::Incoming>,
 ) -> Result<Response<Body>, AdminError> {
     match (req.method().clone(), req.uri().path()) {
-        (Method::GET, "/metrics") => Ok(metrics(&h.broker)),
+        (Method::GET, "/metrics") => Ok(exposition(&h.broker)),
         (Method::GET, "/readyz") => Ok(readyz(&h.broker)),
         (Method::GET, "/status") => Ok(ok(status(h))),
         (Method::POST, "/freeze") => freeze(h, req).await,
@@ -212,18 +229,6 @@ async fn route(
 /// A command's answer: 200 with its JSON.
 fn ok(v: serde_json::Value) -> Response<Body> {
     json_response(StatusCode::OK, &v)
-}
-
-/// `GET /metrics`: the metrics in the Prometheus text format.
-fn metrics(b: &Broker) -> Response<Body> {
-    b.metrics
-        .replay_cache_entries
-        .set(b.proofs.replay_cache().len() as i64);
-    text(
-        StatusCode::OK,
-        b.metrics.render(),
-        "text/plain; version=0.0.4",
-    )
 }
 
 /// `GET /readyz`: [`readiness`], 503 when not ready.

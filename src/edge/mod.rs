@@ -10,6 +10,7 @@
 //! - [`pages`]: the browser pages: sign-in, connect links, approvals, the
 //!   account page.
 //! - [`admin`]: the admin socket (status, freeze, key rotation, accounts).
+//! - [`metrics`]: the opt-in metrics listener (`GET /metrics` on TCP).
 //! - [`reserved`]: refusals named for features not built yet (issue 38).
 //!
 //! Beside them, [`answer`]: the one error answer of the socket, the proxy
@@ -18,6 +19,7 @@
 pub(crate) mod admin;
 pub(crate) mod answer;
 pub(crate) mod api;
+pub(crate) mod metrics;
 pub(crate) mod pages;
 pub(crate) mod proxy;
 pub(crate) mod public;

@@ -33,11 +33,15 @@ pub struct Metrics {
     pub policy_reload_failures: IntCounter,
     /// 1 while the emergency freeze is on.
     pub frozen: IntGauge,
+    /// 1 when the instance is ready (what `/readyz` answers), computed
+    /// when `/metrics` is read.
+    pub ready: IntGauge,
     /// Requests refused by rate limits, by limit.
     pub rate_limited: IntCounterVec,
-    /// Connections closed unread on a Unix socket, by socket (`api`,
-    /// `admin`) and reason (`uid`: the peer uid is not allowed; `cap`: every
-    /// slot holds a request in flight).
+    /// Connections closed unread, by socket (`api`, `admin`, `metrics`)
+    /// and reason (`uid`: the peer uid is not allowed; `cap`: every slot
+    /// holds a request in flight, or on the metrics listener every slot is
+    /// taken).
     pub connections_refused: IntCounterVec,
     /// Idle connections closed to make room for a new one at the cap, by
     /// socket.
@@ -247,6 +251,10 @@ impl Metrics {
             "frozen",
             "1 while the emergency freeze denies every derive",
         ));
+        let ready = must(IntGauge::new(
+            "ready",
+            "1 when the instance is ready (as /readyz), 0 when not; computed when read",
+        ));
         let rate_limited = must(IntCounterVec::new(
             Opts::new("rate_limited_total", "Requests refused by a rate limit"),
             &["limit"],
@@ -254,7 +262,7 @@ impl Metrics {
         let connections_refused = must(IntCounterVec::new(
             Opts::new(
                 "connections_refused_total",
-                "Unix-socket connections closed unread, by socket and reason",
+                "Connections closed unread, by socket and reason",
             ),
             &["socket", "reason"],
         ));
@@ -292,6 +300,7 @@ impl Metrics {
             policy_loaded_time,
             policy_reload_failures,
             frozen,
+            ready,
             rate_limited,
             connections_refused,
             connections_shed,
@@ -318,6 +327,7 @@ impl Metrics {
             Box::new(self.policy_loaded_time.clone()),
             Box::new(self.policy_reload_failures.clone()),
             Box::new(self.frozen.clone()),
+            Box::new(self.ready.clone()),
             Box::new(self.rate_limited.clone()),
             Box::new(self.connections_refused.clone()),
             Box::new(self.connections_shed.clone()),

@@ -1,10 +1,11 @@
-//! `[socket]`, `[public]` and `[admin]`: where the broker listens.
+//! `[socket]`, `[public]`, `[metrics]` and `[admin]`: where the broker
+//! listens.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::raw::{RawAdmin, RawPublic, RawSocket};
+use super::raw::{RawAdmin, RawMetrics, RawPublic, RawSocket};
 use super::{parse_duration, Check};
 
 /// The orchestrator socket.
@@ -43,6 +44,15 @@ pub struct PublicConfig {
     pub listen: SocketAddr,
     /// Certificate chain and key (PEM); plain HTTP only on loopback.
     pub tls: Option<(PathBuf, PathBuf)>,
+}
+
+/// The opt-in metrics listener (`[metrics]`): `GET /metrics` over plain
+/// HTTP, no authentication.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// Address to bind: loopback unless
+    /// `allow_unauthenticated_non_loopback` says otherwise.
+    pub listen: SocketAddr,
 }
 
 /// Validates `[socket]`.
@@ -103,6 +113,44 @@ pub(super) fn public(raw: Option<RawPublic>, check: &mut Check<'_>) -> Option<Pu
         );
     }
     Some(PublicConfig { listen, tls })
+}
+
+/// Validates `[metrics]`: loopback only unless the dangerous-named key
+/// allows more (anyone who reaches the port reads the metrics: counts,
+/// tool names, the policy's hash), and never the public listener's port
+/// (the public listener serves browsers and resource servers, which have
+/// no business reading metrics, and one port cannot be bound twice).
+pub(super) fn metrics(
+    raw: Option<RawMetrics>,
+    public: Option<&PublicConfig>,
+    check: &mut Check<'_>,
+) -> Option<MetricsConfig> {
+    let m = raw?;
+    let Ok(listen) = m.listen.parse::<SocketAddr>() else {
+        check.bad(
+            "metrics.listen",
+            "must be an address such as 127.0.0.1:9464",
+        );
+        return None;
+    };
+    if !listen.ip().is_loopback() && m.allow_unauthenticated_non_loopback != Some(true) {
+        check.bad(
+            "metrics.listen",
+            "must be a loopback address (127.0.0.1 or [::1]): the metrics listener has no authentication; set metrics.allow_unauthenticated_non_loopback = true to serve it beyond loopback (then limit who reaches the port, for example with a NetworkPolicy)",
+        );
+    }
+    if let Some(p) = public {
+        let overlap = listen.ip() == p.listen.ip()
+            || listen.ip().is_unspecified()
+            || p.listen.ip().is_unspecified();
+        if listen.port() != 0 && listen.port() == p.listen.port() && overlap {
+            check.bad(
+                "metrics.listen",
+                "is the public listener's address (public.listen): metrics are never served on the public listener; give another port",
+            );
+        }
+    }
+    Some(MetricsConfig { listen })
 }
 
 /// The admin socket's path: `[admin] socket`, else `admin.sock` beside the

@@ -12,8 +12,9 @@
 //! config file's directory.
 //!
 //! Files: `raw` (stage one), `listeners` (`[socket]`, `[public]`,
-//! `[admin]`), `issuers` (`[[trusted_issuers]]`), `providers`
-//! (`[providers.<name>]`), `upstreams` (`[upstreams.<name>]`), `secret_files`, `reference` (the accepted keys,
+//! `[metrics]`, `[admin]`), `issuers` (`[[trusted_issuers]]`), `providers`
+//! (`[providers.<name>]`), `upstreams` (`[upstreams.<name>]`),
+//! `secret_files`, `reference` (the accepted keys,
 //! read from `raw`, which `docs/CONFIGURATION.md` is tested against),
 //! `reserved` (keys named for features not built yet, refused as such);
 //! this file holds the validated
@@ -35,7 +36,7 @@ use std::time::Duration;
 
 pub(crate) use issuers::default_display_name;
 pub use issuers::{IssuerConfig, JwksSource, SignIn};
-pub(crate) use listeners::{ApiRuntime, PublicConfig, SocketConfig};
+pub(crate) use listeners::{ApiRuntime, MetricsConfig, PublicConfig, SocketConfig};
 pub use providers::{AccountLookup, ClientAuth, Endpoints, ProviderConfig};
 pub(crate) use providers::{GITHUB_API, QUICKSTART_DEMO};
 pub use reference::{accepted_keys, AcceptedKey};
@@ -113,6 +114,8 @@ pub struct Config {
     pub admin_socket: PathBuf,
     /// The public listener, if any.
     pub public: Option<PublicConfig>,
+    /// The opt-in metrics listener (`[metrics]`), if any.
+    pub metrics: Option<MetricsConfig>,
     /// File holding the 32-byte key that encrypts keys at rest (0600).
     pub master_key_file: PathBuf,
     /// Seconds a rotated-in signing key is published before it signs
@@ -239,6 +242,7 @@ impl Config {
         let issuer = own_issuer(&raw.issuer, &mut check);
         let socket = listeners::socket(raw.socket, &mut check);
         let public = listeners::public(raw.public, &mut check);
+        let metrics = listeners::metrics(raw.metrics, public.as_ref(), &mut check);
         let dpop = dpop(raw.dpop, raw.postgres.is_some(), &mut check);
         let limits = limits(&raw.limits, &dpop, &mut check);
         let proxy = proxy(&raw.proxy, &mut check);
@@ -275,6 +279,7 @@ impl Config {
             store,
             socket,
             public,
+            metrics,
             master_key_file: check.rel(&raw.keys.master_key_file),
             // Capped at a day: a longer wait is a typo, and the cap keeps
             // the sum with a Unix time far from overflow.

@@ -24,6 +24,8 @@ pub(super) struct RawConfig {
     pub(super) admin: Option<RawAdmin>,
     #[serde(default)]
     pub(super) public: Option<RawPublic>,
+    #[serde(default)]
+    pub(super) metrics: Option<RawMetrics>,
     pub(super) keys: RawKeys,
     #[serde(default)]
     pub(super) dpop: RawDpop,
@@ -193,6 +195,14 @@ pub(super) struct RawPublic {
     pub(super) tls_cert: Option<PathBuf>,
     #[serde(default)]
     pub(super) tls_key: Option<PathBuf>,
+}
+
+/// `[metrics]`: the opt-in TCP listener for `GET /metrics`.
+#[derive(Debug, Deserialize)]
+pub(super) struct RawMetrics {
+    pub(super) listen: String,
+    #[serde(default)]
+    pub(super) allow_unauthenticated_non_loopback: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

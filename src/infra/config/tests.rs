@@ -558,6 +558,49 @@ fn plain_http_issuer_only_on_loopback() {
 }
 
 #[test]
+fn metrics_listener_is_loopback_unless_allowed_and_never_the_public_port() {
+    let with = |public: &str, metrics: &str| {
+        format!("{BASE}\n[public]\nlisten = \"{public}\"\n\n[metrics]\n{metrics}\n")
+    };
+    // Beyond loopback without the dangerous-named key: refused, saying why.
+    let p = problems(&with("127.0.0.1:8440", "listen = \"0.0.0.0:9464\""));
+    assert!(problem_for(&p, "metrics.listen")
+        .message
+        .contains("allow_unauthenticated_non_loopback"));
+    // The public listener's address, spelt the same or through 0.0.0.0.
+    for (public, metrics) in [
+        ("127.0.0.1:8440", "127.0.0.1:8440"),
+        ("127.0.0.1:8440", "0.0.0.0:8440"),
+    ] {
+        let p = problems(&with(
+            public,
+            &format!("listen = \"{metrics}\"\nallow_unauthenticated_non_loopback = true"),
+        ));
+        assert!(
+            problem_for(&p, "metrics.listen")
+                .message
+                .contains("public.listen"),
+            "{metrics}: {p:?}"
+        );
+    }
+    problem_for(
+        &problems(&with("127.0.0.1:8440", "listen = \"9464\"")),
+        "metrics.listen",
+    );
+    // Positive controls: loopback on its own port; the pod's address with
+    // the key said out loud; no [metrics] at all (the default: none).
+    let c = parse(&with("127.0.0.1:8440", "listen = \"127.0.0.1:9464\"")).unwrap();
+    assert_eq!(c.metrics.unwrap().listen.to_string(), "127.0.0.1:9464");
+    let c = parse(&with(
+        "127.0.0.1:8440",
+        "listen = \"0.0.0.0:9464\"\nallow_unauthenticated_non_loopback = true",
+    ))
+    .unwrap();
+    assert_eq!(c.metrics.unwrap().listen.to_string(), "0.0.0.0:9464");
+    assert!(parse(BASE).unwrap().metrics.is_none());
+}
+
+#[test]
 fn public_listener_needs_tls_off_loopback() {
     let public = |s: &str| format!("{BASE}\n[public]\n{s}\n");
     problem_for(

@@ -61,6 +61,14 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
         );
     }
     config = config.replace("listen = \"0.0.0.0:8443\"", &format!("listen = \"{addr}\""));
+    // The metrics listener on a free loopback port (the manifest's 9464
+    // may be taken on this machine); the sidecar's scrape is done below.
+    let metrics_addr = crate::support::free_loopback_addr();
+    assert!(config.contains("listen = \"127.0.0.1:9464\""), "{config}");
+    config = config.replace(
+        "listen = \"127.0.0.1:9464\"",
+        &format!("listen = \"{metrics_addr}\""),
+    );
     // The dev issuer pairs with local sign-in only as the broker's own.
     config = config.replace(
         "issuer = \"https://broker.example.com\"",
@@ -234,9 +242,27 @@ async fn kubernetes_manifest_layout_starts_and_derives_as_non_root() {
         .arg(keydir.path().join("other.pem"))
         .output()
         .unwrap();
+    // The collector sidecar's scrape (GET /metrics on the pod's loopback).
+    let scraped = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&metrics_addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nhost: {metrics_addr}\r\nconnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    };
     let _ = child.kill();
     let _ = child.wait();
     let logs = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        scraped.starts_with("HTTP/1.1 200 ") && scraped.contains("\ncredbroker_ready 1\n"),
+        "the metrics listener in the manifest's layout: {scraped}\n{logs}"
+    );
     assert!(
         status.status.success(),
         "credbroker status: {status:?}\n{logs}"

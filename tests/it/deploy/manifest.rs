@@ -52,6 +52,41 @@ fn mount_of(path: &Path, mounts: &[(String, bool)]) -> Option<(String, bool)> {
         .cloned()
 }
 
+/// The metrics wiring of a manifest (issue 39 item 5): the broker's
+/// metrics listener on loopback, not the public port; the collector
+/// sidecar scrapes exactly that address, from its own projection of the
+/// ConfigMap, and mounts nothing of the broker's.
+fn metrics_wired(manifest: &str, cfg: &Config) {
+    let listen = cfg.metrics.as_ref().expect("[metrics] listen").listen;
+    assert!(listen.ip().is_loopback(), "{listen}");
+    assert_ne!(
+        Some(listen.port()),
+        cfg.public.as_ref().map(|p| p.listen.port())
+    );
+    let collector = block(manifest, "collector.yml");
+    let targets: Vec<&str> = collector
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- targets: "))
+        .collect();
+    assert_eq!(targets, [format!("[\"{listen}\"]")], "{collector}");
+    assert!(manifest
+        .contains("              - key: collector.yml\n                path: prometheus.yml\n"));
+    let start = manifest
+        .find("        - name: metrics-collector\n")
+        .expect("the collector sidecar");
+    let sidecar = &manifest[start..];
+    let end = sidecar[10..]
+        .find("\n        - name: ")
+        .map_or(sidecar.len(), |e| e + 10);
+    let sidecar = &sidecar[..end];
+    let mounts: Vec<&str> = sidecar
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("mountPath: "))
+        .collect();
+    assert_eq!(mounts, ["/etc/collector", "/collector"], "{sidecar}");
+    assert!(sidecar.contains("--config.file=/etc/collector/prometheus.yml"));
+}
+
 #[test]
 fn kubernetes_manifest_config_parses_and_every_path_is_mounted_as_needed() {
     assert!(MANIFEST.contains("  replicas: 1\n  strategy:\n    type: Recreate\n"));
@@ -92,6 +127,7 @@ fn kubernetes_manifest_config_parses_and_every_path_is_mounted_as_needed() {
     );
     // No deprecated key in a new install's config.
     assert!(!text.contains("[vault]") && !text.contains("key_dir"));
+    metrics_wired(MANIFEST, &cfg);
 }
 
 const REPLICATED: &str = include_str!("../../../deploy/kubernetes-replicated.yaml");
@@ -127,4 +163,5 @@ fn replicated_manifest_config_parses_on_postgres_with_a_volume_per_pod() {
     assert!(cfg.audit_log.starts_with("/var/lib/credbroker/"));
     assert!(REPLICATED
         .contains("            - name: state\n              mountPath: /var/lib/credbroker\n"));
+    metrics_wired(REPLICATED, &cfg);
 }

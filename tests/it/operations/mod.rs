@@ -6,6 +6,7 @@ mod cli_errors;
 mod contract;
 mod key_rotation;
 mod messages;
+mod metrics_listener;
 mod startup;
 mod version;
 mod walkthrough;

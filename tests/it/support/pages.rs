@@ -727,6 +727,7 @@ impl PagesServer {
             api,
             admin,
             public: Some(listener),
+            metrics: None,
             created,
         };
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
