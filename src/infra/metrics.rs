@@ -52,6 +52,13 @@ pub struct Metrics {
     /// Proxied call latency in seconds (to the end of the answer), by
     /// service.
     pub proxy_latency: HistogramVec,
+    /// Token exchanges sent to upstream authorization servers, by upstream
+    /// (a config name) and outcome (`issued`, `refused`, `unavailable`,
+    /// `bad_answer`).
+    pub upstream_exchanges: IntCounterVec,
+    /// Their latency in seconds, the answer's checks included, by upstream
+    /// and outcome.
+    pub upstream_exchange_latency: HistogramVec,
 }
 
 /// The namespace the registry puts before every name.
@@ -110,18 +117,6 @@ pub const RESERVED: &[ReservedMetric] = &[
         &[],
         40,
     ),
-    reserved(
-        "credbroker_upstream_exchanges_total",
-        "counter",
-        &["upstream", "outcome"],
-        41,
-    ),
-    reserved(
-        "credbroker_upstream_exchange_duration_seconds",
-        "histogram",
-        &["upstream", "outcome"],
-        41,
-    ),
     reserved("credbroker_upstream_token_cache_entries", "gauge", &[], 41),
     reserved(
         "credbroker_ssf_events_total",
@@ -176,6 +171,27 @@ pub const RESERVED: &[ReservedMetric] = &[
     ),
     reserved("credbroker_event_stream_connections", "gauge", &[], 44),
 ];
+
+/// The token exchanges at upstream authorization servers: their counter
+/// and their latency, by upstream and outcome.
+fn upstream_metrics() -> (IntCounterVec, HistogramVec) {
+    let count = must(IntCounterVec::new(
+        Opts::new(
+            "upstream_exchanges_total",
+            "Token exchanges sent to upstream authorization servers, by upstream and outcome",
+        ),
+        &["upstream", "outcome"],
+    ));
+    let latency = must(HistogramVec::new(
+        HistogramOpts::new(
+            "upstream_exchange_duration_seconds",
+            "Token exchange latency at upstream authorization servers, the answer's checks included",
+        )
+        .buckets(vec![0.001, 0.005, 0.025, 0.1, 0.5, 2.0, 10.0]),
+        &["upstream", "outcome"],
+    ));
+    (count, latency)
+}
 
 /// A gauge vector whose only label is replaced on each set (policy hash).
 #[derive(Debug, Clone)]
@@ -288,6 +304,7 @@ impl Metrics {
             .buckets(vec![0.001, 0.005, 0.025, 0.1, 0.5, 2.0, 10.0, 30.0]),
             &["service"],
         ));
+        let (upstream_exchanges, upstream_exchange_latency) = upstream_metrics();
         let metrics = Metrics {
             registry,
             derives,
@@ -306,6 +323,8 @@ impl Metrics {
             connections_shed,
             proxy_requests,
             proxy_latency,
+            upstream_exchanges,
+            upstream_exchange_latency,
         };
         for c in metrics.collectors() {
             must(metrics.registry.register(c));
@@ -333,6 +352,8 @@ impl Metrics {
             Box::new(self.connections_shed.clone()),
             Box::new(self.proxy_requests.clone()),
             Box::new(self.proxy_latency.clone()),
+            Box::new(self.upstream_exchanges.clone()),
+            Box::new(self.upstream_exchange_latency.clone()),
         ]
     }
 

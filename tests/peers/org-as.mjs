@@ -18,7 +18,8 @@
 //      ok, unbound, bearer, wider_scope, two_aud, long_life, past_subject, other_key,
 //      refresh_type (issued_token_type refresh_token), with_refresh (ok plus a refresh_token),
 //      opaque, error500, html, redirect, big (a 100 KiB JSON body), hang (no answer for 30 s),
-//      invalid_scope, invalid_client, invalid_grant
+//      invalid_scope, invalid_client, invalid_grant,
+//      nonce (proofs must carry the server's DPoP nonce; without it: 400 use_dpop_nonce with DPoP-Nonce)
 //   {"cmd":"count"} -> {"exchanges": n} token requests received so far (any mode)
 //   {"cmd":"last"}  -> the form of the last token request (subject_token left out)
 // Exits when stdin closes.
@@ -61,6 +62,8 @@ const provider = new Provider(issuer, {
 provider.proxy = false;
 
 let mode = 'ok';
+// With mode "nonce": every proof must carry this nonce.
+const asNonce = randomBytes(12).toString('base64url');
 let exchanges = 0;
 let last = null;
 const seenJti = new Set();
@@ -81,7 +84,7 @@ async function checkProof(ctx) {
   if (p.ath !== undefined) throw new errors.InvalidDpopProof('ath');
   if (typeof p.jti !== 'string' || seenJti.has(p.jti)) throw new errors.InvalidDpopProof('jti');
   seenJti.add(p.jti);
-  return jose.calculateJwkThumbprint(v.protectedHeader.jwk);
+  return { jkt: await jose.calculateJwkThumbprint(v.protectedHeader.jwk), nonce: p.nonce };
 }
 
 async function tokenExchange(ctx) {
@@ -99,7 +102,15 @@ async function tokenExchange(ctx) {
   } catch {
     throw new errors.InvalidGrant('subject token invalid');
   }
-  const jkt = await checkProof(ctx);
+  const { jkt, nonce } = await checkProof(ctx);
+  if (mode === 'nonce' && nonce !== asNonce) {
+    // RFC 9449 section 8: the server's nonce, in DPoP-Nonce.
+    ctx.status = 400;
+    ctx.set('DPoP-Nonce', asNonce);
+    ctx.set('cache-control', 'no-store');
+    ctx.body = { error: 'use_dpop_nonce', error_description: 'a DPoP nonce is required' };
+    return;
+  }
   const resources = [].concat(params.resource ?? []);
   if (resources.length !== 1 || !cfg.resources[resources[0]]) throw new errors.InvalidTarget();
   const r = cfg.resources[resources[0]];

@@ -359,6 +359,8 @@ impl Broker {
         e.peer_uid = Some(req.peer_uid);
         e.approval_id = ctx.approval_id.as_deref();
         e.details_sha256 = ctx.details_sha256.as_deref();
+        e.upstream = ctx.upstream.as_deref();
+        e.expires_at = ctx.expires_at;
         e
     }
 }
@@ -374,4 +376,8 @@ struct Ctx {
     /// For provider tokens: whether the token was narrowed to the tool's
     /// scopes (`Some(false)`: the provider's broader token was handed over).
     narrowed: Option<bool>,
+    /// For an `exchange` resource: its upstream.
+    upstream: Option<String>,
+    /// For an exchanged token: its expiry.
+    expires_at: Option<i64>,
 }

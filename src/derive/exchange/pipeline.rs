@@ -59,7 +59,7 @@ impl Broker {
                 ));
             }
             return self
-                .derive_upstream(req, &subject, &proof, &allowed.grant, upstream, now)
+                .derive_upstream(req, &subject, &proof, &allowed.grant, upstream, now, ctx)
                 .await;
         }
         let approved = match allowed.tool.approval {

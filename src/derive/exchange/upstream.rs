@@ -8,12 +8,15 @@ use crate::base::dpop::ValidProof;
 use crate::derive::policy::Grant;
 use crate::derive::upstreams::{ExchangeInput, UpstreamError};
 
-use super::{Broker, DeriveError, DeriveRequest, Issued};
+use super::{Broker, Ctx, DeriveError, DeriveRequest, Issued};
 
 impl Broker {
     /// The exchange at `upstream` for this derive: the person's subject
     /// token, the resource, exactly the granted scopes, and the tool's
     /// relayed proof; the answer checked before it is handed over.
+    // reason: the pipeline's parts this step reads, each borrowed; one
+    // caller (`pipeline::run`).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn derive_upstream(
         &self,
         req: &DeriveRequest,
@@ -22,7 +25,9 @@ impl Broker {
         grant: &Grant,
         upstream: &str,
         now: i64,
+        ctx: &mut Ctx,
     ) -> Result<(Issued, String), DeriveError> {
+        ctx.upstream = Some(upstream.to_owned());
         let fail = |error| DeriveError::Upstream {
             upstream: upstream.to_owned(),
             error,
@@ -44,7 +49,18 @@ impl Broker {
                 .map(|p| p.expose().as_str()),
             now,
         };
-        let t = ups.exchange(&input).await.map_err(fail)?;
+        let observe = |outcome: &'static str, took: std::time::Duration| {
+            self.metrics
+                .upstream_exchanges
+                .with_label_values(&[upstream, outcome])
+                .inc();
+            self.metrics
+                .upstream_exchange_latency
+                .with_label_values(&[upstream, outcome])
+                .observe(took.as_secs_f64());
+        };
+        let t = ups.exchange(&input, observe).await.map_err(fail)?;
+        ctx.expires_at = Some(t.exp);
         let expires_in = t.exp - self.clock.now();
         if expires_in <= 0 {
             return Err(fail(UpstreamError::TokenRejected("it expired on its way")));

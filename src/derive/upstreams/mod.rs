@@ -260,8 +260,14 @@ impl Upstreams {
     }
 
     /// One token exchange at the upstream, every check of the module doc
-    /// in its order.
-    pub async fn exchange(&self, input: &ExchangeInput<'_>) -> Result<Exchanged, UpstreamError> {
+    /// in its order. `observe` is told the outcome and the time of an
+    /// exchange that was sent (`issued`, `refused`, `unavailable`,
+    /// `bad_answer`); nothing is observed for a derive refused before.
+    pub async fn exchange(
+        &self,
+        input: &ExchangeInput<'_>,
+        observe: impl FnOnce(&'static str, std::time::Duration),
+    ) -> Result<Exchanged, UpstreamError> {
         let u = self
             .by_name
             .get(input.upstream)
@@ -288,8 +294,19 @@ impl Upstreams {
             input.now,
         )?;
         let shape = u.shape(input.resource);
-        let answer = call::post(u, resolved, input, &shape, proof).await?;
-        answer::check(u, resolved, input, &shape, answer).await
+        let started = std::time::Instant::now();
+        let result = match call::post(u, resolved, input, &shape, proof).await {
+            Ok(answer) => answer::check(u, resolved, input, &shape, answer).await,
+            Err(e) => Err(e),
+        };
+        let outcome = match &result {
+            Ok(_) => "issued",
+            Err(UpstreamError::Unavailable) => "unavailable",
+            Err(UpstreamError::BadAnswer(_) | UpstreamError::TokenRejected(_)) => "bad_answer",
+            Err(_) => "refused",
+        };
+        observe(outcome, started.elapsed());
+        result
     }
 }
 

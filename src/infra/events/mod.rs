@@ -114,6 +114,13 @@ pub struct Event<'a> {
     /// scopes on refresh (`false`: the provider's broader token went out).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub narrowed: Option<bool>,
+    /// For an `exchange` resource: the upstream (`[upstreams.<name>]`) whose
+    /// authorization server issued, or was asked for, the token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<&'a str>,
+    /// For an exchanged token: its expiry (Unix time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
     /// Request values (`resource`, `step`, `tool`, `scope`) the policy does
     /// not declare, by field name: recorded as [`Opaque`], never in clear.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -165,12 +172,6 @@ pub struct ReservedFields<'a> {
     /// Issue 44: the trace id of the request (OpenTelemetry).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<&'a str>,
-    /// Issue 41: the upstream authorization server that issued the token.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<&'a str>,
-    /// Issue 41: the issued token's expiry (Unix time).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<i64>,
     /// Issue 41: whether an exchanged token was given again.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reused: Option<bool>,
@@ -283,6 +284,8 @@ impl<'a> Event<'a> {
             peer_uid: None,
             service: None,
             narrowed: None,
+            upstream: None,
+            expires_at: None,
             connect_id: None,
             opener_iss: None,
             opener_sub: None,

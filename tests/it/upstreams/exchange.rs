@@ -186,6 +186,20 @@ async fn exchanged_token_is_the_org_as_token_bound_to_the_tools_key() {
     .await
     .expect("jose accepts the exchanged token");
     assert_eq!(checked["claims"]["sub"], "alice");
+    // The event names the upstream, the token's expiry and its jti's hash,
+    // never the token.
+    let issued = b
+        .audit_lines()
+        .into_iter()
+        .rfind(|e| e["event"] == "derive.issued")
+        .unwrap();
+    assert_eq!(issued["upstream"], "org");
+    assert_eq!(issued["expires_at"], c["exp"]);
+    assert_eq!(
+        issued["jti_sha256"],
+        credbroker::internals::jose::sha256_hex(c["jti"].as_str().unwrap().as_bytes())
+    );
+    assert!(!issued.to_string().contains(token));
     // What was sent: the granted scope, the resource, an access token
     // asked for, the client secret in the Authorization header only.
     let last = org.peer.call(&json!({"cmd": "last"}));
@@ -216,6 +230,10 @@ async fn relayed_proof_missing_or_wrong_is_refused_before_anything_is_sent() {
     let a = derive(&b, &k, &subject, None);
     refused(&a, 400, "upstream_proof_required");
     assert_eq!(a.json()["upstream_htu"], org.token_endpoint.as_str());
+    let denied = b.audit_lines().pop().unwrap();
+    assert_eq!(denied["event"], "derive.denied");
+    assert_eq!(denied["reason"], "upstream_proof_required");
+    assert_eq!(denied["upstream"], "org");
     // Another htu (the broker's own derive endpoint, a near miss).
     for htu in [
         b.htu(),
@@ -334,6 +352,22 @@ async fn as_failures_become_errors_the_orchestrator_can_act_on() {
         org.mode("ok");
         derive_ok(&b, &org, &k, &subject);
     }
+    // Every exchange sent is counted by its outcome.
+    for (outcome, n) in [
+        ("issued", 8.0),
+        ("unavailable", 2.0),
+        ("bad_answer", 3.0),
+        ("refused", 3.0),
+    ] {
+        assert_eq!(
+            b.metric(&format!(
+                "credbroker_upstream_exchanges_total{{outcome=\"{outcome}\",upstream=\"org\"}}"
+            )),
+            Some(n),
+            "{outcome}: {}",
+            b.metrics()
+        );
+    }
     // The operator's fault is logged naming the upstream.
     assert!(
         b.log_text().contains("upstream=org") || b.log_text().contains("upstream: org"),
@@ -363,4 +397,35 @@ async fn a_subject_token_from_an_unlisted_issuer_is_never_sent() {
     // ...and the listed issuer's token the exchanged one.
     let subject = org.subject(3600);
     derive_ok(&b, &org, &k, &subject);
+}
+
+#[tokio::test]
+async fn an_as_nonce_is_relayed_to_the_client_and_published() {
+    let mut org = Org::start();
+    let b = broker(&org);
+    let k = key();
+    let subject = org.subject(3600);
+    org.mode("nonce");
+    // A proof without the AS's nonce: the AS says use_dpop_nonce, and the
+    // refusal carries the htu and the nonce to sign.
+    let a = derive(&b, &k, &subject, Some(&proof(&k, &org.token_endpoint)));
+    refused(&a, 400, "upstream_proof_required");
+    assert_eq!(a.json()["upstream_htu"], org.token_endpoint.as_str());
+    let nonce = a.json()["upstream_nonce"].as_str().unwrap().to_owned();
+    // /v1/info publishes it too, for the next client.
+    let info: Value = serde_json::from_str(
+        &b.http(b"GET /v1/info HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .body,
+    )
+    .unwrap();
+    assert_eq!(info["upstreams"]["org"]["dpop_nonce"], nonce.as_str());
+    // A proof with it is accepted.
+    let with_nonce =
+        make_proof(&k, "POST", &org.token_endpoint, now(), None, Some(&nonce)).unwrap();
+    let a = derive(&b, &k, &subject, Some(&with_nonce));
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(
+        claims(a.json()["access_token"].as_str().unwrap())["cnf"]["jkt"],
+        k.thumbprint()
+    );
 }
