@@ -37,6 +37,32 @@ pub(crate) fn json_response<T: serde::Serialize + ?Sized>(
     r
 }
 
+/// A request's `Host` framing that RFC 9112 section 3.2 requires a server
+/// to refuse with 400: more than one `Host` field line, or none in an
+/// HTTP/1.1 request (HTTP/1.0 may omit it). The other framing rules of RFC
+/// 9112 are hyper's: it refuses two different `Content-Length`s and
+/// obsolete line folding with 400, and reads a request with both
+/// `Transfer-Encoding` and `Content-Length` by `Transfer-Encoding` alone,
+/// then closes the connection (section 6.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum HostFraming {
+    /// Two or more `Host` lines.
+    #[error("more than one Host header (RFC 9112 section 3.2)")]
+    Several,
+    /// An HTTP/1.1 request without `Host`.
+    #[error("an HTTP/1.1 request needs a Host header (RFC 9112 section 3.2)")]
+    Missing,
+}
+
+/// Checks the request's `Host` lines ([`HostFraming`]).
+pub(crate) fn check_host(version: ::http::Version, headers: &HeaderMap) -> Result<(), HostFraming> {
+    match headers.get_all(header::HOST).iter().count() {
+        0 if version == ::http::Version::HTTP_11 => Err(HostFraming::Missing),
+        0 | 1 => Ok(()),
+        _ => Err(HostFraming::Several),
+    }
+}
+
 /// A fresh correlation id (16 hex digits) for an unexpected error: the
 /// caller logs it with the cause and shows the client only the id, so an
 /// operator can find the cause and the client learns no internals.

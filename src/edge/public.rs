@@ -1,8 +1,10 @@
 //! The public TCP listener: what resource servers and browsers reach. RFC
 //! 8414 metadata and the JWKS here; every other path goes to the pages
-//! (`pages::Pages::handle`). TLS through rustls when a certificate is
-//! configured; plain HTTP only on loopback (the config refuses anything
-//! else).
+//! (`pages::Pages::handle`), and `/proxy/` to the egress proxy. A request
+//! whose `Host` framing RFC 9112 refuses (two `Host` lines, none in
+//! HTTP/1.1) gets 400 and nothing else ([`crate::base::http::check_host`]).
+//! TLS through rustls when a certificate is configured; plain HTTP only on
+//! loopback (the config refuses anything else).
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -116,6 +118,14 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    // RFC 9112 section 3.2: nothing is served to a request whose Host
+    // framing is refused (the proxy refuses it in its first stage).
+    if let Err(f) = crate::base::http::check_host(req.version(), req.headers()) {
+        return json_response(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({"error": "invalid_request", "error_description": f.to_string()}),
+        );
+    }
     let head = req.method() == Method::HEAD;
     let get = head || req.method() == Method::GET;
     let answer = match (get, req.uri().path()) {

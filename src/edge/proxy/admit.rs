@@ -1,6 +1,7 @@
 //! Stage 1, admission: the checks that need nothing of the caller, before
 //! its token is read. The proxy's own budget of calls in flight is taken in
-//! [`Proxy::handle`](super::Proxy::handle); here the request's shape, the
+//! [`Proxy::handle`](super::Proxy::handle); here the request's shape (its
+//! `Host` framing first, RFC 9112 section 3.2), the
 //! service's address, the raw path and the freeze.
 
 use http::{header, Method};
@@ -22,6 +23,8 @@ impl Proxy {
     /// proxy address with a raw path the grammar allows, and that the
     /// broker is not frozen; returns the service.
     pub(super) fn admit<'p>(&self, parts: &'p http::request::Parts) -> Result<&'p str, Refusal> {
+        crate::base::http::check_host(parts.version, &parts.headers)
+            .map_err(|f| Refusal::Shape(Shape::Framing(f)))?;
         if parts.method == Method::CONNECT || parts.method == Method::TRACE {
             return Err(Refusal::Shape(Shape::Method));
         }

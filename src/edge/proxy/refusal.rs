@@ -80,6 +80,8 @@ pub(crate) enum Shape {
     Upgrade,
     /// More than one `Authorization` header.
     TwoAuthorizations,
+    /// `Host` framing RFC 9112 refuses: two `Host` lines, or none in HTTP/1.1.
+    Framing(crate::base::http::HostFraming),
 }
 
 /// Which replay check the store could not make.
@@ -132,6 +134,7 @@ impl Refusal {
             Refusal::Shape(Shape::AbsoluteForm) => "absolute_form",
             Refusal::Shape(Shape::Upgrade) => "upgrade_refused",
             Refusal::Shape(Shape::TwoAuthorizations) => "invalid_request",
+            Refusal::Shape(Shape::Framing(_)) => "invalid_framing",
             Refusal::NotFound => "not_a_proxy_address",
             Refusal::Path(_) => "invalid_path",
             Refusal::Frozen => "frozen",
@@ -176,6 +179,7 @@ impl Refusal {
             }
             Refusal::Shape(Shape::Upgrade) => bad("Upgrade is never proxied"),
             Refusal::Shape(Shape::TwoAuthorizations) => bad("one Authorization header only"),
+            Refusal::Shape(Shape::Framing(f)) => Answer::new(S::BAD_REQUEST, "invalid_request", f.to_string()),
             Refusal::NotFound => Answer::new(
                 S::NOT_FOUND,
                 "invalid_request",

@@ -14,6 +14,7 @@ mod check_order;
 mod cli_proof;
 mod env_proxy;
 mod expiry;
+mod framing;
 mod limits;
 mod refusals;
 mod retry;
