@@ -66,7 +66,7 @@ pub(crate) async fn page(p: &Pages, ctx: Ctx, h: &HeaderMap) -> Response<Body> {
         })
         .collect();
     let page = views::Account {
-        who: p.who(&s),
+        who: p.who(&s).map(|w| w.returning_to("/account")),
         accounts: rows,
         csrf: s.csrf().expose().clone(),
     };

@@ -141,7 +141,9 @@ pub(crate) fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Option<Res
         })
         .collect();
     let page = views::ApprovalPage {
-        who: p.who(&session),
+        who: p
+            .who(&session)
+            .map(|w| w.returning_to(&format!("/connect/{code}"))),
         agent: a.agent.clone(),
         tool: a.tool.clone(),
         resource: a.resource.clone(),

@@ -116,7 +116,9 @@ pub(crate) async fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Resp
         LinkKind::Reconnect => format!("Reconnect {name} for {}", link.agent),
     };
     let page = views::Connect {
-        who: p.who(&session),
+        who: p
+            .who(&session)
+            .map(|w| w.returning_to(&format!("/connect/{code}"))),
         heading,
         kind: link.kind.as_str(),
         agent: link.agent.clone(),
@@ -194,10 +196,13 @@ fn allow(p: &Pages, ctx: Ctx, link: &Link, account: &str) -> Response<Body> {
     ) {
         return unavailable(p, &e);
     }
-    completed(p, ctx, link, "/done/allowed")
+    completed(p, ctx, link, "allowed")
 }
 
-fn completed(p: &Pages, ctx: Ctx, link: &Link, done: &str) -> Response<Body> {
+/// Closes the link, records `connect.completed` and sends the browser to
+/// `/done/{what}/{service}`, the end page that names the service, the
+/// account and the agent ([`finished`]).
+fn completed(p: &Pages, ctx: Ctx, link: &Link, what: &str) -> Response<Body> {
     if let Err(e) = p.services.links.close(&link.id, ctx.now) {
         // The allowance is recorded; a link left open only expires later.
         tracing::warn!(error = %e, "pages: link not closed");
@@ -206,7 +211,8 @@ fn completed(p: &Pages, ctx: Ctx, link: &Link, done: &str) -> Response<Body> {
     let scope = link.scopes.join(" ");
     e.scope = Some(&scope);
     p.audit(&e);
-    redirect(done)
+    let seg: String = url::form_urlencoded::byte_serialize(link.service.as_bytes()).collect();
+    redirect(&format!("/done/{what}/{seg}"))
 }
 
 /// This provider's own redirect URI.
@@ -436,9 +442,9 @@ async fn store_grant(
         ctx,
         link,
         if link.kind == LinkKind::Reconnect {
-            "/done/reconnected"
+            "reconnected"
         } else {
-            "/done/connected"
+            "connected"
         },
     )
 }
@@ -513,11 +519,76 @@ fn other_account(p: &Pages, ctx: Ctx, h: &HeaderMap, service_seg: &str) -> Respo
     )
 }
 
+/// `GET /done/{connected,reconnected,allowed}/{service}`: the end of a link
+/// that connected or allowed an account, naming the service, the account
+/// and the agent. The address gives only the service; the account and
+/// whether the agent may use it come from the signed-in person's own
+/// records, so a crafted address cannot make the page claim anything the
+/// records do not say (without a session, or without such an account, the
+/// page says only what `/done/{what}` says).
+fn finished(p: &Pages, ctx: Ctx, h: &HeaderMap, kind: &str, service_seg: &str) -> Response<Body> {
+    let service: String =
+        match url::form_urlencoded::parse(format!("s={service_seg}").as_bytes()).next() {
+            Some((_, v)) => v.into_owned(),
+            None => return p.not_found(),
+        };
+    let Some(info) = p.services.providers.provider(&service) else {
+        return p.not_found();
+    };
+    let session = p.session(h, ctx.now).ok().flatten();
+    let agent = &p.deps.agent;
+    let account = session
+        .as_ref()
+        .and_then(|s| s.record.person())
+        .and_then(|person| p.services.vault.accounts(&person).ok())
+        .and_then(|list| list.into_iter().find(|a| a.service == service))
+        .filter(|a| a.allowances.iter().any(|al| &al.agent == agent));
+    let Some(account) = account else {
+        return done(p, ctx, h, kind);
+    };
+    let (name, acct) = (&info.display_name, &account.display_name);
+    let (title, text) = match kind {
+        "reconnected" => (
+            format!("{name} reconnected"),
+            format!("Your {name} account {acct} works again, and {agent} may use it."),
+        ),
+        "allowed" => (
+            format!("{agent} may use {name}"),
+            format!("{agent} may now use your {name} account {acct}."),
+        ),
+        _ => (
+            format!("{name} connected"),
+            format!("Your {name} account {acct} is connected, and {agent} may use it."),
+        ),
+    };
+    let who = session.as_ref().and_then(|s| p.who(s));
+    let body = views::render(&views::Message {
+        who,
+        title,
+        paragraphs: vec![
+            text,
+            format!("Go back to your agent, {agent}: it continues when it tries again. You can close this page."),
+        ],
+        reference: None,
+        // The account page, where access can be revoked.
+        next: Some(("/account".into(), "See your connected accounts".into())),
+    });
+    html(StatusCode::OK, body)
+}
+
 /// `GET /done/{what}`: the end of a link. It says to go back to the agent;
 /// it never sends the browser anywhere the agent chose.
 pub(crate) fn done(p: &Pages, ctx: Ctx, h: &HeaderMap, what: &str) -> Response<Body> {
     if let Some(service) = what.strip_prefix("other-account/") {
         return other_account(p, ctx, h, service);
+    }
+    for kind in ["connected", "reconnected", "allowed"] {
+        if let Some(service) = what
+            .strip_prefix(kind)
+            .and_then(|rest| rest.strip_prefix('/'))
+        {
+            return finished(p, ctx, h, kind, service);
+        }
     }
     let (title, text) = match what {
         "connected" => (

@@ -550,6 +550,7 @@ impl Pages {
             display: r.display.clone().or_else(|| r.sub.clone())?,
             issuer: self.source_name(r.iss.as_deref()?),
             csrf: s.csrf().expose().clone(),
+            return_to: None,
         })
     }
 

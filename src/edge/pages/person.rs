@@ -43,7 +43,9 @@ pub(super) fn checks(
     if person != *owner {
         other_person(&session, &person);
         let page = views::OtherPerson {
-            who: p.who(&session),
+            // Signing out here leads back to this link, to sign in as the
+            // person it was made for.
+            who: p.who(&session).map(|w| w.returning_to(&return_to)),
             you: p.person_label(&session.record),
         };
         return Err(html(StatusCode::FORBIDDEN, views::render(&page)));

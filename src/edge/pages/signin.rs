@@ -486,11 +486,30 @@ pub(crate) async fn signout(p: &Pages, ctx: Ctx, h: &HeaderMap, form: &Form) -> 
         e.person_sub = Some(&person.sub);
         p.audit(&e);
     }
-    let mut r = p.message(
+    // The way back: the page signed out of (a link, the account page),
+    // through the sign-in, which returns there; without one, the sign-in
+    // alone (it leads to the account page).
+    let back = form.get("return_to").and_then(safe_return_to);
+    let (text, next) = match back.as_deref() {
+        Some(path) if path.starts_with("/connect/") => (
+            "To use the link again, sign in as the person it was made for; you come back to it. Otherwise you can close this page.",
+            (signin_path(path, false), "Sign in and open the link again"),
+        ),
+        Some(path) => (
+            "You can sign in again, or close this page.",
+            (signin_path(path, false), "Sign in again"),
+        ),
+        None => (
+            "You can sign in again, or close this page.",
+            ("/signin".to_string(), "Sign in again"),
+        ),
+    };
+    let mut r = p.message_next(
         StatusCode::OK,
         None,
         "You are signed out",
-        &["You can close this page."],
+        &[text],
+        (&next.0, next.1),
     );
     p.clear_cookie(&mut r);
     r

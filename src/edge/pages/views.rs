@@ -18,6 +18,18 @@ pub struct Who {
     pub issuer: String,
     /// CSRF token for the sign-out form.
     pub csrf: String,
+    /// The page to offer again after signing out (a connect link or an
+    /// approval's link, or the account page), sent with the sign-out form
+    /// and checked there against the `return_to` allow-list.
+    pub return_to: Option<String>,
+}
+
+impl Who {
+    /// The header of a page that signing out should lead back to.
+    pub(crate) fn returning_to(mut self, path: &str) -> Who {
+        self.return_to = Some(path.to_string());
+        self
+    }
 }
 
 /// The one page for every link that does not resolve. Rendered once: its

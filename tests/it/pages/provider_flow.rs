@@ -179,7 +179,7 @@ async fn provider_flow_refuses_bad_state_and_mix_up_then_connects() {
     assert_eq!(r.status(), 303);
     assert_eq!(
         location(&r),
-        "/done/connected",
+        "/done/connected/github",
         "the code leaves the address bar"
     );
     let accts = s.fake.accounts_of(&alice);
@@ -189,14 +189,34 @@ async fn provider_flow_refuses_bad_state_and_mix_up_then_connects() {
     assert_eq!(accts[0].allowances[0].scopes, ["repo"]);
     assert_eq!(s.fake.link_state(&id), LinkState::Closed);
     let done = c
-        .get(s.url("/done/connected"))
+        .get(s.url("/done/connected/github"))
         .send()
         .await
         .unwrap()
         .text()
         .await
         .unwrap();
-    assert!(done.contains("Go back to your agent"));
+    // Issue 39: the end page names the service, the account and the agent.
+    assert!(done.contains("Go back to your agent"), "{done}");
+    assert!(
+        done.contains(&format!(
+            "Your GitHub account octo-alice is connected, and {AGENT} may use it."
+        )),
+        "{done}"
+    );
+    // From the person's own records only: the same address in a browser
+    // without her session names no account.
+    let anonymous = s
+        .client()
+        .get(s.url("/done/connected/github"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!anonymous.contains("octo-alice"), "{anonymous}");
+    assert!(anonymous.contains("Go back to your agent"), "{anonymous}");
     let ev = s.events("connect.completed");
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0]["connect_id"], id.as_str());
@@ -287,7 +307,7 @@ async fn allow_link_offers_only_the_persons_own_accounts() {
         .send()
         .await
         .unwrap();
-    assert_eq!(location(&r), "/done/allowed");
+    assert_eq!(location(&r), "/done/allowed/github");
     let a = s.fake.accounts_of(&alice);
     assert!(
         a.iter()
@@ -614,7 +634,7 @@ async fn provider_answer_for_another_account_does_not_replace_the_connected_one(
     // Positive control: the connected account comes back; it is kept, and
     // this agent is allowed too.
     let r = finish(("1001", "octo-alice")).await;
-    assert_eq!(location(&r), "/done/connected");
+    assert_eq!(location(&r), "/done/connected/github");
     let accts = s.fake.accounts_of(&alice);
     assert_eq!(accts.len(), 1);
     assert_eq!(accts[0].account_id, "1001");

@@ -13,7 +13,9 @@ use credbroker::internals::jose::Es256Key;
 use serde_json::json;
 
 use crate::support::browser::Browsers;
-use crate::support::quickstart::{alice_connects_steps, bob_opens_steps, Quickstart};
+use crate::support::quickstart::{
+    alice_connects_steps, bob_opens_steps, sign_in_steps, Quickstart,
+};
 use crate::support::*;
 
 async fn derive_demo(q: &Quickstart, key: &Es256Key, sub: &str) -> Answer {
@@ -85,6 +87,13 @@ async fn quickstart_demo_connect_link_in_chromium() {
     //    names nobody, and nothing is joined to either of them.
     let mut steps = bob_opens_steps(&q, &link, &bob_pw);
     steps.push(json!({"screenshot": "quickstart-bob-opens-alices-link"}));
+    // The page tells whoever meant another account to sign out and open
+    // the link again: signing out there offers that way back.
+    steps.extend([
+        json!({"click": "form[action='/signout'] button[type=submit]"}),
+        json!({"expect_text": "You are signed out"}),
+        json!({"expect_text": "Sign in and open the link again"}),
+    ]);
     b.steps("bob", json!(steps)).await;
     assert_eq!(accounts_of(&q, "bob")["accounts"], json!([]));
     assert_eq!(accounts_of(&q, "alice")["accounts"], json!([]));
@@ -95,10 +104,29 @@ async fn quickstart_demo_connect_link_in_chromium() {
     };
     assert_eq!(again.reason.as_deref(), Some("connect_required"));
 
-    // 3. Alice opens it, connects at the demo service (its own page, marked
-    //    as a demo, with its two accounts), picks hers and allows.
-    let mut steps = alice_connects_steps(&q, &link, &alice_pw);
+    // 3. Alice opens it and signs in, then signs out on the link's page
+    //    (issue 39: the signed-out page offered no way back): the page
+    //    leads back through the sign-in to the link. She signs in again,
+    //    connects at the demo service (its own page, marked as a demo, with
+    //    its two accounts), picks hers and allows; the end page names the
+    //    service, her account there and the agent.
+    let connect = alice_connects_steps(&q, &link, &alice_pw);
+    assert_eq!(connect[0], json!({"goto": link}));
+    let mut steps = vec![json!({"goto": link})];
+    steps.extend(sign_in_steps("alice", &alice_pw));
     steps.extend([
+        json!({"expect_url": link}),
+        json!({"click": "form[action='/signout'] button[type=submit]"}),
+        json!({"expect_text": "You are signed out"}),
+        json!({"screenshot": "quickstart-signed-out-way-back"}),
+        json!({"click": "a:has-text('Sign in and open the link again')"}),
+        json!({"expect_url": format!("{}/signin?return_to=%2Fconnect%2F", q.issuer)}),
+    ]);
+    // From the sign-in on, as the README's walkthrough goes.
+    steps.extend(connect.into_iter().skip(1));
+    steps.extend([
+        json!({"expect_text": "Your Demo service account alice.demo is connected, and repo-helper may use it."}),
+        json!({"screenshot": "quickstart-connected-names-what"}),
         json!({"goto": format!("{}/account", q.issuer)}),
         json!({"expect_text": "alice.demo"}),
     ]);
