@@ -89,6 +89,7 @@ fn policy_broker(path: &std::path::Path) -> Result<crate::derive::policy::cli::B
         file: Some(path.to_path_buf()),
         agent: cfg.agent,
         services: Some(cfg.providers.into_keys().collect()),
+        upstreams: Some(cfg.upstreams.into_keys().collect()),
     })
 }
 

@@ -110,6 +110,7 @@ pub(crate) fn run(cmd: PolicyCommand, read_config: ConfigReader<'_>) -> ExitCode
                     file: None,
                     agent,
                     services: None,
+                    upstreams: None,
                 };
                 check(&files, deny_warnings, Some(&b), &mut out)
             }
@@ -251,7 +252,8 @@ fn hint(p: &Problem) -> String {
         (_, _, "agent") => "the agent's name, exactly as in the broker config's `agent`".into(),
         (_, _, "ttl") => "a whole number of seconds or minutes from \"1s\" to \"300s\" (\"5m\"), e.g. ttl = \"60s\"".into(),
         (true, _, "service") => "name a service the broker config has a [providers.NAME] table for, or add that table to the config first".into(),
-        (true, _, "source") => "source = \"self\": tokens minted by credbroker for this resource".into(),
+        (true, _, "upstream") => "name an authorization server the broker config has an [upstreams.NAME] table for, or add that table to the config first (docs/UPSTREAM.md)".into(),
+        (true, _, "source") => "source = \"self\": tokens minted by credbroker for this resource; \"service\" (with service and delivery) or \"exchange\" (with upstream) for the other sources".into(),
         (_, true, "resource") => "use the URI of a resource declared as [resources.\"<uri>\"] (compared in canonical form)".into(),
         (_, true, "scopes") => "scopes are RFC 6749 tokens: printable ASCII without spaces, quotes or backslashes, each listed once".into(),
         (_, _, "steps") => "step names as the orchestrator's code declares them, each listed once, without spaces or control characters".into(),
@@ -294,6 +296,8 @@ pub(crate) struct Broker {
     pub agent: String,
     /// The `[providers.NAME]` tables; `None` when only the agent is known.
     pub services: Option<std::collections::BTreeSet<String>>,
+    /// The `[upstreams.NAME]` tables; `None` when only the agent is known.
+    pub upstreams: Option<std::collections::BTreeSet<String>>,
 }
 
 impl Broker {
@@ -315,13 +319,27 @@ impl Broker {
                 ),
             }];
         }
-        let (Some(services), Some(file)) = (&self.services, &self.file) else {
+        let (Some(services), Some(upstreams), Some(file)) =
+            (&self.services, &self.upstreams, &self.file)
+        else {
             return vec![];
         };
         policy
             .resources
             .values()
             .filter_map(|r| match &r.source {
+                super::Source::Exchange { upstream } if !upstreams.contains(upstream) => {
+                    let key = format!("resources.\"{}\".upstream", r.id);
+                    let lookup = format!("resources.{}.upstream", r.id);
+                    Some(Problem {
+                        at: crate::infra::diagnostics::key_at(path, text, &lookup),
+                        key: Some(key),
+                        message: format!(
+                            "upstream {upstream:?} has no [upstreams.{upstream}] table in {}: the broker refuses this policy at start-up and on reload",
+                            file.display()
+                        ),
+                    })
+                }
                 super::Source::Service { service, .. } if !services.contains(service) => {
                     let key = format!("resources.\"{}\".service", r.id);
                     // The finder compares table names without their quotes.

@@ -741,6 +741,25 @@ fn check_against_the_broker_config_catches_an_unknown_service_and_agent() {
         out.ends_with("checked 1 file(s): 1 error(s), 0 warning(s)\n"),
         "{out}"
     );
+    // An exchange resource naming an upstream this config lacks, then one
+    // it has.
+    let exchange = "agent = \"repo-helper\"\n[resources.\"https://crm.example.com/api\"]\nsource = \"exchange\"\nupstream = \"okta\"\n";
+    std::fs::write(d.path().join("exchange.toml"), exchange).unwrap();
+    let (code, out) = policy(d.path(), &["check", "--config", c, "exchange.toml"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "exchange.toml:4:1: error: resources.\"https://crm.example.com/api\".upstream: \
+             upstream \"okta\" has no [upstreams.okta] table in {c}: the broker refuses this \
+             policy at start-up and on reload\n  hint: name an authorization server"
+        )),
+        "{out}"
+    );
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("\n[upstreams.okta]\nissuer = \"https://okta.example\"\nclient_id = \"broker\"\nclient_secret_file = \"acme.secret\"\nsubject_issuers = [\"http://127.0.0.1:0\"]\n");
+    std::fs::write(&config, text).unwrap();
+    let (code, out) = policy(d.path(), &["check", "--config", c, "exchange.toml"]);
+    assert_eq!(code, 0, "{out}");
     // A policy for another agent is refused, naming the config.
     let (code, out) = policy(d.path(), &["check", "--config", c, "mail-agent.toml"]);
     assert_eq!(code, 1, "{out}");

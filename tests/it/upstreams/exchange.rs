@@ -64,6 +64,11 @@ impl Org {
 /// A broker whose policy adds an exchange resource at upstream `org`,
 /// trusting the org AS as a subject-token issuer.
 fn broker(org: &Org) -> TestBroker {
+    broker_with(org, &org.issuer)
+}
+
+/// [`broker`] with `upstream_issuer` as `upstreams.org.issuer`.
+fn broker_with(org: &Org, upstream_issuer: &str) -> TestBroker {
     let policy = format!(
         r#"{}
 [resources."{ORG_RESOURCE}"]
@@ -88,7 +93,7 @@ jwks_uri = "{iss}/jwks"
 sign_in = {{ kind = "oidc", client_id = "credbroker" }}
 
 [upstreams.org]
-issuer = "{iss}"
+issuer = "{upstream_issuer}"
 client_id = "credbroker"
 client_secret_file = "org-secret"
 subject_issuers = ["{iss}"]
@@ -428,4 +433,27 @@ async fn an_as_nonce_is_relayed_to_the_client_and_published() {
         claims(a.json()["access_token"].as_str().unwrap())["cnf"]["jkt"],
         k.thumbprint()
     );
+}
+
+#[tokio::test]
+async fn metadata_naming_another_issuer_is_refused_and_nothing_is_sent() {
+    let mut org = Org::start();
+    // The AS's metadata says `issuer` without the trailing slash configured
+    // here: not the same identifier (RFC 8414 section 3.3).
+    let b = broker_with(&org, &format!("{}/", org.issuer));
+    let k = key();
+    let subject = org.subject(3600);
+    let sent = org.exchanges();
+    let a = derive(&b, &k, &subject, Some(&proof(&k, &org.token_endpoint)));
+    refused(&a, 503, "upstream_unavailable");
+    assert!(a.header("retry-after").is_some());
+    assert_eq!(org.exchanges(), sent, "nothing was sent");
+    assert!(
+        b.log_text().contains("the metadata names another issuer"),
+        "{}",
+        b.log_text()
+    );
+    // Control: the issuer as the AS names it.
+    let good = broker(&org);
+    derive_ok(&good, &org, &k, &subject);
 }
