@@ -594,6 +594,57 @@ fn every_quoted_log_line_is_logged_by_the_code() {
     }
 }
 
+/// The message of a `tracing` call: its first string literal.
+fn message_of(call: &str) -> Option<&str> {
+    let start = call.find('"')? + 1;
+    let len = call[start..].find('"')?;
+    Some(&call[start..start + len])
+}
+
+/// The log lines of the key ring (`src/derive/mint.rs`) that the Logs
+/// section does not quote, as `LEVEL target: message`.
+fn unquoted_key_ring_lines(text: &str) -> Vec<String> {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/derive/mint.rs");
+    let source = std::fs::read_to_string(path).unwrap();
+    let quoted = doc_log_lines(text);
+    let mut missing = Vec::new();
+    for level in ["INFO", "WARN", "ERROR"] {
+        for call in tracing_calls(&source, level) {
+            let message = message_of(call).unwrap();
+            let listed = quoted.iter().any(|l| {
+                l.level == level
+                    && l.target == "credbroker::derive::mint"
+                    && message.starts_with(l.message.as_str())
+            });
+            if !listed {
+                missing.push(format!("{level} credbroker::derive::mint: {message}"));
+            }
+        }
+    }
+    missing
+}
+
+/// Issue 40 item 7: every line the key ring logs is on the page, the one
+/// a replica writes when it learns of an activation from the store too
+/// (an operator watching a rotation reads them all).
+#[test]
+fn every_line_the_key_ring_logs_is_quoted() {
+    let text = read_doc("OPERATIONS.md");
+    let missing = unquoted_key_ring_lines(&text);
+    assert!(
+        missing.is_empty(),
+        "not in docs/OPERATIONS.md, Logs: {missing:#?}"
+    );
+    // A page without one of them fails.
+    let line = "`INFO credbroker::derive::mint: signing key activated kid=...`";
+    let bent = text.replacen(line, "", 1);
+    assert_ne!(bent, text, "the activation line is quoted as {line}");
+    assert_eq!(
+        unquoted_key_ring_lines(&bent),
+        vec!["INFO credbroker::derive::mint: signing key activated".to_string()]
+    );
+}
+
 #[test]
 fn reserved_event_types_and_fields_are_marked_and_nothing_else_is() {
     let text = read_doc("OPERATIONS.md");
