@@ -43,6 +43,48 @@ fn a_migration_run_twice_applies_nothing_the_second_time() {
     );
 }
 
+/// Issue 40 item 7: `credbroker store migrate` run a second time said,
+/// at the default log level, what PostgreSQL answered to `CREATE TABLE IF
+/// NOT EXISTS` (a NOTICE that the table exists, skipping). Both runs are
+/// quiet on stderr; the first applies, the second applies nothing.
+#[test]
+fn store_migrate_run_twice_prints_no_notice() {
+    let Some(cluster) = cluster_or_not_shown("store migrate twice, on stderr") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let db = database(cluster, "migrate_quiet");
+    let (_dir, config) = crate::support::prepare(&crate::support::Opts::default());
+    let text = std::fs::read_to_string(&config).unwrap();
+    let text = text.replace("store = \"data\"\n", "audit_log = \"audit.jsonl\"\n");
+    std::fs::write(&config, format!("{text}\n{}", db.config_toml("manual"))).unwrap();
+    let run = || {
+        let out = std::process::Command::new(crate::support::bin())
+            .args(["store", "migrate", "--config"])
+            .arg(&config)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (
+            v["applied"].clone(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for (what, applied) in [
+        ("first", serde_json::json!([1])),
+        ("second", serde_json::json!([])),
+    ] {
+        let (got, stderr) = run();
+        assert_eq!(got, applied, "{what} run");
+        assert!(
+            !stderr.contains("NOTICE") && !stderr.contains("already exists"),
+            "{what} run, stderr: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn an_unmigrated_database_is_refused_unless_migrate_is_auto() {
     let Some(cluster) = cluster_or_not_shown("migrate = manual refuses an old schema") else {

@@ -92,6 +92,12 @@ pub(crate) async fn migrate(client: &mut Client) -> Result<Vec<i32>, StoreError>
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK])
         .await
         .map_err(pg_error)?;
+    // `CREATE TABLE IF NOT EXISTS` on an existing table answers a NOTICE
+    // ("already exists, skipping"), which the client would log on every
+    // run after the first: for this transaction only, warnings and worse.
+    tx.batch_execute("SET LOCAL client_min_messages = warning")
+        .await
+        .map_err(pg_error)?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
              version       integer     PRIMARY KEY,
