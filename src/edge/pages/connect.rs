@@ -20,7 +20,7 @@
 use http::{HeaderMap, Response, StatusCode};
 
 use super::http::{html, html_with, is_code_shaped, redirect, Form};
-use super::links::{AuthorizationRequest, Link, LinkKind};
+use super::links::{AccountView, AuthorizationRequest, Link, LinkKind, ProviderInfo};
 use super::session::Session;
 use super::{flows, person, views, Ctx, Pages};
 use crate::base::http::Body;
@@ -483,22 +483,12 @@ async fn different_account(
 /// names only what the signed-in person's own records say (never anything
 /// from the address).
 fn other_account(p: &Pages, ctx: Ctx, h: &HeaderMap, service_seg: &str) -> Response<Body> {
-    let service: String =
-        match url::form_urlencoded::parse(format!("s={service_seg}").as_bytes()).next() {
-            Some((_, v)) => v.into_owned(),
-            None => return p.not_found(),
-        };
-    let Some(info) = p.services.providers.provider(&service) else {
+    let Some((service, info)) = named_service(p, service_seg) else {
         return p.not_found();
     };
     let name = info.display_name;
     let session = p.session(h, ctx.now).ok().flatten();
-    let connected = session
-        .as_ref()
-        .and_then(|s| s.record.person())
-        .and_then(|person| p.services.vault.accounts(&person).ok())
-        .and_then(|list| list.into_iter().find(|a| a.service == service))
-        .map(|a| a.display_name);
+    let connected = own_account(p, session.as_ref(), &service).map(|a| a.display_name);
     let who = session.as_ref().and_then(|s| p.who(s));
     let mut paragraphs = vec![format!(
         "At {name} you signed in with another account than the one connected for you. Nothing was changed, and credbroker did not keep the access {name} gave for that account."
@@ -527,21 +517,12 @@ fn other_account(p: &Pages, ctx: Ctx, h: &HeaderMap, service_seg: &str) -> Respo
 /// records do not say (without a session, or without such an account, the
 /// page says only what `/done/{what}` says).
 fn finished(p: &Pages, ctx: Ctx, h: &HeaderMap, kind: &str, service_seg: &str) -> Response<Body> {
-    let service: String =
-        match url::form_urlencoded::parse(format!("s={service_seg}").as_bytes()).next() {
-            Some((_, v)) => v.into_owned(),
-            None => return p.not_found(),
-        };
-    let Some(info) = p.services.providers.provider(&service) else {
+    let Some((service, info)) = named_service(p, service_seg) else {
         return p.not_found();
     };
     let session = p.session(h, ctx.now).ok().flatten();
     let agent = &p.deps.agent;
-    let account = session
-        .as_ref()
-        .and_then(|s| s.record.person())
-        .and_then(|person| p.services.vault.accounts(&person).ok())
-        .and_then(|list| list.into_iter().find(|a| a.service == service))
+    let account = own_account(p, session.as_ref(), &service)
         .filter(|a| a.allowances.iter().any(|al| &al.agent == agent));
     let Some(account) = account else {
         return done(p, ctx, h, kind);
@@ -574,6 +555,24 @@ fn finished(p: &Pages, ctx: Ctx, h: &HeaderMap, kind: &str, service_seg: &str) -
         next: Some(("/account".into(), "See your connected accounts".into())),
     });
     html(StatusCode::OK, body)
+}
+
+/// The service a `/done/.../{service}` address names (percent-decoded) and
+/// its provider; `None` for a service this broker does not have.
+fn named_service(p: &Pages, service_seg: &str) -> Option<(String, ProviderInfo)> {
+    let query = format!("s={service_seg}");
+    let (_, service) = url::form_urlencoded::parse(query.as_bytes()).next()?;
+    let service = service.into_owned();
+    let info = p.services.providers.provider(&service)?;
+    Some((service, info))
+}
+
+/// The signed-in person's own account at `service`, from their records
+/// (never from the address).
+fn own_account(p: &Pages, session: Option<&Session>, service: &str) -> Option<AccountView> {
+    let person = session?.record.person()?;
+    let accounts = p.services.vault.accounts(&person).ok()?;
+    accounts.into_iter().find(|a| a.service == service)
 }
 
 /// `GET /done/{what}`: the end of a link. It says to go back to the agent;
