@@ -36,6 +36,7 @@ pub mod cli {
 /// `crate::base::clock`: the injected clock.
 pub mod clock {
     pub use crate::base::clock::{Clock, ManualClock, SharedClock, SystemClock};
+    pub use crate::infra::skew::{Skew, Standing, TooFar};
 }
 
 /// `crate::infra::config`: the instance config.

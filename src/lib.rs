@@ -62,6 +62,8 @@
 //! - `infra::seal`: encryption at rest.
 //! - `infra::events`: audit events.
 //! - `infra::metrics`: Prometheus metrics.
+//! - `infra::skew`: this instance's clock against the shared store's (the
+//!   offset, the bound, the corrected clock for shared writes).
 //! - `infra::failpoint`: crash points for fault tests (`failpoints` feature
 //!   only).
 //!

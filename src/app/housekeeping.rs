@@ -34,11 +34,33 @@ pub(super) fn key_refresh_period(activation_delay: i64) -> Duration {
 async fn refresh_keys(b: &Arc<Broker>, sealer: &Arc<Sealer>) {
     let (kb, ks) = (b.clone(), sealer.clone());
     let reloaded = tokio::task::spawn_blocking(move || {
-        kb.minter.refresh(kb.store.as_ref(), &ks, kb.clock.now())
+        // The database's time: a due activation is written for everyone.
+        kb.minter.refresh(kb.store.as_ref(), &ks, kb.shared_now())
     })
     .await;
     if let Ok(Err(e)) = reloaded {
         tracing::warn!(error = %e, "reloading the signing key ring failed; the current keys stay in use");
+    }
+}
+
+/// Measures this instance's offset from the shared store's clock
+/// (`infra::skew`; PostgreSQL only): one query on a blocking thread. A
+/// failed measurement leaves the offset unknown, which refuses nothing.
+pub(super) async fn measure_clock(b: &Arc<Broker>) {
+    let (store, clock, skew) = (b.store.clone(), b.clock.clone(), b.skew.clone());
+    let measured = tokio::task::spawn_blocking(move || {
+        crate::infra::skew::measure(store.as_ref(), &clock, &skew)
+    })
+    .await;
+    match measured {
+        Ok(Some((sample, offset))) => {
+            b.metrics.clock_offset.set(offset as f64 / 1000.0);
+            b.metrics
+                .clock_offset_checked
+                .set(sample.received_ms as f64 / 1000.0);
+        }
+        Ok(None) => {}
+        Err(_) => b.skew.lost(),
     }
 }
 
@@ -61,7 +83,7 @@ async fn tick(instance: &Instance) {
             }
         }
     }
-    let (links, now) = (instance.links.clone(), b.clock.now());
+    let (links, now) = (instance.links.clone(), b.shared_now());
     // Sweeping expired connect links is store I/O.
     if let Ok(Err(e)) = tokio::task::spawn_blocking(move || links.sweep(now)).await {
         tracing::warn!(error = %e, "sweeping expired connect links failed");
@@ -79,11 +101,18 @@ async fn tick(instance: &Instance) {
 pub(super) fn spawn(instance: &Instance, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
     let instance = instance.clone();
     let key_period = key_refresh_period(instance.broker.config.key_activation_delay);
+    // Only a shared store has a clock of its own to measure against.
+    let measure = instance.broker.store.is_shared();
+    let clock_period = instance.broker.config.clock.check_interval;
     tokio::spawn(async move {
         let mut house = tokio::time::interval(HOUSEKEEPING_PERIOD);
         let mut keys = tokio::time::interval(key_period);
+        let mut clock = tokio::time::interval(clock_period);
         loop {
             tokio::select! {
+                // First: the key ring's activation goes by the database's
+                // time, corrected by the offset measured here.
+                _ = clock.tick(), if measure => measure_clock(&instance.broker).await,
                 _ = keys.tick() => refresh_keys(&instance.broker, &instance.sealer).await,
                 _ = house.tick() => tick(&instance).await,
                 _ = stop.changed() => break,

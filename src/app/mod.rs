@@ -158,13 +158,15 @@ impl From<crate::edge::public::TlsError> for StartError {
 
 impl From<&Broker> for crate::edge::pages::Deps {
     /// The four parts of the broker the pages use: the config's names, the
-    /// clock, the store and the audit sink.
+    /// clock, the store and the audit sink. The pages' clock is the
+    /// corrected one (the database's time): their sessions, flows, links
+    /// and approvals are shared with every replica.
     fn from(b: &Broker) -> Self {
         crate::edge::pages::Deps {
             issuer: b.config.issuer.clone(),
             agent: b.config.agent.clone(),
             trusted_issuers: b.config.trusted_issuers.clone(),
-            clock: b.clock.clone(),
+            clock: b.shared_clock.clone(),
             store: b.store.clone(),
             audit: b.audit.clone(),
         }
@@ -276,7 +278,14 @@ pub async fn build(
     let (subjects, own_minter) = subject_validator(&config).await?;
     let upstreams = upstreams(&config, &policy, &subjects)?;
     let store: Arc<dyn crate::infra::store::Store> = config.store.open()?;
-    let records = open_records(&config, &store, &sealer, &master, clock.now())?;
+    // The offset from the database's clock, measured before the key ring
+    // is loaded: a due activation it writes goes by the database's time.
+    let skew = Arc::new(crate::infra::skew::Skew::new(&config.clock));
+    crate::infra::skew::measure(store.as_ref(), &clock, &skew);
+    let shared_now = crate::base::clock::Clock::now(
+        crate::infra::skew::Corrected::new(clock.clone(), skew.clone()).as_ref(),
+    );
+    let records = open_records(&config, &store, &sealer, &master, shared_now)?;
     // The validator was built before the store (above); from here on its
     // own-key check reads the live key ring, so a rotated key is known at once.
     let _ = own_minter.set(records.minter.clone());
@@ -310,6 +319,7 @@ pub async fn build(
         crate::derive::freeze::FreezeKey::derive(&master),
         clock,
     )
+    .with_skew(skew)
     .with_connected_services(connected)
     .with_approvals(records.approvals.clone());
     if let Some(n) = proxy_nonces {
@@ -609,7 +619,7 @@ fn pages(
         records.vault.clone(),
         records.links.clone(),
         providers.clone(),
-        broker.clock.clone(),
+        broker.shared_clock.clone(),
     );
     let weak = Arc::downgrade(broker);
     let approval_pages = backend::ApprovalBackend::new(

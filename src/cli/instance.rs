@@ -32,7 +32,7 @@ pub(super) async fn serve(config: &Path) -> Res {
 async fn start(
     cfg: &Config,
 ) -> Result<(crate::app::Instance, crate::app::server::Listeners), crate::app::StartError> {
-    let clock: crate::base::clock::SharedClock = Arc::new(crate::base::clock::SystemClock);
+    let clock = crate::infra::failpoint::clock(Arc::new(crate::base::clock::SystemClock));
     // Bind first: a busy port or an unusable socket path fails before the
     // store and the keys exist, and a later failure removes the sockets.
     let listeners = crate::app::bind::bind(cfg).await?;

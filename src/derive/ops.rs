@@ -161,7 +161,8 @@ pub(crate) fn rotate_keys(
     let r = match target {
         Target::Running(b) => b
             .minter
-            .rotate(b.store.as_ref(), sealer, b.clock.now(), kind)?,
+            // The database's time: the activation time is everyone's.
+            .rotate(b.store.as_ref(), sealer, b.shared_now(), kind)?,
         Target::Stopped(store) => {
             crate::derive::mint::rotate(store, sealer, rec.clock.now(), kind)?
         }

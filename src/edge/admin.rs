@@ -163,6 +163,20 @@ pub(crate) fn status(h: &Handles) -> serde_json::Value {
         "subject_cache_entries": b.subjects.cache_len(),
         "ready": readiness(b)["ready"],
         "public_addr": h.public_addr.get().map(|a| a.to_string()),
+        "clock": clock_status(b),
+    })
+}
+
+/// The clock's offset from the database's, as `/status` shows it: `null`
+/// offset while none is known (sled, or the database away).
+fn clock_status(b: &crate::derive::exchange::Broker) -> serde_json::Value {
+    let secs = |ms: i64| ms as f64 / 1000.0;
+    serde_json::json!({
+        "offset_seconds": b.skew.offset_ms().map(secs),
+        "checked_at": b.skew.checked_ms().map(|ms| ms.div_euclid(1000)),
+        "standing": b.skew.standing().as_str(),
+        "max_skew_seconds": b.config.clock.max_skew.as_secs_f64(),
+        "warn_skew_seconds": b.config.clock.warn_skew.as_secs_f64(),
     })
 }
 

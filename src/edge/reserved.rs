@@ -45,9 +45,6 @@ const fn r(
 
 /// Every reserved refusal, by issue.
 pub const RESERVED_REFUSALS: &[ReservedRefusal] = &[
-    // Issue 40: a replica whose clock is off the store's beyond the bound.
-    r("clock_skew", "temporarily_unavailable", 503, "socket", 40),
-    r("clock_skew", "temporarily_unavailable", 503, "proxy", 40),
     // Issue 42: approvals bound to the outbound request.
     r("request_mismatch", "insufficient_scope", 403, "proxy", 42),
     r("body_not_ijson", "invalid_request", 400, "proxy", 42),

@@ -15,9 +15,55 @@
 //! stderr and blocks the thread for good), so a test can find it there and
 //! kill it: `vault.refresh.lease_taken` (a refresh lease just taken, see
 //! [`crate::accounts::vault`]).
+//!
+//! A shifted clock: when [`CLOCK_ENV`] holds a signed number of seconds,
+//! the instance's clock ([`clock`]) runs that far ahead of the system's
+//! (behind, when negative), as a replica whose clock drifted would: the
+//! clock-skew tests (`tests/it/store/clock_skew.rs`) run one replica so.
 
 /// The environment variable that arms one point.
 pub const ENV: &str = "CREDBROKER_FAILPOINT";
+
+/// The environment variable that shifts the instance's clock (seconds).
+pub(crate) const CLOCK_ENV: &str = "CREDBROKER_FAILPOINT_CLOCK_OFFSET";
+
+/// `base`, shifted by [`CLOCK_ENV`]'s seconds when it is set.
+#[cfg(feature = "failpoints")]
+pub(crate) fn clock(base: crate::base::clock::SharedClock) -> crate::base::clock::SharedClock {
+    let Some(by) = std::env::var(CLOCK_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<i64>().ok())
+    else {
+        return base;
+    };
+    eprintln!("failpoint clock: shifted by {by} s");
+    std::sync::Arc::new(Shifted { base, by })
+}
+
+/// The system clock as it is: built without the `failpoints` feature.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub(crate) fn clock(base: crate::base::clock::SharedClock) -> crate::base::clock::SharedClock {
+    base
+}
+
+/// A clock `by` seconds off `base`.
+#[cfg(feature = "failpoints")]
+#[derive(Debug)]
+struct Shifted {
+    base: crate::base::clock::SharedClock,
+    by: i64,
+}
+
+#[cfg(feature = "failpoints")]
+impl crate::base::clock::Clock for Shifted {
+    fn now(&self) -> i64 {
+        self.base.now() + self.by
+    }
+    fn now_ms(&self) -> i64 {
+        self.base.now_ms() + self.by * 1000
+    }
+}
 
 /// Aborts the process if `ENV` names `point`.
 #[cfg(feature = "failpoints")]

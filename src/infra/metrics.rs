@@ -59,6 +59,11 @@ pub struct Metrics {
     /// Their latency in seconds, the answer's checks included, by upstream
     /// and outcome.
     pub upstream_exchange_latency: HistogramVec,
+    /// This instance's clock minus the database's, in seconds, as last
+    /// measured (`[postgres]` only).
+    pub clock_offset: Gauge,
+    /// Unix time of the last measurement of the offset.
+    pub clock_offset_checked: Gauge,
 }
 
 /// The namespace the registry puts before every name.
@@ -110,13 +115,6 @@ const fn reserved(
 
 /// Every reserved metric, in the order of `docs/OPERATIONS.md`.
 pub const RESERVED: &[ReservedMetric] = &[
-    reserved("credbroker_clock_offset_seconds", "gauge", &[], 40),
-    reserved(
-        "credbroker_clock_offset_checked_timestamp_seconds",
-        "gauge",
-        &[],
-        40,
-    ),
     reserved("credbroker_upstream_token_cache_entries", "gauge", &[], 41),
     reserved(
         "credbroker_ssf_events_total",
@@ -171,6 +169,21 @@ pub const RESERVED: &[ReservedMetric] = &[
     ),
     reserved("credbroker_event_stream_connections", "gauge", &[], 44),
 ];
+
+/// The clock's offset from the database's and when it was measured
+/// (`infra::skew`).
+fn clock_metrics() -> (Gauge, Gauge) {
+    (
+        must(Gauge::new(
+            "clock_offset_seconds",
+            "This instance's clock minus the database's, as last measured",
+        )),
+        must(Gauge::new(
+            "clock_offset_checked_timestamp_seconds",
+            "When the clock offset was last measured",
+        )),
+    )
+}
 
 /// The token exchanges at upstream authorization servers: their counter
 /// and their latency, by upstream and outcome.
@@ -305,6 +318,7 @@ impl Metrics {
             &["service"],
         ));
         let (upstream_exchanges, upstream_exchange_latency) = upstream_metrics();
+        let (clock_offset, clock_offset_checked) = clock_metrics();
         let metrics = Metrics {
             registry,
             derives,
@@ -325,6 +339,8 @@ impl Metrics {
             proxy_latency,
             upstream_exchanges,
             upstream_exchange_latency,
+            clock_offset,
+            clock_offset_checked,
         };
         for c in metrics.collectors() {
             must(metrics.registry.register(c));
@@ -354,6 +370,8 @@ impl Metrics {
             Box::new(self.proxy_latency.clone()),
             Box::new(self.upstream_exchanges.clone()),
             Box::new(self.upstream_exchange_latency.clone()),
+            Box::new(self.clock_offset.clone()),
+            Box::new(self.clock_offset_checked.clone()),
         ]
     }
 

@@ -8,6 +8,7 @@
 //! - [`seal`]: encryption at rest.
 //! - [`events`]: audit events.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`skew`]: this instance's clock against the shared store's.
 //! - [`failpoint`]: crash points for fault tests (`failpoints` feature only).
 //! - [`reserved`]: config and policy keys named for features not built yet,
 //!   refused until then.
@@ -19,4 +20,5 @@ pub(crate) mod failpoint;
 pub(crate) mod metrics;
 pub(crate) mod reserved;
 pub(crate) mod seal;
+pub(crate) mod skew;
 pub(crate) mod store;

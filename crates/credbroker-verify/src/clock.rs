@@ -8,6 +8,11 @@ use std::sync::Arc;
 pub trait Clock: Send + Sync + std::fmt::Debug {
     /// Seconds since the Unix epoch.
     fn now(&self) -> i64;
+    /// Milliseconds since the Unix epoch (for measuring an offset from
+    /// another clock); by default [`Clock::now`] in milliseconds.
+    fn now_ms(&self) -> i64 {
+        self.now().saturating_mul(1000)
+    }
 }
 
 /// The system clock.
@@ -21,6 +26,12 @@ impl Clock for SystemClock {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)
+            .unwrap_or(0)
+    }
+    fn now_ms(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
             .unwrap_or(0)
     }
 }

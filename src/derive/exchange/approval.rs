@@ -33,9 +33,12 @@ impl Broker {
         now: i64,
         ctx: &mut Ctx,
     ) -> Result<Approved, DeriveError> {
-        let a = self.approved(policy, tool, mode, call, now, ctx)?;
+        // Approvals are shared with every replica: looked up and made in
+        // the database's time; the token's cap back in ours (`now`).
+        let shared = self.shared_now();
+        let a = self.approved(policy, tool, mode, call, shared, ctx)?;
         let each_call = a.mode == Mode::EachCall;
-        let mut exp_cap = a.expires.max(now + 1);
+        let mut exp_cap = (a.expires + (now - shared)).max(now + 1);
         if each_call {
             exp_cap = exp_cap.min(now + approve::EACH_CALL_TOKEN_TTL);
         }

@@ -89,6 +89,10 @@ pub enum DeriveError {
     /// (a reload can); nothing issued.
     #[error("temporarily unavailable: {0}")]
     Unavailable(&'static str),
+    /// This instance's clock is off the database's beyond `clock.max_skew`
+    /// (`infra::skew`): nothing is issued until it is corrected.
+    #[error("{0}")]
+    ClockSkew(crate::infra::skew::TooFar),
     /// The person must open a link first (connect, allow, reconnect).
     #[error("{}", .0.kind.reason())]
     LinkRequired(Box<LinkRefusal>),
@@ -142,6 +146,7 @@ impl DeriveError {
             DeriveError::Denied(r) => r.as_str(),
             DeriveError::RateLimited { .. } => "rate_limited",
             DeriveError::Unavailable(_) => "temporarily_unavailable",
+            DeriveError::ClockSkew(_) => "clock_skew",
             DeriveError::LinkRequired(l) => l.kind.reason(),
             DeriveError::InvalidDetails(_) => "invalid_authorization_details",
             DeriveError::ApprovalRequired(_) => "approval_required",

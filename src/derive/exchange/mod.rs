@@ -71,6 +71,7 @@ use crate::derive::upstreams::Upstreams;
 use crate::infra::config::Config;
 use crate::infra::events::{Audit, Event, Kind};
 use crate::infra::metrics::Metrics;
+use crate::infra::skew::{Corrected, Skew};
 use crate::infra::store::{Store, StoreError};
 
 mod approval;
@@ -112,8 +113,15 @@ pub struct Broker {
     pub limits: Limits,
     /// The store.
     pub store: Arc<dyn Store>,
-    /// The clock.
+    /// The clock: this instance's, for what it signs and checks alone.
     pub clock: SharedClock,
+    /// This instance's offset from the shared store's clock, measured in
+    /// the background (`infra::skew`).
+    pub skew: Arc<Skew>,
+    /// The clock corrected by that offset: the database's time, for the
+    /// times replicas share (key activation, link and approval expiries).
+    /// The local clock where no offset is known (sled).
+    pub shared_clock: SharedClock,
     /// `issuer + "/v1/derive"` and `issuer + "/token"`, normalised for `htu`.
     htu: [String; 2],
     /// Connected services: vault, links, providers (`service` resources).
@@ -168,8 +176,12 @@ impl Broker {
         metrics
             .replay_cache_capacity
             .set(proofs.replay_cache().capacity() as i64);
+        let skew = Arc::new(Skew::new(&config.clock));
+        let shared_clock: SharedClock = Corrected::new(clock.clone(), skew.clone());
         Broker {
             limits: Limits::new(&config.limits),
+            skew,
+            shared_clock,
             config,
             policy: ArcSwap::from_pointee(policy),
             freeze,
@@ -187,6 +199,20 @@ impl Broker {
             started: clock.now(),
             clock,
         }
+    }
+
+    /// Uses `skew` (measured before the broker was built) for the clock
+    /// check and the corrected clock.
+    pub(crate) fn with_skew(mut self, skew: Arc<Skew>) -> Broker {
+        self.shared_clock = Corrected::new(self.clock.clone(), skew.clone());
+        self.skew = skew;
+        self
+    }
+
+    /// The database's time as this instance knows it (the local clock
+    /// corrected by the measured offset): for times other replicas act on.
+    pub fn shared_now(&self) -> i64 {
+        self.shared_clock.now()
     }
 
     /// Requires proxy nonces ([`dpop::Nonces::proxy`]) on proxied calls.

@@ -33,8 +33,11 @@ impl Broker {
         let allowed = self.policy_step(req, policy, &checked, ctx)?;
         let proof = self.proof_step(req, now)?;
         if let policy::Source::Service { service, delivery } = &allowed.grant.resource.source {
+            // The service source reads and writes times other replicas
+            // act on (links, provider token expiries): the database's time.
+            let shared = self.shared_now();
             let served = self
-                .derive_service(policy, &subject, &allowed.grant, service, now, ctx)
+                .derive_service(policy, &subject, &allowed.grant, service, shared, ctx)
                 .await?;
             match delivery {
                 policy::Delivery::ProviderToken => return Ok(served),
@@ -98,7 +101,7 @@ impl Broker {
             self.metrics.rate_limited.with_label_values(&["peer"]).inc();
             return Err(DeriveError::RateLimited { retry_after });
         }
-        policy
+        let checked = policy
             .prelude(self.freeze.is_set(), &req.resource, req.scope.as_deref())
             .map_err(|r| match r {
                 policy::Refusal::Frozen => DeriveError::Denied(DenyReason::Frozen),
@@ -106,7 +109,12 @@ impl Broker {
                     DeriveError::BadRequest("scope must be space-separated scope tokens".into())
                 }
                 policy::Refusal::InvalidTarget(e) => DeriveError::Target(e),
-            })
+            })?;
+        // A clock too far off the database's would mint tokens every
+        // verifier sees shifted: refused, from the last measured offset
+        // (memory only: no store call on any path).
+        self.skew.check().map_err(DeriveError::ClockSkew)?;
+        Ok(checked)
     }
 
     /// Step 3, the subject: the token, then the proof's nonce, then the

@@ -62,7 +62,7 @@ impl Broker {
             )
             .await?;
         ctx.narrowed = Some(t.narrowed);
-        let now = self.clock.now();
+        // The stored expiry is in the database's time (`now` is).
         let expires_in = t.expires_at.map(|e| e - now);
         if expires_in.is_some_and(|s| s <= 0) {
             // Never an expired token.

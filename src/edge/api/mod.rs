@@ -135,6 +135,13 @@ fn error_answer(err: &DeriveError, algs: &[Alg]) -> Answer {
         DeriveError::Unavailable(what) => {
             Answer::new(S::SERVICE_UNAVAILABLE, "temporarily_unavailable", *what)
         }
+        DeriveError::ClockSkew(_) => Answer::new(
+            S::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            "this instance's clock is too far off the database's (clock.max_skew); nothing was issued; retry, another replica may serve",
+        )
+        .reason("clock_skew")
+        .retry_after(10),
         DeriveError::LinkRequired(l) => Answer::connect_link(l),
         DeriveError::InvalidDetails(d) => {
             Answer::new(S::BAD_REQUEST, "invalid_authorization_details", d.clone())

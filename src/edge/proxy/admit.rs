@@ -64,6 +64,12 @@ impl Proxy {
         if self.broker.is_frozen() {
             return Err(Refusal::Frozen);
         }
+        // Before the token: a replica whose clock is too far off the
+        // database's checks `exp`, `iat` and nonces against the wrong time
+        // (memory only, the last measured offset).
+        if self.broker.skew.check().is_err() {
+            return Err(Refusal::ClockSkew);
+        }
         Ok(service)
     }
 }

@@ -29,6 +29,9 @@ pub(crate) enum Refusal {
     Path(PathError),
     /// The broker is frozen (403 `frozen`).
     Frozen,
+    /// This instance's clock is off the database's beyond
+    /// `clock.max_skew` (503 `clock_skew`).
+    ClockSkew,
     /// The token or its proof (401, with a DPoP challenge).
     Token(VerifyError),
     /// A fresh nonce is required (`[dpop] require_nonce`): 401
@@ -138,6 +141,7 @@ impl Refusal {
             Refusal::NotFound => "not_a_proxy_address",
             Refusal::Path(_) => "invalid_path",
             Refusal::Frozen => "frozen",
+            Refusal::ClockSkew => "clock_skew",
             Refusal::Token(VerifyError::Proof(_)) => "invalid_dpop_proof",
             Refusal::Token(VerifyError::AlreadyUsed) => "token_already_used",
             Refusal::Token(_) => "invalid_token",
@@ -173,6 +177,9 @@ impl Refusal {
         let forbidden = |d: &'static str| Answer::new(S::FORBIDDEN, "insufficient_scope", d);
         match self {
             Refusal::ProxyBusy => unavailable("too many proxied calls in flight; retry later"),
+            Refusal::ClockSkew => unavailable(
+                "this instance's clock is too far off the database's (clock.max_skew); nothing was sent; retry, another replica may serve",
+            ),
             Refusal::Shape(Shape::Method) => bad("CONNECT and TRACE are never proxied"),
             Refusal::Shape(Shape::AbsoluteForm) => {
                 bad("an absolute-form request target is refused; send the path only")
@@ -297,6 +304,7 @@ impl Refusal {
             | Refusal::ReplayStore(_)
             | Refusal::NotConfigured(_)
             | Refusal::AuditUnavailable => answer.retry_after(1),
+            Refusal::ClockSkew => answer.retry_after(10),
             _ => answer,
         };
         answer.response()

@@ -50,7 +50,7 @@ use crate::base::grammar::secure_or_loopback;
 use crate::base::jose::Alg;
 use crate::infra::diagnostics::{key_at, parse_toml, Problem};
 use crate::infra::reserved::reserved_problems;
-use raw::{RawConfig, RawDpop, RawLimits, RawProxy};
+use raw::{RawClock, RawConfig, RawDpop, RawLimits, RawProxy};
 
 /// Errors loading the config: all problems found, each with its place.
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +127,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// The egress proxy's limits and timeouts (`[proxy]`).
     pub proxy: ProxyConfig,
+    /// `[clock]`: the bounds on the offset from the shared store's clock.
+    pub clock: ClockConfig,
     /// Trusted subject-token issuers.
     pub trusted_issuers: Vec<IssuerConfig>,
     /// Deprecated (`[vault] key_dir`): the directory where installs made
@@ -158,6 +160,20 @@ pub struct DpopConfig {
     pub replay_capacity: usize,
     /// The memory the replay cache's slots may take, in bytes.
     pub replay_cache_bytes: usize,
+}
+
+/// `[clock]`: the bounds on this instance's offset from the database's
+/// clock, measured only with `[postgres]` (docs/STORE.md, "Clocks").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClockConfig {
+    /// Beyond it derives and proxied calls are refused (503 `clock_skew`);
+    /// default 5 s, never more than the verifiers' leeway
+    /// ([`credbroker_verify::SKEW`]).
+    pub max_skew: Duration,
+    /// Beyond it a warning is logged; default 2 s, below `max_skew`.
+    pub warn_skew: Duration,
+    /// How often the offset is measured; default 10 s.
+    pub check_interval: Duration,
 }
 
 /// `[proxy]`: the egress proxy's limits and timeouts (docs/PROXY.md).
@@ -246,6 +262,7 @@ impl Config {
         let dpop = dpop(raw.dpop, raw.postgres.is_some(), &mut check);
         let limits = limits(&raw.limits, &dpop, &mut check);
         let proxy = proxy(&raw.proxy, &mut check);
+        let clock = clock(&raw.clock, &mut check);
         let trusted_issuers =
             issuers::trusted_issuers(raw.trusted_issuers, &issuer, &raw.agent, &mut check);
         let quickstart_demo = raw
@@ -290,6 +307,7 @@ impl Config {
             dpop,
             limits,
             proxy,
+            clock,
             trusted_issuers,
             vault_key_dir: match raw.vault {
                 Some(v) => check.rel(&v.key_dir),
@@ -479,6 +497,53 @@ fn proxy(raw: &RawProxy, check: &mut Check<'_>) -> ProxyConfig {
         );
     }
     cfg
+}
+
+/// Validates `[clock]`.
+fn clock(raw: &RawClock, check: &mut Check<'_>) -> ClockConfig {
+    let leeway = Duration::from_secs(credbroker_verify::SKEW as u64);
+    let mut duration =
+        |key: &str, v: &Option<String>, default: Duration, most: Duration, what: &str| match v
+            .as_deref()
+        {
+            None => default,
+            Some(t) => match parse_duration(t) {
+                Some(d) if d >= Duration::from_millis(100) && d <= most => d,
+                _ => {
+                    check.bad(key, what);
+                    default
+                }
+            },
+        };
+    let max_skew = duration(
+        "clock.max_skew",
+        &raw.max_skew,
+        leeway,
+        leeway,
+        "must be a duration between 100ms and 5s, such as \"5s\" (no more than the 5 s leeway verifiers allow a token's iat and exp)",
+    );
+    let warn_skew = duration(
+        "clock.warn_skew",
+        &raw.warn_skew,
+        Duration::from_secs(2),
+        leeway,
+        "must be a duration between 100ms and 5s, such as \"2s\"",
+    );
+    let check_interval = duration(
+        "clock.check_interval",
+        &raw.check_interval,
+        Duration::from_secs(10),
+        Duration::from_secs(300),
+        "must be a duration between 100ms and 5m, such as \"10s\"",
+    );
+    if warn_skew > max_skew {
+        check.bad("clock.warn_skew", "must not be above clock.max_skew");
+    }
+    ClockConfig {
+        max_skew,
+        warn_skew,
+        check_interval,
+    }
 }
 
 /// Validates `[limits]`.

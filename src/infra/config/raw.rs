@@ -34,6 +34,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) proxy: RawProxy,
     #[serde(default)]
+    pub(super) clock: RawClock,
+    #[serde(default)]
     pub(super) trusted_issuers: Vec<RawIssuer>,
     #[serde(default)]
     pub(super) vault: Option<RawVault>,
@@ -223,6 +225,18 @@ pub(super) struct RawDpop {
     pub(super) replay_capacity: Option<usize>,
     #[serde(default)]
     pub(super) replay_cache_bytes: Option<usize>,
+}
+
+/// `[clock]`: the bounds on this instance's offset from the shared store's
+/// clock.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct RawClock {
+    #[serde(default)]
+    pub(super) max_skew: Option<String>,
+    #[serde(default)]
+    pub(super) warn_skew: Option<String>,
+    #[serde(default)]
+    pub(super) check_interval: Option<String>,
 }
 
 /// `[proxy]`: the egress proxy's limits and timeouts.

@@ -16,10 +16,6 @@ const fn key(key: &'static str, doc_type: &'static str, issue: u32) -> ReservedK
 
 /// Every reserved config key, in the order of `docs/CONFIGURATION.md`.
 pub const RESERVED_KEYS: &[ReservedKey] = &[
-    // Issue 40: the clock's offset from the store (faults).
-    key("clock.max_skew", "duration", 40),
-    key("clock.warn_skew", "duration", 40),
-    key("clock.check_interval", "duration", 40),
     // Issue 41: upstream authorization servers (token exchange, ID-JAG).
     key("upstreams.<name>.introspection_endpoint", "URL", 41),
     key("upstreams.<name>.grant", "string", 41),

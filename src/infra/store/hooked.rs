@@ -77,6 +77,12 @@ impl Store for Hooked {
     fn is_healthy(&self) -> bool {
         self.inner.is_healthy()
     }
+    fn clock_sample(
+        &self,
+        local: &crate::base::clock::SharedClock,
+    ) -> Result<Option<super::ClockSample>, StoreError> {
+        self.inner.clock_sample(local)
+    }
     fn insert_expiring(
         &self,
         t: Tree,

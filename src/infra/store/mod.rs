@@ -167,6 +167,18 @@ impl Tree {
     }
 }
 
+/// One reading of a shared store's clock ([`Store::clock_sample`]), in
+/// milliseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockSample {
+    /// Ours, just before the query was sent.
+    pub sent_ms: i64,
+    /// Ours, just after its answer arrived.
+    pub received_ms: i64,
+    /// The store's, read while the query ran.
+    pub store_ms: i64,
+}
+
 /// Storage errors. They never carry record values.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -292,6 +304,18 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// its outage is then everyone's, and readiness does not depend on it.
     fn is_shared(&self) -> bool {
         false
+    }
+
+    /// One reading of the store's clock for the clock-offset check
+    /// (`infra::skew`): `local`'s time just before the query is sent and
+    /// just after its answer, and the store's clock in between. `None`
+    /// where the store has no clock of its own (sled: one instance, no
+    /// one to disagree with).
+    fn clock_sample(
+        &self,
+        _local: &crate::base::clock::SharedClock,
+    ) -> Result<Option<ClockSample>, StoreError> {
+        Ok(None)
     }
 
     /// Inserts an expiring entry that lives for `ttl` by the store's clock,

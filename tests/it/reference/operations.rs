@@ -699,7 +699,8 @@ fn every_reserved_metric_is_documented_as_reserved_and_not_registered() {
             help: String::new(),
         })
         .collect();
-    assert!(code.len() >= 15 && doc.len() >= 15, "{code:?} / {doc:?}");
+    // Issues 40 and 41 registered four of them since; thirteen remain.
+    assert!(code.len() >= 13 && doc.len() >= 13, "{code:?} / {doc:?}");
     let problems = compare_metrics(&doc, &code);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     // Reserved means not served: none is registered (a feature that

@@ -4,6 +4,9 @@
 //! schema's versions, and failing closed while the server is away.
 mod accounts;
 mod browser;
+// The replica's clock is moved with the `failpoints` build's clock injection.
+#[cfg(feature = "failpoints")]
+mod clock_skew;
 mod contract;
 mod copy;
 mod dpop_nonces;

@@ -725,6 +725,36 @@ impl Store for PgStore {
         true
     }
 
+    fn clock_sample(
+        &self,
+        local: &crate::base::clock::SharedClock,
+    ) -> Result<Option<super::ClockSample>, StoreError> {
+        let local = local.clone();
+        self.run("read the database's clock", move |c| async move {
+            // Timed around the query alone, on a connection already had
+            // (waiting for the pool or connecting would make the round trip
+            // lopsided), and as a simple query: one round trip, where a
+            // statement prepared first would take two.
+            let sent_ms = local.now_ms();
+            let answer = c
+                .simple_query("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint")
+                .await
+                .map_err(pg_error)?;
+            let received_ms = local.now_ms();
+            let store_ms = answer.iter().find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => {
+                    r.get(0).and_then(|v| v.parse::<i64>().ok())
+                }
+                _ => None,
+            });
+            Ok(store_ms.map(|store_ms| super::ClockSample {
+                sent_ms,
+                received_ms,
+                store_ms,
+            }))
+        })
+    }
+
     fn insert_expiring(
         &self,
         tree: Tree,
