@@ -81,7 +81,7 @@ pub(super) fn proof(set: &ReplicaSet, k: &Es256Key, token: &str, nonce: Option<&
 
 /// A proof with the nonce of replica `to`, accepted there: the headers of
 /// the served call, and its answer.
-pub(super) async fn served_on(
+async fn served_on(
     set: &ReplicaSet,
     to: usize,
     k: &Es256Key,

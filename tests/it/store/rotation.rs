@@ -9,9 +9,10 @@
 
 use std::time::Duration;
 
-use super::proxy_replay::{connected_with, post, posts, proof, served_on};
+use super::proxy_replay::{connected_with, post, posts, proof};
 use crate::proxy::rotation::{active_kid, kid_of, rotate, short_delay, wait_active};
 use crate::support::postgres::cluster_or_not_shown;
+use crate::support::replicas::ReplicaSet;
 use crate::support::services::issued;
 use crate::support::TestBroker;
 use credbroker::internals::jose::Es256Key;
@@ -25,6 +26,25 @@ async fn token_by(a: &TestBroker, k: &Es256Key, subject: &str, proxy: &str, kid:
     let t = t.access_token.expose().clone();
     assert_eq!(kid_of(&t), kid, "not signed by the active key");
     t
+}
+
+/// A proxied call through replica `to`: first without a nonce, which a
+/// replica whose verifier takes the token challenges (401
+/// `use_dpop_nonce`), then with the nonce; the second answer.
+async fn served(
+    set: &ReplicaSet,
+    to: usize,
+    k: &Es256Key,
+    token: &str,
+    what: &str,
+) -> (u16, String) {
+    let (status, nonce, body) = post(set, to, token, &proof(set, k, token, None)).await;
+    assert!(
+        status == 401 && body.contains("use_dpop_nonce"),
+        "{what}: the token was not taken ({status}): {body}"
+    );
+    let (status, _, body) = post(set, to, token, &proof(set, k, token, nonce.as_deref())).await;
+    (status, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -45,7 +65,14 @@ async fn every_replica_s_proxy_follows_ten_rotations() {
         let old = active_kid(a);
         let before = token_by(a, &k, &subject, &proxy, &old).await;
         for to in [0, 1] {
-            let (_, (status, _, body)) = served_on(&set, to, &k, &before).await;
+            let (status, body) = served(
+                &set,
+                to,
+                &k,
+                &before,
+                &format!("rotation {i}, replica {to}, before"),
+            )
+            .await;
             assert_eq!(status, 201, "rotation {i}, replica {to}, before: {body}");
         }
         let new = rotate(&set.brokers[i % 2], emergency);
@@ -71,7 +98,14 @@ async fn every_replica_s_proxy_follows_ten_rotations() {
                 assert_eq!(posts(&api), seen, "it went upstream");
             }
             // Challenged (the token verified), then served.
-            let (_, (status, _, body)) = served_on(&set, to, &k, &after).await;
+            let (status, body) = served(
+                &set,
+                to,
+                &k,
+                &after,
+                &format!("rotation {i}, replica {to}, after"),
+            )
+            .await;
             assert_eq!(
                 status, 201,
                 "rotation {i} (emergency: {emergency}), replica {to}: a token signed by the new key {new}: {body}"
