@@ -16,15 +16,17 @@
 //! kill it: `vault.refresh.lease_taken` (a refresh lease just taken, see
 //! [`crate::accounts::vault`]).
 //!
-//! A shifted clock: when [`CLOCK_ENV`] holds a signed number of seconds,
-//! the instance's clock ([`clock`]) runs that far ahead of the system's
-//! (behind, when negative), as a replica whose clock drifted would: the
-//! clock-skew tests (`tests/it/store/clock_skew.rs`) run one replica so.
+//! A shifted clock: when `CREDBROKER_FAILPOINT_CLOCK_OFFSET` holds a signed
+//! number of seconds, the instance's clock ([`clock`]) runs that far ahead
+//! of the system's (behind, when negative), as a replica whose clock
+//! drifted would: the clock-skew tests (`tests/it/store/clock_skew.rs`) run
+//! one replica so.
 
 /// The environment variable that arms one point.
 pub const ENV: &str = "CREDBROKER_FAILPOINT";
 
 /// The environment variable that shifts the instance's clock (seconds).
+#[cfg(feature = "failpoints")]
 pub(crate) const CLOCK_ENV: &str = "CREDBROKER_FAILPOINT_CLOCK_OFFSET";
 
 /// `base`, shifted by [`CLOCK_ENV`]'s seconds when it is set.
