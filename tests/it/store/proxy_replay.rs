@@ -47,7 +47,19 @@ pub(super) async fn post(
     token: &str,
     proof: &str,
 ) -> (u16, Option<String>, String) {
-    set.lb.pick(Pick::To(to));
+    post_picked(set, Pick::To(to), token, proof).await
+}
+
+/// [`post`], with the forwarder picking the replica as `pick` says (with
+/// [`Pick::RoundRobin`], the next replica in turn: a front that chooses
+/// a replica per request).
+pub(super) async fn post_picked(
+    set: &ReplicaSet,
+    pick: Pick,
+    token: &str,
+    proof: &str,
+) -> (u16, Option<String>, String) {
+    set.lb.pick(pick);
     let r = reqwest::Client::builder()
         .no_proxy()
         .build()
@@ -102,13 +114,14 @@ async fn connected(
     cluster: &'static crate::support::postgres::Cluster,
     db: &str,
 ) -> (ReplicaSet, ApiStandin, String, Es256Key, String) {
-    connected_with(cluster, db, None).await
+    connected_with(cluster, db, 2, None).await
 }
 
-/// [`connected`], with the replicas' config text edited by `edit`.
+/// [`connected`], with `n` replicas and their config text edited by `edit`.
 pub(super) async fn connected_with(
     cluster: &'static crate::support::postgres::Cluster,
     db: &str,
+    n: usize,
     edit: Option<fn(String) -> String>,
 ) -> (ReplicaSet, ApiStandin, String, Es256Key, String) {
     let lb = Forwarder::start();
@@ -118,7 +131,7 @@ pub(super) async fn connected_with(
     let set = ReplicaSet::start(
         lb,
         database(cluster, db),
-        2,
+        n,
         ProviderOpts {
             extra_config: format!("api_base = \"{api_base}\"\n\n[proxy]\n"),
             extra_policy: policy(&issuer),
