@@ -45,7 +45,10 @@ try {
     const here = page.url();
     // The 404 page also says to go back to the agent: the status first.
     if (status === 404) { done = 'not_found'; break; }
-    if (text.includes('Go back to your agent: it continues')) { done = 'completed'; break; }
+    // A link that connected or allowed ends on /done/connected (or
+    // reconnected, allowed), naming the service after it when the person is
+    // signed in; its text names the agent, so the address is what is matched.
+    if (/^\/done\/(connected|reconnected|allowed)(\/|$)/.test(new URL(here).pathname)) { done = 'completed'; break; }
     if (text.includes('made for another account')) { done = 'other_person'; break; }
     if (await page.$('a.button[href^="/signin/oidc"]')) {
       out({ at: here, action: 'sign in at the IdP' });
