@@ -45,10 +45,11 @@ try {
     const here = page.url();
     // The 404 page also says to go back to the agent: the status first.
     if (status === 404) { done = 'not_found'; break; }
-    // A link that connected or allowed ends on /done/connected (or
-    // reconnected, allowed), naming the service after it when the person is
-    // signed in; its text names the agent, so the address is what is matched.
-    if (/^\/done\/(connected|reconnected|allowed)(\/|$)/.test(new URL(here).pathname)) { done = 'completed'; break; }
+    // A link that did what it was for ends on /done/connected, reconnected,
+    // allowed or approved; the first three name the service after it when
+    // the person is signed in, and their text names the agent, so the
+    // address is what is matched.
+    if (/^\/done\/(connected|reconnected|allowed|approved)(\/|$)/.test(new URL(here).pathname)) { done = 'completed'; break; }
     if (text.includes('made for another account')) { done = 'other_person'; break; }
     if (await page.$('a.button[href^="/signin/oidc"]')) {
       out({ at: here, action: 'sign in at the IdP' });
