@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -107,13 +108,25 @@ class SQLiteSingleUseStore:
         )
         self._lock = threading.Lock()
         self._swept = float("-inf")
+        # Switching a new file to WAL while another process does the same
+        # can answer "database is locked" at once, without SQLite's busy
+        # wait (seen with several workers starting together): the set-up is
+        # retried until ``timeout``, then the error is raised.
+        deadline = time.monotonic() + timeout
         with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(
-                "CREATE TABLE IF NOT EXISTS credbroker_single_use ("
-                " iss TEXT NOT NULL, jti TEXT NOT NULL, expires_at INTEGER NOT NULL,"
-                " PRIMARY KEY (iss, jti))"
-            )
+            while True:
+                try:
+                    self._db.execute("PRAGMA journal_mode=WAL")
+                    self._db.execute(
+                        "CREATE TABLE IF NOT EXISTS credbroker_single_use ("
+                        " iss TEXT NOT NULL, jti TEXT NOT NULL, expires_at INTEGER NOT NULL,"
+                        " PRIMARY KEY (iss, jti))"
+                    )
+                    break
+                except sqlite3.OperationalError as e:
+                    if "locked" not in str(e) or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.01)
 
     def insert_if_absent(self, iss: str, jti: str, expires_at: int, now: float) -> bool:
         with self._lock:
