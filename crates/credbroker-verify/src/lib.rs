@@ -51,6 +51,7 @@ pub mod clock;
 pub mod dpop;
 pub mod jose;
 pub mod keyset;
+pub mod request;
 pub mod secret;
 
 // The README's example runs as a doctest, so it cannot go stale.
