@@ -208,6 +208,10 @@ impl Reloader {
         let tools = policy.tools.len();
         // The one atomic swap: derives in flight keep the snapshot they took.
         b.policy.store(Arc::new(policy));
+        // Exchanged tokens kept for reuse were granted by the policy before:
+        // none is given again under this one (the reuse key names the policy
+        // hash too; dropping them also frees their memory now).
+        b.drop_exchanged_tokens();
         let now = b.clock.now();
         b.metrics.policy_info.set_only(&hash);
         b.metrics.policy_loaded_time.set(now as f64);

@@ -80,6 +80,10 @@ pub(crate) fn exposition(b: &Broker) -> Response<Body> {
     b.metrics
         .replay_cache_entries
         .set(b.proofs.replay_cache().len() as i64);
+    b.metrics.upstream_token_cache_entries.set(
+        b.upstreams()
+            .map_or(0, |u| u.reuse().live(b.clock.now()) as i64),
+    );
     let ready = readiness(b)["ready"] == true;
     b.metrics.ready.set(i64::from(ready));
     plain(

@@ -54,11 +54,14 @@ pub struct Metrics {
     pub proxy_latency: HistogramVec,
     /// Token exchanges sent to upstream authorization servers, by upstream
     /// (a config name) and outcome (`issued`, `refused`, `unavailable`,
-    /// `bad_answer`).
+    /// `bad_answer`), and exchanged tokens given again (`reused`).
     pub upstream_exchanges: IntCounterVec,
     /// Their latency in seconds, the answer's checks included, by upstream
-    /// and outcome.
+    /// and outcome (exchanges sent only).
     pub upstream_exchange_latency: HistogramVec,
+    /// Exchanged tokens kept for reuse that can still be given, computed
+    /// when read.
+    pub upstream_token_cache_entries: IntGauge,
     /// This instance's clock minus the database's, in seconds, as last
     /// measured (`[postgres]` only).
     pub clock_offset: Gauge,
@@ -115,7 +118,6 @@ const fn reserved(
 
 /// Every reserved metric, in the order of `docs/OPERATIONS.md`.
 pub const RESERVED: &[ReservedMetric] = &[
-    reserved("credbroker_upstream_token_cache_entries", "gauge", &[], 41),
     reserved(
         "credbroker_ssf_events_total",
         "counter",
@@ -187,11 +189,11 @@ fn clock_metrics() -> (Gauge, Gauge) {
 
 /// The token exchanges at upstream authorization servers: their counter
 /// and their latency, by upstream and outcome.
-fn upstream_metrics() -> (IntCounterVec, HistogramVec) {
+fn upstream_metrics() -> (IntCounterVec, HistogramVec, IntGauge) {
     let count = must(IntCounterVec::new(
         Opts::new(
             "upstream_exchanges_total",
-            "Token exchanges sent to upstream authorization servers, by upstream and outcome",
+            "Token exchanges sent to upstream authorization servers, and exchanged tokens given again (outcome reused), by upstream and outcome",
         ),
         &["upstream", "outcome"],
     ));
@@ -203,7 +205,11 @@ fn upstream_metrics() -> (IntCounterVec, HistogramVec) {
         .buckets(vec![0.001, 0.005, 0.025, 0.1, 0.5, 2.0, 10.0]),
         &["upstream", "outcome"],
     ));
-    (count, latency)
+    let cached = must(IntGauge::new(
+        "upstream_token_cache_entries",
+        "Exchanged tokens kept for reuse that can still be given",
+    ));
+    (count, latency, cached)
 }
 
 /// A gauge vector whose only label is replaced on each set (policy hash).
@@ -317,7 +323,8 @@ impl Metrics {
             .buckets(vec![0.001, 0.005, 0.025, 0.1, 0.5, 2.0, 10.0, 30.0]),
             &["service"],
         ));
-        let (upstream_exchanges, upstream_exchange_latency) = upstream_metrics();
+        let (upstream_exchanges, upstream_exchange_latency, upstream_token_cache_entries) =
+            upstream_metrics();
         let (clock_offset, clock_offset_checked) = clock_metrics();
         let metrics = Metrics {
             registry,
@@ -339,6 +346,7 @@ impl Metrics {
             proxy_latency,
             upstream_exchanges,
             upstream_exchange_latency,
+            upstream_token_cache_entries,
             clock_offset,
             clock_offset_checked,
         };
@@ -370,6 +378,7 @@ impl Metrics {
             Box::new(self.proxy_latency.clone()),
             Box::new(self.upstream_exchanges.clone()),
             Box::new(self.upstream_exchange_latency.clone()),
+            Box::new(self.upstream_token_cache_entries.clone()),
             Box::new(self.clock_offset.clone()),
             Box::new(self.clock_offset_checked.clone()),
         ]

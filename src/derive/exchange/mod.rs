@@ -269,6 +269,9 @@ impl Broker {
     /// it; called when the store's `State` tree changes.
     pub fn reload_frozen(&self) {
         if let Some(on) = self.freeze.reload(self.store.as_ref()) {
+            if on {
+                self.drop_exchanged_tokens();
+            }
             self.metrics
                 .frozen
                 .set(i64::from(on || self.policy.load().frozen));
@@ -278,6 +281,9 @@ impl Broker {
     /// Sets or lifts the emergency freeze ([`freeze::State::set`]: a set
     /// freeze applies even when the store does not take it).
     pub fn set_frozen(&self, on: bool) -> Result<(), StoreError> {
+        if on {
+            self.drop_exchanged_tokens();
+        }
         let r = self.freeze.set(self.store.as_ref(), on);
         self.metrics.frozen.set(i64::from(self.is_frozen()));
         r
@@ -387,6 +393,7 @@ impl Broker {
         e.details_sha256 = ctx.details_sha256.as_deref();
         e.upstream = ctx.upstream.as_deref();
         e.expires_at = ctx.expires_at;
+        e.reused = ctx.reused;
         e
     }
 }
@@ -406,4 +413,6 @@ struct Ctx {
     upstream: Option<String>,
     /// For an exchanged token: its expiry.
     expires_at: Option<i64>,
+    /// For an exchanged token: whether it was given again.
+    reused: Option<bool>,
 }

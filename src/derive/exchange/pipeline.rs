@@ -61,8 +61,22 @@ impl Broker {
                     "an exchange resource cannot serve a tool with approvals or details",
                 ));
             }
+            // Never shared between derives when the tool has approvals or
+            // the call has details (refused just above today; kept as the
+            // rule should that refusal be relaxed).
+            let reusable = allowed.tool.approval.is_none() && allowed.details.is_none();
             return self
-                .derive_upstream(req, &subject, &proof, &allowed.grant, upstream, now, ctx)
+                .derive_upstream(
+                    req,
+                    &subject,
+                    &proof,
+                    policy,
+                    &allowed.grant,
+                    upstream,
+                    reusable,
+                    now,
+                    ctx,
+                )
                 .await;
         }
         let approved = match allowed.tool.approval {

@@ -5,8 +5,8 @@
 
 use crate::accounts::subject::Subject;
 use crate::base::dpop::ValidProof;
-use crate::derive::policy::Grant;
-use crate::derive::upstreams::{ExchangeInput, UpstreamError};
+use crate::derive::policy::{Grant, Policy};
+use crate::derive::upstreams::{ExchangeInput, ReuseKey, UpstreamError};
 
 use super::{Broker, Ctx, DeriveError, DeriveRequest, Issued};
 
@@ -14,6 +14,16 @@ impl Broker {
     /// The exchange at `upstream` for this derive: the person's subject
     /// token, the resource, exactly the granted scopes, and the tool's
     /// relayed proof; the answer checked before it is handed over.
+    ///
+    /// Or, when the upstream has a `reuse_margin` and `reusable` (the tool
+    /// has no approval and the call no details), a token it issued before
+    /// for the very same derive ([`crate::derive::upstreams::ReuseKey`]:
+    /// person, agent, tool, step, resource, scopes, key, policy hash), with
+    /// the margin left and ending no later than this subject token. That
+    /// needs no call to the AS, so the relayed proof is neither required
+    /// nor read (it is dropped, sent nowhere): the derive proof, checked
+    /// in full before this step, already proves possession of the key the
+    /// token is bound to, whose thumbprint is part of the reuse key.
     // reason: the pipeline's parts this step reads, each borrowed; one
     // caller (`pipeline::run`).
     #[allow(clippy::too_many_arguments)]
@@ -22,8 +32,10 @@ impl Broker {
         req: &DeriveRequest,
         subject: &Subject,
         proof: &ValidProof,
+        policy: &Policy,
         grant: &Grant,
         upstream: &str,
+        reusable: bool,
         now: i64,
         ctx: &mut Ctx,
     ) -> Result<(Issued, String), DeriveError> {
@@ -35,6 +47,34 @@ impl Broker {
         let Some(ups) = self.upstreams.as_ref() else {
             return Err(fail(UpstreamError::NotConfigured));
         };
+        let reuse_key = ReuseKey {
+            upstream,
+            resource: &grant.resource.canonical,
+            person_iss: &subject.person.iss,
+            person_sub: &subject.person.sub,
+            agent: &self.config.agent,
+            tool: &req.tool,
+            step: &req.step,
+            scopes: &grant.scopes,
+            jkt: &proof.jkt,
+            policy_hash: &policy.hash,
+        };
+        // The margin only when this derive may share a token at all.
+        let margin = ups.reuse_margin(upstream).filter(|_| reusable);
+        if let Some(margin) = margin {
+            // An entry exists only for a subject issuer listed for this
+            // upstream (it was exchanged), and the config is not reloaded.
+            if let Some(t) = ups.reuse().get(&reuse_key, margin, now, subject.exp) {
+                self.metrics
+                    .upstream_exchanges
+                    .with_label_values(&[upstream, "reused"])
+                    .inc();
+                ctx.expires_at = Some(t.exp);
+                ctx.reused = Some(true);
+                return Ok((issued(t.access_token, t.exp - now, grant), t.id));
+            }
+        }
+        let ticket = ups.reuse().ticket();
         let input = ExchangeInput {
             upstream,
             resource: &grant.resource.canonical,
@@ -61,20 +101,58 @@ impl Broker {
         };
         let t = ups.exchange(&input, observe).await.map_err(fail)?;
         ctx.expires_at = Some(t.exp);
-        let expires_in = t.exp - self.clock.now();
+        ctx.reused = Some(false);
+        let after = self.clock.now();
+        let expires_in = t.exp - after;
         if expires_in <= 0 {
             return Err(fail(UpstreamError::TokenRejected("it expired on its way")));
         }
-        Ok((
-            Issued {
-                access_token: t.access_token,
-                expires_in: Some(expires_in),
-                scope: grant.scopes.join(" "),
-                token_type: std::borrow::Cow::Borrowed("DPoP"),
-                sender_constrained: true,
-                authorization_details: None,
-            },
-            t.id,
-        ))
+        if let Some(margin) = margin {
+            ups.reuse().put(
+                ticket,
+                &reuse_key,
+                &t.access_token,
+                t.exp,
+                &t.id,
+                margin,
+                after,
+            );
+        }
+        Ok((issued(t.access_token, expires_in, grant), t.id))
+    }
+
+    /// Drops every exchanged token kept for reuse for the person (`iss`,
+    /// `sub`); returns how many. The person-level stop (issue 43) calls it
+    /// when it stops a person, so no token of theirs is given again (their
+    /// derives are refused by the stop itself; this makes sure a lifted
+    /// stop does not bring back a token issued before it).
+    pub fn drop_exchanged_tokens_of(&self, iss: &str, sub: &str) -> usize {
+        self.upstreams
+            .as_ref()
+            .map_or(0, |u| u.reuse().drop_person(iss, sub))
+    }
+
+    /// Drops every exchanged token kept for reuse: on a freeze and on a
+    /// policy reload.
+    pub(crate) fn drop_exchanged_tokens(&self) {
+        if let Some(u) = &self.upstreams {
+            u.reuse().clear();
+        }
+    }
+}
+
+/// The answer for an exchanged (or reused) token.
+fn issued(
+    access_token: crate::base::secret::SecretString,
+    expires_in: i64,
+    grant: &Grant,
+) -> Issued {
+    Issued {
+        access_token,
+        expires_in: Some(expires_in),
+        scope: grant.scopes.join(" "),
+        token_type: std::borrow::Cow::Borrowed("DPoP"),
+        sender_constrained: true,
+        authorization_details: None,
     }
 }

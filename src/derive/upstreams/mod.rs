@@ -32,6 +32,9 @@ use crate::infra::config::{AudienceParam, ScopeClaim, UpstreamConfig, UpstreamRe
 mod answer;
 mod call;
 mod proof;
+mod reuse;
+
+pub(crate) use reuse::{Cache as ReuseCache, ReuseKey};
 
 /// The RFC 8693 token type of access tokens.
 pub(crate) const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
@@ -151,6 +154,8 @@ struct Upstream {
 pub struct Upstreams {
     by_name: BTreeMap<String, Upstream>,
     proofs: dpop::Validator,
+    /// Exchanged tokens kept for reuse (`reuse_margin`).
+    reuse: ReuseCache,
 }
 
 /// Why the upstreams could not be set up (names the key, never a secret).
@@ -222,12 +227,25 @@ impl Upstreams {
         Ok(Upstreams {
             by_name,
             proofs: dpop::Validator::new(algs, replay_capacity, None),
+            reuse: ReuseCache::default(),
         })
     }
 
     /// Whether `name` is configured.
     pub fn contains(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
+    }
+
+    /// The exchanged tokens kept for reuse.
+    pub(crate) fn reuse(&self) -> &ReuseCache {
+        &self.reuse
+    }
+
+    /// How long (seconds) a token of `name` must still live to be given
+    /// again (`reuse_margin`); `None`: its tokens are never reused.
+    pub fn reuse_margin(&self, name: &str) -> Option<i64> {
+        let u = self.by_name.get(name)?;
+        u.cfg.reuse_margin.map(|d| d.as_secs() as i64)
     }
 
     /// Learns every upstream's endpoints now (start-up); a failure is

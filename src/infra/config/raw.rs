@@ -67,6 +67,8 @@ pub(super) struct RawUpstream {
     #[serde(default)]
     pub(super) timeout: Option<String>,
     #[serde(default)]
+    pub(super) reuse_margin: Option<String>,
+    #[serde(default)]
     pub(super) resources: BTreeMap<String, RawUpstreamResource>,
 }
 

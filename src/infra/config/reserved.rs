@@ -23,7 +23,6 @@ pub const RESERVED_KEYS: &[ReservedKey] = &[
     key("upstreams.<name>.subject_audience", "string", 41),
     key("upstreams.<name>.actor_token", "boolean", 41),
     key("upstreams.<name>.send_authorization_details", "boolean", 41),
-    key("upstreams.<name>.reuse_margin", "duration", 41),
     key("outbound.use_env_proxy", "boolean", 41),
     // Issue 43: person-level revocation, Shared Signals, introspection.
     key("revocation.max_event_age", "duration", 43),

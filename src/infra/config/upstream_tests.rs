@@ -91,6 +91,14 @@ fn bad_upstream_values_name_the_file_the_key_and_the_cause() {
             "upstreams.okta.timeout: must be a duration between 1ms and 60s",
         ),
         (
+            format!("{GOOD}reuse_margin = \"300s\"\n"),
+            "upstreams.okta.reuse_margin: must be a duration from 1s to under 300s",
+        ),
+        (
+            format!("{GOOD}reuse_margin = \"0s\"\n"),
+            "upstreams.okta.reuse_margin: must be a duration from 1s to under 300s",
+        ),
+        (
             format!("{GOOD}[upstreams.okta.resources.\"https://crm.example/api\"]\nscope_claim = \"scopes\"\n"),
             "scope_claim: must be \"scope\" or \"scp\"",
         ),
@@ -108,6 +116,12 @@ fn bad_upstream_values_name_the_file_the_key_and_the_cause() {
         shown.ends_with("upstreams.okta.grant: reserved: not yet implemented (issue 41)"),
         "{shown}"
     );
-    // Control: the table itself loads.
-    parse(GOOD).unwrap();
+    // Control: the table itself loads, without reuse by default and with
+    // a margin in range.
+    assert_eq!(parse(GOOD).unwrap().upstreams["okta"].reuse_margin, None);
+    let c = parse(&format!("{GOOD}reuse_margin = \"60s\"\n")).unwrap();
+    assert_eq!(
+        c.upstreams["okta"].reuse_margin,
+        Some(std::time::Duration::from_secs(60))
+    );
 }

@@ -11,6 +11,10 @@ use super::raw::{RawUpstream, RawUpstreamResource};
 use super::{parse_duration, Check, IssuerConfig};
 use crate::base::grammar::secure_or_loopback;
 
+/// The longest an exchanged token lives (seconds): a `reuse_margin` must be
+/// below it, or no token could ever be given again.
+const MAX_TOKEN_SECS: u64 = 300;
+
 /// How credbroker authenticates to an upstream's token endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamClientAuth {
@@ -80,6 +84,9 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     /// Bound on a whole call, the answer read.
     pub timeout: Duration,
+    /// How long a token must still live to be given again to the same
+    /// derive (docs/UPSTREAM.md, "Reuse"); `None`: never reused.
+    pub reuse_margin: Option<Duration>,
     /// Per resource URI (as written; the policy's resource is matched after
     /// normalisation where the policy is known).
     pub resources: BTreeMap<String, UpstreamResource>,
@@ -209,6 +216,16 @@ fn upstream(
     };
     let connect_timeout = timeout("connect_timeout", &u.connect_timeout, 3);
     let total = timeout("timeout", &u.timeout, 10);
+    let reuse_margin = u.reuse_margin.as_deref().and_then(|m| match parse_duration(m) {
+        Some(d) if d >= Duration::from_secs(1) && d.as_secs() < MAX_TOKEN_SECS => Some(d),
+        _ => {
+            check.bad(
+                &format!("{key}.reuse_margin"),
+                "must be a duration from 1s to under 300s, such as \"60s\": the least a token must still live to be given again",
+            );
+            None
+        }
+    });
     let mut resources = BTreeMap::new();
     for (uri, r) in u.resources {
         if let Some(r) = resource(&uri, r, &format!("{key}.resources.{uri:?}"), check) {
@@ -227,6 +244,7 @@ fn upstream(
         subject_issuers: u.subject_issuers,
         connect_timeout,
         timeout: total,
+        reuse_margin,
         resources,
     })
 }

@@ -121,6 +121,10 @@ pub struct Event<'a> {
     /// For an exchanged token: its expiry (Unix time).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<i64>,
+    /// For an exchanged token: `true` when a token issued before was given
+    /// again (docs/UPSTREAM.md, "Reuse"), `false` when it was exchanged now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reused: Option<bool>,
     /// Request values (`resource`, `step`, `tool`, `scope`) the policy does
     /// not declare, by field name: recorded as [`Opaque`], never in clear.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -172,9 +176,6 @@ pub struct ReservedFields<'a> {
     /// Issue 44: the trace id of the request (OpenTelemetry).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<&'a str>,
-    /// Issue 41: whether an exchanged token was given again.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reused: Option<bool>,
     /// Issue 41: the rotated-out client key's `kid` (`client_keys.rotated`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retired_kid: Option<&'a str>,
@@ -286,6 +287,7 @@ impl<'a> Event<'a> {
             narrowed: None,
             upstream: None,
             expires_at: None,
+            reused: None,
             connect_id: None,
             opener_iss: None,
             opener_sub: None,

@@ -131,6 +131,7 @@ fn event_fields() -> BTreeSet<String> {
         narrowed: Some(true),
         upstream: Some("a"),
         expires_at: Some(1),
+        reused: Some(true),
         undeclared: Some(
             [(
                 "step",
@@ -182,7 +183,6 @@ fn event_fields() -> BTreeSet<String> {
 fn all_reserved_fields() -> ReservedFields<'static> {
     ReservedFields {
         trace_id: Some("a"),
-        reused: Some(true),
         retired_kid: Some("a"),
         request_sha256: Some("a"),
         source: Some("a"),
@@ -699,8 +699,8 @@ fn every_reserved_metric_is_documented_as_reserved_and_not_registered() {
             help: String::new(),
         })
         .collect();
-    // Issues 40 and 41 registered four of them since; thirteen remain.
-    assert!(code.len() >= 13 && doc.len() >= 13, "{code:?} / {doc:?}");
+    // Issues 40 and 41 registered five of them since; twelve remain.
+    assert!(code.len() >= 12 && doc.len() >= 12, "{code:?} / {doc:?}");
     let problems = compare_metrics(&doc, &code);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     // Reserved means not served: none is registered (a feature that

@@ -13,18 +13,18 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
-const ORG_RESOURCE: &str = "https://org-api.example/notes";
+pub(super) const ORG_RESOURCE: &str = "https://org-api.example/notes";
 const SECRET: &str = "org-client-secret-not-a-canary";
 
-struct Org {
+pub(super) struct Org {
     peer: NodePeer,
     _cfg: tempfile::NamedTempFile,
-    issuer: String,
-    token_endpoint: String,
+    pub(super) issuer: String,
+    pub(super) token_endpoint: String,
 }
 
 impl Org {
-    fn start() -> Org {
+    pub(super) fn start() -> Org {
         let f = tempfile::NamedTempFile::new().unwrap();
         let cfg = json!({
             "client_id": "credbroker", "client_secret": SECRET, "audience": "repo-helper",
@@ -40,10 +40,15 @@ impl Org {
         }
     }
 
-    fn subject(&mut self, ttl: i64) -> String {
+    pub(super) fn subject(&mut self, ttl: i64) -> String {
+        self.subject_of("alice", ttl)
+    }
+
+    /// A subject token for `sub`, `ttl` seconds long.
+    pub(super) fn subject_of(&mut self, sub: &str, ttl: i64) -> String {
         let r = self
             .peer
-            .call(&json!({"cmd": "subject", "sub": "alice", "ttl": ttl}));
+            .call(&json!({"cmd": "subject", "sub": sub, "ttl": ttl}));
         r["token"].as_str().unwrap().to_owned()
     }
 
@@ -54,7 +59,7 @@ impl Org {
         );
     }
 
-    fn exchanges(&mut self) -> i64 {
+    pub(super) fn exchanges(&mut self) -> i64 {
         self.peer.call(&json!({"cmd": "count"}))["exchanges"]
             .as_i64()
             .unwrap()
@@ -69,7 +74,12 @@ fn broker(org: &Org) -> TestBroker {
 
 /// [`broker`] with `upstream_issuer` as `upstreams.org.issuer`.
 fn broker_with(org: &Org, upstream_issuer: &str) -> TestBroker {
-    let policy = format!(
+    broker_config(org, upstream_issuer, "")
+}
+
+/// The exchange policy (the default one plus the `org.notes` tool).
+pub(super) fn exchange_policy() -> String {
+    format!(
         r#"{}
 [resources."{ORG_RESOURCE}"]
 source = "exchange"
@@ -81,7 +91,12 @@ scopes = ["notes:read", "notes:write"]
 steps = ["summarize"]
 "#,
         policy_without_approval()
-    );
+    )
+}
+
+/// [`broker_with`] with `more` added to `[upstreams.org]`.
+pub(super) fn broker_config(org: &Org, upstream_issuer: &str, more: &str) -> TestBroker {
+    let policy = exchange_policy();
     let iss = &org.issuer;
     let opts = Opts {
         policy: Some(policy),
@@ -98,6 +113,7 @@ client_id = "credbroker"
 client_secret_file = "org-secret"
 subject_issuers = ["{iss}"]
 timeout = "2s"
+{more}
 "#
         ),
         ..Opts::default()
@@ -111,13 +127,18 @@ timeout = "2s"
 
 /// A proof by `k` for `htu` (the relayed one when `htu` is the AS's token
 /// endpoint).
-fn proof(k: &Es256Key, htu: &str) -> String {
+pub(super) fn proof(k: &Es256Key, htu: &str) -> String {
     make_proof(k, "POST", htu, now(), None, None).unwrap()
 }
 
 /// `POST /v1/derive` for the exchange resource with `relayed` as the
 /// upstream proof (none: no `upstream_proofs`).
-fn derive(b: &TestBroker, k: &Es256Key, subject: &str, relayed: Option<&str>) -> HttpAnswer {
+pub(super) fn derive(
+    b: &TestBroker,
+    k: &Es256Key,
+    subject: &str,
+    relayed: Option<&str>,
+) -> HttpAnswer {
     let mut body = json!({
         "subject_token": subject, "step": "summarize", "tool": "org.notes",
         "resource": ORG_RESOURCE, "scope": "notes:read",
@@ -135,7 +156,7 @@ fn derive_ok(b: &TestBroker, org: &Org, k: &Es256Key, subject: &str) -> Value {
     a.json()
 }
 
-fn claims(token: &str) -> Value {
+pub(super) fn claims(token: &str) -> Value {
     let p = token.split('.').nth(1).unwrap();
     serde_json::from_slice(&credbroker::internals::jose::b64d(p, "p").unwrap()).unwrap()
 }

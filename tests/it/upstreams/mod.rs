@@ -1,3 +1,4 @@
 //! Upstream authorization servers: `source = "exchange"` resources, one
 //! RFC 8693 exchange per derive at the organisation's AS.
 mod exchange;
+mod reuse;
