@@ -45,6 +45,10 @@ pub struct Subject {
     pub person: Person,
     /// The token's `exp`.
     pub exp: i64,
+    /// The token's `auth_time` (OpenID Connect: when the person signed
+    /// in), if it has one: only this lifts a sign-in stop
+    /// (`derive::persons`); `iat` does not.
+    pub auth_time: Option<i64>,
 }
 
 /// Why a subject token was refused. Carries no token bytes.
@@ -211,6 +215,14 @@ impl Validator {
         self.cache.clear();
     }
 
+    /// Drops the cached subjects of `person` (a person stopped); returns
+    /// how many.
+    pub fn drop_person(&self, person: &Person) -> usize {
+        let before = self.cache.len();
+        self.cache.retain(|_, (s, _)| s.person != *person);
+        before.saturating_sub(self.cache.len())
+    }
+
     /// Number of cached subjects.
     pub fn cache_len(&self) -> usize {
         self.cache.len()
@@ -342,6 +354,12 @@ impl Validator {
                 sub: claims.sub,
             },
             exp: claims.exp,
+            // A malformed `auth_time` counts as none: it never lifts a stop.
+            auth_time: claims
+                .rest
+                .get("auth_time")
+                .and_then(serde_json::Value::as_i64)
+                .filter(|t| *t > 0),
         })
     }
 

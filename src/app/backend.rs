@@ -24,6 +24,39 @@ const ASKED_TTL: Duration = Duration::from_secs(15 * 60);
 /// At most this many remembered requests; the oldest are dropped first.
 const ASKED_MAX: usize = 10_000;
 
+/// Whether a person is stopped (`derive::persons`): their links and
+/// approval links do not resolve (404), on every replica, whatever the
+/// store still holds.
+#[derive(Clone)]
+pub(crate) struct Stopped(Arc<dyn Fn(&Person) -> bool + Send + Sync>);
+
+impl Stopped {
+    /// From the broker's stop list; a broker that is gone stops everyone
+    /// (fail closed).
+    pub(crate) fn of(broker: &Arc<crate::derive::exchange::Broker>) -> Stopped {
+        let weak = Arc::downgrade(broker);
+        Stopped(Arc::new(move |p: &Person| {
+            weak.upgrade().is_none_or(|b| b.stops.blocks_links(p))
+        }))
+    }
+
+    /// No one is stopped (unit tests).
+    #[cfg(test)]
+    pub(crate) fn none() -> Stopped {
+        Stopped(Arc::new(|_: &Person| false))
+    }
+
+    fn check(&self, p: &Person) -> bool {
+        (self.0)(p)
+    }
+}
+
+impl std::fmt::Debug for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stopped")
+    }
+}
+
 /// The real connected-services side for the pages.
 #[derive(Debug)]
 pub(crate) struct Backend {
@@ -33,6 +66,7 @@ pub(crate) struct Backend {
     /// PKCE challenge -> (scopes asked for, when).
     asked: DashMap<String, (Vec<String>, Instant)>,
     clock: crate::base::clock::SharedClock,
+    stopped: Stopped,
 }
 
 fn unavailable(e: impl std::fmt::Display) -> BackendError {
@@ -72,6 +106,7 @@ impl Backend {
         links: Arc<Links>,
         providers: Arc<Providers>,
         clock: crate::base::clock::SharedClock,
+        stopped: Stopped,
     ) -> Arc<Backend> {
         Arc::new(Backend {
             vault,
@@ -79,6 +114,7 @@ impl Backend {
             providers,
             asked: DashMap::new(),
             clock,
+            stopped,
         })
     }
 
@@ -121,11 +157,17 @@ impl LinkRecords for Backend {
             .links
             .resolve(code.expose(), now)
             .map_err(unavailable)?
+            .filter(|l| !self.stopped.check(&l.person()))
             .map(page_link))
     }
 
     fn get(&self, id: &str, now: i64) -> Result<Option<pl::Link>, BackendError> {
-        Ok(self.links.get(id, now).map_err(unavailable)?.map(page_link))
+        Ok(self
+            .links
+            .get(id, now)
+            .map_err(unavailable)?
+            .filter(|l| !self.stopped.check(&l.person()))
+            .map(page_link))
     }
 
     fn close(&self, id: &str, now: i64) -> Result<(), BackendError> {
@@ -384,6 +426,7 @@ impl ProviderFlow for Backend {
 pub(crate) struct ApprovalBackend {
     approvals: Arc<crate::derive::approve::Approvals>,
     frozen: Box<dyn Fn() -> bool + Send + Sync>,
+    stopped: Stopped,
 }
 
 impl std::fmt::Debug for ApprovalBackend {
@@ -397,8 +440,13 @@ impl ApprovalBackend {
     pub(crate) fn new(
         approvals: Arc<crate::derive::approve::Approvals>,
         frozen: Box<dyn Fn() -> bool + Send + Sync>,
+        stopped: Stopped,
     ) -> Arc<ApprovalBackend> {
-        Arc::new(ApprovalBackend { approvals, frozen })
+        Arc::new(ApprovalBackend {
+            approvals,
+            frozen,
+            stopped,
+        })
     }
 }
 
@@ -412,6 +460,7 @@ impl crate::edge::pages::approvals::ApprovalRecords for ApprovalBackend {
             .approvals
             .resolve(code.expose(), now)
             .map_err(unavailable)?
+            .filter(|a| !self.stopped.check(&a.person()))
         else {
             return Ok(None);
         };
@@ -476,6 +525,7 @@ mod tests {
             links.clone(),
             Arc::new(crate::accounts::upstream::Providers::default()),
             clock,
+            Stopped::none(),
         );
         let p = alice();
         let repo = vec!["repo".to_string()];

@@ -94,6 +94,15 @@ async fn tick(instance: &Instance) {
         }
     }
     instance.pages.housekeeping();
+    // Sign-in stops past their retention (docs/REVOCATION.md).
+    let (store, now) = (b.store.clone(), b.shared_now());
+    match tokio::task::spawn_blocking(move || crate::derive::persons::sweep(store.as_ref(), now))
+        .await
+    {
+        Ok(Err(e)) => tracing::warn!(error = %e, "sweeping expired person stops failed"),
+        Ok(Ok(n)) if n > 0 => tracing::info!(swept = n, "expired person stops deleted"),
+        _ => {}
+    }
 }
 
 /// Starts the housekeeping tick and the key ring's tick (a scheduled key
@@ -121,18 +130,33 @@ pub(super) fn spawn(instance: &Instance, mut stop: watch::Receiver<bool>) -> Joi
     })
 }
 
+/// Re-reads the person stop list on a blocking thread (store I/O).
+async fn reload_stops(b: &Arc<Broker>) {
+    let b = b.clone();
+    let _ = tokio::task::spawn_blocking(move || b.reload_stops()).await;
+}
+
 /// Follows the changes other instances sharing the store make (replicas on
-/// PostgreSQL): the freeze and the key ring are re-read as soon as their
-/// tree moves, instead of at the next tick (which stays the backstop for
-/// the key ring).
+/// PostgreSQL): the freeze, the key ring and the person stop list are
+/// re-read as soon as their tree moves, instead of at the next tick (which
+/// stays the backstop for the key ring); the stop list is also polled at
+/// half of `revocation.watch_bound`.
 pub(super) fn watch_store(instance: &Instance, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
     let b = instance.broker.clone();
     let sealer = instance.sealer.clone();
     let mut state = b.store.watch(Tree::State);
     let mut keys = b.store.watch(Tree::SigningKeys);
+    let mut stops = b.store.watch(Tree::PersonStops);
+    // The stop list's backstop: polled at half its bound, so a lost
+    // notification (or a listener reconnecting) delays a stop by at most
+    // the bound (docs/REVOCATION.md).
+    let mut poll = tokio::time::interval(b.config.revocation.watch_bound / 2);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::spawn(async move {
         loop {
             tokio::select! {
+                Ok(()) = stops.changed() => reload_stops(&b).await,
+                _ = poll.tick() => reload_stops(&b).await,
                 Ok(()) = state.changed() => {
                     let b = b.clone();
                     let _ = tokio::task::spawn_blocking(move || b.reload_frozen()).await;

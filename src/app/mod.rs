@@ -329,6 +329,9 @@ pub async fn build(
         u.resolve_all().await;
         broker = broker.with_upstreams(u);
     }
+    let _ = broker
+        .end_sessions
+        .set(crate::edge::pages::session::end_person_sessions);
     let broker = Arc::new(broker);
     discover_endpoints(&providers).await;
     let pages = pages(&broker, &sealer, &records, &providers, key_sets, &master);
@@ -620,12 +623,14 @@ fn pages(
         records.links.clone(),
         providers.clone(),
         broker.shared_clock.clone(),
+        backend::Stopped::of(broker),
     );
     let weak = Arc::downgrade(broker);
     let approval_pages = backend::ApprovalBackend::new(
         records.approvals.clone(),
         // A broker that is gone offers nothing (fail closed).
         Box::new(move || weak.upgrade().is_none_or(|b| b.is_frozen())),
+        backend::Stopped::of(broker),
     );
     Arc::new(crate::edge::pages::Pages::new(
         broker.clone(),

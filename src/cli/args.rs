@@ -114,6 +114,13 @@ pub(super) enum Command {
         #[command(subcommand)]
         command: crate::derive::policy::cli::PolicyCommand,
     },
+    /// Stop a person's agents everywhere, lift the stop, or list the
+    /// stopped persons (through the admin socket; the store directly when
+    /// no instance runs).
+    Persons {
+        #[command(subcommand)]
+        action: PersonsAction,
+    },
     /// Local accounts for the pages (sign-in paired with the broker's own
     /// issuer, as in the quick start).
     Users {
@@ -144,6 +151,45 @@ pub(super) enum Command {
         /// `use_dpop_nonce` answer), for the proof's `nonce` claim.
         #[arg(long)]
         nonce: Option<String>,
+    },
+}
+
+/// `credbroker persons ...`.
+#[derive(Debug, Subcommand)]
+pub(super) enum PersonsAction {
+    /// Stop a person: their derives and proxied calls are refused
+    /// (`person_revoked`), their streams in flight cut, their page sessions
+    /// ended, their open links closed and pending approvals declined, on
+    /// every replica; held until `persons restore`.
+    Revoke {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The person: their issuer and subject.
+        #[arg(long, num_args = 2, value_names = ["ISS", "SUB"], required = true)]
+        person: Vec<String>,
+        /// Why (recorded in the `person.revoked` event; default `manual`).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Also revoke every connected account's tokens at its provider
+        /// and mark it for reconnection.
+        #[arg(long)]
+        revoke_at_providers: bool,
+    },
+    /// Lift a person's stop, whatever its kind.
+    Restore {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The person: their issuer and subject.
+        #[arg(long, num_args = 2, value_names = ["ISS", "SUB"], required = true)]
+        person: Vec<String>,
+    },
+    /// List the stopped persons.
+    List {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
     },
 }
 

@@ -1,5 +1,6 @@
 //! The command line: `credbroker quickstart | serve | subject-token | derive
-//! | proof | status | freeze | keys | accounts | users | store | policy`. `main.rs`
+//! | proof | status | freeze | keys | accounts | persons | users | store |
+//! policy`. `main.rs`
 //! only calls [`main`].
 //!
 //! - `args`: the command definitions (clap).
@@ -8,6 +9,7 @@
 //! - `operator`: `status`, `freeze`, `keys`, `accounts`, `users`; each
 //!   through the admin socket, or on the store when no instance runs
 //!   (`online`: that pattern, written once), calling [`crate::derive::ops`].
+//! - `persons`: `persons revoke|restore|list`, the same way.
 //! - `store`: `store migrate` and `store copy` (the store itself, not an
 //!   instance).
 //! - `tools`: `derive`, `proof`, `subject-token`.
@@ -21,6 +23,7 @@ mod instance;
 mod keyfile;
 mod online;
 mod operator;
+mod persons;
 mod quickstart;
 mod store;
 mod tools;
@@ -36,7 +39,7 @@ pub use quickstart::{
     demo_policy, demo_proxy, dev_subject_token, quickstart_files, QUICKSTART_POLICY,
 };
 
-use args::{AccountsAction, Command, KeysAction, StoreAction, UsersAction};
+use args::{AccountsAction, Command, KeysAction, PersonsAction, StoreAction, UsersAction};
 
 /// What a command returns: its exit code, or an error printed as
 /// `error: ...` with [`Exit::Failed`].
@@ -161,6 +164,16 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 service,
                 force,
             } => operator::disconnect(&config, person, issuer, &service, force).await,
+        },
+        Command::Persons { action } => match action {
+            PersonsAction::Revoke {
+                config,
+                person,
+                reason,
+                revoke_at_providers,
+            } => persons::revoke(&config, &person, reason, revoke_at_providers).await,
+            PersonsAction::Restore { config, person } => persons::restore(&config, &person).await,
+            PersonsAction::List { config } => persons::list(&config).await,
         },
         Command::Store { action } => match action {
             StoreAction::Migrate { config } => store::migrate(&config),

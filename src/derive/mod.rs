@@ -6,6 +6,7 @@
 //! - [`approve`]: step-up approvals, a connect link for one call.
 //! - [`mint`]: signing keys, minted tokens, JWKS, rotation.
 //! - [`freeze`]: the signed freeze record every process follows.
+//! - [`persons`]: the person-level stop, watched in memory as the freeze is.
 //! - [`upstreams`]: the organisation's authorization servers, where an
 //!   `exchange` resource's token comes from (RFC 8693).
 //! - [`ops`]: the operator actions (freeze, rotations, users, accounts),
@@ -16,5 +17,6 @@ pub(crate) mod exchange;
 pub(crate) mod freeze;
 pub(crate) mod mint;
 pub(crate) mod ops;
+pub(crate) mod persons;
 pub(crate) mod policy;
 pub(crate) mod upstreams;

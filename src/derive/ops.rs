@@ -59,6 +59,10 @@ pub(crate) enum OpError {
     /// The sealing key.
     #[error("master key: {0}")]
     Seal(#[from] crate::infra::seal::SealError),
+    /// Ending what the store holds for a stopped person failed (links,
+    /// approvals).
+    #[error("ending the stopped person's links and approvals: {0}")]
+    Stop(String),
     /// A freeze with no instance running, asked for without the key that
     /// signs its record.
     #[error("the freeze record cannot be signed: the master key was not loaded")]
@@ -315,6 +319,235 @@ pub(crate) fn list_accounts(
         })
         .collect();
     Ok(serde_json::json!({"accounts": list, "unreadable": unreadable}))
+}
+
+/// What `persons revoke` (or a Shared Signals event) did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct Revoked {
+    /// The stop as stored now (merged into an earlier one of the person's).
+    pub stop: crate::derive::persons::Stop,
+    /// What it ended in the store (a running instance; none offline).
+    pub ended: Ended,
+}
+
+/// What a stop ended in the store, once for every replica.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub(crate) struct Ended {
+    /// Page sessions signed in as the person.
+    pub sessions: usize,
+    /// Open connect links.
+    pub links: usize,
+    /// Pending approvals, declined.
+    pub approvals_declined: usize,
+    /// Granted approvals, ended.
+    pub approvals_ended: usize,
+    /// Cached subject tokens dropped on this instance (each replica drops
+    /// its own when it reads the stop).
+    pub subject_cache_entries: usize,
+    /// Exchanged tokens kept for reuse dropped on this instance (the same).
+    pub exchanged_tokens: usize,
+}
+
+/// Stops a person (`derive::persons`): the stop is stored first (durable
+/// when this returns: a Shared Signals receiver acknowledges the event
+/// only then), then applied in this instance's memory at once (every other
+/// instance reads it within `revocation.watch_bound`), then recorded
+/// (`person.revoked`). On a running instance it then ends what the store
+/// holds for the person ([`Ended`]): page sessions, open connect links,
+/// pending approvals (declined, each recorded) and granted ones. The
+/// revocation time is the receipt time by the store's clock (a running
+/// instance's database time), narrowed by `req.event_time` within
+/// `revocation.max_event_age`; `revocation.revoke_at_providers` turns
+/// `req.revoke_at_providers` on, and the caller then runs
+/// [`revoke_person_at_providers`] (network calls; a Shared Signals
+/// receiver runs it after acknowledging).
+pub(crate) async fn revoke_person(
+    target: Target<'_>,
+    rec: Recorder<'_>,
+    mut req: crate::derive::persons::StopRequest,
+) -> Result<Revoked, OpError> {
+    use crate::derive::persons;
+    let (store, received, cfg) = match target {
+        Target::Running(b) => (
+            b.store.as_ref(),
+            b.shared_now(),
+            b.config.revocation.clone(),
+        ),
+        Target::Stopped(store) => (
+            store,
+            store_now(store, rec.clock),
+            crate::infra::config::RevocationConfig::default(),
+        ),
+    };
+    req.revoke_at_providers |= cfg.revoke_at_providers;
+    let max_age = i64::try_from(cfg.max_event_age.as_secs()).unwrap_or(i64::MAX);
+    let stop = persons::write(store, &persons::Stop::new(&req, received, max_age))?;
+    if let Target::Running(b) = target {
+        b.stops.apply(stop.clone());
+        b.metrics.persons_revoked.set(b.stops.len() as i64);
+    }
+    tracing::warn!(
+        source = stop.source.as_str(),
+        lift = ?stop.lift,
+        "a person was stopped"
+    );
+    rec.record(Kind::PersonRevoked, |e| {
+        e.person_iss = Some(&req.person.iss);
+        e.person_sub = Some(&req.person.sub);
+        e.reason = Some(&req.reason);
+        e.source = Some(req.source.as_str());
+        e.ssf_event_type = req.ssf_event_type.as_deref();
+        e.revoke_at_providers = Some(stop.revoke_at_providers);
+        e.effective_time = Some(stop.revocation_time);
+    });
+    let ended = match target {
+        Target::Running(b) => end_for_person(b, rec, &req.person, received)?,
+        Target::Stopped(_) => Ended::default(),
+    };
+    Ok(Revoked { stop, ended })
+}
+
+/// Ends what the store holds for a stopped person (see [`Ended`]).
+fn end_for_person(
+    b: &Broker,
+    rec: Recorder<'_>,
+    person: &Person,
+    now: i64,
+) -> Result<Ended, OpError> {
+    let mut ended = Ended {
+        subject_cache_entries: b.subjects.drop_person(person),
+        exchanged_tokens: b.drop_exchanged_tokens_of(&person.iss, &person.sub),
+        ..Ended::default()
+    };
+    if let Some(end) = b.end_sessions.get() {
+        ended.sessions = end(b.store.as_ref(), person)?;
+    }
+    if let Some(c) = b.connected_services() {
+        ended.links = c
+            .links
+            .close_for_person(person)
+            .map_err(|e| OpError::Stop(e.to_string()))?;
+    }
+    if let Some(a) = b.approvals() {
+        let (declined, granted) = a
+            .end_for_person(person, now)
+            .map_err(|e| OpError::Stop(e.to_string()))?;
+        for d in &declined {
+            rec.record(Kind::ApprovalDeclined, |e| {
+                e.person_iss = Some(&person.iss);
+                e.person_sub = Some(&person.sub);
+                e.approval_id = Some(&d.id);
+                e.tool = Some(&d.tool);
+                e.outcome = Some("declined");
+                e.reason = Some("person_revoked");
+            });
+        }
+        ended.approvals_declined = declined.len();
+        ended.approvals_ended = granted;
+    }
+    Ok(ended)
+}
+
+/// One connected account's revocation at its provider, for a stop.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct AccountRevoked {
+    /// The service.
+    pub service: String,
+    /// `revoked`, `not_supported`, `failed` or `unreadable`
+    /// ([`crate::accounts::connect::DisconnectReport::revocation`]).
+    pub revocation: &'static str,
+    /// A sentence for the operator.
+    pub message: String,
+}
+
+/// Revokes every connected account of a stopped person at its provider
+/// (RFC 7009 where the provider has a revocation endpoint, GitHub's grant
+/// API for the GitHub preset) and marks each for reconnection, so it serves
+/// no derive until the person connects it again. Each is recorded as
+/// `account.disconnected` with outcome `kept` (the account stays, marked)
+/// and the revocation's outcome as its reason.
+pub(crate) async fn revoke_person_at_providers(
+    b: &Broker,
+    rec: Recorder<'_>,
+    person: &Person,
+) -> Result<Vec<AccountRevoked>, OpError> {
+    let Some(c) = b.connected_services() else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for a in c.vault.accounts(Some(person))? {
+        let provider = c.providers.get(&a.service).map(|p| p.as_ref());
+        let (revocation, message) =
+            crate::accounts::connect::revoke_at_provider(&c.vault, provider, person, &a.service)
+                .await?;
+        c.vault.mark_reconnect(person, &a.service, b.shared_now())?;
+        tracing::warn!(service = %a.service, revocation, "a stopped person's account was revoked at its provider");
+        rec.record(Kind::AccountDisconnected, |e| {
+            e.person_iss = Some(&person.iss);
+            e.person_sub = Some(&person.sub);
+            e.service = Some(&a.service);
+            e.outcome = Some("kept");
+            e.reason = Some(revocation);
+        });
+        out.push(AccountRevoked {
+            service: a.service.clone(),
+            revocation,
+            message,
+        });
+    }
+    Ok(out)
+}
+
+/// Lifts a person's stop, whatever its kind (`persons restore`); returns
+/// the stop lifted (`None`: the person was not stopped, and nothing is
+/// recorded).
+pub(crate) fn restore_person(
+    target: Target<'_>,
+    rec: Recorder<'_>,
+    person: &Person,
+) -> Result<Option<crate::derive::persons::Stop>, OpError> {
+    let store = match target {
+        Target::Running(b) => b.store.as_ref(),
+        Target::Stopped(store) => store,
+    };
+    let removed = crate::derive::persons::remove(store, person)?;
+    if let Target::Running(b) = target {
+        b.stops.forget(person);
+        b.metrics.persons_revoked.set(b.stops.len() as i64);
+    }
+    if let Some(stop) = &removed {
+        tracing::warn!(source = "manual", "a person's stop was lifted");
+        rec.record(Kind::PersonRestored, |e| {
+            e.person_iss = Some(&person.iss);
+            e.person_sub = Some(&person.sub);
+            e.source = Some("manual");
+            e.revocation_time = Some(stop.revocation_time);
+        });
+    }
+    Ok(removed)
+}
+
+/// The stopped persons, as the store holds them now (ordered by revocation
+/// time). A read: no event.
+pub(crate) fn list_persons(
+    target: Target<'_>,
+) -> Result<Vec<crate::derive::persons::Stop>, OpError> {
+    let store = match target {
+        Target::Running(b) => b.store.as_ref(),
+        Target::Stopped(store) => store,
+    };
+    let mut v = crate::derive::persons::read_all(store)?;
+    v.sort_by_key(|s| s.revocation_time);
+    Ok(v)
+}
+
+/// The store's time where it has a clock (PostgreSQL), else `clock`'s.
+fn store_now(store: &dyn Store, clock: &dyn Clock) -> i64 {
+    let local: crate::base::clock::SharedClock = Arc::new(crate::base::clock::SystemClock);
+    match store.clock_sample(&local) {
+        Ok(Some(sample)) => sample.store_ms.div_euclid(1000),
+        _ => clock.now(),
+    }
 }
 
 /// What an action needs when no instance runs: the store and the audit

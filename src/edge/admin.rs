@@ -7,7 +7,10 @@
 //! /users/remove` (`{"name"}`: the account and its page sessions), `POST /vault/rotate`
 //! (optional body: the most records to re-wrap in this call), `GET /accounts`
 //! (optional query `person_iss`, `person_sub`), `POST /accounts/disconnect`
-//! (JSON `person_iss`, `person_sub`, `service`, optional `force`).
+//! (JSON `person_iss`, `person_sub`, `service`, optional `force`), `POST
+//! /persons/revoke` (JSON `person_iss`, `person_sub`, optional `reason`,
+//! `revoke_at_providers`), `POST /persons/restore` (JSON `person_iss`,
+//! `person_sub`), `GET /persons` (the stopped persons).
 //!
 //! The socket is built from narrow [`Handles`] (the way linkerd2-proxy's
 //! admin server is), never from the instance itself; each command is one
@@ -168,6 +171,24 @@ pub(crate) fn status(h: &Handles) -> serde_json::Value {
         "ready": readiness(b)["ready"],
         "public_addr": h.public_addr.get().map(|a| a.to_string()),
         "clock": clock_status(b),
+        "revocation_watch": revocation_watch(b),
+    })
+}
+
+/// The person stop list's watch, as `/status` shows it: whether it was
+/// read within its bound, and what this instance does when not.
+pub(crate) fn revocation_watch(b: &Broker) -> serde_json::Value {
+    let up = b.stops.watch_up();
+    b.metrics.revocation_watch_up.set(i64::from(up));
+    serde_json::json!({
+        "up": up,
+        "last_read_seconds_ago": b.stops.since_sync().map(|d| d.as_secs_f64()),
+        "bound_seconds": b.stops.config().watch_bound.as_secs_f64(),
+        "on_failure": match b.stops.config().watch_failure {
+            crate::infra::config::WatchFailure::Refuse => "refuse",
+            crate::infra::config::WatchFailure::Serve => "serve",
+        },
+        "persons_revoked": b.stops.len(),
     })
 }
 
@@ -237,6 +258,9 @@ async fn route(
         (Method::POST, "/vault/rotate") => rotate_vault(h, req).await,
         (Method::GET, "/accounts") => list_accounts(h, &req),
         (Method::POST, "/accounts/disconnect") => disconnect(h, req).await,
+        (Method::POST, "/persons/revoke") => revoke_person(h, req).await,
+        (Method::POST, "/persons/restore") => restore_person(h, req).await,
+        (Method::GET, "/persons") => list_persons(h),
         (Method::POST, "/users") => add_user(h, req).await,
         (Method::GET, "/users") => list_users(h),
         (Method::POST, "/users/remove") => remove_user(h, req).await,
@@ -356,6 +380,92 @@ async fn disconnect(
     )
     .await?;
     Ok(ok(serde_json::json!(report)))
+}
+
+/// The body of `POST /persons/revoke` and `POST /persons/restore`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PersonRequest {
+    /// The person's issuer.
+    pub person_iss: String,
+    /// The person's subject.
+    pub person_sub: String,
+    /// Why (revoke only; default `manual`).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Revoke the person's accounts at their providers too (revoke only).
+    #[serde(default)]
+    pub revoke_at_providers: bool,
+}
+
+fn person_request(body: &[u8]) -> Result<PersonRequest, AdminError> {
+    let r = serde_json::from_slice::<PersonRequest>(body).map_err(|_| {
+        AdminError::BadBody(
+            "the body must be JSON with person_iss, person_sub, and optional reason and revoke_at_providers",
+        )
+    })?;
+    if r.person_iss.is_empty()
+        || r.person_sub.is_empty()
+        || r.reason.as_ref().is_some_and(|x| x.len() > 200)
+    {
+        return Err(AdminError::BadBody(
+            "person_iss and person_sub must not be empty, and reason is at most 200 bytes",
+        ));
+    }
+    Ok(r)
+}
+
+/// `POST /persons/revoke`: a [`PersonRequest`].
+async fn revoke_person(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    let r = person_request(&capped_body(req, 16 * 1024).await?)?;
+    let b = &h.broker;
+    let stop = crate::derive::persons::StopRequest {
+        person: crate::accounts::subject::Person {
+            iss: r.person_iss,
+            sub: r.person_sub,
+        },
+        reason: r.reason.unwrap_or_else(|| "manual".into()),
+        source: crate::derive::persons::Source::Manual,
+        ssf_event_type: None,
+        event_time: None,
+        lift: crate::derive::persons::Lift::Restore,
+        revoke_at_providers: r.revoke_at_providers,
+    };
+    let done = crate::derive::ops::revoke_person(Target::Running(b), Recorder::of(b), stop).await?;
+    let mut v = serde_json::json!(done);
+    if done.stop.revoke_at_providers {
+        let person = done.stop.person();
+        let accounts =
+            crate::derive::ops::revoke_person_at_providers(b, Recorder::of(b), &person).await?;
+        v["providers"] = serde_json::json!(accounts);
+    }
+    Ok(ok(v))
+}
+
+/// `POST /persons/restore`: a [`PersonRequest`] (no reason).
+async fn restore_person(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    let r = person_request(&capped_body(req, 16 * 1024).await?)?;
+    let person = crate::accounts::subject::Person {
+        iss: r.person_iss,
+        sub: r.person_sub,
+    };
+    let b = &h.broker;
+    let lifted = crate::derive::ops::restore_person(Target::Running(b), Recorder::of(b), &person)?;
+    Ok(ok(
+        serde_json::json!({"restored": lifted.is_some(), "stop": lifted}),
+    ))
+}
+
+/// `GET /persons`: the stopped persons.
+fn list_persons(h: &Handles) -> Result<Response<Body>, AdminError> {
+    let stops = crate::derive::ops::list_persons(Target::Running(&h.broker))?;
+    Ok(ok(serde_json::json!({"persons": stops})))
 }
 
 /// `GET /users`: the local accounts.

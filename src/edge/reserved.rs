@@ -49,23 +49,7 @@ pub const RESERVED_REFUSALS: &[ReservedRefusal] = &[
     r("request_mismatch", "insufficient_scope", 403, "proxy", 42),
     r("body_not_ijson", "invalid_request", 400, "proxy", 42),
     r("bound_body_too_large", "invalid_request", 413, "proxy", 42),
-    // Issue 43: the person-level stop, the revocation watch, introspection.
-    r("person_revoked", "access_denied", 403, "socket", 43),
-    r("person_revoked", "invalid_token", 401, "proxy", 43),
-    r(
-        "revocation_watch_down",
-        "temporarily_unavailable",
-        503,
-        "socket",
-        43,
-    ),
-    r(
-        "revocation_watch_down",
-        "temporarily_unavailable",
-        503,
-        "proxy",
-        43,
-    ),
+    // Issue 43: subject-token introspection.
     r(
         "introspection_unavailable",
         "temporarily_unavailable",

@@ -67,6 +67,12 @@ pub struct Metrics {
     pub clock_offset: Gauge,
     /// Unix time of the last measurement of the offset.
     pub clock_offset_checked: Gauge,
+    /// Persons stopped now (`derive::persons`), as this instance holds
+    /// the list.
+    pub persons_revoked: IntGauge,
+    /// 1 while this instance has read the person stop list within
+    /// `revocation.watch_bound`.
+    pub revocation_watch_up: IntGauge,
 }
 
 /// The namespace the registry puts before every name.
@@ -136,8 +142,6 @@ pub const RESERVED: &[ReservedMetric] = &[
         &["transmitter"],
         43,
     ),
-    reserved("credbroker_persons_revoked", "gauge", &[], 43),
-    reserved("credbroker_revocation_watch_up", "gauge", &[], 43),
     reserved(
         "credbroker_introspection_requests_total",
         "counter",
@@ -183,6 +187,21 @@ fn clock_metrics() -> (Gauge, Gauge) {
         must(Gauge::new(
             "clock_offset_checked_timestamp_seconds",
             "When the clock offset was last measured",
+        )),
+    )
+}
+
+/// The person stop list: how many are stopped, and whether the watch is
+/// within its bound.
+fn revocation_metrics() -> (IntGauge, IntGauge) {
+    (
+        must(IntGauge::new(
+            "persons_revoked",
+            "Persons stopped now (credbroker persons revoke, Shared Signals)",
+        )),
+        must(IntGauge::new(
+            "revocation_watch_up",
+            "1 while the person stop list was read within revocation.watch_bound, 0 when not",
         )),
     )
 }
@@ -326,6 +345,7 @@ impl Metrics {
         let (upstream_exchanges, upstream_exchange_latency, upstream_token_cache_entries) =
             upstream_metrics();
         let (clock_offset, clock_offset_checked) = clock_metrics();
+        let (persons_revoked, revocation_watch_up) = revocation_metrics();
         let metrics = Metrics {
             registry,
             derives,
@@ -349,6 +369,8 @@ impl Metrics {
             upstream_token_cache_entries,
             clock_offset,
             clock_offset_checked,
+            persons_revoked,
+            revocation_watch_up,
         };
         for c in metrics.collectors() {
             must(metrics.registry.register(c));
@@ -381,6 +403,8 @@ impl Metrics {
             Box::new(self.upstream_token_cache_entries.clone()),
             Box::new(self.clock_offset.clone()),
             Box::new(self.clock_offset_checked.clone()),
+            Box::new(self.persons_revoked.clone()),
+            Box::new(self.revocation_watch_up.clone()),
         ]
     }
 

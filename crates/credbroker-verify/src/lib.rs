@@ -207,6 +207,8 @@ pub struct Verified {
     pub jkt: String,
     /// Expiry.
     pub exp: i64,
+    /// When the token was issued (`iat`).
+    pub iat: i64,
     /// `jti`.
     pub jti: String,
     /// The call's RFC 9396 `authorization_details` (section 9.1), as the
@@ -454,6 +456,7 @@ impl Verifier {
             step: c.act.step,
             jkt: valid.jkt.clone(),
             exp: c.exp,
+            iat: c.iat,
             jti: c.jti,
             authorization_details: c.authorization_details,
             approval_id: c.approval_id,

@@ -43,7 +43,36 @@ pub async fn disconnect_account(
             message: "no such account".into(),
         });
     }
-    let (revocation, mut message) = match (vault.tokens_to_revoke(person, service), provider) {
+    let (revocation, mut message) = revoke_at_provider(vault, provider, person, service).await?;
+    if revocation == "failed" && !force {
+        message.push_str("; the account was kept (retry, or force the deletion)");
+        return Ok(DisconnectReport {
+            deleted: false,
+            revocation,
+            message,
+        });
+    }
+    let deleted = vault.delete_account(person, service)?;
+    message.push_str("; the account and its allowances were deleted");
+    Ok(DisconnectReport {
+        deleted,
+        revocation,
+        message,
+    })
+}
+
+/// Revokes the account's tokens at its provider: GitHub's grant API for
+/// the GitHub preset, else RFC 7009 for each stored token (refresh first)
+/// where the provider has a revocation endpoint. Returns the outcome
+/// (`revoked`, `not_supported`, `failed`, `unreadable`) and a sentence; the
+/// account itself is left as it is.
+pub(crate) async fn revoke_at_provider(
+    vault: &Vault,
+    provider: Option<&Provider>,
+    person: &crate::accounts::subject::Person,
+    service: &str,
+) -> Result<(&'static str, String), DisconnectError> {
+    Ok(match (vault.tokens_to_revoke(person, service), provider) {
         (Err(VaultError::Unreadable { .. }), _) => (
             "unreadable",
             "the stored tokens do not open, so they could not be revoked; revoke the grant at the provider".to_string(),
@@ -108,20 +137,5 @@ pub async fn disconnect_account(
             }
             outcome
         }
-    };
-    if revocation == "failed" && !force {
-        message.push_str("; the account was kept (retry, or force the deletion)");
-        return Ok(DisconnectReport {
-            deleted: false,
-            revocation,
-            message,
-        });
-    }
-    let deleted = vault.delete_account(person, service)?;
-    message.push_str("; the account and its allowances were deleted");
-    Ok(DisconnectReport {
-        deleted,
-        revocation,
-        message,
     })
 }

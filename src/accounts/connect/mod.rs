@@ -27,6 +27,7 @@ use crate::base::secret::{SecretBytes, SecretString};
 use crate::infra::store::{tuple_key, Store, StoreError, Tree};
 
 pub use flow::disconnect_account;
+pub(crate) use flow::revoke_at_provider;
 pub(crate) use flow::{DisconnectError, DisconnectReport};
 
 /// How long a link stays open.
@@ -385,6 +386,27 @@ impl Links {
         self.store
             .delete(Tree::Links, &sha256(&self.code_bytes(&link.id)))?;
         Ok(())
+    }
+
+    /// Closes every open link of `person` (a person stopped:
+    /// `derive::persons`), whatever the agent and service; returns how
+    /// many.
+    pub fn close_for_person(&self, person: &Person) -> Result<usize, ConnectError> {
+        let mut n = 0;
+        let prefix = tuple_key(&[&person.iss, &person.sub]);
+        for (ikey, id) in self.store.scan_prefix(Tree::LinkIndex, &prefix)? {
+            if self
+                .store
+                .compare_and_swap(Tree::LinkIndex, &ikey, Some(&id), None)?
+            {
+                if let Ok(id) = std::str::from_utf8(&id) {
+                    self.store
+                        .delete(Tree::Links, &sha256(&self.code_bytes(id)))?;
+                }
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// Deletes expired links; returns how many.

@@ -666,6 +666,38 @@ impl Approvals {
         Ok(self.swap(&bytes, &next)?.then_some(next))
     }
 
+    /// Ends `person`'s approvals (a person stopped: `derive::persons`):
+    /// each pending one is declined (its link no longer resolves), each
+    /// granted one is removed (it serves no call). Returns the declined
+    /// ones and how many granted ones ended.
+    pub fn end_for_person(
+        &self,
+        person: &Person,
+        now: i64,
+    ) -> Result<(Vec<Approval>, usize), ApproveError> {
+        let (mut declined, mut ended) = (Vec::new(), 0);
+        let prefix = tuple_key(&[&person.iss, &person.sub]);
+        for (_, id) in self.store.scan_prefix(Tree::ApprovalPerson, &prefix)? {
+            let id = String::from_utf8(id).map_err(|_| ApproveError::Corrupt)?;
+            let Some((_, a)) = self.load(&id)? else {
+                continue;
+            };
+            match a.state {
+                State::Pending if a.expires > now => {
+                    if let Some(d) = self.answer(&id, false, now)? {
+                        declined.push(d);
+                    }
+                }
+                State::Granted => {
+                    self.discard(&a)?;
+                    ended += 1;
+                }
+                _ => {}
+            }
+        }
+        Ok((declined, ended))
+    }
+
     /// Deletes approvals whose state has ended; returns how many.
     pub fn sweep(&self, now: i64) -> Result<usize, ApproveError> {
         let mut n = 0;

@@ -93,6 +93,15 @@ pub enum DeriveError {
     /// (`infra::skew`): nothing is issued until it is corrected.
     #[error("{0}")]
     ClockSkew(crate::infra::skew::TooFar),
+    /// The person is stopped (`credbroker persons revoke`, a Shared
+    /// Signals event; `derive::persons`).
+    #[error("person_revoked")]
+    PersonRevoked,
+    /// This instance has not read the person stop list within
+    /// `revocation.watch_bound`, and `revocation.watch_failure` is
+    /// `refuse`: nothing is issued until it has.
+    #[error("revocation_watch_down")]
+    RevocationWatchDown,
     /// The person must open a link first (connect, allow, reconnect).
     #[error("{}", .0.kind.reason())]
     LinkRequired(Box<LinkRefusal>),
@@ -147,6 +156,8 @@ impl DeriveError {
             DeriveError::RateLimited { .. } => "rate_limited",
             DeriveError::Unavailable(_) => "temporarily_unavailable",
             DeriveError::ClockSkew(_) => "clock_skew",
+            DeriveError::PersonRevoked => "person_revoked",
+            DeriveError::RevocationWatchDown => "revocation_watch_down",
             DeriveError::LinkRequired(l) => l.kind.reason(),
             DeriveError::InvalidDetails(_) => "invalid_authorization_details",
             DeriveError::ApprovalRequired(_) => "approval_required",
@@ -187,6 +198,15 @@ pub enum InternalError {
     /// The approval store failed.
     #[error("approvals: {0}")]
     Approvals(#[source] ApproveError),
+}
+
+impl From<crate::derive::persons::Refused> for DeriveError {
+    fn from(r: crate::derive::persons::Refused) -> DeriveError {
+        match r {
+            crate::derive::persons::Refused::Revoked => DeriveError::PersonRevoked,
+            crate::derive::persons::Refused::WatchDown => DeriveError::RevocationWatchDown,
+        }
+    }
 }
 
 impl From<AuditError> for DeriveError {

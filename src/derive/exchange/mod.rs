@@ -99,6 +99,12 @@ pub struct Broker {
     /// The emergency freeze set at run time (admin, or a replica through
     /// the store), persisted signed in the store.
     freeze: freeze::State,
+    /// The person stop list, watched in memory as the freeze is.
+    pub(crate) stops: crate::derive::persons::Stops,
+    /// Ends a person's page sessions (the pages' own, set by the
+    /// composition root, as the pages are a layer above): a person stop
+    /// calls it.
+    pub(crate) end_sessions: std::sync::OnceLock<crate::derive::persons::EndSessions>,
     /// Subject-token validation.
     pub subjects: subject::Validator,
     /// DPoP proof validation.
@@ -168,6 +174,8 @@ impl Broker {
             dpop::normalize_htu(&format!("{}{}", config.issuer, e.path())).unwrap_or_default()
         });
         let freeze = freeze::State::at_start(store.as_ref(), freeze_key);
+        let stops =
+            crate::derive::persons::Stops::at_start(store.as_ref(), config.revocation.clone());
         metrics.policy_info.set_only(&policy.hash);
         metrics.policy_loaded_time.set(clock.now() as f64);
         metrics
@@ -185,6 +193,8 @@ impl Broker {
             config,
             policy: ArcSwap::from_pointee(policy),
             freeze,
+            stops,
+            end_sessions: std::sync::OnceLock::new(),
             subjects,
             proofs,
             minter,
@@ -278,6 +288,62 @@ impl Broker {
         }
     }
 
+    /// Re-reads the person stop list from the store (a change notified,
+    /// or the poll every half of `revocation.watch_bound`); a store that
+    /// does not answer keeps the list read last (the watch goes down once
+    /// the bound passes). Updates the two metrics.
+    pub fn reload_stops(&self) {
+        match self.stops.reload(self.store.as_ref()) {
+            // Stopped on another replica: this one's own caches of them go.
+            Ok(fresh) => {
+                for p in fresh {
+                    self.subjects.drop_person(&p);
+                    self.drop_exchanged_tokens_of(&p.iss, &p.sub);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reading the person stop list failed"),
+        }
+        self.metrics.persons_revoked.set(self.stops.len() as i64);
+        self.metrics
+            .revocation_watch_up
+            .set(i64::from(self.stops.watch_up()));
+    }
+
+    /// A new sign-in lifts a sign-in stop ([`crate::derive::persons`]):
+    /// marked here at once; written to the store, and `person.restored`
+    /// recorded by the one instance whose write lifted it, off the derive's
+    /// path (which makes no store call).
+    pub(super) fn lift_stop(&self, lifting: crate::derive::persons::Lifting, now: i64) {
+        let person = lifting.stop.person();
+        let revocation_time = lifting.stop.revocation_time;
+        self.stops.note_lifted(&person, revocation_time, now);
+        let (store, audit, agent) = (
+            self.store.clone(),
+            self.audit.clone(),
+            self.config.agent.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            match crate::derive::persons::mark_lifted(store.as_ref(), &person, revocation_time, now)
+            {
+                Ok(true) => {
+                    tracing::warn!("a person's stop was lifted by a new sign-in");
+                    let mut e = Event::new(now, Kind::PersonRestored, &agent);
+                    e.person_iss = Some(&person.iss);
+                    e.person_sub = Some(&person.sub);
+                    e.source = Some("sign_in");
+                    e.revocation_time = Some(revocation_time);
+                    if let Err(err) = audit.record(&e) {
+                        tracing::error!(error = %err, "the person.restored event was not written");
+                    }
+                }
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, "marking a person's stop lifted failed; the next sign-in tries again")
+                }
+            }
+        });
+    }
+
     /// Sets or lifts the emergency freeze ([`freeze::State::set`]: a set
     /// freeze applies even when the store does not take it).
     pub fn set_frozen(&self, on: bool) -> Result<(), StoreError> {
@@ -297,7 +363,14 @@ impl Broker {
         let now = self.clock.now();
         let policy = self.policy.load_full();
         let mut ctx = Ctx::default();
-        let result = self.run(&req, now, &policy, &mut ctx).await;
+        let mut result = self.run(&req, now, &policy, &mut ctx).await;
+        // A stop stored while this derive ran: checked again before the
+        // token is released (memory only).
+        if let (Ok(_), Some(person)) = (&result, &ctx.person) {
+            if let Err(r) = self.stops.check_derive(person, ctx.auth_time) {
+                result = Err(r.into());
+            }
+        }
         let (outcome, reason) = match &result {
             Ok(_) => ("issued", "none"),
             Err(e) => ("denied", e.reason()),
@@ -402,6 +475,9 @@ impl Broker {
 #[derive(Debug, Default)]
 struct Ctx {
     person: Option<subject::Person>,
+    /// The subject token's `auth_time` (the stop list's check is made
+    /// again on it before the token is released).
+    auth_time: Option<i64>,
     /// The approval the derive met (redeemed, pending or declined).
     approval_id: Option<String>,
     /// SHA-256 of the call's details (JCS), when it has any or needs approval.

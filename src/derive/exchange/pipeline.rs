@@ -128,6 +128,9 @@ impl Broker {
         // verifier sees shifted: refused, from the last measured offset
         // (memory only: no store call on any path).
         self.skew.check().map_err(DeriveError::ClockSkew)?;
+        // A replica that has not read the person stop list within its
+        // bound refuses (unless `revocation.watch_failure = "serve"`).
+        self.stops.check_watch()?;
         Ok(checked)
     }
 
@@ -149,6 +152,15 @@ impl Broker {
             self.metrics.subject_cache_misses.inc();
         }
         ctx.person = Some(subject.person.clone());
+        ctx.auth_time = subject.auth_time;
+        // The person stop list (memory only): a stopped person gets
+        // nothing; a new sign-in lifts a sign-in stop.
+        if let Some(lifting) = self
+            .stops
+            .check_derive(&subject.person, subject.auth_time)?
+        {
+            self.lift_stop(lifting, now);
+        }
         // A proof without a current nonce is refused before the person's
         // and tool's limit is charged, so following `use_dpop_nonce` costs
         // no rate token. Only the nonce is read here; the whole proof is

@@ -142,6 +142,19 @@ fn error_answer(err: &DeriveError, algs: &[Alg]) -> Answer {
         )
         .reason("clock_skew")
         .retry_after(10),
+        DeriveError::PersonRevoked => Answer::new(
+            S::FORBIDDEN,
+            "access_denied",
+            "this person's access is stopped (credbroker persons revoke, or their identity provider's signal); nothing was issued",
+        )
+        .reason("person_revoked"),
+        DeriveError::RevocationWatchDown => Answer::new(
+            S::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            "this instance has not read the person stop list within revocation.watch_bound; nothing was issued; retry, another replica may serve",
+        )
+        .reason("revocation_watch_down")
+        .retry_after(5),
         DeriveError::LinkRequired(l) => Answer::connect_link(l),
         DeriveError::InvalidDetails(d) => {
             Answer::new(S::BAD_REQUEST, "invalid_authorization_details", d.clone())

@@ -357,6 +357,26 @@ pub(crate) fn end_local_sessions(store: &dyn Store, name: &str) -> Result<usize,
     Ok(n)
 }
 
+/// Ends every session signed in as `person` (a person stopped:
+/// `derive::persons`); returns how many. Reads records as
+/// [`end_local_sessions`] does, without their tag.
+pub(crate) fn end_person_sessions(store: &dyn Store, person: &Person) -> Result<usize, StoreError> {
+    let mut n = 0;
+    for (k, v) in store.scan_prefix(Tree::Sessions, b"")? {
+        let Some(json) = v.get(TAG_LEN..) else {
+            continue;
+        };
+        let Ok(record) = serde_json::from_slice::<Record>(json) else {
+            continue;
+        };
+        if record.person().as_ref() == Some(person) {
+            store.delete(Tree::Sessions, &k)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// The `Set-Cookie` value for a session id.
 pub(crate) fn set_cookie(name: &str, secure: bool, id: &SecretString) -> String {
     format!(

@@ -70,6 +70,28 @@ impl Proxy {
         if self.broker.skew.check().is_err() {
             return Err(Refusal::ClockSkew);
         }
+        // A replica that has not read the person stop list within its
+        // bound cannot tell a stopped person (memory only).
+        if self.broker.stops.check_watch().is_err() {
+            return Err(Refusal::RevocationWatchDown);
+        }
         Ok(service)
+    }
+
+    /// The person stop list (`derive::persons`, memory only): the token's
+    /// person, and when it was minted. Checked once the token is verified,
+    /// and again at the last gate before the upstream send.
+    pub(super) fn person_check(&self, who: &crate::verify::Verified) -> Result<(), Refusal> {
+        let person = crate::accounts::subject::Person {
+            iss: who.subject_iss.clone().unwrap_or_default(),
+            sub: who.sub.clone(),
+        };
+        self.broker
+            .stops
+            .check_minted(&person, who.iat)
+            .map_err(|r| match r {
+                crate::derive::persons::Refused::Revoked => Refusal::PersonRevoked,
+                crate::derive::persons::Refused::WatchDown => Refusal::RevocationWatchDown,
+            })
     }
 }

@@ -51,6 +51,8 @@ pub(super) enum Outcome {
     UpstreamFailed,
     /// The tool went away (or its connection failed) mid-answer.
     ClientGone,
+    /// Cut: the call's person was stopped mid-answer.
+    PersonRevoked,
 }
 
 impl Outcome {
@@ -61,6 +63,7 @@ impl Outcome {
             Outcome::EchoBlocked => "echo_blocked",
             Outcome::UpstreamFailed => "upstream_failed",
             Outcome::ClientGone => "client_gone",
+            Outcome::PersonRevoked => "person_revoked",
         }
     }
 }
@@ -75,6 +78,25 @@ pub(crate) enum Abort {
     /// The provider failed or was too slow mid-answer.
     #[error("the provider's answer failed")]
     Upstream,
+    /// The call's person was stopped mid-answer.
+    #[error("the answer was cut: the person's access was stopped")]
+    PersonRevoked,
+}
+
+/// A future that ends when the person stop list changes, giving back its
+/// receiver to wait again.
+type ListChanged = std::pin::Pin<
+    Box<dyn std::future::Future<Output = tokio::sync::watch::Receiver<u64>> + Send + Sync>,
+>;
+
+fn list_changed(mut rx: tokio::sync::watch::Receiver<u64>) -> ListChanged {
+    Box::pin(async move {
+        // A closed sender (the broker gone) never moves again.
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        rx
+    })
 }
 
 /// The provider's answer as it streams back: each poll reads the upstream
@@ -98,6 +120,9 @@ pub(crate) struct GuardedBody {
     end: Option<Completion>,
     /// The answer's outcome, set once known (the first one stands).
     outcome: Option<Outcome>,
+    /// Moves when the person stop list changes: the call's person is then
+    /// checked again, and a stopped person's answer is cut.
+    stops: ListChanged,
 }
 
 impl std::fmt::Debug for GuardedBody {
@@ -181,6 +206,20 @@ impl hyper::body::Body for GuardedBody {
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Abort>>> {
         use std::task::Poll;
         let this = &mut *self;
+        // First, whatever the provider sends: a stop of the call's person
+        // stored meanwhile (on any replica) cuts the answer.
+        if this.outcome.is_none() {
+            if let Poll::Ready(rx) = this.stops.as_mut().poll(cx) {
+                this.stops = list_changed(rx);
+                if let Some(c) = &this.end {
+                    if c.proxy.person_check(&c.call.who).is_err() {
+                        this.queued = Default::default();
+                        this.finish(Outcome::PersonRevoked);
+                        return Poll::Ready(Some(Err(Abort::PersonRevoked)));
+                    }
+                }
+            }
+        }
         loop {
             if let Some(b) = this.next_queued() {
                 return Poll::Ready(Some(Ok(hyper::body::Frame::data(b))));
@@ -259,6 +298,11 @@ impl Proxy {
         // The status and headers go out only once the first chunk (or the
         // whole answer, when shorter) has been scanned.
         let mut upstream = resp.into_body();
+        let stops = list_changed(self.broker.stops.subscribe());
+        // Watched from here on; a stop stored since the last gate ends it.
+        if let Err(r) = self.person_check(&call.who) {
+            return Err((call, r));
+        }
         let mut first_out = [Bytes::new(), Bytes::new(), Bytes::new()];
         let ended = loop {
             match tokio::time::timeout_at(deadline, upstream.frame()).await {
@@ -294,6 +338,7 @@ impl Proxy {
                 _slots: slots,
             }),
             outcome: None,
+            stops,
         };
         if ended {
             answer.upstream_ended();

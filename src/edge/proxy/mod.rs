@@ -18,8 +18,9 @@
 //!    servers use ([`crate::verify`]), audience = the proxy address, `htu`
 //!    = the configured issuer + the raw path (never `Host` or
 //!    `X-Forwarded-*`); the nonce; the proof's `jti` in the store's replay
-//!    tree (queued off the call where that is as safe, `replays`); then
-//!    no credential in the query;
+//!    tree (queued off the call where that is as safe, `replays`); the
+//!    person stop list (`derive::persons`: `person_revoked`); then no
+//!    credential in the query;
 //! 3. `route`: the route, the step and the resource in the *current*
 //!    policy, and the route's variables bound to the token's approved
 //!    details;
@@ -30,13 +31,15 @@
 //! 6. `token` again: a single-use token (an `each_call` approval's) is
 //!    spent in the store's replay tree, so it serves one call on every
 //!    replica;
-//! 7. `record`: the `proxy.request` audit event: no event, no call;
+//! 7. `record`: the `proxy.request` audit event: no event, no call; then
+//!    the person stop list once more, the last gate before the send;
 //! 8. `upstream`: the call goes to `api_base` + path + query only (no
 //!    proxy from the environment, no redirect followed, an allowlist of
 //!    request headers; `client`), retried once after a refresh when the
 //!    provider refuses an idempotent call's token;
 //! 9. `answer`: the answer streams back through the echo guard (`echo`)
-//!    with an allowlist of response headers, and its end is recorded.
+//!    with an allowlist of response headers, and its end is recorded; a
+//!    stop of its person stored meanwhile cuts it (`person_revoked`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -212,6 +215,9 @@ impl Proxy {
         // Nothing is known of the caller until its token is verified.
         let service = self.admit(parts).map_err(|r| (None, r))?;
         let mut call = self.authenticate(parts, service).map_err(|r| (None, r))?;
+        if let Err(r) = self.person_check(&call.who) {
+            return Err((Some(call), r));
+        }
         let sent = match self.checked_call(&mut call, parts, body, slot).await {
             Ok(sent) => sent,
             Err(r) => return Err((Some(call), r)),
@@ -245,6 +251,10 @@ impl Proxy {
             self.spend(&call.who)?;
         }
         self.record_request(call)?;
+        // The last gate: a stop stored while the call was checked (its
+        // token read, its body received, the provider's token refreshed)
+        // keeps it from going out.
+        self.person_check(&call.who)?;
         self.send(call, parts, body, target, token, (slot, service_slot))
             .await
     }

@@ -32,8 +32,14 @@ pub(crate) enum Refusal {
     /// This instance's clock is off the database's beyond
     /// `clock.max_skew` (503 `clock_skew`).
     ClockSkew,
+    /// This instance has not read the person stop list within
+    /// `revocation.watch_bound` (503 `revocation_watch_down`).
+    RevocationWatchDown,
     /// The token or its proof (401, with a DPoP challenge).
     Token(VerifyError),
+    /// The token's person is stopped (401 `invalid_token`, reason
+    /// `person_revoked`, with a DPoP challenge).
+    PersonRevoked,
     /// A fresh nonce is required (`[dpop] require_nonce`): 401
     /// `use_dpop_nonce` with the nonce to sign the next proof with.
     UseNonce(String),
@@ -142,6 +148,8 @@ impl Refusal {
             Refusal::Path(_) => "invalid_path",
             Refusal::Frozen => "frozen",
             Refusal::ClockSkew => "clock_skew",
+            Refusal::RevocationWatchDown => "revocation_watch_down",
+            Refusal::PersonRevoked => "person_revoked",
             Refusal::Token(VerifyError::Proof(_)) => "invalid_dpop_proof",
             Refusal::Token(VerifyError::AlreadyUsed) => "token_already_used",
             Refusal::Token(_) => "invalid_token",
@@ -179,6 +187,14 @@ impl Refusal {
             Refusal::ProxyBusy => unavailable("too many proxied calls in flight; retry later"),
             Refusal::ClockSkew => unavailable(
                 "this instance's clock is too far off the database's (clock.max_skew); nothing was sent; retry, another replica may serve",
+            ),
+            Refusal::RevocationWatchDown => unavailable(
+                "this instance has not read the person stop list within revocation.watch_bound; nothing was sent; retry, another replica may serve",
+            ),
+            Refusal::PersonRevoked => Answer::new(
+                S::UNAUTHORIZED,
+                "invalid_token",
+                "this person's access is stopped (credbroker persons revoke, or their identity provider's signal); nothing was sent",
             ),
             Refusal::Shape(Shape::Method) => bad("CONNECT and TRACE are never proxied"),
             Refusal::Shape(Shape::AbsoluteForm) => {
@@ -295,6 +311,8 @@ impl Refusal {
         };
         let answer = match self {
             Refusal::Token(e) => answer.challenge(challenge_error(e), algs),
+            Refusal::PersonRevoked => answer.challenge(Some("invalid_token"), algs),
+            Refusal::RevocationWatchDown => answer.retry_after(5),
             Refusal::UseNonce(nonce) => answer
                 .challenge(Some("use_dpop_nonce"), algs)
                 .nonce(Some(nonce)),

@@ -27,6 +27,7 @@ mod providers;
 mod raw;
 mod reference;
 mod reserved;
+mod revocation;
 mod secret_files;
 mod upstreams;
 
@@ -41,6 +42,7 @@ pub use providers::{AccountLookup, ClientAuth, Endpoints, ProviderConfig};
 pub(crate) use providers::{GITHUB_API, QUICKSTART_DEMO};
 pub use reference::{accepted_keys, AcceptedKey};
 pub use reserved::RESERVED_KEYS;
+pub(crate) use revocation::{RevocationConfig, WatchFailure};
 pub use secret_files::{read_secret_file, write_secret_file};
 pub(crate) use upstreams::{
     AudienceParam, ScopeClaim, UpstreamClientAuth, UpstreamConfig, UpstreamResource,
@@ -129,6 +131,8 @@ pub struct Config {
     pub proxy: ProxyConfig,
     /// `[clock]`: the bounds on the offset from the shared store's clock.
     pub clock: ClockConfig,
+    /// `[revocation]`: the person-level stop (`derive::persons`).
+    pub revocation: RevocationConfig,
     /// Trusted subject-token issuers.
     pub trusted_issuers: Vec<IssuerConfig>,
     /// Deprecated (`[vault] key_dir`): the directory where installs made
@@ -263,6 +267,7 @@ impl Config {
         let limits = limits(&raw.limits, &dpop, &mut check);
         let proxy = proxy(&raw.proxy, &mut check);
         let clock = clock(&raw.clock, &mut check);
+        let revocation = revocation::revocation(&raw.revocation, &mut check);
         let trusted_issuers =
             issuers::trusted_issuers(raw.trusted_issuers, &issuer, &raw.agent, &mut check);
         let quickstart_demo = raw
@@ -308,6 +313,7 @@ impl Config {
             limits,
             proxy,
             clock,
+            revocation,
             trusted_issuers,
             vault_key_dir: match raw.vault {
                 Some(v) => check.rel(&v.key_dir),

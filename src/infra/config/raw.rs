@@ -36,6 +36,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) clock: RawClock,
     #[serde(default)]
+    pub(super) revocation: super::revocation::RawRevocation,
+    #[serde(default)]
     pub(super) trusted_issuers: Vec<RawIssuer>,
     #[serde(default)]
     pub(super) vault: Option<RawVault>,

@@ -25,11 +25,6 @@ pub const RESERVED_KEYS: &[ReservedKey] = &[
     key("upstreams.<name>.send_authorization_details", "boolean", 41),
     key("outbound.use_env_proxy", "boolean", 41),
     // Issue 43: person-level revocation, Shared Signals, introspection.
-    key("revocation.max_event_age", "duration", 43),
-    key("revocation.restore_skew", "duration", 43),
-    key("revocation.watch_failure", "string", 43),
-    key("revocation.watch_bound", "duration", 43),
-    key("revocation.revoke_at_providers", "boolean", 43),
     key("ssf.transmitters.<name>.issuer", "URL", 43),
     key("ssf.transmitters.<name>.metadata_url", "URL", 43),
     key("ssf.transmitters.<name>.jwks_uri", "URL", 43),

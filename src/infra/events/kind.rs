@@ -86,14 +86,14 @@ kinds! {
     ApprovalRedeemed = "approval.redeemed",
     /// An approval link was opened by someone other than its person.
     ApprovalOpenedByOtherPerson = "approval.opened_by_other_person",
+    /// A person's agents were stopped (`derive::persons`).
+    PersonRevoked = "person.revoked",
+    /// A person's stop was lifted (`persons restore`, or a new sign-in).
+    PersonRestored = "person.restored",
     // Reserved (issue 38): named for this wave's features, not yet emitted;
     // see `Kind::RESERVED`.
     /// Reserved (issue 41): the upstream client key was rotated.
     ClientKeysRotated = "client_keys.rotated",
-    /// Reserved (issue 43): a person's agents were stopped.
-    PersonRevoked = "person.revoked",
-    /// Reserved (issue 43): a person's stop was lifted.
-    PersonRestored = "person.restored",
     /// Reserved (issue 43): a Shared Signals event (SET) was received.
     SsfEventReceived = "ssf.event_received",
     /// Reserved (issue 44): a webhook subscription's backlog overflowed.
@@ -108,8 +108,6 @@ impl Kind {
     /// yet emitted"; a feature that writes one takes it out of this list.
     pub const RESERVED: &'static [Kind] = &[
         Kind::ClientKeysRotated,
-        Kind::PersonRevoked,
-        Kind::PersonRestored,
         Kind::SsfEventReceived,
         Kind::WebhookEventsDropped,
         Kind::WebhookDeadLettered,

@@ -152,6 +152,26 @@ pub struct Event<'a> {
     /// For `proxy.request` and `proxy.completed` events: the proxied call.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyCall<'a>>,
+    /// On `person.revoked` (`manual`, `ssf`) and `person.restored`
+    /// (`manual`, `sign_in`): what stopped or restored the person.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<&'a str>,
+    /// On `person.revoked` and `ssf.event_received`: the Security Event
+    /// Token's event type URI.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ssf_event_type: Option<&'a str>,
+    /// On `person.revoked`: whether the person's connected accounts were
+    /// to be revoked at the providers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoke_at_providers: Option<bool>,
+    /// On `person.revoked`: the revocation time (Unix time, the store's
+    /// clock): the receipt, narrowed by the SET's event time within
+    /// `revocation.max_event_age`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub effective_time: Option<i64>,
+    /// On `person.restored`: when the lifted stop began (Unix time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revocation_time: Option<i64>,
     /// The instance that wrote it, when several share one store (replicas):
     /// added by `Audit::record` from `Audit::with_instance`; callers
     /// leave it empty.
@@ -182,22 +202,6 @@ pub struct ReservedFields<'a> {
     /// Issue 42: SHA-256 (hex) of the bound request's digest input.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_sha256: Option<&'a str>,
-    /// Issue 43: what stopped or restored a person (`manual`, `ssf`,
-    /// `sign_in`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub source: Option<&'a str>,
-    /// Issue 43: the SET's event type URI.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ssf_event_type: Option<&'a str>,
-    /// Issue 43: whether the person's accounts were revoked at the providers.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub revoke_at_providers: Option<bool>,
-    /// Issue 43: the event time the SET states (Unix time).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub effective_time: Option<i64>,
-    /// Issue 43: when the lifted stop began (Unix time).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub revocation_time: Option<i64>,
     /// Issue 43: the SSF transmitter (its name in the config).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transmitter: Option<&'a str>,
@@ -300,6 +304,11 @@ impl<'a> Event<'a> {
             approval_ttl: None,
             details_in_clear: None,
             proxy: None,
+            source: None,
+            ssf_event_type: None,
+            revoke_at_providers: None,
+            effective_time: None,
+            revocation_time: None,
             instance: None,
             boot_id: None,
             reserved: ReservedFields::default(),

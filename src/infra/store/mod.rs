@@ -114,10 +114,12 @@ pub enum Tree {
     ApprovalIndex,
     /// Approvals per (person, agent), to cap the open ones.
     ApprovalPerson,
+    /// Person-level stops (`derive::persons`), by `tuple_key([iss, sub])`.
+    PersonStops,
 }
 
 /// Every tree, in a fixed order (for copies between stores and for tests).
-pub(crate) const ALL_TREES: [Tree; 14] = [
+pub(crate) const ALL_TREES: [Tree; 15] = [
     Tree::SigningKeys,
     Tree::State,
     Tree::Accounts,
@@ -132,6 +134,7 @@ pub(crate) const ALL_TREES: [Tree; 14] = [
     Tree::Approvals,
     Tree::ApprovalIndex,
     Tree::ApprovalPerson,
+    Tree::PersonStops,
 ];
 
 impl Tree {
@@ -152,6 +155,7 @@ impl Tree {
             Tree::Approvals => "approvals",
             Tree::ApprovalIndex => "approval_index",
             Tree::ApprovalPerson => "approval_person",
+            Tree::PersonStops => "person_stops",
         }
     }
 

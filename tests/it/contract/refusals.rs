@@ -50,9 +50,11 @@ fn variant(e: &DeriveError) -> usize {
         DeriveError::Internal(_) => 14,
         DeriveError::Upstream { .. } => 15,
         DeriveError::ClockSkew(_) => 16,
+        DeriveError::PersonRevoked => 17,
+        DeriveError::RevocationWatchDown => 18,
     }
 }
-const VARIANTS: usize = 17;
+const VARIANTS: usize = 19;
 
 /// Each way an exchange at an upstream can be refused; no wildcard.
 fn every_upstream_error() -> Vec<UpstreamError> {
@@ -191,6 +193,8 @@ fn every_derive_error() -> Vec<DeriveError> {
             message: "The agent \"triage-bot\" asks to use the tool \"payments.send\".".into(),
         })),
         DeriveError::ApprovalDeclined,
+        DeriveError::PersonRevoked,
+        DeriveError::RevocationWatchDown,
         DeriveError::TooManyApprovals,
         DeriveError::UpstreamUnavailable {
             service: "acme".into(),
@@ -424,8 +428,9 @@ fn statuses(error: &str) -> &'static [u16] {
 #[test]
 fn every_reserved_refusal_is_declared_with_its_error_and_status() {
     // Issue 41 sends its seven since it landed, issue 40 its clock_skew
-    // (socket and proxy) and invalid_framing; eight remain.
-    assert!(RESERVED_REFUSALS.len() >= 8, "{RESERVED_REFUSALS:?}");
+    // (socket and proxy) and invalid_framing, issue 43 person_revoked and
+    // revocation_watch_down (socket and proxy each); four remain.
+    assert!(RESERVED_REFUSALS.len() >= 4, "{RESERVED_REFUSALS:?}");
     for r in RESERVED_REFUSALS {
         let what = format!("{} ({} {}, {})", r.reason, r.status, r.error, r.at);
         assert!(statuses(r.error).contains(&r.status), "{what}");
