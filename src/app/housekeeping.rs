@@ -41,6 +41,21 @@ async fn refresh_keys(b: &Arc<Broker>, sealer: &Arc<Sealer>) {
     if let Ok(Err(e)) = reloaded {
         tracing::warn!(error = %e, "reloading the signing key ring failed; the current keys stay in use");
     }
+    refresh_client_keys(b, sealer).await;
+}
+
+/// Reloads the client key ring, when loaded (as [`refresh_keys`]).
+async fn refresh_client_keys(b: &Arc<Broker>, sealer: &Arc<Sealer>) {
+    let Some(keys) = b.client_keys().cloned() else {
+        return;
+    };
+    let (kb, ks) = (b.clone(), sealer.clone());
+    let reloaded =
+        tokio::task::spawn_blocking(move || keys.refresh(kb.store.as_ref(), &ks, kb.shared_now()))
+            .await;
+    if let Ok(Err(e)) = reloaded {
+        tracing::warn!(error = %e, "reloading the client key ring failed; the current keys stay in use");
+    }
 }
 
 /// Measures this instance's offset from the shared store's clock
@@ -152,6 +167,7 @@ pub(super) fn watch_store(instance: &Instance, mut stop: watch::Receiver<bool>) 
     // the bound (docs/REVOCATION.md).
     let mut poll = tokio::time::interval(b.config.revocation.watch_bound / 2);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut client_keys = b.store.watch(Tree::ClientKeys);
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -162,6 +178,7 @@ pub(super) fn watch_store(instance: &Instance, mut stop: watch::Receiver<bool>) 
                     let _ = tokio::task::spawn_blocking(move || b.reload_frozen()).await;
                 }
                 Ok(()) = keys.changed() => refresh_keys(&b, &sealer).await,
+                Ok(()) = client_keys.changed() => refresh_client_keys(&b, &sealer).await,
                 _ = stop.changed() => break,
             }
         }

@@ -325,9 +325,17 @@ pub async fn build(
     if let Some(n) = proxy_nonces {
         broker = broker.with_proxy_nonces(n);
     }
-    if let Some(u) = upstreams {
+    if let Some(mut u) = upstreams {
+        // The client key, read into memory now: an assertion or actor token
+        // makes no store call.
+        let keys = Arc::new(crate::derive::client_keys::ClientKeys::load(
+            broker.store.as_ref(),
+            &sealer,
+            shared_now,
+        )?);
+        u.set_client_keys(keys.clone(), &broker.config.issuer, &broker.config.agent);
         u.resolve_all().await;
-        broker = broker.with_upstreams(u);
+        broker = broker.with_client_keys(keys).with_upstreams(Arc::new(u));
     }
     let _ = broker
         .end_sessions
@@ -652,7 +660,7 @@ fn upstreams(
     config: &Config,
     policy: &crate::derive::policy::Policy,
     subjects: &crate::accounts::subject::Validator,
-) -> Result<Option<Arc<crate::derive::upstreams::Upstreams>>, StartError> {
+) -> Result<Option<crate::derive::upstreams::Upstreams>, StartError> {
     if let Some(missing) = policy
         .upstreams()
         .into_iter()
@@ -669,7 +677,7 @@ fn upstreams(
         config.dpop.algs.clone(),
         config.dpop.replay_capacity,
     )
-    .map(|u| Some(Arc::new(u)))
+    .map(Some)
     .map_err(|source| StartError::UpstreamAs {
         file: config.file.display().to_string(),
         source,

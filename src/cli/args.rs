@@ -252,6 +252,21 @@ pub(super) enum KeysAction {
         #[arg(long)]
         emergency: bool,
     },
+    /// Rotate the client key (RFC 7523 client assertions and actor tokens at
+    /// the upstream authorization servers; published at
+    /// {issuer}/.well-known/client-jwks.json) as `keys rotate` does the
+    /// signing key: the new key is published now and signs after
+    /// `[keys] activation_delay`; the old one stays published for its grace.
+    RotateClient {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Suspected compromise: the new key signs at once and every other
+        /// client key leaves the client JWKS (an authorization server that
+        /// cached it refuses the new key's assertions until it refetches).
+        #[arg(long)]
+        emergency: bool,
+    },
     /// Re-encrypt the vault under a new key. Resumable: an interrupted run
     /// (or one stopped by --limit) continues where it stopped, and old keys
     /// keep decrypting until it reports `done`.

@@ -147,6 +147,9 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
             KeysAction::Rotate { config, emergency } => {
                 operator::rotate_keys(&config, emergency).await
             }
+            KeysAction::RotateClient { config, emergency } => {
+                operator::rotate_client_keys(&config, emergency).await
+            }
             KeysAction::RotateVault { config, limit } => {
                 operator::rotate_vault(&config, limit).await
             }

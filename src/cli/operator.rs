@@ -83,6 +83,26 @@ pub(super) async fn rotate_keys(config: &Path, emergency: bool) -> Res {
     }
 }
 
+/// `credbroker keys rotate-client [--emergency]`.
+pub(super) async fn rotate_client_keys(config: &Path, emergency: bool) -> Res {
+    let cfg = Config::load(config)?;
+    let body = if emergency { "emergency" } else { "" };
+    match reach(&cfg, "POST", "/client-keys/rotate", body).await? {
+        Reached::Instance { status: 200, body } => {
+            println!("{body}");
+            Ok(Exit::Ok)
+        }
+        Reached::Instance { status, body } => refused(status, &body),
+        Reached::Stopped(off) => {
+            let sealer = off.sealer(&cfg)?;
+            let kind = crate::derive::mint::RotationKind::new(emergency, cfg.key_activation_delay);
+            let r = ops::rotate_client_keys(off.target(), &sealer, off.recorder(), kind)?;
+            println!("{}", crate::edge::admin::rotation_json(&r, false));
+            Ok(Exit::Ok)
+        }
+    }
+}
+
 /// `credbroker keys rotate-vault`: resumable; exits [`Exit::Unfinished`]
 /// until every record is under the current key.
 pub(super) async fn rotate_vault(config: &Path, limit: Option<usize>) -> Res {

@@ -43,10 +43,62 @@ pub(crate) const RETIRED_KEY_GRACE: i64 = MAX_TTL.as_secs() as i64 + 60;
 /// The JWKS document's `Cache-Control` header (its `max-age` is
 /// [`crate::infra::config::JWKS_MAX_AGE`]; a unit test keeps the two equal).
 pub(crate) const JWKS_CACHE_CONTROL: &str = "public, max-age=60";
-/// The key of the ring record in [`Tree::SigningKeys`]. `/` cannot occur in
-/// a `kid` (a base64url thumbprint), so it never meets a legacy per-key
-/// record.
+/// The key of the ring record in its tree ([`RingSpec::tree`]). `/` cannot
+/// occur in a `kid` (a base64url thumbprint), so it never meets a legacy
+/// per-key record.
 const RING_KEY: &[u8] = b"ring/v1";
+
+/// Which key ring: the token-signing keys ([`SIGNING`]), or the client key
+/// the broker authenticates with at upstream authorization servers
+/// ([`CLIENT`], `derive::client_keys`). Both have the same shape, record
+/// and rules; each its own store tree, so neither ever reads, migrates or
+/// publishes the other's keys.
+#[derive(Debug)]
+pub struct RingSpec {
+    /// Its store tree (the record is `ring/v1` there; a key's AAD is
+    /// `<tree>/<kid>`).
+    pub(crate) tree: Tree,
+    /// What messages call its keys.
+    pub(crate) what: &'static str,
+    /// Whether the per-key records of an install before the ring are
+    /// migrated (the signing keys only).
+    legacy: bool,
+    /// Failpoints: create (migrate), activate, rotate; each before, then
+    /// after, its write.
+    points: [&'static str; 6],
+}
+
+/// The token-signing keys (`/.well-known/jwks.json`).
+pub(crate) const SIGNING: RingSpec = RingSpec {
+    tree: Tree::SigningKeys,
+    what: "signing key",
+    legacy: true,
+    points: [
+        "keys.migrate.before_write",
+        "keys.migrate.after_write",
+        "keys.activate.before_write",
+        "keys.activate.after_write",
+        "keys.rotate.before_write",
+        "keys.rotate.after_write",
+    ],
+};
+
+/// The client key (`{issuer}/.well-known/client-jwks.json`): client
+/// assertions and actor tokens at upstream authorization servers, never a
+/// token a resource server accepts.
+pub(crate) const CLIENT: RingSpec = RingSpec {
+    tree: Tree::ClientKeys,
+    what: "client key",
+    legacy: false,
+    points: [
+        "client_keys.create.before_write",
+        "client_keys.create.after_write",
+        "client_keys.activate.before_write",
+        "client_keys.activate.after_write",
+        "client_keys.rotate.before_write",
+        "client_keys.rotate.after_write",
+    ],
+};
 /// Compare-and-swap attempts before giving up (another process keeps
 /// writing the ring).
 const CAS_ATTEMPTS: usize = 16;
@@ -67,8 +119,8 @@ pub enum MintError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// A key record did not decrypt.
-    #[error("signing key record (store tree signing_keys): {0}{hint}", hint = master_hint(.0))]
-    Seal(#[from] SealError),
+    #[error("{what} record (store tree {tree}): {cause}{hint}", what = .0.what, tree = .0.tree.name(), cause = .1, hint = master_hint(.1))]
+    Seal(&'static RingSpec, SealError),
     /// A key or signature operation failed.
     #[error("signing: {0}")]
     Jose(#[from] JoseError),
@@ -76,11 +128,11 @@ pub enum MintError {
     #[error("signing key record is malformed")]
     Record,
     /// The ring record breaks an invariant (the cause is named).
-    #[error("signing key ring (store tree signing_keys, record ring/v1): {0}")]
-    Ring(&'static str),
+    #[error("{what} ring (store tree {tree}, record ring/v1): {cause}", what = .0.what, tree = .0.tree.name(), cause = .1)]
+    Ring(&'static RingSpec, &'static str),
     /// Other writers kept changing the ring.
-    #[error("signing key ring (store tree signing_keys, record ring/v1): changed by another process {CAS_ATTEMPTS} times in a row; try again")]
-    Contended,
+    #[error("{what} ring (store tree {tree}, record ring/v1): changed by another process {CAS_ATTEMPTS} times in a row; try again", what = .0.what, tree = .0.tree.name())]
+    Contended(&'static RingSpec),
 }
 
 /// A key's place in the ring.
@@ -105,7 +157,7 @@ struct RingKey {
     activates_at: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     retired_at: Option<i64>,
-    /// The PKCS#8 key sealed under the master key (AAD `signing_keys/<kid>`).
+    /// The PKCS#8 key sealed under the master key (AAD `<tree>/<kid>`).
     sealed: String,
 }
 
@@ -118,21 +170,21 @@ struct RingRecord {
 }
 
 impl RingRecord {
-    fn check(&self) -> Result<(), MintError> {
+    fn check(&self, spec: &'static RingSpec) -> Result<(), MintError> {
         let count = |s| self.keys.iter().filter(|k| k.state == s).count();
         if count(KeyState::Active) != 1 {
-            return Err(MintError::Ring("not exactly one active key"));
+            return Err(MintError::Ring(spec, "not exactly one active key"));
         }
         if count(KeyState::Next) > 1 {
-            return Err(MintError::Ring("more than one next key"));
+            return Err(MintError::Ring(spec, "more than one next key"));
         }
         for k in &self.keys {
             match k.state {
                 KeyState::Next if k.activates_at.is_none() => {
-                    return Err(MintError::Ring("a next key has no activates_at"))
+                    return Err(MintError::Ring(spec, "a next key has no activates_at"))
                 }
                 KeyState::Retired if k.retired_at.is_none() => {
-                    return Err(MintError::Ring("a retired key has no retired_at"))
+                    return Err(MintError::Ring(spec, "a retired key has no retired_at"))
                 }
                 _ => {}
             }
@@ -140,7 +192,7 @@ impl RingRecord {
         let mut kids: Vec<&str> = self.keys.iter().map(|k| k.kid.as_str()).collect();
         kids.sort_unstable();
         if kids.windows(2).any(|w| w[0] == w[1]) {
-            return Err(MintError::Ring("a kid appears twice"));
+            return Err(MintError::Ring(spec, "a kid appears twice"));
         }
         Ok(())
     }
@@ -281,13 +333,20 @@ impl RingStamp {
     }
 }
 
-fn aad(kid: &str) -> Vec<u8> {
-    format!("signing_keys/{kid}").into_bytes()
+fn aad(spec: &RingSpec, kid: &str) -> Vec<u8> {
+    format!("{}/{kid}", spec.tree.name()).into_bytes()
 }
 
-fn open_key(sealer: &Sealer, kid: &str, sealed: &str) -> Result<Es256Key, MintError> {
+fn open_key(
+    spec: &'static RingSpec,
+    sealer: &Sealer,
+    kid: &str,
+    sealed: &str,
+) -> Result<Es256Key, MintError> {
     let sealed = jose::b64d(sealed, "key record").map_err(|_| MintError::Record)?;
-    let der = sealer.open(&aad(kid), &sealed)?;
+    let der = sealer
+        .open(&aad(spec, kid), &sealed)
+        .map_err(|e| MintError::Seal(spec, e))?;
     let key = Es256Key::from_pkcs8(der.expose())?;
     if key.kid != kid {
         return Err(MintError::Record);
@@ -295,14 +354,18 @@ fn open_key(sealer: &Sealer, kid: &str, sealed: &str) -> Result<Es256Key, MintEr
     Ok(key)
 }
 
-fn open_ring(rec: &RingRecord, sealer: &Sealer) -> Result<KeyRing, MintError> {
-    rec.check()?;
+fn open_ring(
+    spec: &'static RingSpec,
+    rec: &RingRecord,
+    sealer: &Sealer,
+) -> Result<KeyRing, MintError> {
+    rec.check(spec)?;
     let mut active = None;
     let mut next = None;
     let mut published = Vec::new();
     let mut retired = Vec::new();
     for k in &rec.keys {
-        let key = open_key(sealer, &k.kid, &k.sealed)?;
+        let key = open_key(spec, sealer, &k.kid, &k.sealed)?;
         match k.state {
             KeyState::Active => active = Some(key),
             KeyState::Next => {
@@ -317,7 +380,7 @@ fn open_ring(rec: &RingRecord, sealer: &Sealer) -> Result<KeyRing, MintError> {
             KeyState::Retired => retired.push((key.public_jwk.clone(), k.retired_at)),
         }
     }
-    let active = Arc::new(active.ok_or(MintError::Ring("not exactly one active key"))?);
+    let active = Arc::new(active.ok_or(MintError::Ring(spec, "not exactly one active key"))?);
     published.push((active.public_jwk.clone(), None));
     let next = next.map(|(jwk, p)| {
         published.push((jwk, None));
@@ -332,9 +395,16 @@ fn open_ring(rec: &RingRecord, sealer: &Sealer) -> Result<KeyRing, MintError> {
     })
 }
 
-fn new_key(sealer: &Sealer, now: i64, state: KeyState) -> Result<RingKey, MintError> {
+fn new_key(
+    spec: &'static RingSpec,
+    sealer: &Sealer,
+    now: i64,
+    state: KeyState,
+) -> Result<RingKey, MintError> {
     let (key, pkcs8) = Es256Key::generate()?;
-    let sealed = sealer.seal(&aad(&key.kid), pkcs8.expose())?;
+    let sealed = sealer
+        .seal(&aad(spec, &key.kid), pkcs8.expose())
+        .map_err(|e| MintError::Seal(spec, e))?;
     Ok(RingKey {
         kid: key.kid.clone(),
         created: now,
@@ -346,13 +416,16 @@ fn new_key(sealer: &Sealer, now: i64, state: KeyState) -> Result<RingKey, MintEr
 }
 
 /// The ring record as stored (its bytes, for the compare-and-swap).
-fn read_ring(store: &dyn Store) -> Result<Option<(Vec<u8>, RingRecord)>, MintError> {
-    let Some(raw) = store.get(Tree::SigningKeys, RING_KEY)? else {
+fn read_ring(
+    spec: &'static RingSpec,
+    store: &dyn Store,
+) -> Result<Option<(Vec<u8>, RingRecord)>, MintError> {
+    let Some(raw) = store.get(spec.tree, RING_KEY)? else {
         return Ok(None);
     };
-    let rec: RingRecord =
-        serde_json::from_slice(&raw).map_err(|_| MintError::Ring("the record does not parse"))?;
-    rec.check()?;
+    let rec: RingRecord = serde_json::from_slice(&raw)
+        .map_err(|_| MintError::Ring(spec, "the record does not parse"))?;
+    rec.check(spec)?;
     Ok(Some((raw, rec)))
 }
 
@@ -366,9 +439,12 @@ struct LegacyKeyRecord {
     sealed: String,
 }
 
-fn legacy_entries(store: &dyn Store) -> Result<Vec<Vec<u8>>, MintError> {
+fn legacy_entries(spec: &RingSpec, store: &dyn Store) -> Result<Vec<Vec<u8>>, MintError> {
+    if !spec.legacy {
+        return Ok(Vec::new());
+    }
     Ok(store
-        .scan_prefix(Tree::SigningKeys, b"")?
+        .scan_prefix(spec.tree, b"")?
         .into_iter()
         .map(|(k, _)| k)
         .filter(|k| k != RING_KEY)
@@ -380,9 +456,17 @@ fn legacy_entries(store: &dyn Store) -> Result<Vec<Vec<u8>>, MintError> {
 /// stays active; any other unretired one (left by a rotation that crashed
 /// between its two writes, and possibly signing until now) is retired now,
 /// so it stays published for the grace period.
-fn first_ring(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<RingRecord, MintError> {
-    let mut legacy: Vec<LegacyKeyRecord> = store
-        .scan_prefix(Tree::SigningKeys, b"")?
+fn first_ring(
+    spec: &'static RingSpec,
+    store: &dyn Store,
+    sealer: &Sealer,
+    now: i64,
+) -> Result<RingRecord, MintError> {
+    let scanned = match spec.legacy {
+        true => store.scan_prefix(spec.tree, b"")?,
+        false => Vec::new(),
+    };
+    let mut legacy: Vec<LegacyKeyRecord> = scanned
         .into_iter()
         .filter(|(k, _)| k != RING_KEY)
         .map(|(_, v)| serde_json::from_slice(&v).map_err(|_| MintError::Record))
@@ -392,7 +476,7 @@ fn first_ring(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<RingRecord
     let mut have_active = false;
     for r in legacy {
         // Each must still open: a ring is never built from keys it cannot use.
-        open_key(sealer, &r.kid, &r.sealed)?;
+        open_key(spec, sealer, &r.kid, &r.sealed)?;
         let (state, retired_at) = match r.retired {
             None if !have_active => {
                 have_active = true;
@@ -412,13 +496,13 @@ fn first_ring(store: &dyn Store, sealer: &Sealer, now: i64) -> Result<RingRecord
         });
     }
     if !have_active {
-        keys.insert(0, new_key(sealer, now, KeyState::Active)?);
+        keys.insert(0, new_key(spec, sealer, now, KeyState::Active)?);
     }
     let rec = RingRecord {
         generation: 1,
         keys,
     };
-    rec.check()?;
+    rec.check(spec)?;
     Ok(rec)
 }
 
@@ -431,47 +515,57 @@ pub(crate) fn load_or_create(
     sealer: &Sealer,
     now: i64,
 ) -> Result<KeyRing, MintError> {
+    load_ring(&SIGNING, store, sealer, now)
+}
+
+/// [`load_or_create`] for the ring of `spec`.
+pub(crate) fn load_ring(
+    spec: &'static RingSpec,
+    store: &dyn Store,
+    sealer: &Sealer,
+    now: i64,
+) -> Result<KeyRing, MintError> {
+    let [create_before, create_after, activate_before, activate_after, _, _] = spec.points;
     for _ in 0..CAS_ATTEMPTS {
-        let Some((raw, rec)) = read_ring(store)? else {
-            let rec = first_ring(store, sealer, now)?;
-            failpoint::hit("keys.migrate.before_write");
-            if !store.compare_and_swap(Tree::SigningKeys, RING_KEY, None, Some(&rec.bytes()?))? {
+        let Some((raw, rec)) = read_ring(spec, store)? else {
+            let rec = first_ring(spec, store, sealer, now)?;
+            failpoint::hit(create_before);
+            if !store.compare_and_swap(spec.tree, RING_KEY, None, Some(&rec.bytes()?))? {
                 continue;
             }
-            failpoint::hit("keys.migrate.after_write");
+            failpoint::hit(create_after);
             continue;
         };
         // Leftovers of the migration (a crash after the ring was written):
         // the ring already holds them, so they go.
-        for k in legacy_entries(store)? {
-            store.delete(Tree::SigningKeys, &k)?;
+        for k in legacy_entries(spec, store)? {
+            store.delete(spec.tree, &k)?;
         }
         let Some(next) = advance(&rec, now) else {
-            return open_ring(&rec, sealer);
+            return open_ring(spec, &rec, sealer);
         };
-        let ring = open_ring(&next, sealer)?;
-        failpoint::hit("keys.activate.before_write");
-        if !store.compare_and_swap(
-            Tree::SigningKeys,
-            RING_KEY,
-            Some(&raw),
-            Some(&next.bytes()?),
-        )? {
+        let ring = open_ring(spec, &next, sealer)?;
+        failpoint::hit(activate_before);
+        if !store.compare_and_swap(spec.tree, RING_KEY, Some(&raw), Some(&next.bytes()?))? {
             continue;
         }
-        failpoint::hit("keys.activate.after_write");
+        failpoint::hit(activate_after);
         if let Some(p) = rec.keys.iter().find(|k| k.state == KeyState::Next) {
             if next
                 .keys
                 .iter()
                 .any(|k| k.kid == p.kid && k.state == KeyState::Active)
             {
-                tracing::info!(kid = %p.kid, "signing key activated");
+                if spec.legacy {
+                    tracing::info!(kid = %p.kid, "signing key activated");
+                } else {
+                    tracing::info!(kid = %p.kid, "client key activated");
+                }
             }
         }
         return Ok(ring);
     }
-    Err(MintError::Contended)
+    Err(MintError::Contended(spec))
 }
 
 /// How to rotate.
@@ -526,16 +620,28 @@ pub(crate) fn rotate(
     now: i64,
     kind: RotationKind,
 ) -> Result<Rotation, MintError> {
+    rotate_ring(&SIGNING, store, sealer, now, kind)
+}
+
+/// [`rotate`] for the ring of `spec`.
+pub(crate) fn rotate_ring(
+    spec: &'static RingSpec,
+    store: &dyn Store,
+    sealer: &Sealer,
+    now: i64,
+    kind: RotationKind,
+) -> Result<Rotation, MintError> {
+    let [_, _, _, _, rotate_before, rotate_after] = spec.points;
     for _ in 0..CAS_ATTEMPTS {
         // Start from the ring as it is now (migrated, due activation applied).
-        load_or_create(store, sealer, now)?;
-        let Some((raw, rec)) = read_ring(store)? else {
-            return Err(MintError::Ring("missing after it was created"));
+        load_ring(spec, store, sealer, now)?;
+        let Some((raw, rec)) = read_ring(spec, store)? else {
+            return Err(MintError::Ring(spec, "missing after it was created"));
         };
         let (new, kid, activates_at, withdrawn) = match kind {
             RotationKind::Scheduled { activation_delay } => {
                 if let Some(p) = rec.keys.iter().find(|k| k.state == KeyState::Next) {
-                    let ring = open_ring(&rec, sealer)?;
+                    let ring = open_ring(spec, &rec, sealer)?;
                     return Ok(Rotation {
                         kid: p.kid.clone(),
                         added: false,
@@ -546,7 +652,7 @@ pub(crate) fn rotate(
                     });
                 }
                 let at = now + activation_delay.max(0);
-                let mut k = new_key(sealer, now, KeyState::Next)?;
+                let mut k = new_key(spec, sealer, now, KeyState::Next)?;
                 k.activates_at = Some(at);
                 let kid = k.kid.clone();
                 let mut new = rec.clone();
@@ -555,7 +661,7 @@ pub(crate) fn rotate(
                 (new, kid, at, Vec::new())
             }
             RotationKind::Emergency => {
-                let k = new_key(sealer, now, KeyState::Active)?;
+                let k = new_key(spec, sealer, now, KeyState::Active)?;
                 let kid = k.kid.clone();
                 let withdrawn = rec.keys.iter().map(|k| k.kid.clone()).collect();
                 let new = RingRecord {
@@ -565,15 +671,15 @@ pub(crate) fn rotate(
                 (new, kid, now, withdrawn)
             }
         };
-        new.check()?;
-        failpoint::hit("keys.rotate.before_write");
-        if !store.compare_and_swap(Tree::SigningKeys, RING_KEY, Some(&raw), Some(&new.bytes()?))? {
+        new.check(spec)?;
+        failpoint::hit(rotate_before);
+        if !store.compare_and_swap(spec.tree, RING_KEY, Some(&raw), Some(&new.bytes()?))? {
             continue;
         }
-        failpoint::hit("keys.rotate.after_write");
+        failpoint::hit(rotate_after);
         // A zero delay activates now (a second write, through the same path
         // as the tick).
-        let ring = load_or_create(store, sealer, now)?;
+        let ring = load_ring(spec, store, sealer, now)?;
         return Ok(Rotation {
             kid,
             added: true,
@@ -583,7 +689,7 @@ pub(crate) fn rotate(
             ring,
         });
     }
-    Err(MintError::Contended)
+    Err(MintError::Contended(spec))
 }
 
 /// What to put in a minted token.
@@ -846,7 +952,7 @@ mod tests {
         );
         assert_eq!(ring.published_kids(until), vec![r.kid.clone()]);
         // The activation was written: a reader at that time sees it too.
-        let (_, rec) = read_ring(&store).unwrap().unwrap();
+        let (_, rec) = read_ring(&SIGNING, &store).unwrap().unwrap();
         assert_eq!(
             rec.keys
                 .iter()
@@ -1001,7 +1107,9 @@ mod tests {
 
     fn legacy(store: &SledStore, sealer: &Sealer, created: i64, retired: Option<i64>) -> String {
         let (key, pkcs8) = Es256Key::generate().unwrap();
-        let sealed = sealer.seal(&aad(&key.kid), pkcs8.expose()).unwrap();
+        let sealed = sealer
+            .seal(&aad(&SIGNING, &key.kid), pkcs8.expose())
+            .unwrap();
         let rec = serde_json::json!({
             "kid": key.kid, "created": created, "retired": retired, "sealed": jose::b64e(&sealed),
         });
@@ -1054,7 +1162,7 @@ mod tests {
     fn a_ring_breaking_an_invariant_is_refused_with_its_cause() {
         let (_d, store, sealer) = setup();
         load_or_create(&store, &sealer, T0).unwrap();
-        let (_, mut rec) = read_ring(&store).unwrap().unwrap();
+        let (_, mut rec) = read_ring(&SIGNING, &store).unwrap().unwrap();
         rec.keys[0].state = KeyState::Retired;
         rec.keys[0].retired_at = Some(T0);
         store
@@ -1078,7 +1186,7 @@ mod tests {
     fn a_lost_compare_and_swap_is_retried_on_the_new_ring() {
         let (_d, store, sealer) = setup();
         load_or_create(&store, &sealer, T0).unwrap();
-        let (raw, rec) = read_ring(&store).unwrap().unwrap();
+        let (raw, rec) = read_ring(&SIGNING, &store).unwrap().unwrap();
         // Another process rotated in between: the stale CAS must fail.
         let kind = RotationKind::Scheduled {
             activation_delay: ACTIVATION_DELAY,

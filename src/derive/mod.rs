@@ -5,6 +5,8 @@
 //! - [`policy`]: the policy file and its decisions.
 //! - [`approve`]: step-up approvals, a connect link for one call.
 //! - [`mint`]: signing keys, minted tokens, JWKS, rotation.
+//! - [`client_keys`]: the client key (its own ring): client assertions and
+//!   actor tokens at upstream authorization servers.
 //! - [`freeze`]: the signed freeze record every process follows.
 //! - [`persons`]: the person-level stop, watched in memory as the freeze is.
 //! - [`upstreams`]: the organisation's authorization servers, where an
@@ -13,6 +15,7 @@
 //!   each written once for the admin socket and the offline command line.
 
 pub(crate) mod approve;
+pub(crate) mod client_keys;
 pub(crate) mod exchange;
 pub(crate) mod freeze;
 pub(crate) mod mint;

@@ -193,6 +193,60 @@ pub(crate) fn rotate_keys(
     Ok(r)
 }
 
+/// Rotates the client key (`derive::client_keys`: client assertions and
+/// actor tokens at upstream authorization servers) as [`rotate_keys`] does
+/// the signing key: one compare-and-swap of its own ring, the new key
+/// published at `{issuer}/.well-known/client-jwks.json` now and signing
+/// after the delay (an emergency rotation: at once, every other key
+/// withdrawn). Its audit event, `client_keys.rotated`, names the new key
+/// and the one it replaces.
+pub(crate) fn rotate_client_keys(
+    target: Target<'_>,
+    sealer: &Sealer,
+    rec: Recorder<'_>,
+    kind: crate::derive::mint::RotationKind,
+) -> Result<crate::derive::mint::Rotation, OpError> {
+    use crate::derive::client_keys;
+    let r = match target {
+        Target::Running(b) => {
+            let now = b.shared_now();
+            let retired = client_keys::active_kid(b.store.as_ref(), sealer, now)?;
+            let r = match b.client_keys() {
+                Some(k) => k.rotate(b.store.as_ref(), sealer, now, kind)?,
+                None => client_keys::rotate(b.store.as_ref(), sealer, now, kind)?,
+            };
+            (retired, r)
+        }
+        Target::Stopped(store) => {
+            let now = rec.clock.now();
+            let retired = client_keys::active_kid(store, sealer, now)?;
+            (retired, client_keys::rotate(store, sealer, now, kind)?)
+        }
+    };
+    let (retired, r) = r;
+    tracing::info!(
+        kid = %r.kid,
+        retired_kid = %retired,
+        added = r.added,
+        activates_at = r.activates_at,
+        emergency = r.emergency,
+        "client key rotated"
+    );
+    let outcome = if !r.added {
+        "already_pending"
+    } else if r.emergency {
+        "emergency"
+    } else {
+        "scheduled"
+    };
+    rec.record(Kind::ClientKeysRotated, |e| {
+        e.outcome = Some(outcome);
+        e.kid = Some(r.kid.clone());
+        e.retired_kid = Some(retired.clone());
+    });
+    Ok(r)
+}
+
 /// Re-wraps up to `limit` vault records under the current vault key
 /// (resumable: run again until the report says done).
 pub(crate) fn rotate_vault(

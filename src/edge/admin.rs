@@ -2,7 +2,8 @@
 //! containers in a pod share TCP loopback, so loopback is no boundary).
 //!
 //! `GET /metrics`, `GET /readyz`, `GET /status`, `POST /freeze` (`on` or
-//! `off` in the body), `POST /keys/rotate` (body empty, or `emergency`), `POST /users` (a local account
+//! `off` in the body), `POST /keys/rotate` (body empty, or `emergency`), `POST
+//! /client-keys/rotate` (the same, for the client key), `POST /users` (a local account
 //! for the pages: `{"name", "password", "replace"}`), `GET /users`, `POST
 //! /users/remove` (`{"name"}`: the account and its page sessions), `POST /vault/rotate`
 //! (optional body: the most records to re-wrap in this call), `GET /accounts`
@@ -255,6 +256,7 @@ async fn route(
         (Method::GET, "/status") => Ok(ok(status(h))),
         (Method::POST, "/freeze") => freeze(h, req).await,
         (Method::POST, "/keys/rotate") => rotate_keys(h, req).await,
+        (Method::POST, "/client-keys/rotate") => rotate_client_keys(h, req).await,
         (Method::POST, "/vault/rotate") => rotate_vault(h, req).await,
         (Method::GET, "/accounts") => list_accounts(h, &req),
         (Method::POST, "/accounts/disconnect") => disconnect(h, req).await,
@@ -312,6 +314,27 @@ async fn rotate_keys(
     };
     let kind = crate::derive::mint::RotationKind::new(emergency, b.config.key_activation_delay);
     let r = crate::derive::ops::rotate_keys(Target::Running(b), &h.sealer, Recorder::of(b), kind)?;
+    Ok(ok(rotation_json(&r, true)))
+}
+
+/// `POST /client-keys/rotate`: the body empty, or `emergency`.
+async fn rotate_client_keys(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    let b = &h.broker;
+    let emergency = match capped_body(req, 64).await?.trim_ascii() {
+        b"" => false,
+        b"emergency" => true,
+        _ => return Err(AdminError::BadBody("the body must be empty or emergency")),
+    };
+    let kind = crate::derive::mint::RotationKind::new(emergency, b.config.key_activation_delay);
+    let r = crate::derive::ops::rotate_client_keys(
+        Target::Running(b),
+        &h.sealer,
+        Recorder::of(b),
+        kind,
+    )?;
     Ok(ok(rotation_json(&r, true)))
 }
 

@@ -139,6 +139,19 @@ where
             // delay counts on it (config::ACTIVATION_DELAY).
             crate::derive::mint::JWKS_CACHE_CONTROL,
         ),
+        // The client key's public keys (docs/UPSTREAM.md), for the upstream
+        // authorization servers' `jwks_uri` of this broker's client: never
+        // in the JWKS above, so nothing it signs verifies as our token.
+        (true, "/.well-known/client-jwks.json") if broker.client_keys().is_some() => with_cache(
+            json_response(
+                StatusCode::OK,
+                &broker
+                    .client_keys()
+                    .map(|k| k.jwks(broker.clock.now()))
+                    .unwrap_or_default(),
+            ),
+            crate::derive::mint::JWKS_CACHE_CONTROL,
+        ),
         (true, "/healthz") => {
             let mut r = Response::new(Full::new(Bytes::from_static(b"ok\n")));
             r.headers_mut()

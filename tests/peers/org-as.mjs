@@ -10,7 +10,16 @@
 //   node org-as.mjs CONFIG.json
 //
 // CONFIG: { "client_id": "...", "client_secret": "...", "audience": "repo-helper",
+//           "auth_method": "client_secret_basic" (default) | "private_key_jwt",
 //           "resources": { "<uri>": { "aud": "..." | [...], "scope": "a b" } } }
+// With private_key_jwt the client's jwks_uri is this server's /client-jwks, which
+// forwards to the URL the "client_jwks" command names (the broker's client JWKS:
+// its port is known only once both run). Client assertions are checked by
+// oidc-provider (signature against that JWKS, iss, sub, exp, jti once) and, in
+// assertJwtClientAuthClaimsAndHeader, for the draft-ietf-oauth-rfc7523bis shape:
+// typ client-authentication+jwt, aud exactly the issuer (one string), at most 60 s.
+// An actor_token, when sent, is verified with jose against the same client JWKS
+// (typ credbroker-actor+jwt, aud = the issuer, at most 60 s, actor_token_type jwt).
 // Prints {"issuer", "jwks_uri", "token_endpoint"} when listening, then reads
 // JSON commands on stdin, one per line, answering one JSON line each:
 //   {"cmd":"subject","sub":"alice","ttl":3600}  -> {"token": a subject token (aud = config.audience)}
@@ -22,6 +31,10 @@
 //      nonce (proofs must carry the server's DPoP nonce; without it: 400 use_dpop_nonce with DPoP-Nonce)
 //   {"cmd":"count"} -> {"exchanges": n} token requests received so far (any mode)
 //   {"cmd":"last"}  -> the form of the last token request (subject_token left out)
+//   {"cmd":"client_jwks","url":"..."} -> {"ok":true}; where /client-jwks forwards to
+//   {"cmd":"assertions"} -> {"verified": n, "refused": [reasons], "client_errors": [...]}:
+//      client assertions seen, and why clients were refused (invalid_client)
+//   {"cmd":"actor"} -> {"claims": the last verified actor token's claims, or null}
 // Exits when stdin closes.
 import { readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
@@ -34,6 +47,13 @@ const cfg = JSON.parse(readFileSync(process.argv[2], 'utf8'));
 const TE = 'urn:ietf:params:oauth:grant-type:token-exchange';
 const AT = 'urn:ietf:params:oauth:token-type:access_token';
 const RT = 'urn:ietf:params:oauth:token-type:refresh_token';
+const JWT_TYPE = 'urn:ietf:params:oauth:token-type:jwt';
+const pkjwt = cfg.auth_method === 'private_key_jwt';
+let clientJwksTarget = null;
+let assertionsVerified = 0;
+const assertionsRefused = [];
+const clientErrors = [];
+let lastActor = null;
 
 const es = await jose.generateKeyPair('ES256', { extractable: true });
 const priv = { ...(await jose.exportJWK(es.privateKey)), kid: 'es256-1', alg: 'ES256', use: 'sig' };
@@ -49,17 +69,43 @@ const tokenEndpoint = `${issuer}/token`;
 
 const provider = new Provider(issuer, {
   clients: [{
-    client_id: cfg.client_id, client_secret: cfg.client_secret,
+    client_id: cfg.client_id,
+    ...(pkjwt ? { jwks_uri: `${issuer}/client-jwks` } : { client_secret: cfg.client_secret }),
     grant_types: [TE], response_types: [], redirect_uris: [],
     token_endpoint_auth_method: cfg.auth_method ?? 'client_secret_basic',
     id_token_signed_response_alg: 'ES256',
   }],
+  // Everything here is on loopback, which oidc-provider's own SSRF guard
+  // refuses to fetch from: the client JWKS is fetched without it.
+  fetch: (url, options) => fetch(url, { ...options, dispatcher: undefined }),
+  // The rfc7523bis shape, on top of oidc-provider's own checks.
+  async assertJwtClientAuthClaimsAndHeader(_ctx, claims, header) {
+    const why = header.typ !== 'client-authentication+jwt' ? `typ ${header.typ}`
+      : (typeof claims.aud !== 'string' || claims.aud !== issuer) ? 'aud is not exactly the issuer'
+        : claims.sub !== claims.iss ? 'sub is not iss'
+          : (typeof claims.iat !== 'number' || claims.exp - claims.iat > 60) ? 'lifetime over 60 s'
+            : null;
+    if (why) {
+      assertionsRefused.push(why);
+      throw new errors.InvalidClientAuth(why);
+    }
+    assertionsVerified += 1;
+  },
   jwks: { keys: [priv] },
   findAccount: async (_ctx, id) => ({ accountId: id, claims: async () => ({ sub: id }) }),
   features: { devInteractions: { enabled: false } },
   cookies: { keys: [randomBytes(16).toString('hex')] },
 });
 provider.proxy = false;
+// Why a client was refused, for the tests' messages (never a secret: the
+// description and its cause's message).
+provider.on('grant.error', (_ctx, e) => {
+  if (e.error === 'invalid_client') {
+    const causes = [];
+    for (let c = e.cause; c && causes.length < 4; c = c.cause) causes.push(c.error_description ?? c.message);
+    clientErrors.push([e.error_description, ...causes].join(': '));
+  }
+});
 
 let mode = 'ok';
 // With mode "nonce": every proof must carry this nonce.
@@ -87,8 +133,26 @@ async function checkProof(ctx) {
   return { jkt: await jose.calculateJwkThumbprint(v.protectedHeader.jwk), nonce: p.nonce };
 }
 
+const clientKeys = jose.createRemoteJWKSet(new URL(`${issuer}/client-jwks`), { cooldownDuration: 0 });
+
+async function checkActor(params) {
+  if (params.actor_token === undefined) return;
+  if (params.actor_token_type !== JWT_TYPE) throw new errors.InvalidRequest('actor_token_type');
+  try {
+    const { payload } = await jose.jwtVerify(params.actor_token, clientKeys, {
+      typ: 'credbroker-actor+jwt', audience: issuer, algorithms: ['ES256'], maxTokenAge: 60,
+      requiredClaims: ['iss', 'sub', 'aud', 'iat', 'exp', 'jti'],
+    });
+    if (typeof payload.aud !== 'string' || payload.exp - payload.iat > 60) throw new Error('shape');
+    lastActor = payload;
+  } catch (e) {
+    throw new errors.InvalidRequest(`actor_token invalid: ${e.code ?? e.message}`);
+  }
+}
+
 async function tokenExchange(ctx) {
   const { params } = ctx.oidc;
+  await checkActor(params);
   if (mode === 'invalid_scope') throw new errors.InvalidScope('scope not allowed here', params.scope ?? '');
   if (mode === 'invalid_client') throw new errors.InvalidClient('client not allowed to exchange');
   if (mode === 'invalid_grant') throw new errors.InvalidGrant('the person signed out here');
@@ -148,11 +212,22 @@ async function tokenExchange(ctx) {
   ctx.set('cache-control', 'no-store');
 }
 provider.registerGrantType(TE, tokenExchange,
-  ['subject_token', 'subject_token_type', 'requested_token_type', 'resource', 'audience', 'scope'],
+  ['subject_token', 'subject_token_type', 'requested_token_type', 'resource', 'audience', 'scope',
+    'actor_token', 'actor_token_type'],
   ['resource', 'audience']);
 
 const callback = provider.callback();
 server.on('request', async (req, res) => {
+  if (req.method === 'GET' && req.url === '/client-jwks') {
+    try {
+      const r = await fetch(clientJwksTarget);
+      res.writeHead(r.status, { 'content-type': 'application/json' });
+      res.end(await r.text());
+    } catch {
+      res.writeHead(502); res.end();
+    }
+    return;
+  }
   if (req.method === 'POST' && req.url === '/token') {
     exchanges += 1;
     const chunks = [];
@@ -187,6 +262,9 @@ rl.on('line', async (line) => {
     } else if (cmd.cmd === 'mode') { mode = String(cmd.mode); console.log(JSON.stringify({ ok: true })); }
     else if (cmd.cmd === 'count') console.log(JSON.stringify({ exchanges }));
     else if (cmd.cmd === 'last') console.log(JSON.stringify(last));
+    else if (cmd.cmd === 'client_jwks') { clientJwksTarget = String(cmd.url); console.log(JSON.stringify({ ok: true })); }
+    else if (cmd.cmd === 'assertions') console.log(JSON.stringify({ verified: assertionsVerified, refused: assertionsRefused, client_errors: clientErrors }));
+    else if (cmd.cmd === 'actor') console.log(JSON.stringify({ claims: lastActor }));
     else console.log(JSON.stringify({ error: 'unknown command' }));
   } catch (e) {
     console.log(JSON.stringify({ error: String(e.message ?? e) }));

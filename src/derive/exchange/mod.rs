@@ -138,6 +138,9 @@ pub struct Broker {
     /// The organisation's authorization servers (`exchange` resources);
     /// without them such a resource gets nothing.
     upstreams: Option<Arc<Upstreams>>,
+    /// The client key (`derive::client_keys`), loaded when the config has
+    /// an upstream: published at `{issuer}/.well-known/client-jwks.json`.
+    client_keys: Option<Arc<crate::derive::client_keys::ClientKeys>>,
     /// The proxy's nonces (deployment-wide), when nonces are required;
     /// the derive's own are in `proofs`.
     pub proxy_nonces: Option<dpop::Nonces>,
@@ -205,6 +208,7 @@ impl Broker {
             connected_services: None,
             approvals: None,
             upstreams: None,
+            client_keys: None,
             proxy_nonces: None,
             started: clock.now(),
             clock,
@@ -241,6 +245,17 @@ impl Broker {
     pub fn with_upstreams(mut self, u: Arc<Upstreams>) -> Broker {
         self.upstreams = Some(u);
         self
+    }
+
+    /// Adds the client key (loaded when the config has an upstream).
+    pub fn with_client_keys(mut self, k: Arc<crate::derive::client_keys::ClientKeys>) -> Broker {
+        self.client_keys = Some(k);
+        self
+    }
+
+    /// The client key, when loaded.
+    pub fn client_keys(&self) -> Option<&Arc<crate::derive::client_keys::ClientKeys>> {
+        self.client_keys.as_ref()
     }
 
     /// The upstream authorization servers, if configured.

@@ -83,6 +83,8 @@ impl Broker {
             subject_exp: subject.exp,
             scopes: &grant.scopes,
             jkt: &proof.jkt,
+            tool: &req.tool,
+            step: &req.step,
             proof: req
                 .upstream_proofs
                 .get(upstream)

@@ -11,6 +11,7 @@ use zeroize::Zeroize;
 use super::{ExchangeInput, Resolved, Upstream, UpstreamError, ACCESS_TOKEN_TYPE};
 use crate::base::grammar::{secure_or_loopback, TOKEN_EXCHANGE};
 use crate::base::oauth::sanitize_code;
+use crate::derive::client_keys::{Actor, ASSERTION_TYPE, JWT_TOKEN_TYPE};
 use crate::infra::config::{AudienceParam, UpstreamClientAuth, UpstreamResource};
 
 /// The most an upstream's answer (metadata or token) may hold.
@@ -123,11 +124,7 @@ pub(super) async fn discover(u: &Upstream) -> Result<(String, String), String> {
 
 /// The exchange request's form (RFC 8693 section 2.1), with the client's
 /// credentials when they go in the body. Zeroized by the caller.
-fn form(
-    u: &Upstream,
-    input: &ExchangeInput<'_>,
-    shape: &UpstreamResource,
-) -> Vec<(&'static str, String)> {
+fn form(input: &ExchangeInput<'_>, shape: &UpstreamResource) -> Vec<(&'static str, String)> {
     let mut form = vec![
         ("grant_type", TOKEN_EXCHANGE.to_owned()),
         ("subject_token", input.subject_token.to_owned()),
@@ -151,21 +148,83 @@ fn form(
     if !input.scopes.is_empty() {
         form.push(("scope", input.scopes.join(" ")));
     }
-    if u.cfg.client_auth == UpstreamClientAuth::SecretPost {
-        form.push(("client_id", u.cfg.client_id.clone()));
-        form.push(("client_secret", u.secret.expose().to_owned()));
-    }
     form
+}
+
+/// `actor_token = true`: an actor token (RFC 8693 section 2.1) naming the
+/// agent, the tool and the step, for this AS only, signed with the client
+/// key; `actor_token_type` jwt.
+fn actor(
+    u: &Upstream,
+    input: &ExchangeInput<'_>,
+    form: &mut Vec<(&'static str, String)>,
+) -> Result<(), UpstreamError> {
+    if !u.cfg.actor_token {
+        return Ok(());
+    }
+    let Some(c) = &u.client else {
+        tracing::error!(upstream = %u.cfg.name, "the client key is not loaded: no actor token");
+        return Err(UpstreamError::Misconfigured);
+    };
+    let actor = Actor {
+        agent: &c.agent,
+        tool: input.tool,
+        step: Some(input.step),
+    };
+    let t = c
+        .keys
+        .actor_token(&c.issuer, &actor, &u.cfg.issuer, input.now)
+        .map_err(|e| {
+            tracing::error!(upstream = %u.cfg.name, error = %e, "the actor token could not be signed");
+            UpstreamError::Misconfigured
+        })?;
+    form.push(("actor_token", t.expose().to_owned()));
+    form.push(("actor_token_type", JWT_TOKEN_TYPE.to_owned()));
+    Ok(())
+}
+
+/// The client's credentials that go in the body: `client_secret_post`'s
+/// id and secret, or `private_key_jwt`'s assertion (RFC 7523 section 2.2),
+/// signed now with the client key for this AS's issuer identifier only.
+fn credentials(
+    u: &Upstream,
+    now: i64,
+    form: &mut Vec<(&'static str, String)>,
+) -> Result<(), UpstreamError> {
+    match (u.cfg.client_auth, &u.secret, &u.client) {
+        (UpstreamClientAuth::SecretPost, Some(secret), _) => {
+            form.push(("client_id", u.cfg.client_id.clone()));
+            form.push(("client_secret", secret.expose().to_owned()));
+        }
+        (UpstreamClientAuth::PrivateKeyJwt, _, Some(c)) => {
+            let a = c
+                .keys
+                .client_assertion(&u.cfg.client_id, &u.cfg.issuer, now)
+                .map_err(|e| {
+                    tracing::error!(upstream = %u.cfg.name, error = %e, "the client assertion could not be signed");
+                    UpstreamError::Misconfigured
+                })?;
+            form.push(("client_assertion_type", ASSERTION_TYPE.to_owned()));
+            form.push(("client_assertion", a.expose().to_owned()));
+        }
+        (UpstreamClientAuth::SecretBasic, Some(_), _) => {}
+        _ => {
+            tracing::error!(upstream = %u.cfg.name, "the upstream's client credentials are not loaded");
+            return Err(UpstreamError::Misconfigured);
+        }
+    }
+    Ok(())
 }
 
 /// `client_secret_basic`: both parts form-encoded, then base64 (RFC 6749
 /// section 2.3.1).
 fn basic(u: &Upstream) -> Option<String> {
-    if u.cfg.client_auth != UpstreamClientAuth::SecretBasic {
-        return None;
-    }
+    let secret = match (u.cfg.client_auth, &u.secret) {
+        (UpstreamClientAuth::SecretBasic, Some(s)) => s,
+        _ => return None,
+    };
     let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
-    let mut raw = format!("{}:{}", enc(&u.cfg.client_id), enc(u.secret.expose()));
+    let mut raw = format!("{}:{}", enc(&u.cfg.client_id), enc(secret.expose()));
     let out = format!(
         "Basic {}",
         base64::engine::general_purpose::STANDARD.encode(&raw)
@@ -184,7 +243,14 @@ pub(super) async fn post(
     shape: &UpstreamResource,
     proof: &str,
 ) -> Result<TokenAnswer, UpstreamError> {
-    let mut fields = form(u, input, shape);
+    let mut fields = form(input, shape);
+    let added = credentials(u, input.now, &mut fields).and_then(|()| actor(u, input, &mut fields));
+    if let Err(e) = added {
+        for (_, v) in fields.iter_mut() {
+            v.zeroize();
+        }
+        return Err(e);
+    }
     let mut body = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(fields.iter())
         .finish();

@@ -26,6 +26,7 @@ use crate::base::dpop;
 use crate::base::jose::Alg;
 use crate::base::keyset::{self, RemoteKeySet};
 use crate::base::secret::SecretString;
+use crate::derive::client_keys::ClientKeys;
 use crate::derive::policy::canonical_resource;
 use crate::infra::config::{AudienceParam, ScopeClaim, UpstreamConfig, UpstreamResource};
 
@@ -104,6 +105,10 @@ pub struct ExchangeInput<'a> {
     pub scopes: &'a [String],
     /// The thumbprint of the derive proof's key.
     pub jkt: &'a str,
+    /// The tool (named by an actor token).
+    pub tool: &'a str,
+    /// The orchestrator's step (named by an actor token).
+    pub step: &'a str,
     /// The relayed proof for this upstream, if sent.
     pub proof: Option<&'a str>,
     /// Now.
@@ -133,11 +138,25 @@ struct Resolved {
     keys: Arc<RemoteKeySet>,
 }
 
+/// What signs this broker's client assertions and actor tokens: the client
+/// key, in memory (no store call), and the names actor tokens carry.
+#[derive(Debug)]
+struct ClientSigner {
+    keys: Arc<ClientKeys>,
+    /// The broker's issuer (an actor token's `iss`).
+    issuer: String,
+    /// The agent it serves (an actor token's `sub`).
+    agent: String,
+}
+
 /// One upstream authorization server.
 #[derive(Debug)]
 struct Upstream {
     cfg: UpstreamConfig,
-    secret: SecretString,
+    /// The client secret (`client_secret_basic` / `_post`).
+    secret: Option<SecretString>,
+    /// The client key (set at start, [`Upstreams::set_client_keys`]).
+    client: Option<Arc<ClientSigner>>,
     /// Per canonical resource URI.
     resources: BTreeMap<String, UpstreamResource>,
     http: reqwest::Client,
@@ -187,18 +206,10 @@ impl Upstreams {
                 key,
                 detail,
             };
-            let bytes = crate::base::secret::read_secret_file(&cfg.client_secret_file)
-                .map_err(|e| bad("client_secret_file", e.to_string()))?;
-            let secret = std::str::from_utf8(bytes.expose())
-                .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
-                .ok()
-                .filter(|s| !s.is_empty())
-                .ok_or_else(|| {
-                    bad(
-                        "client_secret_file",
-                        format!("{}: empty or not UTF-8", cfg.client_secret_file.display()),
-                    )
-                })?;
+            let secret = match &cfg.client_secret_file {
+                Some(f) => Some(read_client_secret(f).map_err(|e| bad("client_secret_file", e))?),
+                None => None,
+            };
             let mut resources = BTreeMap::new();
             for (uri, r) in &cfg.resources {
                 let c = canonical_resource(uri)
@@ -216,7 +227,8 @@ impl Upstreams {
                 Upstream {
                     shared_keys: key_sets.get(&cfg.issuer).cloned(),
                     cfg: cfg.clone(),
-                    secret: SecretString::new(secret),
+                    secret,
+                    client: None,
                     resources,
                     http,
                     resolved: tokio::sync::OnceCell::new(),
@@ -229,6 +241,20 @@ impl Upstreams {
             proofs: dpop::Validator::new(algs, replay_capacity, None),
             reuse: ReuseCache::default(),
         })
+    }
+
+    /// Gives every upstream the client key (in memory: an assertion or
+    /// actor token makes no store call). `issuer` and `agent` are what an
+    /// actor token names as its issuer and subject.
+    pub fn set_client_keys(&mut self, keys: Arc<ClientKeys>, issuer: &str, agent: &str) {
+        let signer = Arc::new(ClientSigner {
+            keys,
+            issuer: issuer.to_owned(),
+            agent: agent.to_owned(),
+        });
+        for u in self.by_name.values_mut() {
+            u.client = Some(signer.clone());
+        }
     }
 
     /// Whether `name` is configured.
@@ -326,6 +352,17 @@ impl Upstreams {
         observe(outcome, started.elapsed());
         result
     }
+}
+
+/// A client secret file's text (mode 0600), without its line end.
+fn read_client_secret(f: &std::path::Path) -> Result<SecretString, String> {
+    let bytes = crate::base::secret::read_secret_file(f).map_err(|e| e.to_string())?;
+    std::str::from_utf8(bytes.expose())
+        .map(|s| s.trim_end_matches(['\n', '\r']).to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(SecretString::new)
+        .ok_or_else(|| format!("{}: empty or not UTF-8", f.display()))
 }
 
 impl Upstream {

@@ -65,6 +65,8 @@ pub(super) struct RawUpstream {
     pub(super) client_secret_file: Option<PathBuf>,
     pub(super) subject_issuers: Vec<String>,
     #[serde(default)]
+    pub(super) actor_token: Option<bool>,
+    #[serde(default)]
     pub(super) connect_timeout: Option<String>,
     #[serde(default)]
     pub(super) timeout: Option<String>,

@@ -21,7 +21,6 @@ pub const RESERVED_KEYS: &[ReservedKey] = &[
     key("upstreams.<name>.grant", "string", 41),
     key("upstreams.<name>.resource_upstream", "string", 41),
     key("upstreams.<name>.subject_audience", "string", 41),
-    key("upstreams.<name>.actor_token", "boolean", 41),
     key("upstreams.<name>.send_authorization_details", "boolean", 41),
     key("outbound.use_env_proxy", "boolean", 41),
     // Issue 43: person-level revocation, Shared Signals, introspection.

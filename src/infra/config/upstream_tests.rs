@@ -45,7 +45,10 @@ fn an_upstream_by_discovery_with_its_defaults() {
     let u = &c.upstreams["okta"];
     assert!(u.discovery);
     assert_eq!(u.client_auth, UpstreamClientAuth::SecretBasic);
-    assert_eq!(u.client_secret_file, Path::new("/etc/cb/keys/okta"));
+    assert_eq!(
+        u.client_secret_file.as_deref(),
+        Some(Path::new("/etc/cb/keys/okta"))
+    );
     assert_eq!(u.timeout, Duration::from_secs(10));
     assert_eq!(u.connect_timeout, Duration::from_secs(3));
     // Per resource: its audience, how it is named, where scopes go.
@@ -57,6 +60,15 @@ fn an_upstream_by_discovery_with_its_defaults() {
     assert_eq!(r.audience, ["api://crm"]);
     assert_eq!(r.audience_param, AudienceParam::Audience);
     assert_eq!(r.scope_claim, ScopeClaim::Scp);
+    // private_key_jwt: no secret file.
+    let c = parse(&GOOD.replace(
+        "client_secret_file = \"keys/okta\"\n",
+        "client_auth = \"private_key_jwt\"\n",
+    ))
+    .unwrap();
+    let u = &c.upstreams["okta"];
+    assert_eq!(u.client_auth, UpstreamClientAuth::PrivateKeyJwt);
+    assert_eq!(u.client_secret_file, None);
 }
 
 #[test]
@@ -76,7 +88,11 @@ fn bad_upstream_values_name_the_file_the_key_and_the_cause() {
         ),
         (
             GOOD.replace("client_id = \"broker\"\n", "client_id = \"broker\"\nclient_auth = \"private_key_jwt\"\n"),
-            "upstreams.okta.client_auth: private_key_jwt is not built yet",
+            "upstreams.okta.client_secret_file: is not used with client_auth = \"private_key_jwt\"",
+        ),
+        (
+            GOOD.replace("client_id = \"broker\"\n", "client_id = \"broker\"\nclient_auth = \"tls_client_auth\"\n"),
+            "upstreams.okta.client_auth: must be \"client_secret_basic\", \"client_secret_post\" or \"private_key_jwt\"",
         ),
         (
             GOOD.replace("client_secret_file = \"keys/okta\"\n", ""),

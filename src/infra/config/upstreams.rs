@@ -22,6 +22,9 @@ pub enum UpstreamClientAuth {
     SecretBasic,
     /// `client_secret_post`.
     SecretPost,
+    /// `private_key_jwt` (RFC 7523 section 2.2): a client assertion signed
+    /// with the broker's client key (`derive::client_keys`).
+    PrivateKeyJwt,
 }
 
 /// Which parameter names the resource in the exchange request (RFC 8693
@@ -75,11 +78,15 @@ pub struct UpstreamConfig {
     pub client_id: String,
     /// How we authenticate there.
     pub client_auth: UpstreamClientAuth,
-    /// The file holding the client secret (mode 0600).
-    pub client_secret_file: PathBuf,
+    /// The file holding the client secret (mode 0600); none with
+    /// `private_key_jwt`.
+    pub client_secret_file: Option<PathBuf>,
     /// The trusted issuers whose subject tokens may be sent to it; no other
     /// subject token ever is.
     pub subject_issuers: Vec<String>,
+    /// Whether each exchange sends an actor token naming the agent, tool
+    /// and step (signed with the client key, `actor_token_type` jwt).
+    pub actor_token: bool,
     /// Bound on connecting.
     pub connect_timeout: Duration,
     /// Bound on a whole call, the answer read.
@@ -168,26 +175,31 @@ fn upstream(
     let client_auth = match u.client_auth.as_deref() {
         None | Some("client_secret_basic") => UpstreamClientAuth::SecretBasic,
         Some("client_secret_post") => UpstreamClientAuth::SecretPost,
-        Some("private_key_jwt") => {
-            check.bad(&format!("{key}.client_auth"), "private_key_jwt is not built yet (it needs the client key of issue 41 item 2): use client_secret_basic or client_secret_post");
-            UpstreamClientAuth::SecretBasic
-        }
+        Some("private_key_jwt") => UpstreamClientAuth::PrivateKeyJwt,
         Some(_) => {
             check.bad(
                 &format!("{key}.client_auth"),
-                "must be \"client_secret_basic\" or \"client_secret_post\"",
+                "must be \"client_secret_basic\", \"client_secret_post\" or \"private_key_jwt\"",
             );
             UpstreamClientAuth::SecretBasic
         }
     };
-    let client_secret_file = match &u.client_secret_file {
-        Some(p) => check.rel(p),
-        None => {
+    let client_secret_file = match (&u.client_secret_file, client_auth) {
+        (Some(_), UpstreamClientAuth::PrivateKeyJwt) => {
+            check.bad(
+                &format!("{key}.client_secret_file"),
+                "is not used with client_auth = \"private_key_jwt\" (the client key signs instead): remove it",
+            );
+            None
+        }
+        (Some(p), _) => Some(check.rel(p)),
+        (None, UpstreamClientAuth::PrivateKeyJwt) => None,
+        (None, _) => {
             check.bad(
                 &format!("{key}.client_secret_file"),
                 "is required: the file (mode 0600) holding the client secret",
             );
-            PathBuf::new()
+            None
         }
     };
     if u.subject_issuers.is_empty() {
@@ -242,6 +254,7 @@ fn upstream(
         client_auth,
         client_secret_file,
         subject_issuers: u.subject_issuers,
+        actor_token: u.actor_token.unwrap_or(false),
         connect_timeout,
         timeout: total,
         reuse_margin,

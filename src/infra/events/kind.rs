@@ -90,10 +90,10 @@ kinds! {
     PersonRevoked = "person.revoked",
     /// A person's stop was lifted (`persons restore`, or a new sign-in).
     PersonRestored = "person.restored",
+    /// The client key (upstream authorization servers) was rotated.
+    ClientKeysRotated = "client_keys.rotated",
     // Reserved (issue 38): named for this wave's features, not yet emitted;
     // see `Kind::RESERVED`.
-    /// Reserved (issue 41): the upstream client key was rotated.
-    ClientKeysRotated = "client_keys.rotated",
     /// Reserved (issue 43): a Shared Signals event (SET) was received.
     SsfEventReceived = "ssf.event_received",
     /// Reserved (issue 44): a webhook subscription's backlog overflowed.
@@ -107,7 +107,6 @@ impl Kind {
     /// writes them. `docs/OPERATIONS.md` marks exactly these "reserved: not
     /// yet emitted"; a feature that writes one takes it out of this list.
     pub const RESERVED: &'static [Kind] = &[
-        Kind::ClientKeysRotated,
         Kind::SsfEventReceived,
         Kind::WebhookEventsDropped,
         Kind::WebhookDeadLettered,

@@ -132,9 +132,13 @@ pub struct Event<'a> {
     /// For `audit.repaired`: how many bytes of a torn tail were removed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub removed_bytes: Option<u64>,
-    /// For `keys.rotated`: the rotated-in signing key's `kid` (public).
+    /// For `keys.rotated`: the rotated-in signing key's `kid` (public); for
+    /// `client_keys.rotated`, the rotated-in client key's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kid: Option<String>,
+    /// For `client_keys.rotated`: the client key it replaces (public).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retired_kid: Option<String>,
     /// The step-up approval (`approval.*`, and the derive it covered).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approval_id: Option<&'a str>,
@@ -196,9 +200,6 @@ pub struct ReservedFields<'a> {
     /// Issue 44: the trace id of the request (OpenTelemetry).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<&'a str>,
-    /// Issue 41: the rotated-out client key's `kid` (`client_keys.rotated`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub retired_kid: Option<&'a str>,
     /// Issue 42: SHA-256 (hex) of the bound request's digest input.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_sha256: Option<&'a str>,
@@ -299,6 +300,7 @@ impl<'a> Event<'a> {
             undeclared: None,
             removed_bytes: None,
             kid: None,
+            retired_kid: None,
             approval_id: None,
             details_sha256: None,
             approval_ttl: None,

@@ -116,10 +116,13 @@ pub enum Tree {
     ApprovalPerson,
     /// Person-level stops (`derive::persons`), by `tuple_key([iss, sub])`.
     PersonStops,
+    /// The client key ring (sealed PKCS#8): client assertions and actor
+    /// tokens at upstream authorization servers (`derive::client_keys`).
+    ClientKeys,
 }
 
 /// Every tree, in a fixed order (for copies between stores and for tests).
-pub(crate) const ALL_TREES: [Tree; 15] = [
+pub(crate) const ALL_TREES: [Tree; 16] = [
     Tree::SigningKeys,
     Tree::State,
     Tree::Accounts,
@@ -135,6 +138,7 @@ pub(crate) const ALL_TREES: [Tree; 15] = [
     Tree::ApprovalIndex,
     Tree::ApprovalPerson,
     Tree::PersonStops,
+    Tree::ClientKeys,
 ];
 
 impl Tree {
@@ -156,6 +160,7 @@ impl Tree {
             Tree::ApprovalIndex => "approval_index",
             Tree::ApprovalPerson => "approval_person",
             Tree::PersonStops => "person_stops",
+            Tree::ClientKeys => "client_keys",
         }
     }
 

@@ -145,6 +145,7 @@ fn event_fields() -> BTreeSet<String> {
         ),
         removed_bytes: Some(1),
         kid: Some("a".into()),
+        retired_kid: Some("a".into()),
         approval_id: Some("a"),
         details_sha256: Some("a"),
         approval_ttl: Some("a".into()),
@@ -188,7 +189,6 @@ fn event_fields() -> BTreeSet<String> {
 fn all_reserved_fields() -> ReservedFields<'static> {
     ReservedFields {
         trace_id: Some("a"),
-        retired_kid: Some("a"),
         request_sha256: Some("a"),
         transmitter: Some("a"),
         subject_sha256: Some("a"),
@@ -655,8 +655,9 @@ fn reserved_event_types_and_fields_are_marked_and_nothing_else_is() {
         .collect();
     let all: BTreeSet<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
     assert!(kinds.iter().all(|k| all.contains(k.as_str())), "{kinds:?}");
-    // Issue 43's person.revoked and person.restored are emitted since.
-    assert!(kinds.len() >= 4, "{kinds:?}");
+    // Issue 43's person.revoked and person.restored are emitted since, and
+    // issue 41's client_keys.rotated.
+    assert!(kinds.len() >= 3, "{kinds:?}");
     // The event table's meaning cell, and the field table's, start with the mark.
     let doc_kinds = marked(&text, "Event", 2, MARK);
     assert_eq!(
@@ -665,8 +666,8 @@ fn reserved_event_types_and_fields_are_marked_and_nothing_else_is() {
     );
     let fields = reserved_fields();
     // And their five fields (source, ssf_event_type, revoke_at_providers,
-    // effective_time, revocation_time).
-    assert!(fields.len() >= 13, "{fields:?}");
+    // effective_time, revocation_time), and retired_kid.
+    assert!(fields.len() >= 12, "{fields:?}");
     let doc_fields = marked(&text, "Field", 1, MARK);
     assert_eq!(
         doc_fields, fields,

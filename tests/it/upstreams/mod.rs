@@ -1,4 +1,5 @@
 //! Upstream authorization servers: `source = "exchange"` resources, one
 //! RFC 8693 exchange per derive at the organisation's AS.
+mod client_auth;
 mod exchange;
 mod reuse;
