@@ -1,6 +1,8 @@
 //! Accounts: who the person is, and what they connected.
 //!
 //! - [`subject`]: subject tokens from trusted issuers; who the person is.
+//! - [`emails`]: the verified email recorded per person, for Shared
+//!   Signals `email` subjects.
 //! - [`users`]: local accounts for the pages' sign-in (argon2id).
 //! - [`connect`]: connect-link records behind a refusal's `connect_uri`.
 //! - [`vault`]: connected accounts, allowances, provider tokens at rest.
@@ -8,6 +10,7 @@
 //!   refresh, revocation) on the one OAuth client.
 
 pub(crate) mod connect;
+pub(crate) mod emails;
 pub(crate) mod subject;
 pub(crate) mod upstream;
 pub(crate) mod users;

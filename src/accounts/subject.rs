@@ -49,6 +49,10 @@ pub struct Subject {
     /// in), if it has one: only this lifts a sign-in stop
     /// (`derive::persons`); `iat` does not.
     pub auth_time: Option<i64>,
+    /// The token's `email`, only when its `email_verified` is `true`:
+    /// recorded so that a Shared Signals `email` subject can name the
+    /// person (`accounts::emails`).
+    pub email: Option<String>,
 }
 
 /// Why a subject token was refused. Carries no token bytes.
@@ -343,6 +347,11 @@ impl Validator {
         if claims.cnf.is_some() {
             return Err(SubjectError::WrongKind("a sender-constrained token"));
         }
+        // A Security Event Token says something about a person; it is
+        // never a credential for them.
+        if claims.rest.contains_key("events") {
+            return Err(SubjectError::WrongKind("a Security Event Token"));
+        }
         for c in &issuer.cfg.required_claims {
             if !claims.rest.contains_key(c) {
                 return Err(SubjectError::Claims);
@@ -360,6 +369,7 @@ impl Validator {
                 .get("auth_time")
                 .and_then(serde_json::Value::as_i64)
                 .filter(|t| *t > 0),
+            email: verified_email(&claims.rest),
         })
     }
 
@@ -374,4 +384,16 @@ impl Validator {
             }
         }
     }
+}
+
+/// The `email` claim when `email_verified` is `true` (the boolean, not a
+/// string), and it is short enough to be an address.
+fn verified_email(rest: &HashMap<String, serde_json::Value>) -> Option<String> {
+    if rest.get("email_verified") != Some(&serde_json::Value::Bool(true)) {
+        return None;
+    }
+    rest.get("email")
+        .and_then(serde_json::Value::as_str)
+        .filter(|e| e.len() <= crate::accounts::emails::MAX_EMAIL)
+        .map(str::to_owned)
 }

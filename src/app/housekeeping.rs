@@ -108,6 +108,11 @@ async fn tick(instance: &Instance) {
             tracing::warn!(error = %e, "sweeping ended approvals failed");
         }
     }
+    if let Some(r) = instance.ssf.clone() {
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || r.sweep()).await {
+            tracing::warn!(error = %e, "sweeping old SSF event records failed");
+        }
+    }
     instance.pages.housekeeping();
     // Sign-in stops past their retention (docs/REVOCATION.md).
     let (store, now) = (b.store.clone(), b.shared_now());

@@ -14,6 +14,7 @@ pub(crate) mod bind;
 pub(crate) mod housekeeping;
 pub(crate) mod reload;
 pub(crate) mod server;
+pub(crate) mod ssf;
 
 use std::sync::Arc;
 
@@ -83,6 +84,14 @@ pub enum StartError {
         /// Why.
         source: rustls::Error,
     },
+    /// A Shared Signals transmitter could not be set up (a secret file).
+    #[error("{file}: {source}")]
+    Ssf {
+        /// The config file.
+        file: String,
+        /// Why (names the key).
+        source: crate::derive::ssf::SetupError,
+    },
     /// Subject-token issuers (a pinned JWKS file, named by its key).
     #[error("{file}: {source}")]
     Subject {
@@ -141,6 +150,11 @@ pub struct Instance {
     pub pages: Arc<crate::edge::pages::Pages>,
     /// The egress proxy on the public listener (`None` without one).
     pub(crate) proxy: Option<Arc<crate::edge::proxy::Proxy>>,
+    /// The Shared Signals receiver (`None` without transmitters).
+    pub(crate) ssf: Option<Arc<crate::derive::ssf::Receiver>>,
+    /// This process among replicas (`<host>/<pid>/<boot id>`): the holder
+    /// written in the leases it takes.
+    pub(crate) holder: String,
 }
 
 impl From<crate::edge::public::TlsError> for StartError {
@@ -292,6 +306,8 @@ pub async fn build(
     let key_sets = subjects.key_sets();
     let instance = instance_name();
     let boot_id = boot_id()?;
+    let holder = format!("{instance}/{boot_id}");
+    let emails = ssf::emails(&config, &store);
     let (proofs, proxy_nonces) =
         proof_validator(&config, store.as_ref(), &sealer, &instance, &boot_id)?;
     let audit = open_audit(
@@ -340,7 +356,11 @@ pub async fn build(
     let _ = broker
         .end_sessions
         .set(crate::edge::pages::session::end_person_sessions);
+    if let Some(e) = emails {
+        broker = broker.with_emails(e);
+    }
     let broker = Arc::new(broker);
+    let ssf = ssf::receiver(&broker, &key_sets).await?;
     discover_endpoints(&providers).await;
     let pages = pages(&broker, &sealer, &records, &providers, key_sets, &master);
     let proxy = proxy_client.map(|c| Arc::new(crate::edge::proxy::Proxy::new(broker.clone(), c)));
@@ -353,6 +373,8 @@ pub async fn build(
         public_addr: Arc::default(),
         pages,
         proxy,
+        ssf,
+        holder,
     })
 }
 

@@ -761,6 +761,7 @@ pub async fn run(
                 broker.clone(),
                 instance.pages.clone(),
                 proxy,
+                instance.ssf.clone(),
                 rx.clone(),
             )))
         }
@@ -776,6 +777,11 @@ pub async fn run(
     });
     let house = crate::app::housekeeping::spawn(&instance, rx.clone());
     let changes = crate::app::housekeeping::watch_store(&instance, rx.clone());
+    let polls = instance
+        .ssf
+        .as_ref()
+        .map(|r| crate::app::ssf::spawn_polls(r, &instance.holder, &rx))
+        .unwrap_or_default();
     tracing::info!(
         agent = %cfg.agent,
         socket = %cfg.socket.path.display(),
@@ -798,6 +804,9 @@ pub async fn run(
     }
     let _ = house.await;
     let _ = changes.await;
+    for p in polls {
+        let _ = p.await;
+    }
     let _ = reload.await;
     let _ = std::fs::remove_file(&cfg.socket.path);
     let _ = std::fs::remove_file(&cfg.admin_socket);

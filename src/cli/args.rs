@@ -133,6 +133,11 @@ pub(super) enum Command {
         #[command(subcommand)]
         action: StoreAction,
     },
+    /// Shared Signals: the transmitter's stream for this receiver.
+    Ssf {
+        #[command(subcommand)]
+        action: SsfAction,
+    },
     /// Make a DPoP proof with a key (for scripts and tests).
     Proof {
         /// The key (PKCS#8 PEM).
@@ -190,6 +195,41 @@ pub(super) enum PersonsAction {
         /// The config file.
         #[arg(long, short)]
         config: PathBuf,
+    },
+}
+/// `credbroker ssf ...`.
+#[derive(Debug, Subcommand)]
+pub(super) enum SsfAction {
+    /// The stream at a transmitter (`ssf.transmitters.<name>`).
+    Stream {
+        #[command(subcommand)]
+        action: StreamAction,
+    },
+}
+
+/// `credbroker ssf stream ...`.
+#[derive(Debug, Subcommand)]
+pub(super) enum StreamAction {
+    /// Ask the transmitter for a stream to this receiver (push to
+    /// `{issuer}/ssf/events`, or poll) with its management credentials,
+    /// and keep its id in the store.
+    Create {
+        /// The config file.
+        #[arg(long)]
+        config: PathBuf,
+        /// The transmitter's name in the config.
+        #[arg(long)]
+        transmitter: String,
+    },
+    /// Read the kept stream back from the transmitter, check it against
+    /// the config, and ask for a verification event.
+    Verify {
+        /// The config file.
+        #[arg(long)]
+        config: PathBuf,
+        /// The transmitter's name in the config.
+        #[arg(long)]
+        transmitter: String,
     },
 }
 

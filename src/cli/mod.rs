@@ -1,6 +1,6 @@
 //! The command line: `credbroker quickstart | serve | subject-token | derive
 //! | proof | status | freeze | keys | accounts | persons | users | store |
-//! policy`. `main.rs`
+//! policy | ssf`. `main.rs`
 //! only calls [`main`].
 //!
 //! - `args`: the command definitions (clap).
@@ -12,6 +12,7 @@
 //! - `persons`: `persons revoke|restore|list`, the same way.
 //! - `store`: `store migrate` and `store copy` (the store itself, not an
 //!   instance).
+//! - `ssf`: `ssf stream create|verify`, at the transmitter.
 //! - `tools`: `derive`, `proof`, `subject-token`.
 //! - `quickstart`: the quick start's templates, the checks of its
 //!   addresses, and dev subject tokens.
@@ -25,6 +26,7 @@ mod online;
 mod operator;
 mod persons;
 mod quickstart;
+mod ssf;
 mod store;
 mod tools;
 
@@ -39,7 +41,10 @@ pub use quickstart::{
     demo_policy, demo_proxy, dev_subject_token, quickstart_files, QUICKSTART_POLICY,
 };
 
-use args::{AccountsAction, Command, KeysAction, PersonsAction, StoreAction, UsersAction};
+use args::{
+    AccountsAction, Command, KeysAction, PersonsAction, SsfAction, StoreAction, StreamAction,
+    UsersAction,
+};
 
 /// What a command returns: its exit code, or an error printed as
 /// `error: ...` with [`Exit::Failed`].
@@ -143,6 +148,18 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
         ),
         Command::Status { config } => operator::status(&config).await,
         Command::Freeze { state, config } => operator::freeze(&config, &state).await,
+        Command::Ssf {
+            action: SsfAction::Stream { action },
+        } => match action {
+            StreamAction::Create {
+                config,
+                transmitter,
+            } => ssf::create(&config, &transmitter).await,
+            StreamAction::Verify {
+                config,
+                transmitter,
+            } => ssf::verify(&config, &transmitter).await,
+        },
         Command::Keys { action } => match action {
             KeysAction::Rotate { config, emergency } => {
                 operator::rotate_keys(&config, emergency).await

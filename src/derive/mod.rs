@@ -11,6 +11,8 @@
 //! - [`persons`]: the person-level stop, watched in memory as the freeze is.
 //! - [`upstreams`]: the organisation's authorization servers, where an
 //!   `exchange` resource's token comes from (RFC 8693).
+//! - [`ssf`]: the Shared Signals receiver: Security Event Tokens checked,
+//!   mapped to people and acted on.
 //! - [`ops`]: the operator actions (freeze, rotations, users, accounts),
 //!   each written once for the admin socket and the offline command line.
 
@@ -22,4 +24,5 @@ pub(crate) mod mint;
 pub(crate) mod ops;
 pub(crate) mod persons;
 pub(crate) mod policy;
+pub(crate) mod ssf;
 pub(crate) mod upstreams;

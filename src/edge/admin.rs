@@ -266,6 +266,8 @@ async fn route(
         (Method::POST, "/users") => add_user(h, req).await,
         (Method::GET, "/users") => list_users(h),
         (Method::POST, "/users/remove") => remove_user(h, req).await,
+        (Method::POST, "/ssf/stream") => save_stream(h, req).await,
+        (Method::GET, "/ssf/stream") => load_stream(h, &req),
         _ => Err(AdminError::NotFound),
     }
 }
@@ -489,6 +491,48 @@ async fn restore_person(
 fn list_persons(h: &Handles) -> Result<Response<Body>, AdminError> {
     let stops = crate::derive::ops::list_persons(Target::Running(&h.broker))?;
     Ok(ok(serde_json::json!({"persons": stops})))
+}
+/// `POST /ssf/stream`: `{"transmitter", "stream"}`, the stream `credbroker
+/// ssf stream create` made, kept in the store.
+async fn save_stream(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Save {
+        transmitter: String,
+        stream: crate::derive::ssf::stream::StreamRecord,
+    }
+    let body = capped_body(req, 8192).await?;
+    let s = serde_json::from_slice::<Save>(&body)
+        .map_err(|_| AdminError::BadBody("expected {\"transmitter\", \"stream\"}"))?;
+    if !h.broker.config.ssf.contains_key(&s.transmitter) {
+        return Err(AdminError::BadBody(
+            "no such ssf.transmitters entry in the config",
+        ));
+    }
+    crate::derive::ssf::stream::save(h.broker.store.as_ref(), &s.transmitter, &s.stream)
+        .map_err(|e| AdminError::Op(OpError::Store(e)))?;
+    Ok(ok(
+        serde_json::json!({"transmitter": s.transmitter, "stream": s.stream, "running": true}),
+    ))
+}
+
+/// `GET /ssf/stream?transmitter=NAME`: the stream kept for it.
+fn load_stream(
+    h: &Handles,
+    req: &Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    let name = form_urlencoded::parse(req.uri().query().unwrap_or_default().as_bytes())
+        .find(|(k, _)| k == "transmitter")
+        .map(|(_, v)| v.into_owned())
+        .ok_or(AdminError::BadBody("expected ?transmitter=NAME"))?;
+    let stream = crate::derive::ssf::stream::load(h.broker.store.as_ref(), &name)
+        .map_err(|e| AdminError::Op(OpError::Store(e)))?;
+    Ok(ok(
+        serde_json::json!({"transmitter": name, "stream": stream, "running": true}),
+    ))
 }
 
 /// `GET /users`: the local accounts.

@@ -24,3 +24,4 @@ pub(crate) mod pages;
 pub(crate) mod proxy;
 pub(crate) mod public;
 pub(crate) mod reserved;
+pub(crate) mod ssf;

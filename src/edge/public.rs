@@ -1,6 +1,9 @@
 //! The public TCP listener: what resource servers and browsers reach. RFC
 //! 8414 metadata and the JWKS here; every other path goes to the pages
-//! (`pages::Pages::handle`), and `/proxy/` to the egress proxy. A request
+//! (`pages::Pages::handle`), `/proxy/` to the egress proxy, and, when a
+//! Shared Signals transmitter pushes, `{issuer}/ssf/events` to `edge::ssf`
+//! (before the pages, whose cross-site rules and body cap it does not
+//! follow). A request
 //! whose `Host` framing RFC 9112 refuses (two `Host` lines, none in
 //! HTTP/1.1) gets 400 and nothing else ([`crate::base::http::check_host`]).
 //! TLS through rustls when a certificate is configured; plain HTTP only on
@@ -188,8 +191,22 @@ pub(crate) async fn serve(
     broker: Arc<Broker>,
     pages: Arc<Pages>,
     proxy: Arc<crate::edge::proxy::Proxy>,
+    ssf: Option<Arc<crate::derive::ssf::Receiver>>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
+    // The push endpoint's path: the issuer's path, then `/ssf/events`.
+    let ssf_path = url::Url::parse(&broker.config.issuer)
+        .map(|u| {
+            format!(
+                "{}{}",
+                u.path().trim_end_matches('/'),
+                crate::edge::ssf::PATH
+            )
+        })
+        .unwrap_or_else(|_| crate::edge::ssf::PATH.to_owned());
+    let ssf = ssf
+        .filter(|r| r.has_pushers())
+        .map(|r| (r, Arc::new(ssf_path)));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     // The egress proxy (built with the instance) answers streams; its own
     // budget of calls in flight (proxy.max_in_flight) keeps slow streams
@@ -217,14 +234,22 @@ pub(crate) async fn serve(
         let b = broker.clone();
         let pg = pages.clone();
         let px = proxy.clone();
+        let sf = ssf.clone();
         let client = peer.ip();
         let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
             let b = b.clone();
             let pg = pg.clone();
             let px = px.clone();
+            let sf = sf.clone();
             async move {
                 let answer = if req.uri().path().starts_with(crate::edge::proxy::PREFIX) {
                     px.handle(req).await
+                } else if let Some((r, _)) =
+                    sf.as_ref().filter(|(_, p)| req.uri().path() == p.as_str())
+                {
+                    crate::edge::ssf::handle(r.clone(), req)
+                        .await
+                        .map(Either::Left)
                 } else {
                     handle(b, pg, req, client).await.map(Either::Left)
                 };

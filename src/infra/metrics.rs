@@ -73,6 +73,15 @@ pub struct Metrics {
     /// 1 while this instance has read the person stop list within
     /// `revocation.watch_bound`.
     pub revocation_watch_up: IntGauge,
+    /// Security Event Tokens received, by transmitter (a config name),
+    /// type (a fixed set, else `other`) and outcome (the action, or the
+    /// RFC 8935 code it was refused with, or `unavailable`).
+    pub ssf_events: IntCounterVec,
+    /// When the last SET accepted from each transmitter was received
+    /// (Unix time): a transmitter gone silent is what to alert on.
+    pub ssf_last_event: prometheus::GaugeVec,
+    /// SETs whose subject maps to no person, by transmitter.
+    pub ssf_unmapped: IntCounterVec,
 }
 
 /// The namespace the registry puts before every name.
@@ -124,24 +133,6 @@ const fn reserved(
 
 /// Every reserved metric, in the order of `docs/OPERATIONS.md`.
 pub const RESERVED: &[ReservedMetric] = &[
-    reserved(
-        "credbroker_ssf_events_total",
-        "counter",
-        &["transmitter", "type", "outcome"],
-        43,
-    ),
-    reserved(
-        "credbroker_ssf_last_event_timestamp_seconds",
-        "gauge",
-        &["transmitter"],
-        43,
-    ),
-    reserved(
-        "credbroker_ssf_unmapped_subjects_total",
-        "counter",
-        &["transmitter"],
-        43,
-    ),
     reserved(
         "credbroker_introspection_requests_total",
         "counter",
@@ -229,6 +220,34 @@ fn upstream_metrics() -> (IntCounterVec, HistogramVec, IntGauge) {
         "Exchanged tokens kept for reuse that can still be given",
     ));
     (count, latency, cached)
+}
+
+/// The Shared Signals receiver's: SETs by transmitter, type and outcome;
+/// the last one's time per transmitter; unmapped subjects.
+fn ssf_metrics() -> (IntCounterVec, prometheus::GaugeVec, IntCounterVec) {
+    (
+        must(IntCounterVec::new(
+            Opts::new(
+                "ssf_events_total",
+                "Security Event Tokens received, by transmitter, event type and outcome",
+            ),
+            &["transmitter", "type", "outcome"],
+        )),
+        must(prometheus::GaugeVec::new(
+            Opts::new(
+                "ssf_last_event_timestamp_seconds",
+                "When the last Security Event Token accepted from the transmitter was received",
+            ),
+            &["transmitter"],
+        )),
+        must(IntCounterVec::new(
+            Opts::new(
+                "ssf_unmapped_subjects_total",
+                "Security Event Tokens whose subject maps to no person, by transmitter",
+            ),
+            &["transmitter"],
+        )),
+    )
 }
 
 /// A gauge vector whose only label is replaced on each set (policy hash).
@@ -346,6 +365,7 @@ impl Metrics {
             upstream_metrics();
         let (clock_offset, clock_offset_checked) = clock_metrics();
         let (persons_revoked, revocation_watch_up) = revocation_metrics();
+        let (ssf_events, ssf_last_event, ssf_unmapped) = ssf_metrics();
         let metrics = Metrics {
             registry,
             derives,
@@ -371,6 +391,9 @@ impl Metrics {
             clock_offset_checked,
             persons_revoked,
             revocation_watch_up,
+            ssf_events,
+            ssf_last_event,
+            ssf_unmapped,
         };
         for c in metrics.collectors() {
             must(metrics.registry.register(c));
@@ -405,6 +428,9 @@ impl Metrics {
             Box::new(self.clock_offset_checked.clone()),
             Box::new(self.persons_revoked.clone()),
             Box::new(self.revocation_watch_up.clone()),
+            Box::new(self.ssf_events.clone()),
+            Box::new(self.ssf_last_event.clone()),
+            Box::new(self.ssf_unmapped.clone()),
         ]
     }
 

@@ -141,6 +141,10 @@ pub struct Broker {
     /// The client key (`derive::client_keys`), loaded when the config has
     /// an upstream: published at `{issuer}/.well-known/client-jwks.json`.
     client_keys: Option<Arc<crate::derive::client_keys::ClientKeys>>,
+    /// The verified emails recorded per person, when a Shared Signals
+    /// transmitter maps `email` subjects (`accounts::emails`): observed on
+    /// each derive, written off the request path.
+    emails: Option<Arc<crate::accounts::emails::Emails>>,
     /// The proxy's nonces (deployment-wide), when nonces are required;
     /// the derive's own are in `proofs`.
     pub proxy_nonces: Option<dpop::Nonces>,
@@ -209,6 +213,7 @@ impl Broker {
             approvals: None,
             upstreams: None,
             client_keys: None,
+            emails: None,
             proxy_nonces: None,
             started: clock.now(),
             clock,
@@ -256,6 +261,18 @@ impl Broker {
     /// The client key, when loaded.
     pub fn client_keys(&self) -> Option<&Arc<crate::derive::client_keys::ClientKeys>> {
         self.client_keys.as_ref()
+    }
+
+    /// Records the verified email of each derive's person (see
+    /// [`crate::accounts::emails`]).
+    pub(crate) fn with_emails(mut self, e: Arc<crate::accounts::emails::Emails>) -> Broker {
+        self.emails = Some(e);
+        self
+    }
+
+    /// The recorded emails, when kept.
+    pub(crate) fn emails(&self) -> Option<&Arc<crate::accounts::emails::Emails>> {
+        self.emails.as_ref()
     }
 
     /// The upstream authorization servers, if configured.

@@ -152,6 +152,11 @@ impl Broker {
             self.metrics.subject_cache_misses.inc();
         }
         ctx.person = Some(subject.person.clone());
+        // A memory look-up; a new or changed address is queued for a
+        // background write (no store call on this path).
+        if let (Some(emails), Some(email)) = (&self.emails, &subject.email) {
+            emails.observe(&subject.person, email);
+        }
         ctx.auth_time = subject.auth_time;
         // The person stop list (memory only): a stopped person gets
         // nothing; a new sign-in lifts a sign-in stop.

@@ -147,6 +147,17 @@ fn trusted_issuer(
     {
         check.bad(&key("token_types"), "DPoP proofs are never subject tokens");
     }
+    // A Security Event Token (RFC 8417) is a statement about a person, not
+    // a credential for them: it never passes as a subject token.
+    if token_types
+        .iter()
+        .any(|t| crate::base::jose::normalize_typ(t) == "secevent+jwt")
+    {
+        check.bad(
+            &key("token_types"),
+            "Security Event Tokens (secevent+jwt) are never subject tokens",
+        );
+    }
     IssuerConfig {
         issuer: ti.issuer,
         audience: ti.audience.unwrap_or_else(|| agent.to_string()),

@@ -13,7 +13,8 @@
 //!
 //! Files: `raw` (stage one), `listeners` (`[socket]`, `[public]`,
 //! `[metrics]`, `[admin]`), `issuers` (`[[trusted_issuers]]`), `providers`
-//! (`[providers.<name>]`), `upstreams` (`[upstreams.<name>]`),
+//! (`[providers.<name>]`), `upstreams` (`[upstreams.<name>]`), `ssf`
+//! (`[ssf.transmitters.<name>]`),
 //! `secret_files`, `reference` (the accepted keys,
 //! read from `raw`, which `docs/CONFIGURATION.md` is tested against),
 //! `reserved` (keys named for features not built yet, refused as such);
@@ -29,6 +30,7 @@ mod reference;
 mod reserved;
 mod revocation;
 mod secret_files;
+mod ssf;
 mod upstreams;
 
 use std::collections::BTreeMap;
@@ -44,6 +46,7 @@ pub use reference::{accepted_keys, AcceptedKey};
 pub use reserved::RESERVED_KEYS;
 pub(crate) use revocation::{RevocationConfig, WatchFailure};
 pub use secret_files::{read_secret_file, write_secret_file};
+pub(crate) use ssf::{SsfDelivery, SsfTransmitter};
 pub(crate) use upstreams::{
     AudienceParam, ScopeClaim, UpstreamClientAuth, UpstreamConfig, UpstreamResource,
 };
@@ -149,6 +152,9 @@ pub struct Config {
     /// The organisation's authorization servers (`[upstreams.<name>]`), by
     /// name: where `source = "exchange"` resources' tokens come from.
     pub upstreams: BTreeMap<String, UpstreamConfig>,
+    /// The Shared Signals transmitters (`[ssf.transmitters.<name>]`), by
+    /// name.
+    pub ssf: BTreeMap<String, SsfTransmitter>,
 }
 
 /// DPoP settings.
@@ -277,6 +283,7 @@ impl Config {
             .map(|(name, _)| name.clone());
         let providers = providers::providers(raw.providers, &issuer, &mut check);
         let upstreams = upstreams::upstreams(raw.upstreams, &trusted_issuers, &mut check);
+        let ssf = ssf::ssf(raw.ssf, &trusted_issuers, &issuer, &mut check);
         let store = postgres::backend(
             raw.store.as_deref(),
             raw.postgres,
@@ -326,6 +333,7 @@ impl Config {
             providers,
             quickstart_demo,
             upstreams,
+            ssf,
         })
     }
 }

@@ -45,6 +45,42 @@ pub(super) struct RawConfig {
     pub(super) providers: BTreeMap<String, RawProvider>,
     #[serde(default)]
     pub(super) upstreams: BTreeMap<String, RawUpstream>,
+    #[serde(default)]
+    pub(super) ssf: Option<RawSsf>,
+}
+
+/// `[ssf]`: the Shared Signals receiver (docs/SSF.md).
+#[derive(Debug, Deserialize)]
+pub(super) struct RawSsf {
+    #[serde(default)]
+    pub(super) transmitters: BTreeMap<String, RawTransmitter>,
+}
+
+/// `[ssf.transmitters.<name>]`: one SSF transmitter and its stream.
+#[derive(Debug, Deserialize)]
+pub(super) struct RawTransmitter {
+    pub(super) issuer: String,
+    #[serde(default)]
+    pub(super) metadata_url: Option<String>,
+    #[serde(default)]
+    pub(super) jwks_uri: Option<String>,
+    #[serde(default)]
+    pub(super) audience: Option<String>,
+    #[serde(default)]
+    pub(super) delivery: Option<String>,
+    #[serde(default)]
+    pub(super) push_authorization_file: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) management_credentials_file: Option<PathBuf>,
+    pub(super) trusted_issuers: Vec<String>,
+    #[serde(default)]
+    pub(super) map_email: Option<bool>,
+    #[serde(default)]
+    pub(super) poll_interval: Option<String>,
+    #[serde(default)]
+    pub(super) max_set_bytes: Option<usize>,
+    #[serde(default)]
+    pub(super) per_second: Option<u32>,
 }
 
 /// `[upstreams.<name>]`: an organisation's authorization server for

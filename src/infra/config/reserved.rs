@@ -24,30 +24,6 @@ pub const RESERVED_KEYS: &[ReservedKey] = &[
     key("upstreams.<name>.send_authorization_details", "boolean", 41),
     key("outbound.use_env_proxy", "boolean", 41),
     // Issue 43: person-level revocation, Shared Signals, introspection.
-    key("ssf.transmitters.<name>.issuer", "URL", 43),
-    key("ssf.transmitters.<name>.metadata_url", "URL", 43),
-    key("ssf.transmitters.<name>.jwks_uri", "URL", 43),
-    key("ssf.transmitters.<name>.audience", "string", 43),
-    key("ssf.transmitters.<name>.delivery", "string", 43),
-    key(
-        "ssf.transmitters.<name>.push_authorization_file",
-        "path",
-        43,
-    ),
-    key(
-        "ssf.transmitters.<name>.management_credentials_file",
-        "path",
-        43,
-    ),
-    key(
-        "ssf.transmitters.<name>.trusted_issuers",
-        "array of strings",
-        43,
-    ),
-    key("ssf.transmitters.<name>.map_email", "boolean", 43),
-    key("ssf.transmitters.<name>.poll_interval", "duration", 43),
-    key("ssf.transmitters.<name>.max_set_bytes", "integer", 43),
-    key("ssf.transmitters.<name>.per_second", "integer", 43),
     key("trusted_issuers[].introspection_endpoint", "URL", 43),
     key("trusted_issuers[].introspection_client_id", "string", 43),
     key(

@@ -92,10 +92,11 @@ kinds! {
     PersonRestored = "person.restored",
     /// The client key (upstream authorization servers) was rotated.
     ClientKeysRotated = "client_keys.rotated",
+    /// A Shared Signals event (SET) was received and acted on, or found
+    /// a repeat.
+    SsfEventReceived = "ssf.event_received",
     // Reserved (issue 38): named for this wave's features, not yet emitted;
     // see `Kind::RESERVED`.
-    /// Reserved (issue 43): a Shared Signals event (SET) was received.
-    SsfEventReceived = "ssf.event_received",
     /// Reserved (issue 44): a webhook subscription's backlog overflowed.
     WebhookEventsDropped = "webhook.events_dropped",
     /// Reserved (issue 44): a webhook delivery gave up (dead letter).
@@ -107,7 +108,6 @@ impl Kind {
     /// writes them. `docs/OPERATIONS.md` marks exactly these "reserved: not
     /// yet emitted"; a feature that writes one takes it out of this list.
     pub const RESERVED: &'static [Kind] = &[
-        Kind::SsfEventReceived,
         Kind::WebhookEventsDropped,
         Kind::WebhookDeadLettered,
     ];

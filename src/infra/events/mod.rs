@@ -176,6 +176,22 @@ pub struct Event<'a> {
     /// On `person.restored`: when the lifted stop began (Unix time).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revocation_time: Option<i64>,
+    /// On `ssf.event_received`: the SSF transmitter (its name in the
+    /// config).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transmitter: Option<&'a str>,
+    /// On `ssf.event_received`: SHA-256 (hex) of the SET's subject (its
+    /// JSON as received), never the subject itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject_sha256: Option<&'a str>,
+    /// On `ssf.event_received`: what the SET did (`stopped`, `updated`,
+    /// `ignored`, `unmapped`, `duplicate`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<&'a str>,
+    /// On `ssf.event_received`: seconds from the SET's event time to its
+    /// receipt, when it states one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_seconds: Option<i64>,
     /// The instance that wrote it, when several share one store (replicas):
     /// added by `Audit::record` from `Audit::with_instance`; callers
     /// leave it empty.
@@ -203,19 +219,6 @@ pub struct ReservedFields<'a> {
     /// Issue 42: SHA-256 (hex) of the bound request's digest input.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_sha256: Option<&'a str>,
-    /// Issue 43: the SSF transmitter (its name in the config).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub transmitter: Option<&'a str>,
-    /// Issue 43: SHA-256 (hex) of the SET's subject.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub subject_sha256: Option<&'a str>,
-    /// Issue 43: what the SET did (`stopped`, `lifted`, `updated`,
-    /// `ignored`, `unmapped`, `duplicate`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub action: Option<&'a str>,
-    /// Issue 43: seconds from the SET's event time to its receipt.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub delay_seconds: Option<i64>,
     /// Issue 44: the webhook subscription (its name in the config).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subscription: Option<&'a str>,
@@ -311,6 +314,10 @@ impl<'a> Event<'a> {
             revoke_at_providers: None,
             effective_time: None,
             revocation_time: None,
+            transmitter: None,
+            subject_sha256: None,
+            action: None,
+            delay_seconds: None,
             instance: None,
             boot_id: None,
             reserved: ReservedFields::default(),

@@ -119,10 +119,16 @@ pub enum Tree {
     /// The client key ring (sealed PKCS#8): client assertions and actor
     /// tokens at upstream authorization servers (`derive::client_keys`).
     ClientKeys,
+    /// The verified email recorded per person, and its index by email
+    /// (`accounts::emails`): how an SSF `email` subject maps.
+    PersonEmails,
+    /// Shared Signals events received, by transmitter and `jti`, stored
+    /// before they are acknowledged (`derive::ssf`).
+    SsfEvents,
 }
 
 /// Every tree, in a fixed order (for copies between stores and for tests).
-pub(crate) const ALL_TREES: [Tree; 16] = [
+pub(crate) const ALL_TREES: [Tree; 18] = [
     Tree::SigningKeys,
     Tree::State,
     Tree::Accounts,
@@ -139,6 +145,8 @@ pub(crate) const ALL_TREES: [Tree; 16] = [
     Tree::ApprovalPerson,
     Tree::PersonStops,
     Tree::ClientKeys,
+    Tree::PersonEmails,
+    Tree::SsfEvents,
 ];
 
 impl Tree {
@@ -161,6 +169,8 @@ impl Tree {
             Tree::ApprovalPerson => "approval_person",
             Tree::PersonStops => "person_stops",
             Tree::ClientKeys => "client_keys",
+            Tree::PersonEmails => "person_emails",
+            Tree::SsfEvents => "ssf_events",
         }
     }
 

@@ -165,6 +165,10 @@ fn event_fields() -> BTreeSet<String> {
         revoke_at_providers: Some(true),
         effective_time: Some(1),
         revocation_time: Some(1),
+        transmitter: Some("a"),
+        subject_sha256: Some("a"),
+        action: Some("a"),
+        delay_seconds: Some(1),
         reserved: all_reserved_fields(),
     };
     let serde_json::Value::Object(m) = serde_json::to_value(&e).unwrap() else {
@@ -190,10 +194,6 @@ fn all_reserved_fields() -> ReservedFields<'static> {
     ReservedFields {
         trace_id: Some("a"),
         request_sha256: Some("a"),
-        transmitter: Some("a"),
-        subject_sha256: Some("a"),
-        action: Some("a"),
-        delay_seconds: Some(1),
         subscription: Some("a"),
         count: Some(1),
         oldest_time: Some(1),
