@@ -31,6 +31,7 @@
 //!   accounts).
 //! - `edge::metrics`: the opt-in metrics listener (`GET /metrics` on
 //!   TCP, the admin socket's exposition).
+//! - `edge::ssf`: Shared Signals push at `{issuer}/ssf/events`.
 //!
 //! `derive`: the core that decides.
 //! - `derive::ops`: the operator actions (freeze, rotations, users,
@@ -41,10 +42,14 @@
 //! - `derive::approve`: step-up approvals, a connect link for one call.
 //! - `derive::mint`: signing keys, minted tokens, JWKS, rotation.
 //! - `derive::freeze`: the signed freeze record every process follows.
+//! - `derive::ssf`: the Shared Signals receiver: Security Event Tokens
+//!   checked, mapped to people and acted on.
 //!
 //! `accounts`: who the person is and what they connected.
 //! - `accounts::subject`: subject tokens from trusted issuers; who the
 //!   person is.
+//! - `accounts::emails`: the verified email recorded per person, for
+//!   Shared Signals `email` subjects.
 //! - `accounts::users`: local accounts for the pages' sign-in.
 //! - `accounts::connect`: connect-link records behind a refusal's
 //!   `connect_uri`.

@@ -20,6 +20,7 @@ mod quickstart;
 mod reference;
 mod security;
 mod services;
+mod ssf;
 mod store;
 mod support;
 mod upstreams;

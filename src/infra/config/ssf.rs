@@ -168,6 +168,12 @@ fn transmitter(
             "is required with delivery = \"push\": the file (mode 0600) holding the Authorization value the transmitter sends with each SET",
         );
     }
+    if delivery == SsfDelivery::Poll && t.push_authorization_file.is_some() {
+        check.bad(
+            &format!("{key}.push_authorization_file"),
+            "is only for delivery = \"push\": a polled transmitter pushes nothing",
+        );
+    }
     if delivery == SsfDelivery::Poll && t.management_credentials_file.is_none() {
         check.bad(
             &format!("{key}.management_credentials_file"),

@@ -1,0 +1,100 @@
+//! Poll delivery (RFC 8936): two replicas on PostgreSQL, one lease, so each
+//! SET is taken once and acknowledged after it is stored and acted on.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::*;
+use crate::support::postgres::{cluster_or_not_shown, database, replicas_with};
+
+// reason: the cluster's shared guard is held for the whole test (a
+// restart by another test must not land in the middle), across awaits.
+#[allow(clippy::await_holding_lock)]
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_poll_one_stream_under_one_lease() {
+    let Some(cluster) = cluster_or_not_shown("SSF poll under a lease across replicas") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let db = database(cluster, "ssf_poll");
+    // Every replica's issuer is the quick start's default one.
+    let issuer = "http://127.0.0.1:0".to_owned();
+    let mut tx = Tx::start(&issuer);
+    let secrets = tempfile::tempdir().unwrap();
+    secret_file(&secrets.path().join("ssf-management"), MANAGEMENT);
+    let table = transmitter_toml(&tx, &issuer, "poll", secrets.path());
+    let replicas = replicas_with(&db, 2, &Opts::default(), &|text| format!("{text}\n{table}"));
+    let b = &replicas[0];
+    assert_eq!(b.issuer, issuer, "the replicas' issuer");
+
+    // The stream, made through replica A's admin socket, is in the store.
+    let out = std::process::Command::new(bin())
+        .args(["ssf", "stream", "create", "--config"])
+        .arg(&b.config)
+        .args(["--transmitter", "idp"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A bad SET (another audience) and good ones for three people.
+    let (bad, bad_jti) = tx.set(
+        "session-revoked",
+        &iss_sub(b, "alice"),
+        json!({"aud": "https://someone-else.example"}),
+    );
+    tx.call(&json!({"cmd": "queue", "set": bad, "jti": bad_jti}));
+    let mut jtis = Vec::new();
+    for sub in ["alice", "bob", "carol"] {
+        let (set, jti) = tx.set("session-revoked", &iss_sub(b, sub), json!({}));
+        tx.call(&json!({"cmd": "queue", "set": set, "jti": jti}));
+        jtis.push(jti);
+    }
+    wait_until(Duration::from_secs(20), "every SET acknowledged", || {
+        tx.call(&json!({"cmd": "polls"}))["pending"] == 0
+    });
+    let polls = tx.call(&json!({"cmd": "polls"}));
+    let mut acked: Vec<String> = serde_json::from_value(polls["acked"].clone()).unwrap();
+    acked.sort();
+    jtis.sort();
+    assert_eq!(acked, jtis, "each good SET acknowledged once");
+    assert_eq!(
+        polls["errs"][&bad_jti]["err"], "invalid_audience",
+        "{polls}"
+    );
+    for r in &replicas {
+        assert_eq!(
+            derive_as(r, "alice").await,
+            Err("403 person_revoked".into())
+        );
+    }
+    // Control: someone with no SET is served.
+    assert_eq!(derive_as(&replicas[1], "dave").await, Ok(()));
+    // One replica took them all: the other wrote no ssf.event_received.
+    let taken: Vec<usize> = replicas
+        .iter()
+        .map(|r| {
+            ssf_events_at(r)
+                .iter()
+                .filter(|e| e["action"] == "stopped")
+                .count()
+        })
+        .collect();
+    assert!(
+        taken == [3, 0] || taken == [0, 3],
+        "both replicas polled: {taken:?}"
+    );
+}
+
+/// The `ssf.event_received` events of a replica (its audit file is
+/// `audit.jsonl` in its directory).
+fn ssf_events_at(b: &TestBroker) -> Vec<serde_json::Value> {
+    read_audit(&b.path("audit.jsonl"))
+        .into_iter()
+        .filter(|e| e["event"] == "ssf.event_received")
+        .collect()
+}
