@@ -14,10 +14,6 @@ use crate::infra::store::Store;
 
 use super::StartError;
 
-/// The default of `revocation.max_event_age` (seconds) until the
-/// person-level stop's config is read here.
-const MAX_EVENT_AGE: i64 = 600;
-
 /// The recorded emails, when some transmitter maps `email` subjects (none
 /// are kept otherwise); their writer task is spawned here.
 pub(super) fn emails(config: &Config, store: &Arc<dyn Store>) -> Option<Arc<Emails>> {
@@ -29,20 +25,50 @@ pub(super) fn emails(config: &Config, store: &Arc<dyn Store>) -> Option<Arc<Emai
     Some(emails)
 }
 
-/// The stop the receiver calls. Until the person-level stop is wired in,
-/// it refuses (fail closed): a SET that would stop someone is answered
-/// 503, so its transmitter keeps it and sends it again.
-fn stopper(_broker: &Arc<Broker>) -> Stopper {
-    Arc::new(|ask| {
-        tracing::error!(
-            event_type = ask.event_type,
-            until_restore = ask.until_restore,
-            event_time = ?ask.event_time,
-            revoke_at_providers = ask.revoke_at_providers,
-            person_iss = %ask.person.iss,
-            "a Shared Signals event asks for a stop, and this build cannot store one"
-        );
-        Err("the person-level stop is not available in this build".into())
+/// The stop the receiver calls: `ops::revoke_person`, as the admin socket's
+/// `persons revoke` runs it (durable when it returns, then applied here and
+/// recorded), with the SET's event type and time. The receiver calls it on
+/// a blocking thread, so it waits for the action there. When the stop asks
+/// for revocation at the providers, that runs afterwards on its own task
+/// (network calls to each provider), not before the SET is acknowledged.
+fn stopper(broker: &Arc<Broker>) -> Stopper {
+    use crate::derive::ops::{Recorder, Target};
+    use crate::derive::persons::{Lift, Source, StopRequest};
+    let b = broker.clone();
+    Arc::new(move |ask| {
+        let req = StopRequest {
+            person: ask.person.clone(),
+            reason: ask.event_type.to_owned(),
+            source: Source::Ssf,
+            ssf_event_type: Some(ask.event_type.to_owned()),
+            event_time: ask.event_time,
+            lift: if ask.until_restore {
+                Lift::Restore
+            } else {
+                Lift::SignIn
+            },
+            revoke_at_providers: ask.revoke_at_providers,
+        };
+        let rt = tokio::runtime::Handle::current();
+        let done = rt
+            .block_on(crate::derive::ops::revoke_person(
+                Target::Running(&b),
+                Recorder::of(&b),
+                req,
+            ))
+            .map_err(|e| e.to_string())?;
+        if done.stop.revoke_at_providers {
+            let (b, person) = (b.clone(), done.stop.person());
+            rt.spawn(async move {
+                if let Err(e) =
+                    crate::derive::ops::revoke_person_at_providers(&b, Recorder::of(&b), &person)
+                        .await
+                {
+                    tracing::warn!(error = %e, "revoking a stopped person's accounts at their providers failed");
+                }
+            });
+        }
+        Ok(())
     })
 }
 
@@ -63,8 +89,7 @@ pub(super) async fn receiver(
         metrics: broker.metrics.clone(),
         clock: broker.shared_clock.clone(),
         agent: config.agent.clone(),
-        max_age: MAX_EVENT_AGE,
-        revoke_at_providers: false,
+        max_age: i64::try_from(config.revocation.max_event_age.as_secs()).unwrap_or(i64::MAX),
         emails: broker.emails().cloned(),
         stop: stopper(broker),
     };

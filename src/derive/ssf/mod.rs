@@ -50,7 +50,8 @@ pub(crate) struct StopAsk<'a> {
     pub(crate) event_type: &'a str,
     /// The event time the SET states.
     pub(crate) event_time: Option<i64>,
-    /// Revoke the person's connected accounts at the providers too.
+    /// Revoke the person's connected accounts at the providers too (the
+    /// stop adds `revocation.revoke_at_providers`).
     pub(crate) revoke_at_providers: bool,
 }
 
@@ -214,8 +215,6 @@ pub(crate) struct Receiver {
     agent: String,
     /// `revocation.max_event_age`, seconds.
     max_age: i64,
-    /// `revocation.revoke_at_providers`.
-    revoke_at_providers: bool,
     stop: Stopper,
 }
 
@@ -238,7 +237,6 @@ pub(crate) struct Parts {
     pub(crate) clock: SharedClock,
     pub(crate) agent: String,
     pub(crate) max_age: i64,
-    pub(crate) revoke_at_providers: bool,
     pub(crate) emails: Option<Arc<Emails>>,
     pub(crate) stop: Stopper,
 }
@@ -292,7 +290,6 @@ impl Receiver {
             clock: parts.clock,
             agent: parts.agent,
             max_age: parts.max_age,
-            revoke_at_providers: parts.revoke_at_providers,
             stop: parts.stop,
         })
     }
@@ -490,7 +487,11 @@ impl Receiver {
                         until_restore,
                         event_type: &set.event_type,
                         event_time: set.event_time,
-                        revoke_at_providers: until_restore && self.revoke_at_providers,
+                        // A stop only a restore lifts revokes at the
+                        // providers (docs/REVOCATION.md); the others only
+                        // with `revocation.revoke_at_providers`, which the
+                        // stop itself adds.
+                        revoke_at_providers: until_restore,
                     })
                     .map_err(|e| ReceiveError::Unavailable(format!("the stop: {e}")))?;
                     if action == Action::Purge {
