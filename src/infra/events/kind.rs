@@ -107,10 +107,7 @@ impl Kind {
     /// The types named for features not built yet (issue 38): nothing
     /// writes them. `docs/OPERATIONS.md` marks exactly these "reserved: not
     /// yet emitted"; a feature that writes one takes it out of this list.
-    pub const RESERVED: &'static [Kind] = &[
-        Kind::WebhookEventsDropped,
-        Kind::WebhookDeadLettered,
-    ];
+    pub const RESERVED: &'static [Kind] = &[Kind::WebhookEventsDropped, Kind::WebhookDeadLettered];
 }
 
 impl serde::Serialize for Kind {
