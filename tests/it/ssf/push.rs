@@ -330,3 +330,20 @@ async fn ssf_stream_create_and_verify_keep_the_stream_id() {
     assert_eq!(verified["verification_requested"], true);
     assert_eq!(tx.call(&json!({"cmd": "streams"}))["verifications"], 1);
 }
+
+#[tokio::test]
+async fn a_token_with_events_is_never_a_subject_token() {
+    let b = TestBroker::start();
+    let mut claims = b.subject_claims("alice");
+    claims["events"] = json!({
+        "https://schemas.openid.net/secevent/caep/event-type/session-revoked": {}
+    });
+    let refused = derive_with(&b, &b.subject_with(&claims)).await;
+    assert!(
+        refused.as_ref().is_err_and(|r| r.starts_with("400")),
+        "{refused:?}"
+    );
+    // Control: the same token without `events` is a subject token.
+    claims.as_object_mut().unwrap().remove("events");
+    assert_eq!(derive_with(&b, &b.subject_with(&claims)).await, Ok(()));
+}
