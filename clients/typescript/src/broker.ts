@@ -4,8 +4,11 @@
  *
  * {@link Broker} learns what it needs from `GET /v1/info` on the socket
  * (issuer, the `htu` of proofs, the DPoP algorithms, whether nonces are
- * required, the API version), makes the proof, retries once when the broker
- * asks for a nonce, and turns every refusal into its error (`errors.ts`).
+ * required, the API version, the upstream token endpoints), makes the proof,
+ * retries once when the broker asks for a nonce, and turns every refusal into
+ * its error (`errors.ts`). For an `exchange` resource it also makes the
+ * relayed proof for the upstream's token endpoint (`relay.ts`) and retries
+ * once on `upstream_proof_required` with the `htu` and nonce it names.
  */
 
 import { request } from "node:http";
@@ -14,6 +17,7 @@ import { inspect } from "node:util";
 import { BrokerNotRunning, IncompatibleBroker, UnexpectedAnswer, refusal } from "./errors.js";
 import type { ToolKey } from "./key.js";
 import { NonceStore, challenge, socketOrigin } from "./nonces.js";
+import { type Leg, UpstreamInfo, proofRequired } from "./relay.js";
 
 /** The socket API version this library speaks (`api_version` of `GET /v1/info`). */
 export const API_VERSION = "1";
@@ -27,6 +31,8 @@ export interface Info {
   readonly tokenHtu: string;
   readonly dpopAlgs: readonly string[];
   readonly dpopNonceRequired: boolean;
+  /** The upstream authorization servers and the `exchange` resources (where the relayed proofs go). */
+  readonly upstream: UpstreamInfo;
 }
 
 /**
@@ -144,6 +150,7 @@ function infoOf(socket: string, a: Answer): Info {
       tokenHtu: String(j["token_htu"]),
       dpopAlgs: algs.map(String),
       dpopNonceRequired: j["dpop_nonce_required"] === true,
+      upstream: UpstreamInfo.parse(j),
     };
   } catch {
     throw new UnexpectedAnswer(`GET /v1/info on socket ${socket}: not the info document`);
@@ -157,6 +164,14 @@ function infoOf(socket: string, a: Answer): Info {
   return info;
 }
 
+function parseOrUndefined(b: Buffer): unknown {
+  try {
+    return JSON.parse(b.toString("utf8"));
+  } catch {
+    return undefined;
+  }
+}
+
 /** A client of one broker socket. */
 export class Broker {
   /** The socket's path. */
@@ -166,6 +181,8 @@ export class Broker {
   #info: Info | undefined;
   readonly #nonces: NonceStore;
   readonly #origin: string;
+  /** Upstream authorization servers' nonces learnt from refusals, by name. */
+  readonly #upstreamNonces = new Map<string, string>();
 
   constructor(socket: string, opts: BrokerOptions = {}) {
     this.socket = socket;
@@ -237,9 +254,20 @@ export class Broker {
     // Only sent when given: a broker without approvals refuses the member
     // (InvalidRequest) rather than ignoring what the caller asked for.
     if (r.authorizationDetails !== undefined) body["authorization_details"] = r.authorizationDetails;
-    const json = JSON.stringify(body);
-    for (let attempt = 0; ; attempt++) {
-      const proof = await r.key.proof("POST", info.deriveHtu, { nonce: this.#nonces.get(this.#origin), now: this.#clock() });
+    let info2 = info;
+    const legs: Map<string, Leg> = info.upstream.legs(r.resource, this.#upstreamNonces);
+    let nonceRetry = true;
+    let upstreamRetry = true;
+    for (;;) {
+      const now = this.#clock();
+      const proof = await r.key.proof("POST", info2.deriveHtu, { nonce: this.#nonces.get(this.#origin), now });
+      const sent: Record<string, unknown> = { ...body };
+      if (legs.size > 0) {
+        const proofs: Record<string, string> = {};
+        for (const [name, leg] of legs) proofs[name] = await r.key.proof("POST", leg.htu, { nonce: leg.nonce, now });
+        sent["upstream_proofs"] = proofs;
+      }
+      const json = JSON.stringify(sent);
       const a = await this.#send(
         "POST",
         "/v1/derive",
@@ -251,8 +279,22 @@ export class Broker {
         json,
       );
       this.#nonces.update(this.#origin, header(a, "dpop-nonce"));
-      if (attempt === 0 && challenge({ status: a.status, header: (n) => header(a, n), body: a.body.toString("utf8") }) !== undefined) {
+      if (nonceRetry && challenge({ status: a.status, header: (n) => header(a, n), body: a.body.toString("utf8") }) !== undefined) {
+        nonceRetry = false;
         continue;
+      }
+      const need = upstreamRetry ? proofRequired(a.status, parseOrUndefined(a.body)) : undefined;
+      if (need !== undefined) {
+        upstreamRetry = false;
+        // The policy may have changed: read the info again.
+        this.#info = undefined;
+        info2 = await this.info();
+        const name = info2.upstream.nameFor(need.htu, r.resource);
+        if (name !== undefined) {
+          if (need.nonce !== undefined) this.#upstreamNonces.set(name, need.nonce);
+          legs.set(name, { htu: need.htu, nonce: need.nonce });
+          continue;
+        }
       }
       return this.#answer(a);
     }

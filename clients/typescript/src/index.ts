@@ -17,6 +17,7 @@
 
 export { API_VERSION, Broker, Issued } from "./broker.js";
 export type { BrokerOptions, DeriveRequest, Info } from "./broker.js";
+export type { Leg, UpstreamInfo } from "./relay.js";
 export {
   AccessDenied,
   BrokerNotRunning,

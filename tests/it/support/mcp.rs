@@ -464,6 +464,17 @@ impl StubBroker {
                     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
                         let (answers, hits) = (answers.clone(), hits.clone());
                         async move {
+                            // The client reads the info once (upstreams):
+                            // not a derive, not recorded; a broker without
+                            // it is what the client expects of a stub.
+                            if req.method() == http::Method::GET {
+                                return Ok::<_, Infallible>(
+                                    Response::builder()
+                                        .status(404)
+                                        .body(Full::new(Bytes::new()))
+                                        .unwrap(),
+                                );
+                            }
                             let dpop = req
                                 .headers()
                                 .get("dpop")

@@ -52,7 +52,7 @@ impl Org {
         r["token"].as_str().unwrap().to_owned()
     }
 
-    fn mode(&mut self, mode: &str) {
+    pub(super) fn mode(&mut self, mode: &str) {
         assert_eq!(
             self.peer.call(&json!({"cmd": "mode", "mode": mode}))["ok"],
             true

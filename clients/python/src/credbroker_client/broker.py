@@ -4,8 +4,11 @@ broker's Unix socket.
 :class:`Broker` (sync) and :class:`AsyncBroker` (asyncio, anyio) have the
 same surface. Both learn what they need from ``GET /v1/info`` on the socket
 (issuer, the ``htu`` of proofs, the DPoP algorithms, whether nonces are
-required, the API version), make the proof, retry once when the broker asks
-for a nonce, and turn every refusal into its exception (:mod:`.errors`).
+required, the API version, the upstream token endpoints), make the proof,
+retry once when the broker asks for a nonce, and turn every refusal into
+its exception (:mod:`.errors`). For an ``exchange`` resource they also make
+the relayed proof for the upstream's token endpoint (:mod:`.relay`) and
+retry once on ``upstream_proof_required`` with the ``htu`` and nonce it names.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import httpx
 from .errors import BrokerNotRunning, IncompatibleBroker, UnexpectedAnswer, refusal
 from .key import ToolKey
 from .nonces import NonceStore, challenge, socket_origin
+from .relay import Leg, UpstreamInfo, proof_required
 
 #: The socket API version this library speaks (``api_version`` of ``GET /v1/info``).
 API_VERSION = "1"
@@ -44,6 +48,9 @@ class Info:
     token_htu: str
     dpop_algs: tuple[str, ...]
     dpop_nonce_required: bool
+    #: The upstream authorization servers and the ``exchange`` resources
+    #: (where the relayed proofs go; :mod:`credbroker_client.relay`).
+    upstream: UpstreamInfo = field(default_factory=UpstreamInfo)
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,7 @@ def _info_of(socket: str, status: int, body: bytes) -> Info:
             token_htu=str(j["token_htu"]),
             dpop_algs=tuple(str(a) for a in j["dpop_signing_alg_values_supported"]),
             dpop_nonce_required=bool(j["dpop_nonce_required"]),
+            upstream=UpstreamInfo.parse(j),
         )
     except (ValueError, KeyError, TypeError):
         raise UnexpectedAnswer(f"GET /v1/info on socket {socket}: not the info document") from None
@@ -113,6 +121,44 @@ def _body(
     if authorization_details is not None:
         body["authorization_details"] = authorization_details
     return body
+
+
+def _with_relayed(
+    body: dict[str, Any], key: ToolKey, legs: dict[str, Leg], now: float
+) -> dict[str, Any]:
+    """``body`` with a fresh relayed proof per leg (``upstream_proofs``):
+    by the tool's key, htm POST, htu the upstream's token endpoint."""
+    if not legs:
+        return body
+    proofs = {n: key.proof("POST", leg.htu, nonce=leg.nonce, now=now) for n, leg in legs.items()}
+    return {**body, "upstream_proofs": proofs}
+
+
+def _upstream_retry(r: httpx.Response) -> tuple[str, str | None] | None:
+    """The htu and nonce of an ``upstream_proof_required`` refusal."""
+    try:
+        doc = r.json() if r.status_code == 400 else None
+    except ValueError:
+        return None
+    return proof_required(r.status_code, doc)
+
+
+def _retry_leg(
+    info: Info,
+    need: tuple[str, str | None],
+    resource: str,
+    legs: dict[str, Leg],
+    nonces: dict[str, str],
+) -> bool:
+    """Adds the leg a refusal named to ``legs``; False when no upstream in
+    the (fresh) info matches it."""
+    name = info.upstream.name_for(need[0], resource)
+    if name is None:
+        return False
+    if need[1] is not None:
+        nonces[name] = need[1]
+    legs[name] = Leg(need[0], need[1])
+    return True
 
 
 def _answer(r: httpx.Response, now: float, step: str, tool: str) -> Issued:
@@ -179,6 +225,8 @@ class Broker:
         # The socket is an origin of its own (see .nonces).
         self._nonces = nonces if nonces is not None else NonceStore()
         self._origin = socket_origin(self.socket)
+        # Upstream authorization servers' nonces learnt from refusals, by name.
+        self._upstream_nonces: dict[str, str] = {}
 
     def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
@@ -210,15 +258,26 @@ class Broker:
         when nothing answers."""
         info = self.info()
         body = _body(subject_token, step, tool, resource, scope, authorization_details)
-        for attempt in range(2):
+        legs = info.upstream.legs(resource, self._upstream_nonces)
+        nonce_retry = upstream_retry = True
+        while True:
             nonce = self._nonces.get(self._origin)
-            proof = key.proof("POST", info.derive_htu, nonce=nonce, now=self._clock())
-            r = self._send("POST", "/v1/derive", json=body, headers={"DPoP": proof})
+            now = self._clock()
+            proof = key.proof("POST", info.derive_htu, nonce=nonce, now=now)
+            sent = _with_relayed(body, key, legs, now)
+            r = self._send("POST", "/v1/derive", json=sent, headers={"DPoP": proof})
             self._nonces.update(self._origin, r.headers)
-            if attempt == 0 and challenge(r.status_code, r.headers, r.content) is not None:
+            if nonce_retry and challenge(r.status_code, r.headers, r.content) is not None:
+                nonce_retry = False
                 continue
+            need = _upstream_retry(r) if upstream_retry else None
+            if need is not None:
+                upstream_retry = False
+                self._info = None  # the policy may have changed: read it again
+                info = self.info()
+                if _retry_leg(info, need, resource, legs, self._upstream_nonces):
+                    continue
             return _answer(r, self._clock(), step, tool)
-        raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
     def close(self) -> None:
         """Closes the connection to the socket."""
@@ -256,6 +315,8 @@ class AsyncBroker:
         # The socket is an origin of its own (see .nonces).
         self._nonces = nonces if nonces is not None else NonceStore()
         self._origin = socket_origin(self.socket)
+        # Upstream authorization servers' nonces learnt from refusals, by name.
+        self._upstream_nonces: dict[str, str] = {}
 
     async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
@@ -284,15 +345,26 @@ class AsyncBroker:
         """See :meth:`Broker.derive`."""
         info = await self.info()
         body = _body(subject_token, step, tool, resource, scope, authorization_details)
-        for attempt in range(2):
+        legs = info.upstream.legs(resource, self._upstream_nonces)
+        nonce_retry = upstream_retry = True
+        while True:
             nonce = self._nonces.get(self._origin)
-            proof = key.proof("POST", info.derive_htu, nonce=nonce, now=self._clock())
-            r = await self._send("POST", "/v1/derive", json=body, headers={"DPoP": proof})
+            now = self._clock()
+            proof = key.proof("POST", info.derive_htu, nonce=nonce, now=now)
+            sent = _with_relayed(body, key, legs, now)
+            r = await self._send("POST", "/v1/derive", json=sent, headers={"DPoP": proof})
             self._nonces.update(self._origin, r.headers)
-            if attempt == 0 and challenge(r.status_code, r.headers, r.content) is not None:
+            if nonce_retry and challenge(r.status_code, r.headers, r.content) is not None:
+                nonce_retry = False
                 continue
+            need = _upstream_retry(r) if upstream_retry else None
+            if need is not None:
+                upstream_retry = False
+                self._info = None  # the policy may have changed: read it again
+                info = await self.info()
+                if _retry_leg(info, need, resource, legs, self._upstream_nonces):
+                    continue
             return _answer(r, self._clock(), step, tool)
-        raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
     async def aclose(self) -> None:
         """Closes the connection to the socket."""

@@ -23,6 +23,7 @@ use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 
 pub mod mcp;
+mod relay;
 
 // What the client's public signatures mention, re-exported so that an
 // embedder needs nothing but this module (the modules they live in are
@@ -128,6 +129,14 @@ pub struct Refusal {
     /// A sentence for the person, naming the agent and the service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect_message: Option<String>,
+    /// With `upstream_proof_required`: the upstream token endpoint the
+    /// relayed proof must name (its `htu`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_htu: Option<String>,
+    /// With `upstream_proof_required`: that authorization server's DPoP
+    /// nonce, when it uses one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_nonce: Option<String>,
 }
 
 impl Refusal {
@@ -168,6 +177,16 @@ pub struct Client {
     /// section 8), so that a derive costs one request and one proof, not
     /// two. Shared by the clones of this client. A nonce is public.
     nonce: Arc<Mutex<Option<String>>>,
+    /// What `GET /v1/info` says about upstreams (read on the first derive,
+    /// again after an `upstream_proof_required`), and the upstream nonces
+    /// learnt from refusals since, by upstream name.
+    upstreams: Arc<Mutex<Upstreams>>,
+}
+
+#[derive(Debug, Default)]
+struct Upstreams {
+    info: Option<Arc<relay::UpstreamInfo>>,
+    nonces: std::collections::BTreeMap<String, String>,
 }
 
 /// A raw HTTP answer.
@@ -222,11 +241,61 @@ impl Client {
             socket: socket.into(),
             issuer: issuer.trim_end_matches('/').to_owned(),
             nonce: Arc::default(),
+            upstreams: Arc::default(),
         }
     }
 
+    /// The upstream part of the broker's info: kept, or read now (when
+    /// `fresh`, or the first time). A broker that does not answer it has
+    /// no upstreams as far as this client knows.
+    async fn upstream_info(&self, fresh: bool) -> Arc<relay::UpstreamInfo> {
+        if !fresh {
+            if let Some(i) = &self
+                .upstreams
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .info
+            {
+                return i.clone();
+            }
+        }
+        let req = Request::get("/v1/info")
+            .header("host", "credbroker")
+            .body(Full::new(Bytes::new()));
+        let info = match req {
+            Ok(req) => match send(&self.socket, req).await {
+                Ok(raw) if raw.status == StatusCode::OK => serde_json::from_slice(&raw.body)
+                    .map(|v| relay::UpstreamInfo::parse(&v))
+                    .unwrap_or_default(),
+                _ => relay::UpstreamInfo::default(),
+            },
+            Err(_) => relay::UpstreamInfo::default(),
+        };
+        let info = Arc::new(info);
+        self.upstreams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .info = Some(info.clone());
+        info
+    }
+
+    /// The legs of a derive for `resource`, each with the latest nonce
+    /// known for its upstream.
+    async fn legs(&self, resource: &str) -> std::collections::BTreeMap<String, relay::Leg> {
+        let mut legs = self.upstream_info(false).await.legs(resource);
+        let ups = self.upstreams.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, leg) in &mut legs {
+            if let Some(n) = ups.nonces.get(name) {
+                leg.nonce = Some(n.clone());
+            }
+        }
+        legs
+    }
+
     /// Derives a token, making a fresh DPoP proof with `key`. Retries once
-    /// with the server's nonce if it asks for one.
+    /// with the server's nonce if it asks for one. For an `exchange`
+    /// resource it makes the relayed proof too (see
+    /// [`Client::derive_for_details`]).
     pub async fn derive(
         &self,
         p: &DeriveParams<'_>,
@@ -240,6 +309,12 @@ impl Client {
     /// a fresh proof with `key` and the last nonce the broker handed out,
     /// and one retry with a new nonce if it asks for one (`[dpop]
     /// require_nonce`).
+    ///
+    /// For an `exchange` resource it also makes the relayed proof(s) with
+    /// `key` (htm POST, htu = the upstream's token endpoint from `GET
+    /// /v1/info`, byte for byte, with the AS's nonce when it has one) and
+    /// sends them as `upstream_proofs`; on `upstream_proof_required` it
+    /// retries once with the `htu` and nonce the refusal names.
     pub async fn derive_for_details(
         &self,
         p: &DeriveParams<'_>,
@@ -247,33 +322,61 @@ impl Client {
         key: &Es256Key,
     ) -> Result<Answer, ClientError> {
         let mut nonce = self.nonce.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for attempt in 0..2 {
+        let mut legs = self.legs(p.resource).await;
+        let (mut nonce_retry, mut upstream_retry) = (true, true);
+        loop {
             let now = crate::clock::Clock::now(&crate::clock::SystemClock);
-            let proof = crate::dpop::make_proof(
-                key,
-                "POST",
-                &format!("{}/v1/derive", self.issuer),
-                now,
-                None,
-                nonce.as_deref(),
-            )
-            .map_err(|e| ClientError::Proof(e.to_string()))?;
+            let make = |htu: &str, nonce: Option<&str>| {
+                crate::dpop::make_proof(key, "POST", htu, now, None, nonce)
+                    .map_err(|e| ClientError::Proof(e.to_string()))
+            };
+            let proof = make(&format!("{}/v1/derive", self.issuer), nonce.as_deref())?;
+            let mut relayed = std::collections::BTreeMap::new();
+            for (name, leg) in &legs {
+                relayed.insert(name.as_str(), make(&leg.htu, leg.nonce.as_deref())?);
+            }
             let answer = self
-                .derive_with_details(p, authorization_details, &proof)
+                .send_derive(p, authorization_details, &proof, &relayed)
                 .await?;
             match answer {
                 Answer::Refused(Refusal {
                     ref error,
                     dpop_nonce: Some(ref n),
                     ..
-                }) if error == "use_dpop_nonce" && attempt == 0 => {
+                }) if error == "use_dpop_nonce" && nonce_retry => {
+                    nonce_retry = false;
                     *self.nonce.lock().unwrap_or_else(|p| p.into_inner()) = Some(n.clone());
                     nonce = Some(n.clone());
+                }
+                Answer::Refused(Refusal {
+                    ref reason,
+                    upstream_htu: Some(ref htu),
+                    ref upstream_nonce,
+                    ..
+                }) if reason.as_deref() == Some("upstream_proof_required") && upstream_retry => {
+                    upstream_retry = false;
+                    let Some(name) = self.upstream_info(true).await.name_for(htu, p.resource)
+                    else {
+                        return Ok(answer);
+                    };
+                    if let Some(n) = upstream_nonce {
+                        self.upstreams
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .nonces
+                            .insert(name.clone(), n.clone());
+                    }
+                    legs.insert(
+                        name,
+                        relay::Leg {
+                            htu: htu.clone(),
+                            nonce: upstream_nonce.clone(),
+                        },
+                    );
                 }
                 a => return Ok(a),
             }
         }
-        Err(ClientError::Unexpected(400))
     }
 
     /// Derives with a proof made by the caller.
@@ -296,9 +399,26 @@ impl Client {
         authorization_details: Option<&serde_json::Value>,
         proof: &str,
     ) -> Result<Answer, ClientError> {
+        self.send_derive(p, authorization_details, proof, &Default::default())
+            .await
+    }
+
+    /// One `POST /v1/derive`, with `relayed` as `upstream_proofs` when
+    /// there are any.
+    async fn send_derive(
+        &self,
+        p: &DeriveParams<'_>,
+        authorization_details: Option<&serde_json::Value>,
+        proof: &str,
+        relayed: &std::collections::BTreeMap<&str, String>,
+    ) -> Result<Answer, ClientError> {
         let mut body = serde_json::to_value(p).map_err(|_| ClientError::Unexpected(0))?;
         if let (Some(d), Some(obj)) = (authorization_details, body.as_object_mut()) {
             obj.insert("authorization_details".into(), d.clone());
+        }
+        if let (false, Some(obj)) = (relayed.is_empty(), body.as_object_mut()) {
+            let proofs = serde_json::to_value(relayed).map_err(|_| ClientError::Unexpected(0))?;
+            obj.insert("upstream_proofs".into(), proofs);
         }
         let body = serde_json::to_vec(&body).map_err(|_| ClientError::Unexpected(0))?;
         let req = Request::post("/v1/derive")
