@@ -25,10 +25,15 @@ pub(super) struct Org {
 
 impl Org {
     pub(super) fn start() -> Org {
+        Org::start_for(json!({ ORG_RESOURCE: { "scope": "notes:read notes:write" } }))
+    }
+
+    /// An org AS that issues tokens for `resources` (its config's member).
+    pub(super) fn start_for(resources: Value) -> Org {
         let f = tempfile::NamedTempFile::new().unwrap();
         let cfg = json!({
             "client_id": "credbroker", "client_secret": SECRET, "audience": "repo-helper",
-            "resources": { ORG_RESOURCE: { "scope": "notes:read notes:write" } },
+            "resources": resources,
         });
         std::fs::write(f.path(), cfg.to_string()).unwrap();
         let peer = NodePeer::start("org-as.mjs", &[f.path().to_str().unwrap()]);
@@ -96,7 +101,16 @@ steps = ["summarize"]
 
 /// [`broker_with`] with `more` added to `[upstreams.org]`.
 pub(super) fn broker_config(org: &Org, upstream_issuer: &str, more: &str) -> TestBroker {
-    let policy = exchange_policy();
+    broker_policy(org, upstream_issuer, more, exchange_policy())
+}
+
+/// [`broker_config`] with `policy`.
+pub(super) fn broker_policy(
+    org: &Org,
+    upstream_issuer: &str,
+    more: &str,
+    policy: String,
+) -> TestBroker {
     let iss = &org.issuer;
     let opts = Opts {
         policy: Some(policy),

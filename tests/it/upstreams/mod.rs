@@ -3,4 +3,5 @@
 mod client_auth;
 mod clients;
 mod exchange;
+mod mcp;
 mod reuse;
