@@ -194,3 +194,37 @@ async fn a_freeze_and_a_policy_reload_drop_every_kept_token() {
         token(&after_reload)
     );
 }
+
+#[tokio::test]
+async fn the_person_level_stop_drops_that_persons_kept_tokens_only() {
+    let mut org = Org::start();
+    let b = broker_config(&org, &org.issuer.clone(), "reuse_margin = \"60s\"");
+    let k = key();
+    let alice = org.subject(3600);
+    let bob = org.subject_of("bob", 3600);
+    let a1 = derive_scope(&b, &org, &k, &alice, "notes:read");
+    let b1 = derive_scope(&b, &org, &k, &bob, "notes:read");
+    let sent = org.exchanges();
+    let person = |sub: &str| json!({"person_iss": org.issuer, "person_sub": sub}).to_string();
+    let (code, body) = b.admin_post("/persons/revoke", &person("alice")).unwrap();
+    assert_eq!(code, 200, "{body}");
+    // Stopped: refused, whatever is kept.
+    let body_alice = json!({
+        "subject_token": alice, "step": "summarize", "tool": "org.notes",
+        "resource": ORG_RESOURCE, "scope": "notes:read",
+    });
+    let a = b.post_derive(&body_alice, Some(&b.proof(&k)));
+    assert_eq!(a.status, 403, "{}", a.body);
+    assert_eq!(a.json()["reason"], "person_revoked");
+    // Restored: hers was dropped (a new exchange); Bob's is still given.
+    let (code, body) = b.admin_post("/persons/restore", &person("alice")).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let a2 = derive_scope(&b, &org, &k, &alice, "notes:read");
+    assert_ne!(token(&a2), token(&a1));
+    assert_eq!(org.exchanges(), sent + 1);
+    assert_eq!(
+        token(&derive_scope(&b, &org, &k, &bob, "notes:read")),
+        token(&b1)
+    );
+    assert_eq!(org.exchanges(), sent + 1);
+}
