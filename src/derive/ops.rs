@@ -531,9 +531,18 @@ pub(crate) async fn revoke_person_at_providers(
     let mut out = Vec::new();
     for a in c.vault.accounts(Some(person))? {
         let provider = c.providers.get(&a.service).map(|p| p.as_ref());
-        let (revocation, message) =
+        let mut outcome =
             crate::accounts::connect::revoke_at_provider(&c.vault, provider, person, &a.service)
                 .await?;
+        // Revocation is idempotent (RFC 7009 section 2.2): a failed one is
+        // tried once more before it is reported.
+        if outcome.0 == "failed" {
+            outcome = crate::accounts::connect::revoke_at_provider(
+                &c.vault, provider, person, &a.service,
+            )
+            .await?;
+        }
+        let (revocation, message) = outcome;
         c.vault.mark_reconnect(person, &a.service, b.shared_now())?;
         tracing::warn!(service = %a.service, revocation, "a stopped person's account was revoked at its provider");
         rec.record(Kind::AccountDisconnected, |e| {

@@ -4,6 +4,7 @@ mod accounts_cli;
 mod connected;
 mod github_grant;
 mod pages;
+mod person_stop;
 mod refresh_replicas;
 mod upstream_client;
 mod vault_refresh;

@@ -16,6 +16,7 @@ mod links;
 mod load;
 mod migrations;
 mod per_replica;
+mod person_stop;
 mod processes;
 mod proxy_replay;
 mod refresh;

@@ -10,6 +10,10 @@
 //! - `GET /repos/{o}/{r}/issues`: echoes the query;
 //! - `POST /repos/{o}/{r}/pulls`: echoes the body's length and SHA-256;
 //! - `GET /download/{mib}`: that many MiB of a known pattern;
+//! - `GET /trickle/{mib}`: the same, streamed in 64 KiB chunks every 20 ms
+//!   as the reader takes them, each download recorded ([`ApiStandin::trickles`]):
+//!   how much was sent, and whether the reader went away before the end
+//!   (the proxy cut it);
 //! - `GET /stream`: five chunks, each after the tool has read the one before;
 //! - `GET /echo/{start|split|header}`: an answer that carries the token it
 //!   was sent (at the start of the body, split over two chunks late in the
@@ -56,11 +60,23 @@ impl Record {
     }
 }
 
+/// One `GET /trickle/{mib}` as the stand-in sent it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Trickle {
+    /// Bytes handed to the connection so far.
+    pub sent: usize,
+    /// The whole answer was sent.
+    pub done: bool,
+    /// The reader went away before the end.
+    pub cut: bool,
+}
+
 /// A running stand-in.
 pub(crate) struct ApiStandin {
     /// `http://127.0.0.1:PORT`.
     pub base: String,
     pub records: Arc<Mutex<Vec<Record>>>,
+    trickles: Arc<Mutex<Vec<Trickle>>>,
     refusals: Arc<Mutex<Refusals>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -149,6 +165,8 @@ impl ApiStandin {
         let rec = records.clone();
         let refusals: Arc<Mutex<Refusals>> = Arc::default();
         let refs = refusals.clone();
+        let trickles: Arc<Mutex<Vec<Trickle>>> = Arc::default();
+        let tri = trickles.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -156,6 +174,7 @@ impl ApiStandin {
                 };
                 let rec = rec.clone();
                 let refs = refs.clone();
+                let tri = tri.clone();
                 let http = http.clone();
                 let (intro, id, secret, to) = (
                     introspection.clone(),
@@ -167,12 +186,13 @@ impl ApiStandin {
                     let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
                         let rec = rec.clone();
                         let refs = refs.clone();
+                        let tri = tri.clone();
                         let http = http.clone();
                         let (intro, id, secret, to) =
                             (intro.clone(), id.clone(), secret.clone(), to.clone());
                         async move {
                             Ok::<_, std::convert::Infallible>(
-                                serve(req, rec, refs, http, intro, id, secret, to).await,
+                                serve(req, rec, refs, tri, http, intro, id, secret, to).await,
                             )
                         }
                     });
@@ -185,6 +205,7 @@ impl ApiStandin {
         ApiStandin {
             base,
             records,
+            trickles,
             refusals,
             task,
         }
@@ -194,6 +215,11 @@ impl ApiStandin {
     /// request carrying it.
     pub(crate) fn refuse_next_token(&self) {
         self.refusals.lock().unwrap().next = true;
+    }
+
+    /// Every `GET /trickle/{mib}` so far, in order.
+    pub(crate) fn trickles(&self) -> Vec<Trickle> {
+        self.trickles.lock().unwrap().clone()
     }
 
     /// Every request received so far.
@@ -232,6 +258,7 @@ async fn serve(
     req: Request<hyper::body::Incoming>,
     records: Arc<Mutex<Vec<Record>>>,
     refusals: Arc<Mutex<Refusals>>,
+    trickles: Arc<Mutex<Vec<Trickle>>>,
     http: reqwest::Client,
     intro: String,
     id: String,
@@ -311,6 +338,37 @@ async fn serve(
         ("GET", ["download", mib]) => {
             let n: usize = mib.parse().unwrap_or(1);
             let mut r = full(StatusCode::OK, pattern(n * 1024 * 1024));
+            r.headers_mut()
+                .insert("content-type", "application/octet-stream".parse().unwrap());
+            r
+        }
+        ("GET", ["trickle", mib]) => {
+            let n: usize = mib.parse().unwrap_or(1) * 1024 * 1024;
+            let (tx, rx) = mpsc::channel(1);
+            let at = {
+                let mut t = trickles.lock().unwrap();
+                t.push(Trickle::default());
+                t.len() - 1
+            };
+            tokio::spawn(async move {
+                let all = Bytes::from(pattern(n));
+                let mut off = 0;
+                while off < n {
+                    let end = (off + 64 * 1024).min(n);
+                    if tx.send(all.slice(off..end)).await.is_err() {
+                        trickles.lock().unwrap()[at].cut = true;
+                        return;
+                    }
+                    trickles.lock().unwrap()[at].sent = end;
+                    off = end;
+                    // About 3 MiB/s: a reader sees it in flight for 3 s.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                // The end is sent once hyper polls past the last chunk.
+                tx.closed().await;
+                trickles.lock().unwrap()[at].done = true;
+            });
+            let mut r = Response::new(http_body_util::Either::Right(Chan(rx)));
             r.headers_mut()
                 .insert("content-type", "application/octet-stream".parse().unwrap());
             r
