@@ -201,6 +201,7 @@ fn broker_derive(c: &mut Criterion) {
         )),
         authorization_details: None,
         upstream_proofs: Default::default(),
+        request: None,
         endpoint: Endpoint::Derive,
         peer_uid: 1000,
     };

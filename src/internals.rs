@@ -71,7 +71,8 @@ pub mod events {
 /// `crate::derive::exchange`: the derive pipeline.
 pub mod exchange {
     pub use crate::derive::exchange::{
-        ApprovalRefusal, DeriveError, DeriveRequest, Endpoint, InternalError, Issued, LinkRefusal,
+        ApprovalRefusal, DeriveError, DeriveRequest, Endpoint, IntendedRequest, InternalError,
+        Issued, LinkRefusal,
     };
 }
 

@@ -723,6 +723,9 @@ pub struct Claims<'a> {
     /// Whether a resource server must accept the token once only
     /// (`each_call` approvals): the `single_use` claim.
     pub single_use: bool,
+    /// The bound request's digest (docs/APPROVALS.md, "The request,
+    /// bound"): the `req_sha256` claim.
+    pub req_sha256: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -757,6 +760,8 @@ struct TokenClaims<'a> {
     approval_id: Option<&'a str>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     single_use: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    req_sha256: Option<&'a str>,
 }
 
 /// A minted token.
@@ -882,6 +887,7 @@ impl Minter {
             authorization_details: c.authorization_details,
             approval_id: c.approval_id,
             single_use: c.single_use,
+            req_sha256: c.req_sha256,
         };
         let token = ring.active.sign_jws(header, &claims)?;
         Ok(Minted {

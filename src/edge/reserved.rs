@@ -45,10 +45,6 @@ const fn r(
 
 /// Every reserved refusal, by issue.
 pub const RESERVED_REFUSALS: &[ReservedRefusal] = &[
-    // Issue 42: approvals bound to the outbound request.
-    r("request_mismatch", "insufficient_scope", 403, "proxy", 42),
-    r("body_not_ijson", "invalid_request", 400, "proxy", 42),
-    r("bound_body_too_large", "invalid_request", 413, "proxy", 42),
     // Issue 43: subject-token introspection.
     r(
         "introspection_unavailable",

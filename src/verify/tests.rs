@@ -75,6 +75,7 @@ fn claims<'a>(rs: &'a Rs, scopes: &'a [String]) -> Claims<'a> {
         authorization_details: None,
         approval_id: None,
         single_use: false,
+        req_sha256: None,
     }
 }
 

@@ -126,6 +126,17 @@ pub enum VerifyError {
     /// A single-use token (an `each_call` approval's) presented again.
     #[error("the token is single-use and was already used")]
     AlreadyUsed,
+    /// The token is bound to one request (`req_sha256`) and was checked
+    /// without it: use [`Verifier::verify_request`].
+    #[error("the token is bound to one request; verify it with the request's body")]
+    RequestRequired,
+    /// The request is not the one the token is bound to.
+    #[error("the request is not the one the token is bound to")]
+    RequestMismatch,
+    /// The request's body cannot be bound (a JSON body that is not I-JSON,
+    /// or over [`request::MAX_BOUND_BODY`]), so it is not the bound one.
+    #[error("the request cannot be bound: {0}")]
+    RequestUnbindable(request::RequestError),
 }
 
 impl VerifyError {
@@ -183,6 +194,8 @@ struct TokenClaims<'a> {
     approval_id: Option<String>,
     #[serde(default)]
     single_use: bool,
+    #[serde(default)]
+    req_sha256: Option<String>,
 }
 
 /// What a verified request carries. Non-exhaustive: later versions add
@@ -221,6 +234,10 @@ pub struct Verified {
     /// Whether the token is single-use (an `each_call` approval): this
     /// verifier accepted it for this one request and refuses it after.
     pub single_use: bool,
+    /// The digest of the one request the token is bound to (`req_sha256`,
+    /// [`request`]), if it is bound: [`Verifier::verify_request`] compared
+    /// it with the request.
+    pub req_sha256: Option<String>,
 }
 
 /// An incoming request as the verifier sees it.
@@ -235,6 +252,30 @@ pub struct Presented<'a> {
     pub authorization: Option<&'a str>,
     /// Every `DPoP` header value (exactly one is required).
     pub dpop: &'a [&'a str],
+}
+
+/// What the verifier does with a token bound to one request.
+#[derive(Debug, Clone, Copy)]
+enum Binding<'a> {
+    /// Refuses it: the caller has no body to check it with.
+    Refuse,
+    /// Checks it against this `Content-Type` and body.
+    Check(&'a str, &'a [u8]),
+    /// Leaves it to the caller (the broker's proxy, which checks it later).
+    Caller,
+}
+
+/// The raw path and query of a URL (`https://h/p/a?b=1#f` gives `/p/a`
+/// and `b=1`), never decoded: the bytes the request line carried.
+fn raw_path_and_query(url: &str) -> (&str, &str) {
+    let url = url.split('#').next().unwrap_or_default();
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[after_scheme..];
+    let target = rest.find(['/', '?']).map_or("", |i| &rest[i..]);
+    match target.split_once('?') {
+        Some((p, q)) => (if p.is_empty() { "/" } else { p }, q),
+        None => (if target.is_empty() { "/" } else { target }, ""),
+    }
 }
 
 /// Verifies credbroker tokens for one resource.
@@ -343,8 +384,30 @@ impl Verifier {
     /// for a single-use token, that its `jti` was not accepted before (it is
     /// recorded only once everything else passed, so a bad proof does not
     /// use the token up).
+    ///
+    /// A token bound to one request (`req_sha256`) is refused here with
+    /// [`VerifyError::RequestRequired`]: check it with
+    /// [`Verifier::verify_request`].
     pub fn verify(&self, req: &Presented<'_>) -> Result<Verified, VerifyError> {
-        self.verify_inner(req, true, false).map(|(v, _)| v)
+        self.verify_inner(req, true, false, Binding::Refuse)
+            .map(|(v, _)| v)
+    }
+
+    /// [`Verifier::verify`] for a request whose body is at hand: a token
+    /// bound to one request (`req_sha256`) must be bound to this one, its
+    /// digest ([`request`]) made of `req.method`, the raw path and query
+    /// of `req.url`, `content_type` (the `Content-Type` as received, empty
+    /// without one) and `body` (as received; a JSON body is canonicalised
+    /// for the digest). Checked after the proof, before a single-use token
+    /// is recorded. A token bound to no request passes as with `verify`.
+    pub fn verify_request(
+        &self,
+        req: &Presented<'_>,
+        content_type: &str,
+        body: &[u8],
+    ) -> Result<Verified, VerifyError> {
+        self.verify_inner(req, true, false, Binding::Check(content_type, body))
+            .map(|(v, _)| v)
     }
 
     /// [`Verifier::verify`] without recording a single-use token's `jti`
@@ -368,7 +431,7 @@ impl Verifier {
         req: &Presented<'_>,
         url_is_normal: bool,
     ) -> Result<(Verified, dpop::ValidProof), VerifyError> {
-        self.verify_inner(req, false, url_is_normal)
+        self.verify_inner(req, false, url_is_normal, Binding::Caller)
     }
 
     fn verify_inner(
@@ -376,6 +439,7 @@ impl Verifier {
         req: &Presented<'_>,
         record: bool,
         url_is_normal: bool,
+        binding: Binding<'_>,
     ) -> Result<(Verified, dpop::ValidProof), VerifyError> {
         let auth = req.authorization.ok_or(VerifyError::NoToken)?;
         let (scheme, token) = auth.split_once(' ').ok_or(VerifyError::WrongScheme)?;
@@ -430,6 +494,29 @@ impl Verifier {
                 now,
             },
         )?;
+        if let Some(bound) = c.req_sha256.as_deref() {
+            match binding {
+                Binding::Caller => {}
+                Binding::Refuse => return Err(VerifyError::RequestRequired),
+                Binding::Check(content_type, body) => {
+                    let (path, query) = raw_path_and_query(req.url);
+                    let r = request::BoundRequest {
+                        method: req.method,
+                        path,
+                        query,
+                        content_type,
+                        body,
+                    };
+                    let got = request::bind(&r).map_err(VerifyError::RequestUnbindable)?;
+                    let same: bool =
+                        subtle::ConstantTimeEq::ct_eq(got.sha256.as_bytes(), bound.as_bytes())
+                            .into();
+                    if !same {
+                        return Err(VerifyError::RequestMismatch);
+                    }
+                }
+            }
+        }
         if c.single_use && record {
             // Keyed by the token's `jti` alone (the token is bound to one
             // key already), in the replay cache's compact form.
@@ -461,6 +548,7 @@ impl Verifier {
             authorization_details: c.authorization_details,
             approval_id: c.approval_id,
             single_use: c.single_use,
+            req_sha256: c.req_sha256,
         };
         Ok((verified, valid))
     }

@@ -152,6 +152,27 @@ pub struct ShownEntry {
     pub fields: Vec<ShownField>,
 }
 
+/// A bound request as the page shows it (docs/APPROVALS.md, "The
+/// request, bound"): where it goes and every field of its body, whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShownRequest {
+    /// The method.
+    pub method: String,
+    /// Where it is sent: the service's `api_base` + path + query for the
+    /// proxy, the resource's origin + path + query for a `self` resource.
+    pub url: String,
+    /// The `Content-Type` as sent (empty: none).
+    pub content_type: String,
+    /// The body's members the tool declares as detail fields, with the
+    /// policy's labels, in the policy's order.
+    pub fields: Vec<ShownField>,
+    /// Every other member, named by its name, in canonical order.
+    pub other_fields: Vec<ShownField>,
+    /// A body that is not a JSON object, whole (the canonical form of
+    /// JSON, the text of any other body); `None` without a body.
+    pub text: Option<String>,
+}
+
 /// An approval record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Approval {
@@ -181,6 +202,13 @@ pub struct Approval {
     pub details: Value,
     /// What the page shows of them.
     pub shown: Vec<ShownEntry>,
+    /// The bound request's `req_sha256`, when the derive carried its
+    /// request (records from before request binding have none).
+    #[serde(default)]
+    pub request_sha256: Option<String>,
+    /// What the page shows of the bound request.
+    #[serde(default)]
+    pub request: Option<ShownRequest>,
     /// How it applies.
     pub mode: Mode,
     /// Where it is.
@@ -223,6 +251,9 @@ pub struct Call<'a> {
     pub jkt: &'a str,
     /// The checked details, if any.
     pub details: Option<&'a Value>,
+    /// The bound request's `req_sha256` and what the page shows of it,
+    /// when the derive carried its request.
+    pub request: Option<(&'a str, &'a ShownRequest)>,
 }
 
 /// What the store says about a call.
@@ -297,11 +328,12 @@ pub(crate) fn details_sha256(details: Option<&Value>) -> String {
 }
 
 /// The call hash (hex): every part length-prefixed, so that no two calls
-/// share one.
+/// share one; a bound request's `req_sha256` is a tenth part (a call
+/// without one keeps the nine parts it always had).
 pub(crate) fn call_hash(c: &Call<'_>) -> String {
     let scopes = c.scopes.join(" ");
     let details = details_sha256(c.details);
-    hex::encode(sha256(&tuple_key(&[
+    let mut parts: Vec<&str> = vec![
         &c.person.iss,
         &c.person.sub,
         c.agent,
@@ -311,7 +343,11 @@ pub(crate) fn call_hash(c: &Call<'_>) -> String {
         &scopes,
         c.jkt,
         &details,
-    ])))
+    ];
+    if let Some((req, _)) = c.request {
+        parts.push(req);
+    }
+    hex::encode(sha256(&tuple_key(&parts)))
 }
 
 /// What the page shows of checked details: per entry its type and each
@@ -534,6 +570,8 @@ impl Approvals {
                 details_sha256: details_sha256(call.details),
                 details: call.details.cloned().unwrap_or(Value::Null),
                 shown: shown.clone(),
+                request_sha256: call.request.map(|(h, _)| h.to_string()),
+                request: call.request.map(|(_, r)| r.clone()),
                 mode,
                 state: State::Pending,
                 policy_hash: policy_hash.to_string(),

@@ -48,6 +48,7 @@ fn call<'a>(
         scopes,
         jkt,
         details,
+        request: None,
     }
 }
 

@@ -67,6 +67,7 @@ impl Broker {
         e.policy_hash = Some(&policy.hash);
         e.approval_id = Some(&a.id);
         e.details_sha256 = Some(&a.details_sha256);
+        e.request_sha256 = a.request_sha256.as_deref();
         e.reason = Some(a.mode.as_str());
         e.approval_ttl = a.mode.approval_ttl();
         e

@@ -75,6 +75,7 @@ use crate::infra::skew::{Corrected, Skew};
 use crate::infra::store::{Store, StoreError};
 
 mod approval;
+mod bind;
 mod error;
 mod limits;
 mod pipeline;
@@ -86,7 +87,7 @@ mod upstream;
 
 pub use error::{ApprovalRefusal, DeriveError, InternalError, LinkRefusal};
 pub(crate) use limits::Limits;
-pub use request::{DeriveRequest, Endpoint, Issued};
+pub use request::{DeriveRequest, Endpoint, IntendedRequest, Issued};
 pub(crate) use service::ConnectedServices;
 
 /// The broker: everything a derive needs, shared by all connections.
@@ -496,6 +497,7 @@ impl Broker {
         e.peer_uid = Some(req.peer_uid);
         e.approval_id = ctx.approval_id.as_deref();
         e.details_sha256 = ctx.details_sha256.as_deref();
+        e.request_sha256 = ctx.request_sha256.as_deref();
         e.upstream = ctx.upstream.as_deref();
         e.expires_at = ctx.expires_at;
         e.reused = ctx.reused;
@@ -514,6 +516,8 @@ struct Ctx {
     approval_id: Option<String>,
     /// SHA-256 of the call's details (JCS), when it has any or needs approval.
     details_sha256: Option<String>,
+    /// The bound request's `req_sha256`, when the derive carried one.
+    request_sha256: Option<String>,
     /// For provider tokens: whether the token was narrowed to the tool's
     /// scopes (`Some(false)`: the provider's broader token was handed over).
     narrowed: Option<bool>,

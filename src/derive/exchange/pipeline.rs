@@ -16,6 +16,8 @@ pub(super) struct Allowed<'p> {
     grant: Grant,
     tool: &'p Tool,
     details: Option<serde_json::Value>,
+    /// The request the token is for, when the derive carried it.
+    bound: Option<super::bind::BoundCall>,
 }
 
 impl Broker {
@@ -90,6 +92,10 @@ impl Broker {
                     scopes: &allowed.grant.scopes,
                     jkt: &proof.jkt,
                     details: allowed.details.as_ref(),
+                    request: allowed
+                        .bound
+                        .as_ref()
+                        .map(|b| (b.sha256.as_str(), &b.shown)),
                 };
                 Some(self.approval_step(policy, allowed.tool, mode, &call, now, ctx)?)
             }
@@ -216,10 +222,13 @@ impl Broker {
         if details.is_some() || tool.approval.is_some() {
             ctx.details_sha256 = Some(approve::details_sha256(details.as_ref()));
         }
+        let bound = self.bind_step(req, policy, tool, &grant)?;
+        ctx.request_sha256 = bound.as_ref().map(|b| b.sha256.clone());
         Ok(Allowed {
             grant,
             tool,
             details,
+            bound,
         })
     }
 
@@ -266,7 +275,12 @@ impl Broker {
         allowed: Allowed<'_>,
         approved: Option<Approved>,
     ) -> Result<(Issued, String), DeriveError> {
-        let Allowed { grant, details, .. } = allowed;
+        let Allowed {
+            grant,
+            details,
+            bound,
+            ..
+        } = allowed;
         let mut exp = (now + grant.ttl.as_secs() as i64).min(subject.exp);
         if let Some(a) = &approved {
             exp = exp.min(a.exp_cap);
@@ -287,6 +301,7 @@ impl Broker {
             authorization_details: details.as_ref(),
             approval_id: approved.as_ref().map(|a| a.id.as_str()),
             single_use: approved.as_ref().is_some_and(|a| a.single_use),
+            req_sha256: bound.as_ref().map(|b| b.sha256.as_str()),
         })?;
         Ok((
             Issued {

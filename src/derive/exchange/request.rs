@@ -42,10 +42,48 @@ pub struct DeriveRequest {
     /// The tool's DPoP proofs for upstream token endpoints, by upstream
     /// name (`upstream_proofs`; an `exchange` resource's leg).
     pub upstream_proofs: std::collections::BTreeMap<String, SecretString>,
+    /// The whole request the token is for (`request`), bound to the token
+    /// by its digest (docs/APPROVALS.md, "The request, bound").
+    pub request: Option<IntendedRequest>,
     /// Where it came in.
     pub endpoint: Endpoint,
     /// The peer uid.
     pub peer_uid: u32,
+}
+
+/// The request a derive says the token is for: what the approval page
+/// shows and the token's `req_sha256` binds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntendedRequest {
+    /// The method (`POST`).
+    pub method: String,
+    /// The raw path from `/`: under the proxy address for a proxied
+    /// service (the path `api_base` is followed by), the path at the
+    /// resource server for a `self` resource.
+    pub path: String,
+    /// The raw query, without `?` (empty: none).
+    #[serde(default)]
+    pub query: String,
+    /// The `Content-Type` as it will be sent (empty: none).
+    #[serde(default)]
+    pub content_type: String,
+    /// The body as it will be sent, as text (empty: none).
+    #[serde(default)]
+    pub body: String,
+}
+
+impl IntendedRequest {
+    /// The request as the digest reads it.
+    pub fn bound(&self) -> credbroker_verify::request::BoundRequest<'_> {
+        credbroker_verify::request::BoundRequest {
+            method: &self.method,
+            path: &self.path,
+            query: &self.query,
+            content_type: &self.content_type,
+            body: self.body.as_bytes(),
+        }
+    }
 }
 
 /// A successful derive.

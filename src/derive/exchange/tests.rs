@@ -85,6 +85,7 @@ client_secret_file = "acme.secret"
         dpop: Some(SecretString::new(proof)),
         authorization_details: None,
         upstream_proofs: Default::default(),
+        request: None,
         endpoint: Endpoint::Derive,
         peer_uid: 1000,
     };

@@ -377,3 +377,33 @@ fn route_variables_bind_to_declared_detail_fields() {
     // Positive control: the same file is no change.
     assert!(diff::diff(&p, &p).access_unchanged());
 }
+
+#[test]
+fn bind_request_needs_an_each_call_approval() {
+    // Control: on an each_call tool it loads, and marks its route only.
+    let p = load(&proxied(
+        r#"{ route = "POST /repos/{owner}/{repo}/issues", bind_request = true }, "GET /user""#,
+    ))
+    .unwrap();
+    let routes = &p.tools["repo.delete"].routes;
+    assert!(routes[0].bind_request);
+    assert!(!routes[1].bind_request);
+    let key = "tools.\"repo.delete\".routes[0].bind_request";
+    let route = r#"{ route = "POST /repos/{owner}/{repo}/issues", bind_request = true }"#;
+    for (approval, cause) in [
+        (
+            "approval = \"per_step\"\napproval_ttl = \"90s\"",
+            "needs approval = \"each_call\"",
+        ),
+        ("", "needs approval = \"each_call\""),
+    ] {
+        let text = proxied(route).replace("approval = \"each_call\"", approval);
+        let shown = refused(&text, key);
+        assert!(shown.contains(cause), "{shown}");
+    }
+    let shown = refused(
+        &proxied(r#"{ route = "POST /x", bind_request = "yes" }"#),
+        key,
+    );
+    assert!(shown.contains("must be a boolean"), "{shown}");
+}

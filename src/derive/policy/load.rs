@@ -506,6 +506,18 @@ impl<'a> Check<'a> {
             )
         });
         let routes = self.routes(t, &key, proxied, &steps, details.as_ref());
+        if let Some(i) = routes.iter().position(|r| r.bind_request) {
+            if !matches!(approval, Some(Some(Approval::EachCall))) {
+                // Only the person's approval of one call says which
+                // request is the call: without it nothing is bound.
+                let span = t.routes.as_ref().map_or(0..0, |l| l.span());
+                self.bad(
+                    span,
+                    format!("{key}.routes[{i}].bind_request"),
+                    "binds the request to an approval, so the tool needs approval = \"each_call\"",
+                );
+            }
+        }
         Some(Tool {
             name: name.to_string(),
             resource: resource?,
@@ -740,13 +752,15 @@ impl Check<'_> {
         for (i, v) in list.get_ref().iter().enumerate() {
             let at = format!("{key}.routes[{i}]");
             let mut bindings = None;
+            let mut bind_request = None;
             let (text, steps) = match v {
                 toml::Value::String(s) => (s.clone(), None),
                 toml::Value::Table(tbl) => {
                     bindings = tbl.get("details");
-                    let unknown = tbl
-                        .keys()
-                        .find(|k| !["route", "steps", "details"].contains(&k.as_str()));
+                    bind_request = tbl.get("bind_request");
+                    let unknown = tbl.keys().find(|k| {
+                        !["route", "steps", "details", "bind_request"].contains(&k.as_str())
+                    });
                     let text = tbl.get("route").and_then(|r| r.as_str());
                     let steps = tbl.get("steps").map(|s| {
                         s.as_array().and_then(|a| {
@@ -761,7 +775,7 @@ impl Check<'_> {
                             (text.to_string(), Some(steps))
                         }
                         _ => {
-                            self.bad(list.span(), at, "a route table is { route = \"METHOD /path\", steps = [\"<step>\", ...], details = { <variable> = \"<type>.<field>\", ... } } (steps, when given, not empty)");
+                            self.bad(list.span(), at, "a route table is { route = \"METHOD /path\", steps = [\"<step>\", ...], details = { <variable> = \"<type>.<field>\", ... }, bind_request = true } (steps, when given, not empty)");
                             continue;
                         }
                     }
@@ -788,6 +802,18 @@ impl Check<'_> {
                         list.span(),
                         at,
                         &format!("can never match: the route names step {missing:?}, which is not one of the tool's steps"),
+                    );
+                    continue;
+                }
+            }
+            match bind_request.map(toml::Value::as_bool) {
+                None => {}
+                Some(Some(b)) => route.bind_request = b,
+                Some(None) => {
+                    self.bad(
+                        list.span(),
+                        format!("{at}.bind_request"),
+                        "must be a boolean",
                     );
                     continue;
                 }

@@ -15,12 +15,6 @@ pub const RESERVED_KEYS: &[ReservedKey] = &[
         doc_type: "duration",
         issue: 41,
     },
-    // Issue 42: a proxy route bound to the approved request.
-    ReservedKey {
-        key: "tools.<name>.routes[].bind_request",
-        doc_type: "boolean",
-        issue: 42,
-    },
 ];
 
 #[cfg(test)]
@@ -62,10 +56,6 @@ steps = ["summarize"]
                         "source = \"self\"\nmax_ttl = \"600s\"\n",
                     ),
                     "resources.\"https://api.example/notes\".max_ttl",
-                ),
-                "tools.<name>.routes[].bind_request" => (
-                    format!("{BASE}routes = [{{ route = \"POST /send\", bind_request = true }}]\n"),
-                    "tools.\"notes.read\".routes[0].bind_request",
                 ),
                 other => panic!("{other}: add a case for the new reserved key"),
             };

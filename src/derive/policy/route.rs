@@ -42,6 +42,9 @@ pub struct Route {
     /// Route variables bound to fields of the token's approved
     /// `authorization_details` (empty: the path is not tied to them).
     pub details: Vec<DetailBinding>,
+    /// Whether an approval binds the whole request (`bind_request`,
+    /// docs/APPROVALS.md, "The request, bound").
+    pub bind_request: bool,
 }
 
 /// A route variable that must equal a field of the token's
@@ -167,6 +170,7 @@ impl Route {
             segments,
             steps,
             details: Vec::new(),
+            bind_request: false,
         })
     }
 

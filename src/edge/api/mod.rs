@@ -16,7 +16,9 @@ use crate::base::dpop::DpopError;
 use crate::base::http::{correlation_id, json_response, read_capped, Body, BodyError};
 use crate::base::jose::Alg;
 use crate::base::secret::SecretString;
-use crate::derive::exchange::{Broker, DeriveError, DeriveRequest, Endpoint, Issued};
+use crate::derive::exchange::{
+    Broker, DeriveError, DeriveRequest, Endpoint, IntendedRequest, Issued,
+};
 use crate::derive::upstreams::UpstreamError;
 use crate::edge::answer::{Answer, Link};
 
@@ -327,6 +329,10 @@ struct DeriveJson {
     /// name (`exchange` resources; docs/UPSTREAM.md).
     #[serde(default)]
     upstream_proofs: std::collections::BTreeMap<String, String>,
+    /// The whole request the token is for (docs/APPROVALS.md, "The
+    /// request, bound"), checked in the pipeline.
+    #[serde(default)]
+    request: Option<IntendedRequest>,
 }
 
 /// Exactly one `DPoP` header, or `None` (the pipeline refuses a missing one).
@@ -354,7 +360,7 @@ pub fn parse_json(
 ) -> Result<DeriveRequest, DeriveError> {
     // serde's messages may quote values; answer with a fixed text.
     let j: DeriveJson = serde_json::from_slice(body).map_err(|_| {
-        bad("the body must be a JSON object with string fields subject_token, step, tool, resource, optional scope, optional authorization_details (a JSON array) and optional upstream_proofs (an object of strings), and nothing else")
+        bad("the body must be a JSON object with string fields subject_token, step, tool, resource, optional scope, optional authorization_details (a JSON array), optional upstream_proofs (an object of strings), optional request (an object of strings method, path, query, content_type, body), and nothing else")
     })?;
     if j.upstream_proofs.len() > MAX_UPSTREAM_PROOFS {
         return Err(bad("upstream_proofs holds more proofs than there are legs"));
@@ -372,6 +378,7 @@ pub fn parse_json(
             .into_iter()
             .map(|(k, v)| (k, SecretString::new(v)))
             .collect(),
+        request: j.request,
         endpoint: Endpoint::Derive,
         peer_uid,
     })
@@ -470,6 +477,8 @@ pub fn parse_form(
         // The form has no member for them: an exchange resource asked for
         // here is refused with upstream_proof_required.
         upstream_proofs: Default::default(),
+        // Nor for the request: a bound route refuses this token.
+        request: None,
         endpoint: Endpoint::Token,
         peer_uid,
     })

@@ -25,7 +25,9 @@
 //!    policy, and the route's variables bound to the token's approved
 //!    details;
 //! 4. `budget`: the per-person-and-tool rate limit, the per-service
-//!    concurrency cap, the request body cap;
+//!    concurrency cap, the request body cap; then `bind`: on a route with
+//!    `bind_request`, the request is the approved one (its digest is the
+//!    token's `req_sha256`), and its hashed body is what is sent;
 //! 5. `account`: the account, the allowance and a live provider token
 //!    (refreshed with the vault's single-flight refresh);
 //! 6. `token` again: a single-use token (an `each_call` approval's) is
@@ -56,6 +58,7 @@ use crate::verify::Verified;
 mod account;
 mod admit;
 mod answer;
+mod bind;
 mod budget;
 mod client;
 mod echo;
@@ -101,6 +104,10 @@ struct Call {
     policy: Arc<Policy>,
     resource: Arc<str>,
     route: Option<String>,
+    /// Whether the matched route binds the request (`bind_request`).
+    binds: bool,
+    /// The `req_sha256` of the request sent, on a bound route.
+    request_sha256: Option<String>,
 }
 
 impl Call {
@@ -245,6 +252,7 @@ impl Proxy {
         self.rate_limit(call)?;
         let service_slot = self.service_slot(call)?;
         let body = self.read_body(parts, body).await?;
+        let body = bind::check(call, parts, body)?;
         let target = self.target(call, parts)?;
         let token = self.provider_token(call, None).await?;
         if call.who.single_use {

@@ -83,6 +83,7 @@ impl Proxy {
             method: c.method.as_str(),
             route: c.route.as_deref(),
             path_sha256: &c.path_sha256,
+            request_sha256: c.request_sha256.as_deref(),
             ..ProxyCall::default()
         });
         e

@@ -61,6 +61,15 @@ pub(crate) enum Refusal {
     TooLarge(u64),
     /// The request body could not be read (400 `invalid_request`).
     BodyUnreadable,
+    /// On a route with `bind_request`: the body is over the largest
+    /// bindable body (413 `bound_body_too_large`).
+    BoundBodyTooLarge,
+    /// On a route with `bind_request`: a JSON body that is not I-JSON
+    /// (400 `body_not_ijson`).
+    BodyNotIJson,
+    /// On a route with `bind_request`: the request is not the one the
+    /// token was approved for (403 `request_mismatch`).
+    RequestMismatch,
     /// `proxy.timeout` ran out, reading the request body or waiting for
     /// the provider (504 `upstream_timeout`).
     Timeout,
@@ -161,6 +170,9 @@ impl Refusal {
             Refusal::ServiceBusy => "service_busy",
             Refusal::TooLarge(_) => "request_too_large",
             Refusal::BodyUnreadable => "invalid_request",
+            Refusal::BoundBodyTooLarge => "bound_body_too_large",
+            Refusal::BodyNotIJson => "body_not_ijson",
+            Refusal::RequestMismatch => "request_mismatch",
             Refusal::Timeout => "upstream_timeout",
             Refusal::NotConfigured(_) => "temporarily_unavailable",
             Refusal::Unsendable => "invalid_request",
@@ -247,6 +259,18 @@ impl Refusal {
                 format!("the request body is larger than the proxy's cap of {cap} bytes (proxy.max_request_body); nothing was sent"),
             ),
             Refusal::BodyUnreadable => bad("the request body could not be read"),
+            Refusal::BoundBodyTooLarge => Answer::new(
+                S::PAYLOAD_TOO_LARGE,
+                "invalid_request",
+                format!(
+                    "the route binds the request to its approval, and the body is over the largest bindable body ({} bytes); nothing was sent",
+                    credbroker_verify::request::MAX_BOUND_BODY
+                ),
+            ),
+            Refusal::BodyNotIJson => bad("the route binds the request to its approval, and its JSON body is not I-JSON (a duplicate member name, a lone surrogate, a number a double does not hold exactly or beyond 2^53 - 1, or too deep), or its charset is not utf-8; nothing was sent"),
+            Refusal::RequestMismatch => forbidden(
+                "the request (method, path, query, content type or body) is not the one approved for this token; nothing was sent",
+            ),
             Refusal::Timeout => Answer::new(
                 S::GATEWAY_TIMEOUT,
                 "upstream_timeout",

@@ -27,6 +27,7 @@ pub(super) fn check(call: &mut Call, parts: &http::request::Parts) -> Result<(),
     // details, the path must be the approved one.
     let holds = route.details_hold(rest, call.who.authorization_details.as_ref());
     call.route = Some(route.text.clone());
+    call.binds = route.bind_request;
     if !holds {
         return Err(Refusal::Route(RouteDenial::DetailsMismatch));
     }

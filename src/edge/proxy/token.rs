@@ -135,6 +135,8 @@ impl Proxy {
             policy: b.policy.load_full(),
             resource,
             route: None,
+            binds: false,
+            request_sha256: None,
         })
     }
 

@@ -66,7 +66,9 @@ impl Proxy {
             &[]
         };
         let rest = call.rest(parts);
-        let target = match parts.uri.query() {
+        // A bound request's empty query hashes as none, and goes as none.
+        let query = parts.uri.query().filter(|q| !(call.binds && q.is_empty()));
+        let target = match query {
             Some(q) => format!("{api_base}{rest}?{q}"),
             None => format!("{api_base}{rest}"),
         };

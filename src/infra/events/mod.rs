@@ -145,6 +145,11 @@ pub struct Event<'a> {
     /// SHA-256 (hex) of the call's `authorization_details` in RFC 8785 form.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub details_sha256: Option<&'a str>,
+    /// The bound request's `req_sha256` (docs/APPROVALS.md, "The request,
+    /// bound"): on `approval.*` and the derive events of a call that
+    /// carried its request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_sha256: Option<&'a str>,
     /// A `per_step` approval's reach as the policy spells it (`"90s"`,
     /// `"5m"`), on its `approval.*` events.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -216,9 +221,6 @@ pub struct ReservedFields<'a> {
     /// Issue 44: the trace id of the request (OpenTelemetry).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<&'a str>,
-    /// Issue 42: SHA-256 (hex) of the bound request's digest input.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub request_sha256: Option<&'a str>,
     /// Issue 44: the webhook subscription (its name in the config).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subscription: Option<&'a str>,
@@ -267,8 +269,8 @@ pub struct ProxyCall<'a> {
     /// only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<u64>,
-    /// Reserved (issue 42), not yet emitted: SHA-256 (hex) of the bound
-    /// request's digest input.
+    /// On a route with `bind_request`: the `req_sha256` of the request
+    /// sent (equal to the token's, or the call was refused).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub request_sha256: Option<&'a str>,
 }
@@ -306,6 +308,7 @@ impl<'a> Event<'a> {
             retired_kid: None,
             approval_id: None,
             details_sha256: None,
+            request_sha256: None,
             approval_ttl: None,
             details_in_clear: None,
             proxy: None,

@@ -74,6 +74,7 @@ impl Local {
             dpop: Some(SecretString::new(proof)),
             authorization_details: Some(details.clone()),
             upstream_proofs: Default::default(),
+            request: None,
             endpoint: Endpoint::Derive,
             peer_uid: 1000,
         })

@@ -148,6 +148,7 @@ fn event_fields() -> BTreeSet<String> {
         retired_kid: Some("a".into()),
         approval_id: Some("a"),
         details_sha256: Some("a"),
+        request_sha256: Some("a"),
         approval_ttl: Some("a".into()),
         details_in_clear: Some([("0.t.f".to_string(), "a".into())].into_iter().collect()),
         proxy: Some(ProxyCall {
@@ -193,7 +194,6 @@ fn event_fields() -> BTreeSet<String> {
 fn all_reserved_fields() -> ReservedFields<'static> {
     ReservedFields {
         trace_id: Some("a"),
-        request_sha256: Some("a"),
         subscription: Some("a"),
         count: Some(1),
         oldest_time: Some(1),
@@ -202,14 +202,12 @@ fn all_reserved_fields() -> ReservedFields<'static> {
     }
 }
 
-/// The reserved event fields as serialized, and `proxy.request_sha256`.
+/// The reserved event fields as serialized.
 fn reserved_fields() -> BTreeSet<String> {
     let serde_json::Value::Object(m) = serde_json::to_value(all_reserved_fields()).unwrap() else {
         panic!("an object");
     };
-    let mut out: BTreeSet<String> = m.keys().cloned().collect();
-    out.insert("proxy.request_sha256".into());
-    out
+    m.keys().cloned().collect()
 }
 
 /// The first cells of the rows of the tables headed `first` whose `col`th
