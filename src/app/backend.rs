@@ -477,6 +477,8 @@ impl crate::edge::pages::approvals::ApprovalRecords for ApprovalBackend {
             approval_ttl: a.mode.approval_ttl(),
             details_sha256: a.details_sha256,
             shown: a.shown,
+            request_sha256: a.request_sha256,
+            request: a.request,
             expires: a.expires,
         }))
     }

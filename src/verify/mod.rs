@@ -20,6 +20,8 @@
 //! # Ok(()) }
 //! ```
 
+/// Request binding's digest (`req_sha256`; docs/APPROVALS.md, "The request, bound").
+pub use credbroker_verify::request;
 pub use credbroker_verify::{
     Clock, DpopError, JoseError, ManualClock, Presented, SharedClock, SystemClock, Verified,
     Verifier, VerifyError, JWKS_REFRESH_INTERVAL, MAX_KEYS_DOCUMENT, MAX_TOKEN_LEN, SKEW,

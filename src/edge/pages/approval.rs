@@ -68,6 +68,7 @@ fn event<'a>(
     e.resource = Some(&a.resource);
     e.approval_id = Some(&a.id);
     e.details_sha256 = Some(&a.details_sha256);
+    e.request_sha256 = a.request_sha256.as_deref();
     e.reason = Some(a.mode);
     e.approval_ttl = a.approval_ttl.clone();
     e
@@ -119,27 +120,28 @@ pub(crate) fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Option<Res
         .iter()
         .map(|e| views::ShownEntryView {
             kind: e.kind.clone(),
-            fields: e
-                .fields
-                .iter()
-                .map(|f| views::ShownFieldView {
-                    label: f.label.clone(),
-                    values: f
-                        .values
-                        .iter()
-                        .map(|v| {
-                            let chars = v.chars().count();
-                            views::ShownValue {
-                                pieces: pieces(v),
-                                chars,
-                                long: chars > LONG,
-                            }
-                        })
-                        .collect(),
-                })
-                .collect(),
+            fields: e.fields.iter().map(field_view).collect(),
         })
         .collect();
+    let request = a.request.as_ref().map(request_view);
+    let values: Vec<&views::ShownValue> = entries
+        .iter()
+        .flat_map(|e| &e.fields)
+        .chain(
+            request
+                .iter()
+                .flat_map(|r| r.fields.iter().chain(&r.other_fields)),
+        )
+        .flat_map(|f| &f.values)
+        .chain(
+            request
+                .iter()
+                .flat_map(|r| [&r.url, &r.content_type].into_iter().chain(r.text.as_ref())),
+        )
+        .collect();
+    // A marked piece is explained by the other footnote.
+    let named_any = any_piece(&values, |p| p.named && p.mark.is_empty());
+    let marked_any = any_piece(&values, |p| !p.mark.is_empty());
     let page = views::ApprovalPage {
         who: p
             .who(&session)
@@ -154,25 +156,50 @@ pub(crate) fn open(p: &Pages, ctx: Ctx, h: &HeaderMap, code: &str) -> Option<Res
         code: code.to_string(),
         csrf: session.csrf().expose().clone(),
         frozen: p.approvals.frozen(),
-        // A marked piece is explained by the other footnote.
-        named_any: any_piece(&entries, |p| p.named && p.mark.is_empty()),
-        marked_any: any_piece(&entries, |p| !p.mark.is_empty()),
+        named_any,
+        marked_any,
         entries,
+        request,
     };
     Some(html(StatusCode::OK, views::render(&page)))
 }
 
 /// Whether a piece of any value passes `f`.
-fn any_piece(
-    entries: &[views::ShownEntryView],
-    f: impl Fn(&super::approvals::Piece) -> bool,
-) -> bool {
-    entries
-        .iter()
-        .flat_map(|e| &e.fields)
-        .flat_map(|f| &f.values)
-        .flat_map(|v| &v.pieces)
-        .any(f)
+fn any_piece(values: &[&views::ShownValue], f: impl Fn(&super::approvals::Piece) -> bool) -> bool {
+    values.iter().flat_map(|v| &v.pieces).any(f)
+}
+
+/// One value, split into pieces with its marks, and its length.
+fn value_view(v: &str) -> views::ShownValue {
+    let chars = v.chars().count();
+    views::ShownValue {
+        pieces: pieces(v),
+        chars,
+        long: chars > LONG,
+    }
+}
+
+/// One field with its label and every value.
+fn field_view(f: &crate::derive::approve::ShownField) -> views::ShownFieldView {
+    views::ShownFieldView {
+        label: f.label.clone(),
+        values: f.values.iter().map(|v| value_view(v)).collect(),
+    }
+}
+
+/// What the page shows of a bound request (docs/APPROVALS.md, "The
+/// request, bound"): where it goes, its method and content type, and its
+/// body whole, each value marked as the details are.
+fn request_view(r: &crate::derive::approve::ShownRequest) -> views::RequestView {
+    views::RequestView {
+        method: r.method.clone(),
+        url: value_view(&r.url),
+        content_type: value_view(&r.content_type),
+        fields: r.fields.iter().map(field_view).collect(),
+        other_fields: r.other_fields.iter().map(field_view).collect(),
+        text: r.text.as_deref().map(value_view),
+        no_body: r.fields.is_empty() && r.other_fields.is_empty() && r.text.is_none(),
+    }
 }
 
 /// `POST /connect/{code}` when the code is an approval's: `action` =

@@ -44,6 +44,10 @@ pub struct ApprovalView {
     pub details_sha256: String,
     /// The details, with the policy's labels.
     pub shown: Vec<ShownEntry>,
+    /// The bound request's `req_sha256` (events carry it).
+    pub request_sha256: Option<String>,
+    /// The bound request, as the page shows it.
+    pub request: Option<crate::derive::approve::ShownRequest>,
     /// When the link stops resolving.
     pub expires: i64,
 }

@@ -167,6 +167,25 @@ pub(crate) struct ShownEntryView {
     pub fields: Vec<ShownFieldView>,
 }
 
+/// The bound request on the approval page.
+#[derive(Debug, Clone)]
+pub(crate) struct RequestView {
+    /// The method.
+    pub method: String,
+    /// Where it goes (`api_base` + path + query).
+    pub url: ShownValue,
+    /// The `Content-Type` (empty: none).
+    pub content_type: ShownValue,
+    /// The body's members the policy labels.
+    pub fields: Vec<ShownFieldView>,
+    /// The body's other members, by name.
+    pub other_fields: Vec<ShownFieldView>,
+    /// A body that is not a JSON object, whole.
+    pub text: Option<ShownValue>,
+    /// Whether the request has no body.
+    pub no_body: bool,
+}
+
 /// The page behind an approval link, after the five checks.
 #[derive(Template)]
 #[template(path = "approval.html")]
@@ -189,6 +208,8 @@ pub(crate) struct ApprovalPage {
     pub you: String,
     /// The details.
     pub entries: Vec<ShownEntryView>,
+    /// The bound request, when the call carries one.
+    pub request: Option<RequestView>,
     /// The code (the form posts back to it).
     pub code: String,
     /// CSRF token.

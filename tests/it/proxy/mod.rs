@@ -9,6 +9,7 @@
 pub(crate) mod approvals;
 mod audience;
 mod audit;
+mod bound;
 mod challenge;
 mod check_order;
 mod cli_proof;

@@ -47,6 +47,8 @@ pub(crate) struct Record {
     pub query: Option<String>,
     pub headers: Vec<(String, String)>,
     pub body_len: usize,
+    /// The body's bytes (the first 64 KiB).
+    pub body: Vec<u8>,
     /// Whether its bearer token was live at the provider.
     pub authorized: bool,
 }
@@ -299,6 +301,7 @@ async fn serve(
             .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
             .collect(),
         body_len: body.len(),
+        body: body[..body.len().min(64 * 1024)].to_vec(),
         authorized: sub.is_some(),
     });
     let (Some(sub), Some(token)) = (sub, token) else {

@@ -336,7 +336,7 @@ impl Client {
                 relayed.insert(name.as_str(), make(&leg.htu, leg.nonce.as_deref())?);
             }
             let answer = self
-                .send_derive(p, authorization_details, &proof, &relayed)
+                .send_derive(p, authorization_details, &proof, &relayed, None)
                 .await?;
             match answer {
                 Answer::Refused(Refusal {
@@ -399,8 +399,38 @@ impl Client {
         authorization_details: Option<&serde_json::Value>,
         proof: &str,
     ) -> Result<Answer, ClientError> {
-        self.send_derive(p, authorization_details, proof, &Default::default())
+        self.send_derive(p, authorization_details, proof, &Default::default(), None)
             .await
+    }
+
+    /// [`Client::derive_with_details`] carrying the whole request the
+    /// token is for (docs/APPROVALS.md, "The request, bound"): the broker
+    /// hashes it, the approval page shows it, and the token carries its
+    /// digest (`req_sha256`). The body must be UTF-8 text.
+    pub async fn derive_with_request(
+        &self,
+        p: &DeriveParams<'_>,
+        authorization_details: Option<&serde_json::Value>,
+        request: &crate::request::BoundRequest<'_>,
+        proof: &str,
+    ) -> Result<Answer, ClientError> {
+        let body = std::str::from_utf8(request.body)
+            .map_err(|_| ClientError::Proof("a bound request's body must be UTF-8 text".into()))?;
+        let request = serde_json::json!({
+            "method": request.method,
+            "path": request.path,
+            "query": request.query,
+            "content_type": request.content_type,
+            "body": body,
+        });
+        self.send_derive(
+            p,
+            authorization_details,
+            proof,
+            &Default::default(),
+            Some(request),
+        )
+        .await
     }
 
     /// One `POST /v1/derive`, with `relayed` as `upstream_proofs` when
@@ -411,6 +441,7 @@ impl Client {
         authorization_details: Option<&serde_json::Value>,
         proof: &str,
         relayed: &std::collections::BTreeMap<&str, String>,
+        request: Option<serde_json::Value>,
     ) -> Result<Answer, ClientError> {
         let mut body = serde_json::to_value(p).map_err(|_| ClientError::Unexpected(0))?;
         if let (Some(d), Some(obj)) = (authorization_details, body.as_object_mut()) {
@@ -419,6 +450,9 @@ impl Client {
         if let (false, Some(obj)) = (relayed.is_empty(), body.as_object_mut()) {
             let proofs = serde_json::to_value(relayed).map_err(|_| ClientError::Unexpected(0))?;
             obj.insert("upstream_proofs".into(), proofs);
+        }
+        if let (Some(r), Some(obj)) = (request, body.as_object_mut()) {
+            obj.insert("request".into(), r);
         }
         let body = serde_json::to_vec(&body).map_err(|_| ClientError::Unexpected(0))?;
         let req = Request::post("/v1/derive")
