@@ -796,3 +796,97 @@ fn keys_document_that_cannot_be_used() {
     assert_eq!(v.set_jwks(b"{}"), Err(VerifyError::Keys));
     v.set_jwks(&rs.ring_jwks).unwrap();
 }
+
+/// A token bound to one request (`req_sha256`): refused by `verify`
+/// without the body, refused with another request, and accepted with its
+/// own (members reordered: the JSON body is compared canonically); a
+/// single-use one is not spent by a refused request.
+#[test]
+fn a_token_bound_to_a_request_serves_that_request_only() {
+    let rs = setup();
+    let body = br#"{"to":"bob@example.com","amount":42}"#;
+    let bound = request::bind(&request::BoundRequest {
+        method: "GET",
+        path: "/notes/items",
+        query: "page=2",
+        content_type: "application/json",
+        body,
+    })
+    .unwrap();
+    // The minter's claims, with the digest the derive would put in.
+    let (header, mut claims) = parts(&mint_as(&rs, ISS, |c| c.single_use = true));
+    claims.insert("req_sha256".into(), json!(bound.sha256));
+    let token = rs.resign(&header, &claims);
+    let with = |ct: &str, body: &[u8], url: &str| {
+        let auth = format!("DPoP {token}");
+        rs.verifier.verify_request(
+            &Presented {
+                method: "GET",
+                url,
+                authorization: Some(&auth),
+                dpop: &[&rs.proof(&token)],
+            },
+            ct,
+            body,
+        )
+    };
+    refused(rs.check(&token), VerifyError::RequestRequired, "no body");
+    for (ct, b, url, what) in [
+        (
+            "application/json",
+            &br#"{"to":"mallory@example.com","amount":42}"#[..],
+            URL,
+            "another body",
+        ),
+        ("text/plain", &body[..], URL, "another content type"),
+        (
+            "application/json",
+            &body[..],
+            "https://api.example/notes/items?page=3",
+            "another query",
+        ),
+        (
+            "application/json",
+            &body[..],
+            "https://api.example/notes/items?page=2&x=1",
+            "a query added",
+        ),
+    ] {
+        refused(with(ct, b, url), VerifyError::RequestMismatch, what);
+    }
+    assert!(matches!(
+        with("application/json", br#"{"to":"a","to":"b"}"#, URL),
+        Err(VerifyError::RequestUnbindable(_))
+    ));
+    // The control: the request itself, members reordered.
+    let who = with(
+        "application/json",
+        br#"{ "amount": 42, "to": "bob@example.com" }"#,
+        URL,
+    )
+    .unwrap();
+    assert_eq!(who.req_sha256.as_deref(), Some(bound.sha256.as_str()));
+    // Single use: once only.
+    refused(
+        with("application/json", body, URL),
+        VerifyError::AlreadyUsed,
+        "second use",
+    );
+    // A token bound to no request passes verify_request as verify.
+    let plain = mint(&rs);
+    let auth = format!("DPoP {plain}");
+    let who = rs
+        .verifier
+        .verify_request(
+            &Presented {
+                method: "GET",
+                url: URL,
+                authorization: Some(&auth),
+                dpop: &[&rs.proof(&plain)],
+            },
+            "",
+            b"",
+        )
+        .unwrap();
+    assert_eq!(who.req_sha256, None);
+}

@@ -8,7 +8,6 @@
 
 use credbroker::client::DeriveParams;
 use credbroker::verify::request::{self, BoundRequest};
-use serde_json::Value;
 
 use super::{proxy_policy, refusal, ProxyEnv, PROXY, READ_ROUTES};
 use crate::support::services::ProviderOpts;
@@ -24,6 +23,17 @@ const BODY: &str = r#"{ "title": "Fix the build", "base": "main",
 const REORDERED: &str = r#"{"memo":"pаy","head":"fix-1","amount":9007199254740991,"base":"main","title":"Fix the build"}"#;
 /// Its RFC 8785 form: what the API must receive.
 const CANONICAL: &str = r#"{"amount":9007199254740991,"base":"main","head":"fix-1","memo":"pаy","title":"Fix the build"}"#;
+
+/// A refused call: what it changes, its path and query, content type,
+/// body, and the status and reason it gets.
+type Case = (
+    &'static str,
+    String,
+    Option<&'static str>,
+    Vec<u8>,
+    u16,
+    &'static str,
+);
 
 fn policy() -> String {
     format!(
@@ -164,7 +174,7 @@ async fn the_approved_request_is_sent_once_as_canonical_bytes_and_no_other() {
     // Each refused with nothing upstream; the token stays unspent.
     let pq = format!("{PATH}?{QUERY}");
     let changed = BODY.replace("fix-1", "fix-2");
-    let cases: Vec<(&str, String, Option<&str>, Vec<u8>, u16, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "one body byte changed",
             pq.clone(),
