@@ -16,8 +16,9 @@
 //!    I-JSON checks of [`jcs::parse`]; otherwise its bytes as they are.
 //!
 //! `req_sha256` is the lower-case hex SHA-256 of that input. The vectors in
-//! `proto/request-binding-vectors.json` pin it for the Rust, Python and
-//! TypeScript implementations alike.
+//! `proto/request-binding-vectors.json` pin it (this module's tests run
+//! every vector); an implementation in another language is checked
+//! against the same file.
 
 pub mod jcs;
 
