@@ -552,6 +552,12 @@ class Verifier:
             approval_id is None or isinstance(approval_id, str)
         ):
             raise _token("single_use is not a boolean or approval_id not a string")
+        if "req_sha256" in claims:
+            # Bound to one request (docs/RESOURCE-SERVERS.md, check 20): this
+            # verifier does not compute the digest yet, so it fails closed.
+            raise _token(
+                "the token is bound to one request (req_sha256), which this verifier cannot check"
+            )
         assert isinstance(iat, int) and isinstance(exp, int)  # noqa: S101 - narrowed above
         assert isinstance(jkt, str) and isinstance(scope, str)  # noqa: S101 - narrowed above
         # 7, 8, 9: issuer, audience, time.

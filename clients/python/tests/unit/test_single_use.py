@@ -91,6 +91,29 @@ def test_a_single_use_token_is_accepted_once_and_an_ordinary_one_again() -> None
     )
 
 
+def test_a_token_bound_to_one_request_is_refused_unchecked() -> None:
+    """Check 20 of docs/RESOURCE-SERVERS.md: this verifier cannot compute a
+    request's digest yet, so a token carrying ``req_sha256`` is refused, and
+    not used up; the same token without the claim is accepted (control)."""
+    v = Verifier(ISSUER, AUDIENCE, JWKS)
+    now = int(time.time())
+    base = {
+        "iss": ISSUER,
+        "sub": "alice",
+        "aud": AUDIENCE,
+        "jti": str(uuid.uuid4()),
+        "iat": now,
+        "exp": now + 60,
+        "scope": "notes.delete",
+        "cnf": {"jkt": TOOL.thumbprint},
+        "act": {"sub": "agent-1", "tool": "notes.delete"},
+    }
+    header = {"typ": "at+jwt", "alg": "ES256", "kid": "k1"}
+    bound = jwt.encode(header, {**base, "req_sha256": "0" * 64}, ISSUER_KEY)
+    assert present(v, bound) == "invalid_token"
+    assert present(v, jwt.encode(header, base, ISSUER_KEY)) == "ok"
+
+
 def test_the_memory_store_fails_closed_when_full_and_never_evicts_early() -> None:
     s = MemorySingleUseStore(capacity=2)
     assert s.insert_if_absent(ISSUER, "a", 100, now=10)
