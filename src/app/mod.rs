@@ -277,6 +277,8 @@ pub async fn build(
     config: Config,
     clock: crate::base::clock::SharedClock,
 ) -> Result<Instance, StartError> {
+    // Before any outbound client is built: one rule for them all.
+    crate::base::http::set_use_env_proxy(config.use_env_proxy);
     let file = config.file.display().to_string();
     let policy = load_policy(&config, &file)?;
     check_store_path(&config, &file)?;

@@ -135,7 +135,24 @@ pub(crate) const OUTBOUND_POOL_IDLE: std::time::Duration = std::time::Duration::
 /// the providers' APIs is hyper's own (`proxy::client`), with the same
 /// idle bound.
 pub(crate) fn outbound_client() -> reqwest::ClientBuilder {
-    reqwest::Client::builder().pool_idle_timeout(OUTBOUND_POOL_IDLE)
+    let b = reqwest::Client::builder().pool_idle_timeout(OUTBOUND_POOL_IDLE);
+    if USE_ENV_PROXY.load(std::sync::atomic::Ordering::Relaxed) {
+        b
+    } else {
+        b.no_proxy()
+    }
+}
+
+/// `[outbound] use_env_proxy` (default true): whether the clients built
+/// by [`outbound_client`] honour `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`
+/// and `NO_PROXY` (reqwest's reading of them). One rule for every OAuth
+/// call: the IdPs', the providers' and the upstream authorization servers'.
+static USE_ENV_PROXY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Sets the rule of [`USE_ENV_PROXY`] for the clients built from now on;
+/// called once at start, from the config, before any client is built.
+pub(crate) fn set_use_env_proxy(on: bool) {
+    USE_ENV_PROXY.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 #[cfg(test)]

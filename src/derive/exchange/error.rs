@@ -166,7 +166,9 @@ impl DeriveError {
             DeriveError::UpstreamUnavailable { .. } => "upstream_unavailable",
             DeriveError::Upstream { error, .. } => match error {
                 UpstreamError::NotConfigured => "temporarily_unavailable",
-                UpstreamError::SubjectIssuerNotListed => "invalid_subject_token",
+                UpstreamError::SubjectIssuerNotListed | UpstreamError::SubjectAudience => {
+                    "invalid_subject_token"
+                }
                 UpstreamError::ProofRequired { .. } => "upstream_proof_required",
                 UpstreamError::ProofInvalid(_) => "upstream_proof_invalid",
                 UpstreamError::ProofCacheFull => "replay_cache_full",

@@ -53,6 +53,9 @@ pub enum UpstreamError {
     /// The subject token's issuer is not in the upstream's `subject_issuers`.
     #[error("the subject token's issuer is not listed for this resource's upstream authorization server (upstreams.<name>.subject_issuers); nothing was sent")]
     SubjectIssuerNotListed,
+    /// The subject token's `aud` lacks the upstream's `subject_audience`.
+    #[error("the subject token's aud does not name the audience this resource's upstream authorization server requires (upstreams.<name>.subject_audience); nothing was sent")]
+    SubjectAudience,
     /// No relayed proof for the upstream's token endpoint, or the AS asked
     /// for its nonce.
     #[error("a DPoP proof for the upstream's token endpoint is required")]
@@ -319,6 +322,11 @@ impl Upstreams {
         if !u.cfg.subject_issuers.iter().any(|i| i == input.subject_iss) {
             return Err(UpstreamError::SubjectIssuerNotListed);
         }
+        if let Some(want) = &u.cfg.subject_audience {
+            if !audience_names(input.subject_token, want) {
+                return Err(UpstreamError::SubjectAudience);
+            }
+        }
         let resolved = u.resolve().await.map_err(|e| {
             tracing::warn!(upstream = %u.cfg.name, error = %e, "upstream metadata unavailable");
             UpstreamError::Unavailable
@@ -352,6 +360,25 @@ impl Upstreams {
         observe(outcome, started.elapsed());
         result
     }
+}
+
+/// Whether the (validated) subject token's `aud`, a string or an array,
+/// names `want`. The token's signature was checked by the subject
+/// validator: this reads the same payload again, only on the exchange
+/// path.
+fn audience_names(token: &str, want: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Aud {
+        #[serde(default)]
+        aud: Option<crate::base::jose::Audience>,
+    }
+    token
+        .split('.')
+        .nth(1)
+        .and_then(|p| crate::base::jose::b64d(p, "payload").ok())
+        .and_then(|b| serde_json::from_slice::<Aud>(&b).ok())
+        .and_then(|a| a.aud)
+        .is_some_and(|a| a.contains(want))
 }
 
 /// A client secret file's text (mode 0600), without its line end.

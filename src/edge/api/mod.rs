@@ -230,7 +230,7 @@ fn upstream_answer(upstream: &str, error: &UpstreamError) -> Answer {
             "temporarily_unavailable",
             format!("the policy names upstream {upstream}, which this instance does not configure; nothing was issued"),
         ),
-        UpstreamError::SubjectIssuerNotListed => {
+        UpstreamError::SubjectIssuerNotListed | UpstreamError::SubjectAudience => {
             Answer::new(S::BAD_REQUEST, "invalid_request", text)
         }
         UpstreamError::ProofRequired { htu, nonce } => {

@@ -134,6 +134,12 @@ pub struct Config {
     pub proxy: ProxyConfig,
     /// `[clock]`: the bounds on the offset from the shared store's clock.
     pub clock: ClockConfig,
+    /// `[outbound] use_env_proxy`: whether the broker's OAuth calls (the
+    /// IdPs', the providers' and the upstream authorization servers'
+    /// endpoints) go through a proxy named by `HTTP_PROXY`, `HTTPS_PROXY`,
+    /// `ALL_PROXY` (except `NO_PROXY`'s hosts). Default `true`. The egress
+    /// proxy's calls to `api_base` never do.
+    pub use_env_proxy: bool,
     /// `[revocation]`: the person-level stop (`derive::persons`).
     pub revocation: RevocationConfig,
     /// Trusted subject-token issuers.
@@ -320,6 +326,7 @@ impl Config {
             limits,
             proxy,
             clock,
+            use_env_proxy: raw.outbound.use_env_proxy.unwrap_or(true),
             revocation,
             trusted_issuers,
             vault_key_dir: match raw.vault {

@@ -36,6 +36,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) clock: RawClock,
     #[serde(default)]
+    pub(super) outbound: RawOutbound,
+    #[serde(default)]
     pub(super) revocation: super::revocation::RawRevocation,
     #[serde(default)]
     pub(super) trusted_issuers: Vec<RawIssuer>,
@@ -102,6 +104,8 @@ pub(super) struct RawUpstream {
     pub(super) subject_issuers: Vec<String>,
     #[serde(default)]
     pub(super) actor_token: Option<bool>,
+    #[serde(default)]
+    pub(super) subject_audience: Option<String>,
     #[serde(default)]
     pub(super) connect_timeout: Option<String>,
     #[serde(default)]
@@ -279,6 +283,13 @@ pub(super) struct RawClock {
     pub(super) warn_skew: Option<String>,
     #[serde(default)]
     pub(super) check_interval: Option<String>,
+}
+
+/// `[outbound]`: the broker's own outbound OAuth calls.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct RawOutbound {
+    #[serde(default)]
+    pub(super) use_env_proxy: Option<bool>,
 }
 
 /// `[proxy]`: the egress proxy's limits and timeouts.

@@ -20,9 +20,7 @@ pub const RESERVED_KEYS: &[ReservedKey] = &[
     key("upstreams.<name>.introspection_endpoint", "URL", 41),
     key("upstreams.<name>.grant", "string", 41),
     key("upstreams.<name>.resource_upstream", "string", 41),
-    key("upstreams.<name>.subject_audience", "string", 41),
     key("upstreams.<name>.send_authorization_details", "boolean", 41),
-    key("outbound.use_env_proxy", "boolean", 41),
     // Issue 43: person-level revocation, Shared Signals, introspection.
     key("trusted_issuers[].introspection_endpoint", "URL", 43),
     key("trusted_issuers[].introspection_client_id", "string", 43),

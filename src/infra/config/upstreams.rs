@@ -84,6 +84,9 @@ pub struct UpstreamConfig {
     /// The trusted issuers whose subject tokens may be sent to it; no other
     /// subject token ever is.
     pub subject_issuers: Vec<String>,
+    /// The audience a subject token must name (`aud`) to be sent to this
+    /// server; none: any the subject validator accepted.
+    pub subject_audience: Option<String>,
     /// Whether each exchange sends an actor token naming the agent, tool
     /// and step (signed with the client key, `actor_token_type` jwt).
     pub actor_token: bool,
@@ -213,6 +216,15 @@ fn upstream(
             );
         }
     }
+    if u.subject_audience
+        .as_ref()
+        .is_some_and(|a| a.is_empty() || a.chars().any(char::is_control))
+    {
+        check.bad(
+            &format!("{key}.subject_audience"),
+            "must be a non-empty audience without control characters",
+        );
+    }
     let mut timeout = |k: &str, v: &Option<String>, default: u64| match v.as_deref() {
         None => Duration::from_secs(default),
         Some(t) => match parse_duration(t) {
@@ -255,6 +267,7 @@ fn upstream(
         client_secret_file,
         subject_issuers: u.subject_issuers,
         actor_token: u.actor_token.unwrap_or(false),
+        subject_audience: u.subject_audience,
         connect_timeout,
         timeout: total,
         reuse_margin,

@@ -61,6 +61,7 @@ fn every_upstream_error() -> Vec<UpstreamError> {
     let all = vec![
         UpstreamError::NotConfigured,
         UpstreamError::SubjectIssuerNotListed,
+        UpstreamError::SubjectAudience,
         UpstreamError::ProofRequired {
             htu: "https://as.example/token".into(),
             nonce: None,
@@ -82,6 +83,7 @@ fn every_upstream_error() -> Vec<UpstreamError> {
         match e {
             UpstreamError::NotConfigured
             | UpstreamError::SubjectIssuerNotListed
+            | UpstreamError::SubjectAudience
             | UpstreamError::ProofRequired { .. }
             | UpstreamError::ProofInvalid(_)
             | UpstreamError::ProofCacheFull

@@ -110,3 +110,34 @@ async fn the_proxy_never_sends_a_call_through_a_proxy_from_the_environment() {
         "a proxied call went through the environment's proxy: {seen:?}"
     );
 }
+
+/// `[outbound] use_env_proxy = false`: the same refresh as above goes
+/// straight to the provider's token endpoint, with the same environment
+/// (the test above is the control that the variables take effect).
+#[tokio::test]
+async fn with_use_env_proxy_false_no_oauth_call_goes_through_the_environments_proxy() {
+    let mut p = ProxyEnv::start("\n[outbound]\nuse_env_proxy = false").await;
+    let (via, seen) = forward_proxy().await;
+    let env = [
+        ("HTTP_PROXY", via.as_str()),
+        ("http_proxy", via.as_str()),
+        ("HTTPS_PROXY", via.as_str()),
+        ("ALL_PROXY", via.as_str()),
+    ];
+    p.env.broker.restart_with_env(&env);
+    let read = p.token("acme.read", "triage").await;
+    let refreshes = p.env.peer.refreshes().await;
+    p.api.refuse_next_token();
+    let r = p.call(&read, "GET", "/user", None).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        p.env.peer.refreshes().await,
+        refreshes + 1,
+        "the refresh happened"
+    );
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.is_empty(),
+        "a call went through the environment's proxy: {seen:?}"
+    );
+}

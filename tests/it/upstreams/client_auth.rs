@@ -324,3 +324,40 @@ async fn an_actor_token_reaches_the_as_verified_and_is_no_access_token_here() {
     assert_eq!(a.status, 400, "{}", a.body);
     assert!(!b.log_text().contains(&actor));
 }
+
+#[tokio::test]
+async fn a_subject_token_without_the_upstreams_subject_audience_is_never_sent() {
+    let mut org = Org::start("client_secret_basic");
+    let k = key();
+    let subject = org.subject(); // aud "repo-helper"
+    let sent = org.peer.call(&json!({"cmd": "count"}))["exchanges"]
+        .as_i64()
+        .unwrap();
+    let b = broker(
+        &org,
+        &format!("{BASIC}\nsubject_audience = \"org-token-exchange\""),
+        None,
+    );
+    let a = derive(&b, &org, &k, &subject);
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert_eq!(a.json()["error"], "invalid_request");
+    assert!(a.body.contains("subject_audience"), "{}", a.body);
+    assert_eq!(
+        org.peer.call(&json!({"cmd": "count"}))["exchanges"],
+        sent,
+        "nothing was sent"
+    );
+    drop(b);
+    // Positive control: the audience the token names.
+    let b = broker(
+        &org,
+        &format!("{BASIC}\nsubject_audience = \"repo-helper\""),
+        None,
+    );
+    let a = derive(&b, &org, &k, &subject);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(
+        org.peer.call(&json!({"cmd": "count"}))["exchanges"],
+        sent + 1
+    );
+}
