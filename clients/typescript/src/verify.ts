@@ -426,6 +426,11 @@ export class Verifier {
     if (typeof singleUse !== "boolean" || !(approvalId === undefined || typeof approvalId === "string")) {
       throw tokenErr("single_use is not a boolean or approval_id not a string");
     }
+    if ("req_sha256" in claims) {
+      // Bound to one request (docs/RESOURCE-SERVERS.md, check 20): this
+      // verifier does not compute the digest yet, so it fails closed.
+      throw tokenErr("the token is bound to one request (req_sha256), which this verifier cannot check");
+    }
     // 7, 8, 9: issuer, audience, time.
     if (iss !== this.issuer) throw tokenErr("the token is from another issuer");
     if (aud !== this.audience) throw tokenErr("the token is for another audience");

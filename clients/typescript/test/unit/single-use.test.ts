@@ -25,7 +25,7 @@ const { publicKey, privateKey } = await generateKeyPair("ES256");
 const JWKS = { keys: [{ ...(await exportJWK(publicKey)), kid: "k1" }] };
 const TOOL = await ToolKey.generate();
 
-async function token(opts: { singleUse?: boolean; jti?: string } = {}): Promise<string> {
+async function token(opts: { singleUse?: boolean; jti?: string; extra?: Record<string, unknown> } = {}): Promise<string> {
   const now = Math.floor(Date.now() / 1000);
   const claims: Record<string, unknown> = {
     iss: ISSUER,
@@ -41,6 +41,7 @@ async function token(opts: { singleUse?: boolean; jti?: string } = {}): Promise<
   if (opts.singleUse ?? true) {
     Object.assign(claims, { single_use: true, approval_id: "apr-1", authorization_details: [{ type: "notes", identifier: "note-7" }] });
   }
+  Object.assign(claims, opts.extra ?? {});
   return new SignJWT(claims).setProtectedHeader({ typ: "at+jwt", alg: "ES256", kid: "k1" }).sign(privateKey);
 }
 
@@ -76,6 +77,18 @@ test("a single-use token is accepted once, an ordinary one again", async () => {
   assert.deepEqual([await present(v, plain), await present(v, plain)], ["ok", "ok"]);
   const again = await v.verify(await request(plain));
   assert.deepEqual([again.singleUse, again.approvalId, again.authorizationDetails], [false, undefined, undefined]);
+});
+
+test("a token bound to one request (req_sha256) is refused unchecked and not used up", async () => {
+  // Check 20 of docs/RESOURCE-SERVERS.md: this verifier does not compute a
+  // request's digest yet, so it fails closed on a bound token.
+  const v = await Verifier.create(ISSUER, AUDIENCE, JWKS);
+  const jti = randomUUID();
+  const bound = await token({ jti, extra: { req_sha256: "0".repeat(64) } });
+  assert.equal(await present(v, bound), "invalid_token");
+  // Control: the same single-use claims without the digest are accepted,
+  // so the refused one did not use the jti up.
+  assert.equal(await present(v, await token({ jti })), "ok");
 });
 
 test("two concurrent verifications of one single-use token: one accepted", async () => {
