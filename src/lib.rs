@@ -69,6 +69,8 @@
 //! - `infra::metrics`: Prometheus metrics.
 //! - `infra::skew`: this instance's clock against the shared store's (the
 //!   offset, the bound, the corrected clock for shared writes).
+//! - `infra::telemetry`: OpenTelemetry spans and metrics over OTLP
+//!   (off unless `[telemetry]` names a collector).
 //! - `infra::failpoint`: crash points for fault tests (`failpoints` feature
 //!   only).
 //!

@@ -312,6 +312,7 @@ pub async fn build(
     let emails = ssf::emails(&config, &store);
     let (proofs, proxy_nonces) =
         proof_validator(&config, store.as_ref(), &sealer, &instance, &boot_id)?;
+    let instance_for_telemetry = instance.clone();
     let audit = open_audit(
         &config,
         &master,
@@ -325,6 +326,8 @@ pub async fn build(
         links: records.links.clone(),
         providers: providers.clone(),
     });
+    let metrics = crate::infra::metrics::Metrics::new();
+    let telemetry = telemetry(&config, &metrics, &instance_for_telemetry)?;
     let mut broker = Broker::new(
         config,
         policy,
@@ -332,14 +335,15 @@ pub async fn build(
         proofs,
         records.minter.clone(),
         audit,
-        crate::infra::metrics::Metrics::new(),
+        metrics,
         store,
         crate::derive::freeze::FreezeKey::derive(&master),
         clock,
     )
     .with_skew(skew)
     .with_connected_services(connected)
-    .with_approvals(records.approvals.clone());
+    .with_approvals(records.approvals.clone())
+    .with_telemetry(telemetry);
     if let Some(n) = proxy_nonces {
         broker = broker.with_proxy_nonces(n);
     }
@@ -587,6 +591,39 @@ fn proof_validator(
         nonces,
     );
     Ok((proofs, proxy_nonces))
+}
+
+/// Starts OpenTelemetry's exporters when `[telemetry]` names a collector;
+/// the headers file is read now, with the secret-file checks.
+fn telemetry(
+    config: &Config,
+    metrics: &crate::infra::metrics::Metrics,
+    instance: &str,
+) -> Result<Option<Arc<crate::infra::telemetry::Telemetry>>, StartError> {
+    let cfg = &config.telemetry;
+    let mut headers = http::HeaderMap::new();
+    if let (Some(path), Some(_)) = (&cfg.headers_file, &cfg.otlp_endpoint) {
+        let text =
+            crate::infra::config::read_secret_file(path).map_err(|source| StartError::Secret {
+                what: "telemetry.headers_file",
+                source,
+            })?;
+        headers = crate::infra::telemetry::parse_headers(text.expose()).map_err(|line| {
+            StartError::Io(format!(
+                "{}: telemetry.headers_file: line {line} is not a `Name: value` header",
+                config.file.display()
+            ))
+        })?;
+    }
+    crate::infra::telemetry::Telemetry::start(
+        cfg,
+        metrics,
+        crate::infra::telemetry::Resource {
+            instance: instance.to_string(),
+        },
+        headers,
+    )
+    .map_err(StartError::Io)
 }
 
 /// Opens the audit log: its value key, this boot's id, and (replicas) the

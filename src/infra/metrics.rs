@@ -82,6 +82,9 @@ pub struct Metrics {
     pub ssf_last_event: prometheus::GaugeVec,
     /// SETs whose subject maps to no person, by transmitter.
     pub ssf_unmapped: IntCounterVec,
+    /// Finished spans not exported: the export queue was full, or the
+    /// collector did not take their batch (`infra::telemetry`).
+    pub otel_spans_dropped: IntCounter,
 }
 
 /// The namespace the registry puts before every name.
@@ -139,7 +142,6 @@ pub const RESERVED: &[ReservedMetric] = &[
         &["issuer", "outcome"],
         43,
     ),
-    reserved("credbroker_otel_spans_dropped_total", "counter", &[], 44),
     reserved(
         "credbroker_webhook_deliveries_total",
         "counter",
@@ -366,6 +368,10 @@ impl Metrics {
         let (clock_offset, clock_offset_checked) = clock_metrics();
         let (persons_revoked, revocation_watch_up) = revocation_metrics();
         let (ssf_events, ssf_last_event, ssf_unmapped) = ssf_metrics();
+        let otel_spans_dropped = must(IntCounter::new(
+            "otel_spans_dropped_total",
+            "Finished spans not exported to the OTLP collector (queue full or export failed)",
+        ));
         let metrics = Metrics {
             registry,
             derives,
@@ -394,6 +400,7 @@ impl Metrics {
             ssf_events,
             ssf_last_event,
             ssf_unmapped,
+            otel_spans_dropped,
         };
         for c in metrics.collectors() {
             must(metrics.registry.register(c));
@@ -431,6 +438,7 @@ impl Metrics {
             Box::new(self.ssf_events.clone()),
             Box::new(self.ssf_last_event.clone()),
             Box::new(self.ssf_unmapped.clone()),
+            Box::new(self.otel_spans_dropped.clone()),
         ]
     }
 
@@ -462,6 +470,11 @@ impl Metrics {
             }
         }
         out
+    }
+
+    /// The registry's samples (for the OTLP metrics export).
+    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        self.registry.gather()
     }
 
     /// The Prometheus text exposition.

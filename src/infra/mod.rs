@@ -9,6 +9,8 @@
 //! - [`events`]: audit events.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`skew`]: this instance's clock against the shared store's.
+//! - [`telemetry`]: OpenTelemetry spans and metrics over OTLP (off by
+//!   default).
 //! - [`failpoint`]: crash points for fault tests (`failpoints` feature only).
 //! - [`reserved`]: config and policy keys named for features not built yet,
 //!   refused until then.
@@ -22,3 +24,4 @@ pub(crate) mod reserved;
 pub(crate) mod seal;
 pub(crate) mod skew;
 pub(crate) mod store;
+pub(crate) mod telemetry;

@@ -23,4 +23,5 @@ mod services;
 mod ssf;
 mod store;
 mod support;
+mod telemetry;
 mod upstreams;

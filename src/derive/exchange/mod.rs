@@ -149,6 +149,8 @@ pub struct Broker {
     /// The proxy's nonces (deployment-wide), when nonces are required;
     /// the derive's own are in `proofs`.
     pub proxy_nonces: Option<dpop::Nonces>,
+    /// OpenTelemetry (`[telemetry]`), when on.
+    pub(crate) telemetry: Option<Arc<crate::infra::telemetry::Telemetry>>,
     /// When this broker started (its clock): a derive proof dated more than
     /// [`START_SKEW`] before it is refused, since the replay cache of the
     /// process before (a crash, a restart) is gone.
@@ -216,6 +218,7 @@ impl Broker {
             client_keys: None,
             emails: None,
             proxy_nonces: None,
+            telemetry: None,
             started: clock.now(),
             clock,
         }
@@ -226,6 +229,15 @@ impl Broker {
     pub(crate) fn with_skew(mut self, skew: Arc<Skew>) -> Broker {
         self.shared_clock = Corrected::new(self.clock.clone(), skew.clone());
         self.skew = skew;
+        self
+    }
+
+    /// Records spans into `t` (`[telemetry]`).
+    pub(crate) fn with_telemetry(
+        mut self,
+        t: Option<Arc<crate::infra::telemetry::Telemetry>>,
+    ) -> Broker {
+        self.telemetry = t;
         self
     }
 
@@ -424,6 +436,9 @@ impl Broker {
             .observe(started.elapsed().as_secs_f64());
         // The replay-cache gauge is set when /metrics is scraped: counting it
         // locks every shard, which a derive should not pay for.
+        if self.telemetry.is_some() {
+            self.trace_root(&req, &policy, outcome, reason);
+        }
         match result {
             Ok((issued, jti)) => {
                 let mut e =
@@ -433,6 +448,12 @@ impl Broker {
                 e.narrowed = ctx.narrowed;
                 // Audit before release: no event, no token.
                 self.audit.record(&e)?;
+                if self.telemetry.is_some() {
+                    let until = now + issued.expires_in.unwrap_or(0);
+                    if let Some(sha) = e.jti_sha256.as_deref() {
+                        crate::infra::telemetry::remember_root(sha, until);
+                    }
+                }
                 Ok(issued)
             }
             Err(err) => {
@@ -450,6 +471,31 @@ impl Broker {
                 }
                 Err(err)
             }
+        }
+    }
+
+    /// The derive's names on its root span: as the audit writes them
+    /// (a value the policy does not declare as its HMAC, never in clear).
+    fn trace_root(&self, req: &DeriveRequest, policy: &Policy, outcome: &str, reason: &str) {
+        use crate::infra::telemetry::{fail_root, set_root};
+        let hmac = |v: &str| self.audit.opaque(v).hmac_sha256;
+        if policy.declares_step(&req.step) {
+            set_root("credbroker.step", req.step.as_str());
+        } else {
+            set_root("credbroker.step_hmac", hmac(&req.step));
+        }
+        match policy.tools.get_key_value(&req.tool) {
+            Some((name, _)) => set_root("credbroker.tool", name.as_str()),
+            None => set_root("credbroker.tool_hmac", hmac(&req.tool)),
+        }
+        match policy.declared_resource(&req.resource) {
+            Some(canonical) => set_root("credbroker.resource", canonical),
+            None => set_root("credbroker.resource_hmac", hmac(&req.resource)),
+        }
+        set_root("credbroker.outcome", outcome);
+        if outcome != "issued" {
+            set_root("credbroker.reason", reason);
+            fail_root();
         }
     }
 

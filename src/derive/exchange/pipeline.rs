@@ -31,16 +31,25 @@ impl Broker {
         ctx: &mut Ctx,
     ) -> Result<(Issued, String), DeriveError> {
         let checked = self.request_step(req, policy)?;
-        let subject = self.subject_step(req, now, ctx).await?;
-        let allowed = self.policy_step(req, policy, &checked, ctx)?;
+        let subject = {
+            let _span = self.span("derive.subject");
+            self.subject_step(req, now, ctx).await?
+        };
+        let allowed = {
+            let _span = self.span("derive.policy");
+            self.policy_step(req, policy, &checked, ctx)?
+        };
         let proof = self.proof_step(req, now)?;
         if let policy::Source::Service { service, delivery } = &allowed.grant.resource.source {
             // The service source reads and writes times other replicas
             // act on (links, provider token expiries): the database's time.
             let shared = self.shared_now();
+            let mut span = self.span("derive.service");
+            span.set("credbroker.service", service.as_str());
             let served = self
                 .derive_service(policy, &subject, &allowed.grant, service, shared, ctx)
                 .await?;
+            drop(span);
             match delivery {
                 policy::Delivery::ProviderToken => return Ok(served),
                 // The egress proxy: every check of the service source has
@@ -67,7 +76,9 @@ impl Broker {
             // the call has details (refused just above today; kept as the
             // rule should that refusal be relaxed).
             let reusable = allowed.tool.approval.is_none() && allowed.details.is_none();
-            return self
+            let mut span = self.span("derive.exchange");
+            span.set("credbroker.upstream", upstream.as_str());
+            let r = self
                 .derive_upstream(
                     req,
                     &subject,
@@ -80,6 +91,10 @@ impl Broker {
                     ctx,
                 )
                 .await;
+            if r.is_err() {
+                span.fail();
+            }
+            return r;
         }
         let approved = match allowed.tool.approval {
             Some(mode) => {
@@ -102,7 +117,18 @@ impl Broker {
             None => None,
         };
         ctx.approval_id = approved.as_ref().map(|a| a.id.clone());
+        let _span = self.span("derive.mint");
         self.mint_step(req, now, &subject, &proof, allowed, approved)
+    }
+
+    /// A child span of the derive's, when telemetry is on (one branch
+    /// otherwise).
+    fn span(&self, name: &'static str) -> crate::infra::telemetry::Guard {
+        if self.telemetry.is_some() {
+            crate::infra::telemetry::child(name)
+        } else {
+            crate::infra::telemetry::Guard::none()
+        }
     }
 
     /// Step 2, the request's limits and prelude: the global and per-peer

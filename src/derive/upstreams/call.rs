@@ -267,6 +267,16 @@ pub(super) async fn post(
     if let Some(a) = &auth {
         req = req.header("authorization", a.as_str());
     }
+    // The broker's trace context, only where `propagate_to` names the
+    // upstreams.
+    if let Some((parent, state)) =
+        crate::infra::telemetry::outgoing(crate::infra::telemetry::Target::Upstreams)
+    {
+        req = req.header("traceparent", parent);
+        if let Some(s) = state {
+            req = req.header("tracestate", s);
+        }
+    }
     let sent = req.body(body.clone()).send().await;
     body.zeroize();
     if let Some(a) = auth.as_mut() {

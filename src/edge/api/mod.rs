@@ -517,6 +517,22 @@ fn content_type_is(headers: &HeaderMap, want: &str) -> bool {
         .is_some_and(|v| v.trim().eq_ignore_ascii_case(want))
 }
 
+/// The root span of a derive: the orchestrator's `traceparent` is its
+/// parent when `trust_socket_traceparent` says so, and only linked
+/// otherwise (a new trace, sampled by the broker's ratio).
+fn socket_span(
+    t: &Arc<crate::infra::telemetry::Telemetry>,
+    headers: &HeaderMap,
+) -> crate::infra::telemetry::Span {
+    use crate::infra::telemetry as tel;
+    let incoming = tel::incoming(headers);
+    let state = tel::incoming_state(headers);
+    let trusted = t.config().trust_socket_traceparent;
+    let mut root = t.server_span("derive", incoming, trusted, state.as_deref());
+    root.set("http.route", "/v1/derive");
+    root
+}
+
 /// Handles one request on the orchestrator socket.
 pub(crate) async fn handle(
     broker: Arc<Broker>,
@@ -606,7 +622,19 @@ pub(crate) async fn handle(
         Endpoint::Token => parse_form(&body, dpop, peer_uid),
     });
     let result = match parsed {
-        Ok(r) => broker.derive(r).await,
+        Ok(r) => match &broker.telemetry {
+            None => broker.derive(r).await,
+            Some(t) => {
+                let root = socket_span(t, &parts.headers);
+                crate::infra::telemetry::run(root, async {
+                    let result = broker.derive(r).await;
+                    // A line of the request's own: it carries the trace id.
+                    tracing::debug!(issued = result.is_ok(), "derive answered");
+                    result
+                })
+                .await
+            }
+        },
         Err(e) => Err(e),
     };
     match result {

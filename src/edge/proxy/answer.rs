@@ -141,6 +141,8 @@ struct Completion {
     status: u16,
     bytes_up: u64,
     started: Instant,
+    /// The answer's span (streaming), a child of the call's.
+    span: crate::infra::telemetry::Span,
     _slots: Slots,
 }
 
@@ -155,10 +157,28 @@ impl GuardedBody {
     /// Records the outcome (the first one wins) and releases the slots.
     fn finish(&mut self, outcome: Outcome) {
         self.outcome.get_or_insert(outcome);
-        if let Some(c) = self.end.take() {
+        if let Some(mut c) = self.end.take() {
             let outcome = self.outcome.unwrap_or(outcome);
             c.proxy
                 .completed(&c.call, c.status, outcome, c.bytes_up, self.sent, c.started);
+            // The answer's span ends first, then the call's (dropped with
+            // `c`).
+            c.span.set("credbroker.bytes_down", self.sent);
+            if outcome != Outcome::Completed {
+                c.span.fail();
+            }
+            drop(std::mem::take(&mut c.span));
+            c.call.span.set("http.response.status_code", c.status);
+            c.call.span.set("credbroker.bytes_up", c.bytes_up);
+            let reason = (outcome != Outcome::Completed).then_some(outcome.as_str());
+            c.call.end_span(
+                if reason.is_none() {
+                    "completed"
+                } else {
+                    "aborted"
+                },
+                reason,
+            );
             let m = &c.proxy.broker.metrics;
             // The call passed the checks, so its service and tool are
             // ones its policy declares: bounded labels.
@@ -285,6 +305,9 @@ impl Proxy {
             slots,
         } = sent;
         let status = resp.status();
+        let span = call
+            .span
+            .child("proxy.answer", crate::infra::telemetry::Kind::Internal);
         let secrets: Vec<&str> = tokens
             .iter()
             .flat_map(|t| std::iter::once(&t.access_token).chain(&t.refresh_token))
@@ -335,6 +358,7 @@ impl Proxy {
                 status: status.as_u16(),
                 bytes_up,
                 started,
+                span,
                 _slots: slots,
             }),
             outcome: None,

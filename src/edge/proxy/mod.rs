@@ -108,9 +108,31 @@ struct Call {
     binds: bool,
     /// The `req_sha256` of the request sent, on a bound route.
     request_sha256: Option<String>,
+    /// The call's root span (none without telemetry): a child of the
+    /// derive's span when this instance issued the token, the tool's
+    /// `traceparent` only linked. Ended with the call (`Completion`).
+    span: crate::infra::telemetry::Span,
+    /// Its trace id (hex), for the call's events.
+    trace_id: Option<String>,
 }
 
 impl Call {
+    /// Puts what the call came to on its span: the route template (never
+    /// the path), and the outcome.
+    fn end_span(&mut self, outcome: &str, reason: Option<&str>) {
+        if let Some(route) = &self.route {
+            // The policy writes `METHOD /template`: the template alone.
+            let template = route.split_once(' ').map_or(route.as_str(), |(_, t)| t);
+            self.span
+                .set("http.route", format!("/proxy/{}{template}", self.service));
+        }
+        self.span.set("credbroker.outcome", outcome);
+        if let Some(r) = reason {
+            self.span.set("credbroker.reason", r);
+            self.span.fail();
+        }
+    }
+
     /// The raw path under the service's address (checked by `admit`).
     fn rest<'p>(&self, parts: &'p http::request::Parts) -> &'p str {
         &parts.uri.path()[PREFIX.len() + self.service.len()..]
@@ -187,6 +209,11 @@ impl Proxy {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let started = Instant::now();
+        let wall = self
+            .broker
+            .telemetry
+            .is_some()
+            .then(std::time::SystemTime::now);
         let Ok(slot) = self.in_flight.clone().try_acquire_owned() else {
             return self.refused(None, "other", &Refusal::ProxyBusy);
         };
@@ -197,9 +224,14 @@ impl Proxy {
         } else {
             "other"
         };
-        match self.forward(&parts, body, slot, started).await {
+        match self.forward(&parts, body, slot, (started, wall)).await {
             Ok(r) => r,
-            Err((call, refusal)) => self.refused(call.as_ref(), service_label, &refusal),
+            Err((mut call, refusal)) => {
+                if let Some(c) = call.as_mut() {
+                    c.end_span("denied", Some(refusal.reason()));
+                }
+                self.refused(call.as_ref(), service_label, &refusal)
+            }
         }
     }
 
@@ -212,7 +244,7 @@ impl Proxy {
         parts: &http::request::Parts,
         body: B,
         slot: OwnedSemaphorePermit,
-        started: Instant,
+        (started, wall): (Instant, Option<std::time::SystemTime>),
     ) -> Result<Response<ProxyBody>, (Option<Call>, Refusal)>
     where
         B: hyper::body::Body + Send + 'static,
@@ -225,7 +257,22 @@ impl Proxy {
         if let Err(r) = self.person_check(&call.who) {
             return Err((Some(call), r));
         }
-        let sent = match self.checked_call(&mut call, parts, body, slot).await {
+        if let (Some(t), Some(wall)) = (&self.broker.telemetry, wall) {
+            call.span = self.call_span(t, &call, parts, wall);
+            call.trace_id = call.span.context().map(|c| c.trace_hex());
+        }
+        let checked = match &self.broker.telemetry {
+            None => self.checked_call(&mut call, parts, body, slot).await,
+            Some(_) => {
+                // Its store calls and the upstream request nest under the
+                // call's span (the call itself keeps it, and ends it when
+                // the answer does).
+                let root = call.span.context_copy();
+                let fut = self.checked_call(&mut call, parts, body, slot);
+                crate::infra::telemetry::within(&root, fut).await
+            }
+        };
+        let sent = match checked {
             Ok(sent) => sent,
             Err(r) => return Err((Some(call), r)),
         };
@@ -247,6 +294,7 @@ impl Proxy {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        let mut checks = self.span("proxy.checks", &call.span);
         token::no_credential_in_query(parts)?;
         route::check(call, parts)?;
         self.rate_limit(call)?;
@@ -263,7 +311,57 @@ impl Proxy {
         // token read, its body received, the provider's token refreshed)
         // keeps it from going out.
         self.person_check(&call.who)?;
-        self.send(call, parts, body, target, token, (slot, service_slot))
-            .await
+        checks.set("credbroker.outcome", "passed");
+        drop(checks);
+        let mut up = self.span("proxy.upstream", &call.span);
+        let sent = self
+            .send(call, parts, body, target, token, (slot, service_slot))
+            .await;
+        match &sent {
+            Ok(s) => up.set("http.response.status_code", s.resp.status().as_u16()),
+            Err(_) => up.fail(),
+        }
+        sent
+    }
+
+    /// A child span of the call's (one branch without telemetry); the
+    /// checks' span starts with the call, before its token was verified.
+    fn span(
+        &self,
+        name: &'static str,
+        call_span: &crate::infra::telemetry::Span,
+    ) -> crate::infra::telemetry::Guard {
+        use crate::infra::telemetry::{child, child_kind, Guard, Kind};
+        if self.broker.telemetry.is_none() {
+            return Guard::none();
+        }
+        if name == "proxy.upstream" {
+            return child_kind(name, Kind::Client);
+        }
+        let mut g = child(name);
+        g.start_with(call_span);
+        g
+    }
+
+    /// The call's root span: the derive's trace continued when this
+    /// instance issued the token (and the trace was recorded), else a new
+    /// trace; the tool's `traceparent` is only linked, and its `tracestate`
+    /// and `baggage` are never read.
+    fn call_span(
+        &self,
+        t: &Arc<crate::infra::telemetry::Telemetry>,
+        call: &Call,
+        parts: &http::request::Parts,
+        wall: std::time::SystemTime,
+    ) -> crate::infra::telemetry::Span {
+        let derive = t.recall(&call.jti_sha256, self.broker.clock.now());
+        let tool = crate::infra::telemetry::incoming(&parts.headers);
+        let mut span = t.call_span("proxy", derive, tool).started_at(wall);
+        span.set("http.request.method", call.method.as_str());
+        span.set("credbroker.service", call.service.as_str());
+        if let Some((name, _)) = call.policy.tools.get_key_value(&call.who.tool) {
+            span.set("credbroker.tool", name.as_str());
+        }
+        span
     }
 }

@@ -79,6 +79,7 @@ impl Proxy {
         e.service = Some(&c.service);
         e.policy_hash = Some(&c.policy.hash);
         e.jti_sha256 = Some(std::borrow::Cow::Borrowed(&c.jti_sha256));
+        e.trace_id = c.trace_id.as_deref();
         e.proxy = Some(ProxyCall {
             method: c.method.as_str(),
             route: c.route.as_deref(),

@@ -137,6 +137,8 @@ impl Proxy {
             route: None,
             binds: false,
             request_sha256: None,
+            span: crate::infra::telemetry::Span::none(),
+            trace_id: None,
         })
     }
 

@@ -160,6 +160,10 @@ fn request(
         HeaderValue::from_static("identity"),
     );
     h.insert(header::AUTHORIZATION, authorization);
+    // The broker's own trace context, where `propagate_to` names the
+    // providers (the tool's never: none of its trace headers is on the
+    // allowlist above).
+    crate::infra::telemetry::propagate(crate::infra::telemetry::Target::Providers, h);
     // An empty GET or HEAD goes with no length; another method with an
     // empty body says `Content-Length: 0`, as clients do.
     if body.is_empty() && !matches!(parts.method, Method::GET | Method::HEAD) {

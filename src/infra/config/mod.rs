@@ -31,6 +31,7 @@ mod reserved;
 mod revocation;
 mod secret_files;
 mod ssf;
+mod telemetry;
 mod upstreams;
 
 use std::collections::BTreeMap;
@@ -47,6 +48,7 @@ pub use reserved::RESERVED_KEYS;
 pub(crate) use revocation::{RevocationConfig, WatchFailure};
 pub use secret_files::{read_secret_file, write_secret_file};
 pub(crate) use ssf::{SsfDelivery, SsfTransmitter};
+pub(crate) use telemetry::TelemetryConfig;
 pub(crate) use upstreams::{
     AudienceParam, ScopeClaim, UpstreamClientAuth, UpstreamConfig, UpstreamResource,
 };
@@ -142,6 +144,8 @@ pub struct Config {
     pub use_env_proxy: bool,
     /// `[revocation]`: the person-level stop (`derive::persons`).
     pub revocation: RevocationConfig,
+    /// `[telemetry]`: OpenTelemetry export (off by default).
+    pub telemetry: TelemetryConfig,
     /// Trusted subject-token issuers.
     pub trusted_issuers: Vec<IssuerConfig>,
     /// Deprecated (`[vault] key_dir`): the directory where installs made
@@ -280,6 +284,7 @@ impl Config {
         let proxy = proxy(&raw.proxy, &mut check);
         let clock = clock(&raw.clock, &mut check);
         let revocation = revocation::revocation(&raw.revocation, &mut check);
+        let telemetry = telemetry::telemetry(raw.telemetry, &mut check);
         let trusted_issuers =
             issuers::trusted_issuers(raw.trusted_issuers, &issuer, &raw.agent, &mut check);
         let quickstart_demo = raw
@@ -328,6 +333,7 @@ impl Config {
             clock,
             use_env_proxy: raw.outbound.use_env_proxy.unwrap_or(true),
             revocation,
+            telemetry,
             trusted_issuers,
             vault_key_dir: match raw.vault {
                 Some(v) => check.rel(&v.key_dir),

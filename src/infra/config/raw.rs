@@ -49,6 +49,8 @@ pub(super) struct RawConfig {
     pub(super) upstreams: BTreeMap<String, RawUpstream>,
     #[serde(default)]
     pub(super) ssf: Option<RawSsf>,
+    #[serde(default)]
+    pub(super) telemetry: Option<super::telemetry::RawTelemetry>,
 }
 
 /// `[ssf]`: the Shared Signals receiver (docs/SSF.md).

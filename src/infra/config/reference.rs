@@ -147,7 +147,7 @@ impl<'de> de::Deserializer<'de> for Tracer<'_> {
 
     unsupported! {
         deserialize_any deserialize_i8 deserialize_i16 deserialize_i32 deserialize_i64
-        deserialize_u8 deserialize_u16 deserialize_f32 deserialize_f64 deserialize_char
+        deserialize_u8 deserialize_u16 deserialize_f32 deserialize_char
         deserialize_bytes deserialize_byte_buf deserialize_unit deserialize_identifier
         deserialize_ignored_any
     }
@@ -165,6 +165,11 @@ impl<'de> de::Deserializer<'de> for Tracer<'_> {
     fn deserialize_u64<V: Visitor<'de>>(self, v: V) -> Result<V::Value, TraceError> {
         self.record("integer");
         v.visit_u64(1)
+    }
+
+    fn deserialize_f64<V: Visitor<'de>>(self, v: V) -> Result<V::Value, TraceError> {
+        self.record("float");
+        v.visit_f64(0.5)
     }
 
     fn deserialize_str<V: Visitor<'de>>(self, v: V) -> Result<V::Value, TraceError> {

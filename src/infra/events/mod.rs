@@ -206,6 +206,12 @@ pub struct Event<'a> {
     /// from `Audit::with_boot_id`; callers leave it empty.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<&'a str>,
+    /// The OpenTelemetry trace id of the request that wrote it (32 hex
+    /// digits): added by `Audit::record` from the request's telemetry scope
+    /// when it is traced; set here only for an event written outside it
+    /// (a proxied call's end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<&'a str>,
     /// Fields named for features not built yet (issue 38), written at the
     /// top level of the event; always empty until their feature fills them.
     #[serde(flatten)]
@@ -218,9 +224,6 @@ pub struct Event<'a> {
 /// feature that writes one moves it into [`Event`].
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReservedFields<'a> {
-    /// Issue 44: the trace id of the request (OpenTelemetry).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub trace_id: Option<&'a str>,
     /// Issue 44: the webhook subscription (its name in the config).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subscription: Option<&'a str>,
@@ -323,6 +326,7 @@ impl<'a> Event<'a> {
             delay_seconds: None,
             instance: None,
             boot_id: None,
+            trace_id: None,
             reserved: ReservedFields::default(),
         }
     }
@@ -540,6 +544,21 @@ impl Audit {
                 json.push_str(",\"boot_id\":");
                 json.push_str(&serde_json::to_string(id).map_err(|e| AuditError(e.to_string()))?);
                 json.push('}');
+            }
+        }
+        // The trace id of the request that wrote it (hex: nothing to
+        // escape), when the request is traced (`infra::telemetry`).
+        if let Some(id) = e
+            .trace_id
+            .is_none()
+            .then(crate::infra::telemetry::trace_id)
+            .flatten()
+        {
+            if json.ends_with('}') {
+                json.pop();
+                json.push_str(",\"trace_id\":\"");
+                json.push_str(&id);
+                json.push_str("\"}");
             }
         }
         let mut line = match escape_line_breaks(&json) {

@@ -40,7 +40,7 @@ pub(crate) fn missing(what: &str) -> ! {
     std::panic::resume_unwind(Box::new(line))
 }
 
-fn repo() -> &'static Path {
+pub(crate) fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 

@@ -1,0 +1,282 @@
+//! OTLP over HTTP/protobuf: the spans' export loop, their encoding, and
+//! the attribute allowlist enforced there.
+
+use std::time::Duration;
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Status};
+use prost::Message;
+use tokio::sync::mpsc::Receiver;
+
+use super::{Finished, Value, EXPORT_TIMEOUT};
+
+/// What an attribute's value must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rule {
+    /// A route template as the policy writes it (`/repos/{owner}`): starts
+    /// with `/`, no query, no fragment.
+    Template,
+    /// A standard HTTP method.
+    Method,
+    /// A name from the config or the policy, or from a fixed set: short
+    /// and printable.
+    Name,
+    /// An HMAC-SHA-256 in hex (an undeclared request value, as the audit
+    /// records it).
+    Hmac,
+    /// An integer.
+    Int,
+    /// A boolean.
+    Bool,
+}
+
+/// Every attribute a span may carry, with the rule of its value; anything
+/// else is dropped when the span is encoded (docs/OPERATIONS.md,
+/// "Telemetry", lists them).
+pub(crate) const ALLOWED_ATTRIBUTES: &[(&str, Rule)] = &[
+    ("http.route", Rule::Template),
+    ("http.request.method", Rule::Method),
+    ("http.response.status_code", Rule::Int),
+    ("credbroker.service", Rule::Name),
+    ("credbroker.tool", Rule::Name),
+    ("credbroker.tool_hmac", Rule::Hmac),
+    ("credbroker.step", Rule::Name),
+    ("credbroker.step_hmac", Rule::Hmac),
+    ("credbroker.resource", Rule::Name),
+    ("credbroker.resource_hmac", Rule::Hmac),
+    ("credbroker.outcome", Rule::Name),
+    ("credbroker.reason", Rule::Name),
+    ("credbroker.source", Rule::Name),
+    ("credbroker.upstream", Rule::Name),
+    ("credbroker.page", Rule::Name),
+    ("credbroker.store.operation", Rule::Name),
+    ("credbroker.store.tree", Rule::Name),
+    ("credbroker.subject.cached", Rule::Bool),
+    ("credbroker.bytes_up", Rule::Int),
+    ("credbroker.bytes_down", Rule::Int),
+];
+
+const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
+
+/// Whether `key = value` may leave.
+pub(crate) fn allowed(key: &str, value: &Value) -> bool {
+    let Some((_, rule)) = ALLOWED_ATTRIBUTES.iter().find(|(k, _)| *k == key) else {
+        return false;
+    };
+    match (rule, value) {
+        (Rule::Int, Value::Int(_)) | (Rule::Bool, Value::Bool(_)) => true,
+        (Rule::Method, Value::Str(s)) => METHODS.contains(&s.as_str()),
+        (Rule::Hmac, Value::Str(s)) => {
+            s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        }
+        (Rule::Name, Value::Str(s)) => {
+            !s.is_empty() && s.len() <= 256 && s.bytes().all(|b| (0x21..=0x7e).contains(&b))
+        }
+        (Rule::Template, Value::Str(s)) => {
+            s.starts_with('/')
+                && s.len() <= 256
+                && s.bytes()
+                    .all(|b| (0x21..=0x7e).contains(&b) && b != b'?' && b != b'#')
+        }
+        _ => false,
+    }
+}
+
+fn any(v: &Value) -> AnyValue {
+    AnyValue {
+        value: Some(match v {
+            Value::Str(s) => any_value::Value::StringValue(s.clone()),
+            Value::Int(i) => any_value::Value::IntValue(*i),
+            Value::Bool(b) => any_value::Value::BoolValue(*b),
+        }),
+    }
+}
+
+fn kv(key: &str, value: &Value) -> KeyValue {
+    KeyValue {
+        key: key.to_string(),
+        value: Some(any(value)),
+        ..Default::default()
+    }
+}
+
+/// The HTTP client of both exports, with the collector's address, the
+/// headers of `headers_file`, and the resource every batch names.
+#[derive(Debug, Clone)]
+pub(super) struct Client {
+    http: reqwest::Client,
+    traces_url: String,
+    pub(super) metrics_url: String,
+    headers: http::HeaderMap,
+    pub(super) resource: Resource,
+    pub(super) scope: InstrumentationScope,
+}
+
+impl Client {
+    pub(super) fn new(
+        endpoint: &str,
+        headers: http::HeaderMap,
+        resource: &super::Resource,
+    ) -> Result<Client, String> {
+        // Never a proxy from the environment, never a redirect: the spans
+        // go to the configured collector or nowhere.
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(EXPORT_TIMEOUT)
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| format!("telemetry: the OTLP client cannot start: {e}"))?;
+        let attr = |k: &str, v: &str| kv(k, &Value::Str(v.to_string()));
+        Ok(Client {
+            http,
+            traces_url: format!("{endpoint}/v1/traces"),
+            metrics_url: format!("{endpoint}/v1/metrics"),
+            headers,
+            resource: Resource {
+                attributes: vec![
+                    attr("service.name", "credbroker"),
+                    attr("service.version", env!("CARGO_PKG_VERSION")),
+                    attr("service.instance.id", &resource.instance),
+                ],
+                ..Default::default()
+            },
+            scope: InstrumentationScope {
+                name: "credbroker".into(),
+                version: env!("CARGO_PKG_VERSION").into(),
+                ..Default::default()
+            },
+        })
+    }
+
+    /// POSTs one protobuf message; `Err` with a short reason (never the
+    /// collector's answer body).
+    pub(super) async fn post(&self, url: &str, body: Vec<u8>) -> Result<(), String> {
+        let r = self
+            .http
+            .post(url)
+            .headers(self.headers.clone())
+            .header(http::header::CONTENT_TYPE, "application/x-protobuf")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| {
+                if e.is_timeout() {
+                    "timed out".to_string()
+                } else {
+                    "not reachable".to_string()
+                }
+            })?;
+        if r.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!("answered {}", r.status().as_u16()))
+        }
+    }
+}
+
+/// The most spans sent in one request.
+const BATCH: usize = 512;
+/// How long a finished span may wait for others before it is sent.
+const DELAY: Duration = Duration::from_millis(500);
+
+/// The export loop: batches from the queue, sent in order; a batch that
+/// cannot be sent is dropped and counted (the queue behind it keeps its
+/// bound). Ends when every sender is gone.
+pub(super) async fn spans(
+    client: Client,
+    mut rx: Receiver<Finished>,
+    dropped: prometheus::IntCounter,
+) {
+    let mut failing = false;
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        let deadline = tokio::time::Instant::now() + DELAY;
+        while batch.len() < BATCH {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(f)) => batch.push(f),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let n = batch.len() as u64;
+        let body = encode(&client, &batch).encode_to_vec();
+        match client.post(&client.traces_url, body).await {
+            Ok(()) => {
+                if failing {
+                    tracing::info!("telemetry: spans are exported again");
+                }
+                failing = false;
+            }
+            Err(why) => {
+                dropped.inc_by(n);
+                if !failing {
+                    tracing::warn!(collector = %client.traces_url, why = %why, spans = n, "telemetry: spans not exported (dropped and counted in credbroker_otel_spans_dropped_total)");
+                }
+                failing = true;
+            }
+        }
+    }
+}
+
+/// The OTLP request for `batch`, each span's attributes through the
+/// allowlist.
+pub(super) fn encode(client: &Client, batch: &[Finished]) -> ExportTraceServiceRequest {
+    let spans = batch.iter().map(encode_span).collect();
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            resource: Some(client.resource.clone()),
+            scope_spans: vec![ScopeSpans {
+                scope: Some(client.scope.clone()),
+                spans,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+}
+
+fn encode_span(f: &Finished) -> opentelemetry_proto::tonic::trace::v1::Span {
+    let mut dropped = 0u32;
+    let attributes = f
+        .attrs
+        .iter()
+        .filter(|(k, v)| {
+            let ok = allowed(k, v);
+            dropped += u32::from(!ok);
+            ok
+        })
+        .map(|(k, v)| kv(k, v))
+        .collect();
+    opentelemetry_proto::tonic::trace::v1::Span {
+        trace_id: f.ctx.trace_id.to_vec(),
+        span_id: f.ctx.span_id.to_vec(),
+        trace_state: f.trace_state.as_deref().unwrap_or_default().to_string(),
+        parent_span_id: f.parent.map(|p| p.to_vec()).unwrap_or_default(),
+        flags: u32::from(f.ctx.sampled),
+        name: f.name.to_string(),
+        kind: f.kind as i32,
+        start_time_unix_nano: f.start,
+        end_time_unix_nano: f.end,
+        attributes,
+        dropped_attributes_count: dropped,
+        links: f
+            .links
+            .iter()
+            .map(|l| span::Link {
+                trace_id: l.trace_id.to_vec(),
+                span_id: l.span_id.to_vec(),
+                // Never the linked context's tracestate: it is the
+                // caller's text.
+                flags: u32::from(l.sampled),
+                ..Default::default()
+            })
+            .collect(),
+        status: f.error.then(|| Status {
+            code: status::StatusCode::Error as i32,
+            message: String::new(),
+        }),
+        ..Default::default()
+    }
+}
