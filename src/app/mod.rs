@@ -155,6 +155,8 @@ pub struct Instance {
     /// This process among replicas (`<host>/<pid>/<boot id>`): the holder
     /// written in the leases it takes.
     pub(crate) holder: String,
+    /// Event delivery: the webhook subscriptions and the event stream.
+    pub(crate) events: Arc<crate::infra::webhooks::Hub>,
 }
 
 impl From<crate::edge::public::TlsError> for StartError {
@@ -202,6 +204,9 @@ impl Instance {
             vault: self.vault.clone(),
             providers: self.providers.clone(),
             public_addr: self.public_addr.clone(),
+            events: self.events.clone(),
+            streams: Arc::default(),
+            stop: None,
         }
     }
 }
@@ -370,7 +375,24 @@ pub async fn build(
     discover_endpoints(&providers).await;
     let pages = pages(&broker, &sealer, &records, &providers, key_sets, &master);
     let proxy = proxy_client.map(|c| Arc::new(crate::edge::proxy::Proxy::new(broker.clone(), c)));
+    let events = Arc::new(
+        crate::infra::webhooks::Hub::new(
+            &broker.config.webhooks,
+            broker.store.clone(),
+            broker.audit.clone(),
+            broker.metrics.webhooks.clone(),
+            broker.clock.clone(),
+            &broker.config.agent,
+        )
+        .map_err(|e| {
+            StartError::Io(format!(
+                "webhook delivery id beside {}: {e}",
+                broker.config.audit_log.display()
+            ))
+        })?,
+    );
     Ok(Instance {
+        events,
         broker,
         sealer,
         vault: records.vault,

@@ -281,7 +281,7 @@ struct UnixServe {
 /// Serves one Unix listener: checks each peer's uid before reading a byte,
 /// caps connections (shedding idle ones at the cap), and hands requests to
 /// `handler`.
-async fn serve_unix<H, F>(
+async fn serve_unix<H, F, B>(
     listener: UnixListener,
     opts: UnixServe,
     gate: Arc<Gate>,
@@ -290,7 +290,10 @@ async fn serve_unix<H, F>(
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) where
     H: Fn(u32, hyper::Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = hyper::Response<crate::base::http::Body>> + Send + 'static,
+    F: Future<Output = hyper::Response<B>> + Send + 'static,
+    // The admin socket's event stream is a body that is never whole.
+    B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let UnixServe {
         name,
@@ -733,7 +736,8 @@ pub async fn run(
         move |uid, req| crate::edge::api::handle(b.clone(), uid, req),
         rx.clone(),
     )?;
-    let handles = instance.admin_handles();
+    let mut handles = instance.admin_handles();
+    handles.stop = Some(rx.clone());
     let admin = tokio::spawn(serve_unix(
         listeners.admin,
         UnixServe {
@@ -776,6 +780,7 @@ pub async fn run(
         ))
     });
     let house = crate::app::housekeeping::spawn(&instance, rx.clone());
+    let deliveries = instance.events.spawn(rx.clone());
     let changes = crate::app::housekeeping::watch_store(&instance, rx.clone());
     let polls = instance
         .ssf
@@ -803,6 +808,9 @@ pub async fn run(
         let _ = m.await;
     }
     let _ = house.await;
+    for d in deliveries {
+        let _ = d.await;
+    }
     let _ = changes.await;
     for p in polls {
         let _ = p.await;

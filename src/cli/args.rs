@@ -103,6 +103,12 @@ pub(super) enum Command {
         #[command(subcommand)]
         action: KeysAction,
     },
+    /// Webhook event delivery (through the admin socket of the running
+    /// instance).
+    Events {
+        #[command(subcommand)]
+        action: EventsAction,
+    },
     /// Connected accounts (through the admin socket; the store directly
     /// when no instance runs).
     Accounts {
@@ -269,6 +275,22 @@ pub(super) enum AccountsAction {
         /// Delete even if revocation at the provider fails.
         #[arg(long)]
         force: bool,
+    },
+}
+
+/// `credbroker events ...`.
+#[derive(Debug, Subcommand)]
+pub(super) enum EventsAction {
+    /// Send this instance's webhook dead letters again, each under its own
+    /// webhook-id (a delivered one leaves the store; one refused again
+    /// stays). Needs the running instance: exit 3 when none runs.
+    Redeliver {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Only this subscription's dead letters (default: every one's).
+        #[arg(long)]
+        subscription: Option<String>,
     },
 }
 

@@ -1,12 +1,12 @@
 //! The command line: `credbroker quickstart | serve | subject-token | derive
-//! | proof | status | freeze | keys | accounts | persons | users | store |
+//! | proof | status | freeze | events | keys | accounts | persons | users | store |
 //! policy | ssf`. `main.rs`
 //! only calls [`main`].
 //!
 //! - `args`: the command definitions (clap).
 //! - `exit`: the exit codes, by name, as `--help` lists them.
 //! - `instance`: `serve` and `quickstart` (running an instance).
-//! - `operator`: `status`, `freeze`, `keys`, `accounts`, `users`; each
+//! - `operator`: `status`, `freeze`, `events`, `keys`, `accounts`, `users`; each
 //!   through the admin socket, or on the store when no instance runs
 //!   (`online`: that pattern, written once), calling [`crate::derive::ops`].
 //! - `persons`: `persons revoke|restore|list`, the same way.
@@ -42,8 +42,8 @@ pub use quickstart::{
 };
 
 use args::{
-    AccountsAction, Command, KeysAction, PersonsAction, SsfAction, StoreAction, StreamAction,
-    UsersAction,
+    AccountsAction, Command, EventsAction, KeysAction, PersonsAction, SsfAction, StoreAction,
+    StreamAction, UsersAction,
 };
 
 /// What a command returns: its exit code, or an error printed as
@@ -159,6 +159,12 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 config,
                 transmitter,
             } => ssf::verify(&config, &transmitter).await,
+        },
+        Command::Events { action } => match action {
+            EventsAction::Redeliver {
+                config,
+                subscription,
+            } => operator::redeliver(&config, subscription.as_deref()).await,
         },
         Command::Keys { action } => match action {
             KeysAction::Rotate { config, emergency } => {

@@ -63,6 +63,26 @@ pub(super) async fn freeze(config: &Path, state: &str) -> Res {
     }
 }
 
+/// `credbroker events redeliver [--subscription NAME]`: only a running
+/// instance delivers, so with none there is nothing to do (exit 3).
+pub(super) async fn redeliver(config: &Path, subscription: Option<&str>) -> Res {
+    let cfg = Config::load(config)?;
+    super::online::check_user(&cfg)?;
+    if !super::online::listening(&cfg) {
+        eprintln!("error: no instance runs: dead letters are sent again by the running instance; start it and run this again");
+        return Ok(Exit::NotRunning);
+    }
+    let body = serde_json::json!({ "subscription": subscription }).to_string();
+    match super::online::admin_call(&cfg.admin_socket, "POST", "/events/redeliver", &body).await {
+        Ok((200, body)) => {
+            println!("{body}");
+            Ok(Exit::Ok)
+        }
+        Ok((status, body)) => refused(status, &body),
+        Err(e) => Err(format!("admin socket {}: {e}", cfg.admin_socket.display()).into()),
+    }
+}
+
 /// `credbroker keys rotate [--emergency]`.
 pub(super) async fn rotate_keys(config: &Path, emergency: bool) -> Res {
     let cfg = Config::load(config)?;

@@ -11,7 +11,9 @@
 //! (JSON `person_iss`, `person_sub`, `service`, optional `force`), `POST
 //! /persons/revoke` (JSON `person_iss`, `person_sub`, optional `reason`,
 //! `revoke_at_providers`), `POST /persons/restore` (JSON `person_iss`,
-//! `person_sub`), `GET /persons` (the stopped persons).
+//! `person_sub`), `GET /persons` (the stopped persons), `GET /events` (the
+//! live event stream, [`crate::edge::events`]), `POST /events/redeliver`
+//! (optional JSON `{"subscription"}`: the webhook dead letters sent again).
 //!
 //! The socket is built from narrow [`Handles`] (the way linkerd2-proxy's
 //! admin server is), never from the instance itself; each command is one
@@ -44,7 +46,16 @@ pub struct Handles {
     pub providers: Arc<crate::accounts::upstream::Providers>,
     /// The public listener's bound address, once bound (for status).
     pub public_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
+    /// Event delivery: webhook status, redelivery, the event stream.
+    pub(crate) events: Arc<crate::infra::webhooks::Hub>,
+    /// Event streams open now (under `admin.event_stream_max_connections`).
+    pub streams: Arc<std::sync::atomic::AtomicUsize>,
+    /// Changes when the instance stops (event streams end then).
+    pub stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
+
+/// An admin answer's body: a whole answer, or an event stream.
+pub(crate) type AdminBody = http_body_util::Either<Body, crate::edge::events::EventBody>;
 
 /// Why an admin request failed.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +66,12 @@ pub(crate) enum AdminError {
     /// The body is too large, unreadable or not what the route takes.
     #[error("{0}")]
     BadBody(&'static str),
+    /// Every event-stream slot is taken.
+    #[error("every event stream slot is taken (admin.event_stream_max_connections); close a stream or raise the cap")]
+    StreamsFull,
+    /// No webhook subscription of that name.
+    #[error(transparent)]
+    Redeliver(#[from] crate::infra::webhooks::RedeliverError),
     /// The action failed.
     #[error(transparent)]
     Op(#[from] OpError),
@@ -66,6 +83,11 @@ pub(crate) fn error_response(err: &AdminError) -> Response<Body> {
     let (status, code) = match err {
         AdminError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
         AdminError::BadBody(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+        AdminError::StreamsFull => (StatusCode::SERVICE_UNAVAILABLE, "temporarily_unavailable"),
+        AdminError::Redeliver(crate::infra::webhooks::RedeliverError::NoSuchSubscription) => {
+            (StatusCode::NOT_FOUND, "not_found")
+        }
+        AdminError::Redeliver(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
         AdminError::Op(OpError::User(UserError::Exists(_))) => (StatusCode::CONFLICT, "conflict"),
         AdminError::Op(OpError::User(UserError::BadName | UserError::BadPassword)) => {
             (StatusCode::BAD_REQUEST, "invalid_request")
@@ -173,6 +195,7 @@ pub(crate) fn status(h: &Handles) -> serde_json::Value {
         "public_addr": h.public_addr.get().map(|a| a.to_string()),
         "clock": clock_status(b),
         "revocation_watch": revocation_watch(b),
+        "webhooks": h.events.status(),
     })
 }
 
@@ -238,11 +261,59 @@ fn person_from_query(query: Option<&str>) -> Option<crate::accounts::subject::Pe
 }
 
 /// Handles one admin request.
-pub(crate) async fn handle(h: Handles, req: Request<hyper::body::Incoming>) -> Response<Body> {
+pub(crate) async fn handle(h: Handles, req: Request<hyper::body::Incoming>) -> Response<AdminBody> {
+    use http_body_util::Either;
+    if req.method() == Method::GET && req.uri().path() == "/events" {
+        let last = req
+            .headers()
+            .get("last-event-id")
+            .and_then(|v| v.to_str().ok());
+        return match crate::edge::events::stream(
+            &h.events,
+            &h.streams,
+            h.broker.config.event_streams,
+            last,
+            h.stop.clone(),
+        ) {
+            Some(r) => r.map(Either::Right),
+            None => error_response(&AdminError::StreamsFull).map(Either::Left),
+        };
+    }
     match route(&h, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
+    .map(Either::Left)
+}
+
+/// `POST /events/redeliver`: optional `{"subscription"}`; answers how many
+/// dead letters are being sent again.
+async fn redeliver(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    #[derive(serde::Deserialize, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Redeliver {
+        #[serde(default)]
+        subscription: Option<String>,
+    }
+    let body = capped_body(req, 1024).await?;
+    let r = if body.trim_ascii().is_empty() {
+        Redeliver::default()
+    } else {
+        serde_json::from_slice::<Redeliver>(&body)
+            .map_err(|_| AdminError::BadBody("expected nothing or {\"subscription\"}"))?
+    };
+    let hub = h.events.clone();
+    let name = r.subscription.clone();
+    let n = tokio::task::spawn_blocking(move || hub.redeliver(name.as_deref()))
+        .await
+        .map_err(|_| OpError::Task("redeliver"))??;
+    Ok(ok(serde_json::json!({
+        "subscription": r.subscription,
+        "dead_letters": n,
+    })))
 }
 
 /// The route table: one named step per command.
@@ -268,6 +339,7 @@ async fn route(
         (Method::POST, "/users/remove") => remove_user(h, req).await,
         (Method::POST, "/ssf/stream") => save_stream(h, req).await,
         (Method::GET, "/ssf/stream") => load_stream(h, &req),
+        (Method::POST, "/events/redeliver") => redeliver(h, req).await,
         _ => Err(AdminError::NotFound),
     }
 }

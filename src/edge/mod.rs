@@ -10,6 +10,7 @@
 //! - [`pages`]: the browser pages: sign-in, connect links, approvals, the
 //!   account page.
 //! - [`admin`]: the admin socket (status, freeze, key rotation, accounts).
+//! - [`events`]: the admin socket's live event stream (`GET /events`).
 //! - [`metrics`]: the opt-in metrics listener (`GET /metrics` on TCP).
 //! - [`reserved`]: refusals named for features not built yet (issue 38).
 //!
@@ -19,6 +20,7 @@
 pub(crate) mod admin;
 pub(crate) mod answer;
 pub(crate) mod api;
+pub(crate) mod events;
 pub(crate) mod metrics;
 pub(crate) mod pages;
 pub(crate) mod proxy;

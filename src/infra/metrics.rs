@@ -85,6 +85,63 @@ pub struct Metrics {
     /// Finished spans not exported: the export queue was full, or the
     /// collector did not take their batch (`infra::telemetry`).
     pub otel_spans_dropped: IntCounter,
+    /// Webhook delivery metrics (`infra::webhooks`).
+    pub webhooks: WebhookMetrics,
+}
+
+/// The webhook subscriptions' metrics, labelled by subscription (a config
+/// name) and outcome (a fixed set).
+#[derive(Debug, Clone)]
+pub struct WebhookMetrics {
+    /// Delivery attempts by subscription and outcome (`delivered`,
+    /// `failed`, `retry_after`, `refused`, `dead_lettered`).
+    pub deliveries: IntCounterVec,
+    /// Events of the audit file not yet delivered, by subscription.
+    pub backlog: prometheus::IntGaugeVec,
+    /// Events dropped past the backlog cap, by subscription.
+    pub dropped: IntCounterVec,
+    /// Dead letters kept, by subscription.
+    pub dead_letters: prometheus::IntGaugeVec,
+    /// Open connections to the admin socket's event stream.
+    pub streams: IntGauge,
+}
+
+fn webhook_metrics() -> WebhookMetrics {
+    let sub = &["subscription"];
+    WebhookMetrics {
+        deliveries: must(IntCounterVec::new(
+            Opts::new(
+                "webhook_deliveries_total",
+                "Webhook delivery attempts, by subscription and outcome",
+            ),
+            &["subscription", "outcome"],
+        )),
+        backlog: must(prometheus::IntGaugeVec::new(
+            Opts::new(
+                "webhook_backlog_events",
+                "Events waiting for delivery, by subscription",
+            ),
+            sub,
+        )),
+        dropped: must(IntCounterVec::new(
+            Opts::new(
+                "webhook_events_dropped_total",
+                "Events dropped undelivered past the backlog cap, by subscription",
+            ),
+            sub,
+        )),
+        dead_letters: must(prometheus::IntGaugeVec::new(
+            Opts::new(
+                "webhook_dead_letters",
+                "Deliveries given up and kept for redelivery, by subscription",
+            ),
+            sub,
+        )),
+        streams: must(IntGauge::new(
+            "event_stream_connections",
+            "Open connections to the admin socket's event stream",
+        )),
+    }
 }
 
 /// The namespace the registry puts before every name.
@@ -135,39 +192,12 @@ const fn reserved(
 }
 
 /// Every reserved metric, in the order of `docs/OPERATIONS.md`.
-pub const RESERVED: &[ReservedMetric] = &[
-    reserved(
-        "credbroker_introspection_requests_total",
-        "counter",
-        &["issuer", "outcome"],
-        43,
-    ),
-    reserved(
-        "credbroker_webhook_deliveries_total",
-        "counter",
-        &["subscription", "outcome"],
-        44,
-    ),
-    reserved(
-        "credbroker_webhook_backlog_events",
-        "gauge",
-        &["subscription"],
-        44,
-    ),
-    reserved(
-        "credbroker_webhook_events_dropped_total",
-        "counter",
-        &["subscription"],
-        44,
-    ),
-    reserved(
-        "credbroker_webhook_dead_letters",
-        "gauge",
-        &["subscription"],
-        44,
-    ),
-    reserved("credbroker_event_stream_connections", "gauge", &[], 44),
-];
+pub const RESERVED: &[ReservedMetric] = &[reserved(
+    "credbroker_introspection_requests_total",
+    "counter",
+    &["issuer", "outcome"],
+    43,
+)];
 
 /// The clock's offset from the database's and when it was measured
 /// (`infra::skew`).
@@ -401,6 +431,7 @@ impl Metrics {
             ssf_last_event,
             ssf_unmapped,
             otel_spans_dropped,
+            webhooks: webhook_metrics(),
         };
         for c in metrics.collectors() {
             must(metrics.registry.register(c));
@@ -439,6 +470,11 @@ impl Metrics {
             Box::new(self.ssf_last_event.clone()),
             Box::new(self.ssf_unmapped.clone()),
             Box::new(self.otel_spans_dropped.clone()),
+            Box::new(self.webhooks.deliveries.clone()),
+            Box::new(self.webhooks.backlog.clone()),
+            Box::new(self.webhooks.dropped.clone()),
+            Box::new(self.webhooks.dead_letters.clone()),
+            Box::new(self.webhooks.streams.clone()),
         ]
     }
 

@@ -7,6 +7,8 @@
 //!   PostgreSQL for replicas).
 //! - [`seal`]: encryption at rest.
 //! - [`events`]: audit events.
+//! - [`webhooks`]: audit events delivered to webhook subscriptions and the
+//!   admin socket's event stream.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`skew`]: this instance's clock against the shared store's.
 //! - [`telemetry`]: OpenTelemetry spans and metrics over OTLP (off by
@@ -25,3 +27,4 @@ pub(crate) mod seal;
 pub(crate) mod skew;
 pub(crate) mod store;
 pub(crate) mod telemetry;
+pub(crate) mod webhooks;

@@ -155,9 +155,9 @@ pub(super) fn metrics(
 
 /// The admin socket's path: `[admin] socket`, else `admin.sock` beside the
 /// config.
-pub(super) fn admin_socket(raw: Option<RawAdmin>, check: &Check<'_>) -> PathBuf {
-    raw.map_or_else(
-        || check.rel(Path::new("admin.sock")),
-        |a| check.rel(&a.socket),
-    )
+pub(super) fn admin_socket(raw: Option<&RawAdmin>, check: &Check<'_>) -> PathBuf {
+    match raw.and_then(|a| a.socket.as_deref()) {
+        Some(p) => check.rel(p),
+        None => check.rel(Path::new("admin.sock")),
+    }
 }

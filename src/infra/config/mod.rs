@@ -14,7 +14,7 @@
 //! Files: `raw` (stage one), `listeners` (`[socket]`, `[public]`,
 //! `[metrics]`, `[admin]`), `issuers` (`[[trusted_issuers]]`), `providers`
 //! (`[providers.<name>]`), `upstreams` (`[upstreams.<name>]`), `ssf`
-//! (`[ssf.transmitters.<name>]`),
+//! (`[ssf.transmitters.<name>]`), `webhooks` (`[webhooks.<name>]`),
 //! `secret_files`, `reference` (the accepted keys,
 //! read from `raw`, which `docs/CONFIGURATION.md` is tested against),
 //! `reserved` (keys named for features not built yet, refused as such);
@@ -33,6 +33,7 @@ mod secret_files;
 mod ssf;
 mod telemetry;
 mod upstreams;
+mod webhooks;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -52,6 +53,7 @@ pub(crate) use telemetry::TelemetryConfig;
 pub(crate) use upstreams::{
     AudienceParam, ScopeClaim, UpstreamClientAuth, UpstreamConfig, UpstreamResource,
 };
+pub(crate) use webhooks::{Signing, WebhookConfig};
 
 use crate::base::grammar::secure_or_loopback;
 use crate::base::jose::Alg;
@@ -165,6 +167,11 @@ pub struct Config {
     /// The Shared Signals transmitters (`[ssf.transmitters.<name>]`), by
     /// name.
     pub ssf: BTreeMap<String, SsfTransmitter>,
+    /// Webhook subscriptions (`[webhooks.<name>]`), in name order.
+    pub(crate) webhooks: Vec<WebhookConfig>,
+    /// Live event streams the admin socket serves at once
+    /// (`admin.event_stream_max_connections`).
+    pub event_streams: usize,
 }
 
 /// DPoP settings.
@@ -295,6 +302,13 @@ impl Config {
         let providers = providers::providers(raw.providers, &issuer, &mut check);
         let upstreams = upstreams::upstreams(raw.upstreams, &trusted_issuers, &mut check);
         let ssf = ssf::ssf(raw.ssf, &trusted_issuers, &issuer, &mut check);
+        let webhooks = webhooks::webhooks(raw.webhooks, &mut check);
+        let event_streams = webhooks::event_streams(
+            raw.admin
+                .as_ref()
+                .and_then(|a| a.event_stream_max_connections),
+            &mut check,
+        );
         let store = postgres::backend(
             raw.store.as_deref(),
             raw.postgres,
@@ -315,7 +329,7 @@ impl Config {
                 // Refused above: PostgreSQL needs `audit_log`.
                 (None, None) => PathBuf::new(),
             },
-            admin_socket: listeners::admin_socket(raw.admin, &check),
+            admin_socket: listeners::admin_socket(raw.admin.as_ref(), &check),
             store,
             socket,
             public,
@@ -347,6 +361,8 @@ impl Config {
             quickstart_demo,
             upstreams,
             ssf,
+            webhooks,
+            event_streams,
         })
     }
 }

@@ -48,6 +48,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub(super) upstreams: BTreeMap<String, RawUpstream>,
     #[serde(default)]
+    pub(super) webhooks: BTreeMap<String, RawWebhook>,
+    #[serde(default)]
     pub(super) ssf: Option<RawSsf>,
     #[serde(default)]
     pub(super) telemetry: Option<super::telemetry::RawTelemetry>,
@@ -85,6 +87,30 @@ pub(super) struct RawTransmitter {
     pub(super) max_set_bytes: Option<usize>,
     #[serde(default)]
     pub(super) per_second: Option<u32>,
+}
+
+/// `[webhooks.<name>]`: a subscription that receives audit events as
+/// Standard Webhooks.
+#[derive(Debug, Deserialize)]
+pub(super) struct RawWebhook {
+    pub(super) url: String,
+    pub(super) events: Vec<String>,
+    #[serde(default)]
+    pub(super) secret_files: Option<Vec<PathBuf>>,
+    #[serde(default)]
+    pub(super) signing: Option<String>,
+    #[serde(default)]
+    pub(super) ed25519_key_file: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) timeout: Option<String>,
+    #[serde(default)]
+    pub(super) max_concurrency: Option<usize>,
+    #[serde(default)]
+    pub(super) max_backlog_age: Option<String>,
+    #[serde(default)]
+    pub(super) max_backlog_bytes: Option<u64>,
+    #[serde(default)]
+    pub(super) max_retry_after: Option<String>,
 }
 
 /// `[upstreams.<name>]`: an organisation's authorization server for
@@ -235,7 +261,10 @@ pub(super) struct RawSocket {
 
 #[derive(Debug, Deserialize)]
 pub(super) struct RawAdmin {
-    pub(super) socket: PathBuf,
+    #[serde(default)]
+    pub(super) socket: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) event_stream_max_connections: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]

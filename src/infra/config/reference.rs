@@ -364,7 +364,9 @@ mod tests {
         assert_eq!(get("socket").toml_type, "table");
         assert!(get("socket").required);
         assert!(!get("admin").required);
-        assert!(get("admin.socket").required);
+        assert!(!get("admin.socket").required);
+        assert!(get("webhooks.<name>.url").required);
+        assert!(!get("webhooks.<name>.max_concurrency").required);
         assert_eq!(get("socket.allowed_uids").toml_type, "array of integers");
         assert_eq!(get("dpop.require_nonce").toml_type, "boolean");
         assert!(!get("dpop.require_nonce").required);

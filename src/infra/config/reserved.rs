@@ -31,16 +31,4 @@ pub const RESERVED_KEYS: &[ReservedKey] = &[
     ),
     key("trusted_issuers[].introspect_jwts", "boolean", 43),
     key("trusted_issuers[].introspection_cache_ttl", "duration", 43),
-    // Issue 44: webhooks.
-    key("webhooks.<name>.url", "URL", 44),
-    key("webhooks.<name>.events", "array of strings", 44),
-    key("webhooks.<name>.secret_files", "array of strings", 44),
-    key("webhooks.<name>.signing", "string", 44),
-    key("webhooks.<name>.ed25519_key_file", "path", 44),
-    key("webhooks.<name>.timeout", "duration", 44),
-    key("webhooks.<name>.max_concurrency", "integer", 44),
-    key("webhooks.<name>.max_backlog_age", "duration", 44),
-    key("webhooks.<name>.max_backlog_bytes", "integer", 44),
-    key("webhooks.<name>.max_retry_after", "duration", 44),
-    key("admin.event_stream_max_connections", "integer", 44),
 ];

@@ -126,7 +126,7 @@ pub(super) fn upstreams(
     out
 }
 
-fn valid_name(s: &str) -> bool {
+pub(super) fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
         && s.bytes()

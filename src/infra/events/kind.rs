@@ -95,11 +95,11 @@ kinds! {
     /// A Shared Signals event (SET) was received and acted on, or found
     /// a repeat.
     SsfEventReceived = "ssf.event_received",
-    // Reserved (issue 38): named for this wave's features, not yet emitted;
-    // see `Kind::RESERVED`.
-    /// Reserved (issue 44): a webhook subscription's backlog overflowed.
+    /// A webhook subscription's backlog passed its cap: events were
+    /// dropped undelivered.
     WebhookEventsDropped = "webhook.events_dropped",
-    /// Reserved (issue 44): a webhook delivery gave up (dead letter).
+    /// A webhook delivery was given up (a dead letter, kept for
+    /// `credbroker events redeliver`).
     WebhookDeadLettered = "webhook.dead_lettered",
 }
 
@@ -107,7 +107,8 @@ impl Kind {
     /// The types named for features not built yet (issue 38): nothing
     /// writes them. `docs/OPERATIONS.md` marks exactly these "reserved: not
     /// yet emitted"; a feature that writes one takes it out of this list.
-    pub const RESERVED: &'static [Kind] = &[Kind::WebhookEventsDropped, Kind::WebhookDeadLettered];
+    /// Every type named for this wave is written now.
+    pub const RESERVED: &'static [Kind] = &[];
 }
 
 impl serde::Serialize for Kind {

@@ -28,7 +28,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use aws_lc_rs::hmac;
@@ -212,6 +212,29 @@ pub struct Event<'a> {
     /// (a proxied call's end).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<&'a str>,
+    /// The webhook subscription (its name in the config), on `webhook.*`
+    /// events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscription: Option<&'a str>,
+    /// For `webhook.events_dropped`: how many events were dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    /// For `webhook.events_dropped`: the time of the oldest dropped event
+    /// (Unix time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_time: Option<i64>,
+    /// For `webhook.dead_lettered`: the delivery's `webhook-id`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook_id: Option<&'a str>,
+    /// For `webhook.dead_lettered`: the delivery attempts made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    /// The event's number within its process's boot (from 1): with
+    /// `boot_id` it names the event, and a webhook delivery's
+    /// `webhook-id` is made from the two. Added by `Audit::record`; callers
+    /// leave it empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
     /// Fields named for features not built yet (issue 38), written at the
     /// top level of the event; always empty until their feature fills them.
     #[serde(flatten)]
@@ -224,21 +247,10 @@ pub struct Event<'a> {
 /// feature that writes one moves it into [`Event`].
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReservedFields<'a> {
-    /// Issue 44: the webhook subscription (its name in the config).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub subscription: Option<&'a str>,
-    /// Issue 44: how many events were dropped.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub count: Option<u64>,
-    /// Issue 44: the time of the oldest dropped event (Unix time).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub oldest_time: Option<i64>,
-    /// Issue 44: the delivery's `webhook-id`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub webhook_id: Option<&'a str>,
-    /// Issue 44: delivery attempts made.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub attempts: Option<u32>,
+    /// Every field named for this wave is written now; the struct stays for
+    /// the next wave's names.
+    #[serde(skip)]
+    pub _none: std::marker::PhantomData<&'a ()>,
 }
 
 /// The event written before a proxied call goes upstream (no event, no
@@ -327,6 +339,12 @@ impl<'a> Event<'a> {
             instance: None,
             boot_id: None,
             trace_id: None,
+            subscription: None,
+            count: None,
+            oldest_time: None,
+            webhook_id: None,
+            attempts: None,
+            seq: None,
             reserved: ReservedFields::default(),
         }
     }
@@ -388,6 +406,8 @@ pub struct Audit {
     instance: Option<String>,
     /// Written into every event when set (see [`Audit::with_boot_id`]).
     boot_id: Option<String>,
+    /// The last `seq` given (see [`Event::seq`]).
+    seq: AtomicU64,
     /// Keys [`Audit::opaque`] (boxed: the key schedule is large, and an
     /// `Audit` travels by value in `ops::Offline`).
     key: Box<hmac::Key>,
@@ -437,6 +457,7 @@ impl Audit {
             repaired: None,
             instance: None,
             boot_id: None,
+            seq: AtomicU64::new(0),
             key: Box::new(hmac::Key::new(hmac::HMAC_SHA256, &random)),
         }
     }
@@ -480,6 +501,11 @@ impl Audit {
             len: value.len(),
             hmac_sha256: hex::encode(hmac::sign(&self.key, value.as_bytes())),
         }
+    }
+
+    /// The audit file's path (event delivery reads it).
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Bytes of a torn tail removed when the file was opened.
@@ -543,6 +569,14 @@ impl Audit {
                 json.pop();
                 json.push_str(",\"boot_id\":");
                 json.push_str(&serde_json::to_string(id).map_err(|e| AuditError(e.to_string()))?);
+                // The event's number in this boot: with the boot id it
+                // names the event (a webhook's `webhook-id`). A failed
+                // write leaves a gap, never a reuse.
+                if e.seq.is_none() {
+                    let n = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+                    json.push_str(",\"seq\":");
+                    json.push_str(&n.to_string());
+                }
                 json.push('}');
             }
         }

@@ -125,10 +125,13 @@ pub enum Tree {
     /// Shared Signals events received, by transmitter and `jti`, stored
     /// before they are acknowledged (`derive::ssf`).
     SsfEvents,
+    /// Webhook delivery: each instance's cursor in its own audit file per
+    /// subscription, and its dead letters.
+    Webhooks,
 }
 
 /// Every tree, in a fixed order (for copies between stores and for tests).
-pub(crate) const ALL_TREES: [Tree; 18] = [
+pub(crate) const ALL_TREES: [Tree; 19] = [
     Tree::SigningKeys,
     Tree::State,
     Tree::Accounts,
@@ -147,6 +150,7 @@ pub(crate) const ALL_TREES: [Tree; 18] = [
     Tree::ClientKeys,
     Tree::PersonEmails,
     Tree::SsfEvents,
+    Tree::Webhooks,
 ];
 
 impl Tree {
@@ -171,6 +175,7 @@ impl Tree {
             Tree::ClientKeys => "client_keys",
             Tree::PersonEmails => "person_emails",
             Tree::SsfEvents => "ssf_events",
+            Tree::Webhooks => "webhooks",
         }
     }
 

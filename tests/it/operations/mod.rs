@@ -10,3 +10,4 @@ mod metrics_listener;
 mod startup;
 mod version;
 mod walkthrough;
+mod webhooks;

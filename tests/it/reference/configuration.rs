@@ -47,6 +47,10 @@ audience = ["api://notes"]
 issuer = "https://tx.example"
 push_authorization_file = "ssf-push"
 trusted_issuers = ["https://broker.example"]
+[webhooks.demo]
+url = "https://siem.example/hook"
+events = ["derive.denied"]
+secret_files = ["whsec"]
 "#;
 
 /// One row of the page's key tables.

@@ -171,6 +171,12 @@ fn event_fields() -> BTreeSet<String> {
         subject_sha256: Some("a"),
         action: Some("a"),
         delay_seconds: Some(1),
+        subscription: Some("a"),
+        count: Some(1),
+        oldest_time: Some(1),
+        webhook_id: Some("a"),
+        attempts: Some(1),
+        seq: Some(1),
         reserved: all_reserved_fields(),
     };
     let serde_json::Value::Object(m) = serde_json::to_value(&e).unwrap() else {
@@ -194,11 +200,7 @@ fn event_fields() -> BTreeSet<String> {
 /// Every reserved field set (no `..`, as above).
 fn all_reserved_fields() -> ReservedFields<'static> {
     ReservedFields {
-        subscription: Some("a"),
-        count: Some(1),
-        oldest_time: Some(1),
-        webhook_id: Some("a"),
-        attempts: Some(1),
+        _none: std::marker::PhantomData,
     }
 }
 
@@ -248,6 +250,11 @@ fn rendered(m: &Metrics) -> BTreeSet<(String, String)> {
         .inc();
     m.ssf_last_event.with_label_values(&["idp"]).set(1.0);
     m.ssf_unmapped.with_label_values(&["idp"]).inc();
+    let w = &m.webhooks;
+    w.deliveries.with_label_values(&["siem", "delivered"]).inc();
+    w.backlog.with_label_values(&["siem"]).set(1);
+    w.dropped.with_label_values(&["siem"]).inc();
+    w.dead_letters.with_label_values(&["siem"]).set(1);
     m.render()
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -658,9 +665,9 @@ fn reserved_event_types_and_fields_are_marked_and_nothing_else_is() {
         .collect();
     let all: BTreeSet<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
     assert!(kinds.iter().all(|k| all.contains(k.as_str())), "{kinds:?}");
-    // Issue 43's person.revoked, person.restored and ssf.event_received
-    // are emitted since, and issue 41's client_keys.rotated.
-    assert!(kinds.len() >= 2, "{kinds:?}");
+    // Every kind named for this wave is emitted now (issue 41's
+    // client_keys.rotated, issue 43's person.* and ssf.event_received,
+    // issue 44's webhook.*): the list is empty, and the page marks none.
     // The event table's meaning cell, and the field table's, start with the mark.
     let doc_kinds = marked(&text, "Event", 2, MARK);
     assert_eq!(
@@ -668,11 +675,12 @@ fn reserved_event_types_and_fields_are_marked_and_nothing_else_is() {
         "event types marked \"{MARK}\" against Kind::RESERVED"
     );
     let fields = reserved_fields();
-    // A floor that shows the table was read: issues 41, 42 and 43 emit
-    // eleven of them since (retired_kid; request_sha256; source,
+    // A floor that shows the table was read: issues 41, 42, 43 and 44
+    // emit sixteen of them since (retired_kid; request_sha256; source,
     // ssf_event_type, revoke_at_providers, effective_time, revocation_time;
-    // transmitter, subject_sha256, action, delay_seconds), issue 44 one (trace_id).
-    assert!(fields.len() >= 5, "{fields:?}");
+    // transmitter, subject_sha256, action, delay_seconds), issue 44 all of
+    // its own (trace_id; subscription, count, oldest_time, webhook_id,
+    // attempts): none is left, and the page marks none.
     let doc_fields = marked(&text, "Field", 1, MARK);
     assert_eq!(
         doc_fields, fields,
@@ -683,8 +691,14 @@ fn reserved_event_types_and_fields_are_marked_and_nothing_else_is() {
     let v = serde_json::to_value(&e).unwrap();
     assert!(fields.iter().all(|f| v.get(f).is_none()), "{v}");
     // The control: the mark is read (an unmarked page finds none).
+    let sample =
+        "| Field | Meaning |\n|---|---|\n| `x` | reserved: not yet emitted (issue 99). |\n";
+    assert_eq!(
+        marked(sample, "Field", 1, MARK),
+        BTreeSet::from(["x".to_string()])
+    );
     let unmarked = text.replace(MARK, "emitted");
-    assert!(marked(&unmarked, "Event", 2, MARK).is_empty());
+    assert!(marked(&unmarked, "Field", 1, MARK).is_empty());
 }
 
 #[test]
@@ -710,8 +724,8 @@ fn every_reserved_metric_is_documented_as_reserved_and_not_registered() {
         .collect();
     // Issues 40 and 41 registered five of them since, issue 43 the two of
     // the person stop and the three of the SSF receiver, issue 44 the
-    // dropped spans; six remain.
-    assert!(code.len() >= 6 && doc.len() >= 6, "{code:?} / {doc:?}");
+    // dropped spans and the five of event delivery: issue 43's
+    // introspection counter is left.
     let problems = compare_metrics(&doc, &code);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     // Reserved means not served: none is registered (a feature that
