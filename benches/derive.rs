@@ -191,6 +191,7 @@ fn broker_derive(c: &mut Criterion) {
     let key = Es256Key::generate().unwrap().0;
     let subject = issuer.token();
     let request = |subject_token: String| DeriveRequest {
+        subject_token_type: Default::default(),
         subject_token: SecretString::new(subject_token),
         step: "summarize".into(),
         tool: "notes.read".into(),

@@ -72,7 +72,7 @@ pub mod events {
 pub mod exchange {
     pub use crate::derive::exchange::{
         ApprovalRefusal, DeriveError, DeriveRequest, Endpoint, IntendedRequest, InternalError,
-        Issued, LinkRefusal,
+        Issued, LinkRefusal, SubjectTokenType,
     };
 }
 

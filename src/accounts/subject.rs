@@ -8,6 +8,13 @@
 //! `nbf`. ID tokens (`nonce`, `at_hash`, `c_hash`), sender-constrained tokens
 //! (`cnf`) and credbroker's own tokens are refused.
 //!
+//! An ID token is a subject token only where the derive says so
+//! (`subject_token_type` id_token) and only for an `exchange` resource:
+//! [`Validator::validate_id_token`] checks it as an ID token (OpenID
+//! Connect Core section 3.1.3.7) for that resource's upstream: its issuer
+//! is the upstream's, its `aud` names the broker's client there. It is
+//! never cached, so it never reaches a `self` derive through the cache.
+//!
 //! The person is the pair (`iss`, `sub`). A verified token may be cached by
 //! its SHA-256 for at most 60 s and never past its `exp`.
 
@@ -85,6 +92,10 @@ pub enum SubjectError {
     /// An ID token, a DPoP-bound token, or one of ours.
     #[error("this is not an access token for this agent ({0})")]
     WrongKind(&'static str),
+    /// An ID token (by `subject_token_type`) where none is accepted, or
+    /// one that is not an ID token for the resource's upstream.
+    #[error("an ID token is a subject token only for an exchange resource, issued by its upstream for the broker's client there ({0})")]
+    IdToken(&'static str),
     /// The issuer's keys could not be fetched.
     #[error("the issuer's keys are unavailable")]
     KeysUnavailable,
@@ -110,6 +121,25 @@ struct SubjectClaims {
     at_hash: Option<serde_json::Value>,
     #[serde(default)]
     c_hash: Option<serde_json::Value>,
+    #[serde(default)]
+    cnf: Option<serde_json::Value>,
+    #[serde(flatten)]
+    rest: HashMap<String, serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct IdTokenClaims {
+    iss: String,
+    sub: String,
+    aud: Audience,
+    #[serde(default)]
+    azp: Option<String>,
+    #[serde(deserialize_with = "jose::numeric_date")]
+    exp: i64,
+    #[serde(deserialize_with = "jose::numeric_date")]
+    iat: i64,
+    #[serde(default, deserialize_with = "jose::opt_numeric_date")]
+    nbf: Option<i64>,
     #[serde(default)]
     cnf: Option<serde_json::Value>,
     #[serde(flatten)]
@@ -311,25 +341,7 @@ impl Validator {
                 return Err(SubjectError::WrongKind("a token minted by credbroker"));
             }
         }
-        let kid = jws.header.kid.as_deref();
-        let keys = issuer.keys.keys();
-        let jwk = match keys.select(kid, alg) {
-            Some(k) => k.clone(),
-            None => {
-                let fresh = self
-                    .refetch(issuer, now)
-                    .await
-                    .ok_or(SubjectError::UnknownKey)?;
-                fresh
-                    .select(kid, alg)
-                    .cloned()
-                    .ok_or(SubjectError::UnknownKey)?
-            }
-        };
-        jwk.verify(alg, &jws).map_err(|e| match e {
-            JoseError::Alg => SubjectError::Alg,
-            e => SubjectError::Jose(e),
-        })?;
+        self.verify(issuer, &jws, alg, now).await?;
         let claims: SubjectClaims =
             serde_json::from_slice(&jws.payload).map_err(|_| SubjectError::Claims)?;
         if claims.iss != issuer.cfg.issuer || claims.sub.is_empty() {
@@ -370,6 +382,124 @@ impl Validator {
                 .and_then(serde_json::Value::as_i64)
                 .filter(|t| *t > 0),
             email: verified_email(&claims.rest),
+        })
+    }
+
+    /// The signature of `jws` by a key of `issuer` (its key set, refetched
+    /// on an unknown `kid` at most once a minute).
+    async fn verify(
+        &self,
+        issuer: &Issuer,
+        jws: &jose::Jws<'_>,
+        alg: jose::Alg,
+        now: i64,
+    ) -> Result<(), SubjectError> {
+        let kid = jws.header.kid.as_deref();
+        let keys = issuer.keys.keys();
+        let jwk = match keys.select(kid, alg) {
+            Some(k) => k.clone(),
+            None => {
+                let fresh = self
+                    .refetch(issuer, now)
+                    .await
+                    .ok_or(SubjectError::UnknownKey)?;
+                fresh
+                    .select(kid, alg)
+                    .cloned()
+                    .ok_or(SubjectError::UnknownKey)?
+            }
+        };
+        jwk.verify(alg, jws).map_err(|e| match e {
+            JoseError::Alg => SubjectError::Alg,
+            e => SubjectError::Jose(e),
+        })
+    }
+
+    /// Validates an ID token as a subject token for an `exchange`
+    /// resource whose upstream has issuer `issuer` and knows the broker as
+    /// `client_id` (OpenID Connect Core section 3.1.3.7): size, a typed
+    /// header (`typ` absent or `JWT`; never an access token's, a DPoP
+    /// proof's or a token of ours), `alg` in the issuer's list, the
+    /// issuer's keys, the signature, `iss` = `issuer` (a trusted issuer),
+    /// `sub`, `aud` naming `client_id` (with several audiences, `azp` =
+    /// `client_id`; `azp`, when present, always), `iat` and `exp` (30 s
+    /// skew), `nbf`, no `cnf`, the issuer's required claims. Never cached.
+    pub async fn validate_id_token(
+        &self,
+        token: &str,
+        now: i64,
+        issuer: &str,
+        client_id: &str,
+    ) -> Result<Subject, SubjectError> {
+        let jws = jose::parse(token, MAX_SUBJECT_LEN)?;
+        let peek: PeekIss =
+            serde_json::from_slice(&jws.payload).map_err(|_| SubjectError::Claims)?;
+        if peek.iss.as_ref().and_then(|v| v.as_str()) != Some(issuer) {
+            return Err(SubjectError::IdToken(
+                "its iss is not the upstream's issuer",
+            ));
+        }
+        let trusted = self
+            .issuers
+            .get(issuer)
+            .ok_or(SubjectError::UntrustedIssuer)?;
+        let alg = jose::check_header(
+            &jws.header,
+            &jose::HeaderRule {
+                typ: jose::TypRule::MediaTypes {
+                    allowed: &["JWT"],
+                    absent_ok: true,
+                },
+                algs: &trusted.cfg.algs,
+            },
+        )
+        .map_err(|e| match e {
+            jose::HeaderError::Typ => SubjectError::IdToken("its typ is not an ID token's"),
+            jose::HeaderError::Alg => SubjectError::Alg,
+        })?;
+        if jws.header.kid.as_deref().is_some_and(|k| (self.own_kid)(k)) {
+            return Err(SubjectError::WrongKind("a token minted by credbroker"));
+        }
+        self.verify(trusted, &jws, alg, now).await?;
+        let c: IdTokenClaims =
+            serde_json::from_slice(&jws.payload).map_err(|_| SubjectError::Claims)?;
+        if c.iss != issuer || c.sub.is_empty() {
+            return Err(SubjectError::Claims);
+        }
+        let several = matches!(&c.aud, Audience::Many(v) if v.len() > 1);
+        if !c.aud.contains(client_id)
+            || c.azp.as_deref().is_some_and(|a| a != client_id)
+            || (several && c.azp.is_none())
+        {
+            return Err(SubjectError::Audience);
+        }
+        if c.exp + SKEW <= now || c.iat - SKEW > now || c.nbf.is_some_and(|n| n - SKEW > now) {
+            return Err(SubjectError::Expired);
+        }
+        if c.cnf.is_some() {
+            return Err(SubjectError::WrongKind("a sender-constrained token"));
+        }
+        if trusted
+            .cfg
+            .required_claims
+            .iter()
+            .any(|k| !c.rest.contains_key(k))
+        {
+            return Err(SubjectError::Claims);
+        }
+        Ok(Subject {
+            person: Person {
+                iss: c.iss,
+                sub: c.sub,
+            },
+            exp: c.exp,
+            email: verified_email(&c.rest),
+            // As for access tokens: a malformed one counts as none.
+            auth_time: c
+                .rest
+                .get("auth_time")
+                .and_then(serde_json::Value::as_i64)
+                .filter(|t| *t > 0),
         })
     }
 

@@ -7,6 +7,15 @@
 // issues to that key (cnf.jkt). Tokens are RFC 9068 JWTs signed with the
 // provider's own ES256 key (the one its JWKS publishes).
 //
+// It is also the organisation's IdP for identity chaining: a token exchange
+// with requested_token_type id-jag and audience = a resource AS it knows
+// (the "id_jag" command) answers an ID-JAG (typ oauth-id-jag+jwt, aud = that
+// AS, client_id = the broker's client there, cnf.jkt = the relayed proof's
+// key, token_type N_A); and an ID token (subject_token_type id_token, aud =
+// config.client_id) is accepted as a subject token. Its metadata advertises
+// identity_chaining_requested_token_types_supported (without id-jag when
+// config.advertise_id_jag is false).
+//
 //   node org-as.mjs CONFIG.json
 //
 // CONFIG: { "client_id": "...", "client_secret": "...", "audience": "repo-helper",
@@ -23,12 +32,17 @@
 // Prints {"issuer", "jwks_uri", "token_endpoint"} when listening, then reads
 // JSON commands on stdin, one per line, answering one JSON line each:
 //   {"cmd":"subject","sub":"alice","ttl":3600}  -> {"token": a subject token (aud = config.audience)}
+//   {"cmd":"id_token","sub":"alice","aud":"..."} -> {"token": an ID token (aud default config.client_id)}
+//   {"cmd":"id_jag","audience":AS issuer,"client_id":"..."} -> {"ok":true}: ID-JAGs for that AS name that client
+//   {"cmd":"release"} -> {"ok":true}: answers the exchange held by mode "hold"
+//   {"cmd":"held"}    -> {"held": bool}: whether an exchange is held now
 //   {"cmd":"mode","mode":"ok"}                  -> {"ok":true}; how the token endpoint behaves next:
 //      ok, unbound, bearer, wider_scope, two_aud, long_life, past_subject, other_key,
 //      refresh_type (issued_token_type refresh_token), with_refresh (ok plus a refresh_token),
 //      opaque, error500, html, redirect, big (a 100 KiB JSON body), hang (no answer for 30 s),
 //      invalid_scope, invalid_client, invalid_grant,
-//      nonce (proofs must carry the server's DPoP nonce; without it: 400 use_dpop_nonce with DPoP-Nonce)
+//      nonce (proofs must carry the server's DPoP nonce; without it: 400 use_dpop_nonce with DPoP-Nonce),
+//      for ID-JAGs: unbound_jag, other_client_jag, wrong_aud_jag, hold (the answer waits for "release")
 //   {"cmd":"count"} -> {"exchanges": n} token requests received so far (any mode)
 //   {"cmd":"last"}  -> the form of the last token request (subject_token left out)
 //   {"cmd":"client_jwks","url":"..."} -> {"ok":true}; where /client-jwks forwards to
@@ -54,6 +68,8 @@ let assertionsVerified = 0;
 const assertionsRefused = [];
 const clientErrors = [];
 let lastActor = null;
+const IDJAG = 'urn:ietf:params:oauth:token-type:id-jag';
+const IDT = 'urn:ietf:params:oauth:token-type:id_token';
 
 const es = await jose.generateKeyPair('ES256', { extractable: true });
 const priv = { ...(await jose.exportJWK(es.privateKey)), kid: 'es256-1', alg: 'ES256', use: 'sig' };
@@ -94,6 +110,9 @@ const provider = new Provider(issuer, {
   jwks: { keys: [priv] },
   findAccount: async (_ctx, id) => ({ accountId: id, claims: async () => ({ sub: id }) }),
   features: { devInteractions: { enabled: false } },
+  discovery: {
+    identity_chaining_requested_token_types_supported: cfg.advertise_id_jag === false ? [AT] : [AT, IDJAG],
+  },
   cookies: { keys: [randomBytes(16).toString('hex')] },
 });
 provider.proxy = false;
@@ -111,6 +130,10 @@ let mode = 'ok';
 // With mode "nonce": every proof must carry this nonce.
 const asNonce = randomBytes(12).toString('base64url');
 let exchanges = 0;
+// ID-JAG audiences (resource AS issuers) -> the broker's client id there.
+const jagClients = {};
+// Mode "hold": the held exchange's release.
+let release = null;
 let last = null;
 const seenJti = new Set();
 
@@ -156,17 +179,19 @@ async function tokenExchange(ctx) {
   if (mode === 'invalid_scope') throw new errors.InvalidScope('scope not allowed here', params.scope ?? '');
   if (mode === 'invalid_client') throw new errors.InvalidClient('client not allowed to exchange');
   if (mode === 'invalid_grant') throw new errors.InvalidGrant('the person signed out here');
-  if (params.subject_token_type !== AT) throw new errors.InvalidRequest('subject_token_type');
-  if (params.requested_token_type && params.requested_token_type !== AT) throw new errors.InvalidRequest('requested_token_type');
+  if (params.subject_token_type !== AT && params.subject_token_type !== IDT) throw new errors.InvalidRequest('subject_token_type');
+  if (params.requested_token_type && params.requested_token_type !== AT && params.requested_token_type !== IDJAG) throw new errors.InvalidRequest('requested_token_type');
   let subject;
   try {
-    ({ payload: subject } = await jose.jwtVerify(params.subject_token, localKeys, {
-      issuer, audience: cfg.audience, typ: 'at+jwt',
-    }));
+    // An ID token's audience is the client asking (the broker here).
+    ({ payload: subject } = await jose.jwtVerify(params.subject_token, localKeys, params.subject_token_type === IDT
+      ? { issuer, audience: ctx.oidc.client.clientId, typ: 'JWT' }
+      : { issuer, audience: cfg.audience, typ: 'at+jwt' }));
   } catch {
     throw new errors.InvalidGrant('subject token invalid');
   }
   const { jkt, nonce } = await checkProof(ctx);
+  if (params.requested_token_type === IDJAG) { await idJag(ctx, subject, jkt); return; }
   if (mode === 'nonce' && nonce !== asNonce) {
     // RFC 9449 section 8: the server's nonce, in DPoP-Nonce.
     ctx.status = 400;
@@ -211,6 +236,32 @@ async function tokenExchange(ctx) {
   ctx.body = body;
   ctx.set('cache-control', 'no-store');
 }
+// Leg 1 of identity chaining: an ID-JAG for the resource AS named by
+// `audience`, for the broker's client there, bound to the proof's key.
+async function idJag(ctx, subject, jkt) {
+  const { params } = ctx.oidc;
+  const audiences = [].concat(params.audience ?? []);
+  if (audiences.length !== 1 || !jagClients[audiences[0]]) throw new errors.InvalidTarget('unknown audience');
+  const resources = [].concat(params.resource ?? []);
+  if (resources.length !== 1) throw new errors.InvalidTarget('one resource');
+  const now = Math.floor(Date.now() / 1000);
+  const claims = {
+    iss: issuer, sub: subject.sub, aud: audiences[0], client_id: jagClients[audiences[0]],
+    resource: resources[0], iat: now, exp: Math.min(now + 300, subject.exp),
+    jti: randomBytes(12).toString('base64url'),
+  };
+  if (params.scope) claims.scope = params.scope;
+  if (mode !== 'unbound_jag') claims.cnf = { jkt };
+  if (mode === 'other_client_jag') claims.client_id = 'someone-else';
+  if (mode === 'wrong_aud_jag') claims.aud = 'https://other-as.example';
+  const jag = await new jose.SignJWT(claims)
+    .setProtectedHeader({ alg: 'ES256', kid: 'es256-1', typ: 'oauth-id-jag+jwt' })
+    .sign(es.privateKey);
+  if (mode === 'hold') await new Promise((resolve) => { release = resolve; });
+  ctx.body = { access_token: jag, issued_token_type: IDJAG, token_type: 'N_A', expires_in: claims.exp - now };
+  ctx.set('cache-control', 'no-store');
+}
+
 provider.registerGrantType(TE, tokenExchange,
   ['subject_token', 'subject_token_type', 'requested_token_type', 'resource', 'audience', 'scope',
     'actor_token', 'actor_token_type'],
@@ -259,7 +310,17 @@ rl.on('line', async (line) => {
         .setJti(randomBytes(12).toString('base64url'))
         .sign(es.privateKey);
       console.log(JSON.stringify({ token }));
-    } else if (cmd.cmd === 'mode') { mode = String(cmd.mode); console.log(JSON.stringify({ ok: true })); }
+    } else if (cmd.cmd === 'id_token') {
+      const now = Math.floor(Date.now() / 1000);
+      const token = await new jose.SignJWT({ sub: cmd.sub, nonce: 'n-0S6_WzA2Mj', auth_time: now })
+        .setProtectedHeader({ alg: 'ES256', kid: 'es256-1', typ: 'JWT' })
+        .setIssuer(issuer).setAudience(cmd.aud ?? cfg.client_id).setIssuedAt(now).setExpirationTime(now + (cmd.ttl ?? 600))
+        .sign(es.privateKey);
+      console.log(JSON.stringify({ token }));
+    } else if (cmd.cmd === 'id_jag') { jagClients[cmd.audience] = cmd.client_id; console.log(JSON.stringify({ ok: true })); }
+    else if (cmd.cmd === 'release') { const r = release; release = null; if (r) r(); console.log(JSON.stringify({ ok: Boolean(r) })); }
+    else if (cmd.cmd === 'held') console.log(JSON.stringify({ held: release !== null }));
+    else if (cmd.cmd === 'mode') { mode = String(cmd.mode); console.log(JSON.stringify({ ok: true })); }
     else if (cmd.cmd === 'count') console.log(JSON.stringify({ exchanges }));
     else if (cmd.cmd === 'last') console.log(JSON.stringify(last));
     else if (cmd.cmd === 'client_jwks') { clientJwksTarget = String(cmd.url); console.log(JSON.stringify({ ok: true })); }

@@ -178,6 +178,7 @@ impl DeriveError {
                 UpstreamError::Unavailable => "upstream_unavailable",
                 UpstreamError::BadAnswer(_) => "upstream_bad_answer",
                 UpstreamError::TokenRejected(_) => "upstream_token_rejected",
+                UpstreamError::Withdrawn => "tool_not_allowed",
             },
             DeriveError::Vault(_) => "vault_error",
             DeriveError::Internal(_) => "internal_error",

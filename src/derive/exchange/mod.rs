@@ -87,7 +87,7 @@ mod upstream;
 
 pub use error::{ApprovalRefusal, DeriveError, InternalError, LinkRefusal};
 pub(crate) use limits::Limits;
-pub use request::{DeriveRequest, Endpoint, IntendedRequest, Issued};
+pub use request::{DeriveRequest, Endpoint, IntendedRequest, Issued, SubjectTokenType};
 pub(crate) use service::ConnectedServices;
 
 /// The broker: everything a derive needs, shared by all connections.

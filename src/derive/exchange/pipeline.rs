@@ -8,7 +8,7 @@ use crate::derive::mint;
 use crate::derive::policy::{self, Checked, DenyReason, Grant, Policy, Tool};
 
 use super::approval::Approved;
-use super::{Broker, Ctx, DeriveError, DeriveRequest, Issued};
+use super::{Broker, Ctx, DeriveError, DeriveRequest, Issued, SubjectTokenType};
 
 /// What the policy step allows: the grant, the tool, and the call's
 /// details as checked against the tool's declarations.
@@ -33,7 +33,7 @@ impl Broker {
         let checked = self.request_step(req, policy)?;
         let subject = {
             let _span = self.span("derive.subject");
-            self.subject_step(req, now, ctx).await?
+            self.subject_step(req, now, policy, ctx).await?
         };
         let allowed = {
             let _span = self.span("derive.policy");
@@ -172,12 +172,18 @@ impl Broker {
         &self,
         req: &DeriveRequest,
         now: i64,
+        policy: &Policy,
         ctx: &mut Ctx,
     ) -> Result<Subject, DeriveError> {
-        let (subject, cached) = self
-            .subjects
-            .validate(req.subject_token.expose(), now)
-            .await?;
+        let (subject, cached) = match req.subject_token_type {
+            SubjectTokenType::Access => {
+                self.subjects
+                    .validate(req.subject_token.expose(), now)
+                    .await?
+            }
+            // Only for an exchange resource (`upstream`), never cached.
+            SubjectTokenType::Id => (self.id_token_subject(req, policy, now).await?, false),
+        };
         if cached {
             self.metrics.subject_cache_hits.inc();
         } else {

@@ -21,11 +21,24 @@ impl Endpoint {
     }
 }
 
+/// What the subject token is (RFC 8693 `subject_token_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SubjectTokenType {
+    /// An access token (`...:access_token` or `...:jwt`): the default.
+    #[default]
+    Access,
+    /// An ID token (`...:id_token`): accepted only for an `exchange`
+    /// resource, validated as an ID token for its upstream.
+    Id,
+}
+
 /// One derive request, after parsing.
 #[derive(Debug)]
 pub struct DeriveRequest {
     /// The subject token.
     pub subject_token: SecretString,
+    /// What it is.
+    pub subject_token_type: SubjectTokenType,
     /// The step the orchestrator's code is in.
     pub step: String,
     /// The tool the token is for.

@@ -77,6 +77,7 @@ client_secret_file = "acme.secret"
     )
     .unwrap();
     let req = DeriveRequest {
+        subject_token_type: Default::default(),
         subject_token: SecretString::new(subject),
         step: "triage".into(),
         tool: "acme.issues".into(),

@@ -1,19 +1,58 @@
 //! The `exchange` source (step 6 of the pipeline, [`super`]): one RFC 8693
 //! token exchange at the organisation's authorization server
-//! ([`crate::derive::upstreams`]), after every check of a `self` derive.
-//! Kept apart from the `self` hot path, which never reaches it.
+//! ([`crate::derive::upstreams`]), or the two legs of an ID-JAG derive,
+//! after every check of a `self` derive. Kept apart from the `self` hot
+//! path, which never reaches it.
 
-use crate::accounts::subject::Subject;
+use crate::accounts::subject::{Subject, SubjectError};
 use crate::base::dpop::ValidProof;
-use crate::derive::policy::{Grant, Policy};
-use crate::derive::upstreams::{ExchangeInput, ReuseKey, UpstreamError};
+use crate::derive::policy::{self, DenyReason, Grant, Policy};
+use crate::derive::upstreams::{
+    ExchangeInput, ReuseKey, UpstreamError, ACCESS_TOKEN_TYPE, ID_TOKEN_TYPE,
+};
 
-use super::{Broker, Ctx, DeriveError, DeriveRequest, Issued};
+use super::{Broker, Ctx, DeriveError, DeriveRequest, Issued, SubjectTokenType};
 
 impl Broker {
+    /// The subject of a derive whose subject token is an ID token: only
+    /// for an `exchange` resource, validated as an ID token for its
+    /// upstream (issuer the upstream's, `aud` the broker's client id
+    /// there; [`crate::accounts::subject::Validator::validate_id_token`]).
+    /// Any other resource refuses it, before it is read.
+    pub(super) async fn id_token_subject(
+        &self,
+        req: &DeriveRequest,
+        policy: &Policy,
+        now: i64,
+    ) -> Result<Subject, DeriveError> {
+        let upstream = policy
+            .declared_resource(&req.resource)
+            .and_then(|r| policy.resources.get(r))
+            .and_then(|r| match &r.source {
+                policy::Source::Exchange { upstream } => Some(upstream.as_str()),
+                _ => None,
+            })
+            .ok_or(DeriveError::Subject(SubjectError::IdToken(
+                "the resource is not an exchange resource",
+            )))?;
+        let cfg = self
+            .upstreams
+            .as_ref()
+            .and_then(|u| u.config(upstream))
+            .ok_or_else(|| DeriveError::Upstream {
+                upstream: upstream.to_owned(),
+                error: UpstreamError::NotConfigured,
+            })?;
+        Ok(self
+            .subjects
+            .validate_id_token(req.subject_token.expose(), now, &cfg.issuer, &cfg.client_id)
+            .await?)
+    }
+
     /// The exchange at `upstream` for this derive: the person's subject
     /// token, the resource, exactly the granted scopes, and the tool's
-    /// relayed proof; the answer checked before it is handed over.
+    /// relayed proofs (one per leg for an `id_jag` upstream); the answer
+    /// checked before it is handed over.
     ///
     /// Or, when the upstream has a `reuse_margin` and `reusable` (the tool
     /// has no approval and the call no details), a token it issued before
@@ -79,16 +118,18 @@ impl Broker {
             upstream,
             resource: &grant.resource.canonical,
             subject_token: req.subject_token.expose(),
+            subject_token_type: match req.subject_token_type {
+                SubjectTokenType::Access => ACCESS_TOKEN_TYPE,
+                SubjectTokenType::Id => ID_TOKEN_TYPE,
+            },
             subject_iss: &subject.person.iss,
+            subject_sub: &subject.person.sub,
             subject_exp: subject.exp,
             scopes: &grant.scopes,
             jkt: &proof.jkt,
             tool: &req.tool,
             step: &req.step,
-            proof: req
-                .upstream_proofs
-                .get(upstream)
-                .map(|p| p.expose().as_str()),
+            proofs: &req.upstream_proofs,
             now,
         };
         let observe = |outcome: &'static str, took: std::time::Duration| {
@@ -101,7 +142,26 @@ impl Broker {
                 .with_label_values(&[upstream, outcome])
                 .observe(took.as_secs_f64());
         };
-        let t = ups.exchange(&input, observe).await.map_err(fail)?;
+        let mut withdrawn = None;
+        let between = || match self.still_allowed(req, grant) {
+            Ok(()) => true,
+            Err(e) => {
+                withdrawn = Some(e);
+                false
+            }
+        };
+        let t = match ups.exchange(&input, between, observe).await {
+            Ok(t) => t,
+            Err(e) if e.error == UpstreamError::Withdrawn => {
+                return Err(withdrawn.unwrap_or(DeriveError::Denied(DenyReason::ToolNotAllowed)))
+            }
+            Err(e) => {
+                return Err(DeriveError::Upstream {
+                    upstream: e.upstream,
+                    error: e.error,
+                })
+            }
+        };
         ctx.expires_at = Some(t.exp);
         ctx.reused = Some(false);
         let after = self.clock.now();
@@ -121,6 +181,25 @@ impl Broker {
             );
         }
         Ok((issued(t.access_token, expires_in, grant), t.id))
+    }
+
+    /// Between the legs of an ID-JAG derive: the freeze, and the current
+    /// policy (reloaded meanwhile, perhaps) still giving this derive
+    /// exactly `grant`; otherwise its refusal (the policy's reason, or
+    /// `tool_not_allowed` when it would now grant something else).
+    fn still_allowed(&self, req: &DeriveRequest, grant: &Grant) -> Result<(), DeriveError> {
+        let current = self.policy.load();
+        let checked = current
+            .prelude(self.freeze.is_set(), &req.resource, req.scope.as_deref())
+            .map_err(|r| match r {
+                policy::Refusal::Frozen => DeriveError::Denied(DenyReason::Frozen),
+                _ => DeriveError::Denied(DenyReason::ToolNotAllowed),
+            })?;
+        match current.decide(&checked.request(&req.step, &req.tool)) {
+            policy::Decision::Allow(g) if &g == grant => Ok(()),
+            policy::Decision::Allow(_) => Err(DeriveError::Denied(DenyReason::ToolNotAllowed)),
+            policy::Decision::Deny(r) => Err(DeriveError::Denied(r)),
+        }
     }
 
     /// Drops every exchanged token kept for reuse for the person (`iss`,

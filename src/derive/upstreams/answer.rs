@@ -3,7 +3,8 @@
 //! token, never a fall-back to a token of the broker's own. A refresh
 //! token in the answer is dropped (zeroized), never kept or returned.
 //!
-//! The order: the answer's members (`issued_token_type` an access token,
+//! The order: the answer's members (`issued_token_type` an access token:
+//! required of an RFC 8693 answer, and when present in an RFC 7523 one,
 //! `token_type` DPoP, `scope` and `expires_in` when given), then the JWT
 //! (size, three parts, header `typ` `at+jwt` and `alg`, the key from the
 //! AS's JWKS, the signature), then its claims (`iss`, `aud` exactly the
@@ -14,6 +15,7 @@
 
 use std::collections::BTreeSet;
 
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use zeroize::Zeroize;
 
@@ -73,17 +75,20 @@ struct Claims {
     jti: Option<String>,
 }
 
-fn rejected(why: &'static str) -> UpstreamError {
+pub(super) fn rejected(why: &'static str) -> UpstreamError {
     UpstreamError::TokenRejected(why)
 }
 
 /// Every check of the module doc; gives the token and its `exp`.
+/// `exchange`: an RFC 8693 answer, which must name `issued_token_type`
+/// (an RFC 7523 answer, leg 2 of an ID-JAG derive, need not).
 pub(super) async fn check(
     u: &Upstream,
     resolved: &Resolved,
     input: &ExchangeInput<'_>,
     shape: &UpstreamResource,
     answer: TokenAnswer,
+    exchange: bool,
 ) -> Result<Exchanged, UpstreamError> {
     let mut raw: RawAnswer = serde_json::from_slice(&answer.body)
         .map_err(|_| UpstreamError::BadAnswer("it is not a token answer"))?;
@@ -97,7 +102,8 @@ pub(super) async fn check(
         .filter(|t| !t.is_empty())
         .map(SecretString::new)
         .ok_or(UpstreamError::BadAnswer("it has no access_token"))?;
-    if raw.issued_token_type.as_deref() != Some(ACCESS_TOKEN_TYPE) {
+    let issued = raw.issued_token_type.as_deref();
+    if issued != Some(ACCESS_TOKEN_TYPE) && (exchange || issued.is_some()) {
         return Err(rejected("issued_token_type is not an access token"));
     }
     if !raw
@@ -122,7 +128,7 @@ pub(super) async fn check(
         Some(v) if v.as_i64().is_some_and(|n| n > 0 && n <= MAX_LIFETIME) => {}
         Some(_) => return Err(rejected("its expires_in is not between 1 and 300 s")),
     }
-    let claims = verify(u, resolved, token.expose(), input.now).await?;
+    let claims: Claims = verify(u, resolved, token.expose(), input.now, &["at+jwt"]).await?;
     let exp = check_claims(u, shape, input, &granted, &claims)?;
     let id = claims
         .jti
@@ -135,13 +141,15 @@ pub(super) async fn check(
     })
 }
 
-/// The JWT's header, key and signature; gives its claims.
-async fn verify(
+/// The JWT's header (`typ` one of `typ`), key (from the AS's JWKS: the one
+/// key-set cache) and signature; gives its claims.
+pub(super) async fn verify<C: DeserializeOwned>(
     u: &Upstream,
     resolved: &Resolved,
     token: &str,
     now: i64,
-) -> Result<Claims, UpstreamError> {
+    typ: &[&str],
+) -> Result<C, UpstreamError> {
     let jws = jose::parse(token, MAX_TOKEN).map_err(|_| {
         rejected("it is not a JWT: its binding to the tool's key cannot be shown (introspection is not built)")
     })?;
@@ -149,13 +157,13 @@ async fn verify(
         &jws.header,
         &jose::HeaderRule {
             typ: jose::TypRule::MediaTypes {
-                allowed: &["at+jwt"],
+                allowed: typ,
                 absent_ok: false,
             },
             algs: &[Alg::ES256, Alg::RS256, Alg::PS256],
         },
     )
-    .map_err(|_| rejected("its header is not an at+jwt with an accepted alg"))?;
+    .map_err(|_| rejected("its header does not have the expected typ and an accepted alg"))?;
     let kid = jws.header.kid.as_deref();
     let keys = resolved.keys.keys();
     let jwk = match keys.select(kid, alg) {

@@ -8,7 +8,7 @@ use base64::Engine;
 use serde::Deserialize;
 use zeroize::Zeroize;
 
-use super::{ExchangeInput, Resolved, Upstream, UpstreamError, ACCESS_TOKEN_TYPE};
+use super::{ExchangeInput, Resolved, Upstream, UpstreamError};
 use crate::base::grammar::{secure_or_loopback, TOKEN_EXCHANGE};
 use crate::base::oauth::sanitize_code;
 use crate::derive::client_keys::{Actor, ASSERTION_TYPE, JWT_TOKEN_TYPE};
@@ -16,6 +16,79 @@ use crate::infra::config::{AudienceParam, UpstreamClientAuth, UpstreamResource};
 
 /// The most an upstream's answer (metadata or token) may hold.
 pub(super) const MAX_ANSWER: usize = 64 * 1024;
+
+/// The RFC 7523 JWT bearer grant type (RFC 7523 section 2.1): leg 2 of
+/// an ID-JAG derive.
+pub(super) const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+/// The token type of an ID-JAG (Identity Assertion JWT Authorization
+/// Grant), asked for in leg 1.
+pub(super) const ID_JAG_TYPE: &str = "urn:ietf:params:oauth:token-type:id-jag";
+
+/// Which leg an upstream serves in a derive: what its metadata must not
+/// contradict.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Leg {
+    /// An RFC 8693 exchange for an access token.
+    Exchange,
+    /// An RFC 8693 exchange for an ID-JAG (the IdP, leg 1).
+    IdJag,
+    /// The `jwt-bearer` grant with an ID-JAG (the resource's AS, leg 2).
+    JwtBearer,
+}
+
+/// What an upstream's metadata advertises, when it does: RFC 8414
+/// `grant_types_supported`, and the identity-chaining
+/// `identity_chaining_requested_token_types_supported`.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Advertised {
+    #[serde(default)]
+    grant_types_supported: Option<Vec<String>>,
+    #[serde(default)]
+    identity_chaining_requested_token_types_supported: Option<Vec<String>>,
+}
+
+impl Advertised {
+    /// `Err(what)`: the metadata advertises its grants (or token types)
+    /// and `leg`'s is not among them.
+    pub(super) fn supports(&self, leg: Leg) -> Result<(), &'static str> {
+        let has = |list: &Option<Vec<String>>, v: &str| {
+            list.as_ref().is_none_or(|l| l.iter().any(|x| x == v))
+        };
+        let grant = match leg {
+            Leg::Exchange | Leg::IdJag => TOKEN_EXCHANGE,
+            Leg::JwtBearer => JWT_BEARER,
+        };
+        if !has(&self.grant_types_supported, grant) {
+            return Err(match leg {
+                Leg::JwtBearer => "grant_types_supported lacks jwt-bearer",
+                _ => "grant_types_supported lacks token-exchange",
+            });
+        }
+        if matches!(leg, Leg::IdJag)
+            && !has(
+                &self.identity_chaining_requested_token_types_supported,
+                ID_JAG_TYPE,
+            )
+        {
+            return Err("identity_chaining_requested_token_types_supported lacks id-jag");
+        }
+        Ok(())
+    }
+}
+
+/// The grant a token request makes.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Grant<'a> {
+    /// RFC 8693: the person's subject token for `requested`; `audience`
+    /// (an ID-JAG's: the resource AS's issuer) replaces the configured
+    /// audience, with `resource` always sent.
+    Exchange {
+        requested: &'static str,
+        audience: Option<&'a str>,
+    },
+    /// RFC 7523: the ID-JAG as `assertion`.
+    JwtBearer { assertion: &'a str },
+}
 
 /// A success answer's body, not yet checked.
 pub(super) struct TokenAnswer {
@@ -62,12 +135,14 @@ fn is_json(headers: &reqwest::header::HeaderMap) -> bool {
 /// The token endpoint and JWKS URI from the upstream's metadata (RFC 8414
 /// section 3.1 first, then OpenID Connect discovery), its `issuer`
 /// identical to the configured one, both URLs https (http on loopback).
-pub(super) async fn discover(u: &Upstream) -> Result<(String, String), String> {
+pub(super) async fn discover(u: &Upstream) -> Result<(String, String, Advertised), String> {
     #[derive(Deserialize)]
     struct Meta {
         issuer: String,
         token_endpoint: String,
         jwks_uri: String,
+        #[serde(flatten)]
+        advertised: Advertised,
     }
     let issuer = &u.cfg.issuer;
     let parsed = url::Url::parse(issuer).map_err(|_| "the issuer is not a URL".to_string())?;
@@ -117,20 +192,57 @@ pub(super) async fn discover(u: &Upstream) -> Result<(String, String), String> {
         if !ok(&m.token_endpoint) || !ok(&m.jwks_uri) {
             return Err("the metadata has an endpoint that is not https".into());
         }
-        return Ok((m.token_endpoint, m.jwks_uri));
+        return Ok((m.token_endpoint, m.jwks_uri, m.advertised));
     }
     Err(last)
 }
 
-/// The exchange request's form (RFC 8693 section 2.1), with the client's
-/// credentials when they go in the body. Zeroized by the caller.
-fn form(input: &ExchangeInput<'_>, shape: &UpstreamResource) -> Vec<(&'static str, String)> {
-    let mut form = vec![
-        ("grant_type", TOKEN_EXCHANGE.to_owned()),
-        ("subject_token", input.subject_token.to_owned()),
-        ("subject_token_type", ACCESS_TOKEN_TYPE.to_owned()),
-        ("requested_token_type", ACCESS_TOKEN_TYPE.to_owned()),
-    ];
+/// The request's form (RFC 8693 section 2.1, or RFC 7523 section 2.1
+/// with the ID-JAG), before the client's credentials. Zeroized by the
+/// caller.
+fn form(
+    input: &ExchangeInput<'_>,
+    shape: &UpstreamResource,
+    grant: Grant<'_>,
+) -> Vec<(&'static str, String)> {
+    let mut form = match grant {
+        Grant::Exchange {
+            requested,
+            audience,
+        } => {
+            let mut form = vec![
+                ("grant_type", TOKEN_EXCHANGE.to_owned()),
+                ("subject_token", input.subject_token.to_owned()),
+                ("subject_token_type", input.subject_token_type.to_owned()),
+                ("requested_token_type", requested.to_owned()),
+            ];
+            match audience {
+                // An ID-JAG: for the resource AS, about the resource.
+                Some(a) => {
+                    form.push(("audience", a.to_owned()));
+                    form.push(("resource", input.resource.to_owned()));
+                }
+                None => audience_params(&mut form, input, shape),
+            }
+            form
+        }
+        Grant::JwtBearer { assertion } => vec![
+            ("grant_type", JWT_BEARER.to_owned()),
+            ("assertion", assertion.to_owned()),
+        ],
+    };
+    if !input.scopes.is_empty() {
+        form.push(("scope", input.scopes.join(" ")));
+    }
+    form
+}
+
+/// `resource` and/or `audience` as the upstream's resource entry says.
+fn audience_params(
+    form: &mut Vec<(&'static str, String)>,
+    input: &ExchangeInput<'_>,
+    shape: &UpstreamResource,
+) {
     if matches!(
         shape.audience_param,
         AudienceParam::Resource | AudienceParam::Both
@@ -145,10 +257,6 @@ fn form(input: &ExchangeInput<'_>, shape: &UpstreamResource) -> Vec<(&'static st
             form.push(("audience", a.clone()));
         }
     }
-    if !input.scopes.is_empty() {
-        form.push(("scope", input.scopes.join(" ")));
-    }
-    form
 }
 
 /// `actor_token = true`: an actor token (RFC 8693 section 2.1) naming the
@@ -242,9 +350,18 @@ pub(super) async fn post(
     input: &ExchangeInput<'_>,
     shape: &UpstreamResource,
     proof: &str,
+    grant: Grant<'_>,
 ) -> Result<TokenAnswer, UpstreamError> {
-    let mut fields = form(input, shape);
-    let added = credentials(u, input.now, &mut fields).and_then(|()| actor(u, input, &mut fields));
+    let mut fields = form(input, shape, grant);
+    // An actor token is an RFC 8693 parameter: not in leg 2's jwt-bearer.
+    let exchange = matches!(grant, Grant::Exchange { .. });
+    let added = credentials(u, input.now, &mut fields).and_then(|()| {
+        if exchange {
+            actor(u, input, &mut fields)
+        } else {
+            Ok(())
+        }
+    });
     if let Err(e) = added {
         for (_, v) in fields.iter_mut() {
             v.zeroize();

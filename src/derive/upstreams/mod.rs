@@ -18,6 +18,12 @@
 //! 4. the call ([`call`]): no redirects, bounded body, timeouts, the AS's
 //!    errors mapped to what the orchestrator can act on;
 //! 5. the answer ([`answer`]): every check, before the tool sees the token.
+//!
+//! An upstream with `grant = "id_jag"` is the person's IdP, and its
+//! derive has two legs ([`id_jag`]): an exchange there for an ID-JAG, and
+//! an RFC 7523 `jwt-bearer` grant with it at the resource's AS (its
+//! `resource_upstream`), each with its own relayed proof, both checked
+//! before the first is sent.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,10 +34,13 @@ use crate::base::keyset::{self, RemoteKeySet};
 use crate::base::secret::SecretString;
 use crate::derive::client_keys::ClientKeys;
 use crate::derive::policy::canonical_resource;
-use crate::infra::config::{AudienceParam, ScopeClaim, UpstreamConfig, UpstreamResource};
+use crate::infra::config::{
+    AudienceParam, ScopeClaim, UpstreamConfig, UpstreamGrant, UpstreamResource,
+};
 
 mod answer;
 mod call;
+mod id_jag;
 mod proof;
 mod reuse;
 
@@ -39,6 +48,9 @@ pub(crate) use reuse::{Cache as ReuseCache, ReuseKey};
 
 /// The RFC 8693 token type of access tokens.
 pub(crate) const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
+/// The RFC 8693 token type of ID tokens (a subject token for an `exchange`
+/// resource only).
+pub(crate) const ID_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:id_token";
 /// The longest lifetime an exchanged token may have (seconds), as for the
 /// broker's own tokens.
 pub(crate) const MAX_LIFETIME: i64 = 300;
@@ -89,6 +101,21 @@ pub enum UpstreamError {
     /// The token failed a check.
     #[error("the upstream's token was refused: {0}")]
     TokenRejected(&'static str),
+    /// Between the legs of an ID-JAG derive the policy or the freeze
+    /// changed so that this derive is no longer allowed; the caller
+    /// answers with the refusal it found.
+    #[error("the derive was withdrawn between the legs")]
+    Withdrawn,
+}
+
+/// A refused exchange, with the upstream whose leg refused (for an
+/// ID-JAG derive: the IdP's or the resource AS's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LegError {
+    /// The upstream of the leg that refused.
+    pub upstream: String,
+    /// Why.
+    pub error: UpstreamError,
 }
 
 /// What one exchange needs from the derive.
@@ -100,8 +127,12 @@ pub struct ExchangeInput<'a> {
     pub resource: &'a str,
     /// The person's subject token, as validated.
     pub subject_token: &'a str,
+    /// Its RFC 8693 type: [`ACCESS_TOKEN_TYPE`] or [`ID_TOKEN_TYPE`].
+    pub subject_token_type: &'a str,
     /// Its issuer.
     pub subject_iss: &'a str,
+    /// Its subject (the person at that issuer).
+    pub subject_sub: &'a str,
     /// Its `exp`.
     pub subject_exp: i64,
     /// The scopes the policy grants for this derive.
@@ -112,8 +143,8 @@ pub struct ExchangeInput<'a> {
     pub tool: &'a str,
     /// The orchestrator's step (named by an actor token).
     pub step: &'a str,
-    /// The relayed proof for this upstream, if sent.
-    pub proof: Option<&'a str>,
+    /// The relayed proofs, by upstream name (one per leg).
+    pub proofs: &'a BTreeMap<String, SecretString>,
     /// Now.
     pub now: i64,
 }
@@ -139,6 +170,9 @@ struct Resolved {
     /// Its keys (shared with the subject validator when the AS is also a
     /// trusted issuer with the same JWKS URI: one key-set cache).
     keys: Arc<RemoteKeySet>,
+    /// What its metadata advertises (`None`: not advertised, or no
+    /// metadata): checked where advertised.
+    advertised: call::Advertised,
 }
 
 /// What signs this broker's client assertions and actor tokens: the client
@@ -301,37 +335,92 @@ impl Upstreams {
             if let Some(n) = u.current_nonce() {
                 v.insert("dpop_nonce".into(), n.into());
             }
+            match &u.cfg.grant {
+                UpstreamGrant::TokenExchange => {
+                    v.insert("grant".into(), "token_exchange".into());
+                }
+                UpstreamGrant::IdJag { resource_upstream } => {
+                    v.insert("grant".into(), "id_jag".into());
+                    v.insert("resource_upstream".into(), resource_upstream.clone().into());
+                }
+            }
             out.insert(name.clone(), v.into());
         }
         out.into()
     }
 
+    /// The upstream configuration named `name`.
+    pub fn config(&self, name: &str) -> Option<&UpstreamConfig> {
+        self.by_name.get(name).map(|u| &u.cfg)
+    }
+
     /// One token exchange at the upstream, every check of the module doc
-    /// in its order. `observe` is told the outcome and the time of an
-    /// exchange that was sent (`issued`, `refused`, `unavailable`,
-    /// `bad_answer`); nothing is observed for a derive refused before.
+    /// in its order (for an `id_jag` upstream, both legs: [`id_jag`];
+    /// `between` is asked, after the first leg and before the second is
+    /// sent, whether the derive is still allowed). `observe` is told the
+    /// outcome and the time of an exchange that was sent (`issued`,
+    /// `refused`, `unavailable`, `bad_answer`); nothing is observed for a
+    /// derive refused before.
     pub async fn exchange(
         &self,
         input: &ExchangeInput<'_>,
+        between: impl FnOnce() -> bool,
         observe: impl FnOnce(&'static str, std::time::Duration),
-    ) -> Result<Exchanged, UpstreamError> {
+    ) -> Result<Exchanged, LegError> {
+        let leg = |u: &str| {
+            let upstream = u.to_owned();
+            move |error| LegError { upstream, error }
+        };
         let u = self
             .by_name
             .get(input.upstream)
-            .ok_or(UpstreamError::NotConfigured)?;
+            .ok_or(UpstreamError::NotConfigured)
+            .map_err(leg(input.upstream))?;
         if !u.cfg.subject_issuers.iter().any(|i| i == input.subject_iss) {
-            return Err(UpstreamError::SubjectIssuerNotListed);
+            return Err(leg(input.upstream)(UpstreamError::SubjectIssuerNotListed));
         }
         if let Some(want) = &u.cfg.subject_audience {
             if !audience_names(input.subject_token, want) {
-                return Err(UpstreamError::SubjectAudience);
+                return Err(leg(input.upstream)(UpstreamError::SubjectAudience));
             }
         }
-        let resolved = u.resolve().await.map_err(|e| {
-            tracing::warn!(upstream = %u.cfg.name, error = %e, "upstream metadata unavailable");
-            UpstreamError::Unavailable
-        })?;
-        let Some(proof) = input.proof else {
+        if let UpstreamGrant::IdJag { resource_upstream } = &u.cfg.grant {
+            let r = self
+                .by_name
+                .get(resource_upstream)
+                .ok_or(UpstreamError::NotConfigured)
+                .map_err(leg(resource_upstream))?;
+            return id_jag::chain(self, [u, r], input, between, observe).await;
+        }
+        let resolved = u
+            .ready(call::Leg::Exchange)
+            .await
+            .map_err(leg(input.upstream))?;
+        let proof = self
+            .relayed(u, resolved, input)
+            .map_err(leg(input.upstream))?;
+        let shape = u.shape(input.resource);
+        let started = std::time::Instant::now();
+        let grant = call::Grant::Exchange {
+            requested: ACCESS_TOKEN_TYPE,
+            audience: None,
+        };
+        let result = match call::post(u, resolved, input, &shape, proof, grant).await {
+            Ok(answer) => answer::check(u, resolved, input, &shape, answer, true).await,
+            Err(e) => Err(e),
+        };
+        observe(outcome(&result), started.elapsed());
+        result.map_err(leg(input.upstream))
+    }
+
+    /// The relayed proof for `u` in `input`, checked ([`proof`]).
+    fn relayed<'i>(
+        &self,
+        u: &Upstream,
+        resolved: &Resolved,
+        input: &'i ExchangeInput<'_>,
+    ) -> Result<&'i str, UpstreamError> {
+        let Some(proof) = input.proofs.get(&u.cfg.name) else {
             return Err(UpstreamError::ProofRequired {
                 htu: resolved.token_endpoint.clone(),
                 nonce: u.current_nonce(),
@@ -339,26 +428,23 @@ impl Upstreams {
         };
         proof::check(
             &self.proofs,
-            proof,
+            proof.expose(),
             &resolved.token_endpoint,
             &resolved.htu,
             input.jkt,
             input.now,
         )?;
-        let shape = u.shape(input.resource);
-        let started = std::time::Instant::now();
-        let result = match call::post(u, resolved, input, &shape, proof).await {
-            Ok(answer) => answer::check(u, resolved, input, &shape, answer).await,
-            Err(e) => Err(e),
-        };
-        let outcome = match &result {
-            Ok(_) => "issued",
-            Err(UpstreamError::Unavailable) => "unavailable",
-            Err(UpstreamError::BadAnswer(_) | UpstreamError::TokenRejected(_)) => "bad_answer",
-            Err(_) => "refused",
-        };
-        observe(outcome, started.elapsed());
-        result
+        Ok(proof.expose())
+    }
+}
+
+/// The metric outcome of an exchange that was sent.
+pub(super) fn outcome<T>(result: &Result<T, UpstreamError>) -> &'static str {
+    match result {
+        Ok(_) => "issued",
+        Err(UpstreamError::Unavailable) => "unavailable",
+        Err(UpstreamError::BadAnswer(_) | UpstreamError::TokenRejected(_)) => "bad_answer",
+        Err(_) => "refused",
     }
 }
 
@@ -393,6 +479,21 @@ fn read_client_secret(f: &std::path::Path) -> Result<SecretString, String> {
 }
 
 impl Upstream {
+    /// The endpoints, known, and the grant `leg` needs advertised by the
+    /// metadata where it advertises grant and token types (otherwise the
+    /// operator's to fix: nothing is sent).
+    async fn ready(&self, leg: call::Leg) -> Result<&Resolved, UpstreamError> {
+        let resolved = self.resolve().await.map_err(|e| {
+            tracing::warn!(upstream = %self.cfg.name, error = %e, "upstream metadata unavailable");
+            UpstreamError::Unavailable
+        })?;
+        if let Err(missing) = resolved.advertised.supports(leg) {
+            tracing::error!(upstream = %self.cfg.name, missing, "the upstream's metadata does not advertise what this grant needs; check upstreams.{}.grant and the registration there", self.cfg.name);
+            return Err(UpstreamError::Misconfigured);
+        }
+        Ok(resolved)
+    }
+
     /// The AS's last nonce.
     fn current_nonce(&self) -> Option<String> {
         self.nonce
@@ -436,28 +537,39 @@ impl Upstream {
     async fn resolve(&self) -> Result<&Resolved, String> {
         self.resolved
             .get_or_try_init(|| async {
-                let (token_endpoint, jwks_uri) = match (
+                let (token_endpoint, jwks_uri, advertised) = match (
                     self.cfg.discovery,
                     &self.cfg.token_endpoint,
                     &self.cfg.jwks_uri,
                 ) {
-                    (false, Some(t), Some(j)) => (t.clone(), j.clone()),
+                    (false, Some(t), Some(j)) => (t.clone(), j.clone(), Default::default()),
                     _ => call::discover(self).await?,
                 };
                 let htu = dpop::normalize_htu(&token_endpoint)
                     .ok_or_else(|| "the token endpoint is not a URL".to_string())?;
                 let keys = match &self.shared_keys {
                     Some(k) if k.uri() == Some(jwks_uri.as_str()) => k.clone(),
-                    _ => Arc::new(RemoteKeySet::remote(
-                        &jwks_uri,
-                        keyset::MAX_ISSUER_JWKS,
-                        keyset::http_client(),
-                    )),
+                    _ => {
+                        let set = RemoteKeySet::remote(
+                            &jwks_uri,
+                            keyset::MAX_ISSUER_JWKS,
+                            keyset::http_client(),
+                        );
+                        // Learnt with the metadata, as the subject
+                        // validator learns its issuers' keys at start: the
+                        // first unknown `kid` (a rotation) then gets its
+                        // refetch at once. A failure is retried on use.
+                        if set.fetch().await.is_err() {
+                            tracing::warn!(upstream = %self.cfg.name, "the upstream's JWKS could not be fetched; will retry on use");
+                        }
+                        Arc::new(set)
+                    }
                 };
                 Ok(Resolved {
                     token_endpoint,
                     htu,
                     keys,
+                    advertised,
                 })
             })
             .await

@@ -17,9 +17,10 @@ use crate::base::http::{correlation_id, json_response, read_capped, Body, BodyEr
 use crate::base::jose::Alg;
 use crate::base::secret::SecretString;
 use crate::derive::exchange::{
-    Broker, DeriveError, DeriveRequest, Endpoint, IntendedRequest, Issued,
+    Broker, DeriveError, DeriveRequest, Endpoint, IntendedRequest, Issued, SubjectTokenType,
 };
 use crate::derive::upstreams::UpstreamError;
+use crate::derive::upstreams::ID_TOKEN_TYPE;
 use crate::edge::answer::{Answer, Link};
 
 /// The most relayed proofs one derive may carry (one per leg; two for an
@@ -222,6 +223,7 @@ fn error_answer(err: &DeriveError, algs: &[Alg]) -> Answer {
 /// The answer to a refused exchange at an upstream authorization server
 /// (docs/UPSTREAM.md, "Errors").
 fn upstream_answer(upstream: &str, error: &UpstreamError) -> Answer {
+    use crate::derive::policy::DenyReason;
     use StatusCode as S;
     let text = format!("upstream {upstream}: {error}");
     match error {
@@ -274,6 +276,10 @@ fn upstream_answer(upstream: &str, error: &UpstreamError) -> Answer {
         UpstreamError::TokenRejected(_) => {
             Answer::new(S::BAD_GATEWAY, "bad_gateway", text).reason("upstream_token_rejected")
         }
+        // The derive answers with the policy's own refusal instead; should
+        // it not, as a tool the policy no longer allows.
+        UpstreamError::Withdrawn => Answer::new(S::FORBIDDEN, "access_denied", text)
+            .reason(DenyReason::ToolNotAllowed.as_str()),
     }
 }
 
@@ -317,6 +323,10 @@ fn issued_response(i: &Issued) -> Response<Body> {
 #[serde(deny_unknown_fields)]
 struct DeriveJson {
     subject_token: String,
+    /// RFC 8693 `subject_token_type`: absent (an access token), or one of
+    /// the types [`subject_type`] accepts.
+    #[serde(default)]
+    subject_token_type: Option<String>,
     step: String,
     tool: String,
     resource: String,
@@ -352,6 +362,19 @@ fn bad(msg: &str) -> DeriveError {
     DeriveError::BadRequest(msg.to_owned())
 }
 
+/// The subject token's type: an access token (`...:access_token` or
+/// `...:jwt`), or an ID token (`...:id_token`, for an `exchange` resource
+/// only: the pipeline refuses it for any other).
+fn subject_type(t: &str) -> Result<SubjectTokenType, DeriveError> {
+    match t {
+        ACCESS_TOKEN_TYPE | JWT_TOKEN_TYPE => Ok(SubjectTokenType::Access),
+        ID_TOKEN_TYPE => Ok(SubjectTokenType::Id),
+        _ => Err(bad(
+            "subject_token_type is not supported (use ...:access_token, ...:jwt, or ...:id_token for an exchange resource)",
+        )),
+    }
+}
+
 /// Parses a derive body (JSON) into a request.
 pub fn parse_json(
     body: &[u8],
@@ -360,13 +383,18 @@ pub fn parse_json(
 ) -> Result<DeriveRequest, DeriveError> {
     // serde's messages may quote values; answer with a fixed text.
     let j: DeriveJson = serde_json::from_slice(body).map_err(|_| {
-        bad("the body must be a JSON object with string fields subject_token, step, tool, resource, optional scope, optional authorization_details (a JSON array), optional upstream_proofs (an object of strings), optional request (an object of strings method, path, query, content_type, body), and nothing else")
+        bad("the body must be a JSON object with string fields subject_token, step, tool, resource, optional subject_token_type, optional scope, optional authorization_details (a JSON array), optional upstream_proofs (an object of strings), optional request (an object of strings method, path, query, content_type, body), and nothing else")
     })?;
+    let subject_token_type = match j.subject_token_type.as_deref() {
+        None => SubjectTokenType::Access,
+        Some(t) => subject_type(t)?,
+    };
     if j.upstream_proofs.len() > MAX_UPSTREAM_PROOFS {
         return Err(bad("upstream_proofs holds more proofs than there are legs"));
     }
     Ok(DeriveRequest {
         subject_token: SecretString::new(j.subject_token),
+        subject_token_type,
         step: j.step,
         tool: j.tool,
         resource: j.resource,
@@ -432,15 +460,10 @@ pub fn parse_form(
         ));
     }
     let subject_token = subject_token.ok_or_else(|| bad("subject_token is missing"))?;
-    match subject_token_type.as_deref() {
-        Some(ACCESS_TOKEN_TYPE | JWT_TOKEN_TYPE) => {}
-        Some(_) => {
-            return Err(bad(
-                "subject_token_type is not supported (use ...:access_token or ...:jwt)",
-            ))
-        }
+    let subject_token_type = match subject_token_type.as_deref() {
+        Some(t) => subject_type(t)?,
         None => return Err(bad("subject_token_type is missing")),
-    }
+    };
     match requested_token_type.as_deref() {
         None | Some(ACCESS_TOKEN_TYPE) => {}
         Some(_) => {
@@ -468,6 +491,7 @@ pub fn parse_form(
     };
     Ok(DeriveRequest {
         subject_token: SecretString::new(subject_token),
+        subject_token_type,
         step: step.ok_or_else(|| bad("step is missing"))?,
         tool: tool.ok_or_else(|| bad("tool is missing"))?,
         resource,

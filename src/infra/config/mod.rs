@@ -51,7 +51,7 @@ pub use secret_files::{read_secret_file, write_secret_file};
 pub(crate) use ssf::{SsfDelivery, SsfTransmitter};
 pub(crate) use telemetry::TelemetryConfig;
 pub(crate) use upstreams::{
-    AudienceParam, ScopeClaim, UpstreamClientAuth, UpstreamConfig, UpstreamResource,
+    AudienceParam, ScopeClaim, UpstreamClientAuth, UpstreamConfig, UpstreamGrant, UpstreamResource,
 };
 pub(crate) use webhooks::{Signing, WebhookConfig};
 

@@ -129,11 +129,16 @@ pub(super) struct RawUpstream {
     pub(super) client_auth: Option<String>,
     #[serde(default)]
     pub(super) client_secret_file: Option<PathBuf>,
+    #[serde(default)]
     pub(super) subject_issuers: Vec<String>,
     #[serde(default)]
     pub(super) actor_token: Option<bool>,
     #[serde(default)]
     pub(super) subject_audience: Option<String>,
+    #[serde(default)]
+    pub(super) grant: Option<String>,
+    #[serde(default)]
+    pub(super) resource_upstream: Option<String>,
     #[serde(default)]
     pub(super) connect_timeout: Option<String>,
     #[serde(default)]

@@ -127,9 +127,9 @@ fn bad_upstream_values_name_the_file_the_key_and_the_cause() {
         );
     }
     // A key of the issue not built yet stays reserved.
-    let shown = only_problem(&format!("{GOOD}grant = \"id_jag\"\n"));
+    let shown = only_problem(&format!("{GOOD}reuse_margin = \"30s\"\n"));
     assert!(
-        shown.ends_with("upstreams.okta.grant: reserved: not yet implemented (issue 41)"),
+        shown.ends_with("upstreams.okta.reuse_margin: reserved: not yet implemented (issue 41)"),
         "{shown}"
     );
     // Control: the table itself loads, without reuse by default and with
@@ -140,4 +140,96 @@ fn bad_upstream_values_name_the_file_the_key_and_the_cause() {
         c.upstreams["okta"].reuse_margin,
         Some(std::time::Duration::from_secs(60))
     );
+}
+
+/// `grant = "id_jag"`: the IdP's table names the resource AS's, which
+/// needs no `subject_issuers` (it only redeems ID-JAGs).
+const CHAIN: &str = r#"
+[upstreams.idp]
+issuer = "https://idp.example"
+client_id = "broker"
+client_secret_file = "keys/idp"
+subject_issuers = ["https://idp.example"]
+grant = "id_jag"
+resource_upstream = "crm"
+
+[upstreams.crm]
+issuer = "https://crm-as.example"
+client_id = "broker-at-crm"
+client_secret_file = "keys/crm"
+"#;
+
+#[test]
+fn an_id_jag_upstream_and_its_resource_as() {
+    let c = parse(CHAIN).unwrap();
+    assert_eq!(
+        c.upstreams["idp"].grant,
+        UpstreamGrant::IdJag {
+            resource_upstream: "crm".into()
+        }
+    );
+    assert_eq!(c.upstreams["crm"].grant, UpstreamGrant::TokenExchange);
+    assert!(c.upstreams["crm"].subject_issuers.is_empty());
+    let cases = [
+        (
+            CHAIN
+                .replace("resource_upstream = \"crm\"", "resource_upstream = \"nope\"")
+                .replace(
+                    "keys/crm\"\n",
+                    "keys/crm\"\nsubject_issuers = [\"https://idp.example\"]\n",
+                ),
+            "upstreams.idp.resource_upstream: names no [upstreams.<name>] table",
+        ),
+        (
+            CHAIN
+                .replace("resource_upstream = \"crm\"\n", "")
+                .replace(
+                    "keys/crm\"\n",
+                    "keys/crm\"\nsubject_issuers = [\"https://idp.example\"]\n",
+                ),
+            "upstreams.idp.resource_upstream: is required with grant = \"id_jag\"",
+        ),
+        (
+            CHAIN
+                .replace("grant = \"id_jag\"", "grant = \"saml\"")
+                .replace(
+                    "keys/crm\"\n",
+                    "keys/crm\"\nsubject_issuers = [\"https://idp.example\"]\n",
+                ),
+            "upstreams.idp.grant: must be \"token_exchange\" or \"id_jag\"",
+        ),
+        (
+            CHAIN
+                .replace("grant = \"id_jag\"", "grant = \"token_exchange\"")
+                .replace(
+                    "keys/crm\"\n",
+                    "keys/crm\"\nsubject_issuers = [\"https://idp.example\"]\n",
+                ),
+            "upstreams.idp.resource_upstream: is only for grant = \"id_jag\"",
+        ),
+        (
+            CHAIN
+                .replace("resource_upstream = \"crm\"", "resource_upstream = \"idp\"")
+                .replace(
+                    "keys/crm\"\n",
+                    "keys/crm\"\nsubject_issuers = [\"https://idp.example\"]\n",
+                ),
+            "upstreams.idp.resource_upstream: names an upstream whose grant is id_jag",
+        ),
+        (
+            CHAIN.replace(
+                "subject_issuers = [\"https://idp.example\"]\ngrant",
+                "subject_issuers = [\"https://idp.example\", \"https://idp.example\"]\ngrant",
+            ),
+            "upstreams.idp.subject_issuers: must be exactly [issuer] with grant = \"id_jag\"",
+        ),
+        (
+            format!("{CHAIN}[upstreams.lone]\nissuer = \"https://lone.example\"\nclient_id = \"b\"\nclient_secret_file = \"k\"\n"),
+            "upstreams.lone.subject_issuers: must list at least one trusted issuer",
+        ),
+    ];
+    for (text, want) in cases {
+        let shown = only_problem(&text);
+        assert!(shown.contains(want), "{want}: {shown}");
+    }
 }

@@ -27,6 +27,22 @@ pub enum UpstreamClientAuth {
     PrivateKeyJwt,
 }
 
+/// How a derive gets its token from this upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamGrant {
+    /// One RFC 8693 token exchange here, for an access token.
+    TokenExchange,
+    /// Identity chaining (the Identity Assertion JWT Authorization Grant):
+    /// an RFC 8693 exchange here (the organisation's IdP) for an ID-JAG,
+    /// then an RFC 7523 `jwt-bearer` grant with it at the resource's AS,
+    /// the upstream named here.
+    IdJag {
+        /// The resource's AS: another `[upstreams.<name>]`, whose grant is
+        /// `token_exchange`.
+        resource_upstream: String,
+    },
+}
+
 /// Which parameter names the resource in the exchange request (RFC 8693
 /// section 2.1: `resource` is a URI, `audience` a logical name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +98,8 @@ pub struct UpstreamConfig {
     /// `private_key_jwt`.
     pub client_secret_file: Option<PathBuf>,
     /// The trusted issuers whose subject tokens may be sent to it; no other
-    /// subject token ever is.
+    /// subject token ever is. Empty only for an upstream that is another's
+    /// `resource_upstream` (it then only redeems ID-JAGs).
     pub subject_issuers: Vec<String>,
     /// The audience a subject token must name (`aud`) to be sent to this
     /// server; none: any the subject validator accepted.
@@ -90,6 +107,8 @@ pub struct UpstreamConfig {
     /// Whether each exchange sends an actor token naming the agent, tool
     /// and step (signed with the client key, `actor_token_type` jwt).
     pub actor_token: bool,
+    /// How a derive gets its token here.
+    pub grant: UpstreamGrant,
     /// Bound on connecting.
     pub connect_timeout: Duration,
     /// Bound on a whole call, the answer read.
@@ -109,6 +128,13 @@ pub(super) fn upstreams(
     trusted: &[IssuerConfig],
     check: &mut Check<'_>,
 ) -> BTreeMap<String, UpstreamConfig> {
+    // The resource ASes of `id_jag` upstreams, read before validation so
+    // that one problem is reported once.
+    let targets: std::collections::BTreeSet<String> = raw
+        .values()
+        .filter(|u| u.grant.as_deref() == Some("id_jag"))
+        .filter_map(|u| u.resource_upstream.clone())
+        .collect();
     let mut out = BTreeMap::new();
     for (name, u) in raw {
         let key = format!("upstreams.{name}");
@@ -123,7 +149,41 @@ pub(super) fn upstreams(
             out.insert(name, c);
         }
     }
+    chains(&out, &targets, check);
     out
+}
+
+/// The upstreams' links to each other: an `id_jag` upstream's
+/// `resource_upstream` is another upstream whose grant is
+/// `token_exchange`; an upstream without `subject_issuers` is some
+/// `id_jag` upstream's `resource_upstream` (it only redeems ID-JAGs).
+fn chains(
+    out: &BTreeMap<String, UpstreamConfig>,
+    targets: &std::collections::BTreeSet<String>,
+    check: &mut Check<'_>,
+) {
+    for (name, u) in out {
+        let UpstreamGrant::IdJag { resource_upstream } = &u.grant else {
+            continue;
+        };
+        let key = format!("upstreams.{name}.resource_upstream");
+        match out.get(resource_upstream) {
+            None => check.bad(&key, "names no [upstreams.<name>] table of this config"),
+            Some(r) if r.grant != UpstreamGrant::TokenExchange => check.bad(
+                &key,
+                "names an upstream whose grant is id_jag: the resource's AS redeems the ID-JAG itself",
+            ),
+            Some(_) if resource_upstream == name => {
+                check.bad(&key, "names this upstream itself")
+            }
+            Some(_) => {}
+        }
+    }
+    for (name, u) in out {
+        if u.subject_issuers.is_empty() && !targets.contains(name) {
+            check.bad(&format!("upstreams.{name}.subject_issuers"), "must list at least one trusted issuer whose subject tokens may be sent to this authorization server");
+        }
+    }
 }
 
 pub(super) fn valid_name(s: &str) -> bool {
@@ -205,9 +265,6 @@ fn upstream(
             None
         }
     };
-    if u.subject_issuers.is_empty() {
-        check.bad(&format!("{key}.subject_issuers"), "must list at least one trusted issuer whose subject tokens may be sent to this authorization server");
-    }
     for s in &u.subject_issuers {
         if !trusted.iter().any(|t| &t.issuer == s) {
             check.bad(
@@ -225,6 +282,7 @@ fn upstream(
             "must be a non-empty audience without control characters",
         );
     }
+    let grant = grant(&u, key, check);
     let mut timeout = |k: &str, v: &Option<String>, default: u64| match v.as_deref() {
         None => Duration::from_secs(default),
         Some(t) => match parse_duration(t) {
@@ -268,11 +326,47 @@ fn upstream(
         subject_issuers: u.subject_issuers,
         actor_token: u.actor_token.unwrap_or(false),
         subject_audience: u.subject_audience,
+        grant,
         connect_timeout,
         timeout: total,
         reuse_margin,
         resources,
     })
+}
+
+/// `grant` and `resource_upstream`. An `id_jag` upstream is the person's
+/// IdP: the ID-JAG names the person as the subject token does, so its
+/// `subject_issuers` is its own issuer only.
+fn grant(u: &RawUpstream, key: &str, check: &mut Check<'_>) -> UpstreamGrant {
+    match (u.grant.as_deref(), &u.resource_upstream) {
+        (None | Some("token_exchange"), None) => UpstreamGrant::TokenExchange,
+        (None | Some("token_exchange"), Some(_)) => {
+            check.bad(
+                &format!("{key}.resource_upstream"),
+                "is only for grant = \"id_jag\"",
+            );
+            UpstreamGrant::TokenExchange
+        }
+        (Some("id_jag"), None) => {
+            check.bad(&format!("{key}.resource_upstream"), "is required with grant = \"id_jag\": the upstream (the resource's AS) where the ID-JAG is redeemed");
+            UpstreamGrant::TokenExchange
+        }
+        (Some("id_jag"), Some(r)) => {
+            if u.subject_issuers != [u.issuer.clone()] {
+                check.bad(&format!("{key}.subject_issuers"), "must be exactly [issuer] with grant = \"id_jag\": the IdP asserts the identity of its own subject tokens");
+            }
+            UpstreamGrant::IdJag {
+                resource_upstream: r.clone(),
+            }
+        }
+        (Some(_), _) => {
+            check.bad(
+                &format!("{key}.grant"),
+                "must be \"token_exchange\" or \"id_jag\"",
+            );
+            UpstreamGrant::TokenExchange
+        }
+    }
 }
 
 fn resource(

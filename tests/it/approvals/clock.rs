@@ -66,6 +66,7 @@ impl Local {
             credbroker::internals::cli::dev_subject_token(self.s.dir.path(), "alice", 4 * 3600)
                 .unwrap();
         b.derive(DeriveRequest {
+            subject_token_type: Default::default(),
             subject_token: SecretString::new(subject),
             step: step.into(),
             tool: tool.into(),

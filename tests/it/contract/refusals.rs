@@ -78,6 +78,7 @@ fn every_upstream_error() -> Vec<UpstreamError> {
         UpstreamError::Unavailable,
         UpstreamError::BadAnswer("it is not JSON"),
         UpstreamError::TokenRejected("token_type is not DPoP (an unbound token)"),
+        UpstreamError::Withdrawn,
     ];
     for e in &all {
         match e {
@@ -92,7 +93,8 @@ fn every_upstream_error() -> Vec<UpstreamError> {
             | UpstreamError::Misconfigured
             | UpstreamError::Unavailable
             | UpstreamError::BadAnswer(_)
-            | UpstreamError::TokenRejected(_) => {}
+            | UpstreamError::TokenRejected(_)
+            | UpstreamError::Withdrawn => {}
         }
     }
     all

@@ -3,5 +3,6 @@
 mod client_auth;
 mod clients;
 mod exchange;
+mod id_jag;
 mod mcp;
 mod reuse;
