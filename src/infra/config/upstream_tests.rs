@@ -127,9 +127,11 @@ fn bad_upstream_values_name_the_file_the_key_and_the_cause() {
         );
     }
     // A key of the issue not built yet stays reserved.
-    let shown = only_problem(&format!("{GOOD}reuse_margin = \"30s\"\n"));
+    let shown = only_problem(&format!("{GOOD}send_authorization_details = true\n"));
     assert!(
-        shown.ends_with("upstreams.okta.reuse_margin: reserved: not yet implemented (issue 41)"),
+        shown.ends_with(
+            "upstreams.okta.send_authorization_details: reserved: not yet implemented (issue 41)"
+        ),
         "{shown}"
     );
     // Control: the table itself loads, without reuse by default and with
