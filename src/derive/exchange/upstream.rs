@@ -143,7 +143,7 @@ impl Broker {
                 .observe(took.as_secs_f64());
         };
         let mut withdrawn = None;
-        let between = || match self.still_allowed(req, grant) {
+        let between = || match self.still_allowed(req, subject, grant) {
             Ok(()) => true,
             Err(e) => {
                 withdrawn = Some(e);
@@ -183,11 +183,20 @@ impl Broker {
         Ok((issued(t.access_token, expires_in, grant), t.id))
     }
 
-    /// Between the legs of an ID-JAG derive: the freeze, and the current
-    /// policy (reloaded meanwhile, perhaps) still giving this derive
-    /// exactly `grant`; otherwise its refusal (the policy's reason, or
-    /// `tool_not_allowed` when it would now grant something else).
-    fn still_allowed(&self, req: &DeriveRequest, grant: &Grant) -> Result<(), DeriveError> {
+    /// Between the legs of an ID-JAG derive: the freeze, the person stop
+    /// list (a stop meanwhile), and the current policy (reloaded meanwhile,
+    /// perhaps) still giving this derive exactly `grant`; otherwise its
+    /// refusal (the stop's, the policy's reason, or `tool_not_allowed`
+    /// when it would now grant something else).
+    fn still_allowed(
+        &self,
+        req: &DeriveRequest,
+        subject: &Subject,
+        grant: &Grant,
+    ) -> Result<(), DeriveError> {
+        self.stops
+            .check_derive(&subject.person, subject.auth_time)
+            .map_err(DeriveError::from)?;
         let current = self.policy.load();
         let checked = current
             .prelude(self.freeze.is_set(), &req.resource, req.scope.as_deref())
