@@ -26,8 +26,7 @@ use dashmap::DashMap;
 use crate::accounts::subject::Person;
 use crate::infra::store::{tuple_key, Store, StoreError, Tree};
 
-/// The longest email kept (RFC 5321's path limit).
-pub(crate) const MAX_EMAIL: usize = 254;
+pub(crate) use crate::accounts::subject::MAX_EMAIL;
 /// People whose last email is held in memory; past it the map is cleared
 /// (the cost: one more write per person).
 const MEMORY_MAX: usize = 100_000;

@@ -28,6 +28,9 @@ use crate::base::jose::{self, Audience, JoseError, JwkSet};
 use crate::base::keyset::{self, Refetch, RemoteKeySet};
 use crate::infra::config::{IssuerConfig, JwksSource};
 
+/// The longest email kept (RFC 5321's path limit).
+pub(crate) const MAX_EMAIL: usize = 254;
+
 /// Subject tokens larger than this are refused before parsing.
 pub(crate) const MAX_SUBJECT_LEN: usize = 16 * 1024;
 /// Clock skew allowed on `exp` and `nbf`.
@@ -524,6 +527,6 @@ fn verified_email(rest: &HashMap<String, serde_json::Value>) -> Option<String> {
     }
     rest.get("email")
         .and_then(serde_json::Value::as_str)
-        .filter(|e| e.len() <= crate::accounts::emails::MAX_EMAIL)
+        .filter(|e| e.len() <= MAX_EMAIL)
         .map(str::to_owned)
 }

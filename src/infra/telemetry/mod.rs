@@ -33,11 +33,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tracing::Instrument;
 
-use crate::infra::config::TelemetryConfig;
-
 pub(crate) mod context;
 mod export;
 mod metrics_export;
+mod settings;
+
+pub(crate) use settings::TelemetryConfig;
 mod recent;
 #[cfg(test)]
 mod tests;
