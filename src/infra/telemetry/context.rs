@@ -1,4 +1,4 @@
-//! W3C Trace Context (https://www.w3.org/TR/trace-context/): the
+//! W3C Trace Context (<https://www.w3.org/TR/trace-context/>): the
 //! `traceparent` and `tracestate` headers as untrusted input, the ids this
 //! broker makes, and the ratio sampler.
 //!
