@@ -277,7 +277,14 @@ async fn a_stop_on_one_replica_stops_alice_everywhere_within_the_bound_and_bob_i
         .await
         .expect("the cut download ended")
         .unwrap();
-    let t = api.trickles()[0].clone();
+    // The stand-in learns of the cut at its next write, which may come a
+    // moment after the tool's read failed: wait for it (up to 10 s).
+    let waited = Instant::now();
+    let mut t = api.trickles()[0].clone();
+    while !t.cut && !t.done && waited.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        t = api.trickles()[0].clone();
+    }
     eprintln!("download: the tool read {got} bytes; the stand-in {t:?}");
     assert!(
         failed && got < 10 * 1024 * 1024,
