@@ -33,20 +33,21 @@ const MAX_TOKEN: usize = 16 * 1024;
 /// Clock tolerance between the AS and the broker (seconds).
 const SKEW: i64 = 60;
 
+/// A token endpoint's JSON answer (also read by `id_jag` for leg 1).
 #[derive(Deserialize)]
-struct RawAnswer {
+pub(super) struct RawAnswer {
     #[serde(default)]
-    access_token: Option<String>,
+    pub(super) access_token: Option<String>,
     #[serde(default)]
-    issued_token_type: Option<String>,
+    pub(super) issued_token_type: Option<String>,
     #[serde(default)]
-    token_type: Option<String>,
+    pub(super) token_type: Option<String>,
     #[serde(default)]
-    expires_in: Option<serde_json::Value>,
+    pub(super) expires_in: Option<serde_json::Value>,
     #[serde(default)]
-    scope: Option<String>,
+    pub(super) scope: Option<String>,
     #[serde(default)]
-    refresh_token: Option<String>,
+    pub(super) refresh_token: Option<String>,
 }
 
 impl Drop for RawAnswer {
@@ -57,8 +58,8 @@ impl Drop for RawAnswer {
 }
 
 #[derive(Deserialize)]
-struct Cnf {
-    jkt: Option<String>,
+pub(super) struct Cnf {
+    pub(super) jkt: Option<String>,
 }
 
 #[derive(Deserialize)]

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use zeroize::Zeroize;
 
-use super::answer::{self, rejected};
+use super::answer::{self, rejected, Cnf, RawAnswer};
 use super::call::{self, Grant, Leg, TokenAnswer, ID_JAG_TYPE};
 use super::{
     outcome, ExchangeInput, Exchanged, LegError, Resolved, Upstream, UpstreamError, Upstreams,
@@ -107,30 +107,6 @@ async fn legs(
 }
 
 #[derive(Deserialize)]
-struct RawJagAnswer {
-    #[serde(default)]
-    access_token: Option<String>,
-    #[serde(default)]
-    issued_token_type: Option<String>,
-    #[serde(default)]
-    token_type: Option<String>,
-    #[serde(default)]
-    refresh_token: Option<String>,
-}
-
-impl Drop for RawJagAnswer {
-    fn drop(&mut self) {
-        self.access_token.zeroize();
-        self.refresh_token.zeroize();
-    }
-}
-
-#[derive(Deserialize)]
-struct Cnf {
-    jkt: Option<String>,
-}
-
-#[derive(Deserialize)]
 struct JagClaims {
     iss: Option<String>,
     sub: Option<String>,
@@ -157,7 +133,7 @@ async fn check_jag(
     input: &ExchangeInput<'_>,
     answer: TokenAnswer,
 ) -> Result<SecretString, UpstreamError> {
-    let mut raw: RawJagAnswer = serde_json::from_slice(&answer.body)
+    let mut raw: RawAnswer = serde_json::from_slice(&answer.body)
         .map_err(|_| UpstreamError::BadAnswer("it is not a token answer"))?;
     drop(answer);
     raw.refresh_token.zeroize();
