@@ -18,7 +18,10 @@
 //           "resources": { "<uri>": { "aud": "..." | [...], "scope": "a b" } } }
 // Prints {"issuer", "jwks_uri", "token_endpoint"} when listening, then reads
 // JSON commands on stdin, one per line, answering one JSON line each:
-//   {"cmd":"mode","mode":"ok"} -> {"ok":true}; ok, or old_key (sign with the key before the last rotation)
+//   {"cmd":"mode","mode":"ok"} -> {"ok":true}; ok, old_key (sign with the key before the last rotation),
+//                                 or nonce (every proof must carry this server's current DPoP nonce:
+//                                 else use_dpop_nonce with it in DPoP-Nonce, RFC 9449 section 8)
+//   {"cmd":"new_nonce"}        -> {"nonce": the new current nonce}; the old one is refused from now on
 //   {"cmd":"rotate"}           -> {"kid": the new key's kid}
 //   {"cmd":"count"}            -> {"redemptions": n} token requests received so far
 //   {"cmd":"last"}             -> the form of the last token request (assertion left out)
@@ -70,6 +73,8 @@ const provider = new Provider(issuer, {
 provider.proxy = false;
 
 let mode = 'ok';
+// With mode "nonce": every proof must carry this nonce.
+let asNonce = randomBytes(12).toString('base64url');
 let redemptions = 0;
 let last = null;
 const seenJti = new Set();
@@ -90,7 +95,7 @@ async function checkProof(ctx) {
   if (p.ath !== undefined) throw new errors.InvalidDpopProof('ath');
   if (typeof p.jti !== 'string' || seenJti.has(p.jti)) throw new errors.InvalidDpopProof('jti');
   seenJti.add(p.jti);
-  return await jose.calculateJwkThumbprint(v.protectedHeader.jwk);
+  return { jkt: await jose.calculateJwkThumbprint(v.protectedHeader.jwk), nonce: p.nonce };
 }
 
 async function jwtBearer(ctx) {
@@ -104,7 +109,14 @@ async function jwtBearer(ctx) {
     throw new errors.InvalidGrant('the ID-JAG does not verify');
   }
   if (jag.client_id !== ctx.oidc.client.clientId) throw new errors.InvalidGrant('the ID-JAG is for another client');
-  const jkt = await checkProof(ctx);
+  const { jkt, nonce } = await checkProof(ctx);
+  if (mode === 'nonce' && nonce !== asNonce) {
+    ctx.status = 400;
+    ctx.set('DPoP-Nonce', asNonce);
+    ctx.set('cache-control', 'no-store');
+    ctx.body = { error: 'use_dpop_nonce', error_description: 'a DPoP nonce is required' };
+    return;
+  }
   if (jag.cnf?.jkt !== jkt) throw new errors.InvalidGrant('the ID-JAG is not bound to the proof key');
   const r = cfg.resources[jag.resource];
   if (!r) throw new errors.InvalidTarget();
@@ -152,7 +164,10 @@ rl.on('line', async (line) => {
   try {
     const cmd = JSON.parse(line);
     if (cmd.cmd === 'mode') { mode = String(cmd.mode); console.log(JSON.stringify({ ok: true })); }
-    else if (cmd.cmd === 'rotate') {
+    else if (cmd.cmd === 'new_nonce') {
+      asNonce = randomBytes(12).toString('base64url');
+      console.log(JSON.stringify({ nonce: asNonce }));
+    } else if (cmd.cmd === 'rotate') {
       generation += 1;
       previous = current;
       current = await newKey(generation);

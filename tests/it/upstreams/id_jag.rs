@@ -18,25 +18,25 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
-const CRM: &str = "https://crm.example/api";
+pub(super) const CRM: &str = "https://crm.example/api";
 const ORG_SECRET: &str = "org-client-secret-not-a-canary";
 const CRM_SECRET: &str = "crm-client-secret-not-a-canary";
 /// The broker's client id at the resource AS (the ID-JAG's `client_id`).
 const CRM_CLIENT: &str = "credbroker-at-crm";
 
 /// The two authorization servers.
-struct Chain {
-    org: NodePeer,
-    ras: NodePeer,
+pub(super) struct Chain {
+    pub(super) org: NodePeer,
+    pub(super) ras: NodePeer,
     _cfgs: [tempfile::NamedTempFile; 2],
-    org_issuer: String,
-    org_te: String,
-    ras_issuer: String,
-    ras_te: String,
+    pub(super) org_issuer: String,
+    pub(super) org_te: String,
+    pub(super) ras_issuer: String,
+    pub(super) ras_te: String,
 }
 
 impl Chain {
-    fn start() -> Chain {
+    pub(super) fn start() -> Chain {
         Chain::start_advertising(true)
     }
 
@@ -82,7 +82,7 @@ impl Chain {
         }
     }
 
-    fn subject(&mut self) -> String {
+    pub(super) fn subject(&mut self) -> String {
         let r = self
             .org
             .call(&json!({"cmd": "subject", "sub": "alice", "ttl": 3600}));
@@ -101,13 +101,13 @@ impl Chain {
         assert_eq!(r["ok"], true);
     }
 
-    fn ras_mode(&mut self, mode: &str) {
+    pub(super) fn ras_mode(&mut self, mode: &str) {
         let r = self.ras.call(&json!({"cmd": "mode", "mode": mode}));
         assert_eq!(r["ok"], true);
     }
 
     /// Token requests each AS received so far: (IdP, resource AS).
-    fn counts(&mut self) -> (i64, i64) {
+    pub(super) fn counts(&mut self) -> (i64, i64) {
         let a = self.org.call(&json!({"cmd": "count"}))["exchanges"]
             .as_i64()
             .unwrap();
@@ -135,7 +135,7 @@ fn policy(tool: bool) -> String {
 
 /// A broker with `[upstreams.org]` the IdP (`grant = "id_jag"`) and
 /// `[upstreams.crm]` the resource AS.
-fn broker(c: &Chain) -> TestBroker {
+pub(super) fn broker(c: &Chain) -> TestBroker {
     let (org, ras) = (&c.org_issuer, &c.ras_issuer);
     let opts = Opts {
         policy: Some(policy(true)),
@@ -227,7 +227,7 @@ fn refused(a: &HttpAnswer, status: u16, reason: &str) {
 }
 
 /// A resource server that trusts only the resource AS's keys.
-async fn verified_by_the_resource_as(c: &Chain, token: &str) -> Value {
+pub(super) async fn verified_by_the_resource_as(c: &Chain, token: &str) -> Value {
     jose(
         "verify-token",
         json!({

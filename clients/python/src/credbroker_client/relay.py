@@ -4,7 +4,9 @@ server's token endpoint, sent with the derive as ``upstream_proofs``, since
 the broker never holds the tool's key.
 
 Where they go comes from ``GET /v1/info`` (``upstreams.<name>.token_endpoint``
-and ``.dpop_nonce``, ``upstream_resources``); a refusal with reason
+and ``.dpop_nonce``, ``upstream_resources``): one leg per upstream named for the
+resource and, for an ``id_jag`` upstream (identity chaining), a second leg at
+its ``resource_upstream``; a refusal with reason
 ``upstream_proof_required`` names the ``htu`` (and the server's nonce) to sign
 instead, and the client retries once with it.
 """
@@ -31,6 +33,8 @@ class UpstreamInfo:
     upstreams: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     #: By ``exchange`` resource (canonical URI): its upstreams' names.
     resources: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: By ``id_jag`` upstream name: the upstream of its second leg.
+    second: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def parse(info: Any) -> UpstreamInfo:
@@ -38,6 +42,7 @@ class UpstreamInfo:
         as "no upstreams" (an older broker)."""
         ups: dict[str, tuple[str | None, str | None]] = {}
         res: dict[str, tuple[str, ...]] = {}
+        second: dict[str, str] = {}
         if not isinstance(info, dict):
             return UpstreamInfo()
         raw_ups = info.get("upstreams")
@@ -49,6 +54,9 @@ class UpstreamInfo:
                         te if isinstance(te, str) else None,
                         n if isinstance(n, str) else None,
                     )
+                    ru = u.get("resource_upstream")
+                    if u.get("grant") == "id_jag" and isinstance(ru, str):
+                        second[name] = ru
         raw_res = info.get("upstream_resources")
         if isinstance(raw_res, dict):
             for uri, names in raw_res.items():
@@ -56,11 +64,12 @@ class UpstreamInfo:
                     res[uri] = (names,)
                 elif isinstance(names, list):
                     res[uri] = tuple(n for n in names if isinstance(n, str))
-        return UpstreamInfo(ups, res)
+        return UpstreamInfo(ups, res, second)
 
     def legs(self, resource: str, nonces: dict[str, str]) -> dict[str, Leg]:
-        """The legs of a derive for ``resource`` (one per upstream whose token
-        endpoint is known), each with the latest nonce known for it."""
+        """The legs of a derive for ``resource`` (one per upstream named for it
+        and, for an ``id_jag`` one, its ``resource_upstream`` too: leg 2), each
+        whose token endpoint is known, with the latest nonce known for it."""
         names = self.resources.get(resource)
         if names is None:
             # The info lists canonical URIs; a trailing slash is the
@@ -68,10 +77,13 @@ class UpstreamInfo:
             alt = resource[:-1] if resource.endswith("/") else resource + "/"
             names = self.resources.get(alt, ())
         out: dict[str, Leg] = {}
-        for name in names:
-            te, nonce = self.upstreams.get(name, (None, None))
-            if te is not None:
-                out[name] = Leg(te, nonces.get(name, nonce))
+        for first in names:
+            for name in (first, self.second.get(first)):
+                if name is None:
+                    continue
+                te, nonce = self.upstreams.get(name, (None, None))
+                if te is not None:
+                    out[name] = Leg(te, nonces.get(name, nonce))
         return out
 
     def name_for(self, htu: str, resource: str) -> str | None:

@@ -47,3 +47,35 @@ def test_a_refusal_is_matched_by_its_htu() -> None:
     assert proof_required(400, {**body, "reason": "upstream_proof_invalid"}) is None
     assert proof_required(400, {k: v for k, v in body.items() if k != "upstream_htu"}) is None
     assert proof_required(403, body) is None
+
+
+def test_an_id_jag_upstream_gets_a_second_leg_at_its_resource_upstream() -> None:
+    u = UpstreamInfo.parse(
+        {
+            "upstreams": {
+                "org": {
+                    "token_endpoint": "https://idp.example/token",
+                    "grant": "id_jag",
+                    "resource_upstream": "crm",
+                },
+                "crm": {"token_endpoint": "https://crm-as.example/token", "dpop_nonce": "c1"},
+                "tx": {
+                    "token_endpoint": "https://tx.example/token",
+                    "grant": "token_exchange",
+                    "resource_upstream": "crm",
+                },
+            },
+            "upstream_resources": {
+                "https://crm.example/api": "org",
+                "https://tx.example/api": "tx",
+            },
+        }
+    )
+    assert u.legs("https://crm.example/api", {"crm": "c2"}) == {
+        "org": Leg("https://idp.example/token", None),
+        "crm": Leg("https://crm-as.example/token", "c2"),
+    }
+    # A refusal naming leg 2's htu is matched to leg 2's upstream.
+    assert u.name_for("https://crm-as.example/token", "https://crm.example/api") == "crm"
+    # resource_upstream means nothing on a token-exchange upstream.
+    assert list(u.legs("https://tx.example/api", {})) == ["tx"]

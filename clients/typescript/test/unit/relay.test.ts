@@ -44,3 +44,25 @@ test("a refusal is matched by its htu", () => {
   assert.equal(proofRequired(400, { ...body, upstream_htu: undefined }), undefined);
   assert.equal(proofRequired(403, body), undefined);
 });
+
+test("an id_jag upstream gets a second leg at its resource_upstream", () => {
+  const u = UpstreamInfo.parse({
+    upstreams: {
+      org: { token_endpoint: "https://idp.example/token", grant: "id_jag", resource_upstream: "crm" },
+      crm: { token_endpoint: "https://crm-as.example/token", dpop_nonce: "c1" },
+      tx: { token_endpoint: "https://tx.example/token", grant: "token_exchange", resource_upstream: "crm" },
+    },
+    upstream_resources: { "https://crm.example/api": "org", "https://tx.example/api": "tx" },
+  });
+  assert.deepEqual(
+    [...u.legs("https://crm.example/api", new Map([["crm", "c2"]]))],
+    [
+      ["org", { htu: "https://idp.example/token", nonce: undefined }],
+      ["crm", { htu: "https://crm-as.example/token", nonce: "c2" }],
+    ],
+  );
+  // A refusal naming leg 2's htu is matched to leg 2's upstream.
+  assert.equal(u.nameFor("https://crm-as.example/token", "https://crm.example/api"), "crm");
+  // resource_upstream means nothing on a token-exchange upstream.
+  assert.deepEqual([...u.legs("https://tx.example/api", new Map()).keys()], ["tx"]);
+});

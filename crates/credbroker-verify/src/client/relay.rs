@@ -4,7 +4,9 @@
 //! `upstream_proofs`, because the broker never holds the tool's key.
 //!
 //! Where they go comes from `GET /v1/info` (`upstreams.<name>.token_endpoint`
-//! and `.dpop_nonce`, `upstream_resources`), read once per client; an
+//! and `.dpop_nonce`, `upstream_resources`), read once per client: one leg
+//! per upstream named for the resource and, for an `id_jag` upstream (identity
+//! chaining), a second leg at its `resource_upstream`; an
 //! `upstream_proof_required` refusal names the `htu` (and the AS's nonce) to
 //! sign instead, and the client retries once with it (reading the info
 //! again, since the policy may have changed).
@@ -21,12 +23,22 @@ pub(super) struct Leg {
     pub(super) nonce: Option<String>,
 }
 
+/// What `GET /v1/info` says about one upstream.
+#[derive(Debug, Clone, Default)]
+struct Upstream {
+    /// Its token endpoint, once the broker knows it.
+    token_endpoint: Option<String>,
+    /// Its last DPoP nonce.
+    nonce: Option<String>,
+    /// For an `id_jag` upstream: the upstream of its second leg.
+    resource_upstream: Option<String>,
+}
+
 /// What `GET /v1/info` says about upstreams.
 #[derive(Debug, Clone, Default)]
 pub(super) struct UpstreamInfo {
-    /// By upstream name: its token endpoint (once the broker knows it) and
-    /// its last DPoP nonce.
-    upstreams: BTreeMap<String, (Option<String>, Option<String>)>,
+    /// By upstream name.
+    upstreams: BTreeMap<String, Upstream>,
     /// By `exchange` resource (canonical URI): its upstreams' names.
     resources: BTreeMap<String, Vec<String>>,
 }
@@ -39,8 +51,18 @@ impl UpstreamInfo {
         if let Some(ups) = info.get("upstreams").and_then(Value::as_object) {
             for (name, u) in ups {
                 let s = |k: &str| u.get(k).and_then(Value::as_str).map(str::to_owned);
-                out.upstreams
-                    .insert(name.clone(), (s("token_endpoint"), s("dpop_nonce")));
+                let resource_upstream = match s("grant").as_deref() {
+                    Some("id_jag") => s("resource_upstream"),
+                    _ => None,
+                };
+                out.upstreams.insert(
+                    name.clone(),
+                    Upstream {
+                        token_endpoint: s("token_endpoint"),
+                        nonce: s("dpop_nonce"),
+                        resource_upstream,
+                    },
+                );
             }
         }
         if let Some(res) = info.get("upstream_resources").and_then(Value::as_object) {
@@ -60,7 +82,8 @@ impl UpstreamInfo {
     }
 
     /// The legs of a derive for `resource`: one per upstream the info
-    /// names for it whose token endpoint is known.
+    /// names for it, and for an `id_jag` one its `resource_upstream` too
+    /// (leg 2), each whose token endpoint is known.
     pub(super) fn legs(&self, resource: &str) -> BTreeMap<String, Leg> {
         let names = self.resources.get(resource).or_else(|| {
             // The info lists canonical URIs; a trailing slash is the
@@ -73,14 +96,25 @@ impl UpstreamInfo {
         });
         let mut out = BTreeMap::new();
         for name in names.into_iter().flatten() {
-            if let Some((Some(htu), nonce)) = self.upstreams.get(name) {
-                out.insert(
-                    name.clone(),
-                    Leg {
-                        htu: htu.clone(),
-                        nonce: nonce.clone(),
-                    },
-                );
+            let second = self
+                .upstreams
+                .get(name)
+                .and_then(|u| u.resource_upstream.as_ref());
+            for name in std::iter::once(name).chain(second) {
+                if let Some(Upstream {
+                    token_endpoint: Some(htu),
+                    nonce,
+                    ..
+                }) = self.upstreams.get(name)
+                {
+                    out.insert(
+                        name.clone(),
+                        Leg {
+                            htu: htu.clone(),
+                            nonce: nonce.clone(),
+                        },
+                    );
+                }
             }
         }
         out
@@ -91,7 +125,7 @@ impl UpstreamInfo {
     pub(super) fn name_for(&self, htu: &str, resource: &str) -> Option<String> {
         self.upstreams
             .iter()
-            .find(|(_, (t, _))| t.as_deref() == Some(htu))
+            .find(|(_, u)| u.token_endpoint.as_deref() == Some(htu))
             .map(|(n, _)| n.clone())
             .or_else(|| {
                 self.resources
@@ -139,6 +173,34 @@ mod tests {
             Some("later")
         );
         assert_eq!(u.name_for("https://new.example/token", "x"), None);
+        // An `id_jag` upstream: a leg at its resource AS too, with its own
+        // htu and nonce; a refusal naming leg 2's htu is matched to it.
+        let info = serde_json::json!({
+            "upstreams": {
+                "org": {"token_endpoint": "https://idp.example/token", "grant": "id_jag", "resource_upstream": "crm"},
+                "crm": {"token_endpoint": "https://crm-as.example/token", "dpop_nonce": "c1", "grant": "token_exchange"},
+                "tx": {"token_endpoint": "https://tx.example/token", "grant": "token_exchange", "resource_upstream": "crm"}
+            },
+            "upstream_resources": {"https://crm.example/api": "org", "https://tx.example/api": "tx"}
+        });
+        let u = UpstreamInfo::parse(&info);
+        let legs = u.legs("https://crm.example/api");
+        assert_eq!(legs.len(), 2);
+        assert_eq!(legs["org"].htu, "https://idp.example/token");
+        assert_eq!(
+            legs["crm"],
+            Leg {
+                htu: "https://crm-as.example/token".into(),
+                nonce: Some("c1".into())
+            }
+        );
+        assert_eq!(
+            u.name_for("https://crm-as.example/token", "https://crm.example/api")
+                .as_deref(),
+            Some("crm")
+        );
+        // resource_upstream on a token-exchange upstream means nothing.
+        assert_eq!(u.legs("https://tx.example/api").len(), 1);
         // An older broker's info: nothing.
         assert!(UpstreamInfo::parse(&serde_json::json!({"issuer": "i"}))
             .legs("https://api.example/notes")
