@@ -122,6 +122,17 @@ pub(crate) enum Missing {
     ApiBase,
 }
 
+impl Missing {
+    /// What the answer's sentence says is missing.
+    fn sentence(self) -> &'static str {
+        match self {
+            Missing::ConnectedServices => "connected services are not configured on this instance",
+            Missing::Provider => "the policy names a service that has no provider in the config",
+            Missing::ApiBase => "the service's provider has no api_base",
+        }
+    }
+}
+
 /// How the call to the provider failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum UpstreamFailure {
@@ -193,7 +204,6 @@ impl Refusal {
         let bad = |d: &'static str| Answer::new(S::BAD_REQUEST, "invalid_request", d);
         let unavailable =
             |d: &'static str| Answer::new(S::SERVICE_UNAVAILABLE, "temporarily_unavailable", d);
-        let gateway = |d: &'static str| Answer::new(S::BAD_GATEWAY, "bad_gateway", d);
         let forbidden = |d: &'static str| Answer::new(S::FORBIDDEN, "insufficient_scope", d);
         match self {
             Refusal::ProxyBusy => unavailable("too many proxied calls in flight; retry later"),
@@ -208,13 +218,7 @@ impl Refusal {
                 "invalid_token",
                 "this person's access is stopped (credbroker persons revoke, or their identity provider's signal); nothing was sent",
             ),
-            Refusal::Shape(Shape::Method) => bad("CONNECT and TRACE are never proxied"),
-            Refusal::Shape(Shape::AbsoluteForm) => {
-                bad("an absolute-form request target is refused; send the path only")
-            }
-            Refusal::Shape(Shape::Upgrade) => bad("Upgrade is never proxied"),
-            Refusal::Shape(Shape::TwoAuthorizations) => bad("one Authorization header only"),
-            Refusal::Shape(Shape::Framing(f)) => Answer::new(S::BAD_REQUEST, "invalid_request", f.to_string()),
+            Refusal::Shape(shape) => shape_answer(shape),
             Refusal::NotFound => Answer::new(
                 S::NOT_FOUND,
                 "invalid_request",
@@ -276,48 +280,13 @@ impl Refusal {
                 "upstream_timeout",
                 "the provider did not answer within the proxy's timeout (proxy.timeout)",
             ),
-            Refusal::Upstream(UpstreamFailure::ConnectTimeout) => Answer::new(
-                S::GATEWAY_TIMEOUT,
-                "upstream_timeout",
-                "the provider's API could not be connected to within proxy.connect_timeout",
-            ),
-            Refusal::NotConfigured(Missing::ConnectedServices) => {
-                unavailable("connected services are not configured on this instance")
-            }
-            Refusal::NotConfigured(Missing::Provider) => {
-                unavailable("the policy names a service that has no provider in the config")
-            }
-            Refusal::NotConfigured(Missing::ApiBase) => {
-                unavailable("the service's provider has no api_base")
-            }
+            Refusal::NotConfigured(missing) => unavailable(missing.sentence()),
             Refusal::Unsendable => bad("the request's path or query cannot be sent on"),
             Refusal::AuditUnavailable => {
                 unavailable("the audit log cannot be written, so nothing was sent; retry later")
             }
-            Refusal::Upstream(UpstreamFailure::TokenNotAHeader) => {
-                gateway("the provider's token cannot be sent in a header")
-            }
-            Refusal::Upstream(UpstreamFailure::Unreachable) => {
-                gateway("the provider's API could not be reached")
-            }
-            Refusal::Upstream(UpstreamFailure::Failed) => gateway("the provider's answer failed"),
-            Refusal::Upstream(UpstreamFailure::Echo) => gateway(
-                "the provider's answer carried a provider token; it was not passed on",
-            ),
-            Refusal::Derive(DeriveError::UpstreamUnavailable { .. }) => Answer::new(
-                S::SERVICE_UNAVAILABLE,
-                "temporarily_unavailable",
-                "the provider did not give a usable token in time; nothing was sent; retry later",
-            ),
-            Refusal::Derive(e) => {
-                let id = correlation_id();
-                tracing::error!(correlation_id = %id, error = %e, "proxy: service source failed");
-                Answer::new(
-                    S::SERVICE_UNAVAILABLE,
-                    "temporarily_unavailable",
-                    format!("internal error; correlation id {id}"),
-                )
-            }
+            Refusal::Upstream(failure) => upstream_answer(failure),
+            Refusal::Derive(e) => derive_answer(e),
         }
     }
 
@@ -351,6 +320,62 @@ impl Refusal {
         };
         answer.response()
     }
+}
+
+/// The answer to a request of a shape the proxy never sends on (400).
+fn shape_answer(shape: &Shape) -> Answer {
+    let sentence = match shape {
+        Shape::Method => "CONNECT and TRACE are never proxied",
+        Shape::AbsoluteForm => "an absolute-form request target is refused; send the path only",
+        Shape::Upgrade => "Upgrade is never proxied",
+        Shape::TwoAuthorizations => "one Authorization header only",
+        Shape::Framing(f) => {
+            return Answer::new(StatusCode::BAD_REQUEST, "invalid_request", f.to_string())
+        }
+    };
+    Answer::new(StatusCode::BAD_REQUEST, "invalid_request", sentence)
+}
+
+/// The answer when the provider's API failed the call: a connect timeout
+/// (504), else a bad gateway (502).
+fn upstream_answer(failure: &UpstreamFailure) -> Answer {
+    let sentence = match failure {
+        UpstreamFailure::ConnectTimeout => {
+            return Answer::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream_timeout",
+                "the provider's API could not be connected to within proxy.connect_timeout",
+            )
+        }
+        UpstreamFailure::TokenNotAHeader => "the provider's token cannot be sent in a header",
+        UpstreamFailure::Unreachable => "the provider's API could not be reached",
+        UpstreamFailure::Failed => "the provider's answer failed",
+        UpstreamFailure::Echo => {
+            "the provider's answer carried a provider token; it was not passed on"
+        }
+    };
+    Answer::new(StatusCode::BAD_GATEWAY, "bad_gateway", sentence)
+}
+
+/// The answer when the service source could not give the provider's
+/// token (503); an unexpected error is logged under a correlation id that
+/// the answer names, and nothing more of it is told.
+fn derive_answer(e: &DeriveError) -> Answer {
+    let sentence = match e {
+        DeriveError::UpstreamUnavailable { .. } => std::borrow::Cow::Borrowed(
+            "the provider did not give a usable token in time; nothing was sent; retry later",
+        ),
+        e => {
+            let id = correlation_id();
+            tracing::error!(correlation_id = %id, error = %e, "proxy: service source failed");
+            format!("internal error; correlation id {id}").into()
+        }
+    };
+    Answer::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "temporarily_unavailable",
+        sentence,
+    )
 }
 
 /// The `error` of the DPoP challenge for a token or proof refusal (RFC
