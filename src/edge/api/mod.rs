@@ -94,41 +94,15 @@ pub fn error_response(err: &DeriveError, algs: &[Alg]) -> Response<Body> {
 }
 
 fn error_answer(err: &DeriveError, algs: &[Alg]) -> Answer {
-    use crate::derive::policy::DenyReason;
     use StatusCode as S;
     match err {
         DeriveError::BadRequest(d) => Answer::new(S::BAD_REQUEST, "invalid_request", d.clone()),
         DeriveError::Subject(e) => Answer::new(S::BAD_REQUEST, "invalid_request", e.to_string()),
-        DeriveError::Proof(DpopError::UseNonce, nonce) => Answer::new(
-            S::BAD_REQUEST,
-            "use_dpop_nonce",
-            "a DPoP nonce is required; retry with the nonce in the DPoP-Nonce header",
-        )
-        .nonce(nonce.as_deref())
-        .challenge(Some("use_dpop_nonce"), algs),
-        DeriveError::Proof(DpopError::ReplayCacheFull, _) => Answer::new(
-            S::SERVICE_UNAVAILABLE,
-            "temporarily_unavailable",
-            "the DPoP replay cache is full; retry shortly",
-        ),
-        DeriveError::Proof(e, _) => {
-            Answer::new(S::BAD_REQUEST, "invalid_dpop_proof", e.to_string())
-        }
+        DeriveError::Proof(e, nonce) => proof_answer(e, nonce.as_deref(), algs),
         DeriveError::Target(e) => {
             Answer::new(S::BAD_REQUEST, "invalid_target", format!("the resource {e}"))
         }
-        DeriveError::Denied(reason) => {
-            let description = match reason {
-                DenyReason::Frozen => {
-                    "credbroker is frozen by its operators: every derive is denied until the freeze is lifted"
-                }
-                DenyReason::ToolNotAllowed => "the policy has no such tool for this agent",
-                DenyReason::StepNotAllowed => "the policy does not allow this tool in this step",
-                DenyReason::ScopeNotAllowed => "the requested scope exceeds what the policy allows this tool",
-                DenyReason::ResourceMismatch => "the resource is not the one the policy gives this tool",
-            };
-            Answer::new(S::FORBIDDEN, "access_denied", description).reason(reason.as_str())
-        }
+        DeriveError::Denied(reason) => denied_answer(*reason),
         DeriveError::RateLimited { retry_after } => Answer::new(
             S::TOO_MANY_REQUESTS,
             "rate_limited",
@@ -218,6 +192,44 @@ fn error_answer(err: &DeriveError, algs: &[Alg]) -> Answer {
             )
         }
     }
+}
+
+/// The answer to a refused DPoP proof: a required nonce (with the nonce
+/// to sign and the challenge naming `algs`), a full replay cache (503), or
+/// the proof's own fault.
+fn proof_answer(e: &DpopError, nonce: Option<&str>, algs: &[Alg]) -> Answer {
+    use StatusCode as S;
+    match e {
+        DpopError::UseNonce => Answer::new(
+            S::BAD_REQUEST,
+            "use_dpop_nonce",
+            "a DPoP nonce is required; retry with the nonce in the DPoP-Nonce header",
+        )
+        .nonce(nonce)
+        .challenge(Some("use_dpop_nonce"), algs),
+        DpopError::ReplayCacheFull => Answer::new(
+            S::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            "the DPoP replay cache is full; retry shortly",
+        ),
+        e => Answer::new(S::BAD_REQUEST, "invalid_dpop_proof", e.to_string()),
+    }
+}
+
+/// The answer to a derive the policy denies (403 `access_denied`, the
+/// reason named).
+fn denied_answer(reason: crate::derive::policy::DenyReason) -> Answer {
+    use crate::derive::policy::DenyReason;
+    let description = match reason {
+        DenyReason::Frozen => {
+            "credbroker is frozen by its operators: every derive is denied until the freeze is lifted"
+        }
+        DenyReason::ToolNotAllowed => "the policy has no such tool for this agent",
+        DenyReason::StepNotAllowed => "the policy does not allow this tool in this step",
+        DenyReason::ScopeNotAllowed => "the requested scope exceeds what the policy allows this tool",
+        DenyReason::ResourceMismatch => "the resource is not the one the policy gives this tool",
+    };
+    Answer::new(StatusCode::FORBIDDEN, "access_denied", description).reason(reason.as_str())
 }
 
 /// The answer to a refused exchange at an upstream authorization server
