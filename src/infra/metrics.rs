@@ -199,6 +199,67 @@ pub const RESERVED: &[ReservedMetric] = &[reserved(
     43,
 )];
 
+/// The loaded policy: its hash, when it was loaded, and the reloads that
+/// failed.
+fn policy_metrics() -> (IntGaugeVecWrapper, Gauge, IntCounter) {
+    (
+        IntGaugeVecWrapper(must(prometheus::IntGaugeVec::new(
+            Opts::new("policy_info", "The loaded policy (label: its SHA-256)"),
+            &["hash"],
+        ))),
+        must(Gauge::new(
+            "policy_loaded_timestamp_seconds",
+            "When the policy was loaded",
+        )),
+        must(IntCounter::new(
+            "policy_reload_failures_total",
+            "Policy reloads that failed and kept the last good policy",
+        )),
+    )
+}
+
+/// The sockets' connection caps: connections closed unread, and idle ones
+/// shed to make room.
+fn connection_metrics() -> (IntCounterVec, IntCounterVec) {
+    (
+        must(IntCounterVec::new(
+            Opts::new(
+                "connections_refused_total",
+                "Connections closed unread, by socket and reason",
+            ),
+            &["socket", "reason"],
+        )),
+        must(IntCounterVec::new(
+            Opts::new(
+                "connections_shed_total",
+                "Idle Unix-socket connections closed to make room at the connection cap",
+            ),
+            &["socket"],
+        )),
+    )
+}
+
+/// The egress proxy's calls: their counter and their latency.
+fn proxy_metrics() -> (IntCounterVec, HistogramVec) {
+    (
+        must(IntCounterVec::new(
+            Opts::new(
+                "proxy_requests_total",
+                "Proxied calls by service, tool and outcome",
+            ),
+            &["service", "tool", "outcome"],
+        )),
+        must(HistogramVec::new(
+            HistogramOpts::new(
+                "proxy_duration_seconds",
+                "Proxied call latency, to the end of the answer",
+            )
+            .buckets(vec![0.001, 0.005, 0.025, 0.1, 0.5, 2.0, 10.0, 30.0]),
+            &["service"],
+        )),
+    )
+}
+
 /// The clock's offset from the database's and when it was measured
 /// (`infra::skew`).
 fn clock_metrics() -> (Gauge, Gauge) {
@@ -340,18 +401,7 @@ impl Metrics {
             "subject_cache_misses_total",
             "Subject tokens verified",
         ));
-        let policy_info = IntGaugeVecWrapper(must(prometheus::IntGaugeVec::new(
-            Opts::new("policy_info", "The loaded policy (label: its SHA-256)"),
-            &["hash"],
-        )));
-        let policy_loaded_time = must(Gauge::new(
-            "policy_loaded_timestamp_seconds",
-            "When the policy was loaded",
-        ));
-        let policy_reload_failures = must(IntCounter::new(
-            "policy_reload_failures_total",
-            "Policy reloads that failed and kept the last good policy",
-        ));
+        let (policy_info, policy_loaded_time, policy_reload_failures) = policy_metrics();
         let frozen = must(IntGauge::new(
             "frozen",
             "1 while the emergency freeze denies every derive",
@@ -364,35 +414,8 @@ impl Metrics {
             Opts::new("rate_limited_total", "Requests refused by a rate limit"),
             &["limit"],
         ));
-        let connections_refused = must(IntCounterVec::new(
-            Opts::new(
-                "connections_refused_total",
-                "Connections closed unread, by socket and reason",
-            ),
-            &["socket", "reason"],
-        ));
-        let connections_shed = must(IntCounterVec::new(
-            Opts::new(
-                "connections_shed_total",
-                "Idle Unix-socket connections closed to make room at the connection cap",
-            ),
-            &["socket"],
-        ));
-        let proxy_requests = must(IntCounterVec::new(
-            Opts::new(
-                "proxy_requests_total",
-                "Proxied calls by service, tool and outcome",
-            ),
-            &["service", "tool", "outcome"],
-        ));
-        let proxy_latency = must(HistogramVec::new(
-            HistogramOpts::new(
-                "proxy_duration_seconds",
-                "Proxied call latency, to the end of the answer",
-            )
-            .buckets(vec![0.001, 0.005, 0.025, 0.1, 0.5, 2.0, 10.0, 30.0]),
-            &["service"],
-        ));
+        let (connections_refused, connections_shed) = connection_metrics();
+        let (proxy_requests, proxy_latency) = proxy_metrics();
         let (upstream_exchanges, upstream_exchange_latency, upstream_token_cache_entries) =
             upstream_metrics();
         let (clock_offset, clock_offset_checked) = clock_metrics();
