@@ -352,17 +352,8 @@ pub async fn build(
     if let Some(n) = proxy_nonces {
         broker = broker.with_proxy_nonces(n);
     }
-    if let Some(mut u) = upstreams {
-        // The client key, read into memory now: an assertion or actor token
-        // makes no store call.
-        let keys = Arc::new(crate::derive::client_keys::ClientKeys::load(
-            broker.store.as_ref(),
-            &sealer,
-            shared_now,
-        )?);
-        u.set_client_keys(keys.clone(), &broker.config.issuer, &broker.config.agent);
-        u.resolve_all().await;
-        broker = broker.with_client_keys(keys).with_upstreams(Arc::new(u));
+    if let Some(u) = upstreams {
+        broker = with_upstreams(broker, u, &sealer, shared_now).await?;
     }
     let _ = broker
         .end_sessions
@@ -375,24 +366,8 @@ pub async fn build(
     discover_endpoints(&providers).await;
     let pages = pages(&broker, &sealer, &records, &providers, key_sets, &master);
     let proxy = proxy_client.map(|c| Arc::new(crate::edge::proxy::Proxy::new(broker.clone(), c)));
-    let events = Arc::new(
-        crate::infra::webhooks::Hub::new(
-            &broker.config.webhooks,
-            broker.store.clone(),
-            broker.audit.clone(),
-            broker.metrics.webhooks.clone(),
-            broker.clock.clone(),
-            &broker.config.agent,
-        )
-        .map_err(|e| {
-            StartError::Io(format!(
-                "webhook delivery id beside {}: {e}",
-                broker.config.audit_log.display()
-            ))
-        })?,
-    );
     Ok(Instance {
-        events,
+        events: event_hub(&broker)?,
         broker,
         sealer,
         vault: records.vault,
@@ -404,6 +379,47 @@ pub async fn build(
         ssf,
         holder,
     })
+}
+
+/// The broker with its upstream authorization servers, their metadata
+/// resolved, and the client key read into memory now: an assertion or
+/// actor token makes no store call.
+async fn with_upstreams(
+    broker: Broker,
+    mut upstreams: crate::derive::upstreams::Upstreams,
+    sealer: &Sealer,
+    now: i64,
+) -> Result<Broker, StartError> {
+    let keys = Arc::new(crate::derive::client_keys::ClientKeys::load(
+        broker.store.as_ref(),
+        sealer,
+        now,
+    )?);
+    upstreams.set_client_keys(keys.clone(), &broker.config.issuer, &broker.config.agent);
+    upstreams.resolve_all().await;
+    Ok(broker
+        .with_client_keys(keys)
+        .with_upstreams(Arc::new(upstreams)))
+}
+
+/// The webhook deliveries and the event stream of the instance's audit
+/// events; its delivery id is kept beside the audit file.
+fn event_hub(broker: &Broker) -> Result<Arc<crate::infra::webhooks::Hub>, StartError> {
+    let hub = crate::infra::webhooks::Hub::new(
+        &broker.config.webhooks,
+        broker.store.clone(),
+        broker.audit.clone(),
+        broker.metrics.webhooks.clone(),
+        broker.clock.clone(),
+        &broker.config.agent,
+    )
+    .map_err(|e| {
+        StartError::Io(format!(
+            "webhook delivery id beside {}: {e}",
+            broker.config.audit_log.display()
+        ))
+    })?;
+    Ok(Arc::new(hub))
 }
 
 /// The policy file, refused when it is written for another agent than the
