@@ -21,6 +21,10 @@ use crate::app::{Instance, StartError};
 
 pub use super::bind::Listeners;
 
+mod conns;
+
+use conns::{Admit, Admitted, Conns, InFlight};
+
 fn http1(header_timeout: Duration) -> hyper::server::conn::http1::Builder {
     let mut b = hyper::server::conn::http1::Builder::new();
     // hyper's header-read timeout does nothing without a timer (see
@@ -32,117 +36,6 @@ fn http1(header_timeout: Duration) -> hyper::server::conn::http1::Builder {
         .max_headers(64)
         .keep_alive(true);
     b
-}
-
-/// The live connections of one Unix listener, so that at the cap an idle
-/// one can be closed to make room (docs/ARCHITECTURE.md, "Connections").
-#[derive(Default)]
-struct Conns {
-    inner: std::sync::Mutex<ConnsInner>,
-}
-
-#[derive(Default)]
-struct ConnsInner {
-    next_id: u64,
-    live: std::collections::HashMap<u64, ConnEntry>,
-}
-
-struct ConnEntry {
-    uid: u32,
-    /// Requests in the handler right now; 0 means idle (waiting for a
-    /// request's head, or between keep-alive requests).
-    in_flight: Arc<std::sync::atomic::AtomicUsize>,
-    /// Told to close after the request in flight (if any).
-    shed: Arc<tokio::sync::Notify>,
-}
-
-/// Why a connection could not be admitted.
-enum Admit {
-    /// Admitted, possibly after shedding an idle connection.
-    Yes { conn: Admitted, shed_one: bool },
-    /// Every slot holds a request in flight.
-    Full,
-}
-
-impl Conns {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ConnsInner> {
-        // A panic while holding this lock leaves only counters behind.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Admits a connection from `uid`. At the cap, the oldest idle
-    /// connection of the uid holding the most connections is told to close
-    /// first: a flood of idle connections then sheds its own, whichever uid
-    /// it comes from, and a connection with a request in flight is never
-    /// closed under it.
-    fn admit(&self, uid: u32, cap: usize) -> Admit {
-        let mut g = self.lock();
-        let mut shed_one = false;
-        if g.live.len() >= cap {
-            let mut per_uid: std::collections::HashMap<u32, usize> = Default::default();
-            for e in g.live.values() {
-                *per_uid.entry(e.uid).or_default() += 1;
-            }
-            let victim = g
-                .live
-                .iter()
-                .filter(|(_, e)| e.in_flight.load(Ordering::SeqCst) == 0)
-                .max_by_key(|(id, e)| (per_uid.get(&e.uid).copied(), std::cmp::Reverse(**id)))
-                .map(|(id, _)| *id);
-            match victim.and_then(|id| g.live.remove(&id)) {
-                Some(v) => {
-                    v.shed.notify_one();
-                    shed_one = true;
-                }
-                None => return Admit::Full,
-            }
-        }
-        let id = g.next_id;
-        g.next_id += 1;
-        let shed = Arc::new(tokio::sync::Notify::new());
-        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        g.live.insert(
-            id,
-            ConnEntry {
-                uid,
-                in_flight: in_flight.clone(),
-                shed: shed.clone(),
-            },
-        );
-        Admit::Yes {
-            conn: Admitted {
-                id,
-                shed,
-                in_flight,
-            },
-            shed_one,
-        }
-    }
-
-    fn remove(&self, id: u64) {
-        self.lock().live.remove(&id);
-    }
-
-    fn len(&self) -> usize {
-        self.lock().live.len()
-    }
-}
-
-/// Marks a connection busy while a request is in the handler (also when
-/// the request future is dropped).
-struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
-
-impl InFlight {
-    fn new(n: Arc<std::sync::atomic::AtomicUsize>) -> InFlight {
-        n.fetch_add(1, Ordering::SeqCst);
-        InFlight(n)
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 /// One WARN line per `every` for refused peers, with the count of the
@@ -251,13 +144,6 @@ struct Handed {
     uid: u32,
     admitted: Admitted,
     load: Load,
-}
-
-/// A connection's slot in [`Conns`].
-struct Admitted {
-    id: u64,
-    shed: Arc<tokio::sync::Notify>,
-    in_flight: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// One API thread's part in a [`Spread`].
@@ -736,39 +622,9 @@ pub async fn run(
         move |uid, req| crate::edge::api::handle(b.clone(), uid, req),
         rx.clone(),
     )?;
-    let mut handles = instance.admin_handles();
-    handles.stop = Some(rx.clone());
-    let admin = tokio::spawn(serve_unix(
-        listeners.admin,
-        UnixServe {
-            name: "admin",
-            // Only the broker's own user may use the admin socket.
-            allowed: Arc::new(vec![crate::base::unix::current_uid()]),
-            max_conn: 16,
-            header_timeout: cfg.socket.header_timeout,
-            metrics: broker.metrics.clone(),
-        },
-        Arc::new(Gate::new()),
-        None,
-        move |_uid, req| crate::edge::admin::handle(handles.clone(), req),
-        rx.clone(),
-    ));
+    let admin = spawn_admin(&instance, listeners.admin, &rx);
     let public = match (listeners.public, proxy) {
-        (Some(l), Some(proxy)) => {
-            let tls = match &cfg.public.as_ref().and_then(|p| p.tls.clone()) {
-                Some((cert, key)) => Some(crate::edge::public::tls_acceptor(cert, key)?),
-                None => None,
-            };
-            Some(tokio::spawn(crate::edge::public::serve(
-                l,
-                tls,
-                broker.clone(),
-                instance.pages.clone(),
-                proxy,
-                instance.ssf.clone(),
-                rx.clone(),
-            )))
-        }
+        (Some(l), Some(proxy)) => Some(spawn_public(&instance, l, proxy, &rx)?),
         _ => None,
     };
     let metrics = listeners.metrics.map(|l| {
@@ -821,6 +677,55 @@ pub async fn run(
     Ok(())
 }
 
+/// Serves the admin socket: only the broker's own user may use it, at
+/// most 16 connections.
+fn spawn_admin(
+    instance: &Instance,
+    listener: UnixListener,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let mut handles = instance.admin_handles();
+    handles.stop = Some(stop.clone());
+    tokio::spawn(serve_unix(
+        listener,
+        UnixServe {
+            name: "admin",
+            allowed: Arc::new(vec![crate::base::unix::current_uid()]),
+            max_conn: 16,
+            header_timeout: instance.broker.config.socket.header_timeout,
+            metrics: instance.broker.metrics.clone(),
+        },
+        Arc::new(Gate::new()),
+        None,
+        move |_uid, req| crate::edge::admin::handle(handles.clone(), req),
+        stop.clone(),
+    ))
+}
+
+/// Serves the public listener (with TLS when the config names a
+/// certificate): the pages, the proxy and the Shared Signals receiver.
+fn spawn_public(
+    instance: &Instance,
+    listener: tokio::net::TcpListener,
+    proxy: Arc<crate::edge::proxy::Proxy>,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, StartError> {
+    let broker = &instance.broker;
+    let tls = match &broker.config.public.as_ref().and_then(|p| p.tls.clone()) {
+        Some((cert, key)) => Some(crate::edge::public::tls_acceptor(cert, key)?),
+        None => None,
+    };
+    Ok(tokio::spawn(crate::edge::public::serve(
+        listener,
+        tls,
+        broker.clone(),
+        instance.pages.clone(),
+        proxy,
+        instance.ssf.clone(),
+        stop.clone(),
+    )))
+}
+
 /// Resolves on SIGTERM or Ctrl-C.
 pub(crate) async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -838,16 +743,7 @@ pub(crate) async fn shutdown_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::{Admit, Conns};
-    use std::sync::atomic::Ordering;
     use std::time::Duration;
-
-    fn id(a: Admit) -> u64 {
-        match a {
-            Admit::Yes { conn, .. } => conn.id,
-            Admit::Full => panic!("refused"),
-        }
-    }
 
     /// Sends one request on `stream` and returns the answer's body.
     async fn ask(stream: &mut tokio::net::UnixStream) -> String {
@@ -938,33 +834,5 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(15), done)
             .await
             .unwrap();
-    }
-
-    #[test]
-    fn at_the_cap_the_oldest_idle_connection_of_the_busiest_uid_is_shed() {
-        let c = Conns::default();
-        let other = id(c.admit(2, 4)); // the other uid's idle connection, oldest of all
-        let busy = c.admit(1, 4);
-        let Admit::Yes {
-            conn: super::Admitted { in_flight, .. },
-            ..
-        } = &busy
-        else {
-            panic!("refused")
-        };
-        in_flight.fetch_add(1, Ordering::SeqCst); // a request in the handler
-        let busy = id(busy);
-        let idle = id(c.admit(1, 4));
-        id(c.admit(1, 4));
-        // Full: uid 1 holds 3; its oldest idle one goes, not the other uid's
-        // (older) one, nor the one with a request in flight.
-        id(c.admit(1, 4));
-        let live = |i| c.lock().live.contains_key(&i);
-        assert!(!live(idle) && live(other) && live(busy));
-        // Positive control: when every slot is in flight, a new one is refused.
-        for e in c.lock().live.values() {
-            e.in_flight.store(1, Ordering::SeqCst);
-        }
-        assert!(matches!(c.admit(1, 4), Admit::Full));
     }
 }
