@@ -611,10 +611,11 @@ fn message_of(call: &str) -> Option<&str> {
     Some(&call[start..start + len])
 }
 
-/// The log lines of the key ring (`src/derive/mint.rs`) that the Logs
-/// section does not quote, as `LEVEL target: message`.
+/// The log lines of the key ring (`src/derive/mint/mod.rs`, whose
+/// target is `credbroker::derive::mint`) that the Logs section does not
+/// quote, as `LEVEL target: message`.
 fn unquoted_key_ring_lines(text: &str) -> Vec<String> {
-    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/derive/mint.rs");
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/derive/mint/mod.rs");
     let source = std::fs::read_to_string(path).unwrap();
     let quoted = doc_log_lines(text);
     let mut missing = Vec::new();
