@@ -422,6 +422,46 @@ impl<'a> Check<'a> {
         }
         out
     }
+
+    /// An endpoint or issuer URL: https (http only on loopback), without
+    /// query or fragment; reported at `key` when not.
+    fn url(&mut self, key: &str, v: &str) {
+        let ok = url::Url::parse(v)
+            .is_ok_and(|u| secure_or_loopback(&u) && u.query().is_none() && u.fragment().is_none());
+        if !ok {
+            self.bad(
+                key,
+                "must be an https URL (http only on loopback), without query or fragment",
+            );
+        }
+    }
+
+    /// A duration key's value within `range`; `None` after reporting
+    /// `message` at `key` when it is not a duration or out of range.
+    fn duration_in(
+        &mut self,
+        key: &str,
+        v: &str,
+        range: impl std::ops::RangeBounds<Duration>,
+        message: &str,
+    ) -> Option<Duration> {
+        match parse_duration(v) {
+            Some(d) if range.contains(&d) => Some(d),
+            _ => {
+                self.bad(key, message);
+                None
+            }
+        }
+    }
+}
+
+/// A name in a table's key (`upstreams.<name>`, `ssf.transmitters.<name>`,
+/// `webhooks.<name>`): 1 to 64 ASCII letters, digits, `-` and `_`.
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// Validates `agent`: a name without control characters.

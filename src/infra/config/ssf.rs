@@ -9,8 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::raw::{RawSsf, RawTransmitter};
-use super::{parse_duration, Check, IssuerConfig};
-use crate::base::grammar::secure_or_loopback;
+use super::{valid_name, Check, IssuerConfig};
 
 /// How a transmitter's SETs arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,18 +106,6 @@ pub(super) fn ssf(
     out
 }
 
-fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
-fn url_ok(s: &str) -> bool {
-    url::Url::parse(s)
-        .is_ok_and(|u| secure_or_loopback(&u) && u.query().is_none() && u.fragment().is_none())
-}
-
 /// `/.well-known/ssf-configuration` between the issuer's host and path.
 pub(crate) fn default_metadata_url(issuer: &str) -> Option<String> {
     let u = url::Url::parse(issuer).ok()?;
@@ -138,13 +125,10 @@ fn transmitter(
     check: &mut Check<'_>,
 ) -> Option<SsfTransmitter> {
     let before = check.problems.len();
-    const URL: &str = "must be an https URL (http only on loopback), without query or fragment";
-    if !url_ok(&t.issuer) {
-        check.bad(&format!("{key}.issuer"), URL);
-    }
+    check.url(&format!("{key}.issuer"), &t.issuer);
     for (k, v) in [("metadata_url", &t.metadata_url), ("jwks_uri", &t.jwks_uri)] {
-        if v.as_deref().is_some_and(|v| !url_ok(v)) {
-            check.bad(&format!("{key}.{k}"), URL);
+        if let Some(v) = v {
+            check.url(&format!("{key}.{k}"), v);
         }
     }
     let audience = t.audience.unwrap_or_else(|| own_issuer.to_owned());
@@ -194,19 +178,18 @@ fn transmitter(
             );
         }
     }
-    let poll_interval = match t.poll_interval.as_deref() {
-        None => Duration::from_secs(30),
-        Some(v) => match parse_duration(v) {
-            Some(d) if d >= Duration::from_millis(100) && d <= Duration::from_secs(3600) => d,
-            _ => {
-                check.bad(
-                    &format!("{key}.poll_interval"),
-                    "must be a duration between 100ms and 1h, such as \"30s\"",
-                );
-                Duration::from_secs(30)
-            }
-        },
-    };
+    let poll_interval = t
+        .poll_interval
+        .as_deref()
+        .and_then(|v| {
+            check.duration_in(
+                &format!("{key}.poll_interval"),
+                v,
+                Duration::from_millis(100)..=Duration::from_secs(3600),
+                "must be a duration between 100ms and 1h, such as \"30s\"",
+            )
+        })
+        .unwrap_or(Duration::from_secs(30));
     let max_set_bytes = t.max_set_bytes.unwrap_or(DEFAULT_MAX_SET_BYTES);
     if !(1024..=MOST_SET_BYTES).contains(&max_set_bytes) {
         check.bad(

@@ -8,8 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::raw::{RawUpstream, RawUpstreamResource};
-use super::{parse_duration, Check, IssuerConfig};
-use crate::base::grammar::secure_or_loopback;
+use super::{valid_name, Check, IssuerConfig};
 
 /// The longest an exchanged token lives (seconds): a `reuse_margin` must be
 /// below it, or no token could ever be given again.
@@ -186,19 +185,6 @@ fn chains(
     }
 }
 
-pub(super) fn valid_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 64
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-}
-
-/// An https URL (http only on loopback) without query or fragment.
-fn url_ok(s: &str) -> bool {
-    url::Url::parse(s)
-        .is_ok_and(|u| secure_or_loopback(&u) && u.query().is_none() && u.fragment().is_none())
-}
-
 fn upstream(
     name: &str,
     u: RawUpstream,
@@ -207,10 +193,7 @@ fn upstream(
     check: &mut Check<'_>,
 ) -> Option<UpstreamConfig> {
     let before = check.problems.len();
-    const URL: &str = "must be an https URL (http only on loopback), without query or fragment";
-    if !url_ok(&u.issuer) {
-        check.bad(&format!("{key}.issuer"), URL);
-    }
+    check.url(&format!("{key}.issuer"), &u.issuer);
     let discovery = u.discovery.unwrap_or(true);
     for (k, v) in [
         ("token_endpoint", &u.token_endpoint),
@@ -225,8 +208,8 @@ fn upstream(
                 &format!("{key}.{k}"),
                 "is required with discovery = false",
             ),
-            (false, Some(v)) if !url_ok(v) => check.bad(&format!("{key}.{k}"), URL),
-            _ => {}
+            (false, Some(v)) => check.url(&format!("{key}.{k}"), v),
+            (true, None) => {}
         }
     }
     if u.client_id.is_empty() || u.client_id.chars().any(char::is_control) {
@@ -235,6 +218,80 @@ fn upstream(
             "must be a non-empty id without control characters",
         );
     }
+    let (client_auth, client_secret_file) = client_auth(&u, key, check);
+    for s in &u.subject_issuers {
+        if !trusted.iter().any(|t| &t.issuer == s) {
+            check.bad(
+                &format!("{key}.subject_issuers"),
+                "names an issuer that is not a [[trusted_issuers]] entry's issuer",
+            );
+        }
+    }
+    if u.subject_audience
+        .as_ref()
+        .is_some_and(|a| a.is_empty() || a.chars().any(char::is_control))
+    {
+        check.bad(
+            &format!("{key}.subject_audience"),
+            "must be a non-empty audience without control characters",
+        );
+    }
+    let grant = grant(&u, key, check);
+    let mut timeout = |k: &str, v: &Option<String>, default: u64| {
+        v.as_deref()
+            .and_then(|t| {
+                check.duration_in(
+                    &format!("{key}.{k}"),
+                    t,
+                    Duration::from_millis(1)..=Duration::from_secs(60),
+                    "must be a duration between 1ms and 60s, such as \"3s\"",
+                )
+            })
+            .unwrap_or(Duration::from_secs(default))
+    };
+    let connect_timeout = timeout("connect_timeout", &u.connect_timeout, 3);
+    let total = timeout("timeout", &u.timeout, 10);
+    let reuse_margin = u.reuse_margin.as_deref().and_then(|m| {
+        check.duration_in(
+            &format!("{key}.reuse_margin"),
+            m,
+            Duration::from_secs(1)..Duration::from_secs(MAX_TOKEN_SECS),
+            "must be a duration from 1s to under 300s, such as \"60s\": the least a token must still live to be given again",
+        )
+    });
+    let mut resources = BTreeMap::new();
+    for (uri, r) in u.resources {
+        if let Some(r) = resource(&uri, r, &format!("{key}.resources.{uri:?}"), check) {
+            resources.insert(uri, r);
+        }
+    }
+    (check.problems.len() == before).then(|| UpstreamConfig {
+        name: name.to_owned(),
+        issuer: u.issuer,
+        discovery,
+        token_endpoint: u.token_endpoint,
+        jwks_uri: u.jwks_uri,
+        client_id: u.client_id,
+        client_auth,
+        client_secret_file,
+        subject_issuers: u.subject_issuers,
+        actor_token: u.actor_token.unwrap_or(false),
+        subject_audience: u.subject_audience,
+        grant,
+        connect_timeout,
+        timeout: total,
+        reuse_margin,
+        resources,
+    })
+}
+
+/// `client_auth` and the client secret file it needs (none with
+/// `private_key_jwt`: the client key signs instead).
+fn client_auth(
+    u: &RawUpstream,
+    key: &str,
+    check: &mut Check<'_>,
+) -> (UpstreamClientAuth, Option<PathBuf>) {
     let client_auth = match u.client_auth.as_deref() {
         None | Some("client_secret_basic") => UpstreamClientAuth::SecretBasic,
         Some("client_secret_post") => UpstreamClientAuth::SecretPost,
@@ -265,73 +322,7 @@ fn upstream(
             None
         }
     };
-    for s in &u.subject_issuers {
-        if !trusted.iter().any(|t| &t.issuer == s) {
-            check.bad(
-                &format!("{key}.subject_issuers"),
-                "names an issuer that is not a [[trusted_issuers]] entry's issuer",
-            );
-        }
-    }
-    if u.subject_audience
-        .as_ref()
-        .is_some_and(|a| a.is_empty() || a.chars().any(char::is_control))
-    {
-        check.bad(
-            &format!("{key}.subject_audience"),
-            "must be a non-empty audience without control characters",
-        );
-    }
-    let grant = grant(&u, key, check);
-    let mut timeout = |k: &str, v: &Option<String>, default: u64| match v.as_deref() {
-        None => Duration::from_secs(default),
-        Some(t) => match parse_duration(t) {
-            Some(d) if !d.is_zero() && d <= Duration::from_secs(60) => d,
-            _ => {
-                check.bad(
-                    &format!("{key}.{k}"),
-                    "must be a duration between 1ms and 60s, such as \"3s\"",
-                );
-                Duration::from_secs(default)
-            }
-        },
-    };
-    let connect_timeout = timeout("connect_timeout", &u.connect_timeout, 3);
-    let total = timeout("timeout", &u.timeout, 10);
-    let reuse_margin = u.reuse_margin.as_deref().and_then(|m| match parse_duration(m) {
-        Some(d) if d >= Duration::from_secs(1) && d.as_secs() < MAX_TOKEN_SECS => Some(d),
-        _ => {
-            check.bad(
-                &format!("{key}.reuse_margin"),
-                "must be a duration from 1s to under 300s, such as \"60s\": the least a token must still live to be given again",
-            );
-            None
-        }
-    });
-    let mut resources = BTreeMap::new();
-    for (uri, r) in u.resources {
-        if let Some(r) = resource(&uri, r, &format!("{key}.resources.{uri:?}"), check) {
-            resources.insert(uri, r);
-        }
-    }
-    (check.problems.len() == before).then(|| UpstreamConfig {
-        name: name.to_owned(),
-        issuer: u.issuer,
-        discovery,
-        token_endpoint: u.token_endpoint,
-        jwks_uri: u.jwks_uri,
-        client_id: u.client_id,
-        client_auth,
-        client_secret_file,
-        subject_issuers: u.subject_issuers,
-        actor_token: u.actor_token.unwrap_or(false),
-        subject_audience: u.subject_audience,
-        grant,
-        connect_timeout,
-        timeout: total,
-        reuse_margin,
-        resources,
-    })
+    (client_auth, client_secret_file)
 }
 
 /// `grant` and `resource_upstream`. An `id_jag` upstream is the person's

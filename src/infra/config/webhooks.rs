@@ -86,7 +86,7 @@ pub(super) fn webhooks(
     let mut out = Vec::new();
     for (name, w) in raw {
         let key = format!("webhooks.{name}");
-        if !super::upstreams::valid_name(&name) {
+        if !super::valid_name(&name) {
             check.bad(
                 &key,
                 "a subscription's name is letters, digits, '-' and '_' (at most 64)",
