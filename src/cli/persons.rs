@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::accounts::subject::Person;
 use crate::derive::ops;
-use crate::derive::persons::{Lift, Source, StopRequest};
+use crate::derive::persons::StopRequest;
 use crate::infra::config::Config;
 
 use super::exit::Exit;
@@ -59,15 +59,11 @@ pub(super) async fn revoke(
     .to_string();
     match reach(&cfg, "POST", "/persons/revoke", &body).await? {
         Reached::Stopped(off) => {
-            let req = StopRequest {
-                person: p,
-                reason: reason.unwrap_or_else(|| "manual".into()),
-                source: Source::Manual,
-                ssf_event_type: None,
-                event_time: None,
-                lift: Lift::Restore,
-                revoke_at_providers: revoke_at_providers || cfg.revocation.revoke_at_providers,
-            };
+            let req = StopRequest::manual(
+                p,
+                reason,
+                revoke_at_providers || cfg.revocation.revoke_at_providers,
+            );
             let done = ops::revoke_person(off.target(), off.recorder(), req).await?;
             let mut v = serde_json::json!(done);
             v["running"] = false.into();

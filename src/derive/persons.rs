@@ -145,6 +145,27 @@ pub(crate) struct StopRequest {
     pub revoke_at_providers: bool,
 }
 
+impl StopRequest {
+    /// The operator's stop (`credbroker persons revoke`, the admin
+    /// socket's `POST /persons/revoke`): reason `manual` unless given,
+    /// lifted only by `persons restore`.
+    pub(crate) fn manual(
+        person: Person,
+        reason: Option<String>,
+        revoke_at_providers: bool,
+    ) -> StopRequest {
+        StopRequest {
+            person,
+            reason: reason.unwrap_or_else(|| "manual".into()),
+            source: Source::Manual,
+            ssf_event_type: None,
+            event_time: None,
+            lift: Lift::Restore,
+            revoke_at_providers,
+        }
+    }
+}
+
 impl Stop {
     /// The stop `req` asks for, received at `received_at` (the store's
     /// clock): the revocation time is the receipt time, narrowed by the

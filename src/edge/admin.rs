@@ -519,18 +519,11 @@ async fn revoke_person(
 ) -> Result<Response<Body>, AdminError> {
     let r = person_request(&capped_body(req, 16 * 1024).await?)?;
     let b = &h.broker;
-    let stop = crate::derive::persons::StopRequest {
-        person: crate::accounts::subject::Person {
-            iss: r.person_iss,
-            sub: r.person_sub,
-        },
-        reason: r.reason.unwrap_or_else(|| "manual".into()),
-        source: crate::derive::persons::Source::Manual,
-        ssf_event_type: None,
-        event_time: None,
-        lift: crate::derive::persons::Lift::Restore,
-        revoke_at_providers: r.revoke_at_providers,
+    let person = crate::accounts::subject::Person {
+        iss: r.person_iss,
+        sub: r.person_sub,
     };
+    let stop = crate::derive::persons::StopRequest::manual(person, r.reason, r.revoke_at_providers);
     let done = crate::derive::ops::revoke_person(Target::Running(b), Recorder::of(b), stop).await?;
     let mut v = serde_json::json!(done);
     if done.stop.revoke_at_providers {
