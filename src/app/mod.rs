@@ -185,6 +185,7 @@ impl From<&Broker> for crate::edge::pages::Deps {
             clock: b.shared_clock.clone(),
             store: b.store.clone(),
             audit: b.audit.clone(),
+            telemetry: b.telemetry.clone(),
         }
     }
 }
@@ -298,7 +299,8 @@ pub async fn build(
     let (master, sealer) = master_key(&config)?;
     let (subjects, own_minter) = subject_validator(&config).await?;
     let upstreams = upstreams(&config, &policy, &subjects)?;
-    let store: Arc<dyn crate::infra::store::Store> = config.store.open()?;
+    // With spans on, each store operation of a traced request has its own.
+    let store = crate::infra::store::traced(config.store.open()?, config.telemetry.traces_on());
     // The offset from the database's clock, measured before the key ring
     // is loaded: a due activation it writes goes by the database's time.
     let skew = Arc::new(crate::infra::skew::Skew::new(&config.clock));

@@ -48,6 +48,9 @@ let tokenMode = 'ok';
 let browserAccount = null;
 const stats = { authorization_code: 0, refresh_token: 0, revocations: 0, token_requests: 0 };
 const issued = { access_tokens: [], refresh_tokens: [] };
+// The trace headers of each token request (grant type, traceparent,
+// tracestate; null when absent), for the telemetry tests.
+const tokenTrace = [];
 const grantsByAccount = new Map();
 
 const SCOPES = ['openid', 'offline_access', 'profile', 'repo', 'read:org', 'issues:read'];
@@ -154,6 +157,8 @@ async function control(req, res, url) {
       return json(res, 200, { ...stats, access_token_ttl: accessTtl, mode: tokenMode });
     case '/test/issued':
       return json(res, 200, issued);
+    case '/test/token-trace':
+      return json(res, 200, { requests: tokenTrace });
     case '/test/live': {
       const account = q.get('account');
       return json(res, 200, { live_refresh_tokens: await liveRefreshTokens(account) });
@@ -196,6 +201,10 @@ server.on('request', async (req, res) => {
     if (url.pathname.startsWith('/interaction/')) return await interaction(req, res);
     if (url.pathname === '/token' && req.method === 'POST') {
       stats.token_requests += 1;
+      tokenTrace.push({
+        traceparent: req.headers.traceparent ?? null,
+        tracestate: req.headers.tracestate ?? null,
+      });
       if (tokenMode === 'hang') {
         hung.push(res);
         return undefined;

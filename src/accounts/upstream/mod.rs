@@ -268,9 +268,13 @@ impl Provider {
     async fn token_request(
         &self,
         form: Vec<(&'static str, String)>,
+        extra: &[(&'static str, String)],
     ) -> Result<TokenSet, UpstreamError> {
         let ep = self.endpoints().await?;
-        let (status, mut body) = self.post_form(&ep.token, form).await?;
+        let (status, mut body) = self
+            .client
+            .post_form_with(&ep.token, form, self.client_auth(), extra)
+            .await?;
         let parsed = oauth::parse_token_answer(status, &body);
         body.zeroize();
         parsed
@@ -317,7 +321,24 @@ impl Provider {
         if let Some(s) = scope {
             form.push(("scope", s.join(" ")));
         }
-        self.token_request(form).await
+        // Its own span in a traced request; the broker's `traceparent`
+        // (and the trace's trusted `tracestate`) go only where
+        // `propagate_to` names the providers.
+        use crate::infra::telemetry::{child_kind, outgoing, Kind, Target};
+        let mut span = child_kind("provider.refresh", Kind::Client);
+        span.set("credbroker.service", self.cfg.name.as_str());
+        let mut extra = Vec::new();
+        if let Some((parent, state)) = outgoing(Target::Providers) {
+            extra.push(("traceparent", parent));
+            if let Some(s) = state {
+                extra.push(("tracestate", s));
+            }
+        }
+        let answer = self.token_request(form, &extra).await;
+        if answer.is_err() {
+            span.fail();
+        }
+        answer
     }
 
     /// Revokes a token (RFC 7009). `hint` is `refresh_token` or

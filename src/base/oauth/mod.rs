@@ -356,8 +356,20 @@ impl Client {
     pub(crate) async fn post_form(
         &self,
         url: &str,
+        form: Vec<(&'static str, String)>,
+        auth: ClientAuth<'_>,
+    ) -> Result<(u16, Vec<u8>), OAuthError> {
+        self.post_form_with(url, form, auth, &[]).await
+    }
+
+    /// [`Self::post_form`] with `extra` headers (the caller's trace
+    /// context, where it is to be sent).
+    pub(crate) async fn post_form_with(
+        &self,
+        url: &str,
         mut form: Vec<(&'static str, String)>,
         auth: ClientAuth<'_>,
+        extra: &[(&'static str, String)],
     ) -> Result<(u16, Vec<u8>), OAuthError> {
         let mut basic = None;
         match auth {
@@ -391,6 +403,9 @@ impl Client {
             .header("accept", "application/json");
         if let Some(b) = &basic {
             req = req.header("authorization", b);
+        }
+        for (k, v) in extra {
+            req = req.header(*k, v.as_str());
         }
         let sent = req.body(body.clone()).send().await;
         body.zeroize();

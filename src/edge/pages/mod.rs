@@ -41,6 +41,7 @@ pub(crate) mod oidc;
 pub(crate) mod person;
 pub(crate) mod session;
 pub(crate) mod signin;
+mod traced;
 pub(crate) mod views;
 
 use std::collections::HashMap;
@@ -121,6 +122,9 @@ pub struct Deps {
     pub store: Arc<dyn Store>,
     /// The instance's audit sink.
     pub audit: Arc<Audit>,
+    /// OpenTelemetry, when its spans are on: each page request has one
+    /// (`traced`).
+    pub(crate) telemetry: Option<Arc<crate::infra::telemetry::Telemetry>>,
 }
 
 impl std::fmt::Debug for Deps {
@@ -298,8 +302,36 @@ impl Pages {
                 return self.message(StatusCode::BAD_REQUEST, None, "Request not understood", &[])
             }
         };
+        let traced = self.deps.telemetry.as_ref().filter(|t| t.traces_on());
+        let prepared = traced.and_then(|_| {
+            traced::prepare(&traced::PageRequest {
+                method: &parts.method,
+                path: &path,
+                query: &query,
+                form: &form,
+                now: ctx.now,
+            })
+        });
+        match (traced, prepared) {
+            (Some(tel), Some(p)) => {
+                let route = self.route(ctx, &parts, &path, form, query);
+                traced::run(tel, p, route).await
+            }
+            _ => self.route(ctx, &parts, &path, form, query).await,
+        }
+    }
+
+    /// The page of one request.
+    async fn route(
+        &self,
+        ctx: Ctx,
+        parts: &::http::request::Parts,
+        path: &str,
+        form: http::Form,
+        query: http::Form,
+    ) -> Response<Body> {
         let h = &parts.headers;
-        match (&parts.method, path.as_str()) {
+        match (&parts.method, path) {
             (&Method::GET, "/") => http::redirect("/account"),
             (&Method::GET, "/assets/credbroker.css") => {
                 let mut r = Response::new(http_body_util::Full::new(Bytes::from_static(

@@ -43,12 +43,23 @@ mod copy;
 pub(crate) mod hooked;
 mod postgres;
 mod sled_store;
+mod traced;
 
 pub(crate) use copy::copy;
 #[doc(hidden)]
 pub use hooked::Hooked;
 pub use postgres::{Migrate, PgSettings, PgStore};
 pub use sled_store::SledStore;
+
+/// `store`, wrapped so that each operation inside a traced request has a
+/// span of its own when `spans` (see `traced`); as it is otherwise.
+pub(crate) fn traced(store: std::sync::Arc<dyn Store>, spans: bool) -> std::sync::Arc<dyn Store> {
+    if spans {
+        std::sync::Arc::new(traced::Traced(store))
+    } else {
+        store
+    }
+}
 
 /// Which backend a config selects: `store = "<dir>"` (sled, one instance)
 /// or a `[postgres]` table (shared by replicas).

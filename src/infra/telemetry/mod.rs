@@ -45,6 +45,9 @@ mod tests;
 
 pub(crate) use context::{parse_traceparent, SpanContext};
 
+/// A remembered span's context and its trusted `tracestate`.
+pub(crate) type Recalled = recent::Remembered;
+
 /// One attribute value.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Value {
@@ -130,6 +133,9 @@ pub(crate) struct Telemetry {
     queue: Option<tokio::sync::mpsc::Sender<Finished>>,
     dropped: prometheus::IntCounter,
     recent: Mutex<recent::Recent>,
+    /// The page flows' roots, by the SHA-256 of a link code or a `state`
+    /// (`edge::pages::traced`).
+    flows: Mutex<recent::Recent>,
 }
 
 fn unix_nanos(t: SystemTime) -> u64 {
@@ -176,6 +182,7 @@ impl Telemetry {
             queue,
             dropped: metrics.otel_spans_dropped.clone(),
             recent: Mutex::new(recent::Recent::default()),
+            flows: Mutex::new(recent::Recent::default()),
         });
         if cfg.metrics_on() {
             tokio::spawn(metrics_export::run(
@@ -239,39 +246,70 @@ impl Telemetry {
     }
 
     /// The root span of a proxied call: a child of `derive` (the span of
-    /// the derive that issued its token, when known), else the root of a
-    /// new trace; `tool` (the tool's `traceparent`) is linked, never the
-    /// parent: a tool chooses neither the trace id nor the sampling.
+    /// the derive that issued its token, when known, with the derive's
+    /// trusted `tracestate`), else the root of a new trace; `tool` (the
+    /// tool's `traceparent`) is linked, never the parent: a tool chooses
+    /// neither the trace id nor the sampling.
     pub(crate) fn call_span(
         self: &Arc<Self>,
         name: &'static str,
-        derive: Option<SpanContext>,
+        derive: Option<Recalled>,
         tool: Option<SpanContext>,
     ) -> Span {
         if !self.traces_on() {
             return Span::none();
         }
+        let (parent, state) = match derive {
+            Some(r) => (Some(r.0), r.1),
+            None => (None, None),
+        };
         Span::open(
             self,
             name,
             Kind::Server,
-            derive,
-            None,
+            parent,
+            state,
             tool.into_iter().collect(),
         )
     }
 
-    /// Remembers the span of a derive whose token was `jti_sha256`, so that
-    /// the proxied call made with it continues its trace (in memory,
-    /// bounded; see `recent`).
-    pub(crate) fn remember(&self, jti_sha256: &str, ctx: SpanContext, until: i64) {
+    /// Remembers the span of a derive whose token was `jti_sha256` (and its
+    /// trusted `tracestate`, already capped), so that the proxied call made
+    /// with it continues its trace (in memory, bounded; see `recent`).
+    pub(crate) fn remember(&self, jti_sha256: &str, ctx: Recalled, until: i64) {
         if let Ok(mut r) = self.recent.lock() {
             r.insert(jti_sha256, ctx, until);
         }
     }
 
+    /// The span of a page request: a child of its flow's first span when
+    /// the flow is known (`parent`), else the root of a new trace.
+    pub(crate) fn page_span(
+        self: &Arc<Self>,
+        name: &'static str,
+        parent: Option<SpanContext>,
+    ) -> Span {
+        if !self.traces_on() {
+            return Span::none();
+        }
+        Span::open(self, name, Kind::Server, parent, None, Vec::new())
+    }
+
+    /// Remembers a page flow's first span under `key` (a SHA-256), until
+    /// `until`.
+    pub(crate) fn remember_flow(&self, key: &str, ctx: SpanContext, until: i64) {
+        if let Ok(mut r) = self.flows.lock() {
+            r.insert(key, (ctx, None), until);
+        }
+    }
+
+    /// The page flow remembered under `key`, if any.
+    pub(crate) fn flow(&self, key: &str, now: i64) -> Option<Recalled> {
+        self.flows.lock().ok()?.get(key, now)
+    }
+
     /// The derive span remembered for `jti_sha256`, if any.
-    pub(crate) fn recall(&self, jti_sha256: &str, now: i64) -> Option<SpanContext> {
+    pub(crate) fn recall(&self, jti_sha256: &str, now: i64) -> Option<Recalled> {
         self.recent.lock().ok()?.get(jti_sha256, now)
     }
 }
@@ -561,7 +599,8 @@ pub(crate) fn current() -> Option<SpanContext> {
 pub(crate) fn remember_root(jti_sha256: &str, until: i64) {
     let _ = SCOPE.try_with(|s| {
         if let Some(ctx) = s.root.borrow().context() {
-            s.tel.remember(jti_sha256, ctx, until);
+            s.tel
+                .remember(jti_sha256, (ctx, s.trace_state.clone()), until);
         }
     });
 }

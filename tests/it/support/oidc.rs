@@ -103,6 +103,21 @@ impl OidcPeer {
         self.stats().await["refresh_token"].as_u64().unwrap()
     }
 
+    /// The `traceparent` and `tracestate` of each token request so far
+    /// (`None` when absent), in order.
+    pub(crate) async fn token_trace(&self) -> Vec<(Option<String>, Option<String>)> {
+        let v = self.control("/test/token-trace").await;
+        v["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let s = |k: &str| r[k].as_str().map(str::to_string);
+                (s("traceparent"), s("tracestate"))
+            })
+            .collect()
+    }
+
     /// Every access and refresh token value issued so far.
     pub(crate) async fn issued_tokens(&self) -> Vec<String> {
         let v = self.control("/test/issued").await;

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod pages;
+
 use crate::proxy::{ProxyEnv, PROXY};
 use crate::support::services::ProviderOpts;
 use crate::support::*;
@@ -276,12 +278,10 @@ async fn a_derive_and_its_proxied_call_are_one_trace_and_a_tools_traceparent_is_
             upstream["span_id"].as_str().unwrap()
         )]
     );
-    // Never the tool's tracestate or anyone's baggage.
-    assert!(
-        header("tracestate").is_empty(),
-        "{:?}",
-        header("tracestate")
-    );
+    // The trusted tracestate of the derive goes with it (capped), never
+    // the tool's, and nobody's baggage.
+    assert_eq!(header("tracestate"), vec!["vendor=abc".to_string()]);
+    assert_eq!(proxy["trace_state"], "vendor=abc");
     assert!(header("baggage").is_empty());
 
     // The audit events and the log lines of both requests carry the id.
