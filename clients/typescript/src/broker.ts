@@ -18,6 +18,7 @@ import { BrokerNotRunning, IncompatibleBroker, UnexpectedAnswer, refusal } from 
 import type { ToolKey } from "./key.js";
 import { NonceStore, challenge, socketOrigin } from "./nonces.js";
 import { type Leg, UpstreamInfo, proofRequired } from "./relay.js";
+import { type TraceContext, traceHeaders } from "./trace.js";
 
 /** The socket API version this library speaks (`api_version` of `GET /v1/info`). */
 export const API_VERSION = "1";
@@ -103,6 +104,11 @@ export interface DeriveRequest {
   authorizationDetails?: unknown[];
   /** The tool's key: the token is bound to it. */
   key: ToolKey;
+  /**
+   * An MCP request's trace context ({@link traceFromMeta}), sent as the
+   * derive's `traceparent` and `tracestate`.
+   */
+  trace?: TraceContext;
 }
 
 /** Options of a {@link Broker}. */
@@ -275,6 +281,7 @@ export class Broker {
           "content-type": "application/json",
           "content-length": String(Buffer.byteLength(json)),
           dpop: proof,
+          ...traceHeaders(r.trace),
         },
         json,
       );

@@ -10,7 +10,9 @@
  * - {@link NonceStore}: DPoP server nonces, kept per origin;
  * - {@link Verifier}: for resource servers, the token and proof checks, with
  *   a {@link SingleUseStore} for single-use tokens;
- * - `credbroker-client/mcp`: a link refusal as an MCP answer.
+ * - `credbroker-client/mcp`: a link refusal as an MCP answer;
+ * - {@link traceFromMeta}: an MCP request's `_meta` trace context, passed on
+ *   to the derive (`trace`).
  *
  * It speaks the broker's socket API version {@link API_VERSION}.
  */
@@ -32,6 +34,8 @@ export {
   UnexpectedAnswer,
 } from "./errors.js";
 export { KeyFileError, ToolKey } from "./key.js";
+export { MAX_TRACESTATE, traceFromMeta, traceHeaders } from "./trace.js";
+export type { TraceContext } from "./trace.js";
 export type { ProofOptions, PublicJwk } from "./key.js";
 export { NotSenderConstrained, dpopFetch } from "./fetch.js";
 export type { DPoPFetch, DPoPFetchOptions } from "./fetch.js";

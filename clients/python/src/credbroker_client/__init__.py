@@ -10,7 +10,9 @@
 - :mod:`credbroker_client.errors`: the refusals, typed;
 - :mod:`credbroker_client.verify`: for resource servers, the token and proof checks;
 - :mod:`credbroker_client.single_use`: where the verifier records single-use tokens;
-- :mod:`credbroker_client.mcp`: a link refusal as an MCP answer (extra ``mcp``).
+- :mod:`credbroker_client.mcp`: a link refusal as an MCP answer (extra ``mcp``);
+- :mod:`credbroker_client.trace`: an MCP request's ``_meta`` trace context,
+  passed on to the derive (``trace=``).
 
 It speaks the broker's socket API version :data:`API_VERSION`.
 """
@@ -32,6 +34,7 @@ from .errors import (
 )
 from .key import KeyFileError, ToolKey
 from .nonces import NonceStore
+from .trace import TraceContext, trace_from_meta
 
 __all__ = [
     "API_VERSION",
@@ -53,6 +56,8 @@ __all__ = [
     "RateLimited",
     "Refused",
     "ToolKey",
+    "TraceContext",
     "Unavailable",
     "UnexpectedAnswer",
+    "trace_from_meta",
 ]

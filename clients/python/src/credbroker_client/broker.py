@@ -27,6 +27,7 @@ from .errors import BrokerNotRunning, IncompatibleBroker, UnexpectedAnswer, refu
 from .key import ToolKey
 from .nonces import NonceStore, challenge, socket_origin
 from .relay import Leg, UpstreamInfo, proof_required
+from .trace import TraceContext
 
 #: The socket API version this library speaks (``api_version`` of ``GET /v1/info``).
 API_VERSION = "1"
@@ -121,6 +122,10 @@ def _body(
     if authorization_details is not None:
         body["authorization_details"] = authorization_details
     return body
+
+
+def _headers(proof: str, trace: TraceContext | None) -> dict[str, str]:
+    return {"DPoP": proof, **(trace.headers() if trace is not None else {})}
 
 
 def _with_relayed(
@@ -251,11 +256,14 @@ class Broker:
         authorization_details: list[dict[str, Any]] | None = None,
         *,
         key: ToolKey,
+        trace: TraceContext | None = None,
     ) -> Issued:
         """A token for one call of ``tool`` on ``resource`` in ``step``,
         bound to ``key``; raises a :class:`~credbroker_client.errors.Refused`
         subclass when refused, :class:`~credbroker_client.errors.BrokerNotRunning`
-        when nothing answers."""
+        when nothing answers. ``trace`` (an MCP request's trace context:
+        :func:`~credbroker_client.trace.trace_from_meta`) is sent as the
+        derive's ``traceparent`` and ``tracestate``."""
         info = self.info()
         body = _body(subject_token, step, tool, resource, scope, authorization_details)
         legs = info.upstream.legs(resource, self._upstream_nonces)
@@ -265,7 +273,7 @@ class Broker:
             now = self._clock()
             proof = key.proof("POST", info.derive_htu, nonce=nonce, now=now)
             sent = _with_relayed(body, key, legs, now)
-            r = self._send("POST", "/v1/derive", json=sent, headers={"DPoP": proof})
+            r = self._send("POST", "/v1/derive", json=sent, headers=_headers(proof, trace))
             self._nonces.update(self._origin, r.headers)
             if nonce_retry and challenge(r.status_code, r.headers, r.content) is not None:
                 nonce_retry = False
@@ -341,6 +349,7 @@ class AsyncBroker:
         authorization_details: list[dict[str, Any]] | None = None,
         *,
         key: ToolKey,
+        trace: TraceContext | None = None,
     ) -> Issued:
         """See :meth:`Broker.derive`."""
         info = await self.info()
@@ -352,7 +361,7 @@ class AsyncBroker:
             now = self._clock()
             proof = key.proof("POST", info.derive_htu, nonce=nonce, now=now)
             sent = _with_relayed(body, key, legs, now)
-            r = await self._send("POST", "/v1/derive", json=sent, headers={"DPoP": proof})
+            r = await self._send("POST", "/v1/derive", json=sent, headers=_headers(proof, trace))
             self._nonces.update(self._origin, r.headers)
             if nonce_retry and challenge(r.status_code, r.headers, r.content) is not None:
                 nonce_retry = False
