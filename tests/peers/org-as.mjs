@@ -43,6 +43,7 @@
 //      invalid_scope, invalid_client, invalid_grant,
 //      nonce (proofs must carry the server's DPoP nonce; without it: 400 use_dpop_nonce with DPoP-Nonce),
 //      for ID-JAGs: unbound_jag, other_client_jag, wrong_aud_jag, hold (the answer waits for "release")
+//   {"cmd":"new_nonce"} -> {"nonce": the new DPoP nonce}; the old one is refused from now on
 //   {"cmd":"count"} -> {"exchanges": n} token requests received so far (any mode)
 //   {"cmd":"last"}  -> the form of the last token request (subject_token left out)
 //   {"cmd":"client_jwks","url":"..."} -> {"ok":true}; where /client-jwks forwards to
@@ -128,7 +129,7 @@ provider.on('grant.error', (_ctx, e) => {
 
 let mode = 'ok';
 // With mode "nonce": every proof must carry this nonce.
-const asNonce = randomBytes(12).toString('base64url');
+let asNonce = randomBytes(12).toString('base64url');
 let exchanges = 0;
 // ID-JAG audiences (resource AS issuers) -> the broker's client id there.
 const jagClients = {};
@@ -321,6 +322,7 @@ rl.on('line', async (line) => {
     else if (cmd.cmd === 'release') { const r = release; release = null; if (r) r(); console.log(JSON.stringify({ ok: Boolean(r) })); }
     else if (cmd.cmd === 'held') console.log(JSON.stringify({ held: release !== null }));
     else if (cmd.cmd === 'mode') { mode = String(cmd.mode); console.log(JSON.stringify({ ok: true })); }
+    else if (cmd.cmd === 'new_nonce') { asNonce = randomBytes(12).toString('base64url'); console.log(JSON.stringify({ nonce: asNonce })); }
     else if (cmd.cmd === 'count') console.log(JSON.stringify({ exchanges }));
     else if (cmd.cmd === 'last') console.log(JSON.stringify(last));
     else if (cmd.cmd === 'client_jwks') { clientJwksTarget = String(cmd.url); console.log(JSON.stringify({ ok: true })); }

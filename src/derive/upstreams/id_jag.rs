@@ -55,13 +55,9 @@ pub(super) async fn chain(
     let r2 = ras.ready(Leg::JwtBearer).await.map_err(on(ras))?;
     // Both proofs present before either is recorded as used: a caller
     // told that leg 2's is missing can send leg 1's again.
+    // The same for a proof without its AS's current nonce.
     for (u, r) in [(idp, r1), (ras, r2)] {
-        if !input.proofs.contains_key(&u.cfg.name) {
-            return Err(on(u)(UpstreamError::ProofRequired {
-                htu: r.token_endpoint.clone(),
-                nonce: u.current_nonce(),
-            }));
-        }
+        super::present(u, r, input).map_err(on(u))?;
     }
     let p1 = ups.relayed(idp, r1, input).map_err(on(idp))?;
     let p2 = ups.relayed(ras, r2, input).map_err(on(ras))?;

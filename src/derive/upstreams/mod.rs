@@ -420,21 +420,43 @@ impl Upstreams {
         resolved: &Resolved,
         input: &'i ExchangeInput<'_>,
     ) -> Result<&'i str, UpstreamError> {
-        let Some(proof) = input.proofs.get(&u.cfg.name) else {
-            return Err(UpstreamError::ProofRequired {
-                htu: resolved.token_endpoint.clone(),
-                nonce: u.current_nonce(),
-            });
-        };
+        let proof = present(u, resolved, input)?;
         proof::check(
             &self.proofs,
-            proof.expose(),
+            proof,
             &resolved.token_endpoint,
             &resolved.htu,
             input.jkt,
             input.now,
         )?;
-        Ok(proof.expose())
+        Ok(proof)
+    }
+}
+
+/// The relayed proof for `u` in `input`, present and, when this instance
+/// knows the AS's current DPoP nonce, carrying it; otherwise
+/// `upstream_proof_required` naming the `htu` and that nonce, before the
+/// proof is recorded as used and before anything is sent. The AS's nonces
+/// are a domain of their own (docs/UPSTREAM.md, "The AS's nonce"): learnt
+/// by each instance from the AS's `DPoP-Nonce`, kept in memory, never one
+/// of the broker's own.
+fn present<'i>(
+    u: &Upstream,
+    resolved: &Resolved,
+    input: &'i ExchangeInput<'_>,
+) -> Result<&'i str, UpstreamError> {
+    let current = u.current_nonce();
+    let proof = input.proofs.get(&u.cfg.name).map(|p| p.expose().as_str());
+    match (proof, current) {
+        (Some(p), Some(n)) if proof::stale_nonce(p, &n) => Err(UpstreamError::ProofRequired {
+            htu: resolved.token_endpoint.clone(),
+            nonce: Some(n),
+        }),
+        (Some(p), _) => Ok(p),
+        (None, nonce) => Err(UpstreamError::ProofRequired {
+            htu: resolved.token_endpoint.clone(),
+            nonce,
+        }),
     }
 }
 

@@ -17,6 +17,24 @@ use crate::base::jose;
 struct Peek {
     htu: Option<serde_json::Value>,
     ath: Option<serde_json::Value>,
+    nonce: Option<serde_json::Value>,
+}
+
+/// Whether `proof` carries a `nonce` other than `current`, the AS's
+/// current nonce as this instance knows it (or none). Read before the
+/// signature is checked, only to refuse; a proof that cannot be read is
+/// left to [`check`], which refuses it as invalid.
+pub(super) fn stale_nonce(proof: &str, current: &str) -> bool {
+    let Ok([_, payload, _]) = jose::split(proof, dpop::MAX_PROOF_LEN) else {
+        return false;
+    };
+    match jose::b64d(payload, "payload")
+        .ok()
+        .and_then(|p| serde_json::from_slice::<Peek>(&p).ok())
+    {
+        Some(peek) => peek.nonce.as_ref().and_then(|n| n.as_str()) != Some(current),
+        None => false,
+    }
 }
 
 /// Checks `proof` for `token_endpoint` (`htu`: its normalised form) signed

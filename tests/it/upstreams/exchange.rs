@@ -440,7 +440,7 @@ async fn a_subject_token_from_an_unlisted_issuer_is_never_sent() {
 }
 
 #[tokio::test]
-async fn an_as_nonce_is_relayed_to_the_client_and_published() {
+async fn an_as_nonce_is_relayed_to_the_client_published_and_checked_before_sending() {
     let mut org = Org::start();
     let b = broker(&org);
     let k = key();
@@ -468,6 +468,38 @@ async fn an_as_nonce_is_relayed_to_the_client_and_published() {
         claims(a.json()["access_token"].as_str().unwrap())["cnf"]["jkt"],
         k.thumbprint()
     );
+
+    // Now that the broker knows the AS's nonce, a relayed proof without it
+    // is refused before anything is sent, naming the htu and the nonce.
+    let sent = org.exchanges();
+    let a = derive(&b, &k, &subject, Some(&proof(&k, &org.token_endpoint)));
+    refused(&a, 400, "upstream_proof_required");
+    assert_eq!(a.json()["upstream_htu"], org.token_endpoint.as_str());
+    assert_eq!(a.json()["upstream_nonce"], nonce.as_str());
+    assert_eq!(org.exchanges(), sent, "nothing sent");
+    // The AS moves to a new nonce: the first proof with the old one is sent
+    // (the broker cannot know yet), the AS refuses it and the broker learns
+    // the new nonce from its DPoP-Nonce.
+    let new = org.peer.call(&json!({"cmd": "new_nonce"}))["nonce"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let te = org.token_endpoint.clone();
+    let stale = || make_proof(&k, "POST", &te, now(), None, Some(&nonce)).unwrap();
+    let a = derive(&b, &k, &subject, Some(&stale()));
+    refused(&a, 400, "upstream_proof_required");
+    assert_eq!(a.json()["upstream_nonce"], new.as_str());
+    assert_eq!(org.exchanges(), sent + 1);
+    // From then on a proof with the stale nonce is refused here, nothing
+    // sent; and the positive control, the new nonce, is served.
+    let a = derive(&b, &k, &subject, Some(&stale()));
+    refused(&a, 400, "upstream_proof_required");
+    assert_eq!(a.json()["upstream_nonce"], new.as_str());
+    assert_eq!(org.exchanges(), sent + 1, "nothing sent");
+    let fresh = make_proof(&k, "POST", &org.token_endpoint, now(), None, Some(&new)).unwrap();
+    let a = derive(&b, &k, &subject, Some(&fresh));
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(org.exchanges(), sent + 2);
 }
 
 #[tokio::test]

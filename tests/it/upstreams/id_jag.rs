@@ -413,6 +413,49 @@ async fn each_leg_needs_its_own_proof() {
     derive_ok(&b, &c, &k, &subject);
 }
 
+#[tokio::test]
+async fn leg_2s_known_nonce_is_checked_before_either_leg_is_sent() {
+    let mut c = Chain::start();
+    let b = broker(&c);
+    let k = key();
+    let subject = c.subject();
+    c.ras_mode("nonce");
+    // The broker does not know the resource AS's nonce yet: leg 1 is sent,
+    // leg 2 refused by the AS with use_dpop_nonce, and the derive names leg
+    // 2's htu and that nonce.
+    let before = c.counts();
+    let a = derive(&b, &k, &subject, &proofs(&c, &k));
+    refused(&a, 400, "upstream_proof_required");
+    assert_eq!(a.json()["upstream_htu"], c.ras_te.as_str());
+    let nonce = a.json()["upstream_nonce"].as_str().unwrap().to_owned();
+    assert_eq!(c.counts(), (before.0 + 1, before.1 + 1));
+    // Now it knows it: leg 2's proof without it, or with another nonce,
+    // is refused here, naming leg 2's htu and the nonce, and nothing is
+    // sent to either AS (leg 1 included).
+    let before = c.counts();
+    for bad in [None, Some("not-the-as-nonce")] {
+        let relayed = json!({
+            "org": proof(&k, &c.org_te),
+            "crm": make_proof(&k, "POST", &c.ras_te, now(), None, bad).unwrap(),
+        });
+        let a = derive(&b, &k, &subject, &relayed);
+        refused(&a, 400, "upstream_proof_required");
+        assert_eq!(a.json()["upstream_htu"], c.ras_te.as_str());
+        assert_eq!(a.json()["upstream_nonce"], nonce.as_str());
+    }
+    assert_eq!(c.counts(), before, "nothing was sent to either AS");
+    // Control: leg 2's proof with the nonce (leg 1's with none: the IdP
+    // never gave one) goes through, both legs sent once.
+    let relayed = json!({
+        "org": proof(&k, &c.org_te),
+        "crm": make_proof(&k, "POST", &c.ras_te, now(), None, Some(&nonce)).unwrap(),
+    });
+    let a = derive(&b, &k, &subject, &relayed);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(c.counts(), (before.0 + 1, before.1 + 1));
+    c.ras_mode("ok");
+}
+
 /// Holds leg 1's answer at the IdP, runs `meanwhile` while it is held,
 /// then releases it; gives the derive's answer.
 fn with_leg_1_held(
