@@ -8,6 +8,11 @@ attempt of one webhook-id gets the n-th status; the last repeats), and
 appends one JSON line per request to `--log`:
 {"id", "timestamp", "arrival", "status", "verified": [per secret], "tamper_rejected", "body"}.
 
+With `--drip N` the first N attempts of each webhook-id are answered as a
+slow-drip receiver: a 200 head promising 100 bytes, then one byte every
+0.3 s (status "drip" in the log), so only a total timeout per attempt
+ends them.
+
 It binds `--port` (0: any free one) on 127.0.0.1 and writes the port to
 `--port-file` once it listens.
 """
@@ -32,6 +37,7 @@ def main():
     p.add_argument("--public-key")
     p.add_argument("--answers", default="200")
     p.add_argument("--retry-after")
+    p.add_argument("--drip", type=int, default=0)
     args = p.parse_args()
     answers = [int(a) for a in args.answers.split(",")]
     hooks = [Webhook(s) for s in args.secret]
@@ -80,7 +86,8 @@ def main():
             with lock:
                 k = attempts.get(wid, 0)
                 attempts[wid] = k + 1
-                status = answers[min(k, len(answers) - 1)]
+                drip = k < args.drip
+                status = answers[min(k - args.drip, len(answers) - 1)] if not drip else 200
                 with open(args.log, "a") as f:
                     f.write(
                         json.dumps(
@@ -88,7 +95,7 @@ def main():
                                 "id": wid,
                                 "timestamp": headers.get("webhook-timestamp"),
                                 "arrival": time.time(),
-                                "status": status,
+                                "status": "drip" if drip else status,
                                 "verified": verified,
                                 "tamper_rejected": tamper_rejected,
                                 "body": body.decode(),
@@ -96,6 +103,18 @@ def main():
                         )
                         + "\n"
                     )
+            if drip:
+                self.send_response(200)
+                self.send_header("content-length", "100")
+                self.end_headers()
+                try:
+                    for _ in range(100):
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
+                        time.sleep(0.3)
+                except OSError:
+                    pass  # the sender gave up: what the test expects
+                return
             self.send_response(status)
             if status in (429, 503) and args.retry_after:
                 self.send_header("retry-after", args.retry_after)

@@ -280,6 +280,52 @@ async fn a_receiver_answering_500_then_200_gets_the_event_after_backoff() {
     assert_eq!(b.admin_post("/freeze", "off").unwrap().0, 200);
 }
 
+/// A slow-drip receiver (a 200 head, then a byte every 0.3 s for 30 s):
+/// the total timeout per attempt (1 s here) cuts it, and the event is sent
+/// again after backoff, and delivered by the receiver once it answers.
+#[tokio::test]
+async fn a_slow_drip_receiver_is_cut_by_the_attempts_timeout_then_retried() {
+    let keys = tempfile::tempdir().unwrap();
+    let (f, s) = secret_file(keys.path(), "s.whsec");
+    let r = Receiver::start(
+        keys.path(),
+        0,
+        &["--secret".into(), s, "--drip".into(), "1".into()],
+    );
+    let b = start(subscription(
+        r.port,
+        r#"["admin.frozen"]"#,
+        &[&f],
+        "timeout = \"1s\"",
+    ));
+    assert_eq!(b.admin_post("/freeze", "on").unwrap().0, 200);
+    let got = r.until(20, |r| r.len() >= 2).await;
+    assert_eq!(got[0]["status"], "drip");
+    assert_eq!(got[1]["status"], 200);
+    assert_eq!(got[0]["id"], got[1]["id"], "a retry keeps its webhook-id");
+    assert_eq!(got[1]["verified"], serde_json::json!([true]));
+    // Cut after its 1 s, then the first backoff (0.5 s to 1 s): well
+    // before the 30 s the drip would take.
+    let gap = got[1]["arrival"].as_f64().unwrap() - got[0]["arrival"].as_f64().unwrap();
+    assert!((1.3..6.0).contains(&gap), "retried after {gap} s");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metric = |o: &str| {
+        b.metric(&format!(
+            "credbroker_webhook_deliveries_total{{outcome=\"{o}\",subscription=\"siem\"}}"
+        ))
+    };
+    while metric("delivered") != Some(1.0) {
+        assert!(Instant::now() < deadline, "not counted as delivered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        metric("failed"),
+        Some(1.0),
+        "the cut attempt counts as failed"
+    );
+    assert_eq!(b.admin_post("/freeze", "off").unwrap().0, 200);
+}
+
 #[tokio::test]
 async fn a_429_with_retry_after_2_is_not_retried_sooner() {
     let keys = tempfile::tempdir().unwrap();
