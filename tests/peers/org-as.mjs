@@ -50,6 +50,16 @@
 //   {"cmd":"assertions"} -> {"verified": n, "refused": [reasons], "client_errors": [...]}:
 //      client assertions seen, and why clients were refused (invalid_client)
 //   {"cmd":"actor"} -> {"claims": the last verified actor token's claims, or null}
+//   {"cmd":"opaque","on":true} -> {"ok":true}: tokens are issued opaque (oidc-provider's own
+//      AccessToken model, stored in its memory adapter, so RFC 7662 introspection at
+//      /token/introspection reports them: features.introspection), with the claims the mode
+//      gives (unbound, other_key, wider_scope, two_aud, long_life, past_subject apply), and
+//      the answer leaves out scope and expires_in;
+//      mode "opaque" stays a random string no introspection knows
+//   {"cmd":"introspection","mode":"ok"} -> {"ok":true}; how /token/introspection behaves:
+//      ok, error500, hang, redirect, big, other_iss (iss another issuer), bearer (token_type Bearer)
+//   {"cmd":"introspections"} -> {"n": introspection requests received, "last": their last form
+//      without the token, "token_hint": its token_type_hint, "authorization": whether Basic was sent}
 // Exits when stdin closes.
 import { readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
@@ -110,7 +120,12 @@ const provider = new Provider(issuer, {
   },
   jwks: { keys: [priv] },
   findAccount: async (_ctx, id) => ({ accountId: id, claims: async () => ({ sub: id }) }),
-  features: { devInteractions: { enabled: false } },
+  features: { devInteractions: { enabled: false }, introspection: {
+      enabled: true,
+      // A client learns only of the tokens issued to it.
+      allowedPolicy: async (_ctx, client, token) => token.clientId === client.clientId,
+    },
+  },
   discovery: {
     identity_chaining_requested_token_types_supported: cfg.advertise_id_jag === false ? [AT] : [AT, IDJAG],
   },
@@ -128,6 +143,11 @@ provider.on('grant.error', (_ctx, e) => {
 });
 
 let mode = 'ok';
+// Tokens issued opaque (introspectable) instead of as JWTs.
+let opaque = false;
+let introMode = 'ok';
+let introspections = 0;
+let lastIntro = null;
 // With mode "nonce": every proof must carry this nonce.
 let asNonce = randomBytes(12).toString('base64url');
 let exchanges = 0;
@@ -221,9 +241,18 @@ async function tokenExchange(ctx) {
   };
   if (mode === 'other_key') claims.cnf = { jkt: 'x'.repeat(43) };
   else if (mode !== 'unbound') claims.cnf = { jkt };
-  const token = mode === 'opaque'
-    ? randomBytes(32).toString('base64url')
-    : await new jose.SignJWT(claims)
+  let token;
+  if (mode === 'opaque') token = randomBytes(32).toString('base64url');
+  else if (opaque) {
+    // oidc-provider's own opaque access token: its introspection reports
+    // these claims (aud set as is: two audiences for two_aud).
+    const at = new provider.AccessToken({
+      accountId: subject.sub, client: ctx.oidc.client, scope, expiresIn: exp - now,
+    });
+    at.aud = aud;
+    if (claims.cnf) at.jkt = claims.cnf.jkt;
+    token = await at.save();
+  } else token = await new jose.SignJWT(claims)
       .setProtectedHeader({ alg: 'ES256', kid: 'es256-1', typ: 'at+jwt' })
       .sign(es.privateKey);
   const body = {
@@ -233,6 +262,9 @@ async function tokenExchange(ctx) {
     expires_in: exp - now,
     scope,
   };
+  // An opaque token's answer leaves out scope and expires_in (both
+  // optional): only introspection tells them.
+  if (opaque) { delete body.scope; delete body.expires_in; }
   if (mode === 'refresh_type' || mode === 'with_refresh') body.refresh_token = randomBytes(32).toString('base64url');
   ctx.body = body;
   ctx.set('cache-control', 'no-store');
@@ -268,6 +300,14 @@ provider.registerGrantType(TE, tokenExchange,
     'actor_token', 'actor_token_type'],
   ['resource', 'audience']);
 
+// RFC 7662 answers altered for the introspection modes.
+provider.use(async (ctx, next) => {
+  await next();
+  if (ctx.path !== '/token/introspection' || ctx.status !== 200 || !ctx.body?.active) return;
+  if (introMode === 'other_iss') ctx.body = { ...ctx.body, iss: 'https://other-as.example' };
+  if (introMode === 'bearer') ctx.body = { ...ctx.body, token_type: 'Bearer' };
+});
+
 const callback = provider.callback();
 server.on('request', async (req, res) => {
   if (req.method === 'GET' && req.url === '/client-jwks') {
@@ -295,10 +335,28 @@ server.on('request', async (req, res) => {
     if (mode === 'hang') { setTimeout(() => { res.destroy(); }, 30000); return; }
     req.body = body;
   }
+  if (req.method === 'POST' && req.url === '/token/introspection') {
+    introspections += 1;
+    const chunks = [];
+    for await (const c of req) chunks.push(c);
+    const body = Buffer.concat(chunks);
+    const form = new URLSearchParams(body.toString('utf8'));
+    const hint = form.get('token_type_hint');
+    form.delete('token');
+    form.delete('client_assertion');
+    lastIntro = { form: Object.fromEntries([...form.keys()].map((k) => [k, form.getAll(k)])), token_hint: hint, authorization: Boolean(req.headers.authorization) };
+    if (introMode === 'error500') { res.writeHead(500, { 'content-type': 'application/json' }); res.end('{"error":"server_error"}'); return; }
+    if (introMode === 'redirect') { res.writeHead(302, { location: `${issuer}/elsewhere` }); res.end(); return; }
+    if (introMode === 'big') { res.writeHead(200, { 'content-type': 'application/json' }); res.end(JSON.stringify({ active: true, pad: 'x'.repeat(100 * 1024) })); return; }
+    if (introMode === 'hang') { setTimeout(() => { res.destroy(); }, 30000); return; }
+    req.body = body;
+  }
   callback(req, res);
 });
 
-console.log(JSON.stringify({ issuer, jwks_uri: `${issuer}/jwks`, token_endpoint: tokenEndpoint }));
+console.log(JSON.stringify({
+  issuer, jwks_uri: `${issuer}/jwks`, token_endpoint: tokenEndpoint, introspection_endpoint: `${issuer}/token/introspection`,
+}));
 const rl = createInterface({ input: process.stdin });
 rl.on('line', async (line) => {
   try {
@@ -323,6 +381,9 @@ rl.on('line', async (line) => {
     else if (cmd.cmd === 'held') console.log(JSON.stringify({ held: release !== null }));
     else if (cmd.cmd === 'mode') { mode = String(cmd.mode); console.log(JSON.stringify({ ok: true })); }
     else if (cmd.cmd === 'new_nonce') { asNonce = randomBytes(12).toString('base64url'); console.log(JSON.stringify({ nonce: asNonce })); }
+    else if (cmd.cmd === 'opaque') { opaque = Boolean(cmd.on); console.log(JSON.stringify({ ok: true })); }
+    else if (cmd.cmd === 'introspection') { introMode = String(cmd.mode); console.log(JSON.stringify({ ok: true })); }
+    else if (cmd.cmd === 'introspections') console.log(JSON.stringify({ n: introspections, ...lastIntro }));
     else if (cmd.cmd === 'count') console.log(JSON.stringify({ exchanges }));
     else if (cmd.cmd === 'last') console.log(JSON.stringify(last));
     else if (cmd.cmd === 'client_jwks') { clientJwksTarget = String(cmd.url); console.log(JSON.stringify({ ok: true })); }

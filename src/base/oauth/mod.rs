@@ -612,5 +612,7 @@ pub(crate) fn parse_token_answer(status: u16, body: &[u8]) -> Result<TokenSet, O
     }
 }
 
+pub(crate) mod introspect;
+
 #[cfg(test)]
 mod tests;

@@ -10,8 +10,10 @@
 //! AS's JWKS, the signature), then its claims (`iss`, `aud` exactly the
 //! configured set, `cnf.jkt` the tool's key, the scopes exactly those
 //! granted, `iat`/`exp` at most 300 s apart, not past the subject token's
-//! `exp`). An opaque token is refused: without introspection its binding
-//! cannot be shown.
+//! `exp`). An opaque token is refused, unless the upstream names its
+//! RFC 7662 introspection endpoint: then the introspection's answer must
+//! show the same facts, and its members go through the same claim checks
+//! ([`super::introspect`]).
 
 use std::collections::BTreeSet;
 
@@ -62,8 +64,10 @@ pub(super) struct Cnf {
     pub(super) jkt: Option<String>,
 }
 
+/// A token's claims: a JWT's, or what introspection says of an opaque
+/// token ([`Claims::introspected`]).
 #[derive(Deserialize)]
-struct Claims {
+pub(super) struct Claims {
     iss: Option<String>,
     aud: Option<Audience>,
     #[serde(default, deserialize_with = "jose::opt_numeric_date")]
@@ -74,6 +78,32 @@ struct Claims {
     scope: Option<serde_json::Value>,
     scp: Option<serde_json::Value>,
     jti: Option<String>,
+}
+
+impl Claims {
+    /// An introspection answer's facts, for the same checks as a JWT's
+    /// claims. RFC 7662 carries scopes as one `scope` string: it stands
+    /// for either claim form the resource's entry names.
+    pub(super) fn introspected(a: crate::base::oauth::introspect::Introspection) -> Claims {
+        let scp = a.scope.as_deref().map(|s| {
+            serde_json::Value::Array(
+                s.split(' ')
+                    .filter(|x| !x.is_empty())
+                    .map(|x| serde_json::Value::String(x.to_owned()))
+                    .collect(),
+            )
+        });
+        Claims {
+            iss: a.iss,
+            aud: a.aud,
+            iat: a.iat,
+            exp: a.exp,
+            cnf: a.cnf.map(|c| Cnf { jkt: c.jkt }),
+            scope: a.scope.map(serde_json::Value::String),
+            scp,
+            jti: a.jti,
+        }
+    }
 }
 
 pub(super) fn rejected(why: &'static str) -> UpstreamError {
@@ -129,7 +159,14 @@ pub(super) async fn check(
         Some(v) if v.as_i64().is_some_and(|n| n > 0 && n <= MAX_LIFETIME) => {}
         Some(_) => return Err(rejected("its expires_in is not between 1 and 300 s")),
     }
-    let claims: Claims = verify(u, resolved, token.expose(), input.now, &["at+jwt"]).await?;
+    let opaque =
+        jose::parse(token.expose(), MAX_TOKEN).is_err() && token.expose().len() <= MAX_TOKEN;
+    let claims: Claims = match &u.cfg.introspection_endpoint {
+        Some(endpoint) if opaque => {
+            super::introspect::claims(u, endpoint, input, token.expose()).await?
+        }
+        _ => verify(u, resolved, token.expose(), input.now, &["at+jwt"]).await?,
+    };
     let exp = check_claims(u, shape, input, &granted, &claims)?;
     let id = claims
         .jti
@@ -152,7 +189,7 @@ pub(super) async fn verify<C: DeserializeOwned>(
     typ: &[&str],
 ) -> Result<C, UpstreamError> {
     let jws = jose::parse(token, MAX_TOKEN).map_err(|_| {
-        rejected("it is not a JWT: its binding to the tool's key cannot be shown (introspection is not built)")
+        rejected("it is not a JWT: its binding to the tool's key cannot be shown (the upstream has no introspection_endpoint)")
     })?;
     let alg = jose::check_header(
         &jws.header,

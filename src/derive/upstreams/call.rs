@@ -294,7 +294,7 @@ fn actor(
 /// The client's credentials that go in the body: `client_secret_post`'s
 /// id and secret, or `private_key_jwt`'s assertion (RFC 7523 section 2.2),
 /// signed now with the client key for this AS's issuer identifier only.
-fn credentials(
+pub(super) fn credentials(
     u: &Upstream,
     now: i64,
     form: &mut Vec<(&'static str, String)>,
@@ -326,7 +326,7 @@ fn credentials(
 
 /// `client_secret_basic`: both parts form-encoded, then base64 (RFC 6749
 /// section 2.3.1).
-fn basic(u: &Upstream) -> Option<String> {
+pub(super) fn basic(u: &Upstream) -> Option<String> {
     let secret = match (u.cfg.client_auth, &u.secret) {
         (UpstreamClientAuth::SecretBasic, Some(s)) => s,
         _ => return None,

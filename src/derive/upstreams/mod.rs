@@ -41,6 +41,7 @@ use crate::infra::config::{
 mod answer;
 mod call;
 mod id_jag;
+mod introspect;
 mod proof;
 mod reuse;
 

@@ -146,6 +146,8 @@ pub(super) struct RawUpstream {
     #[serde(default)]
     pub(super) reuse_margin: Option<String>,
     #[serde(default)]
+    pub(super) introspection_endpoint: Option<String>,
+    #[serde(default)]
     pub(super) resources: BTreeMap<String, RawUpstreamResource>,
 }
 

@@ -17,7 +17,6 @@ const fn key(key: &'static str, doc_type: &'static str, issue: u32) -> ReservedK
 /// Every reserved config key, in the order of `docs/CONFIGURATION.md`.
 pub const RESERVED_KEYS: &[ReservedKey] = &[
     // Issue 41: upstream authorization servers (token exchange, ID-JAG).
-    key("upstreams.<name>.introspection_endpoint", "URL", 41),
     key("upstreams.<name>.send_authorization_details", "boolean", 41),
     // Issue 43: person-level revocation, Shared Signals, introspection.
     key("trusted_issuers[].introspection_endpoint", "URL", 43),

@@ -111,6 +111,10 @@ fn bad_upstream_values_name_the_file_the_key_and_the_cause() {
             "upstreams.okta.reuse_margin: must be a duration from 1s to under 300s",
         ),
         (
+            format!("{GOOD}introspection_endpoint = \"http://idp.example/introspect\"\n"),
+            "upstreams.okta.introspection_endpoint: must be an https URL",
+        ),
+        (
             format!("{GOOD}reuse_margin = \"0s\"\n"),
             "upstreams.okta.reuse_margin: must be a duration from 1s to under 300s",
         ),
@@ -137,6 +141,18 @@ fn bad_upstream_values_name_the_file_the_key_and_the_cause() {
     // Control: the table itself loads, without reuse by default and with
     // a margin in range.
     assert_eq!(parse(GOOD).unwrap().upstreams["okta"].reuse_margin, None);
+    assert_eq!(
+        parse(GOOD).unwrap().upstreams["okta"].introspection_endpoint,
+        None
+    );
+    let c = parse(&format!(
+        "{GOOD}introspection_endpoint = \"https://idp.example/introspect\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        c.upstreams["okta"].introspection_endpoint.as_deref(),
+        Some("https://idp.example/introspect")
+    );
     let c = parse(&format!("{GOOD}reuse_margin = \"60s\"\n")).unwrap();
     assert_eq!(
         c.upstreams["okta"].reuse_margin,

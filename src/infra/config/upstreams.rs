@@ -115,6 +115,10 @@ pub struct UpstreamConfig {
     /// How long a token must still live to be given again to the same
     /// derive (docs/UPSTREAM.md, "Reuse"); `None`: never reused.
     pub reuse_margin: Option<Duration>,
+    /// Its RFC 7662 introspection endpoint: an opaque (non-JWT) access
+    /// token it issues is accepted only if introspection there shows every
+    /// fact a JWT must carry; `None`: opaque tokens are refused.
+    pub introspection_endpoint: Option<String>,
     /// Per resource URI (as written; the policy's resource is matched after
     /// normalisation where the policy is known).
     pub resources: BTreeMap<String, UpstreamResource>,
@@ -259,6 +263,9 @@ fn upstream(
             "must be a duration from 1s to under 300s, such as \"60s\": the least a token must still live to be given again",
         )
     });
+    if let Some(e) = &u.introspection_endpoint {
+        check.url(&format!("{key}.introspection_endpoint"), e);
+    }
     let mut resources = BTreeMap::new();
     for (uri, r) in u.resources {
         if let Some(r) = resource(&uri, r, &format!("{key}.resources.{uri:?}"), check) {
@@ -281,6 +288,7 @@ fn upstream(
         connect_timeout,
         timeout: total,
         reuse_margin,
+        introspection_endpoint: u.introspection_endpoint,
         resources,
     })
 }

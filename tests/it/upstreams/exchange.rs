@@ -17,7 +17,7 @@ pub(super) const ORG_RESOURCE: &str = "https://org-api.example/notes";
 const SECRET: &str = "org-client-secret-not-a-canary";
 
 pub(super) struct Org {
-    peer: NodePeer,
+    pub(super) peer: NodePeer,
     _cfg: tempfile::NamedTempFile,
     pub(super) issuer: String,
     pub(super) token_endpoint: String,

@@ -4,5 +4,6 @@ mod client_auth;
 mod clients;
 mod exchange;
 mod id_jag;
+mod introspect;
 mod mcp;
 mod reuse;
