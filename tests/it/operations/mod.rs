@@ -10,4 +10,4 @@ mod metrics_listener;
 mod startup;
 mod version;
 mod walkthrough;
-mod webhooks;
+pub(crate) mod webhooks;

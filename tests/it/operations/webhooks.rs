@@ -17,15 +17,15 @@ use std::time::{Duration, Instant};
 use crate::support::*;
 
 /// The Python receiver.
-struct Receiver {
+pub(crate) struct Receiver {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
     log: PathBuf,
 }
 
 impl Receiver {
     /// Starts on `port` (0: any) with the receiver's flags.
-    fn start(dir: &Path, port: u16, flags: &[String]) -> Receiver {
+    pub(crate) fn start(dir: &Path, port: u16, flags: &[String]) -> Receiver {
         let py = prereq::venv_python(&["standardwebhooks", "cryptography"], "");
         let n = random_bytes(4);
         let port_file = dir.join(format!("port-{}", hex(&n)));
@@ -54,7 +54,7 @@ impl Receiver {
         Receiver { child, port, log }
     }
 
-    fn requests(&self) -> Vec<serde_json::Value> {
+    pub(crate) fn requests(&self) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .lines()
@@ -63,7 +63,7 @@ impl Receiver {
     }
 
     /// The requests once `done` holds (panics after `secs`).
-    async fn until(
+    pub(crate) async fn until(
         &self,
         secs: u64,
         done: impl Fn(&[serde_json::Value]) -> bool,
@@ -99,7 +99,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 /// A `whsec_` secret in a 0600 file; returns the file and the secret.
-fn secret_file(dir: &Path, name: &str) -> (PathBuf, String) {
+pub(crate) fn secret_file(dir: &Path, name: &str) -> (PathBuf, String) {
     use base64::Engine;
     let s = format!(
         "whsec_{}",
@@ -121,7 +121,7 @@ fn closed_port() -> u16 {
 }
 
 /// `[webhooks.siem]` for `port`, with `secrets` and extra lines.
-fn subscription(port: u16, events: &str, secrets: &[&Path], extra: &str) -> String {
+pub(crate) fn subscription(port: u16, events: &str, secrets: &[&Path], extra: &str) -> String {
     let files: Vec<String> = secrets
         .iter()
         .map(|p| format!("\"{}\"", p.display()))
@@ -515,12 +515,12 @@ async fn kill_9_with_1000_events_undelivered_loses_none_after_restart() {
 }
 
 /// An event stream on the admin socket: the head, then what is read.
-struct Stream {
+pub(crate) struct Stream {
     s: BufReader<std::os::unix::net::UnixStream>,
-    status: u16,
+    pub(crate) status: u16,
 }
 
-fn open_stream(admin: &Path, last_event_id: Option<&str>) -> Stream {
+pub(crate) fn open_stream(admin: &Path, last_event_id: Option<&str>) -> Stream {
     let mut s = std::os::unix::net::UnixStream::connect(admin).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let extra = last_event_id
@@ -544,7 +544,7 @@ fn open_stream(admin: &Path, last_event_id: Option<&str>) -> Stream {
 impl Stream {
     /// The next event's (id, type, data), skipping comments (the body is
     /// chunked: chunk-size lines are skipped too).
-    fn next_event(&mut self) -> (String, String, String) {
+    pub(crate) fn next_event(&mut self) -> (String, String, String) {
         let (mut id, mut kind) = (String::new(), String::new());
         let mut line = String::new();
         loop {

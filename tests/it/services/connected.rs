@@ -358,13 +358,28 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 /// L1 for connected services: provider access tokens, refresh tokens, the
 /// client secret and link codes, at debug level, through connect, refresh,
 /// failures, reconnect and disconnect: none in the log, the audit events,
-/// the metrics, the store's files or the error bodies.
+/// the metrics, the store's files or the error bodies; nor in what leaves
+/// for others to read (issue 44): the spans and metrics exported over OTLP
+/// (every span, with the pages', store and refresh spans), the webhook
+/// bodies of every event, and the admin socket's event stream.
 #[tokio::test]
 async fn canary_provider_tokens_refresh_tokens_client_secret_and_codes_never_leak() {
+    use crate::operations::webhooks as wh;
+    let otlp = crate::telemetry::Receiver::start();
+    let keys = tempfile::tempdir().unwrap();
+    let (hook_secret, s) = wh::secret_file(keys.path(), "s.whsec");
+    let hooks = wh::Receiver::start(keys.path(), 0, &["--secret".into(), s]);
     let mut env = ServiceEnv::start_with(crate::support::services::ProviderOpts {
         log: Some("debug".into()),
+        extra_config: format!(
+            "\n[telemetry]\notlp_endpoint = \"{}\"\nmetrics_interval = \"1s\"\npropagate_to = [\"providers\"]\n{}",
+            otlp.base,
+            wh::subscription(hooks.port, r#"["*"]"#, &[&hook_secret], "")
+        ),
         ..Default::default()
     });
+    let mut stream = wh::open_stream(&env.broker.admin, None);
+    assert_eq!(stream.status, 200);
     env.peer.set_access_ttl(30).await;
     let k = key();
     let mut bodies = Vec::new();
@@ -409,6 +424,57 @@ async fn canary_provider_tokens_refresh_tokens_client_secret_and_codes_never_lea
     assert!(d.contains("\"revoked\""), "{d}");
     let list = env.broker.admin_get("/accounts").unwrap().1;
     let metrics = env.broker.metrics();
+    // Every event so far, as the webhook receiver and the stream got them.
+    let last = env.broker.audit_lines().last().unwrap().clone();
+    let last_seq = last["seq"].clone();
+    let mut streamed = Vec::new();
+    loop {
+        let (_, _, data) = stream.next_event();
+        let v: serde_json::Value = serde_json::from_str(&data).unwrap();
+        let done = v["data"]["seq"] == last_seq && v["data"]["boot_id"] == last["boot_id"];
+        streamed.push(data);
+        if done {
+            break;
+        }
+    }
+    let last_id = format!("msg_{}_{}", last["boot_id"].as_str().unwrap(), last_seq);
+    let delivered = hooks
+        .until(30, |r| r.iter().any(|x| x["id"] == last_id.as_str()))
+        .await;
+    let hook_bodies: Vec<String> = delivered
+        .iter()
+        .map(|x| x["body"].as_str().unwrap().to_string())
+        .collect();
+    // Positive controls: the events, spans and metrics are there.
+    for kind in ["derive.issued", "derive.denied"] {
+        let k = format!("\"type\":\"{kind}\"");
+        assert!(
+            hook_bodies.iter().any(|b| b.contains(&k)),
+            "{kind} delivered"
+        );
+        assert!(streamed.iter().any(|b| b.contains(&k)), "{kind} streamed");
+    }
+    let spans = otlp
+        .spans_until(|s| s.iter().any(|x| x["name"] == "provider.refresh"))
+        .await;
+    for name in [
+        "derive",
+        "page.link",
+        "page.connect",
+        "store",
+        "provider.refresh",
+    ] {
+        assert!(spans.iter().any(|x| x["name"] == name), "{name} exported");
+    }
+    let start = Instant::now();
+    while otlp.metric_exports().await.is_empty() && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let exported = otlp.raw().await;
+    assert!(
+        contains(&exported, b"credbroker_derives_total"),
+        "metrics exported"
+    );
 
     let mut secrets: Vec<String> = env.peer.issued_tokens().await;
     assert!(
@@ -440,6 +506,16 @@ async fn canary_provider_tokens_refresh_tokens_client_secret_and_codes_never_lea
         }
         assert!(!metrics.contains(s.as_str()), "a secret is in the metrics");
         assert!(!list.contains(s.as_str()), "a secret is in accounts list");
+        assert!(
+            !contains(&exported, s.as_bytes()),
+            "a secret is in the OTLP spans or metrics"
+        );
+        for b in hook_bodies.iter().chain(&streamed) {
+            assert!(
+                !b.contains(s.as_str()),
+                "a secret is in a webhook body or the event stream"
+            );
+        }
     }
     for s in &secrets {
         for b in &bodies {
