@@ -10,6 +10,8 @@
 - :mod:`credbroker_client.errors`: the refusals, typed;
 - :mod:`credbroker_client.verify`: for resource servers, the token and proof checks;
 - :mod:`credbroker_client.single_use`: where the verifier records single-use tokens;
+- :mod:`credbroker_client.request`: a request's digest (``req_sha256``), for
+  tokens bound to one request (:class:`BoundRequest`, :class:`RequestError`);
 - :mod:`credbroker_client.mcp`: a link refusal as an MCP answer (extra ``mcp``);
 - :mod:`credbroker_client.trace`: an MCP request's ``_meta`` trace context,
   passed on to the derive (``trace=``).
@@ -35,11 +37,13 @@ from .errors import (
 from .key import KeyFileError, ToolKey
 from .nonces import NonceStore
 from .trace import TraceContext, trace_from_meta
+from .request import BoundRequest, RequestError
 
 __all__ = [
     "API_VERSION",
     "AccessDenied",
     "AsyncBroker",
+    "BoundRequest",
     "Broker",
     "BrokerNotRunning",
     "CredbrokerError",
@@ -55,6 +59,7 @@ __all__ = [
     "NotSenderConstrained",
     "RateLimited",
     "Refused",
+    "RequestError",
     "ToolKey",
     "TraceContext",
     "Unavailable",

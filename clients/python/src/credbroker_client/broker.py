@@ -28,6 +28,7 @@ from .key import ToolKey
 from .nonces import NonceStore, challenge, socket_origin
 from .relay import Leg, UpstreamInfo, proof_required
 from .trace import TraceContext
+from .request import BoundRequest, bind
 
 #: The socket API version this library speaks (``api_version`` of ``GET /v1/info``).
 API_VERSION = "1"
@@ -108,6 +109,7 @@ def _body(
     resource: str,
     scope: str | None,
     authorization_details: list[dict[str, Any]] | None,
+    request: BoundRequest | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "subject_token": subject_token,
@@ -121,6 +123,12 @@ def _body(
     # (InvalidRequest) rather than ignoring what the caller asked for.
     if authorization_details is not None:
         body["authorization_details"] = authorization_details
+    # The whole request, never only its digest: the broker computes the
+    # digest itself from what its page shows. It is checked here first, so
+    # a body that cannot be bound is refused before anything is sent.
+    if request is not None:
+        bind(request)
+        body["request"] = request.to_json()
     return body
 
 
@@ -257,15 +265,22 @@ class Broker:
         *,
         key: ToolKey,
         trace: TraceContext | None = None,
+        request: BoundRequest | None = None,
     ) -> Issued:
         """A token for one call of ``tool`` on ``resource`` in ``step``,
         bound to ``key``; raises a :class:`~credbroker_client.errors.Refused`
         subclass when refused, :class:`~credbroker_client.errors.BrokerNotRunning`
         when nothing answers. ``trace`` (an MCP request's trace context:
         :func:`~credbroker_client.trace.trace_from_meta`) is sent as the
-        derive's ``traceparent`` and ``tracestate``."""
+        derive's ``traceparent`` and ``tracestate``.
+
+        ``request`` is the whole request the token is for, on a route that
+        binds it (``bind_request``): the token then serves that one request
+        (its ``req_sha256``). A body that cannot be bound raises
+        :class:`~credbroker_client.request.RequestError` before anything is
+        sent."""
         info = self.info()
-        body = _body(subject_token, step, tool, resource, scope, authorization_details)
+        body = _body(subject_token, step, tool, resource, scope, authorization_details, request)
         legs = info.upstream.legs(resource, self._upstream_nonces)
         nonce_retry = upstream_retry = True
         while True:
@@ -350,10 +365,11 @@ class AsyncBroker:
         *,
         key: ToolKey,
         trace: TraceContext | None = None,
+        request: BoundRequest | None = None,
     ) -> Issued:
         """See :meth:`Broker.derive`."""
         info = await self.info()
-        body = _body(subject_token, step, tool, resource, scope, authorization_details)
+        body = _body(subject_token, step, tool, resource, scope, authorization_details, request)
         legs = info.upstream.legs(resource, self._upstream_nonces)
         nonce_retry = upstream_retry = True
         while True:

@@ -46,6 +46,7 @@ from joserfc.jwk import ECKey
 
 from .errors import CredbrokerError
 from .key import ath as ath_of
+from .request import BoundRequest, RequestError, bind
 from .single_use import AsyncSingleUseStore, MemorySingleUseStore, SingleUseStore
 
 MAX_TOKEN = 8 * 1024
@@ -218,6 +219,10 @@ class Principal:
     #: them and, for a tool that needs approval, as the person approved them:
     #: compare them with what the request does (``docs/RESOURCE-SERVERS.md``).
     authorization_details: Any = None
+    #: The digest of the one request the token is bound to (``req_sha256``),
+    #: checked against the request handed to the verifier; ``None`` for a
+    #: token bound to no request.
+    req_sha256: str | None = None
 
 
 def _b64(part: str, err: Callable[[str], VerifyError], what: str) -> bytes:
@@ -426,10 +431,21 @@ class Verifier:
         dpop: Sequence[str],
         *,
         nonce: Callable[[str], bool] | None = None,
+        content_type: str | None = None,
+        body: bytes | str | None = None,
     ) -> Principal:
         """Checks one request. ``url`` is your configured public URL plus the
-        request's path (and query, ignored), never built from ``Host``;
-        ``dpop`` is every ``DPoP`` header value the request carried.
+        request's raw path and query (as on the request line, never
+        decoded), never built from ``Host``; ``dpop`` is every ``DPoP``
+        header value the request carried.
+
+        ``body`` (the body as received, ``b""`` for none) and
+        ``content_type`` (the ``Content-Type`` as received, ``None`` for
+        none) hand the verifier the request: a token bound to one request
+        (``req_sha256``, check 20) must be bound to this one (its method,
+        the raw path and query of ``url``, the content type and the body).
+        Without ``body`` such a token is refused. A refused request does not
+        use a single-use token up.
 
         With ``nonce`` (RFC 9449 section 9), the proof must carry a ``nonce``
         for which it returns true; otherwise the error is ``use_dpop_nonce``:
@@ -442,6 +458,7 @@ class Verifier:
         A verifier from :meth:`from_issuer_async` never fetches here: use
         :meth:`verify_async` in an asyncio server."""
         who = self._verify(method, url, authorization, dpop, nonce, fetch=True)
+        _check_request(who, method, url, content_type, body)
         if who.single_use:
             first = self._insert(who)
             if inspect.isawaitable(first):
@@ -461,16 +478,20 @@ class Verifier:
         dpop: Sequence[str],
         *,
         nonce: Callable[[str], bool] | None = None,
+        content_type: str | None = None,
+        body: bytes | str | None = None,
     ) -> Principal:
-        """:meth:`verify` for asyncio: the JWKS refetch for an unknown
-        ``kid`` (at most once a minute) is awaited on the verifier's
-        ``httpx.AsyncClient``; the checks themselves read nothing from the
-        network and run inline, and a single-use token is recorded in the
-        single-use store (awaited, for an :class:`AsyncSingleUseStore`)."""
+        """:meth:`verify` for asyncio (``content_type`` and ``body`` as
+        there): the JWKS refetch for an unknown ``kid`` (at most once a
+        minute) is awaited on the verifier's ``httpx.AsyncClient``; the
+        checks themselves read nothing from the network and run inline, and
+        a single-use token is recorded in the single-use store (awaited, for
+        an :class:`AsyncSingleUseStore`)."""
         kid = _kid_of(authorization)
         if kid is not None and self._fetch_async is not None and self._refetch_due(kid):
             self._keys = self._keys_of(await self._fetch_async())
         who = self._verify(method, url, authorization, dpop, nonce, fetch=False)
+        _check_request(who, method, url, content_type, body)
         if who.single_use:
             first = self._insert(who)
             if inspect.isawaitable(first):
@@ -552,12 +573,9 @@ class Verifier:
             approval_id is None or isinstance(approval_id, str)
         ):
             raise _token("single_use is not a boolean or approval_id not a string")
-        if "req_sha256" in claims:
-            # Bound to one request (docs/RESOURCE-SERVERS.md, check 20): this
-            # verifier does not compute the digest yet, so it fails closed.
-            raise _token(
-                "the token is bound to one request (req_sha256), which this verifier cannot check"
-            )
+        req_sha256 = claims.get("req_sha256")
+        if not (req_sha256 is None or isinstance(req_sha256, str)):
+            raise _token("req_sha256 is not a string")
         assert isinstance(iat, int) and isinstance(exp, int)  # noqa: S101 - narrowed above
         assert isinstance(jkt, str) and isinstance(scope, str)  # noqa: S101 - narrowed above
         # 7, 8, 9: issuer, audience, time.
@@ -638,7 +656,39 @@ class Verifier:
             single_use=single_use,
             approval_id=approval_id,
             authorization_details=claims.get("authorization_details"),
+            req_sha256=req_sha256,
         )
+
+
+def _raw_path_and_query(url: str) -> tuple[str, str]:
+    """The raw path and query of ``url`` (never decoded): ``/`` for an
+    empty path, ``""`` for no query; the fragment is dropped."""
+    url = url.split("#", 1)[0]
+    i = url.find("://")
+    rest = url[i + 3 :] if i >= 0 else url
+    starts = [j for j in (rest.find("/"), rest.find("?")) if j >= 0]
+    target = rest[min(starts) :] if starts else ""
+    path, _, query = target.partition("?")
+    return path or "/", query
+
+
+def _check_request(
+    who: Principal, method: str, url: str, content_type: str | None, body: bytes | str | None
+) -> None:
+    """Check 20: a token bound to one request (``req_sha256``) is refused
+    unless the request handed to the verifier is that one. Made after the
+    proof, before a single-use token is recorded."""
+    if who.req_sha256 is None:
+        return
+    if body is None:
+        raise _token("the token is bound to one request: verify it with the request's body")
+    path, query = _raw_path_and_query(url)
+    try:
+        got = bind(BoundRequest(method, path, query, content_type or "", body)).sha256
+    except RequestError as e:
+        raise _token(f"the request cannot be bound ({e.reason})") from None
+    if not hmac.compare_digest(got.encode(), who.req_sha256.encode("utf-8")):
+        raise _token("the request is not the one the token is bound to")
 
 
 def _store_failed() -> VerifyError:

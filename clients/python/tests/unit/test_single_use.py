@@ -23,6 +23,7 @@ from joserfc.jwk import ECKey
 
 import credbroker_client
 from credbroker_client import ToolKey
+from credbroker_client.request import BoundRequest, bind
 from credbroker_client.single_use import (
     MemorySingleUseStore,
     SingleUseStoreFull,
@@ -91,11 +92,17 @@ def test_a_single_use_token_is_accepted_once_and_an_ordinary_one_again() -> None
     )
 
 
-def test_a_token_bound_to_one_request_is_refused_unchecked() -> None:
-    """Check 20 of docs/RESOURCE-SERVERS.md: this verifier cannot compute a
-    request's digest yet, so a token carrying ``req_sha256`` is refused, and
-    not used up; the same token without the claim is accepted (control)."""
+def test_a_token_bound_to_one_request_serves_that_request_once() -> None:
+    """Check 20 of docs/RESOURCE-SERVERS.md: a token carrying ``req_sha256``
+    is refused without the request's body, and for another request, each
+    time without being used up; the bound request (its JSON members in
+    another order) is served once; the same token without the claim is
+    accepted without a body (control)."""
     v = Verifier(ISSUER, AUDIENCE, JWKS)
+    url = AUDIENCE + "?dry_run=0"
+    ct = "application/json"
+    body = b'{"note": "note-7", "reason": "duplicate"}'
+    digest = bind(BoundRequest("POST", "/notes", "dry_run=0", ct, body)).sha256
     now = int(time.time())
     base = {
         "iss": ISSUER,
@@ -107,11 +114,77 @@ def test_a_token_bound_to_one_request_is_refused_unchecked() -> None:
         "scope": "notes.delete",
         "cnf": {"jkt": TOOL.thumbprint},
         "act": {"sub": "agent-1", "tool": "notes.delete"},
+        "single_use": True,
     }
     header = {"typ": "at+jwt", "alg": "ES256", "kid": "k1"}
-    bound = jwt.encode(header, {**base, "req_sha256": "0" * 64}, ISSUER_KEY)
-    assert present(v, bound) == "invalid_token"
-    assert present(v, jwt.encode(header, base, ISSUER_KEY)) == "ok"
+    bound = jwt.encode(header, {**base, "req_sha256": digest}, ISSUER_KEY)
+
+    def call(u: str, t: str, b: bytes | None, c: str | None = ct, m: str = "POST") -> str:
+        try:
+            who = v.verify(m, u, f"DPoP {t}", [TOOL.proof(m, u, t)], content_type=c, body=b)
+            assert who.req_sha256 == (digest if t == bound else None)
+            return "ok"
+        except VerifyError as e:
+            return e.code
+
+    refused = [
+        call(url, bound, None),  # no body handed over
+        call(url, bound, body.replace(b"7", b"8")),  # one body byte
+        call(AUDIENCE, bound, body),  # no query
+        call(url + "&x=1", bound, body),  # a query parameter added
+        call(url, bound, body, "text/plain"),  # another content type
+        call(url, bound, body, None),  # no content type
+        call(url, bound, body, m="PUT"),  # another method
+        call(url, bound, b'{"note":"note-7","note":"x"}'),  # not I-JSON
+    ]
+    assert refused == ["invalid_token"] * len(refused)
+    # Not used up by any of them: the bound request, reordered, once.
+    reordered = b'{"reason":"duplicate","note":"note-7"}'
+    assert [call(url, bound, reordered), call(url, bound, body)] == ["ok", "invalid_token"]
+    # Control: without the claim no body is needed.
+    assert call(url, jwt.encode(header, {**base, "jti": "other"}, ISSUER_KEY), None) == "ok"
+
+
+async def _async_bound(v: Verifier, t: str, url: str, body: bytes) -> str:
+    try:
+        await v.verify_async(
+            "POST",
+            url,
+            f"DPoP {t}",
+            [TOOL.proof("POST", url, t)],
+            content_type="application/json",
+            body=body,
+        )
+        return "ok"
+    except VerifyError as e:
+        return e.code
+
+
+def test_verify_async_checks_the_bound_request_too() -> None:
+    v = Verifier(ISSUER, AUDIENCE, JWKS)
+    body = b'{"a":1}'
+    digest = bind(BoundRequest("POST", "/notes", "", "application/json", body)).sha256
+    now = int(time.time())
+    claims = {
+        "iss": ISSUER,
+        "sub": "alice",
+        "aud": AUDIENCE,
+        "jti": str(uuid.uuid4()),
+        "iat": now,
+        "exp": now + 60,
+        "scope": "notes.delete",
+        "cnf": {"jkt": TOOL.thumbprint},
+        "act": {"sub": "agent-1"},
+        "single_use": True,
+        "req_sha256": digest,
+    }
+    t = jwt.encode({"typ": "at+jwt", "alg": "ES256", "kid": "k1"}, claims, ISSUER_KEY)
+    got = [
+        asyncio.run(_async_bound(v, t, AUDIENCE, b'{"a":2}')),
+        asyncio.run(_async_bound(v, t, AUDIENCE, b'{ "a" : 1 }')),
+        asyncio.run(_async_bound(v, t, AUDIENCE, body)),
+    ]
+    assert got == ["invalid_token", "ok", "invalid_token"]
 
 
 def test_the_memory_store_fails_closed_when_full_and_never_evicts_early() -> None:
