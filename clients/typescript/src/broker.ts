@@ -19,6 +19,8 @@ import type { ToolKey } from "./key.js";
 import { NonceStore, challenge, socketOrigin } from "./nonces.js";
 import { type Leg, UpstreamInfo, proofRequired } from "./relay.js";
 import { type TraceContext, traceHeaders } from "./trace.js";
+import { bind, requestJson } from "./request.js";
+import type { BoundRequest } from "./request.js";
 
 /** The socket API version this library speaks (`api_version` of `GET /v1/info`). */
 export const API_VERSION = "1";
@@ -102,6 +104,13 @@ export interface DeriveRequest {
   scope?: string;
   /** RFC 9396; sent only when given. */
   authorizationDetails?: unknown[];
+  /**
+   * The whole request the token is for, on a route that binds it
+   * (`bind_request`): the token then serves that one request (its
+   * `req_sha256`). Sent whole, never only its digest; a body that cannot be
+   * bound rejects with {@link RequestError} before anything is sent.
+   */
+  request?: BoundRequest;
   /** The tool's key: the token is bound to it. */
   key: ToolKey;
   /**
@@ -260,6 +269,12 @@ export class Broker {
     // Only sent when given: a broker without approvals refuses the member
     // (InvalidRequest) rather than ignoring what the caller asked for.
     if (r.authorizationDetails !== undefined) body["authorization_details"] = r.authorizationDetails;
+    // Checked here first, so a body that cannot be bound is refused before
+    // anything is sent; the broker computes the digest itself.
+    if (r.request !== undefined) {
+      bind(r.request);
+      body["request"] = requestJson(r.request);
+    }
     let info2 = info;
     const legs: Map<string, Leg> = info.upstream.legs(r.resource, this.#upstreamNonces);
     let nonceRetry = true;

@@ -10,6 +10,8 @@
  * - {@link NonceStore}: DPoP server nonces, kept per origin;
  * - {@link Verifier}: for resource servers, the token and proof checks, with
  *   a {@link SingleUseStore} for single-use tokens;
+ * - {@link bind}: a request's digest (`req_sha256`), for tokens bound to one
+ *   request ({@link BoundRequest}, {@link RequestError});
  * - `credbroker-client/mcp`: a link refusal as an MCP answer;
  * - {@link traceFromMeta}: an MCP request's `_meta` trace context, passed on
  *   to the derive (`trace`).
@@ -41,6 +43,8 @@ export { NotSenderConstrained, dpopFetch } from "./fetch.js";
 export type { DPoPFetch, DPoPFetchOptions } from "./fetch.js";
 export { NonceStore, originOf, socketOrigin } from "./nonces.js";
 export { FETCH_TIMEOUT_MS, MAX_KEYS_DOCUMENT, ReplayCache, Verifier, VerifyError } from "./verify.js";
+export { MAX_BOUND_BODY, RequestError, bind } from "./request.js";
+export type { Bound, BoundRequest } from "./request.js";
 export { MemorySingleUseStore, SingleUseStoreFull } from "./single-use.js";
 export type { SingleUseStore } from "./single-use.js";
 export type { Jwks, Principal, VerifierOptions, VerifyRequest } from "./verify.js";

@@ -21,6 +21,7 @@ import type { JWK } from "jose";
 
 import { CredbrokerError } from "./errors.js";
 import { ath as athOf } from "./key.js";
+import { RequestError, bind } from "./request.js";
 import { MemorySingleUseStore } from "./single-use.js";
 import type { SingleUseStore } from "./single-use.js";
 
@@ -151,6 +152,12 @@ export interface Principal {
    * compare them with what the request does (`docs/RESOURCE-SERVERS.md`).
    */
   readonly authorizationDetails: unknown;
+  /**
+   * The digest of the one request the token is bound to (`req_sha256`),
+   * checked against the request's `body` and `contentType`; `undefined` for
+   * a token bound to no request.
+   */
+  readonly reqSha256: string | undefined;
 }
 
 type Obj = Record<string, unknown>;
@@ -256,7 +263,10 @@ export interface VerifierOptions {
 /** One request to check. */
 export interface VerifyRequest {
   method: string;
-  /** Your configured public URL plus the request's path (and query, ignored), never built from `Host`. */
+  /**
+   * Your configured public URL plus the request's raw path and query (as on
+   * the request line, never decoded), never built from `Host`.
+   */
   url: string;
   /** The `Authorization` header, if any. */
   authorization: string | undefined | null;
@@ -268,6 +278,47 @@ export interface VerifyRequest {
    * `e.challenge()` and a fresh `DPoP-Nonce` header).
    */
   nonce?: (nonce: string) => boolean;
+  /**
+   * The body as received (empty for none): with it, a token bound to one
+   * request (`req_sha256`, check 20) must be bound to this one (the method,
+   * the raw path and query of `url`, `contentType` and the body). Without
+   * it such a token is refused. A refused request does not use a
+   * single-use token up.
+   */
+  body?: string | Uint8Array;
+  /** The `Content-Type` as received (absent or null for none). */
+  contentType?: string | null;
+}
+
+/** The raw path and query of `url` (never decoded): `/` for an empty path, `""` for no query. */
+function rawPathAndQuery(url: string): [string, string] {
+  const u = url.split("#", 1)[0] ?? "";
+  const i = u.indexOf("://");
+  const rest = i >= 0 ? u.slice(i + 3) : u;
+  const starts = [rest.indexOf("/"), rest.indexOf("?")].filter((j) => j >= 0);
+  const target = starts.length > 0 ? rest.slice(Math.min(...starts)) : "";
+  const q = target.indexOf("?");
+  const path = q >= 0 ? target.slice(0, q) : target;
+  return [path === "" ? "/" : path, q >= 0 ? target.slice(q + 1) : ""];
+}
+
+/**
+ * Check 20: a token bound to one request (`req_sha256`) is refused unless
+ * the request handed to the verifier is that one. Made after the proof,
+ * before a single-use token is recorded.
+ */
+function checkRequest(who: Principal, req: VerifyRequest): void {
+  if (who.reqSha256 === undefined) return;
+  if (req.body === undefined) throw tokenErr("the token is bound to one request: verify it with the request's body");
+  const [path, query] = rawPathAndQuery(req.url);
+  let got: string;
+  try {
+    got = bind({ method: req.method, path, query, contentType: req.contentType ?? "", body: req.body }).sha256;
+  } catch (e) {
+    if (e instanceof RequestError) throw tokenErr(`the request cannot be bound (${e.reason})`);
+    throw e;
+  }
+  if (!same(got, who.reqSha256)) throw tokenErr("the request is not the one the token is bound to");
 }
 
 async function keysOf(jwks: unknown): Promise<Map<string, CryptoKey | Uint8Array>> {
@@ -365,12 +416,14 @@ export class Verifier {
   }
 
   /**
-   * Checks one request; rejects with a {@link VerifyError}. A single-use
-   * token is then recorded in the single-use store, and refused if it was
-   * there.
+   * Checks one request; rejects with a {@link VerifyError}. A token bound
+   * to one request (`req_sha256`) is then compared with `req.body` and
+   * `req.contentType` (refused without them). A single-use token is then
+   * recorded in the single-use store, and refused if it was there.
    */
   async verify(req: VerifyRequest): Promise<Principal> {
     const who = await this.#check(req);
+    checkRequest(who, req);
     if (!who.singleUse) return who;
     let first: unknown;
     try {
@@ -426,11 +479,8 @@ export class Verifier {
     if (typeof singleUse !== "boolean" || !(approvalId === undefined || typeof approvalId === "string")) {
       throw tokenErr("single_use is not a boolean or approval_id not a string");
     }
-    if ("req_sha256" in claims) {
-      // Bound to one request (docs/RESOURCE-SERVERS.md, check 20): this
-      // verifier does not compute the digest yet, so it fails closed.
-      throw tokenErr("the token is bound to one request (req_sha256), which this verifier cannot check");
-    }
+    const reqSha256 = claims["req_sha256"] ?? undefined;
+    if (!(reqSha256 === undefined || typeof reqSha256 === "string")) throw tokenErr("req_sha256 is not a string");
     // 7, 8, 9: issuer, audience, time.
     if (iss !== this.issuer) throw tokenErr("the token is from another issuer");
     if (aud !== this.audience) throw tokenErr("the token is for another audience");
@@ -492,6 +542,7 @@ export class Verifier {
       singleUse,
       approvalId,
       authorizationDetails: claims["authorization_details"] ?? undefined,
+      reqSha256,
     };
   }
 }

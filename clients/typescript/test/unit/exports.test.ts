@@ -21,6 +21,7 @@ test("the main entry point exports the public surface only", () => {
     "KeyFileError",
     "Link",
     "LinkRequired",
+    "MAX_BOUND_BODY",
     "MAX_KEYS_DOCUMENT",
     "MemorySingleUseStore",
     "NonceStore",
@@ -28,17 +29,19 @@ test("the main entry point exports the public surface only", () => {
     "RateLimited",
     "Refused",
     "ReplayCache",
+    "RequestError",
     "SingleUseStoreFull",
     "ToolKey",
     "Unavailable",
     "UnexpectedAnswer",
     "Verifier",
     "VerifyError",
+    "bind",
     "dpopFetch",
     "originOf",
     "socketOrigin",
   ]);
-  for (const internal of ["refusal", "ath", "htuOf"]) assert.ok(!(internal in main), internal);
+  for (const internal of ["refusal", "ath", "htuOf", "checkIJson", "requestJson"]) assert.ok(!(internal in main), internal);
 });
 
 test("the /mcp entry point exports the MCP helpers", () => {

@@ -14,7 +14,7 @@ import { fileURLToPath } from "node:url";
 import { test } from "node:test";
 import { SignJWT, exportJWK, generateKeyPair } from "jose";
 
-import { MemorySingleUseStore, SingleUseStoreFull, ToolKey, Verifier, VerifyError } from "../../src/index.js";
+import { MemorySingleUseStore, SingleUseStoreFull, ToolKey, Verifier, VerifyError, bind } from "../../src/index.js";
 import type { SingleUseStore } from "../../src/index.js";
 import { FileSingleUseStore } from "./single-use-worker.js";
 
@@ -79,16 +79,44 @@ test("a single-use token is accepted once, an ordinary one again", async () => {
   assert.deepEqual([again.singleUse, again.approvalId, again.authorizationDetails], [false, undefined, undefined]);
 });
 
-test("a token bound to one request (req_sha256) is refused unchecked and not used up", async () => {
-  // Check 20 of docs/RESOURCE-SERVERS.md: this verifier does not compute a
-  // request's digest yet, so it fails closed on a bound token.
+test("a token bound to one request (req_sha256) serves that request once", async () => {
+  // Check 20 of docs/RESOURCE-SERVERS.md: refused without the body, and for
+  // another request, each time without being used up; the bound request
+  // (its JSON members in another order) is served once; the same claims
+  // without the digest need no body (control).
   const v = await Verifier.create(ISSUER, AUDIENCE, JWKS);
-  const jti = randomUUID();
-  const bound = await token({ jti, extra: { req_sha256: "0".repeat(64) } });
-  assert.equal(await present(v, bound), "invalid_token");
-  // Control: the same single-use claims without the digest are accepted,
-  // so the refused one did not use the jti up.
-  assert.equal(await present(v, await token({ jti })), "ok");
+  const url = `${AUDIENCE}?dry_run=0`;
+  const json = "application/json";
+  const body = '{"note": "note-7", "reason": "duplicate"}';
+  const digest = bind({ method: "POST", path: "/notes", query: "dry_run=0", contentType: json, body }).sha256;
+  const bound = await token({ extra: { req_sha256: digest } });
+  const call = async (t: string, u: string, b: string | Uint8Array | undefined, ct: string | null = json, m = "POST"): Promise<string> => {
+    try {
+      const dpop = [await TOOL.proof(m, u, { accessToken: t })];
+      const who = await v.verify({ method: m, url: u, authorization: `DPoP ${t}`, dpop, contentType: ct, body: b });
+      assert.equal(who.reqSha256, t === bound ? digest : undefined);
+      return "ok";
+    } catch (e) {
+      if (!(e instanceof VerifyError)) throw e;
+      return e.code;
+    }
+  };
+  const refused = [
+    await call(bound, url, undefined), // no body handed over
+    await call(bound, url, body.replace("7", "8")), // one body byte
+    await call(bound, AUDIENCE, body), // no query
+    await call(bound, `${url}&x=1`, body), // a query parameter added
+    await call(bound, url, body, "text/plain"), // another content type
+    await call(bound, url, body, null), // no content type
+    await call(bound, url, body, json, "PUT"), // another method
+    await call(bound, url, '{"note":"note-7","note":"x"}'), // not I-JSON
+  ];
+  assert.deepEqual(refused, Array<string>(refused.length).fill("invalid_token"));
+  // Not used up by any of them: the bound request, reordered, once.
+  const reordered = new TextEncoder().encode('{"reason":"duplicate","note":"note-7"}');
+  assert.equal(await call(bound, url, reordered), "ok");
+  assert.equal(await call(bound, url, body), "invalid_token");
+  assert.equal(await call(await token(), url, undefined), "ok");
 });
 
 test("two concurrent verifications of one single-use token: one accepted", async () => {
