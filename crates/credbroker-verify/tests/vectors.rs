@@ -124,12 +124,22 @@ fn sequence_errors(v: &Value, seq: &Value) -> Vec<String> {
             .iter()
             .map(|p| p.as_str().unwrap())
             .collect();
-        let (verdict, result) = match verifier.verify(&Presented {
+        let presented = Presented {
             method: r["method"].as_str().unwrap(),
             url: r["url"].as_str().unwrap(),
             authorization: r["authorization"].as_str(),
             dpop: &dpop,
-        }) {
+        };
+        // A request with a body hands it over (a token bound to one request).
+        let got = match r.get("body").and_then(Value::as_str) {
+            Some(body) => verifier.verify_request(
+                &presented,
+                r["content_type"].as_str().unwrap_or_default(),
+                body.as_bytes(),
+            ),
+            None => verifier.verify(&presented),
+        };
+        let (verdict, result) = match got {
             Ok(w) => (
                 "ok".to_owned(),
                 json!({"single_use": w.single_use, "approval_id": w.approval_id,

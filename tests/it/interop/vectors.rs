@@ -447,7 +447,7 @@ fn build() -> Value {
     })
 }
 
-const ABOUT: &str = "Shared verifier vectors. Each of `cases` is one request (Authorization, every DPoP header, method, URL) verified at `now` (seconds) by a verifier for `issuer` and `audience` with the keys `jwks`; a fresh verifier (and replay cache) per case, the request sent `times` times; `verdict` is the last answer: ok, invalid_token or invalid_dpop_proof (the WWW-Authenticate error). Each of `sequences` is a list of `requests` (the same members as a case, without `times`) sent in order to one fresh verifier (one replay cache and one single-use store for the whole sequence), each with its own `verdict`; an `ok` request has a `result`: what the verifier's answer carries of an approved call (single_use, approval_id, authorization_details, step; null when the token has none). Written by tests/it/interop/vectors.rs.";
+const ABOUT: &str = "Shared verifier vectors. Each of `cases` is one request (Authorization, every DPoP header, method, URL) verified at `now` (seconds) by a verifier for `issuer` and `audience` with the keys `jwks`; a fresh verifier (and replay cache) per case, the request sent `times` times; `verdict` is the last answer: ok, invalid_token or invalid_dpop_proof (the WWW-Authenticate error). Each of `sequences` is a list of `requests` (the same members as a case, without `times`) sent in order to one fresh verifier (one replay cache and one single-use store for the whole sequence), each with its own `verdict`; an `ok` request has a `result`: what the verifier's answer carries of an approved call (single_use, approval_id, authorization_details, step; null when the token has none). A request with `body` (and `content_type`, null for none) hands the verifier the request's body and Content-Type as received, for a token bound to one request (`req_sha256`, RESOURCE-SERVERS.md check 20); without `body` such a token is refused. Written by tests/it/interop/vectors.rs.";
 
 /// The sequences: requests sent in order to one verifier, for what only a
 /// second request shows (a single-use token is accepted once).
@@ -491,6 +491,42 @@ fn sequences(issuer: &Es256Key, tool: &Es256Key, claims: &Value) -> Value {
     let same_jti = single("vector-single-use-3", "notes.delete");
     let same_jti_other_scope = single("vector-single-use-3", "notes.read");
     let other_jti = single("vector-single-use-4", "notes.delete");
+    // A single-use token bound to one request: POST to the audience with
+    // the JSON body `BOUND` (its members in this order).
+    const BOUND: &str = r#"{"note":"note-7","reason":"duplicate"}"#;
+    let bound_sha = credbroker::verify::request::bind(&credbroker::verify::request::BoundRequest {
+        method: "POST",
+        path: "/notes",
+        query: "",
+        content_type: "application/json",
+        body: BOUND.as_bytes(),
+    })
+    .unwrap()
+    .sha256;
+    let bound = {
+        let mut c = claims.clone();
+        crate::support::jose::patch(
+            &mut c,
+            &json!({"jti": "vector-bound-1", "scope": "notes.delete", "single_use": true,
+                    "approval_id": "apr-vector-2", "req_sha256": bound_sha,
+                    "act": {"sub": "repo-helper", "tool": "notes.delete", "step": "cleanup"}}),
+        );
+        token(issuer, header.clone(), c)
+    };
+    let post = |body: Option<&str>, content_type: Option<&str>, verdict: &str| {
+        let mut r = req(&bound, "POST", verdict);
+        r["method"] = "POST".into();
+        if let Some(b) = body {
+            r["body"] = b.into();
+            r["content_type"] = content_type.into();
+        }
+        if verdict == "ok" {
+            r["result"] = json!({"single_use": true, "approval_id": "apr-vector-2",
+                                 "authorization_details": null, "step": "cleanup"});
+        }
+        r
+    };
+    let json_type = Some("application/json");
     json!([
         {"name": "single_use_token_presented_twice", "requests": [
             ok(&once, approved.clone()),
@@ -510,6 +546,17 @@ fn sequences(issuer: &Es256Key, tool: &Es256Key, claims: &Value) -> Value {
             ok(&same_jti, approved.clone()),
             req(&same_jti_other_scope, "GET", "invalid_token"),
             ok(&other_jti, approved),
+        ]},
+        {"name": "single_use_token_bound_to_one_request", "requests": [
+            // No body handed over, another body, another content type:
+            // refused, and the token is not used up by them.
+            post(None, None, "invalid_token"),
+            post(Some(r#"{"note":"note-8","reason":"duplicate"}"#), json_type, "invalid_token"),
+            post(Some(BOUND), Some("text/plain"), "invalid_token"),
+            post(Some(BOUND), None, "invalid_token"),
+            // The bound request, its members reordered and spaced: once.
+            post(Some(r#"{ "reason": "duplicate", "note": "note-7" }"#), json_type, "ok"),
+            post(Some(BOUND), json_type, "invalid_token"),
         ]},
     ])
 }
@@ -575,12 +622,20 @@ fn sequence_errors(v: &Value, seq: &Value) -> Vec<String> {
             .iter()
             .map(|p| p.as_str().unwrap())
             .collect();
-        let got = verifier.verify(&Presented {
+        let presented = Presented {
             method: r["method"].as_str().unwrap(),
             url: r["url"].as_str().unwrap(),
             authorization: r["authorization"].as_str(),
             dpop: &dpop,
-        });
+        };
+        let got = match r.get("body").and_then(Value::as_str) {
+            Some(body) => verifier.verify_request(
+                &presented,
+                r["content_type"].as_str().unwrap_or_default(),
+                body.as_bytes(),
+            ),
+            None => verifier.verify(&presented),
+        };
         let (verdict, result) = match got {
             Ok(w) => (
                 "ok".to_owned(),

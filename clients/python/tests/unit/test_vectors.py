@@ -65,11 +65,13 @@ def sequence_errors(v: dict[str, Any], seq: dict[str, Any], *, use_async: bool) 
     for i, r in enumerate(seq["requests"]):
         now[0] = float(r["now"])
         args = (r["method"], r["url"], r["authorization"], r["dpop"])
+        # A request with a body hands it over (a token bound to one request).
+        given: dict[str, Any] = {"content_type": r.get("content_type"), "body": r.get("body")}
         try:
             if use_async:
-                who = asyncio.run(verifier.verify_async(*args))
+                who = asyncio.run(verifier.verify_async(*args, **given))
             else:
-                who = verifier.verify(*args)
+                who = verifier.verify(*args, **given)
             got, result = "ok", result_of(who)
         except VerifyError as e:
             got, result = e.code, None
@@ -85,7 +87,11 @@ def test_the_python_verifier_agrees_with_the_shared_sequences() -> None:
         wrong = [w for s in seqs for w in sequence_errors(v, s, use_async=use_async)]
         assert not wrong, (use_async, wrong)
     names = {s["name"] for s in seqs}
-    assert {"single_use_token_presented_twice", "ordinary_token_presented_twice"} <= names
+    assert {
+        "single_use_token_presented_twice",
+        "ordinary_token_presented_twice",
+        "single_use_token_bound_to_one_request",
+    } <= names
     # Negative control of the comparison: the single-use token's second
     # request replaced by its first (the same proof again) differs.
     twice = dict(seqs[0])

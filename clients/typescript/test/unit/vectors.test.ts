@@ -26,6 +26,9 @@ interface Case extends Request {
 interface Step extends Request {
   verdict: string;
   result?: unknown;
+  /** Handed to the verifier when present (a token bound to one request). */
+  body?: string;
+  content_type?: string | null;
 }
 interface Sequence {
   name: string;
@@ -87,7 +90,8 @@ async function sequenceErrors(v: Vectors, s: Sequence): Promise<string[]> {
     let got: string;
     let result: unknown = null;
     try {
-      result = resultOf(await verifier.verify({ method: r.method, url: r.url, authorization: r.authorization, dpop: r.dpop }));
+      const req = { method: r.method, url: r.url, authorization: r.authorization, dpop: r.dpop };
+      result = resultOf(await verifier.verify(r.body === undefined ? req : { ...req, body: r.body, contentType: r.content_type ?? null }));
       got = "ok";
     } catch (e) {
       if (!(e instanceof VerifyError)) throw e;
@@ -113,6 +117,7 @@ test("the TypeScript verifier agrees with the shared sequences", async () => {
   assert.deepEqual(wrong, []);
   const names = new Set(v.sequences.map((s) => s.name));
   assert.ok(names.has("single_use_token_presented_twice") && names.has("ordinary_token_presented_twice"));
+  assert.ok(names.has("single_use_token_bound_to_one_request"));
   // Negative control of the comparison: the single-use token's second request
   // replaced by its first (the same proof again) differs.
   const first = v.sequences[0] as Sequence;
