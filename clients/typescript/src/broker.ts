@@ -258,7 +258,6 @@ export class Broker {
    * {@link BrokerNotRunning} when nothing answers.
    */
   async derive(r: DeriveRequest): Promise<Issued> {
-    const info = await this.info();
     const body: Record<string, unknown> = {
       subject_token: r.subjectToken,
       step: r.step,
@@ -275,6 +274,7 @@ export class Broker {
       bind(r.request);
       body["request"] = requestJson(r.request);
     }
+    const info = await this.info();
     let info2 = info;
     const legs: Map<string, Leg> = info.upstream.legs(r.resource, this.#upstreamNonces);
     let nonceRetry = true;

@@ -279,8 +279,8 @@ class Broker:
         (its ``req_sha256``). A body that cannot be bound raises
         :class:`~credbroker_client.request.RequestError` before anything is
         sent."""
-        info = self.info()
         body = _body(subject_token, step, tool, resource, scope, authorization_details, request)
+        info = self.info()
         legs = info.upstream.legs(resource, self._upstream_nonces)
         nonce_retry = upstream_retry = True
         while True:
@@ -368,8 +368,8 @@ class AsyncBroker:
         request: BoundRequest | None = None,
     ) -> Issued:
         """See :meth:`Broker.derive`."""
-        info = await self.info()
         body = _body(subject_token, step, tool, resource, scope, authorization_details, request)
+        info = await self.info()
         legs = info.upstream.legs(resource, self._upstream_nonces)
         nonce_retry = upstream_retry = True
         while True:

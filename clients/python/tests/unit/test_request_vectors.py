@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import math
 import struct
+from pathlib import Path
 from typing import Any
 
 import pytest
 import rfc8785
 from conftest import REPO
 
+from credbroker_client import Broker, BrokerNotRunning, ToolKey
 from credbroker_client.request import (
     BoundRequest,
     RequestError,
@@ -90,3 +92,26 @@ def test_rfc8785_appendix_b_numbers(v: dict[str, Any]) -> None:
             canonicalize(text)
     else:
         assert canonicalize(text) == text
+
+
+def test_a_derive_refuses_an_unbindable_request_before_sending_anything(tmp_path: Path) -> None:
+    """Nothing answers on this socket: an unbindable request is refused
+    before the client tries it (RequestError); a bindable one gets as far
+    as the socket (BrokerNotRunning), its control."""
+    key = ToolKey.generate()
+    bad = BoundRequest("POST", "/v1/payments", "", "application/json", '{"to":"a","to":"b"}')
+    good = BoundRequest("POST", "/v1/payments", "", "application/json", '{"to":"a"}')
+    with Broker(tmp_path / "none.sock") as c:
+        with pytest.raises(RequestError) as e:
+            c.derive("subject", "triage", "acme.pay", "https://x.example", key=key, request=bad)
+        assert e.value.reason == "body_not_ijson"
+        with pytest.raises(BrokerNotRunning):
+            c.derive("subject", "triage", "acme.pay", "https://x.example", key=key, request=good)
+    # The member sent is the whole request, the body as text.
+    assert good.to_json() == {
+        "method": "POST",
+        "path": "/v1/payments",
+        "query": "",
+        "content_type": "application/json",
+        "body": '{"to":"a"}',
+    }

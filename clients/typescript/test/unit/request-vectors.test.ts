@@ -4,11 +4,12 @@
 // with the proxy's reason; RFC 8785's examples and Appendix B's numbers.
 
 import assert from "node:assert/strict";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 import canonicalizeJson from "canonicalize";
 
-import { RequestError, bind } from "../../src/index.js";
+import { Broker, BrokerNotRunning, RequestError, ToolKey, bind } from "../../src/index.js";
 import { canonicalize, digestInput, hashedBody } from "../../src/request.js";
 import type { BoundRequest } from "../../src/index.js";
 import { REPO, readJson } from "../support.js";
@@ -103,4 +104,22 @@ test("RFC 8785 appendix B's numbers", () => {
       v.ieee_hex,
     );
   }
+});
+
+test("a derive refuses an unbindable request before sending anything", async () => {
+  // Nothing answers on this socket: an unbindable request is refused before
+  // the client tries it; a bindable one gets as far as the socket (control).
+  const broker = new Broker(join(tmpdir(), `credbroker-none-${process.pid}.sock`));
+  const key = await ToolKey.generate();
+  const ask = (body: string): Promise<unknown> =>
+    broker.derive({
+      subjectToken: "subject",
+      step: "triage",
+      tool: "acme.pay",
+      resource: "https://x.example",
+      key,
+      request: { method: "POST", path: "/v1/payments", contentType: "application/json", body },
+    });
+  await assert.rejects(ask('{"to":"a","to":"b"}'), (e) => e instanceof RequestError && e.reason === "body_not_ijson");
+  await assert.rejects(ask('{"to":"a"}'), BrokerNotRunning);
 });
