@@ -3,6 +3,9 @@
 //! the real pages; the stand-in API records every request's bytes. The
 //! approved request is served once, and the API receives exactly its
 //! canonical bytes; every other request is refused with nothing upstream.
+//! The same flow runs once more in Chromium: Alice reads the request on the
+//! page (its DOM) and presses the button herself; screenshots go to
+//! `$CREDBROKER_SCREENSHOTS` when set, else to a temp dir.
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,6 +13,7 @@ use credbroker::client::DeriveParams;
 use credbroker::verify::request::{self, BoundRequest};
 
 use super::{proxy_policy, refusal, ProxyEnv, PROXY, READ_ROUTES};
+use crate::support::browser::{local_sign_in, Browsers};
 use crate::support::services::ProviderOpts;
 use crate::support::*;
 
@@ -360,4 +364,111 @@ async fn the_approved_request_is_sent_once_as_canonical_bytes_and_no_other() {
         .filter(|e| e["reason"] == "request_mismatch")
         .count();
     assert!(mismatch >= 8, "each refusal is recorded: {mismatch}");
+}
+
+/// The DOM texts of step `i`'s `dom` answer.
+fn dom_texts(page: &[serde_json::Value], i: usize) -> Vec<String> {
+    page[i]["dom"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["text"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alice_approves_the_bound_post_in_chromium_and_only_it_is_sent() {
+    let mut p = ProxyEnv::start_with(
+        "",
+        ProviderOpts {
+            policy: Some(policy()),
+            ..ProviderOpts::default()
+        },
+    )
+    .await;
+    let mut b = Browsers::start().await;
+    let password = p.env.local_user("alice");
+    let expected = request::bind(&approved_request()).unwrap();
+    let r = services::refused(derive(&p, &approved_request()).await);
+    assert_eq!(r.reason.as_deref(), Some("approval_required"), "{r:?}");
+    let uri = r.connect_uri.unwrap();
+
+    // Alice opens the link, signs in, reads what will be sent, approves.
+    let upstream = format!("{}{PATH}?{QUERY}", p.api.base);
+    // The issuer's address has port 0 here: the pages are at `public`.
+    let public = p.env.broker.public.clone();
+    let link = format!("{public}{}", &uri[uri.find("/connect/").unwrap()..]);
+    let mut steps = vec![serde_json::json!({"goto": link})];
+    steps.extend(local_sign_in("alice", &password));
+    steps.extend([
+        serde_json::json!({"expect_status": 200}),
+        serde_json::json!({"expect_text": "What will be sent, exactly"}),
+        serde_json::json!({"dom": "section.request code.method"}),
+        serde_json::json!({"dom": "section.request dd.url bdi.value"}),
+        serde_json::json!({"dom": "section.request dl.facts dt"}),
+        serde_json::json!({"dom": "section.request ul.values bdi.value"}),
+        serde_json::json!({"screenshot": "approval-bound-request"}),
+        serde_json::json!({"click": "button[value=approve]"}),
+        serde_json::json!({"expect_url": format!("{public}/done/approved")}),
+    ]);
+    let page = b.steps("alice", serde_json::Value::Array(steps)).await;
+    let at = page.len() - 7;
+    assert_eq!(dom_texts(&page, at), ["POST"]);
+    assert_eq!(dom_texts(&page, at + 1), [upstream]);
+    let labels = dom_texts(&page, at + 2);
+    for label in [
+        "Method",
+        "To",
+        "Content type",
+        "Title",
+        "Into branch",
+        "amount",
+        "head",
+        "memo",
+    ] {
+        assert!(labels.iter().any(|l| l == label), "{label} in {labels:?}");
+    }
+    let values = dom_texts(&page, at + 3);
+    for v in ["Fix the build", "main", "9007199254740991", "fix-1"] {
+        assert!(values.iter().any(|t| t == v), "{v} in {values:?}");
+    }
+    // The Cyrillic letter of "pаy" is marked with its script in the DOM.
+    assert!(
+        values
+            .iter()
+            .any(|t| t.starts_with('p') && t.contains("Cyrillic")),
+        "{values:?}"
+    );
+    assert!(b.shots.join("approval-bound-request.png").is_file());
+    b.finish().await;
+
+    let t = services::issued(derive(&p, &approved_request()).await);
+    let token = t.access_token.expose().clone();
+    assert_eq!(claims_of(&token)["req_sha256"], expected.sha256.as_str());
+
+    // A changed body: refused, nothing upstream, the token not spent.
+    let pq = format!("{PATH}?{QUERY}");
+    let changed = BODY.replace("Fix the build", "Fix the build and push to main");
+    let (s, body) =
+        refusal(send(&p, &token, "POST", &pq, Some(JSON), changed.as_bytes()).await).await;
+    assert_eq!(
+        (s, body["reason"].as_str()),
+        (403, Some("request_mismatch")),
+        "{body}"
+    );
+    assert!(p.api.records().is_empty(), "nothing went upstream");
+
+    // Control: the approved request is served, once, as its canonical bytes.
+    let r = send(&p, &token, "POST", &pq, Some(JSON), BODY.as_bytes()).await;
+    assert_eq!(r.status(), 201);
+    let records = p.api.records();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].body, CANONICAL.as_bytes());
+    let (s, body) = refusal(send(&p, &token, "POST", &pq, Some(JSON), BODY.as_bytes()).await).await;
+    assert_eq!(
+        (s, body["reason"].as_str()),
+        (401, Some("token_already_used")),
+        "{body}"
+    );
+    assert_eq!(p.api.records().len(), 1);
 }
