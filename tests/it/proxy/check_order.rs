@@ -33,6 +33,7 @@ use super::{proxy_policy, ProxyEnv, PROXY, READ_ROUTES};
 use crate::support::services::ProviderOpts;
 use crate::support::*;
 use credbroker::client::{Answer as Derived, DeriveParams};
+use credbroker::verify::request::BoundRequest;
 
 /// Where each adjacent pair of the table is shown, in the table's order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +59,8 @@ const PAIRS: &[(&str, &str, Env)] = &[
     ("details_mismatch", "rate_limited", Env::Limited),
     ("rate_limited", "service_busy", Env::Limited),
     ("service_busy", "request_too_large", Env::Main),
-    ("request_too_large", "connect_required", Env::Main),
+    ("request_too_large", "bound_body_too_large", Env::Main),
+    ("bound_body_too_large", "connect_required", Env::Main),
     ("connect_required", "token_already_used", Env::Main),
     ("token_already_used", "audit_unavailable", Env::Main),
     ("audit_unavailable", "upstream_unreachable", Env::Main),
@@ -118,6 +120,11 @@ fn rows() -> Vec<Row> {
         });
     }
     rows
+}
+
+/// The table's row named `key`.
+fn row(key: &str) -> Row {
+    rows().into_iter().find(|r| r.key == key).unwrap()
 }
 
 /// The table's adjacent pairs that run on `env`.
@@ -523,15 +530,30 @@ name = {{ kind = "string", required = true, label = "Repository" }}
     )
 }
 
+/// A tool whose one route binds the request (`bind_request`), approved
+/// for each call.
+fn bound_tool() -> String {
+    format!(
+        r#"
+[tools."acme.bound"]
+resource = "{PROXY}"
+scopes = ["repo"]
+steps = ["triage"]
+approval = "each_call"
+routes = [{{ route = "POST /repos/{{owner}}/{{repo}}/pulls", bind_request = true }}]
+"#
+    )
+}
+
 fn main_policy() -> String {
-    approval_policy(r#""DELETE /repos/{owner}/{repo}""#) + &tagged_tool()
+    approval_policy(r#""DELETE /repos/{owner}/{repo}""#) + &tagged_tool() + &bound_tool()
 }
 
 /// [`main_policy`] where the writing and deleting tools need a provider
 /// scope alice never granted: their calls need her to reconnect.
 fn policy_needing_a_new_scope() -> String {
     let mut text = main_policy();
-    for tool in ["acme.write", "acme.delete"] {
+    for tool in ["acme.write", "acme.delete", "acme.bound"] {
         let from = format!("[tools.\"{tool}\"]\nresource = \"{PROXY}\"\nscopes = [\"repo\"]");
         let to = from.replace("[\"repo\"]", "[\"repo\", \"delete_repo\"]");
         assert!(text.contains(&from), "{tool} in {text}");
@@ -559,7 +581,13 @@ async fn check_order_on_one_call_per_service_and_a_full_audit_disk() {
             ("credentials_in_query", "tool_not_allowed") => query_before_policy(&b, e, l).await,
             ("tool_not_allowed", "details_mismatch") => policy_before_details(&b, e, l).await,
             ("service_busy", "request_too_large") => busy_before_body(&b, e, l).await,
-            ("request_too_large", "connect_required") => body_before_account(&b, e, l).await,
+            ("request_too_large", "bound_body_too_large") => body_before_bound(&mut b, e, l).await,
+            ("bound_body_too_large", "connect_required") => {
+                bound_before_account(&mut b, e, l).await;
+                // On a route that binds nothing the bound row does not
+                // apply: the body row comes right before the account row.
+                body_before_account(&b, &row("request_too_large"), l).await;
+            }
             ("connect_required", "token_already_used") => {
                 account_before_single_use(&mut b, e, l).await
             }
@@ -802,6 +830,99 @@ async fn body_before_account(b: &Broker, e: &Row, l: &Row) {
     )
     .await
     .served(201);
+}
+
+/// The request `acme.bound` is approved for, and another one (one body
+/// byte changed).
+const BOUND_PATH: &str = "/repos/o/r/pulls";
+const BOUND_BODY: &str = r#"{"base":"main","head":"fix-1"}"#;
+const OTHER_BODY: &str = r#"{"base":"main","head":"fix-2"}"#;
+
+/// A derive of `acme.bound` for the request [`BOUND_BODY`].
+async fn derive_bound(p: &ProxyEnv) -> Derived {
+    let request = BoundRequest {
+        method: "POST",
+        path: BOUND_PATH,
+        query: "",
+        content_type: "application/json",
+        body: BOUND_BODY.as_bytes(),
+    };
+    let broker = &p.env.broker;
+    let proof = credbroker::client::proof(
+        &p.key,
+        "POST",
+        &format!("{}/v1/derive", broker.issuer),
+        None,
+    )
+    .unwrap();
+    let subject = broker.subject_token("alice");
+    let params = DeriveParams {
+        subject_token: &subject,
+        step: "triage",
+        tool: "acme.bound",
+        resource: PROXY,
+        scope: None,
+    };
+    broker
+        .client()
+        .derive_with_request(&params, None, &request, &proof)
+        .await
+        .unwrap()
+}
+
+/// Alice approves `acme.bound`'s call through the real pages; its
+/// single-use token, bound to that request.
+async fn bound_token(b: &mut Broker) -> String {
+    let r = services::refused(derive_bound(&b.p).await);
+    assert_eq!(r.reason.as_deref(), Some("approval_required"), "{r:?}");
+    b.p.env
+        .play_pages(&r.connect_uri.unwrap(), "alice", "")
+        .await;
+    let t = services::issued(derive_bound(&b.p).await);
+    t.access_token.expose().clone()
+}
+
+async fn body_before_bound(b: &mut Broker, e: &Row, l: &Row) {
+    let t = bound_token(b).await;
+    // Over max_request_body (1 KiB) and not the approved request.
+    let large = format!(r#"{{"base":"main","head":"{}"}}"#, "x".repeat(2000));
+    let m = b.mark();
+    b.call(&t, "POST", BOUND_PATH, Some(large.into_bytes()), None)
+        .await
+        .is(e, "request_too_large");
+    b.nothing_spent(&m, Some("request_too_large"));
+    // Within it, not the approved request: the bound row (its 16 KiB cap
+    // is above this broker's 1 KiB, so its own size refusal cannot be
+    // reached here; tests/it/proxy/bound.rs shows it).
+    let m = b.mark();
+    b.call(&t, "POST", BOUND_PATH, Some(OTHER_BODY.into()), None)
+        .await
+        .is(l, "request_mismatch");
+    b.nothing_spent(&m, Some("request_mismatch"));
+    b.call(&t, "POST", BOUND_PATH, Some(BOUND_BODY.into()), None)
+        .await
+        .served(201);
+}
+
+async fn bound_before_account(b: &mut Broker, e: &Row, l: &Row) {
+    let t = bound_token(b).await;
+    b.reload(&policy_needing_a_new_scope()).await;
+    let m = b.mark();
+    b.call(&t, "POST", BOUND_PATH, Some(OTHER_BODY.into()), None)
+        .await
+        .is(e, "request_mismatch");
+    b.nothing_spent(&m, Some("request_mismatch"));
+    let m = b.mark();
+    let a = b
+        .call(&t, "POST", BOUND_PATH, Some(BOUND_BODY.into()), None)
+        .await;
+    let reason = account_refusal(&a);
+    a.is(l, &reason);
+    b.nothing_spent(&m, Some(&reason));
+    b.reload(&main_policy()).await;
+    b.call(&t, "POST", BOUND_PATH, Some(BOUND_BODY.into()), None)
+        .await
+        .served(201);
 }
 
 /// The reason of a refusal by the account row (which of its three
