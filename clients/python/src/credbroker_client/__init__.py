@@ -36,8 +36,8 @@ from .errors import (
 )
 from .key import KeyFileError, ToolKey
 from .nonces import NonceStore
-from .trace import TraceContext, trace_from_meta
 from .request import BoundRequest, RequestError
+from .trace import TraceContext, trace_from_meta
 
 __all__ = [
     "API_VERSION",

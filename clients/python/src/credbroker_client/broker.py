@@ -27,8 +27,8 @@ from .errors import BrokerNotRunning, IncompatibleBroker, UnexpectedAnswer, refu
 from .key import ToolKey
 from .nonces import NonceStore, challenge, socket_origin
 from .relay import Leg, UpstreamInfo, proof_required
-from .trace import TraceContext
 from .request import BoundRequest, bind
+from .trace import TraceContext
 
 #: The socket API version this library speaks (``api_version`` of ``GET /v1/info``).
 API_VERSION = "1"

@@ -23,6 +23,7 @@ test("the main entry point exports the public surface only", () => {
     "LinkRequired",
     "MAX_BOUND_BODY",
     "MAX_KEYS_DOCUMENT",
+    "MAX_TRACESTATE",
     "MemorySingleUseStore",
     "NonceStore",
     "NotSenderConstrained",
@@ -40,6 +41,8 @@ test("the main entry point exports the public surface only", () => {
     "dpopFetch",
     "originOf",
     "socketOrigin",
+    "traceFromMeta",
+    "traceHeaders",
   ]);
   for (const internal of ["refusal", "ath", "htuOf", "checkIJson", "requestJson"]) assert.ok(!(internal in main), internal);
 });
