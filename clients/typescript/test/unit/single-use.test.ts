@@ -1,8 +1,9 @@
 // Single-use tokens (an `each_call` approval's): accepted once by the
 // verifier, through a store that inserts (iss, jti) if absent, fails closed
 // and never evicts a live entry; the in-memory store by default, and a store
-// shared by two processes (a directory of O_EXCL files: Node 20 has no
-// node:sqlite) accepting the token once between them.
+// shared by two processes accepting the token once between them: a
+// directory of O_EXCL files (Node 20 has no node:sqlite), and a PostgreSQL
+// database started by the test (test/postgres.ts).
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -16,7 +17,10 @@ import { SignJWT, exportJWK, generateKeyPair } from "jose";
 
 import { MemorySingleUseStore, SingleUseStoreFull, ToolKey, Verifier, VerifyError, bind } from "../../src/index.js";
 import type { SingleUseStore } from "../../src/index.js";
-import { FileSingleUseStore } from "./single-use-worker.js";
+import pg from "pg";
+
+import { Postgres } from "../postgres.js";
+import { FileSingleUseStore, PgSingleUseStore } from "./single-use-worker.js";
 
 const ISSUER = "https://broker.example";
 const AUDIENCE = "https://notes.example/notes";
@@ -221,6 +225,51 @@ test("two processes sharing a store accept the single-use token once", async () 
     assert.equal(await present(v, shared), "invalid_token");
     assert.equal(await present(v, await token()), "ok");
   } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("two processes sharing a PostgreSQL store accept the single-use token once", async () => {
+  const db = await Postgres.start();
+  const dir = mkdtempSync(join(tmpdir(), "credbroker-single-use-"));
+  const pool = new pg.Pool({ connectionString: db.url, max: 1 });
+  try {
+    await pool.query(PgSingleUseStore.TABLE);
+    const go = join(dir, "go");
+    const shared = await token();
+    const own = [await token(), await token()];
+    const runs = [0, 1].map(async (i) =>
+      worker({
+        issuer: ISSUER,
+        audience: AUDIENCE,
+        jwks: JWKS,
+        postgres: db.url,
+        go,
+        // The shared token (with this process's own proof), then a
+        // single-use token only this process sees: the control.
+        requests: await Promise.all(
+          [shared, own[i] as string].map(async (t) => [`DPoP ${t}`, await TOOL.proof("DELETE", AUDIENCE, { accessToken: t })]),
+        ),
+      }),
+    );
+    // Time for both to start, so that they race (either order must hold).
+    await new Promise((r) => setTimeout(r, 500));
+    writeFileSync(go, "");
+    const answers = await Promise.all(runs);
+    assert.deepEqual(answers.map((a) => a[0]).sort(), ["invalid_token", "ok"], JSON.stringify(answers));
+    assert.deepEqual(
+      answers.map((a) => a[1]),
+      ["ok", "ok"],
+    );
+    // The database holds the three tokens; a third verifier over it
+    // refuses the shared token and accepts a new one (control).
+    assert.equal((await pool.query<{ n: number }>("SELECT count(*)::int AS n FROM credbroker_single_use")).rows[0]?.n, 3);
+    const v = await Verifier.create(ISSUER, AUDIENCE, JWKS, { singleUseStore: new PgSingleUseStore(pool) });
+    assert.equal(await present(v, shared), "invalid_token");
+    assert.equal(await present(v, await token()), "ok");
+  } finally {
+    await pool.end();
+    db.stop();
     rmSync(dir, { recursive: true, force: true });
   }
 });
