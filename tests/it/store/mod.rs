@@ -26,3 +26,4 @@ mod rotation;
 mod statements;
 mod unreachable;
 mod vault_keys;
+mod webhooks;
