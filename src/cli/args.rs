@@ -139,6 +139,11 @@ pub(super) enum Command {
         #[command(subcommand)]
         action: StoreAction,
     },
+    /// The organisation's authorization servers (`[upstreams.<name>]`).
+    Upstream {
+        #[command(subcommand)]
+        action: UpstreamAction,
+    },
     /// Shared Signals: the transmitter's stream for this receiver.
     Ssf {
         #[command(subcommand)]
@@ -203,6 +208,27 @@ pub(super) enum PersonsAction {
         config: PathBuf,
     },
 }
+/// `credbroker upstream ...`.
+#[derive(Debug, Subcommand)]
+pub(super) enum UpstreamAction {
+    /// Check one upstream against what the config needs, each check named
+    /// on its own line (ok, FAIL or skip): `metadata` (discovery, issuer
+    /// identical), `grant` (the grant and, for an ID-JAG IdP, the id-jag
+    /// token type, where advertised), `dpop_algs` (ES256 advertised),
+    /// `client_auth_method` (the configured method advertised) and
+    /// `client_auth` (one token request with the client's authentication
+    /// and a subject token that is no token: passes when the AS refuses it
+    /// for anything but invalid_client). Exits 1 when a check fails.
+    /// Nothing of a person's is sent; private_key_jwt is skipped.
+    Check {
+        /// The config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The upstream's name (`[upstreams.<NAME>]`).
+        name: String,
+    },
+}
+
 /// `credbroker ssf ...`.
 #[derive(Debug, Subcommand)]
 pub(super) enum SsfAction {

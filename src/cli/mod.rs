@@ -29,6 +29,7 @@ mod quickstart;
 mod ssf;
 mod store;
 mod tools;
+mod upstream;
 
 use std::process::ExitCode;
 
@@ -43,7 +44,7 @@ pub use quickstart::{
 
 use args::{
     AccountsAction, Command, EventsAction, KeysAction, PersonsAction, SsfAction, StoreAction,
-    StreamAction, UsersAction,
+    StreamAction, UpstreamAction, UsersAction,
 };
 
 /// What a command returns: its exit code, or an error printed as
@@ -148,6 +149,9 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
         ),
         Command::Status { config } => operator::status(&config).await,
         Command::Freeze { state, config } => operator::freeze(&config, &state).await,
+        Command::Upstream {
+            action: UpstreamAction::Check { config, name },
+        } => upstream::check(&config, &name).await,
         Command::Ssf {
             action: SsfAction::Stream { action },
         } => match action {

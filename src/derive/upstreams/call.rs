@@ -45,11 +45,28 @@ pub(super) struct Advertised {
     grant_types_supported: Option<Vec<String>>,
     #[serde(default)]
     identity_chaining_requested_token_types_supported: Option<Vec<String>>,
+    /// RFC 9449 section 5.1 (read by `credbroker upstream check` only).
+    #[serde(default)]
+    pub(super) dpop_signing_alg_values_supported: Option<Vec<String>>,
+    /// RFC 8414 section 2 (read by `credbroker upstream check` only).
+    #[serde(default)]
+    pub(super) token_endpoint_auth_methods_supported: Option<Vec<String>>,
 }
 
 impl Advertised {
     /// `Err(what)`: the metadata advertises its grants (or token types)
     /// and `leg`'s is not among them.
+    /// Whether the metadata lists its grant types.
+    pub(super) fn grant_types_advertised(&self) -> bool {
+        self.grant_types_supported.is_some()
+    }
+
+    /// Whether the metadata lists its identity-chaining token types.
+    pub(super) fn id_jag_types_advertised(&self) -> bool {
+        self.identity_chaining_requested_token_types_supported
+            .is_some()
+    }
+
     pub(super) fn supports(&self, leg: Leg) -> Result<(), &'static str> {
         let has = |list: &Option<Vec<String>>, v: &str| {
             list.as_ref().is_none_or(|l| l.iter().any(|x| x == v))
@@ -103,7 +120,7 @@ impl Drop for TokenAnswer {
 
 /// Reads a body up to [`MAX_ANSWER`]; `Err(true)`: too large, `Err(false)`:
 /// unreadable. What was read is zeroized on failure.
-async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, bool> {
+pub(super) async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, bool> {
     if resp.content_length().is_some_and(|n| n > MAX_ANSWER as u64) {
         return Err(true);
     }

@@ -25,6 +25,7 @@
 //! `resource_upstream`), each with its own relayed proof, both checked
 //! before the first is sent.
 
+pub(crate) use check::Outcome;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -40,6 +41,7 @@ use crate::infra::config::{
 
 mod answer;
 mod call;
+mod check;
 mod id_jag;
 mod introspect;
 mod proof;

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::support::*;
 
 pub(super) const ORG_RESOURCE: &str = "https://org-api.example/notes";
-const SECRET: &str = "org-client-secret-not-a-canary";
+pub(super) const SECRET: &str = "org-client-secret-not-a-canary";
 
 pub(super) struct Org {
     pub(super) peer: NodePeer,

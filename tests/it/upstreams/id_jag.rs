@@ -42,7 +42,7 @@ impl Chain {
 
     /// With `advertise`: the IdP's metadata lists id-jag among its
     /// identity-chaining token types.
-    fn start_advertising(advertise: bool) -> Chain {
+    pub(super) fn start_advertising(advertise: bool) -> Chain {
         let f1 = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(
             f1.path(),

@@ -1,5 +1,6 @@
 //! Upstream authorization servers: `source = "exchange"` resources, one
 //! RFC 8693 exchange per derive at the organisation's AS.
+mod check;
 mod client_auth;
 mod clients;
 mod exchange;
