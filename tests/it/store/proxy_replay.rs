@@ -14,13 +14,16 @@ use credbroker::internals::dpop::make_proof;
 use credbroker::internals::jose::Es256Key;
 
 use crate::support::api_standin::ApiStandin;
+use crate::support::key;
 use crate::support::oidc::CLIENT_ID;
 use crate::support::postgres::{cluster_or_not_shown, database};
 use crate::support::replicas::{Forwarder, Pick, ReplicaSet};
 use crate::support::services::{issued, play_pages_at, refused, ProviderOpts};
-use crate::support::{key, random_bytes};
 
 const PATH: &str = "/proxy/acme/repos/o/r/pulls";
+
+/// alice's local account on the pages (a test password).
+const ALICE_PW: &str = "alice's own test password on the replicas";
 
 fn policy(issuer: &str) -> String {
     format!(
@@ -34,6 +37,13 @@ delivery = "proxy"
 resource = "{issuer}/proxy/acme"
 scopes = ["repo"]
 steps = ["open_pr"]
+routes = ["POST /repos/{{owner}}/{{repo}}/pulls"]
+
+[tools."acme.once"]
+resource = "{issuer}/proxy/acme"
+scopes = ["repo"]
+steps = ["open_pr"]
+approval = "each_call"
 routes = ["POST /repos/{{owner}}/{{repo}}/pulls"]
 "#
     )
@@ -153,8 +163,7 @@ pub(super) async fn connected_with(
     let k = key();
 
     // alice connects through the forwarder (any replica's pages).
-    let password = hex::encode(random_bytes(12));
-    let user = serde_json::json!({"name": "alice", "password": password}).to_string();
+    let user = serde_json::json!({"name": "alice", "password": ALICE_PW}).to_string();
     assert_eq!(a.admin_post("/users", &user).unwrap().0, 200);
     let subject = a.subject_token("alice");
     let r = refused(
@@ -162,19 +171,13 @@ pub(super) async fn connected_with(
             .await,
     );
     assert_eq!(r.reason.as_deref(), Some("connect_required"), "{r:?}");
-    let browser = reqwest::Client::builder()
-        .cookie_store(true)
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
     set.lb.pick(Pick::RoundRobin);
     play_pages_at(
-        &browser,
+        &browser(),
         &set.issuer,
         peer,
         &r.connect_uri.unwrap(),
-        ("alice", &password),
+        ("alice", ALICE_PW),
         "octo-alice",
     )
     .await;
@@ -184,6 +187,16 @@ pub(super) async fn connected_with(
     );
     let token = t.access_token.expose().clone();
     (set, api, subject, k, token)
+}
+
+/// A cookie-keeping browser that follows no redirect (the pages' client).
+fn browser() -> reqwest::Client {
+    reqwest::Client::builder()
+        .cookie_store(true)
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
 }
 
 pub(super) fn posts(api: &ApiStandin) -> usize {
@@ -312,5 +325,63 @@ async fn a_proxied_call_challenged_by_one_replica_is_served_by_another() {
         .assert_issued("A: its derive nonce on a derive");
     let (status, _, body) = post(&set, 1, &token, &proof(&set, &k, &token, Some(&nonce_a))).await;
     assert_eq!(status, 201, "A's proxy nonce at B, a new proof: {body}");
+    assert_eq!(posts(&api), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the gate between this binary's PostgreSQL tests (other test
+// threads), never taken by another task of this runtime.
+#[allow(clippy::await_holding_lock)]
+async fn a_single_use_token_is_served_once_across_replicas() {
+    let Some(cluster) = cluster_or_not_shown("a single-use token across replicas") else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let (set, api, subject, k, _) = connected(cluster, "replicas_single_use").await;
+    let a = &set.brokers[0];
+    let proxy = format!("{}/proxy/acme", set.issuer);
+    // alice approves two calls of acme.once through the pages: two
+    // single-use tokens.
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        let r = refused(
+            a.derive(&k, &subject, "open_pr", "acme.once", &proxy, None)
+                .await,
+        );
+        assert_eq!(r.reason.as_deref(), Some("approval_required"), "{r:?}");
+        set.lb.pick(Pick::RoundRobin);
+        play_pages_at(
+            &browser(),
+            &set.issuer,
+            &set.provider.peer,
+            &r.connect_uri.unwrap(),
+            ("alice", ALICE_PW),
+            "",
+        )
+        .await;
+        let t = issued(
+            a.derive(&k, &subject, "open_pr", "acme.once", &proxy, None)
+                .await,
+        );
+        tokens.push(t.access_token.expose().clone());
+    }
+    let (once, other) = (&tokens[0], &tokens[1]);
+
+    // Served on A; then on B, with a fresh proof (B's own nonce), the same
+    // token is refused: the shared store spent it. Nothing more upstream.
+    let (_, (status, _, body)) = served_on(&set, 0, &k, once).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(posts(&api), 1);
+    let (_, (status, _, body)) = served_on(&set, 1, &k, once).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("token_already_used"), "on B: {body}");
+    assert_eq!(posts(&api), 1, "the second use never reached the provider");
+
+    // Positive control: the other approved token is served on B, once.
+    let (_, (status, _, body)) = served_on(&set, 1, &k, other).await;
+    assert_eq!(status, 201, "{body}");
+    let (_, (status, _, body)) = served_on(&set, 0, &k, other).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("token_already_used"), "on A: {body}");
     assert_eq!(posts(&api), 2);
 }
