@@ -439,6 +439,7 @@ pub fn parse_form(
     let mut step = None;
     let mut tool = None;
     let mut details = None;
+    let mut relayed = None;
     for (k, v) in form_urlencoded::parse(body) {
         let slot = match k.as_ref() {
             "resource" => {
@@ -453,6 +454,7 @@ pub fn parse_form(
             "step" => &mut step,
             "tool" => &mut tool,
             "authorization_details" => &mut details,
+            "upstream_proofs" => &mut relayed,
             // RFC 8693 parameters we do not support are refused, not ignored.
             "actor_token" | "actor_token_type" | "audience" => {
                 return Err(bad(
@@ -501,6 +503,20 @@ pub fn parse_form(
             DeriveError::InvalidDetails("authorization_details must be a JSON array".into())
         })?),
     };
+    // As the JSON body's member, JSON-encoded (as authorization_details).
+    let upstream_proofs = match relayed {
+        None => Default::default(),
+        Some(r) => {
+            let m: std::collections::BTreeMap<String, String> = serde_json::from_str(&r)
+                .map_err(|_| bad("upstream_proofs must be a JSON object of strings"))?;
+            if m.len() > MAX_UPSTREAM_PROOFS {
+                return Err(bad("upstream_proofs holds more proofs than there are legs"));
+            }
+            m.into_iter()
+                .map(|(k, v)| (k, SecretString::new(v)))
+                .collect()
+        }
+    };
     Ok(DeriveRequest {
         subject_token: SecretString::new(subject_token),
         subject_token_type,
@@ -510,9 +526,7 @@ pub fn parse_form(
         scope,
         dpop,
         authorization_details,
-        // The form has no member for them: an exchange resource asked for
-        // here is refused with upstream_proof_required.
-        upstream_proofs: Default::default(),
+        upstream_proofs,
         // Nor for the request: a bound route refuses this token.
         request: None,
         endpoint: Endpoint::Token,

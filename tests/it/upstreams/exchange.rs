@@ -524,3 +524,65 @@ async fn metadata_naming_another_issuer_is_refused_and_nothing_is_sent() {
     let good = broker(&org);
     derive_ok(&good, &org, &k, &subject);
 }
+
+#[tokio::test]
+async fn the_token_endpoint_takes_the_relayed_proof_as_a_form_parameter() {
+    let mut org = Org::start();
+    let b = broker(&org);
+    let k = key();
+    let subject = org.subject(3600);
+    let token_proof = || {
+        make_proof(
+            &k,
+            "POST",
+            &format!("{}/token", b.issuer),
+            now(),
+            None,
+            None,
+        )
+        .unwrap()
+    };
+    let post = |relayed: Option<String>| {
+        let mut pairs = vec![
+            (
+                "grant_type",
+                "urn:ietf:params:oauth:grant-type:token-exchange".to_owned(),
+            ),
+            ("subject_token", subject.clone()),
+            (
+                "subject_token_type",
+                "urn:ietf:params:oauth:token-type:access_token".to_owned(),
+            ),
+            ("resource", ORG_RESOURCE.to_owned()),
+            ("scope", "notes:read".to_owned()),
+            ("step", "summarize".to_owned()),
+            ("tool", "org.notes".to_owned()),
+        ];
+        if let Some(r) = relayed {
+            pairs.push(("upstream_proofs", r));
+        }
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(a, v)| (*a, v.as_str())).collect();
+        b.post_token(&pairs, Some(&token_proof()))
+    };
+    let sent = org.exchanges();
+    // Without it: upstream_proof_required naming the htu, nothing sent.
+    let a = post(None);
+    refused(&a, 400, "upstream_proof_required");
+    assert_eq!(a.json()["upstream_htu"], org.token_endpoint.as_str());
+    // Not a JSON object of strings, or for another htu: refused, nothing
+    // sent.
+    let a = post(Some("org=abc".into()));
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert_eq!(a.json()["error"], "invalid_request", "{}", a.body);
+    let other = json!({ "org": proof(&k, &format!("{}/token", b.issuer)) }).to_string();
+    refused(&post(Some(other)), 400, "upstream_proof_invalid");
+    assert_eq!(org.exchanges(), sent);
+    // The control: the JSON-encoded object with the AS's proof.
+    let good = json!({ "org": proof(&k, &org.token_endpoint) }).to_string();
+    let a = post(Some(good));
+    assert_eq!(a.status, 200, "{}", a.body);
+    let c = claims(a.json()["access_token"].as_str().unwrap());
+    assert_eq!(c["iss"], org.issuer.as_str());
+    assert_eq!(c["cnf"]["jkt"], k.thumbprint());
+    assert_eq!(org.exchanges(), sent + 1);
+}
