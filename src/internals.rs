@@ -43,8 +43,9 @@ pub mod clock {
 pub mod config {
     pub use crate::infra::config::{
         accepted_keys, max_derive_rate, read_secret_file, write_secret_file, AcceptedKey,
-        AccountLookup, ClientAuth, Config, ConfigError, Endpoints, IssuerConfig, JwksSource,
-        ProviderConfig, SignIn, DEFAULT_REPLAY_CACHE_BYTES, RESERVED_KEYS,
+        AccountLookup, ClientAuth, Config, ConfigError, Endpoints, IntrospectionConfig,
+        IssuerConfig, JwksSource, ProviderConfig, SignIn, DEFAULT_REPLAY_CACHE_BYTES,
+        RESERVED_KEYS,
     };
 }
 

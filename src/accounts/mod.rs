@@ -1,6 +1,8 @@
 //! Accounts: who the person is, and what they connected.
 //!
 //! - [`subject`]: subject tokens from trusted issuers; who the person is.
+//! - [`status`]: a subject token's status, asked of its issuer (RFC 7662
+//!   introspection), where the config says so.
 //! - [`emails`]: the verified email recorded per person, for Shared
 //!   Signals `email` subjects.
 //! - [`users`]: local accounts for the pages' sign-in (argon2id).
@@ -11,6 +13,7 @@
 
 pub(crate) mod connect;
 pub(crate) mod emails;
+pub(crate) mod status;
 pub(crate) mod subject;
 pub(crate) mod upstream;
 pub(crate) mod users;

@@ -16,7 +16,16 @@
 //! never cached, so it never reaches a `self` derive through the cache.
 //!
 //! The person is the pair (`iss`, `sub`). A verified token may be cached by
-//! its SHA-256 for at most 60 s and never past its `exp`.
+//! its SHA-256 for at most 60 s (an issuer with introspection:
+//! `introspection_cache_ttl`) and never past its `exp`.
+//!
+//! Where the issuer's entry names an `introspection_endpoint`
+//! ([`super::status`]), an opaque subject token is accepted through RFC
+//! 7662 introspection there, when that issuer is the only one with an
+//! endpoint (an opaque token names no issuer: it is never sent to another),
+//! and with the same facts a JWT must carry; with `introspect_jwts` a JWT
+//! that passed every check is asked about too. Inactive refuses; no answer
+//! refuses (fail closed).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,8 +33,10 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use serde::Deserialize;
 
+use super::status::{Failure, Status};
 use crate::base::jose::{self, Audience, JoseError, JwkSet};
 use crate::base::keyset::{self, Refetch, RemoteKeySet};
+use crate::base::oauth::introspect::Introspection;
 use crate::infra::config::{IssuerConfig, JwksSource};
 
 /// The longest email kept (RFC 5321's path limit).
@@ -102,6 +113,14 @@ pub enum SubjectError {
     /// The issuer's keys could not be fetched.
     #[error("the issuer's keys are unavailable")]
     KeysUnavailable,
+    /// The issuer's introspection says the token is not active (revoked,
+    /// expired there, or unknown to it).
+    #[error("the subject token is not active at its issuer (RFC 7662 introspection): get a fresh token for the person")]
+    Inactive,
+    /// The issuer's introspection gave no usable answer: refused, fail
+    /// closed.
+    #[error("the subject token's status could not be asked of its issuer (introspection unavailable); nothing was issued; retry later")]
+    IntrospectionUnavailable,
 }
 
 #[derive(Debug, Deserialize)]
@@ -152,11 +171,25 @@ struct IdTokenClaims {
 struct Issuer {
     cfg: IssuerConfig,
     keys: Arc<RemoteKeySet>,
+    /// Its introspection, when configured.
+    status: Option<Status>,
+}
+
+impl From<Failure> for SubjectError {
+    fn from(f: Failure) -> SubjectError {
+        match f {
+            Failure::Inactive => SubjectError::Inactive,
+            Failure::Unavailable => SubjectError::IntrospectionUnavailable,
+        }
+    }
 }
 
 /// Validates subject tokens against the trusted issuers.
 pub struct Validator {
     issuers: HashMap<String, Issuer>,
+    /// The one issuer with an introspection endpoint, to which an opaque
+    /// subject token goes (none, or several: opaque tokens are refused).
+    opaque_issuer: Option<String>,
     cache: DashMap<[u8; 32], (Subject, i64)>,
     own_kid: Box<dyn Fn(&str) -> bool + Send + Sync>,
 }
@@ -182,6 +215,16 @@ pub enum SetupError {
         issuer: String,
         /// File.
         path: String,
+        /// Why.
+        reason: String,
+    },
+    /// The introspection client could not be set up (its secret file).
+    #[error("trusted_issuers[{index}].introspection_client_secret_file: {reason} (trusted issuer {issuer})")]
+    Introspection {
+        /// The issuer's place in `trusted_issuers`.
+        index: usize,
+        /// Issuer.
+        issuer: String,
         /// Why.
         reason: String,
     },
@@ -222,15 +265,39 @@ impl Validator {
                     set
                 }
             };
+            let status = match &cfg.introspection {
+                Some(i) => Some(Status::new(&cfg.issuer, i).map_err(|reason| {
+                    SetupError::Introspection {
+                        index,
+                        issuer: cfg.issuer.clone(),
+                        reason,
+                    }
+                })?),
+                None => None,
+            };
             map.insert(
                 cfg.issuer.clone(),
                 Issuer {
                     cfg: cfg.clone(),
                     keys: Arc::new(keys),
+                    status,
                 },
             );
         }
+        let with_status: Vec<&String> = map
+            .iter()
+            .filter(|(_, i)| i.status.is_some())
+            .map(|(k, _)| k)
+            .collect();
+        if with_status.len() > 1 {
+            tracing::warn!(issuers = ?with_status, "several trusted issuers have an introspection_endpoint: opaque subject tokens are refused (one names no issuer, and is never sent to one that may not have issued it); JWTs are introspected by their own issuer");
+        }
+        let opaque_issuer = match with_status.as_slice() {
+            [one] => Some((*one).clone()),
+            _ => None,
+        };
         Ok(Validator {
+            opaque_issuer,
             issuers: map,
             cache: DashMap::new(),
             own_kid,
@@ -286,7 +353,16 @@ impl Validator {
             }
         }
         let subject = self.validate_uncached(token, now).await?;
-        let until = (now + CACHE_TTL).min(subject.exp);
+        // An issuer's introspection answer stands no longer than its
+        // `introspection_cache_ttl`.
+        let ttl = self
+            .issuers
+            .get(&subject.person.iss)
+            .and_then(|i| i.status.as_ref())
+            .map_or(CACHE_TTL, |s| {
+                (s.cfg.cache_ttl.as_secs() as i64).min(CACHE_TTL)
+            });
+        let until = (now + ttl).min(subject.exp);
         if until > now {
             if self.cache.len() >= CACHE_MAX {
                 self.cache.retain(|_, (_, u)| *u > now);
@@ -300,7 +376,19 @@ impl Validator {
     }
 
     async fn validate_uncached(&self, token: &str, now: i64) -> Result<Subject, SubjectError> {
-        let jws = jose::parse(token, MAX_SUBJECT_LEN)?;
+        let jws = match jose::parse(token, MAX_SUBJECT_LEN) {
+            Ok(jws) => jws,
+            Err(e) => {
+                return match self
+                    .opaque_issuer
+                    .as_ref()
+                    .and_then(|i| self.issuers.get(i))
+                {
+                    Some(issuer) => self.validate_opaque(issuer, token, now).await,
+                    None => Err(e.into()),
+                }
+            }
+        };
         // Which issuer: read `iss` (unverified) only to pick the keys.
         let peek: PeekIss =
             serde_json::from_slice(&jws.payload).map_err(|_| SubjectError::Claims)?;
@@ -372,6 +460,15 @@ impl Validator {
                 return Err(SubjectError::Claims);
             }
         }
+        if let Some(status) = issuer.status.as_ref().filter(|s| s.cfg.jwts) {
+            let a = status.ask(token).await.map_err(SubjectError::from)?;
+            // The issuer's answer is about this token's person, or none.
+            if a.sub.as_ref().is_some_and(|s| *s != claims.sub)
+                || a.iss.as_ref().is_some_and(|i| *i != claims.iss)
+            {
+                return Err(SubjectError::Claims);
+            }
+        }
         Ok(Subject {
             person: Person {
                 iss: claims.iss,
@@ -385,6 +482,70 @@ impl Validator {
                 .and_then(serde_json::Value::as_i64)
                 .filter(|t| *t > 0),
             email: verified_email(&claims.rest),
+        })
+    }
+
+    /// An opaque subject token, through `issuer`'s introspection: active,
+    /// with the facts a JWT must carry (`iss` the issuer where given,
+    /// `sub`, `aud` naming this agent, `exp` and `nbf`, no `cnf` or DPoP
+    /// `token_type`, the issuer's required claims).
+    async fn validate_opaque(
+        &self,
+        issuer: &Issuer,
+        token: &str,
+        now: i64,
+    ) -> Result<Subject, SubjectError> {
+        let Some(status) = &issuer.status else {
+            return Err(SubjectError::UntrustedIssuer);
+        };
+        let a: Introspection = status.ask(token).await.map_err(SubjectError::from)?;
+        let sub = a.sub.clone().filter(|s| !s.is_empty());
+        let (Some(sub), Some(exp)) = (sub, a.exp) else {
+            return Err(SubjectError::Claims);
+        };
+        if a.iss.as_ref().is_some_and(|i| *i != issuer.cfg.issuer) {
+            return Err(SubjectError::Claims);
+        }
+        if !a
+            .aud
+            .as_ref()
+            .is_some_and(|aud| aud.contains(&issuer.cfg.audience))
+        {
+            return Err(SubjectError::Audience);
+        }
+        if exp + SKEW <= now || a.nbf.is_some_and(|n| n - SKEW > now) {
+            return Err(SubjectError::Expired);
+        }
+        let dpop = a
+            .token_type
+            .as_deref()
+            .is_some_and(|t| t.eq_ignore_ascii_case("DPoP"));
+        if a.cnf.is_some() || dpop {
+            return Err(SubjectError::WrongKind("a sender-constrained token"));
+        }
+        let typed = |c: &str| match c {
+            "iss" => a.iss.is_some(),
+            "scope" => a.scope.is_some(),
+            "iat" => a.iat.is_some(),
+            "jti" => a.jti.is_some(),
+            "sub" | "aud" | "exp" => true,
+            other => a.rest.contains_key(other),
+        };
+        if !issuer.cfg.required_claims.iter().all(|c| typed(c)) {
+            return Err(SubjectError::Claims);
+        }
+        Ok(Subject {
+            person: Person {
+                iss: issuer.cfg.issuer.clone(),
+                sub,
+            },
+            exp,
+            auth_time: a
+                .rest
+                .get("auth_time")
+                .and_then(serde_json::Value::as_i64)
+                .filter(|t| *t > 0),
+            email: verified_email(&a.rest),
         })
     }
 

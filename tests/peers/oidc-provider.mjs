@@ -12,7 +12,11 @@
 // CONFIG: { "port": 0, "clients": [...oidc-provider client metadata...],
 //           "resources": { "<resource indicator>": { "audience": "...", "scope": "..." } },
 //           "access_token_ttl": 3600,
+//           "introspection": false,
 //           "users": { "alice": "her password", ... } }
+// A resource's "format" is "jwt" (default) or "opaque" (stored by the
+// provider, so its RFC 7662 introspection, enabled by "introspection": true,
+// knows them, and its revocation endpoint revokes them).
 // Without "users" the dev login accepts any name with any password. With
 // it, only those names, each with its own password: a wrong one gets the
 // login form again with an error, so a browser test can show that nobody
@@ -33,6 +37,10 @@
 //      the next time `user` signs in, the IdP records the sign-in as made
 //      `seconds` ago (the ID token's auth_time): an IdP session that is
 //      older than the pages accept, without waiting for it to age.
+//   {"cmd":"revoke", "token":..., "client_id":..., "client_secret":...} -> {"status": n}
+//      RFC 7009 at /token/revocation, as that client (a client revokes its own tokens)
+//   {"cmd":"introspection", "fail": true} -> {"ok":true}: /token/introspection answers 500 (or, false, as usual)
+//   {"cmd":"introspections"} -> {"n": introspection requests received so far}
 // Exits when stdin closes.
 import { readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
@@ -83,8 +91,16 @@ const provider = new Provider(issuer, {
   },
   features: {
     devInteractions: { enabled: true },
-    revocation: { enabled: true },
-    introspection: { enabled: false },
+    revocation: {
+      enabled: true,
+      // A client revokes only its own tokens.
+      allowedPolicy: async (_ctx, client, token) => token.clientId === client.clientId,
+    },
+    introspection: {
+      enabled: cfg.introspection === true,
+      // An authenticated client (a resource server) may ask about any token.
+      allowedPolicy: async (_ctx, client) => client.clientAuthMethod !== 'none',
+    },
     resourceIndicators: {
       enabled: true,
       defaultResource: (_ctx, _client, oneOf) => oneOf,
@@ -121,7 +137,13 @@ provider.interactionFinished = async (req, res, result, opts) => {
 const users = cfg.users ?? null;
 const escapeHtml = (v) => String(v).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const callback = provider.callback();
+let introspections = 0;
+let failIntrospection = false;
 server.on('request', async (req, res) => {
+  if (req.method === 'POST' && req.url === '/token/introspection') {
+    introspections += 1;
+    if (failIntrospection) { res.writeHead(500, { 'content-type': 'application/json' }); res.end('{"error":"server_error"}'); return; }
+  }
   // With "users", the dev login form checks the password before the
   // library sees the submission (the library's dev login takes any).
   if (users && req.method === 'POST' && req.url.startsWith('/interaction/')) {
@@ -241,6 +263,19 @@ rl.on('line', async (line) => {
       console.log(JSON.stringify({ location: back.toString() }));
     }
     else if (cmd.cmd === 'jwks') console.log(JSON.stringify(publicJwks));
+    else if (cmd.cmd === 'revoke') {
+      const r = await fetch(`${issuer}/token/revocation`, {
+        method: 'POST',
+        headers: {
+          'content-type': 'application/x-www-form-urlencoded',
+          authorization: `Basic ${Buffer.from(`${encodeURIComponent(cmd.client_id)}:${encodeURIComponent(cmd.client_secret)}`).toString('base64')}`,
+        },
+        body: new URLSearchParams({ token: cmd.token, token_type_hint: 'access_token' }),
+      });
+      console.log(JSON.stringify({ status: r.status }));
+    }
+    else if (cmd.cmd === 'introspection') { failIntrospection = Boolean(cmd.fail); console.log(JSON.stringify({ ok: true })); }
+    else if (cmd.cmd === 'introspections') console.log(JSON.stringify({ n: introspections }));
     else if (cmd.cmd === 'age_next_login') {
       aged.set(String(cmd.user), Number(cmd.seconds));
       console.log(JSON.stringify({ ok: true }));

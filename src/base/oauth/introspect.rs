@@ -53,6 +53,8 @@ pub(crate) struct Introspection {
     #[serde(default)]
     pub(crate) iss: Option<String>,
     #[serde(default)]
+    pub(crate) sub: Option<String>,
+    #[serde(default)]
     pub(crate) aud: Option<Audience>,
     /// Space-separated scopes.
     #[serde(default)]
@@ -69,6 +71,9 @@ pub(crate) struct Introspection {
     pub(crate) cnf: Option<Cnf>,
     #[serde(default)]
     pub(crate) jti: Option<String>,
+    /// Every other member (`auth_time`, `email`, an issuer's own).
+    #[serde(flatten)]
+    pub(crate) rest: std::collections::HashMap<String, serde_json::Value>,
 }
 
 /// One introspection request.

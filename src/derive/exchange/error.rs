@@ -147,6 +147,9 @@ impl DeriveError {
     pub fn reason(&self) -> &'static str {
         match self {
             DeriveError::BadRequest(_) => "invalid_request",
+            DeriveError::Subject(SubjectError::IntrospectionUnavailable) => {
+                "introspection_unavailable"
+            }
             DeriveError::Subject(_) => "invalid_subject_token",
             DeriveError::Proof(DpopError::UseNonce, _) => "use_dpop_nonce",
             DeriveError::Proof(DpopError::ReplayCacheFull, _) => "replay_cache_full",

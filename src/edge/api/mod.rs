@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use serde::Deserialize;
 
+use crate::accounts::subject::SubjectError;
 use crate::base::dpop::DpopError;
 use crate::base::http::{correlation_id, json_response, read_capped, Body, BodyError};
 use crate::base::jose::Alg;
@@ -97,6 +98,11 @@ fn error_answer(err: &DeriveError, algs: &[Alg]) -> Answer {
     use StatusCode as S;
     match err {
         DeriveError::BadRequest(d) => Answer::new(S::BAD_REQUEST, "invalid_request", d.clone()),
+        DeriveError::Subject(e @ SubjectError::IntrospectionUnavailable) => {
+            Answer::new(S::SERVICE_UNAVAILABLE, "temporarily_unavailable", e.to_string())
+                .reason("introspection_unavailable")
+                .retry_after(5)
+        }
         DeriveError::Subject(e) => Answer::new(S::BAD_REQUEST, "invalid_request", e.to_string()),
         DeriveError::Proof(e, nonce) => proof_answer(e, nonce.as_deref(), algs),
         DeriveError::Target(e) => {

@@ -542,6 +542,7 @@ mod tests {
                 client_secret_file: None,
             },
             display_name: "IdP".into(),
+            introspection: None,
         };
         let shared = Arc::new(RemoteKeySet::remote(
             &format!("{ISS}/jwks"),

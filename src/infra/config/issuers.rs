@@ -3,9 +3,10 @@
 
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::raw::{RawIssuer, RawSignIn};
-use super::Check;
+use super::{parse_duration, Check};
 use crate::base::grammar::secure_or_loopback;
 use crate::base::jose::Alg;
 
@@ -53,7 +54,31 @@ pub struct IssuerConfig {
     /// the sign-in button, and beside the person's name wherever the pages
     /// name them. Default: the issuer URL's host.
     pub display_name: String,
+    /// Subject-token status by RFC 7662 introspection at this issuer
+    /// (off: `None`).
+    pub introspection: Option<IntrospectionConfig>,
 }
+
+/// `trusted_issuers[].introspection_*`: the subject tokens' status asked
+/// of the issuer (docs/REVOCATION.md, "Subject-token status").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntrospectionConfig {
+    /// The RFC 7662 endpoint (https, http only on loopback).
+    pub endpoint: String,
+    /// The broker's client id there (`client_secret_basic`).
+    pub client_id: String,
+    /// Its secret, in a 0600 file.
+    pub client_secret_file: PathBuf,
+    /// Whether JWT subject tokens are introspected too (an opaque one
+    /// always is).
+    pub jwts: bool,
+    /// How long an answer stands (the subject cache's lifetime for this
+    /// issuer's tokens); zero: asked at every derive.
+    pub cache_ttl: Duration,
+}
+
+/// The default `introspection_cache_ttl`.
+const DEFAULT_INTROSPECTION_CACHE_TTL: Duration = Duration::from_secs(10);
 
 /// Validates `[[trusted_issuers]]`: at least one, each well formed and
 /// paired with a sign-in source, none listed twice. `own_issuer` is the
@@ -96,6 +121,7 @@ fn trusted_issuer(
     check: &mut Check<'_>,
 ) -> IssuerConfig {
     let key = |k: &str| format!("trusted_issuers[{i}].{k}");
+    let introspection = introspection(&ti, &key, check);
     let iss_url = url::Url::parse(&ti.issuer).ok();
     if !iss_url.as_ref().is_some_and(secure_or_loopback) {
         check.bad(
@@ -159,6 +185,7 @@ fn trusted_issuer(
         );
     }
     IssuerConfig {
+        introspection,
         issuer: ti.issuer,
         audience: ti.audience.unwrap_or_else(|| agent.to_string()),
         jwks,
@@ -168,6 +195,84 @@ fn trusted_issuer(
         sign_in,
         display_name,
     }
+}
+
+/// `introspection_*`: all or none (besides the two with defaults), the
+/// endpoint https, the cache at most a minute (the subject cache's own
+/// bound).
+fn introspection(
+    ti: &RawIssuer,
+    key: &dyn Fn(&str) -> String,
+    check: &mut Check<'_>,
+) -> Option<IntrospectionConfig> {
+    let Some(endpoint) = &ti.introspection_endpoint else {
+        for (k, set) in [
+            (
+                "introspection_client_id",
+                ti.introspection_client_id.is_some(),
+            ),
+            (
+                "introspection_client_secret_file",
+                ti.introspection_client_secret_file.is_some(),
+            ),
+            ("introspect_jwts", ti.introspect_jwts.is_some()),
+            (
+                "introspection_cache_ttl",
+                ti.introspection_cache_ttl.is_some(),
+            ),
+        ] {
+            if set {
+                check.bad(&key(k), "is used only with introspection_endpoint");
+            }
+        }
+        return None;
+    };
+    let before = check.problems.len();
+    if !url::Url::parse(endpoint)
+        .is_ok_and(|u| secure_or_loopback(&u) && u.query().is_none() && u.fragment().is_none())
+    {
+        check.bad(
+            &key("introspection_endpoint"),
+            "must be an https URL (http only on loopback), without query or fragment",
+        );
+    }
+    let client_id = ti.introspection_client_id.clone().unwrap_or_default();
+    if client_id.is_empty() || client_id.chars().any(char::is_control) {
+        check.bad(
+            &key("introspection_client_id"),
+            "is required with introspection_endpoint: the broker's client id there, without control characters",
+        );
+    }
+    let client_secret_file = match &ti.introspection_client_secret_file {
+        Some(p) => check.rel(p),
+        None => {
+            check.bad(
+                &key("introspection_client_secret_file"),
+                "is required with introspection_endpoint: the file (mode 0600) holding the client secret",
+            );
+            PathBuf::new()
+        }
+    };
+    let cache_ttl = match ti.introspection_cache_ttl.as_deref() {
+        None => DEFAULT_INTROSPECTION_CACHE_TTL,
+        Some(t) => match parse_duration(t) {
+            Some(d) if d <= Duration::from_secs(60) => d,
+            _ => {
+                check.bad(
+                    &key("introspection_cache_ttl"),
+                    "must be a duration from 0s to 60s, such as \"10s\"",
+                );
+                DEFAULT_INTROSPECTION_CACHE_TTL
+            }
+        },
+    };
+    (check.problems.len() == before).then(|| IntrospectionConfig {
+        endpoint: endpoint.clone(),
+        client_id,
+        client_secret_file,
+        jwts: ti.introspect_jwts.unwrap_or(false),
+        cache_ttl,
+    })
 }
 
 /// The name a sign-in source has without `display_name`: its host (and

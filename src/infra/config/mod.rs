@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub(crate) use issuers::default_display_name;
-pub use issuers::{IssuerConfig, JwksSource, SignIn};
+pub use issuers::{IntrospectionConfig, IssuerConfig, JwksSource, SignIn};
 pub(crate) use listeners::{ApiRuntime, MetricsConfig, PublicConfig, SocketConfig};
 pub use providers::{AccountLookup, ClientAuth, Endpoints, ProviderConfig};
 pub(crate) use providers::{GITHUB_API, QUICKSTART_DEMO};

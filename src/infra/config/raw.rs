@@ -374,6 +374,16 @@ pub(super) struct RawIssuer {
     pub(super) required_claims: Option<Vec<String>>,
     #[serde(default)]
     pub(super) sign_in: Option<RawSignIn>,
+    #[serde(default)]
+    pub(super) introspection_endpoint: Option<String>,
+    #[serde(default)]
+    pub(super) introspection_client_id: Option<String>,
+    #[serde(default)]
+    pub(super) introspection_client_secret_file: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) introspect_jwts: Option<bool>,
+    #[serde(default)]
+    pub(super) introspection_cache_ttl: Option<String>,
 }
 
 /// A plain struct rather than a tagged enum: serde buffers a tagged enum's

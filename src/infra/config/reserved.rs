@@ -18,14 +18,4 @@ const fn key(key: &'static str, doc_type: &'static str, issue: u32) -> ReservedK
 pub const RESERVED_KEYS: &[ReservedKey] = &[
     // Issue 41: upstream authorization servers (token exchange, ID-JAG).
     key("upstreams.<name>.send_authorization_details", "boolean", 41),
-    // Issue 43: person-level revocation, Shared Signals, introspection.
-    key("trusted_issuers[].introspection_endpoint", "URL", 43),
-    key("trusted_issuers[].introspection_client_id", "string", 43),
-    key(
-        "trusted_issuers[].introspection_client_secret_file",
-        "path",
-        43,
-    ),
-    key("trusted_issuers[].introspect_jwts", "boolean", 43),
-    key("trusted_issuers[].introspection_cache_ttl", "duration", 43),
 ];

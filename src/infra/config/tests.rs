@@ -1033,3 +1033,54 @@ fn socket_runtime_is_per_core_or_shared() {
         assert_eq!(parse(&text).unwrap().socket.runtime, shape);
     }
 }
+
+#[test]
+fn subject_token_introspection_is_all_or_nothing_and_bounded() {
+    let with = |lines: &str| format!("{BASE}{lines}");
+    const FULL: &str = "introspection_endpoint = \"https://idp.example/introspect\"\nintrospection_client_id = \"broker-rs\"\nintrospection_client_secret_file = \"keys/idp-rs\"\n";
+    // Off by default.
+    assert_eq!(parse(BASE).unwrap().trusted_issuers[0].introspection, None);
+    // On, with its defaults.
+    let c = parse(&with(FULL)).unwrap();
+    let i = c.trusted_issuers[0].introspection.clone().unwrap();
+    assert_eq!(i.endpoint, "https://idp.example/introspect");
+    assert_eq!(i.client_id, "broker-rs");
+    assert_eq!(
+        i.client_secret_file,
+        Path::new("/etc/credbroker/keys/idp-rs")
+    );
+    assert!(!i.jwts);
+    assert_eq!(i.cache_ttl, std::time::Duration::from_secs(10));
+    let c = parse(&with(&format!(
+        "{FULL}introspect_jwts = true\nintrospection_cache_ttl = \"0s\"\n"
+    )))
+    .unwrap();
+    let i = c.trusted_issuers[0].introspection.clone().unwrap();
+    assert!(i.jwts);
+    assert!(i.cache_ttl.is_zero());
+    // Refused, each naming its key.
+    for (text, key) in [
+        (
+            with("introspect_jwts = true\n"),
+            "trusted_issuers[0].introspect_jwts",
+        ),
+        (
+            with("introspection_endpoint = \"https://idp.example/introspect\"\nintrospection_client_secret_file = \"keys/idp-rs\"\n"),
+            "trusted_issuers[0].introspection_client_id",
+        ),
+        (
+            with("introspection_endpoint = \"https://idp.example/introspect\"\nintrospection_client_id = \"broker-rs\"\n"),
+            "trusted_issuers[0].introspection_client_secret_file",
+        ),
+        (
+            with(&FULL.replace("https://idp.example", "http://idp.example")),
+            "trusted_issuers[0].introspection_endpoint",
+        ),
+        (
+            with(&format!("{FULL}introspection_cache_ttl = \"61s\"\n")),
+            "trusted_issuers[0].introspection_cache_ttl",
+        ),
+    ] {
+        problem_for(&problems(&text), key);
+    }
+}

@@ -2,4 +2,5 @@
 //! IdP's subject tokens.
 mod idp_subject_tokens;
 mod jose;
+mod subject_status;
 mod vectors;
