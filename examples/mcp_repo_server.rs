@@ -1062,6 +1062,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         // Not used here: the pages of the broker sign people in.
         sign_in: SignIn::Local,
         display_name: String::new(),
+        // The example checks subject tokens by their signature only.
+        introspection: None,
     };
     let validator = Validator::new(std::slice::from_ref(&issuer_cfg), Box::new(|_| false)).await?;
 
