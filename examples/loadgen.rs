@@ -28,8 +28,15 @@
 //!   the peak window (`--peak-duration`, 60 s for the memory target);
 //! - for each window, whether it is valid: other processes (the machine's
 //!   busy time from `/proc/stat` minus the broker's and this process's)
-//!   used under 10 % of the machine. Figures from an invalid window are
-//!   printed, marked so;
+//!   used under 10 % of one core (issue 45). Figures from an invalid window
+//!   are printed, marked so;
+//! - with `--floor-socket` and `--floor-pid`, the derive floor
+//!   (examples/derive_floor.rs: the same request answered by one
+//!   straight-line function doing only the work the contract requires, on
+//!   the broker's runtime settings) in windows alternating with the
+//!   broker's, at the peak's concurrency and at the open loop's rate: the
+//!   broker's CPU per derive, context switches and p99 as ratios to the
+//!   floor's, round by round and over the valid rounds;
 //! - with `--db-pid` (a PostgreSQL postmaster), the CPU of that server's
 //!   own processes (the postmaster and every child: backends, checkpointer,
 //!   WAL writer...) per derive, beside the broker's, and not counted among
@@ -145,6 +152,18 @@ struct Args {
     /// Seconds of each side-by-side window. Default: `--duration`.
     #[arg(long)]
     compare_duration: Option<f64>,
+    /// The derive floor's socket (examples/derive_floor.rs, started on the
+    /// same issuer and subject token): measured in windows alternating with
+    /// the broker's, and the broker's figures given as ratios to its.
+    #[arg(long, requires = "floor_pid")]
+    floor_socket: Option<PathBuf>,
+    /// The derive floor's pid (its CPU and context switches).
+    #[arg(long, requires = "floor_socket")]
+    floor_pid: Option<u32>,
+    /// Rounds against the floor, each a closed-loop and an open-loop
+    /// window for the broker and for the floor (the order turns each round).
+    #[arg(long, default_value_t = 2)]
+    floor_rounds: usize,
     /// Only the peak window and the memory after it (for a broker with
     /// other limits, e.g. the default replay cache): no open loop.
     #[arg(long)]
@@ -224,9 +243,16 @@ fn cpu_seconds(pid: u32, hz: f64) -> Option<f64> {
     Some((utime + stime) / hz)
 }
 
-/// (busy, total) CPU seconds of the whole machine so far (`/proc/stat`).
+/// (busy CPU seconds, seconds) of the whole machine so far
+/// (`/proc/stat`): the second is the total over the CPUs divided by their
+/// number, so that busy time over it is in cores.
 fn machine_seconds(hz: f64) -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpus = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count()
+        .max(1) as f64;
     let f: Vec<f64> = stat
         .lines()
         .next()?
@@ -240,7 +266,7 @@ fn machine_seconds(hz: f64) -> Option<(f64, f64)> {
     }
     let total: f64 = f.iter().sum();
     let idle = f[3] + f[4];
-    Some(((total - idle) / hz, total / hz))
+    Some(((total - idle) / hz, total / hz / cpus))
 }
 
 /// CPU seconds of the PostgreSQL server whose postmaster is `pid`: its own
@@ -367,14 +393,14 @@ fn ctx_switches(pid: u32) -> Option<u64> {
     Some(total)
 }
 
-/// A window counts only when other processes used under this share of
-/// the machine (issue 17).
+/// A window counts only when other processes used under this share of one
+/// core (issue 45; issue 17 said of the machine).
 const VALID_OTHERS: f64 = 0.10;
 
 fn validity(others: Option<f64>) -> &'static str {
     match others {
         Some(x) if x < VALID_OTHERS => "valid",
-        Some(_) => "INVALID (other processes used 10 % or more of the machine)",
+        Some(_) => "INVALID (other processes used 10 % or more of a core)",
         None => "INVALID (the machine's CPU time could not be read)",
     }
 }
@@ -415,6 +441,8 @@ enum Target {
     Broker,
     /// The compared `oidc-provider`: a client_credentials token request.
     Provider,
+    /// The derive floor (`--floor-socket`): the broker's request.
+    Floor,
 }
 
 /// `oidc-provider`'s token endpoint, split for hand-written HTTP/1.1.
@@ -472,6 +500,15 @@ impl Load {
     /// This moment's samples for a window's figures.
     fn around(&self, hz: f64) -> Around {
         Around::take(&self.args.pid, self.args.db_pid, self.args.compare_pid, hz)
+    }
+
+    /// The samples for a window of `target`: a floor window's "broker" is
+    /// the floor.
+    fn around_for(&self, target: Target, hz: f64) -> Around {
+        match (target, self.args.floor_pid) {
+            (Target::Floor, Some(p)) => Around::take(&[p], None, None, hz),
+            _ => self.around(hz),
+        }
     }
 
     /// One request to `target` with a fresh proof dated `iat`.
@@ -595,6 +632,10 @@ impl Conn {
                 s.set_nodelay(true).unwrap();
                 Stream::Tcp(s)
             }
+            (Target::Floor, _) => Stream::Unix(
+                UnixStream::connect(load.args.floor_socket.as_ref().unwrap())
+                    .expect("connect to the floor socket"),
+            ),
             _ => Stream::Unix(
                 UnixStream::connect(load.socket(i)).expect("connect to the broker socket"),
             ),
@@ -692,7 +733,7 @@ struct Window {
     peer_cpu: Option<f64>,
     /// The broker's context switches in the window.
     switches: Option<u64>,
-    /// Share of the machine's CPU time used by other processes meanwhile.
+    /// Cores used by other processes meanwhile (0.1: a tenth of one).
     others: Option<f64>,
     /// Latency from when each request was due, microseconds (open loop).
     latencies_us: Vec<f64>,
@@ -729,7 +770,7 @@ fn closed_loop(load: &Arc<Load>, conc: usize, duration: f64, hz: f64) -> Window 
 fn closed_loop_to(load: &Arc<Load>, target: Target, conc: usize, duration: f64, hz: f64) -> Window {
     let stop = Arc::new(AtomicBool::new(false));
     let conns: Vec<Conn> = (0..conc).map(|i| Conn::open_to(load, target, i)).collect();
-    let before = load.around(hz);
+    let before = load.around_for(target, hz);
     let start = Instant::now();
     let handles: Vec<_> = conns
         .into_iter()
@@ -763,7 +804,7 @@ fn closed_loop_to(load: &Arc<Load>, target: Target, conc: usize, duration: f64, 
         outcomes.merge(o);
         end = end.max(t);
     }
-    let used = load.around(hz).since(&before);
+    let used = load.around_for(target, hz).since(&before);
     Window {
         outcomes,
         elapsed: (end - start).as_secs_f64(),
@@ -782,12 +823,23 @@ fn closed_loop_to(load: &Arc<Load>, target: Target, conc: usize, duration: f64, 
 /// the others; `conns` threads take the requests in order. Each thread
 /// makes the proof (dated the due time) before sleeping until it is due.
 fn open_loop(load: &Arc<Load>, rate: f64, duration: f64, conns: usize, hz: f64) -> Window {
+    open_loop_to(load, Target::Broker, rate, duration, conns, hz)
+}
+
+fn open_loop_to(
+    load: &Arc<Load>,
+    target: Target,
+    rate: f64,
+    duration: f64,
+    conns: usize,
+    hz: f64,
+) -> Window {
     let n = (rate * duration).ceil() as usize;
     let next = Arc::new(AtomicUsize::new(0));
     type Record = (Vec<f64>, Vec<f64>, Vec<f64>);
     let record: Arc<Mutex<Record>> = Arc::new(Mutex::new(Default::default()));
-    let pool: Vec<Conn> = (0..conns).map(|i| Conn::open(load, i)).collect();
-    let before = load.around(hz);
+    let pool: Vec<Conn> = (0..conns).map(|i| Conn::open_to(load, target, i)).collect();
+    let before = load.around_for(target, hz);
     // A short lead so every thread is asleep waiting when the first is due.
     let start = Instant::now() + Duration::from_millis(20);
     let start_unix = unix_now() + 0.020;
@@ -807,7 +859,7 @@ fn open_loop(load: &Arc<Load>, rate: f64, duration: f64, conns: usize, hz: f64) 
                     }
                     let offset = i as f64 / rate;
                     let due = start + Duration::from_secs_f64(offset);
-                    let r = load.request((start_unix + offset) as i64, c.sock);
+                    let r = load.request_to(target, (start_unix + offset) as i64, c.sock);
                     let now = Instant::now();
                     if due > now {
                         std::thread::sleep(due - now);
@@ -843,7 +895,7 @@ fn open_loop(load: &Arc<Load>, rate: f64, duration: f64, conns: usize, hz: f64) 
         outcomes.merge(o);
         end = end.max(t);
     }
-    let used = load.around(hz).since(&before);
+    let used = load.around_for(target, hz).since(&before);
     let (lat, sent, lag) = std::mem::take(&mut *record.lock().unwrap());
     Window {
         outcomes,
@@ -1031,6 +1083,148 @@ fn check_provider(load: &Load) {
     );
 }
 
+// ------------------------------------------------------------ the floor
+
+/// One round against the derive floor: the broker's and the floor's
+/// closed-loop window (the peak's concurrency) and open-loop window (the
+/// open loop's rate).
+struct FloorRound {
+    broker_peak: Window,
+    floor_peak: Window,
+    broker_open: Window,
+    floor_open: Window,
+}
+
+fn valid_window(w: &Window) -> bool {
+    w.others.is_some_and(|x| x < VALID_OTHERS)
+}
+
+fn p99_from_send(w: &Window) -> f64 {
+    let mut v = w.sent_us.clone();
+    v.sort_by(|a, b| a.total_cmp(b));
+    pct(&v, 0.99)
+}
+
+/// Windows alternating between the broker and the derive floor, the order
+/// turning each round; prints each window and each round's ratios.
+fn against_the_floor(load: &Arc<Load>, conc: usize, rate: f64, hz: f64) -> Vec<FloorRound> {
+    let d = load.args.duration;
+    let conns = load.args.open_connections;
+    // The floor's warm-up: its proof key parsed, connections and
+    // allocators warm (the broker had its own).
+    let warm = closed_loop_to(load, Target::Floor, 4, 1.0, hz);
+    check(&warm, "floor warm-up");
+    let mut rounds = Vec::new();
+    for r in 1..=load.args.floor_rounds {
+        let order = if r % 2 == 1 {
+            [Target::Broker, Target::Floor]
+        } else {
+            [Target::Floor, Target::Broker]
+        };
+        let mut peak: Vec<(Target, Window)> = Vec::new();
+        let mut open: Vec<(Target, Window)> = Vec::new();
+        for t in order {
+            let w = closed_loop_to(load, t, conc, d, hz);
+            check(&w, "against the floor, closed loop");
+            peak.push((t, w));
+        }
+        for t in order {
+            let w = open_loop_to(load, t, rate, d, conns, hz);
+            check(&w, "against the floor, open loop");
+            open.push((t, w));
+        }
+        let take = |v: &mut Vec<(Target, Window)>, t: Target| {
+            let i = v.iter().position(|(x, _)| *x == t).unwrap();
+            v.remove(i).1
+        };
+        let round = FloorRound {
+            broker_peak: take(&mut peak, Target::Broker),
+            floor_peak: take(&mut peak, Target::Floor),
+            broker_open: take(&mut open, Target::Broker),
+            floor_open: take(&mut open, Target::Floor),
+        };
+        for (name, w, open) in [
+            ("credbroker, closed loop", &round.broker_peak, false),
+            ("floor,      closed loop", &round.floor_peak, false),
+            ("credbroker, open loop  ", &round.broker_open, true),
+            ("floor,      open loop  ", &round.floor_open, true),
+        ] {
+            println!(
+                "  floor round {r}, {name}: {:.0} derives/s, CPU {} us a derive, {} context switches a derive{} ({})",
+                w.rate(),
+                w.cpu_per_derive_us().map_or("?".into(), |c| format!("{c:.1}")),
+                w.switches_per_derive().map_or("?".into(), |c| format!("{c:.2}")),
+                if open { format!(", p99 from send {:.0} us", p99_from_send(w)) } else { String::new() },
+                validity(w.others)
+            );
+        }
+        let ratio = |a: Option<f64>, b: Option<f64>| {
+            a.zip(b)
+                .map_or("?".into(), |(a, b)| format!("{:.2}", a / b))
+        };
+        println!(
+            "  floor round {r}: CPU a derive {} x the floor's at peak ({conc} connections), {} x at {rate:.0}/s; p99 from send {:.2} x ({})",
+            ratio(round.broker_peak.cpu_per_derive_us(), round.floor_peak.cpu_per_derive_us()),
+            ratio(round.broker_open.cpu_per_derive_us(), round.floor_open.cpu_per_derive_us()),
+            p99_from_send(&round.broker_open) / p99_from_send(&round.floor_open),
+            if [&round.broker_peak, &round.floor_peak, &round.broker_open, &round.floor_open]
+                .into_iter()
+                .all(valid_window)
+            {
+                "every window valid"
+            } else {
+                "INVALID: a window of this round is"
+            }
+        );
+        rounds.push(round);
+    }
+    rounds
+}
+
+/// The ratios over the rounds (only those whose four windows were valid,
+/// with `only_valid`): CPU per derive at peak and in the open loop, the
+/// p99 from send time (the median round's), and each side's context
+/// switches per derive.
+fn floor_summary(rounds: &[FloorRound], only_valid: bool) -> Option<serde_json::Value> {
+    let chosen: Vec<&FloorRound> = rounds
+        .iter()
+        .filter(|r| {
+            !only_valid
+                || [&r.broker_peak, &r.floor_peak, &r.broker_open, &r.floor_open]
+                    .into_iter()
+                    .all(valid_window)
+        })
+        .collect();
+    if chosen.is_empty() {
+        return None;
+    }
+    let per = |f: &dyn Fn(&FloorRound) -> &Window| -> Option<(f64, f64)> {
+        let (mut ok, mut cpu, mut sw) = (0.0, 0.0, 0.0);
+        for r in &chosen {
+            let w = f(r);
+            ok += w.outcomes.ok as f64;
+            cpu += w.cpu?;
+            sw += w.switches? as f64;
+        }
+        Some((cpu * 1e6 / ok.max(1.0), sw / ok.max(1.0)))
+    };
+    let (bp, fp) = (per(&|r| &r.broker_peak)?, per(&|r| &r.floor_peak)?);
+    let (bo, fo) = (per(&|r| &r.broker_open)?, per(&|r| &r.floor_open)?);
+    let mut p99: Vec<f64> = chosen
+        .iter()
+        .map(|r| p99_from_send(&r.broker_open) / p99_from_send(&r.floor_open))
+        .collect();
+    p99.sort_by(|a, b| a.total_cmp(b));
+    Some(serde_json::json!({
+        "rounds": chosen.len(),
+        "broker_cpu_us_peak": bp.0, "floor_cpu_us_peak": fp.0, "ratio_peak": bp.0 / fp.0,
+        "broker_cpu_us_open": bo.0, "floor_cpu_us_open": fo.0, "ratio_open": bo.0 / fo.0,
+        "broker_switches_peak": bp.1, "floor_switches_peak": fp.1,
+        "broker_switches_open": bo.1, "floor_switches_open": fo.1,
+        "p99_ratio_median": p99[p99.len() / 2],
+    }))
+}
+
 fn main() {
     let args = Args::parse();
     let peak_duration = args.peak_duration.unwrap_or(args.duration);
@@ -1119,7 +1313,7 @@ fn main() {
     let rss_peak = pid.and_then(rss_kib);
     let peak_rate = peak.rate();
     println!(
-        "peak: {peak_rate:.0} derives/s (closed loop, {best_c} connections, {:.1} s; other processes used {} of the machine: {})",
+        "peak: {peak_rate:.0} derives/s (closed loop, {best_c} connections, {:.1} s; other processes used {} of a core: {})",
         peak.elapsed,
         share(peak.others),
         validity(peak.others)
@@ -1179,7 +1373,7 @@ fn main() {
         sorted(&open.lag_us),
     );
     println!(
-        "open loop at {rate:.0}/s for {:.1} s: {} derives ({:.0}/s achieved; other processes used {} of the machine: {})",
+        "open loop at {rate:.0}/s for {:.1} s: {} derives ({:.0}/s achieved; other processes used {} of a core: {})",
         open.elapsed,
         open.outcomes.ok,
         open.rate(),
@@ -1284,6 +1478,32 @@ fn main() {
         }
     }
 
+    // Against the derive floor: windows alternating with it.
+    let mut floor_all = None;
+    let mut floor_valid = None;
+    if load.args.floor_socket.is_some() {
+        let rounds = against_the_floor(&load, best_c, rate, hz);
+        floor_all = floor_summary(&rounds, false);
+        floor_valid = floor_summary(&rounds, true);
+        for (what, s) in [
+            ("every round", &floor_all),
+            ("the valid rounds only", &floor_valid),
+        ] {
+            match s {
+                Some(s) => println!(
+                    "against the derive floor, {what} ({}): CPU a derive {:.1} us = {:.2} x the floor's {:.1} us at peak, {:.1} us = {:.2} x the floor's {:.1} us at {rate:.0}/s; context switches a derive {:.2} (floor {:.2}) at peak, {:.2} (floor {:.2}) at {rate:.0}/s; p99 from send {:.2} x the floor's (median round)",
+                    s["rounds"], s["broker_cpu_us_peak"].as_f64().unwrap_or(f64::NAN), s["ratio_peak"].as_f64().unwrap_or(f64::NAN),
+                    s["floor_cpu_us_peak"].as_f64().unwrap_or(f64::NAN), s["broker_cpu_us_open"].as_f64().unwrap_or(f64::NAN),
+                    s["ratio_open"].as_f64().unwrap_or(f64::NAN), s["floor_cpu_us_open"].as_f64().unwrap_or(f64::NAN),
+                    s["broker_switches_peak"].as_f64().unwrap_or(f64::NAN), s["floor_switches_peak"].as_f64().unwrap_or(f64::NAN),
+                    s["broker_switches_open"].as_f64().unwrap_or(f64::NAN), s["floor_switches_open"].as_f64().unwrap_or(f64::NAN),
+                    s["p99_ratio_median"].as_f64().unwrap_or(f64::NAN),
+                ),
+                None => println!("against the derive floor, {what}: none"),
+            }
+        }
+    }
+
     let (sign1, verify1) = crypto_floor_us(10_000);
     println!(
         "crypto floor (after): sign {sign1:.1} us + verify {verify1:.1} us = {:.1} us",
@@ -1354,9 +1574,9 @@ fn main() {
     println!(
         "run: {}",
         if valid {
-            "valid (other processes used under 10 % of the machine in both windows)"
+            "valid (other processes used under 10 % of a core in both windows)"
         } else {
-            "INVALID: other processes used 10 % or more of the machine in a window; do not quote these figures as the broker's"
+            "INVALID: other processes used 10 % or more of a core in a window; do not quote these figures as the broker's"
         }
     );
     if load.args.json {
@@ -1427,6 +1647,9 @@ fn main() {
             "side_by_side_ratio": side_all.map(|(a, b, _)| a / b),
             "side_by_side_ratio_valid": side_valid.map(|(a, b, _)| a / b),
         });
+        let mut j = j;
+        j["derive_floor"] = floor_all.unwrap_or_default();
+        j["derive_floor_valid"] = floor_valid.unwrap_or_default();
         println!("{j}");
     }
 }

@@ -190,7 +190,7 @@ pub mod subject {
 
 /// `crate::base::unix`: Unix helpers.
 pub mod unix {
-    pub use crate::base::unix::{bind, current_uid, Created};
+    pub use crate::base::unix::{bind, current_uid, Created, ReadOnlyStream};
 }
 
 /// `crate::accounts::upstream`: the third-party providers.

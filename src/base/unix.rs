@@ -253,7 +253,7 @@ pub fn bind(
 /// Here a write goes straight to the socket; only one that would block
 /// registers a duplicate of the descriptor for writability, and that
 /// registration is dropped once the write has gone through.
-pub(crate) struct ReadOnlyStream {
+pub struct ReadOnlyStream {
     read: tokio::io::unix::AsyncFd<std::os::unix::net::UnixStream>,
     /// A duplicate of the descriptor registered for writability while a
     /// write waits for send space.
@@ -263,7 +263,7 @@ pub(crate) struct ReadOnlyStream {
 impl ReadOnlyStream {
     /// Takes over an accepted stream (it must be called on the runtime that
     /// serves it).
-    pub(crate) fn new(stream: tokio::net::UnixStream) -> std::io::Result<ReadOnlyStream> {
+    pub fn new(stream: tokio::net::UnixStream) -> std::io::Result<ReadOnlyStream> {
         // `into_std` leaves the socket non-blocking.
         ReadOnlyStream::from_std(stream.into_std()?)
     }
