@@ -21,6 +21,9 @@ fn ids(b: &TestBroker) -> BTreeSet<String> {
         .collect()
 }
 
+// The cluster's shared guard is held for the whole test, across awaits, so
+// that no test stopping the cluster runs meanwhile (as refresh_replicas.rs).
+#[allow(clippy::await_holding_lock)]
 #[tokio::test]
 async fn two_replicas_each_deliver_their_own_events_once() {
     let Some(cluster) = cluster_or_not_shown("webhook delivery on two replicas") else {
