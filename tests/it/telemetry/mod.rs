@@ -474,3 +474,60 @@ async fn no_secret_of_a_call_is_exported() {
         assert!(contains(&raw, want.as_bytes()), "{want} exported");
     }
 }
+
+/// The Rust client passes an MCP request's `_meta` trace context on
+/// (`Client::with_trace`): with `trust_socket_traceparent` the derive's
+/// trace is the caller's, which its audit event names; without it, or with
+/// a malformed one, the derive is a trace of the broker's own.
+#[tokio::test]
+async fn the_rust_clients_meta_trace_context_is_the_derive_spans_parent() {
+    use credbroker::client::mcp::trace_from_meta;
+    use credbroker::client::{Answer, DeriveParams};
+    let rx = Receiver::start();
+    let b = TestBroker::start_with(Opts {
+        extra_config: telemetry_table(&rx, "trust_socket_traceparent = true\nmetrics = false"),
+        ..Opts::default()
+    });
+    let k = key();
+    let subject = b.subject_token("alice");
+    let params = DeriveParams {
+        subject_token: &subject,
+        step: "summarize",
+        tool: "notes.read",
+        resource: RESOURCE,
+        scope: None,
+    };
+    let last_trace = || {
+        b.audit_lines()
+            .iter()
+            .rev()
+            .find(|e| e["event"] == "derive.issued")
+            .unwrap()["trace_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let meta = serde_json::json!({
+        "traceparent": format!("00-{ORCHESTRATOR_TRACE}-{ORCHESTRATOR_SPAN}-01"),
+        "tracestate": "vendor=abc", "baggage": "user=alice", "progressToken": 7,
+    });
+    let bad = serde_json::json!({
+        "traceparent": format!("00-{}-{ORCHESTRATOR_SPAN}-01", ORCHESTRATOR_TRACE.to_uppercase()),
+    });
+    let client = b.client();
+    for (c, own) in [
+        (client.clone(), true),
+        (client.with_trace(trace_from_meta(&bad)), true),
+        (client.with_trace(trace_from_meta(&meta)), false),
+    ] {
+        let a = c.derive(&params, &k).await.unwrap();
+        assert!(matches!(a, Answer::Issued(_)));
+        assert_eq!(last_trace() != ORCHESTRATOR_TRACE, own);
+    }
+    let spans = rx
+        .spans_until(|s| !named(s, "derive", ORCHESTRATOR_TRACE).is_empty())
+        .await;
+    let derive = one(&spans, "derive", ORCHESTRATOR_TRACE);
+    assert_eq!(derive["parent_span_id"], ORCHESTRATOR_SPAN);
+    assert_eq!(derive["trace_state"], "vendor=abc");
+}

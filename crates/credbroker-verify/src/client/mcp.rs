@@ -29,6 +29,47 @@ use subtle::ConstantTimeEq;
 use crate::jose;
 use crate::secret::SecretBytes;
 
+/// The W3C trace context of an MCP request (`traceparent` and `tracestate`
+/// in its `_meta`, MCP 2026-07-28), to pass on to the derive
+/// ([`super::Client::with_trace`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    /// A well-formed `traceparent` (lowercase hex, four fields).
+    pub traceparent: String,
+    /// Its `tracestate`, when printable ASCII of at most 8192 bytes (the
+    /// broker keeps less).
+    pub tracestate: Option<String>,
+}
+
+/// The trace context in an MCP request's `_meta` (a JSON object); `None`
+/// when it has no well-formed `traceparent`. `baggage` is never taken.
+pub fn trace_from_meta(meta: &serde_json::Value) -> Option<TraceContext> {
+    let parent = meta.get("traceparent")?.as_str()?;
+    let fields: Vec<&str> = parent.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    };
+    let ok = fields.len() == 4
+        && hex(fields[0], 2)
+        && hex(fields[1], 32)
+        && hex(fields[2], 16)
+        && hex(fields[3], 2);
+    if !ok {
+        return None;
+    }
+    let tracestate = meta
+        .get("tracestate")
+        .and_then(|v| v.as_str())
+        .filter(|s| {
+            !s.is_empty() && s.len() <= 8192 && s.bytes().all(|b| (0x20..=0x7e).contains(&b))
+        })
+        .map(str::to_owned);
+    Some(TraceContext {
+        traceparent: parent.to_owned(),
+        tracestate,
+    })
+}
+
 /// The JSON-RPC error code of MCP 2025-11-25 for "URL elicitation required".
 /// Reserved for 2025-11-25: 2026-07-28 answers with `input_required`.
 pub const URL_ELICITATION_REQUIRED: i64 = -32042;
@@ -589,5 +630,29 @@ mod tests {
         )
         .unwrap();
         assert_eq!(d.link(), None);
+    }
+
+    #[test]
+    fn trace_from_meta_keeps_a_valid_traceparent_only() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let t = super::trace_from_meta(
+            &serde_json::json!({"traceparent": parent, "tracestate": "a=1", "baggage": "x=y"}),
+        )
+        .unwrap();
+        assert_eq!(t.traceparent, parent);
+        assert_eq!(t.tracestate.as_deref(), Some("a=1"));
+        let bad_state = super::trace_from_meta(
+            &serde_json::json!({"traceparent": parent, "tracestate": "a=\n1"}),
+        );
+        assert_eq!(bad_state.unwrap().tracestate, None);
+        for meta in [
+            serde_json::json!({}),
+            serde_json::json!({"traceparent": parent.to_uppercase()}),
+            serde_json::json!({"traceparent": format!("{parent}\r\nx: y")}),
+            serde_json::json!({"traceparent": 5}),
+            serde_json::json!("text"),
+        ] {
+            assert_eq!(super::trace_from_meta(&meta), None, "{meta}");
+        }
     }
 }

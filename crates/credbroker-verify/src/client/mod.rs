@@ -181,6 +181,9 @@ pub struct Client {
     /// again after an `upstream_proof_required`), and the upstream nonces
     /// learnt from refusals since, by upstream name.
     upstreams: Arc<Mutex<Upstreams>>,
+    /// The caller's trace context sent with each derive
+    /// ([`Client::with_trace`]).
+    trace: Option<Arc<mcp::TraceContext>>,
 }
 
 #[derive(Debug, Default)]
@@ -242,6 +245,19 @@ impl Client {
             issuer: issuer.trim_end_matches('/').to_owned(),
             nonce: Arc::default(),
             upstreams: Arc::default(),
+            trace: None,
+        }
+    }
+
+    /// A clone of this client (sharing its nonce and upstream state) whose
+    /// derives carry `trace` as their `traceparent` and `tracestate`: an
+    /// MCP request's trace context ([`mcp::trace_from_meta`]), so that the
+    /// derive's span joins the caller's trace where the broker trusts the
+    /// socket's `traceparent` (`[telemetry] trust_socket_traceparent`).
+    pub fn with_trace(&self, trace: Option<mcp::TraceContext>) -> Client {
+        Client {
+            trace: trace.map(Arc::new),
+            ..self.clone()
         }
     }
 
@@ -455,10 +471,17 @@ impl Client {
             obj.insert("request".into(), r);
         }
         let body = serde_json::to_vec(&body).map_err(|_| ClientError::Unexpected(0))?;
-        let req = Request::post("/v1/derive")
+        let mut req = Request::post("/v1/derive")
             .header("host", "credbroker")
             .header("content-type", "application/json")
-            .header("dpop", proof)
+            .header("dpop", proof);
+        if let Some(t) = &self.trace {
+            req = req.header("traceparent", t.traceparent.as_str());
+            if let Some(state) = &t.tracestate {
+                req = req.header("tracestate", state.as_str());
+            }
+        }
+        let req = req
             .body(Full::new(Bytes::from(body)))
             .map_err(|_| ClientError::Proof("proof is not a valid header value".into()))?;
         let raw = send(&self.socket, req).await?;
