@@ -8,6 +8,7 @@ use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, Instrumentatio
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Status};
 use prost::Message;
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::Receiver;
 
 use super::{Finished, Value, EXPORT_TIMEOUT};
@@ -181,6 +182,13 @@ impl Client {
 const BATCH: usize = 512;
 /// How long a finished span may wait for others before it is sent.
 const DELAY: Duration = Duration::from_millis(500);
+/// How often a filling batch takes what the queue holds. The loop sleeps
+/// between takes instead of waiting on the queue, so a finished span never
+/// wakes it while a batch fills: waiting on the queue woke the task once per
+/// span, several context switches per derive at peak (issue 44's benchmark,
+/// `scripts/bench-telemetry`). At the queue's default 2,048 spans this holds
+/// 100,000 spans a second before one is dropped (and counted).
+const TICK: Duration = Duration::from_millis(20);
 
 /// The export loop: batches from the queue, sent in order; a batch that
 /// cannot be sent is dropped and counted (the queue behind it keeps its
@@ -193,13 +201,7 @@ pub(super) async fn spans(
     let mut failing = false;
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
-        let deadline = tokio::time::Instant::now() + DELAY;
-        while batch.len() < BATCH {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some(f)) => batch.push(f),
-                Ok(None) | Err(_) => break,
-            }
-        }
+        fill(&mut rx, &mut batch).await;
         let n = batch.len() as u64;
         let body = encode(&client, &batch).encode_to_vec();
         match client.post(&client.traces_url, body).await {
@@ -217,6 +219,26 @@ pub(super) async fn spans(
                 failing = true;
             }
         }
+    }
+}
+
+/// Adds to `batch` what the queue holds, taken every [`TICK`] until the
+/// batch is full, [`DELAY`] has passed or every sender is gone.
+async fn fill(rx: &mut Receiver<Finished>, batch: &mut Vec<Finished>) {
+    let deadline = tokio::time::Instant::now() + DELAY;
+    loop {
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(f) => batch.push(f),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return,
+            }
+        }
+        let now = tokio::time::Instant::now();
+        if batch.len() >= BATCH || now >= deadline {
+            return;
+        }
+        tokio::time::sleep_until(deadline.min(now + TICK)).await;
     }
 }
 
