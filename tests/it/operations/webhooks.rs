@@ -140,6 +140,18 @@ fn start(extra: String) -> TestBroker {
 }
 
 /// The ids the audit log gives `kinds` (`msg_<boot_id>_<seq>`).
+/// The seconds between the first two attempts the receiver recorded.
+fn retry_gap(got: &[serde_json::Value]) -> f64 {
+    got[1]["arrival"].as_f64().unwrap() - got[0]["arrival"].as_f64().unwrap()
+}
+
+/// `credbroker_webhook_deliveries_total` for subscription `siem` and `outcome`.
+fn deliveries(b: &TestBroker, outcome: &str) -> Option<f64> {
+    b.metric(&format!(
+        "credbroker_webhook_deliveries_total{{outcome=\"{outcome}\",subscription=\"siem\"}}"
+    ))
+}
+
 fn audit_ids(b: &TestBroker, kinds: &[&str]) -> BTreeSet<String> {
     b.audit_lines()
         .iter()
@@ -205,9 +217,7 @@ async fn deliveries_verify_with_the_reference_library_under_both_secrets_of_a_ro
         let t = serde_json::from_str::<serde_json::Value>(x["body"].as_str().unwrap()).unwrap();
         t["type"] == "derive.issued" || t["type"] == "derive.denied"
     }));
-    let m = b
-        .metric("credbroker_webhook_deliveries_total{outcome=\"delivered\",subscription=\"siem\"}");
-    assert_eq!(m, Some(2.0));
+    assert_eq!(deliveries(&b, "delivered"), Some(2.0));
 }
 
 #[tokio::test]
@@ -270,13 +280,11 @@ async fn a_receiver_answering_500_then_200_gets_the_event_after_backoff() {
         (got[0]["status"].as_u64(), got[1]["status"].as_u64()),
         (Some(500), Some(200))
     );
-    let gap = got[1]["arrival"].as_f64().unwrap() - got[0]["arrival"].as_f64().unwrap();
+    let gap = retry_gap(&got);
     // The first wait is a random point of [0.5 s, 1 s].
     assert!((0.45..3.0).contains(&gap), "retried after {gap} s");
     assert_eq!(got[1]["verified"], serde_json::json!([true]));
-    let failed =
-        b.metric("credbroker_webhook_deliveries_total{outcome=\"failed\",subscription=\"siem\"}");
-    assert_eq!(failed, Some(1.0));
+    assert_eq!(deliveries(&b, "failed"), Some(1.0));
     assert_eq!(b.admin_post("/freeze", "off").unwrap().0, 200);
 }
 
@@ -306,14 +314,10 @@ async fn a_slow_drip_receiver_is_cut_by_the_attempts_timeout_then_retried() {
     assert_eq!(got[1]["verified"], serde_json::json!([true]));
     // Cut after its 1 s, then the first backoff (0.5 s to 1 s): well
     // before the 30 s the drip would take.
-    let gap = got[1]["arrival"].as_f64().unwrap() - got[0]["arrival"].as_f64().unwrap();
+    let gap = retry_gap(&got);
     assert!((1.3..6.0).contains(&gap), "retried after {gap} s");
     let deadline = Instant::now() + Duration::from_secs(10);
-    let metric = |o: &str| {
-        b.metric(&format!(
-            "credbroker_webhook_deliveries_total{{outcome=\"{o}\",subscription=\"siem\"}}"
-        ))
-    };
+    let metric = |o: &str| deliveries(&b, o);
     while metric("delivered") != Some(1.0) {
         assert!(Instant::now() < deadline, "not counted as delivered");
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -345,14 +349,11 @@ async fn a_429_with_retry_after_2_is_not_retried_sooner() {
     let b = start(subscription(r.port, r#"["admin.frozen"]"#, &[&f], ""));
     assert_eq!(b.admin_post("/freeze", "on").unwrap().0, 200);
     let got = r.until(20, |r| r.len() >= 2).await;
-    let gap = got[1]["arrival"].as_f64().unwrap() - got[0]["arrival"].as_f64().unwrap();
+    let gap = retry_gap(&got);
     assert!(gap >= 2.0, "retried {gap} s after a Retry-After of 2 s");
     assert!(gap < 4.0, "waited {gap} s for a Retry-After of 2 s");
     assert_eq!(got[1]["status"], 200);
-    let m = b.metric(
-        "credbroker_webhook_deliveries_total{outcome=\"retry_after\",subscription=\"siem\"}",
-    );
-    assert_eq!(m, Some(1.0));
+    assert_eq!(deliveries(&b, "retry_after"), Some(1.0));
     assert_eq!(b.admin_post("/freeze", "off").unwrap().0, 200);
 }
 
