@@ -75,13 +75,10 @@ impl Status {
     /// Asks about `token` (`client_secret_basic`); an answer that is not
     /// active is [`Failure::Inactive`].
     pub(crate) async fn ask(&self, token: &str) -> Result<Introspection, Failure> {
-        let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
-        let mut raw = format!("{}:{}", enc(&self.cfg.client_id), enc(self.secret.expose()));
-        let authorization = Some(format!(
-            "Basic {}",
-            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &raw)
+        let authorization = Some(crate::base::oauth::basic_authorization(
+            &self.cfg.client_id,
+            self.secret.expose(),
         ));
-        zeroize::Zeroize::zeroize(&mut raw);
         let req = Request {
             endpoint: &self.cfg.endpoint,
             token,

@@ -106,6 +106,20 @@ pub fn check_callback_iss(
     }
 }
 
+/// The `Authorization` value of `client_secret_basic` (RFC 6749 section
+/// 2.3.1): client id and secret each form-encoded, joined by `:`, base64;
+/// the joined text is zeroized.
+pub(crate) fn basic_authorization(id: &str, secret: &str) -> String {
+    let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+    let mut raw = format!("{}:{}", enc(id), enc(secret));
+    let out = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(&raw)
+    );
+    raw.zeroize();
+    out
+}
+
 /// What goes into an authorization URL besides the endpoint.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AuthorizationParams<'a> {
@@ -373,16 +387,7 @@ impl Client {
     ) -> Result<(u16, Vec<u8>), OAuthError> {
         let mut basic = None;
         match auth {
-            ClientAuth::Basic { id, secret } => {
-                let enc =
-                    |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
-                let mut raw = format!("{}:{}", enc(id), enc(secret));
-                basic = Some(format!(
-                    "Basic {}",
-                    base64::engine::general_purpose::STANDARD.encode(&raw)
-                ));
-                raw.zeroize();
-            }
+            ClientAuth::Basic { id, secret } => basic = Some(basic_authorization(id, secret)),
             ClientAuth::Post { id, secret } => {
                 form.push(("client_id", id.to_owned()));
                 if let Some(s) = secret {

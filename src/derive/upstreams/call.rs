@@ -4,7 +4,6 @@
 //! read up to [`MAX_ANSWER`], connect and total timeouts are the
 //! upstream's.
 
-use base64::Engine;
 use serde::Deserialize;
 use zeroize::Zeroize;
 
@@ -348,14 +347,10 @@ pub(super) fn basic(u: &Upstream) -> Option<String> {
         (UpstreamClientAuth::SecretBasic, Some(s)) => s,
         _ => return None,
     };
-    let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
-    let mut raw = format!("{}:{}", enc(&u.cfg.client_id), enc(secret.expose()));
-    let out = format!(
-        "Basic {}",
-        base64::engine::general_purpose::STANDARD.encode(&raw)
-    );
-    raw.zeroize();
-    Some(out)
+    Some(crate::base::oauth::basic_authorization(
+        &u.cfg.client_id,
+        secret.expose(),
+    ))
 }
 
 /// Sends the exchange and sorts the answer: a 200 JSON answer is handed
