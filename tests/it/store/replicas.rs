@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use credbroker::client::Answer;
 use credbroker::internals::jose::Es256Key;
 
-use crate::support::postgres::{cluster_or_not_shown, database, replicas};
+use crate::support::postgres::{cluster_or_not_shown, database, replicas_with, OUTLASTS_OUTAGES};
 use crate::support::replicas::{Forwarder, ReplicaSet};
 use crate::support::services::ProviderOpts;
 use crate::support::*;
@@ -180,7 +180,13 @@ async fn self_derives_and_readiness_survive_postgres_down() {
     };
     let _exclusive = cluster.exclusive();
     let db = database(cluster, "pg_down");
-    let r = replicas(&db, 1);
+    // The outage stays within the person stop list's watch bound (past it
+    // every derive is refused, as store::person_stop shows).
+    let opts = Opts {
+        extra_config: OUTLASTS_OUTAGES.into(),
+        ..Opts::default()
+    };
+    let r = replicas_with(&db, 1, &opts, &|t| t);
     let a = &r[0];
     let (key, _) = Es256Key::generate().unwrap();
     a.derive_ok(&key).await;

@@ -25,6 +25,15 @@ use credbroker::internals::store::{Migrate, PgSettings};
 /// [`Cluster::password_file`].
 pub(crate) const ADMIN: &str = "credbroker_test";
 
+/// `[revocation]` for a replica that serves through a PostgreSQL outage:
+/// a `watch_bound` (5 minutes, the most allowed) far past any outage a
+/// test makes. With the default 10 s, a replica that has not read the
+/// person stop list for that long refuses every derive
+/// (`revocation_watch_down`, as it should: tests/it/store/person_stop.rs
+/// shows it), and on a loaded machine `pg_ctl stop` alone took 6.5 s,
+/// after a last read up to 5 s (half the bound) before it.
+pub(crate) const OUTLASTS_OUTAGES: &str = "\n[revocation]\nwatch_bound = \"5m\"\n";
+
 /// The running test cluster.
 #[derive(Debug)]
 pub(crate) struct Cluster {
