@@ -56,6 +56,25 @@ pub(crate) struct Cluster {
 
 static CLUSTER: OnceLock<Cluster> = OnceLock::new();
 
+/// [`Cluster::exclusive`]'s hold. When it goes (the test's end, or its
+/// panic) a server the test left stopped is started again, before the
+/// next test gets the gate: a test failing between `stop` and
+/// `start_again` would otherwise fail every later PostgreSQL test of the
+/// run with "connection refused" (seen: one such failure took 7 others).
+pub(crate) struct Exclusive<'a> {
+    cluster: &'a Cluster,
+    _gate: RwLockWriteGuard<'a, ()>,
+}
+
+impl Drop for Exclusive<'_> {
+    fn drop(&mut self) {
+        if !self.cluster.try_pg_ctl(&["status"]) {
+            eprintln!("the test left PostgreSQL stopped: starting it again");
+            self.cluster.try_pg_ctl(&["start", "-w", "-t", "60"]);
+        }
+    }
+}
+
 /// The cluster, started on first use. `None` where the PostgreSQL binaries
 /// are missing (the caller reports it with `not_shown`).
 pub(crate) fn cluster() -> Option<&'static Cluster> {
@@ -271,8 +290,11 @@ impl Cluster {
     }
 
     /// For a test that stops or restarts the server.
-    pub(crate) fn exclusive(&self) -> RwLockWriteGuard<'_, ()> {
-        self.gate.write().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn exclusive(&self) -> Exclusive<'_> {
+        Exclusive {
+            cluster: self,
+            _gate: self.gate.write().unwrap_or_else(|e| e.into_inner()),
+        }
     }
 
     /// Kills the server without a shutdown checkpoint (as a crash would)
