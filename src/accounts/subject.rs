@@ -5,8 +5,11 @@
 //! never `dpop+jwt`; `alg` in the issuer's allow-list and bound to the key;
 //! no `crit`) -> key (pinned JWKS or JWKS URI only; `jku`/`x5u`/`x5c`/`jwk`
 //! headers are ignored) -> signature -> typed claims -> `iss`, `aud`, `exp`,
-//! `nbf`. ID tokens (`nonce`, `at_hash`, `c_hash`), sender-constrained tokens
-//! (`cnf`) and credbroker's own tokens are refused.
+//! `nbf` -> lifetime (`exp - iat`, or `exp - now` without `iat`, at most
+//! `revocation.max_subject_token_lifetime`: a person stop is kept that long
+//! plus margins, so it outlives every token it stops). ID tokens (`nonce`,
+//! `at_hash`, `c_hash`), sender-constrained tokens (`cnf`) and credbroker's
+//! own tokens are refused.
 //!
 //! An ID token is a subject token only where the derive says so
 //! (`subject_token_type` id_token) and only for an `exchange` resource:
@@ -37,7 +40,7 @@ use super::status::{Failure, Status};
 use crate::base::jose::{self, Audience, JoseError, JwkSet};
 use crate::base::keyset::{self, Refetch, RemoteKeySet};
 use crate::base::oauth::introspect::Introspection;
-use crate::infra::config::{IssuerConfig, JwksSource};
+use crate::infra::config::{IssuerConfig, JwksSource, RevocationConfig};
 
 /// The longest email kept (RFC 5321's path limit).
 pub(crate) const MAX_EMAIL: usize = 254;
@@ -103,6 +106,10 @@ pub enum SubjectError {
     /// Expired or not yet valid.
     #[error("subject token is expired or not yet valid")]
     Expired,
+    /// Lives longer than `revocation.max_subject_token_lifetime` (the
+    /// bound, in seconds): a person stop is kept only that long.
+    #[error("subject token lives longer than this broker accepts (exp - iat, or exp - now without iat, is over revocation.max_subject_token_lifetime, {0} s): a person stop must outlive every subject token; get a shorter-lived token from the issuer")]
+    Lifetime(i64),
     /// An ID token, a DPoP-bound token, or one of ours.
     #[error("this is not an access token for this agent ({0})")]
     WrongKind(&'static str),
@@ -192,6 +199,9 @@ pub struct Validator {
     opaque_issuer: Option<String>,
     cache: DashMap<[u8; 32], (Subject, i64)>,
     own_kid: Box<dyn Fn(&str) -> bool + Send + Sync>,
+    /// The longest lifetime accepted, in seconds
+    /// (`revocation.max_subject_token_lifetime`).
+    max_lifetime: i64,
 }
 
 impl std::fmt::Debug for Validator {
@@ -301,7 +311,26 @@ impl Validator {
             issuers: map,
             cache: DashMap::new(),
             own_kid,
+            max_lifetime: lifetime_secs(RevocationConfig::default().max_subject_token_lifetime),
         })
+    }
+
+    /// The validator refusing subject tokens that live longer than `max`
+    /// (`revocation.max_subject_token_lifetime`; without it, that key's
+    /// default).
+    pub fn with_max_lifetime(mut self, max: std::time::Duration) -> Validator {
+        self.max_lifetime = lifetime_secs(max);
+        self
+    }
+
+    /// Refuses a token living longer than the bound: `exp - iat`, or
+    /// `exp - now` for a token without `iat` (then the bound holds from
+    /// now on only; docs/REVOCATION.md says so).
+    fn check_lifetime(&self, exp: i64, iat: Option<i64>, now: i64) -> Result<(), SubjectError> {
+        if exp.saturating_sub(iat.unwrap_or(now)) > self.max_lifetime {
+            return Err(SubjectError::Lifetime(self.max_lifetime));
+        }
+        Ok(())
     }
 
     /// Every issuer's key set, by issuer. The wiring hands these to the
@@ -444,6 +473,7 @@ impl Validator {
         if claims.exp + SKEW <= now || claims.nbf.is_some_and(|n| n - SKEW > now) {
             return Err(SubjectError::Expired);
         }
+        self.check_lifetime(claims.exp, numeric_claim(&claims.rest, "iat")?, now)?;
         if claims.nonce.is_some() || claims.at_hash.is_some() || claims.c_hash.is_some() {
             return Err(SubjectError::WrongKind("an ID token"));
         }
@@ -516,6 +546,7 @@ impl Validator {
         if exp + SKEW <= now || a.nbf.is_some_and(|n| n - SKEW > now) {
             return Err(SubjectError::Expired);
         }
+        self.check_lifetime(exp, a.iat, now)?;
         let dpop = a
             .token_type
             .as_deref()
@@ -640,6 +671,7 @@ impl Validator {
         if c.exp + SKEW <= now || c.iat - SKEW > now || c.nbf.is_some_and(|n| n - SKEW > now) {
             return Err(SubjectError::Expired);
         }
+        self.check_lifetime(c.exp, Some(c.iat), now)?;
         if c.cnf.is_some() {
             return Err(SubjectError::WrongKind("a sender-constrained token"));
         }
@@ -678,6 +710,22 @@ impl Validator {
             }
         }
     }
+}
+
+/// The bound in seconds, as the checks compare it.
+fn lifetime_secs(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+}
+
+/// A NumericDate claim among the others, if present; present and not a
+/// NumericDate refuses the token (fail closed).
+fn numeric_claim(
+    rest: &HashMap<String, serde_json::Value>,
+    name: &str,
+) -> Result<Option<i64>, SubjectError> {
+    rest.get(name)
+        .map(|v| jose::numeric_date(v).map_err(|_| SubjectError::Claims))
+        .transpose()
 }
 
 /// The `email` claim when `email_verified` is `true` (the boolean, not a

@@ -116,8 +116,11 @@ async fn tick(instance: &Instance) {
     instance.pages.housekeeping();
     // Sign-in stops past their retention (docs/REVOCATION.md).
     let (store, now) = (b.store.clone(), b.shared_now());
-    match tokio::task::spawn_blocking(move || crate::derive::persons::sweep(store.as_ref(), now))
-        .await
+    let retention = crate::derive::persons::stop_retention(&b.config.revocation);
+    match tokio::task::spawn_blocking(move || {
+        crate::derive::persons::sweep(store.as_ref(), now, retention)
+    })
+    .await
     {
         Ok(Err(e)) => tracing::warn!(error = %e, "sweeping expired person stops failed"),
         Ok(Ok(n)) if n > 0 => tracing::info!(swept = n, "expired person stops deleted"),

@@ -539,7 +539,8 @@ async fn subject_validator(
     .map_err(|source| StartError::Subject {
         file: config.file.display().to_string(),
         source,
-    })?;
+    })?
+    .with_max_lifetime(config.revocation.max_subject_token_lifetime);
     Ok((subjects, own_minter))
 }
 

@@ -23,10 +23,10 @@
 //! `auth_time` never passes, and `iat` counts for nothing (a refreshed token
 //! has a fresh one). The first such token marks the stop lifted
 //! (`person.restored`, source `sign_in`); the record stays, so the tokens
-//! of the revoked session are still refused, until
-//! [`SIGN_IN_STOP_RETENTION`] after the revocation. A [`Lift::Restore`]
-//! stop (manual, account disabled, credential compromised) holds until
-//! `persons restore`.
+//! of the revoked session are still refused, until [`stop_retention`]
+//! after the stop was received (the longest subject token accepted, plus
+//! margins). A [`Lift::Restore`] stop (manual, account disabled,
+//! credential compromised) holds until `persons restore`.
 //!
 //! **Tokens credbroker minted.** A proxied call's token names the person
 //! and its `iat`: refused under a restore-only stop; under a sign-in stop
@@ -45,16 +45,30 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
-use crate::accounts::subject::Person;
+use crate::accounts::subject::{self, Person};
 use crate::infra::config::{RevocationConfig, WatchFailure};
 use crate::infra::store::{split_tuple_key, tuple_key, Store, StoreError, Tree};
 
-/// How long a sign-in stop is kept after its revocation time: longer than
-/// any subject token's lifetime we expect (IdPs issue access tokens of
-/// minutes to hours) plus the key-set cache, so a token of the revoked
-/// session is refused for its whole life. A restore-only stop is kept
-/// until restored.
-pub(crate) const SIGN_IN_STOP_RETENTION: i64 = 24 * 3600;
+/// How long (seconds) a sign-in stop is kept after it was received: until
+/// every subject token of the session it stopped has expired. Such a token
+/// was issued before the receipt, by the issuer's clock, which may run
+/// ahead of the store's by up to `restore_skew` (the allowance a new
+/// sign-in must clear too); it lives at most `max_subject_token_lifetime`
+/// (longer ones are refused: `accounts::subject`); it is accepted until
+/// [`subject::SKEW`] past its `exp`. Plus the caches: a verified token is
+/// cached at most [`subject::CACHE_TTL`] (never past its `exp`) and an
+/// issuer's key set is refetched at most once a minute, so neither keeps
+/// a token longer; the term is a margin, which also covers this
+/// instance's clock against the store's (`clock.max_skew`, at most 5 s).
+/// A restore-only stop is kept until restored. The one place the
+/// retention is computed.
+pub(crate) fn stop_retention(cfg: &RevocationConfig) -> i64 {
+    let secs = |d: std::time::Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+    secs(cfg.max_subject_token_lifetime)
+        .saturating_add(secs(cfg.restore_skew))
+        .saturating_add(subject::SKEW)
+        .saturating_add(subject::CACHE_TTL)
+}
 
 /// Ends a person's page sessions; returns how many (the pages' function,
 /// handed down by the composition root).
@@ -213,10 +227,11 @@ impl Stop {
         m
     }
 
-    /// Whether the record may be deleted at `now`: a sign-in stop past its
-    /// retention. A restore-only stop never is.
-    pub(crate) fn expired(&self, now: i64) -> bool {
-        self.lift == Lift::SignIn && now > self.revocation_time + SIGN_IN_STOP_RETENTION
+    /// Whether the record may be deleted at `now`: a sign-in stop more
+    /// than `retention` ([`stop_retention`]) after its receipt. A
+    /// restore-only stop never is.
+    pub(crate) fn expired(&self, now: i64, retention: i64) -> bool {
+        self.lift == Lift::SignIn && now > self.received_at.saturating_add(retention)
     }
 
     /// Whether a subject token with `auth_time` passes this stop
@@ -328,12 +343,12 @@ pub(crate) fn mark_lifted(
     }
 }
 
-/// Deletes the sign-in stops past their retention at `now`; returns how
-/// many.
-pub(crate) fn sweep(store: &dyn Store, now: i64) -> Result<usize, StoreError> {
+/// Deletes the sign-in stops past their `retention` ([`stop_retention`])
+/// at `now`; returns how many.
+pub(crate) fn sweep(store: &dyn Store, now: i64, retention: i64) -> Result<usize, StoreError> {
     let mut n = 0;
     for (k, v) in store.scan_prefix(Tree::PersonStops, b"")? {
-        if parse(&k, &v).expired(now)
+        if parse(&k, &v).expired(now, retention)
             && store.compare_and_swap(Tree::PersonStops, &k, Some(&v), None)?
         {
             n += 1;
@@ -663,23 +678,56 @@ mod tests {
     }
 
     #[test]
-    fn sign_in_stops_are_swept_after_their_retention_and_restore_stops_are_kept() {
+    fn the_retention_is_the_longest_subject_token_plus_the_skews_and_the_cache() {
+        let h = std::time::Duration::from_secs;
+        // The defaults: 24 h tokens, 30 s restore skew, 30 s exp skew, 60 s
+        // cache.
+        assert_eq!(
+            stop_retention(&RevocationConfig::default()),
+            24 * 3600 + 30 + 30 + 60
+        );
+        // It follows the lifetime bound and the restore skew, one for one.
+        let cfg = RevocationConfig {
+            max_subject_token_lifetime: h(600),
+            restore_skew: h(0),
+            ..RevocationConfig::default()
+        };
+        assert_eq!(
+            stop_retention(&cfg),
+            600 + subject::SKEW + subject::CACHE_TTL
+        );
+        let cfg = RevocationConfig {
+            max_subject_token_lifetime: h(7_200),
+            restore_skew: h(5),
+            ..RevocationConfig::default()
+        };
+        assert_eq!(stop_retention(&cfg), 7_200 + 5 + 30 + 60);
+    }
+
+    #[test]
+    fn sign_in_stops_are_swept_after_their_retention_from_receipt_and_restore_stops_are_kept() {
         let (_d, s) = store();
+        let retention = 1_000;
+        // Received at 5_000; its event time narrows the revocation time
+        // to 4_700, but the retention counts from the receipt: a token of
+        // the session issued up to the receipt lives until then.
         write(
             &s,
-            &Stop::new(&request("a", Lift::SignIn, None), 1_000, 600),
+            &Stop::new(&request("a", Lift::SignIn, Some(4_700)), 5_000, 600),
         )
         .unwrap();
         write(
             &s,
-            &Stop::new(&request("b", Lift::Restore, None), 1_000, 600),
+            &Stop::new(&request("b", Lift::Restore, None), 5_000, 600),
         )
         .unwrap();
-        assert_eq!(sweep(&s, 1_000 + SIGN_IN_STOP_RETENTION).unwrap(), 0);
-        assert_eq!(sweep(&s, 1_001 + SIGN_IN_STOP_RETENTION).unwrap(), 1);
+        assert_eq!(sweep(&s, 4_700 + retention + 1, retention).unwrap(), 0);
+        assert_eq!(sweep(&s, 5_000 + retention, retention).unwrap(), 0);
+        assert_eq!(sweep(&s, 5_001 + retention, retention).unwrap(), 1);
         let left = read_all(&s).unwrap();
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].person_sub, "b");
+        assert_eq!(sweep(&s, i64::MAX, retention).unwrap(), 0, "restore-only");
     }
 
     #[test]
@@ -693,7 +741,7 @@ mod tests {
             stops.check_derive(&alice, Some(i64::MAX)),
             Err(Refused::Revoked)
         );
-        assert_eq!(sweep(&s, i64::MAX / 2).unwrap(), 0);
+        assert_eq!(sweep(&s, i64::MAX / 2, 1).unwrap(), 0);
         remove(&s, &alice).unwrap();
         stops.reload(&s).unwrap();
         assert_eq!(stops.check_derive(&alice, None), Ok(None));

@@ -1,7 +1,8 @@
 //! `[revocation]`: the person-level stop (`credbroker persons revoke`,
 //! Shared Signals): how old an event's time may be, the skew a new sign-in
 //! must clear, how long a replica may go without reading the stop list,
-//! and what it does then (docs/REVOCATION.md).
+//! what it does then, and the longest-lived subject token accepted (which
+//! sets how long a stop is kept; docs/REVOCATION.md).
 
 use std::time::Duration;
 
@@ -22,6 +23,8 @@ pub(super) struct RawRevocation {
     pub(super) watch_bound: Option<String>,
     #[serde(default)]
     pub(super) revoke_at_providers: Option<bool>,
+    #[serde(default)]
+    pub(super) max_subject_token_lifetime: Option<String>,
 }
 
 /// What a replica does when it has not read the stop list within
@@ -57,7 +60,18 @@ pub struct RevocationConfig {
     /// their providers (default false; `persons revoke
     /// --revoke-at-providers` asks for it for one stop).
     pub revoke_at_providers: bool,
+    /// The longest subject token accepted: `exp - iat`, or `exp - now`
+    /// for a token without `iat` (default 24 h). A longer-lived token is
+    /// refused, so that a stop, kept this long past its receipt (with the
+    /// margins of `derive::persons::stop_retention`), outlives every token
+    /// of the session it stopped.
+    pub max_subject_token_lifetime: Duration,
 }
+
+/// The default `max_subject_token_lifetime` in seconds (24 h): above the
+/// access-token lifetimes identity providers issue by default (minutes to
+/// an hour; 24 h is the longest default we know of, Auth0's for APIs).
+const DEFAULT_MAX_SUBJECT_TOKEN_LIFETIME: u64 = 24 * 3600;
 
 impl Default for RevocationConfig {
     fn default() -> RevocationConfig {
@@ -67,6 +81,7 @@ impl Default for RevocationConfig {
             watch_failure: WatchFailure::Refuse,
             watch_bound: Duration::from_secs(10),
             revoke_at_providers: false,
+            max_subject_token_lifetime: Duration::from_secs(DEFAULT_MAX_SUBJECT_TOKEN_LIFETIME),
         }
     }
 }
@@ -116,6 +131,14 @@ pub(super) fn revocation(raw: &RawRevocation, check: &mut Check<'_>) -> Revocati
         s(300),
         "must be a duration between 2s and 5m, such as \"10s\"",
     );
+    let max_subject_token_lifetime = duration(
+        "revocation.max_subject_token_lifetime",
+        &raw.max_subject_token_lifetime,
+        d.max_subject_token_lifetime,
+        s(60),
+        s(30 * 86_400),
+        "must be a duration between 1m and 720h (30 days), such as \"24h\"",
+    );
     let watch_failure = match raw.watch_failure.as_deref() {
         None | Some("refuse") => WatchFailure::Refuse,
         Some("serve") => WatchFailure::Serve,
@@ -133,5 +156,6 @@ pub(super) fn revocation(raw: &RawRevocation, check: &mut Check<'_>) -> Revocati
         watch_failure,
         watch_bound,
         revoke_at_providers: raw.revoke_at_providers.unwrap_or(false),
+        max_subject_token_lifetime,
     }
 }

@@ -1084,3 +1084,37 @@ fn subject_token_introspection_is_all_or_nothing_and_bounded() {
         problem_for(&problems(&text), key);
     }
 }
+
+#[test]
+fn the_longest_subject_token_is_bounded_and_a_bad_bound_names_file_and_key() {
+    // The default: 24 h.
+    assert_eq!(
+        parse(BASE).unwrap().revocation.max_subject_token_lifetime,
+        std::time::Duration::from_secs(24 * 3600)
+    );
+    let with = |v: &str| format!("{BASE}\n[revocation]\nmax_subject_token_lifetime = \"{v}\"\n");
+    for (v, secs) in [("1m", 60), ("2h", 7_200), ("720h", 30 * 86_400)] {
+        assert_eq!(
+            parse(&with(v))
+                .unwrap()
+                .revocation
+                .max_subject_token_lifetime
+                .as_secs(),
+            secs,
+            "{v}"
+        );
+    }
+    for v in ["59s", "721h", "0s", "a day", "-1h"] {
+        let text = with(v);
+        let p = problems(&text);
+        assert_eq!(p.len(), 1, "{v}: {p:#?}");
+        let shown = problem_for(&p, "revocation.max_subject_token_lifetime").to_string();
+        let line = line_of(&text, "max_subject_token_lifetime");
+        assert!(
+            shown.starts_with(&format!("{FILE}:{line}"))
+                && shown.contains("revocation.max_subject_token_lifetime")
+                && shown.contains("between 1m and 720h"),
+            "{v}: {shown}"
+        );
+    }
+}

@@ -250,6 +250,67 @@ async fn subject_token_expired_forged_untrusted_or_revoked() {
     b.derive_ok(&k).await;
 }
 
+/// A subject token living longer than `revocation.max_subject_token_lifetime`
+/// (`exp - iat`, or `exp` minus now without `iat`) is refused, naming the
+/// key: a person stop is kept only that long (plus margins), so a longer
+/// token could outlive the stop of its session. Controls: tokens within
+/// the bound, with and without `iat`, are served.
+#[tokio::test]
+async fn subject_token_living_longer_than_the_configured_bound() {
+    let b = TestBroker::start_with(Opts {
+        extra_config: "\n[revocation]\nmax_subject_token_lifetime = \"10m\"\n".into(),
+        ..Default::default()
+    });
+    let k = key();
+    let derive = |st: &str| b.post_derive(&b.good_body(st), Some(&b.proof(&k)));
+    let n = now();
+    let claims = |iat: Option<i64>, exp: i64| {
+        let mut c = b.subject_claims("alice");
+        c["exp"] = json!(exp);
+        match iat {
+            Some(i) => c["iat"] = json!(i),
+            None => {
+                c.as_object_mut().unwrap().remove("iat");
+            }
+        }
+        c
+    };
+    let before = issued_count(&b);
+    for (what, c) in [
+        (
+            "an hour, the quick start's default",
+            claims(Some(n), n + 3600),
+        ),
+        ("ten minutes and a second", claims(Some(n), n + 601)),
+        (
+            "issued an hour ago, five minutes left",
+            claims(Some(n - 3600), n + 300),
+        ),
+        ("no iat, an hour left", claims(None, n + 3600)),
+    ] {
+        let r = derive(&b.subject_with(&c));
+        r.assert_refused(400, "invalid_request", what);
+        let why = r.json()["error_description"].as_str().unwrap().to_string();
+        assert!(
+            why.contains("revocation.max_subject_token_lifetime") && why.contains("600 s"),
+            "{what}: {why}"
+        );
+    }
+    assert_eq!(issued_count(&b), before, "nothing issued");
+    // Within the bound: served.
+    for (what, c) in [
+        ("ten minutes exactly", claims(Some(n), n + 600)),
+        (
+            "issued five minutes ago, five minutes left",
+            claims(Some(n - 300), n + 300),
+        ),
+        ("no iat, five minutes left", claims(None, n + 300)),
+    ] {
+        derive(&b.subject_with(&c)).assert_issued(what);
+    }
+    assert_eq!(issued_count(&b), before + 3);
+}
+
 #[tokio::test]
 async fn resource_relative_with_fragment_or_two_resources() {
     let b = TestBroker::start();
