@@ -152,6 +152,26 @@ fn deliveries(b: &TestBroker, outcome: &str) -> Option<f64> {
     ))
 }
 
+/// Waits (at most 10 s) until [`deliveries`] of `outcome` is `want`. The
+/// receiver logs a request before it answers, and the broker counts a
+/// delivery once it has read the answer: read as soon as the receiver has
+/// the last event, the counter may not have moved yet. A count past
+/// `want` never matches, and fails here with what it was.
+pub(crate) async fn deliveries_reach(b: &TestBroker, outcome: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = deliveries(b, outcome);
+        if got == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{outcome} deliveries: {got:?}, not {want} within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn audit_ids(b: &TestBroker, kinds: &[&str]) -> BTreeSet<String> {
     b.audit_lines()
         .iter()
@@ -217,7 +237,7 @@ async fn deliveries_verify_with_the_reference_library_under_both_secrets_of_a_ro
         let t = serde_json::from_str::<serde_json::Value>(x["body"].as_str().unwrap()).unwrap();
         t["type"] == "derive.issued" || t["type"] == "derive.denied"
     }));
-    assert_eq!(deliveries(&b, "delivered"), Some(2.0));
+    deliveries_reach(&b, "delivered", 2.0).await;
 }
 
 #[tokio::test]
