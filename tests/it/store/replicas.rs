@@ -81,17 +81,15 @@ async fn replicas_share_the_key_ring_and_the_freeze() {
         x.derive_ok(&key).await;
     }
 
-    // A freeze on B holds on A and C within a second.
-    assert_eq!(b.admin_post("/freeze", "on").unwrap().0, 200);
+    // A freeze on B holds on A and C within a second (docs/STORE.md), or
+    // four times what B took to write it on a loaded machine
+    // (support::slack): a derive sent to them after that is refused.
     let start = Instant::now();
-    for x in [a, c] {
-        while !refused(x, &key).await {
-            assert!(
-                start.elapsed() < Duration::from_secs(1),
-                "the freeze did not reach every replica within 1 s"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    assert_eq!(b.admin_post("/freeze", "on").unwrap().0, 200);
+    let bound = slack(start.elapsed());
+    for (name, x) in [("A", a), ("C", c)] {
+        let what = format!("the freeze reaching {name}");
+        holds_by(start, bound, &what, || refused(x, &key)).await;
     }
     eprintln!("freeze on every replica after {:?}", start.elapsed());
     // A writer to the database without the master key lifts nothing: not
@@ -112,13 +110,12 @@ async fn replicas_share_the_key_ring_and_the_freeze() {
         }
     }
     // Lifted on A: B and C issue again (the positive control).
-    assert_eq!(a.admin_post("/freeze", "off").unwrap().0, 200);
     let start = Instant::now();
-    for x in [b, c] {
-        while refused(x, &key).await {
-            assert!(start.elapsed() < Duration::from_secs(1), "lift not seen");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    assert_eq!(a.admin_post("/freeze", "off").unwrap().0, 200);
+    let bound = slack(start.elapsed());
+    for (name, x) in [("B", b), ("C", c)] {
+        let what = format!("the lift reaching {name}");
+        holds_by(start, bound, &what, || async { !refused(x, &key).await }).await;
     }
 
     // A rotation on C is published by every replica within 10 s (the

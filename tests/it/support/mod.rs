@@ -64,6 +64,34 @@ pub(crate) fn slack(baseline: Duration) -> Duration {
     std::cmp::max(Duration::from_secs(1), 4 * baseline)
 }
 
+/// Polls `check` (every 20 ms) until it holds, and fails only when a check
+/// *begun* `bound` or more after `since` still does not hold: a bound on
+/// when a change made elsewhere (another replica, a background task) takes
+/// effect, not on how long a loaded machine takes to answer the check
+/// itself. Returns how long after `since` the check that held began.
+pub(crate) async fn holds_by<F, Fut>(
+    since: Instant,
+    bound: Duration,
+    what: &str,
+    mut check: F,
+) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    loop {
+        let begun = since.elapsed();
+        if check().await {
+            return begun;
+        }
+        assert!(
+            begun < bound,
+            "{what}: a check begun {begun:?} after the change still failed (bound {bound:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether this run is CI's (`CI=true`), where nothing may be skipped.
 pub(crate) fn under_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
