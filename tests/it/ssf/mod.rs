@@ -8,6 +8,7 @@
 
 mod poll;
 mod push;
+mod replicas;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -164,4 +165,34 @@ pub(super) fn ssf_events(b: &TestBroker) -> Vec<Value> {
         .into_iter()
         .filter(|e| e["event"] == "ssf.event_received")
         .collect()
+}
+
+/// The `ssf.event_received` events of a replica (its audit file is
+/// `audit.jsonl` in its directory).
+pub(super) fn ssf_events_at(b: &TestBroker) -> Vec<Value> {
+    read_audit(&b.path("audit.jsonl"))
+        .into_iter()
+        .filter(|e| e["event"] == "ssf.event_received")
+        .collect()
+}
+
+/// Two-or-more replicas on `db` whose transmitter `idp` pushes (every
+/// replica's issuer is the quick start's default one), with `extra`
+/// appended to each config; the transmitter started for them.
+pub(super) fn push_replicas(
+    db: &crate::support::postgres::Database,
+    n: usize,
+    extra: &str,
+) -> (Vec<TestBroker>, Tx, tempfile::TempDir) {
+    let issuer = "http://127.0.0.1:0".to_owned();
+    let tx = Tx::start(&issuer);
+    let secrets = tempfile::tempdir().unwrap();
+    secret_file(&secrets.path().join("ssf-push"), PUSH_AUTH);
+    secret_file(&secrets.path().join("ssf-management"), MANAGEMENT);
+    let table = transmitter_toml(&tx, &issuer, "push", secrets.path());
+    let replicas = crate::support::postgres::replicas_with(db, n, &Opts::default(), &|text| {
+        format!("{text}\n{table}{extra}")
+    });
+    assert_eq!(replicas[0].issuer, issuer, "the replicas' issuer");
+    (replicas, tx, secrets)
 }

@@ -113,12 +113,3 @@ async fn two_replicas_poll_one_stream_under_one_lease() {
         assert_eq!(derive_as(r, "dave").await, Ok(()));
     }
 }
-
-/// The `ssf.event_received` events of a replica (its audit file is
-/// `audit.jsonl` in its directory).
-fn ssf_events_at(b: &TestBroker) -> Vec<serde_json::Value> {
-    read_audit(&b.path("audit.jsonl"))
-        .into_iter()
-        .filter(|e| e["event"] == "ssf.event_received")
-        .collect()
-}
