@@ -263,6 +263,23 @@ pub(super) enum StreamAction {
         #[arg(long)]
         transmitter: String,
     },
+    /// Read the kept stream's status at the transmitter (exit 1 unless it
+    /// is `enabled`), or set it with `--set`.
+    Status {
+        /// The config file.
+        #[arg(long)]
+        config: PathBuf,
+        /// The transmitter's name in the config.
+        #[arg(long)]
+        transmitter: String,
+        /// Ask the transmitter for this status (exit 1 unless it answers
+        /// with it).
+        #[arg(long, value_parser = ["enabled", "paused", "disabled"])]
+        set: Option<String>,
+        /// The reason sent with `--set`.
+        #[arg(long, requires = "set")]
+        reason: Option<String>,
+    },
 }
 
 /// `credbroker accounts ...`.

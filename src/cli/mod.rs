@@ -44,7 +44,7 @@ pub use quickstart::{
 
 use args::{
     AccountsAction, Command, EventsAction, KeysAction, PersonsAction, SsfAction, StoreAction,
-    StreamAction, UpstreamAction, UsersAction,
+    UpstreamAction, UsersAction,
 };
 
 /// What a command returns: its exit code, or an error printed as
@@ -154,16 +154,7 @@ async fn run(cmd: Command) -> Result<ExitCode, Box<dyn std::error::Error>> {
         } => upstream::check(&config, &name).await,
         Command::Ssf {
             action: SsfAction::Stream { action },
-        } => match action {
-            StreamAction::Create {
-                config,
-                transmitter,
-            } => ssf::create(&config, &transmitter).await,
-            StreamAction::Verify {
-                config,
-                transmitter,
-            } => ssf::verify(&config, &transmitter).await,
-        },
+        } => ssf::stream(action).await,
         Command::Events { action } => match action {
             EventsAction::Redeliver {
                 config,

@@ -1,19 +1,41 @@
-//! `credbroker ssf stream create|verify`: the transmitter's stream for this
-//! receiver, made or checked with its management credentials
+//! `credbroker ssf stream create|verify|status`: the transmitter's stream
+//! for this receiver, made, checked, or its status read or set with its
+//! management credentials
 //! (`ssf.transmitters.<name>.management_credentials_file`), its id kept in
 //! the store (through the admin socket, or the store itself when no
 //! instance runs).
 
 use std::path::Path;
 
-use crate::derive::ssf::stream::{self, StreamRecord};
+use crate::derive::ssf::stream::{self, Status, StreamRecord};
 use crate::derive::ssf::Transmitter;
 use crate::infra::config::Config;
 
+use super::args::StreamAction;
 use super::exit::Exit;
 use super::online::{reach, Reached};
 use super::operator::admin_refusal;
 use super::Res;
+
+/// `credbroker ssf stream ACTION`.
+pub(super) async fn stream(action: StreamAction) -> Res {
+    match action {
+        StreamAction::Create {
+            config,
+            transmitter,
+        } => create(&config, &transmitter).await,
+        StreamAction::Verify {
+            config,
+            transmitter,
+        } => verify(&config, &transmitter).await,
+        StreamAction::Status {
+            config,
+            transmitter,
+            set,
+            reason,
+        } => status(&config, &transmitter, set.as_deref(), reason.as_deref()).await,
+    }
+}
 
 /// The named transmitter, built as the instance builds it.
 fn transmitter(cfg: &Config, name: &str) -> Result<Transmitter, Box<dyn std::error::Error>> {
@@ -30,7 +52,7 @@ fn push_url(cfg: &Config) -> String {
 }
 
 /// `ssf stream create`: asks the transmitter for a stream and keeps its id.
-pub(super) async fn create(config: &Path, name: &str) -> Res {
+async fn create(config: &Path, name: &str) -> Res {
     let cfg = Config::load(config)?;
     let t = transmitter(&cfg, name)?;
     let record = stream::create(&t, &push_url(&cfg))
@@ -58,25 +80,39 @@ pub(super) async fn create(config: &Path, name: &str) -> Res {
     Ok(Exit::Ok)
 }
 
-/// `ssf stream verify`: reads the kept stream back from the transmitter,
-/// checks it against the config, and asks for a verification event.
-pub(super) async fn verify(config: &Path, name: &str) -> Res {
-    let cfg = Config::load(config)?;
-    let t = transmitter(&cfg, name)?;
+/// The stream kept for transmitter `name` (through the running instance,
+/// or the store when none runs); `Err(Exit::Failed)` once the reason is
+/// printed.
+async fn kept(
+    cfg: &Config,
+    config: &Path,
+    name: &str,
+) -> Result<Result<StreamRecord, Exit>, Box<dyn std::error::Error>> {
     let path = format!("/ssf/stream?transmitter={name}");
-    let stored: Option<StreamRecord> = match reach(&cfg, "GET", &path, "").await? {
+    let stored: Option<StreamRecord> = match reach(cfg, "GET", &path, "").await? {
         Reached::Instance { status: 200, body } => serde_json::from_value(
             serde_json::from_str::<serde_json::Value>(&body)?["stream"].clone(),
         )?,
         Reached::Instance { status, body } => {
             eprintln!("error: {}", admin_refusal(status, &body));
-            return Ok(Exit::Failed);
+            return Ok(Err(Exit::Failed));
         }
         Reached::Stopped(off) => stream::load(off.store.as_ref(), name)?,
     };
-    let Some(stored) = stored else {
+    Ok(stored.ok_or_else(|| {
         eprintln!("error: no stream is kept for transmitter {name}: run `credbroker ssf stream create --config {} --transmitter {name}`", config.display());
-        return Ok(Exit::Failed);
+        Exit::Failed
+    }))
+}
+
+/// `ssf stream verify`: reads the kept stream back from the transmitter,
+/// checks it against the config, and asks for a verification event.
+async fn verify(config: &Path, name: &str) -> Res {
+    let cfg = Config::load(config)?;
+    let t = transmitter(&cfg, name)?;
+    let stored = match kept(&cfg, config, name).await? {
+        Ok(s) => s,
+        Err(exit) => return Ok(exit),
     };
     match stream::verify(&t, &push_url(&cfg), &stored).await {
         Ok((found, asked)) => {
@@ -94,4 +130,45 @@ pub(super) async fn verify(config: &Path, name: &str) -> Res {
             Ok(Exit::Failed)
         }
     }
+}
+
+/// `ssf stream status`: the kept stream's status at the transmitter, or
+/// (with `set`) the one asked for; exit 1 unless it is `enabled` (or, with
+/// `set`, the one asked for).
+async fn status(config: &Path, name: &str, set: Option<&str>, reason: Option<&str>) -> Res {
+    let cfg = Config::load(config)?;
+    let t = transmitter(&cfg, name)?;
+    let want = match set {
+        Some(s) => Some(Status::parse(s).ok_or_else(|| format!("--set {s}: not a status"))?),
+        None => None,
+    };
+    let stored = match kept(&cfg, config, name).await? {
+        Ok(s) => s,
+        Err(exit) => return Ok(exit),
+    };
+    let got = match stream::status(&t, &stored, want.map(|w| (w, reason))).await {
+        Ok(got) => got,
+        Err(e) => {
+            eprintln!(
+                "error: the status of stream {} of transmitter {name}: {e}",
+                stored.stream_id
+            );
+            return Ok(Exit::Failed);
+        }
+    };
+    println!(
+        "{}",
+        serde_json::json!({"transmitter": name, "stream_id": stored.stream_id, "status": got})
+    );
+    let expected = want.unwrap_or(Status::Enabled);
+    if got.status != expected {
+        eprintln!(
+            "error: the stream {} of transmitter {name} is {}, not {}: {}",
+            stored.stream_id,
+            got.status.name(),
+            expected.name(),
+            got.status.meaning()
+        );
+    }
+    Ok(Exit::ok_if(got.status == expected, Exit::Failed))
 }

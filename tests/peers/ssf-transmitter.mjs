@@ -22,7 +22,10 @@
 //               "event_time_offset" (CAEP event_timestamp, seconds from now)
 //   {"cmd":"queue", "set": "<SET>", "jti": "..."}  -> {"ok":true}: offered to the poll endpoint
 //   {"cmd":"polls"}   -> {"polls": n, "acked": [jti...], "errs": {jti: {...}}, "pending": n}
-//   {"cmd":"streams"} -> {"streams": [stream configs], "verifications": n}
+//   {"cmd":"streams"} -> {"streams": [stream configs], "verifications": n, "statuses": {id: {...}}}
+//   {"cmd":"status", "stream_id", "status", "reason"} -> {"ok":true}: the transmitter changes it
+// A stream's status (SSF 1.0 section 8.1.2) is read with GET /ssf/status?stream_id=
+// and set with POST /ssf/status {stream_id, status, reason}; it starts "enabled".
 // Exits when stdin closes.
 import { readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
@@ -62,6 +65,7 @@ const server = await new Promise((resolve) => {
 });
 const issuer = `http://127.0.0.1:${server.address().port}`;
 const streams = [];
+const statuses = {};
 let verifications = 0;
 const queue = new Map(); // jti -> SET, until acknowledged
 let polls = 0;
@@ -112,6 +116,7 @@ server.on('request', async (req, res) => {
       spec_version: '1_0', issuer, jwks_uri: `${issuer}/jwks`,
       delivery_methods_supported: ['urn:ietf:rfc:8935', 'urn:ietf:rfc:8936'],
       configuration_endpoint: `${issuer}/ssf/stream`, verification_endpoint: `${issuer}/ssf/verify`,
+      status_endpoint: `${issuer}/ssf/status`,
     });
   }
   if (req.method === 'GET' && url.pathname === '/jwks') return json(res, 200, { keys: [pub] });
@@ -127,11 +132,23 @@ server.on('request', async (req, res) => {
         : asked.delivery,
     };
     streams.push(stream);
+    statuses[stream.stream_id] = { stream_id: stream.stream_id, status: 'enabled' };
     return json(res, 201, stream);
   }
   if (req.method === 'GET' && url.pathname === '/ssf/stream') {
     const s = streams.find((x) => x.stream_id === url.searchParams.get('stream_id'));
     return s ? json(res, 200, s) : json(res, 404, {});
+  }
+  if (req.method === 'GET' && url.pathname === '/ssf/status') {
+    const s = statuses[url.searchParams.get('stream_id')];
+    return s ? json(res, 200, s) : json(res, 404, {});
+  }
+  if (req.method === 'POST' && url.pathname === '/ssf/status') {
+    const r = JSON.parse(body || '{}');
+    if (!statuses[r.stream_id]) return json(res, 404, {});
+    if (!['enabled', 'paused', 'disabled'].includes(r.status)) return json(res, 400, {});
+    statuses[r.stream_id] = { stream_id: r.stream_id, status: r.status, ...(r.reason ? { reason: r.reason } : {}) };
+    return json(res, 200, statuses[r.stream_id]);
   }
   if (req.method === 'POST' && url.pathname === '/ssf/verify') {
     verifications += 1;
@@ -157,7 +174,11 @@ rl.on('line', async (line) => {
   if (c.cmd === 'set') out = await build(c);
   else if (c.cmd === 'queue') { queue.set(c.jti, c.set); out = { ok: true }; }
   else if (c.cmd === 'polls') out = { polls, acked, errs, pending: queue.size };
-  else if (c.cmd === 'streams') out = { streams, verifications };
+  else if (c.cmd === 'streams') out = { streams, verifications, statuses };
+  else if (c.cmd === 'status') {
+    statuses[c.stream_id] = { stream_id: c.stream_id, status: c.status, ...(c.reason ? { reason: c.reason } : {}) };
+    out = { ok: true };
+  }
   else out = { error: 'unknown command' };
   console.log(JSON.stringify(out));
 });

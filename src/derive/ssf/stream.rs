@@ -1,8 +1,9 @@
 //! A transmitter's SSF metadata (SSF 1.0 section 7) and its stream
-//! management API (section 8.1.1), for `credbroker ssf stream
-//! create|verify`: the stream is made (or checked) with the management
-//! credentials, and its id (with the poll URL, for polling) is kept in the
-//! store (tree `state`, record `ssf/stream/<name>`).
+//! management API (section 8.1), for `credbroker ssf stream
+//! create|verify|status`: the stream is made (or checked) with the
+//! management credentials, and its id (with the poll URL, for polling) is
+//! kept in the store (tree `state`, record `ssf/stream/<name>`); its status
+//! is read or set at the transmitter's `status_endpoint`.
 
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +28,56 @@ pub(crate) struct Metadata {
     /// Where a verification event is asked for.
     #[serde(default)]
     pub(crate) verification_endpoint: Option<String>,
+    /// Where a stream's status is read and set.
+    #[serde(default)]
+    pub(crate) status_endpoint: Option<String>,
+}
+
+/// A stream's status at the transmitter (SSF 1.0 section 8.1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Status {
+    /// SETs are sent.
+    Enabled,
+    /// SETs are held by the transmitter and sent when enabled again.
+    Paused,
+    /// SETs are not sent, and not held.
+    Disabled,
+}
+
+impl Status {
+    /// The status named `s` (`enabled`, `paused`, `disabled`).
+    pub(crate) fn parse(s: &str) -> Option<Status> {
+        serde_json::from_value(serde_json::Value::String(s.to_owned())).ok()
+    }
+
+    /// Its name in SSF.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Status::Enabled => "enabled",
+            Status::Paused => "paused",
+            Status::Disabled => "disabled",
+        }
+    }
+
+    /// What it means for the SETs of the stream.
+    pub(crate) fn meaning(self) -> &'static str {
+        match self {
+            Status::Enabled => "the transmitter sends its SETs",
+            Status::Paused => "the transmitter holds its SETs until it is enabled",
+            Status::Disabled => "the transmitter sends no SETs and keeps none",
+        }
+    }
+}
+
+/// What the transmitter answered about a stream's status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct StreamStatus {
+    /// The stream's status.
+    pub(crate) status: Status,
+    /// The transmitter's reason, as given (at most 256 characters kept).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<String>,
 }
 
 /// The stream as the store keeps it.
@@ -134,6 +185,7 @@ pub(crate) async fn discover(t: &Transmitter) -> Result<Metadata, String> {
         Some(&m.jwks_uri),
         m.configuration_endpoint.as_ref(),
         m.verification_endpoint.as_ref(),
+        m.status_endpoint.as_ref(),
     ]
     .into_iter()
     .flatten()
@@ -285,4 +337,112 @@ pub(crate) async fn verify(
         asked = (200..300).contains(&status);
     }
     Ok((found, asked))
+}
+
+/// The most of a transmitter's status `reason` that is kept.
+const MAX_REASON: usize = 256;
+
+/// Reads the stored stream's status at the transmitter, or, with `set`,
+/// asks for that status (with an optional reason) and returns what the
+/// transmitter answers (`ssf stream status`).
+pub(crate) async fn status(
+    t: &Transmitter,
+    stored: &StreamRecord,
+    set: Option<(Status, Option<&str>)>,
+) -> Result<StreamStatus, String> {
+    let meta = discover(t).await?;
+    let endpoint = meta
+        .status_endpoint
+        .as_deref()
+        .ok_or("the transmitter's metadata has no status_endpoint")?;
+    let (status, body) = match set {
+        None => {
+            let mut url = url::Url::parse(endpoint).map_err(|_| "status_endpoint is not a URL")?;
+            url.query_pairs_mut()
+                .append_pair("stream_id", &stored.stream_id);
+            call(t, reqwest::Method::GET, url.as_str(), None, true).await?
+        }
+        Some((want, reason)) => {
+            let mut body = serde_json::json!({"stream_id": stored.stream_id, "status": want});
+            if let Some(r) = reason {
+                body["reason"] = r.into();
+            }
+            call(t, reqwest::Method::POST, endpoint, Some(&body), true).await?
+        }
+    };
+    if status != 200 {
+        return Err(format!(
+            "{endpoint}: answered {status} for the stored stream id"
+        ));
+    }
+    status_answer(&body, &stored.stream_id).map_err(|e| format!("{endpoint}: {e}"))
+}
+
+/// Checks a status answer: JSON with a known `status`, naming the stored
+/// stream when it names one.
+fn status_answer(body: &[u8], stream_id: &str) -> Result<StreamStatus, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(body).map_err(|_| "the status answer is not JSON".to_string())?;
+    if v["stream_id"].as_str().is_some_and(|s| s != stream_id) {
+        return Err("the status answer names another stream".into());
+    }
+    let status = serde_json::from_value(v["status"].clone())
+        .map_err(|_| "the status answer has no status enabled, paused or disabled".to_string())?;
+    let reason = v["reason"].as_str().map(|r| {
+        r.chars()
+            .filter(|c| !c.is_control())
+            .take(MAX_REASON)
+            .collect()
+    });
+    Ok(StreamStatus { status, reason })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_answer_is_checked() {
+        let ok = status_answer(
+            br#"{"stream_id":"s1","status":"paused","reason":"maintenance"}"#,
+            "s1",
+        );
+        assert_eq!(
+            ok,
+            Ok(StreamStatus {
+                status: Status::Paused,
+                reason: Some("maintenance".into())
+            })
+        );
+        // Without stream_id (a transmitter may leave it out): accepted.
+        assert_eq!(
+            status_answer(br#"{"status":"enabled"}"#, "s1").map(|s| s.status),
+            Ok(Status::Enabled)
+        );
+        for bad in [
+            &br#"{"stream_id":"s2","status":"enabled"}"#[..],
+            br#"{"stream_id":"s1","status":"on"}"#,
+            br#"{"stream_id":"s1"}"#,
+            b"not json",
+        ] {
+            assert!(
+                status_answer(bad, "s1").is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // A reason is kept without control characters, and cut.
+        let long = format!(
+            r#"{{"status":"disabled","reason":"a\u001b[31m{}"}}"#,
+            "x".repeat(400)
+        );
+        let r = status_answer(long.as_bytes(), "s1")
+            .unwrap()
+            .reason
+            .unwrap();
+        assert!(
+            r.starts_with("a[31m") && r.chars().count() == MAX_REASON,
+            "{r}"
+        );
+    }
 }

@@ -291,13 +291,14 @@ async fn an_email_subject_maps_only_through_a_verified_email_of_a_derive() {
 }
 
 #[tokio::test]
-async fn ssf_stream_create_and_verify_keep_the_stream_id() {
+async fn ssf_stream_create_verify_and_status_keep_the_stream_id() {
     let (b, mut tx, _secrets) = push_broker();
-    let run = |action: &str| {
+    let run_with = |action: &str, more: &[&str]| {
         let out = std::process::Command::new(bin())
             .args(["ssf", "stream", action, "--config"])
             .arg(&b.config)
             .args(["--transmitter", "idp"])
+            .args(more)
             .output()
             .unwrap();
         (
@@ -306,10 +307,13 @@ async fn ssf_stream_create_and_verify_keep_the_stream_id() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
-    // Verify before any stream: refused, naming the command to run.
-    let (code, _, err) = run("verify");
-    assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("ssf stream create"), "{err}");
+    let run = |action: &str| run_with(action, &[]);
+    // Verify or status before any stream: refused, naming the command to run.
+    for action in ["verify", "status"] {
+        let (code, _, err) = run(action);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("ssf stream create"), "{err}");
+    }
     let (code, out, err) = run("create");
     assert_eq!(code, Some(0), "{err}");
     let created: Value = serde_json::from_str(&out).unwrap();
@@ -329,6 +333,45 @@ async fn ssf_stream_create_and_verify_keep_the_stream_id() {
     assert_eq!(verified["stream"]["stream_id"], id.as_str());
     assert_eq!(verified["verification_requested"], true);
     assert_eq!(tx.call(&json!({"cmd": "streams"}))["verifications"], 1);
+
+    // Status: enabled reads as exit 0.
+    let status = |out: &str| serde_json::from_str::<Value>(out).unwrap()["status"].clone();
+    let (code, out, err) = run("status");
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(status(&out), json!({"status": "enabled"}));
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["stream_id"],
+        id.as_str()
+    );
+    // Paused by the transmitter: exit 1, saying what it means; the reason
+    // is shown without its control characters.
+    tx.call(
+        &json!({"cmd": "status", "stream_id": id, "status": "paused", "reason": "upkeep\u{1b}[2J"}),
+    );
+    let (code, out, err) = run("status");
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(
+        status(&out),
+        json!({"status": "paused", "reason": "upkeep[2J"})
+    );
+    assert!(
+        err.contains("is paused, not enabled: the transmitter holds its SETs"),
+        "{err}"
+    );
+    // Set back to enabled with a reason: the transmitter has it, exit 0.
+    let (code, out, err) = run_with("status", &["--set", "enabled", "--reason", "back"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(status(&out), json!({"status": "enabled", "reason": "back"}));
+    let statuses = tx.call(&json!({"cmd": "streams"}))["statuses"].clone();
+    assert_eq!(statuses[&id]["status"], "enabled");
+    assert_eq!(statuses[&id]["reason"], "back");
+    // A status that is not one: refused before anything is sent.
+    let (code, _, err) = run_with("status", &["--set", "on"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(
+        tx.call(&json!({"cmd": "streams"}))["statuses"][&id]["status"],
+        "enabled"
+    );
 }
 
 #[tokio::test]
