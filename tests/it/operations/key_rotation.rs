@@ -96,8 +96,12 @@ async fn scheduled_rotation_activates_on_the_tick_of_a_running_broker() {
     });
     let kid_of = |token: &str| jose::parse(token, 8 * 1024).unwrap().header.kid.unwrap();
     let old = status(&b)["active_kid"].as_str().unwrap().to_owned();
-    let (code, out) = b.admin_post("/keys/rotate", "").unwrap();
+    // Taken before the request: the broker reads its clock for the
+    // activation time before it answers, and the key falls due as little
+    // as DELAY - 1 s after that (`activates_at` is in whole seconds), so
+    // the bounds below hold from here on a loaded machine too.
     let rotated = std::time::Instant::now();
+    let (code, out) = b.admin_post("/keys/rotate", "").unwrap();
     assert_eq!(code, 200, "{out}");
     let next = serde_json::from_str::<serde_json::Value>(&out).unwrap()["kid"]
         .as_str()
@@ -354,30 +358,54 @@ mod failpoints {
     #[tokio::test]
     async fn crash_while_activating_at_start_keeps_every_published_key() {
         for point in ["keys.activate.before_write", "keys.activate.after_write"] {
+            // `activates_at` is in whole seconds: with a delay of 1 s the key
+            // could fall due 34 ms after the rotation, and the running
+            // broker activated it before it was stopped (seen under load;
+            // the serve below then met the failpoint only when the old
+            // key's grace ended, 6 minutes on, and dropped it). 4 s leaves
+            // at least 3 s to stop it, checked below.
             let mut b = TestBroker::start_with(Opts {
-                edit_config: Some(|t| t.replace("[keys]\n", "[keys]\nactivation_delay = 1\n")),
+                edit_config: Some(|t| t.replace("[keys]\n", "[keys]\nactivation_delay = 4\n")),
                 ..Opts::default()
             });
             let token = b.derive_ok(&key()).await;
             let (code, out) = b.admin_post("/keys/rotate", "").unwrap();
             assert_eq!(code, 200, "{out}");
-            let next = serde_json::from_str::<serde_json::Value>(&out).unwrap()["kid"]
-                .as_str()
-                .unwrap()
-                .to_owned();
+            let rotated = serde_json::from_str::<serde_json::Value>(&out).unwrap();
+            let next = rotated["kid"].as_str().unwrap().to_owned();
+            let due = rotated["activates_at"].as_i64().unwrap();
             let before = kids(&b.jwks().await);
             assert!(before.contains(&next), "published before activation");
             b.stop();
-            std::thread::sleep(Duration::from_millis(1100));
-            let started = Command::new(bin())
+            assert!(
+                !b.log_text().contains("signing key activated"),
+                "{point}: the key fell due before the broker was stopped: this test needs a longer activation_delay"
+            );
+            // Down until the key is due (by the wall clock the broker reads).
+            while now() < due {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let mut serve = Command::new(bin())
                 .args(["serve", "--config"])
                 .arg(&b.config)
                 .env(credbroker::internals::failpoint::ENV, point)
                 .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .output()
+                .stderr(Stdio::null())
+                .spawn()
                 .unwrap();
-            assert_eq!(started.status.signal(), Some(6), "{point}: {started:?}");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let ended = loop {
+                if let Some(st) = serve.try_wait().unwrap() {
+                    break st;
+                }
+                if Instant::now() > deadline {
+                    let _ = serve.kill();
+                    let _ = serve.wait();
+                    panic!("{point}: the start did not reach the failpoint within 30 s");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            assert_eq!(ended.signal(), Some(6), "{point}: {ended}");
             b.restart();
             check_invariants(&b, &before, token.access_token.expose(), point).await;
             assert_eq!(
