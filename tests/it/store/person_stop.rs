@@ -5,8 +5,8 @@
 //! link (404) and declines her pending approval, while Bob is served; a
 //! restore lifts it; a sign-in stop written by another writer is lifted
 //! only by a subject token with a later `auth_time` (revoking at the
-//! providers: `tests/it/services/person_stop.rs`). Then, with
-//! PostgreSQL stopped beyond the bound, a replica refuses
+//! providers: `tests/it/services/person_stop.rs`, and on a replica here).
+//! Then, with PostgreSQL stopped beyond the bound, a replica refuses
 //! (`revocation_watch_down`) or, with `watch_failure = "serve"`, serves and
 //! says so; a stop acknowledged before a PostgreSQL restart is kept.
 // Test helpers panic loudly on failure, as tests do.
@@ -486,4 +486,74 @@ async fn a_watch_down_beyond_the_bound_refuses_unless_set_to_serve_and_a_restart
         reason(&derive(r, &k, &carol).await).as_deref(),
         Some("person_revoked")
     );
+}
+
+/// `credbroker persons revoke --revoke-at-providers` run with each
+/// replica's config: the grant is revoked at the provider (RFC 7009) and
+/// the account marked on the shared store, Bob untouched; `persons list`
+/// on the other replica names the stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the gate between this binary's PostgreSQL tests (other test
+// threads), never taken by another task of this runtime.
+#[allow(clippy::await_holding_lock)]
+async fn persons_revoke_at_providers_on_a_replica_revokes_the_grant() {
+    let Some(cluster) = cluster_or_not_shown("persons revoke --revoke-at-providers on replicas")
+    else {
+        return;
+    };
+    let _shared = cluster.shared();
+    let (set, _api, alice, k, _token) = connected(cluster, "person_stop_providers").await;
+    let peer = &set.provider.peer;
+    assert_eq!(peer.live_refresh_tokens("octo-alice").await, 1);
+    let cli = |i: usize, args: &[&str]| {
+        let out = std::process::Command::new(bin())
+            .args(args)
+            .arg("--config")
+            .arg(&set.brokers[i].config)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, out, err) = cli(
+        1,
+        &[
+            "persons",
+            "revoke",
+            "--person",
+            &set.issuer,
+            "alice",
+            "--revoke-at-providers",
+        ],
+    );
+    eprintln!("persons revoke on B: {code}\n{out}\n{err}");
+    assert_eq!(code, 0, "{out} {err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["providers"][0]["revocation"], "revoked", "{v}");
+    assert_eq!(peer.live_refresh_tokens("octo-alice").await, 0);
+    until(&set.brokers[0], &k, &alice, Some("person_revoked")).await;
+    let (code, out, err) = cli(0, &["persons", "list"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"alice\""), "{out}");
+    // Again, on A (the operator retrying on another replica): the stop
+    // merges, and the provider is asked again (RFC 7009: revoking a
+    // revoked token succeeds).
+    let (code, out, err) = cli(
+        0,
+        &[
+            "persons",
+            "revoke",
+            "--person",
+            &set.issuer,
+            "alice",
+            "--revoke-at-providers",
+        ],
+    );
+    eprintln!("persons revoke on A: {code}\n{out}\n{err}");
+    assert_eq!(code, 0, "{out} {err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["providers"][0]["service"], "acme", "{v}");
 }
