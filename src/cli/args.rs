@@ -219,7 +219,10 @@ pub(super) enum UpstreamAction {
     /// `client_auth` (one token request with the client's authentication
     /// and a subject token that is no token: passes when the AS refuses it
     /// for anything but invalid_client). Exits 1 when a check fails.
-    /// Nothing of a person's is sent; private_key_jwt is skipped.
+    /// Nothing of a person's is sent. With private_key_jwt the running
+    /// instance signs and sends the client_auth test (admin socket; the
+    /// key stays in it); with none running, the client key is read from
+    /// the store (as the broker's user).
     Check {
         /// The config file.
         #[arg(long, short)]

@@ -102,6 +102,21 @@ impl ClientKeys {
         })
     }
 
+    /// The ring as stored, read only ([`mint::peek_ring`]): `None` when
+    /// no broker has created it yet. For a command that signs one
+    /// assertion with the client key while no instance runs.
+    pub(crate) fn peek(
+        store: &dyn Store,
+        sealer: &Sealer,
+        now: i64,
+    ) -> Result<Option<ClientKeys>, MintError> {
+        Ok(
+            mint::peek_ring(&mint::CLIENT, store, sealer, now)?.map(|ring| ClientKeys {
+                ring: ArcSwap::from_pointee(ring),
+            }),
+        )
+    }
+
     /// Re-reads the ring (the key tick, or another replica changed it).
     pub(crate) fn refresh(
         &self,
@@ -264,6 +279,21 @@ mod tests {
         let again = mint::load_or_create(&store, &sealer, 1_001).unwrap();
         assert_eq!(again.active.kid, signing.active.kid);
         assert_eq!(again.published.len(), 1);
+    }
+
+    #[test]
+    fn a_peek_writes_nothing_and_reads_the_ring_a_broker_made() {
+        let (_d, store, sealer) = setup();
+        assert!(ClientKeys::peek(&store, &sealer, 1_000).unwrap().is_none());
+        assert!(
+            store.get(Tree::ClientKeys, b"ring/v1").unwrap().is_none(),
+            "a peek creates no ring"
+        );
+        // The control: once a broker has loaded (created) it, the peek
+        // signs with the same key.
+        let keys = ClientKeys::load(&store, &sealer, 1_000).unwrap();
+        let seen = ClientKeys::peek(&store, &sealer, 1_001).unwrap().unwrap();
+        assert_eq!(seen.active_kid(), keys.active_kid());
     }
 
     #[test]

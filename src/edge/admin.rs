@@ -13,7 +13,9 @@
 //! `revoke_at_providers`), `POST /persons/restore` (JSON `person_iss`,
 //! `person_sub`), `GET /persons` (the stopped persons), `GET /events` (the
 //! live event stream, [`crate::edge::events`]), `POST /events/redeliver`
-//! (optional JSON `{"subscription"}`: the webhook dead letters sent again).
+//! (optional JSON `{"subscription"}`: the webhook dead letters sent again),
+//! `POST /upstreams/check-client-auth` (`{"upstream"}`: `upstream check`'s
+//! client authentication test, run here with the client key in memory).
 //!
 //! The socket is built from narrow [`Handles`] (the way linkerd2-proxy's
 //! admin server is), never from the instance itself; each command is one
@@ -66,6 +68,12 @@ pub(crate) enum AdminError {
     /// The body is too large, unreadable or not what the route takes.
     #[error("{0}")]
     BadBody(&'static str),
+    /// No `[upstreams.<name>]` of that name in this instance's config.
+    #[error("this instance has no [upstreams.{0}] table")]
+    NoSuchUpstream(String),
+    /// The instance's upstream is not the one the caller asked about.
+    #[error("this instance's [upstreams.{0}] differs from the caller's in {1}: nothing was sent; restart it with that file, or check the file it runs with")]
+    UpstreamDiffers(String, String),
     /// Every event-stream slot is taken.
     #[error("every event stream slot is taken (admin.event_stream_max_connections); close a stream or raise the cap")]
     StreamsFull,
@@ -81,14 +89,18 @@ pub(crate) enum AdminError {
 pub(crate) fn error_response(err: &AdminError) -> Response<Body> {
     use crate::accounts::users::UserError;
     let (status, code) = match err {
-        AdminError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+        AdminError::NotFound | AdminError::NoSuchUpstream(_) => {
+            (StatusCode::NOT_FOUND, "not_found")
+        }
         AdminError::BadBody(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
         AdminError::StreamsFull => (StatusCode::SERVICE_UNAVAILABLE, "temporarily_unavailable"),
         AdminError::Redeliver(crate::infra::webhooks::RedeliverError::NoSuchSubscription) => {
             (StatusCode::NOT_FOUND, "not_found")
         }
         AdminError::Redeliver(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
-        AdminError::Op(OpError::User(UserError::Exists(_))) => (StatusCode::CONFLICT, "conflict"),
+        AdminError::Op(OpError::User(UserError::Exists(_))) | AdminError::UpstreamDiffers(..) => {
+            (StatusCode::CONFLICT, "conflict")
+        }
         AdminError::Op(OpError::User(UserError::BadName | UserError::BadPassword)) => {
             (StatusCode::BAD_REQUEST, "invalid_request")
         }
@@ -340,6 +352,7 @@ async fn route(
         (Method::POST, "/ssf/stream") => save_stream(h, req).await,
         (Method::GET, "/ssf/stream") => load_stream(h, &req),
         (Method::POST, "/events/redeliver") => redeliver(h, req).await,
+        (Method::POST, "/upstreams/check-client-auth") => check_client_auth(h, req).await,
         _ => Err(AdminError::NotFound),
     }
 }
@@ -582,6 +595,79 @@ async fn save_stream(
     Ok(ok(
         serde_json::json!({"transmitter": s.transmitter, "stream": s.stream, "running": true}),
     ))
+}
+
+/// `POST /upstreams/check-client-auth`: `{"upstream", "issuer",
+/// "client_id", "client_auth", "token_endpoint"}` (the caller's config of
+/// it); this instance runs `upstream check`'s `client_auth` test for it (one
+/// token request the AS must refuse,
+/// [`crate::derive::upstreams::Upstreams::check_client_auth`]) with its
+/// client key, so the key never leaves it. When its own upstream differs
+/// from the caller's, nothing is sent (409): the test would be of another
+/// client. The answer names what it was run for and its outcome, never an
+/// assertion or a secret.
+async fn check_client_auth(
+    h: &Handles,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, AdminError> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Check {
+        upstream: String,
+        issuer: String,
+        client_id: String,
+        client_auth: String,
+        token_endpoint: Option<String>,
+    }
+    let body = capped_body(req, 8192).await?;
+    let c = serde_json::from_slice::<Check>(&body).map_err(|_| {
+        AdminError::BadBody(
+            "expected {\"upstream\", \"issuer\", \"client_id\", \"client_auth\", \"token_endpoint\"}",
+        )
+    })?;
+    let b = &h.broker;
+    let no_such = || AdminError::NoSuchUpstream(c.upstream.clone());
+    let ups = b.upstreams().ok_or_else(no_such)?;
+    let (issuer, client_id, method) = ups.client_of(&c.upstream).ok_or_else(no_such)?;
+    let ours = ups.resolved_token_endpoint(&c.upstream).await;
+    let differs: Vec<&str> = [
+        ("issuer", issuer == c.issuer),
+        ("client_id", client_id == c.client_id),
+        ("client_auth", method == c.client_auth),
+        (
+            "token_endpoint",
+            c.token_endpoint.is_none() || ours.is_none() || c.token_endpoint == ours,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(what, same)| (!same).then_some(what))
+    .collect();
+    if !differs.is_empty() {
+        return Err(AdminError::UpstreamDiffers(
+            c.upstream.clone(),
+            differs.join(", "),
+        ));
+    }
+    let r = ups
+        .check_client_auth(&c.upstream, b.clock.now())
+        .await
+        .ok_or_else(no_such)?;
+    let outcome = match r.line.outcome {
+        crate::derive::upstreams::Outcome::Ok => "ok",
+        crate::derive::upstreams::Outcome::Fail => "fail",
+        crate::derive::upstreams::Outcome::Skip => "skip",
+    };
+    tracing::info!(upstream = %c.upstream, outcome, "upstream client authentication checked (admin socket)");
+    Ok(ok(serde_json::json!({
+        "upstream": c.upstream,
+        "issuer": r.issuer,
+        "client_id": r.client_id,
+        "client_auth": r.client_auth,
+        "token_endpoint": r.token_endpoint,
+        "outcome": outcome,
+        "detail": r.line.detail,
+        "running": true,
+    })))
 }
 
 /// `GET /ssf/stream?transmitter=NAME`: the stream kept for it.

@@ -47,6 +47,8 @@
 //   {"cmd":"count"} -> {"exchanges": n} token requests received so far (any mode)
 //   {"cmd":"last"}  -> the form of the last token request (subject_token left out)
 //   {"cmd":"client_jwks","url":"..."} -> {"ok":true}; where /client-jwks forwards to
+//   {"cmd":"client_jwks","jwks":{...}} -> {"ok":true}; /client-jwks serves that set itself
+//      (a copy of a broker's client JWKS, which stays when that broker stops)
 //   {"cmd":"assertions"} -> {"verified": n, "refused": [reasons], "client_errors": [...]}:
 //      client assertions seen, and why clients were refused (invalid_client)
 //   {"cmd":"actor"} -> {"claims": the last verified actor token's claims, or null}
@@ -75,6 +77,7 @@ const RT = 'urn:ietf:params:oauth:token-type:refresh_token';
 const JWT_TYPE = 'urn:ietf:params:oauth:token-type:jwt';
 const pkjwt = cfg.auth_method === 'private_key_jwt';
 let clientJwksTarget = null;
+let clientJwksInline = null;
 let assertionsVerified = 0;
 const assertionsRefused = [];
 const clientErrors = [];
@@ -311,6 +314,11 @@ provider.use(async (ctx, next) => {
 const callback = provider.callback();
 server.on('request', async (req, res) => {
   if (req.method === 'GET' && req.url === '/client-jwks') {
+    if (clientJwksInline) {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify(clientJwksInline));
+      return;
+    }
     try {
       const r = await fetch(clientJwksTarget);
       res.writeHead(r.status, { 'content-type': 'application/json' });
@@ -386,7 +394,11 @@ rl.on('line', async (line) => {
     else if (cmd.cmd === 'introspections') console.log(JSON.stringify({ n: introspections, ...lastIntro }));
     else if (cmd.cmd === 'count') console.log(JSON.stringify({ exchanges }));
     else if (cmd.cmd === 'last') console.log(JSON.stringify(last));
-    else if (cmd.cmd === 'client_jwks') { clientJwksTarget = String(cmd.url); console.log(JSON.stringify({ ok: true })); }
+    else if (cmd.cmd === 'client_jwks') {
+      clientJwksInline = cmd.jwks ?? null;
+      clientJwksTarget = cmd.url === undefined ? null : String(cmd.url);
+      console.log(JSON.stringify({ ok: true }));
+    }
     else if (cmd.cmd === 'assertions') console.log(JSON.stringify({ verified: assertionsVerified, refused: assertionsRefused, client_errors: clientErrors }));
     else if (cmd.cmd === 'actor') console.log(JSON.stringify({ claims: lastActor }));
     else console.log(JSON.stringify({ error: 'unknown command' }));

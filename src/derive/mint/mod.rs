@@ -572,6 +572,22 @@ pub(crate) fn load_ring(
     Err(MintError::Contended(spec))
 }
 
+/// The ring of `spec` as it stands at `now`, read only: a due activation
+/// applied in memory and nothing written (a command that only looks, such as
+/// `upstream check`, changes no record); `None` when there is no ring yet.
+pub(crate) fn peek_ring(
+    spec: &'static RingSpec,
+    store: &dyn Store,
+    sealer: &Sealer,
+    now: i64,
+) -> Result<Option<KeyRing>, MintError> {
+    let Some((_, rec)) = read_ring(spec, store)? else {
+        return Ok(None);
+    };
+    let rec = advance(&rec, now).unwrap_or(rec);
+    open_ring(spec, &rec, sealer).map(Some)
+}
+
 /// What to put in a minted token.
 #[derive(Debug, Clone, Copy)]
 pub struct Claims<'a> {

@@ -51,6 +51,24 @@ pub struct CheckLine {
     pub detail: String,
 }
 
+/// Check 5 as one process ran it, with what it ran it for: a caller that
+/// asked another process (the running instance) compares these with its
+/// own config before it trusts the line.
+#[derive(Debug, Clone)]
+pub struct ClientAuthCheck {
+    /// The upstream's issuer.
+    pub issuer: String,
+    /// The client id it authenticated as.
+    pub client_id: String,
+    /// The method (`client_secret_basic`, `client_secret_post`,
+    /// `private_key_jwt`).
+    pub client_auth: &'static str,
+    /// The token endpoint it sent to (`None`: not known, see the line).
+    pub token_endpoint: Option<String>,
+    /// The `client_auth` line.
+    pub line: CheckLine,
+}
+
 fn line(name: &'static str, outcome: Outcome, detail: impl Into<String>) -> CheckLine {
     CheckLine {
         name,
@@ -130,6 +148,46 @@ impl Upstreams {
         ));
         out.push(client_auth(u, &r.token_endpoint, leg, now).await);
         Some(out)
+    }
+
+    /// Check 5 alone (`client_auth`), for the upstream `name` as this
+    /// process has it: what a running instance answers on its admin socket
+    /// (`POST /upstreams/check-client-auth`) so `upstream check` can test
+    /// `private_key_jwt` with the client key the instance holds in memory.
+    /// `None` when `name` is not configured.
+    pub async fn check_client_auth(&self, name: &str, now: i64) -> Option<ClientAuthCheck> {
+        let u = self.by_name.get(name)?;
+        let (token_endpoint, line) = match u.resolve().await {
+            Ok(r) => (
+                Some(r.token_endpoint.clone()),
+                client_auth(u, &r.token_endpoint, self.leg_of(u), now).await,
+            ),
+            Err(e) => (None, line("client_auth", Outcome::Fail, e)),
+        };
+        Some(ClientAuthCheck {
+            issuer: u.cfg.issuer.clone(),
+            client_id: u.cfg.client_id.clone(),
+            client_auth: auth_method(u.cfg.client_auth),
+            token_endpoint,
+            line,
+        })
+    }
+
+    /// What `name` authenticates as: its issuer, client id and method.
+    pub fn client_of(&self, name: &str) -> Option<(&str, &str, &'static str)> {
+        let u = self.by_name.get(name)?;
+        Some((
+            &u.cfg.issuer,
+            &u.cfg.client_id,
+            auth_method(u.cfg.client_auth),
+        ))
+    }
+
+    /// The token endpoint of `name` as this process resolved it (`None`:
+    /// not configured, or its metadata could not be read).
+    pub async fn resolved_token_endpoint(&self, name: &str) -> Option<String> {
+        let u = self.by_name.get(name)?;
+        u.resolve().await.ok().map(|r| r.token_endpoint.clone())
     }
 
     /// The grant `u` serves in a derive: leg 2 when an `id_jag` upstream
@@ -252,14 +310,38 @@ async fn client_auth(u: &Upstream, token_endpoint: &str, leg: Leg, now: i64) -> 
         }
     };
     let status = resp.status().as_u16();
+    // Only `error` is read: a token in the answer (the AS took what is no
+    // token) is never parsed out, and the bytes are zeroized.
+    #[derive(serde::Deserialize)]
+    struct ErrorOnly {
+        #[serde(default)]
+        error: Option<String>,
+    }
     let code = match call::read_capped(resp).await {
-        Ok(b) => serde_json::from_slice::<serde_json::Value>(&b)
-            .ok()
-            .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(sanitize_code)),
+        Ok(mut b) => {
+            let c = serde_json::from_slice::<ErrorOnly>(&b)
+                .ok()
+                .and_then(|e| e.error)
+                .map(|e| sanitize_code(&e));
+            zeroize::Zeroize::zeroize(&mut b);
+            c
+        }
         Err(_) => None,
     };
-    let method = auth_method(u.cfg.client_auth);
-    match (status, code.as_deref()) {
+    // The kid names which client key signed (public, as in the client JWKS).
+    let method = match &u.client {
+        Some(c) if matches!(u.cfg.client_auth, UpstreamClientAuth::PrivateKeyJwt) => {
+            format!("private_key_jwt, client key {}", c.keys.active_kid())
+        }
+        _ => auth_method(u.cfg.client_auth).to_owned(),
+    };
+    verdict(status, code.as_deref(), &method)
+}
+
+/// What the AS's answer to the `client_auth` test shows (module doc).
+fn verdict(status: u16, code: Option<&str>, method: &str) -> CheckLine {
+    const NAME: &str = "client_auth";
+    match (status, code) {
         (200, _) => line(
             NAME,
             Outcome::Fail,

@@ -25,7 +25,7 @@
 //! `resource_upstream`), each with its own relayed proof, both checked
 //! before the first is sent.
 
-pub(crate) use check::Outcome;
+pub(crate) use check::{CheckLine, Outcome};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 

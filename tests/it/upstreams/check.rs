@@ -102,3 +102,90 @@ async fn an_idp_not_advertising_id_jag_fails_the_grant_check() {
     );
     let _ = c.counts();
 }
+
+#[tokio::test]
+async fn private_key_jwt_is_checked_with_the_running_brokers_key_or_the_one_in_its_store() {
+    use super::client_auth::{broker, get_json, kids, Org, PKJWT};
+    let mut org = Org::start("private_key_jwt");
+    // Two brokers, each its own store and so its own client key; the AS
+    // knows `ours` only (a copy of its client JWKS, served by the AS peer
+    // itself so that it stays when the broker stops).
+    let mut ours = broker(&org, PKJWT, None);
+    let mut other = broker(&org, PKJWT, None);
+    let (status, jwks) = get_json(&format!("{}/.well-known/client-jwks.json", ours.public)).await;
+    assert_eq!(status, 200);
+    let kid = kids(&jwks)[0].clone();
+    let r = org
+        .peer
+        .call(&serde_json::json!({"cmd": "client_jwks", "jwks": jwks}));
+    assert_eq!(r["ok"], true);
+    let last_assertion = |org: &mut Org| {
+        org.peer.call(&serde_json::json!({"cmd": "last"}))["form"]["client_assertion"][0]
+            .as_str()
+            .expect("a client assertion was sent")
+            .to_owned()
+    };
+
+    // Running: the other broker signs with a key the AS does not know.
+    let (code, out) = check(&other.config, "org");
+    assert_eq!(code, Some(1), "{out}");
+    let auth = check_line(&out, "client_auth");
+    assert!(auth.trim_start().starts_with("FAIL"), "{out}");
+    assert!(auth.contains("invalid_client"), "{out}");
+    assert!(auth.contains("by the running instance"), "{out}");
+    assert!(!out.contains(&last_assertion(&mut org)), "{out}");
+    assert_eq!(org.assertions()["verified"], 0);
+    // The control: the broker whose key the AS has passes.
+    let (code, out) = check(&ours.config, "org");
+    assert_eq!(code, Some(0), "{out}");
+    let auth = check_line(&out, "client_auth");
+    assert!(auth.trim_start().starts_with("ok"), "{out}");
+    assert!(auth.contains("invalid_grant"), "{out}");
+    assert!(auth.contains(&format!("client key {kid}")), "{out}");
+    assert!(auth.contains("by the running instance"), "{out}");
+    assert_eq!(org.assertions()["verified"], 1);
+    let sent = last_assertion(&mut org);
+    assert!(!out.contains(&sent), "{out}");
+    assert!(!ours.log_text().contains(&sent));
+    // A file that differs from what the running instance was started with
+    // (another client id, same admin socket): its answer is not taken.
+    let edited = ours.config.with_file_name("edited.toml");
+    let text = std::fs::read_to_string(&ours.config).unwrap();
+    let changed = text.replace(
+        "client_id = \"credbroker\"\nclient_auth",
+        "client_id = \"someone-else\"\nclient_auth",
+    );
+    assert_ne!(changed, text);
+    std::fs::write(&edited, changed).unwrap();
+    let count =
+        |org: &mut Org| org.peer.call(&serde_json::json!({"cmd": "count"}))["exchanges"].clone();
+    let before = count(&mut org);
+    let (code, out) = check(&edited, "org");
+    assert_eq!(code, Some(1), "{out}");
+    let auth = check_line(&out, "client_auth");
+    assert!(
+        auth.contains("differs") && auth.contains("client_id"),
+        "{out}"
+    );
+    assert!(auth.contains("nothing was sent"), "{out}");
+    assert_eq!(count(&mut org), before, "the instance sent nothing");
+
+    // No instance runs: the key is read from each store.
+    other.stop();
+    ours.stop();
+    let (code, out) = check(&other.config, "org");
+    assert_eq!(code, Some(1), "{out}");
+    let auth = check_line(&out, "client_auth");
+    assert!(auth.trim_start().starts_with("FAIL"), "{out}");
+    assert!(auth.contains("invalid_client"), "{out}");
+    assert!(auth.contains("read from the store"), "{out}");
+    assert_eq!(org.assertions()["verified"], 1);
+    let (code, out) = check(&ours.config, "org");
+    assert_eq!(code, Some(0), "{out}");
+    let auth = check_line(&out, "client_auth");
+    assert!(auth.trim_start().starts_with("ok"), "{out}");
+    assert!(auth.contains(&format!("client key {kid}")), "{out}");
+    assert!(auth.contains("read from the store"), "{out}");
+    assert_eq!(org.assertions()["verified"], 2);
+    assert!(!out.contains(&last_assertion(&mut org)), "{out}");
+}

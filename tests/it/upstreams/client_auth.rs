@@ -19,15 +19,15 @@ use crate::support::*;
 const ORG_RESOURCE: &str = "https://org-api.example/notes";
 const SECRET: &str = "org-client-secret-not-a-canary";
 
-struct Org {
-    peer: NodePeer,
+pub(super) struct Org {
+    pub(super) peer: NodePeer,
     _cfg: tempfile::NamedTempFile,
     issuer: String,
     token_endpoint: String,
 }
 
 impl Org {
-    fn start(auth_method: &str) -> Org {
+    pub(super) fn start(auth_method: &str) -> Org {
         let f = tempfile::NamedTempFile::new().unwrap();
         let cfg = json!({
             "client_id": "credbroker", "client_secret": SECRET, "audience": "repo-helper",
@@ -52,20 +52,20 @@ impl Org {
     }
 
     /// Points the client's `jwks_uri` at `b`'s client JWKS.
-    fn trust_client_jwks_of(&mut self, b: &TestBroker) {
+    pub(super) fn trust_client_jwks_of(&mut self, b: &TestBroker) {
         let url = format!("{}/.well-known/client-jwks.json", b.public);
         let r = self.peer.call(&json!({"cmd": "client_jwks", "url": url}));
         assert_eq!(r["ok"], true);
     }
 
-    fn assertions(&mut self) -> Value {
+    pub(super) fn assertions(&mut self) -> Value {
         self.peer.call(&json!({"cmd": "assertions"}))
     }
 }
 
 /// A broker with the exchange resource at upstream `org`; `client` is the
 /// `[upstreams.org]` lines of the client's authentication, `extra` more.
-fn broker(org: &Org, client: &str, edit: Option<fn(String) -> String>) -> TestBroker {
+pub(super) fn broker(org: &Org, client: &str, edit: Option<fn(String) -> String>) -> TestBroker {
     let policy = format!(
         r#"{}
 [resources."{ORG_RESOURCE}"]
@@ -107,7 +107,7 @@ timeout = "2s"
     TestBroker::spawn(dir, config, None)
 }
 
-const PKJWT: &str = "client_auth = \"private_key_jwt\"";
+pub(super) const PKJWT: &str = "client_auth = \"private_key_jwt\"";
 const BASIC: &str = "client_secret_file = \"org-secret\"";
 
 fn derive(b: &TestBroker, org: &Org, k: &Es256Key, subject: &str) -> HttpAnswer {
@@ -123,13 +123,13 @@ fn part(jwt: &str, i: usize) -> Value {
     serde_json::from_slice(&b64d(jwt.split('.').nth(i).unwrap(), "part").unwrap()).unwrap()
 }
 
-async fn get_json(url: &str) -> (u16, Value) {
+pub(super) async fn get_json(url: &str) -> (u16, Value) {
     let r = reqwest::get(url).await.unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
-fn kids(jwks: &Value) -> Vec<String> {
+pub(super) fn kids(jwks: &Value) -> Vec<String> {
     jwks["keys"]
         .as_array()
         .unwrap()
