@@ -111,13 +111,13 @@ pub(crate) fn secret_file(dir: &Path, name: &str) -> (PathBuf, String) {
     (p, s)
 }
 
-/// A port nothing listens on now (bound, then let go).
+/// A port nothing listens on now, where the receiver is started later:
+/// below the ephemeral range (support::free_loopback_port), so no
+/// `listen(0)` of another test and no outgoing connection (the broker's
+/// own included) can be handed it meanwhile, as one bound on port 0 and
+/// let go could be; the receiver would then fail to start on it.
 fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_loopback_port()
 }
 
 /// `[webhooks.siem]` for `port`, with `secrets` and extra lines.

@@ -33,11 +33,10 @@ fn config_for(port: u16) -> (tempfile::TempDir, std::path::PathBuf) {
 
 #[test]
 fn closed_port_names_the_address_the_refusal_and_the_settings() {
-    // A port nothing listens on: bound, then closed.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    // A port nothing listens on, below the ephemeral range: no other
+    // test's listen(0) can take it before the broker connects (one bound
+    // on port 0 and closed could be handed straight to one).
+    let port = crate::support::free_loopback_port();
     let (_dir, config) = config_for(port);
     let (status, err) = serve_expect_exit(&config, Duration::from_secs(30));
     assert!(!status.success(), "{err}");
