@@ -313,7 +313,13 @@ async fn provider_down_slow_or_broken_gives_503_within_the_timeout_never_a_stale
     let started = Instant::now();
     let r = refused(env.derive(&k, "alice", "acme.issues").await);
     assert_eq!(r.status, 503);
-    assert!(started.elapsed() < Duration::from_millis(1500 + 1000));
+    // Within the timeout plus the slack measured above, as the other
+    // bounds of this test (it was a fixed 1 s of slack).
+    assert!(
+        started.elapsed() < Duration::from_millis(1500) + slack,
+        "took {:?}",
+        started.elapsed()
+    );
     // The self source is unaffected.
     env.broker.derive_ok(&k).await;
 }
