@@ -291,7 +291,8 @@ impl Refusal {
     }
 
     /// The refusal's HTTP answer, the one place a refusal becomes one:
-    /// its `reason`, `Retry-After` on a 503 and a 429, and on a 401 the
+    /// its `reason`, `Retry-After` on a 429 and on a 503 (but a vault or
+    /// internal error's), and on a 401 the
     /// DPoP challenge naming `algs` (the config's `dpop.algs`).
     pub(crate) fn response(&self, algs: &[Alg]) -> Response<Body> {
         let answer = match self {
@@ -316,6 +317,9 @@ impl Refusal {
             | Refusal::NotConfigured(_)
             | Refusal::AuditUnavailable => answer.retry_after(1),
             Refusal::ClockSkew => answer.retry_after(10),
+            // As a derive answers it; a vault or internal error is not
+            // known to pass, so it names no time.
+            Refusal::Derive(DeriveError::UpstreamUnavailable { .. }) => answer.retry_after(5),
             _ => answer,
         };
         answer.response()

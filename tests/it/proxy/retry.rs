@@ -102,3 +102,36 @@ async fn upstream_401_refreshes_and_retries_a_get_once_and_never_a_post() {
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().starts_with("you were refused "));
 }
+
+#[tokio::test]
+async fn a_refresh_the_provider_cannot_give_is_503_with_retry_after_and_no_retry() {
+    let p = ProxyEnv::start("").await;
+    let read = p.token("acme.read", "triage").await;
+    // The provider refuses its token and its token endpoint fails: the
+    // refresh gives nothing, so the call is not retried and the tool is
+    // told when to come back, as a derive would tell it.
+    p.env.peer.set_token_mode("500").await;
+    p.api.refuse_next_token();
+    let r = p.call(&read, "GET", "/user", None).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(
+        r.headers().get("retry-after").map(|v| v.to_str().unwrap()),
+        Some("5")
+    );
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "temporarily_unavailable", "{v}");
+    assert_eq!(v["reason"], "upstream_unavailable", "{v}");
+    let gets = p
+        .api
+        .records()
+        .into_iter()
+        .filter(|r| r.path == "/user")
+        .count();
+    assert_eq!(gets, 1, "the refused call only, no retry");
+    // Positive control: the provider answering again, the same call is
+    // refreshed and served.
+    p.env.peer.set_token_mode("ok").await;
+    p.api.refuse_next_token();
+    let r = p.call(&read, "GET", "/user", None).await;
+    assert_eq!(r.status(), 200);
+}
