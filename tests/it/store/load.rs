@@ -7,7 +7,7 @@
 // Test helpers panic loudly on failure, as tests do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use credbroker::client::{Answer, DeriveParams};
@@ -104,16 +104,47 @@ async fn link_of(b: &TestBroker, key: &Es256Key, person: &str) -> String {
     }
 }
 
+/// How far a stream has got, read while it runs: answers, and links.
+#[derive(Default)]
+struct Progress {
+    answers: AtomicUsize,
+    links: AtomicUsize,
+}
+
+impl Progress {
+    fn answers(&self) -> usize {
+        self.answers.load(Ordering::SeqCst)
+    }
+
+    fn links(&self) -> usize {
+        self.links.load(Ordering::SeqCst)
+    }
+}
+
+/// Waits (polling, at most 60 s) until `done` holds.
+async fn until_progress(what: &str, done: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the streams did not get {what} in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Sends, until `stop`, alternately a `self` derive and an approval call
 /// for a new person (`{tag}-{n}`) to `b`, one at a time, with proofs of
 /// `key` (an approval is for one call of one DPoP key); returns what each
-/// got. A replica that stops answering ends its stream.
+/// got, counting them in `progress` as they come. A replica that stops
+/// answering ends its stream.
 async fn stream(
     b: &TestBroker,
     key: &Es256Key,
     replica: usize,
     tag: &str,
     stop: &AtomicBool,
+    progress: &Progress,
 ) -> Vec<Sample> {
     let mut out = Vec::new();
     let mut n = 0usize;
@@ -131,6 +162,12 @@ async fn stream(
             classify(self_call(b, key).await)
         };
         let transport = matches!(got, Got::Transport(_));
+        if !transport {
+            progress.answers.fetch_add(1, Ordering::SeqCst);
+        }
+        if matches!(got, Got::Link(_)) {
+            progress.links.fetch_add(1, Ordering::SeqCst);
+        }
         out.push(Sample {
             replica,
             person,
@@ -179,26 +216,37 @@ async fn replica_killed_during_load_loses_no_acknowledged_write() {
     let killed_at: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
     let victim_pid = r[2].pid();
     let (a, b, c) = (&r[0], &r[1], &r[2]);
-    // The streams run on all three; after a while C is killed mid-stream,
-    // the others go on as long again, then everything stops.
+    // The streams run on all three; once each has got far enough (counted,
+    // not a fixed time: on a loaded machine 1.5 s gave C only 2 links), C
+    // is killed mid-stream, the others go on until each has answered six
+    // more, then everything stops.
+    let (pa, pb, pc) = (
+        Progress::default(),
+        Progress::default(),
+        Progress::default(),
+    );
     let killer = async {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_millis(1500) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        until_progress("5 answers on A and B and 3 links on C", || {
+            pa.answers() >= 5 && pb.answers() >= 5 && pc.links() >= 3
+        })
+        .await;
         let status = std::process::Command::new("kill")
             .args(["-KILL", &victim_pid.to_string()])
             .status()
             .unwrap();
         assert!(status.success(), "kill -KILL {victim_pid}");
         *killed_at.lock().unwrap() = Some(Instant::now());
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (na, nb) = (pa.answers(), pb.answers());
+        until_progress("6 more answers on A and B after the kill", || {
+            pa.answers() >= na + 6 && pb.answers() >= nb + 6
+        })
+        .await;
         stop.store(true, Ordering::Relaxed);
     };
     let (sa, sb, sc, ()) = tokio::join!(
-        stream(a, &key, 0, "a", &stop),
-        stream(b, &key, 1, "b", &stop),
-        stream(c, &key, 2, "c", &stop),
+        stream(a, &key, 0, "a", &stop, &pa),
+        stream(b, &key, 1, "b", &stop, &pb),
+        stream(c, &key, 2, "c", &stop, &pc),
         killer
     );
     let killed_at = killed_at.lock().unwrap().unwrap();
@@ -318,9 +366,10 @@ async fn postgres_stopped_during_load_refuses_within_the_timeout_then_recovers()
         tokio::time::sleep(Duration::from_millis(3000)).await;
         stop.store(true, Ordering::Relaxed);
     };
+    let (pa, pb) = (Progress::default(), Progress::default());
     let (sa, sb, ()) = tokio::join!(
-        stream(a, &key, 0, "a", &stop),
-        stream(b, &key, 1, "b", &stop),
+        stream(a, &key, 0, "a", &stop, &pa),
+        stream(b, &key, 1, "b", &stop, &pb),
         operator
     );
     let (down, up) = window.lock().unwrap().unwrap();
