@@ -98,12 +98,15 @@ async fn two_replicas_poll_one_stream_under_one_lease() {
     );
     let start = std::time::Instant::now();
     loop {
+        // Judged by when the derive was sent, not when a loaded machine
+        // answered it.
+        let sent = start.elapsed();
         let got = derive_as(other, "alice").await;
         if got == Err("403 person_revoked".into()) {
             break;
         }
         assert!(
-            start.elapsed() < WATCH_BOUND,
+            sent < WATCH_BOUND,
             "the other replica still answers {got:?} after {WATCH_BOUND:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
