@@ -3,11 +3,8 @@
 
 use std::time::Duration;
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Status};
-use prost::Message;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::Receiver;
 
@@ -195,15 +192,19 @@ const TICK: Duration = Duration::from_millis(20);
 /// bound). Ends when every sender is gone.
 pub(super) async fn spans(
     client: Client,
-    mut rx: Receiver<Finished>,
+    mut rx: Receiver<Box<Finished>>,
     dropped: prometheus::IntCounter,
 ) {
     let mut failing = false;
+    let mut encoder = super::wire::Encoder::new(&client.resource, &client.scope);
+    let mut batch = Vec::with_capacity(BATCH);
     while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
+        batch.clear();
+        batch.push(first);
         fill(&mut rx, &mut batch).await;
         let n = batch.len() as u64;
-        let body = encode(&client, &batch).encode_to_vec();
+        let body = encoder.encode(&batch).to_vec();
+        batch.clear();
         match client.post(&client.traces_url, body).await {
             Ok(()) => {
                 if failing {
@@ -224,7 +225,10 @@ pub(super) async fn spans(
 
 /// Adds to `batch` what the queue holds, taken every [`TICK`] until the
 /// batch is full, [`DELAY`] has passed or every sender is gone.
-async fn fill(rx: &mut Receiver<Finished>, batch: &mut Vec<Finished>) {
+// reason: the spans arrive boxed (a span's one allocation, moved to the
+// queue as it is); unboxing them into the batch would copy each again.
+#[allow(clippy::vec_box)]
+async fn fill(rx: &mut Receiver<Box<Finished>>, batch: &mut Vec<Box<Finished>>) {
     let deadline = tokio::time::Instant::now() + DELAY;
     loop {
         while batch.len() < BATCH {
@@ -239,66 +243,5 @@ async fn fill(rx: &mut Receiver<Finished>, batch: &mut Vec<Finished>) {
             return;
         }
         tokio::time::sleep_until(deadline.min(now + TICK)).await;
-    }
-}
-
-/// The OTLP request for `batch`, each span's attributes through the
-/// allowlist.
-pub(super) fn encode(client: &Client, batch: &[Finished]) -> ExportTraceServiceRequest {
-    let spans = batch.iter().map(encode_span).collect();
-    ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
-            resource: Some(client.resource.clone()),
-            scope_spans: vec![ScopeSpans {
-                scope: Some(client.scope.clone()),
-                spans,
-                ..Default::default()
-            }],
-            ..Default::default()
-        }],
-    }
-}
-
-fn encode_span(f: &Finished) -> opentelemetry_proto::tonic::trace::v1::Span {
-    let mut dropped = 0u32;
-    let attributes = f
-        .attrs
-        .iter()
-        .filter(|(k, v)| {
-            let ok = allowed(k, v);
-            dropped += u32::from(!ok);
-            ok
-        })
-        .map(|(k, v)| kv(k, v))
-        .collect();
-    opentelemetry_proto::tonic::trace::v1::Span {
-        trace_id: f.ctx.trace_id.to_vec(),
-        span_id: f.ctx.span_id.to_vec(),
-        trace_state: f.trace_state.as_deref().unwrap_or_default().to_string(),
-        parent_span_id: f.parent.map(|p| p.to_vec()).unwrap_or_default(),
-        flags: u32::from(f.ctx.sampled),
-        name: f.name.to_string(),
-        kind: f.kind as i32,
-        start_time_unix_nano: f.start,
-        end_time_unix_nano: f.end,
-        attributes,
-        dropped_attributes_count: dropped,
-        links: f
-            .links
-            .iter()
-            .map(|l| span::Link {
-                trace_id: l.trace_id.to_vec(),
-                span_id: l.span_id.to_vec(),
-                // Never the linked context's tracestate: it is the
-                // caller's text.
-                flags: u32::from(l.sampled),
-                ..Default::default()
-            })
-            .collect(),
-        status: f.error.then(|| Status {
-            code: status::StatusCode::Error as i32,
-            message: String::new(),
-        }),
-        ..Default::default()
     }
 }

@@ -37,6 +37,7 @@ pub(crate) mod context;
 mod export;
 mod metrics_export;
 mod settings;
+mod wire;
 
 pub(crate) use settings::TelemetryConfig;
 mod recent;
@@ -130,7 +131,7 @@ pub(crate) struct Finished {
 #[derive(Debug)]
 pub(crate) struct Telemetry {
     cfg: TelemetryConfig,
-    queue: Option<tokio::sync::mpsc::Sender<Finished>>,
+    queue: Option<tokio::sync::mpsc::Sender<Box<Finished>>>,
     dropped: prometheus::IntCounter,
     recent: Mutex<recent::Recent>,
     /// The page flows' roots, by the SHA-256 of a link code or a `state`
@@ -205,7 +206,7 @@ impl Telemetry {
         &self.cfg
     }
 
-    fn finish(&self, f: Finished) {
+    fn finish(&self, f: Box<Finished>) {
         if let Some(q) = &self.queue {
             if q.try_send(f).is_err() {
                 self.dropped.inc();
@@ -317,12 +318,14 @@ impl Telemetry {
 /// One span, ended (and queued) when dropped; [`Span::none`] when telemetry
 /// is off or the trace is not sampled, which does nothing.
 #[derive(Debug, Default)]
-pub(crate) struct Span(Option<Box<Open>>);
+pub(crate) struct Span(Option<Open>);
 
+/// A recording span: its one allocation is the boxed [`Finished`], which
+/// moves to the export queue as it is.
 #[derive(Debug)]
 struct Open {
     tel: Arc<Telemetry>,
-    f: Finished,
+    f: Box<Finished>,
 }
 
 impl Span {
@@ -346,9 +349,9 @@ impl Span {
                 (id, context::sample(&id, tel.cfg.sampling_ratio))
             }
         };
-        Span(Some(Box::new(Open {
+        Span(Some(Open {
             tel: tel.clone(),
-            f: Finished {
+            f: Box::new(Finished {
                 ctx: SpanContext {
                     trace_id,
                     span_id: context::random_id::<8>(),
@@ -363,8 +366,8 @@ impl Span {
                 links,
                 error: false,
                 trace_state,
-            },
-        })))
+            }),
+        }))
     }
 
     /// A child of this span (none if this is none).
@@ -420,25 +423,15 @@ impl Span {
     }
 
     fn context_only(root: &Span) -> Span {
-        Span(root.0.as_ref().map(|o| {
-            let mut f = o.f.clone();
-            f.attrs.clear();
-            f.links.clear();
-            f.end = u64::MAX;
-            Box::new(Open {
-                tel: o.tel.clone(),
-                f,
-            })
+        Span(root.0.as_ref().map(|o| Open {
+            tel: o.tel.clone(),
+            f: Box::new(Finished {
+                attrs: Vec::new(),
+                links: Vec::new(),
+                end: u64::MAX,
+                ..(*o.f).clone()
+            }),
         }))
-    }
-
-    /// Its trace state (a trusted parent's, capped).
-    fn trace_state(&self) -> Option<Arc<str>> {
-        self.0.as_ref().and_then(|o| o.f.trace_state.clone())
-    }
-
-    fn telemetry(&self) -> Option<&Arc<Telemetry>> {
-        self.0.as_ref().map(|o| &o.tel)
     }
 }
 
@@ -448,8 +441,7 @@ impl Drop for Span {
             // `end` is set only on a context-only copy, never exported.
             if o.f.ctx.sampled && o.f.end == 0 {
                 o.f.end = unix_nanos(SystemTime::now()).max(o.f.start);
-                let tel = o.tel.clone();
-                tel.finish(o.f);
+                o.tel.finish(o.f);
             }
         }
     }
@@ -469,12 +461,14 @@ tokio::task_local! {
     static SCOPE: Scope;
 }
 
-async fn scoped<F: Future>(tel: Arc<Telemetry>, root: Span, parent: &Span, fut: F) -> F::Output {
-    let Some(ctx) = parent.context() else {
-        return fut.await;
-    };
+async fn scoped<F: Future>(
+    tel: Arc<Telemetry>,
+    root: Span,
+    ctx: SpanContext,
+    trace_state: Option<Arc<str>>,
+    fut: F,
+) -> F::Output {
     let logs = tracing::info_span!("trace", trace_id = %ctx.trace_hex());
-    let trace_state = parent.trace_state();
     SCOPE
         .scope(
             Scope {
@@ -492,23 +486,23 @@ async fn scoped<F: Future>(tel: Arc<Telemetry>, root: Span, parent: &Span, fut: 
 /// its audit events and log lines carry its trace id, and `root` ends when
 /// `fut` does. A [`Span::none`] root runs `fut` as it is.
 pub(crate) async fn run<F: Future>(root: Span, fut: F) -> F::Output {
-    let Some(tel) = root.telemetry().cloned() else {
+    let Some(o) = &root.0 else {
         return fut.await;
     };
-    // The scope keeps `root` (and so ends it last); its context is read
-    // from a copy taken first.
-    let parent = Span::context_only(&root);
-    scoped(tel, root, &parent, fut).await
+    // The scope keeps `root` (and so ends it last).
+    let (tel, ctx, state) = (o.tel.clone(), o.f.ctx, o.f.trace_state.clone());
+    scoped(tel, root, ctx, state, fut).await
 }
 
 /// Runs `fut` under `parent` (kept by the caller, which ends it): as
 /// [`run`], for a request whose root outlives `fut` (a proxied call's
 /// answer streams after its handler returned).
 pub(crate) async fn within<F: Future>(parent: &Span, fut: F) -> F::Output {
-    let Some(tel) = parent.telemetry().cloned() else {
+    let Some(o) = &parent.0 else {
         return fut.await;
     };
-    scoped(tel, Span::none(), parent, fut).await
+    let (tel, ctx, state) = (o.tel.clone(), o.f.ctx, o.f.trace_state.clone());
+    scoped(tel, Span::none(), ctx, state, fut).await
 }
 
 /// A child span of the current one in this request's scope, current until

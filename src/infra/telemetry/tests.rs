@@ -1,6 +1,10 @@
 //! The allowlist and the encodings, without a collector.
 
-use super::export::{allowed, encode, Client, ALLOWED_ATTRIBUTES};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value;
+use prost::Message;
+
+use super::export::{allowed, Client, ALLOWED_ATTRIBUTES};
 use super::*;
 
 fn client() -> Client {
@@ -12,6 +16,19 @@ fn client() -> Client {
         },
     )
     .unwrap()
+}
+
+/// `batch` as the exporter sends it, decoded with `opentelemetry-proto`'s
+/// types.
+fn exported(batch: Vec<Finished>) -> (Vec<u8>, ExportTraceServiceRequest) {
+    let c = client();
+    let mut encoder = super::wire::Encoder::new(&c.resource, &c.scope);
+    let batch: Vec<Box<Finished>> = batch.into_iter().map(Box::new).collect();
+    // Twice: the buffers kept from a batch leave nothing in the next.
+    let _ = encoder.encode(&batch);
+    let bytes = encoder.encode(&batch).to_vec();
+    let req = ExportTraceServiceRequest::decode(bytes.as_slice()).unwrap();
+    (bytes, req)
 }
 
 fn finished(attrs: Vec<(&'static str, Value)>) -> Finished {
@@ -61,7 +78,7 @@ fn only_allowlisted_attributes_with_valid_values_leave() {
             format!("upstream said {secret} here").into(),
         ),
     ]);
-    let req = encode(&client(), &[span]);
+    let (bytes, req) = exported(vec![span]);
     let s = &req.resource_spans[0].scope_spans[0].spans[0];
     let keys: Vec<&str> = s.attributes.iter().map(|k| k.key.as_str()).collect();
     assert_eq!(
@@ -74,7 +91,6 @@ fn only_allowlisted_attributes_with_valid_values_leave() {
         ]
     );
     assert_eq!(s.dropped_attributes_count, 7);
-    let bytes = prost::Message::encode_to_vec(&req);
     assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_bytes()));
     // The positive control: the same encoder carries an allowed value.
     assert!(bytes.windows(9).any(|w| w == b"repo.read"));
@@ -133,4 +149,87 @@ fn prometheus_histograms_map_to_per_bucket_counts() {
     };
     assert!(s.is_monotonic);
     assert_eq!(s.data_points[0].attributes.len(), 3);
+}
+
+#[test]
+fn the_batch_carries_every_field_the_types_would() {
+    let mut a = finished(vec![
+        ("http.response.status_code", (-3i64).into()),
+        ("credbroker.subject.cached", false.into()),
+        ("credbroker.bytes_down", i64::MAX.into()),
+        ("credbroker.service", "x".repeat(200).into()),
+    ]);
+    a.trace_state = Some(Arc::from("k=v"));
+    a.start = u64::MAX;
+    let mut b = finished(Vec::new());
+    b.parent = None;
+    b.links[0].sampled = false;
+    b.error = false;
+    b.name = "derive.mint";
+    b.kind = Kind::Internal;
+    let (_, req) = exported(vec![a, b]);
+    assert_eq!(req.resource_spans.len(), 1);
+    let rs = &req.resource_spans[0];
+    let c = client();
+    assert_eq!(rs.resource.as_ref(), Some(&c.resource));
+    assert_eq!(rs.scope_spans.len(), 1);
+    assert_eq!(rs.scope_spans[0].scope.as_ref(), Some(&c.scope));
+    let spans = &rs.scope_spans[0].spans;
+    assert_eq!(spans.len(), 2);
+    let (a, b) = (&spans[0], &spans[1]);
+    assert_eq!(a.trace_id, vec![7; 16]);
+    assert_eq!(a.span_id, vec![8; 8]);
+    assert_eq!(a.parent_span_id, vec![9; 8]);
+    assert_eq!(a.trace_state, "k=v");
+    assert_eq!(a.flags, 1);
+    assert_eq!(a.name, "proxy");
+    assert_eq!(a.kind, Kind::Server as i32);
+    assert_eq!(
+        (a.start_time_unix_nano, a.end_time_unix_nano),
+        (u64::MAX, 2)
+    );
+    let values: Vec<_> = a
+        .attributes
+        .iter()
+        .map(|kv| (kv.key.as_str(), kv.value.clone().unwrap().value.unwrap()))
+        .collect();
+    assert_eq!(
+        values,
+        [
+            ("http.response.status_code", any_value::Value::IntValue(-3)),
+            (
+                "credbroker.subject.cached",
+                any_value::Value::BoolValue(false)
+            ),
+            (
+                "credbroker.bytes_down",
+                any_value::Value::IntValue(i64::MAX)
+            ),
+            (
+                "credbroker.service",
+                any_value::Value::StringValue("x".repeat(200))
+            ),
+        ]
+    );
+    assert_eq!(a.dropped_attributes_count, 0);
+    assert_eq!(a.links.len(), 1);
+    assert_eq!(
+        (
+            a.links[0].trace_id.as_slice(),
+            a.links[0].span_id.as_slice()
+        ),
+        (&[1; 16][..], &[2; 8][..])
+    );
+    assert_eq!(a.links[0].flags, 1);
+    let status = a.status.as_ref().unwrap();
+    assert_eq!((status.code, status.message.as_str()), (2, ""));
+    // The second span: no parent, an unsampled link, no status.
+    assert!(b.parent_span_id.is_empty() && b.trace_state.is_empty());
+    assert_eq!(
+        (b.name.as_str(), b.kind),
+        ("derive.mint", Kind::Internal as i32)
+    );
+    assert_eq!(b.links[0].flags, 0);
+    assert!(b.status.is_none());
+    assert!(b.attributes.is_empty());
 }
