@@ -21,6 +21,37 @@
 //! 6. write one audit line (one `write` to an append-only file);
 //! 7. answer the token as JSON.
 //!
+//! With `--pg-host` it is the **store floor** of a service derive on
+//! PostgreSQL (the egress proxy's delivery: the account and the allowance
+//! read, then a token minted as for `self`): between steps 4 and 5 it
+//! issues the very statements the broker's service path issues, and no
+//! other, through the same driver and pool crate with the broker's
+//! settings (tokio-postgres under deadpool-postgres, statements through
+//! the connection's statement cache, the broker's session options and
+//! pool timeouts):
+//! - `SELECT value FROM records WHERE tree = $1 AND key = $2` for the
+//!   person's account at the service (tree `accounts`, key
+//!   `tuple_key([iss, sub, service])`), then the same for their allowance
+//!   for the agent (tree `allowances`, key `tuple_key([iss, sub, service,
+//!   agent])`): `Vault::account_read` and `Vault::allowance`, each one
+//!   `Store::get`;
+//! - each row's bytes compared with those read at start, whose meaning is
+//!   kept (the broker keeps what it worked out from a record's bytes and
+//!   serves it again for the same bytes; the floor keeps the account's
+//!   status, provider and scopes, checked on every request, and takes the
+//!   sealed allowance's bytes as allowing the tool's scopes, which the
+//!   benchmark's connect step made true). Other bytes are refused (503):
+//!   the floor cannot open sealed records. The stored provider token's
+//!   expiry is sealed too, so the floor does not check it (the broker's
+//!   check is a comparison of kept numbers);
+//! - and, as the broker on PostgreSQL requires by default, a DPoP nonce in
+//!   the proof (HMAC-SHA-256, `use_dpop_nonce` with a fresh one otherwise).
+//!
+//! Its pool: one per thread, each `pool_size / threads` connections
+//! (rounded up), made on that thread's runtime, so that a request's
+//! statements are written and answered on the thread that serves it: no
+//! hand-off to another thread, which is the point of a floor.
+//!
 //! Runtime settings as the broker's default `socket.runtime = "per_core"`:
 //! one current-thread tokio runtime per CPU this process may use, each
 //! accepting on its own copy of the socket, hyper's HTTP/1.1 server with the
@@ -28,6 +59,8 @@
 //! (`ReadOnlyStream`, as the broker registers them).
 //!
 //!     target/release/examples/derive_floor --socket S --issuer URL --subject-token T --audit FILE
+//!         [--pg-host H --pg-port P --pg-database D --pg-user U --pg-password-file F
+//!          --service demo --agent NAME --tool demo.notes --resource URL --scope 'notes:read']
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
@@ -41,9 +74,17 @@ use aws_lc_rs::signature::{self, EcdsaKeyPair, ParsedPublicKey};
 use bytes::Bytes;
 use clap::Parser;
 use credbroker::internals::jose::{b64d, b64e};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
+use tokio_postgres::NoTls;
+
+// Benchmarks' allocation counts (the `alloc-count` feature; see
+// src/main.rs): the floor counts as the broker does.
+#[cfg(feature = "alloc-count")]
+#[global_allocator]
+static ALLOC: credbroker_alloc_count::Counting = credbroker_alloc_count::Counting;
 
 #[derive(Parser, Debug)]
 #[command(about = "The derive floor: a straight-line server for POST /v1/derive")]
@@ -64,9 +105,40 @@ struct Args {
     tool: String,
     #[arg(long, default_value = "http://127.0.0.1:9090/notes")]
     resource: String,
+    /// The tool's scopes, space-separated.
+    #[arg(long, default_value = "notes.read")]
+    scope: String,
     /// The audit file (appended to).
     #[arg(long)]
     audit: PathBuf,
+    /// The store floor: the PostgreSQL server's host (loopback, no TLS, as
+    /// scripts/bench-store runs it).
+    #[arg(long, requires_all = ["pg_port", "pg_database", "pg_user", "service", "agent"])]
+    pg_host: Option<String>,
+    #[arg(long)]
+    pg_port: Option<u16>,
+    #[arg(long)]
+    pg_database: Option<String>,
+    #[arg(long)]
+    pg_user: Option<String>,
+    /// A file holding the password (one trailing newline is dropped).
+    #[arg(long)]
+    pg_password_file: Option<PathBuf>,
+    /// The broker's `[postgres] pool_size`, shared out over the threads.
+    #[arg(long, default_value_t = 32)]
+    pool_size: usize,
+    /// The broker's `[postgres] statement_timeout`, milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    statement_timeout_ms: u64,
+    /// The broker's `[postgres] connect_timeout`, milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    connect_timeout_ms: u64,
+    /// The connected service whose account and allowance are read.
+    #[arg(long)]
+    service: Option<String>,
+    /// The broker's `agent` (the allowance's key).
+    #[arg(long)]
+    agent: Option<String>,
 }
 
 /// A subject token's person, as the warm cache holds it.
@@ -105,6 +177,31 @@ struct Floor {
     replay: Mutex<HashMap<String, i64>>,
     proof_key: Mutex<Option<Arc<ProofKey>>>,
     audit: std::fs::File,
+    /// The store floor's records and nonces (`--pg-host`).
+    store: Option<StoreFloor>,
+}
+
+/// The SQL of `Store::get` on PostgreSQL (src/infra/store/postgres).
+const GET: &str = "SELECT value FROM records WHERE tree = $1 AND key = $2";
+
+/// What the store floor reads and checks.
+struct StoreFloor {
+    account_key: Vec<u8>,
+    allowance_key: Vec<u8>,
+    /// The rows' bytes as read at start, and what the account's say.
+    account: Vec<u8>,
+    allowance: Vec<u8>,
+    account_ok: bool,
+    nonces: credbroker::internals::dpop::Nonces,
+}
+
+/// The account record's fields the service path checks (the rest, the
+/// sealed tokens included, is not read).
+#[derive(serde::Deserialize)]
+struct AccountFields {
+    status: String,
+    provider: String,
+    scopes: Vec<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -140,6 +237,7 @@ struct ProofClaims<'a> {
     htm: &'a str,
     htu: &'a str,
     iat: i64,
+    nonce: Option<&'a str>,
 }
 
 type Refusal = (StatusCode, &'static str);
@@ -156,8 +254,14 @@ fn now() -> i64 {
 }
 
 impl Floor {
-    /// One derive, straight through: the floor's whole per-request work.
-    fn derive(&self, dpop: Option<&[u8]>, body: &[u8]) -> Result<Vec<u8>, Refusal> {
+    /// One derive, straight through: the floor's whole per-request work
+    /// (`pool`: this thread's, for the store floor).
+    async fn derive(
+        &self,
+        pool: Option<&Pool>,
+        dpop: Option<&[u8]>,
+        body: &[u8],
+    ) -> Result<Vec<u8>, Refusal> {
         let now = now();
         // 1. The request.
         let req: DeriveBody<'_> =
@@ -194,6 +298,11 @@ impl Floor {
         {
             return Err(bad("invalid_dpop_proof"));
         }
+        if let Some(st) = &self.store {
+            if !claims.nonce.is_some_and(|n| st.nonces.check(n, now)) {
+                return Err((StatusCode::UNAUTHORIZED, "use_dpop_nonce"));
+            }
+        }
         let sig = b64d(s, "signature").map_err(|_| bad("invalid_dpop_proof"))?;
         key.key
             .verify_sig(&proof.as_bytes()[..h.len() + 1 + c.len()], &sig)
@@ -221,6 +330,10 @@ impl Floor {
             .ok_or((StatusCode::FORBIDDEN, "access_denied"))?;
         if tool.resource != req.resource {
             return Err((StatusCode::FORBIDDEN, "access_denied"));
+        }
+        // 4b. The store floor: the account, then the allowance.
+        if let (Some(st), Some(pool)) = (&self.store, pool) {
+            st.check(pool).await?;
         }
         // 5. The token.
         let mut jti = [0u8; 16];
@@ -297,6 +410,132 @@ impl Floor {
     }
 }
 
+impl StoreFloor {
+    /// The service path's two statements on one pooled connection, and
+    /// the checks on their rows.
+    async fn check(&self, pool: &Pool) -> Result<(), Refusal> {
+        let down = (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable");
+        let c = pool.get().await.map_err(|_| down)?;
+        let st = c.prepare_cached(GET).await.map_err(|_| down)?;
+        let rows = c
+            .query(&st, &[&"accounts", &self.account_key])
+            .await
+            .map_err(|_| down)?;
+        let account: Option<Vec<u8>> = rows.first().map(|r| r.get(0));
+        if account.as_deref() != Some(self.account.as_slice()) || !self.account_ok {
+            return Err(down);
+        }
+        let rows = c
+            .query(&st, &[&"allowances", &self.allowance_key])
+            .await
+            .map_err(|_| down)?;
+        let allowance: Option<Vec<u8>> = rows.first().map(|r| r.get(0));
+        if allowance.as_deref() != Some(self.allowance.as_slice()) {
+            return Err(down);
+        }
+        Ok(())
+    }
+}
+
+/// The client settings of the broker's `[postgres]` table
+/// (src/infra/store/postgres/connect.rs), without TLS.
+fn pg_config(args: &Args) -> tokio_postgres::Config {
+    let mut c = tokio_postgres::Config::new();
+    c.host(args.pg_host.as_deref().unwrap())
+        .port(args.pg_port.unwrap())
+        .dbname(args.pg_database.as_deref().unwrap())
+        .user(args.pg_user.as_deref().unwrap())
+        .application_name("credbroker-floor")
+        .connect_timeout(Duration::from_millis(args.connect_timeout_ms))
+        .keepalives_idle(Duration::from_secs(30))
+        .options(format!(
+            "-c synchronous_commit=on -c statement_timeout={}",
+            args.statement_timeout_ms
+        ));
+    if let Some(p) = &args.pg_password_file {
+        let pw = std::fs::read(p).expect("the password file");
+        c.password(pw.strip_suffix(b"\n").unwrap_or(&pw));
+    }
+    c
+}
+
+/// A pool with the broker's settings (src/infra/store/postgres/mod.rs),
+/// `size` connections at most.
+fn pg_pool(args: &Args, size: usize) -> Pool {
+    let mc = ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    let timeout = Duration::from_millis(args.statement_timeout_ms);
+    Pool::builder(Manager::from_config(pg_config(args), NoTls, mc))
+        .max_size(size)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(timeout / 2))
+        .create_timeout(Some(Duration::from_millis(args.connect_timeout_ms)))
+        .recycle_timeout(Some(timeout))
+        .build()
+        .unwrap()
+}
+
+/// The store floor's records, read once at start (on a runtime of its
+/// own, on one connection closed after).
+fn store_floor(args: &Args, person: &Person) -> StoreFloor {
+    let service = args.service.as_deref().unwrap();
+    let tuple = credbroker::internals::store::tuple_key;
+    let account_key = tuple(&[&person.iss, &person.sub, service]);
+    let allowance_key = tuple(&[
+        &person.iss,
+        &person.sub,
+        service,
+        args.agent.as_deref().unwrap(),
+    ]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (account, allowance) = rt.block_on(async {
+        let (c, conn) = pg_config(args)
+            .connect(NoTls)
+            .await
+            .expect("connect to PostgreSQL");
+        let task = tokio::spawn(conn);
+        let read = |tree: &'static str, key: Vec<u8>| {
+            let c = &c;
+            async move {
+                let rows = c.query(GET, &[&tree, &key]).await.expect("read a record");
+                let v: Vec<u8> = rows
+                    .first()
+                    .unwrap_or_else(|| panic!("no {tree} record: is the account connected?"))
+                    .get(0);
+                v
+            }
+        };
+        let r = (
+            read("accounts", account_key.clone()).await,
+            read("allowances", allowance_key.clone()).await,
+        );
+        drop(c);
+        let _ = task.await;
+        r
+    });
+    let fields: AccountFields = serde_json::from_slice(&account).expect("an account record (JSON)");
+    let scopes: Vec<&str> = args.scope.split_whitespace().collect();
+    let mut key = vec![0u8; 32];
+    aws_lc_rs::rand::fill(&mut key).unwrap();
+    StoreFloor {
+        account_key,
+        allowance_key,
+        account_ok: fields.status == "active"
+            && !fields.provider.is_empty()
+            && scopes.iter().all(|s| fields.scopes.iter().any(|h| h == s)),
+        account,
+        allowance,
+        nonces: credbroker::internals::dpop::Nonces::new(
+            &credbroker::internals::secret::SecretBytes::new(key),
+            "floor",
+        ),
+    }
+}
+
 /// The subject token's person and expiry, read from its claims (the warm
 /// cache is filled once, as the broker's is by its first verify).
 fn person_of(token: &str) -> Person {
@@ -323,7 +562,11 @@ fn answer(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
     r
 }
 
-async fn handle(floor: Arc<Floor>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn handle(
+    floor: Arc<Floor>,
+    pool: Option<Pool>,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     if req.method() != http::Method::POST || req.uri().path() != "/v1/derive" {
         return answer(StatusCode::NOT_FOUND, b"{}".to_vec());
     }
@@ -331,17 +574,28 @@ async fn handle(floor: Arc<Floor>, req: Request<Incoming>) -> Response<Full<Byte
     let Ok(body) = req.into_body().collect().await else {
         return answer(StatusCode::BAD_REQUEST, b"{}".to_vec());
     };
-    match floor.derive(dpop.as_deref(), &body.to_bytes()) {
+    match floor
+        .derive(pool.as_ref(), dpop.as_deref(), &body.to_bytes())
+        .await
+    {
         Ok(b) => answer(StatusCode::OK, b),
-        Err((status, error)) => answer(
-            status,
-            serde_json::to_vec(&serde_json::json!({ "error": error })).unwrap(),
-        ),
+        Err((status, error)) => {
+            let mut a = answer(
+                status,
+                serde_json::to_vec(&serde_json::json!({ "error": error })).unwrap(),
+            );
+            if let (Some(st), "use_dpop_nonce") = (&floor.store, error) {
+                let n = st.nonces.issue(now());
+                a.headers_mut()
+                    .insert("dpop-nonce", http::HeaderValue::from_str(&n).unwrap());
+            }
+            a
+        }
     }
 }
 
 /// One thread's accept loop, on its own current-thread runtime.
-async fn serve(listener: std::os::unix::net::UnixListener, floor: Arc<Floor>) {
+async fn serve(listener: std::os::unix::net::UnixListener, floor: Arc<Floor>, pool: Option<Pool>) {
     let listener = tokio::net::UnixListener::from_std(listener).unwrap();
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -351,10 +605,11 @@ async fn serve(listener: std::os::unix::net::UnixListener, floor: Arc<Floor>) {
             continue;
         };
         let floor = floor.clone();
+        let pool = pool.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
-                let floor = floor.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(floor, req).await) }
+                let (floor, pool) = (floor.clone(), pool.clone());
+                async move { Ok::<_, std::convert::Infallible>(handle(floor, pool, req).await) }
             });
             // The broker's settings (app::server::http1).
             let mut b = hyper::server::conn::http1::Builder::new();
@@ -369,6 +624,8 @@ async fn serve(listener: std::os::unix::net::UnixListener, floor: Arc<Floor>) {
 }
 
 fn main() {
+    #[cfg(feature = "alloc-count")]
+    credbroker_alloc_count::report_on_signal();
     let args = Args::parse();
     let rng = SystemRandom::new();
     let doc =
@@ -381,34 +638,39 @@ fn main() {
         .append(true)
         .open(&args.audit)
         .expect("the audit file");
+    let person = person_of(&args.subject_token);
+    let store = args.pg_host.is_some().then(|| store_floor(&args, &person));
     let floor = Arc::new(Floor {
         htu: format!("{}/v1/derive", args.issuer.trim_end_matches('/')),
         issuer: args.issuer.trim_end_matches('/').to_string(),
         signer,
         kid: "floor".into(),
         rng,
-        subjects: HashMap::from([(args.subject_token.clone(), person_of(&args.subject_token))]),
+        subjects: HashMap::from([(args.subject_token.clone(), person)]),
         policy: HashMap::from([(
             args.tool.clone(),
             Tool {
                 steps: vec![args.step.clone()],
                 resource: args.resource.clone(),
-                scope: "notes.read".into(),
+                scope: args.scope.clone(),
                 ttl: 300,
             },
         )]),
         replay: Mutex::new(HashMap::new()),
         proof_key: Mutex::new(None),
         audit,
+        store,
     });
     let _ = std::fs::remove_file(&args.socket);
     let listener = std::os::unix::net::UnixListener::bind(&args.socket).expect("bind the socket");
     listener.set_nonblocking(true).unwrap();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let args = Arc::new(args);
     let handles: Vec<_> = (0..threads)
         .map(|i| {
             let l = listener.try_clone().unwrap();
             let floor = floor.clone();
+            let args = args.clone();
             std::thread::Builder::new()
                 .name(format!("floor-{i}"))
                 .spawn(move || {
@@ -416,13 +678,26 @@ fn main() {
                         .enable_all()
                         .build()
                         .unwrap()
-                        .block_on(serve(l, floor));
+                        .block_on(async move {
+                            // This thread's pool: its connections' tasks
+                            // run on this runtime.
+                            let pool = floor
+                                .store
+                                .is_some()
+                                .then(|| pg_pool(&args, args.pool_size.div_ceil(threads)));
+                            serve(l, floor, pool).await
+                        });
                 })
                 .unwrap()
         })
         .collect();
     println!(
-        "derive floor on {}, {threads} threads",
+        "{} on {}, {threads} threads",
+        if floor.store.is_some() {
+            "store floor"
+        } else {
+            "derive floor"
+        },
         args.socket.display()
     );
     for h in handles {

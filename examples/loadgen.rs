@@ -36,7 +36,14 @@
 //!   the broker's runtime settings) in windows alternating with the
 //!   broker's, at the peak's concurrency and at the open loop's rate: the
 //!   broker's CPU per derive, context switches and p99 as ratios to the
-//!   floor's, round by round and over the valid rounds;
+//!   floor's, round by round and over the valid rounds (the store floor,
+//!   derive_floor with `--pg-host`, likewise, with `--floor-name "store
+//!   floor"`: its DPoP nonces are its own, and PostgreSQL's CPU is
+//!   reported in its windows as in the broker's);
+//! - with `--alloc-counts DIR` (the broker and the floor built with the
+//!   `alloc-count` feature, started with `CREDBROKER_ALLOC_COUNTS=DIR`),
+//!   allocations per derive beside the CPU, from the counts each reports
+//!   on SIGUSR2 before and after each window;
 //! - with `--db-pid` (a PostgreSQL postmaster), the CPU of that server's
 //!   own processes (the postmaster and every child: backends, checkpointer,
 //!   WAL writer...) per derive, beside the broker's, and not counted among
@@ -164,6 +171,17 @@ struct Args {
     /// window for the broker and for the floor (the order turns each round).
     #[arg(long, default_value_t = 2)]
     floor_rounds: usize,
+    /// The directory the broker and the floor write their allocation
+    /// counts to (both built with the `alloc-count` feature and started
+    /// with `CREDBROKER_ALLOC_COUNTS` naming it): each is signalled
+    /// (SIGUSR2) before and after each window, and its allocations per
+    /// derive printed beside its CPU.
+    #[arg(long)]
+    alloc_counts: Option<PathBuf>,
+    /// The floor's name in what is printed (`store floor` for
+    /// derive_floor's store mode).
+    #[arg(long, default_value = "derive floor")]
+    floor_name: String,
     /// Only the peak window and the memory after it (for a broker with
     /// other limits, e.g. the default replay cache): no open loop.
     #[arg(long)]
@@ -300,6 +318,8 @@ fn db_processes(pid: u32, hz: f64) -> Option<Vec<(u32, f64)>> {
 struct Around {
     broker: Option<f64>,
     switches: Option<u64>,
+    /// Allocations so far (`--alloc-counts`), summed over the pids.
+    allocs: Option<u64>,
     db: Option<Vec<(u32, f64)>>,
     /// The compared server's (`--compare-pid`) CPU seconds.
     peer: Option<f64>,
@@ -313,6 +333,7 @@ struct Around {
 struct Used {
     broker: Option<f64>,
     switches: Option<u64>,
+    allocs: Option<u64>,
     db: Option<f64>,
     peer: Option<f64>,
     others: Option<f64>,
@@ -325,9 +346,19 @@ fn sum<T: std::iter::Sum<T>>(v: impl IntoIterator<Item = Option<T>>) -> Option<T
 }
 
 impl Around {
-    fn take(pids: &[u32], db_pid: Option<u32>, peer_pid: Option<u32>, hz: f64) -> Around {
+    fn take(
+        pids: &[u32],
+        db_pid: Option<u32>,
+        peer_pid: Option<u32>,
+        allocs: Option<&std::path::Path>,
+        hz: f64,
+    ) -> Around {
         let any = !pids.is_empty();
         Around {
+            // First: signalling takes a few milliseconds.
+            allocs: allocs
+                .and_then(|dir| sum(pids.iter().map(|p| alloc_calls(dir, *p))))
+                .filter(|_| any),
             broker: sum(pids.iter().map(|p| cpu_seconds(*p, hz))).filter(|_| any),
             switches: sum(pids.iter().map(|p| ctx_switches(*p))).filter(|_| any),
             db: db_pid.and_then(|p| db_processes(p, hz)),
@@ -354,6 +385,10 @@ impl Around {
                 })
                 .sum::<f64>()
         });
+        let allocs = self
+            .allocs
+            .zip(before.allocs)
+            .map(|(b, a)| b.saturating_sub(a));
         let me = self.me.zip(before.me).map(|(b, a)| b - a);
         let peer = self.peer.zip(before.peer).map(|(b, a)| b - a);
         let ours = broker.unwrap_or(0.0) + db.unwrap_or(0.0) + peer.unwrap_or(0.0);
@@ -366,11 +401,42 @@ impl Around {
         Used {
             broker,
             switches,
+            allocs,
             db,
             peer,
             others,
         }
     }
+}
+
+/// The allocations `pid` has made so far, as it reports them on SIGUSR2
+/// (crates/alloc-count) to `dir/PID`: signals it and waits (at most 2 s)
+/// for a report newer than the one there.
+fn alloc_calls(dir: &std::path::Path, pid: u32) -> Option<u64> {
+    let path = dir.join(pid.to_string());
+    let read = || -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string(&path).ok()?;
+        let mut f = text.split_whitespace().map(|x| x.parse::<u64>().ok());
+        Some((f.next()??, f.next()??))
+    };
+    let seq0 = read().map_or(0, |r| r.0);
+    // kill(1), as for the syscall counter: outside the measured window.
+    let sent = std::process::Command::new("kill")
+        .args(["-USR2", &pid.to_string()])
+        .status()
+        .ok()?;
+    if !sent.success() {
+        return None;
+    }
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        match read() {
+            Some((seq, calls)) if seq > seq0 => return Some(calls),
+            _ => std::thread::sleep(Duration::from_millis(1)),
+        }
+    }
+    eprintln!("alloc counts: pid {pid} did not report in 2 s (built with --features alloc-count, started with CREDBROKER_ALLOC_COUNTS?)");
+    None
 }
 
 /// Context switches (voluntary + nonvoluntary) of every thread of `pid`.
@@ -430,6 +496,9 @@ struct Load {
     /// The last `DPoP-Nonce` each socket gave (`[dpop] require_nonce`, on
     /// by default with PostgreSQL; a nonce is bound to the replica).
     nonces: Vec<Mutex<Option<String>>>,
+    /// The last `DPoP-Nonce` the floor gave (the store floor requires
+    /// nonces of its own, as the broker on PostgreSQL does).
+    floor_nonce: Mutex<Option<String>>,
     /// The compared token endpoint (`--compare-url`), if any.
     provider: Option<Provider>,
 }
@@ -499,14 +568,28 @@ fn unix_now() -> f64 {
 impl Load {
     /// This moment's samples for a window's figures.
     fn around(&self, hz: f64) -> Around {
-        Around::take(&self.args.pid, self.args.db_pid, self.args.compare_pid, hz)
+        Around::take(
+            &self.args.pid,
+            self.args.db_pid,
+            self.args.compare_pid,
+            self.args.alloc_counts.as_deref(),
+            hz,
+        )
     }
 
     /// The samples for a window of `target`: a floor window's "broker" is
     /// the floor.
     fn around_for(&self, target: Target, hz: f64) -> Around {
         match (target, self.args.floor_pid) {
-            (Target::Floor, Some(p)) => Around::take(&[p], None, None, hz),
+            // The database serves the store floor as it serves the broker:
+            // its CPU is reported, not counted among the others.
+            (Target::Floor, Some(p)) => Around::take(
+                &[p],
+                self.args.db_pid,
+                None,
+                self.args.alloc_counts.as_deref(),
+                hz,
+            ),
             _ => self.around(hz),
         }
     }
@@ -515,7 +598,19 @@ impl Load {
     fn request_to(&self, target: Target, iat: i64, sock: usize) -> Vec<u8> {
         match (target, &self.provider) {
             (Target::Provider, Some(p)) => p.request(&self.key, iat, true),
+            (Target::Floor, _) => {
+                let nonce = self.floor_nonce.lock().unwrap().clone();
+                self.request_with(iat, nonce.as_deref())
+            }
             _ => self.request(iat, sock),
+        }
+    }
+
+    /// Keeps the `DPoP-Nonce` an answer of `target` carried.
+    fn take_nonce_of(&self, target: Target, sock: usize, nonce: Option<String>) {
+        match (target, nonce) {
+            (Target::Floor, Some(n)) => *self.floor_nonce.lock().unwrap() = Some(n),
+            (_, nonce) => self.take_nonce(sock, nonce),
         }
     }
 
@@ -531,15 +626,15 @@ impl Load {
             .lock()
             .unwrap()
             .clone();
-        let proof = credbroker::internals::dpop::make_proof(
-            &self.key,
-            "POST",
-            &self.htu,
-            iat,
-            None,
-            nonce.as_deref(),
-        )
-        .unwrap();
+        self.request_with(iat, nonce.as_deref())
+    }
+
+    /// One complete request with a fresh proof dated `iat` carrying
+    /// `nonce`, if any.
+    fn request_with(&self, iat: i64, nonce: Option<&str>) -> Vec<u8> {
+        let proof =
+            credbroker::internals::dpop::make_proof(&self.key, "POST", &self.htu, iat, None, nonce)
+                .unwrap();
         format!(
             "POST /v1/derive HTTP/1.1\r\nhost: credbroker\r\ncontent-type: application/json\r\n\
              dpop: {proof}\r\ncontent-length: {}\r\n\r\n{}",
@@ -733,6 +828,8 @@ struct Window {
     peer_cpu: Option<f64>,
     /// The broker's context switches in the window.
     switches: Option<u64>,
+    /// The broker's allocations in the window (`--alloc-counts`).
+    allocs: Option<u64>,
     /// Cores used by other processes meanwhile (0.1: a tenth of one).
     others: Option<f64>,
     /// Latency from when each request was due, microseconds (open loop).
@@ -753,6 +850,10 @@ impl Window {
     fn db_per_derive_us(&self) -> Option<f64> {
         self.db_cpu
             .map(|c| c * 1e6 / self.outcomes.ok.max(1) as f64)
+    }
+    fn allocs_per_derive(&self) -> Option<f64> {
+        self.allocs
+            .map(|n| n as f64 / self.outcomes.ok.max(1) as f64)
     }
     fn switches_per_derive(&self) -> Option<f64> {
         self.switches
@@ -782,7 +883,7 @@ fn closed_loop_to(load: &Arc<Load>, target: Target, conc: usize, duration: f64, 
                     let r = load.request_to(target, unix_now() as i64, c.sock);
                     match c.call(&r) {
                         Ok((s, b)) => {
-                            load.take_nonce(c.sock, c.nonce.take());
+                            load.take_nonce_of(target, c.sock, c.nonce.take());
                             o.add(s, &b)
                         }
                         Err(e) => {
@@ -812,6 +913,7 @@ fn closed_loop_to(load: &Arc<Load>, target: Target, conc: usize, duration: f64, 
         db_cpu: used.db,
         peer_cpu: used.peer,
         switches: used.switches,
+        allocs: used.allocs,
         others: used.others,
         latencies_us: Vec::new(),
         sent_us: Vec::new(),
@@ -867,7 +969,7 @@ fn open_loop_to(
                     let sent = Instant::now();
                     match c.call(&r) {
                         Ok((s, b)) => {
-                            load.take_nonce(c.sock, c.nonce.take());
+                            load.take_nonce_of(target, c.sock, c.nonce.take());
                             o.add(s, &b)
                         }
                         Err(e) => {
@@ -904,6 +1006,7 @@ fn open_loop_to(
         db_cpu: used.db,
         peer_cpu: used.peer,
         switches: used.switches,
+        allocs: used.allocs,
         others: used.others,
         latencies_us: lat,
         sent_us: sent,
@@ -1112,6 +1215,14 @@ fn against_the_floor(load: &Arc<Load>, conc: usize, rate: f64, hz: f64) -> Vec<F
     let conns = load.args.open_connections;
     // The floor's warm-up: its proof key parsed, connections and
     // allocators warm (the broker had its own).
+    // Its nonce first, where it requires one: one request, whose refusal
+    // (`use_dpop_nonce`) carries it.
+    let mut c = Conn::open_to(load, Target::Floor, 0);
+    if c.call(&load.request_to(Target::Floor, unix_now() as i64, 0))
+        .is_ok()
+    {
+        load.take_nonce_of(Target::Floor, 0, c.nonce.take());
+    }
     let warm = closed_loop_to(load, Target::Floor, 4, 1.0, hz);
     check(&warm, "floor warm-up");
     let mut rounds = Vec::new();
@@ -1150,10 +1261,11 @@ fn against_the_floor(load: &Arc<Load>, conc: usize, rate: f64, hz: f64) -> Vec<F
             ("floor,      open loop  ", &round.floor_open, true),
         ] {
             println!(
-                "  floor round {r}, {name}: {:.0} derives/s, CPU {} us a derive, {} context switches a derive{} ({})",
+                "  floor round {r}, {name}: {:.0} derives/s, CPU {} us a derive, {} context switches a derive{}{} ({})",
                 w.rate(),
                 w.cpu_per_derive_us().map_or("?".into(), |c| format!("{c:.1}")),
                 w.switches_per_derive().map_or("?".into(), |c| format!("{c:.2}")),
+                w.allocs_per_derive().map_or(String::new(), |a| format!(", {a:.1} allocations a derive")),
                 if open { format!(", p99 from send {:.0} us", p99_from_send(w)) } else { String::new() },
                 validity(w.others)
             );
@@ -1198,15 +1310,19 @@ fn floor_summary(rounds: &[FloorRound], only_valid: bool) -> Option<serde_json::
     if chosen.is_empty() {
         return None;
     }
-    let per = |f: &dyn Fn(&FloorRound) -> &Window| -> Option<(f64, f64)> {
-        let (mut ok, mut cpu, mut sw) = (0.0, 0.0, 0.0);
+    // (CPU us, context switches, allocations) per derive; allocations
+    // only when every window counted them.
+    let per = |f: &dyn Fn(&FloorRound) -> &Window| -> Option<(f64, f64, Option<f64>)> {
+        let (mut ok, mut cpu, mut sw, mut al) = (0.0, 0.0, 0.0, Some(0.0));
         for r in &chosen {
             let w = f(r);
             ok += w.outcomes.ok as f64;
             cpu += w.cpu?;
             sw += w.switches? as f64;
+            al = al.zip(w.allocs).map(|(a, n)| a + n as f64);
         }
-        Some((cpu * 1e6 / ok.max(1.0), sw / ok.max(1.0)))
+        let ok = ok.max(1.0);
+        Some((cpu * 1e6 / ok, sw / ok, al.map(|a| a / ok)))
     };
     let (bp, fp) = (per(&|r| &r.broker_peak)?, per(&|r| &r.floor_peak)?);
     let (bo, fo) = (per(&|r| &r.broker_open)?, per(&|r| &r.floor_open)?);
@@ -1221,6 +1337,8 @@ fn floor_summary(rounds: &[FloorRound], only_valid: bool) -> Option<serde_json::
         "broker_cpu_us_open": bo.0, "floor_cpu_us_open": fo.0, "ratio_open": bo.0 / fo.0,
         "broker_switches_peak": bp.1, "floor_switches_peak": fp.1,
         "broker_switches_open": bo.1, "floor_switches_open": fo.1,
+        "broker_allocs_peak": bp.2, "floor_allocs_peak": fp.2,
+        "broker_allocs_open": bo.2, "floor_allocs_open": fo.2,
         "p99_ratio_median": p99[p99.len() / 2],
     }))
 }
@@ -1243,6 +1361,7 @@ fn main() {
         key: Es256Key::generate().unwrap().0,
         body,
         nonces: args.socket.iter().map(|_| Mutex::new(None)).collect(),
+        floor_nonce: Mutex::new(None),
         provider: args
             .compare_url
             .as_deref()
@@ -1491,15 +1610,22 @@ fn main() {
         ] {
             match s {
                 Some(s) => println!(
-                    "against the derive floor, {what} ({}): CPU a derive {:.1} us = {:.2} x the floor's {:.1} us at peak, {:.1} us = {:.2} x the floor's {:.1} us at {rate:.0}/s; context switches a derive {:.2} (floor {:.2}) at peak, {:.2} (floor {:.2}) at {rate:.0}/s; p99 from send {:.2} x the floor's (median round)",
-                    s["rounds"], s["broker_cpu_us_peak"].as_f64().unwrap_or(f64::NAN), s["ratio_peak"].as_f64().unwrap_or(f64::NAN),
+                    "against the {}, {what} ({}): CPU a derive {:.1} us = {:.2} x the floor's {:.1} us at peak, {:.1} us = {:.2} x the floor's {:.1} us at {rate:.0}/s; context switches a derive {:.2} (floor {:.2}) at peak, {:.2} (floor {:.2}) at {rate:.0}/s; p99 from send {:.2} x the floor's (median round)",
+                    load.args.floor_name, s["rounds"], s["broker_cpu_us_peak"].as_f64().unwrap_or(f64::NAN), s["ratio_peak"].as_f64().unwrap_or(f64::NAN),
                     s["floor_cpu_us_peak"].as_f64().unwrap_or(f64::NAN), s["broker_cpu_us_open"].as_f64().unwrap_or(f64::NAN),
                     s["ratio_open"].as_f64().unwrap_or(f64::NAN), s["floor_cpu_us_open"].as_f64().unwrap_or(f64::NAN),
                     s["broker_switches_peak"].as_f64().unwrap_or(f64::NAN), s["floor_switches_peak"].as_f64().unwrap_or(f64::NAN),
                     s["broker_switches_open"].as_f64().unwrap_or(f64::NAN), s["floor_switches_open"].as_f64().unwrap_or(f64::NAN),
                     s["p99_ratio_median"].as_f64().unwrap_or(f64::NAN),
                 ),
-                None => println!("against the derive floor, {what}: none"),
+                None => println!("against the {}, {what}: none", load.args.floor_name),
+            }
+            if let Some(s) = s.as_ref().filter(|s| s["broker_allocs_peak"].is_number()) {
+                println!(
+                    "  allocations a derive, {what}: {:.1} (floor {:.1}) at peak, {:.1} (floor {:.1}) at {rate:.0}/s",
+                    s["broker_allocs_peak"].as_f64().unwrap_or(f64::NAN), s["floor_allocs_peak"].as_f64().unwrap_or(f64::NAN),
+                    s["broker_allocs_open"].as_f64().unwrap_or(f64::NAN), s["floor_allocs_open"].as_f64().unwrap_or(f64::NAN),
+                );
             }
         }
     }
@@ -1529,6 +1655,10 @@ fn main() {
     let (sw_peak, sw_open) = (peak.switches_per_derive(), open.switches_per_derive());
     if let (Some(p), Some(o)) = (sw_peak, sw_open) {
         println!("broker context switches per derive: {p:.2} at peak, {o:.2} at {rate:.0}/s");
+    }
+    let (al_peak, al_open) = (peak.allocs_per_derive(), open.allocs_per_derive());
+    if let (Some(p), Some(o)) = (al_peak, al_open) {
+        println!("broker allocations per derive: {p:.1} at peak, {o:.1} at {rate:.0}/s (a build with --features alloc-count: take CPU figures from a run without it)");
     }
     // The side-by-side ratio over all rounds, and over the rounds whose
     // two windows were both valid.
@@ -1648,6 +1778,10 @@ fn main() {
             "side_by_side_ratio_valid": side_valid.map(|(a, b, _)| a / b),
         });
         let mut j = j;
+        // Apart: one more key in the macro above passes its recursion limit.
+        j["allocs_per_derive_peak"] = al_peak.into();
+        j["allocs_per_derive_open"] = al_open.into();
+        j["floor_name"] = load.args.floor_name.clone().into();
         j["derive_floor"] = floor_all.unwrap_or_default();
         j["derive_floor_valid"] = floor_valid.unwrap_or_default();
         println!("{j}");
