@@ -13,6 +13,7 @@
 //! accounts by (person `iss`, person `sub`, service), allowances by
 //! (`iss`, `sub`, service, agent).
 
+mod fast;
 mod kept;
 pub(crate) mod keys;
 mod refresh;
@@ -594,31 +595,6 @@ impl Vault {
             .map(|(_, r)| r.summary()))
     }
 
-    /// The person's account at `service` as read once, for a caller that
-    /// checks the account and then needs its token: pass it on to
-    /// [`Vault::provider_token_after`], which then does not read the same
-    /// record again.
-    pub fn account_read(
-        &self,
-        person: &Person,
-        service: &str,
-    ) -> Result<Option<AccountRead>, VaultError> {
-        let key = account_key(person, service);
-        let Some(raw) = self.store.get(Tree::Accounts, &key)? else {
-            return Ok(None);
-        };
-        let parsed = match self.parsed.get(&key, &raw) {
-            Some(p) => p,
-            None => {
-                let rec = AccountRecord::parse(&raw)?;
-                let p = Arc::new((rec.summary(), rec));
-                self.parsed.put(&key, &raw, p.clone());
-                p
-            }
-        };
-        Ok(Some(AccountRead { key, parsed }))
-    }
-
     /// Every account, or one person's.
     pub fn accounts(&self, person: Option<&Person>) -> Result<Vec<Account>, VaultError> {
         let prefix = person.map_or_else(Vec::new, |p| tuple_key(&[&p.iss, &p.sub]));
@@ -691,27 +667,6 @@ impl Vault {
                 return Ok(a);
             }
         }
-    }
-
-    /// The person's allowance for `agent` at `service`.
-    pub fn allowance(
-        &self,
-        person: &Person,
-        agent: &str,
-        service: &str,
-    ) -> Result<Option<Allowance>, VaultError> {
-        let key = allowance_key(person, service, agent);
-        let Some(sealed) = self.store.get(Tree::Allowances, &key)? else {
-            return Ok(None);
-        };
-        if let Some(a) = self.allowed.get(&key, &sealed) {
-            return Ok(Some(a));
-        }
-        let opened = self.open_allowance(&key, &sealed)?;
-        if let Some(a) = &opened {
-            self.allowed.put(&key, &sealed, a.clone());
-        }
-        Ok(opened)
     }
 
     /// Every allowance of the person at `service`.

@@ -135,9 +135,12 @@ impl Broker {
             )
         };
         // Read once: the token below starts from this same record.
+        // Both reads async: on PostgreSQL their I/O stays on the thread
+        // serving this request (`Store::get_async`).
         let read = conn
             .vault
-            .account_read(person, service)
+            .account_read_async(person, service)
+            .await
             .map_err(vault_error)?;
         let Some(read) = read else {
             return Err(refuse(LinkKind::Connect));
@@ -151,7 +154,8 @@ impl Broker {
         }
         match conn
             .vault
-            .allowance(person, agent, service)
+            .allowance_async(person, agent, service)
+            .await
             .map_err(vault_error)?
         {
             Some(al) if covers(&al.scopes, scopes) => {}

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use super::{Entry, Fenced, Lease, Store, StoreError, Tree};
+use super::{Entry, Fenced, Lease, Store, StoreError, StoreFuture, Tree};
 
 /// What runs before each write: `Err` fails the write with that error.
 type Hook = Box<dyn Fn(Tree) -> Result<(), StoreError> + Send + Sync>;
@@ -41,6 +41,10 @@ impl Hooked {
 impl Store for Hooked {
     fn get(&self, t: Tree, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.inner.get(t, k)
+    }
+    // Reads are not hooked: the inner store's own, async where it is.
+    fn get_async<'a>(&'a self, t: Tree, k: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
+        self.inner.get_async(t, k)
     }
     fn put(&self, t: Tree, k: &[u8], v: &[u8]) -> Result<(), StoreError> {
         (self.before_write)(t)?;

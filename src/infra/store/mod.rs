@@ -31,7 +31,13 @@
 //! backend runs its queries on its own runtime and, when called from a
 //! worker of a multi-thread runtime, waits inside
 //! `tokio::task::block_in_place`, so the worker's other tasks (every `self`
-//! derive, which needs no store) move to another thread while it waits. Each
+//! derive, which needs no store) move to another thread while it waits.
+//! The one exception is [`Store::get_async`], for the reads of the service
+//! path (the account and the allowance, on every service derive and
+//! proxied call): on PostgreSQL, awaited on a current-thread runtime (the
+//! `per_core` API threads), it runs its statement on that runtime, over a
+//! pool of that thread's own, so the request's thread neither blocks nor
+//! hands off to another thread and back. Each
 //! operation is bounded by the backend's statement timeout (waiting for a
 //! pooled connection included); past it the answer is
 //! [`StoreError::Unavailable`].
@@ -297,11 +303,26 @@ pub enum Fenced {
     LeaseLost,
 }
 
+/// A store operation's answer to come ([`Store::get_async`]).
+pub(crate) type StoreFuture<'a, T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
 /// A durable key-value store with named trees (see the module docs for the
 /// three groups of operations).
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// Reads one value.
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// [`Store::get`] for a caller that can wait asynchronously (the
+    /// service path of a derive and of a proxied call): the same answer
+    /// and the same bounds. A backend whose reads wait on the network does
+    /// the I/O on the runtime that awaits this where it can (PostgreSQL on
+    /// a current-thread runtime: the `per_core` API threads), instead of
+    /// handing the read to its own runtime and blocking the caller's
+    /// thread until it comes back. The default answers with [`Store::get`].
+    fn get_async<'a>(&'a self, tree: Tree, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(std::future::ready(self.get(tree, key)))
+    }
     /// Writes one value durably.
     fn put(&self, tree: Tree, key: &[u8], value: &[u8]) -> Result<(), StoreError>;
     /// Deletes one value durably.

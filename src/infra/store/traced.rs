@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use super::{ClockSample, Entry, Fenced, Lease, Store, StoreError, Tree};
+use super::{ClockSample, Entry, Fenced, Lease, Store, StoreError, StoreFuture, Tree};
 use crate::base::clock::SharedClock;
 use crate::infra::telemetry;
 
@@ -38,6 +38,20 @@ fn traced<T>(
 impl Store for Traced {
     fn get(&self, t: Tree, k: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         traced("get", t, || self.0.get(t, k))
+    }
+    fn get_async<'a>(&'a self, t: Tree, k: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            // The span is the request task's (a task-local scope), held
+            // across the await as the pipeline's own spans are.
+            let mut span = telemetry::child("store");
+            span.set("credbroker.store.operation", "get");
+            span.set("credbroker.store.tree", t.name());
+            let r = self.0.get_async(t, k).await;
+            if r.is_err() {
+                span.fail();
+            }
+            r
+        })
     }
     fn put(&self, t: Tree, k: &[u8], v: &[u8]) -> Result<(), StoreError> {
         traced("put", t, || self.0.put(t, k, v))

@@ -38,11 +38,18 @@
 //! while it was away are lost. Writes in this process move the counter at
 //! once as well.
 //!
+//! Reads on the caller's runtime: [`Store::get_async`] awaited on a
+//! current-thread runtime (a `per_core` API thread) runs its statement on
+//! that runtime, over a pool of that thread's own (`pool_size` shared out
+//! over the threads), and waits on nothing else (see [`here`]).
+//!
 //! Files: `migrations` (the schema and its versions), `statements` (the
-//! statement cache and its retry), `changes` (the change listener).
+//! statement cache and its retry), `changes` (the change listener), `here`
+//! (reads on the caller's runtime).
 
 mod changes;
 mod connect;
+mod here;
 pub(crate) mod migrations;
 mod statements;
 
@@ -185,9 +192,37 @@ fn no_answer(limit: Duration) -> StoreError {
     ))
 }
 
+/// A pool of at most `size` connections with `s`'s settings. Its
+/// connections are opened, and their I/O tasks spawned, on the runtime of
+/// whoever first needs one.
+fn build_pool(s: &PgSettings, size: usize) -> Result<Pool, StoreError> {
+    let (config, tls) = client_config(s)?;
+    let mc = ManagerConfig {
+        // `Fast` checks only that the connection is open; a statement
+        // on a connection that broke since fails as Unavailable, and the
+        // pool drops it.
+        recycling_method: RecyclingMethod::Fast,
+    };
+    let manager = match tls {
+        Tls::None => Manager::from_config(config, NoTls, mc),
+        Tls::Rustls(t) => Manager::from_config(config, t, mc),
+    };
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        // A full pool queues its callers, for a bounded time.
+        .wait_timeout(Some(pool_wait(s.statement_timeout)))
+        .create_timeout(Some(s.connect_timeout))
+        .recycle_timeout(Some(s.statement_timeout))
+        .build()
+        .map_err(|e| StoreError::Backend(s.at("postgres", e)))
+}
+
 /// A PostgreSQL store (see the module docs).
 pub struct PgStore {
     pool: Pool,
+    /// Each current-thread runtime's own pool, by its thread ([`here`]).
+    local: dashmap::DashMap<std::thread::ThreadId, Pool>,
     watchers: Arc<Watchers>,
     settings: PgSettings,
     reach: Reach,
@@ -260,34 +295,15 @@ impl PgStore {
     /// Opens the pool only (no schema check, no listener): for `store
     /// migrate`.
     pub fn connect(s: &PgSettings) -> Result<PgStore, StoreError> {
-        let (config, tls) = client_config(s)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("credbroker-pg")
             .enable_all()
             .build()
             .map_err(|e| StoreError::Backend(format!("cannot start the store's runtime: {e}")))?;
-        let mc = ManagerConfig {
-            // `Fast` checks only that the connection is open; a statement
-            // on a connection that broke since fails as Unavailable, and the
-            // pool drops it.
-            recycling_method: RecyclingMethod::Fast,
-        };
-        let manager = match tls {
-            Tls::None => Manager::from_config(config, NoTls, mc),
-            Tls::Rustls(t) => Manager::from_config(config, t, mc),
-        };
-        let pool = Pool::builder(manager)
-            .max_size(s.pool_size)
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            // A full pool queues its callers, for a bounded time.
-            .wait_timeout(Some(pool_wait(s.statement_timeout)))
-            .create_timeout(Some(s.connect_timeout))
-            .recycle_timeout(Some(s.statement_timeout))
-            .build()
-            .map_err(|e| StoreError::Backend(s.at("postgres", e)))?;
         Ok(PgStore {
-            pool,
+            pool: build_pool(s, s.pool_size)?,
+            local: dashmap::DashMap::new(),
             watchers: Arc::new(Watchers::new()),
             settings: s.clone(),
             reach: Reach::new(s),
@@ -575,11 +591,15 @@ fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 impl Store for PgStore {
     fn get(&self, tree: Tree, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         check_tree(tree, false)?;
-        self.query_value(
-            "get",
-            "SELECT value FROM records WHERE tree = $1 AND key = $2",
-            Params::new(tree, &[key]),
-        )
+        self.query_value("get", here::GET, Params::new(tree, &[key]))
+    }
+
+    fn get_async<'a>(
+        &'a self,
+        tree: Tree,
+        key: &'a [u8],
+    ) -> super::StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(self.get_here(tree, key))
     }
 
     fn put(&self, tree: Tree, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
