@@ -521,20 +521,25 @@ async fn persons_revoke_at_providers_on_a_replica_revokes_the_grant() {
             String::from_utf8_lossy(&out.stderr).to_string(),
         )
     };
-    let (code, out, err) = cli(
-        1,
-        &[
-            "persons",
-            "revoke",
-            "--person",
-            &set.issuer,
-            "alice",
-            "--revoke-at-providers",
-        ],
-    );
-    eprintln!("persons revoke on B: {code}\n{out}\n{err}");
-    assert_eq!(code, 0, "{out} {err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // `persons revoke --revoke-at-providers` with replica `i`'s config:
+    // exit 0, its JSON answer.
+    let revoke = |i: usize, name: &str| {
+        let (code, out, err) = cli(
+            i,
+            &[
+                "persons",
+                "revoke",
+                "--person",
+                &set.issuer,
+                "alice",
+                "--revoke-at-providers",
+            ],
+        );
+        eprintln!("persons revoke on {name}: {code}\n{out}\n{err}");
+        assert_eq!(code, 0, "{out} {err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let v = revoke(1, "B");
     assert_eq!(v["providers"][0]["revocation"], "revoked", "{v}");
     assert_eq!(peer.live_refresh_tokens("octo-alice").await, 0);
     until(&set.brokers[0], &k, &alice, Some("person_revoked")).await;
@@ -544,19 +549,6 @@ async fn persons_revoke_at_providers_on_a_replica_revokes_the_grant() {
     // Again, on A (the operator retrying on another replica): the stop
     // merges, and the provider is asked again (RFC 7009: revoking a
     // revoked token succeeds).
-    let (code, out, err) = cli(
-        0,
-        &[
-            "persons",
-            "revoke",
-            "--person",
-            &set.issuer,
-            "alice",
-            "--revoke-at-providers",
-        ],
-    );
-    eprintln!("persons revoke on A: {code}\n{out}\n{err}");
-    assert_eq!(code, 0, "{out} {err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let v = revoke(0, "A");
     assert_eq!(v["providers"][0]["service"], "acme", "{v}");
 }
